@@ -1,0 +1,69 @@
+#!/usr/bin/env -S node --import tsx
+/**
+ * `tooltx` — the operator CLI.
+ *
+ *   tooltx streams apply   create or update the streams, consumers and result bucket (provisioner)
+ *   tooltx streams check   list every setting that breaks a guarantee; exit 1 when any
+ *
+ * Environment: NATS_URL, NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_*_MAX_AGE_MS,
+ * TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS; `check` also reads TOOLTX_TOOLS_MODULE (optional)
+ * for the contracts' key retention.
+ */
+import { Command } from 'commander';
+import { connectNats, jetStreamOf, Subjects } from '@tooltx/nats';
+import { baseConfigSchema, loadConfig, loadImplementations, ConfigError } from '@tooltx/runtime';
+import { topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
+import { applyTopology, checkTopology, topology } from '@tooltx/streams';
+import { z } from 'zod';
+
+const cliConfig = baseConfigSchema.extend(topologyEnvSchema.shape).extend({ TOOLTX_TOOLS_MODULE: z.string().optional() });
+
+async function withNats<T>(fn: (ctx: Awaited<ReturnType<typeof setup>>) => Promise<T>): Promise<T> {
+  const ctx = await setup();
+  try {
+    return await fn(ctx);
+  } finally {
+    await ctx.nc.drain();
+  }
+}
+
+async function setup() {
+  const config = loadConfig(cliConfig);
+  const nc = await connectNats({ servers: config.NATS_URL, name: 'tooltx-cli', credsFile: config.NATS_CREDS_FILE, reconnectForever: false });
+  const { jsm } = await jetStreamOf(nc);
+  const subjects = new Subjects(config.TOOLTX_PREFIX);
+  return { config, nc, jsm, subjects, topo: topology(subjects, topologyOptionsFrom(config)) };
+}
+
+const program = new Command('tooltx').description('tooltx operator CLI: transactional tool calls on NATS JetStream');
+const streams = program.command('streams').description('the JetStream streams, consumers and buckets of one prefix');
+streams
+  .command('apply')
+  .description('create or update the streams, durable consumers and the result bucket (the provisioner)')
+  .action(() =>
+    withNats(async ({ nc, jsm, topo, subjects }) => {
+      const report = await applyTopology(nc, jsm, topo);
+      process.stdout.write(`${JSON.stringify({ prefix: subjects.prefix, ...report })}\n`);
+    }),
+  );
+streams
+  .command('check')
+  .description('list every setting that breaks a tooltx guarantee; exit code 1 when there is any')
+  .action(() =>
+    withNats(async ({ jsm, topo, config }) => {
+      const tools = config.TOOLTX_TOOLS_MODULE ? await loadImplementations(config.TOOLTX_TOOLS_MODULE) : null;
+      const v = await checkTopology(jsm, topo, {
+        longestKeyRetentionMs: tools?.contracts.longestKeyRetentionMs() ?? 0,
+        ...(tools ? { longestOperationMs: tools.longestOperationMs() } : {}),
+      });
+      process.stdout.write(`${JSON.stringify({ ok: v.length === 0, violations: v })}\n`);
+      if (v.length) process.exitCode = 1;
+    }),
+  );
+
+try {
+  await program.parseAsync(process.argv);
+} catch (err) {
+  process.stderr.write(`tooltx: ${err instanceof ConfigError ? err.message : err instanceof Error ? `${err.name}: ${err.message}` : String(err)}\n`);
+  process.exit(err instanceof ConfigError ? 2 : 1);
+}

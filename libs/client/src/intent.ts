@@ -1,0 +1,26 @@
+import { randomUUID } from 'node:crypto';
+import type { JetStreamClient, PubAck } from '@nats-io/jetstream';
+import type { IntentEnvelope } from '@tooltx/lifecycle';
+import { encode, type Subjects } from '@tooltx/nats';
+
+/** One submission of an intent: its random id is reused only for retransmissions of it. */
+export interface Submission {
+  /** Nats-Msg-Id of this submission — random, never the operation key (dedup is stream-wide). */
+  submissionId: string;
+  subject: string;
+  data: Uint8Array;
+}
+
+/** Builds a submission for `<prefix>.intent.<tenant>.<actor>`. */
+export function newSubmission(subjects: Subjects, tenant: string, actor: string, envelope: IntentEnvelope): Submission {
+  return { submissionId: randomUUID(), subject: subjects.intent(tenant, actor), data: encode(envelope) };
+}
+
+/**
+ * Publishes (or retransmits) a submission and returns the PubAck — the evidence the server stored
+ * the intent. Throws the client's error when no PubAck arrives within `timeoutMs` (default 5 000);
+ * a failed publish does not mean "not stored": retransmit the same submission.
+ */
+export function publishSubmission(js: JetStreamClient, s: Submission, timeoutMs = 5_000): Promise<PubAck> {
+  return js.publish(s.subject, s.data, { msgID: s.submissionId, timeout: timeoutMs });
+}

@@ -1,0 +1,114 @@
+/**
+ * One error taxonomy for tooltx, classified by what the caller should do next
+ * (DESIGN.md "After a timeout, verify before acting", FM-15, FM-18).
+ *
+ * Every error that crosses a boundary (decision subject, event, status answer, SDK result)
+ * carries only a {@link ErrorClass}, optional field paths for fixable input, and an optional
+ * `retryAfterMs`. Never a database exception, a stack trace, an internal enum or the request body.
+ */
+export const ErrorClass = {
+  /** The input does not satisfy the contract's shape. Fixable: re-plan with the field paths. */
+  InvalidInput: 'invalid_input',
+  /** The authenticated actor may not do this (also used when the payload claims another identity). */
+  Forbidden: 'forbidden',
+  /** The target does not exist or is not visible to the caller; uniform with forbidden across tenants. */
+  NotFound: 'not_found',
+  /** The quota's owner is over quota; `retryAfterMs` says when to come back. */
+  QuotaExceeded: 'quota_exceeded',
+  /** The same operation key with another input, or a supplied key that does not match its request. */
+  IdempotencyConflict: 'idempotency_conflict',
+  /** A dependency did not answer in time or refused transiently; retry with bounded backoff. */
+  DependencyUnavailable: 'dependency_unavailable',
+  /** The task is frozen behind an unresolved operation; a person must take over. */
+  TaskFrozen: 'task_frozen',
+  /** The caller's cached contract differs from the registry's. */
+  ContractMismatch: 'contract_mismatch',
+  /** Something on the trusted side failed in a way that carries no caller-fixable meaning. */
+  Internal: 'internal',
+} as const;
+export type ErrorClass = (typeof ErrorClass)[keyof typeof ErrorClass];
+export const errorClasses = Object.values(ErrorClass) as [ErrorClass, ...ErrorClass[]];
+
+/** What a caller (agent scheduler) should do next after an error of each class. */
+export const NextAction = {
+  Replan: 'replan',
+  Reauthorise: 'reauthorise',
+  WaitOrStop: 'wait_or_stop',
+  Backoff: 'backoff',
+  Observe: 'observe',
+  HandOver: 'hand_over',
+  RefreshContract: 'refresh_contract',
+} as const;
+export type NextAction = (typeof NextAction)[keyof typeof NextAction];
+
+export const nextActionFor: Readonly<Record<ErrorClass, NextAction>> = {
+  invalid_input: NextAction.Replan,
+  forbidden: NextAction.Reauthorise,
+  not_found: NextAction.Replan,
+  quota_exceeded: NextAction.WaitOrStop,
+  idempotency_conflict: NextAction.Replan,
+  dependency_unavailable: NextAction.Backoff,
+  task_frozen: NextAction.HandOver,
+  contract_mismatch: NextAction.RefreshContract,
+  internal: NextAction.Backoff,
+};
+
+/** A correctable problem at one field: `path` is the field path inside the envelope or input. */
+export interface FieldIssue {
+  path: (string | number)[];
+  code: string;
+  message: string;
+}
+
+/** The wire shape of an error: what may be shown to a model or written to an event. */
+export interface ErrorInfo {
+  class: ErrorClass;
+  issues?: FieldIssue[];
+  retryAfterMs?: number;
+}
+
+/**
+ * A classified error thrown inside tooltx. `message` is for operators' logs and must not carry
+ * secrets or bodies; {@link toErrorInfo} is what leaves the process.
+ */
+export class TooltxError extends Error {
+  readonly class: ErrorClass;
+  readonly issues: FieldIssue[] | undefined;
+  readonly retryAfterMs: number | undefined;
+  constructor(
+    cls: ErrorClass,
+    message: string,
+    opts: { issues?: FieldIssue[]; retryAfterMs?: number; cause?: unknown } = {},
+  ) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.name = 'TooltxError';
+    this.class = cls;
+    this.issues = opts.issues;
+    this.retryAfterMs = opts.retryAfterMs;
+  }
+  /** True when retrying the same request later may succeed without re-planning. */
+  get retryable(): boolean {
+    return this.class === ErrorClass.DependencyUnavailable || this.class === ErrorClass.Internal;
+  }
+  toInfo(): ErrorInfo {
+    return toErrorInfo(this);
+  }
+}
+
+/** Wire form of any error: unknown errors become `internal` and keep nothing of their text. */
+export function toErrorInfo(err: unknown): ErrorInfo {
+  if (err instanceof TooltxError) {
+    const info: ErrorInfo = { class: err.class };
+    if (err.issues?.length) info.issues = err.issues;
+    if (err.retryAfterMs !== undefined) info.retryAfterMs = err.retryAfterMs;
+    return info;
+  }
+  return { class: ErrorClass.Internal };
+}
+
+/** Shorthand for an `invalid_input` error at one field path. */
+export function invalidInput(path: (string | number)[], code: string, message: string): TooltxError {
+  return new TooltxError(ErrorClass.InvalidInput, `invalid input at ${path.join('.') || '(root)'}`, {
+    issues: [{ path, code, message }],
+  });
+}

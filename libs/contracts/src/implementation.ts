@@ -1,0 +1,73 @@
+import type { z } from 'zod';
+import { sha256B64u } from './digest.js';
+import type { Contract } from './contract.js';
+
+/**
+ * What the trusted side hands an implementation for one attempt. Identity comes from the
+ * authenticated subject, never from the input (DESIGN.md "Identity").
+ */
+export interface ExecutionContext {
+  tenant: string;
+  actor: string;
+  operationKey: string;
+  /** The tenant-scoped key sent downstream (see {@link downstreamKeyOf}). */
+  downstreamKey: string;
+  /** Attempt number of this operation, from 1. */
+  attempt: number;
+  /** Absolute deadline of this attempt, ms since the epoch; sent downstream when it `enforcesDeadline`. */
+  deadlineAt: number;
+  /** Aborted when the attempt's `timeoutMs` elapses or the service shuts down. */
+  signal: AbortSignal;
+}
+
+/** Who asks, from the authenticated subject, and at which point of the flow. */
+export interface AuthorizationContext {
+  tenant: string;
+  actor: string;
+  operationKey: string;
+  phase: 'intake' | 'execution';
+  /** Server time of the check, ms since the epoch. */
+  now: number;
+}
+
+/** A committed effect: the canonical resource id and the business result the caller may read. */
+export interface ExecutionResult<O = unknown> {
+  resourceId: string;
+  result: O;
+}
+
+/** What a probe by downstream key found. */
+export type ProbeResult = { found: false } | { found: true; resourceId: string; resultDigest?: string };
+
+/**
+ * The trusted side of a contract, loaded only by services (never by agents).
+ *
+ * Error convention for `execute`: throwing a `TooltxError` means the downstream definitively did
+ * NOT apply the effect (it refused); any other throw, and an abort, mean the outcome is unknown
+ * (the request may have left), which for side-effecting contracts is never turned into `rejected`.
+ */
+export interface Implementation<C extends Contract = Contract> {
+  contract: C;
+  execute(input: z.infer<C['input']>, ctx: ExecutionContext): Promise<ExecutionResult<z.infer<C['output']>>>;
+  /**
+   * The policy seam (DESIGN.md "Authorisation is recomputed at the execution instant"): called by
+   * the authorizer at intake and again by the executor right before `running`, with the identity
+   * from the authenticated subject. Throw `TooltxError(forbidden | not_found | quota_exceeded)` to
+   * refuse; return the policy version that allowed it. Absent = allow with policy version `none`.
+   */
+  authorize?(input: z.infer<C['input']>, ctx: AuthorizationContext): Promise<{ policyVersion: string }>;
+  /** Read-only lookup by `ctx.downstreamKey`; used by recovery (FM-02, FM-27). */
+  probe?(ctx: Omit<ExecutionContext, 'signal' | 'deadlineAt'> & { signal: AbortSignal }): Promise<ProbeResult>;
+}
+
+export function defineImplementation<C extends Contract>(impl: Implementation<C>): Implementation<C> {
+  return impl;
+}
+
+/**
+ * The key sent downstream: `tx_` + base64url SHA-256 of tenant and operation key, so one tenant's
+ * key can never address another tenant's record in a downstream that dedups on it.
+ */
+export function downstreamKeyOf(tenant: string, operationKey: string): string {
+  return `tx_${sha256B64u(`${tenant}\u0000${operationKey}`)}`;
+}

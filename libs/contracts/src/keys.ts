@@ -1,0 +1,67 @@
+import type { z } from 'zod';
+import { canonicalJson, digestOf, sha256B64u } from './digest.js';
+import { parseStrict, type Contract } from './contract.js';
+import { ErrorClass, TooltxError } from './errors.js';
+
+/**
+ * Inputs of an operation key (DESIGN.md "Idempotency keys bind the business intent"): the task,
+ * the contract name@version, the normalised target and the normalised intent. Never a
+ * per-attempt id (a model's tool-call id, a request id).
+ */
+export interface KeyMaterial {
+  taskId: string;
+  tool: string;
+  version: number;
+  target: unknown;
+  intent: unknown;
+}
+
+/**
+ * `opk_` + base64url SHA-256 over the RFC 8785 canonical JSON of
+ * `{ v: 1, taskId, contract: "name@version", target, intent: digest(intent) }`.
+ * Deterministic across processes and languages that implement RFC 8785.
+ */
+export function deriveOperationKey(m: KeyMaterial): string {
+  const material = { v: 1, taskId: m.taskId, contract: `${m.tool}@${m.version}`, target: m.target, intent: digestOf(m.intent) };
+  return `opk_${sha256B64u(canonicalJson(material))}`;
+}
+
+/** A request made ready for keying: normalised input, its digests and its key. */
+export interface PreparedCall<I = Record<string, unknown>> {
+  /** The strictly parsed, normalised input: what the executor runs with. */
+  input: I;
+  operationKey: string;
+  /** `sha256:` digest of the whole normalised input: two requests under one key must share it. */
+  inputDigest: string;
+  /** `sha256:` digest of the normalised target (for audit and takeover records). */
+  targetDigest: string;
+}
+
+/**
+ * Strict parse, per-field normalisation, then key and digests. Used identically by the SDK (to
+ * compute the key it will be held to) and by the authorizer (which derives it again, FM-03).
+ * Throws `TooltxError(invalid_input)` with field paths under `input`.
+ */
+export function prepareCall<C extends Contract>(contract: C, taskId: string, rawInput: unknown): PreparedCall<z.infer<C['input']>> {
+  const parsed = parseStrict(contract.input, rawInput, ['input']) as Record<string, unknown>;
+  const input: Record<string, unknown> = { ...parsed };
+  for (const [field, normaliser] of Object.entries(contract.normalise ?? {})) {
+    if (input[field] === undefined || normaliser === undefined) continue;
+    try {
+      input[field] = (normaliser as (v: unknown) => unknown)(input[field]);
+    } catch {
+      throw new TooltxError(ErrorClass.InvalidInput, `field ${field} cannot be normalised`, {
+        issues: [{ path: ['input', field], code: 'invalid_format', message: 'value cannot be normalised' }],
+      });
+    }
+  }
+  const typed = input as z.infer<C['input']>;
+  const target = contract.target(typed);
+  const intent = contract.intent(typed);
+  return {
+    input: typed,
+    operationKey: deriveOperationKey({ taskId, tool: contract.name, version: contract.version, target, intent }),
+    inputDigest: digestOf(input),
+    targetDigest: digestOf(target),
+  };
+}

@@ -1,0 +1,288 @@
+import type { EffectClass, ErrorInfo } from '@tooltx/contracts';
+import {
+  EVENT_SCHEMA_VERSION,
+  type Evidence,
+  type OperationEvent,
+  type OperationRecord,
+  type OperationState,
+  type Receipt,
+} from './events.js';
+
+/**
+ * The operation aggregate as a pure decider (decide / evolve / initialState): no clock, no I/O.
+ * Times and event ids come in with the command. The services are thin shells around it:
+ * load the last event of the operation's subject → decide → append with the expected subject
+ * sequence → ack (shared/STYLE.md).
+ *
+ * Rules (DESIGN.md "What a key means over time"):
+ * - `committed` is final; every replay of the key returns the original receipt.
+ * - `rejected` is definitively not applied: the identical input may start a new attempt.
+ * - `unknown` is never re-executed by a resubmission.
+ * - The same key with another input digest is an explicit conflict, in every state.
+ */
+
+export interface AcceptCommand {
+  type: 'accept';
+  eventId: string;
+  at: number;
+  operationKey: string;
+  tenant: string;
+  actor: string;
+  taskId: string;
+  tool: string;
+  version: number;
+  contractDigest: string;
+  effect: EffectClass;
+  inputDigest: string;
+  targetDigest: string;
+  intentSeq: number;
+  submissionId: string;
+}
+export interface StartCommand {
+  type: 'start';
+  eventId: string;
+  at: number;
+  attempt: number;
+  executor: string;
+  deadlineAt: number;
+}
+export interface CommitCommand {
+  type: 'commit';
+  eventId: string;
+  at: number;
+  attempt: number;
+  resourceId: string;
+  resultDigest: string;
+}
+export interface RejectCommand {
+  type: 'reject';
+  eventId: string;
+  at: number;
+  attempt: number;
+  error: ErrorInfo;
+}
+export interface MarkUnknownCommand {
+  type: 'mark_unknown';
+  eventId: string;
+  at: number;
+  attempt: number;
+  evidence: Evidence;
+}
+export type OperationCommand = AcceptCommand | StartCommand | CommitCommand | RejectCommand | MarkUnknownCommand;
+
+/** What the shell must do after a decision. */
+export type Decision =
+  /** Append this event with the expected last subject sequence of the state it was decided on. */
+  | { kind: 'append'; event: OperationEvent }
+  /** This command's own event is already the state (a retried append that had landed). */
+  | { kind: 'applied'; state: OperationRecord }
+  /** Known key, same input: nothing new; answer with the current state (and receipt when committed). */
+  | { kind: 'replay'; state: OperationRecord }
+  /** Known key, different input digest: `idempotency_conflict`; the operation stays untouched. */
+  | { kind: 'conflict'; state: OperationRecord }
+  /** The command does not apply to the current state (e.g. another executor already runs it). */
+  | { kind: 'skip'; reason: SkipReason; state: OperationState };
+
+export type SkipReason = 'not_registered' | 'not_accepted' | 'attempt_mismatch' | 'not_running' | 'final';
+
+export function initialState(): OperationState {
+  return { status: 'none' };
+}
+
+export function decide(cmd: OperationCommand, state: OperationState): Decision {
+  if (state.status !== 'none' && state.lastEventId === cmd.eventId) return { kind: 'applied', state };
+  switch (cmd.type) {
+    case 'accept':
+      return decideAccept(cmd, state);
+    case 'start': {
+      if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
+      if (state.attempt !== cmd.attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
+      if (state.status !== 'accepted') return { kind: 'skip', reason: 'not_accepted', state };
+      return append(state, {
+        type: 'running',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: cmd.attempt,
+        executor: cmd.executor,
+        deadlineAt: cmd.deadlineAt,
+      });
+    }
+    case 'commit': {
+      const s = requireRunning(state, cmd.attempt);
+      if (s.kind === 'skip') return s;
+      const receipt: Receipt = {
+        operationKey: s.state.operationKey,
+        tool: s.state.tool,
+        version: s.state.version,
+        state: 'committed',
+        resourceId: cmd.resourceId,
+        resultDigest: cmd.resultDigest,
+        committedAt: cmd.at,
+        attempt: cmd.attempt,
+      };
+      return append(s.state, { type: 'committed', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, receipt });
+    }
+    case 'reject': {
+      // Rejection is allowed from `accepted` (the executor's re-check refused) and from `running`
+      // (the downstream definitively refused). Never from `unknown` or a final state.
+      if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
+      if (state.attempt !== cmd.attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
+      if (state.status !== 'accepted' && state.status !== 'running') return { kind: 'skip', reason: 'final', state };
+      return append(state, { type: 'rejected', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, error: cmd.error });
+    }
+    case 'mark_unknown': {
+      const s = requireRunning(state, cmd.attempt);
+      if (s.kind === 'skip') return s;
+      return append(s.state, { type: 'unknown', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, evidence: cmd.evidence });
+    }
+  }
+}
+
+function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
+  if (state.status === 'none') {
+    return append(null, {
+      type: 'accepted',
+      eventId: cmd.eventId,
+      at: cmd.at,
+      attempt: 1,
+      actor: cmd.actor,
+      intentSeq: cmd.intentSeq,
+      submissionId: cmd.submissionId,
+    }, cmd);
+  }
+  if (state.inputDigest !== cmd.inputDigest) return { kind: 'conflict', state };
+  if (state.status !== 'rejected') return { kind: 'replay', state };
+  // A redelivered intent that was already decided (its stream sequence is not newer than the
+  // current attempt's) must not start another attempt.
+  if (cmd.intentSeq <= state.intent.seq) return { kind: 'replay', state };
+  // Rejected = definitively not applied: the identical input starts a new attempt.
+  return append(state, {
+    type: 'accepted',
+    eventId: cmd.eventId,
+    at: cmd.at,
+    attempt: state.attempt + 1,
+    actor: cmd.actor,
+    intentSeq: cmd.intentSeq,
+    submissionId: cmd.submissionId,
+  }, cmd);
+}
+
+function requireRunning(
+  state: OperationState,
+  attempt: number,
+): { kind: 'ok'; state: OperationRecord } | { kind: 'skip'; reason: SkipReason; state: OperationState } {
+  if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
+  if (state.attempt !== attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
+  if (state.status !== 'running') return { kind: 'skip', reason: 'not_running', state };
+  return { kind: 'ok', state };
+}
+
+type EventBody = DistributiveOmit<OperationEvent, 'schema' | 'state'>;
+type DistributiveOmit<T, K extends keyof T> = T extends unknown ? Omit<T, K> : never;
+
+function append(prev: OperationRecord | null, body: EventBody, accept?: AcceptCommand): Decision {
+  const partial = { schema: EVENT_SCHEMA_VERSION, ...body } as OperationEvent;
+  const state = fold(prev, partial, accept);
+  return { kind: 'append', event: { ...partial, state } as OperationEvent };
+}
+
+/**
+ * Folds one event onto the previous state. The first `accepted` of an operation needs the accept
+ * command's identity fields; every later event derives its state from the previous one.
+ */
+function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, accept?: AcceptCommand): OperationRecord {
+  const common = { lastEventId: e.eventId, updatedAt: e.at };
+  switch (e.type) {
+    case 'accepted': {
+      const a = e as Extract<OperationEvent, { type: 'accepted' }>;
+      const identity = prev ?? (accept && {
+        operationKey: accept.operationKey,
+        tenant: accept.tenant,
+        taskId: accept.taskId,
+        tool: accept.tool,
+        version: accept.version,
+        contractDigest: accept.contractDigest,
+        effect: accept.effect,
+        inputDigest: accept.inputDigest,
+        targetDigest: accept.targetDigest,
+      });
+      if (!identity) throw new Error('accepted event without identity');
+      // A new attempt starts clean: no running marker, receipt, error or evidence of the previous one.
+      return {
+        operationKey: identity.operationKey,
+        tenant: identity.tenant,
+        taskId: identity.taskId,
+        tool: identity.tool,
+        version: identity.version,
+        contractDigest: identity.contractDigest,
+        effect: identity.effect,
+        inputDigest: identity.inputDigest,
+        targetDigest: identity.targetDigest,
+        status: 'accepted',
+        actor: a.actor,
+        attempt: a.attempt,
+        intent: { seq: a.intentSeq, submissionId: a.submissionId },
+        acceptedAt: a.at,
+        ...common,
+      };
+    }
+    case 'running': {
+      const r = e as Extract<OperationEvent, { type: 'running' }>;
+      return { ...need(prev), status: 'running', running: { eventId: r.eventId, executor: r.executor, at: r.at, deadlineAt: r.deadlineAt }, ...common };
+    }
+    case 'committed': {
+      const c = e as Extract<OperationEvent, { type: 'committed' }>;
+      return { ...need(prev), status: 'committed', receipt: c.receipt, ...common };
+    }
+    case 'rejected': {
+      const r = e as Extract<OperationEvent, { type: 'rejected' }>;
+      return { ...need(prev), status: 'rejected', error: r.error, ...common };
+    }
+    case 'unknown': {
+      const u = e as Extract<OperationEvent, { type: 'unknown' }>;
+      return { ...need(prev), status: 'unknown', evidence: u.evidence, ...common };
+    }
+  }
+}
+
+function need(prev: OperationRecord | null): OperationRecord {
+  if (!prev) throw new Error('event on an unregistered operation');
+  return prev;
+}
+
+/**
+ * Evolve: the state after `event`. Every event carries its folded state, so this is that state;
+ * {@link replay} checks the chain when a full history is read.
+ */
+export function evolve(_state: OperationState, event: OperationEvent): OperationState {
+  return event.state;
+}
+
+/**
+ * Folds a full history from scratch and checks that each event's carried state equals the fold.
+ * Throws `Error` naming the first event whose carried state disagrees.
+ */
+export function replay(events: OperationEvent[]): OperationState {
+  let state: OperationState = initialState();
+  for (const e of events) {
+    const { state: carried, ...rest } = e;
+    const prev = state.status === 'none' ? null : state;
+    const accept = prev === null && e.type === 'accepted'
+      ? ({ ...carried, type: 'accept', intentSeq: carried.intent.seq, submissionId: carried.intent.submissionId } as unknown as AcceptCommand)
+      : undefined;
+    const folded = fold(prev, rest, accept);
+    if (JSON.stringify(sortKeys(folded)) !== JSON.stringify(sortKeys(carried))) {
+      throw new Error(`event ${e.eventId} (${e.type}) carries a state that does not follow from its history`);
+    }
+    state = carried;
+  }
+  return state;
+}
+
+function sortKeys(v: unknown): unknown {
+  if (Array.isArray(v)) return v.map(sortKeys);
+  if (v && typeof v === 'object') {
+    return Object.fromEntries(Object.entries(v).filter(([, x]) => x !== undefined).sort(([a], [b]) => (a < b ? -1 : 1)).map(([k, x]) => [k, sortKeys(x)]));
+  }
+  return v;
+}

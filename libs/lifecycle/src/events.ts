@@ -1,0 +1,148 @@
+import { z } from 'zod';
+import { effectClasses, errorClasses, ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
+
+/**
+ * The operation lifecycle as data: one zod schema per event, a discriminated union over them, and
+ * the folded state every event carries (so loading an operation is one read of the last message on
+ * its subject). Events hold metadata and digests only — never inputs, results, bodies or raw error
+ * text (DESIGN.md "Events carry metadata and digests, not bodies").
+ */
+export const EVENT_SCHEMA_VERSION = 1;
+
+const id = z.string().regex(ID_PATTERN);
+const digest = z.string().regex(/^sha256:[0-9a-f]{64}$/);
+const epochMs = z.number().int().nonnegative();
+const eventId = z.string().min(8).max(64);
+
+export const errorInfoSchema = z.object({
+  class: z.enum(errorClasses),
+  issues: z
+    .array(z.object({ path: z.array(z.union([z.string(), z.number()])), code: z.string(), message: z.string() }))
+    .optional(),
+  retryAfterMs: z.number().int().nonnegative().optional(),
+});
+
+/** Evidence about an attempt whose outcome is not known: digests, codes, sizes and times only. */
+export const evidenceSchema = z.object({
+  kind: z.enum(['timeout', 'connection_lost', 'downstream_error', 'probe', 'executor_lost']),
+  at: epochMs,
+  statusCode: z.number().int().optional(),
+  bytesSent: z.number().int().nonnegative().optional(),
+  bytesReceived: z.number().int().nonnegative().optional(),
+  elapsedMs: z.number().int().nonnegative().optional(),
+  detailDigest: digest.optional(),
+});
+export type Evidence = z.infer<typeof evidenceSchema>;
+
+/** The server-side proof that an operation committed (DESIGN.md "Five observable states"). */
+export const receiptSchema = z.object({
+  operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+  tool: z.string(),
+  version: z.number().int(),
+  state: z.literal('committed'),
+  resourceId: z.string().min(1),
+  /** `sha256:` digest of the RFC 8785 canonical business result. */
+  resultDigest: digest,
+  /** Server time of the commit, ms since the epoch. */
+  committedAt: epochMs,
+  attempt: z.number().int().min(1),
+});
+export type Receipt = z.infer<typeof receiptSchema>;
+
+export const operationStatuses = ['accepted', 'running', 'committed', 'rejected', 'unknown'] as const;
+export type OperationStatus = (typeof operationStatuses)[number];
+
+/** The folded state of a registered operation. */
+export const operationRecordSchema = z.object({
+  status: z.enum(operationStatuses),
+  operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+  tenant: id,
+  /** The actor who submitted the current attempt. */
+  actor: id,
+  taskId: z.string(),
+  tool: z.string(),
+  version: z.number().int(),
+  contractDigest: digest,
+  effect: z.enum(effectClasses),
+  inputDigest: digest,
+  targetDigest: digest,
+  attempt: z.number().int().min(1),
+  /** Where the current attempt's input lives: the intent stream's sequence and the submission id. */
+  intent: z.object({ seq: z.number().int().positive(), submissionId: z.string() }),
+  acceptedAt: epochMs,
+  running: z.object({ eventId, executor: z.string(), at: epochMs, deadlineAt: epochMs }).optional(),
+  receipt: receiptSchema.optional(),
+  error: errorInfoSchema.optional(),
+  evidence: evidenceSchema.optional(),
+  lastEventId: eventId,
+  updatedAt: epochMs,
+});
+export type OperationRecord = z.infer<typeof operationRecordSchema>;
+export type OperationState = { status: 'none' } | OperationRecord;
+
+const base = { schema: z.literal(EVENT_SCHEMA_VERSION), eventId, at: epochMs, state: operationRecordSchema };
+
+export const acceptedEventSchema = z.object({
+  ...base,
+  type: z.literal('accepted'),
+  attempt: z.number().int().min(1),
+  actor: id,
+  intentSeq: z.number().int().positive(),
+  submissionId: z.string(),
+});
+export const runningEventSchema = z.object({
+  ...base,
+  type: z.literal('running'),
+  attempt: z.number().int().min(1),
+  executor: z.string(),
+  deadlineAt: epochMs,
+});
+export const committedEventSchema = z.object({
+  ...base,
+  type: z.literal('committed'),
+  attempt: z.number().int().min(1),
+  receipt: receiptSchema,
+});
+export const rejectedEventSchema = z.object({
+  ...base,
+  type: z.literal('rejected'),
+  attempt: z.number().int().min(1),
+  error: errorInfoSchema,
+});
+export const unknownEventSchema = z.object({
+  ...base,
+  type: z.literal('unknown'),
+  attempt: z.number().int().min(1),
+  evidence: evidenceSchema,
+});
+
+/** Every lifecycle event of an operation; room is left for the compensation states. */
+export const operationEventSchema = z.discriminatedUnion('type', [
+  acceptedEventSchema,
+  runningEventSchema,
+  committedEventSchema,
+  rejectedEventSchema,
+  unknownEventSchema,
+]);
+export type OperationEvent = z.infer<typeof operationEventSchema>;
+export type OperationEventType = OperationEvent['type'];
+
+/**
+ * A pre-acceptance outcome, written to the operation's decision subject (never its own subject):
+ * a refusal at intake or an idempotency conflict. The key is not registered by it.
+ */
+export const decisionRecordSchema = z.object({
+  schema: z.literal(EVENT_SCHEMA_VERSION),
+  type: z.literal('decision'),
+  eventId,
+  at: epochMs,
+  operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+  tenant: id,
+  actor: id,
+  submissionId: z.string(),
+  tool: z.string().optional(),
+  version: z.number().int().optional(),
+  outcome: z.literal('rejected'),
+  error: errorInfoSchema,
+});
+export type DecisionRecord = z.infer<typeof decisionRecordSchema>;

@@ -1,0 +1,3 @@
+export * from './events.js';
+export * from './intent.js';
+export * from './decider.js';

@@ -1,0 +1,120 @@
+import type { Consumer, JetStreamClient, JsMsg } from '@nats-io/jetstream';
+import type { Logger } from 'pino';
+import { CodecError } from './codec.js';
+import { ConcurrencyError, StoreUnavailableError, isTransient } from './store.js';
+
+/**
+ * What a handler asks the loop to do with its message. Handlers normally just return; the loop
+ * maps thrown errors once (shared/STYLE.md "mapped once to ack / nak(delay) / term"):
+ * - `CodecError` (bytes that can never parse) → `term`;
+ * - `StoreUnavailableError`, `ConcurrencyError`, transient NATS errors → `nak` with backoff;
+ * - anything else → `nak` with backoff, logged as an error.
+ */
+export type Settlement = { kind: 'ack' } | { kind: 'nak'; delayMs: number } | { kind: 'term'; reason: string };
+
+export interface ConsumerLoopOptions {
+  js: JetStreamClient;
+  stream: string;
+  durable: string;
+  /** Messages handled at once; the loop never fetches more than it has free slots for. */
+  concurrency: number;
+  /** How long one pull request waits for messages, ms (default 5 000). */
+  fetchExpiresMs?: number;
+  log: Logger;
+  handle: (msg: JsMsg) => Promise<Settlement | void>;
+}
+
+/** A running consumer loop; `stop()` stops pulling, waits for in-flight handlers, then resolves. */
+export interface ConsumerLoop {
+  stop(): Promise<void>;
+  /** Resolves when the loop has ended (after stop). */
+  readonly done: Promise<void>;
+}
+
+/**
+ * Runs a durable pull consumer with bounded concurrency. Each fetch asks for at most the free
+ * slots, so no message waits in a prefetch buffer while its ack timer runs; a handler running
+ * longer than a third of `ack_wait` sends `working()` heartbeats (NATS-NOTES "Consumers").
+ * Each message is acked on its own.
+ */
+export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<ConsumerLoop> {
+  const consumer: Consumer = await opts.js.consumers.get(opts.stream, opts.durable);
+  const info = await consumer.info(true);
+  const ackWaitMs = Math.max(1_000, Math.floor((info.config.ack_wait ?? 30_000_000_000) / 1_000_000));
+  const heartbeatMs = Math.floor(ackWaitMs / 3);
+  const expires = opts.fetchExpiresMs ?? 5_000;
+  const log = opts.log.child({ stream: opts.stream, consumer: opts.durable });
+
+  let stopping = false;
+  let inFlight = 0;
+  let slotFreed: (() => void) | null = null;
+  let currentBatch: { stop(): void } | null = null;
+  const idle = () => new Promise<void>((r) => (slotFreed = r));
+
+  const run = async (m: JsMsg) => {
+    const hb = setInterval(() => m.working(), heartbeatMs);
+    let settlement: Settlement;
+    try {
+      settlement = (await opts.handle(m)) ?? { kind: 'ack' };
+    } catch (err) {
+      settlement = classify(err, m.info.deliveryCount);
+      const level = settlement.kind === 'term' || !(err instanceof StoreUnavailableError || err instanceof ConcurrencyError || isTransient(err)) ? 'error' : 'warn';
+      log[level]({ err, seq: m.seq, deliveryCount: m.info.deliveryCount, settlement: settlement.kind }, 'handler failed');
+    } finally {
+      clearInterval(hb);
+    }
+    if (settlement.kind === 'ack') m.ack();
+    else if (settlement.kind === 'nak') m.nak(settlement.delayMs);
+    else m.term(settlement.reason);
+  };
+
+  const loop = async () => {
+    let failures = 0;
+    while (!stopping) {
+      if (inFlight >= opts.concurrency) {
+        await idle();
+        continue;
+      }
+      try {
+        const batch = await consumer.fetch({ max_messages: opts.concurrency - inFlight, expires });
+        currentBatch = batch;
+        for await (const m of batch) {
+          inFlight++;
+          void run(m).finally(() => {
+            inFlight--;
+            const f = slotFreed;
+            slotFreed = null;
+            f?.();
+          });
+        }
+        failures = 0;
+      } catch (err) {
+        if (stopping) break;
+        failures++;
+        log.warn({ err, failures }, 'fetch failed; retrying');
+        await new Promise((r) => setTimeout(r, Math.min(5_000, 100 * 2 ** failures)));
+      } finally {
+        currentBatch = null;
+      }
+    }
+    while (inFlight > 0) await idle();
+  };
+
+  const done = loop();
+  return {
+    done,
+    async stop() {
+      stopping = true;
+      currentBatch?.stop();
+      const f = slotFreed as (() => void) | null;
+      slotFreed = null;
+      f?.();
+      await done;
+    },
+  };
+}
+
+function classify(err: unknown, deliveryCount: number): Settlement {
+  if (err instanceof CodecError) return { kind: 'term', reason: 'undecodable' };
+  return { kind: 'nak', delayMs: Math.min(30_000, 250 * 2 ** Math.min(7, deliveryCount - 1)) };
+}

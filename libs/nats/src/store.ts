@@ -1,0 +1,189 @@
+import { randomUUID } from 'node:crypto';
+import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
+import { errors as coreErrors } from '@nats-io/transport-node';
+import {
+  decisionRecordSchema,
+  operationEventSchema,
+  type DecisionRecord,
+  type OperationEvent,
+  type OperationState,
+} from '@tooltx/lifecycle';
+import { decode, encode } from './codec.js';
+import type { Subjects } from './subjects.js';
+
+/**
+ * Another writer appended to the operation's subject first (JetStream error 10071,
+ * `StreamWrongLastSequence`). Reload and decide again. The domain never sees the NATS error.
+ */
+export class ConcurrencyError extends Error {
+  readonly subject: string;
+  readonly expectedSeq: number;
+  constructor(subject: string, expectedSeq: number) {
+    super(`another writer appended to ${subject} after sequence ${expectedSeq}`);
+    this.name = 'ConcurrencyError';
+    this.subject = subject;
+    this.expectedSeq = expectedSeq;
+  }
+}
+
+/** JetStream did not answer in time or refused transiently; the append may or may not be stored. */
+export class StoreUnavailableError extends Error {
+  constructor(message: string, opts?: ErrorOptions) {
+    super(message, opts);
+    this.name = 'StoreUnavailableError';
+  }
+}
+
+/** An operation as loaded: its folded state and the subject sequence of its last event (0 = none). */
+export interface LoadedOperation {
+  state: OperationState;
+  seq: number;
+}
+
+/** A stored intent: the subject it was published on (identity), its bytes and submission id. */
+export interface StoredIntent {
+  seq: number;
+  subject: string;
+  data: Uint8Array;
+  submissionId: string | undefined;
+}
+
+const PUBLISH_ATTEMPTS = 4;
+
+/**
+ * The JetStream event store of operations: one subject per operation, appends under the expected
+ * last subject sequence (first writer wins with no time window, NATS-NOTES "First writer wins"),
+ * loads by one direct get of the last message on the subject.
+ */
+export class OperationStore {
+  readonly #js: JetStreamClient;
+  readonly #jsm: JetStreamManager;
+  readonly #subjects: Subjects;
+  readonly #timeoutMs: number;
+
+  constructor(js: JetStreamClient, jsm: JetStreamManager, subjects: Subjects, opts: { timeoutMs?: number } = {}) {
+    this.#js = js;
+    this.#jsm = jsm;
+    this.#subjects = subjects;
+    this.#timeoutMs = opts.timeoutMs ?? 5_000;
+  }
+
+  /** Loads the operation's folded state from the last event on its subject. */
+  async load(tenant: string, opId: string): Promise<LoadedOperation> {
+    const m = await this.#direct(this.#subjects.eventsStream, { last_by_subj: this.#subjects.op(tenant, opId) });
+    if (!m) return { state: { status: 'none' }, seq: 0 };
+    const event = decode(operationEventSchema, m.data);
+    return { state: event.state, seq: m.seq };
+  }
+
+  /**
+   * Appends `event` to the operation's subject if its last sequence is still `expectedSeq`.
+   * Returns the stored sequence. Retries a publish whose answer was lost with the same msg id
+   * and expectation. A `duplicate: true` answer is believed only after reading the stored message
+   * back and finding this event's id (NATS-NOTES "Deduplication"). Throws {@link ConcurrencyError}
+   * when another writer won, {@link StoreUnavailableError} when JetStream does not answer.
+   */
+  async append(tenant: string, opId: string, event: OperationEvent, expectedSeq: number): Promise<number> {
+    const subject = this.#subjects.op(tenant, opId);
+    const data = encode(event);
+    let lastErr: unknown;
+    for (let i = 0; i < PUBLISH_ATTEMPTS; i++) {
+      try {
+        const ack = await this.#js.publish(subject, data, {
+          msgID: event.eventId,
+          expect: { lastSubjectSequence: expectedSeq },
+          timeout: this.#timeoutMs,
+        });
+        if (!ack.duplicate) return ack.seq;
+        const stored = await this.#direct(this.#subjects.eventsStream, { seq: ack.seq });
+        if (stored && stored.subject === subject && decode(operationEventSchema, stored.data).eventId === event.eventId) return ack.seq;
+        throw new ConcurrencyError(subject, expectedSeq);
+      } catch (err) {
+        if (err instanceof ConcurrencyError) throw err;
+        if (isWrongLastSequence(err)) {
+          // Our own earlier publish may have landed after its answer was lost (and after the
+          // dedup window): then the last event on the subject is ours.
+          const cur = await this.load(tenant, opId);
+          if (cur.state.status !== 'none' && cur.state.lastEventId === event.eventId) return cur.seq;
+          throw new ConcurrencyError(subject, expectedSeq);
+        }
+        if (!isTransient(err)) throw err;
+        lastErr = err;
+        await sleep(100 * 2 ** i);
+      }
+    }
+    throw new StoreUnavailableError(`append to ${subject} not confirmed`, { cause: lastErr });
+  }
+
+  /**
+   * Records a pre-acceptance outcome on the operation's decision subject (its own stream). The
+   * operation's subject is never touched by it. Msg id = the record's random event id.
+   */
+  async recordDecision(record: DecisionRecord, opId: string): Promise<number> {
+    const subject = this.#subjects.decision(record.tenant, opId);
+    const ack = await this.#publishWithRetry(subject, encode(record), record.eventId);
+    return ack;
+  }
+
+  /** The last decision recorded for an operation, or null. */
+  async lastDecision(tenant: string, opId: string): Promise<DecisionRecord | null> {
+    const m = await this.#direct(this.#subjects.decisionsStream, { last_by_subj: this.#subjects.decision(tenant, opId) });
+    return m ? decode(decisionRecordSchema, m.data) : null;
+  }
+
+  /** Reads a stored intent by its stream sequence (the `accepted` event names it), or null. */
+  async readIntent(seq: number): Promise<StoredIntent | null> {
+    const m = await this.#direct(this.#subjects.intentsStream, { seq });
+    if (!m) return null;
+    return { seq: m.seq, subject: m.subject, data: m.data, submissionId: m.header?.get('Nats-Msg-Id') || undefined };
+  }
+
+  async #publishWithRetry(subject: string, data: Uint8Array, msgID: string): Promise<number> {
+    let lastErr: unknown;
+    for (let i = 0; i < PUBLISH_ATTEMPTS; i++) {
+      try {
+        const ack = await this.#js.publish(subject, data, { msgID, timeout: this.#timeoutMs });
+        return ack.seq;
+      } catch (err) {
+        if (!isTransient(err)) throw err;
+        lastErr = err;
+        await sleep(100 * 2 ** i);
+      }
+    }
+    throw new StoreUnavailableError(`publish to ${subject} not confirmed`, { cause: lastErr });
+  }
+
+  async #direct(stream: string, query: { last_by_subj: string } | { seq: number }) {
+    try {
+      return await this.#jsm.direct.getMessage(stream, query);
+    } catch (err) {
+      if (isTransient(err)) throw new StoreUnavailableError(`direct get on ${stream} failed`, { cause: err });
+      throw err;
+    }
+  }
+}
+
+/** A fresh random event id (also the event's Nats-Msg-Id). */
+export function newEventId(): string {
+  return randomUUID();
+}
+
+export function isWrongLastSequence(err: unknown): boolean {
+  return err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamWrongLastSequence;
+}
+
+/** Timeouts, no responders and connection loss: the request may be retried (by error class, never by message text). */
+export function isTransient(err: unknown): boolean {
+  return (
+    err instanceof coreErrors.TimeoutError ||
+    err instanceof coreErrors.NoRespondersError ||
+    err instanceof coreErrors.RequestError ||
+    err instanceof coreErrors.ConnectionError ||
+    err instanceof coreErrors.DrainingConnectionError ||
+    err instanceof coreErrors.ClosedConnectionError
+  );
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}

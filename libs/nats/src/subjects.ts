@@ -1,0 +1,66 @@
+import { ID_PATTERN } from '@tooltx/contracts';
+
+const OPID = /^[0-9a-f]{32}$/;
+
+/**
+ * Every subject and stream name tooltx uses, under one prefix (DESIGN.md "Where things live").
+ * Subjects are built and parsed with an exact token count, and every id token must match
+ * `^[a-z0-9_-]{1,64}$`, so `tenant a + actor b.c` can never equal `tenant a.b + actor c` and a
+ * wildcard can never be an id.
+ *
+ * | subject | holds |
+ * | --- | --- |
+ * | `<p>.intent.<tenant>.<actor>` | intent envelopes (stream `<P>_INTENTS`) |
+ * | `<p>.op.<tenant>.<opId>` | every lifecycle event of one operation (stream `<P>_EVENTS`) |
+ * | `<p>.decision.<tenant>.<opId>` | pre-acceptance outcomes (stream `<P>_DECISIONS`) |
+ * | `<p>.status.<tenant>.<actor>` | status requests (request/reply, no stream) |
+ * | KV `<p>_results`, key `<tenant>.<opId>` | business results (result store) |
+ */
+export class Subjects {
+  readonly prefix: string;
+  constructor(prefix: string) {
+    if (!/^[a-z][a-z0-9_]{0,31}$/.test(prefix)) throw new TypeError(`invalid subject prefix ${JSON.stringify(prefix)}`);
+    this.prefix = prefix;
+  }
+
+  get intentsStream(): string { return `${this.prefix.toUpperCase()}_INTENTS`; }
+  get eventsStream(): string { return `${this.prefix.toUpperCase()}_EVENTS`; }
+  get decisionsStream(): string { return `${this.prefix.toUpperCase()}_DECISIONS`; }
+  get resultsBucket(): string { return `${this.prefix}_results`; }
+
+  intent(tenant: string, actor: string): string { return `${this.prefix}.intent.${id(tenant)}.${id(actor)}`; }
+  op(tenant: string, opId: string): string { return `${this.prefix}.op.${id(tenant)}.${opid(opId)}`; }
+  decision(tenant: string, opId: string): string { return `${this.prefix}.decision.${id(tenant)}.${opid(opId)}`; }
+  status(tenant: string, actor: string): string { return `${this.prefix}.status.${id(tenant)}.${id(actor)}`; }
+  resultKey(tenant: string, opId: string): string { return `${id(tenant)}.${opid(opId)}`; }
+
+  get allIntents(): string { return `${this.prefix}.intent.>`; }
+  get allOps(): string { return `${this.prefix}.op.>`; }
+  get allDecisions(): string { return `${this.prefix}.decision.>`; }
+  get allStatus(): string { return `${this.prefix}.status.*.*`; }
+
+  /** `{ tenant, actor }` of an intent or status subject, or null when it is not exactly one. */
+  parseActorSubject(kind: 'intent' | 'status', subject: string): { tenant: string; actor: string } | null {
+    const t = subject.split('.');
+    if (t.length !== 4 || t[0] !== this.prefix || t[1] !== kind) return null;
+    const [, , tenant, actor] = t as [string, string, string, string];
+    return ID_PATTERN.test(tenant) && ID_PATTERN.test(actor) ? { tenant, actor } : null;
+  }
+
+  /** `{ tenant, opId }` of an operation or decision subject, or null when it is not exactly one. */
+  parseOpSubject(kind: 'op' | 'decision', subject: string): { tenant: string; opId: string } | null {
+    const t = subject.split('.');
+    if (t.length !== 4 || t[0] !== this.prefix || t[1] !== kind) return null;
+    const [, , tenant, opId] = t as [string, string, string, string];
+    return ID_PATTERN.test(tenant) && OPID.test(opId) ? { tenant, opId } : null;
+  }
+}
+
+function id(v: string): string {
+  if (!ID_PATTERN.test(v)) throw new TypeError(`invalid id token ${JSON.stringify(v)}`);
+  return v;
+}
+function opid(v: string): string {
+  if (!OPID.test(v)) throw new TypeError(`invalid operation id ${JSON.stringify(v)}`);
+  return v;
+}

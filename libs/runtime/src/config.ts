@@ -1,0 +1,49 @@
+import { hostname } from 'node:os';
+import { z } from 'zod';
+
+/** Thrown at start-up when the environment is not a valid configuration; lists every problem. */
+export class ConfigError extends Error {
+  readonly problems: string[];
+  constructor(problems: string[]) {
+    super(`invalid configuration:\n  - ${problems.join('\n  - ')}`);
+    this.name = 'ConfigError';
+    this.problems = problems;
+  }
+}
+
+const PREFIX = /^[a-z][a-z0-9_]{0,31}$/;
+
+/**
+ * Settings every tooltx process reads from the environment (DESIGN.md "Where things live"):
+ * - `NATS_URL` — comma-separated server URLs (default `nats://127.0.0.1:4222`).
+ * - `NATS_CREDS_FILE` — optional credentials file (never the secret itself in the env).
+ * - `TOOLTX_PREFIX` — subject prefix, one token `^[a-z][a-z0-9_]{0,31}$` (default `tooltx`).
+ * - `LOG_LEVEL` — pino level (default `info`).
+ * - `TOOLTX_INSTANCE_ID` — this process in logs and events (default `<host>-<pid>`).
+ */
+export const baseConfigSchema = z.object({
+  NATS_URL: z.string().min(1).default('nats://127.0.0.1:4222'),
+  NATS_CREDS_FILE: z.string().min(1).optional(),
+  TOOLTX_PREFIX: z.string().regex(PREFIX, 'must match ^[a-z][a-z0-9_]{0,31}$').default('tooltx'),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  TOOLTX_INSTANCE_ID: z.string().min(1).max(64).default(`${hostname()}-${process.pid}`),
+});
+
+/** Settings of the services that load the trusted contract implementations. */
+export const serviceConfigSchema = baseConfigSchema.extend({
+  /** Path of the trusted module exporting `implementations` (never loaded by agents). */
+  TOOLTX_TOOLS_MODULE: z.string().min(1),
+  /** Operations handled at once by this process (default 16). */
+  TOOLTX_CONCURRENCY: z.coerce.number().int().min(1).max(1024).default(16),
+});
+
+/**
+ * Parses `env` once with `schema`; throws {@link ConfigError} naming every bad or missing
+ * variable. Empty strings count as unset.
+ */
+export function loadConfig<S extends z.ZodObject<z.ZodRawShape>>(schema: S, env: NodeJS.ProcessEnv = process.env): z.infer<S> {
+  const cleaned = Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== ''));
+  const r = schema.safeParse(cleaned);
+  if (r.success) return r.data;
+  throw new ConfigError(r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`));
+}

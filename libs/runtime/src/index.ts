@@ -1,0 +1,4 @@
+export * from './config.js';
+export * from './logger.js';
+export * from './shutdown.js';
+export * from './tools.js';

@@ -1,0 +1,113 @@
+import type { JsMsg } from '@nats-io/jetstream';
+import { ErrorClass, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
+import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand } from '@tooltx/lifecycle';
+import { ConcurrencyError, decodeRaw, CodecError, newEventId, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
+import { checkIntake } from './intake.js';
+
+const MAX_DECIDE_ROUNDS = 8;
+
+export interface AuthorizerDeps {
+  subjects: Subjects;
+  store: OperationStore;
+  tools: ImplementationRegistry;
+  log: Logger;
+  now?: () => number;
+}
+
+/**
+ * The authorizer's handler for one intent message: intake checks → policy seam → tenant-scoped
+ * lookup → `accepted` under the expected subject sequence, or a decision record. Nothing is written
+ * on the operation's subject by a refused or conflicting request (DESIGN.md "Order of checks").
+ */
+export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Settlement | void> {
+  const { subjects, store, tools, log } = deps;
+  const now = deps.now ?? Date.now;
+
+  return async (msg) => {
+    const who = subjects.parseActorSubject('intent', msg.subject);
+    if (!who) return { kind: 'term', reason: 'not an intent subject' };
+    const submissionId = msg.headers?.get('Nats-Msg-Id') || `seq-${msg.seq}`;
+    const l = log.child({ tenant: who.tenant, actor: who.actor, intentSeq: msg.seq });
+
+    let raw: unknown;
+    try {
+      raw = decodeRaw(msg.data);
+    } catch (err) {
+      if (!(err instanceof CodecError)) throw err;
+      l.warn({ class: ErrorClass.InvalidInput }, 'intent is not msgpack: refused, no key known');
+      return { kind: 'term', reason: 'undecodable intent' };
+    }
+
+    const check = checkIntake(who, raw, (t, v) => tools.contracts.get(t, v));
+    const refuse = async (key: string | null, error: ErrorInfo, ids: { tool?: string; version?: number }) => {
+      if (!key) {
+        l.info({ class: error.class }, 'intent refused before a key was known');
+        return;
+      }
+      await store.recordDecision(
+        { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: key, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error, ...ids },
+        operationIdOf(key),
+      );
+      l.info({ operationKey: key, class: error.class }, 'intent refused');
+    };
+    if (check.kind === 'refuse') return void (await refuse(check.decisionKey, check.error, { tool: check.tool, version: check.version }));
+
+    const { contract, prepared, envelope } = check;
+    const key = prepared.operationKey;
+    const ids = { tool: contract.name, version: contract.version };
+    const impl = tools.get(contract.name, contract.version)!;
+
+    // Policy seam: before anything about the key is looked up or revealed.
+    try {
+      await impl.authorize?.(prepared.input, { tenant: who.tenant, actor: who.actor, operationKey: key, phase: 'intake', now: now() });
+    } catch (err) {
+      const info = toErrorInfo(err);
+      if (info.class === ErrorClass.Internal) throw err;
+      return void (await refuse(key, info, ids));
+    }
+
+    const opId = operationIdOf(key);
+    for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
+      const { state, seq } = await store.load(who.tenant, opId);
+      const cmd: AcceptCommand = {
+        type: 'accept',
+        eventId: newEventId(),
+        at: now(),
+        operationKey: key,
+        tenant: who.tenant,
+        actor: who.actor,
+        taskId: envelope.taskId,
+        tool: contract.name,
+        version: contract.version,
+        contractDigest: contract.digest,
+        effect: contract.effect,
+        inputDigest: prepared.inputDigest,
+        targetDigest: prepared.targetDigest,
+        intentSeq: msg.seq,
+        submissionId,
+      };
+      const d = decide(cmd, state);
+      switch (d.kind) {
+        case 'append':
+          try {
+            await store.append(who.tenant, opId, d.event, seq);
+          } catch (err) {
+            if (err instanceof ConcurrencyError) continue;
+            throw err;
+          }
+          l.info({ operationKey: key, attempt: d.event.attempt, tool: contract.id }, 'accepted');
+          return;
+        case 'conflict':
+          return void (await refuse(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] }, ids));
+        case 'replay':
+        case 'applied':
+          l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
+          return;
+        case 'skip':
+          return;
+      }
+    }
+    throw new ConcurrencyError(subjects.op(who.tenant, opId), -1);
+  };
+}

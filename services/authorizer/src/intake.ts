@@ -1,0 +1,89 @@
+import {
+  ErrorClass,
+  OPERATION_KEY_PATTERN,
+  TooltxError,
+  parseStrict,
+  prepareCall,
+  toErrorInfo,
+  type Contract,
+  type ErrorInfo,
+  type PreparedCall,
+} from '@tooltx/contracts';
+import { intentEnvelopeSchema, type IntentEnvelope } from '@tooltx/lifecycle';
+
+/** The outcome of the pure intake checks, before any lookup or registration. */
+export type IntakeCheck =
+  | {
+      kind: 'refuse';
+      error: ErrorInfo;
+      /** The key the refusal is recorded under (derived, else the supplied one), or null: none known. */
+      decisionKey: string | null;
+      tool?: string;
+      version?: number;
+    }
+  | { kind: 'proceed'; envelope: IntentEnvelope; contract: Contract; prepared: PreparedCall };
+
+/**
+ * Intake checks in the order DESIGN.md fixes ("Order of checks at intake"): identity from the
+ * subject (an envelope `actorId` that disagrees is `forbidden`, FM-06) → contract exists and strict
+ * parse (field paths, FM-18) → derive the key and input digest (a supplied key that differs is an
+ * `idempotency_conflict` at `operationKey`, FM-03). The policy seam and the lookup follow in the
+ * shell. Pure: no I/O, no clock.
+ */
+export function checkIntake(
+  who: { tenant: string; actor: string },
+  raw: unknown,
+  findContract: (tool: string, version: number) => Contract | undefined,
+): IntakeCheck {
+  const rawObj = (raw && typeof raw === 'object' ? raw : {}) as Record<string, unknown>;
+  const supplied = typeof rawObj.operationKey === 'string' && OPERATION_KEY_PATTERN.test(rawObj.operationKey) ? rawObj.operationKey : null;
+  const refuse = (err: unknown, decisionKey: string | null, extra: { tool?: string; version?: number } = {}): IntakeCheck => ({
+    kind: 'refuse',
+    error: toErrorInfo(err),
+    decisionKey,
+    ...extra,
+  });
+
+  // 1. Identity: the subject is the truth; a payload that names someone else is forged.
+  if (rawObj.actorId !== undefined && rawObj.actorId !== who.actor) {
+    return refuse(new TooltxError(ErrorClass.Forbidden, 'envelope actorId differs from the subject actor'), supplied);
+  }
+
+  // 2. Envelope and contract.
+  let envelope: IntentEnvelope;
+  try {
+    envelope = parseStrict(intentEnvelopeSchema, raw);
+  } catch (err) {
+    return refuse(err, supplied);
+  }
+  const contract = findContract(envelope.tool, envelope.version);
+  if (!contract) {
+    const path = findContract(envelope.tool, 1) || envelope.version !== 1 ? 'version' : 'tool';
+    return refuse(
+      new TooltxError(ErrorClass.InvalidInput, 'unknown contract', {
+        issues: [{ path: [path], code: 'unknown_contract', message: `no contract ${envelope.tool}@${envelope.version}` }],
+      }),
+      supplied,
+      { tool: envelope.tool, version: envelope.version },
+    );
+  }
+  const ids = { tool: contract.name, version: contract.version };
+
+  // 3. Strict input parse, normalisation, key and digests.
+  let prepared: PreparedCall;
+  try {
+    prepared = prepareCall(contract, envelope.taskId, envelope.input);
+  } catch (err) {
+    return refuse(err, supplied, ids);
+  }
+  if (envelope.operationKey !== undefined && envelope.operationKey !== prepared.operationKey) {
+    return refuse(
+      new TooltxError(ErrorClass.IdempotencyConflict, 'supplied operation key does not match the request', {
+        issues: [{ path: ['operationKey'], code: 'key_mismatch', message: 'the operation key is derived by the server from taskId, contract, target and intent' }],
+      }),
+      supplied ?? prepared.operationKey,
+      ids,
+    );
+  }
+  return { kind: 'proceed', envelope, contract, prepared };
+}

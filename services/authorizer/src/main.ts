@@ -1,0 +1,28 @@
+/**
+ * tooltx authorizer — consumes intents, checks them in DESIGN.md's order and registers operations.
+ *
+ * Usage: `tsx services/authorizer/src/main.ts [--help]`. Configuration from the environment:
+ * NATS_URL, NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_TOOLS_MODULE (required), TOOLTX_CONCURRENCY,
+ * LOG_LEVEL, TOOLTX_INSTANCE_ID and the stream settings of `tooltx streams apply`.
+ * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight intents, drains.
+ */
+import { startConsumerLoop } from '@tooltx/nats';
+import { runService } from '@tooltx/runtime/service';
+import { Durables } from '@tooltx/streams';
+import { intentHandler } from './authorize.js';
+
+await runService({
+  name: 'authorizer',
+  summary: 'consumes intents, checks identity, contract, key and policy, and registers operations',
+  async start({ subjects, store, tools, log, js, config }) {
+    const loop = await startConsumerLoop({
+      js,
+      stream: subjects.intentsStream,
+      durable: Durables.authorizer,
+      concurrency: config.TOOLTX_CONCURRENCY,
+      log,
+      handle: intentHandler({ subjects, store, tools, log }),
+    });
+    return () => loop.stop();
+  },
+});

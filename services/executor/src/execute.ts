@@ -1,0 +1,171 @@
+import type { JsMsg } from '@nats-io/jetstream';
+import type { Kv } from './kv.js';
+import {
+  digestOf,
+  downstreamKeyOf,
+  ErrorClass,
+  hasSideEffect,
+  operationIdOf,
+  prepareCall,
+  toErrorInfo,
+  TooltxError,
+  type ErrorInfo,
+  type Implementation,
+} from '@tooltx/contracts';
+import { decide, intentEnvelopeSchema, operationEventSchema, type OperationCommand, type OperationRecord } from '@tooltx/lifecycle';
+import { ConcurrencyError, decode, decodeRaw, encode, newEventId, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
+
+export interface ExecutorDeps {
+  subjects: Subjects;
+  store: OperationStore;
+  results: Kv;
+  tools: ImplementationRegistry;
+  log: Logger;
+  /** This executor's name in `running` events. */
+  executorId: string;
+  /** Aborted on shutdown: in-flight attempts are abandoned as their contract says. */
+  shutdown: AbortSignal;
+  now?: () => number;
+}
+
+const MAX_DECIDE_ROUNDS = 8;
+
+/**
+ * The executor's handler for one event-log message. It acts only on an `accepted` event that is
+ * still the operation's state: re-check at the execution instant → `running` under the expected
+ * sequence (only one executor wins) → `execute` with the tenant-scoped downstream key and an
+ * absolute deadline → result store → `committed`. Read/compute timeouts become
+ * `rejected: dependency_unavailable` (retryable); a side-effecting attempt whose request may have
+ * left is never `rejected` — it stays `running` for recovery (issue 7).
+ */
+export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settlement | void> {
+  const { subjects, store, tools, log, results } = deps;
+  const now = deps.now ?? Date.now;
+
+  /** Load → decide → append until the command is appended, applied or no longer applies. */
+  const transition = async (tenant: string, opId: string, make: () => OperationCommand) => {
+    for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
+      const { state, seq } = await store.load(tenant, opId);
+      const d = decide(make(), state);
+      if (d.kind !== 'append') return d;
+      try {
+        await store.append(tenant, opId, d.event, seq);
+        return d;
+      } catch (err) {
+        if (!(err instanceof ConcurrencyError)) throw err;
+      }
+    }
+    throw new ConcurrencyError(subjects.op(tenant, opId), -1);
+  };
+
+  return async (msg) => {
+    const where = subjects.parseOpSubject('op', msg.subject);
+    if (!where) return { kind: 'term', reason: 'not an operation subject' };
+    const event = decode(operationEventSchema, msg.data);
+    if (event.type !== 'accepted') return;
+    const { tenant, opId } = where;
+    const { state, seq } = await store.load(tenant, opId);
+    if (state.status !== 'accepted' || state.attempt !== event.attempt) return;
+    const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, tool: `${state.tool}@${state.version}` });
+
+    const impl = tools.get(state.tool, state.version);
+    if (!impl || impl.contract.digest !== state.contractDigest) {
+      // Another executor instance may hold this contract version; never run a different one.
+      l.error({ contractDigest: state.contractDigest }, 'contract version not loaded here');
+      return { kind: 'nak', delayMs: 5_000 };
+    }
+
+    const reject = (error: ErrorInfo) =>
+      transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error }));
+
+    // The input, read back from the intent the `accepted` event names, checked against its digest.
+    const input = await loadInput(store, subjects, state, impl);
+    if (!input) {
+      l.error('intent missing or does not match the registered digest');
+      await reject({ class: ErrorClass.Internal });
+      return;
+    }
+
+    // Authorisation at the execution instant, from the authenticated identity (FM-07).
+    try {
+      await impl.authorize?.(input, { tenant, actor: state.actor, operationKey: state.operationKey, phase: 'execution', now: now() });
+    } catch (err) {
+      const info = toErrorInfo(err);
+      if (info.class === ErrorClass.Internal) throw err;
+      await reject(info);
+      l.info({ class: info.class }, 'rejected at execution');
+      return;
+    }
+
+    const { timeoutMs } = impl.contract.timing;
+    const startedAt = now();
+    const deadlineAt = startedAt + timeoutMs;
+    const runningId = newEventId();
+    const start = decide({ type: 'start', eventId: runningId, at: startedAt, attempt: state.attempt, executor: deps.executorId, deadlineAt }, state);
+    if (start.kind !== 'append') return;
+    try {
+      await store.append(tenant, opId, start.event, seq);
+    } catch (err) {
+      if (err instanceof ConcurrencyError) return; // another executor won `running`
+      throw err;
+    }
+
+    const signal = AbortSignal.any([AbortSignal.timeout(timeoutMs), deps.shutdown]);
+    let outcome: { ok: true; resourceId: string; result: unknown } | { ok: false; err: unknown };
+    try {
+      const r = await impl.execute(input, {
+        tenant,
+        actor: state.actor,
+        operationKey: state.operationKey,
+        downstreamKey: downstreamKeyOf(tenant, state.operationKey),
+        attempt: state.attempt,
+        deadlineAt,
+        signal,
+      });
+      outcome = { ok: true, resourceId: r.resourceId, result: r.result };
+    } catch (err) {
+      outcome = { ok: false, err };
+    }
+
+    if (outcome.ok) {
+      const result = impl.contract.output.parse(outcome.result);
+      const resultDigest = digestOf(result);
+      await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
+      const d = await transition(tenant, opId, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, resourceId: outcome.resourceId, resultDigest }));
+      l.info({ resourceId: outcome.resourceId, outcome: d.kind, elapsedMs: now() - startedAt }, 'committed');
+      return;
+    }
+
+    const err = outcome.err;
+    if (err instanceof TooltxError) {
+      // The downstream definitively refused: not applied.
+      await reject(err.toInfo());
+      l.info({ class: err.class }, 'rejected by the downstream');
+      return;
+    }
+    if (!hasSideEffect(impl.contract.effect)) {
+      await reject({ class: ErrorClass.DependencyUnavailable });
+      l.warn({ err, elapsedMs: now() - startedAt }, 'read/compute attempt failed: rejected as dependency_unavailable (retryable)');
+      return;
+    }
+    // The request may have left: never `rejected`, never a blind retry. Recovery probes it.
+    l.warn({ err, elapsedMs: now() - startedAt, aborted: signal.aborted }, 'outcome unknown: left running for recovery');
+  };
+}
+
+async function loadInput(store: OperationStore, subjects: Subjects, state: OperationRecord, impl: Implementation): Promise<Record<string, unknown> | null> {
+  const stored = await store.readIntent(state.intent.seq);
+  if (!stored) return null;
+  const who = subjects.parseActorSubject('intent', stored.subject);
+  if (!who || who.tenant !== state.tenant) return null;
+  try {
+    const envelope = intentEnvelopeSchema.parse(decodeRaw(stored.data));
+    const prepared = prepareCall(impl.contract, envelope.taskId, envelope.input);
+    if (prepared.inputDigest !== state.inputDigest || prepared.operationKey !== state.operationKey) return null;
+    return prepared.input;
+  } catch {
+    return null;
+  }
+}
+

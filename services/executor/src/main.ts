@@ -1,0 +1,30 @@
+/**
+ * tooltx executor — runs accepted operations exactly once per attempt.
+ *
+ * Usage: `tsx services/executor/src/main.ts [--help]`. Same environment as the authorizer.
+ * Stops cleanly on SIGTERM/SIGINT: stops pulling, lets in-flight attempts finish (bounded by their
+ * contract's timeoutMs), drains.
+ */
+import { Kvm } from '@nats-io/kv';
+import { startConsumerLoop } from '@tooltx/nats';
+import { runService } from '@tooltx/runtime/service';
+import { Durables } from '@tooltx/streams';
+import { eventHandler } from './execute.js';
+
+await runService({
+  name: 'executor',
+  summary: 'consumes the event log and runs each accepted operation once',
+  async start({ subjects, store, tools, log, js, nc, config }) {
+    const results = await new Kvm(nc).open(subjects.resultsBucket);
+    const shutdown = new AbortController();
+    const loop = await startConsumerLoop({
+      js,
+      stream: subjects.eventsStream,
+      durable: Durables.executor,
+      concurrency: config.TOOLTX_CONCURRENCY,
+      log,
+      handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal }),
+    });
+    return () => loop.stop();
+  },
+});

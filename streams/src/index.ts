@@ -1,0 +1,2 @@
+export * from './topology.js';
+export * from './provision.js';

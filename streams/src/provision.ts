@@ -1,0 +1,135 @@
+import { JetStreamApiError, type JetStreamManager, type StreamConfig, type StreamInfo } from '@nats-io/jetstream';
+import { Kvm } from '@nats-io/kv';
+import { millis, type NatsConnection } from '@nats-io/transport-node';
+import type { Topology } from './topology.js';
+
+/** Thrown when a stream, consumer or bucket breaks a guarantee; lists every violated setting. */
+export class StreamConfigError extends Error {
+  readonly violations: string[];
+  constructor(violations: string[]) {
+    super(`JetStream configuration breaks tooltx guarantees (run \`tooltx streams apply\`):\n  - ${violations.join('\n  - ')}`);
+    this.name = 'StreamConfigError';
+    this.violations = violations;
+  }
+}
+
+export interface ApplyReport {
+  created: string[];
+  updated: string[];
+  unchanged: string[];
+}
+
+/**
+ * The provisioner: creates or updates the streams, durable consumers and the result bucket of a
+ * topology. Only the provisioner may do this (issue 5 gives nobody else the API subjects); services
+ * only {@link checkTopology}. Throws the server's `JetStreamApiError` when an update is refused
+ * (e.g. changing storage type).
+ */
+export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t: Topology): Promise<ApplyReport> {
+  const report: ApplyReport = { created: [], updated: [], unchanged: [] };
+  for (const cfg of Object.values(t.streams)) {
+    const cur = await streamInfo(jsm, cfg.name);
+    if (!cur) {
+      await jsm.streams.add(cfg);
+      report.created.push(`stream ${cfg.name}`);
+    } else if (differs(cur.config, cfg)) {
+      await jsm.streams.update(cfg.name, { ...cur.config, ...cfg });
+      report.updated.push(`stream ${cfg.name}`);
+    } else report.unchanged.push(`stream ${cfg.name}`);
+  }
+  for (const c of t.consumers) {
+    const name = `consumer ${c.stream}/${c.config.durable_name}`;
+    const cur = await jsm.consumers.info(c.stream, c.config.durable_name).catch((e: unknown) => (isNotFound(e) ? null : Promise.reject(e)));
+    if (!cur) {
+      await jsm.consumers.add(c.stream, c.config);
+      report.created.push(name);
+    } else if (differs(cur.config, c.config)) {
+      await jsm.consumers.update(c.stream, c.config.durable_name, c.config);
+      report.updated.push(name);
+    } else report.unchanged.push(name);
+  }
+  const kvStream = `KV_${t.results.bucket}`;
+  const existed = await streamInfo(jsm, kvStream);
+  await new Kvm(nc).create(t.results.bucket, { history: 1, ttl: t.results.ttlMs, replicas: t.results.replicas, storage: 'file' });
+  (existed ? report.unchanged : report.created).push(`bucket ${t.results.bucket}`);
+  return report;
+}
+
+/**
+ * What a service runs at start-up: reads the configuration and lists every setting that breaks a
+ * guarantee (DESIGN.md "Message-ID dedup is only the first layer"; issue 2 "Streams, and who may
+ * change them"). `longestKeyRetentionMs` comes from the loaded contracts. Returns the violations;
+ * {@link assertTopology} throws them.
+ */
+export async function checkTopology(
+  jsm: JetStreamManager,
+  t: Topology,
+  opts: { longestKeyRetentionMs: number; longestOperationMs?: number },
+): Promise<string[]> {
+  const v: string[] = [];
+  const infos: Record<string, StreamInfo | null> = {};
+  for (const [role, want] of Object.entries(t.streams)) {
+    const cur = await streamInfo(jsm, want.name);
+    infos[role] = cur;
+    if (!cur) {
+      v.push(`stream ${want.name} does not exist`);
+      continue;
+    }
+    const c = cur.config;
+    const at = (k: string) => `stream ${want.name} ${k}`;
+    if (JSON.stringify([...(c.subjects ?? [])].sort()) !== JSON.stringify([...(want.subjects ?? [])].sort())) v.push(`${at('subjects')} is ${JSON.stringify(c.subjects)}, expected ${JSON.stringify(want.subjects)}`);
+    if (c.retention !== 'limits') v.push(`${at('retention')} is ${c.retention}, must be limits`);
+    if (c.storage !== 'file') v.push(`${at('storage')} is ${c.storage}, must be file`);
+    if (!c.deny_delete) v.push(`${at('deny_delete')} is false, must be true`);
+    if (!c.deny_purge) v.push(`${at('deny_purge')} is false, must be true`);
+    if (!c.allow_direct) v.push(`${at('allow_direct')} is false, must be true`);
+    for (const k of ['max_msgs', 'max_bytes', 'max_msgs_per_subject'] as const) {
+      if ((c[k] ?? -1) > 0) v.push(`${at(k)} is ${c[k]}, must be -1 (a limit could evict a registration)`);
+    }
+  }
+  const events = infos.events?.config;
+  const intents = infos.intents?.config;
+  const kv = await streamInfo(jsm, `KV_${t.results.bucket}`);
+  if (!kv) v.push(`bucket ${t.results.bucket} does not exist`);
+  const age = (c: StreamConfig | undefined) => (c ? (c.max_age ? millis(c.max_age) : Infinity) : NaN);
+  if (events) {
+    if (age(events) < opts.longestKeyRetentionMs) v.push(`stream ${events.name} max_age ${age(events)} ms is shorter than the longest contract key retention ${opts.longestKeyRetentionMs} ms`);
+    if (kv && age(kv.config) < age(events)) v.push(`bucket ${t.results.bucket} max_age ${age(kv.config)} ms is shorter than the event log's ${age(events)} ms`);
+  }
+  if (intents && opts.longestOperationMs !== undefined && age(intents) < opts.longestOperationMs) {
+    v.push(`stream ${intents.name} max_age ${age(intents)} ms is shorter than the longest operation lifetime ${opts.longestOperationMs} ms (inputs must stay readable)`);
+  }
+  for (const c of t.consumers) {
+    const cur = await jsm.consumers.info(c.stream, c.config.durable_name).catch((e: unknown) => (isNotFound(e) ? null : Promise.reject(e)));
+    if (!cur) v.push(`consumer ${c.stream}/${c.config.durable_name} does not exist`);
+    else {
+      if (cur.config.filter_subject !== c.config.filter_subject) v.push(`consumer ${c.stream}/${c.config.durable_name} filter_subject is ${cur.config.filter_subject}, expected ${c.config.filter_subject}`);
+      if (cur.config.ack_policy !== 'explicit') v.push(`consumer ${c.stream}/${c.config.durable_name} ack_policy is ${cur.config.ack_policy}, must be explicit`);
+    }
+  }
+  return v;
+}
+
+/** {@link checkTopology}, throwing {@link StreamConfigError} when anything is wrong. */
+export async function assertTopology(...args: Parameters<typeof checkTopology>): Promise<void> {
+  const v = await checkTopology(...args);
+  if (v.length) throw new StreamConfigError(v);
+}
+
+async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamInfo | null> {
+  try {
+    return await jsm.streams.info(name);
+  } catch (err) {
+    if (isNotFound(err)) return null;
+    throw err;
+  }
+}
+
+function isNotFound(err: unknown): boolean {
+  return err instanceof JetStreamApiError && (err.code === 10059 || err.code === 10014);
+}
+
+function differs(cur: object, want: object): boolean {
+  const c = cur as Record<string, unknown>;
+  return Object.entries(want).some(([k, v]) => JSON.stringify(c[k]) !== JSON.stringify(v));
+}

@@ -1,0 +1,52 @@
+import { operationIdOf } from '@tooltx/contracts';
+import type { DecisionRecord, OperationState } from '@tooltx/lifecycle';
+import type { TestNats } from './nats.js';
+
+/** Polls the operation's last event until `done(state)` holds; throws with the last state on timeout. */
+export async function waitForOperation(
+  t: TestNats,
+  tenant: string,
+  operationKey: string,
+  done: (s: OperationState) => boolean,
+  timeoutMs = 20_000,
+): Promise<OperationState> {
+  const opId = operationIdOf(operationKey);
+  const deadline = Date.now() + timeoutMs;
+  let last: OperationState = { status: 'none' };
+  while (Date.now() < deadline) {
+    last = (await t.store.load(tenant, opId)).state;
+    if (done(last)) return last;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`operation ${operationKey} did not reach the expected state; last: ${JSON.stringify(last)}`);
+}
+
+/** Polls the decision subject until a decision for `submissionId` (or any, when omitted) is there. */
+export async function waitForDecision(t: TestNats, tenant: string, operationKey: string, timeoutMs = 20_000): Promise<DecisionRecord> {
+  const opId = operationIdOf(operationKey);
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const d = await t.store.lastDecision(tenant, opId);
+    if (d) return d;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`no decision for ${operationKey}`);
+}
+
+/** Every event on an operation's subject, in order (ordered read of the event log). */
+export async function history(t: TestNats, tenant: string, operationKey: string) {
+  const { operationEventSchema } = await import('@tooltx/lifecycle');
+  const { decode } = await import('@tooltx/nats');
+  const subject = t.subjects.op(tenant, operationIdOf(operationKey));
+  const c = await t.js.consumers.get(t.subjects.eventsStream, { filter_subjects: subject });
+  const out = [];
+  const info = await t.jsm.streams.info(t.subjects.eventsStream, { subjects_filter: subject });
+  const total = info.state.subjects?.[subject] ?? 0;
+  if (total === 0) return [];
+  const it = await c.fetch({ max_messages: total, expires: 2_000 });
+  for await (const m of it) {
+    out.push(decode(operationEventSchema, m.data));
+    if (out.length >= total) break;
+  }
+  return out;
+}

@@ -1,0 +1,82 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { dirname, join } from 'node:path';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const SINK_TOOLS = join(ROOT, 'test', 'fixtures', 'sink-tools.ts');
+
+export type ServiceName = 'authorizer' | 'executor' | 'reconciler' | 'audit-projector';
+
+/** A service running as its own OS process, with its JSON log lines collected. */
+export class ServiceProcess {
+  readonly name: string;
+  readonly child: ChildProcess;
+  readonly lines: Record<string, unknown>[] = [];
+  stderr = '';
+  readonly exited: Promise<number | null>;
+
+  constructor(name: string, child: ChildProcess) {
+    this.name = name;
+    this.child = child;
+    let buf = '';
+    child.stdout!.setEncoding('utf8');
+    child.stdout!.on('data', (c: string) => {
+      buf += c;
+      let i: number;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, i);
+        buf = buf.slice(i + 1);
+        try {
+          this.lines.push(JSON.parse(line) as Record<string, unknown>);
+        } catch {
+          this.lines.push({ raw: line });
+        }
+      }
+    });
+    child.stderr!.setEncoding('utf8');
+    child.stderr!.on('data', (c: string) => (this.stderr += c));
+    this.exited = new Promise((r) => child.once('exit', (code) => r(code)));
+  }
+
+  /** Resolves when a log line with `msg === text` appears; rejects when the process exits first. */
+  async waitForLog(text: string, timeoutMs = 20_000): Promise<Record<string, unknown>> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const hit = this.lines.find((l) => l.msg === text);
+      if (hit) return hit;
+      if (this.child.exitCode !== null) throw new Error(`${this.name} exited ${this.child.exitCode}: ${this.stderr}${JSON.stringify(this.lines.slice(-5))}`);
+      if (Date.now() > deadline) throw new Error(`${this.name}: no log "${text}" in ${timeoutMs} ms: ${JSON.stringify(this.lines.slice(-5))} ${this.stderr}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+
+  /** SIGTERM and wait for the exit code. */
+  async stop(): Promise<number | null> {
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGTERM');
+    return this.exited;
+  }
+
+  /** SIGKILL (a crash) and wait. */
+  async kill(): Promise<void> {
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGKILL');
+    await this.exited;
+  }
+}
+
+/** Spawns `services/<name>/src/main.ts` under tsx with `env`, and waits for its "started" line. */
+export async function startService(name: ServiceName, env: Record<string, string>, opts: { wait?: boolean } = {}): Promise<ServiceProcess> {
+  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'services', name, 'src', 'main.ts')], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', TOOLTX_TOOLS_MODULE: SINK_TOOLS, TOOLTX_INSTANCE_ID: `${name}-${Math.random().toString(36).slice(2, 8)}`, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const p = new ServiceProcess(name, child);
+  if (opts.wait !== false) await p.waitForLog('started');
+  return p;
+}
+
+/** Starts several services and returns a function that stops them all (SIGTERM) and their exit codes. */
+export async function startAll(specs: [ServiceName, Record<string, string>][]): Promise<{ procs: ServiceProcess[]; stopAll: () => Promise<(number | null)[]> }> {
+  const procs = await Promise.all(specs.map(([n, e]) => startService(n, e)));
+  return { procs, stopAll: () => Promise.all(procs.map((p) => p.stop())) };
+}
