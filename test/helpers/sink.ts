@@ -5,6 +5,8 @@ export interface SinkRequest {
   path: string;
   body: Record<string, unknown>;
   at: number;
+  /** The id the sink answered with (when it answered). */
+  answeredId?: string;
 }
 
 /**
@@ -26,12 +28,16 @@ export class Sink {
       req.on('data', (c: string) => (data += c));
       req.on('end', () => {
         const body = JSON.parse(data || '{}') as Record<string, unknown>;
-        this.requests.push({ path: req.url ?? '', body, at: Date.now() });
+        const record: SinkRequest = { path: req.url ?? '', body, at: Date.now() };
+        this.requests.push(record);
         if (this.hang) return;
         const answer = () => {
           res.setHeader('content-type', 'application/json');
           if (req.url === '/lookup') res.end(JSON.stringify({ value: `v-${String(body.name)}` }));
-          else res.end(JSON.stringify({ id: `note-${++this.#seq}` }));
+          else {
+            record.answeredId = `note-${++this.#seq}`;
+            res.end(JSON.stringify({ id: record.answeredId }));
+          }
         };
         if (this.delayMs) setTimeout(answer, this.delayMs);
         else answer();

@@ -9,6 +9,11 @@ import { Kvm } from '@nats-io/kv';
 import { startConsumerLoop } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
+
+// TOOLTX_EXECUTOR_DURABLE: which durable consumer to pull from (default `executor`). A second
+// durable makes two executor groups compete for every accepted operation — safe, since only one
+// `running` append can win, and how the race tests force it; otherwise only for migrations.
+const durable = process.env.TOOLTX_EXECUTOR_DURABLE || Durables.executor;
 import { eventHandler } from './execute.js';
 
 await runService({
@@ -20,7 +25,7 @@ await runService({
     const loop = await startConsumerLoop({
       js,
       stream: subjects.eventsStream,
-      durable: Durables.executor,
+      durable,
       concurrency: config.TOOLTX_CONCURRENCY,
       log,
       handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal }),

@@ -1,0 +1,111 @@
+import { describe, expect, it } from 'vitest';
+import { decide, initialState, replay, type AcceptCommand, type Decision, type OperationEvent, type OperationState } from '@tooltx/lifecycle';
+
+const D1 = `sha256:${'1'.repeat(64)}`;
+const D2 = `sha256:${'2'.repeat(64)}`;
+const KEY = `opk_${'A'.repeat(43)}`;
+
+let n = 0;
+const id = () => `evt-${String(++n).padStart(8, '0')}`;
+
+function accept(over: Partial<AcceptCommand> = {}): AcceptCommand {
+  return {
+    type: 'accept', eventId: id(), at: 1_000, operationKey: KEY, tenant: 'acme', actor: 'alice', taskId: 'task-1',
+    tool: 'kb.write_note', version: 1, contractDigest: D1, effect: 'create', inputDigest: D1, targetDigest: D2,
+    intentSeq: 10, submissionId: 'sub-1', ...over,
+  };
+}
+
+/** given events → when command → then decision (Emmett-style specification). */
+function given(...events: OperationEvent[]) {
+  const state: OperationState = events.length ? events[events.length - 1]!.state : initialState();
+  return { when: (cmd: Parameters<typeof decide>[0]) => decide(cmd, state) };
+}
+function appended(d: Decision): OperationEvent {
+  if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
+  return d.event;
+}
+
+const accepted = () => appended(given().when(accept()));
+const running = (a = accepted()) => appended(given(a).when({ type: 'start', eventId: id(), at: 2_000, attempt: 1, executor: 'ex-1', deadlineAt: 5_000 }));
+const committed = (r = running()) => appended(given(r).when({ type: 'commit', eventId: id(), at: 3_000, attempt: 1, resourceId: 'note-1', resultDigest: D2 }));
+const rejected = (a = accepted()) => appended(given(a).when({ type: 'reject', eventId: id(), at: 2_500, attempt: 1, error: { class: 'forbidden' } }));
+
+describe('operation decider', () => {
+  it('registers a new key as accepted, attempt 1, carrying its identity and digests', () => {
+    const e = accepted();
+    expect(e.type).toBe('accepted');
+    expect(e.state).toMatchObject({ status: 'accepted', attempt: 1, operationKey: KEY, tenant: 'acme', actor: 'alice', inputDigest: D1, intent: { seq: 10, submissionId: 'sub-1' } });
+  });
+
+  it('replays a known key with the same input in every non-rejected state: nothing new is appended', () => {
+    const a = accepted();
+    const r = running(a);
+    const c = committed(r);
+    const u = appended(given(r).when({ type: 'mark_unknown', eventId: id(), at: 4_000, attempt: 1, evidence: { kind: 'timeout', at: 4_000 } }));
+    for (const e of [a, r, c, u]) expect(given(e).when(accept({ intentSeq: 99 })).kind).toBe('replay');
+  });
+
+  it('answers a committed key with the original receipt on replay', () => {
+    const c = committed();
+    const d = given(c).when(accept({ intentSeq: 50, submissionId: 'sub-2', actor: 'bob' }));
+    expect(d.kind).toBe('replay');
+    if (d.kind === 'replay') expect(d.state.receipt).toEqual(c.state.receipt);
+  });
+
+  it('reports a conflict for the same key with another input digest, in every state (FM-03)', () => {
+    const a = accepted();
+    const r = running(a);
+    for (const e of [a, r, committed(r), rejected()]) expect(given(e).when(accept({ inputDigest: D2, intentSeq: 99 })).kind).toBe('conflict');
+  });
+
+  it('starts a new, clean attempt when the identical input comes back after a rejection', () => {
+    const rej = rejected();
+    const e = appended(given(rej).when(accept({ intentSeq: 11, submissionId: 'sub-2' })));
+    expect(e.state).toMatchObject({ status: 'accepted', attempt: 2, intent: { seq: 11, submissionId: 'sub-2' } });
+    expect(e.state.error).toBeUndefined();
+    expect(e.state.running).toBeUndefined();
+  });
+
+  it('does not start another attempt for a redelivered intent that was already decided', () => {
+    const rej = rejected();
+    expect(given(rej).when(accept({ intentSeq: 10 })).kind).toBe('replay');
+  });
+
+  it('lets exactly one start win: a second start on running is skipped, a retried start of the winner is applied', () => {
+    const a = accepted();
+    const r = running(a);
+    expect(given(r).when({ type: 'start', eventId: id(), at: 2_100, attempt: 1, executor: 'ex-2', deadlineAt: 5_100 })).toMatchObject({ kind: 'skip', reason: 'not_accepted' });
+    expect(given(r).when({ type: 'start', eventId: r.eventId, at: 2_000, attempt: 1, executor: 'ex-1', deadlineAt: 5_000 }).kind).toBe('applied');
+  });
+
+  it('commits only a running attempt, with resource id, result digest and server time in the receipt', () => {
+    const c = committed();
+    expect(c.state.status).toBe('committed');
+    expect(c.state.receipt).toEqual({ operationKey: KEY, tool: 'kb.write_note', version: 1, state: 'committed', resourceId: 'note-1', resultDigest: D2, committedAt: 3_000, attempt: 1 });
+    expect(given(accepted()).when({ type: 'commit', eventId: id(), at: 3_000, attempt: 1, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'not_running' });
+  });
+
+  it('never rejects or commits a final state, and ignores commands for another attempt', () => {
+    const c = committed();
+    expect(given(c).when({ type: 'reject', eventId: id(), at: 9, attempt: 1, error: { class: 'internal' } })).toMatchObject({ kind: 'skip', reason: 'final' });
+    expect(given(running()).when({ type: 'commit', eventId: id(), at: 9, attempt: 2, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'attempt_mismatch' });
+    expect(given().when({ type: 'start', eventId: id(), at: 9, attempt: 1, executor: 'x', deadlineAt: 10 })).toMatchObject({ kind: 'skip', reason: 'not_registered' });
+  });
+
+  it('keeps unknown out of reach of a resubmission and of rejection', () => {
+    const u = appended(given(running()).when({ type: 'mark_unknown', eventId: id(), at: 4_000, attempt: 1, evidence: { kind: 'timeout', at: 4_000, elapsedMs: 3_000 } }));
+    expect(u.state).toMatchObject({ status: 'unknown', evidence: { kind: 'timeout' } });
+    expect(given(u).when(accept({ intentSeq: 500 })).kind).toBe('replay');
+    expect(given(u).when({ type: 'reject', eventId: id(), at: 9, attempt: 1, error: { class: 'internal' } })).toMatchObject({ kind: 'skip', reason: 'final' });
+  });
+
+  it('replays a full history to the state the last event carries, and refuses a tampered one', () => {
+    const a = accepted();
+    const r = running(a);
+    const c = committed(r);
+    expect(replay([a, r, c])).toEqual(c.state);
+    const forged = { ...c, state: { ...c.state, receipt: { ...c.state.receipt!, resourceId: 'someone-else' } } };
+    expect(() => replay([a, r, forged])).toThrow(/does not follow/);
+  });
+});

@@ -1,0 +1,106 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { decide, type AcceptCommand, type OperationEvent } from '@tooltx/lifecycle';
+import { RetentionPolicy } from '@nats-io/jetstream';
+import { ConcurrencyError, encode, newEventId, Subjects } from '@tooltx/nats';
+import { checkTopology, topology } from '@tooltx/streams';
+import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
+
+const D = (c: string) => `sha256:${c.repeat(64)}`;
+let opSeq = 0;
+const nextOpId = () => (++opSeq).toString(16).padStart(32, '0');
+
+function acceptedEvent(intentSeq = 1): OperationEvent {
+  const cmd: AcceptCommand = {
+    type: 'accept', eventId: newEventId(), at: Date.now(), operationKey: `opk_${'B'.repeat(43)}`, tenant: 'acme', actor: 'alice',
+    taskId: 't', tool: 'sink.write', version: 1, contractDigest: D('1'), effect: 'create', inputDigest: D('2'), targetDigest: D('3'),
+    intentSeq, submissionId: 's',
+  };
+  const d = decide(cmd, { status: 'none' });
+  if (d.kind !== 'append') throw new Error('expected append');
+  return d.event;
+}
+
+describe('the JetStream event store (real nats-server)', () => {
+  let t: TestNats;
+  beforeAll(async () => {
+    t = await provisioned({ duplicateWindowMs: 1_000 });
+  });
+  afterAll(() => t.close());
+
+  it('lets exactly one of ten concurrent first appends win; the others get a ConcurrencyError', async () => {
+    const opId = nextOpId();
+    const results = await Promise.allSettled(Array.from({ length: 10 }, () => t.store.append('acme', opId, acceptedEvent(), 0)));
+    expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
+    const losers = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
+    expect(losers).toHaveLength(9);
+    for (const l of losers) expect(l.reason).toBeInstanceOf(ConcurrencyError);
+    const loaded = await t.store.load('acme', opId);
+    expect(loaded.state.status).toBe('accepted');
+  });
+
+  it('treats a retransmission of the same event as the same append (dedup answer verified by reading back)', async () => {
+    const opId = nextOpId();
+    const e = acceptedEvent();
+    const s1 = await t.store.append('acme', opId, e, 0);
+    const s2 = await t.store.append('acme', opId, e, 0);
+    expect(s2).toBe(s1);
+  });
+
+  it('does not believe a duplicate answer for a squatted msg id: the squatter is told it lost', async () => {
+    const opId = nextOpId();
+    const mine = acceptedEvent();
+    // Someone else publishes first, on another subject of the stream, under my event id.
+    await t.js.publish(t.subjects.op('other', nextOpId()), encode(acceptedEvent()), { msgID: mine.eventId });
+    await expect(t.store.append('acme', opId, mine, 0)).rejects.toBeInstanceOf(ConcurrencyError);
+  });
+
+  it('FM-30 groundwork: a retransmission after the dedup window is recognised as its own landed append', async () => {
+    const opId = nextOpId();
+    const e = acceptedEvent();
+    const s1 = await t.store.append('acme', opId, e, 0);
+    await new Promise((r) => setTimeout(r, 1_300));
+    expect(await t.store.append('acme', opId, e, 0)).toBe(s1);
+    const info = await t.jsm.streams.info(t.subjects.eventsStream, { subjects_filter: t.subjects.op('acme', opId) });
+    expect(info.state.subjects?.[t.subjects.op('acme', opId)]).toBe(1);
+  });
+
+  it('refuses an append whose expected sequence is stale', async () => {
+    const opId = nextOpId();
+    const a = acceptedEvent();
+    const seq = await t.store.append('acme', opId, a, 0);
+    const start = decide({ type: 'start', eventId: newEventId(), at: Date.now(), attempt: 1, executor: 'x', deadlineAt: Date.now() + 1 }, a.state);
+    if (start.kind !== 'append') throw new Error('expected append');
+    await t.store.append('acme', opId, start.event, seq);
+    const again = decide({ type: 'start', eventId: newEventId(), at: Date.now(), attempt: 1, executor: 'y', deadlineAt: Date.now() + 1 }, a.state);
+    if (again.kind !== 'append') throw new Error('expected append');
+    await expect(t.store.append('acme', opId, again.event, seq)).rejects.toBeInstanceOf(ConcurrencyError);
+  });
+});
+
+describe('stream checks', () => {
+  it('names every setting that breaks a guarantee', async () => {
+    const t = await provisioned();
+    try {
+      // A careless operator creates another prefix's streams by hand (the server refuses to turn
+      // deny_purge off later, so a bad stream can only be born bad).
+      const bad = new Subjects(`${t.subjects.prefix}x`);
+      const topo = topology(bad);
+      await t.jsm.streams.add({ ...topo.streams.events, deny_purge: false, max_msgs_per_subject: 1 });
+      await t.jsm.streams.add({ ...topo.streams.intents, retention: RetentionPolicy.Workqueue });
+      const v = await checkTopology(t.jsm, topo, { longestKeyRetentionMs: 365 * 24 * 3600_000 });
+      expect(v).toEqual(
+        expect.arrayContaining([
+          expect.stringContaining(`stream ${bad.eventsStream} deny_purge`),
+          expect.stringContaining(`stream ${bad.eventsStream} max_msgs_per_subject`),
+          expect.stringContaining(`stream ${bad.intentsStream} retention`),
+          expect.stringContaining('shorter than the longest contract key retention'),
+          expect.stringContaining(`stream ${bad.decisionsStream} does not exist`),
+          expect.stringContaining(`bucket ${bad.resultsBucket} does not exist`),
+        ]),
+      );
+      expect(await checkTopology(t.jsm, topology(t.subjects), { longestKeyRetentionMs: 1 })).toEqual([]);
+    } finally {
+      await t.close();
+    }
+  });
+});

@@ -1,0 +1,48 @@
+import { describe, expect, it } from 'vitest';
+import { ContractRegistry, prepareCall } from '@tooltx/contracts';
+import { checkIntake } from '../src/intake.js';
+import { contracts, sinkWrite } from '../../../test/fixtures/sink-tools.js';
+
+const registry = new ContractRegistry(contracts);
+const find = (t: string, v: number) => registry.get(t, v);
+const who = { tenant: 'acme', actor: 'alice' };
+const input = { bucket: 'kb', title: 'T', body: 'B', at: '2026-11-30T06:00:00Z' };
+const key = prepareCall(sinkWrite, 'task-1', input).operationKey;
+const envelope = { tool: 'sink.write', version: 1, taskId: 'task-1', operationKey: key, input };
+
+describe('intake checks, in DESIGN.md order', () => {
+  it('proceeds with the server-derived key and digests for a well-formed intent', () => {
+    const r = checkIntake(who, envelope, find);
+    expect(r.kind).toBe('proceed');
+    if (r.kind === 'proceed') expect(r.prepared.operationKey).toBe(key);
+  });
+
+  it('FM-06: checks identity first — a forged actorId is forbidden even when the input is also bad', () => {
+    const r = checkIntake(who, { ...envelope, actorId: 'mallory', input: { nonsense: true } }, find);
+    expect(r).toMatchObject({ kind: 'refuse', error: { class: 'forbidden' }, decisionKey: key });
+  });
+
+  it('accepts an actorId equal to the subject actor', () => {
+    expect(checkIntake(who, { ...envelope, actorId: 'alice' }, find).kind).toBe('proceed');
+  });
+
+  it('FM-18: names the field of an unknown contract version and of bad input', () => {
+    expect(checkIntake(who, { ...envelope, version: 7 }, find)).toMatchObject({ kind: 'refuse', error: { class: 'invalid_input', issues: [{ path: ['version'] }] } });
+    expect(checkIntake(who, { ...envelope, tool: 'nope.tool' }, find)).toMatchObject({ kind: 'refuse', error: { class: 'invalid_input', issues: [{ path: ['tool'] }] } });
+    expect(checkIntake(who, { ...envelope, input: { ...input, title: 42 } }, find)).toMatchObject({ error: { class: 'invalid_input', issues: [{ path: ['input', 'title'] }] } });
+    expect(checkIntake(who, { ...envelope, extra: 1 }, find)).toMatchObject({ error: { class: 'invalid_input', issues: [{ path: ['extra'] }] } });
+  });
+
+  it('FM-03: a supplied key that does not match the request is an idempotency_conflict at operationKey', () => {
+    const other = prepareCall(sinkWrite, 'task-2', input).operationKey;
+    expect(checkIntake(who, { ...envelope, operationKey: other }, find)).toMatchObject({
+      kind: 'refuse', decisionKey: other, error: { class: 'idempotency_conflict', issues: [{ path: ['operationKey'] }] },
+    });
+  });
+
+  it('refuses a per-attempt id (a model tool-call id) as a key, recording it under the derived key', () => {
+    expect(checkIntake(who, { ...envelope, operationKey: 'call_7f3a9' }, find)).toMatchObject({
+      kind: 'refuse', decisionKey: key, error: { class: 'idempotency_conflict', issues: [{ path: ['operationKey'] }] },
+    });
+  });
+});

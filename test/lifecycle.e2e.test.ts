@@ -1,0 +1,219 @@
+/**
+ * One key, one execution — the core lifecycle end to end on a real nats-server, with the
+ * authorizer and the executor as separate OS processes (two of each) and a real HTTP sink that does
+ * NOT deduplicate. Any second sink request for one operation key is a double execution.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AckPolicy, DeliverPolicy } from '@nats-io/jetstream';
+import { nanos } from '@nats-io/transport-node';
+import { z } from 'zod';
+import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
+import { newSubmission, publishSubmission } from '@tooltx/client';
+import { decode } from '@tooltx/nats';
+import type { OperationRecord } from '@tooltx/lifecycle';
+import { provisioned, resultStore, type TestNats } from './helpers/nats.js';
+import { startService, type ServiceProcess } from './helpers/services.js';
+import { history, waitForDecision, waitForOperation } from './helpers/ops.js';
+import { Sink } from './helpers/sink.js';
+import { sinkLookup, sinkWrite } from './fixtures/sink-tools.js';
+
+const TENANT = 'acme';
+let t: TestNats;
+let sink: Sink;
+let procs: ServiceProcess[] = [];
+let env: Record<string, string>;
+
+const note = (over: Record<string, unknown> = {}) => ({ bucket: 'kb-main', title: 'Tide tables', body: 'High water 06:12.', at: '2026-11-30T06:00:00.000Z', ...over });
+
+/** Publishes one intent as its own submission (random msg id) and returns the server-derived key. */
+async function submit(taskId: string, input: Record<string, unknown>, opts: { actor?: string; operationKey?: string | null; extra?: Record<string, unknown> } = {}) {
+  const key = prepareCall(sinkWrite, taskId, input).operationKey;
+  const envelope = { tool: 'sink.write', version: 1, taskId, input, ...(opts.operationKey === null ? {} : { operationKey: opts.operationKey ?? key }), ...opts.extra };
+  const s = newSubmission(t.subjects, TENANT, opts.actor ?? 'alice', envelope as never);
+  const ack = await publishSubmission(t.js, s);
+  return { key, ack, submissionId: s.submissionId };
+}
+
+const committed = (s: { status: string }) => s.status === 'committed';
+const sinkWritesFor = (key: string) => sink.writesFor((b) => b.key === downstreamKeyOf(TENANT, key));
+
+beforeAll(async () => {
+  t = await provisioned();
+  sink = await new Sink().start();
+  // A second executor group: every accepted operation is offered to both, so they race for `running`.
+  await t.jsm.consumers.add(t.subjects.eventsStream, {
+    durable_name: 'executor-b', filter_subject: t.subjects.allOps, ack_policy: AckPolicy.Explicit, deliver_policy: DeliverPolicy.All, ack_wait: nanos(30_000),
+  });
+  env = { NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix, SINK_URL: sink.url };
+  procs = await Promise.all([
+    startService('authorizer', env),
+    startService('authorizer', env),
+    startService('executor', env),
+    startService('executor', { ...env, TOOLTX_EXECUTOR_DURABLE: 'executor-b' }),
+  ]);
+});
+
+afterAll(async () => {
+  const codes = await Promise.all(procs.map((p) => p.stop()));
+  await sink?.stop();
+  await t?.close();
+  expect(codes).toEqual([0, 0, 0, 0]);
+});
+
+describe('one key, one execution', () => {
+  it('FM-01: the same intent submitted twice at the same moment gives one record, one sink request and one receipt', async () => {
+    const keys: string[] = [];
+    for (let i = 0; i < 10; i++) {
+      const input = note({ title: `Race ${i}` });
+      const [a, b] = await Promise.all([submit(`race-${i}`, input), submit(`race-${i}`, input)]);
+      expect(a.key).toBe(b.key);
+      expect(a.ack.duplicate || b.ack.duplicate).toBe(false); // two distinct submissions
+      keys.push(a.key);
+    }
+    for (const key of keys) {
+      const s = (await waitForOperation(t, TENANT, key, committed)) as OperationRecord;
+      const events = await history(t, TENANT, key);
+      expect(events.map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
+      expect(sinkWritesFor(key)).toHaveLength(1);
+      expect(s.receipt?.resourceId).toBe(sinkWritesFor(key)[0]!.answeredId);
+    }
+    // Both executor groups were offered every accepted event and settled it: they raced, one ran.
+    for (const durable of ['executor', 'executor-b']) {
+      const info = await t.jsm.consumers.info(t.subjects.eventsStream, durable);
+      expect(info.num_pending).toBe(0);
+      expect(info.num_ack_pending).toBe(0);
+      expect(info.delivered.stream_seq).toBeGreaterThanOrEqual(keys.length * 3);
+    }
+  });
+
+  it('FM-01: both submitters read the same receipt, and a later replay of the key returns it unchanged', async () => {
+    const input = note({ title: 'Replay me' });
+    const first = await submit('replay', input);
+    const s1 = (await waitForOperation(t, TENANT, first.key, committed)) as OperationRecord;
+    await submit('replay', input, { actor: 'bob' });
+    await new Promise((r) => setTimeout(r, 500));
+    const s2 = (await t.store.load(TENANT, operationIdOf(first.key))).state as OperationRecord;
+    expect(s2.receipt).toEqual(s1.receipt);
+    expect(await history(t, TENANT, first.key)).toHaveLength(3);
+    expect(sinkWritesFor(first.key)).toHaveLength(1);
+    // The result store holds the business result the receipt's digest names.
+    const kv = await resultStore(t);
+    const entry = await kv.get(t.subjects.resultKey(TENANT, operationIdOf(first.key)));
+    const stored = decode(z.object({ resultDigest: z.string(), result: z.unknown() }), entry!.value);
+    expect(stored.resultDigest).toBe(s1.receipt!.resultDigest);
+    expect(stored.result).toEqual({ noteId: s1.receipt!.resourceId });
+  });
+
+  it('FM-03: the same key with another field outside target and intent is an explicit conflict; the original is untouched', async () => {
+    const input = note({ title: 'Conflict' });
+    const first = await submit('conflict', input);
+    const before = (await waitForOperation(t, TENANT, first.key, committed)) as OperationRecord;
+    const second = await submit('conflict', { ...input, priority: 'high' });
+    expect(second.key).toBe(first.key);
+    const d = await waitForDecision(t, TENANT, first.key);
+    expect(d).toMatchObject({ outcome: 'rejected', error: { class: 'idempotency_conflict' }, submissionId: second.submissionId });
+    const after = (await t.store.load(TENANT, operationIdOf(first.key))).state;
+    expect(after).toEqual(before);
+    expect(await history(t, TENANT, first.key)).toHaveLength(3);
+    expect(sinkWritesFor(first.key)).toHaveLength(1);
+  });
+
+  it('FM-03: a supplied key that does not match its request is an idempotency_conflict at operationKey; nothing is registered', async () => {
+    const real = prepareCall(sinkWrite, 'mismatch', note({ title: 'Real' })).operationKey;
+    const other = prepareCall(sinkWrite, 'mismatch', note({ title: 'Other' })).operationKey;
+    await submit('mismatch', note({ title: 'Real' }), { operationKey: other });
+    const d = await waitForDecision(t, TENANT, other);
+    expect(d.error).toMatchObject({ class: 'idempotency_conflict', issues: [{ path: ['operationKey'] }] });
+    expect((await history(t, TENANT, real))).toEqual([]);
+    expect((await history(t, TENANT, other))).toEqual([]);
+  });
+
+  it('refuses a per-attempt id offered as the key and registers nothing', async () => {
+    const input = note({ title: 'Tool call id' });
+    const { key } = await submit('per-attempt', input, { operationKey: 'call_Zx81' });
+    const d = await waitForDecision(t, TENANT, key);
+    expect(d.error).toMatchObject({ class: 'idempotency_conflict', issues: [{ path: ['operationKey'] }] });
+    expect(await history(t, TENANT, key)).toEqual([]);
+    expect(sinkWritesFor(key)).toHaveLength(0);
+  });
+
+  it('FM-04: the same body written to two buckets gives two keys and two records', async () => {
+    const a = await submit('two-kb', note({ bucket: 'kb-a', title: 'Same body' }));
+    const b = await submit('two-kb', note({ bucket: 'kb-b', title: 'Same body' }));
+    expect(a.key).not.toBe(b.key);
+    const [sa, sb] = (await Promise.all([waitForOperation(t, TENANT, a.key, committed), waitForOperation(t, TENANT, b.key, committed)])) as OperationRecord[];
+    expect(sa!.receipt!.resourceId).not.toBe(sb!.receipt!.resourceId);
+    expect(sinkWritesFor(a.key)).toHaveLength(1);
+    expect(sinkWritesFor(b.key)).toHaveLength(1);
+  });
+
+  it('FM-05: field order, whitespace and equivalent time forms sent through the authorizer give one key, one sink request, one receipt', async () => {
+    const variants = [
+      note({ title: 'Variant note', body: 'Line one\nLine two' }),
+      { at: '2026-11-30T08:00:00+02:00', body: 'Line one  \r\nLine two\r\n', title: '  Variant   note', bucket: 'KB-MAIN' },
+      { title: 'Variant\tnote ', bucket: 'kb-main ', at: '2026-11-30T06:00:00Z', body: 'Line one\nLine two\n\n' },
+    ];
+    const subs = await Promise.all(variants.map((v) => submit('variants', v)));
+    expect(new Set(subs.map((s) => s.key)).size).toBe(1);
+    const key = subs[0]!.key;
+    await waitForOperation(t, TENANT, key, committed);
+    await new Promise((r) => setTimeout(r, 500));
+    expect(sinkWritesFor(key)).toHaveLength(1);
+    expect((await history(t, TENANT, key)).map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
+    expect(await t.store.lastDecision(TENANT, operationIdOf(key))).toBeNull();
+  });
+
+  it('a refusal before acceptance leaves the key unregistered, and is recorded on the decision subject', async () => {
+    const input = note({ title: 'Blocked actor' });
+    const { key } = await submit('blocked', input, { actor: 'blocked-bob' });
+    const d = await waitForDecision(t, TENANT, key);
+    expect(d).toMatchObject({ actor: 'blocked-bob', error: { class: 'forbidden' } });
+    expect(await history(t, TENANT, key)).toEqual([]);
+    // The same key from an allowed actor is then accepted normally.
+    const again = await submit('blocked', input);
+    await waitForOperation(t, TENANT, again.key, committed);
+    expect(sinkWritesFor(key)).toHaveLength(1);
+  });
+
+  it('FM-06: a forged actorId or a tenant field in the input is refused on the server side; nothing is written', async () => {
+    const forged = await submit('forged', note({ title: 'Forged' }), { extra: { actorId: 'carol' } });
+    expect((await waitForDecision(t, TENANT, forged.key)).error.class).toBe('forbidden');
+    const input = { ...note({ title: 'Tenant field' }), tenantId: 'victim' };
+    const key = prepareCall(sinkWrite, 'tenant-field', note({ title: 'Tenant field' })).operationKey;
+    await submit('tenant-field', note({ title: 'Tenant field' }), { operationKey: key, extra: { input } });
+    const d = await waitForDecision(t, TENANT, key);
+    expect(d.error).toMatchObject({ class: 'invalid_input', issues: [{ path: ['input', 'tenantId'] }] });
+    expect(await history(t, TENANT, forged.key)).toEqual([]);
+    expect(await history(t, TENANT, key)).toEqual([]);
+  });
+
+  it('a side-effecting attempt that times out downstream is never rejected: it stays running, with one request sent', async () => {
+    sink.hang = true;
+    try {
+      const { key } = await submit('hang', note({ title: 'Hang' }));
+      await waitForOperation(t, TENANT, key, (s) => s.status === 'running');
+      await new Promise((r) => setTimeout(r, 3_500)); // past the contract's timeoutMs
+      const s = (await t.store.load(TENANT, operationIdOf(key))).state;
+      expect(s.status).toBe('running');
+      expect(sinkWritesFor(key)).toHaveLength(1);
+    } finally {
+      sink.hang = false;
+    }
+  });
+
+  it('a read that times out is rejected as dependency_unavailable, and the identical input starts a new attempt that commits', async () => {
+    const input = { name: 'depth' };
+    const key = prepareCall(sinkLookup, 'lookup', input).operationKey;
+    const send = () => publishSubmission(t.js, newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.lookup', version: 1, taskId: 'lookup', operationKey: key, input }));
+    sink.hang = true;
+    await send();
+    const rejected = await waitForOperation(t, TENANT, key, (s) => s.status === 'rejected');
+    sink.hang = false;
+    expect(rejected).toMatchObject({ attempt: 1, error: { class: 'dependency_unavailable' } });
+    await send();
+    const ok = (await waitForOperation(t, TENANT, key, committed)) as OperationRecord;
+    expect(ok.attempt).toBe(2);
+    expect(ok.receipt).toMatchObject({ attempt: 2, resourceId: 'value:depth' });
+    expect((await history(t, TENANT, key)).map((e) => e.type)).toEqual(['accepted', 'running', 'rejected', 'accepted', 'running', 'committed']);
+  });
+});

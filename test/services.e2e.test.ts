@@ -1,0 +1,64 @@
+/** Every service starts from one command, refuses a broken configuration, and stops cleanly on SIGTERM. */
+import { describe, expect, inject, it } from 'vitest';
+import { RetentionPolicy } from '@nats-io/jetstream';
+import { Subjects } from '@tooltx/nats';
+import { topology } from '@tooltx/streams';
+import { provisioned, uniquePrefix } from './helpers/nats.js';
+import { startService, type ServiceName } from './helpers/services.js';
+
+const ALL: ServiceName[] = ['authorizer', 'executor', 'reconciler', 'audit-projector'];
+
+describe('service processes', () => {
+  it('each starts against a provisioned prefix and exits 0 on SIGTERM', async () => {
+    const t = await provisioned();
+    try {
+      const procs = await Promise.all(ALL.map((n) => startService(n, { NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix })));
+      expect(await Promise.all(procs.map((p) => p.stop()))).toEqual([0, 0, 0, 0]);
+      for (const p of procs) expect(p.lines.some((l) => l.msg === 'stopped cleanly')).toBe(true);
+    } finally {
+      await t.close();
+    }
+  });
+
+  it('refuses to start when the streams break a guarantee, naming the setting (exit 2)', async () => {
+    const t = await provisioned();
+    try {
+      const bad = new Subjects(uniquePrefix());
+      const topo = topology(bad);
+      await t.jsm.streams.add({ ...topo.streams.events, retention: RetentionPolicy.Interest });
+      const p = await startService('executor', { NATS_URL: t.url, TOOLTX_PREFIX: bad.prefix }, { wait: false });
+      expect(await p.exited).toBe(2);
+      const fatal = p.lines.find((l) => l.msg === 'failed to start') as { err?: { message?: string } } | undefined;
+      expect(fatal?.err?.message).toContain(`stream ${bad.eventsStream} retention is interest, must be limits`);
+      expect(fatal?.err?.message).toContain(`stream ${bad.intentsStream} does not exist`);
+    } finally {
+      await t.close();
+    }
+  });
+
+  it('fails fast on bad configuration, listing every problem (exit 2)', async () => {
+    const p = await startService('authorizer', { NATS_URL: inject('natsUrl'), TOOLTX_PREFIX: 'Bad.Prefix', TOOLTX_CONCURRENCY: 'lots', TOOLTX_TOOLS_MODULE: '' }, { wait: false });
+    expect(await p.exited).toBe(2);
+    expect(p.stderr).toContain('TOOLTX_PREFIX');
+    expect(p.stderr).toContain('TOOLTX_CONCURRENCY');
+    expect(p.stderr).toContain('TOOLTX_TOOLS_MODULE');
+  });
+
+  it('prints --help with its environment and exits 0', async () => {
+    for (const name of ALL) {
+      const h = await startHelp(name);
+      expect(h.code).toBe(0);
+      expect(h.out).toContain(`tooltx ${name}:`);
+      expect(h.out).toContain('TOOLTX_TOOLS_MODULE');
+    }
+  });
+});
+
+async function startHelp(name: ServiceName): Promise<{ code: number | null; out: string }> {
+  const { spawn } = await import('node:child_process');
+  const child = spawn(process.execPath, ['--import', 'tsx', `services/${name}/src/main.ts`, '--help'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  child.stdout.on('data', (c: Buffer) => (out += c.toString()));
+  const code = await new Promise<number | null>((r) => child.once('exit', r));
+  return { code, out };
+}
