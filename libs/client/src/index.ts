@@ -1,1 +1,2 @@
 export * from './intent.js';
+export * from './tools.js';

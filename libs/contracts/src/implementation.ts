@@ -30,6 +30,16 @@ export interface AuthorizationContext {
   now: number;
 }
 
+/** Who asks to read an operation, and whose operation it is. */
+export interface ReadContext {
+  tenant: string;
+  actor: string;
+  /** The actor who submitted the operation's current attempt. */
+  owner: string;
+  operationKey: string;
+  now: number;
+}
+
 /** A committed effect: the canonical resource id and the business result the caller may read. */
 export interface ExecutionResult<O = unknown> {
   resourceId: string;
@@ -56,6 +66,13 @@ export interface Implementation<C extends Contract = Contract> {
    * refuse; return the policy version that allowed it. Absent = allow with policy version `none`.
    */
   authorize?(input: z.infer<C['input']>, ctx: AuthorizationContext): Promise<{ policyVersion: string }>;
+  /**
+   * Whether `ctx.actor` may read a registered operation of this contract (its state, receipt and
+   * result) — the status endpoint's policy seam, run before anything is revealed. Throw a
+   * `TooltxError` to deny: the caller then gets the same answer as for a never-registered key.
+   * Absent = any actor of the operation's tenant may read it.
+   */
+  authorizeRead?(ctx: ReadContext): Promise<void>;
   /** Read-only lookup by `ctx.downstreamKey`; used by recovery (FM-02, FM-27). */
   probe?(ctx: Omit<ExecutionContext, 'signal' | 'deadlineAt'> & { signal: AbortSignal }): Promise<ProbeResult>;
 }

@@ -1,3 +1,4 @@
 export * from './events.js';
 export * from './intent.js';
 export * from './decider.js';
+export * from './status.js';

@@ -1,0 +1,258 @@
+import { jetstream } from '@nats-io/jetstream';
+import { errors as coreErrors } from '@nats-io/transport-node';
+import {
+  digestOf,
+  ErrorClass,
+  hasSideEffect,
+  ID_PATTERN,
+  nextActionFor,
+  NextAction,
+  prepareCall,
+  toErrorInfo,
+  TooltxError,
+  type Contract,
+  type ErrorInfo,
+  type PreparedCall,
+} from '@tooltx/contracts';
+import { MAX_STATUS_WAIT_MS, statusReplySchema, type Receipt, type ServerState, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
+import { connectNats, decode, encode, Subjects, type NatsConnection } from '@tooltx/nats';
+import { newSubmission, publishSubmission, type Submission } from './intent.js';
+
+/** Options of {@link createTools}. Give `servers` (the SDK connects and owns the connection) or `nc`. */
+export interface CreateToolsOptions {
+  servers?: string;
+  nc?: NatsConnection;
+  /** The tenant and actor this agent authenticates as; the server checks them against its identity. */
+  tenant: string;
+  actor: string;
+  /** The contracts this agent may call (the shared half: schemas, normalisers, key rules). */
+  contracts: Contract[];
+  /** Subject prefix (default `tooltx`). */
+  prefix?: string;
+  /** Credentials file, when connecting with `servers`. */
+  credsFile?: string;
+  /** Inbox prefix for replies (default `_INBOX.<tenant>.<actor>`): the only subjects this agent subscribes to. */
+  inboxPrefix?: string;
+  /** Default per-call budget, ms (default 30 000). */
+  budgetMs?: number;
+}
+
+/** One tool call, as the agent states it. `actorId`, when given, must be the authenticated actor. */
+export interface ExecuteRequest {
+  tool: string;
+  /** Contract version; may be omitted when exactly one version of `tool` was given to createTools. */
+  version?: number;
+  taskId: string;
+  /** The key the caller holds, if any; the server derives it again and refuses a mismatch. */
+  operationKey?: string;
+  actorId?: string;
+  input: unknown;
+}
+
+export interface ExecuteOptions {
+  /** How long this call may take before it returns `unknown`, ms. */
+  budgetMs?: number;
+}
+
+/** What the caller should do next (FM-15): an error class's action, or continue / observe. */
+export type Next = NextAction | 'continue';
+
+/** Evidence handed back with an `unknown` outcome: enough to observe or take over, no bodies. */
+export interface UnknownEvidence {
+  operationKey: string;
+  submissionIds: string[];
+  /** Whether the server confirmed storing at least one submission (a PubAck). */
+  intentStored: boolean;
+  /** Whether any status request was answered. */
+  statusAnswered: boolean;
+  /** The operation subject's last sequence seen (0 = never registered as far as we saw). */
+  lastSeq: number;
+  attempt?: number;
+  elapsedMs: number;
+}
+
+/**
+ * The outcome of `tools.execute`. Business result (`result`) apart from metadata (`receipt`,
+ * `operationKey`). `unknown` is never "failed": it says evidence ran out within the budget.
+ */
+export type ExecuteResult<O = unknown> =
+  | { status: 'committed'; operationKey: string; result: O; receipt: Receipt; next: 'continue' }
+  | { status: 'rejected'; operationKey: string | null; error: ErrorInfo; next: Next; attempt?: number }
+  | { status: 'unknown'; operationKey: string; lastServerState: ServerState; evidence: UnknownEvidence; next: Next; error?: ErrorInfo };
+
+/** The SDK handle. */
+export interface Tools {
+  readonly tenant: string;
+  readonly actor: string;
+  execute<O = unknown>(req: ExecuteRequest, opts?: ExecuteOptions): Promise<ExecuteResult<O>>;
+  /** One status request (read-only, repeatable). Throws `TooltxError(dependency_unavailable)` when no status service answers. */
+  status(req: StatusRequest): Promise<StatusAnswer>;
+  /** Drains the connection when the SDK owns it. */
+  close(): Promise<void>;
+}
+
+const PUBACK_TIMEOUT_MS = 2_000;
+const STATUS_POLL_MS = 5_000;
+/** Read/compute attempts rejected as dependency_unavailable are resubmitted at most this often. */
+const MAX_RETRYABLE_ATTEMPTS = 5;
+
+/**
+ * Creates the agent-side SDK (issue 3). It needs only: publish on its own intent subject,
+ * request on its own status subject, and subscribe to its own inbox prefix — nothing else.
+ * Throws `TypeError` for a bad tenant/actor id or two contracts with one `name@version`.
+ */
+export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
+  if (!ID_PATTERN.test(opts.tenant) || !ID_PATTERN.test(opts.actor)) throw new TypeError('tenant and actor must match ^[a-z0-9_-]{1,64}$');
+  const subjects = new Subjects(opts.prefix ?? 'tooltx');
+  const owned = !opts.nc;
+  const nc =
+    opts.nc ??
+    (await connectNats({
+      servers: opts.servers ?? 'nats://127.0.0.1:4222',
+      name: `tooltx-sdk:${opts.tenant}/${opts.actor}`,
+      credsFile: opts.credsFile,
+      inboxPrefix: opts.inboxPrefix ?? `_INBOX.${opts.tenant}.${opts.actor}`,
+    }));
+  const js = jetstream(nc);
+  const byName = new Map<string, Contract[]>();
+  for (const c of opts.contracts) byName.set(c.name, [...(byName.get(c.name) ?? []), c]);
+  const statusSubject = subjects.status(opts.tenant, opts.actor);
+
+  const status = async (req: StatusRequest): Promise<StatusAnswer> => {
+    let reply;
+    try {
+      reply = await nc.request(statusSubject, encode(req), { timeout: (req.waitMs ?? 0) + 2_000 });
+    } catch (err) {
+      throw new TooltxError(ErrorClass.DependencyUnavailable, 'status service did not answer', { cause: err });
+    }
+    const body = decode(statusReplySchema, reply.data);
+    if (!('state' in body)) throw new TooltxError(body.error.class, 'status request refused', { issues: body.error.issues });
+    return body;
+  };
+
+  const tools: Tools = {
+    tenant: opts.tenant,
+    actor: opts.actor,
+    status,
+    execute: (req, o) => execute(req, o?.budgetMs ?? opts.budgetMs ?? 30_000),
+    async close() {
+      if (owned) await nc.drain();
+    },
+  };
+
+  async function execute<O>(req: ExecuteRequest, budgetMs: number): Promise<ExecuteResult<O>> {
+    const started = Date.now();
+    const deadline = started + budgetMs;
+    const left = () => deadline - Date.now();
+
+    // Local checks only improve UX; the server repeats every one of them.
+    const candidates = byName.get(req.tool) ?? [];
+    const contract = req.version === undefined ? (candidates.length === 1 ? candidates[0] : undefined) : candidates.find((c) => c.version === req.version);
+    if (!contract) {
+      const path = candidates.length ? 'version' : 'tool';
+      return refused(null, { class: ErrorClass.InvalidInput, issues: [{ path: [path], code: 'unknown_contract', message: `no single contract ${req.tool}${req.version ? `@${req.version}` : ''}` }] });
+    }
+    let prepared: PreparedCall;
+    try {
+      prepared = prepareCall(contract, req.taskId, req.input);
+    } catch (err) {
+      return refused(null, toErrorInfo(err));
+    }
+    const key = prepared.operationKey;
+    if (req.operationKey !== undefined && req.operationKey !== key) {
+      return refused(req.operationKey, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['operationKey'], code: 'key_mismatch', message: 'the operation key is derived from taskId, contract, target and intent' }] });
+    }
+    const envelope = { tool: contract.name, version: contract.version, taskId: req.taskId, operationKey: key, input: req.input, ...(req.actorId !== undefined ? { actorId: req.actorId } : {}) };
+
+    const submissionIds: string[] = [];
+    let intentStored = false;
+    let statusAnswered = false;
+    let lastState: ServerState = 'not_seen';
+    let lastSeq = 0;
+    let attempt: number | undefined;
+    let retryableRejections = 0;
+
+    const submit = async (): Promise<void> => {
+      const s: Submission = newSubmission(subjects, opts.tenant, opts.actor, envelope);
+      submissionIds.push(s.submissionId);
+      for (let i = 0; left() > 0; i++) {
+        try {
+          await publishSubmission(js, s, Math.min(PUBACK_TIMEOUT_MS, Math.max(100, left())));
+          intentStored = true;
+          return;
+        } catch (err) {
+          if (!isTransient(err)) throw err;
+          await sleep(Math.min(left(), 100 * 2 ** Math.min(i, 5)));
+        }
+      }
+    };
+
+    await submit();
+    let notSeenSince = Date.now();
+    let failures = 0;
+    while (left() > 0) {
+      let a: StatusAnswer;
+      try {
+        a = await status({ operationKey: key, waitMs: Math.max(0, Math.min(STATUS_POLL_MS, MAX_STATUS_WAIT_MS, left() - 2_100)), afterSeq: lastSeq, inputDigest: prepared.inputDigest, submissionIds });
+        statusAnswered = true;
+        failures = 0;
+      } catch (err) {
+        if (err instanceof TooltxError && err.class !== ErrorClass.DependencyUnavailable) return refused(key, err.toInfo());
+        await sleep(Math.min(left(), 200 * 2 ** Math.min(failures++, 4)));
+        continue;
+      }
+      if (a.source === 'decision') return refused(key, a.error ?? { class: ErrorClass.Internal });
+      if (a.source === 'operation' && a.inputMatches === false) {
+        return refused(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] });
+      }
+      if (a.state === 'not_seen') {
+        if (!intentStored || Date.now() - notSeenSince >= STATUS_POLL_MS) {
+          await submit();
+          notSeenSince = Date.now();
+        }
+        continue;
+      }
+      lastState = a.state;
+      lastSeq = a.seq;
+      attempt = a.attempt;
+      if (a.state === 'committed' && a.receipt) {
+        if (a.result === undefined || digestOf(a.result) !== a.receipt.resultDigest) {
+          // Only a result matching the receipt's digest is handed on; wait for a readable one.
+          await sleep(Math.min(left(), 200));
+          continue;
+        }
+        return { status: 'committed', operationKey: key, result: a.result as O, receipt: a.receipt, next: 'continue' };
+      }
+      if (a.state === 'rejected') {
+        const error = a.error ?? { class: ErrorClass.Internal };
+        const retryable = !hasSideEffect(contract.effect) && error.class === ErrorClass.DependencyUnavailable && ++retryableRejections < MAX_RETRYABLE_ATTEMPTS;
+        if (!retryable) return { ...refused(key, error), ...(a.attempt ? { attempt: a.attempt } : {}) };
+        await sleep(Math.min(left(), 200 * 2 ** retryableRejections));
+        await submit();
+        notSeenSince = Date.now();
+      }
+    }
+    return {
+      status: 'unknown',
+      operationKey: key,
+      lastServerState: lastState,
+      evidence: { operationKey: key, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started },
+      next: lastState === 'unknown' ? NextAction.HandOver : NextAction.Observe,
+    };
+  }
+
+  return tools;
+}
+
+function refused(operationKey: string | null, error: ErrorInfo): Extract<ExecuteResult, { status: 'rejected' }> {
+  return { status: 'rejected', operationKey, error, next: nextActionFor[error.class] };
+}
+
+function isTransient(err: unknown): boolean {
+  return err instanceof coreErrors.TimeoutError || err instanceof coreErrors.NoRespondersError || err instanceof coreErrors.RequestError || err instanceof coreErrors.ConnectionError;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, Math.max(0, ms)));
+}
+

@@ -1,0 +1,58 @@
+import { z } from 'zod';
+import { OPERATION_KEY_PATTERN } from '@tooltx/contracts';
+import { errorInfoSchema, receiptSchema } from './events.js';
+
+/** Longest long-poll a status request may ask for, ms. */
+export const MAX_STATUS_WAIT_MS = 30_000;
+
+/**
+ * A status request on `<prefix>.status.<tenant>.<actor>` (request/reply). Read-only and
+ * repeatable. `afterSeq`: the operation sequence the caller already saw — the answer comes at once
+ * when the operation has moved past it or is final, otherwise after the next change or `waitMs`.
+ * `inputDigest`: the caller's own input digest, so the answer can say whether the registered
+ * operation is the caller's or a conflict, without revealing the registered digest.
+ * `submissionIds`: the caller's submissions, so a refusal of one of them can be reported.
+ */
+export const statusRequestSchema = z.strictObject({
+  operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+  waitMs: z.number().int().min(0).max(MAX_STATUS_WAIT_MS).optional(),
+  afterSeq: z.number().int().min(0).optional(),
+  inputDigest: z.string().max(80).optional(),
+  submissionIds: z.array(z.string().max(64)).max(32).optional(),
+});
+export type StatusRequest = z.infer<typeof statusRequestSchema>;
+
+export const serverStates = ['not_seen', 'accepted', 'running', 'committed', 'rejected', 'unknown'] as const;
+export type ServerState = (typeof serverStates)[number];
+
+/**
+ * A status answer. Precedence (issue 3): a registered operation the caller may read is answered from
+ * its own subject (state, receipt, permitted result fields); otherwise — never registered, or not
+ * readable by this caller, which gets the same uniform answer — from the decision subject when one
+ * of the caller's own submissions was refused (`source: 'decision'`), else `not_seen`.
+ */
+export const statusAnswerSchema = z.object({
+  operationKey: z.string(),
+  state: z.enum(serverStates),
+  /** `operation`: the registered operation; `decision`: a refusal of the caller's submission; `none`. */
+  source: z.enum(['operation', 'decision', 'none']),
+  /** The operation subject's last sequence (0 when not registered). */
+  seq: z.number().int().min(0),
+  attempt: z.number().int().min(1).optional(),
+  /** Whether the registered input is the caller's (`inputDigest` given): false = idempotency conflict. */
+  inputMatches: z.boolean().optional(),
+  receipt: receiptSchema.optional(),
+  /** The business result the caller may read (committed only). */
+  result: z.unknown().optional(),
+  error: errorInfoSchema.optional(),
+  /** Which of the caller's submissions a `decision` answer is about. */
+  submissionId: z.string().optional(),
+  /** Server time of the answer, ms since the epoch. */
+  at: z.number().int(),
+});
+export type StatusAnswer = z.infer<typeof statusAnswerSchema>;
+
+/** A refused status request (bad request, or the status service itself failing). */
+export const statusErrorSchema = z.object({ error: errorInfoSchema, at: z.number().int() });
+export const statusReplySchema = z.union([statusAnswerSchema, statusErrorSchema]);
+export type StatusReply = z.infer<typeof statusReplySchema>;

@@ -1,0 +1,187 @@
+import { DeliverPolicy, type JetStreamClient } from '@nats-io/jetstream';
+import type { KV } from '@nats-io/kv';
+import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
+import { z } from 'zod';
+import { ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
+import { statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
+import { decode, decodeRaw, encode, type OperationStore, type Subjects } from '@tooltx/nats';
+import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
+
+export interface StatusDeps {
+  nc: NatsConnection;
+  js: JetStreamClient;
+  subjects: Subjects;
+  store: OperationStore;
+  results: KV;
+  tools: ImplementationRegistry;
+  log: Logger;
+  now?: () => number;
+}
+
+const resultEntrySchema = z.object({ operationKey: z.string(), attempt: z.number().int(), resultDigest: z.string(), result: z.unknown() });
+
+/** Queue group shared by every status responder, so several authorizer instances split requests. */
+export const STATUS_QUEUE = 'tooltx-status';
+
+/**
+ * The status endpoint: request/reply on `<prefix>.status.<tenant>.<actor>` (identity from the
+ * subject). Read-only, repeatable, cheap: the first answer is one direct get of the operation's
+ * last event; long-polls wait on ONE watch of the event log and one of the decision stream
+ * (ordered consumers, new messages only, headers only) shared by every waiting request — never a
+ * consumer or a poll per request (issue 3).
+ */
+export class StatusService {
+  readonly #d: StatusDeps;
+  readonly #now: () => number;
+  /** subject → callbacks of waiting requests. */
+  readonly #waiters = new Map<string, Set<() => void>>();
+  #sub: Subscription | null = null;
+  readonly #watches: { stop(): void }[] = [];
+  readonly #inFlight = new Set<Promise<void>>();
+
+  constructor(deps: StatusDeps) {
+    this.#d = deps;
+    this.#now = deps.now ?? Date.now;
+  }
+
+  async start(): Promise<void> {
+    const { js, subjects } = this.#d;
+    for (const [stream, filter] of [
+      [subjects.eventsStream, subjects.allOps],
+      [subjects.decisionsStream, subjects.allDecisions],
+    ] as const) {
+      const c = await js.consumers.get(stream, { filter_subjects: filter, deliver_policy: DeliverPolicy.New, headers_only: true });
+      const it = await c.consume({ max_messages: 256 });
+      this.#watches.push(it);
+      void (async () => {
+        for await (const m of it) this.#notify(m.subject);
+      })().catch((err: unknown) => this.#d.log.error({ err, stream }, 'status watch ended'));
+    }
+    this.#sub = this.#d.nc.subscribe(subjects.allStatus, {
+      queue: STATUS_QUEUE,
+      callback: (err, msg) => {
+        if (err) return void this.#d.log.warn({ err }, 'status subscription error');
+        const p = this.#handle(msg).catch((e: unknown) => this.#d.log.error({ err: e }, 'status request failed'));
+        this.#inFlight.add(p);
+        void p.finally(() => this.#inFlight.delete(p));
+      },
+    });
+  }
+
+  /** Stops taking requests, answers the waiting ones with what is known now, stops the watches. */
+  async stop(): Promise<void> {
+    await this.#sub?.drain();
+    for (const set of this.#waiters.values()) for (const w of set) w();
+    await Promise.all(this.#inFlight);
+    for (const w of this.#watches) w.stop();
+  }
+
+  #notify(subject: string): void {
+    const set = this.#waiters.get(subject);
+    if (set) for (const w of set) w();
+  }
+
+  #wait(subjectsToWatch: string[], ms: number): { changed: Promise<void>; cancel: () => void } {
+    let cb!: () => void;
+    const changed = new Promise<void>((r) => (cb = r));
+    const timer = setTimeout(cb, ms);
+    for (const s of subjectsToWatch) {
+      let set = this.#waiters.get(s);
+      if (!set) this.#waiters.set(s, (set = new Set()));
+      set.add(cb);
+    }
+    const cancel = () => {
+      clearTimeout(timer);
+      for (const s of subjectsToWatch) {
+        const set = this.#waiters.get(s);
+        set?.delete(cb);
+        if (set?.size === 0) this.#waiters.delete(s);
+      }
+    };
+    return { changed, cancel };
+  }
+
+  async #handle(msg: Msg): Promise<void> {
+    const { subjects } = this.#d;
+    const who = subjects.parseActorSubject('status', msg.subject);
+    const reply = (body: unknown) => msg.respond(encode(body));
+    if (!who) return void reply({ error: { class: ErrorClass.InvalidInput, issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not a status subject' }] }, at: this.#now() });
+    let req: StatusRequest;
+    try {
+      const r = statusRequestSchema.safeParse(decodeRaw(msg.data));
+      if (!r.success) return void reply({ error: { class: ErrorClass.InvalidInput, issues: fieldIssues(r.error) } satisfies ErrorInfo, at: this.#now() });
+      req = r.data;
+    } catch {
+      return void reply({ error: { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'invalid_encoding', message: 'not msgpack' }] }, at: this.#now() });
+    }
+    const opId = operationIdOf(req.operationKey);
+    const watched = [subjects.op(who.tenant, opId), subjects.decision(who.tenant, opId)];
+    const waitMs = req.waitMs ?? 0;
+    // Register before reading, so a change between the read and the wait is not missed.
+    const w = waitMs > 0 ? this.#wait(watched, waitMs) : null;
+    try {
+      let answer = await this.answer(who.tenant, who.actor, req);
+      if (w && !this.#settled(answer, req)) {
+        await w.changed;
+        answer = await this.answer(who.tenant, who.actor, req);
+      }
+      reply(answer);
+    } catch (err) {
+      reply({ error: toErrorInfo(err).class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : toErrorInfo(err), at: this.#now() });
+      throw err;
+    } finally {
+      w?.cancel();
+    }
+  }
+
+  /** True when the answer should go back at once rather than wait for a change. */
+  #settled(a: StatusAnswer, req: StatusRequest): boolean {
+    if (a.source === 'decision') return true;
+    const after = req.afterSeq ?? 0;
+    // A final state answers at once unless the caller already saw exactly it (it then waits for a
+    // new attempt, e.g. after resubmitting a retryable rejection).
+    if ((a.state === 'committed' || a.state === 'rejected') && a.seq !== after) return true;
+    return a.seq > after;
+  }
+
+  /** The answer for `actor` of `tenant` now, with DESIGN.md's precedence and the read policy. */
+  async answer(tenant: string, actor: string, req: StatusRequest): Promise<StatusAnswer> {
+    const { store, results, subjects } = this.#d;
+    const opId = operationIdOf(req.operationKey);
+    const at = this.#now();
+    const { state, seq } = await store.load(tenant, opId);
+    if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state))) {
+      const a: StatusAnswer = { operationKey: req.operationKey, state: state.status, source: 'operation', seq, attempt: state.attempt, at };
+      if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === state.inputDigest;
+      if (state.status === 'committed' && state.receipt) {
+        a.receipt = state.receipt;
+        if (a.inputMatches !== false) {
+          const entry = await results.get(subjects.resultKey(tenant, opId));
+          if (entry && entry.operation === 'PUT') {
+            const r = decode(resultEntrySchema, entry.value);
+            if (r.attempt === state.attempt && r.resultDigest === state.receipt.resultDigest) a.result = r.result;
+          }
+        }
+      }
+      if (state.status === 'rejected' && state.error) a.error = state.error;
+      return a;
+    }
+    // Never registered, or not readable by this caller (same answer): the caller's own refusal, if any.
+    const d = await store.lastDecision(tenant, opId);
+    if (d && d.actor === actor && (req.submissionIds === undefined || req.submissionIds.includes(d.submissionId))) {
+      return { operationKey: req.operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
+    }
+    return { operationKey: req.operationKey, state: 'not_seen', source: 'none', seq: 0, at };
+  }
+
+  async #mayRead(tenant: string, actor: string, state: OperationRecord): Promise<boolean> {
+    const impl = this.#d.tools.get(state.tool, state.version);
+    if (!impl?.authorizeRead) return true;
+    try {
+      await impl.authorizeRead({ tenant, actor, owner: state.actor, operationKey: state.operationKey, now: this.#now() });
+      return true;
+    } catch {
+      return false;
+    }
+  }
+}

@@ -1,0 +1,153 @@
+/**
+ * The status endpoint and the SDK end to end: real nats-server, the services as processes, a real
+ * HTTP sink that does not deduplicate. `tools.execute` never mistakes silence for failure.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
+import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
+import { provisioned, type TestNats } from './helpers/nats.js';
+import { startService, type ServiceProcess } from './helpers/services.js';
+import { history, waitForOperation } from './helpers/ops.js';
+import { Sink } from './helpers/sink.js';
+import { contracts, sinkWrite } from './fixtures/sink-tools.js';
+
+const TENANT = 'acme';
+let t: TestNats;
+let sink: Sink;
+let env: Record<string, string>;
+let procs: ServiceProcess[] = [];
+let tools: Tools;
+
+const note = (title: string, over: Record<string, unknown> = {}) => ({ bucket: 'kb-main', title, body: `Body of ${title}.`, at: '2026-11-30T06:00:00Z', ...over });
+const startServices = async () => {
+  procs = await Promise.all([startService('authorizer', env), startService('executor', env)]);
+};
+const stopServices = async () => {
+  expect(await Promise.all(procs.map((p) => p.stop()))).toEqual([0, 0]);
+};
+const writesFor = (key: string) => sink.writesFor((b) => b.key === downstreamKeyOf(TENANT, key));
+
+beforeAll(async () => {
+  // FM-30 needs short dedup windows on the intent stream and the event log.
+  t = await provisioned({ duplicateWindowMs: 1_000 });
+  sink = await new Sink().start();
+  env = { NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix, SINK_URL: sink.url, TOOLTX_DUPLICATE_WINDOW_MS: '1000' };
+  await startServices();
+  tools = await createTools({ servers: t.url, tenant: TENANT, actor: 'alice', contracts, prefix: t.subjects.prefix });
+});
+
+afterAll(async () => {
+  await tools?.close();
+  await stopServices();
+  await sink?.stop();
+  await t?.close();
+});
+
+describe('tools.execute', () => {
+  it('commits and returns the business result apart from the receipt, the result matching its digest', async () => {
+    const r = await tools.execute({ tool: 'sink.write', taskId: 'sdk-1', actorId: 'alice', input: note('First') });
+    expect(r.status).toBe('committed');
+    if (r.status !== 'committed') return;
+    expect(r.result).toEqual({ noteId: r.receipt.resourceId });
+    expect(r.receipt).toMatchObject({ operationKey: r.operationKey, tool: 'sink.write', version: 1, state: 'committed', attempt: 1 });
+    expect(writesFor(r.operationKey)).toHaveLength(1);
+  });
+
+  it('returns rejected with field paths for fixable input, without sending anything', async () => {
+    const before = sink.requests.length;
+    const r = await tools.execute({ tool: 'sink.write', taskId: 'sdk-bad', input: { ...note('Bad'), tenantId: 'other' } });
+    expect(r).toMatchObject({ status: 'rejected', next: 'replan', error: { class: 'invalid_input', issues: [{ path: ['input', 'tenantId'] }] } });
+    expect(sink.requests.length).toBe(before);
+  });
+
+  it('reports a server-side refusal of its own submission from the decision subject (forged actorId)', async () => {
+    const r = await tools.execute({ tool: 'sink.write', taskId: 'sdk-forged', actorId: 'mallory', input: note('Forged') });
+    expect(r).toMatchObject({ status: 'rejected', next: 'reauthorise', error: { class: 'forbidden' } });
+    expect(await history(t, TENANT, prepareCall(sinkWrite, 'sdk-forged', note('Forged')).operationKey)).toEqual([]);
+  });
+
+  it('precedence: a conflicting resubmission is told conflict, and the original caller still sees its committed receipt', async () => {
+    const first = await tools.execute({ tool: 'sink.write', taskId: 'sdk-conflict', input: note('Orig') });
+    expect(first.status).toBe('committed');
+    const bob = await createTools({ servers: t.url, tenant: TENANT, actor: 'bob', contracts, prefix: t.subjects.prefix });
+    try {
+      const second = await bob.execute({ tool: 'sink.write', taskId: 'sdk-conflict', input: note('Orig', { priority: 'high' }) });
+      expect(second).toMatchObject({ status: 'rejected', error: { class: 'idempotency_conflict' } });
+    } finally {
+      await bob.close();
+    }
+    const again = await tools.execute({ tool: 'sink.write', taskId: 'sdk-conflict', input: note('Orig') });
+    expect(again).toEqual(first);
+    const answer = await tools.status({ operationKey: first.operationKey!, submissionIds: [] });
+    expect(answer).toMatchObject({ state: 'committed', source: 'operation' });
+    expect(writesFor(first.operationKey!)).toHaveLength(1);
+  });
+
+  it('long-poll: a status request waiting on a running operation returns as soon as it commits', async () => {
+    sink.delayMs = 1_500;
+    try {
+      const input = note('Slow');
+      const key = prepareCall(sinkWrite, 'sdk-slow', input).operationKey;
+      const s = newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'sdk-slow', input });
+      await publishSubmission(t.js, s);
+      const running = await waitForOperation(t, TENANT, key, (x) => x.status === 'running');
+      const seq = (await t.store.load(TENANT, operationIdOf(key))).seq;
+      const asked = Date.now();
+      const a = await tools.status({ operationKey: key, waitMs: 20_000, afterSeq: seq });
+      const waited = Date.now() - asked;
+      expect(running.status).toBe('running');
+      expect(a.state).toBe('committed');
+      expect(a.receipt?.resourceId).toBeTruthy();
+      // It answered on the change, not at the end of its 20 s window.
+      expect(waited).toBeLessThan(10_000);
+    } finally {
+      sink.delayMs = 0;
+    }
+  });
+
+  it('a never-seen key is answered not_seen after the wait, and a bad status request gets field paths', async () => {
+    const key = prepareCall(sinkWrite, 'never', note('Never')).operationKey;
+    expect(await tools.status({ operationKey: key, waitMs: 200 })).toMatchObject({ state: 'not_seen', source: 'none', seq: 0 });
+    await expect(tools.status({ operationKey: 'nope' } as never)).rejects.toMatchObject({ class: 'invalid_input', issues: [{ path: ['operationKey'] }] });
+  });
+
+  it('FM-30: a retransmission after the dedup windows is stored again, yet the operation runs once and the caller gets the original receipt', async () => {
+    const input = note('Late retransmission');
+    const key = prepareCall(sinkWrite, 'fm30', input).operationKey;
+    const s = newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'fm30', operationKey: key, input });
+    const ack1 = await publishSubmission(t.js, s);
+    const done = await waitForOperation(t, TENANT, key, (x) => x.status === 'committed');
+    await new Promise((r) => setTimeout(r, 1_500)); // past both 1 s windows
+    const ack2 = await publishSubmission(t.js, s); // the same submission, same msg id
+    expect(ack2.duplicate).toBe(false);
+    expect(ack2.seq).toBeGreaterThan(ack1.seq);
+    // Wait until the authorizer has consumed the retransmission.
+    for (let i = 0; i < 100; i++) {
+      const c = await t.jsm.consumers.info(t.subjects.intentsStream, 'authorizer');
+      if (c.ack_floor.stream_seq >= ack2.seq) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const a = await tools.status({ operationKey: key, submissionIds: [s.submissionId] });
+    expect(a.state).toBe('committed');
+    expect(a.receipt).toEqual((done as { receipt?: unknown }).receipt);
+    expect(writesFor(key)).toHaveLength(1);
+    expect(await history(t, TENANT, key)).toHaveLength(3);
+  });
+
+  it('returns unknown with the last server state when the services are down, and after they return the same call yields the one committed receipt', async () => {
+    await stopServices();
+    const input = note('While down');
+    const r1 = await tools.execute({ tool: 'sink.write', taskId: 'sdk-down', input }, { budgetMs: 3_000 });
+    expect(r1.status).toBe('unknown');
+    if (r1.status !== 'unknown') return;
+    expect(r1.lastServerState).toBe('not_seen');
+    expect(r1.evidence).toMatchObject({ intentStored: true, statusAnswered: false, lastSeq: 0 });
+    expect(r1.next).toBe('observe');
+    await startServices();
+    const r2 = await tools.execute({ tool: 'sink.write', taskId: 'sdk-down', input });
+    expect(r2.status).toBe('committed');
+    expect(r2.operationKey).toBe(r1.operationKey);
+    expect(writesFor(r1.operationKey)).toHaveLength(1);
+    expect(await history(t, TENANT, r1.operationKey)).toHaveLength(3);
+  });
+});
