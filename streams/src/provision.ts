@@ -1,7 +1,7 @@
 import { JetStreamApiError, type JetStreamManager, type StreamConfig, type StreamInfo } from '@nats-io/jetstream';
 import { Kvm } from '@nats-io/kv';
 import { millis, type NatsConnection } from '@nats-io/transport-node';
-import type { Topology } from './topology.js';
+import type { BucketDef, Topology } from './topology.js';
 
 /** Thrown when a stream, consumer or bucket breaks a guarantee; lists every violated setting. */
 export class StreamConfigError extends Error {
@@ -20,9 +20,9 @@ export interface ApplyReport {
 }
 
 /**
- * The provisioner: creates or updates the streams, durable consumers and the result bucket of a
- * topology. Only the provisioner may do this (issue 5 gives nobody else the API subjects); services
- * only {@link checkTopology}. Throws the server's `JetStreamApiError` when an update is refused
+ * The provisioner: creates or updates the streams, durable consumers and KV buckets (result store,
+ * projections) of a topology. Only the provisioner may do this (issue 5 gives nobody else the API
+ * subjects); services only {@link checkTopology}. Throws the server's `JetStreamApiError` when an update is refused
  * (e.g. changing storage type).
  */
 export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t: Topology): Promise<ApplyReport> {
@@ -48,10 +48,11 @@ export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t
       report.updated.push(name);
     } else report.unchanged.push(name);
   }
-  const kvStream = `KV_${t.results.bucket}`;
-  const existed = await streamInfo(jsm, kvStream);
-  await new Kvm(nc).create(t.results.bucket, { history: 1, ttl: t.results.ttlMs, replicas: t.results.replicas, storage: 'file' });
-  (existed ? report.unchanged : report.created).push(`bucket ${t.results.bucket}`);
+  for (const b of buckets(t)) {
+    const existed = await streamInfo(jsm, `KV_${b.bucket}`);
+    await new Kvm(nc).create(b.bucket, { history: 1, ttl: b.ttlMs, replicas: b.replicas, storage: 'file' });
+    (existed ? report.unchanged : report.created).push(`bucket ${b.bucket}`);
+  }
   return report;
 }
 
@@ -89,12 +90,14 @@ export async function checkTopology(
   }
   const events = infos.events?.config;
   const intents = infos.intents?.config;
-  const kv = await streamInfo(jsm, `KV_${t.results.bucket}`);
-  if (!kv) v.push(`bucket ${t.results.bucket} does not exist`);
   const age = (c: StreamConfig | undefined) => (c ? (c.max_age ? millis(c.max_age) : Infinity) : NaN);
-  if (events) {
-    if (age(events) < opts.longestKeyRetentionMs) v.push(`stream ${events.name} max_age ${age(events)} ms is shorter than the longest contract key retention ${opts.longestKeyRetentionMs} ms`);
-    if (kv && age(kv.config) < age(events)) v.push(`bucket ${t.results.bucket} max_age ${age(kv.config)} ms is shorter than the event log's ${age(events)} ms`);
+  if (events && age(events) < opts.longestKeyRetentionMs) v.push(`stream ${events.name} max_age ${age(events)} ms is shorter than the longest contract key retention ${opts.longestKeyRetentionMs} ms`);
+  // The result store must outlive the registrations; a projection's entries (tombstones included)
+  // must outlive the events they shadow, or a redelivered old event could bring an entry back.
+  for (const b of buckets(t)) {
+    const kv = await streamInfo(jsm, `KV_${b.bucket}`);
+    if (!kv) v.push(`bucket ${b.bucket} does not exist`);
+    else if (events && age(kv.config) < age(events)) v.push(`bucket ${b.bucket} max_age ${age(kv.config)} ms is shorter than the event log's ${age(events)} ms`);
   }
   if (intents && opts.longestOperationMs !== undefined && age(intents) < opts.longestOperationMs) {
     v.push(`stream ${intents.name} max_age ${age(intents)} ms is shorter than the longest operation lifetime ${opts.longestOperationMs} ms (inputs must stay readable)`);
@@ -114,6 +117,11 @@ export async function checkTopology(
 export async function assertTopology(...args: Parameters<typeof checkTopology>): Promise<void> {
   const v = await checkTopology(...args);
   if (v.length) throw new StreamConfigError(v);
+}
+
+/** Every KV bucket of a topology: the result store, then the projections. */
+function buckets(t: Topology): BucketDef[] {
+  return [t.results, t.projections.reconcile, t.projections.audit];
 }
 
 async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamInfo | null> {

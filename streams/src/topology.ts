@@ -15,6 +15,12 @@ export interface TopologyOptions {
   decisionsMaxAgeMs?: number;
   /** The result store. Must be ≥ the event log's max_age. Default 31 days. */
   resultsMaxAgeMs?: number;
+  /**
+   * The projection buckets (reconciler index, audit records). Must be ≥ the event log's max_age:
+   * a tombstone must outlive every event it shadows, or a redelivered older event could bring a
+   * terminal operation back into the reconciler's index. Default the event log's max_age + 1 day.
+   */
+  projectionsMaxAgeMs?: number;
   /** Nats-Msg-Id dedup window of every stream. Default 2 minutes (the server default). */
   duplicateWindowMs?: number;
   /** Stream replicas: 1 on one server, 3 on a cluster (2.9.21+, DESIGN.md "Scale-out"). */
@@ -38,12 +44,20 @@ export interface Topology {
   streams: { intents: Partial<StreamConfig> & { name: string }; events: Partial<StreamConfig> & { name: string }; decisions: Partial<StreamConfig> & { name: string } };
   consumers: ConsumerDef[];
   results: BucketDef;
+  /**
+   * KV projections of the event log, one entry per operation under `<tenant>.<opId>` (issue 3):
+   * `reconcile` = the reconciler's index of non-terminal operations, `audit` = one audit record per
+   * operation. Written only by their service, with compare-and-set on the entry's revision.
+   */
+  projections: { reconcile: BucketDef; audit: BucketDef };
 }
 
 /** Durable consumer names (one per service: limits retention gives every durable every message). */
 export const Durables = {
   authorizer: 'authorizer',
   executor: 'executor',
+  reconciler: 'reconciler',
+  auditProjector: 'audit-projector',
 } as const;
 
 /**
@@ -53,6 +67,8 @@ export const Durables = {
  */
 export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topology {
   const replicas = opts.replicas ?? 1;
+  const eventsMaxAgeMs = opts.eventsMaxAgeMs ?? 30 * DAY;
+  const projectionsMaxAgeMs = opts.projectionsMaxAgeMs ?? eventsMaxAgeMs + DAY;
   const dup = nanos(opts.duplicateWindowMs ?? 2 * MINUTE);
   const durable = (name: string, subjectsList: string[], maxAgeMs: number): Partial<StreamConfig> & { name: string } => ({
     name,
@@ -70,10 +86,22 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
     deny_purge: true,
     allow_direct: true,
   });
+  /** A durable pull consumer over every operation event, explicit ack, from the start of the log. */
+  const eventLogConsumer = (durable_name: string): ConsumerDef => ({
+    stream: subjects.eventsStream,
+    config: {
+      durable_name,
+      filter_subject: subjects.allOps,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      ack_wait: nanos(30_000),
+      max_ack_pending: 1_000,
+    },
+  });
   return {
     streams: {
       intents: durable(subjects.intentsStream, [subjects.allIntents], opts.intentsMaxAgeMs ?? 7 * DAY),
-      events: durable(subjects.eventsStream, [subjects.allOps], opts.eventsMaxAgeMs ?? 30 * DAY),
+      events: durable(subjects.eventsStream, [subjects.allOps], eventsMaxAgeMs),
       decisions: durable(subjects.decisionsStream, [subjects.allDecisions], opts.decisionsMaxAgeMs ?? 30 * DAY),
     },
     consumers: [
@@ -88,18 +116,15 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
           max_ack_pending: 1_000,
         },
       },
-      {
-        stream: subjects.eventsStream,
-        config: {
-          durable_name: Durables.executor,
-          filter_subject: subjects.allOps,
-          ack_policy: AckPolicy.Explicit,
-          deliver_policy: DeliverPolicy.All,
-          ack_wait: nanos(30_000),
-          max_ack_pending: 1_000,
-        },
-      },
+      eventLogConsumer(Durables.executor),
+      // The projections: each reads every event of the log once per service (any number of instances).
+      eventLogConsumer(Durables.reconciler),
+      eventLogConsumer(Durables.auditProjector),
     ],
     results: { bucket: subjects.resultsBucket, ttlMs: opts.resultsMaxAgeMs ?? 31 * DAY, replicas },
+    projections: {
+      reconcile: { bucket: subjects.reconcileBucket, ttlMs: projectionsMaxAgeMs, replicas },
+      audit: { bucket: subjects.auditBucket, ttlMs: projectionsMaxAgeMs, replicas },
+    },
   };
 }

@@ -4,3 +4,4 @@ export * from './connect.js';
 export * from './store.js';
 export * from './consumer.js';
 export * from './server.js';
+export * from './projection.js';

@@ -15,6 +15,8 @@ const OPID = /^[0-9a-f]{32}$/;
  * | `<p>.decision.<tenant>.<opId>` | pre-acceptance outcomes (stream `<P>_DECISIONS`) |
  * | `<p>.status.<tenant>.<actor>` | status requests (request/reply, no stream) |
  * | KV `<p>_results`, key `<tenant>.<opId>` | business results (result store) |
+ * | KV `<p>_reconcile`, key `<tenant>.<opId>` | the reconciler's index of non-terminal operations (projection) |
+ * | KV `<p>_audit`, key `<tenant>.<opId>` | one audit record per operation (projection) |
  */
 export class Subjects {
   readonly prefix: string;
@@ -27,12 +29,18 @@ export class Subjects {
   get eventsStream(): string { return `${this.prefix.toUpperCase()}_EVENTS`; }
   get decisionsStream(): string { return `${this.prefix.toUpperCase()}_DECISIONS`; }
   get resultsBucket(): string { return `${this.prefix}_results`; }
+  /** KV bucket of the reconciler's projection (issue 3). */
+  get reconcileBucket(): string { return `${this.prefix}_reconcile`; }
+  /** KV bucket of the audit-projector's projection (issue 3). */
+  get auditBucket(): string { return `${this.prefix}_audit`; }
 
   intent(tenant: string, actor: string): string { return `${this.prefix}.intent.${id(tenant)}.${id(actor)}`; }
   op(tenant: string, opId: string): string { return `${this.prefix}.op.${id(tenant)}.${opid(opId)}`; }
   decision(tenant: string, opId: string): string { return `${this.prefix}.decision.${id(tenant)}.${opid(opId)}`; }
   status(tenant: string, actor: string): string { return `${this.prefix}.status.${id(tenant)}.${id(actor)}`; }
   resultKey(tenant: string, opId: string): string { return `${id(tenant)}.${opid(opId)}`; }
+  /** Key of one operation in a projection bucket: `<tenant>.<opId>` (same form as {@link resultKey}). */
+  projectionKey(tenant: string, opId: string): string { return `${id(tenant)}.${opid(opId)}`; }
 
   get allIntents(): string { return `${this.prefix}.intent.>`; }
   get allOps(): string { return `${this.prefix}.op.>`; }

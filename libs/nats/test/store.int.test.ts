@@ -96,9 +96,26 @@ describe('stream checks', () => {
           expect.stringContaining('shorter than the longest contract key retention'),
           expect.stringContaining(`stream ${bad.decisionsStream} does not exist`),
           expect.stringContaining(`bucket ${bad.resultsBucket} does not exist`),
+          expect.stringContaining(`bucket ${bad.reconcileBucket} does not exist`),
+          expect.stringContaining(`bucket ${bad.auditBucket} does not exist`),
+          expect.stringContaining(`consumer ${bad.eventsStream}/reconciler does not exist`),
+          expect.stringContaining(`consumer ${bad.eventsStream}/audit-projector does not exist`),
         ]),
       );
       expect(await checkTopology(t.jsm, topology(t.subjects), { longestKeyRetentionMs: 1 })).toEqual([]);
+    } finally {
+      await t.close();
+    }
+  });
+
+  it('refuses projection buckets whose entries (tombstones included) would expire before the events they shadow', async () => {
+    const t = await provisioned({ projectionsMaxAgeMs: 60_000 });
+    try {
+      const v = await checkTopology(t.jsm, topology(t.subjects), { longestKeyRetentionMs: 1 });
+      expect(v).toEqual([
+        expect.stringContaining(`bucket ${t.subjects.reconcileBucket} max_age 60000 ms is shorter than the event log's`),
+        expect.stringContaining(`bucket ${t.subjects.auditBucket} max_age 60000 ms is shorter than the event log's`),
+      ]);
     } finally {
       await t.close();
     }

@@ -16,6 +16,7 @@ export const topologyEnvSchema = z.object({
   TOOLTX_EVENTS_MAX_AGE_MS: optMs,
   TOOLTX_DECISIONS_MAX_AGE_MS: optMs,
   TOOLTX_RESULTS_MAX_AGE_MS: optMs,
+  TOOLTX_PROJECTIONS_MAX_AGE_MS: optMs,
   TOOLTX_DUPLICATE_WINDOW_MS: optMs,
   TOOLTX_REPLICAS: z.coerce.number().int().min(1).max(5).optional(),
 });
@@ -26,6 +27,7 @@ export function topologyOptionsFrom(env: z.infer<typeof topologyEnvSchema>): Top
   if (env.TOOLTX_EVENTS_MAX_AGE_MS) o.eventsMaxAgeMs = env.TOOLTX_EVENTS_MAX_AGE_MS;
   if (env.TOOLTX_DECISIONS_MAX_AGE_MS) o.decisionsMaxAgeMs = env.TOOLTX_DECISIONS_MAX_AGE_MS;
   if (env.TOOLTX_RESULTS_MAX_AGE_MS) o.resultsMaxAgeMs = env.TOOLTX_RESULTS_MAX_AGE_MS;
+  if (env.TOOLTX_PROJECTIONS_MAX_AGE_MS) o.projectionsMaxAgeMs = env.TOOLTX_PROJECTIONS_MAX_AGE_MS;
   if (env.TOOLTX_DUPLICATE_WINDOW_MS) o.duplicateWindowMs = env.TOOLTX_DUPLICATE_WINDOW_MS;
   if (env.TOOLTX_REPLICAS) o.replicas = env.TOOLTX_REPLICAS;
   return o;

@@ -1,0 +1,32 @@
+/**
+ * A minimal agent: writes one note into the `research` knowledge base of tenant `acme` through
+ * tooltx, then repeats the identical call and shows that the second answer is the same receipt
+ * (one operation key, one execution, one KB row).
+ *
+ * Usage: `npm run quickstart` while `npm start` runs (or with NATS_URL / TOOLTX_PREFIX / KB_DEDUP set
+ * as the services have them).
+ */
+import { createTools } from '@tooltx/client';
+import { kbDedupFromEnv, researchContracts } from './contracts.js';
+
+const tools = await createTools({
+  servers: process.env.NATS_URL ?? 'nats://127.0.0.1:4222',
+  prefix: process.env.TOOLTX_PREFIX ?? 'tooltx',
+  tenant: 'acme',
+  actor: 'alice',
+  contracts: researchContracts({ kbDedup: kbDedupFromEnv() }).all,
+});
+try {
+  const call = {
+    tool: 'kb.write_note',
+    taskId: 'quickstart-1',
+    actorId: 'alice',
+    input: { kb: 'research', title: 'Hello, tooltx', body: 'One key, one execution.', sourceUrl: 'https://example.org/tooltx', fetchedAt: '2026-11-30T06:00:00Z' },
+  };
+  const first = await tools.execute(call, { budgetMs: 15_000 });
+  const again = await tools.execute(call, { budgetMs: 15_000 });
+  process.stdout.write(`${JSON.stringify({ first, again, sameReceipt: JSON.stringify(first) === JSON.stringify(again) }, null, 2)}\n`);
+  if (first.status !== 'committed') process.exitCode = 1;
+} finally {
+  await tools.close();
+}

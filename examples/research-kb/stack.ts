@@ -1,0 +1,169 @@
+/**
+ * Starts the whole research-KB stack as real processes: nats-server (unless `natsUrl` is given)
+ * with its JetStream store in `stateDir`, the streams applied (the provisioner step), the KB storage
+ * service, and the four tooltx services. Used by `npm start` and `npm run demo`.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createWriteStream, mkdirSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { connectNats, jetStreamOf, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
+import { applyTopology, topology } from '@tooltx/streams';
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const RESEARCH_TOOLS = join(ROOT, 'examples', 'research-kb', 'tools.ts');
+export const SERVICES = ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const;
+
+export interface StackOptions {
+  stateDir: string;
+  /** Use this server instead of starting one. */
+  natsUrl?: string;
+  /** Port of the started nats-server (-1 = a free port). */
+  natsPort?: number;
+  prefix: string;
+  /** KB port (0 = a free port). */
+  kbPort: number;
+  kbDedup: boolean;
+  /** `tenant:kb` pairs the KB creates. */
+  kbSeed: string;
+  /** `pretty`: pino-pretty to the terminal; `inherit`: JSON lines to stdout; a path: log files in that directory. */
+  logs: 'pretty' | 'inherit' | { dir: string };
+  /** Extra environment for every process. */
+  env?: Record<string, string>;
+  /** Instances of each service (default 1). */
+  instances?: Partial<Record<(typeof SERVICES)[number] | 'kb', number>>;
+}
+
+export interface Stack {
+  natsUrl: string;
+  prefix: string;
+  kbUrl: string;
+  server: NatsServerHandle | null;
+  processes: { name: string; child: ChildProcess }[];
+  /** SIGTERM every process, wait, stop the nats-server we started (store kept). */
+  stop(): Promise<void>;
+  /** Resolves with the name of the first process that exits on its own. */
+  readonly crashed: Promise<string>;
+}
+
+export async function startStack(o: StackOptions): Promise<Stack> {
+  mkdirSync(o.stateDir, { recursive: true });
+  let server: NatsServerHandle | null = null;
+  let natsUrl = o.natsUrl;
+  if (!natsUrl) {
+    server = await spawnNatsServer({ port: o.natsPort ?? -1, storeDir: join(o.stateDir, 'jetstream') });
+    natsUrl = server.url;
+  }
+  const nc = await connectNats({ servers: natsUrl, name: 'tooltx-provisioner', reconnectForever: false });
+  const { jsm } = await jetStreamOf(nc);
+  await applyTopology(nc, jsm, topology(new Subjects(o.prefix)));
+  await nc.drain();
+
+  const processes: { name: string; child: ChildProcess }[] = [];
+  let stopping = false;
+  let onCrash!: (name: string) => void;
+  const crashed = new Promise<string>((r) => (onCrash = r));
+  const launch = (name: string, script: string, env: Record<string, string>) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', script], {
+      cwd: ROOT,
+      env: { ...process.env, ...o.env, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    if (o.logs === 'inherit') {
+      child.stdout!.pipe(process.stdout);
+      child.stderr!.pipe(process.stderr);
+    } else if (o.logs === 'pretty') {
+      const fmt = spawn(process.execPath, [join(ROOT, 'node_modules', 'pino-pretty', 'bin.js'), '--colorize', '--ignore', 'pid,hostname,instance'], { stdio: ['pipe', 'inherit', 'inherit'] });
+      child.stdout!.pipe(fmt.stdin!);
+      child.stderr!.pipe(process.stderr);
+    } else {
+      mkdirSync(o.logs.dir, { recursive: true });
+      const out = createWriteStream(join(o.logs.dir, `${name}.log`), { flags: 'a' });
+      child.stdout!.pipe(out);
+      child.stderr!.pipe(out);
+    }
+    child.once('exit', () => {
+      if (!stopping) onCrash(name);
+    });
+    processes.push({ name, child });
+    return child;
+  };
+
+  // The KB first: the executor needs its URL.
+  const kbChild = launch('kb', join(ROOT, 'examples', 'research-kb', 'kb-server.ts'), {
+    KB_PORT: String(o.kbPort),
+    KB_DB: join(o.stateDir, 'kb.sqlite'),
+    KB_DEDUP: o.kbDedup ? 'on' : 'off',
+    KB_SEED: o.kbSeed,
+    LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
+  });
+  const kbPort = await portFromLog(kbChild);
+  const kbUrl = `http://127.0.0.1:${kbPort}`;
+
+  const common = {
+    NATS_URL: natsUrl,
+    TOOLTX_PREFIX: o.prefix,
+    TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
+    KB_URL: kbUrl,
+    KB_DEDUP: o.kbDedup ? 'on' : 'off',
+  };
+  await Promise.all(
+    SERVICES.flatMap((name) =>
+      Array.from({ length: o.instances?.[name] ?? 1 }, (_, i) => {
+        const child = launch(`${name}-${i + 1}`, join(ROOT, 'services', name, 'src', 'main.ts'), { ...common, TOOLTX_INSTANCE_ID: `${name}-${i + 1}` });
+        return waitForLine(child, '"msg":"started"');
+      }),
+    ),
+  );
+
+  return {
+    natsUrl,
+    prefix: o.prefix,
+    kbUrl,
+    server,
+    processes,
+    crashed,
+    async stop() {
+      stopping = true;
+      await Promise.all(
+        processes.map(({ child }) =>
+          child.exitCode !== null || child.signalCode !== null
+            ? undefined
+            : new Promise((r) => {
+                child.once('exit', r);
+                child.kill('SIGTERM');
+              }),
+        ),
+      );
+      await server?.stop({ removeStore: false });
+    },
+  };
+}
+
+/** The port a process logs in its `listening` line (`"port":N`). */
+function portFromLog(child: ChildProcess): Promise<number> {
+  return waitForLine(child, '"msg":"listening"').then((line) => Number(/"port":(\d+)/.exec(line)?.[1]));
+}
+
+function waitForLine(child: ChildProcess, needle: string, timeoutMs = 30_000): Promise<string> {
+  return new Promise((resolvePromise, reject) => {
+    let buf = '';
+    const timer = setTimeout(() => reject(new Error(`no "${needle}" within ${timeoutMs} ms`)), timeoutMs);
+    const onData = (c: Buffer) => {
+      buf += c.toString();
+      const i = buf.indexOf(needle);
+      if (i >= 0) {
+        clearTimeout(timer);
+        child.stdout!.off('data', onData);
+        const start = buf.lastIndexOf('\n', i) + 1;
+        const end = buf.indexOf('\n', i);
+        resolvePromise(buf.slice(start, end < 0 ? undefined : end));
+      } else if (buf.length > 100_000) buf = buf.slice(-10_000);
+    };
+    child.stdout!.on('data', onData);
+    child.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`process exited (${code}) before "${needle}"`));
+    });
+  });
+}

@@ -1,0 +1,116 @@
+import type { JsMsg } from '@nats-io/jetstream';
+import type { KV } from '@nats-io/kv';
+import type { Logger } from 'pino';
+import type { z } from 'zod';
+import { operationIdOf } from '@tooltx/contracts';
+import { operationEventSchema, type OperationEvent } from '@tooltx/lifecycle';
+import { CodecError, decode, encode } from './codec.js';
+import type { Settlement } from './consumer.js';
+import { ConcurrencyError, isWrongLastSequence } from './store.js';
+import type { Subjects } from './subjects.js';
+
+/**
+ * KV projections of the event log (issue 3): one entry per operation, written with compare-and-set
+ * on the entry's KV revision, so any number of projector instances and any redelivery order can
+ * never move an entry backwards. The rule itself ("is this event newer than the entry?") is a pure
+ * function of the service; this file is the shell around it: read → apply → create/update under
+ * the read revision → on a CAS conflict read again.
+ */
+
+/**
+ * The rule of one projection: the next entry after `event` (stored at stream sequence `seq`), or
+ * `null` when the event changes nothing (already applied, or older than the entry).
+ */
+export type ProjectionRule<T> = (current: T | null, event: OperationEvent, seq: number) => T | null;
+
+/** What one apply did: wrote a new revision, or left the entry as it was. `conflicts` = CAS retries. */
+export type ProjectionOutcome = { kind: 'written'; revision: number; conflicts: number } | { kind: 'unchanged'; conflicts: number };
+
+/**
+ * The stored entry is not a valid value of the projection's schema. Never overwritten blindly: the
+ * message is nak'ed with backoff and logged as an error until a person looks.
+ */
+export class ProjectionCorruptError extends Error {
+  readonly key: string;
+  constructor(key: string, opts?: ErrorOptions) {
+    super(`projection entry ${key} does not match its schema`, opts);
+    this.name = 'ProjectionCorruptError';
+    this.key = key;
+  }
+}
+
+const MAX_CAS_ROUNDS = 16;
+
+/**
+ * Applies `apply` to the entry under `key` with compare-and-set: `kv.create` when there is no
+ * entry (expected last subject sequence 0), `kv.update(key, value, revision)` otherwise. A CAS
+ * conflict (JetStream 10071: another instance wrote in between) reloads and applies again, up to
+ * 16 rounds, then throws {@link ConcurrencyError} (the consumer loop naks with backoff). Values are
+ * msgpack, parsed with `schema` on read; an unparsable entry throws {@link ProjectionCorruptError}.
+ */
+export async function projectEntry<T>(opts: {
+  kv: KV;
+  key: string;
+  schema: z.ZodType<T>;
+  apply: (current: T | null) => T | null;
+}): Promise<ProjectionOutcome> {
+  const { kv, key, schema, apply } = opts;
+  let conflicts = 0;
+  let lastRevision = 0;
+  for (let round = 0; round < MAX_CAS_ROUNDS; round++) {
+    const entry = await kv.get(key);
+    let current: T | null = null;
+    if (entry && entry.operation === 'PUT') {
+      try {
+        current = decode(schema, entry.value);
+      } catch (err) {
+        if (err instanceof CodecError) throw new ProjectionCorruptError(key, { cause: err });
+        throw err;
+      }
+    }
+    const next = apply(current);
+    if (next === null) return { kind: 'unchanged', conflicts };
+    lastRevision = entry?.revision ?? 0;
+    try {
+      // An entry that was deleted or purged by hand still has a revision to compare against.
+      const revision = entry ? await kv.update(key, encode(next), entry.revision) : await kv.create(key, encode(next));
+      return { kind: 'written', revision, conflicts };
+    } catch (err) {
+      if (!isWrongLastSequence(err)) throw err;
+      conflicts++;
+    }
+  }
+  throw new ConcurrencyError(key, lastRevision);
+}
+
+/**
+ * The consumer-loop handler of an event-log projection. For each message on `<p>.op.<tenant>.<opId>`:
+ * decode the event (an undecodable one is `term`ed), check that the state it carries belongs to
+ * the subject's tenant and operation (else `term`), then {@link projectEntry} under
+ * `<tenant>.<opId>` with `rule(current, event, msg.seq)` — the stream sequence is the ordering value.
+ * Ack after the entry is written or found newer; a failed write naks (the loop's mapping).
+ */
+export function projectionHandler<T>(deps: {
+  subjects: Subjects;
+  kv: KV;
+  schema: z.ZodType<T>;
+  rule: ProjectionRule<T>;
+  log: Logger;
+}): (msg: JsMsg) => Promise<Settlement | void> {
+  const { subjects, kv, schema, rule, log } = deps;
+  return async (msg) => {
+    const where = subjects.parseOpSubject('op', msg.subject);
+    if (!where) return { kind: 'term', reason: 'not an operation subject' };
+    const event = decode(operationEventSchema, msg.data);
+    if (event.state.tenant !== where.tenant || operationIdOf(event.state.operationKey) !== where.opId) {
+      log.error({ seq: msg.seq, tenant: where.tenant }, 'event does not belong to its operation subject');
+      return { kind: 'term', reason: 'event does not belong to its subject' };
+    }
+    const key = subjects.projectionKey(where.tenant, where.opId);
+    const outcome = await projectEntry({ kv, key, schema, apply: (current) => rule(current, event, msg.seq) });
+    log.debug(
+      { tenant: where.tenant, operationKey: event.state.operationKey, seq: msg.seq, type: event.type, deliveryCount: msg.info.deliveryCount, ...outcome },
+      outcome.kind === 'written' ? 'projected' : 'projection unchanged',
+    );
+  };
+}

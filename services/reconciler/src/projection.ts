@@ -1,0 +1,96 @@
+import { z } from 'zod';
+import { effectClasses, idSchema, operationKeySchema } from '@tooltx/contracts';
+import type { OperationEvent } from '@tooltx/lifecycle';
+
+/**
+ * The reconciler's projection (issue 3): an index of the operations that are NOT yet terminal, in
+ * KV `<prefix>_reconcile` under `<tenant>.<opId>`. It is what the reconciler will scan for
+ * `running` past its contract's `runningBoundMs` and `unknown` until `unknownDeadlineMs` (DESIGN.md
+ * "Contract timing", "After a timeout, verify before acting"); probing and redriving come later.
+ *
+ * Ordering: an event is applied only when its stream sequence is newer than the entry's `seq`.
+ * A terminal operation keeps a tombstone instead of losing its key, so an older event redelivered
+ * after the terminal one cannot bring the operation back into the index. A `rejected` operation
+ * may come back with a new attempt: its `accepted` event is newer, so it replaces the tombstone.
+ */
+
+const seq = z.number().int().positive();
+const epochMs = z.number().int().nonnegative();
+
+/** The non-terminal states the reconciler watches. */
+export const watchedStatuses = ['accepted', 'running', 'unknown'] as const;
+/** The states that take an operation out of the index (as a tombstone). */
+export const terminalStatuses = ['committed', 'rejected'] as const;
+
+/** An operation the reconciler watches. Times in ms since the epoch. */
+export const indexEntrySchema = z.object({
+  /** Stream sequence (events stream) of the event this entry reflects. */
+  seq,
+  terminal: z.literal(false),
+  operationKey: operationKeySchema,
+  tenant: idSchema,
+  status: z.enum(watchedStatuses),
+  attempt: z.number().int().min(1),
+  tool: z.string(),
+  version: z.number().int(),
+  effect: z.enum(effectClasses),
+  acceptedAt: epochMs,
+  /** When the current attempt reached `running` (absent while only accepted). */
+  runningAt: epochMs.optional(),
+  /** Absolute deadline sent downstream with the current attempt. */
+  deadlineAt: epochMs.optional(),
+  /** Time of the event this entry reflects. */
+  updatedAt: epochMs,
+});
+export type IndexEntry = z.infer<typeof indexEntrySchema>;
+
+/** What is left of an operation that reached a terminal state: only enough to order later events. */
+export const tombstoneSchema = z.object({
+  seq,
+  status: z.enum(terminalStatuses),
+  terminal: z.literal(true),
+});
+export type Tombstone = z.infer<typeof tombstoneSchema>;
+
+/** The value stored under `<tenant>.<opId>` in the reconcile bucket (msgpack). */
+export const reconcileValueSchema = z.discriminatedUnion('terminal', [indexEntrySchema, tombstoneSchema]);
+export type ReconcileValue = z.infer<typeof reconcileValueSchema>;
+
+/**
+ * The projection rule: the value after `event`, stored at stream sequence `seq`, or `null` when
+ * nothing changes (the stored value is as new or newer: a duplicate or a late redelivery).
+ * Pure; the state comes from the state the event carries, so a skipped intermediate event loses
+ * nothing.
+ */
+export function applyToIndex(current: ReconcileValue | null, event: OperationEvent, seq: number): ReconcileValue | null {
+  if (current && current.seq >= seq) return null;
+  const s = event.state;
+  switch (s.status) {
+    case 'committed':
+    case 'rejected':
+      return { seq, status: s.status, terminal: true };
+    case 'accepted':
+    case 'running':
+    case 'unknown':
+      return {
+        seq,
+        terminal: false,
+        operationKey: s.operationKey,
+        tenant: s.tenant,
+        status: s.status,
+        attempt: s.attempt,
+        tool: s.tool,
+        version: s.version,
+        effect: s.effect,
+        acceptedAt: s.acceptedAt,
+        ...(s.running ? { runningAt: s.running.at, deadlineAt: s.running.deadlineAt } : {}),
+        updatedAt: s.updatedAt,
+      };
+    default:
+      return assertNever(s.status);
+  }
+}
+
+function assertNever(x: never): never {
+  throw new Error(`unhandled operation status ${String(x)}`);
+}

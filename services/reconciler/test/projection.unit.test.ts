@@ -1,0 +1,69 @@
+import { describe, expect, it } from 'vitest';
+import { decode, encode } from '@tooltx/nats';
+import { fold, interleave, sampleOperation, sampleOperations, shuffled, type LogEntry } from '../../../test/helpers/histories.js';
+import { applyToIndex, reconcileValueSchema, type ReconcileValue } from '../src/projection.js';
+
+const ops = sampleOperations(2);
+const log = interleave(ops);
+const inOrder = fold(log, applyToIndex);
+const byKind = (kind: string) => {
+  const o = ops.find((x) => x.kind === kind)!;
+  return inOrder.get(`${o.tenant}.${o.opId}`);
+};
+const seqOfLast = (kind: string) => {
+  const o = ops.find((x) => x.kind === kind)!;
+  return Math.max(...log.filter((e) => e.key === `${o.tenant}.${o.opId}`).map((e) => e.seq));
+};
+
+describe('reconciler projection: the index of non-terminal operations', () => {
+  it('holds accepted, running and unknown operations with their timing; committed and rejected ones leave a tombstone', () => {
+    expect(inOrder.size).toBe(ops.length);
+    expect(byKind('accepted')).toMatchObject({ terminal: false, status: 'accepted', attempt: 1, effect: 'update', tool: 'kb.write_note', version: 2 });
+    expect(byKind('accepted')).not.toHaveProperty('runningAt');
+    const running = byKind('running');
+    expect(running).toMatchObject({ terminal: false, status: 'running', effect: 'charge' });
+    expect(running).toHaveProperty('deadlineAt', (running as { runningAt: number }).runningAt + 5_000);
+    expect(byKind('retried_unknown')).toMatchObject({ terminal: false, status: 'unknown', attempt: 2, seq: seqOfLast('retried_unknown') });
+    expect(byKind('committed')).toEqual({ seq: seqOfLast('committed'), status: 'committed', terminal: true });
+    expect(byKind('read_failed')).toEqual({ seq: seqOfLast('read_failed'), status: 'rejected', terminal: true });
+    expect(byKind('refused')).toEqual({ seq: seqOfLast('refused'), status: 'rejected', terminal: true });
+  });
+
+  it('gives the same index for the log applied reversed, shuffled and with every event twice', () => {
+    const orders: [string, LogEntry[]][] = [
+      ['reversed', [...log].reverse()],
+      ...[1, 2, 3, 42, 1337].map((seed): [string, LogEntry[]] => [`shuffled #${seed}`, shuffled(log, seed)]),
+      ...[7, 99].map((seed): [string, LogEntry[]] => [`duplicated #${seed}`, shuffled([...log, ...log], seed)]),
+      ['in order, twice', [...log, ...log]],
+    ];
+    for (const [name, entries] of orders) expect(fold(entries, applyToIndex), name).toEqual(inOrder);
+  });
+
+  it('does not bring a committed operation back when its older running event is redelivered after the commit', () => {
+    const [accepted, running, committed] = sampleOperation('committed', 90).events as [never, never, never];
+    const tomb = applyToIndex(applyToIndex(applyToIndex(null, accepted, 10), running, 11), committed, 12);
+    expect(tomb).toEqual({ seq: 12, status: 'committed', terminal: true });
+    expect(applyToIndex(tomb, running, 11)).toBeNull();
+    expect(applyToIndex(tomb, accepted, 10)).toBeNull();
+    expect(applyToIndex(tomb, committed, 12)).toBeNull();
+  });
+
+  it('puts a rejected operation back in the index when a new attempt is accepted after it', () => {
+    const events = sampleOperation('retried_unknown', 91).events;
+    const rejected = applyToIndex(applyToIndex(null, events[0]!, 1), events[1]!, 2);
+    expect(rejected).toEqual({ seq: 2, status: 'rejected', terminal: true });
+    expect(applyToIndex(rejected, events[2]!, 3)).toMatchObject({ terminal: false, status: 'accepted', attempt: 2 });
+  });
+
+  it('answers no change for an event that is not newer than the entry', () => {
+    const [accepted] = sampleOperation('running', 92).events;
+    const e = applyToIndex(null, accepted!, 5)!;
+    expect(applyToIndex(e, accepted!, 5)).toBeNull();
+    expect(applyToIndex(e, accepted!, 4)).toBeNull();
+    expect(applyToIndex(e, accepted!, 6)).toMatchObject({ seq: 6 });
+  });
+
+  it('stores values that survive msgpack and the schema unchanged', () => {
+    for (const v of inOrder.values()) expect(decode(reconcileValueSchema, encode(v))).toEqual(v satisfies ReconcileValue);
+  });
+});

@@ -1,0 +1,179 @@
+/**
+ * The reconciler's and the audit-projector's projections end to end (issue 3): two instances of
+ * each as OS processes on a real nats-server, fed a log of real events (built with the decider,
+ * appended with the event store's expected-sequence appends), then fed the whole log a second time
+ * — every event arriving after a newer one of its operation was applied — then new events. The KV
+ * projections must equal the in-order fold of the log at every checkpoint, and the second feed
+ * must write nothing at all.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Kvm, type KV } from '@nats-io/kv';
+import type { z } from 'zod';
+import { decide, type OperationCommand, type OperationEvent } from '@tooltx/lifecycle';
+import { decode } from '@tooltx/nats';
+import { applyTopology, Durables, topology } from '@tooltx/streams';
+import { applyToIndex, reconcileValueSchema } from '../services/reconciler/src/projection.js';
+import { applyToAudit, auditRecordSchema } from '../services/audit-projector/src/projection.js';
+import { fold, PLANTED_ERROR_TEXT, sampleOperations, type LogEntry, type SampleOperation } from './helpers/histories.js';
+import { provisioned, type TestNats } from './helpers/nats.js';
+import { startService, type ServiceName, type ServiceProcess } from './helpers/services.js';
+
+let t: TestNats;
+let env: Record<string, string>;
+let procs: ServiceProcess[] = [];
+const log: LogEntry[] = [];
+let ops: SampleOperation[] = [];
+
+const PROJECTORS: ServiceName[] = ['reconciler', 'reconciler', 'audit-projector', 'audit-projector'];
+const startProjectors = () => Promise.all(PROJECTORS.map((n) => startService(n, env)));
+const of = (name: ServiceName) => procs.filter((p) => p.name === name);
+const countLogs = (ps: ServiceProcess[], msg: string) => ps.reduce((n, p) => n + p.lines.filter((l) => l.msg === msg).length, 0);
+
+/** Appends every history round-robin (so one operation's events are spread over the log), recording stream sequences. */
+async function appendInterleaved(histories: SampleOperation[]): Promise<void> {
+  const lastSeq = new Map<string, number>();
+  const longest = Math.max(...histories.map((o) => o.events.length));
+  for (let step = 0; step < longest; step++) {
+    for (const o of histories) {
+      const e = o.events[step];
+      if (e) await append(o, e, lastSeq.get(o.opId) ?? 0).then((seq) => lastSeq.set(o.opId, seq));
+    }
+  }
+}
+
+async function append(o: SampleOperation, event: OperationEvent, expectedSeq: number): Promise<number> {
+  const seq = await t.store.append(o.tenant, o.opId, event, expectedSeq);
+  log.push({ key: t.subjects.projectionKey(o.tenant, o.opId), event, seq });
+  return seq;
+}
+
+/** Decides `cmd` on the operation's current state and appends it (the way a service would). */
+async function transition(o: SampleOperation, make: (attempt: number, at: number) => OperationCommand): Promise<void> {
+  const { state, seq } = await t.store.load(o.tenant, o.opId);
+  if (state.status === 'none') throw new Error('operation not registered');
+  const d = decide(make(state.attempt, state.updatedAt + 100), state);
+  if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
+  await append(o, d.event, seq);
+}
+
+async function readBucket<S extends z.ZodType>(kv: KV, schema: S): Promise<Map<string, z.infer<S>>> {
+  const out = new Map<string, z.infer<S>>();
+  for await (const key of await kv.keys()) {
+    const e = await kv.get(key);
+    if (e && e.operation === 'PUT') out.set(key, decode(schema, e.value));
+  }
+  return out;
+}
+
+/** Polls the bucket until it equals `expected`; on timeout, fails with the difference. */
+async function untilBucketEquals<S extends z.ZodType>(kv: KV, schema: S, expected: Map<string, z.infer<S>>, timeoutMs = 20_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const got = await readBucket(kv, schema);
+    const same = got.size === expected.size && [...expected].every(([k, v]) => JSON.stringify(got.get(k)) === JSON.stringify(v));
+    if (same || Date.now() > deadline) {
+      expect(Object.fromEntries(got)).toEqual(Object.fromEntries(expected));
+      return;
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** Waits until a durable has nothing pending and nothing unacknowledged. */
+async function untilDrained(durable: string, timeoutMs = 20_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const info = await t.jsm.consumers.info(t.subjects.eventsStream, durable);
+    if (info.num_pending === 0 && info.num_ack_pending === 0) return;
+    if (Date.now() > deadline) throw new Error(`${durable}: ${info.num_pending} pending, ${info.num_ack_pending} unacknowledged`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function until(done: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!done()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+const lastSeqOf = async (bucket: string) => (await t.jsm.streams.info(`KV_${bucket}`)).state.last_seq;
+
+let reconcileKv: KV;
+let auditKv: KV;
+
+beforeAll(async () => {
+  t = await provisioned();
+  env = { NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix };
+  reconcileKv = await new Kvm(t.nc).open(t.subjects.reconcileBucket);
+  auditKv = await new Kvm(t.nc).open(t.subjects.auditBucket);
+  // 30 operations of every kind in two tenants, ~80 events, all in the log before any projector
+  // starts: two instances × 16 in flight take one operation's events in parallel, in any order.
+  ops = [...sampleOperations(3, 'acme'), ...sampleOperations(2, 'globex', 100)];
+  await appendInterleaved(ops);
+  procs = await startProjectors();
+});
+
+afterAll(async () => {
+  const codes = await Promise.all(procs.map((p) => p.stop()));
+  await t?.close();
+  expect(codes).toEqual(PROJECTORS.map(() => 0));
+});
+
+describe('projections of the event log (two instances of each projector)', () => {
+  it('reconciler: the index holds exactly the non-terminal operations; terminal ones are tombstones', async () => {
+    const expected = fold(log, applyToIndex);
+    await untilBucketEquals(reconcileKv, reconcileValueSchema, expected);
+    const live = [...expected].filter(([, v]) => !v.terminal).map(([k]) => k).sort();
+    const watched = ops.filter((o) => ['accepted', 'running', 'retried_unknown'].includes(o.kind)).map((o) => t.subjects.projectionKey(o.tenant, o.opId)).sort();
+    expect(live).toEqual(watched);
+  });
+
+  it('audit-projector: one record per operation with every state in stream order, and no error text', async () => {
+    const expected = fold(log, applyToAudit);
+    await untilBucketEquals(auditKv, auditRecordSchema, expected);
+    for (const o of ops) {
+      const r = expected.get(t.subjects.projectionKey(o.tenant, o.opId))!;
+      expect(r.states.map((s) => s.status)).toEqual(o.events.map((e) => e.type));
+    }
+    for await (const key of await auditKv.keys()) {
+      expect(Buffer.from((await auditKv.get(key))!.value).toString('latin1')).not.toContain(PLANTED_ERROR_TEXT);
+    }
+  });
+
+  it('the whole log fed a second time, every event older than its entry, writes nothing; new events still move entries forward', async () => {
+    await untilBucketEquals(reconcileKv, reconcileValueSchema, fold(log, applyToIndex));
+    await untilBucketEquals(auditKv, auditRecordSchema, fold(log, applyToAudit));
+    const before = { reconcile: await lastSeqOf(t.subjects.reconcileBucket), audit: await lastSeqOf(t.subjects.auditBucket) };
+
+    // Both instances of both services stop cleanly on SIGTERM.
+    expect(await Promise.all(procs.map((p) => p.stop()))).toEqual(PROJECTORS.map(() => 0));
+    // Recreate the durables (as an operator rebuilding a projection would): they deliver from sequence 1.
+    for (const d of [Durables.reconciler, Durables.auditProjector]) await t.jsm.consumers.delete(t.subjects.eventsStream, d);
+    await applyTopology(t.nc, t.jsm, topology(t.subjects));
+    procs = await startProjectors();
+    await Promise.all([untilDrained(Durables.reconciler), untilDrained(Durables.auditProjector)]);
+
+    expect({ reconcile: await lastSeqOf(t.subjects.reconcileBucket), audit: await lastSeqOf(t.subjects.auditBucket) }).toEqual(before);
+    for (const name of ['reconciler', 'audit-projector'] as const) {
+      // Each instance logs every apply before its ack; the lines reach us through a pipe, a little later.
+      await until(() => countLogs(of(name), 'projection unchanged') >= log.length, `${name} logged every event as unchanged`);
+      expect(countLogs(of(name), 'projected'), name).toBe(0);
+    }
+    expect(await readBucket(reconcileKv, reconcileValueSchema)).toEqual(fold(log, applyToIndex));
+    expect(await readBucket(auditKv, auditRecordSchema)).toEqual(fold(log, applyToAudit));
+
+    // New events after the replay: accepted ones run and commit, running ones commit.
+    for (const o of ops.filter((x) => x.kind === 'accepted')) {
+      await transition(o, (attempt, at) => ({ type: 'start', eventId: `${o.opId.slice(0, 12)}-start`, at, attempt, executor: 'ex-9', deadlineAt: at + 5_000 }));
+    }
+    for (const o of ops.filter((x) => x.kind === 'accepted' || x.kind === 'running')) {
+      await transition(o, (attempt, at) => ({ type: 'commit', eventId: `${o.opId.slice(0, 12)}-commit`, at, attempt, resourceId: `note-${o.opId.slice(0, 6)}`, resultDigest: `sha256:${'f'.repeat(64)}` }));
+    }
+    const index = fold(log, applyToIndex);
+    await untilBucketEquals(reconcileKv, reconcileValueSchema, index);
+    await untilBucketEquals(auditKv, auditRecordSchema, fold(log, applyToAudit));
+    expect([...index.values()].filter((v) => !v.terminal).map((v) => v.status)).toEqual(ops.filter((o) => o.kind === 'retried_unknown').map(() => 'unknown'));
+  });
+});
