@@ -83,6 +83,31 @@ describe('tools.execute', () => {
     expect(writesFor(first.operationKey!)).toHaveLength(1);
   });
 
+  it('the read policy seam runs before anything is revealed: an actor without rights gets the same answer as for a never-registered key', async () => {
+    const done = await tools.execute({ tool: 'sink.write', taskId: 'sdk-private', input: note('Private') });
+    expect(done.status).toBe('committed');
+    const eve = await createTools({ servers: t.url, tenant: TENANT, actor: 'noread-eve', contracts, prefix: t.subjects.prefix });
+    try {
+      const registered = await eve.status({ operationKey: done.operationKey! });
+      const never = await eve.status({ operationKey: prepareCall(sinkWrite, 'sdk-private', note('Never written')).operationKey });
+      const { at: _a, operationKey: _k1, ...r } = registered;
+      const { at: _b, operationKey: _k2, ...n } = never;
+      expect(r).toEqual({ state: 'not_seen', source: 'none', seq: 0 });
+      expect(r).toEqual(n);
+      expect(JSON.stringify(registered)).not.toContain(done.status === 'committed' ? done.receipt.resourceId : 'x');
+    } finally {
+      await eve.close();
+    }
+  });
+
+  it('resubmits a read rejected as dependency_unavailable and returns the committed later attempt', async () => {
+    sink.hang = true;
+    setTimeout(() => (sink.hang = false), 800);
+    const r = await tools.execute({ tool: 'sink.lookup', taskId: 'sdk-retry', input: { name: 'depth' } }, { budgetMs: 20_000 });
+    expect(r).toMatchObject({ status: 'committed', result: { value: 'v-depth' }, receipt: { resourceId: 'value:depth' } });
+    if (r.status === 'committed') expect(r.receipt.attempt).toBeGreaterThanOrEqual(2);
+  });
+
   it('long-poll: a status request waiting on a running operation returns as soon as it commits', async () => {
     sink.delayMs = 1_500;
     try {
