@@ -4,6 +4,7 @@
  *
  *   tooltx streams apply   create or update the streams, consumers and result bucket (provisioner)
  *   tooltx streams check   list every setting that breaks a guarantee; exit 1 when any
+ *   tooltx auth generate   nats-server config + one nkey seed per user from an identity list
  *
  * Environment: NATS_URL, NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_*_MAX_AGE_MS,
  * TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS; `check` also reads TOOLTX_TOOLS_MODULE (optional)
@@ -13,7 +14,9 @@ import { Command } from 'commander';
 import { connectNats, jetStreamOf, Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig, loadImplementations, ConfigError } from '@tooltx/runtime';
 import { topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
-import { applyTopology, checkTopology, topology } from '@tooltx/streams';
+import { readFileSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { applyTopology, checkTopology, generateAuth, inboxPrefixOf, topology } from '@tooltx/streams';
 import { z } from 'zod';
 
 const cliConfig = baseConfigSchema.extend(topologyEnvSchema.shape).extend({ TOOLTX_TOOLS_MODULE: z.string().optional() });
@@ -29,7 +32,14 @@ async function withNats<T>(fn: (ctx: Awaited<ReturnType<typeof setup>>) => Promi
 
 async function setup() {
   const config = loadConfig(cliConfig);
-  const nc = await connectNats({ servers: config.NATS_URL, name: 'tooltx-cli', credsFile: config.NATS_CREDS_FILE, reconnectForever: false });
+  const nc = await connectNats({
+    servers: config.NATS_URL,
+    name: 'tooltx-cli',
+    credsFile: config.NATS_CREDS_FILE,
+    nkeySeedFile: config.NATS_NKEY_FILE,
+    inboxPrefix: config.NATS_NKEY_FILE ? inboxPrefixOf({ kind: 'provisioner' }) : undefined,
+    reconnectForever: false,
+  });
   const { jsm } = await jetStreamOf(nc);
   const subjects = new Subjects(config.TOOLTX_PREFIX);
   return { config, nc, jsm, subjects, topo: topology(subjects, topologyOptionsFrom(config)) };
@@ -61,9 +71,26 @@ streams
     }),
   );
 
+const auth = program.command('auth').description('identity the server enforces: users, nkeys, permissions');
+auth
+  .command('generate')
+  .description('write <out>/nats-server.conf and <out>/nkeys/*.nk (mode 0600) from an identity list (JSON)')
+  .requiredOption('--identities <file>', 'JSON: { "tenants": [{ "id", "actors": [], "auditors": [] }], "executorDurables": [] }')
+  .requiredOption('--out <dir>', 'output directory')
+  .option('--listen <host:port>', 'client listen address', '127.0.0.1:4222')
+  .option('--store-dir <dir>', 'JetStream store directory', '.state/jetstream')
+  .action((o: { identities: string; out: string; listen: string; storeDir: string }) => {
+    const config = loadConfig(cliConfig);
+    const subjects = new Subjects(config.TOOLTX_PREFIX);
+    const list = JSON.parse(readFileSync(o.identities, 'utf8')) as Parameters<typeof generateAuth>[0];
+    const g = generateAuth(list, { subjects, topology: topology(subjects, topologyOptionsFrom(config)), outDir: resolve(o.out), listen: o.listen, storeDir: resolve(o.storeDir) });
+    process.stdout.write(`${JSON.stringify({ config: g.configFile, users: g.users.map((u) => ({ role: u.role, seedFile: u.seedFile, inboxPrefix: u.inboxPrefix })) })}\n`);
+  });
+
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
-  process.stderr.write(`tooltx: ${err instanceof ConfigError ? err.message : err instanceof Error ? `${err.name}: ${err.message}` : String(err)}\n`);
+  const text = err instanceof z.ZodError ? z.prettifyError(err) : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+  process.stderr.write(`tooltx: ${text}\n`);
   process.exit(err instanceof ConfigError ? 2 : 1);
 }

@@ -4,7 +4,7 @@
  * the four tooltx services as separate processes. Prints where to connect; Ctrl-C (SIGINT) or
  * SIGTERM stops everything cleanly.
  */
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import { Command } from 'commander';
 import { createLogger } from '@tooltx/runtime';
 import { startStack } from '../examples/research-kb/stack.js';
@@ -31,8 +31,8 @@ const stack = await startStack({
   logs: process.stdout.isTTY ? 'pretty' : 'inherit',
 });
 log.info(
-  { NATS_URL: stack.natsUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl },
-  `tooltx is up — agents connect to ${stack.natsUrl} (prefix ${prefix}); the KB listens on ${stack.kbUrl}; try \`npm run quickstart\` or \`npm run demo\`; Ctrl-C stops`,
+  { NATS_URL: stack.natsUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds: join(resolve(opts.stateDir), 'auth', 'nkeys') },
+  `tooltx is up — agents connect to ${stack.natsUrl} (prefix ${prefix}) with their nkey seed from ${join(resolve(opts.stateDir), 'auth', 'nkeys')}; the KB listens on ${stack.kbUrl}; try \`npm run quickstart\`; Ctrl-C stops`,
 );
 
 let stopping = false;

@@ -1,20 +1,11 @@
-import type { TestProject } from 'vitest/node';
-import { findOrStartNatsServer, type NatsServerHandle } from '@tooltx/nats';
+import { natsServerBinary, NatsServerUnavailableError } from '@tooltx/nats';
 
-declare module 'vitest' {
-  export interface ProvidedContext {
-    natsUrl: string;
+/**
+ * Every test file starts its own nats-server with a generated auth configuration (issue 5), so
+ * the run only checks once that the binary is there, failing with the install command if not.
+ */
+export function setup(): void {
+  if (!natsServerBinary()) {
+    throw new NatsServerUnavailableError('nats-server not found: run `scripts/ensure-nats-server` (apt-get install nats-server)');
   }
-}
-
-let server: NatsServerHandle | undefined;
-
-/** One nats-server per test run (NATS_URL, else the binary on a free loopback port, temp store). */
-export async function setup(project: TestProject): Promise<void> {
-  server = await findOrStartNatsServer();
-  project.provide('natsUrl', server.url);
-}
-
-export async function teardown(): Promise<void> {
-  await server?.stop();
 }

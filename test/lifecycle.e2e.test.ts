@@ -44,7 +44,7 @@ beforeAll(async () => {
   await t.jsm.consumers.add(t.subjects.eventsStream, {
     durable_name: 'executor-b', filter_subject: t.subjects.allOps, ack_policy: AckPolicy.Explicit, deliver_policy: DeliverPolicy.All, ack_wait: nanos(30_000),
   });
-  env = { NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix, SINK_URL: sink.url };
+  env = { ...t.env, SINK_URL: sink.url };
   procs = await Promise.all([
     startService('authorizer', env),
     startService('authorizer', env),

@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { z } from 'zod';
 import { decide, type OperationCommand, type OperationEvent } from '@tooltx/lifecycle';
-import { decode } from '@tooltx/nats';
+import { decode, openBucket } from '@tooltx/nats';
 import { applyTopology, Durables, topology } from '@tooltx/streams';
 import { applyToIndex, reconcileValueSchema } from '../services/reconciler/src/projection.js';
 import { applyToAudit, auditRecordSchema } from '../services/audit-projector/src/projection.js';
@@ -105,9 +105,9 @@ let auditKv: KV;
 
 beforeAll(async () => {
   t = await provisioned();
-  env = { NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix };
-  reconcileKv = await new Kvm(t.nc).open(t.subjects.reconcileBucket);
-  auditKv = await new Kvm(t.nc).open(t.subjects.auditBucket);
+  env = { ...t.env };
+  reconcileKv = await openBucket(t.nc, t.subjects.reconcileBucket);
+  auditKv = await openBucket(t.nc, t.subjects.auditBucket);
   // 30 operations of every kind in two tenants, ~80 events, all in the log before any projector
   // starts: two instances × 16 in flight take one operation's events in parallel, in any order.
   ops = [...sampleOperations(3, 'acme'), ...sampleOperations(2, 'globex', 100)];

@@ -1,7 +1,6 @@
 /** Every service starts from one command, refuses a broken configuration, and stops cleanly on SIGTERM. */
-import { describe, expect, inject, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { RetentionPolicy } from '@nats-io/jetstream';
-import { Subjects } from '@tooltx/nats';
 import { topology } from '@tooltx/streams';
 import { provisioned, uniquePrefix } from './helpers/nats.js';
 import { startService, type ServiceName } from './helpers/services.js';
@@ -12,7 +11,7 @@ describe('service processes', () => {
   it('each starts against a provisioned prefix and exits 0 on SIGTERM', async () => {
     const t = await provisioned();
     try {
-      const procs = await Promise.all(ALL.map((n) => startService(n, { NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix })));
+      const procs = await Promise.all(ALL.map((n) => startService(n, t.env)));
       expect(await Promise.all(procs.map((p) => p.stop()))).toEqual([0, 0, 0, 0]);
       for (const p of procs) expect(p.lines.some((l) => l.msg === 'stopped cleanly')).toBe(true);
     } finally {
@@ -21,12 +20,12 @@ describe('service processes', () => {
   });
 
   it('refuses to start when the streams break a guarantee, naming the setting (exit 2)', async () => {
-    const t = await provisioned();
+    const t = await provisioned({}, uniquePrefix(), { apply: false });
     try {
-      const bad = new Subjects(uniquePrefix());
+      const bad = t.subjects;
       const topo = topology(bad);
       await t.jsm.streams.add({ ...topo.streams.events, retention: RetentionPolicy.Interest });
-      const p = await startService('executor', { NATS_URL: t.url, TOOLTX_PREFIX: bad.prefix }, { wait: false });
+      const p = await startService('executor', t.env, { wait: false });
       expect(await p.exited).toBe(2);
       const fatal = p.lines.find((l) => l.msg === 'failed to start') as { err?: { message?: string } } | undefined;
       expect(fatal?.err?.message).toContain(`stream ${bad.eventsStream} retention is interest, must be limits`);
@@ -37,7 +36,7 @@ describe('service processes', () => {
   });
 
   it('fails fast on bad configuration, listing every problem (exit 2)', async () => {
-    const p = await startService('authorizer', { NATS_URL: inject('natsUrl'), TOOLTX_PREFIX: 'Bad.Prefix', TOOLTX_CONCURRENCY: 'lots', TOOLTX_TOOLS_MODULE: '' }, { wait: false });
+    const p = await startService('authorizer', { NATS_URL: 'nats://127.0.0.1:9', TOOLTX_PREFIX: 'Bad.Prefix', TOOLTX_CONCURRENCY: 'lots', TOOLTX_TOOLS_MODULE: '' }, { wait: false });
     expect(await p.exited).toBe(2);
     expect(p.stderr).toContain('TOOLTX_PREFIX');
     expect(p.stderr).toContain('TOOLTX_CONCURRENCY');

@@ -57,7 +57,8 @@ const stack = await startStack({
 say(`demo: stack up (nats ${stack.natsUrl}, KB ${stack.kbUrl}, KB_DEDUP=off); logs in ${join(stateDir, 'logs')}`);
 
 const contracts = researchContracts({ kbDedup: false });
-const tools = await createTools({ servers: stack.natsUrl, tenant: TENANT, actor: 'researcher', contracts: contracts.all, prefix });
+const researcher = { kind: 'agent' as const, tenant: TENANT, actor: 'researcher' };
+const tools = await createTools({ servers: stack.natsUrl, tenant: TENANT, actor: 'researcher', nkeyFile: stack.seedFile(researcher), contracts: contracts.all, prefix });
 const taskId = `research-${runId}`;
 
 const c = {

@@ -6,6 +6,7 @@
  * Usage: `npm run quickstart` while `npm start` runs (or with NATS_URL / TOOLTX_PREFIX / KB_DEDUP set
  * as the services have them).
  */
+import { join } from 'node:path';
 import { createTools } from '@tooltx/client';
 import { kbDedupFromEnv, researchContracts } from './contracts.js';
 
@@ -14,6 +15,8 @@ const tools = await createTools({
   prefix: process.env.TOOLTX_PREFIX ?? 'tooltx',
   tenant: 'acme',
   actor: 'alice',
+  // Auth is on: `npm start` writes each agent's nkey seed under its state directory.
+  nkeyFile: process.env.NATS_NKEY_FILE ?? join(process.env.TOOLTX_STATE_DIR ?? '.state', 'auth', 'nkeys', 'agent.acme.alice.nk'),
   contracts: researchContracts({ kbDedup: kbDedupFromEnv() }).all,
 });
 try {

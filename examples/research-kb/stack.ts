@@ -7,15 +7,31 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { existsSync, readFileSync } from 'node:fs';
 import { connectNats, jetStreamOf, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
-import { applyTopology, topology } from '@tooltx/streams';
+import { applyTopology, generateAuth, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const RESEARCH_TOOLS = join(ROOT, 'examples', 'research-kb', 'tools.ts');
 export const SERVICES = ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const;
 
+/** The identities `npm start` and the demo generate when no list is given (TOOLTX_IDENTITIES). */
+export const DEFAULT_IDENTITIES: IdentityList = {
+  tenants: [
+    { id: 'acme', actors: ['alice', 'researcher', 'mallory'], auditors: ['audrey'] },
+    { id: 'globex', actors: ['gina', 'mallory'] },
+  ],
+};
+
 export interface StackOptions {
   stateDir: string;
+  /** The identity list; default {@link DEFAULT_IDENTITIES}, or the JSON file named by TOOLTX_IDENTITIES. */
+  identities?: IdentityList;
+  /**
+   * With `natsUrl` (an external server), the directory holding the nkey seeds that
+   * `tooltx auth generate` wrote for that server's configuration (`<dir>/nkeys/*.nk`).
+   */
+  authDir?: string;
   /** Use this server instead of starting one. */
   natsUrl?: string;
   /** Port of the started nats-server (-1 = a free port). */
@@ -38,6 +54,10 @@ export interface Stack {
   natsUrl: string;
   prefix: string;
   kbUrl: string;
+  /** The seed file of a role (agents: `{ kind: 'agent', tenant, actor }`). */
+  seedFile(role: Role): string;
+  /** A role's inbox prefix (agents must use it: they may subscribe nowhere else). */
+  inboxPrefix(role: Role): string;
   server: NatsServerHandle | null;
   processes: { name: string; child: ChildProcess }[];
   /** SIGTERM every process, wait, stop the nats-server we started (store kept). */
@@ -48,15 +68,37 @@ export interface Stack {
 
 export async function startStack(o: StackOptions): Promise<Stack> {
   mkdirSync(o.stateDir, { recursive: true });
+  const subjects = new Subjects(o.prefix);
+  const topo = topology(subjects);
   let server: NatsServerHandle | null = null;
   let natsUrl = o.natsUrl;
+  let seedFile: (role: Role) => string;
   if (!natsUrl) {
-    server = await spawnNatsServer({ port: o.natsPort ?? -1, storeDir: join(o.stateDir, 'jetstream') });
+    // Auth is always on: a fresh nkey per user for this run, the config holding public keys only.
+    const identities = o.identities ?? (process.env.TOOLTX_IDENTITIES ? (JSON.parse(readFileSync(process.env.TOOLTX_IDENTITIES, 'utf8')) as IdentityList) : DEFAULT_IDENTITIES);
+    const auth = generateAuth(identities, {
+      subjects,
+      topology: topo,
+      outDir: join(o.stateDir, 'auth'),
+      listen: `127.0.0.1:${o.natsPort ?? -1}`,
+      storeDir: join(o.stateDir, 'jetstream'),
+    });
+    server = await spawnNatsServer({ port: o.natsPort ?? -1, extraArgs: ['-c', auth.configFile], storeDir: join(o.stateDir, 'jetstream') });
     natsUrl = server.url;
+    seedFile = (role) => auth.seedFile(role);
+  } else {
+    const dir = o.authDir ?? process.env.TOOLTX_AUTH_DIR;
+    if (!dir) throw new Error('with NATS_URL, set TOOLTX_AUTH_DIR to the directory `tooltx auth generate` wrote for that server');
+    seedFile = (role) => {
+      const name = role.kind === 'agent' || role.kind === 'auditor' ? `${role.kind}.${role.tenant}.${role.actor}` : role.kind === 'service' ? `service.${role.service}` : 'provisioner';
+      const f = join(dir, 'nkeys', `${name}.nk`);
+      if (!existsSync(f)) throw new Error(`no seed ${f}`);
+      return f;
+    };
   }
-  const nc = await connectNats({ servers: natsUrl, name: 'tooltx-provisioner', reconnectForever: false });
+  const nc = await connectNats({ servers: natsUrl, name: 'tooltx-provisioner', nkeySeedFile: seedFile({ kind: 'provisioner' }), inboxPrefix: inboxPrefixOf({ kind: 'provisioner' }), reconnectForever: false });
   const { jsm } = await jetStreamOf(nc);
-  await applyTopology(nc, jsm, topology(new Subjects(o.prefix)));
+  await applyTopology(nc, jsm, topo);
   await nc.drain();
 
   const processes: { name: string; child: ChildProcess }[] = [];
@@ -110,7 +152,11 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   await Promise.all(
     SERVICES.flatMap((name) =>
       Array.from({ length: o.instances?.[name] ?? 1 }, (_, i) => {
-        const child = launch(`${name}-${i + 1}`, join(ROOT, 'services', name, 'src', 'main.ts'), { ...common, TOOLTX_INSTANCE_ID: `${name}-${i + 1}` });
+        const child = launch(`${name}-${i + 1}`, join(ROOT, 'services', name, 'src', 'main.ts'), {
+          ...common,
+          TOOLTX_INSTANCE_ID: `${name}-${i + 1}`,
+          NATS_NKEY_FILE: seedFile({ kind: 'service', service: name }),
+        });
         return waitForLine(child, '"msg":"started"');
       }),
     ),
@@ -120,6 +166,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     natsUrl,
     prefix: o.prefix,
     kbUrl,
+    seedFile,
+    inboxPrefix: inboxPrefixOf,
     server,
     processes,
     crashed,

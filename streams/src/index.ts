@@ -1,2 +1,3 @@
 export * from './topology.js';
 export * from './provision.js';
+export * from './identity.js';

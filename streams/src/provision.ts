@@ -50,7 +50,7 @@ export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t
   }
   for (const b of buckets(t)) {
     const existed = await streamInfo(jsm, `KV_${b.bucket}`);
-    await new Kvm(nc).create(b.bucket, { history: 1, ttl: b.ttlMs, replicas: b.replicas, storage: 'file' });
+    await new Kvm(nc).create(b.bucket, { history: 1, ttl: b.ttlMs, replicas: b.replicas, storage: 'file', allow_direct: true });
     (existed ? report.unchanged : report.created).push(`bucket ${b.bucket}`);
   }
   return report;
@@ -97,6 +97,7 @@ export async function checkTopology(
   for (const b of buckets(t)) {
     const kv = await streamInfo(jsm, `KV_${b.bucket}`);
     if (!kv) v.push(`bucket ${b.bucket} does not exist`);
+    else if (!kv.config.allow_direct) v.push(`bucket ${b.bucket} allow_direct is false, must be true (services read it by direct get)`);
     else if (events && age(kv.config) < age(events)) v.push(`bucket ${b.bucket} max_age ${age(kv.config)} ms is shorter than the event log's ${age(events)} ms`);
   }
   if (intents && opts.longestOperationMs !== undefined && age(intents) < opts.longestOperationMs) {

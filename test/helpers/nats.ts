@@ -1,44 +1,78 @@
 import { randomBytes } from 'node:crypto';
-import { inject } from 'vitest';
-import { Kvm } from '@nats-io/kv';
-import { connectNats, jetStreamOf, OperationStore, Subjects, type NatsConnection } from '@tooltx/nats';
-import { applyTopology, topology, type TopologyOptions } from '@tooltx/streams';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { connectNats, jetStreamOf, OperationStore, spawnNatsServer, Subjects, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
+import { applyTopology, generateAuth, inboxPrefixOf, topology, type GeneratedAuth, type IdentityList, type Role, type TopologyOptions } from '@tooltx/streams';
 
-/** A unique subject prefix per test, so tests share one server without seeing each other. */
+/** A unique subject prefix per test, so tests never see each other's streams. */
 export function uniquePrefix(): string {
   return `t${randomBytes(5).toString('hex')}`;
 }
 
+/** The identities every test server knows (issue 5: every test runs with auth on). */
+export const TEST_IDENTITIES: IdentityList = {
+  tenants: [
+    { id: 'acme', actors: ['alice', 'bob', 'blocked-bob', 'noread-eve', 'researcher', 'mallory'], auditors: ['audrey'] },
+    { id: 'globex', actors: ['gina', 'mallory'] },
+  ],
+  executorDurables: ['executor-b'],
+};
+
 export interface TestNats {
+  /** The provisioner's connection (full JetStream API): what tests read and assert with. */
   nc: NatsConnection;
   subjects: Subjects;
   store: OperationStore;
   js: Awaited<ReturnType<typeof jetStreamOf>>['js'];
   jsm: Awaited<ReturnType<typeof jetStreamOf>>['jsm'];
   url: string;
+  server: NatsServerHandle;
+  auth: GeneratedAuth;
+  /** Environment for a service process of this prefix; `startService` adds the service's own seed. */
+  env: Record<string, string>;
+  /** The seed file of an agent. */
+  agentSeed(tenant: string, actor: string): string;
+  /** Connects as `role` with its seed and inbox prefix. */
+  connectAs(role: Role): Promise<NatsConnection>;
   close(): Promise<void>;
 }
 
-/** Connects to the run's server and provisions a fresh topology under a unique prefix. */
-export async function provisioned(opts: TopologyOptions = {}, prefix = uniquePrefix()): Promise<TestNats> {
-  const url = inject('natsUrl');
-  const nc = await connectNats({ servers: url, name: `test-${prefix}`, reconnectForever: false });
-  const { js, jsm } = await jetStreamOf(nc);
+/**
+ * Starts a nats-server of its own with a generated auth configuration for a fresh prefix, connects
+ * as the provisioner and applies the topology. Tests never use an unauthenticated server.
+ */
+export async function provisioned(opts: TopologyOptions = {}, prefix = uniquePrefix(), o: { apply?: boolean } = {}): Promise<TestNats> {
+  const dir = mkdtempSync(join(tmpdir(), 'tooltx-test-'));
   const subjects = new Subjects(prefix);
-  await applyTopology(nc, jsm, topology(subjects, opts));
+  const topo = topology(subjects, opts);
+  const auth = generateAuth(TEST_IDENTITIES, { subjects, topology: topo, outDir: join(dir, 'auth'), listen: '127.0.0.1:-1', storeDir: join(dir, 'js') });
+  const server = await spawnNatsServer({ extraArgs: ['-c', auth.configFile], storeDir: join(dir, 'js') });
+  const connectAs = (role: Role) =>
+    connectNats({ servers: server.url, name: `test-${prefix}-${role.kind}`, nkeySeedFile: auth.seedFile(role), inboxPrefix: inboxPrefixOf(role), reconnectForever: false });
+  const nc = await connectAs({ kind: 'provisioner' });
+  const { js, jsm } = await jetStreamOf(nc);
+  if (o.apply !== false) await applyTopology(nc, jsm, topo);
   return {
     nc,
     js,
     jsm,
     subjects,
-    url,
+    url: server.url,
+    server,
+    auth,
+    env: { NATS_URL: server.url, TOOLTX_PREFIX: prefix, TOOLTX_TEST_NKEYS_DIR: join(dir, 'auth', 'nkeys') },
     store: new OperationStore(js, jsm, subjects),
+    agentSeed: (tenant, actor) => auth.seedFile({ kind: 'agent', tenant, actor }),
+    connectAs,
     async close() {
       await nc.drain().catch(() => undefined);
+      await server.stop({ removeStore: true });
+      rmSync(dir, { recursive: true, force: true });
     },
   };
 }
 
 export async function resultStore(t: TestNats) {
-  return new Kvm(t.nc).open(t.subjects.resultsBucket);
+  return openBucket(t.nc, t.subjects.resultsBucket);
 }

@@ -65,9 +65,11 @@ export class ServiceProcess {
 
 /** Spawns `services/<name>/src/main.ts` under tsx with `env`, and waits for its "started" line. */
 export async function startService(name: ServiceName, env: Record<string, string>, opts: { wait?: boolean } = {}): Promise<ServiceProcess> {
+  // The service's own identity: its seed from the test server's generated auth (issue 5).
+  const seed = env.TOOLTX_TEST_NKEYS_DIR ? { NATS_NKEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, `service.${name}.nk`) } : {};
   const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'services', name, 'src', 'main.ts')], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', TOOLTX_TOOLS_MODULE: SINK_TOOLS, TOOLTX_INSTANCE_ID: `${name}-${Math.random().toString(36).slice(2, 8)}`, ...env },
+    env: { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', TOOLTX_TOOLS_MODULE: SINK_TOOLS, TOOLTX_INSTANCE_ID: `${name}-${Math.random().toString(36).slice(2, 8)}`, ...seed, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   const p = new ServiceProcess(name, child);

@@ -12,8 +12,8 @@ export interface Submission {
 }
 
 /** Builds a submission for `<prefix>.intent.<tenant>.<actor>`. */
-export function newSubmission(subjects: Subjects, tenant: string, actor: string, envelope: IntentEnvelope): Submission {
-  return { submissionId: randomUUID(), subject: subjects.intent(tenant, actor), data: encode(envelope) };
+export function newSubmission(subjects: Subjects, tenant: string, actor: string, envelope: IntentEnvelope, submissionId: string = randomUUID()): Submission {
+  return { submissionId, subject: subjects.intent(tenant, actor), data: encode(envelope) };
 }
 
 /**

@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { jetstream } from '@nats-io/jetstream';
 import { errors as coreErrors } from '@nats-io/transport-node';
 import {
@@ -31,10 +32,17 @@ export interface CreateToolsOptions {
   prefix?: string;
   /** Credentials file, when connecting with `servers`. */
   credsFile?: string;
+  /** Nkey seed file, when connecting with `servers` (`tooltx auth generate` writes one per actor). */
+  nkeyFile?: string;
   /** Inbox prefix for replies (default `_INBOX.<tenant>.<actor>`): the only subjects this agent subscribes to. */
   inboxPrefix?: string;
   /** Default per-call budget, ms (default 30 000). */
   budgetMs?: number;
+  /**
+   * Makes submission ids (Nats-Msg-Id); default random UUIDs, which no one else can predict.
+   * Only tests and replay tools should set it.
+   */
+  submissionIdFactory?: () => string;
 }
 
 /** One tool call, as the agent states it. `actorId`, when given, must be the authenticated actor. */
@@ -111,6 +119,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       servers: opts.servers ?? 'nats://127.0.0.1:4222',
       name: `tooltx-sdk:${opts.tenant}/${opts.actor}`,
       credsFile: opts.credsFile,
+      nkeySeedFile: opts.nkeyFile,
       inboxPrefix: opts.inboxPrefix ?? `_INBOX.${opts.tenant}.${opts.actor}`,
     }));
   const js = jetstream(nc);
@@ -171,13 +180,22 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     let lastSeq = 0;
     let attempt: number | undefined;
     let retryableRejections = 0;
+    let squatted = 0;
 
     const submit = async (): Promise<void> => {
-      const s: Submission = newSubmission(subjects, opts.tenant, opts.actor, envelope);
+      const id = squatted === 0 && opts.submissionIdFactory ? opts.submissionIdFactory() : randomUUID();
+      const s: Submission = newSubmission(subjects, opts.tenant, opts.actor, envelope, id);
       submissionIds.push(s.submissionId);
       for (let i = 0; left() > 0; i++) {
         try {
-          await publishSubmission(js, s, Math.min(PUBACK_TIMEOUT_MS, Math.max(100, left())));
+          const ack = await publishSubmission(js, s, Math.min(PUBACK_TIMEOUT_MS, Math.max(100, left())));
+          if (ack.duplicate && i === 0) {
+            // A first transmission can only be a duplicate if someone else used this id (dedup is
+            // stream-wide, NATS-NOTES): our intent was NOT stored. Submit again under a new id;
+            // the operation key keeps it to one operation (FM-31).
+            squatted++;
+            return void (await submit());
+          }
           intentStored = true;
           return;
         } catch (err) {

@@ -1,6 +1,7 @@
 import { readFile } from 'node:fs/promises';
-import { connect, credsAuthenticator, type NatsConnection } from '@nats-io/transport-node';
+import { connect, credsAuthenticator, nkeyAuthenticator, type NatsConnection } from '@nats-io/transport-node';
 import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
+import { Kvm, type KV } from '@nats-io/kv';
 
 export type { NatsConnection } from '@nats-io/transport-node';
 
@@ -11,16 +12,22 @@ export interface ConnectOptions {
   /** Connection name shown by the server (`service@instance`). */
   name: string;
   /** Path of a `.creds` file (DESIGN.md: secrets come from files named in the environment). */
-  credsFile?: string;
+  credsFile?: string | undefined;
+  /** Path of a file holding an nkey seed (`SU…`), as written by `tooltx auth generate`. */
+  nkeySeedFile?: string | undefined;
   /** Per-user inbox prefix; restricted users may subscribe only there (NATS-NOTES "Identity"). */
-  inboxPrefix?: string;
+  inboxPrefix?: string | undefined;
   /** Keep reconnecting forever (services) or fail after the default attempts (CLIs). Default true. */
   reconnectForever?: boolean;
 }
 
 /** Connects with reconnects on; throws the client's connection error when no server answers. */
 export async function connectNats(opts: ConnectOptions): Promise<NatsConnection> {
-  const authenticator = opts.credsFile ? credsAuthenticator(await readFile(opts.credsFile)) : undefined;
+  const authenticator = opts.credsFile
+    ? credsAuthenticator(await readFile(opts.credsFile))
+    : opts.nkeySeedFile
+      ? nkeyAuthenticator(new TextEncoder().encode((await readFile(opts.nkeySeedFile, 'utf8')).trim()))
+      : undefined;
   return connect({
     servers: opts.servers.split(',').map((s) => s.trim()).filter(Boolean),
     name: opts.name,
@@ -37,4 +44,14 @@ export async function jetStreamOf(nc: NatsConnection): Promise<{ js: JetStreamCl
   const js = jetstream(nc);
   const jsm = await jetstreamManager(nc, { checkAPI: false });
   return { js, jsm };
+}
+
+/**
+ * Opens a KV bucket the provisioner created. `Kvm.open` binds without reading the stream's
+ * configuration and would fall back to `$JS.API.STREAM.MSG.GET`; our buckets are created with
+ * `allow_direct` (checked at start-up), so reads use direct get, which the generated permissions
+ * allow per bucket (issue 5).
+ */
+export async function openBucket(nc: NatsConnection, bucket: string): Promise<KV> {
+  return new Kvm(nc).open(bucket, { allow_direct: true });
 }

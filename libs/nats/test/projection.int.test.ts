@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Kvm, type KV } from '@nats-io/kv';
+import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
-import { connectNats, decode, encode, projectEntry, ProjectionCorruptError, type NatsConnection } from '@tooltx/nats';
+import { decode, encode, projectEntry, ProjectionCorruptError, type NatsConnection, openBucket } from '@tooltx/nats';
 import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
 import { shuffled } from '../../../test/helpers/histories.js';
 
@@ -17,9 +17,10 @@ describe('KV projection entries with compare-and-set (real nats-server)', () => 
   let kvB: KV;
   beforeAll(async () => {
     t = await provisioned();
-    other = await connectNats({ servers: t.url, name: 'test-projection-b', reconnectForever: false });
-    kvA = await new Kvm(t.nc).open(t.subjects.reconcileBucket);
-    kvB = await new Kvm(other).open(t.subjects.reconcileBucket);
+    // A second reconciler connection, with the reconciler's own identity and permissions.
+    other = await t.connectAs({ kind: 'service', service: 'reconciler' });
+    kvA = await openBucket(t.nc, t.subjects.reconcileBucket);
+    kvB = await openBucket(other, t.subjects.reconcileBucket);
   });
   afterAll(async () => {
     await other?.drain().catch(() => undefined);

@@ -17,6 +17,7 @@ const PREFIX = /^[a-z][a-z0-9_]{0,31}$/;
  * Settings every tooltx process reads from the environment (DESIGN.md "Where things live"):
  * - `NATS_URL` — comma-separated server URLs (default `nats://127.0.0.1:4222`).
  * - `NATS_CREDS_FILE` — optional credentials file (never the secret itself in the env).
+ * - `NATS_NKEY_FILE` — optional nkey seed file (`tooltx auth generate` writes one per user).
  * - `TOOLTX_PREFIX` — subject prefix, one token `^[a-z][a-z0-9_]{0,31}$` (default `tooltx`).
  * - `LOG_LEVEL` — pino level (default `info`).
  * - `TOOLTX_INSTANCE_ID` — this process in logs and events (default `<host>-<pid>`).
@@ -24,6 +25,7 @@ const PREFIX = /^[a-z][a-z0-9_]{0,31}$/;
 export const baseConfigSchema = z.object({
   NATS_URL: z.string().min(1).default('nats://127.0.0.1:4222'),
   NATS_CREDS_FILE: z.string().min(1).optional(),
+  NATS_NKEY_FILE: z.string().min(1).optional(),
   TOOLTX_PREFIX: z.string().regex(PREFIX, 'must match ^[a-z][a-z0-9_]{0,31}$').default('tooltx'),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   TOOLTX_INSTANCE_ID: z.string().min(1).max(64).default(`${hostname()}-${process.pid}`),

@@ -68,6 +68,7 @@ export async function runService(spec: {
 Environment:
   NATS_URL                 server URLs, comma-separated (default nats://127.0.0.1:4222)
   NATS_CREDS_FILE          credentials file (optional)
+  NATS_NKEY_FILE           nkey seed file (optional; written by \`tooltx auth generate\`)
   TOOLTX_PREFIX            subject prefix (default tooltx)
   TOOLTX_TOOLS_MODULE      path of the trusted module exporting \`implementations\` (required)
   TOOLTX_CONCURRENCY       operations handled at once (default 16)
@@ -91,7 +92,14 @@ Environment:
   let nc: NatsConnection | undefined;
   try {
     const tools = await loadImplementations(config.TOOLTX_TOOLS_MODULE);
-    nc = await connectNats({ servers: config.NATS_URL, name: `${spec.name}@${config.TOOLTX_INSTANCE_ID}`, credsFile: config.NATS_CREDS_FILE });
+    nc = await connectNats({
+      servers: config.NATS_URL,
+      name: `${spec.name}@${config.TOOLTX_INSTANCE_ID}`,
+      credsFile: config.NATS_CREDS_FILE,
+      nkeySeedFile: config.NATS_NKEY_FILE,
+      // Replies to this service arrive only under its own inbox prefix (issue 5).
+      inboxPrefix: `_INBOX._svc.${spec.name}`,
+    });
     const { js, jsm } = await jetStreamOf(nc);
     const subjects = new Subjects(config.TOOLTX_PREFIX);
     const topo = topology(subjects, topologyOptionsFrom(config));

@@ -10,8 +10,7 @@
  * Usage: `tsx services/audit-projector/src/main.ts [--help]`. Same environment as the executor.
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight applies, drains.
  */
-import { Kvm } from '@nats-io/kv';
-import { projectionHandler, startConsumerLoop } from '@tooltx/nats';
+import { projectionHandler, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { applyToAudit, auditRecordSchema } from './projection.js';
@@ -20,7 +19,7 @@ await runService({
   name: 'audit-projector',
   summary: 'projects the event log into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>): actor, contract, target digest, states with times, side effect, error class, result digest — no bodies',
   async start({ subjects, log, js, nc, config }) {
-    const kv = await new Kvm(nc).open(subjects.auditBucket);
+    const kv = await openBucket(nc, subjects.auditBucket);
     const loop = await startConsumerLoop({
       js,
       stream: subjects.eventsStream,

@@ -7,8 +7,7 @@
  * LOG_LEVEL, TOOLTX_INSTANCE_ID and the stream settings of `tooltx streams apply`.
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight intents, drains.
  */
-import { Kvm } from '@nats-io/kv';
-import { startConsumerLoop } from '@tooltx/nats';
+import { startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { intentHandler } from './authorize.js';
@@ -18,7 +17,7 @@ await runService({
   name: 'authorizer',
   summary: 'consumes intents, checks identity, contract, key and policy, registers operations, and answers status requests',
   async start({ subjects, store, tools, log, js, nc, config }) {
-    const results = await new Kvm(nc).open(subjects.resultsBucket);
+    const results = await openBucket(nc, subjects.resultsBucket);
     const status = new StatusService({ nc, js, subjects, store, results, tools, log: log.child({ component: 'status' }) });
     await status.start();
     const loop = await startConsumerLoop({

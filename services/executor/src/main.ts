@@ -5,8 +5,7 @@
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, lets in-flight attempts finish (bounded by their
  * contract's timeoutMs), drains.
  */
-import { Kvm } from '@nats-io/kv';
-import { startConsumerLoop } from '@tooltx/nats';
+import { startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 
@@ -20,7 +19,7 @@ await runService({
   name: 'executor',
   summary: 'consumes the event log and runs each accepted operation once',
   async start({ subjects, store, tools, log, js, nc, config }) {
-    const results = await new Kvm(nc).open(subjects.resultsBucket);
+    const results = await openBucket(nc, subjects.resultsBucket);
     const shutdown = new AbortController();
     const loop = await startConsumerLoop({
       js,

@@ -8,8 +8,7 @@
  * Usage: `tsx services/reconciler/src/main.ts [--help]`. Same environment as the executor.
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight applies, drains.
  */
-import { Kvm } from '@nats-io/kv';
-import { projectionHandler, startConsumerLoop } from '@tooltx/nats';
+import { projectionHandler, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { applyToIndex, reconcileValueSchema } from './projection.js';
@@ -18,7 +17,7 @@ await runService({
   name: 'reconciler',
   summary: 'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile, key <tenant>.<opId>; committed and rejected operations leave a tombstone). Probing and redriving are not built yet',
   async start({ subjects, log, js, nc, config }) {
-    const kv = await new Kvm(nc).open(subjects.reconcileBucket);
+    const kv = await openBucket(nc, subjects.reconcileBucket);
     const loop = await startConsumerLoop({
       js,
       stream: subjects.eventsStream,

@@ -1,0 +1,244 @@
+import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { createUser } from '@nats-io/nkeys';
+import { z } from 'zod';
+import { ID_PATTERN } from '@tooltx/contracts';
+import type { Subjects } from '@tooltx/nats';
+import { Durables, type Topology } from './topology.js';
+
+/**
+ * Identity the server enforces (DESIGN.md "Identity", issue 5): one declarative list of tenants,
+ * actors, auditors, services and the provisioner becomes a nats-server configuration in which
+ * every user is an nkey with publish/subscribe allow-lists. Agents may publish only their own
+ * intent subject, request only their own status subject and subscribe only to their own inbox
+ * prefix; each service gets only the JetStream API subjects it uses; only the provisioner may
+ * create, update, delete or purge streams and durable consumers.
+ */
+
+const id = z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$ (one subject token, no wildcard)');
+
+export const identityListSchema = z.strictObject({
+  tenants: z
+    .array(z.strictObject({ id, actors: z.array(id).default([]), auditors: z.array(id).default([]) }))
+    .min(1)
+    .refine((ts) => new Set(ts.map((t) => t.id)).size === ts.length, 'tenant ids must be unique'),
+  /** Extra durable names the executor may pull from (e.g. a second executor group during a migration). */
+  executorDurables: z.array(id).default([]),
+});
+export type IdentityList = z.input<typeof identityListSchema>;
+
+export type Role =
+  | { kind: 'agent'; tenant: string; actor: string }
+  | { kind: 'auditor'; tenant: string; actor: string }
+  | { kind: 'service'; service: ServiceName }
+  | { kind: 'provisioner' };
+export const SERVICE_NAMES = ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const;
+export type ServiceName = (typeof SERVICE_NAMES)[number];
+
+/** NATS per-user permissions, in the server's own field names. */
+export interface Permissions {
+  publish: { allow: string[]; deny?: string[] };
+  subscribe: { allow: string[]; deny?: string[] };
+  allow_responses?: boolean;
+}
+
+/** The inbox prefix of a user: replies to its requests arrive only under it. */
+export function inboxPrefixOf(role: Role): string {
+  switch (role.kind) {
+    case 'agent':
+    case 'auditor':
+      return `_INBOX.${role.tenant}.${role.actor}`;
+    case 'service':
+      return `_INBOX._svc.${role.service}`;
+    case 'provisioner':
+      return '_INBOX._provisioner';
+  }
+}
+
+/**
+ * The permissions of one role under `subjects`' prefix. Pure: a test reads them directly.
+ * JetStream API subjects follow the NATS docs ("JetStream wire API reference"); on 2.9 a consumer
+ * create with one filter is `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, so it can be
+ * scoped to the filter.
+ */
+export function permissionsFor(role: Role, s: Subjects, topo: Topology, executorDurables: string[] = []): Permissions {
+  const api = '$JS.API';
+  const inbox = `${inboxPrefixOf(role)}.>`;
+  const streams = [topo.streams.intents.name, topo.streams.events.name, topo.streams.decisions.name];
+  const kvStream = (bucket: string) => `KV_${bucket}`;
+  const buckets = [topo.results.bucket, topo.projections.reconcile.bucket, topo.projections.audit.bucket];
+  // What every service's start-up check reads (never writes).
+  const check = [
+    ...streams.map((n) => `${api}.STREAM.INFO.${n}`),
+    ...buckets.map((b) => `${api}.STREAM.INFO.${kvStream(b)}`),
+    ...topo.consumers.map((c) => `${api}.CONSUMER.INFO.${c.stream}.${c.config.durable_name}`),
+  ];
+  const pull = (stream: string, durable: string) => [
+    `${api}.CONSUMER.MSG.NEXT.${stream}.${durable}`,
+    `${api}.CONSUMER.INFO.${stream}.${durable}`,
+    `$JS.ACK.${stream}.${durable}.>`,
+  ];
+  const directLast = (stream: string) => [`${api}.DIRECT.GET.${stream}.>`];
+  const directSeq = (stream: string) => [`${api}.DIRECT.GET.${stream}`];
+  const kvRead = (bucket: string) => [...directLast(kvStream(bucket)), ...directSeq(kvStream(bucket)), `${api}.STREAM.INFO.${kvStream(bucket)}`];
+  const kvWrite = (bucket: string) => [`$KV.${bucket}.>`];
+  const events = topo.streams.events.name;
+  const intents = topo.streams.intents.name;
+  const decisions = topo.streams.decisions.name;
+
+  switch (role.kind) {
+    case 'agent':
+      return {
+        publish: { allow: [s.intent(role.tenant, role.actor), s.status(role.tenant, role.actor)] },
+        subscribe: { allow: [inbox] },
+      };
+    case 'auditor':
+      // Auditors reach audit records only through the audit service (issue 9); nothing else yet.
+      return { publish: { allow: [] }, subscribe: { allow: [inbox] } };
+    case 'provisioner':
+      return { publish: { allow: [`${api}.>`, `$KV.>`, `${s.prefix}.>`] }, subscribe: { allow: [inbox] } };
+    case 'service': {
+      const durableNames = new Set(topo.consumers.map((c) => c.config.durable_name));
+      switch (role.service) {
+        case 'authorizer': {
+          // The status watch: ordered consumers on the event log and the decision stream, created
+          // with their filter in the subject; they may never pull from another service's durable.
+          const ordered = (stream: string, filter: string) => [
+            `${api}.CONSUMER.CREATE.${stream}.*.${filter}`,
+            `${api}.CONSUMER.MSG.NEXT.${stream}.*`,
+            `${api}.CONSUMER.DELETE.${stream}.*`,
+            `${api}.CONSUMER.INFO.${stream}.*`,
+          ];
+          return {
+            publish: {
+              allow: [
+                ...check,
+                ...pull(intents, Durables.authorizer),
+                ...directLast(events), ...directSeq(events), ...directLast(decisions),
+                ...kvRead(topo.results.bucket),
+                ...ordered(events, s.allOps), ...ordered(decisions, s.allDecisions),
+                s.allOps, s.allDecisions,
+              ],
+              deny: [...durableNames].flatMap((d) => [`${api}.CONSUMER.MSG.NEXT.${events}.${d}`, `${api}.CONSUMER.MSG.NEXT.${decisions}.${d}`, `${api}.CONSUMER.DELETE.${events}.${d}`, `${api}.CONSUMER.DELETE.${decisions}.${d}`]),
+            },
+            subscribe: { allow: [inbox, s.allStatus] },
+            allow_responses: true,
+          };
+        }
+        case 'executor':
+          return {
+            publish: {
+              allow: [
+                ...check,
+                ...[Durables.executor, ...executorDurables].flatMap((d) => pull(events, d)),
+                ...directLast(events), ...directSeq(events), ...directSeq(intents),
+                ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
+                s.allOps,
+              ],
+            },
+            subscribe: { allow: [inbox] },
+          };
+        case 'reconciler':
+        case 'audit-projector': {
+          const bucket = role.service === 'reconciler' ? topo.projections.reconcile.bucket : topo.projections.audit.bucket;
+          const durable = role.service === 'reconciler' ? Durables.reconciler : Durables.auditProjector;
+          return {
+            publish: { allow: [...check, ...pull(events, durable), ...directLast(events), ...directSeq(events), ...kvRead(bucket), ...kvWrite(bucket)] },
+            subscribe: { allow: [inbox] },
+          };
+        }
+      }
+    }
+  }
+}
+
+/** One generated user: its role, public nkey, and where its seed file was written. */
+export interface GeneratedUser {
+  role: Role;
+  publicKey: string;
+  seedFile: string;
+  inboxPrefix: string;
+}
+
+export interface GeneratedAuth {
+  configFile: string;
+  users: GeneratedUser[];
+  /** Seed file of a role (throws `Error` when the list has no such user). */
+  seedFile(role: Role): string;
+}
+
+/** Stable file name of a role's seed. */
+function userName(role: Role): string {
+  switch (role.kind) {
+    case 'agent':
+      return `agent.${role.tenant}.${role.actor}`;
+    case 'auditor':
+      return `auditor.${role.tenant}.${role.actor}`;
+    case 'service':
+      return `service.${role.service}`;
+    case 'provisioner':
+      return 'provisioner';
+  }
+}
+
+/**
+ * Writes `<outDir>/nats-server.conf` and one nkey seed per user under `<outDir>/nkeys/` (mode 0600).
+ * The config holds only public keys. Throws `z.ZodError` for a bad identity list (an actor named
+ * `>`, `*` or `b.c` never reaches the config).
+ */
+export function generateAuth(
+  list: IdentityList,
+  o: { subjects: Subjects; topology: Topology; outDir: string; listen: string; storeDir: string; serverName?: string },
+): GeneratedAuth {
+  const parsed = identityListSchema.parse(list);
+  const roles: Role[] = [
+    { kind: 'provisioner' },
+    ...SERVICE_NAMES.map((service) => ({ kind: 'service' as const, service })),
+    ...parsed.tenants.flatMap((t) => [
+      ...t.actors.map((actor) => ({ kind: 'agent' as const, tenant: t.id, actor })),
+      ...t.auditors.map((actor) => ({ kind: 'auditor' as const, tenant: t.id, actor })),
+    ]),
+  ];
+  const keyDir = join(o.outDir, 'nkeys');
+  mkdirSync(keyDir, { recursive: true, mode: 0o700 });
+  const users: GeneratedUser[] = roles.map((role) => {
+    const kp = createUser();
+    const seedFile = join(keyDir, `${userName(role)}.nk`);
+    writeFileSync(seedFile, `${new TextDecoder().decode(kp.getSeed())}\n`, { mode: 0o600 });
+    chmodSync(seedFile, 0o600);
+    return { role, publicKey: kp.getPublicKey(), seedFile, inboxPrefix: inboxPrefixOf(role) };
+  });
+  const q = (v: string) => JSON.stringify(v);
+  const list2 = (xs: string[]) => `[${xs.map(q).join(', ')}]`;
+  const userBlocks = users.map((u) => {
+    const p = permissionsFor(u.role, o.subjects, o.topology, parsed.executorDurables);
+    const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
+    const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
+    const resp = p.allow_responses ? ', allow_responses: true' : '';
+    return `    # ${userName(u.role)}\n    { nkey: ${q(u.publicKey)}, permissions: { ${pub}, ${sub}${resp} } }`;
+  });
+  const config = [
+    '# Generated by `tooltx auth generate` from the identity list: do not edit by hand.',
+    `server_name: ${q(o.serverName ?? 'tooltx')}`,
+    `listen: ${q(o.listen)}`,
+    `jetstream { store_dir: ${q(o.storeDir)} }`,
+    'authorization {',
+    '  users: [',
+    userBlocks.join(',\n'),
+    '  ]',
+    '}',
+    '',
+  ].join('\n');
+  const configFile = join(o.outDir, 'nats-server.conf');
+  writeFileSync(configFile, config, { mode: 0o600 });
+  return {
+    configFile,
+    users,
+    seedFile(role) {
+      const name = userName(role);
+      const u = users.find((x) => userName(x.role) === name);
+      if (!u) throw new Error(`no user ${name} in the identity list`);
+      return u.seedFile;
+    },
+  };
+}
