@@ -16,12 +16,7 @@ export const RESEARCH_TOOLS = join(ROOT, 'examples', 'research-kb', 'tools.ts');
 export const SERVICES = ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const;
 
 /** The identities `npm start` and the demo generate when no list is given (TOOLTX_IDENTITIES). */
-export const DEFAULT_IDENTITIES: IdentityList = {
-  tenants: [
-    { id: 'acme', actors: ['alice', 'researcher', 'mallory'], auditors: ['audrey'] },
-    { id: 'globex', actors: ['gina', 'mallory'] },
-  ],
-};
+export const DEFAULT_IDENTITIES: IdentityList = JSON.parse(readFileSync(join(ROOT, 'examples', 'research-kb', 'identities.json'), 'utf8')) as IdentityList;
 
 export interface StackOptions {
   stateDir: string;
