@@ -74,6 +74,10 @@ describe('one key, one execution', () => {
       const s = (await waitForOperation(t, TENANT, key, committed)) as OperationRecord;
       const events = await history(t, TENANT, key);
       expect(events.map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
+      // The decisions are bound to the key: at intake and again at the execution instant.
+      expect(s.authorization?.intake).toMatchObject({ decision: 'allow', policyVersion: 'sink-policy@1', resources: [{ id: 'bucket:kb-main', version: 1 }] });
+      expect(s.authorization?.execution).toMatchObject({ decision: 'allow', policyVersion: 'sink-policy@1' });
+      expect(s.authorization!.execution!.at).toBeGreaterThanOrEqual(s.authorization!.intake!.at);
       expect(sinkWritesFor(key)).toHaveLength(1);
       expect(s.receipt?.resourceId).toBe(sinkWritesFor(key)[0]!.answeredId);
     }
@@ -167,7 +171,7 @@ describe('one key, one execution', () => {
     const input = note({ title: 'Blocked actor' });
     const { key } = await submit('blocked', input, { actor: 'blocked-bob' });
     const d = await waitForDecision(t, TENANT, key);
-    expect(d).toMatchObject({ actor: 'blocked-bob', error: { class: 'forbidden' } });
+    expect(d).toMatchObject({ actor: 'blocked-bob', error: { class: 'forbidden' }, authorization: { decision: 'deny', reason: 'forbidden', policyVersion: 'sink-policy@1' } });
     expect(await history(t, TENANT, key)).toEqual([]);
     // The same key from an allowed actor is then accepted normally.
     const again = await submit('blocked', input);

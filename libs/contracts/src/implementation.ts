@@ -18,6 +18,17 @@ export interface ExecutionContext {
   deadlineAt: number;
   /** Aborted when the attempt's `timeoutMs` elapses or the service shuts down. */
   signal: AbortSignal;
+  /**
+   * What the policy seam allowed at the execution instant, just before `running`: the canonical
+   * resources and their authorisation versions, to be sent downstream as a version condition
+   * (If-Match) so a change after the check stops the commit (FM-07, FM-08).
+   */
+  authorization?: AuthorizationResult;
+}
+
+/** What an allowing policy seam returns: the canonical resources it checked and their versions. */
+export interface AuthorizationResult {
+  resources?: { id: string; version: number }[];
 }
 
 /** Who asks, from the authenticated subject, and at which point of the flow. */
@@ -63,9 +74,18 @@ export interface Implementation<C extends Contract = Contract> {
    * The policy seam (DESIGN.md "Authorisation is recomputed at the execution instant"): called by
    * the authorizer at intake and again by the executor right before `running`, with the identity
    * from the authenticated subject. Throw `TooltxError(forbidden | not_found | quota_exceeded)` to
-   * refuse; return the policy version that allowed it. Absent = allow with policy version `none`.
+   * refuse; return the canonical resources it checked (with their authorisation versions). The
+   * decision is recorded with {@link Implementation.policyVersion}. Absent = allow.
    */
-  authorize?(input: z.infer<C['input']>, ctx: AuthorizationContext): Promise<{ policyVersion: string }>;
+  authorize?(input: z.infer<C['input']>, ctx: AuthorizationContext): Promise<AuthorizationResult | void>;
+  /** Version of the policy `authorize` implements; recorded with every decision (default `none`). */
+  policyVersion?: string;
+  /**
+   * Business invariants only the trusted side can judge — field relations, state transitions,
+   * time windows — checked at intake and again at the execution instant, after `authorize`.
+   * Throw `TooltxError(invalid_input)` with the field path for a fixable violation.
+   */
+  invariants?(input: z.infer<C['input']>, ctx: AuthorizationContext): void | Promise<void>;
   /**
    * Whether `ctx.actor` may read a registered operation of this contract (its state, receipt and
    * result) — the status endpoint's policy seam, run before anything is revealed. Throw a

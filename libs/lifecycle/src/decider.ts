@@ -1,6 +1,7 @@
 import type { EffectClass, ErrorInfo } from '@tooltx/contracts';
 import {
   EVENT_SCHEMA_VERSION,
+  type AuthDecision,
   type Evidence,
   type OperationEvent,
   type OperationRecord,
@@ -37,6 +38,8 @@ export interface AcceptCommand {
   targetDigest: string;
   intentSeq: number;
   submissionId: string;
+  /** The intake decision (policy seam) that allowed this attempt. */
+  authorization?: AuthDecision;
 }
 export interface StartCommand {
   type: 'start';
@@ -45,6 +48,8 @@ export interface StartCommand {
   attempt: number;
   executor: string;
   deadlineAt: number;
+  /** The decision re-computed at the execution instant. */
+  authorization?: AuthDecision;
 }
 export interface CommitCommand {
   type: 'commit';
@@ -60,6 +65,8 @@ export interface RejectCommand {
   at: number;
   attempt: number;
   error: ErrorInfo;
+  /** Set when the rejection is an authorisation denial at the execution instant. */
+  authorization?: AuthDecision;
 }
 export interface MarkUnknownCommand {
   type: 'mark_unknown';
@@ -105,6 +112,7 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
         attempt: cmd.attempt,
         executor: cmd.executor,
         deadlineAt: cmd.deadlineAt,
+        ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
       });
     }
     case 'commit': {
@@ -128,7 +136,7 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
       if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
       if (state.attempt !== cmd.attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
       if (state.status !== 'accepted' && state.status !== 'running') return { kind: 'skip', reason: 'final', state };
-      return append(state, { type: 'rejected', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, error: cmd.error });
+      return append(state, { type: 'rejected', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, error: cmd.error, ...(cmd.authorization ? { authorization: cmd.authorization } : {}) });
     }
     case 'mark_unknown': {
       const s = requireRunning(state, cmd.attempt);
@@ -148,6 +156,7 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
       actor: cmd.actor,
       intentSeq: cmd.intentSeq,
       submissionId: cmd.submissionId,
+      ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
     }, cmd);
   }
   if (state.inputDigest !== cmd.inputDigest) return { kind: 'conflict', state };
@@ -164,6 +173,7 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
     actor: cmd.actor,
     intentSeq: cmd.intentSeq,
     submissionId: cmd.submissionId,
+    ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
   }, cmd);
 }
 
@@ -223,12 +233,15 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
         attempt: a.attempt,
         intent: { seq: a.intentSeq, submissionId: a.submissionId },
         acceptedAt: a.at,
+        ...(a.authorization ? { authorization: { intake: a.authorization } } : {}),
         ...common,
       };
     }
     case 'running': {
       const r = e as Extract<OperationEvent, { type: 'running' }>;
-      return { ...need(prev), status: 'running', running: { eventId: r.eventId, executor: r.executor, at: r.at, deadlineAt: r.deadlineAt }, ...common };
+      const p = need(prev);
+      const authorization = r.authorization ? { ...p.authorization, execution: r.authorization } : p.authorization;
+      return { ...p, status: 'running', running: { eventId: r.eventId, executor: r.executor, at: r.at, deadlineAt: r.deadlineAt }, ...(authorization ? { authorization } : {}), ...common };
     }
     case 'committed': {
       const c = e as Extract<OperationEvent, { type: 'committed' }>;
@@ -236,7 +249,9 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
     }
     case 'rejected': {
       const r = e as Extract<OperationEvent, { type: 'rejected' }>;
-      return { ...need(prev), status: 'rejected', error: r.error, ...common };
+      const p = need(prev);
+      const authorization = r.authorization ? { ...p.authorization, execution: r.authorization } : p.authorization;
+      return { ...p, status: 'rejected', error: r.error, ...(authorization ? { authorization } : {}), ...common };
     }
     case 'unknown': {
       const u = e as Extract<OperationEvent, { type: 'unknown' }>;

@@ -34,6 +34,20 @@ export const evidenceSchema = z.object({
 });
 export type Evidence = z.infer<typeof evidenceSchema>;
 
+/**
+ * An authorisation decision bound to the operation key (DESIGN.md "Authorisation is recomputed at
+ * the execution instant"): allow/deny, the reason class of a denial, the policy version that
+ * decided, the time, and the canonical resources (internal id + authorisation version) it saw.
+ */
+export const authDecisionSchema = z.object({
+  decision: z.enum(['allow', 'deny']),
+  policyVersion: z.string().min(1).max(100),
+  reason: z.enum(errorClasses).optional(),
+  at: epochMs,
+  resources: z.array(z.object({ id: z.string().max(200), version: z.number().int() })).max(50).optional(),
+});
+export type AuthDecision = z.infer<typeof authDecisionSchema>;
+
 /** The server-side proof that an operation committed (DESIGN.md "Five observable states"). */
 export const receiptSchema = z.object({
   operationKey: z.string().regex(OPERATION_KEY_PATTERN),
@@ -74,6 +88,8 @@ export const operationRecordSchema = z.object({
   receipt: receiptSchema.optional(),
   error: errorInfoSchema.optional(),
   evidence: evidenceSchema.optional(),
+  /** The current attempt's decisions: at intake (authorizer) and at the execution instant (executor). */
+  authorization: z.object({ intake: authDecisionSchema.optional(), execution: authDecisionSchema.optional() }).optional(),
   lastEventId: eventId,
   updatedAt: epochMs,
 });
@@ -89,6 +105,7 @@ export const acceptedEventSchema = z.object({
   actor: id,
   intentSeq: z.number().int().positive(),
   submissionId: z.string(),
+  authorization: authDecisionSchema.optional(),
 });
 export const runningEventSchema = z.object({
   ...base,
@@ -96,6 +113,7 @@ export const runningEventSchema = z.object({
   attempt: z.number().int().min(1),
   executor: z.string(),
   deadlineAt: epochMs,
+  authorization: authDecisionSchema.optional(),
 });
 export const committedEventSchema = z.object({
   ...base,
@@ -108,6 +126,7 @@ export const rejectedEventSchema = z.object({
   type: z.literal('rejected'),
   attempt: z.number().int().min(1),
   error: errorInfoSchema,
+  authorization: authDecisionSchema.optional(),
 });
 export const unknownEventSchema = z.object({
   ...base,
@@ -144,5 +163,7 @@ export const decisionRecordSchema = z.object({
   version: z.number().int().optional(),
   outcome: z.literal('rejected'),
   error: errorInfoSchema,
+  /** Set when the policy seam decided (a denial with its policy version). */
+  authorization: authDecisionSchema.optional(),
 });
 export type DecisionRecord = z.infer<typeof decisionRecordSchema>;

@@ -1,6 +1,6 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import { ErrorClass, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
-import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand } from '@tooltx/lifecycle';
+import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision } from '@tooltx/lifecycle';
 import { ConcurrencyError, decodeRaw, CodecError, newEventId, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { checkIntake } from './intake.js';
@@ -40,13 +40,13 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     }
 
     const check = checkIntake(who, raw, (t, v) => tools.contracts.get(t, v));
-    const refuse = async (key: string | null, error: ErrorInfo, ids: { tool?: string; version?: number }) => {
+    const refuse = async (key: string | null, error: ErrorInfo, ids: { tool?: string; version?: number }, authorization?: AuthDecision) => {
       if (!key) {
         l.info({ class: error.class }, 'intent refused before a key was known');
         return;
       }
       await store.recordDecision(
-        { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: key, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error, ...ids },
+        { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: key, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error, ...ids, ...(authorization ? { authorization } : {}) },
         operationIdOf(key),
       );
       l.info({ operationKey: key, class: error.class }, 'intent refused');
@@ -58,13 +58,19 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const ids = { tool: contract.name, version: contract.version };
     const impl = tools.get(contract.name, contract.version)!;
 
-    // Policy seam: before anything about the key is looked up or revealed.
+    // Policy seam, then the business invariants: before anything about the key is looked up or revealed.
+    const policyVersion = impl.policyVersion ?? 'none';
+    let authorization: AuthDecision;
     try {
-      await impl.authorize?.(prepared.input, { tenant: who.tenant, actor: who.actor, operationKey: key, phase: 'intake', now: now() });
+      const authCtx = { tenant: who.tenant, actor: who.actor, operationKey: key, phase: 'intake' as const, now: now() };
+      const allowed = await impl.authorize?.(prepared.input, authCtx);
+      authorization = { decision: 'allow', policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) };
+      await impl.invariants?.(prepared.input, authCtx);
     } catch (err) {
       const info = toErrorInfo(err);
       if (info.class === ErrorClass.Internal) throw err;
-      return void (await refuse(key, info, ids));
+      const denial: AuthDecision | undefined = info.class === ErrorClass.InvalidInput ? undefined : { decision: 'deny', policyVersion, reason: info.class, at: now() };
+      return void (await refuse(key, info, ids, denial));
     }
 
     const opId = operationIdOf(key);
@@ -86,6 +92,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         targetDigest: prepared.targetDigest,
         intentSeq: msg.seq,
         submissionId,
+        authorization,
       };
       const d = decide(cmd, state);
       switch (d.kind) {

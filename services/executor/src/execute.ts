@@ -9,10 +9,11 @@ import {
   prepareCall,
   toErrorInfo,
   TooltxError,
+  type AuthorizationResult,
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
-import { decide, intentEnvelopeSchema, operationEventSchema, type OperationCommand, type OperationRecord } from '@tooltx/lifecycle';
+import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type OperationCommand, type OperationRecord } from '@tooltx/lifecycle';
 import { ConcurrencyError, decode, decodeRaw, encode, newEventId, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 
@@ -76,8 +77,8 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       return { kind: 'nak', delayMs: 5_000 };
     }
 
-    const reject = (error: ErrorInfo) =>
-      transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error }));
+    const reject = (error: ErrorInfo, authorization?: AuthDecision) =>
+      transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }));
 
     // The input, read back from the intent the `accepted` event names, checked against its digest.
     const input = await loadInput(store, subjects, state, impl);
@@ -87,22 +88,28 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       return;
     }
 
-    // Authorisation at the execution instant, from the authenticated identity (FM-07).
+    // Authorisation recomputed at the execution instant, from the authenticated identity recorded
+    // at intake (the subject's actor) — never from the authorizer's earlier answer (FM-07, FM-08).
+    const policyVersion = impl.policyVersion ?? 'none';
+    let allowed: AuthorizationResult | void;
     try {
-      await impl.authorize?.(input, { tenant, actor: state.actor, operationKey: state.operationKey, phase: 'execution', now: now() });
+      const authCtx = { tenant, actor: state.actor, operationKey: state.operationKey, phase: 'execution' as const, now: now() };
+      allowed = await impl.authorize?.(input, authCtx);
+      await impl.invariants?.(input, authCtx);
     } catch (err) {
       const info = toErrorInfo(err);
-      if (info.class === ErrorClass.Internal) throw err;
-      await reject(info);
+      if (info.class === ErrorClass.Internal || info.class === ErrorClass.DependencyUnavailable) throw err;
+      await reject(info, info.class === ErrorClass.InvalidInput ? undefined : { decision: 'deny', policyVersion, reason: info.class, at: now() });
       l.info({ class: info.class }, 'rejected at execution');
       return;
     }
+    const authorization: AuthDecision = { decision: 'allow', policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) };
 
     const { timeoutMs } = impl.contract.timing;
     const startedAt = now();
     const deadlineAt = startedAt + timeoutMs;
     const runningId = newEventId();
-    const start = decide({ type: 'start', eventId: runningId, at: startedAt, attempt: state.attempt, executor: deps.executorId, deadlineAt }, state);
+    const start = decide({ type: 'start', eventId: runningId, at: startedAt, attempt: state.attempt, executor: deps.executorId, deadlineAt, authorization }, state);
     if (start.kind !== 'append') return;
     try {
       await store.append(tenant, opId, start.event, seq);
@@ -122,6 +129,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         attempt: state.attempt,
         deadlineAt,
         signal,
+        ...(allowed ? { authorization: allowed } : {}),
       });
       outcome = { ok: true, resourceId: r.resourceId, result: r.result };
     } catch (err) {
