@@ -7,7 +7,8 @@
 import { join, resolve } from 'node:path';
 import { Command } from 'commander';
 import { createLogger } from '@tooltx/runtime';
-import { startStack } from '../examples/research-kb/stack.js';
+import { z } from 'zod';
+import { startStack, type Stack } from '../examples/research-kb/stack.js';
 
 const program = new Command('tooltx-start')
   .description('run tooltx locally: nats-server (unless NATS_URL), streams, the research KB, authorizer, executor, reconciler, audit-projector')
@@ -18,18 +19,38 @@ const program = new Command('tooltx-start')
   .parse(process.argv);
 const opts = program.opts<{ port: string; kbPort: string; stateDir: string; kbDedup: string }>();
 
+const port = z.coerce.number().int().min(1).max(65535);
+const settings = z
+  .object({
+    port,
+    kbPort: port,
+    stateDir: z.string().min(1),
+    kbDedup: z.enum(['on', 'off']),
+    prefix: z.string().regex(/^[a-z][a-z0-9_]{0,31}$/, 'must match ^[a-z][a-z0-9_]{0,31}$'),
+  })
+  .safeParse({ ...opts, prefix: process.env.TOOLTX_PREFIX ?? 'tooltx' });
+if (!settings.success) {
+  process.stderr.write(`tooltx-start: invalid configuration:\n${z.prettifyError(settings.error)}\n`);
+  process.exit(2);
+}
+const { prefix } = settings.data;
 const log = createLogger({ service: 'start', instance: String(process.pid), level: process.env.LOG_LEVEL ?? 'info' });
-const prefix = process.env.TOOLTX_PREFIX ?? 'tooltx';
-const stack = await startStack({
-  stateDir: resolve(opts.stateDir),
-  natsUrl: process.env.NATS_URL,
-  natsPort: Number(opts.port),
-  prefix,
-  kbPort: Number(opts.kbPort),
-  kbDedup: opts.kbDedup !== 'off',
-  kbSeed: process.env.KB_SEED ?? 'acme:research,acme:archive,globex:research',
-  logs: process.stdout.isTTY ? 'pretty' : 'inherit',
-});
+let stack: Stack;
+try {
+  stack = await startStack({
+    stateDir: resolve(settings.data.stateDir),
+    natsUrl: process.env.NATS_URL,
+    natsPort: settings.data.port,
+    prefix,
+    kbPort: settings.data.kbPort,
+    kbDedup: settings.data.kbDedup !== 'off',
+    kbSeed: process.env.KB_SEED ?? 'acme:research,acme:archive,globex:research',
+    logs: process.stdout.isTTY ? 'pretty' : 'inherit',
+  });
+} catch (err) {
+  log.fatal({ err: { type: (err as Error).name, message: (err as Error).message } }, 'could not start the stack (nothing left running)');
+  process.exit(1);
+}
 log.info(
   { NATS_URL: stack.natsUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds: join(resolve(opts.stateDir), 'auth', 'nkeys') },
   `tooltx is up — agents connect to ${stack.natsUrl} (prefix ${prefix}) with their nkey seed from ${join(resolve(opts.stateDir), 'auth', 'nkeys')}; the KB listens on ${stack.kbUrl}; try \`npm run quickstart\`; Ctrl-C stops`,

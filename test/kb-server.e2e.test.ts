@@ -60,6 +60,9 @@ const note = (over: Partial<KbNote> = {}): KbNote => ({
   ...over,
 });
 const soon = () => Date.now() + 30_000;
+/** KB_SEED without actors: every actor of the tenant is a writer; a fresh knowledge base is at authVersion 1. */
+const AS = { actor: 'alice', ifMatch: 1 };
+const AS_HEADERS = { 'x-actor': 'alice', 'if-match': '1' };
 let k = 0;
 const key = () => `tx_test-${process.pid}-${++k}`;
 
@@ -87,16 +90,16 @@ describe('kb-server with KB_DEDUP=on', () => {
 
   it('a repeated key returns the same id and stores one row (honoursKey)', async () => {
     const k1 = key();
-    const first = await kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
+    const first = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
     expect(first).toMatchObject({ kb: 'research', created: true });
     expect(first.id).toMatch(/^note_[0-9a-f-]{36}$/);
     expect(Math.abs(first.createdAt - Date.now())).toBeLessThan(10_000);
 
-    const again = await kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
+    const again = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
     expect(again).toEqual({ ...first, created: false });
 
     // The raw statuses: 201 for the insert, 200 for the replay.
-    const headers = { 'content-type': 'application/json', 'x-tenant': 'acme', 'idempotency-key': k1, 'x-deadline': String(soon()) };
+    const headers = { 'content-type': 'application/json', 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': k1, 'x-deadline': String(soon()) };
     const replay = await raw(`${kb.url}/v1/notes`, { method: 'POST', headers, body: JSON.stringify(note()) });
     expect(replay).toMatchObject({ status: 200, json: { id: first.id, kb: 'research', createdAt: first.createdAt } });
 
@@ -111,7 +114,7 @@ describe('kb-server with KB_DEDUP=on', () => {
 
   it('concurrent writes of one key make one row and one id', async () => {
     const k1 = key();
-    const all = await Promise.all(Array.from({ length: 20 }, () => kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: soon(), note: note() })));
+    const all = await Promise.all(Array.from({ length: 20 }, () => kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() })));
     expect(new Set(all.map((r) => r.id)).size).toBe(1);
     expect(all.filter((r) => r.created)).toHaveLength(1);
     expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toMatchObject({ found: true, count: 1 });
@@ -120,12 +123,12 @@ describe('kb-server with KB_DEDUP=on', () => {
   it('refuses a write past its deadline with 409 and stores nothing (enforcesDeadline)', async () => {
     const k1 = key();
     const before = await kb.client.stats('acme');
-    const err = await kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: Date.now() - 1, note: note() }).catch((e: unknown) => e);
+    const err = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: Date.now() - 1, note: note() }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(KbError);
     expect(err).toMatchObject({ status: 409, errorClass: 'deadline_passed' });
     const r = await raw(`${kb.url}/v1/notes`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', 'idempotency-key': k1, 'x-deadline': String(Date.now() - 1) },
+      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': k1, 'x-deadline': String(Date.now() - 1) },
       body: JSON.stringify(note()),
     });
     expect(r).toEqual({ status: 409, type: 'application/json; charset=utf-8', text: '{"error":"deadline_passed"}', json: { error: 'deadline_passed' } });
@@ -135,8 +138,8 @@ describe('kb-server with KB_DEDUP=on', () => {
 
   it('replays a stored key even after the deadline: dedup comes before the deadline check', async () => {
     const k1 = key();
-    const first = await kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
-    const late = await kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: Date.now() - 60_000, note: note() });
+    const first = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
+    const late = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: Date.now() - 60_000, note: note() });
     expect(late).toEqual({ ...first, created: false });
   });
 
@@ -144,7 +147,7 @@ describe('kb-server with KB_DEDUP=on', () => {
     const post = (tenant: string, kbName: string) =>
       raw(`${kb.url}/v1/notes`, {
         method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-tenant': tenant, 'idempotency-key': key(), 'x-deadline': String(soon()) },
+        headers: { 'content-type': 'application/json', 'x-tenant': tenant, ...AS_HEADERS, 'idempotency-key': key(), 'x-deadline': String(soon()) },
         body: JSON.stringify(note({ kb: kbName })),
       });
     const foreign = await post('globex', 'archive'); // acme's
@@ -153,21 +156,21 @@ describe('kb-server with KB_DEDUP=on', () => {
     expect(foreign).toEqual({ status: 404, type: 'application/json; charset=utf-8', text: '{"error":"not_found"}', json: { error: 'not_found' } });
     expect(missing).toEqual(foreign);
     expect(unknownTenant).toEqual(foreign);
-    await expect(kb.client.writeNote({ tenant: 'globex', key: key(), deadlineAt: soon(), note: note({ kb: 'archive' }) })).rejects.toMatchObject({
+    await expect(kb.client.writeNote({ ...AS, tenant: 'globex', key: key(), deadlineAt: soon(), note: note({ kb: 'archive' }) })).rejects.toMatchObject({
       name: 'KbError',
       status: 404,
       errorClass: 'not_found',
     });
     // globex's own "research" is a different knowledge base from acme's.
-    const own = await kb.client.writeNote({ tenant: 'globex', key: key(), deadlineAt: soon(), note: note() });
+    const own = await kb.client.writeNote({ ...AS, tenant: 'globex', key: key(), deadlineAt: soon(), note: note() });
     expect(own).toMatchObject({ created: true, kb: 'research' });
   });
 
   it('keys are per tenant: the same key of two tenants makes two notes, and probes never cross', async () => {
     const k1 = key();
-    const a = await kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
+    const a = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
     expect(await kb.client.probe({ tenant: 'globex', key: k1 })).toEqual({ found: false });
-    const g = await kb.client.writeNote({ tenant: 'globex', key: k1, deadlineAt: soon(), note: note() });
+    const g = await kb.client.writeNote({ ...AS, tenant: 'globex', key: k1, deadlineAt: soon(), note: note() });
     expect(g.id).not.toBe(a.id);
     expect(g.created).toBe(true);
     const probe = await raw(`${kb.url}/v1/notes/by-key/${encodeURIComponent('never-written')}`, { headers: { 'x-tenant': 'acme' } });
@@ -184,7 +187,9 @@ describe('kb-server with KB_DEDUP=on', () => {
     expect(r.status).toBe(400);
     expect(r.json!.error).toBe('invalid_input');
     const paths = (r.json!.issues as { path: unknown[]; code: string; message: string }[]).map((i) => i.path.join('.'));
-    expect(paths.sort()).toEqual(['', 'fetchedAt', 'headers.idempotency-key', 'headers.x-deadline', 'headers.x-tenant', 'sourceUrl', 'title'].sort());
+    expect(paths.sort()).toEqual(
+      ['', 'fetchedAt', 'headers.idempotency-key', 'headers.if-match', 'headers.x-actor', 'headers.x-deadline', 'headers.x-tenant', 'sourceUrl', 'title'].sort(),
+    );
     const extra = (r.json!.issues as { path: unknown[]; code: string; message: string }[]).find((i) => i.path.length === 0)!;
     expect(extra.code).toBe('unrecognized_keys');
     for (const i of r.json!.issues as { code: unknown; message: unknown }[]) {
@@ -194,7 +199,7 @@ describe('kb-server with KB_DEDUP=on', () => {
     expect(r.text).not.toContain('Leader election'); // the body is never echoed
 
     // Through the client: a typed KbError with the issues.
-    const err = await kb.client.writeNote({ tenant: 'acme', key: key(), deadlineAt: soon(), note: note({ publishAt: 'soon' }) }).catch((e: unknown) => e);
+    const err = await kb.client.writeNote({ ...AS, tenant: 'acme', key: key(), deadlineAt: soon(), note: note({ publishAt: 'soon' }) }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(KbError);
     expect(err).toMatchObject({ status: 400, errorClass: 'invalid_input', issues: [{ path: ['publishAt'] }] });
 
@@ -203,14 +208,14 @@ describe('kb-server with KB_DEDUP=on', () => {
 
     const notJson = await raw(`${kb.url}/v1/notes`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', 'idempotency-key': key(), 'x-deadline': String(soon()) },
+      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': key(), 'x-deadline': String(soon()) },
       body: '{"kb":',
     });
     expect(notJson).toMatchObject({ status: 400, json: { error: 'invalid_input', issues: [{ path: [], code: 'invalid_json' }] } });
 
     const tooBig = await raw(`${kb.url}/v1/notes`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', 'idempotency-key': key(), 'x-deadline': String(soon()) },
+      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': key(), 'x-deadline': String(soon()) },
       body: JSON.stringify(note({ body: 'x'.repeat(2 * 1024 * 1024) })),
     });
     expect(tooBig).toMatchObject({ status: 400, json: { error: 'invalid_input', issues: [{ code: 'too_big' }] } });
@@ -220,23 +225,23 @@ describe('kb-server with KB_DEDUP=on', () => {
 
   it('soft-deletes idempotently, only for the owning tenant', async () => {
     const k1 = key();
-    const w = await kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
+    const w = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
     const before = await kb.client.stats('acme');
-    await expect(kb.client.deleteNote({ tenant: 'globex', key: key(), id: w.id })).rejects.toMatchObject({ status: 404, errorClass: 'not_found' });
-    await expect(kb.client.deleteNote({ tenant: 'acme', key: key(), id: 'note_00000000-0000-0000-0000-000000000000' })).rejects.toMatchObject({ status: 404 });
+    await expect(kb.client.deleteNote({ ...AS, tenant: 'globex', key: key(), id: w.id })).rejects.toMatchObject({ status: 404, errorClass: 'not_found' });
+    await expect(kb.client.deleteNote({ ...AS, tenant: 'acme', key: key(), id: 'note_00000000-0000-0000-0000-000000000000' })).rejects.toMatchObject({ status: 404 });
     const dk = key();
-    expect(await kb.client.deleteNote({ tenant: 'acme', key: dk, id: w.id })).toEqual({ id: w.id, deleted: true });
-    expect(await kb.client.deleteNote({ tenant: 'acme', key: dk, id: w.id })).toEqual({ id: w.id, deleted: true });
+    expect(await kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: w.id })).toEqual({ id: w.id, deleted: true });
+    expect(await kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: w.id })).toEqual({ id: w.id, deleted: true });
     expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toEqual({ found: false });
     expect(await kb.client.stats('acme')).toEqual({ ...before, rows: before.rows - 1, distinctKeys: before.distinctKeys - 1 });
-    const noKey = await raw(`${kb.url}/v1/notes/${w.id}`, { method: 'DELETE', headers: { 'x-tenant': 'acme' } });
+    const noKey = await raw(`${kb.url}/v1/notes/${w.id}`, { method: 'DELETE', headers: { 'x-tenant': 'acme', ...AS_HEADERS } });
     expect(noKey).toMatchObject({ status: 400, json: { error: 'invalid_input', issues: [{ path: ['headers', 'idempotency-key'] }] } });
   });
 
   it('keeps only a digest of the body, and never logs it', async () => {
     const secret = `planted-body-${Date.now()}`;
     const k1 = key();
-    const w = await kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: soon(), note: note({ body: `ünïcode ${secret}`, publishAt: '2024-06-01T00:00:00Z' }) });
+    const w = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note({ body: `ünïcode ${secret}`, publishAt: '2024-06-01T00:00:00Z' }) });
     const db = new Database(kb.db, { readonly: true });
     try {
       const row = db.prepare('SELECT * FROM notes WHERE id = ?').get(w.id) as Record<string, unknown>;
@@ -303,11 +308,11 @@ describe('kb-server with KB_DEDUP=off', () => {
   it('every request reaching the insert stores a row: a double execution is visible in stats', async () => {
     expect(await kb.client.stats()).toEqual({ rows: 0, distinctKeys: 0, duplicateRows: 0 });
     const k1 = key();
-    const a = await kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
-    const b = await kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
+    const a = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
+    const b = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
     expect(a.created && b.created).toBe(true);
     expect(b.id).not.toBe(a.id);
-    await kb.client.writeNote({ tenant: 'globex', key: key(), deadlineAt: soon(), note: note() });
+    await kb.client.writeNote({ ...AS, tenant: 'globex', key: key(), deadlineAt: soon(), note: note() });
 
     expect(await kb.client.stats('acme')).toEqual({ rows: 2, distinctKeys: 1, duplicateRows: 1 });
     expect(await kb.client.stats('globex')).toEqual({ rows: 1, distinctKeys: 1, duplicateRows: 0 });
@@ -315,7 +320,7 @@ describe('kb-server with KB_DEDUP=off', () => {
     // The probe names the first row and counts both.
     expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toEqual({ found: true, id: a.id, kb: 'research', createdAt: a.createdAt, count: 2 });
     // The deadline still holds with dedup off.
-    await expect(kb.client.writeNote({ tenant: 'acme', key: k1, deadlineAt: Date.now() - 1, note: note() })).rejects.toMatchObject({ status: 409 });
+    await expect(kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: Date.now() - 1, note: note() })).rejects.toMatchObject({ status: 409 });
     expect(await kb.client.stats('acme')).toEqual({ rows: 2, distinctKeys: 1, duplicateRows: 1 });
     const badTenant = await raw(`${kb.url}/v1/stats?tenant=ACME`);
     expect(badTenant).toMatchObject({ status: 400, json: { error: 'invalid_input', issues: [{ path: ['query', 'tenant'] }] } });
@@ -327,7 +332,7 @@ describe('kb-server process', () => {
     const p = spawnKb({}, ['--help']);
     expect(await p.exited).toBe(0);
     const out = JSON.stringify(p.lines);
-    for (const name of ['KB_PORT', 'KB_HOST', 'KB_DB', 'KB_DEDUP', 'KB_SEED', 'LOG_LEVEL']) expect(out).toContain(name);
+    for (const name of ['KB_PORT', 'KB_HOST', 'KB_DB', 'KB_DEDUP', 'KB_SEED', 'KB_SEED_FILE', 'KB_ADMIN_TOKEN_FILE', 'LOG_LEVEL']) expect(out).toContain(name);
   });
 
   it('refuses a bad configuration with exit 2, listing every problem', async () => {
@@ -345,7 +350,7 @@ describe('kb-server process', () => {
     // An in-flight request: headers and half of the body sent, the rest after the signal.
     const req = request(`${kb.url}/v1/notes`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload), 'x-tenant': 'acme', 'idempotency-key': k1, 'x-deadline': String(soon()) },
+      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload), 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': k1, 'x-deadline': String(soon()) },
     });
     const answer = new Promise<{ status: number; body: string }>((resolveAnswer, reject) => {
       req.on('response', (res) => {

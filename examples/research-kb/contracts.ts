@@ -8,7 +8,36 @@
 import { z } from 'zod';
 import { defineContract, normalise } from '@tooltx/contracts';
 
-const kbName = z.string().regex(/^[a-z0-9_-]{1,64}$/, 'a knowledge base name: ^[a-z0-9_-]{1,64}$');
+/**
+ * A knowledge-base reference as the agent knows it: a name, an alias or an id, in any case or
+ * percent-encoding. The trusted side resolves it to one canonical id (FM-10); the key is derived
+ * over the normalised reference.
+ */
+const kbRef = z.string().min(1).max(200);
+/** An http(s) URL without credentials in it (they would end up in the KB and the audit trail). */
+const webUrl = z
+  .url({ protocol: /^https?$/ })
+  .max(2_000)
+  .refine((u) => !/^[a-z]+:\/\/[^/]*@/i.test(u), 'URLs with credentials are not allowed');
+/** Text that must keep some content after its normaliser ran (whitespace-only is refused). */
+const text = (max: number) => z.string().min(1).max(max).refine((s) => s.trim().length > 0, 'must not be blank');
+
+const noteSchema = z.strictObject({
+  kb: kbRef,
+  title: text(300),
+  body: text(20_000),
+  sourceUrl: webUrl,
+  fetchedAt: z.iso.datetime({ offset: true }),
+  publishAt: z.iso.datetime({ offset: true }).optional(),
+});
+const noteNormalisers = {
+  kb: normalise.token,
+  title: normalise.title,
+  body: normalise.markdown,
+  sourceUrl: normalise.url,
+  fetchedAt: normalise.instant,
+  publishAt: normalise.instant,
+};
 
 export function researchContracts(opts: { kbDedup: boolean }) {
   const fetchPage = defineContract({
@@ -16,7 +45,7 @@ export function researchContracts(opts: { kbDedup: boolean }) {
     version: 1,
     description: 'Fetch a web page and return its title and an excerpt with its source (never the whole page).',
     effect: 'read',
-    input: z.strictObject({ url: z.url({ protocol: /^https?$/ }).max(2_000) }),
+    input: z.strictObject({ url: webUrl }),
     output: z.object({ url: z.string(), title: z.string(), excerpt: z.string() }),
     normalise: { url: normalise.url },
     target: (i) => ({ url: i.url }),
@@ -31,23 +60,10 @@ export function researchContracts(opts: { kbDedup: boolean }) {
     version: 1,
     description: 'Write a research note, built from a page excerpt, into a knowledge base of the caller’s tenant.',
     effect: 'create',
-    input: z.strictObject({
-      kb: kbName,
-      title: z.string().min(1).max(300),
-      body: z.string().min(1).max(20_000),
-      sourceUrl: z.url({ protocol: /^https?$/ }).max(2_000),
-      fetchedAt: z.iso.datetime({ offset: true }),
-      publishAt: z.iso.datetime({ offset: true }).optional(),
-    }),
-    output: z.object({ noteId: z.string(), kb: z.string() }),
-    normalise: {
-      kb: normalise.token,
-      title: normalise.title,
-      body: normalise.markdown,
-      sourceUrl: normalise.url,
-      fetchedAt: normalise.instant,
-      publishAt: normalise.instant,
-    },
+    input: noteSchema,
+    // FM-19: a write returns its receipt only.
+    output: z.object({}),
+    normalise: noteNormalisers,
     target: (i) => ({ kb: i.kb }),
     // fetchedAt and publishAt are outside the intent: the same note re-sent with another fetch time
     // is an explicit idempotency_conflict, not a second note.
@@ -62,8 +78,8 @@ export function researchContracts(opts: { kbDedup: boolean }) {
     version: 1,
     description: 'Delete (soft) a note of a knowledge base of the caller’s tenant.',
     effect: 'delete',
-    input: z.strictObject({ kb: kbName, noteId: z.string().regex(/^note_[A-Za-z0-9-]{1,64}$/) }),
-    output: z.object({ noteId: z.string(), deleted: z.boolean() }),
+    input: z.strictObject({ kb: kbRef, noteId: z.string().regex(/^note_[A-Za-z0-9-]{1,64}$/) }),
+    output: z.object({}),
     normalise: { kb: normalise.token },
     target: (i) => ({ kb: i.kb, noteId: i.noteId }),
     intent: () => ({ action: 'delete' }),
@@ -72,7 +88,22 @@ export function researchContracts(opts: { kbDedup: boolean }) {
     downstream: { honoursKey: true, enforcesDeadline: false },
   });
 
-  return { fetchPage, writeNote, deleteNote, all: [fetchPage, writeNote, deleteNote] };
+  const writeNotes = defineContract({
+    name: 'kb.write_notes',
+    version: 1,
+    description: 'Write up to 50 research notes at once; every item is authorised, and one refused item refuses the whole batch.',
+    effect: 'create',
+    input: z.strictObject({ items: z.array(noteSchema).min(1).max(50) }),
+    output: z.object({}),
+    normalise: { items: normalise.each(normalise.fields<z.infer<typeof noteSchema>>(noteNormalisers)) },
+    target: (i) => ({ kbs: [...new Set(i.items.map((n) => n.kb))].sort() }),
+    intent: (i) => ({ items: i.items.map((n) => ({ kb: n.kb, title: n.title, body: n.body, sourceUrl: n.sourceUrl })) }),
+    key: { scope: 'tenant', retentionMs: 7 * 24 * 3600_000 },
+    timing: { timeoutMs: 10_000, runningBoundMs: 30_000, unknownDeadlineMs: 5 * 60_000 },
+    downstream: { honoursKey: opts.kbDedup, enforcesDeadline: true },
+  });
+
+  return { fetchPage, writeNote, writeNotes, deleteNote, all: [fetchPage, writeNote, writeNotes, deleteNote] };
 }
 
 /** The KB's dedup mode from the environment (`KB_DEDUP`, default `on`). */

@@ -18,6 +18,7 @@ import { join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Command } from 'commander';
 import { createTools, type ExecuteResult } from '@tooltx/client';
+import { connectNats } from '@tooltx/nats';
 import { researchContracts } from './contracts.js';
 import { DocsServer } from './docs-server.js';
 import { KbClient } from './kb-client.js';
@@ -40,6 +41,7 @@ const stateDir = mkdtempSync(join(tmpdir(), 'tooltx-demo-'));
 const runId = randomBytes(4).toString('hex');
 const prefix = process.env.NATS_URL ? `demo_${runId}` : 'tooltx';
 const TENANT = 'acme';
+const RIVAL = 'globex';
 const KB = 'research';
 
 const docs = await new DocsServer(resolve('node_modules'), wantPages).start();
@@ -51,8 +53,10 @@ const stack = await startStack({
   prefix,
   kbPort: 0,
   kbDedup: false,
-  kbSeed: `${TENANT}:${KB}`,
+  kbSeed: `${TENANT}:${KB},${RIVAL}:${KB}`,
   logs: { dir: join(stateDir, 'logs') },
+  // The docs server is on loopback, which web.fetch_page refuses unless the origin is allowed.
+  env: { WEB_ALLOWED_ORIGINS: docs.url },
 });
 say(`demo: stack up (nats ${stack.natsUrl}, KB ${stack.kbUrl}, KB_DEDUP=off); logs in ${join(stateDir, 'logs')}`);
 
@@ -113,8 +117,54 @@ async function onePage(url: string): Promise<void> {
     if (r.status === 'unknown') unknownKeys.add(r.operationKey);
   }
   if (a.status === 'committed' || b.status === 'committed') c.writesCommitted++;
+  firstKey ??= a.operationKey ?? undefined;
   if (a.status === 'committed' && b.status === 'committed' && a.operationKey === b.operationKey && JSON.stringify(a.receipt) === JSON.stringify(b.receipt)) c.duplicatesSuppressed++;
 }
+
+/**
+ * globex/mallory, authenticated as itself, tries: a forged actorId, a tenant field in the input, a
+ * guessed id of acme's knowledge base, publishing on acme's intent subject, and reading an acme
+ * operation's status. Every write attempt must be refused; the read must reveal nothing.
+ */
+async function runAdversary(): Promise<{ attempts: number; rejected: number; readsRevealed: number }> {
+  const mallory = { kind: 'agent' as const, tenant: RIVAL, actor: 'mallory' };
+  const evil = await createTools({ servers: stack.natsUrl, tenant: RIVAL, actor: 'mallory', nkeyFile: stack.seedFile(mallory), contracts: contracts.all, prefix });
+  const acmeKb = (await new KbClient(stack.kbUrl).admin(stack.kbAdminToken).list(TENANT)).find((k) => k.name === KB)!;
+  const note = { kb: KB, title: 'Injected', body: 'Not yours.', sourceUrl: 'https://example.org/x', fetchedAt: new Date().toISOString() };
+  const writes = [
+    () => evil.execute({ tool: 'kb.write_note', taskId: `evil-${runId}`, actorId: 'researcher', input: note }),
+    () => evil.execute({ tool: 'kb.write_note', taskId: `evil-${runId}`, input: { ...note, tenant: TENANT } }),
+    () => evil.execute({ tool: 'kb.write_note', taskId: `evil-${runId}`, input: { ...note, kb: acmeKb.kbId } }),
+  ];
+  let attempts = 0;
+  let rejected = 0;
+  for (const w of writes) {
+    attempts++;
+    const r = await w();
+    if (r.status === 'rejected') rejected++;
+  }
+  // Publishing on acme's intent subject: the server refuses it (permissions).
+  attempts++;
+  const nc = await connectNats({ servers: stack.natsUrl, name: 'demo-adversary', nkeySeedFile: stack.seedFile(mallory), inboxPrefix: stack.inboxPrefix(mallory), reconnectForever: false });
+  const refused = new Promise<boolean>((resolve) => {
+    void (async () => {
+      for await (const s of nc.status()) if (s.type === 'error') return resolve(true);
+    })();
+    setTimeout(() => resolve(false), 3_000);
+  });
+  nc.publish(`${prefix}.intent.${TENANT}.researcher`, new Uint8Array([0x80]));
+  if (await refused) rejected++;
+  await nc.close();
+  // Reading an acme operation: the status of the quickest acme key the demo knows.
+  let readsRevealed = 0;
+  if (firstKey) {
+    const a = await evil.status({ operationKey: firstKey });
+    if (a.state !== 'not_seen') readsRevealed++;
+  }
+  await evil.close();
+  return { attempts, rejected, readsRevealed };
+}
+let firstKey: string | undefined;
 
 const queue = docs.pages.map((p) => p.url);
 const progress = setInterval(() => say(`demo: pages ${c.pages}/${docs.pages.length}  writes submitted ${c.writesSubmitted}  committed ${c.writesCommitted}  suppressed ${c.duplicatesSuppressed}  rejected ${c.honestWritesRejected}  unknown ${unknownKeys.size}`), 2_000);
@@ -125,6 +175,9 @@ await Promise.all(
 );
 clearInterval(progress);
 const elapsedS = (Date.now() - started) / 1000;
+
+// An adversary of another tenant (globex/mallory) tries forged identities and a guessed foreign id.
+const adversary = await runAdversary();
 
 // Unknown is not failure: ask the server again before counting anything as unresolved.
 c.unknownAtFirst = unknownKeys.size;
@@ -140,7 +193,14 @@ for (const key of unknownKeys) {
   if (!settled) c.unknownUnresolved++;
 }
 
-const stats = await new KbClient(stack.kbUrl).stats(TENANT);
+const kbClient = new KbClient(stack.kbUrl);
+const stats = await kbClient.stats(TENANT);
+// Rows a tenant holds in a knowledge base it does not own — from the KB's own count.
+let unauthorisedWrites = 0;
+for (const tenant of [TENANT, RIVAL]) {
+  for (const kb of await kbClient.rowsPerKb({ tenant })) if (kb.owner !== tenant) unauthorisedWrites += kb.rows;
+}
+await kbClient.close();
 const summary = {
   pages: c.pages,
   fetchFailures: c.fetchFailures,
@@ -153,6 +213,10 @@ const summary = {
   unknownUnresolved: c.unknownUnresolved,
   kbRows: stats.rows,
   duplicateSideEffects: stats.duplicateRows,
+  forgedAttempts: adversary.attempts,
+  forgedRejected: adversary.rejected,
+  crossTenantReadsRevealed: adversary.readsRevealed,
+  unauthorisedWrites,
   callsPerSecond: Math.round((c.calls / elapsedS) * 10) / 10,
   elapsedSeconds: Math.round(elapsedS * 10) / 10,
   workers,
@@ -164,6 +228,8 @@ const gates = {
   noHonestRejection: summary.honestWritesRejected === 0,
   noUnresolvedUnknown: summary.unknownUnresolved === 0,
   noDuplicateSideEffect: summary.duplicateSideEffects === 0,
+  everyForgeryRejected: summary.forgedRejected === summary.forgedAttempts && summary.forgedAttempts > 0,
+  noUnauthorisedWrite: summary.unauthorisedWrites === 0 && summary.crossTenantReadsRevealed === 0,
 };
 const ok = Object.values(gates).every(Boolean);
 
@@ -181,6 +247,8 @@ const rows: [string, string | number][] = [
   ['unknown at first / unresolved at the end', `${summary.unknownAtFirst} / ${summary.unknownUnresolved}`],
   ['KB rows', summary.kbRows],
   ['duplicate side effects (KB rows beyond one per key)', summary.duplicateSideEffects],
+  ['forged attempts by another tenant / rejected', `${summary.forgedAttempts} / ${summary.forgedRejected}`],
+  ['unauthorised writes (rows in a KB of another owner)', summary.unauthorisedWrites],
   ['tool calls per second', summary.callsPerSecond],
   ['gates', ok ? 'all hold' : `FAILED: ${Object.entries(gates).filter(([, v]) => !v).map(([k]) => k).join(', ')}`],
 ];

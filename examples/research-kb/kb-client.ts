@@ -7,14 +7,35 @@
  * Error convention: an HTTP answer of 4xx/5xx throws {@link KbError} (the KB answered, with a
  * class); network errors, aborts (the caller's `signal`) and a reply that cannot be read propagate
  * unchanged or as {@link KbProtocolError} — callers treat those as "outcome unknown".
+ *
+ * Authorisation (issue 6): resolve a reference first ({@link KbClient.resolve}: the canonical
+ * `kbId`, the `authVersion` and the actor's role), then write with `actor` and `ifMatch` =
+ * that `authVersion`; the KB re-checks version, state, role and quota in the insert's transaction.
  */
 
 import { Agent, request, type Dispatcher } from 'undici';
 
 /** The error classes the KB answers with (`{ error }` bodies). */
-export type KbErrorClass = 'invalid_input' | 'not_found' | 'deadline_passed' | 'internal';
+export type KbErrorClass =
+  | 'invalid_input'
+  | 'unauthorized'
+  | 'forbidden'
+  | 'not_found'
+  | 'frozen'
+  | 'deadline_passed'
+  | 'conflict'
+  | 'version_conflict'
+  | 'quota_exceeded'
+  | 'internal';
 
-/** A field problem of an `invalid_input` answer: `path` is `["headers", name]` or the body field's path. */
+const CLASSES: readonly string[] = [
+  'invalid_input', 'unauthorized', 'forbidden', 'not_found', 'frozen', 'deadline_passed', 'conflict', 'version_conflict', 'quota_exceeded', 'internal',
+] satisfies KbErrorClass[];
+
+/**
+ * A field problem of an `invalid_input` answer: `path` is `["headers", name]`, `["query", name]` or
+ * the body field's path. For a refused batch: `path` is `["items", index]` and `code` the class.
+ */
 export interface KbIssue {
   path: (string | number)[];
   code: string;
@@ -23,18 +44,23 @@ export interface KbIssue {
 
 /**
  * The KB answered 4xx/5xx. `errorClass` is the answer's `error` class, or `unexpected` when the
- * body carried none (e.g. a proxy's page). `issues` is set for `invalid_input`.
+ * body carried none (e.g. a proxy's page). `issues` is set for `invalid_input` and for a refused
+ * batch (then `index` is the refused item). `retryAfterMs` is set for `quota_exceeded`.
  */
 export class KbError extends Error {
   readonly status: number;
   readonly errorClass: KbErrorClass | 'unexpected';
   readonly issues: KbIssue[] | undefined;
-  constructor(status: number, errorClass: KbErrorClass | 'unexpected', issues?: KbIssue[]) {
+  readonly retryAfterMs: number | undefined;
+  readonly index: number | undefined;
+  constructor(status: number, errorClass: KbErrorClass | 'unexpected', issues?: KbIssue[], extra: { retryAfterMs?: number | undefined; index?: number | undefined } = {}) {
     super(`kb answered ${status} ${errorClass}`);
     this.name = 'KbError';
     this.status = status;
     this.errorClass = errorClass;
     this.issues = issues;
+    this.retryAfterMs = extra.retryAfterMs;
+    this.index = extra.index;
   }
 }
 
@@ -48,7 +74,7 @@ export class KbProtocolError extends Error {
   }
 }
 
-/** A note to write. Times are ISO-8601 with an offset; the body is stored only as its digest. */
+/** A note to write: `kb` is any reference (name, alias, `kb_<uuid>`). Times are ISO-8601 with an offset; the body is stored only as its digest. */
 export interface KbNote {
   kb: string;
   title: string;
@@ -58,16 +84,44 @@ export interface KbNote {
   publishAt?: string | undefined;
 }
 
-/** A write's receipt: `createdAt` in ms since the epoch; `created` false = an existing note of that key (dedup). */
-export interface KbWriteReceipt {
+export type KbRole = 'reader' | 'writer' | 'admin';
+export type KbState = 'active' | 'frozen' | 'deleted';
+
+/** What the resolver answers: the canonical id, the authorisation version and the actor's role. */
+export interface KbResolution {
+  kbId: string;
+  name: string;
+  state: 'active' | 'frozen';
+  authVersion: number;
+  role: KbRole | null;
+}
+
+/** A stored note: `kb` is the knowledge base's name, `createdAt` in ms since the epoch. */
+export interface KbNoteReceipt {
   id: string;
   kb: string;
+  kbId: string;
   createdAt: number;
+}
+
+/** A write's receipt: `created` false = an existing note of that key (dedup). */
+export interface KbWriteReceipt extends KbNoteReceipt {
   created: boolean;
 }
 
-/** The probe by key: `count` = non-deleted notes with that key (> 1 only with dedup off). */
-export type KbProbeResult = { found: true; id: string; kb: string; createdAt: number; count: number } | { found: false };
+/** A batch's receipt: the items in order; `created` false = the batch stored earlier under that key (dedup). */
+export interface KbBatchReceipt {
+  items: KbNoteReceipt[];
+  created: boolean;
+}
+
+/**
+ * The probe by key: `count` = non-deleted notes with that key (> 1 only with dedup off). For a
+ * batch key, `items` lists the batch's notes in order (`id`, `kb`, `createdAt` are item 0's).
+ */
+export type KbProbeResult =
+  | { found: true; id: string; kb: string; createdAt: number; count: number; items?: { id: string; kb: string; createdAt: number }[] }
+  | { found: false };
 
 /** Counts over non-deleted notes; `duplicateRows` = rows beyond one per (tenant, key). */
 export interface KbStats {
@@ -76,7 +130,56 @@ export interface KbStats {
   duplicateRows: number;
 }
 
-const CLASSES: readonly string[] = ['invalid_input', 'not_found', 'deadline_passed', 'internal'];
+/** Non-deleted notes in one knowledge base (of one tenant's notes when the query named a tenant). */
+export interface KbRowCount {
+  kbId: string;
+  owner: string;
+  name: string;
+  state: KbState;
+  rows: number;
+}
+
+/** The operator's view of a knowledge base; quota figures are the owner tenant's (current UTC day). */
+export interface KbAdminView {
+  kbId: string;
+  tenant: string;
+  name: string;
+  state: KbState;
+  authVersion: number;
+  quotaUsed: number;
+  quotaLimit: number | null;
+  aliases: string[];
+  defaultRole: KbRole | null;
+  /** `none` = revoked (overrides `defaultRole`). */
+  members: { tenant: string; actor: string; role: KbRole | 'none' }[];
+}
+
+/** The operator endpoints (`/v1/admin/*`) with the operator token. Every change answers the new view and whether it changed anything. */
+export interface KbAdmin {
+  list(tenant?: string, signal?: AbortSignal): Promise<KbAdminView[]>;
+  get(kbId: string, signal?: AbortSignal): Promise<KbAdminView>;
+  /** Grants `role` to `actor` of `tenant` (the owner tenant), or revokes it (`null`). */
+  setMember(kbId: string, member: { tenant: string; actor: string; role: KbRole | null }): Promise<KbAdminView & { changed: boolean }>;
+  setDefaultRole(kbId: string, role: KbRole | null): Promise<KbAdminView & { changed: boolean }>;
+  setState(kbId: string, state: KbState): Promise<KbAdminView & { changed: boolean }>;
+  transferOwner(kbId: string, tenant: string): Promise<KbAdminView & { changed: boolean }>;
+  addAlias(kbId: string, alias: string): Promise<KbAdminView & { changed: boolean }>;
+  removeAlias(kbId: string, alias: string): Promise<KbAdminView & { changed: boolean }>;
+}
+
+/** The identity and version condition of a write. */
+interface Authz {
+  /**
+   * The acting actor (`x-actor`). REQUIRED by the KB (a write without it is 400 invalid_input);
+   * optional in the type only until every caller sends it.
+   */
+  actor?: string | undefined;
+  /**
+   * The `authVersion` the caller checked (`if-match`). REQUIRED by the KB, like `actor`; never
+   * defaulted.
+   */
+  ifMatch?: number | undefined;
+}
 
 export class KbClient {
   readonly baseUrl: string;
@@ -99,29 +202,80 @@ export class KbClient {
   }
 
   /**
-   * `POST /v1/notes` under the downstream `key` (≤ 100 printable ASCII characters) with the
-   * absolute deadline `deadlineAt` (ms since the epoch), after which the KB refuses to insert.
-   * Throws {@link KbError}: 400 `invalid_input`, 404 `not_found` (no such knowledge base of the
-   * tenant), 409 `deadline_passed` (nothing stored), 500 `internal`.
+   * `GET /v1/resolve` — the knowledge base of `tenant` that `ref` names (name, alias or `kb_<uuid>`,
+   * any case, percent-encoded or not), with the actor's current role. Throws {@link KbError} 404
+   * `not_found` — identical for a missing, another tenant's and a soft-deleted knowledge base.
    */
-  async writeNote(args: { tenant: string; key: string; deadlineAt: number; note: KbNote; signal?: AbortSignal }): Promise<KbWriteReceipt> {
-    const res = await this.#call('POST', '/v1/notes', {
-      headers: { 'x-tenant': args.tenant, 'idempotency-key': args.key, 'x-deadline': String(Math.floor(args.deadlineAt)) },
-      body: args.note,
+  async resolve(args: { tenant: string; actor: string; ref: string; signal?: AbortSignal }): Promise<KbResolution> {
+    const res = await this.#call('GET', `/v1/resolve?ref=${encodeURIComponent(args.ref)}`, {
+      headers: { 'x-tenant': args.tenant, 'x-actor': args.actor },
       signal: args.signal,
     });
     const b = res.body;
-    if (!isRecord(b) || typeof b.id !== 'string' || typeof b.kb !== 'string' || typeof b.createdAt !== 'number') {
-      throw new KbProtocolError(res.status, 'an unreadable receipt');
+    if (
+      !isRecord(b) || typeof b.kbId !== 'string' || typeof b.name !== 'string' || (b.state !== 'active' && b.state !== 'frozen') ||
+      typeof b.authVersion !== 'number' || !(b.role === null || b.role === 'reader' || b.role === 'writer' || b.role === 'admin')
+    ) {
+      throw new KbProtocolError(res.status, 'an unreadable resolution');
     }
-    return { id: b.id, kb: b.kb, createdAt: b.createdAt, created: res.status === 201 };
+    return { kbId: b.kbId, name: b.name, state: b.state, authVersion: b.authVersion, role: b.role };
+  }
+
+  /**
+   * `POST /v1/notes` under the downstream `key` (≤ 100 printable ASCII characters) with the
+   * absolute deadline `deadlineAt` (ms since the epoch), after which the KB refuses to insert, as
+   * `actor` under the version condition `ifMatch`. Throws {@link KbError}: 400 `invalid_input`, 404
+   * `not_found`, 409 `frozen` / `deadline_passed`, 412 `version_conflict`, 403 `forbidden`, 429
+   * `quota_exceeded` (with `retryAfterMs`), 500 `internal` — nothing stored for any of them.
+   */
+  async writeNote(args: { tenant: string; key: string; deadlineAt: number; note: KbNote; signal?: AbortSignal } & Authz): Promise<KbWriteReceipt> {
+    const res = await this.#call('POST', '/v1/notes', {
+      headers: { 'x-tenant': args.tenant, 'idempotency-key': args.key, 'x-deadline': String(Math.floor(args.deadlineAt)), ...authzHeaders(args.actor, args.ifMatch) },
+      body: args.note,
+      signal: args.signal,
+    });
+    const r = noteReceipt(res.body);
+    if (!r) throw new KbProtocolError(res.status, 'an unreadable receipt');
+    return { ...r, created: res.status === 201 };
+  }
+
+  /**
+   * `POST /v1/notes:batch` — 1..50 notes under one downstream `key` (≤ 96 characters; item `i` is
+   * stored under `<key>#<i>`), all or nothing. `ifMatch` maps each knowledge base id the batch
+   * writes to onto the `authVersion` checked. A refusal throws {@link KbError} with the refused
+   * item's `index` (nothing is stored).
+   */
+  async writeBatch(args: {
+    tenant: string;
+    actor: string;
+    key: string;
+    deadlineAt: number;
+    ifMatch: Readonly<Record<string, number>>;
+    items: KbNote[];
+    signal?: AbortSignal;
+  }): Promise<KbBatchReceipt> {
+    const res = await this.#call('POST', '/v1/notes:batch', {
+      headers: {
+        'x-tenant': args.tenant,
+        'x-actor': args.actor,
+        'idempotency-key': args.key,
+        'x-deadline': String(Math.floor(args.deadlineAt)),
+        'if-match': Object.entries(args.ifMatch).map(([id, v]) => `${id}=${v}`).join(', '),
+      },
+      body: { items: args.items },
+      signal: args.signal,
+    });
+    const b = res.body;
+    const items = isRecord(b) && Array.isArray(b.items) ? b.items.map(noteReceipt) : [];
+    if (items.length === 0 || items.some((i) => i === null)) throw new KbProtocolError(res.status, 'an unreadable batch receipt');
+    return { items: items as KbNoteReceipt[], created: res.status === 201 };
   }
 
   /**
    * `GET /v1/notes/by-key/:key` — read-only, repeatable: the tenant's oldest non-deleted note with
-   * that key, or `{ found: false }` (also for another tenant's key) — only when the KB itself said
-   * so (a 404 body with `found: false`). Throws {@link KbError} for `invalid_input`, `internal` and
-   * a 404 that is not the KB's probe answer.
+   * that key (or the batch stored under it), or `{ found: false }` (also for another tenant's key) —
+   * only when the KB itself said so (a 404 body with `found: false`). Throws {@link KbError} for
+   * `invalid_input`, `internal` and a 404 that is not the KB's probe answer.
    */
   async probe(args: { tenant: string; key: string; signal?: AbortSignal }): Promise<KbProbeResult> {
     const res = await this.#call('GET', `/v1/notes/by-key/${encodeURIComponent(args.key)}`, {
@@ -138,17 +292,25 @@ export class KbClient {
     if (!isRecord(b) || b.found !== true || typeof b.id !== 'string' || typeof b.kb !== 'string' || typeof b.createdAt !== 'number' || typeof b.count !== 'number') {
       throw new KbProtocolError(res.status, 'an unreadable probe result');
     }
-    return { found: true, id: b.id, kb: b.kb, createdAt: b.createdAt, count: b.count };
+    const out: KbProbeResult = { found: true, id: b.id, kb: b.kb, createdAt: b.createdAt, count: b.count };
+    if (Array.isArray(b.items)) {
+      out.items = b.items.map((i: unknown) => {
+        if (!isRecord(i) || typeof i.id !== 'string' || typeof i.kb !== 'string' || typeof i.createdAt !== 'number') throw new KbProtocolError(res.status, 'an unreadable probe result');
+        return { id: i.id, kb: i.kb, createdAt: i.createdAt };
+      });
+    }
+    return out;
   }
 
   /**
    * `DELETE /v1/notes/:id` — soft delete, idempotent (an already deleted note answers the same).
    * `key` is the downstream key of the delete. Throws {@link KbError} 404 `not_found` when the note
-   * is not the tenant's, 400 `invalid_input`, 500 `internal`.
+   * is not in a knowledge base of the tenant, 409 `frozen`, 412 `version_conflict`, 403
+   * `forbidden`, 400 `invalid_input`, 500 `internal`.
    */
-  async deleteNote(args: { tenant: string; key: string; id: string; signal?: AbortSignal }): Promise<{ id: string; deleted: true }> {
+  async deleteNote(args: { tenant: string; key: string; id: string; signal?: AbortSignal } & Authz): Promise<{ id: string; deleted: true }> {
     const res = await this.#call('DELETE', `/v1/notes/${encodeURIComponent(args.id)}`, {
-      headers: { 'x-tenant': args.tenant, 'idempotency-key': args.key },
+      headers: { 'x-tenant': args.tenant, 'idempotency-key': args.key, ...authzHeaders(args.actor, args.ifMatch) },
       signal: args.signal,
     });
     const b = res.body;
@@ -156,15 +318,61 @@ export class KbClient {
     return { id: b.id, deleted: true };
   }
 
-  /** `GET /v1/stats` — operator counts over non-deleted notes, of one tenant or of all. */
+  /** `GET /v1/stats` — counts over non-deleted notes, of one tenant (the notes it wrote) or of all. */
   async stats(tenant?: string, signal?: AbortSignal): Promise<KbStats> {
-    const q = tenant === undefined ? '' : `?tenant=${encodeURIComponent(tenant)}`;
-    const res = await this.#call('GET', `/v1/stats${q}`, { signal });
+    const b = await this.#stats({ tenant }, signal);
+    return { rows: b.rows, distinctKeys: b.distinctKeys, duplicateRows: b.duplicateRows };
+  }
+
+  /**
+   * `GET /v1/stats` per knowledge base: non-deleted notes in each (written by `tenant` when given,
+   * over the knowledge bases it owns or wrote into; `kbId` narrows to one). Rows where `owner` is
+   * not the submitting tenant are writes into someone else's knowledge base.
+   */
+  async rowsPerKb(filter: { tenant?: string; kbId?: string } = {}, signal?: AbortSignal): Promise<KbRowCount[]> {
+    return (await this.#stats(filter, signal)).knowledgeBases;
+  }
+
+  async #stats(filter: { tenant?: string | undefined; kbId?: string | undefined }, signal?: AbortSignal): Promise<KbStats & { knowledgeBases: KbRowCount[] }> {
+    const q = new URLSearchParams();
+    if (filter.tenant !== undefined) q.set('tenant', filter.tenant);
+    if (filter.kbId !== undefined) q.set('kb', filter.kbId);
+    const qs = q.size ? `?${q.toString()}` : '';
+    const res = await this.#call('GET', `/v1/stats${qs}`, { signal });
     const b = res.body;
-    if (!isRecord(b) || typeof b.rows !== 'number' || typeof b.distinctKeys !== 'number' || typeof b.duplicateRows !== 'number') {
+    if (!isRecord(b) || typeof b.rows !== 'number' || typeof b.distinctKeys !== 'number' || typeof b.duplicateRows !== 'number' || !Array.isArray(b.knowledgeBases)) {
       throw new KbProtocolError(res.status, 'unreadable stats');
     }
-    return { rows: b.rows, distinctKeys: b.distinctKeys, duplicateRows: b.duplicateRows };
+    return { rows: b.rows, distinctKeys: b.distinctKeys, duplicateRows: b.duplicateRows, knowledgeBases: b.knowledgeBases as KbRowCount[] };
+  }
+
+  /** The operator endpoints with `token` (the content of the KB's `KB_ADMIN_TOKEN_FILE`). */
+  admin(token: string): KbAdmin {
+    const auth = { authorization: `Bearer ${token}` };
+    const change = async (kbId: string, what: string, body: unknown) => {
+      const res = await this.#call('POST', `/v1/admin/kbs/${encodeURIComponent(kbId)}/${what}`, { headers: auth, body });
+      if (!isRecord(res.body) || typeof res.body.authVersion !== 'number') throw new KbProtocolError(res.status, 'an unreadable view');
+      return res.body as unknown as KbAdminView & { changed: boolean };
+    };
+    return {
+      list: async (tenant, signal) => {
+        const q = tenant === undefined ? '' : `?tenant=${encodeURIComponent(tenant)}`;
+        const res = await this.#call('GET', `/v1/admin/kbs${q}`, { headers: auth, signal });
+        if (!isRecord(res.body) || !Array.isArray(res.body.knowledgeBases)) throw new KbProtocolError(res.status, 'an unreadable list');
+        return res.body.knowledgeBases as KbAdminView[];
+      },
+      get: async (kbId, signal) => {
+        const res = await this.#call('GET', `/v1/admin/kbs/${encodeURIComponent(kbId)}`, { headers: auth, signal });
+        if (!isRecord(res.body) || typeof res.body.authVersion !== 'number') throw new KbProtocolError(res.status, 'an unreadable view');
+        return res.body as unknown as KbAdminView;
+      },
+      setMember: (kbId, m) => change(kbId, 'members', m),
+      setDefaultRole: (kbId, role) => change(kbId, 'default-role', { role }),
+      setState: (kbId, state) => change(kbId, 'state', { state }),
+      transferOwner: (kbId, tenant) => change(kbId, 'owner', { tenant }),
+      addAlias: (kbId, alias) => change(kbId, 'aliases', { alias }),
+      removeAlias: (kbId, alias) => change(kbId, 'aliases', { alias, remove: true }),
+    };
   }
 
   /** `GET /healthz` — true when the KB answers 200. Network errors propagate. */
@@ -200,13 +408,35 @@ export class KbClient {
     if (res.status >= 400 && !(o.notFoundOk && res.status === 404)) {
       const cls = isRecord(body) && typeof body.error === 'string' && CLASSES.includes(body.error) ? (body.error as KbErrorClass) : 'unexpected';
       const issues = isRecord(body) && Array.isArray(body.issues) ? (body.issues as KbIssue[]) : undefined;
-      throw new KbError(res.status, cls, issues);
+      const retryAfterMs = cls !== 'quota_exceeded' ? undefined
+        : isRecord(body) && typeof body.retryAfterMs === 'number' ? body.retryAfterMs
+          : retryAfterHeader(r.headers['retry-after']);
+      const index = issues?.[0]?.path[0] === 'items' && typeof issues[0].path[1] === 'number' && cls !== 'invalid_input' ? issues[0].path[1] : undefined;
+      throw new KbError(res.status, cls, issues, { retryAfterMs, index });
     }
     if (res.status < 200 || res.status >= 300) {
       if (!(o.notFoundOk && res.status === 404)) throw new KbProtocolError(res.status, 'an unexpected status');
     }
     return { status: res.status, body };
   }
+}
+
+/** `x-actor` and `if-match` when given (the KB refuses a write without them: never defaulted here). */
+function authzHeaders(actor: string | undefined, ifMatch: number | undefined): Record<string, string> {
+  const h: Record<string, string> = {};
+  if (actor !== undefined) h['x-actor'] = actor;
+  if (ifMatch !== undefined) h['if-match'] = String(ifMatch);
+  return h;
+}
+
+function noteReceipt(b: unknown): KbNoteReceipt | null {
+  if (!isRecord(b) || typeof b.id !== 'string' || typeof b.kb !== 'string' || typeof b.kbId !== 'string' || typeof b.createdAt !== 'number') return null;
+  return { id: b.id, kb: b.kb, kbId: b.kbId, createdAt: b.createdAt };
+}
+
+function retryAfterHeader(v: string | string[] | undefined): number | undefined {
+  const s = Array.isArray(v) ? v[0] : v;
+  return s !== undefined && /^\d+$/.test(s) ? Number(s) * 1000 : undefined;
 }
 
 function isRecord(x: unknown): x is Record<string, unknown> {

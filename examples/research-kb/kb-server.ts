@@ -1,61 +1,86 @@
 /**
  * The research-KB sample's storage service: a separate process, the system of record that tooltx's
- * executor writes notes to (DESIGN.md "Sample domain, real parts"). HTTP + JSON over a SQLite store
- * (./kb-store.ts); `tsx examples/research-kb/kb-server.ts --help` lists its settings.
+ * executor writes notes to, and the sample domain's system of record for AUTHORISATION (DESIGN.md
+ * "Sample domain, real parts", "Authorisation is recomputed at the execution instant", "Canonical
+ * resource ids"; issue 6). HTTP + JSON over a SQLite store (./kb-store.ts), seeded by
+ * ./kb-seed.ts; `tsx examples/research-kb/kb-server.ts --help` lists its settings.
  *
- * Endpoints (times in ms since the epoch):
- * - `POST /v1/notes` — headers `x-tenant`, `idempotency-key` (the downstream key, ≤ 100 printable
- *   ASCII characters), `x-deadline` (absolute deadline); body `{ kb, title, body, sourceUrl,
- *   fetchedAt, publishAt? }` (strict). 201 `{ id, kb, createdAt }` for a new note; 200 with the
- *   same shape for an existing note of the same key when `KB_DEDUP=on`; 404 when the tenant has no
- *   knowledge base of that name; 409 `deadline_passed` when the deadline had passed at the insert
- *   (nothing stored).
+ * Identity headers (set by the trusted executor from the authenticated context, never by a model):
+ * `x-tenant` and `x-actor`, each `^[a-z0-9_-]{1,64}$`. Times are ms since the epoch.
+ *
+ * - `GET /v1/resolve?ref=<reference>` (`x-tenant`, `x-actor`) — THE resolver: the reference (name,
+ *   alias or `kb_<uuid>` id; percent-decoded once, NFC, trimmed, lower-cased) → 200 `{ kbId, name,
+ *   state, authVersion, role }` (`role` of that actor: `reader | writer | admin | null`) with
+ *   `etag: "<authVersion>"`; 404 `{ error: "not_found" }` — byte-identical — for a missing, another
+ *   tenant's and a soft-deleted knowledge base.
+ * - `POST /v1/notes` — headers `x-tenant`, `x-actor`, `idempotency-key` (the downstream key, ≤ 100
+ *   printable ASCII characters), `x-deadline` (absolute deadline), `if-match` (the `authVersion`
+ *   the caller checked: `7` or `"7"`); body `{ kb, title, body, sourceUrl, fetchedAt, publishAt? }`
+ *   (strict; `kb` any reference). In ONE transaction, in this order: resolve → 404 `not_found`;
+ *   with `KB_DEDUP=on` an existing note of the key → 200 with it; frozen → 409 `frozen`; version ≠
+ *   if-match → 412 `version_conflict`; the actor's current role not writer/admin → 403 `forbidden`;
+ *   the tenant's quota used up → 429 `{ error: "quota_exceeded", retryAfterMs }` + `retry-after`
+ *   (seconds, to the next UTC midnight); deadline passed → 409 `deadline_passed`; else 201 `{ id,
+ *   kb, kbId, createdAt }` (`kb` = the knowledge base's name). Nothing is stored unless 201.
+ * - `POST /v1/notes:batch` — the same headers, except `if-match` is a comma-separated list of
+ *   `<kbId>=<authVersion>` pairs, one per knowledge base the batch writes to (e.g.
+ *   `kb_1…=3, kb_2…=7`; extra pairs are ignored, a missing one is a `version_conflict`); body
+ *   `{ items: [note, …] }` (1..50). Item `i` is stored under key `<idempotency-key>#<i>` (so the key
+ *   is ≤ 96 characters). Every item is resolved and authorised; the first refused item refuses the
+ *   whole batch — nothing is written — with the single-write status and `issues: [{ path: ["items",
+ *   i], code: <class>, message }]`; quota needs room for every item. 201 `{ items: [{ id, kb, kbId,
+ *   createdAt }] }`, or 200 with the stored batch when `KB_DEDUP=on` and the key was used.
  * - `GET /v1/notes/by-key/:key` (`x-tenant`) — read-only probe: 200 `{ found: true, id, kb,
- *   createdAt, count }` or 404 `{ error: "not_found", found: false }`.
- * - `DELETE /v1/notes/:id` (`x-tenant`, `idempotency-key`) — soft delete, idempotent: 200
- *   `{ id, deleted: true }`; 404 when the note is not that tenant's.
- * - `GET /v1/stats[?tenant=]` — operator counts `{ rows, distinctKeys, duplicateRows }` over
- *   non-deleted notes.
+ *   createdAt, count }` (for a batch key also `items: [{ id, kb, createdAt }]` in index order; `id`
+ *   etc. are item 0's) or 404 `{ error: "not_found", found: false }`.
+ * - `DELETE /v1/notes/:id` (`x-tenant`, `x-actor`, `idempotency-key`, `if-match`) — soft delete of
+ *   a note of a knowledge base the tenant owns, idempotent (an already deleted note answers 200
+ *   `{ id, deleted: true }` again); 404 / 409 `frozen` / 412 / 403 as for a write.
+ * - `GET /v1/stats[?tenant=][&kb=<kbId>]` — read-only counts `{ rows, distinctKeys, duplicateRows,
+ *   knowledgeBases: [{ kbId, owner, name, state, rows }] }` over non-deleted notes (written by that
+ *   tenant / in that knowledge base); with `tenant`, `knowledgeBases` lists those it owns or wrote
+ *   into, so rows in a knowledge base whose `owner` is not that tenant are visible.
+ * - Operator endpoints, only when `KB_ADMIN_TOKEN_FILE` is set (else 404), with `authorization:
+ *   Bearer <token>` (else 401 `unauthorized`); every change bumps `authVersion` exactly when it
+ *   changes something and answers 200 with the knowledge base's view `{ kbId, tenant, name, state,
+ *   authVersion, quotaUsed, quotaLimit, aliases, defaultRole, members, changed }` (404 unknown id):
+ *   - `GET /v1/admin/kbs[?tenant=]` → `{ knowledgeBases: [view…] }` (deleted ones included);
+ *     `GET /v1/admin/kbs/:kbId` → view;
+ *   - `POST /v1/admin/kbs/:kbId/members` `{ tenant, actor, role: "reader"|"writer"|"admin"|null }`
+ *     (null = revoke; `tenant` must be the owner → else 409 `conflict`);
+ *   - `POST /v1/admin/kbs/:kbId/default-role` `{ role | null }` (every actor of the owner tenant);
+ *   - `POST /v1/admin/kbs/:kbId/state` `{ state: "active"|"frozen"|"deleted" }`;
+ *   - `POST /v1/admin/kbs/:kbId/owner` `{ tenant }` — transfer (409 `conflict` when the new owner
+ *     has the name or an alias already); other tenants' members go, the default role resets to null;
+ *   - `POST /v1/admin/kbs/:kbId/aliases` `{ alias, remove?: true }` (409 `conflict` when taken).
  * - `GET /healthz` — `{ ok: true }`.
  *
  * Every error body is `{ error }` with one of `invalid_input` (400, plus `issues: [{ path, code,
- * message }]`; header problems have paths `["headers", name]`, body problems the field's path),
- * `not_found` (404: missing and foreign resources answer identically), `deadline_passed` (409),
- * `internal` (500). Errors never carry a stack, SQL text or the request body; logs never carry
- * bodies or headers.
+ * message }]`; header problems have paths `["headers", name]`, query problems `["query", name]`,
+ * body problems the field's path), `unauthorized` (401), `forbidden` (403), `not_found` (404:
+ * missing, foreign and deleted resources answer identically), `frozen`, `deadline_passed`,
+ * `conflict` (409), `version_conflict` (412), `quota_exceeded` (429), `internal` (500). A caller of
+ * another tenant always gets 404, never 403. Errors never carry a stack, SQL text or the request
+ * body; logs never carry bodies, headers or the operator token.
  */
+import { createHash, timingSafeEqual } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { resolve } from 'node:path';
 import { Command } from 'commander';
 import { z } from 'zod';
 import { baseConfigSchema, ConfigError, createLogger, loadConfig, onShutdown } from '@tooltx/runtime';
-import { KbStore, type NoteInput } from './kb-store.js';
+import { applySeed, loadSeedFile, SeedError, seedPairsSchema, type KbSeed } from './kb-seed.js';
+import { KB_ID, KB_NAME, KB_ROLES, KB_STATES, KbStore, type AdminOutcome, type NoteInput } from './kb-store.js';
 
-const NAME = /^[a-z0-9_-]{1,64}$/;
 const NAME_RULE = 'must match ^[a-z0-9_-]{1,64}$';
 /** Largest request body read, in bytes. */
 const MAX_BODY_BYTES = 1024 * 1024;
-
-/**
- * `KB_SEED`: comma-separated `tenant:kb` pairs, each name `^[a-z0-9_-]{1,64}$`; empty items are
- * ignored.
- */
-const seedSchema = z
-  .string()
-  .default('')
-  .transform((s, ctx) => {
-    const out: { tenant: string; kb: string }[] = [];
-    for (const item of s.split(',').map((x) => x.trim()).filter(Boolean)) {
-      const [tenant, kb, ...rest] = item.split(':');
-      if (rest.length || !tenant || !kb || !NAME.test(tenant) || !NAME.test(kb)) {
-        ctx.addIssue({ code: 'custom', message: `"${item}" is not tenant:kb (each ${NAME_RULE})` });
-        continue;
-      }
-      out.push({ tenant, kb });
-    }
-    return out;
-  });
+/** Most notes in one batch. */
+const MAX_BATCH = 50;
+/** Longest reference accepted (before canonicalisation). */
+const MAX_REF = 512;
 
 /** The KB server's environment (see `--help`). */
 const kbConfigSchema = z.object({
@@ -63,7 +88,9 @@ const kbConfigSchema = z.object({
   KB_HOST: z.string().min(1).default('127.0.0.1'),
   KB_DB: z.string().min(1).default('.state/kb.sqlite'),
   KB_DEDUP: z.enum(['on', 'off']).default('on'),
-  KB_SEED: seedSchema,
+  KB_SEED: seedPairsSchema,
+  KB_SEED_FILE: z.string().min(1).optional(),
+  KB_ADMIN_TOKEN_FILE: z.string().min(1).optional(),
   LOG_LEVEL: baseConfigSchema.shape.LOG_LEVEL,
 });
 
@@ -71,46 +98,95 @@ const ENV_HELP = `
 Environment:
   KB_PORT    TCP port (default 4280; 0 = any free port, logged in the "listening" line)
   KB_HOST    address to bind (default 127.0.0.1)
-  KB_DB      SQLite file, directories created (default .state/kb.sqlite)
+  KB_DB      SQLite file, directories created and migrated (default .state/kb.sqlite)
   KB_DEDUP   on|off (default on): on = a repeated idempotency-key returns the existing note;
              off = every write that reaches the insert stores a row (shows double executions)
-  KB_SEED    knowledge bases to create if absent: tenant:kb[,tenant:kb...]
-             e.g. acme:research,acme:archive,globex:research
+  KB_SEED    knowledge bases to create if absent: tenant:kb[:actor1+actor2][,...]
+             without actors every actor of the tenant is a writer; with actors only they are
+             e.g. acme:research,acme:archive:alice+researcher,globex:research
+  KB_SEED_FILE
+             JSON seed applied on every start (tenants' quotas; knowledge bases with aliases,
+             members, defaultRole and state created if absent):
+             {"tenants":[{"id":"acme","quota":10000}],"knowledgeBases":[{"tenant":"acme",
+              "name":"research","aliases":["Research-Notes"],"members":[{"actor":"alice",
+              "role":"writer"}],"state":"active"}]}
+             quotas are notes per UTC day, counted per tenant; absent = unlimited
+  KB_ADMIN_TOKEN_FILE
+             file holding the operator token (>= 16 characters) for /v1/admin/* with
+             "authorization: Bearer <token>"; unset = operator endpoints disabled (404)
   LOG_LEVEL  fatal|error|warn|info|debug|trace|silent (default info)
 
-Exits 2 on a bad configuration (every problem listed on stderr); SIGTERM/SIGINT drain and exit 0.`;
+Exits 2 on a bad configuration or seed (every problem listed on stderr); SIGTERM/SIGINT drain and exit 0.`;
 
 new Command('kb-server')
   .description('the research-KB sample storage service (HTTP + JSON over SQLite)')
   .addHelpText('after', ENV_HELP)
   .parse(process.argv);
 
+function fail(message: string): never {
+  process.stderr.write(`kb-server: ${message}\n`);
+  process.exit(2);
+}
+
 let config: z.infer<typeof kbConfigSchema>;
 try {
   config = loadConfig(kbConfigSchema);
 } catch (err) {
-  if (err instanceof ConfigError) {
-    process.stderr.write(`kb-server: ${err.message}\n`);
-    process.exit(2);
-  }
+  if (err instanceof ConfigError) fail(err.message);
   throw err;
 }
+
+/** SHA-256 of the operator token (compared in constant time), or null when the endpoints are off. */
+let adminTokenDigest: Buffer | null = null;
+if (config.KB_ADMIN_TOKEN_FILE !== undefined) {
+  let token: string;
+  try {
+    token = readFileSync(config.KB_ADMIN_TOKEN_FILE, 'utf8').trim();
+  } catch (err) {
+    fail(`invalid configuration:\n  - KB_ADMIN_TOKEN_FILE: cannot read the file (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+  }
+  if (token.length < 16 || /\s/.test(token)) fail('invalid configuration:\n  - KB_ADMIN_TOKEN_FILE: the token must be at least 16 characters without whitespace');
+  adminTokenDigest = createHash('sha256').update(token, 'utf8').digest();
+}
+
+let seed: KbSeed = { tenants: [], knowledgeBases: [] };
+try {
+  if (config.KB_SEED_FILE !== undefined) seed = loadSeedFile(config.KB_SEED_FILE);
+} catch (err) {
+  if (err instanceof SeedError) fail(err.message);
+  throw err;
+}
+// The file first, then KB_SEED: the first definition of a knowledge base creates it.
+seed = { tenants: seed.tenants, knowledgeBases: [...seed.knowledgeBases, ...config.KB_SEED] };
 
 const log = createLogger({ service: 'kb-server', instance: `kb-${process.pid}`, level: config.LOG_LEVEL });
 const dbPath = config.KB_DB === ':memory:' ? ':memory:' : resolve(config.KB_DB);
 const store = new KbStore({ path: dbPath, dedup: config.KB_DEDUP === 'on' });
-let seeded = 0;
-for (const { tenant, kb } of config.KB_SEED) if (store.ensureKnowledgeBase(tenant, kb).created) seeded++;
-log.info({ db: dbPath, dedup: store.dedup, ...store.pragmas(), knowledgeBases: config.KB_SEED.length, created: seeded }, 'store opened');
+let seeded: { knowledgeBases: number; created: number };
+try {
+  seeded = applySeed(store, seed);
+} catch (err) {
+  store.close();
+  if (err instanceof SeedError) fail(err.message);
+  throw err;
+}
+log.info(
+  { db: dbPath, dedup: store.dedup, ...store.pragmas(), ...seeded, tenants: seed.tenants.length, adminApi: adminTokenDigest !== null },
+  'store opened',
+);
 
 // ---------------------------------------------------------------------------------------------
 // Request parsing
 
 type Issue = { path: (string | number)[]; code: string; message: string };
 
-/** An answer to send: status and JSON body. */
+/** An answer to send: status, JSON body and extra headers. */
 class Reply {
-  constructor(readonly status: number, readonly body: Record<string, unknown>) {}
+  constructor(
+    readonly status: number,
+    readonly body: Record<string, unknown>,
+    readonly headers: Record<string, string> = {},
+  ) {}
 }
 
 const notFound = () => new Reply(404, { error: 'not_found' });
@@ -124,21 +200,46 @@ function issuesOf(err: z.ZodError, prefix: (string | number)[] = []): Issue[] {
   }));
 }
 
-const tenantHeader = z.string().regex(NAME, NAME_RULE);
+const nameSchema = z.string().regex(KB_NAME, NAME_RULE);
+const tenantHeader = nameSchema;
+const actorHeader = nameSchema;
 const keyHeader = z.string().min(1).max(100).regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
+const batchKeyHeader = z.string().min(1).max(96).regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
 const deadlineHeader = z
   .string()
   .regex(/^\d{1,15}$/, 'an absolute deadline in ms since the epoch')
   .transform(Number);
+/** `if-match` of a single write or delete: the authorisation version, bare or quoted like an ETag. */
+const ifMatchHeader = z
+  .string()
+  .regex(/^(?:\d{1,15}|"\d{1,15}")$/, 'the authorisation version the caller checked (an integer, optionally quoted)')
+  .transform((s) => Number(s.replaceAll('"', '')));
+/** `if-match` of a batch: `<kbId>=<version>` pairs, comma-separated. */
+const batchIfMatchHeader = z
+  .string()
+  .max(8_192)
+  .transform((s, ctx) => {
+    const out = new Map<string, number>();
+    for (const part of s.split(',').map((p) => p.trim())) {
+      const m = /^(kb_[0-9a-f-]{36})=(?:(\d{1,15})|"(\d{1,15})")$/.exec(part);
+      if (!m || !KB_ID.test(m[1]!) || out.has(m[1]!)) {
+        ctx.addIssue({ code: 'custom', message: 'comma-separated <kbId>=<authVersion> pairs, one per knowledge base' });
+        return z.NEVER;
+      }
+      out.set(m[1]!, Number(m[2] ?? m[3]));
+    }
+    return out as ReadonlyMap<string, number>;
+  });
 
 const noteBody = z.strictObject({
-  kb: z.string().regex(NAME, NAME_RULE),
+  kb: z.string().min(1).max(MAX_REF),
   title: z.string().min(1).max(300),
   body: z.string().min(1).max(100_000),
   sourceUrl: z.url({ protocol: /^https?$/ }).max(2_000),
   fetchedAt: z.iso.datetime({ offset: true }),
   publishAt: z.iso.datetime({ offset: true }).optional(),
 });
+const batchBody = z.strictObject({ items: z.array(noteBody).min(1).max(MAX_BATCH) });
 
 /** Parses the named headers with `shape`; issues under `["headers", name]`. */
 function parseHeaders<S extends z.ZodRawShape>(req: IncomingMessage, shape: S): { data?: z.infer<z.ZodObject<S>>; issues: Issue[] } {
@@ -183,30 +284,105 @@ async function readJson(req: IncomingMessage): Promise<{ value?: unknown; issues
   }
 }
 
+/** Headers and JSON body parsed together, every problem of both listed. */
+async function parseRequest<S extends z.ZodRawShape, B extends z.ZodType>(
+  req: IncomingMessage,
+  headers: S,
+  body: B,
+): Promise<{ ok: true; h: z.infer<z.ZodObject<S>>; b: z.infer<B> } | { ok: false; reply: Reply }> {
+  const h = parseHeaders(req, headers);
+  const json = await readJson(req);
+  const issues = [...h.issues, ...json.issues];
+  let parsed: { data: z.infer<B> } | undefined;
+  if (json.issues.length === 0) {
+    const r = body.safeParse(json.value);
+    if (r.success) parsed = { data: r.data };
+    else issues.push(...issuesOf(r.error));
+  }
+  if (issues.length || !h.data || !parsed) return { ok: false, reply: invalid(issues) };
+  return { ok: true, h: h.data, b: parsed.data };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals
+
+/** The status of each refusal class. */
+const STATUS = { not_found: 404, forbidden: 403, frozen: 409, version_conflict: 412, quota_exceeded: 429, deadline_passed: 409 } as const;
+type Refusal = keyof typeof STATUS;
+
+/** A refusal answer; `retryAfterMs` adds the body field and a `retry-after` header in whole seconds. */
+function refuse(error: Refusal, extra: { retryAfterMs?: number; index?: number } = {}): Reply {
+  const body: Record<string, unknown> = { error };
+  const headers: Record<string, string> = {};
+  if (extra.retryAfterMs !== undefined) {
+    body.retryAfterMs = extra.retryAfterMs;
+    headers['retry-after'] = String(Math.max(1, Math.ceil(extra.retryAfterMs / 1000)));
+  }
+  if (extra.index !== undefined) body.issues = [{ path: ['items', extra.index], code: error, message: `item ${extra.index} refused: ${error}` }];
+  return new Reply(STATUS[error], body, headers);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Handlers
 
+function resolveRef(req: IncomingMessage, url: URL): Reply {
+  const h = parseHeaders(req, { 'x-tenant': tenantHeader, 'x-actor': actorHeader });
+  const issues = [...h.issues];
+  const ref = url.searchParams.get('ref');
+  if (ref === null) issues.push({ path: ['query', 'ref'], code: 'invalid_type', message: 'the reference to resolve is required' });
+  else if (ref.length > MAX_REF) issues.push({ path: ['query', 'ref'], code: 'too_big', message: `longer than ${MAX_REF} characters` });
+  if (issues.length || !h.data || ref === null) return invalid(issues);
+  const r = store.resolveFor(h.data['x-tenant'], h.data['x-actor'], ref);
+  return r ? new Reply(200, { ...r }, { etag: `"${r.authVersion}"` }) : notFound();
+}
+
 async function postNote(req: IncomingMessage): Promise<Reply> {
-  const h = parseHeaders(req, { 'x-tenant': tenantHeader, 'idempotency-key': keyHeader, 'x-deadline': deadlineHeader });
-  const body = await readJson(req);
-  const issues = [...h.issues, ...body.issues];
-  let note: NoteInput | undefined;
-  if (body.issues.length === 0) {
-    const r = noteBody.safeParse(body.value);
-    if (r.success) note = r.data;
-    else issues.push(...issuesOf(r.error));
-  }
-  if (issues.length || !h.data || !note) return invalid(issues);
-  const out = store.writeNote(h.data['x-tenant'], h.data['idempotency-key'], h.data['x-deadline'], note);
+  const p = await parseRequest(
+    req,
+    { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': keyHeader, 'x-deadline': deadlineHeader, 'if-match': ifMatchHeader },
+    noteBody,
+  );
+  if (!p.ok) return p.reply;
+  const note: NoteInput = p.b;
+  const out = store.writeNote(
+    { tenant: p.h['x-tenant'], actor: p.h['x-actor'], key: p.h['idempotency-key'], deadlineAt: p.h['x-deadline'], ifMatch: p.h['if-match'] },
+    note,
+  );
   switch (out.kind) {
     case 'created':
       return new Reply(201, { ...out.note });
     case 'existing':
       return new Reply(200, { ...out.note });
-    case 'not_found':
-      return notFound();
+    case 'quota_exceeded':
+      return refuse('quota_exceeded', { retryAfterMs: out.retryAfterMs });
+    default:
+      return refuse(out.kind);
+  }
+}
+
+async function postBatch(req: IncomingMessage): Promise<Reply> {
+  const p = await parseRequest(
+    req,
+    { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': batchKeyHeader, 'x-deadline': deadlineHeader, 'if-match': batchIfMatchHeader },
+    batchBody,
+  );
+  if (!p.ok) return p.reply;
+  const notes: NoteInput[] = p.b.items;
+  const out = store.writeBatch(
+    { tenant: p.h['x-tenant'], actor: p.h['x-actor'], key: p.h['idempotency-key'], deadlineAt: p.h['x-deadline'], ifMatch: p.h['if-match'] },
+    notes,
+  );
+  switch (out.kind) {
+    case 'created':
+      return new Reply(201, { items: out.notes });
+    case 'existing':
+      return new Reply(200, { items: out.notes });
+    case 'quota_exceeded':
+      return refuse('quota_exceeded', { retryAfterMs: out.retryAfterMs, index: out.index });
     case 'deadline_passed':
-      return new Reply(409, { error: 'deadline_passed' });
+      return refuse('deadline_passed');
+    default:
+      return refuse(out.kind, { index: out.index });
   }
 }
 
@@ -227,7 +403,7 @@ function probe(req: IncomingMessage, rawKey: string): Reply {
 }
 
 function deleteNote(req: IncomingMessage, rawId: string): Reply {
-  const h = parseHeaders(req, { 'x-tenant': tenantHeader, 'idempotency-key': keyHeader });
+  const h = parseHeaders(req, { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': keyHeader, 'if-match': ifMatchHeader });
   if (h.issues.length || !h.data) return invalid(h.issues);
   let id: string;
   try {
@@ -235,16 +411,97 @@ function deleteNote(req: IncomingMessage, rawId: string): Reply {
   } catch {
     return notFound();
   }
-  const r = store.deleteNote(h.data['x-tenant'], id);
-  return r ? new Reply(200, { ...r }) : notFound();
+  const r = store.deleteNote({ tenant: h.data['x-tenant'], actor: h.data['x-actor'], id, ifMatch: h.data['if-match'] });
+  return r.kind === 'deleted' ? new Reply(200, { id: r.id, deleted: true }) : refuse(r.kind);
 }
 
 function stats(url: URL): Reply {
   const tenant = url.searchParams.get('tenant');
-  if (tenant === null) return new Reply(200, { ...store.stats() });
-  const t = tenantHeader.safeParse(tenant);
-  if (!t.success) return invalid(issuesOf(t.error, ['query', 'tenant']));
-  return new Reply(200, { ...store.stats(t.data) });
+  const kb = url.searchParams.get('kb');
+  const issues: Issue[] = [];
+  if (tenant !== null) {
+    const t = tenantHeader.safeParse(tenant);
+    if (!t.success) issues.push(...issuesOf(t.error, ['query', 'tenant']));
+  }
+  if (kb !== null && !KB_ID.test(kb)) issues.push({ path: ['query', 'kb'], code: 'invalid_format', message: 'an internal knowledge-base id kb_<uuid>' });
+  if (issues.length) return invalid(issues);
+  const filter = { tenant: tenant ?? undefined, kbId: kb ?? undefined };
+  return new Reply(200, { ...store.stats(filter), knowledgeBases: store.rowsPerKb(filter) });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operator endpoints
+
+/** Whether the request carries the operator token (constant-time comparison of digests). */
+function operator(req: IncomingMessage): boolean {
+  if (adminTokenDigest === null) return false;
+  const m = /^Bearer ([\x21-\x7e]{1,1024})$/.exec(req.headers.authorization ?? '');
+  if (!m) return false;
+  return timingSafeEqual(createHash('sha256').update(m[1]!, 'utf8').digest(), adminTokenDigest);
+}
+
+const memberBody = z.strictObject({ tenant: nameSchema, actor: nameSchema, role: z.enum(KB_ROLES).nullable() });
+const defaultRoleBody = z.strictObject({ role: z.enum(KB_ROLES).nullable() });
+const stateBody = z.strictObject({ state: z.enum(KB_STATES) });
+const ownerBody = z.strictObject({ tenant: nameSchema });
+const aliasBody = z.strictObject({ alias: z.string().min(1).max(MAX_REF), remove: z.boolean().optional() });
+
+/** An admin change: parse the body with `schema`, apply `change`, answer with the view. */
+async function adminChange<B extends z.ZodType>(
+  req: IncomingMessage,
+  kbId: string,
+  what: string,
+  schema: B,
+  change: (b: z.infer<B>) => AdminOutcome,
+): Promise<Reply> {
+  const p = await parseRequest(req, {}, schema);
+  if (!p.ok) return p.reply;
+  const out = change(p.b);
+  switch (out.kind) {
+    case 'ok':
+      if (out.changed) log.info({ kbId, change: what, authVersion: out.kb.authVersion }, 'knowledge base changed');
+      return new Reply(200, { ...out.kb, changed: out.changed });
+    case 'not_found':
+      return notFound();
+    case 'conflict':
+      return new Reply(409, { error: 'conflict', message: out.reason });
+    case 'invalid':
+      return invalid([{ path: [out.path], code: 'custom', message: out.reason }]);
+  }
+}
+
+async function admin(req: IncomingMessage, url: URL, m: string, p: string): Promise<{ route: string; reply: Reply }> {
+  if (adminTokenDigest === null) return { route: 'admin disabled', reply: notFound() };
+  if (!operator(req)) return { route: 'admin', reply: new Reply(401, { error: 'unauthorized' }, { 'www-authenticate': 'Bearer' }) };
+  if (p === '/v1/admin/kbs' && m === 'GET') {
+    const tenant = url.searchParams.get('tenant');
+    if (tenant !== null && !KB_NAME.test(tenant)) return { route: 'GET /v1/admin/kbs', reply: invalid([{ path: ['query', 'tenant'], code: 'invalid_format', message: NAME_RULE }]) };
+    return { route: 'GET /v1/admin/kbs', reply: new Reply(200, { knowledgeBases: store.listKnowledgeBases(tenant ?? undefined) }) };
+  }
+  const hit = /^\/v1\/admin\/kbs\/(kb_[0-9a-f-]{36})(?:\/([a-z-]+))?$/.exec(p);
+  if (!hit) return { route: 'unknown', reply: notFound() };
+  const kbId = hit[1]!;
+  const action = hit[2];
+  if (action === undefined && m === 'GET') {
+    const v = store.knowledgeBase(kbId);
+    return { route: 'GET /v1/admin/kbs/:kbId', reply: v ? new Reply(200, { ...v }) : notFound() };
+  }
+  if (m !== 'POST') return { route: 'unknown', reply: notFound() };
+  const route = `POST /v1/admin/kbs/:kbId/${action}`;
+  switch (action) {
+    case 'members':
+      return { route, reply: await adminChange(req, kbId, 'member', memberBody, (b) => store.setMember(kbId, b.tenant, b.actor, b.role)) };
+    case 'default-role':
+      return { route, reply: await adminChange(req, kbId, 'default-role', defaultRoleBody, (b) => store.setDefaultRole(kbId, b.role)) };
+    case 'state':
+      return { route, reply: await adminChange(req, kbId, 'state', stateBody, (b) => store.setState(kbId, b.state)) };
+    case 'owner':
+      return { route, reply: await adminChange(req, kbId, 'owner', ownerBody, (b) => store.transferOwner(kbId, b.tenant)) };
+    case 'aliases':
+      return { route, reply: await adminChange(req, kbId, 'alias', aliasBody, (b) => store.setAlias(kbId, b.alias, b.remove === true)) };
+    default:
+      return { route: 'unknown', reply: notFound() };
+  }
 }
 
 /** Routes one request; `route` names the matched template for the access log. */
@@ -252,8 +509,11 @@ async function route(req: IncomingMessage, url: URL): Promise<{ route: string; r
   const m = req.method ?? 'GET';
   const p = url.pathname;
   if (p === '/healthz' && m === 'GET') return { route: 'GET /healthz', reply: new Reply(200, { ok: true }) };
+  if (p === '/v1/resolve' && m === 'GET') return { route: 'GET /v1/resolve', reply: resolveRef(req, url) };
   if (p === '/v1/notes' && m === 'POST') return { route: 'POST /v1/notes', reply: await postNote(req) };
+  if (p === '/v1/notes:batch' && m === 'POST') return { route: 'POST /v1/notes:batch', reply: await postBatch(req) };
   if (p === '/v1/stats' && m === 'GET') return { route: 'GET /v1/stats', reply: stats(url) };
+  if (p === '/v1/admin' || p.startsWith('/v1/admin/')) return admin(req, url, m, p);
   let hit = /^\/v1\/notes\/by-key\/([^/]+)$/.exec(p);
   if (hit && m === 'GET') return { route: 'GET /v1/notes/by-key/:key', reply: probe(req, hit[1]!) };
   hit = /^\/v1\/notes\/([^/]+)$/.exec(p);
@@ -272,6 +532,7 @@ function send(res: ServerResponse, reply: Reply, close = false): void {
     'content-type': 'application/json; charset=utf-8',
     'content-length': Buffer.byteLength(text),
     'cache-control': 'no-store',
+    ...reply.headers,
     ...(close || stopping ? { connection: 'close' } : {}),
   });
   res.end(text);

@@ -1,9 +1,30 @@
 /**
- * The research-KB sample's system of record: a SQLite store (better-sqlite3) of knowledge bases and
- * notes, used by `kb-server.ts` (no HTTP here). DESIGN.md "Sample domain, real parts" and "What the
- * downstream promises": with dedup on it honours the downstream key (`honoursKey`), and it always
- * refuses a write whose absolute deadline has passed, checked inside the insert transaction
- * (`enforcesDeadline`).
+ * The research-KB sample's system of record: a SQLite store (better-sqlite3) of tenants, knowledge
+ * bases, their aliases and members, and notes, used by `kb-server.ts` (no HTTP here).
+ *
+ * DESIGN.md "Sample domain, real parts", "What the downstream promises", "Authorisation is
+ * recomputed at the execution instant" and "Canonical resource ids" (issue 6):
+ * - with dedup on it honours the downstream key (`honoursKey`), and it always refuses a write whose
+ *   absolute deadline has passed, checked inside the insert transaction (`enforcesDeadline`);
+ * - ONE resolver ({@link KbStore.resolve}, over {@link canonicalRef}) turns any reference — name,
+ *   alias, internal `kb_<uuid>` id, in any case, percent-encoded or not, NFC or NFD — into one
+ *   knowledge base of the caller's tenant, or nothing: a missing, another tenant's and a
+ *   soft-deleted knowledge base are indistinguishable. Every path (resolve, write, batch, delete)
+ *   goes through it;
+ * - a write is checked in ONE immediate transaction with its insert, in this order: resolve, dedup,
+ *   state (frozen), the authorisation version the caller checked (If-Match), the actor's current
+ *   role, the tenant's quota, the deadline;
+ * - `auth_version` of a knowledge base changes ONLY when its owner, state, aliases, members, roles
+ *   or default role change — never on note inserts, deletes or quota counting.
+ *
+ * Roles: an explicit member row `(kb, tenant, actor, role)` wins; otherwise the knowledge base's
+ * `default_role` applies to every actor of the owner tenant (`KB_SEED` without actors sets it to
+ * `writer`; NULL = no role). A revoked member of a knowledge base with a default role is kept as an
+ * explicit `none` row, so revocation is never undone by the default.
+ *
+ * Quotas are counted PER TENANT (the tenant list sets `quota_limit`, NULL = unlimited) in a daily
+ * window aligned to UTC midnight: `quota_used` counts notes inserted by the tenant in the current
+ * window (deletes do not refund), and a refusal says how long until the next window.
  *
  * The note body itself is never stored: only `body_digest` = `sha256:` + hex SHA-256 of its UTF-8
  * bytes. Timestamps are milliseconds since the epoch unless named `*_at TEXT` (ISO-8601, UTC).
@@ -13,7 +34,7 @@ import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import Database from 'better-sqlite3';
 
-/** A note as the KB server receives it (already validated). Times are ISO-8601 strings. */
+/** A note as the KB server receives it (already validated). `kb` is any reference; times ISO-8601. */
 export interface NoteInput {
   kb: string;
   title: string;
@@ -23,28 +44,88 @@ export interface NoteInput {
   publishAt?: string | undefined;
 }
 
-/** A stored note as the KB answers for it: `createdAt` in ms since the epoch. */
+/** A stored note as the KB answers for it: `kb` is the knowledge base's name, `createdAt` in ms. */
 export interface NoteReceipt {
   id: string;
   kb: string;
+  kbId: string;
   createdAt: number;
+}
+
+export const KB_ROLES = ['reader', 'writer', 'admin'] as const;
+export type KbRole = (typeof KB_ROLES)[number];
+export const KB_STATES = ['active', 'frozen', 'deleted'] as const;
+export type KbState = (typeof KB_STATES)[number];
+
+/** Roles that may write and delete notes. */
+const WRITE_ROLES: ReadonlySet<string> = new Set<KbRole>(['writer', 'admin']);
+
+/** A knowledge base as the resolver finds it (never a deleted one). */
+export interface KbRecord {
+  id: string;
+  /** The owner tenant. */
+  tenant: string;
+  name: string;
+  state: Exclude<KbState, 'deleted'>;
+  authVersion: number;
+  /** The role of any actor of the owner tenant without an explicit member row. */
+  defaultRole: KbRole | null;
+}
+
+/** What `GET /v1/resolve` answers: the caller's own role (or null) on the resolved knowledge base. */
+export interface Resolution {
+  kbId: string;
+  name: string;
+  state: Exclude<KbState, 'deleted'>;
+  authVersion: number;
+  role: KbRole | null;
+}
+
+/** Who writes: the authenticated tenant and actor, the downstream key and the absolute deadline. */
+export interface WriteContext {
+  tenant: string;
+  actor: string;
+  key: string;
+  /** ms since the epoch. */
+  deadlineAt: number;
 }
 
 /**
  * What a write came to:
  * - `created` — a new row was inserted (HTTP 201);
  * - `existing` — dedup on and a non-deleted row with the same (tenant, key) exists: that row (200);
- * - `not_found` — the tenant has no knowledge base of that name (404);
- * - `deadline_passed` — the deadline had passed at the instant of the insert; nothing stored (409).
+ * - `not_found` — no knowledge base of the caller's tenant answers to the reference (404; also a
+ *   foreign or soft-deleted one);
+ * - `frozen` — the knowledge base is frozen (409);
+ * - `version_conflict` — its authorisation version is not the one the caller checked (412);
+ * - `forbidden` — the actor's current role may not write (403);
+ * - `quota_exceeded` — the tenant's quota of the current window is used up (429);
+ * - `deadline_passed` — the deadline had passed at the instant of the insert (409).
+ * Nothing is stored unless `created`.
  */
 export type WriteOutcome =
   | { kind: 'created'; note: NoteReceipt }
   | { kind: 'existing'; note: NoteReceipt }
-  | { kind: 'not_found' }
+  | { kind: 'not_found' | 'frozen' | 'version_conflict' | 'forbidden' | 'deadline_passed' }
+  | { kind: 'quota_exceeded'; retryAfterMs: number };
+
+/** A batch's outcome; a refusal names the first refused item's `index` (nothing is stored). */
+export type BatchOutcome =
+  | { kind: 'created'; notes: NoteReceipt[] }
+  | { kind: 'existing'; notes: NoteReceipt[] }
+  | { kind: 'not_found' | 'frozen' | 'version_conflict' | 'forbidden'; index: number }
+  | { kind: 'quota_exceeded'; index: number; retryAfterMs: number }
   | { kind: 'deadline_passed' };
 
+/** A delete's outcome (`deleted` also for an already deleted note: idempotent). */
+export type DeleteOutcome =
+  | { kind: 'deleted'; id: string }
+  | { kind: 'not_found' | 'frozen' | 'version_conflict' | 'forbidden' };
+
 /** The read-only probe by key: the oldest non-deleted row with that key and how many there are. */
-export type ProbeOutcome = ({ found: true; count: number } & NoteReceipt) | { found: false };
+export type ProbeOutcome =
+  | ({ found: true; count: number; items?: { id: string; kb: string; createdAt: number }[] } & Omit<NoteReceipt, 'kbId'>)
+  | { found: false };
 
 /** Counts over non-deleted notes; `duplicateRows` = rows beyond one per (tenant, key). */
 export interface KbStats {
@@ -53,16 +134,66 @@ export interface KbStats {
   duplicateRows: number;
 }
 
+/** Non-deleted notes per knowledge base (of the notes written by one tenant when filtered). */
+export interface KbRowCount {
+  kbId: string;
+  owner: string;
+  name: string;
+  state: KbState;
+  rows: number;
+}
+
+/** An explicit member row; `none` = revoked (overrides the default role). */
+export interface KbMember {
+  tenant: string;
+  actor: string;
+  role: KbRole | 'none';
+}
+
+/** The operator's view of a knowledge base (quota figures are the owner tenant's, current window). */
+export interface KbAdminView {
+  kbId: string;
+  tenant: string;
+  name: string;
+  state: KbState;
+  authVersion: number;
+  quotaUsed: number;
+  quotaLimit: number | null;
+  aliases: string[];
+  defaultRole: KbRole | null;
+  members: KbMember[];
+}
+
+/** An operator change: `conflict` (409) and `invalid` (400) carry a reason that names no other tenant's data. */
+export type AdminOutcome =
+  | { kind: 'ok'; kb: KbAdminView; changed: boolean }
+  | { kind: 'not_found' }
+  | { kind: 'conflict'; reason: string }
+  | { kind: 'invalid'; path: string; reason: string };
+
+/** A knowledge base to create (seeding). */
+export interface KbSpec {
+  tenant: string;
+  name: string;
+  aliases?: string[];
+  members?: { actor: string; role: KbRole }[];
+  defaultRole?: KbRole | null;
+  state?: KbState;
+}
+
 export interface KbStoreOptions {
   /** SQLite file (parent directories are created) or `:memory:`. */
   path: string;
   /** Deduplicate writes by (tenant, downstream key) — the KB's `honoursKey` promise. */
   dedup: boolean;
-  /** Clock in ms since the epoch (default `Date.now`); the deadline check uses it. */
+  /** Clock in ms since the epoch (default `Date.now`); the deadline and quota window use it. */
   now?: () => number;
+  /** Length of a quota window in ms, windows aligned to the epoch (default one day: UTC midnights). */
+  quotaWindowMs?: number;
 }
 
-const SCHEMA = `
+/** The schema before issue 6 (user_version 0); kept as the base every migration starts from. */
+const BASE_SCHEMA = `
 CREATE TABLE IF NOT EXISTS knowledge_bases (
   id TEXT PRIMARY KEY,
   tenant TEXT NOT NULL,
@@ -87,9 +218,75 @@ CREATE TABLE IF NOT EXISTS notes (
 CREATE INDEX IF NOT EXISTS notes_tenant_key ON notes (tenant, downstream_key);
 `;
 
+/** Schema version 1 (issue 6): authorisation state. Applied once, in one transaction. */
+const MIGRATION_1_TABLES = `
+CREATE TABLE IF NOT EXISTS tenants (
+  id TEXT PRIMARY KEY,
+  quota_limit INTEGER NULL,
+  quota_used INTEGER NOT NULL DEFAULT 0,
+  quota_window_start INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS kb_aliases (
+  tenant TEXT NOT NULL,
+  alias TEXT NOT NULL,
+  kb_id TEXT NOT NULL REFERENCES knowledge_bases(id),
+  PRIMARY KEY (tenant, alias)
+);
+CREATE INDEX IF NOT EXISTS kb_aliases_kb ON kb_aliases (kb_id);
+CREATE TABLE IF NOT EXISTS kb_members (
+  kb_id TEXT NOT NULL REFERENCES knowledge_bases(id),
+  tenant TEXT NOT NULL,
+  actor TEXT NOT NULL,
+  role TEXT NOT NULL CHECK (role IN ('reader', 'writer', 'admin', 'none')),
+  PRIMARY KEY (kb_id, tenant, actor)
+);
+CREATE INDEX IF NOT EXISTS notes_kb ON notes (kb_id);
+`;
+const MIGRATION_1_COLUMNS: [string, string][] = [
+  ['state', `state TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'frozen', 'deleted'))`],
+  ['auth_version', 'auth_version INTEGER NOT NULL DEFAULT 1'],
+  ['default_role', `default_role TEXT NULL CHECK (default_role IN ('reader', 'writer', 'admin'))`],
+];
+export const SCHEMA_VERSION = 1;
+
 /** `sha256:` + hex SHA-256 of the UTF-8 text. */
 export function bodyDigest(body: string): string {
   return `sha256:${createHash('sha256').update(body, 'utf8').digest('hex')}`;
+}
+
+/**
+ * The canonical form of a knowledge-base reference, or `null` when it cannot name anything:
+ * percent-decoded ONCE (an invalid encoding → null), Unicode NFC, trimmed, lower-cased (and NFC
+ * again: lower-casing may decompose). `Research%2DNotes`, ` research-notes ` and `RESEARCH-NOTES`
+ * are one reference; `%252D` decodes to the literal `%2D`, not to `-`. Exported so the trusted
+ * tools canonicalise exactly as the KB does.
+ */
+export function canonicalRef(ref: string): string | null {
+  let s: string;
+  try {
+    s = decodeURIComponent(ref);
+  } catch {
+    return null;
+  }
+  s = s.normalize('NFC').trim().toLowerCase().normalize('NFC');
+  return s.length > 0 ? s : null;
+}
+
+/** An internal knowledge-base id: `kb_` + a lower-case UUID. */
+export const KB_ID = /^kb_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+/** A knowledge-base name (already canonical). */
+export const KB_NAME = /^[a-z0-9_-]{1,64}$/;
+/** Longest alias, in UTF-16 code units, after canonicalisation. */
+export const MAX_ALIAS = 128;
+
+/** Why an alias (already canonical) is not acceptable, or null. */
+function aliasProblem(alias: string): string | null {
+  if (alias.length > MAX_ALIAS) return `longer than ${MAX_ALIAS} characters`;
+  // eslint-disable-next-line no-control-regex
+  if (/[\u0000-\u001f\u007f-\u009f]/.test(alias)) return 'contains a control character';
+  if (alias.includes('%')) return 'contains "%" (references are percent-decoded once)';
+  if (alias.startsWith('kb_')) return 'starts with "kb_" (reserved for internal ids)';
+  return null;
 }
 
 /** ISO-8601 in UTC (`2024-01-02T03:04:05.000Z`) for an instant given in any ISO form. */
@@ -98,62 +295,129 @@ function utcIso(s: string): string {
   return Number.isFinite(t) ? new Date(t).toISOString() : s;
 }
 
+interface KbRow {
+  id: string;
+  tenant: string;
+  name: string;
+  state: KbState;
+  authVersion: number;
+  defaultRole: KbRole | null;
+}
+
 interface NoteRow {
   id: string;
   kb: string;
+  kbId: string;
   createdAt: number;
+  key: string;
 }
+
+const KB_COLS = 'k.id AS id, k.tenant AS tenant, k.name AS name, k.state AS state, k.auth_version AS authVersion, k.default_role AS defaultRole';
 
 /** The store's prepared statements. */
 function prepare(db: Database.Database) {
   return {
-    kbByName: db.prepare<[string, string], { id: string }>('SELECT id FROM knowledge_bases WHERE tenant = ? AND name = ?'),
-    insertKb: db.prepare<[string, string, string, number]>(
-      'INSERT INTO knowledge_bases (id, tenant, name, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (tenant, name) DO NOTHING',
+    kbByName: db.prepare<[string, string], KbRow>(`SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.tenant = ? AND k.name = ?`),
+    kbByAlias: db.prepare<[string, string], KbRow>(
+      `SELECT ${KB_COLS} FROM kb_aliases a JOIN knowledge_bases k ON k.id = a.kb_id WHERE a.tenant = ? AND a.alias = ? AND k.tenant = a.tenant`,
     ),
+    kbByIdOfTenant: db.prepare<[string, string], KbRow>(`SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.id = ? AND k.tenant = ?`),
+    kbById: db.prepare<[string], KbRow>(`SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.id = ?`),
+    allKbs: db.prepare<[], KbRow>(`SELECT ${KB_COLS} FROM knowledge_bases k ORDER BY k.tenant, k.name`),
+    kbsOfTenant: db.prepare<[string], KbRow>(`SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.tenant = ? ORDER BY k.name`),
+    insertKb: db.prepare<[string, string, string, number, KbState, KbRole | null]>(
+      `INSERT INTO knowledge_bases (id, tenant, name, created_at, state, auth_version, default_role)
+       VALUES (?, ?, ?, ?, ?, 1, ?) ON CONFLICT (tenant, name) DO NOTHING`,
+    ),
+    bumpVersion: db.prepare<[string]>('UPDATE knowledge_bases SET auth_version = auth_version + 1 WHERE id = ?'),
+    setState: db.prepare<[KbState, string]>('UPDATE knowledge_bases SET state = ? WHERE id = ?'),
+    setOwner: db.prepare<[string, string]>('UPDATE knowledge_bases SET tenant = ?, default_role = NULL WHERE id = ?'),
+    setDefaultRole: db.prepare<[KbRole | null, string]>('UPDATE knowledge_bases SET default_role = ? WHERE id = ?'),
+
+    aliasOwner: db.prepare<[string, string], { kbId: string }>('SELECT kb_id AS kbId FROM kb_aliases WHERE tenant = ? AND alias = ?'),
+    aliasesOfKb: db.prepare<[string], { alias: string }>('SELECT alias FROM kb_aliases WHERE kb_id = ? ORDER BY alias'),
+    insertAlias: db.prepare<[string, string, string]>('INSERT INTO kb_aliases (tenant, alias, kb_id) VALUES (?, ?, ?)'),
+    deleteAlias: db.prepare<[string, string]>('DELETE FROM kb_aliases WHERE kb_id = ? AND alias = ?'),
+    moveAliases: db.prepare<[string, string]>('UPDATE kb_aliases SET tenant = ? WHERE kb_id = ?'),
+
+    member: db.prepare<[string, string, string], { role: KbRole | 'none' }>('SELECT role FROM kb_members WHERE kb_id = ? AND tenant = ? AND actor = ?'),
+    membersOfKb: db.prepare<[string], KbMember>('SELECT tenant, actor, role FROM kb_members WHERE kb_id = ? ORDER BY tenant, actor'),
+    upsertMember: db.prepare<[string, string, string, KbRole | 'none']>(
+      `INSERT INTO kb_members (kb_id, tenant, actor, role) VALUES (?, ?, ?, ?)
+       ON CONFLICT (kb_id, tenant, actor) DO UPDATE SET role = excluded.role`,
+    ),
+    deleteMember: db.prepare<[string, string, string]>('DELETE FROM kb_members WHERE kb_id = ? AND tenant = ? AND actor = ?'),
+    deleteForeignMembers: db.prepare<[string, string]>('DELETE FROM kb_members WHERE kb_id = ? AND tenant <> ?'),
+
+    tenant: db.prepare<[string], { limit: number | null; used: number; windowStart: number }>(
+      'SELECT quota_limit AS "limit", quota_used AS used, quota_window_start AS windowStart FROM tenants WHERE id = ?',
+    ),
+    setQuotaLimit: db.prepare<[string, number | null]>(
+      'INSERT INTO tenants (id, quota_limit) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET quota_limit = excluded.quota_limit',
+    ),
+    countQuota: db.prepare<[string, number, number]>(
+      `INSERT INTO tenants (id, quota_limit, quota_used, quota_window_start) VALUES (?, NULL, ?, ?)
+       ON CONFLICT (id) DO UPDATE SET quota_used = excluded.quota_used, quota_window_start = excluded.quota_window_start`,
+    ),
+
     liveByKey: db.prepare<[string, string], NoteRow & { count: number }>(
-      `SELECT n.id AS id, k.name AS kb, n.created_at AS createdAt,
+      `SELECT n.id AS id, k.name AS kb, n.kb_id AS kbId, n.created_at AS createdAt, n.downstream_key AS key,
               (SELECT COUNT(*) FROM notes c WHERE c.tenant = n.tenant AND c.downstream_key = n.downstream_key AND c.deleted_at IS NULL) AS count
          FROM notes n JOIN knowledge_bases k ON k.id = n.kb_id
         WHERE n.tenant = ? AND n.downstream_key = ? AND n.deleted_at IS NULL
         ORDER BY n.created_at, n.rowid LIMIT 1`,
     ),
+    // Every non-deleted row whose key lies in [lo, hi): a batch's item keys `<key>#<index>`.
+    liveInKeyRange: db.prepare<[string, string, string], NoteRow>(
+      `SELECT n.id AS id, k.name AS kb, n.kb_id AS kbId, n.created_at AS createdAt, n.downstream_key AS key
+         FROM notes n JOIN knowledge_bases k ON k.id = n.kb_id
+        WHERE n.tenant = ? AND n.downstream_key >= ? AND n.downstream_key < ? AND n.deleted_at IS NULL
+        ORDER BY n.created_at, n.rowid`,
+    ),
     insertNote: db.prepare<[string, string, string, string, string, string, string, string, string | null, number]>(
       `INSERT INTO notes (id, tenant, kb_id, downstream_key, title, body_digest, source_url, fetched_at, publish_at, created_at)
        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
     ),
-    noteOfTenant: db.prepare<[string, string], { id: string; deletedAt: number | null }>(
-      'SELECT id, deleted_at AS deletedAt FROM notes WHERE id = ? AND tenant = ?',
+    noteById: db.prepare<[string], { id: string; kbId: string; deletedAt: number | null }>(
+      'SELECT id, kb_id AS kbId, deleted_at AS deletedAt FROM notes WHERE id = ?',
     ),
-    softDelete: db.prepare<[number, string, string]>('UPDATE notes SET deleted_at = ? WHERE id = ? AND tenant = ? AND deleted_at IS NULL'),
-    statsAll: db.prepare<[], { liveRows: number; liveKeys: number }>(
-      `SELECT COALESCE(SUM(n), 0) AS liveRows, COUNT(*) AS liveKeys
-         FROM (SELECT COUNT(*) AS n FROM notes WHERE deleted_at IS NULL GROUP BY tenant, downstream_key)`,
-    ),
-    statsTenant: db.prepare<[string], { liveRows: number; liveKeys: number }>(
-      `SELECT COALESCE(SUM(n), 0) AS liveRows, COUNT(*) AS liveKeys
-         FROM (SELECT COUNT(*) AS n FROM notes WHERE deleted_at IS NULL AND tenant = ? GROUP BY downstream_key)`,
-    ),
+    softDelete: db.prepare<[number, string]>('UPDATE notes SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL'),
   };
 }
 type Statements = ReturnType<typeof prepare>;
 
+/** Applies the migrations the file lacks, each in one transaction; a no-op on an up-to-date file. */
+function migrate(db: Database.Database): void {
+  db.exec(BASE_SCHEMA);
+  const version = Number(db.pragma('user_version', { simple: true }));
+  if (version >= 1) return;
+  db.transaction(() => {
+    const cols = new Set((db.prepare('PRAGMA table_info(knowledge_bases)').all() as { name: string }[]).map((c) => c.name));
+    for (const [name, ddl] of MIGRATION_1_COLUMNS) if (!cols.has(name)) db.exec(`ALTER TABLE knowledge_bases ADD COLUMN ${ddl}`);
+    db.exec(MIGRATION_1_TABLES);
+    // Knowledge bases from before issue 6 were writable by every actor of their tenant: keep that.
+    db.exec(`UPDATE knowledge_bases SET default_role = 'writer' WHERE default_role IS NULL`);
+    db.exec('INSERT OR IGNORE INTO tenants (id) SELECT DISTINCT tenant FROM knowledge_bases');
+    db.pragma(`user_version = ${SCHEMA_VERSION}`);
+  }).immediate();
+}
+
 /**
- * The KB's SQLite store. Opens (and creates) the file in WAL mode with `synchronous=FULL`, so a
- * write the server answered for survives a crash of the process or the machine. Every method is
- * synchronous; one store per process.
+ * The KB's SQLite store. Opens (and creates, and migrates) the file in WAL mode with
+ * `synchronous=FULL`, so a write the server answered for survives a crash of the process or the
+ * machine. Every method is synchronous; one store per process.
  */
 export class KbStore {
   readonly dedup: boolean;
   readonly #db: Database.Database;
   readonly #now: () => number;
+  readonly #windowMs: number;
   readonly #stmts: Statements;
-  readonly #write: (tenant: string, key: string, deadlineAt: number, note: NoteInput) => WriteOutcome;
-  readonly #delete: (tenant: string, id: string) => { id: string; deleted: true } | null;
 
   constructor(opts: KbStoreOptions) {
     this.dedup = opts.dedup;
     this.#now = opts.now ?? Date.now;
+    this.#windowMs = opts.quotaWindowMs ?? 86_400_000;
     if (opts.path !== ':memory:') mkdirSync(dirname(opts.path), { recursive: true });
     const db = new Database(opts.path);
     this.#db = db;
@@ -163,84 +427,409 @@ export class KbStore {
       db.pragma('synchronous = FULL');
       db.pragma('foreign_keys = ON');
       db.pragma('busy_timeout = 5000');
-      db.exec(SCHEMA);
+      migrate(db);
     } catch (err) {
       db.close();
       throw err;
     }
-
-    const stmts = prepare(db);
-    this.#stmts = stmts;
-
-    // One IMMEDIATE transaction per write: kb lookup, dedup lookup, deadline check, insert.
-    const write = db.transaction((tenant: string, key: string, deadlineAt: number, note: NoteInput): WriteOutcome => {
-      const kb = stmts.kbByName.get(tenant, note.kb);
-      if (!kb) return { kind: 'not_found' };
-      if (this.dedup) {
-        const prior = stmts.liveByKey.get(tenant, key);
-        if (prior) return { kind: 'existing', note: { id: prior.id, kb: prior.kb, createdAt: prior.createdAt } };
-      }
-      // enforcesDeadline: the last check before the insert, inside the transaction.
-      const now = this.#now();
-      if (now > deadlineAt) return { kind: 'deadline_passed' };
-      const id = `note_${randomUUID()}`;
-      stmts.insertNote.run(
-        id, tenant, kb.id, key, note.title, bodyDigest(note.body), note.sourceUrl,
-        utcIso(note.fetchedAt), note.publishAt === undefined ? null : utcIso(note.publishAt), now,
-      );
-      return { kind: 'created', note: { id, kb: note.kb, createdAt: now } };
-    });
-    this.#write = (...args) => write.immediate(...args);
-
-    const del = db.transaction((tenant: string, id: string) => {
-      const row = stmts.noteOfTenant.get(id, tenant);
-      if (!row) return null;
-      if (row.deletedAt === null) stmts.softDelete.run(this.#now(), id, tenant);
-      return { id, deleted: true as const };
-    });
-    this.#delete = (...args) => del.immediate(...args);
+    this.#stmts = prepare(db);
   }
 
+  /** Runs `fn` in one IMMEDIATE transaction (the write lock is taken before the first read). */
+  #tx<T>(fn: () => T): T {
+    return this.#db.transaction(fn).immediate();
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // The one resolver
+
   /**
-   * Creates the knowledge base `name` of `tenant` unless it exists. Returns its id and whether it
-   * was created now.
+   * THE resolver: the knowledge base of `tenant` that `ref` names, or `null`. After
+   * {@link canonicalRef}, in this order: the tenant's names, its aliases, a `kb_<uuid>` id of that
+   * tenant. A knowledge base of another tenant (under any reference, its id included) and a
+   * soft-deleted one resolve to `null` exactly like a missing one. Used by every read and write
+   * path, inside their transactions.
    */
-  ensureKnowledgeBase(tenant: string, name: string): { id: string; created: boolean } {
-    const r = this.#stmts.insertKb.run(`kb_${randomUUID()}`, tenant, name, this.#now());
-    const row = this.#stmts.kbByName.get(tenant, name);
-    if (!row) throw new Error('knowledge base vanished after insert');
-    return { id: row.id, created: r.changes === 1 };
+  resolve(tenant: string, ref: string): KbRecord | null {
+    const canon = canonicalRef(ref);
+    if (canon === null) return null;
+    const s = this.#stmts;
+    const row = s.kbByName.get(tenant, canon) ?? s.kbByAlias.get(tenant, canon) ?? (KB_ID.test(canon) ? s.kbByIdOfTenant.get(canon, tenant) : undefined);
+    if (!row || row.state === 'deleted' || row.tenant !== tenant) return null;
+    return { ...row, state: row.state };
   }
 
+  /** The current role of `actor` of `tenant` on `kb`: its explicit member row, else the default role. */
+  roleOf(kb: KbRecord, tenant: string, actor: string): KbRole | null {
+    if (kb.tenant !== tenant) return null;
+    const m = this.#stmts.member.get(kb.id, tenant, actor);
+    if (m) return m.role === 'none' ? null : m.role;
+    return kb.defaultRole;
+  }
+
+  /** {@link resolve} plus the actor's role: what `GET /v1/resolve` answers; `null` = uniform not-found. */
+  resolveFor(tenant: string, actor: string, ref: string): Resolution | null {
+    const kb = this.resolve(tenant, ref);
+    if (!kb) return null;
+    return { kbId: kb.id, name: kb.name, state: kb.state, authVersion: kb.authVersion, role: this.roleOf(kb, tenant, actor) };
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Quota (per tenant, current window)
+
+  #windowStart(now: number): number {
+    return Math.floor(now / this.#windowMs) * this.#windowMs;
+  }
+
+  /** Notes `tenant` may still insert in the window of `now` (Infinity when unlimited). */
+  #quotaLeft(tenant: string, now: number): { left: number; used: number; retryAfterMs: number } {
+    const start = this.#windowStart(now);
+    const t = this.#stmts.tenant.get(tenant);
+    const used = t && t.windowStart === start ? t.used : 0;
+    const left = t?.limit === null || t?.limit === undefined ? Infinity : Math.max(0, t.limit - used);
+    return { left, used, retryAfterMs: start + this.#windowMs - now };
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Writes
+
   /**
-   * Writes a note under the downstream `key` of `tenant`, refusing it when `Date.now()` (the
-   * store's clock) is past `deadlineAt` (ms since the epoch) at the instant of the insert. See
+   * Writes a note under the downstream `ctx.key` of `ctx.tenant`, provided the knowledge base's
+   * authorisation version is still `ifMatch`, the actor may write, the tenant has quota left and
+   * the store's clock is not past `ctx.deadlineAt` — all in the insert's transaction. See
    * {@link WriteOutcome}. Throws only on a storage failure (SQLite error).
    */
-  writeNote(tenant: string, key: string, deadlineAt: number, note: NoteInput): WriteOutcome {
-    return this.#write(tenant, key, deadlineAt, note);
-  }
-
-  /** Read-only lookup by (tenant, key) over non-deleted notes. */
-  probe(tenant: string, key: string): ProbeOutcome {
-    const row = this.#stmts.liveByKey.get(tenant, key);
-    return row ? { found: true, id: row.id, kb: row.kb, createdAt: row.createdAt, count: row.count } : { found: false };
+  writeNote(ctx: WriteContext & { ifMatch: number }, note: NoteInput): WriteOutcome {
+    return this.#tx((): WriteOutcome => {
+      const kb = this.resolve(ctx.tenant, note.kb);
+      if (!kb) return { kind: 'not_found' };
+      if (this.dedup) {
+        const prior = this.#stmts.liveByKey.get(ctx.tenant, ctx.key);
+        if (prior) return { kind: 'existing', note: receipt(prior) };
+      }
+      if (kb.state === 'frozen') return { kind: 'frozen' };
+      if (kb.authVersion !== ctx.ifMatch) return { kind: 'version_conflict' };
+      if (!WRITE_ROLES.has(this.roleOf(kb, ctx.tenant, ctx.actor) ?? '')) return { kind: 'forbidden' };
+      const now = this.#now();
+      const quota = this.#quotaLeft(ctx.tenant, now);
+      if (quota.left < 1) return { kind: 'quota_exceeded', retryAfterMs: quota.retryAfterMs };
+      // enforcesDeadline: the last check before the insert, inside the transaction.
+      if (now > ctx.deadlineAt) return { kind: 'deadline_passed' };
+      const id = this.#insert(ctx.tenant, kb.id, ctx.key, note, now);
+      this.#stmts.countQuota.run(ctx.tenant, quota.used + 1, this.#windowStart(now));
+      return { kind: 'created', note: { id, kb: kb.name, kbId: kb.id, createdAt: now } };
+    });
   }
 
   /**
-   * Soft-deletes note `id` of `tenant` (sets `deleted_at`); idempotent: an already deleted note
-   * answers the same. `null` when there is no such note of that tenant.
+   * Writes `notes` (1..50) as one batch under the downstream `ctx.key`: item `i` is stored with key
+   * `<key>#<i>`. Every item is resolved and authorised (state, `ifMatch[kbId]`, role); the tenant
+   * needs quota for all of them; the first refused item refuses the whole batch and nothing is
+   * stored (FM-09). With dedup on, a batch already stored under the key is returned as it is.
    */
-  deleteNote(tenant: string, id: string): { id: string; deleted: true } | null {
-    return this.#delete(tenant, id);
+  writeBatch(ctx: WriteContext & { ifMatch: ReadonlyMap<string, number> }, notes: NoteInput[]): BatchOutcome {
+    return this.#tx((): BatchOutcome => {
+      const kbs: KbRecord[] = [];
+      for (const [index, note] of notes.entries()) {
+        const kb = this.resolve(ctx.tenant, note.kb);
+        if (!kb) return { kind: 'not_found', index };
+        kbs.push(kb);
+      }
+      if (this.dedup) {
+        const prior = this.#batchRows(ctx.tenant, ctx.key);
+        if (prior) return { kind: 'existing', notes: prior.items.map(receipt) };
+      }
+      const roles = new Map<string, KbRole | null>();
+      for (const [index, kb] of kbs.entries()) {
+        if (kb.state === 'frozen') return { kind: 'frozen', index };
+        if (ctx.ifMatch.get(kb.id) !== kb.authVersion) return { kind: 'version_conflict', index };
+        if (!roles.has(kb.id)) roles.set(kb.id, this.roleOf(kb, ctx.tenant, ctx.actor));
+        if (!WRITE_ROLES.has(roles.get(kb.id) ?? '')) return { kind: 'forbidden', index };
+      }
+      const now = this.#now();
+      const quota = this.#quotaLeft(ctx.tenant, now);
+      if (quota.left < notes.length) return { kind: 'quota_exceeded', index: quota.left, retryAfterMs: quota.retryAfterMs };
+      if (now > ctx.deadlineAt) return { kind: 'deadline_passed' };
+      const out = notes.map((note, i) => {
+        const kb = kbs[i]!;
+        return { id: this.#insert(ctx.tenant, kb.id, `${ctx.key}#${i}`, note, now), kb: kb.name, kbId: kb.id, createdAt: now };
+      });
+      this.#stmts.countQuota.run(ctx.tenant, quota.used + notes.length, this.#windowStart(now));
+      return { kind: 'created', notes: out };
+    });
   }
 
-  /** Counts over non-deleted notes, of one tenant or of all. */
-  stats(tenant?: string): KbStats {
-    const r = tenant === undefined ? this.#stmts.statsAll.get() : this.#stmts.statsTenant.get(tenant);
+  #insert(tenant: string, kbId: string, key: string, note: NoteInput, now: number): string {
+    const id = `note_${randomUUID()}`;
+    this.#stmts.insertNote.run(
+      id, tenant, kbId, key, note.title, bodyDigest(note.body), note.sourceUrl,
+      utcIso(note.fetchedAt), note.publishAt === undefined ? null : utcIso(note.publishAt), now,
+    );
+    return id;
+  }
+
+  /**
+   * Soft-deletes note `id` (sets `deleted_at`) of a knowledge base the tenant owns, under the same
+   * checks as a write (resolve, then — unless the note is already deleted, which answers the same:
+   * idempotent — state, `ifMatch`, role). No quota is refunded.
+   */
+  deleteNote(ctx: { tenant: string; actor: string; id: string; ifMatch: number }): DeleteOutcome {
+    return this.#tx((): DeleteOutcome => {
+      const note = this.#stmts.noteById.get(ctx.id);
+      if (!note) return { kind: 'not_found' };
+      const kb = this.resolve(ctx.tenant, note.kbId);
+      if (!kb) return { kind: 'not_found' };
+      if (note.deletedAt !== null) return { kind: 'deleted', id: note.id };
+      if (kb.state === 'frozen') return { kind: 'frozen' };
+      if (kb.authVersion !== ctx.ifMatch) return { kind: 'version_conflict' };
+      if (!WRITE_ROLES.has(this.roleOf(kb, ctx.tenant, ctx.actor) ?? '')) return { kind: 'forbidden' };
+      this.#stmts.softDelete.run(this.#now(), note.id);
+      return { kind: 'deleted', id: note.id };
+    });
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Reads
+
+  /** A batch stored under `key`: the oldest live row of each item key `<key>#<i>`, by index; count = rows of item 0. */
+  #batchRows(tenant: string, key: string): { items: NoteRow[]; count: number } | null {
+    // '$' is the character after '#': [key#, key$) holds exactly the keys starting with `key#`.
+    const rows = this.#stmts.liveInKeyRange.all(tenant, `${key}#`, `${key}$`);
+    const byIndex = new Map<number, NoteRow>();
+    let count = 0;
+    for (const r of rows) {
+      const suffix = r.key.slice(key.length + 1);
+      if (!/^(0|[1-9]\d?)$/.test(suffix)) continue;
+      const i = Number(suffix);
+      if (i === 0) count++;
+      if (!byIndex.has(i)) byIndex.set(i, r);
+    }
+    if (!byIndex.has(0)) return null;
+    const items: NoteRow[] = [];
+    for (let i = 0; byIndex.has(i); i++) items.push(byIndex.get(i)!);
+    return { items, count };
+  }
+
+  /**
+   * Read-only lookup by (tenant, key) over non-deleted notes: a note written under that key, else
+   * a batch written under it (`items` in index order; `id`, `kb`, `createdAt` are item 0's).
+   */
+  probe(tenant: string, key: string): ProbeOutcome {
+    const row = this.#stmts.liveByKey.get(tenant, key);
+    if (row) return { found: true, id: row.id, kb: row.kb, createdAt: row.createdAt, count: row.count };
+    const batch = this.#batchRows(tenant, key);
+    if (!batch) return { found: false };
+    const first = batch.items[0]!;
+    return {
+      found: true,
+      id: first.id,
+      kb: first.kb,
+      createdAt: first.createdAt,
+      count: batch.count,
+      items: batch.items.map((r) => ({ id: r.id, kb: r.kb, createdAt: r.createdAt })),
+    };
+  }
+
+  /** Counts over non-deleted notes: of notes written by one tenant and/or in one knowledge base, or of all. */
+  stats(filter: { tenant?: string | undefined; kbId?: string | undefined } = {}): KbStats {
+    const where = ['deleted_at IS NULL'];
+    const args: string[] = [];
+    if (filter.tenant !== undefined) (where.push('tenant = ?'), args.push(filter.tenant));
+    if (filter.kbId !== undefined) (where.push('kb_id = ?'), args.push(filter.kbId));
+    const r = this.#db
+      .prepare<string[], { liveRows: number; liveKeys: number }>(
+        `SELECT COALESCE(SUM(n), 0) AS liveRows, COUNT(*) AS liveKeys
+           FROM (SELECT COUNT(*) AS n FROM notes WHERE ${where.join(' AND ')} GROUP BY tenant, downstream_key)`,
+      )
+      .get(...args);
     const rows = r?.liveRows ?? 0;
     const distinctKeys = r?.liveKeys ?? 0;
     return { rows, distinctKeys, duplicateRows: rows - distinctKeys };
+  }
+
+  /**
+   * Non-deleted notes per knowledge base. With `tenant`: the notes that tenant wrote, over the
+   * knowledge bases it owns or wrote into (so rows in a knowledge base whose `owner` is not that
+   * tenant show up); with `kbId`: that knowledge base only.
+   */
+  rowsPerKb(filter: { tenant?: string | undefined; kbId?: string | undefined } = {}): KbRowCount[] {
+    const params: Record<string, string> = {};
+    if (filter.tenant !== undefined) params.tenant = filter.tenant;
+    if (filter.kbId !== undefined) params.kbId = filter.kbId;
+    const on = filter.tenant === undefined ? '' : ' AND n.tenant = @tenant';
+    const where = filter.kbId === undefined ? '' : 'WHERE k.id = @kbId';
+    const having = filter.tenant === undefined ? '' : 'HAVING k.tenant = @tenant OR COUNT(n.id) > 0';
+    const stmt = this.#db.prepare<[Record<string, string>], KbRowCount>(
+      `SELECT k.id AS kbId, k.tenant AS owner, k.name AS name, k.state AS state, COUNT(n.id) AS "rows"
+         FROM knowledge_bases k LEFT JOIN notes n ON n.kb_id = k.id AND n.deleted_at IS NULL${on}
+        ${where}
+        GROUP BY k.id ${having}
+        ORDER BY k.tenant, k.name`,
+    );
+    return stmt.all(params); // an empty object binds nothing
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Operator changes (each bumps auth_version exactly when it changes something)
+
+  #view(row: KbRow): KbAdminView {
+    const q = this.#quotaLeft(row.tenant, this.#now());
+    const t = this.#stmts.tenant.get(row.tenant);
+    return {
+      kbId: row.id,
+      tenant: row.tenant,
+      name: row.name,
+      state: row.state,
+      authVersion: row.authVersion,
+      quotaUsed: q.used,
+      quotaLimit: t?.limit ?? null,
+      aliases: this.#stmts.aliasesOfKb.all(row.id).map((a) => a.alias),
+      defaultRole: row.defaultRole,
+      members: this.#stmts.membersOfKb.all(row.id),
+    };
+  }
+
+  /** Every knowledge base (deleted ones included), or those `tenant` owns. */
+  listKnowledgeBases(tenant?: string): KbAdminView[] {
+    const rows = tenant === undefined ? this.#stmts.allKbs.all() : this.#stmts.kbsOfTenant.all(tenant);
+    return rows.map((r) => this.#view(r));
+  }
+
+  /** The operator's view of one knowledge base by internal id (deleted ones included), or null. */
+  knowledgeBase(kbId: string): KbAdminView | null {
+    const row = this.#stmts.kbById.get(kbId);
+    return row ? this.#view(row) : null;
+  }
+
+  /** Runs an operator change on `kbId` in one transaction; bumps auth_version when `change` reports a change. */
+  #admin(kbId: string, change: (kb: KbRow) => boolean | Exclude<AdminOutcome, { kind: 'ok' }>): AdminOutcome {
+    return this.#tx((): AdminOutcome => {
+      const kb = this.#stmts.kbById.get(kbId);
+      if (!kb) return { kind: 'not_found' };
+      const r = change(kb);
+      if (typeof r !== 'boolean') return r;
+      if (r) this.#stmts.bumpVersion.run(kbId);
+      return { kind: 'ok', kb: this.#view(this.#stmts.kbById.get(kbId)!), changed: r };
+    });
+  }
+
+  /**
+   * Grants `role` to `actor` of `tenant` (which must be the owner tenant), or revokes it (`null`):
+   * the member row is removed, or — when the knowledge base has a default role — set to `none`.
+   */
+  setMember(kbId: string, tenant: string, actor: string, role: KbRole | null): AdminOutcome {
+    return this.#admin(kbId, (kb) => {
+      if (tenant !== kb.tenant) return { kind: 'conflict', reason: 'the member tenant is not the owner tenant' };
+      const before = this.#stmts.member.get(kbId, tenant, actor)?.role;
+      if (role === null && kb.defaultRole === null) {
+        if (before === undefined) return false;
+        this.#stmts.deleteMember.run(kbId, tenant, actor);
+        return true;
+      }
+      const next = role ?? 'none';
+      if (before === next) return false;
+      this.#stmts.upsertMember.run(kbId, tenant, actor, next);
+      return true;
+    });
+  }
+
+  /** Sets the role of every actor of the owner tenant without a member row (`null` = none). */
+  setDefaultRole(kbId: string, role: KbRole | null): AdminOutcome {
+    return this.#admin(kbId, (kb) => {
+      if (kb.defaultRole === role) return false;
+      this.#stmts.setDefaultRole.run(role, kbId);
+      return true;
+    });
+  }
+
+  /** Sets the state: `active`, `frozen` or `deleted` (soft; an operator may set it back). */
+  setState(kbId: string, state: KbState): AdminOutcome {
+    return this.#admin(kbId, (kb) => {
+      if (kb.state === state) return false;
+      this.#stmts.setState.run(state, kbId);
+      return true;
+    });
+  }
+
+  /**
+   * Transfers the knowledge base to `tenant` with its name and aliases. Members of other tenants
+   * are removed and the default role is reset to none (the new owner grants roles explicitly).
+   * `conflict` when the new owner already has that name or one of the aliases.
+   */
+  transferOwner(kbId: string, tenant: string): AdminOutcome {
+    return this.#admin(kbId, (kb) => {
+      if (kb.tenant === tenant) return false;
+      const aliases = this.#stmts.aliasesOfKb.all(kbId).map((a) => a.alias);
+      for (const ref of [kb.name, ...aliases]) {
+        if (this.#taken(tenant, ref)) return { kind: 'conflict', reason: 'the new owner already has a knowledge base of that name or alias' };
+      }
+      this.#stmts.setOwner.run(tenant, kbId);
+      this.#stmts.moveAliases.run(tenant, kbId);
+      this.#stmts.deleteForeignMembers.run(kbId, tenant);
+      return true;
+    });
+  }
+
+  /** Whether `canon` already names (by name or alias) a knowledge base of `tenant`, deleted ones included. */
+  #taken(tenant: string, canon: string): boolean {
+    return this.#stmts.kbByName.get(tenant, canon) !== undefined || this.#stmts.aliasOwner.get(tenant, canon) !== undefined;
+  }
+
+  /** Adds (`remove` false) or removes an alias; stored canonical ({@link canonicalRef}), unique per tenant across names and aliases. */
+  setAlias(kbId: string, alias: string, remove = false): AdminOutcome {
+    const canon = canonicalRef(alias);
+    if (canon === null) return { kind: 'invalid', path: 'alias', reason: 'empty or not a valid percent-encoding' };
+    const problem = aliasProblem(canon);
+    if (problem) return { kind: 'invalid', path: 'alias', reason: problem };
+    return this.#admin(kbId, (kb) => {
+      const owner = this.#stmts.aliasOwner.get(kb.tenant, canon);
+      if (remove) {
+        if (owner?.kbId !== kbId) return false;
+        this.#stmts.deleteAlias.run(kbId, canon);
+        return true;
+      }
+      if (owner?.kbId === kbId) return false;
+      if (this.#taken(kb.tenant, canon)) return { kind: 'conflict', reason: 'the tenant already has a knowledge base of that name or alias' };
+      this.#stmts.insertAlias.run(kb.tenant, canon, kbId);
+      return true;
+    });
+  }
+
+  /** Sets a tenant's quota (notes per window; `null` = unlimited), keeping its counter. */
+  setTenantQuota(tenant: string, limit: number | null): void {
+    this.#stmts.setQuotaLimit.run(tenant, limit);
+  }
+
+  /**
+   * Creates a knowledge base unless the tenant already has one of that name (then nothing is
+   * changed: operator changes survive a restart). Throws when an alias is invalid or taken.
+   */
+  createKnowledgeBase(spec: KbSpec): { id: string; created: boolean } {
+    return this.#tx(() => {
+      const existing = this.#stmts.kbByName.get(spec.tenant, spec.name);
+      if (existing) return { id: existing.id, created: false };
+      if (this.#stmts.aliasOwner.get(spec.tenant, spec.name)) throw new Error(`${spec.tenant}:${spec.name}: the name is an alias of another knowledge base`);
+      const id = `kb_${randomUUID()}`;
+      this.#stmts.insertKb.run(id, spec.tenant, spec.name, this.#now(), spec.state ?? 'active', spec.defaultRole ?? null);
+      for (const alias of spec.aliases ?? []) {
+        const canon = canonicalRef(alias);
+        const problem = canon === null ? 'empty or not a valid percent-encoding' : aliasProblem(canon);
+        if (problem || canon === null) throw new Error(`${spec.tenant}:${spec.name}: alias "${alias}" ${problem}`);
+        if (this.#stmts.aliasOwner.get(spec.tenant, canon)?.kbId === id) continue;
+        if (this.#taken(spec.tenant, canon)) throw new Error(`${spec.tenant}:${spec.name}: alias "${alias}" is taken`);
+        this.#stmts.insertAlias.run(spec.tenant, canon, id);
+      }
+      for (const m of spec.members ?? []) this.#stmts.upsertMember.run(id, spec.tenant, m.actor, m.role);
+      return { id, created: true };
+    });
+  }
+
+  /**
+   * Creates the knowledge base `name` of `tenant` unless it exists, writable by every actor of the
+   * tenant (default role `writer`). Returns its id and whether it was created now.
+   */
+  ensureKnowledgeBase(tenant: string, name: string): { id: string; created: boolean } {
+    return this.createKnowledgeBase({ tenant, name, defaultRole: 'writer' });
   }
 
   /** The connection's own `journal_mode` and `synchronous` (0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA). */
@@ -255,4 +844,8 @@ export class KbStore {
   close(): void {
     if (this.#db.open) this.#db.close();
   }
+}
+
+function receipt(r: NoteRow): NoteReceipt {
+  return { id: r.id, kb: r.kb, kbId: r.kbId, createdAt: r.createdAt };
 }

@@ -7,7 +7,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
 import { connectNats, jetStreamOf, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
 import { applyTopology, generateAuth, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 
@@ -49,6 +50,8 @@ export interface Stack {
   natsUrl: string;
   prefix: string;
   kbUrl: string;
+  /** The KB's operator token (for its admin endpoints: roles, state, transfers). */
+  kbAdminToken: string;
   /** The seed file of a role (agents: `{ kind: 'agent', tenant, actor }`). */
   seedFile(role: Role): string;
   /** A role's inbox prefix (agents must use it: they may subscribe nowhere else). */
@@ -78,7 +81,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       listen: `127.0.0.1:${o.natsPort ?? -1}`,
       storeDir: join(o.stateDir, 'jetstream'),
     });
-    server = await spawnNatsServer({ port: o.natsPort ?? -1, extraArgs: ['-c', auth.configFile], storeDir: join(o.stateDir, 'jetstream') });
+    server = await spawnNatsServer({ port: o.natsPort ?? -1, extraArgs: ['-c', auth.configFile], storeDir: join(o.stateDir, 'jetstream'), detached: true });
     natsUrl = server.url;
     seedFile = (role) => auth.seedFile(role);
   } else {
@@ -91,17 +94,46 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       return f;
     };
   }
-  const nc = await connectNats({ servers: natsUrl, name: 'tooltx-provisioner', nkeySeedFile: seedFile({ kind: 'provisioner' }), inboxPrefix: inboxPrefixOf({ kind: 'provisioner' }), reconnectForever: false });
-  const { jsm } = await jetStreamOf(nc);
-  await applyTopology(nc, jsm, topo);
-  await nc.drain();
+  try {
+    const nc = await connectNats({ servers: natsUrl, name: 'tooltx-provisioner', nkeySeedFile: seedFile({ kind: 'provisioner' }), inboxPrefix: inboxPrefixOf({ kind: 'provisioner' }), reconnectForever: false });
+    const { jsm } = await jetStreamOf(nc);
+    await applyTopology(nc, jsm, topo);
+    await nc.drain();
+  } catch (err) {
+    await server?.stop({ removeStore: false });
+    throw err;
+  }
 
   const processes: { name: string; child: ChildProcess }[] = [];
   let stopping = false;
   let onCrash!: (name: string) => void;
   const crashed = new Promise<string>((r) => (onCrash = r));
+  server?.process?.once('exit', () => {
+    if (!stopping) onCrash('nats-server');
+  });
+  const terminate = (group: { child: ChildProcess }[]) =>
+    Promise.all(
+      group.map(({ child }) =>
+        child.exitCode !== null || child.signalCode !== null
+          ? undefined
+          : new Promise((r) => {
+              child.once('exit', r);
+              child.kill('SIGTERM');
+            }),
+      ),
+    );
+  /** Services first (they finish in-flight work against the KB and nats), then the KB, then nats. */
+  const stop = async () => {
+    stopping = true;
+    await terminate(processes.filter((p) => p.name !== 'kb'));
+    await terminate(processes.filter((p) => p.name === 'kb'));
+    await server?.stop({ removeStore: false });
+  };
   const launch = (name: string, script: string, env: Record<string, string>) => {
+    // Own process group: a terminal's Ctrl-C reaches only the supervisor, which stops the services
+    // first (they drain), then the KB, then nats-server.
     const child = spawn(process.execPath, ['--import', 'tsx', script], {
+      detached: true,
       cwd: ROOT,
       env: { ...process.env, ...o.env, ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
@@ -110,7 +142,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       child.stdout!.pipe(process.stdout);
       child.stderr!.pipe(process.stderr);
     } else if (o.logs === 'pretty') {
-      const fmt = spawn(process.execPath, [join(ROOT, 'node_modules', 'pino-pretty', 'bin.js'), '--colorize', '--ignore', 'pid,hostname,instance'], { stdio: ['pipe', 'inherit', 'inherit'] });
+      const fmt = spawn(process.execPath, [join(ROOT, 'node_modules', 'pino-pretty', 'bin.js'), '--colorize', '--ignore', 'pid,hostname,instance'], { stdio: ['pipe', 'inherit', 'inherit'], detached: true });
       child.stdout!.pipe(fmt.stdin!);
       child.stderr!.pipe(process.stderr);
     } else {
@@ -126,8 +158,22 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     return child;
   };
 
-  // The KB first: the executor needs its URL.
+  const url: string = natsUrl;
+  try {
+    return await launchAll();
+  } catch (err) {
+    // Never leave half a stack running (a nats-server holding the port, a KB holding its file).
+    await stop();
+    throw err;
+  }
+
+  async function launchAll(): Promise<Stack> {
+  // The KB first: the executor needs its URL. Its operator token lives in the state directory.
+  const kbAdminToken = randomBytes(24).toString('hex');
+  const tokenFile = join(o.stateDir, 'kb-admin.token');
+  writeFileSync(tokenFile, kbAdminToken, { mode: 0o600 });
   const kbChild = launch('kb', join(ROOT, 'examples', 'research-kb', 'kb-server.ts'), {
+    KB_ADMIN_TOKEN_FILE: tokenFile,
     KB_PORT: String(o.kbPort),
     KB_DB: join(o.stateDir, 'kb.sqlite'),
     KB_DEDUP: o.kbDedup ? 'on' : 'off',
@@ -138,7 +184,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const kbUrl = `http://127.0.0.1:${kbPort}`;
 
   const common = {
-    NATS_URL: natsUrl,
+    NATS_URL: url,
     TOOLTX_PREFIX: o.prefix,
     TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
     KB_URL: kbUrl,
@@ -158,29 +204,18 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   );
 
   return {
-    natsUrl,
+    natsUrl: url,
     prefix: o.prefix,
     kbUrl,
+    kbAdminToken,
     seedFile,
     inboxPrefix: inboxPrefixOf,
     server,
     processes,
     crashed,
-    async stop() {
-      stopping = true;
-      await Promise.all(
-        processes.map(({ child }) =>
-          child.exitCode !== null || child.signalCode !== null
-            ? undefined
-            : new Promise((r) => {
-                child.once('exit', r);
-                child.kill('SIGTERM');
-              }),
-        ),
-      );
-      await server?.stop({ removeStore: false });
-    },
+    stop,
   };
+  }
 }
 
 /** The port a process logs in its `listening` line (`"port":N`). */

@@ -1,37 +1,101 @@
 /**
  * The research-KB sample's trusted side (loaded by the authorizer, executor and reconciler from
- * `TOOLTX_TOOLS_MODULE`, never by agents):
- * - `web.fetch_page` fetches a page over HTTP and returns `{ url, title, excerpt }`. Origins may be
- *   restricted with `WEB_ALLOWED_ORIGINS` (comma-separated; unset = any http/https origin).
- * - `kb.write_note` and `kb.delete_note` call the KB storage service at `KB_URL` with the
- *   tenant-scoped downstream key and the attempt's absolute deadline.
+ * `TOOLTX_TOOLS_MODULE`, never by agents).
+ *
+ * - `web.fetch_page` fetches a page and returns `{ url, title, excerpt }` (never the whole page).
+ *   Loopback, private and link-local hosts are refused unless their origin is listed in
+ *   `WEB_ALLOWED_ORIGINS` (comma-separated) — a fetch tool must not be a way into the trusted network.
+ * - `kb.write_note`, `kb.write_notes` (batch) and `kb.delete_note` talk to the KB storage service at
+ *   `KB_URL`. The policy seam resolves every knowledge-base reference through the KB's one resolver
+ *   (FM-10) and checks the actor's role and the state; the executor re-runs it at the execution
+ *   instant and sends the authorisation version it saw as `if-match`, so a role revoked or a KB
+ *   transferred or frozen after the check stops the commit inside the KB's transaction (FM-07, FM-08).
  *
  * Error convention: a `TooltxError` means the KB definitively did not apply the request; network
- * errors and aborts propagate as they are (outcome unknown).
+ * errors, 5xx and aborts propagate as they are (outcome unknown).
  */
-import { defineImplementation, ErrorClass, TooltxError, type ErrorClass as ErrorClassT } from '@tooltx/contracts';
-import { KbClient, KbError } from './kb-client.js';
+import { isIP } from 'node:net';
+import { defineImplementation, ErrorClass, TooltxError, type AuthorizationContext } from '@tooltx/contracts';
+import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
 
-const { fetchPage, writeNote, deleteNote } = researchContracts({ kbDedup: kbDedupFromEnv() });
+const { fetchPage, writeNote, writeNotes, deleteNote } = researchContracts({ kbDedup: kbDedupFromEnv() });
 // One pool for the process. KB_KEEPALIVE=off closes every connection after its request.
-const kbClient = new KbClient(process.env.KB_URL ?? 'http://127.0.0.1:4280', { keepAlive: process.env.KB_KEEPALIVE !== 'off' });
-const kb = () => kbClient;
-const allowed = (process.env.WEB_ALLOWED_ORIGINS ?? '').split(',').map((s) => s.trim()).filter(Boolean);
+const kb = new KbClient(process.env.KB_URL ?? 'http://127.0.0.1:4280', { keepAlive: process.env.KB_KEEPALIVE !== 'off' });
+const allowedOrigins = new Set((process.env.WEB_ALLOWED_ORIGINS ?? '').split(',').map((s) => s.trim()).filter(Boolean));
 
-/** A KB refusal as a tooltx error class; 5xx and anything else stay "outcome unknown". */
+/** Policy version of the KB tools' authorisation rules (recorded with every decision). */
+export const KB_POLICY_VERSION = 'kb-policy@1';
+/** `publishAt` may be at most this far in the past (clock tolerance) … */
+export const PUBLISH_TOLERANCE_MS = 5 * 60_000;
+/** … and at most this far ahead. */
+export const PUBLISH_HORIZON_MS = 365 * 24 * 3600_000;
+
+/** A KB answer as a tooltx error class, by the KB's own class; 5xx and the unknown stay "outcome unknown". */
 function definite(err: unknown): never {
   if (err instanceof KbError && err.status < 500) {
-    const cls: ErrorClassT =
-      err.status === 404 ? ErrorClass.NotFound
-        : err.status === 409 ? ErrorClass.DependencyUnavailable // deadline passed: not applied
-          : err.status === 403 ? ErrorClass.Forbidden
-            : err.status === 429 ? ErrorClass.QuotaExceeded
-              : ErrorClass.InvalidInput;
-    throw new TooltxError(cls, `kb refused: ${err.errorClass}`);
+    const byClass: Record<string, ErrorClass> = {
+      not_found: ErrorClass.NotFound,
+      forbidden: ErrorClass.Forbidden,
+      frozen: ErrorClass.Forbidden,
+      version_conflict: ErrorClass.VersionConflict,
+      quota_exceeded: ErrorClass.QuotaExceeded,
+      deadline_passed: ErrorClass.DependencyUnavailable, // refused at the deadline: not applied
+      invalid_input: ErrorClass.InvalidInput,
+      conflict: ErrorClass.InvalidInput,
+    };
+    const cls = byClass[err.errorClass];
+    if (cls) throw new TooltxError(cls, `kb refused: ${err.errorClass}`, err.retryAfterMs !== undefined ? { retryAfterMs: err.retryAfterMs } : {});
   }
   throw err;
+}
+
+/**
+ * The one resolver, seen from the policy seam: any reference → the canonical id, its authorisation
+ * version, and whether this actor may write. Foreign, deleted and missing are one uniform
+ * `not_found` (FM-10); a KB that cannot be reached is `dependency_unavailable` (retried, never a refusal).
+ */
+async function resolveWritable(ref: string, ctx: AuthorizationContext, path: (string | number)[]): Promise<KbResolution> {
+  let r: KbResolution;
+  try {
+    r = await kb.resolve({ tenant: ctx.tenant, actor: ctx.actor, ref, signal: AbortSignal.timeout(5_000) });
+  } catch (err) {
+    if (err instanceof KbError && err.errorClass === 'not_found') {
+      throw new TooltxError(ErrorClass.NotFound, 'knowledge base not found', { issues: [{ path, code: 'not_found', message: 'no such knowledge base' }] });
+    }
+    throw new TooltxError(ErrorClass.DependencyUnavailable, 'kb resolver unavailable', { cause: err });
+  }
+  if (r.state !== 'active' || (r.role !== 'writer' && r.role !== 'admin')) throw new TooltxError(ErrorClass.Forbidden, 'not allowed to write here');
+  return r;
+}
+
+function checkPublishAt(publishAt: string | undefined, now: number, path: (string | number)[]): void {
+  if (publishAt === undefined) return;
+  const t = Date.parse(publishAt);
+  if (t < now - PUBLISH_TOLERANCE_MS || t > now + PUBLISH_HORIZON_MS) {
+    throw new TooltxError(ErrorClass.InvalidInput, 'publishAt outside the allowed window', {
+      issues: [{ path, code: 'out_of_window', message: 'publishAt must lie between now − 5 min and now + 365 days' }],
+    });
+  }
+}
+
+function versionOf(ctxAuth: { resources?: { id: string; version: number }[] } | undefined, index = 0): { id: string; version: number } {
+  const r = ctxAuth?.resources?.[index];
+  // The executor always passes what its re-check allowed; without it nothing is sent.
+  if (!r) throw new TooltxError(ErrorClass.Internal, 'no authorisation to write under');
+  return r;
+}
+
+function isPrivateHost(host: string): boolean {
+  const h = host.replace(/^\[|\]$/g, '').toLowerCase();
+  if (h === 'localhost' || h.endsWith('.localhost')) return true;
+  if (isIP(h) === 4) {
+    const [a, b] = h.split('.').map(Number) as [number, number];
+    return a === 127 || a === 10 || a === 0 || (a === 169 && b === 254) || (a === 172 && b >= 16 && b <= 31) || (a === 192 && b === 168) || (a === 100 && b >= 64 && b <= 127);
+  }
+  if (isIP(h) === 6) return h === '::1' || h.startsWith('fc') || h.startsWith('fd') || h.startsWith('fe80') || h.startsWith('::ffff:');
+  return false;
 }
 
 export const implementations = [
@@ -39,7 +103,7 @@ export const implementations = [
     contract: fetchPage,
     async execute(input, ctx) {
       const url = new URL(input.url);
-      if (allowed.length && !allowed.includes(url.origin)) throw new TooltxError(ErrorClass.Forbidden, 'origin not allowed');
+      if (isPrivateHost(url.hostname) && !allowedOrigins.has(url.origin)) throw new TooltxError(ErrorClass.Forbidden, 'origin not allowed');
       const res = await fetch(url, { signal: ctx.signal, redirect: 'error' });
       if (res.status === 404 || res.status === 410) throw new TooltxError(ErrorClass.NotFound, 'page not found');
       if (!res.ok) throw new Error(`page answered ${res.status}`);
@@ -50,25 +114,72 @@ export const implementations = [
   }),
   defineImplementation({
     contract: writeNote,
+    policyVersion: KB_POLICY_VERSION,
+    async authorize(input, ctx) {
+      const r = await resolveWritable(input.kb, ctx, ['input', 'kb']);
+      return { resources: [{ id: r.kbId, version: r.authVersion }] };
+    },
+    invariants(input, ctx) {
+      checkPublishAt(input.publishAt, ctx.now, ['input', 'publishAt']);
+    },
     async execute(input, ctx) {
+      const { id: kbId, version } = versionOf(ctx.authorization);
       try {
-        const r = await kb().writeNote({ tenant: ctx.tenant, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, note: input, signal: ctx.signal });
-        return { resourceId: r.id, result: { noteId: r.id, kb: r.kb } };
+        const r = await kb.writeNote({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, ifMatch: version, note: { ...input, kb: kbId }, signal: ctx.signal });
+        // FM-19: a write returns its receipt only (the resource id is in the receipt).
+        return { resourceId: r.id, result: {} };
       } catch (err) {
         return definite(err);
       }
     },
     async probe(ctx) {
-      const r = await kb().probe({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
+      const r = await kb.probe({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
+      return r.found ? { found: true, resourceId: r.id } : { found: false };
+    },
+  }),
+  defineImplementation({
+    contract: writeNotes,
+    policyVersion: KB_POLICY_VERSION,
+    // FM-09: every item is authorised on its own; one foreign or forbidden item refuses the batch.
+    async authorize(input, ctx) {
+      const seen = new Map<string, number>();
+      for (const [i, item] of input.items.entries()) {
+        const r = await resolveWritable(item.kb, ctx, ['input', 'items', i, 'kb']);
+        seen.set(r.kbId, r.authVersion);
+      }
+      return { resources: [...seen].map(([id, version]) => ({ id, version })) };
+    },
+    invariants(input, ctx) {
+      input.items.forEach((item, i) => checkPublishAt(item.publishAt, ctx.now, ['input', 'items', i, 'publishAt']));
+    },
+    async execute(input, ctx) {
+      const versions = Object.fromEntries((ctx.authorization?.resources ?? []).map((r) => [r.id, r.version]));
+      try {
+        // Each item is sent with the canonical id its reference resolved to at the re-check.
+        const ids = await Promise.all(input.items.map((item) => kb.resolve({ tenant: ctx.tenant, actor: ctx.actor, ref: item.kb, signal: ctx.signal }).then((r) => r.kbId)));
+        const r = await kb.writeBatch({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, ifMatch: versions, items: input.items.map((item, i) => ({ ...item, kb: ids[i]! })), signal: ctx.signal });
+        return { resourceId: r.items.map((x) => x.id).join(','), result: {} };
+      } catch (err) {
+        return definite(err);
+      }
+    },
+    async probe(ctx) {
+      const r = await kb.probe({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
       return r.found ? { found: true, resourceId: r.id } : { found: false };
     },
   }),
   defineImplementation({
     contract: deleteNote,
+    policyVersion: KB_POLICY_VERSION,
+    async authorize(input, ctx) {
+      const r = await resolveWritable(input.kb, ctx, ['input', 'kb']);
+      return { resources: [{ id: r.kbId, version: r.authVersion }] };
+    },
     async execute(input, ctx) {
+      const { version } = versionOf(ctx.authorization);
       try {
-        const r = await kb().deleteNote({ tenant: ctx.tenant, key: ctx.downstreamKey, id: input.noteId, signal: ctx.signal });
-        return { resourceId: r.id, result: { noteId: r.id, deleted: r.deleted } };
+        const r = await kb.deleteNote({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, id: input.noteId, ifMatch: version, signal: ctx.signal });
+        return { resourceId: r.id, result: {} };
       } catch (err) {
         return definite(err);
       }

@@ -17,6 +17,11 @@ export const ErrorClass = {
   QuotaExceeded: 'quota_exceeded',
   /** The same operation key with another input, or a supplied key that does not match its request. */
   IdempotencyConflict: 'idempotency_conflict',
+  /**
+   * The resource's authorisation version changed between the check and the commit (owner, state,
+   * alias, membership or role): nothing was written; a new attempt re-checks (FM-07, FM-08).
+   */
+  VersionConflict: 'version_conflict',
   /** A dependency did not answer in time or refused transiently; retry with bounded backoff. */
   DependencyUnavailable: 'dependency_unavailable',
   /** The task is frozen behind an unresolved operation; a person must take over. */
@@ -47,6 +52,7 @@ export const nextActionFor: Readonly<Record<ErrorClass, NextAction>> = {
   not_found: NextAction.Replan,
   quota_exceeded: NextAction.WaitOrStop,
   idempotency_conflict: NextAction.Replan,
+  version_conflict: NextAction.Reauthorise,
   dependency_unavailable: NextAction.Backoff,
   task_frozen: NextAction.HandOver,
   contract_mismatch: NextAction.RefreshContract,

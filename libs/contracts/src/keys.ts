@@ -44,6 +44,11 @@ export interface PreparedCall<I = Record<string, unknown>> {
  */
 export function prepareCall<C extends Contract>(contract: C, taskId: string, rawInput: unknown): PreparedCall<z.infer<C['input']>> {
   const parsed = parseStrict(contract.input, rawInput, ['input']) as Record<string, unknown>;
+  const broken = illFormedPath(parsed, ['input']);
+  if (broken) {
+    // RFC 8785 needs well-formed Unicode; a lone surrogate is the caller's to fix, not an internal error.
+    throw new TooltxError(ErrorClass.InvalidInput, 'ill-formed Unicode', { issues: [{ path: broken, code: 'invalid_unicode', message: 'text contains a lone surrogate' }] });
+  }
   const input: Record<string, unknown> = { ...parsed };
   for (const [field, normaliser] of Object.entries(contract.normalise ?? {})) {
     if (input[field] === undefined || normaliser === undefined) continue;
@@ -55,6 +60,8 @@ export function prepareCall<C extends Contract>(contract: C, taskId: string, raw
       });
     }
   }
+  // The normalised value must still satisfy the contract (e.g. a title that was only whitespace).
+  parseStrict(contract.input, input, ['input']);
   const typed = input as z.infer<C['input']>;
   const target = contract.target(typed);
   const intent = contract.intent(typed);
@@ -64,4 +71,23 @@ export function prepareCall<C extends Contract>(contract: C, taskId: string, raw
     inputDigest: digestOf(input),
     targetDigest: digestOf(target),
   };
+}
+
+/** The path of the first string that is not well-formed UTF-16 (a lone surrogate), or null. */
+function illFormedPath(v: unknown, path: (string | number)[]): (string | number)[] | null {
+  if (typeof v === 'string') return (v as string & { isWellFormed(): boolean }).isWellFormed() ? null : path;
+  if (Array.isArray(v)) {
+    for (const [i, x] of v.entries()) {
+      const p = illFormedPath(x, [...path, i]);
+      if (p) return p;
+    }
+    return null;
+  }
+  if (v && typeof v === 'object') {
+    for (const [k, x] of Object.entries(v)) {
+      const p = illFormedPath(x, [...path, k]);
+      if (p) return p;
+    }
+  }
+  return null;
 }

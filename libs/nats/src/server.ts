@@ -48,7 +48,14 @@ export function natsServerBinary(env: NodeJS.ProcessEnv = process.env): string |
  * binary is missing or the server exits before listening (10 s).
  */
 export async function spawnNatsServer(
-  opts: { port?: number; storeDir?: string; extraArgs?: string[]; binary?: string } = {},
+  opts: {
+    port?: number;
+    storeDir?: string;
+    extraArgs?: string[];
+    binary?: string;
+    /** Run in its own process group, so a terminal's Ctrl-C reaches only the supervisor, which stops it last. */
+    detached?: boolean;
+  } = {},
 ): Promise<NatsServerHandle> {
   const bin = opts.binary ?? natsServerBinary();
   if (!bin) throw new NatsServerUnavailableError(`nats-server not found: ${INSTALL_HINT}`);
@@ -59,7 +66,7 @@ export async function spawnNatsServer(
       const args = opts.extraArgs?.some((a) => a === '-c')
         ? ['-p', String(port), ...opts.extraArgs]
         : ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', storeDir, ...(opts.extraArgs ?? [])];
-      child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+      child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'], detached: opts.detached ?? false });
       let log = '';
       const timer = setTimeout(() => reject(new NatsServerUnavailableError(`nats-server did not start in 10 s: ${log.slice(-500)}`)), 10_000);
       child.stderr!.setEncoding('utf8');

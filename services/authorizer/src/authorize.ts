@@ -68,7 +68,8 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       await impl.invariants?.(prepared.input, authCtx);
     } catch (err) {
       const info = toErrorInfo(err);
-      if (info.class === ErrorClass.Internal) throw err;
+      // A dependency of the policy being down is not a refusal: the intent is retried later.
+      if (info.class === ErrorClass.Internal || info.class === ErrorClass.DependencyUnavailable) throw err;
       const denial: AuthDecision | undefined = info.class === ErrorClass.InvalidInput ? undefined : { decision: 'deny', policyVersion, reason: info.class, at: now() };
       return void (await refuse(key, info, ids, denial));
     }
