@@ -15,6 +15,7 @@ export const TEST_IDENTITIES: IdentityList = {
   tenants: [
     { id: 'acme', actors: ['alice', 'bob', 'blocked-bob', 'noread-eve', 'researcher', 'mallory'], auditors: ['audrey'] },
     { id: 'globex', actors: ['gina', 'mallory'] },
+    { id: 'initech', actors: ['ivan', 'irene'] },
   ],
   executorDurables: ['executor-b'],
 };

@@ -1,0 +1,231 @@
+/**
+ * Authorisation at the execution instant (issue 6) through tooltx end to end: auth on, the
+ * authorizer and executor as processes, the real research KB (SQLite, KB_DEDUP=off) as the system of
+ * record, a real HTTP hop in between that can hold a write. Every test asserts the KB's own rows.
+ * FM-07, FM-08, FM-09, FM-10, FM-18, FM-19, the quota race and the publishAt window.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { operationIdOf, prepareCall } from '@tooltx/contracts';
+import { createTools, newSubmission, publishSubmission, type ExecuteResult, type Tools } from '@tooltx/client';
+import type { OperationRecord } from '@tooltx/lifecycle';
+import { provisioned, type TestNats } from './helpers/nats.js';
+import { startService, type ServiceProcess } from './helpers/services.js';
+import { waitForOperation } from './helpers/ops.js';
+import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
+import { DelayProxy } from './helpers/delay-proxy.js';
+import { researchContracts } from '../examples/research-kb/contracts.js';
+
+const contracts = researchContracts({ kbDedup: false });
+let t: TestNats;
+let kb: TestKb;
+let proxy: DelayProxy;
+let env: Record<string, string>;
+let authorizer: ServiceProcess;
+let executor: ServiceProcess;
+const agents: Record<string, Tools> = {};
+let ids: Record<string, string> = {};
+
+const note = (kbRef: string, title: string, over: Record<string, unknown> = {}) => ({
+  kb: kbRef, title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z', ...over,
+});
+const rowsIn = async (kbId: string) => (await kb.client.rowsPerKb({ kbId })).reduce((n, k) => n + k.rows, 0);
+const tools = (tenant: string, actor: string) => agents[`${tenant}/${actor}`]!;
+
+beforeAll(async () => {
+  t = await provisioned();
+  kb = await startKb({
+    tenants: [{ id: 'acme', quota: 10_000 }, { id: 'globex', quota: 10_000 }, { id: 'initech', quota: 3 }],
+    knowledgeBases: [
+      { tenant: 'acme', name: 'research', aliases: ['Research-Notes'], members: [{ actor: 'alice', role: 'writer' }, { actor: 'bob', role: 'writer' }] },
+      { tenant: 'acme', name: 'archive', members: [{ actor: 'alice', role: 'writer' }, { actor: 'bob', role: 'writer' }] },
+      { tenant: 'acme', name: 'frozen-kb', members: [{ actor: 'alice', role: 'writer' }] },
+      { tenant: 'acme', name: 'gone', members: [{ actor: 'alice', role: 'writer' }] },
+      { tenant: 'globex', name: 'secret', members: [{ actor: 'gina', role: 'writer' }] },
+      { tenant: 'initech', name: 'research', defaultRole: 'writer' },
+    ],
+  });
+  for (const k of await kb.admin.list()) ids[`${k.tenant}/${k.name}`] = k.kbId;
+  await kb.admin.setState(ids['acme/gone']!, 'deleted');
+  proxy = await new DelayProxy(kb.url).start();
+  env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_DEDUP: 'off' };
+  [authorizer, executor] = await Promise.all([startService('authorizer', env), startService('executor', env)]);
+  for (const [tenant, actor] of [['acme', 'alice'], ['acme', 'bob'], ['globex', 'gina'], ['initech', 'ivan']] as const) {
+    agents[`${tenant}/${actor}`] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 20_000 });
+  }
+});
+
+afterAll(async () => {
+  for (const a of Object.values(agents)) await a.close();
+  const codes = await Promise.all([authorizer?.stop(), executor?.stop()]);
+  await proxy?.stop();
+  expect(await kb?.stop()).toBe(0);
+  await t?.close();
+  expect(codes).toEqual([0, 0]);
+});
+
+describe('FM-07: role revoked between acceptance and execution', () => {
+  it('a revocation after acceptance is caught by the executor\'s re-check: rejected, nothing written', async () => {
+    await executor.stop();
+    const input = note('research', 'Revoked before execution');
+    const key = prepareCall(contracts.writeNote, 'fm07-a', input).operationKey;
+    await publishSubmission(t.js, newSubmission(t.subjects, 'acme', 'bob', { tool: 'kb.write_note', version: 1, taskId: 'fm07-a', input }));
+    const accepted = (await waitForOperation(t, 'acme', key, (s) => s.status === 'accepted')) as OperationRecord;
+    expect(accepted.authorization?.intake).toMatchObject({ decision: 'allow', policyVersion: 'kb-policy@1', resources: [{ id: ids['acme/research'] }] });
+    const before = await rowsIn(ids['acme/research']!);
+    await kb.admin.setMember(ids['acme/research']!, { tenant: 'acme', actor: 'bob', role: null });
+    executor = await startService('executor', env);
+    const s = (await waitForOperation(t, 'acme', key, (x) => x.status === 'rejected')) as OperationRecord;
+    expect(s.error?.class).toBe('forbidden');
+    expect(s.authorization?.execution).toMatchObject({ decision: 'deny', reason: 'forbidden', policyVersion: 'kb-policy@1' });
+    expect(await rowsIn(ids['acme/research']!)).toBe(before);
+    await kb.admin.setMember(ids['acme/research']!, { tenant: 'acme', actor: 'bob', role: 'writer' });
+  });
+
+  it('a revocation after the executor\'s own re-check is caught by the version condition inside the KB: rejected, nothing written', async () => {
+    const before = await rowsIn(ids['acme/research']!);
+    proxy.hold = (req) => (req.method === 'POST' && req.url === '/v1/notes' ? 1_500 : 0);
+    proxy.onHeld = () => void kb.admin.setMember(ids['acme/research']!, { tenant: 'acme', actor: 'bob', role: null });
+    try {
+      const r = await tools('acme', 'bob').execute({ tool: 'kb.write_note', taskId: 'fm07-b', input: note('research', 'Revoked after re-check') });
+      expect(r).toMatchObject({ status: 'rejected', error: { class: 'version_conflict' }, next: 'reauthorise' });
+      expect(await rowsIn(ids['acme/research']!)).toBe(before);
+    } finally {
+      proxy.hold = () => 0;
+      proxy.onHeld = () => undefined;
+      await kb.admin.setMember(ids['acme/research']!, { tenant: 'acme', actor: 'bob', role: 'writer' });
+    }
+  });
+});
+
+describe('FM-08: resource transferred or frozen between check and commit', () => {
+  it('frozen after the check: the version mismatch stops the commit', async () => {
+    const before = await rowsIn(ids['acme/frozen-kb']!);
+    proxy.hold = (req) => (req.method === 'POST' && req.url === '/v1/notes' ? 1_500 : 0);
+    proxy.onHeld = () => void kb.admin.setState(ids['acme/frozen-kb']!, 'frozen');
+    try {
+      const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm08-freeze', input: note('frozen-kb', 'Frozen meanwhile') });
+      expect(r.status).toBe('rejected');
+      if (r.status === 'rejected') expect(['forbidden', 'version_conflict']).toContain(r.error.class);
+      expect(await rowsIn(ids['acme/frozen-kb']!)).toBe(before);
+    } finally {
+      proxy.hold = () => 0;
+      proxy.onHeld = () => undefined;
+    }
+    // Frozen at intake: refused before acceptance, uniform class.
+    const again = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm08-freeze-2', input: note('frozen-kb', 'Still frozen') });
+    expect(again).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
+  });
+
+  it('transferred to another tenant after the check: the commit is stopped and the old tenant now sees not_found', async () => {
+    const kbId = ids['acme/archive']!;
+    const before = await rowsIn(kbId);
+    proxy.hold = (req) => (req.method === 'POST' && req.url === '/v1/notes' ? 1_500 : 0);
+    proxy.onHeld = () => void kb.admin.transferOwner(kbId, 'globex');
+    try {
+      const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm08-transfer', input: note('archive', 'Transferred meanwhile') });
+      expect(r.status).toBe('rejected');
+      expect(await rowsIn(kbId)).toBe(before);
+    } finally {
+      proxy.hold = () => 0;
+      proxy.onHeld = () => undefined;
+    }
+    const later = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm08-transfer-2', input: note('archive', 'After transfer') });
+    expect(later).toMatchObject({ status: 'rejected', error: { class: 'not_found' } });
+  });
+});
+
+describe('FM-09: a batch with one foreign item', () => {
+  it('rejects the whole batch at the foreign item\'s path; nothing is written', async () => {
+    const before = await rowsIn(ids['acme/research']!);
+    const r = await tools('acme', 'alice').execute({
+      tool: 'kb.write_notes',
+      taskId: 'fm09',
+      input: { items: [note('research', 'Batch 1'), note(ids['globex/secret']!, 'Smuggled'), note('research', 'Batch 3')] },
+    });
+    expect(r).toMatchObject({ status: 'rejected', error: { class: 'not_found', issues: [{ path: ['input', 'items', 1, 'kb'] }] } });
+    expect(await rowsIn(ids['acme/research']!)).toBe(before);
+    expect(await rowsIn(ids['globex/secret']!)).toBe(0);
+  });
+
+  it('an all-legal batch commits every item under one receipt', async () => {
+    const before = await rowsIn(ids['acme/research']!);
+    const r = await tools('acme', 'alice').execute({ tool: 'kb.write_notes', taskId: 'fm09-ok', input: { items: [note('research', 'Ok 1'), note('Research-Notes', 'Ok 2')] } });
+    expect(r.status).toBe('committed');
+    expect(await rowsIn(ids['acme/research']!)).toBe(before + 2);
+  });
+});
+
+describe('FM-10: one canonical id for every alias kind; uniform not-found', () => {
+  it('name, alias, case, percent-encoding and the internal id all write into the same knowledge base', async () => {
+    const kbId = ids['acme/research']!;
+    const before = await rowsIn(kbId);
+    const refs = ['research', 'RESEARCH', 'Research-Notes', 'research%2Dnotes', kbId];
+    const results: ExecuteResult[] = [];
+    for (const [i, ref] of refs.entries()) results.push(await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm10', input: note(ref, `Alias kind ${i}`) }));
+    expect(results.map((r) => r.status)).toEqual(refs.map(() => 'committed'));
+    for (const r of results) {
+      const s = (await t.store.load('acme', operationIdOf(r.operationKey!))).state as OperationRecord;
+      expect(s.authorization?.execution?.resources).toEqual([{ id: kbId, version: expect.any(Number) }]);
+    }
+    expect(await rowsIn(kbId)).toBe(before + refs.length);
+  });
+
+  it('a soft-deleted knowledge base, a guessed foreign id and a missing name give one identical answer', async () => {
+    const answers = [];
+    for (const [i, ref] of [ids['acme/gone']!, ids['globex/secret']!, 'no-such-kb', 'kb_00000000-0000-4000-8000-000000000000'].entries()) {
+      const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm10-nf', input: note(ref, `Nowhere ${i}`) });
+      expect(r.status).toBe('rejected');
+      answers.push(r.status === 'rejected' ? { error: r.error, next: r.next } : null);
+    }
+    expect(new Set(answers.map((a) => JSON.stringify(a))).size).toBe(1);
+    expect(answers[0]).toEqual({ error: { class: 'not_found', issues: [{ path: ['input', 'kb'], code: 'not_found', message: 'no such knowledge base' }] }, next: 'replan' });
+    expect(await rowsIn(ids['globex/secret']!)).toBe(0);
+  });
+});
+
+describe('FM-18 / FM-19: errors and output', () => {
+  it('FM-18: a fixable error names the field; a publishAt outside the window is refused at intake', async () => {
+    const now = Date.now();
+    for (const [publishAt, ok] of [[new Date(now - 3_600_000).toISOString(), false], [new Date(now + 400 * 86_400_000).toISOString(), false], [new Date(now + 86_400_000).toISOString(), true]] as const) {
+      const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: `window-${publishAt}`, input: note('research', `Window ${publishAt}`, { publishAt }) });
+      if (ok) expect(r.status).toBe('committed');
+      else expect(r).toMatchObject({ status: 'rejected', next: 'replan', error: { class: 'invalid_input', issues: [{ path: ['input', 'publishAt'], code: 'out_of_window' }] } });
+    }
+    const blank = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'blank', input: note('research', '   ') });
+    expect(blank).toMatchObject({ status: 'rejected', error: { class: 'invalid_input', issues: [{ path: ['input', 'title'] }] } });
+  });
+
+  it('FM-18: a refusal carries a class and nothing else — no stack, no SQL, no body, no internal ids', async () => {
+    const r = await tools('globex', 'gina').execute({ tool: 'kb.write_note', taskId: 'leak', input: note(ids['acme/research']!, 'Probe', { body: 'SECRET-BODY-42' }) });
+    const text = JSON.stringify(r);
+    expect(r).toMatchObject({ status: 'rejected', error: { class: 'not_found' } });
+    for (const leak of ['SECRET-BODY-42', 'SQLITE', 'at ', 'Error', ids['acme/research']!, 'acme']) expect(text).not.toContain(leak);
+  });
+
+  it('FM-19: a write returns its receipt only', async () => {
+    const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm19', input: note('research', 'Receipt only') });
+    expect(r.status).toBe('committed');
+    if (r.status === 'committed') {
+      expect(r.result).toEqual({});
+      expect(Object.keys(r.receipt).sort()).toEqual(['attempt', 'committedAt', 'operationKey', 'resourceId', 'resultDigest', 'state', 'tool', 'version']);
+    }
+  });
+});
+
+describe('quotas', () => {
+  it('8 concurrent writers with 3 notes of quota left give exactly 3 rows and 5 quota_exceeded with a retry-after', async () => {
+    const kbId = ids['initech/research']!;
+    const results = await Promise.all(
+      Array.from({ length: 8 }, (_, i) => tools('initech', 'ivan').execute({ tool: 'kb.write_note', taskId: 'quota', input: note('research', `Quota ${i}`) })),
+    );
+    const committed = results.filter((r) => r.status === 'committed');
+    const refused = results.filter((r) => r.status === 'rejected');
+    expect(committed).toHaveLength(3);
+    expect(refused).toHaveLength(5);
+    for (const r of refused) {
+      expect(r).toMatchObject({ error: { class: 'quota_exceeded' }, next: 'wait_or_stop' });
+      if (r.status === 'rejected') expect(r.error.retryAfterMs).toBeGreaterThan(0);
+    }
+    expect(await rowsIn(kbId)).toBe(3);
+  });
+});

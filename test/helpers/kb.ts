@@ -1,0 +1,57 @@
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { KbClient, type KbAdmin } from '../../examples/research-kb/kb-client.js';
+import type { KbSeedFile } from '../../examples/research-kb/kb-seed.js';
+import { ServiceProcess } from './services.js';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const RESEARCH_TOOLS = join(ROOT, 'examples', 'research-kb', 'tools.ts');
+
+/** The research KB as its own process on a free port, with a fresh SQLite file and an operator token. */
+export interface TestKb {
+  proc: ServiceProcess;
+  url: string;
+  client: KbClient;
+  admin: KbAdmin;
+  stop(): Promise<number | null>;
+}
+
+export async function startKb(seed: KbSeedFile, env: Record<string, string> = {}): Promise<TestKb> {
+  const dir = mkdtempSync(join(tmpdir(), 'tooltx-kb-'));
+  const token = `token-${Math.random().toString(36).slice(2)}-${Date.now()}`;
+  writeFileSync(join(dir, 'admin.token'), token, { mode: 0o600 });
+  writeFileSync(join(dir, 'seed.json'), JSON.stringify(seed));
+  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'examples', 'research-kb', 'kb-server.ts')], {
+    cwd: ROOT,
+    env: {
+      PATH: process.env.PATH ?? '',
+      LOG_LEVEL: 'info',
+      KB_PORT: '0',
+      KB_DB: join(dir, 'kb.sqlite'),
+      KB_DEDUP: 'off',
+      KB_SEED_FILE: join(dir, 'seed.json'),
+      KB_ADMIN_TOKEN_FILE: join(dir, 'admin.token'),
+      ...env,
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const proc = new ServiceProcess('kb-server', child);
+  const line = await proc.waitForLog('listening');
+  const url = `http://127.0.0.1:${Number(line.port)}`;
+  const client = new KbClient(url);
+  return {
+    proc,
+    url,
+    client,
+    admin: client.admin(token),
+    async stop() {
+      await client.close();
+      const code = await proc.stop();
+      rmSync(dir, { recursive: true, force: true });
+      return code;
+    },
+  };
+}
