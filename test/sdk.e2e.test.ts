@@ -176,3 +176,19 @@ describe('tools.execute', () => {
     expect(await history(t, TENANT, r1.operationKey)).toHaveLength(3);
   });
 });
+
+describe('tools.execute never throws', () => {
+  it('returns invalid_input with the path for a bad budget, and unknown (not an exception) when the intent stream is missing', async () => {
+    const bad = await tools.execute({ tool: 'sink.write', taskId: 'x', input: note('Budget') }, { budgetMs: -5 });
+    expect(bad).toMatchObject({ status: 'rejected', error: { class: 'invalid_input', issues: [{ path: ['opts', 'budgetMs'] }] } });
+    // An agent pointed at a prefix with no streams: nothing is known to be stored, nothing thrown.
+    const lost = await createTools({ servers: t.url, tenant: TENANT, actor: 'alice', nkeyFile: t.agentSeed(TENANT, 'alice'), contracts, prefix: 'nosuchprefix' });
+    try {
+      const r = await lost.execute({ tool: 'sink.write', taskId: 'x', input: note('Nowhere') }, { budgetMs: 2_000 });
+      expect(r.status).toBe('unknown');
+      if (r.status === 'unknown') expect(r.evidence.intentStored).toBe(false);
+    } finally {
+      await lost.close();
+    }
+  });
+});

@@ -1,8 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import { jetstream } from '@nats-io/jetstream';
 import { errors as coreErrors } from '@nats-io/transport-node';
+import { z } from 'zod';
 import {
   digestOf,
+  fieldIssues,
   ErrorClass,
   hasSideEffect,
   ID_PATTERN,
@@ -99,6 +101,27 @@ export interface Tools {
   close(): Promise<void>;
 }
 
+/** What one call has done so far, for the evidence of an unexpected failure. */
+interface Track {
+  key: string | undefined;
+  submissionIds: string[];
+  intentStored: boolean;
+  started: number;
+}
+
+/** The shape of `execute`'s arguments: programming errors come back as `invalid_input` with a path. */
+const executeArgsSchema = z.object({
+  req: z.object({
+    tool: z.string().min(1).max(100),
+    version: z.number().int().min(1).optional(),
+    taskId: z.string().min(1).max(256),
+    operationKey: z.string().max(100).optional(),
+    actorId: z.string().max(64).optional(),
+    input: z.unknown(),
+  }),
+  opts: z.object({ budgetMs: z.number().int().min(100).max(24 * 3600_000).optional() }),
+});
+
 const PUBACK_TIMEOUT_MS = 2_000;
 const STATUS_POLL_MS = 5_000;
 /** Read/compute attempts rejected as dependency_unavailable are resubmitted at most this often. */
@@ -143,13 +166,32 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     tenant: opts.tenant,
     actor: opts.actor,
     status,
-    execute: (req, o) => execute(req, o?.budgetMs ?? opts.budgetMs ?? 30_000),
+    execute: async <O>(req: ExecuteRequest, o?: ExecuteOptions): Promise<ExecuteResult<O>> => {
+      const r = executeArgsSchema.safeParse({ req, opts: o ?? {} });
+      if (!r.success) return refused(null, { class: ErrorClass.InvalidInput, issues: fieldIssues(r.error) });
+      const track: Track = { key: undefined, submissionIds: [], intentStored: false, started: Date.now() };
+      try {
+        return await execute<O>(req, o?.budgetMs ?? opts.budgetMs ?? 30_000, track);
+      } catch (err) {
+        // execute never throws: an outcome it could not establish is unknown, not failed. Only a
+        // call that provably sent nothing (a local, definite error) could be called rejected.
+        const info = err instanceof TooltxError ? err.toInfo() : { class: ErrorClass.DependencyUnavailable };
+        return {
+          status: 'unknown',
+          operationKey: track.key ?? '',
+          lastServerState: 'not_seen',
+          evidence: { operationKey: track.key ?? '', submissionIds: track.submissionIds, intentStored: track.intentStored, statusAnswered: false, lastSeq: 0, elapsedMs: Date.now() - track.started },
+          next: NextAction.Observe,
+          error: info,
+        };
+      }
+    },
     async close() {
       if (owned) await nc.drain();
     },
   };
 
-  async function execute<O>(req: ExecuteRequest, budgetMs: number): Promise<ExecuteResult<O>> {
+  async function execute<O>(req: ExecuteRequest, budgetMs: number, track: Track): Promise<ExecuteResult<O>> {
     const started = Date.now();
     const deadline = started + budgetMs;
     const left = () => deadline - Date.now();
@@ -168,12 +210,13 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       return refused(null, toErrorInfo(err));
     }
     const key = prepared.operationKey;
+    track.key = key;
     if (req.operationKey !== undefined && req.operationKey !== key) {
       return refused(req.operationKey, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['operationKey'], code: 'key_mismatch', message: 'the operation key is derived from taskId, contract, target and intent' }] });
     }
     const envelope = { tool: contract.name, version: contract.version, taskId: req.taskId, operationKey: key, input: req.input, ...(req.actorId !== undefined ? { actorId: req.actorId } : {}) };
 
-    const submissionIds: string[] = [];
+    const submissionIds = track.submissionIds;
     let intentStored = false;
     let statusAnswered = false;
     let lastState: ServerState = 'not_seen';
@@ -197,6 +240,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
             return void (await submit());
           }
           intentStored = true;
+          track.intentStored = true;
           return;
         } catch (err) {
           if (!isTransient(err)) throw err;
