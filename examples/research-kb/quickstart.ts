@@ -7,8 +7,14 @@
  * as the services have them).
  */
 import { join } from 'node:path';
+import { Command } from 'commander';
 import { createTools } from '@tooltx/client';
 import { kbDedupFromEnv, researchContracts } from './contracts.js';
+
+new Command('tooltx-quickstart')
+  .description('write one note through a running `npm start` as acme/alice, then repeat the call and compare the receipts')
+  .addHelpText('after', '\nEnvironment: NATS_URL (default nats://127.0.0.1:4222), TOOLTX_PREFIX, TOOLTX_STATE_DIR (where npm start wrote the seeds), NATS_NKEY_FILE, KB_DEDUP')
+  .parse(process.argv);
 
 const tools = await createTools({
   servers: process.env.NATS_URL ?? 'nats://127.0.0.1:4222',

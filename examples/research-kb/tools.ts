@@ -15,7 +15,7 @@
  * errors, 5xx and aborts propagate as they are (outcome unknown).
  */
 import { isIP } from 'node:net';
-import { defineImplementation, ErrorClass, TooltxError, type AuthorizationContext } from '@tooltx/contracts';
+import { defineImplementation, ErrorClass, TooltxError, type AuthorizationContext, type ProbeResult } from '@tooltx/contracts';
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
@@ -98,6 +98,12 @@ function isPrivateHost(host: string): boolean {
   return false;
 }
 
+/** The KB's read-only probe by downstream key (recovery, FM-02, FM-27). */
+async function probeByKey(ctx: { tenant: string; downstreamKey: string; signal: AbortSignal }): Promise<ProbeResult> {
+  const r = await kb.probe({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
+  return r.found ? { found: true, resourceId: r.id } : { found: false };
+}
+
 export const implementations = [
   defineImplementation({
     contract: fetchPage,
@@ -132,10 +138,7 @@ export const implementations = [
         return definite(err);
       }
     },
-    async probe(ctx) {
-      const r = await kb.probe({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
-      return r.found ? { found: true, resourceId: r.id } : { found: false };
-    },
+    probe: probeByKey,
   }),
   defineImplementation({
     contract: writeNotes,
@@ -163,10 +166,7 @@ export const implementations = [
         return definite(err);
       }
     },
-    async probe(ctx) {
-      const r = await kb.probe({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
-      return r.found ? { found: true, resourceId: r.id } : { found: false };
-    },
+    probe: probeByKey,
   }),
   defineImplementation({
     contract: deleteNote,
