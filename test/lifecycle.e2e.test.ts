@@ -191,14 +191,15 @@ describe('one key, one execution', () => {
     expect(await history(t, TENANT, key)).toEqual([]);
   });
 
-  it('a side-effecting attempt that times out downstream is never rejected: it stays running, with one request sent', async () => {
+  it('a side-effecting attempt that times out downstream is never rejected: it is unknown with evidence, one request sent', async () => {
     sink.hang = true;
     try {
       const { key } = await submit('hang', note({ title: 'Hang' }));
       await waitForOperation(t, TENANT, key, (s) => s.status === 'running');
-      await new Promise((r) => setTimeout(r, 3_500)); // past the contract's timeoutMs
-      const s = (await t.store.load(TENANT, operationIdOf(key))).state;
-      expect(s.status).toBe('running');
+      const s = (await waitForOperation(t, TENANT, key, (x) => x.status === 'unknown')) as OperationRecord;
+      expect(s.evidence).toMatchObject({ kind: 'timeout' });
+      expect(s.evidence!.elapsedMs).toBeGreaterThanOrEqual(3_000); // the contract's timeoutMs
+      expect(s.error).toBeUndefined();
       expect(sinkWritesFor(key)).toHaveLength(1);
     } finally {
       sink.hang = false;

@@ -39,7 +39,16 @@ const noteNormalisers = {
   publishAt: normalise.instant,
 };
 
-export function researchContracts(opts: { kbDedup: boolean }) {
+/** Timing of the KB write contracts, ms (DESIGN.md "Contract timing"); tests shorten it. */
+export interface KbTiming {
+  timeoutMs: number;
+  runningBoundMs: number;
+  unknownDeadlineMs: number;
+}
+export const DEFAULT_KB_TIMING: KbTiming = { timeoutMs: 5_000, runningBoundMs: 15_000, unknownDeadlineMs: 5 * 60_000 };
+
+export function researchContracts(opts: { kbDedup: boolean; timing?: KbTiming }) {
+  const timing = opts.timing ?? DEFAULT_KB_TIMING;
   const fetchPage = defineContract({
     name: 'web.fetch_page',
     version: 1,
@@ -69,7 +78,7 @@ export function researchContracts(opts: { kbDedup: boolean }) {
     // is an explicit idempotency_conflict, not a second note.
     intent: (i) => ({ title: i.title, body: i.body, sourceUrl: i.sourceUrl }),
     key: { scope: 'tenant', retentionMs: 7 * 24 * 3600_000 },
-    timing: { timeoutMs: 5_000, runningBoundMs: 15_000, unknownDeadlineMs: 5 * 60_000 },
+    timing,
     downstream: { honoursKey: opts.kbDedup, enforcesDeadline: true },
   });
 
@@ -84,7 +93,7 @@ export function researchContracts(opts: { kbDedup: boolean }) {
     target: (i) => ({ kb: i.kb, noteId: i.noteId }),
     intent: () => ({ action: 'delete' }),
     key: { scope: 'tenant', retentionMs: 7 * 24 * 3600_000 },
-    timing: { timeoutMs: 5_000, runningBoundMs: 15_000, unknownDeadlineMs: 5 * 60_000 },
+    timing,
     downstream: { honoursKey: true, enforcesDeadline: false },
   });
 
@@ -104,6 +113,14 @@ export function researchContracts(opts: { kbDedup: boolean }) {
   });
 
   return { fetchPage, writeNote, writeNotes, deleteNote, all: [fetchPage, writeNote, writeNotes, deleteNote] };
+}
+
+/** KB write timing from `KB_TIMING_MS` = `timeout,runningBound,unknownDeadline` (default {@link DEFAULT_KB_TIMING}). */
+export function kbTimingFromEnv(env: NodeJS.ProcessEnv = process.env): KbTiming {
+  const parts = (env.KB_TIMING_MS ?? '').split(',').map(Number);
+  if (parts.length !== 3 || parts.some((n) => !Number.isInteger(n) || n <= 0)) return DEFAULT_KB_TIMING;
+  const [timeoutMs, runningBoundMs, unknownDeadlineMs] = parts as [number, number, number];
+  return { timeoutMs, runningBoundMs, unknownDeadlineMs };
 }
 
 /** The KB's dedup mode from the environment (`KB_DEDUP`, default `on`). */

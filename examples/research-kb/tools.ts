@@ -17,10 +17,10 @@
 import { isIP } from 'node:net';
 import { defineImplementation, ErrorClass, TooltxError, type AuthorizationContext, type ProbeResult } from '@tooltx/contracts';
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
-import { kbDedupFromEnv, researchContracts } from './contracts.js';
+import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
 
-const { fetchPage, writeNote, writeNotes, deleteNote } = researchContracts({ kbDedup: kbDedupFromEnv() });
+const { fetchPage, writeNote, writeNotes, deleteNote } = researchContracts({ kbDedup: kbDedupFromEnv(), timing: kbTimingFromEnv() });
 // One pool for the process. KB_KEEPALIVE=off closes every connection after its request.
 const kb = new KbClient(process.env.KB_URL ?? 'http://127.0.0.1:4280', { keepAlive: process.env.KB_KEEPALIVE !== 'off' });
 const allowedOrigins = new Set((process.env.WEB_ALLOWED_ORIGINS ?? '').split(',').map((s) => s.trim()).filter(Boolean));

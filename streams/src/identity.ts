@@ -142,8 +142,20 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
         case 'audit-projector': {
           const bucket = role.service === 'reconciler' ? topo.projections.reconcile.bucket : topo.projections.audit.bucket;
           const durable = role.service === 'reconciler' ? Durables.reconciler : Durables.auditProjector;
+          // The reconciler also appends recovery events and the results they carry, and lists its
+          // own index (an ordered push consumer on its bucket's stream, headers only).
+          const recovery =
+            role.service === 'reconciler'
+              ? [
+                  s.allOps,
+                  ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
+                  `${api}.CONSUMER.CREATE.${kvStream(bucket)}`, `${api}.CONSUMER.CREATE.${kvStream(bucket)}.>`,
+                  `${api}.CONSUMER.DELETE.${kvStream(bucket)}.>`, `${api}.CONSUMER.INFO.${kvStream(bucket)}.>`,
+                  `$JS.FC.${kvStream(bucket)}.>`,
+                ]
+              : [];
           return {
-            publish: { allow: [...check, ...pull(events, durable), ...directLast(events), ...directSeq(events), ...kvRead(bucket), ...kvWrite(bucket)] },
+            publish: { allow: [...check, ...pull(events, durable), ...directLast(events), ...directSeq(events), ...kvRead(bucket), ...kvWrite(bucket), ...recovery] },
             subscribe: { allow: [inbox] },
           };
         }

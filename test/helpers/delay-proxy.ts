@@ -11,6 +11,8 @@ export class DelayProxy {
   url = '';
   #server: Server;
   hold: (req: IncomingMessage) => number = () => 0;
+  /** True = cut the connection instead of forwarding (the request never reaches the target). */
+  drop: (req: IncomingMessage) => boolean = () => false;
   onHeld: (req: IncomingMessage) => void = () => undefined;
 
   constructor(target: string) {
@@ -22,6 +24,7 @@ export class DelayProxy {
         const wait = this.hold(req);
         if (wait > 0) this.onHeld(req);
         setTimeout(() => {
+          if (this.drop(req)) return void res.destroy();
           const up = httpRequest({ host: t.hostname, port: t.port, method: req.method, path: req.url, headers: req.headers }, (r) => {
             res.writeHead(r.statusCode ?? 502, r.headers);
             r.pipe(res);

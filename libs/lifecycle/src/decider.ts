@@ -75,7 +75,14 @@ export interface MarkUnknownCommand {
   attempt: number;
   evidence: Evidence;
 }
-export type OperationCommand = AcceptCommand | StartCommand | CommitCommand | RejectCommand | MarkUnknownCommand;
+export interface RequeueCommand {
+  type: 'requeue';
+  eventId: string;
+  at: number;
+  attempt: number;
+  reason: 'probe_not_found' | 'stale_accepted';
+}
+export type OperationCommand = AcceptCommand | StartCommand | CommitCommand | RejectCommand | MarkUnknownCommand | RequeueCommand;
 
 /** What the shell must do after a decision. */
 export type Decision =
@@ -116,7 +123,8 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
       });
     }
     case 'commit': {
-      const s = requireRunning(state, cmd.attempt);
+      // From `running`, or from `unknown` once a probe found the effect (issue 7).
+      const s = requireRunning(state, cmd.attempt, ['running', 'unknown']);
       if (s.kind === 'skip') return s;
       const receipt: Receipt = {
         operationKey: s.state.operationKey,
@@ -142,6 +150,13 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
       const s = requireRunning(state, cmd.attempt);
       if (s.kind === 'skip') return s;
       return append(s.state, { type: 'unknown', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, evidence: cmd.evidence });
+    }
+    case 'requeue': {
+      if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
+      if (state.attempt !== cmd.attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
+      const from = cmd.reason === 'stale_accepted' ? ['accepted'] : ['running', 'unknown'];
+      if (!from.includes(state.status)) return { kind: 'skip', reason: 'not_running', state };
+      return append(state, { type: 'requeued', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, reason: cmd.reason });
     }
   }
 }
@@ -180,10 +195,11 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
 function requireRunning(
   state: OperationState,
   attempt: number,
+  allowed: OperationRecord['status'][] = ['running'],
 ): { kind: 'ok'; state: OperationRecord } | { kind: 'skip'; reason: SkipReason; state: OperationState } {
   if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
   if (state.attempt !== attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
-  if (state.status !== 'running') return { kind: 'skip', reason: 'not_running', state };
+  if (!allowed.includes(state.status)) return { kind: 'skip', reason: 'not_running', state };
   return { kind: 'ok', state };
 }
 
@@ -256,6 +272,11 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
     case 'unknown': {
       const u = e as Extract<OperationEvent, { type: 'unknown' }>;
       return { ...need(prev), status: 'unknown', evidence: u.evidence, ...common };
+    }
+    case 'requeued': {
+      // Same attempt, same key, back to accepted: the running marker goes, the evidence stays.
+      const { running: _running, ...p } = need(prev);
+      return { ...p, status: 'accepted', requeues: (p.requeues ?? 0) + 1, ...common };
     }
   }
 }

@@ -90,6 +90,8 @@ export const operationRecordSchema = z.object({
   evidence: evidenceSchema.optional(),
   /** The current attempt's decisions: at intake (authorizer) and at the execution instant (executor). */
   authorization: z.object({ intake: authDecisionSchema.optional(), execution: authDecisionSchema.optional() }).optional(),
+  /** How often this attempt was requeued after verification (0 when never). */
+  requeues: z.number().int().min(0).optional(),
   lastEventId: eventId,
   updatedAt: epochMs,
 });
@@ -128,6 +130,18 @@ export const rejectedEventSchema = z.object({
   error: errorInfoSchema,
   authorization: authDecisionSchema.optional(),
 });
+/**
+ * Back to `accepted` for the same attempt, so an executor runs it again under the SAME key. Only
+ * after verifying (issue 7): the downstream was probed and holds nothing under the key, and either
+ * it honours the key or the attempt's absolute deadline has passed (a late request is refused);
+ * or `accepted` sat undispatched beyond its bound.
+ */
+export const requeuedEventSchema = z.object({
+  ...base,
+  type: z.literal('requeued'),
+  attempt: z.number().int().min(1),
+  reason: z.enum(['probe_not_found', 'stale_accepted']),
+});
 export const unknownEventSchema = z.object({
   ...base,
   type: z.literal('unknown'),
@@ -142,6 +156,7 @@ export const operationEventSchema = z.discriminatedUnion('type', [
   committedEventSchema,
   rejectedEventSchema,
   unknownEventSchema,
+  requeuedEventSchema,
 ]);
 export type OperationEvent = z.infer<typeof operationEventSchema>;
 export type OperationEventType = OperationEvent['type'];

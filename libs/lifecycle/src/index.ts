@@ -2,3 +2,4 @@ export * from './events.js';
 export * from './intent.js';
 export * from './decider.js';
 export * from './status.js';
+export * from './recovery.js';

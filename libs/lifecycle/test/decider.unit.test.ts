@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { decide, initialState, replay, type AcceptCommand, type Decision, type OperationEvent, type OperationState } from '@tooltx/lifecycle';
+import { decide, decideRecovery, initialState, replay, type AcceptCommand, type Decision, type OperationEvent, type OperationState } from '@tooltx/lifecycle';
 
 const D1 = `sha256:${'1'.repeat(64)}`;
 const D2 = `sha256:${'2'.repeat(64)}`;
@@ -107,5 +107,33 @@ describe('operation decider', () => {
     expect(replay([a, r, c])).toEqual(c.state);
     const forged = { ...c, state: { ...c.state, receipt: { ...c.state.receipt!, resourceId: 'someone-else' } } };
     expect(() => replay([a, r, forged])).toThrow(/does not follow/);
+  });
+});
+
+describe('recovery (verify before acting)', () => {
+  const unknownOf = () => appended(given(running()).when({ type: 'mark_unknown', eventId: id(), at: 6_000, attempt: 1, evidence: { kind: 'timeout', at: 6_000 } }));
+
+  it('commits from unknown once a probe found the effect, and requeues the same attempt under the same key', () => {
+    const u = unknownOf();
+    const c = appended(given(u).when({ type: 'commit', eventId: id(), at: 7_000, attempt: 1, resourceId: 'note-9', resultDigest: D2 }));
+    expect(c.state).toMatchObject({ status: 'committed', attempt: 1, receipt: { resourceId: 'note-9' } });
+    const q = appended(given(u).when({ type: 'requeue', eventId: id(), at: 7_000, attempt: 1, reason: 'probe_not_found' }));
+    expect(q.state).toMatchObject({ status: 'accepted', attempt: 1, requeues: 1, operationKey: KEY });
+    expect(q.state.running).toBeUndefined();
+    // A requeued attempt can start again; a stale-accepted requeue needs `accepted`.
+    expect(given(q).when({ type: 'start', eventId: id(), at: 8_000, attempt: 1, executor: 'ex-2', deadlineAt: 9_000 }).kind).toBe('append');
+    expect(given(unknownOf()).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, reason: 'stale_accepted' })).toMatchObject({ kind: 'skip' });
+  });
+
+  it('decideRecovery: found → commit; not found → requeue only if the key is honoured or the deadline passed; unavailable → unknown', () => {
+    const r = running().state; // deadlineAt 5_000
+    const none = { honoursKey: false, enforcesDeadline: false };
+    expect(decideRecovery(r, { kind: 'found', resourceId: 'n1' }, none, 10_000)).toEqual({ kind: 'commit', resourceId: 'n1' });
+    expect(decideRecovery(r, { kind: 'not_found' }, none, 10_000)).toEqual({ kind: 'mark_unknown' });
+    expect(decideRecovery(r, { kind: 'not_found' }, { honoursKey: true, enforcesDeadline: false }, 1_000)).toEqual({ kind: 'requeue' });
+    expect(decideRecovery(r, { kind: 'not_found' }, { honoursKey: false, enforcesDeadline: true }, 4_000)).toEqual({ kind: 'mark_unknown' });
+    expect(decideRecovery(r, { kind: 'not_found' }, { honoursKey: false, enforcesDeadline: true }, 5_001)).toEqual({ kind: 'requeue' });
+    expect(decideRecovery(r, { kind: 'unavailable' }, { honoursKey: true, enforcesDeadline: true }, 99_000)).toEqual({ kind: 'mark_unknown' });
+    expect(decideRecovery(unknownOf().state, { kind: 'unavailable' }, none, 99_000)).toEqual({ kind: 'keep' });
   });
 });

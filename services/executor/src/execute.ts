@@ -1,5 +1,5 @@
 import type { JsMsg } from '@nats-io/jetstream';
-import type { Kv } from './kv.js';
+import type { KV } from '@nats-io/kv';
 import {
   digestOf,
   downstreamKeyOf,
@@ -13,14 +13,15 @@ import {
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
-import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type OperationCommand, type OperationRecord } from '@tooltx/lifecycle';
+import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Evidence, type OperationCommand, type OperationRecord } from '@tooltx/lifecycle';
 import { ConcurrencyError, decode, decodeRaw, encode, newEventId, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
+import { recoverOperation } from '@tooltx/runtime/recovery';
 
 export interface ExecutorDeps {
   subjects: Subjects;
   store: OperationStore;
-  results: Kv;
+  results: KV;
   tools: ImplementationRegistry;
   log: Logger;
   /** This executor's name in `running` events. */
@@ -64,10 +65,10 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     const where = subjects.parseOpSubject('op', msg.subject);
     if (!where) return { kind: 'term', reason: 'not an operation subject' };
     const event = decode(operationEventSchema, msg.data);
-    if (event.type !== 'accepted') return;
+    if (event.type !== 'accepted' && event.type !== 'requeued') return;
     const { tenant, opId } = where;
     const { state, seq } = await store.load(tenant, opId);
-    if (state.status !== 'accepted' || state.attempt !== event.attempt) return;
+    if (state.status === 'none' || state.attempt !== event.attempt) return;
     const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, tool: `${state.tool}@${state.version}` });
 
     const impl = tools.get(state.tool, state.version);
@@ -76,6 +77,17 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       l.error({ contractDigest: state.contractDigest }, 'contract version not loaded here');
       return { kind: 'nak', delayMs: 5_000 };
     }
+
+    if (state.status === 'running' && msg.info.deliveryCount > 1 && state.running) {
+      // Our earlier delivery of this operation died mid-attempt (FM-27). Verify before acting:
+      // wait out the attempt's deadline, then probe the downstream by our key.
+      const wait = state.running.deadlineAt - now();
+      if (wait > 0) return { kind: 'nak', delayMs: wait + 250 };
+      const outcome = await recoverOperation({ store, subjects, results, impl, tenant, opId, state, seq, log: l, now });
+      l.info({ outcome }, 'redelivered running operation recovered');
+      return;
+    }
+    if (state.status !== 'accepted') return;
 
     const reject = (error: ErrorInfo, authorization?: AuthDecision) =>
       transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }));
@@ -157,8 +169,11 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       l.warn({ err, elapsedMs: now() - startedAt }, 'read/compute attempt failed: rejected as dependency_unavailable (retryable)');
       return;
     }
-    // The request may have left: never `rejected`, never a blind retry. Recovery probes it.
-    l.warn({ err, elapsedMs: now() - startedAt, aborted: signal.aborted }, 'outcome unknown: left running for recovery');
+    // The request may have left: never `rejected`, never a blind retry. `unknown` with evidence;
+    // the reconciler probes it (issue 7).
+    const evidence: Evidence = { kind: signal.aborted ? 'timeout' : 'connection_lost', at: now(), elapsedMs: now() - startedAt };
+    const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence }));
+    l.warn({ err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d.kind }, 'outcome unknown: recorded for the reconciler');
   };
 }
 

@@ -3,7 +3,7 @@
  * (`reconciler`, filter `<prefix>.op.>`) and keeps the index of non-terminal operations in KV
  * `<prefix>_reconcile`, one entry per operation under `<tenant>.<opId>` (see `projection.ts`).
  * Any number of instances may run: entries are written with compare-and-set and ordered by stream
- * sequence. Probing and redriving operations come in a later issue.
+ * sequence. A sweep (reconcile.ts) verifies stale and unknown operations by probing the downstream.
  *
  * Usage: `tsx services/reconciler/src/main.ts [--help]`. Same environment as the executor.
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight applies, drains.
@@ -12,12 +12,16 @@ import { projectionHandler, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { applyToIndex, reconcileValueSchema } from './projection.js';
+import { startSweeper } from './reconcile.js';
 
 await runService({
   name: 'reconciler',
-  summary: 'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile, key <tenant>.<opId>; committed and rejected operations leave a tombstone). Probing and redriving are not built yet',
-  async start({ subjects, log, js, nc, config }) {
+  summary: 'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile) and sweeps it every TOOLTX_RECONCILE_INTERVAL_MS (default 2000): stale accepted → re-driven; stale running and unknown → probed by key, then committed, requeued under the same key, or kept unknown',
+  async start({ subjects, log, js, nc, config, store, tools }) {
     const kv = await openBucket(nc, subjects.reconcileBucket);
+    const results = await openBucket(nc, subjects.resultsBucket);
+    const intervalMs = Number(process.env.TOOLTX_RECONCILE_INTERVAL_MS ?? 2_000);
+    const sweeper = startSweeper({ index: kv, results, store, subjects, tools, log: log.child({ component: 'sweep' }), intervalMs: Number.isFinite(intervalMs) && intervalMs > 0 ? intervalMs : 2_000 });
     const loop = await startConsumerLoop({
       js,
       stream: subjects.eventsStream,
@@ -26,6 +30,9 @@ await runService({
       log,
       handle: projectionHandler({ subjects, kv, schema: reconcileValueSchema, rule: applyToIndex, log }),
     });
-    return () => loop.stop();
+    return async () => {
+      await sweeper.stop();
+      await loop.stop();
+    };
   },
 });

@@ -1,0 +1,38 @@
+import type { DownstreamGuarantees } from '@tooltx/contracts';
+import type { OperationRecord } from './events.js';
+
+/** What a read-only probe of the downstream by our key found. */
+export type ProbeOutcome =
+  | { kind: 'found'; resourceId: string }
+  | { kind: 'not_found' }
+  /** The probe itself failed: nothing is known. */
+  | { kind: 'unavailable' };
+
+/** The next step for an operation whose attempt may or may not have reached the downstream. */
+export type RecoveryStep =
+  | { kind: 'commit'; resourceId: string }
+  /** Run the attempt again under the same key: safe because nothing was found and no late request can land. */
+  | { kind: 'requeue' }
+  /** Nothing proves either outcome: `unknown` with evidence, the reconciler keeps probing. */
+  | { kind: 'mark_unknown' }
+  /** Already `unknown` and still nothing new: keep observing. */
+  | { kind: 'keep' };
+
+/**
+ * Verify before acting (DESIGN.md "After a timeout, verify before acting", issue 7). Pure.
+ *
+ * - found → `commit` with the downstream's resource id (FM-02, FM-13, FM-27);
+ * - not found → `requeue` only when the downstream honours our key (a repeat cannot make a second
+ *   effect), or it enforces our absolute deadline and that deadline has passed (a request still in
+ *   flight can no longer land); otherwise the attempt stays `unknown` (DESIGN.md "What the
+ *   downstream promises");
+ * - probe unavailable → nothing is known: `mark_unknown` (or `keep` when already unknown).
+ */
+export function decideRecovery(state: OperationRecord, probe: ProbeOutcome, downstream: DownstreamGuarantees, now: number): RecoveryStep {
+  if (probe.kind === 'found') return { kind: 'commit', resourceId: probe.resourceId };
+  if (probe.kind === 'not_found') {
+    const deadlinePassed = state.running !== undefined && now > state.running.deadlineAt;
+    if (downstream.honoursKey || (downstream.enforcesDeadline && deadlinePassed)) return { kind: 'requeue' };
+  }
+  return state.status === 'unknown' ? { kind: 'keep' } : { kind: 'mark_unknown' };
+}

@@ -1,0 +1,96 @@
+import { digestOf, downstreamKeyOf, type Implementation } from '@tooltx/contracts';
+import { decide, decideRecovery, type Evidence, type OperationCommand, type OperationRecord, type ProbeOutcome } from '@tooltx/lifecycle';
+import { ConcurrencyError, encode, newEventId, type OperationStore, type Subjects } from '@tooltx/nats';
+import type { KV } from '@nats-io/kv';
+import type { Logger } from 'pino';
+
+/** What {@link recoverOperation} did. */
+export type RecoveryResult = 'committed' | 'requeued' | 'marked_unknown' | 'kept' | 'moved_on' | 'no_probe';
+
+/**
+ * The recovery shell shared by the executor (a redelivered operation whose executor died) and the
+ * reconciler (stale `running`, `unknown`): probe the downstream by our key, decide with the pure
+ * {@link decideRecovery}, append under the expected sequence. A commit from a probe stores the
+ * result only when the contract's output is empty (a write's receipt-only result, FM-19): a probe
+ * cannot recover a business result, so other contracts stay `unknown` for a person.
+ * Throws the store's errors (the caller naks and retries).
+ */
+export async function recoverOperation(deps: {
+  store: OperationStore;
+  subjects: Subjects;
+  results: KV;
+  impl: Implementation;
+  tenant: string;
+  opId: string;
+  state: OperationRecord;
+  seq: number;
+  log: Logger;
+  now?: () => number;
+}): Promise<RecoveryResult> {
+  const { store, subjects, results, impl, tenant, opId, state, log } = deps;
+  const now = deps.now ?? Date.now;
+  if (!impl.probe) {
+    if (state.status === 'running') await append(deps, seq0(deps), () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('executor_lost', now()) }));
+    return 'no_probe';
+  }
+  let probe: ProbeOutcome;
+  const startedAt = now();
+  try {
+    const r = await impl.probe({ tenant, actor: state.actor, operationKey: state.operationKey, downstreamKey: downstreamKeyOf(tenant, state.operationKey), attempt: state.attempt, signal: AbortSignal.timeout(impl.contract.timing.timeoutMs) });
+    probe = r.found ? { kind: 'found', resourceId: r.resourceId } : { kind: 'not_found' };
+  } catch {
+    probe = { kind: 'unavailable' };
+  }
+  const step = decideRecovery(state, probe, impl.contract.downstream, now());
+  const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, probe: probe.kind });
+  switch (step.kind) {
+    case 'commit': {
+      const empty = impl.contract.output.safeParse({});
+      if (!empty.success) {
+        if (state.status === 'running') await append(deps, seq0(deps), () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('probe', now(), now() - startedAt) }));
+        l.warn('probe found the effect but cannot recover its result: left for a person');
+        return 'marked_unknown';
+      }
+      const result = empty.data;
+      const resultDigest = digestOf(result);
+      await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
+      const d = await append(deps, seq0(deps), () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, resourceId: step.resourceId, resultDigest }));
+      l.info({ resourceId: step.resourceId, outcome: d }, 'recovered: committed from the probe');
+      return d === 'appended' ? 'committed' : 'moved_on';
+    }
+    case 'requeue': {
+      const d = await append(deps, seq0(deps), () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'probe_not_found' }));
+      l.info({ outcome: d }, 'recovered: nothing downstream, requeued under the same key');
+      return d === 'appended' ? 'requeued' : 'moved_on';
+    }
+    case 'mark_unknown': {
+      const kind: Evidence['kind'] = probe.kind === 'unavailable' ? 'probe' : 'executor_lost';
+      const d = await append(deps, seq0(deps), () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence(kind, now(), now() - startedAt) }));
+      l.warn({ outcome: d }, 'outcome unknown: left to the reconciler');
+      return d === 'appended' ? 'marked_unknown' : 'moved_on';
+    }
+    case 'keep':
+      return 'kept';
+  }
+}
+
+function evidence(kind: Evidence['kind'], at: number, elapsedMs?: number): Evidence {
+  return { kind, at, ...(elapsedMs !== undefined ? { elapsedMs } : {}) };
+}
+
+function seq0(d: { seq: number }): number {
+  return d.seq;
+}
+
+/** Append one command decided on the state it was loaded with; `moved_on` when another writer won. */
+async function append(d: { store: OperationStore; tenant: string; opId: string; state: OperationRecord }, seq: number, make: () => OperationCommand): Promise<'appended' | 'moved_on'> {
+  const decision = decide(make(), d.state);
+  if (decision.kind !== 'append') return 'moved_on';
+  try {
+    await d.store.append(d.tenant, d.opId, decision.event, seq);
+    return 'appended';
+  } catch (err) {
+    if (err instanceof ConcurrencyError) return 'moved_on';
+    throw err;
+  }
+}

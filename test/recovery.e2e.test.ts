@@ -1,0 +1,129 @@
+/**
+ * Verify before acting (issue 7, first part): real processes, the real KB with KB_DEDUP=off (every
+ * request that reaches its insert path makes a row), a real HTTP hop that can hold or cut a request,
+ * SIGKILL of the executor. Each test asserts the KB's own rows for the key: exactly one.
+ * FM-12 / FM-13 (a timeout around the commit), FM-27 (executor killed mid-operation).
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
+import { createTools, type Tools } from '@tooltx/client';
+import type { OperationRecord } from '@tooltx/lifecycle';
+import { provisioned, type TestNats } from './helpers/nats.js';
+import { startService, type ServiceProcess } from './helpers/services.js';
+import { history, waitForOperation } from './helpers/ops.js';
+import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
+import { DelayProxy } from './helpers/delay-proxy.js';
+import { researchContracts } from '../examples/research-kb/contracts.js';
+
+// Short contract timing so recovery happens within seconds: timeout 1.5 s, running bound 1 s.
+const TIMING = { timeoutMs: 1_500, runningBoundMs: 1_000, unknownDeadlineMs: 60_000 };
+const contracts = researchContracts({ kbDedup: false, timing: TIMING });
+let t: TestNats;
+let kb: TestKb;
+let proxy: DelayProxy;
+let env: Record<string, string>;
+let procs: ServiceProcess[] = [];
+let executor: ServiceProcess;
+let alice: Tools;
+
+const note = (title: string) => ({ kb: 'research', title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
+const keyOf = (taskId: string, title: string) => prepareCall(contracts.writeNote, taskId, note(title)).operationKey;
+const rowsFor = async (key: string) => {
+  const p = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
+  return p.found ? p.count : 0;
+};
+const isNotesPost = (req: { method?: string; url?: string }) => req.method === 'POST' && req.url === '/v1/notes';
+
+beforeAll(async () => {
+  t = await provisioned();
+  kb = await startKb({ tenants: [{ id: 'acme', quota: 10_000 }], knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }] });
+  proxy = await new DelayProxy(kb.url).start();
+  env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_DEDUP: 'off', KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`, TOOLTX_RECONCILE_INTERVAL_MS: '300' };
+  procs = await Promise.all([startService('authorizer', env), startService('reconciler', env)]);
+  executor = await startService('executor', env);
+  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 30_000 });
+});
+
+afterAll(async () => {
+  await alice?.close();
+  const codes = await Promise.all([...procs, executor].map((p) => p.stop()));
+  await proxy?.stop();
+  await kb?.stop();
+  await t?.close();
+  expect(codes).toEqual([0, 0, 0]);
+});
+
+describe('FM-27: executor killed mid-operation', () => {
+  it('killed while its request was on the way; the KB committed it anyway: the reconciler probes and commits with the KB\'s row id, one row', async () => {
+    const key = keyOf('fm27-a', 'Killed in flight');
+    proxy.hold = (req) => (isNotesPost(req) ? 800 : 0);
+    proxy.onHeld = () => void executor.kill();
+    try {
+      const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm27-a', input: note('Killed in flight') });
+      expect(r.status).toBe('committed');
+      const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
+      expect(probe).toMatchObject({ found: true, count: 1 });
+      if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
+      const types = (await history(t, 'acme', key)).map((e) => e.type);
+      expect(types.slice(0, 2)).toEqual(['accepted', 'running']);
+      expect(types.at(-1)).toBe('committed');
+    } finally {
+      proxy.hold = () => 0;
+      proxy.onHeld = () => undefined;
+      executor = await startService('executor', env);
+    }
+  });
+
+  it('killed before its request reached the KB: nothing found after the deadline, requeued under the same key, committed once', async () => {
+    const key = keyOf('fm27-b', 'Never arrived');
+    let cut = 0;
+    proxy.hold = (req) => (isNotesPost(req) && cut === 0 ? 300 : 0);
+    proxy.drop = (req) => isNotesPost(req) && cut++ === 0;
+    proxy.onHeld = () => void executor.kill().then(async () => (executor = await startService('executor', env)));
+    try {
+      const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm27-b', input: note('Never arrived') });
+      expect(r.status).toBe('committed');
+      expect(await rowsFor(key)).toBe(1);
+      const events = await history(t, 'acme', key);
+      expect(events.map((e) => e.type)).toContain('requeued');
+      const s = (await t.store.load('acme', operationIdOf(key))).state as OperationRecord;
+      expect(s).toMatchObject({ status: 'committed', attempt: 1, requeues: 1 });
+    } finally {
+      proxy.hold = () => 0;
+      proxy.drop = () => false;
+      proxy.onHeld = () => undefined;
+    }
+  });
+});
+
+describe('FM-12 / FM-13: timeouts around the commit', () => {
+  it('a request held past its deadline: the executor records unknown (never rejected), the KB refuses the late request, the reconciler re-drives it once', async () => {
+    const key = keyOf('fm12', 'Held past the deadline');
+    let held = 0;
+    proxy.hold = (req) => (isNotesPost(req) && held++ === 0 ? TIMING.timeoutMs + 700 : 0);
+    try {
+      const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm12', input: note('Held past the deadline') });
+      expect(r.status).toBe('committed');
+      const types = (await history(t, 'acme', key)).map((e) => e.type);
+      expect(types).toEqual(['accepted', 'running', 'unknown', 'requeued', 'running', 'committed']);
+      expect(await rowsFor(key)).toBe(1);
+    } finally {
+      proxy.hold = () => 0;
+    }
+  });
+
+  it('a slow commit inside the deadline: the caller observes running, then committed, one row', async () => {
+    const key = keyOf('fm12-slow', 'Slow but in time');
+    proxy.hold = (req) => (isNotesPost(req) ? 900 : 0);
+    try {
+      const pending = alice.execute({ tool: 'kb.write_note', taskId: 'fm12-slow', input: note('Slow but in time') });
+      await waitForOperation(t, 'acme', key, (s) => s.status === 'running');
+      const r = await pending;
+      expect(r.status).toBe('committed');
+      expect((await history(t, 'acme', key)).map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
+      expect(await rowsFor(key)).toBe(1);
+    } finally {
+      proxy.hold = () => 0;
+    }
+  });
+});
