@@ -49,7 +49,7 @@ beforeAll(async () => {
   proxy = await new DelayProxy(kb.url).start();
   env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_DEDUP: 'off' };
   [authorizer, executor] = await Promise.all([startService('authorizer', env), startService('executor', env)]);
-  for (const [tenant, actor] of [['acme', 'alice'], ['acme', 'bob'], ['globex', 'gina'], ['initech', 'ivan']] as const) {
+  for (const [tenant, actor] of [['acme', 'alice'], ['acme', 'bob'], ['acme', 'noread-eve'], ['globex', 'gina'], ['initech', 'ivan']] as const) {
     agents[`${tenant}/${actor}`] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 20_000 });
   }
 });
@@ -86,8 +86,14 @@ describe('FM-07: role revoked between acceptance and execution', () => {
     proxy.hold = (req) => (req.method === 'POST' && req.url === '/v1/notes' ? 1_500 : 0);
     proxy.onHeld = () => void kb.admin.setMember(ids['acme/research']!, { tenant: 'acme', actor: 'bob', role: null });
     try {
-      const r = await tools('acme', 'bob').execute({ tool: 'kb.write_note', taskId: 'fm07-b', input: note('research', 'Revoked after re-check') });
-      expect(r).toMatchObject({ status: 'rejected', error: { class: 'version_conflict' }, next: 'reauthorise' });
+      const input = note('research', 'Revoked after re-check');
+      const r = await tools('acme', 'bob').execute({ tool: 'kb.write_note', taskId: 'fm07-b', input });
+      // The operation was stopped by the version condition inside the KB's transaction…
+      const key = prepareCall(contracts.writeNote, 'fm07-b', input).operationKey;
+      const s = (await t.store.load('acme', operationIdOf(key))).state as OperationRecord;
+      expect(s).toMatchObject({ status: 'rejected', error: { class: 'version_conflict' } });
+      // …and bob, no longer a member, may not read it: he is told he needs new authorisation.
+      expect(r).toMatchObject({ status: 'rejected', next: 'reauthorise' });
       expect(await rowsIn(ids['acme/research']!)).toBe(before);
     } finally {
       proxy.hold = () => 0;
@@ -209,6 +215,18 @@ describe('FM-18 / FM-19: errors and output', () => {
       expect(r.result).toEqual({});
       expect(Object.keys(r.receipt).sort()).toEqual(['attempt', 'committedAt', 'operationKey', 'resourceId', 'resultDigest', 'state', 'tool', 'version']);
     }
+  });
+});
+
+describe('the status endpoint uses the same resolver', () => {
+  it('an actor of the tenant without a role on the knowledge base gets the answer of a never-registered key', async () => {
+    const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'read-policy', input: note('research', 'Members only') });
+    expect(r.status).toBe('committed');
+    const member = await tools('acme', 'bob').status({ operationKey: r.operationKey! });
+    expect(member).toMatchObject({ state: 'committed', source: 'operation' });
+    const outsider = await tools('acme', 'noread-eve').status({ operationKey: r.operationKey! });
+    expect(outsider).toMatchObject({ state: 'not_seen', source: 'none', seq: 0 });
+    expect(outsider.receipt).toBeUndefined();
   });
 });
 

@@ -15,7 +15,7 @@
  * errors, 5xx and aborts propagate as they are (outcome unknown).
  */
 import { isIP } from 'node:net';
-import { defineImplementation, ErrorClass, TooltxError, type AuthorizationContext, type ProbeResult } from '@tooltx/contracts';
+import { defineImplementation, ErrorClass, TooltxError, type AuthorizationContext, type ProbeResult, type ReadContext } from '@tooltx/contracts';
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
@@ -104,6 +104,18 @@ async function probeByKey(ctx: { tenant: string; downstreamKey: string; signal: 
   return r.found ? { found: true, resourceId: r.id } : { found: false };
 }
 
+/**
+ * The status endpoint's read policy for KB operations: the reader must hold a role (reader, writer
+ * or admin) on every knowledge base the operation touched, resolved now through the one resolver.
+ * Anyone else gets the uniform answer of a never-registered key.
+ */
+async function mayReadKbOperation(ctx: ReadContext): Promise<void> {
+  for (const r of ctx.resources ?? []) {
+    const seen = await kb.resolve({ tenant: ctx.tenant, actor: ctx.actor, ref: r.id, signal: AbortSignal.timeout(5_000) }).catch(() => null);
+    if (!seen?.role) throw new TooltxError(ErrorClass.Forbidden, 'no role on this knowledge base');
+  }
+}
+
 export const implementations = [
   defineImplementation({
     contract: fetchPage,
@@ -121,6 +133,7 @@ export const implementations = [
   defineImplementation({
     contract: writeNote,
     policyVersion: KB_POLICY_VERSION,
+    authorizeRead: mayReadKbOperation,
     async authorize(input, ctx) {
       const r = await resolveWritable(input.kb, ctx, ['input', 'kb']);
       return { resources: [{ id: r.kbId, version: r.authVersion }] };
@@ -143,6 +156,7 @@ export const implementations = [
   defineImplementation({
     contract: writeNotes,
     policyVersion: KB_POLICY_VERSION,
+    authorizeRead: mayReadKbOperation,
     // FM-09: every item is authorised on its own; one foreign or forbidden item refuses the batch.
     async authorize(input, ctx) {
       const seen = new Map<string, number>();
@@ -171,6 +185,7 @@ export const implementations = [
   defineImplementation({
     contract: deleteNote,
     policyVersion: KB_POLICY_VERSION,
+    authorizeRead: mayReadKbOperation,
     async authorize(input, ctx) {
       const r = await resolveWritable(input.kb, ctx, ['input', 'kb']);
       return { resources: [{ id: r.kbId, version: r.authVersion }] };

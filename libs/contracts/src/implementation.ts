@@ -49,6 +49,8 @@ export interface ReadContext {
   owner: string;
   operationKey: string;
   now: number;
+  /** The canonical resources the intake decision saw (ids and versions), when it recorded any. */
+  resources?: { id: string; version: number }[];
 }
 
 /** A committed effect: the canonical resource id and the business result the caller may read. */

@@ -178,7 +178,8 @@ export class StatusService {
     const impl = this.#d.tools.get(state.tool, state.version);
     if (!impl?.authorizeRead) return true;
     try {
-      await impl.authorizeRead({ tenant, actor, owner: state.actor, operationKey: state.operationKey, now: this.#now() });
+      const resources = state.authorization?.intake?.resources;
+      await impl.authorizeRead({ tenant, actor, owner: state.actor, operationKey: state.operationKey, now: this.#now(), ...(resources ? { resources } : {}) });
       return true;
     } catch {
       return false;
