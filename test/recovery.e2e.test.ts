@@ -13,6 +13,7 @@ import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForOperation } from './helpers/ops.js';
 import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { DelayProxy } from './helpers/delay-proxy.js';
+import { TcpProxy } from './helpers/tcp-proxy.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 
 // Short contract timing so recovery happens within seconds: timeout 1.5 s, running bound 1 s.
@@ -122,6 +123,68 @@ describe('FM-12 / FM-13: timeouts around the commit', () => {
       expect(r.status).toBe('committed');
       expect((await history(t, 'acme', key)).map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
       expect(await rowsFor(key)).toBe(1);
+    } finally {
+      proxy.hold = () => 0;
+    }
+  });
+});
+
+describe('FM-13: the downstream committed, the answer came too late', () => {
+  it('the executor times out after the KB committed: unknown, then the probe finds the row and the caller gets its receipt', async () => {
+    const key = keyOf('fm13', 'Answer too late');
+    let held = 0;
+    proxy.holdResponse = (req) => (isNotesPost(req) && held++ === 0 ? TIMING.timeoutMs + 1_000 : 0);
+    try {
+      const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm13', input: note('Answer too late') });
+      expect(r.status).toBe('committed');
+      const types = (await history(t, 'acme', key)).map((e) => e.type);
+      expect(types).toEqual(['accepted', 'running', 'unknown', 'committed']);
+      const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
+      expect(probe).toMatchObject({ found: true, count: 1 });
+      if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
+    } finally {
+      proxy.holdResponse = () => 0;
+    }
+  });
+});
+
+describe('FM-02: the server commits, the agent\'s connection is cut before the reply', () => {
+  it('status returns the original resource id and a retry writes nothing', async () => {
+    const natsHop = await new TcpProxy(t.server.port).start();
+    const agent = await createTools({ servers: natsHop.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 30_000 });
+    const key = keyOf('fm02', 'Cut after commit');
+    let cuts = 0;
+    proxy.holdResponse = (req) => (isNotesPost(req) ? 200 : 0);
+    proxy.onAnswered = () => void (cuts += natsHop.cutAll());
+    try {
+      const r = await agent.execute({ tool: 'kb.write_note', taskId: 'fm02', input: note('Cut after commit') });
+      expect(cuts).toBeGreaterThan(0);
+      expect(r.status).toBe('committed');
+      const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
+      if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
+      const again = await agent.execute({ tool: 'kb.write_note', taskId: 'fm02', input: note('Cut after commit') });
+      expect(again).toEqual(r);
+      expect(await rowsFor(key)).toBe(1);
+    } finally {
+      proxy.holdResponse = () => 0;
+      proxy.onAnswered = () => undefined;
+      await agent.close();
+      await natsHop.stop();
+    }
+  });
+});
+
+describe('FM-28: nats-server restarted mid-run', () => {
+  it('a burst of writes across a kill -9 and restart of nats-server (store intact): every one committed, exactly one row each', async () => {
+    const titles = Array.from({ length: 12 }, (_, i) => `Restart ${i}`);
+    proxy.hold = (req) => (isNotesPost(req) ? 150 : 0);
+    try {
+      const calls = titles.map((title) => alice.execute({ tool: 'kb.write_note', taskId: 'fm28', input: note(title) }, { budgetMs: 60_000 }));
+      await new Promise((r) => setTimeout(r, 300));
+      await t.server.restart!();
+      const results = await Promise.all(calls);
+      expect(results.map((r) => r.status)).toEqual(titles.map(() => 'committed'));
+      for (const title of titles) expect(await rowsFor(keyOf('fm28', title))).toBe(1);
     } finally {
       proxy.hold = () => 0;
     }

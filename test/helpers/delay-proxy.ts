@@ -13,6 +13,12 @@ export class DelayProxy {
   hold: (req: IncomingMessage) => number = () => 0;
   /** True = cut the connection instead of forwarding (the request never reaches the target). */
   drop: (req: IncomingMessage) => boolean = () => false;
+  /** Ms to hold the target's RESPONSE after it answered (the target committed; the caller waits). */
+  holdResponse: (req: IncomingMessage) => number = () => 0;
+  /** True = forward, let the target answer, then cut the connection before the response (the target committed, the caller saw nothing). */
+  cutResponse: (req: IncomingMessage) => boolean = () => false;
+  /** Called once the target has answered a request whose response is held or cut. */
+  onAnswered: (req: IncomingMessage, status: number) => void = () => undefined;
   onHeld: (req: IncomingMessage) => void = () => undefined;
 
   constructor(target: string) {
@@ -26,8 +32,18 @@ export class DelayProxy {
         setTimeout(() => {
           if (this.drop(req)) return void res.destroy();
           const up = httpRequest({ host: t.hostname, port: t.port, method: req.method, path: req.url, headers: req.headers }, (r) => {
-            res.writeHead(r.statusCode ?? 502, r.headers);
-            r.pipe(res);
+            const cut = this.cutResponse(req);
+            const later = this.holdResponse(req);
+            const body: Buffer[] = [];
+            r.on('data', (c: Buffer) => body.push(c));
+            r.on('end', () => {
+              if (cut || later) this.onAnswered(req, r.statusCode ?? 0);
+              if (cut) return void res.destroy();
+              setTimeout(() => {
+                res.writeHead(r.statusCode ?? 502, r.headers);
+                res.end(Buffer.concat(body));
+              }, later);
+            });
           });
           up.on('error', () => res.destroy());
           up.end(Buffer.concat(chunks));
