@@ -5,19 +5,26 @@
  *   tooltx streams apply   create or update the streams, consumers and result bucket (provisioner)
  *   tooltx streams check   list every setting that breaks a guarantee; exit 1 when any
  *   tooltx auth generate   nats-server config + one nkey seed per user from an identity list
+ *   tooltx ops pending     the operations the reconciler is watching (accepted, running, unknown)
  *
  * Environment: NATS_URL, NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_*_MAX_AGE_MS,
  * TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS; `check` also reads TOOLTX_TOOLS_MODULE (optional)
  * for the contracts' key retention.
  */
 import { Command } from 'commander';
-import { connectNats, jetStreamOf, Subjects } from '@tooltx/nats';
+import { connectNats, decode, jetStreamOf, openBucket, Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig, loadImplementations, ConfigError } from '@tooltx/runtime';
 import { topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { applyTopology, checkTopology, generateAuth, inboxPrefixOf, topology } from '@tooltx/streams';
 import { z } from 'zod';
+
+/** The reconciler index entries `ops pending` reads (the projection's own schema lives in the service). */
+const reconcileEntrySchema = z.union([
+  z.object({ terminal: z.literal(true) }).passthrough(),
+  z.object({ terminal: z.literal(false), operationKey: z.string(), tenant: z.string(), status: z.string(), attempt: z.number(), tool: z.string(), version: z.number(), updatedAt: z.number(), deadlineAt: z.number().optional() }),
+]);
 
 const cliConfig = baseConfigSchema.extend(topologyEnvSchema.shape).extend({ TOOLTX_TOOLS_MODULE: z.string().optional() });
 
@@ -68,6 +75,31 @@ streams
       });
       process.stdout.write(`${JSON.stringify({ ok: v.length === 0, violations: v })}\n`);
       if (v.length) process.exitCode = 1;
+    }),
+  );
+
+const ops = program.command('ops').description('operations as the reconciler sees them');
+ops
+  .command('pending')
+  .description('list the non-terminal operations of the reconciler\'s index, one JSON object per line (no bodies)')
+  .option('--older-than <duration>', 'only those not updated for this long, e.g. 30s, 5m, 2h', '0s')
+  .action((o: { olderThan: string }) =>
+    withNats(async ({ nc, subjects }) => {
+      const m = /^(\d+)(ms|s|m|h)$/.exec(o.olderThan);
+      if (!m) throw new Error(`--older-than: expected a duration like 30s, got ${JSON.stringify(o.olderThan)}`);
+      const ms = Number(m[1]) * { ms: 1, s: 1_000, m: 60_000, h: 3_600_000 }[m[2] as 'ms' | 's' | 'm' | 'h'];
+      const kv = await openBucket(nc, subjects.reconcileBucket);
+      const now = Date.now();
+      let n = 0;
+      for await (const key of await kv.keys()) {
+        const e = await kv.get(key);
+        if (!e || e.operation !== 'PUT') continue;
+        const v = decode(reconcileEntrySchema, e.value);
+        if (v.terminal || now - v.updatedAt < ms) continue;
+        n++;
+        process.stdout.write(`${JSON.stringify({ operationKey: v.operationKey, tenant: v.tenant, status: v.status, attempt: v.attempt, tool: `${v.tool}@${v.version}`, ageMs: now - v.updatedAt, ...(v.deadlineAt ? { deadlineAt: new Date(v.deadlineAt).toISOString() } : {}) })}\n`);
+      }
+      process.stderr.write(`${n} pending\n`);
     }),
   );
 

@@ -4,9 +4,10 @@
  * SIGKILL of the executor. Each test asserts the KB's own rows for the key: exactly one.
  * FM-12 / FM-13 (a timeout around the commit), FM-27 (executor killed mid-operation).
  */
+import { execFile } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
-import { createTools, type Tools } from '@tooltx/client';
+import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
 import type { OperationRecord } from '@tooltx/lifecycle';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
@@ -188,5 +189,35 @@ describe('FM-28: nats-server restarted mid-run', () => {
     } finally {
       proxy.hold = () => 0;
     }
+  });
+});
+
+describe('a stale accepted operation is re-driven', () => {
+  it('an accepted operation the executor never got (its message lost) is requeued by the reconciler and committed once', async () => {
+    await executor.stop();
+    const input = note('Lost dispatch');
+    const key = keyOf('stale', 'Lost dispatch');
+    await publishSubmission(t.js, newSubmission(t.subjects, 'acme', 'alice', { tool: 'kb.write_note', version: 1, taskId: 'stale', input }));
+    await waitForOperation(t, 'acme', key, (s) => s.status === 'accepted');
+    // The executor's copy of the event is lost: settled on its durable by someone else.
+    const c = await t.js.consumers.get(t.subjects.eventsStream, 'executor');
+    for (let i = 0; i < 50; i++) {
+      const m = await c.next({ expires: 1_000 });
+      if (!m) break;
+      m.ack();
+      if (m.subject === t.subjects.op('acme', operationIdOf(key))) break;
+    }
+    // The operator sees it waiting.
+    const listed = await new Promise<string>((resolve, reject) =>
+      execFile(process.execPath, ['--import', 'tsx', 'bin/tooltx.ts', 'ops', 'pending'], { env: { ...process.env, ...t.env, NATS_NKEY_FILE: t.auth.seedFile({ kind: 'provisioner' }) } }, (err, out) => (err ? reject(err) : resolve(out))),
+    );
+    expect(listed.split('\n').filter(Boolean).map((l) => JSON.parse(l) as { operationKey: string; status: string })).toContainEqual(expect.objectContaining({ operationKey: key }));
+    executor = await startService('executor', env);
+    const s = (await waitForOperation(t, 'acme', key, (x) => x.status === 'committed', 20_000)) as OperationRecord;
+    expect(s.requeues).toBe(1);
+    const events = await history(t, 'acme', key);
+    expect(events.map((e) => e.type)).toEqual(['accepted', 'requeued', 'running', 'committed']);
+    expect(events[1]).toMatchObject({ type: 'requeued', reason: 'stale_accepted' });
+    expect(await rowsFor(key)).toBe(1);
   });
 });

@@ -64,7 +64,7 @@ export function inboxPrefixOf(role: Role): string {
 export function permissionsFor(role: Role, s: Subjects, topo: Topology, executorDurables: string[] = []): Permissions {
   const api = '$JS.API';
   const inbox = `${inboxPrefixOf(role)}.>`;
-  const streams = [topo.streams.intents.name, topo.streams.events.name, topo.streams.decisions.name];
+  const streams = Object.values(topo.streams).map((st) => st.name);
   const kvStream = (bucket: string) => `KV_${bucket}`;
   const buckets = [topo.results.bucket, topo.projections.reconcile.bucket, topo.projections.audit.bucket];
   // What every service's start-up check reads (never writes).

@@ -109,6 +109,7 @@ export async function checkTopology(
     else {
       if (cur.config.filter_subject !== c.config.filter_subject) v.push(`consumer ${c.stream}/${c.config.durable_name} filter_subject is ${cur.config.filter_subject}, expected ${c.config.filter_subject}`);
       if (cur.config.ack_policy !== 'explicit') v.push(`consumer ${c.stream}/${c.config.durable_name} ack_policy is ${cur.config.ack_policy}, must be explicit`);
+      if (c.config.max_deliver !== undefined && c.config.max_deliver > 0 && !(cur.config.max_deliver && cur.config.max_deliver > 0)) v.push(`consumer ${c.stream}/${c.config.durable_name} max_deliver is unlimited, must be ${c.config.max_deliver} (a poison message would loop forever)`);
     }
   }
   return v;

@@ -3,6 +3,8 @@ import { nanos } from '@nats-io/transport-node';
 import type { Subjects } from '@tooltx/nats';
 
 const MINUTE = 60_000;
+/** Deliveries of one message before the server gives up on it and raises an advisory. */
+export const MAX_DELIVER = 50;
 const DAY = 24 * 60 * MINUTE;
 
 /** Retention and dedup settings of a deployment, all in milliseconds. */
@@ -41,7 +43,13 @@ export interface BucketDef {
 
 /** The streams, durable consumers and KV buckets of one prefix, in the server's own field names. */
 export interface Topology {
-  streams: { intents: Partial<StreamConfig> & { name: string }; events: Partial<StreamConfig> & { name: string }; decisions: Partial<StreamConfig> & { name: string } };
+  streams: {
+    intents: Partial<StreamConfig> & { name: string };
+    events: Partial<StreamConfig> & { name: string };
+    decisions: Partial<StreamConfig> & { name: string };
+    /** The max-deliveries advisories of our consumers: no message dies silently (issue 7). */
+    advisories: Partial<StreamConfig> & { name: string };
+  };
   consumers: ConsumerDef[];
   results: BucketDef;
   /**
@@ -96,6 +104,10 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       deliver_policy: DeliverPolicy.All,
       ack_wait: nanos(30_000),
       max_ack_pending: 1_000,
+      // Finite: a message that keeps failing stops being redelivered, and the server's
+      // max-deliveries advisory is kept in the advisories stream (the reconciler's sweep still
+      // finds the operation by its state).
+      max_deliver: MAX_DELIVER,
     },
   });
   return {
@@ -103,6 +115,11 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       intents: durable(subjects.intentsStream, [subjects.allIntents], opts.intentsMaxAgeMs ?? 7 * DAY),
       events: durable(subjects.eventsStream, [subjects.allOps], eventsMaxAgeMs),
       decisions: durable(subjects.decisionsStream, [subjects.allDecisions], opts.decisionsMaxAgeMs ?? 30 * DAY),
+      advisories: durable(
+        `${subjects.prefix.toUpperCase()}_ADVISORIES`,
+        [subjects.intentsStream, subjects.eventsStream].map((s) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${s}.*`),
+        opts.eventsMaxAgeMs ?? 30 * DAY,
+      ),
     },
     consumers: [
       {
@@ -114,6 +131,10 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
           deliver_policy: DeliverPolicy.All,
           ack_wait: nanos(30_000),
           max_ack_pending: 1_000,
+      // Finite: a message that keeps failing stops being redelivered, and the server's
+      // max-deliveries advisory is kept in the advisories stream (the reconciler's sweep still
+      // finds the operation by its state).
+      max_deliver: MAX_DELIVER,
         },
       },
       eventLogConsumer(Durables.executor),
