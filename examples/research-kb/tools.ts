@@ -15,7 +15,7 @@
  * errors, 5xx and aborts propagate as they are (outcome unknown).
  */
 import { isIP } from 'node:net';
-import { defineImplementation, ErrorClass, TooltxError, type AuthorizationContext, type ProbeResult, type ReadContext } from '@tooltx/contracts';
+import { defineImplementation, ErrorClass, TooltxError, type AuthorizationContext, type AuthorizationResult, type ProbeResult, type ReadContext } from '@tooltx/contracts';
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
@@ -104,6 +104,12 @@ async function probeByKey(ctx: { tenant: string; downstreamKey: string; signal: 
   return r.found ? { found: true, resourceId: r.id } : { found: false };
 }
 
+/** The policy seam of a single-knowledge-base write: the canonical id and version it checked. */
+async function authorizeOneKb(input: { kb: string }, ctx: AuthorizationContext): Promise<AuthorizationResult> {
+  const r = await resolveWritable(input.kb, ctx, ['input', 'kb']);
+  return { resources: [{ id: r.kbId, version: r.authVersion }] };
+}
+
 /**
  * The status endpoint's read policy for KB operations: the reader must hold a role (reader, writer
  * or admin) on every knowledge base the operation touched, resolved now through the one resolver.
@@ -134,10 +140,7 @@ export const implementations = [
     contract: writeNote,
     policyVersion: KB_POLICY_VERSION,
     authorizeRead: mayReadKbOperation,
-    async authorize(input, ctx) {
-      const r = await resolveWritable(input.kb, ctx, ['input', 'kb']);
-      return { resources: [{ id: r.kbId, version: r.authVersion }] };
-    },
+    authorize: authorizeOneKb,
     invariants(input, ctx) {
       checkPublishAt(input.publishAt, ctx.now, ['input', 'publishAt']);
     },
@@ -186,10 +189,7 @@ export const implementations = [
     contract: deleteNote,
     policyVersion: KB_POLICY_VERSION,
     authorizeRead: mayReadKbOperation,
-    async authorize(input, ctx) {
-      const r = await resolveWritable(input.kb, ctx, ['input', 'kb']);
-      return { resources: [{ id: r.kbId, version: r.authVersion }] };
-    },
+    authorize: authorizeOneKb,
     async execute(input, ctx) {
       const { version } = versionOf(ctx.authorization);
       try {
