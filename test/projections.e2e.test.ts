@@ -105,7 +105,9 @@ let auditKv: KV;
 
 beforeAll(async () => {
   t = await provisioned();
-  env = { ...t.env };
+  // Projection only: the recovery sweep would act on these synthetic histories (it is tested in
+  // recovery.e2e.test.ts).
+  env = { ...t.env, TOOLTX_RECONCILE_SWEEP: 'off' };
   reconcileKv = await openBucket(t.nc, t.subjects.reconcileBucket);
   auditKv = await openBucket(t.nc, t.subjects.auditBucket);
   // 30 operations of every kind in two tenants, ~80 events, all in the log before any projector

@@ -183,7 +183,14 @@ describe('FM-28: nats-server restarted mid-run', () => {
       const calls = titles.map((title) => alice.execute({ tool: 'kb.write_note', taskId: 'fm28', input: note(title) }, { budgetMs: 60_000 }));
       await new Promise((r) => setTimeout(r, 300));
       await t.server.restart!();
-      const results = await Promise.all(calls);
+      let results = await Promise.all(calls);
+      // Under load a write may reach the KB after its absolute deadline: the KB refuses it (not
+      // applied) and the caller's next step is a bounded backoff and a resubmission (FM-15).
+      for (let round = 0; round < 3 && results.some((r) => r.status === 'rejected'); round++) {
+        for (const r of results) if (r.status === 'rejected') expect(r).toMatchObject({ error: { class: 'dependency_unavailable' }, next: 'backoff' });
+        await new Promise((r) => setTimeout(r, 500));
+        results = await Promise.all(titles.map((title, i) => (results[i]!.status === 'rejected' ? alice.execute({ tool: 'kb.write_note', taskId: 'fm28', input: note(title) }, { budgetMs: 60_000 }) : results[i]!)));
+      }
       expect(results.map((r) => r.status)).toEqual(titles.map(() => 'committed'));
       for (const title of titles) expect(await rowsFor(keyOf('fm28', title))).toBe(1);
     } finally {
@@ -214,10 +221,14 @@ describe('a stale accepted operation is re-driven', () => {
     expect(listed.split('\n').filter(Boolean).map((l) => JSON.parse(l) as { operationKey: string; status: string })).toContainEqual(expect.objectContaining({ operationKey: key }));
     executor = await startService('executor', env);
     const s = (await waitForOperation(t, 'acme', key, (x) => x.status === 'committed', 20_000)) as OperationRecord;
-    expect(s.requeues).toBe(1);
-    const events = await history(t, 'acme', key);
-    expect(events.map((e) => e.type)).toEqual(['accepted', 'requeued', 'running', 'committed']);
-    expect(events[1]).toMatchObject({ type: 'requeued', reason: 'stale_accepted' });
+    // Requeued at least once (again if the new executor was slower than the running bound);
+    // only one `running` can win, so it ran once.
+    expect(s.requeues).toBeGreaterThanOrEqual(1);
+    const types = (await history(t, 'acme', key)).map((e) => e.type);
+    expect(types[0]).toBe('accepted');
+    expect(types.filter((x) => x === 'requeued').length).toBe(s.requeues);
+    expect(types.filter((x) => x === 'running')).toHaveLength(1);
+    expect(types.slice(-2)).toEqual(['running', 'committed']);
     expect(await rowsFor(key)).toBe(1);
   });
 });

@@ -16,12 +16,16 @@ import { startSweeper } from './reconcile.js';
 
 await runService({
   name: 'reconciler',
-  summary: 'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile) and sweeps it every TOOLTX_RECONCILE_INTERVAL_MS (default 2000): stale accepted → re-driven; stale running and unknown → probed by key, then committed, requeued under the same key, or kept unknown',
+  summary: 'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile) and sweeps it every TOOLTX_RECONCILE_INTERVAL_MS (default 2000; TOOLTX_RECONCILE_SWEEP=off for a projection-only instance): stale accepted → re-driven; stale running and unknown → probed by key, then committed, requeued under the same key, or kept unknown',
   async start({ subjects, log, js, nc, config, store, tools }) {
     const kv = await openBucket(nc, subjects.reconcileBucket);
     const results = await openBucket(nc, subjects.resultsBucket);
     const intervalMs = Number(process.env.TOOLTX_RECONCILE_INTERVAL_MS ?? 2_000);
-    const sweeper = startSweeper({ index: kv, results, store, subjects, tools, log: log.child({ component: 'sweep' }), intervalMs: Number.isFinite(intervalMs) && intervalMs > 0 ? intervalMs : 2_000 });
+    // TOOLTX_RECONCILE_SWEEP=off runs a projection-only instance (the index, no probing).
+    const sweeper =
+      process.env.TOOLTX_RECONCILE_SWEEP === 'off'
+        ? { stop: async () => undefined }
+        : startSweeper({ index: kv, results, store, subjects, tools, log: log.child({ component: 'sweep' }), intervalMs: Number.isFinite(intervalMs) && intervalMs > 0 ? intervalMs : 2_000 });
     const loop = await startConsumerLoop({
       js,
       stream: subjects.eventsStream,
