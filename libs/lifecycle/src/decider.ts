@@ -51,11 +51,17 @@ export interface StartCommand {
   /** The decision re-computed at the execution instant. */
   authorization?: AuthDecision;
 }
+/**
+ * `runId` binds an outcome to the run that produced it: the event id of the `running` it followed.
+ * A requeued attempt runs again under the same attempt number, so an outcome of the earlier run
+ * that arrives late (a refusal, a commit, a timeout) must not be applied to the new run.
+ */
 export interface CommitCommand {
   type: 'commit';
   eventId: string;
   at: number;
   attempt: number;
+  runId?: string;
   resourceId: string;
   resultDigest: string;
 }
@@ -64,6 +70,8 @@ export interface RejectCommand {
   eventId: string;
   at: number;
   attempt: number;
+  /** Set when the refusal came from a run (the downstream refused it); see {@link CommitCommand}. */
+  runId?: string;
   error: ErrorInfo;
   /** Set when the rejection is an authorisation denial at the execution instant. */
   authorization?: AuthDecision;
@@ -73,6 +81,7 @@ export interface MarkUnknownCommand {
   eventId: string;
   at: number;
   attempt: number;
+  runId?: string;
   evidence: Evidence;
 }
 export interface RequeueCommand {
@@ -97,7 +106,7 @@ export type Decision =
   /** The command does not apply to the current state (e.g. another executor already runs it). */
   | { kind: 'skip'; reason: SkipReason; state: OperationState };
 
-export type SkipReason = 'not_registered' | 'not_accepted' | 'attempt_mismatch' | 'not_running' | 'final';
+export type SkipReason = 'not_registered' | 'not_accepted' | 'attempt_mismatch' | 'not_running' | 'final' | 'stale_run';
 
 export function initialState(): OperationState {
   return { status: 'none' };
@@ -105,6 +114,9 @@ export function initialState(): OperationState {
 
 export function decide(cmd: OperationCommand, state: OperationState): Decision {
   if (state.status !== 'none' && state.lastEventId === cmd.eventId) return { kind: 'applied', state };
+  if ('runId' in cmd && cmd.runId !== undefined && state.status !== 'none' && state.running?.eventId !== cmd.runId) {
+    return { kind: 'skip', reason: 'stale_run', state };
+  }
   switch (cmd.type) {
     case 'accept':
       return decideAccept(cmd, state);

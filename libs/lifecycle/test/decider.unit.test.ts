@@ -137,3 +137,16 @@ describe('recovery (verify before acting)', () => {
     expect(decideRecovery(unknownOf().state, { kind: 'unavailable' }, none, 99_000)).toEqual({ kind: 'keep' });
   });
 });
+
+describe('outcomes are bound to their run', () => {
+  it('a late outcome of an earlier run of a requeued attempt is skipped; the current run\'s is applied', () => {
+    const r1 = running();
+    const u = appended(given(r1).when({ type: 'mark_unknown', eventId: id(), at: 6_000, attempt: 1, runId: r1.eventId, evidence: { kind: 'timeout', at: 6_000 } }));
+    const q = appended(given(u).when({ type: 'requeue', eventId: id(), at: 7_000, attempt: 1, reason: 'probe_not_found' }));
+    const r2 = appended(given(q).when({ type: 'start', eventId: id(), at: 8_000, attempt: 1, executor: 'ex-2', deadlineAt: 9_500 }));
+    // The first run's downstream answers late with a refusal: not applied to the second run.
+    expect(given(r2).when({ type: 'reject', eventId: id(), at: 8_100, attempt: 1, runId: r1.eventId, error: { class: 'dependency_unavailable' } })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
+    expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_100, attempt: 1, runId: r1.eventId, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
+    expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_200, attempt: 1, runId: r2.eventId, resourceId: 'note-2', resultDigest: D2 }).kind).toBe('append');
+  });
+});

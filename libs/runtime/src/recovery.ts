@@ -54,7 +54,7 @@ export async function recoverOperation(deps: {
       const result = empty.data;
       const resultDigest = digestOf(result);
       await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await append(deps, seq0(deps), () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, resourceId: step.resourceId, resultDigest }));
+      const d = await append(deps, seq0(deps), () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), resourceId: step.resourceId, resultDigest }));
       l.info({ resourceId: step.resourceId, outcome: d }, 'recovered: committed from the probe');
       return d === 'appended' ? 'committed' : 'moved_on';
     }
@@ -65,7 +65,7 @@ export async function recoverOperation(deps: {
     }
     case 'mark_unknown': {
       const kind: Evidence['kind'] = probe.kind === 'unavailable' ? 'probe' : 'executor_lost';
-      const d = await append(deps, seq0(deps), () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence(kind, now(), now() - startedAt) }));
+      const d = await append(deps, seq0(deps), () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence(kind, now(), now() - startedAt) }));
       l.warn({ outcome: d }, 'outcome unknown: left to the reconciler');
       return d === 'appended' ? 'marked_unknown' : 'moved_on';
     }
@@ -76,6 +76,11 @@ export async function recoverOperation(deps: {
 
 function evidence(kind: Evidence['kind'], at: number, elapsedMs?: number): Evidence {
   return { kind, at, ...(elapsedMs !== undefined ? { elapsedMs } : {}) };
+}
+
+/** Binds a recovery outcome to the run it probed (see the decider's `runId`). */
+function run(state: OperationRecord): { runId?: string } {
+  return state.running ? { runId: state.running.eventId } : {};
 }
 
 function seq0(d: { seq: number }): number {

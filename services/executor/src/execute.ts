@@ -89,14 +89,27 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     }
     if (state.status !== 'accepted') return;
 
-    const reject = (error: ErrorInfo, authorization?: AuthDecision) =>
-      transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }));
+    /**
+     * A refusal before `running` applies only to the state it was judged on (`accepted` at `seq`):
+     * if another executor has moved the operation meanwhile, that run is not ours to refuse.
+     */
+    const rejectBeforeRun = async (error: ErrorInfo, authorization?: AuthDecision) => {
+      const d = decide({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }, state);
+      if (d.kind !== 'append') return;
+      try {
+        await store.append(tenant, opId, d.event, seq);
+      } catch (err) {
+        if (!(err instanceof ConcurrencyError)) throw err;
+      }
+    };
+    const reject = (error: ErrorInfo, authorization?: AuthDecision, runId?: string) =>
+      transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}), ...(runId ? { runId } : {}) }));
 
     // The input, read back from the intent the `accepted` event names, checked against its digest.
     const input = await loadInput(store, subjects, state, impl);
     if (!input) {
       l.error('intent missing or does not match the registered digest');
-      await reject({ class: ErrorClass.Internal });
+      await rejectBeforeRun({ class: ErrorClass.Internal });
       return;
     }
 
@@ -111,7 +124,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     } catch (err) {
       const info = toErrorInfo(err);
       if (info.class === ErrorClass.Internal || info.class === ErrorClass.DependencyUnavailable) throw err;
-      await reject(info, info.class === ErrorClass.InvalidInput ? undefined : { decision: 'deny', policyVersion, reason: info.class, at: now() });
+      await rejectBeforeRun(info, info.class === ErrorClass.InvalidInput ? undefined : { decision: 'deny', policyVersion, reason: info.class, at: now() });
       l.info({ class: info.class }, 'rejected at execution');
       return;
     }
@@ -152,27 +165,27 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       const result = impl.contract.output.parse(outcome.result);
       const resultDigest = digestOf(result);
       await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await transition(tenant, opId, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, resourceId: outcome.resourceId, resultDigest }));
+      const d = await transition(tenant, opId, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, resourceId: outcome.resourceId, resultDigest }));
       l.info({ resourceId: outcome.resourceId, outcome: d.kind, elapsedMs: now() - startedAt }, 'committed');
       return;
     }
 
     const err = outcome.err;
     if (err instanceof TooltxError) {
-      // The downstream definitively refused: not applied.
-      await reject(err.toInfo());
+      // The downstream definitively refused: not applied (by THIS run; a later run is not ours to judge).
+      await reject(err.toInfo(), undefined, runningId);
       l.info({ class: err.class }, 'rejected by the downstream');
       return;
     }
     if (!hasSideEffect(impl.contract.effect)) {
-      await reject({ class: ErrorClass.DependencyUnavailable });
+      await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
       l.warn({ err, elapsedMs: now() - startedAt }, 'read/compute attempt failed: rejected as dependency_unavailable (retryable)');
       return;
     }
     // The request may have left: never `rejected`, never a blind retry. `unknown` with evidence;
     // the reconciler probes it (issue 7).
     const evidence: Evidence = { kind: signal.aborted ? 'timeout' : 'connection_lost', at: now(), elapsedMs: now() - startedAt };
-    const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence }));
+    const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, evidence }));
     l.warn({ err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d.kind }, 'outcome unknown: recorded for the reconciler');
   };
 }
