@@ -83,8 +83,10 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
 
     it('killed while its request was on the way; the KB committed it anyway: the reconciler probes and commits with the KB\'s row id, one row', async () => {
       const key = keyOf('fm27-a', 'Killed in flight');
-      proxy.hold = (req) => (isNotesPost(req) ? 800 : 0);
-      proxy.onHeld = () => void executor.kill();
+      let held = 0;
+      proxy.hold = (req) => (isNotesPost(req) && held++ === 0 ? 800 : 0);
+      // Killed while its request waits in the hop; a new executor comes up (as a supervisor would).
+      proxy.onHeld = () => void executor.kill().then(async () => (executor = await startService('executor', env)));
       try {
         const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm27-a', input: note('Killed in flight') });
         expect(r.status).toBe('committed');
@@ -97,7 +99,6 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
       } finally {
         proxy.hold = () => 0;
         proxy.onHeld = () => undefined;
-        executor = await startService('executor', env);
       }
     });
 
