@@ -5,21 +5,18 @@
  * A real server process (examples/research-kb/kb-server.ts) on a free loopback port with a temp
  * SQLite file, `KB_DEDUP=off`; every refusal is checked against the KB's own rows. No mocks.
  */
-import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { randomUUID } from 'node:crypto';
 import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KbClient, KbError, type KbAdmin, type KbAdminView, type KbNote } from '../examples/research-kb/kb-client.js';
 import type { KbSeedFile } from '../examples/research-kb/kb-seed.js';
 import { canonicalRef } from '../examples/research-kb/kb-store.js';
-import { ServiceProcess } from './helpers/services.js';
+import type { ServiceProcess } from './helpers/services.js';
+import { spawnKbProcess } from './helpers/kb.js';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
-const SERVER = join(ROOT, 'examples', 'research-kb', 'kb-server.ts');
 const tmp = mkdtempSync(join(tmpdir(), 'kb-authz-'));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 const TOKEN = `op-${randomUUID()}`;
@@ -65,14 +62,7 @@ function writeSeed(doc: unknown): string {
   return p;
 }
 
-function spawnKb(env: Record<string, string>): ServiceProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', SERVER], {
-    cwd: ROOT,
-    env: { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', KB_PORT: '0', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  return new ServiceProcess('kb-server', child);
-}
+const spawnKb = (env: Record<string, string>): ServiceProcess => spawnKbProcess(env);
 
 interface Kb {
   proc: ServiceProcess;

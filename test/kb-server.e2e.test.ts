@@ -2,21 +2,18 @@
  * The research-KB storage service as a real process (examples/research-kb/kb-server.ts) on a free
  * loopback port with a temp SQLite file, driven through its HTTP API and the typed client. No mocks.
  */
-import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { request } from 'node:http';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KbClient, KbError, type KbNote } from '../examples/research-kb/kb-client.js';
 import { KbStore } from '../examples/research-kb/kb-store.js';
-import { ServiceProcess } from './helpers/services.js';
+import type { ServiceProcess } from './helpers/services.js';
+import { spawnKbProcess } from './helpers/kb.js';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
-const SERVER = join(ROOT, 'examples', 'research-kb', 'kb-server.ts');
 const SEED = 'acme:research,acme:archive,globex:research';
 const tmp = mkdtempSync(join(tmpdir(), 'kb-server-'));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -24,14 +21,7 @@ afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 let n = 0;
 const freshDb = () => join(tmp, `db-${++n}`, 'nested', 'kb.sqlite');
 
-function spawnKb(env: Record<string, string>, args: string[] = []): ServiceProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', SERVER, ...args], {
-    cwd: ROOT,
-    env: { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', KB_PORT: '0', KB_SEED: SEED, ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  return new ServiceProcess('kb-server', child);
-}
+const spawnKb = (env: Record<string, string>, args: string[] = []): ServiceProcess => spawnKbProcess({ KB_SEED: SEED, ...env }, args);
 
 interface Kb {
   proc: ServiceProcess;

@@ -115,7 +115,10 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
         const events = await history(t, 'acme', key);
         expect(events.map((e) => e.type)).toContain('requeued');
         const s = (await t.store.load('acme', operationIdOf(key))).state as OperationRecord;
-        expect(s).toMatchObject({ status: 'committed', attempt: 1, requeues: 1 });
+        // Requeued once after the probe; once more if the new executor came up slower than the
+        // running bound (stale accepted). Either way one row, one attempt.
+        expect(s).toMatchObject({ status: 'committed', attempt: 1 });
+        expect(s.requeues).toBeGreaterThanOrEqual(1);
       } finally {
         proxy.hold = () => 0;
         proxy.drop = () => false;

@@ -14,6 +14,7 @@
  */
 
 import { Agent, request, type Dispatcher } from 'undici';
+import type { KbRowCount, KbStats } from './kb-store.js';
 
 /** The error classes the KB answers with (`{ error }` bodies). */
 export type KbErrorClass =
@@ -123,21 +124,8 @@ export type KbProbeResult =
   | { found: true; id: string; kb: string; createdAt: number; count: number; items?: { id: string; kb: string; createdAt: number }[] }
   | { found: false };
 
-/** Counts over non-deleted notes; `duplicateRows` = rows beyond one per (tenant, key). */
-export interface KbStats {
-  rows: number;
-  distinctKeys: number;
-  duplicateRows: number;
-}
-
-/** Non-deleted notes in one knowledge base (of one tenant's notes when the query named a tenant). */
-export interface KbRowCount {
-  kbId: string;
-  owner: string;
-  name: string;
-  state: KbState;
-  rows: number;
-}
+// The stats shapes are the store's own (a type-only import: nothing of SQLite is loaded here).
+export type { KbStats, KbRowCount } from './kb-store.js';
 
 /** The operator's view of a knowledge base; quota figures are the owner tenant's (current UTC day). */
 export interface KbAdminView {

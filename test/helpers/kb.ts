@@ -9,6 +9,17 @@ import { ServiceProcess } from './services.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const RESEARCH_TOOLS = join(ROOT, 'examples', 'research-kb', 'tools.ts');
+export const KB_SERVER = join(ROOT, 'examples', 'research-kb', 'kb-server.ts');
+
+/** Spawns the KB server as its own process (free port, debug logs unless `env` says otherwise). */
+export function spawnKbProcess(env: Record<string, string>, args: string[] = []): ServiceProcess {
+  const child = spawn(process.execPath, ['--import', 'tsx', KB_SERVER, ...args], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', KB_PORT: '0', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  return new ServiceProcess('kb-server', child);
+}
 
 /** The research KB as its own process on a free port, with a fresh SQLite file and an operator token. */
 export interface TestKb {
@@ -24,21 +35,14 @@ export async function startKb(seed: KbSeedFile, env: Record<string, string> = {}
   const token = `token-${Math.random().toString(36).slice(2)}-${Date.now()}`;
   writeFileSync(join(dir, 'admin.token'), token, { mode: 0o600 });
   writeFileSync(join(dir, 'seed.json'), JSON.stringify(seed));
-  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'examples', 'research-kb', 'kb-server.ts')], {
-    cwd: ROOT,
-    env: {
-      PATH: process.env.PATH ?? '',
-      LOG_LEVEL: 'info',
-      KB_PORT: '0',
-      KB_DB: join(dir, 'kb.sqlite'),
-      KB_DEDUP: 'off',
-      KB_SEED_FILE: join(dir, 'seed.json'),
-      KB_ADMIN_TOKEN_FILE: join(dir, 'admin.token'),
-      ...env,
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
+  const proc = spawnKbProcess({
+    LOG_LEVEL: 'info',
+    KB_DB: join(dir, 'kb.sqlite'),
+    KB_DEDUP: 'off',
+    KB_SEED_FILE: join(dir, 'seed.json'),
+    KB_ADMIN_TOKEN_FILE: join(dir, 'admin.token'),
+    ...env,
   });
-  const proc = new ServiceProcess('kb-server', child);
   const line = await proc.waitForLog('listening');
   const url = `http://127.0.0.1:${Number(line.port)}`;
   const client = new KbClient(url);

@@ -1,6 +1,5 @@
 import { randomUUID } from 'node:crypto';
 import { jetstream } from '@nats-io/jetstream';
-import { errors as coreErrors } from '@nats-io/transport-node';
 import { z } from 'zod';
 import {
   digestOf,
@@ -18,7 +17,7 @@ import {
   type PreparedCall,
 } from '@tooltx/contracts';
 import { MAX_STATUS_WAIT_MS, statusReplySchema, type Receipt, type ServerState, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
-import { connectNats, decode, encode, Subjects, type NatsConnection } from '@tooltx/nats';
+import { connectNats, decode, encode, isTransient, Subjects, type NatsConnection } from '@tooltx/nats';
 import { newSubmission, publishSubmission, type Submission } from './intent.js';
 
 /** Options of {@link createTools}. Give `servers` (the SDK connects and owns the connection) or `nc`. */
@@ -308,10 +307,6 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
 
 function refused(operationKey: string | null, error: ErrorInfo): Extract<ExecuteResult, { status: 'rejected' }> {
   return { status: 'rejected', operationKey, error, next: nextActionFor[error.class] };
-}
-
-function isTransient(err: unknown): boolean {
-  return err instanceof coreErrors.TimeoutError || err instanceof coreErrors.NoRespondersError || err instanceof coreErrors.RequestError || err instanceof coreErrors.ConnectionError;
 }
 
 function sleep(ms: number): Promise<void> {

@@ -121,8 +121,7 @@ export class OperationStore {
    */
   async recordDecision(record: DecisionRecord, opId: string): Promise<number> {
     const subject = this.#subjects.decision(record.tenant, opId);
-    const ack = await this.#publishWithRetry(subject, encode(record), record.eventId);
-    return ack;
+    return this.#publishWithRetry(subject, encode(record), record.eventId);
   }
 
   /** The last decision recorded for an operation, or null. */

@@ -30,7 +30,7 @@ export async function recoverOperation(deps: {
   const { store, subjects, results, impl, tenant, opId, state, log } = deps;
   const now = deps.now ?? Date.now;
   if (!impl.probe) {
-    if (state.status === 'running') await append(deps, seq0(deps), () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('executor_lost', now()) }));
+    if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('executor_lost', now()) }));
     return 'no_probe';
   }
   let probe: ProbeOutcome;
@@ -47,25 +47,25 @@ export async function recoverOperation(deps: {
     case 'commit': {
       const empty = impl.contract.output.safeParse({});
       if (!empty.success) {
-        if (state.status === 'running') await append(deps, seq0(deps), () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('probe', now(), now() - startedAt) }));
+        if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('probe', now(), now() - startedAt) }));
         l.warn('probe found the effect but cannot recover its result: left for a person');
         return 'marked_unknown';
       }
       const result = empty.data;
       const resultDigest = digestOf(result);
       await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await append(deps, seq0(deps), () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), resourceId: step.resourceId, resultDigest }));
+      const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), resourceId: step.resourceId, resultDigest }));
       l.info({ resourceId: step.resourceId, outcome: d }, 'recovered: committed from the probe');
       return d === 'appended' ? 'committed' : 'moved_on';
     }
     case 'requeue': {
-      const d = await append(deps, seq0(deps), () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'probe_not_found' }));
+      const d = await append(deps, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'probe_not_found' }));
       l.info({ outcome: d }, 'recovered: nothing downstream, requeued under the same key');
       return d === 'appended' ? 'requeued' : 'moved_on';
     }
     case 'mark_unknown': {
       const kind: Evidence['kind'] = probe.kind === 'unavailable' ? 'probe' : 'executor_lost';
-      const d = await append(deps, seq0(deps), () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence(kind, now(), now() - startedAt) }));
+      const d = await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence(kind, now(), now() - startedAt) }));
       l.warn({ outcome: d }, 'outcome unknown: left to the reconciler');
       return d === 'appended' ? 'marked_unknown' : 'moved_on';
     }
@@ -83,16 +83,12 @@ function run(state: OperationRecord): { runId?: string } {
   return state.running ? { runId: state.running.eventId } : {};
 }
 
-function seq0(d: { seq: number }): number {
-  return d.seq;
-}
-
 /** Append one command decided on the state it was loaded with; `moved_on` when another writer won. */
-async function append(d: { store: OperationStore; tenant: string; opId: string; state: OperationRecord }, seq: number, make: () => OperationCommand): Promise<'appended' | 'moved_on'> {
+async function append(d: { store: OperationStore; tenant: string; opId: string; state: OperationRecord; seq: number }, make: () => OperationCommand): Promise<'appended' | 'moved_on'> {
   const decision = decide(make(), d.state);
   if (decision.kind !== 'append') return 'moved_on';
   try {
-    await d.store.append(d.tenant, d.opId, decision.event, seq);
+    await d.store.append(d.tenant, d.opId, decision.event, d.seq);
     return 'appended';
   } catch (err) {
     if (err instanceof ConcurrencyError) return 'moved_on';
