@@ -46,6 +46,7 @@ try {
     kbDedup: settings.data.kbDedup !== 'off',
     kbSeed: process.env.KB_SEED ?? 'acme:research,acme:archive,globex:research',
     logs: process.stdout.isTTY ? 'pretty' : 'inherit',
+    onRestart: (name, code, signal) => log.warn({ process: name, code, signal }, 'a service exited on its own: starting it again'),
   });
 } catch (err) {
   log.fatal({ err: { type: (err as Error).name, message: (err as Error).message } }, 'could not start the stack (nothing left running)');

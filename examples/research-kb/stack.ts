@@ -42,6 +42,8 @@ export interface StackOptions {
   logs: 'pretty' | 'inherit' | { dir: string };
   /** Extra environment for every process. */
   env?: Record<string, string>;
+  /** Called when a crashed service is started again (at most 5 times a minute, then the stack stops). */
+  onRestart?: (name: string, code: number | null, signal: NodeJS.Signals | null) => void;
   /** Instances of each service (default 1). */
   instances?: Partial<Record<(typeof SERVICES)[number] | 'kb', number>>;
 }
@@ -60,7 +62,7 @@ export interface Stack {
   processes: { name: string; child: ChildProcess }[];
   /** SIGTERM every process, wait, stop the nats-server we started (store kept). */
   stop(): Promise<void>;
-  /** Resolves with the name of the first process that exits on its own. */
+  /** Resolves with the name of the first process whose exit stops the stack (KB, nats-server, or a service crashing in a loop). */
   readonly crashed: Promise<string>;
 }
 
@@ -105,6 +107,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   }
 
   const processes: { name: string; child: ChildProcess }[] = [];
+  const restartsOf = new Map<string, number[]>();
   let stopping = false;
   let onCrash!: (name: string) => void;
   const crashed = new Promise<string>((r) => (onCrash = r));
@@ -151,10 +154,25 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       child.stdout!.pipe(out);
       child.stderr!.pipe(out);
     }
-    child.once('exit', () => {
-      if (!stopping) onCrash(name);
+    const entry = { name, child };
+    processes.push(entry);
+    child.once('exit', (code, signal) => {
+      if (stopping) return;
+      // A tooltx service is stateless: the supervisor starts it again (a crash mid-operation is
+      // exactly what recovery handles). The KB or nats-server going away stops everything.
+      const restarts = (restartsOf.get(name) ?? []).filter((t) => Date.now() - t < 60_000);
+      if (name !== 'kb' && restarts.length < 5) {
+        restartsOf.set(name, [...restarts, Date.now()]);
+        o.onRestart?.(name, code, signal);
+        setTimeout(() => {
+          if (stopping) return;
+          processes.splice(processes.indexOf(entry), 1);
+          launch(name, script, env);
+        }, 500);
+        return;
+      }
+      onCrash(name);
     });
-    processes.push({ name, child });
     return child;
   };
 
