@@ -53,7 +53,9 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
 
   afterAll(async () => {
     await alice?.close();
-    const codes = await Promise.all([...procs, executor].map((p) => p.stop()));
+    const all = [...procs, executor];
+    const codes = await Promise.all(all.map((p) => p.stop()));
+    all.forEach((p, i) => codes[i] !== 0 && console.log(p.name, codes[i], p.stderr, JSON.stringify(p.lines.filter((l) => Number(l.level) >= 40).slice(-30), null, 1)));
     await proxy?.stop();
     await kb?.stop();
     await t?.close();

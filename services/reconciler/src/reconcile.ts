@@ -38,19 +38,15 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void> } {
   const backoff = new Map<string, { failures: number; nextAt: number; reported: boolean }>();
   let stopping = false;
   let wake: (() => void) | null = null;
+  // The non-terminal operations, fed by one long-lived watch of the index (never a full key
+  // listing per sweep: that was O(all operations ever) and could hang across a server restart).
+  const watched = new Map<string, IndexEntry>();
+  const watcher = watchIndex(d.index, watched, d.log, () => stopping);
 
   const sweepOnce = async () => {
-    const keys: string[] = [];
-    for await (const k of await d.index.keys()) keys.push(k);
-    for (const key of keys) {
+    for (const key of [...backoff.keys()]) if (!watched.has(key)) backoff.delete(key);
+    for (const [key, v] of [...watched]) {
       if (stopping) return;
-      const entry = await d.index.get(key);
-      if (!entry || entry.operation !== 'PUT') continue;
-      const v = decode(reconcileValueSchema, entry.value);
-      if (v.terminal) {
-        backoff.delete(key);
-        continue;
-      }
       await visit(key, v).catch((err: unknown) => d.log.warn({ err, key }, 'reconcile step failed; next sweep retries'));
     }
   };
@@ -110,7 +106,45 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void> } {
     async stop() {
       stopping = true;
       wake?.();
-      await done;
+      watcher.stop();
+      await Promise.all([done, watcher.done]);
     },
   };
+}
+
+/**
+ * Keeps `into` equal to the index's non-terminal entries: one KV watch (an ordered consumer that
+ * resumes after a reconnect), started again from the last values if it ever ends.
+ */
+function watchIndex(index: KV, into: Map<string, IndexEntry>, log: Logger, stopped: () => boolean): { stop(): void; done: Promise<void> } {
+  let current: { stop(): void } | null = null;
+  const done = (async () => {
+    while (!stopped()) {
+      try {
+        const it = await index.watch({ key: '>' });
+        current = it;
+        if (stopped()) it.stop();
+        into.clear();
+        for await (const e of it) {
+          if (e.operation !== 'PUT') {
+            into.delete(e.key);
+            continue;
+          }
+          let v;
+          try {
+            v = decode(reconcileValueSchema, e.value);
+          } catch (err) {
+            log.error({ err, key: e.key }, 'undecodable index entry skipped');
+            continue;
+          }
+          if (v.terminal) into.delete(e.key);
+          else into.set(e.key, v);
+        }
+      } catch (err) {
+        if (!stopped()) log.warn({ err }, 'index watch ended; watching again');
+      }
+      if (!stopped()) await new Promise((r) => setTimeout(r, 1_000));
+    }
+  })();
+  return { stop: () => current?.stop(), done };
 }
