@@ -3,6 +3,8 @@
  * request that reaches its insert path makes a row), a real HTTP hop that can hold or cut a request,
  * SIGKILL of the executor. Each test asserts the KB's own rows for the key: exactly one.
  * FM-12 / FM-13 (a timeout around the commit), FM-27 (executor killed mid-operation).
+ * The hop is `@tooltx/faults`' HTTP proxy (keyed faults by the write's downstream key, or predicates
+ * for requests without one); the tools run with keep-alive off, so one cut touches one request.
  */
 import { execFile } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -45,7 +47,7 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
     t = await provisioned();
     kb = await startKb({ tenants: [{ id: 'acme', quota: 10_000 }], knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }] }, { KB_DEDUP: dedup ? 'on' : 'off' });
     proxy = await new DelayProxy(kb.url).start();
-    env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_DEDUP: dedup ? 'on' : 'off', KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`, TOOLTX_RECONCILE_INTERVAL_MS: '300' };
+    env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_KEEPALIVE: 'off', KB_DEDUP: dedup ? 'on' : 'off', KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`, TOOLTX_RECONCILE_INTERVAL_MS: '300' };
     procs = await Promise.all([startService('authorizer', env), startService('reconciler', env)]);
     executor = await startService('executor', env);
     alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 30_000 });
@@ -102,6 +104,40 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
         proxy.hold = () => 0;
         proxy.onHeld = () => undefined;
       }
+    });
+
+    it('killed after the KB committed but before `committed` was appended: the reconciler probes and commits with the KB\'s row id, one row', async () => {
+      // Forward the write, let the KB commit it, hold its answer; once the KB has answered, the
+      // executor is SIGKILLed (and a new one comes up, as a supervisor would). Under heavy load the
+      // write can reach the KB after its 1.5 s deadline and be refused: then that round did not
+      // test a commit (it still converges to one row) and the next round does.
+      let committedByKb = false;
+      for (let round = 0; round < 3 && !committedByKb; round++) {
+        const title = `Killed after the commit ${round}`;
+        const key = keyOf('fm27-c', title);
+        const held = proxy.inject(downstreamKeyOf('acme', key), { kind: 'hold_response', ms: 120_000 });
+        const killed = held.applied.then(async (f) => {
+          await executor.kill();
+          executor = await startService('executor', env);
+          return f;
+        });
+        const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm27-c', input: note(title) });
+        const answered = await killed;
+        expect(answered).toMatchObject({ kind: 'hold_response', method: 'POST' });
+        expect(r.status).toBe('committed');
+        const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
+        expect(probe).toMatchObject({ found: true, count: 1 });
+        if (answered.status !== 201) continue;
+        committedByKb = true;
+        if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
+        const types = (await history(t, 'acme', key)).map((e) => e.type);
+        expect(types.slice(0, 2)).toEqual(['accepted', 'running']);
+        // Found by the probe: never re-driven, so one run.
+        expect(types).not.toContain('requeued');
+        expect(types.filter((x) => x === 'running')).toHaveLength(1);
+        expect(types.at(-1)).toBe('committed');
+      }
+      expect(committedByKb).toBe(true);
     });
 
     it('killed before its request reached the KB: nothing found after the deadline, requeued under the same key, committed once', async () => {
