@@ -1,0 +1,37 @@
+/**
+ * `npm run bench -- --quick --json` works end to end (issue 10): both lower bounds and tooltx run,
+ * the JSON line has every field the issue lists, and no phase produced a duplicate side effect.
+ * No timing assertion: the bench reports figures, it does not judge them here.
+ */
+import { spawn } from 'node:child_process';
+import { describe, expect, it } from 'vitest';
+import { benchReportSchema } from '../bench/report.js';
+
+describe('npm run bench --quick', () => {
+  it('measures both lower bounds and tooltx in one run, prints the JSON fields of issue 10, and finds no duplicate side effect', async () => {
+    const child = spawn(process.execPath, ['--import', 'tsx', 'bench/run.ts', '--quick', '--json'], {
+      env: { ...process.env, NATS_URL: '', LOG_LEVEL: 'info' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (err += c.toString()));
+    const code = await new Promise<number | null>((r) => child.once('exit', r));
+    expect({ code, err: code === 0 ? '' : err.slice(-4_000) }).toEqual({ code: 0, err: '' });
+    const report = benchReportSchema.parse(JSON.parse(out.trim().split('\n').pop() ?? ''));
+    expect(report.duplicates).toBe(0);
+    expect(report.ok).toBe(true);
+    for (const phase of ['main', 'dup', 'race', 'seq'] as const) {
+      expect(report.tooltx[phase].errors, `tooltx ${phase} errors`).toBe(0);
+      expect(report.tooltx[phase].callsPerSecond, `tooltx ${phase} ran`).toBeGreaterThan(0);
+      expect(report.lowerBound.a[phase].callsPerSecond, `floor (a) ${phase} ran`).toBeGreaterThan(0);
+      expect(report.lowerBound.b[phase].callsPerSecond, `floor (b) ${phase} ran`).toBeGreaterThan(0);
+    }
+    // Every service handled NATS messages and used CPU during the main phase.
+    for (const name of ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const) {
+      expect(report.processes[name].natsMsgsPerCall, `${name} NATS messages`).toBeGreaterThan(0);
+      expect(report.processes[name].rssPeakMB, `${name} RSS`).toBeGreaterThan(0);
+    }
+  }, 300_000);
+});
