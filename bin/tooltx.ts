@@ -6,6 +6,7 @@
  *   tooltx streams check   list every setting that breaks a guarantee; exit 1 when any
  *   tooltx auth generate   nats-server config + one nkey seed per user from an identity list
  *   tooltx ops pending     the operations the reconciler is watching (accepted, running, unknown)
+ *   tooltx takeover …      list / show / resolve operations handed over to a person (as an operator)
  *
  * Environment: NATS_URL, NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_*_MAX_AGE_MS,
  * TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS; `check` also reads TOOLTX_TOOLS_MODULE (optional)
@@ -19,6 +20,7 @@ import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { applyTopology, checkTopology, generateAuth, inboxPrefixOf, topology } from '@tooltx/streams';
 import { z } from 'zod';
+import { registerTakeover } from './commands/takeover.js';
 
 /** The reconciler index entries `ops pending` reads (the projection's own schema lives in the service). */
 const reconcileEntrySchema = z.union([
@@ -102,6 +104,8 @@ ops
       process.stderr.write(`${n} pending\n`);
     }),
   );
+
+registerTakeover(program);
 
 const auth = program.command('auth').description('identity the server enforces: users, nkeys, permissions');
 auth

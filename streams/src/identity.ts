@@ -24,6 +24,11 @@ export const identityListSchema = z.strictObject({
     .refine((ts) => new Set(ts.map((t) => t.id)).size === ts.length, 'tenant ids must be unique'),
   /** Extra durable names the executor may pull from (e.g. a second executor group during a migration). */
   executorDurables: z.array(id).default([]),
+  /**
+   * Operators: people who resolve takeovers (issue 8). They reach only the takeover service, which
+   * records their id (from the subject the server pinned them to) in the resolution event.
+   */
+  operators: z.array(id).default([]),
 });
 export type IdentityList = z.input<typeof identityListSchema>;
 
@@ -31,6 +36,7 @@ export type Role =
   | { kind: 'agent'; tenant: string; actor: string }
   | { kind: 'auditor'; tenant: string; actor: string }
   | { kind: 'service'; service: ServiceName }
+  | { kind: 'operator'; operator: string }
   | { kind: 'provisioner' };
 export const SERVICE_NAMES = ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const;
 export type ServiceName = (typeof SERVICE_NAMES)[number];
@@ -50,6 +56,8 @@ export function inboxPrefixOf(role: Role): string {
       return `_INBOX.${role.tenant}.${role.actor}`;
     case 'service':
       return `_INBOX._svc.${role.service}`;
+    case 'operator':
+      return `_INBOX._op.${role.operator}`;
     case 'provisioner':
       return '_INBOX._provisioner';
   }
@@ -82,6 +90,13 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
   const directSeq = (stream: string) => [`${api}.DIRECT.GET.${stream}`];
   const kvRead = (bucket: string) => [...directLast(kvStream(bucket)), ...directSeq(kvStream(bucket)), `${api}.STREAM.INFO.${kvStream(bucket)}`];
   const kvWrite = (bucket: string) => [`$KV.${bucket}.>`];
+  // A KV watch or key listing: an ordered push consumer on the bucket's own stream (never another).
+  const kvWatch = (bucket: string) => [
+    `${api}.CONSUMER.CREATE.${kvStream(bucket)}`, `${api}.CONSUMER.CREATE.${kvStream(bucket)}.>`,
+    `${api}.CONSUMER.DELETE.${kvStream(bucket)}.>`, `${api}.CONSUMER.INFO.${kvStream(bucket)}.>`,
+    `$JS.FC.${kvStream(bucket)}.>`,
+  ];
+  const tasks = topo.tasks.bucket;
   const events = topo.streams.events.name;
   const intents = topo.streams.intents.name;
   const decisions = topo.streams.decisions.name;
@@ -95,6 +110,8 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
     case 'auditor':
       // Auditors reach audit records only through the audit service (issue 9); nothing else yet.
       return { publish: { allow: [] }, subscribe: { allow: [inbox] } };
+    case 'operator':
+      return { publish: { allow: [s.takeover(role.operator)] }, subscribe: { allow: [inbox] } };
     case 'provisioner':
       return { publish: { allow: [`${api}.>`, `$KV.>`, `${s.prefix}.>`] }, subscribe: { allow: [inbox] } };
     case 'service': {
@@ -117,6 +134,7 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ...directLast(events), ...directSeq(events), ...directLast(decisions),
                 ...kvRead(topo.results.bucket),
                 ...ordered(events, s.allOps), ...ordered(decisions, s.allDecisions),
+                ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps, s.allDecisions,
               ],
               deny: [...durableNames].flatMap((d) => [`${api}.CONSUMER.MSG.NEXT.${events}.${d}`, `${api}.CONSUMER.MSG.NEXT.${decisions}.${d}`, `${api}.CONSUMER.DELETE.${events}.${d}`, `${api}.CONSUMER.DELETE.${decisions}.${d}`]),
@@ -133,6 +151,7 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ...[Durables.executor, ...executorDurables].flatMap((d) => pull(events, d)),
                 ...directLast(events), ...directSeq(events), ...directSeq(intents),
                 ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
+                ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps,
               ],
             },
@@ -149,14 +168,16 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
               ? [
                   s.allOps,
                   ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
-                  `${api}.CONSUMER.CREATE.${kvStream(bucket)}`, `${api}.CONSUMER.CREATE.${kvStream(bucket)}.>`,
-                  `${api}.CONSUMER.DELETE.${kvStream(bucket)}.>`, `${api}.CONSUMER.INFO.${kvStream(bucket)}.>`,
-                  `$JS.FC.${kvStream(bucket)}.>`,
+                  ...kvWatch(bucket),
+                  // Frozen tasks (issue 8): it freezes and thaws them, and lists them for operators.
+                  ...kvRead(tasks), ...kvWrite(tasks), ...kvWatch(tasks),
                 ]
               : [];
           return {
             publish: { allow: [...check, ...pull(events, durable), ...directLast(events), ...directSeq(events), ...kvRead(bucket), ...kvWrite(bucket), ...recovery] },
-            subscribe: { allow: [inbox] },
+            // The reconciler answers operators' takeover requests (queue group).
+            subscribe: { allow: role.service === 'reconciler' ? [inbox, s.allTakeover] : [inbox] },
+            ...(role.service === 'reconciler' ? { allow_responses: true } : {}),
           };
         }
       }
@@ -188,6 +209,8 @@ function userName(role: Role): string {
       return `auditor.${role.tenant}.${role.actor}`;
     case 'service':
       return `service.${role.service}`;
+    case 'operator':
+      return `operator.${role.operator}`;
     case 'provisioner':
       return 'provisioner';
   }
@@ -210,6 +233,7 @@ export function generateAuth(
       ...t.actors.map((actor) => ({ kind: 'agent' as const, tenant: t.id, actor })),
       ...t.auditors.map((actor) => ({ kind: 'auditor' as const, tenant: t.id, actor })),
     ]),
+    ...parsed.operators.map((operator) => ({ kind: 'operator' as const, operator })),
   ];
   const keyDir = join(o.outDir, 'nkeys');
   mkdirSync(keyDir, { recursive: true, mode: 0o700 });

@@ -99,6 +99,7 @@ export async function checkTopology(
     if (!kv) v.push(`bucket ${b.bucket} does not exist`);
     else if (!kv.config.allow_direct) v.push(`bucket ${b.bucket} allow_direct is false, must be true (services read it by direct get)`);
     else if (events && age(kv.config) < age(events)) v.push(`bucket ${b.bucket} max_age ${age(kv.config)} ms is shorter than the event log's ${age(events)} ms`);
+    else if (b === t.tasks && age(kv.config) !== Infinity) v.push(`bucket ${b.bucket} max_age is ${age(kv.config)} ms, must be unlimited (a frozen task must never thaw by itself)`);
   }
   if (intents && opts.longestOperationMs !== undefined && age(intents) < opts.longestOperationMs) {
     v.push(`stream ${intents.name} max_age ${age(intents)} ms is shorter than the longest operation lifetime ${opts.longestOperationMs} ms (inputs must stay readable)`);
@@ -121,9 +122,9 @@ export async function assertTopology(...args: Parameters<typeof checkTopology>):
   if (v.length) throw new StreamConfigError(v);
 }
 
-/** Every KV bucket of a topology: the result store, then the projections. */
+/** Every KV bucket of a topology: the result store, the projections, the frozen tasks. */
 function buckets(t: Topology): BucketDef[] {
-  return [t.results, t.projections.reconcile, t.projections.audit];
+  return [t.results, t.projections.reconcile, t.projections.audit, t.tasks];
 }
 
 async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamInfo | null> {

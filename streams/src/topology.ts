@@ -58,6 +58,12 @@ export interface Topology {
    * operation. Written only by their service, with compare-and-set on the entry's revision.
    */
   projections: { reconcile: BucketDef; audit: BucketDef };
+  /**
+   * Frozen tasks (issue 8, FM-14): one entry per task with an operation under takeover, written by
+   * the reconciler, watched by the authorizer and the executor. No max age: a task stays frozen
+   * until a person resolves it.
+   */
+  tasks: BucketDef;
 }
 
 /** Durable consumer names (one per service: limits retention gives every durable every message). */
@@ -147,5 +153,6 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       reconcile: { bucket: subjects.reconcileBucket, ttlMs: projectionsMaxAgeMs, replicas },
       audit: { bucket: subjects.auditBucket, ttlMs: projectionsMaxAgeMs, replicas },
     },
+    tasks: { bucket: subjects.tasksBucket, ttlMs: 0, replicas },
   };
 }

@@ -18,6 +18,7 @@ export const TEST_IDENTITIES: IdentityList = {
     { id: 'initech', actors: ['ivan', 'irene'] },
   ],
   executorDurables: ['executor-b'],
+  operators: ['oscar'],
 };
 
 export interface TestNats {

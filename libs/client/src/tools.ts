@@ -16,7 +16,7 @@ import {
   type ErrorInfo,
   type PreparedCall,
 } from '@tooltx/contracts';
-import { MAX_STATUS_WAIT_MS, statusReplySchema, type Receipt, type ServerState, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
+import { MAX_STATUS_WAIT_MS, statusReplySchema, type Receipt, type ServerState, type TakeoverRecord, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
 import { connectNats, decode, encode, isTransient, Subjects, type NatsConnection } from '@tooltx/nats';
 import { newSubmission, publishSubmission, type Submission } from './intent.js';
 
@@ -78,6 +78,8 @@ export interface UnknownEvidence {
   lastSeq: number;
   attempt?: number;
   elapsedMs: number;
+  /** The takeover record, when the server handed the operation over to a person (FM-14). */
+  takeover?: TakeoverRecord;
 }
 
 /**
@@ -276,7 +278,21 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       lastState = a.state;
       lastSeq = a.seq;
       attempt = a.attempt;
+      if (a.state === 'unknown' && a.takeover) {
+        // Evidence ran out on the server side too: a person decides now, not the budget (FM-14).
+        return {
+          status: 'unknown',
+          operationKey: key,
+          lastServerState: 'unknown',
+          evidence: { operationKey: key, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, takeover: a.takeover },
+          next: NextAction.HandOver,
+        };
+      }
       if (a.state === 'committed' && a.receipt) {
+        if (a.receipt.manual && a.result === undefined) {
+          // A person resolved it and no business result exists to hand on: the receipt is the outcome.
+          return { status: 'committed', operationKey: key, result: undefined as O, receipt: a.receipt, next: 'continue' };
+        }
         if (a.result === undefined || digestOf(a.result) !== a.receipt.resultDigest) {
           // Only a result matching the receipt's digest is handed on; wait for a readable one.
           await sleep(Math.min(left(), 200));

@@ -26,6 +26,11 @@ export const ErrorClass = {
   DependencyUnavailable: 'dependency_unavailable',
   /** The task is frozen behind an unresolved operation; a person must take over. */
   TaskFrozen: 'task_frozen',
+  /**
+   * A person resolved an operation under takeover as not applied (issue 8): definitively nothing
+   * happened, and the identical input may be submitted again (a new attempt under the same key).
+   */
+  NotApplied: 'not_applied',
   /** The caller's cached contract differs from the registry's. */
   ContractMismatch: 'contract_mismatch',
   /** Something on the trusted side failed in a way that carries no caller-fixable meaning. */
@@ -55,6 +60,7 @@ export const nextActionFor: Readonly<Record<ErrorClass, NextAction>> = {
   version_conflict: NextAction.Reauthorise,
   dependency_unavailable: NextAction.Backoff,
   task_frozen: NextAction.HandOver,
+  not_applied: NextAction.Backoff,
   contract_mismatch: NextAction.RefreshContract,
   internal: NextAction.Backoff,
 };

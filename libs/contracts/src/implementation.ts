@@ -14,6 +14,11 @@ export interface ExecutionContext {
   downstreamKey: string;
   /** Attempt number of this operation, from 1. */
   attempt: number;
+  /**
+   * `sha256:` digest of the normalised input this operation registered (RFC 8785 bytes). A
+   * downstream that records it with the effect lets a probe tell our effect from another (issue 7).
+   */
+  inputDigest?: string;
   /** Absolute deadline of this attempt, ms since the epoch; sent downstream when it `enforcesDeadline`. */
   deadlineAt: number;
   /** Aborted when the attempt's `timeoutMs` elapses or the service shuts down. */
@@ -60,7 +65,13 @@ export interface ExecutionResult<O = unknown> {
 }
 
 /** What a probe by downstream key found. */
-export type ProbeResult = { found: false } | { found: true; resourceId: string; resultDigest?: string };
+export type ProbeResult =
+  | { found: false }
+  /**
+   * `inputDigest`: the {@link ExecutionContext.inputDigest} the downstream recorded with the effect,
+   * when it keeps one; recovery commits only when it equals the operation's (issue 7).
+   */
+  | { found: true; resourceId: string; resultDigest?: string; inputDigest?: string };
 
 /**
  * The trusted side of a contract, loaded only by services (never by agents).

@@ -7,6 +7,7 @@ import {
   type OperationRecord,
   type OperationState,
   type Receipt,
+  type TakeoverRecord,
 } from './events.js';
 
 /**
@@ -91,7 +92,28 @@ export interface RequeueCommand {
   attempt: number;
   reason: 'probe_not_found' | 'stale_accepted';
 }
-export type OperationCommand = AcceptCommand | StartCommand | CommitCommand | RejectCommand | MarkUnknownCommand | RequeueCommand;
+/** Hand the operation over to a person (FM-14): only from `unknown`, once. */
+export interface OpenTakeoverCommand {
+  type: 'open_takeover';
+  eventId: string;
+  at: number;
+  attempt: number;
+  takeover: TakeoverRecord;
+}
+/**
+ * A person's resolution (issue 8): `committed` with the resource id they verified, or
+ * `not_applied`. Only from `unknown` (with or without an open takeover); the event carries
+ * `manual: true` and `resolvedBy`.
+ */
+export interface ResolveCommand {
+  type: 'resolve';
+  eventId: string;
+  at: number;
+  attempt: number;
+  resolvedBy: string;
+  outcome: { kind: 'committed'; resourceId: string; resultDigest: string } | { kind: 'not_applied' };
+}
+export type OperationCommand = AcceptCommand | StartCommand | CommitCommand | RejectCommand | MarkUnknownCommand | RequeueCommand | OpenTakeoverCommand | ResolveCommand;
 
 /** What the shell must do after a decision. */
 export type Decision =
@@ -106,7 +128,7 @@ export type Decision =
   /** The command does not apply to the current state (e.g. another executor already runs it). */
   | { kind: 'skip'; reason: SkipReason; state: OperationState };
 
-export type SkipReason = 'not_registered' | 'not_accepted' | 'attempt_mismatch' | 'not_running' | 'final' | 'stale_run';
+export type SkipReason = 'not_registered' | 'not_accepted' | 'attempt_mismatch' | 'not_running' | 'final' | 'stale_run' | 'not_unknown' | 'taken_over';
 
 export function initialState(): OperationState {
   return { status: 'none' };
@@ -134,10 +156,38 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
         ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
       });
     }
+    case 'open_takeover': {
+      const s = requireRunning(state, cmd.attempt, ['unknown']);
+      if (s.kind === 'skip') return s.reason === 'not_running' ? { ...s, reason: 'not_unknown' } : s;
+      if (s.state.takeover) return { kind: 'skip', reason: 'taken_over', state };
+      return append(s.state, { type: 'takeover', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, takeover: cmd.takeover });
+    }
+    case 'resolve': {
+      const s = requireRunning(state, cmd.attempt, ['unknown']);
+      if (s.kind === 'skip') return s.reason === 'not_running' ? { ...s, reason: 'not_unknown' } : s;
+      const manual = { manual: true as const, resolvedBy: cmd.resolvedBy };
+      if (cmd.outcome.kind === 'not_applied') {
+        return append(s.state, { type: 'rejected', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, error: { class: 'not_applied' }, ...manual });
+      }
+      const receipt: Receipt = {
+        operationKey: s.state.operationKey,
+        tool: s.state.tool,
+        version: s.state.version,
+        state: 'committed',
+        resourceId: cmd.outcome.resourceId,
+        resultDigest: cmd.outcome.resultDigest,
+        committedAt: cmd.at,
+        attempt: cmd.attempt,
+        ...manual,
+      };
+      return append(s.state, { type: 'committed', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, receipt, ...manual });
+    }
     case 'commit': {
-      // From `running`, or from `unknown` once a probe found the effect (issue 7).
+      // From `running`, or from `unknown` once a probe found the effect (issue 7) — never once a
+      // person has taken it over (their resolution decides).
       const s = requireRunning(state, cmd.attempt, ['running', 'unknown']);
       if (s.kind === 'skip') return s;
+      if (s.state.takeover) return { kind: 'skip', reason: 'taken_over', state };
       const receipt: Receipt = {
         operationKey: s.state.operationKey,
         tool: s.state.tool,
@@ -168,6 +218,7 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
       if (state.attempt !== cmd.attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
       const from = cmd.reason === 'stale_accepted' ? ['accepted'] : ['running', 'unknown'];
       if (!from.includes(state.status)) return { kind: 'skip', reason: 'not_running', state };
+      if (state.takeover) return { kind: 'skip', reason: 'taken_over', state };
       return append(state, { type: 'requeued', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, reason: cmd.reason });
     }
   }
@@ -273,13 +324,19 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
     }
     case 'committed': {
       const c = e as Extract<OperationEvent, { type: 'committed' }>;
-      return { ...need(prev), status: 'committed', receipt: c.receipt, ...common };
+      const resolution = c.manual && c.resolvedBy ? { resolution: { by: c.resolvedBy, at: c.at, outcome: 'committed' as const } } : {};
+      return { ...need(prev), status: 'committed', receipt: c.receipt, ...resolution, ...common };
     }
     case 'rejected': {
       const r = e as Extract<OperationEvent, { type: 'rejected' }>;
       const p = need(prev);
       const authorization = r.authorization ? { ...p.authorization, execution: r.authorization } : p.authorization;
-      return { ...p, status: 'rejected', error: r.error, ...(authorization ? { authorization } : {}), ...common };
+      const resolution = r.manual && r.resolvedBy ? { resolution: { by: r.resolvedBy, at: r.at, outcome: 'not_applied' as const } } : {};
+      return { ...p, status: 'rejected', error: r.error, ...(authorization ? { authorization } : {}), ...resolution, ...common };
+    }
+    case 'takeover': {
+      const t = e as Extract<OperationEvent, { type: 'takeover' }>;
+      return { ...need(prev), takeover: t.takeover, ...common };
     }
     case 'unknown': {
       const u = e as Extract<OperationEvent, { type: 'unknown' }>;

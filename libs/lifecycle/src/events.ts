@@ -60,8 +60,44 @@ export const receiptSchema = z.object({
   /** Server time of the commit, ms since the epoch. */
   committedAt: epochMs,
   attempt: z.number().int().min(1),
+  /** Set when a person resolved the operation (issue 8): `resolvedBy` is their operator id. */
+  manual: z.literal(true).optional(),
+  resolvedBy: id.optional(),
 });
 export type Receipt = z.infer<typeof receiptSchema>;
+
+/**
+ * A takeover record (DESIGN.md "After a timeout, verify before acting", FM-14): written when an
+ * operation is still `unknown` past its contract's `unknownDeadlineMs`, or when a probe found
+ * something else under our key. From then on the operation is a person's, and every side-effecting
+ * intent of its task is refused with `task_frozen` until the takeover is resolved.
+ * Times in ms since the epoch.
+ */
+export const takeoverRecordSchema = z.object({
+  operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+  tenant: id,
+  taskId: z.string(),
+  tool: z.string(),
+  version: z.number().int(),
+  /** `sha256:` digest of the normalised target (never the target itself). */
+  targetDigest: digest,
+  inputDigest: digest,
+  reason: z.enum(['unknown_past_deadline', 'probe_mismatch']),
+  /** The last evidence about the attempt (digests, codes, sizes, times only). */
+  lastEvidence: evidenceSchema.optional(),
+  /** What a probe found under our key when it did not match what was asked. */
+  probed: z.object({ resourceId: z.string().max(200), intentDigest: digest.optional() }).optional(),
+  attempts: z.object({ attempt: z.number().int().min(1), requeues: z.number().int().min(0), probes: z.number().int().min(0) }),
+  times: z.object({ acceptedAt: epochMs, runningAt: epochMs.optional(), unknownSince: epochMs.optional(), openedAt: epochMs }),
+});
+export type TakeoverRecord = z.infer<typeof takeoverRecordSchema>;
+
+/** A person's resolution of an operation under takeover (issue 8): who, when, which outcome. */
+export const resolutionSchema = z.object({
+  by: id,
+  at: epochMs,
+  outcome: z.enum(['committed', 'not_applied']),
+});
 
 export const operationStatuses = ['accepted', 'running', 'committed', 'rejected', 'unknown'] as const;
 export type OperationStatus = (typeof operationStatuses)[number];
@@ -92,6 +128,10 @@ export const operationRecordSchema = z.object({
   authorization: z.object({ intake: authDecisionSchema.optional(), execution: authDecisionSchema.optional() }).optional(),
   /** How often this attempt was requeued after verification (0 when never). */
   requeues: z.number().int().min(0).optional(),
+  /** Set once the operation was handed over to a person (it stays until a new attempt). */
+  takeover: takeoverRecordSchema.optional(),
+  /** Set when a person resolved it (`manual: true` in the event). */
+  resolution: resolutionSchema.optional(),
   lastEventId: eventId,
   updatedAt: epochMs,
 });
@@ -117,11 +157,14 @@ export const runningEventSchema = z.object({
   deadlineAt: epochMs,
   authorization: authDecisionSchema.optional(),
 });
+/** Fields of an outcome a person decided (issue 8): `manual: true` and the operator's id. */
+const manual = { manual: z.literal(true).optional(), resolvedBy: id.optional() };
 export const committedEventSchema = z.object({
   ...base,
   type: z.literal('committed'),
   attempt: z.number().int().min(1),
   receipt: receiptSchema,
+  ...manual,
 });
 export const rejectedEventSchema = z.object({
   ...base,
@@ -129,6 +172,7 @@ export const rejectedEventSchema = z.object({
   attempt: z.number().int().min(1),
   error: errorInfoSchema,
   authorization: authDecisionSchema.optional(),
+  ...manual,
 });
 /**
  * Back to `accepted` for the same attempt, so an executor runs it again under the SAME key. Only
@@ -149,6 +193,14 @@ export const unknownEventSchema = z.object({
   evidence: evidenceSchema,
 });
 
+/** The operation is handed over to a person; it stays `unknown` (FM-14). */
+export const takeoverEventSchema = z.object({
+  ...base,
+  type: z.literal('takeover'),
+  attempt: z.number().int().min(1),
+  takeover: takeoverRecordSchema,
+});
+
 /** Every lifecycle event of an operation; room is left for the compensation states. */
 export const operationEventSchema = z.discriminatedUnion('type', [
   acceptedEventSchema,
@@ -157,6 +209,7 @@ export const operationEventSchema = z.discriminatedUnion('type', [
   rejectedEventSchema,
   unknownEventSchema,
   requeuedEventSchema,
+  takeoverEventSchema,
 ]);
 export type OperationEvent = z.infer<typeof operationEventSchema>;
 export type OperationEventType = OperationEvent['type'];

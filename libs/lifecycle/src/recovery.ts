@@ -3,7 +3,8 @@ import type { OperationRecord } from './events.js';
 
 /** What a read-only probe of the downstream by our key found. */
 export type ProbeOutcome =
-  | { kind: 'found'; resourceId: string }
+  /** `inputDigest`: the digest of the input the downstream recorded with the effect, when it keeps one. */
+  | { kind: 'found'; resourceId: string; inputDigest?: string }
   | { kind: 'not_found' }
   /** The probe itself failed: nothing is known. */
   | { kind: 'unavailable' };
@@ -11,6 +12,11 @@ export type ProbeOutcome =
 /** The next step for an operation whose attempt may or may not have reached the downstream. */
 export type RecoveryStep =
   | { kind: 'commit'; resourceId: string }
+  /**
+   * The downstream holds an effect under our key that is not what this operation asked (its
+   * recorded input digest differs): never commit someone else's effect — a person takes over.
+   */
+  | { kind: 'mismatch'; resourceId: string; inputDigest: string }
   /** Run the attempt again under the same key: safe because nothing was found and no late request can land. */
   | { kind: 'requeue' }
   /** Nothing proves either outcome: `unknown` with evidence, the reconciler keeps probing. */
@@ -21,7 +27,8 @@ export type RecoveryStep =
 /**
  * Verify before acting (DESIGN.md "After a timeout, verify before acting", issue 7). Pure.
  *
- * - found → `commit` with the downstream's resource id (FM-02, FM-13, FM-27);
+ * - found → compared with what was asked: the same input digest (or none recorded) → `commit` with
+ *   the downstream's resource id (FM-02, FM-13, FM-27); another digest → `mismatch` (takeover);
  * - not found → `requeue` only when the downstream honours our key (a repeat cannot make a second
  *   effect), or it enforces our absolute deadline and that deadline has passed (a request still in
  *   flight can no longer land); otherwise the attempt stays `unknown` (DESIGN.md "What the
@@ -29,7 +36,10 @@ export type RecoveryStep =
  * - probe unavailable → nothing is known: `mark_unknown` (or `keep` when already unknown).
  */
 export function decideRecovery(state: OperationRecord, probe: ProbeOutcome, downstream: DownstreamGuarantees, now: number): RecoveryStep {
-  if (probe.kind === 'found') return { kind: 'commit', resourceId: probe.resourceId };
+  if (probe.kind === 'found') {
+    if (probe.inputDigest !== undefined && probe.inputDigest !== state.inputDigest) return { kind: 'mismatch', resourceId: probe.resourceId, inputDigest: probe.inputDigest };
+    return { kind: 'commit', resourceId: probe.resourceId };
+  }
   if (probe.kind === 'not_found') {
     const deadlinePassed = state.running !== undefined && now > state.running.deadlineAt;
     if (downstream.honoursKey || (downstream.enforcesDeadline && deadlinePassed)) return { kind: 'requeue' };

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { OPERATION_KEY_PATTERN } from '@tooltx/contracts';
-import { errorInfoSchema, receiptSchema } from './events.js';
+import { errorInfoSchema, receiptSchema, takeoverRecordSchema } from './events.js';
 
 /** Longest long-poll a status request may ask for, ms. */
 export const MAX_STATUS_WAIT_MS = 30_000;
@@ -45,6 +45,8 @@ export const statusAnswerSchema = z.object({
   /** The business result the caller may read (committed only). */
   result: z.unknown().optional(),
   error: errorInfoSchema.optional(),
+  /** The takeover record when the operation was handed over to a person (issue 8, FM-14). */
+  takeover: takeoverRecordSchema.optional(),
   /** Which of the caller's submissions a `decision` answer is about. */
   submissionId: z.string().optional(),
   /** Server time of the answer, ms since the epoch. */

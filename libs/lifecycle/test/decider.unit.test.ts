@@ -150,3 +150,56 @@ describe('outcomes are bound to their run', () => {
     expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_200, attempt: 1, runId: r2.eventId, resourceId: 'note-2', resultDigest: D2 }).kind).toBe('append');
   });
 });
+
+describe('takeover and manual resolution (issue 8, FM-14)', () => {
+  const unknownOf = () => appended(given(running()).when({ type: 'mark_unknown', eventId: id(), at: 4_000, attempt: 1, evidence: { kind: 'timeout', at: 4_000 } }));
+  const record = (u: OperationEvent) => ({
+    operationKey: KEY, tenant: 'acme', taskId: 'task-1', tool: 'kb.write_note', version: 1, targetDigest: D2, inputDigest: D1,
+    reason: 'unknown_past_deadline' as const, lastEvidence: { kind: 'timeout' as const, at: 4_000 },
+    attempts: { attempt: 1, requeues: 0, probes: 3 }, times: { acceptedAt: 1_000, runningAt: 2_000, unknownSince: u.state.updatedAt, openedAt: 9_000 },
+  });
+
+  it('FM-14: a takeover opens only on unknown, once; it keeps the state unknown and stops probes from committing or requeueing', () => {
+    const u = unknownOf();
+    expect(given(running()).when({ type: 'open_takeover', eventId: id(), at: 9_000, attempt: 1, takeover: record(u) })).toMatchObject({ kind: 'skip', reason: 'not_unknown' });
+    const t = appended(given(u).when({ type: 'open_takeover', eventId: id(), at: 9_000, attempt: 1, takeover: record(u) }));
+    expect(t.type).toBe('takeover');
+    expect(t.state).toMatchObject({ status: 'unknown', takeover: record(u) });
+    expect(given(t).when({ type: 'open_takeover', eventId: id(), at: 9_500, attempt: 1, takeover: record(u) })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
+    expect(given(t).when({ type: 'commit', eventId: id(), at: 9_600, attempt: 1, resourceId: 'n', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
+    expect(given(t).when({ type: 'requeue', eventId: id(), at: 9_600, attempt: 1, reason: 'probe_not_found' })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
+    expect(given(t).when(accept({ intentSeq: 99 })).kind).toBe('replay');
+  });
+
+  it('FM-14: a person resolves committed (a receipt with manual and resolvedBy) or not applied (rejected, then a new attempt may start)', () => {
+    const u = unknownOf();
+    const t = appended(given(u).when({ type: 'open_takeover', eventId: id(), at: 9_000, attempt: 1, takeover: record(u) }));
+    const c = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
+    expect(c).toMatchObject({ type: 'committed', manual: true, resolvedBy: 'oscar', receipt: { resourceId: 'note-7', manual: true, resolvedBy: 'oscar', committedAt: 10_000 } });
+    expect(c.state).toMatchObject({ status: 'committed', resolution: { by: 'oscar', at: 10_000, outcome: 'committed' } });
+    const n = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }));
+    expect(n).toMatchObject({ type: 'rejected', manual: true, resolvedBy: 'oscar', error: { class: 'not_applied' } });
+    const again = appended(given(n).when(accept({ intentSeq: 99 })));
+    expect(again.state).toMatchObject({ status: 'accepted', attempt: 2 });
+    expect(again.state.takeover).toBeUndefined();
+    expect(again.state.resolution).toBeUndefined();
+    // The folded states of a history with a takeover and a resolution follow from its events.
+    const a0 = accepted();
+    const r0 = running(a0);
+    const u0 = appended(given(r0).when({ type: 'mark_unknown', eventId: id(), at: 4_000, attempt: 1, evidence: { kind: 'timeout', at: 4_000 } }));
+    const t0 = appended(given(u0).when({ type: 'open_takeover', eventId: id(), at: 9_000, attempt: 1, takeover: record(u0) }));
+    const c0 = appended(given(t0).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
+    expect(replay([a0, r0, u0, t0, c0])).toEqual(c0.state);
+    // Nothing but unknown can be resolved by a person.
+    expect(given(committed()).when({ type: 'resolve', eventId: id(), at: 1, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }).kind).toBe('skip');
+  });
+
+  it('decideRecovery: a probe that finds another input digest under our key is a mismatch, never a commit', () => {
+    const u = unknownOf();
+    const s = u.state as Extract<OperationState, { status: 'unknown' }>;
+    const g = { honoursKey: true, enforcesDeadline: true };
+    expect(decideRecovery(s, { kind: 'found', resourceId: 'x', inputDigest: D2 }, g, 9_000)).toEqual({ kind: 'mismatch', resourceId: 'x', inputDigest: D2 });
+    expect(decideRecovery(s, { kind: 'found', resourceId: 'x', inputDigest: D1 }, g, 9_000)).toEqual({ kind: 'commit', resourceId: 'x' });
+    expect(decideRecovery(s, { kind: 'found', resourceId: 'x' }, g, 9_000)).toEqual({ kind: 'commit', resourceId: 'x' });
+  });
+});

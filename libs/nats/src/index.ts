@@ -5,3 +5,4 @@ export * from './store.js';
 export * from './consumer.js';
 export * from './server.js';
 export * from './projection.js';
+export * from './tasks.js';

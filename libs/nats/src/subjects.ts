@@ -33,6 +33,11 @@ export class Subjects {
   get reconcileBucket(): string { return `${this.prefix}_reconcile`; }
   /** KV bucket of the audit-projector's projection (issue 3). */
   get auditBucket(): string { return `${this.prefix}_audit`; }
+  /** KV bucket of frozen tasks (issue 8): `<tenant>.<taskToken>` → the operations under takeover. */
+  get tasksBucket(): string { return `${this.prefix}_tasks`; }
+  /** Requests of operators to the takeover service: `<prefix>.takeover.<operator>` (issue 8). */
+  takeover(operator: string): string { return `${this.prefix}.takeover.${id(operator)}`; }
+  get allTakeover(): string { return `${this.prefix}.takeover.*`; }
 
   intent(tenant: string, actor: string): string { return `${this.prefix}.intent.${id(tenant)}.${id(actor)}`; }
   op(tenant: string, opId: string): string { return `${this.prefix}.op.${id(tenant)}.${opid(opId)}`; }

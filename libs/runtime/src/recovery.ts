@@ -5,7 +5,7 @@ import type { KV } from '@nats-io/kv';
 import type { Logger } from 'pino';
 
 /** What {@link recoverOperation} did. */
-export type RecoveryResult = 'committed' | 'requeued' | 'marked_unknown' | 'kept' | 'moved_on' | 'no_probe';
+export type RecoveryResult = 'committed' | 'requeued' | 'marked_unknown' | 'kept' | 'moved_on' | 'no_probe' | 'mismatch';
 
 /**
  * The recovery shell shared by the executor (a redelivered operation whose executor died) and the
@@ -26,6 +26,11 @@ export async function recoverOperation(deps: {
   seq: number;
   log: Logger;
   now?: () => number;
+  /**
+   * Called when the probe found an effect under our key that is not what was asked (another input
+   * digest): the reconciler opens a takeover. The attempt is first marked `unknown` if it was running.
+   */
+  onMismatch?: (probed: { resourceId: string; inputDigest: string }) => Promise<void>;
 }): Promise<RecoveryResult> {
   const { store, subjects, results, impl, tenant, opId, state, log } = deps;
   const now = deps.now ?? Date.now;
@@ -36,14 +41,20 @@ export async function recoverOperation(deps: {
   let probe: ProbeOutcome;
   const startedAt = now();
   try {
-    const r = await impl.probe({ tenant, actor: state.actor, operationKey: state.operationKey, downstreamKey: downstreamKeyOf(tenant, state.operationKey), attempt: state.attempt, signal: AbortSignal.timeout(impl.contract.timing.timeoutMs) });
-    probe = r.found ? { kind: 'found', resourceId: r.resourceId } : { kind: 'not_found' };
+    const r = await impl.probe({ tenant, actor: state.actor, operationKey: state.operationKey, downstreamKey: downstreamKeyOf(tenant, state.operationKey), attempt: state.attempt, inputDigest: state.inputDigest, signal: AbortSignal.timeout(impl.contract.timing.timeoutMs) });
+    probe = r.found ? { kind: 'found', resourceId: r.resourceId, ...(r.inputDigest ? { inputDigest: r.inputDigest } : {}) } : { kind: 'not_found' };
   } catch {
     probe = { kind: 'unavailable' };
   }
   const step = decideRecovery(state, probe, impl.contract.downstream, now());
   const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, probe: probe.kind });
   switch (step.kind) {
+    case 'mismatch': {
+      if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence('probe', now(), now() - startedAt) }));
+      l.error({ resourceId: step.resourceId }, 'probe found another effect under our key: left for a person');
+      await deps.onMismatch?.({ resourceId: step.resourceId, inputDigest: step.inputDigest });
+      return 'mismatch';
+    }
     case 'commit': {
       const empty = impl.contract.output.safeParse({});
       if (!empty.success) {

@@ -1,7 +1,7 @@
 import type { JsMsg } from '@nats-io/jetstream';
-import { ErrorClass, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
+import { ErrorClass, hasSideEffect, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
 import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision } from '@tooltx/lifecycle';
-import { ConcurrencyError, decodeRaw, CodecError, newEventId, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import { ConcurrencyError, decodeRaw, CodecError, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { checkIntake } from './intake.js';
 
@@ -12,12 +12,14 @@ export interface AuthorizerDeps {
   store: OperationStore;
   tools: ImplementationRegistry;
   log: Logger;
+  /** The frozen tasks (issue 8); absent = none is ever frozen (unit use only). */
+  frozen?: Pick<FrozenTaskWatch, 'isFrozen'>;
   now?: () => number;
 }
 
 /**
- * The authorizer's handler for one intent message: intake checks → policy seam → tenant-scoped
- * lookup → `accepted` under the expected subject sequence, or a decision record. Nothing is written
+ * The authorizer's handler for one intent message: intake checks → policy seam → frozen task
+ * (side effects only) → tenant-scoped lookup → `accepted` under the expected subject sequence, or a decision record. Nothing is written
  * on the operation's subject by a refused or conflicting request (DESIGN.md "Order of checks").
  */
 export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Settlement | void> {
@@ -72,6 +74,12 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       if (info.class === ErrorClass.Internal || info.class === ErrorClass.DependencyUnavailable) throw err;
       const denial: AuthDecision | undefined = info.class === ErrorClass.InvalidInput ? undefined : { decision: 'deny', policyVersion, reason: info.class, at: now() };
       return void (await refuse(key, info, ids, denial));
+    }
+
+    // A task with an operation under takeover takes no new side effect until a person resolves it
+    // (FM-14). Before the lookup, so nothing about the key is revealed or registered.
+    if (hasSideEffect(contract.effect) && deps.frozen?.isFrozen(who.tenant, envelope.taskId)) {
+      return void (await refuse(key, { class: ErrorClass.TaskFrozen }, ids));
     }
 
     const opId = operationIdOf(key);

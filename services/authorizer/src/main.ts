@@ -7,7 +7,7 @@
  * LOG_LEVEL, TOOLTX_INSTANCE_ID and the stream settings of `tooltx streams apply`.
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight intents, drains.
  */
-import { startConsumerLoop, openBucket } from '@tooltx/nats';
+import { FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { intentHandler } from './authorize.js';
@@ -20,17 +20,20 @@ await runService({
     const results = await openBucket(nc, subjects.resultsBucket);
     const status = new StatusService({ nc, js, subjects, store, results, tools, log: log.child({ component: 'status' }) });
     await status.start();
+    const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
+    await frozen.start();
     const loop = await startConsumerLoop({
       js,
       stream: subjects.intentsStream,
       durable: Durables.authorizer,
       concurrency: config.TOOLTX_CONCURRENCY,
       log,
-      handle: intentHandler({ subjects, store, tools, log }),
+      handle: intentHandler({ subjects, store, tools, log, frozen }),
     });
     return async () => {
       await loop.stop();
       await status.stop();
+      await frozen.stop();
     };
   },
 });

@@ -164,6 +164,7 @@ export class StatusService {
         }
       }
       if (state.status === 'rejected' && state.error) a.error = state.error;
+      if (state.status === 'unknown' && state.takeover) a.takeover = state.takeover;
       return a;
     }
     // Never registered, or not readable by this caller (same answer): the caller's own refusal, if any.

@@ -14,7 +14,7 @@ import {
   type Implementation,
 } from '@tooltx/contracts';
 import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Evidence, type OperationCommand, type OperationRecord } from '@tooltx/lifecycle';
-import { ConcurrencyError, decode, decodeRaw, encode, newEventId, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import { ConcurrencyError, decode, decodeRaw, encode, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
 
@@ -28,6 +28,8 @@ export interface ExecutorDeps {
   executorId: string;
   /** Aborted on shutdown: in-flight attempts are abandoned as their contract says. */
   shutdown: AbortSignal;
+  /** The frozen tasks (issue 8), re-checked right before `running`; absent = none. */
+  frozen?: Pick<FrozenTaskWatch, 'isFrozen'>;
   now?: () => number;
 }
 
@@ -130,6 +132,14 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     }
     const authorization: AuthDecision = { decision: 'allow', policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) };
 
+    // The task may have been frozen since intake (an operation of it went to takeover): an
+    // accepted side effect stops here, definitively not applied (FM-14).
+    if (hasSideEffect(impl.contract.effect) && deps.frozen?.isFrozen(tenant, state.taskId)) {
+      await rejectBeforeRun({ class: ErrorClass.TaskFrozen });
+      l.info('rejected at execution: task frozen');
+      return;
+    }
+
     const { timeoutMs } = impl.contract.timing;
     const startedAt = now();
     const deadlineAt = startedAt + timeoutMs;
@@ -152,6 +162,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         operationKey: state.operationKey,
         downstreamKey: downstreamKeyOf(tenant, state.operationKey),
         attempt: state.attempt,
+        inputDigest: state.inputDigest,
         deadlineAt,
         signal,
         ...(allowed ? { authorization: allowed } : {}),

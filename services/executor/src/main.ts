@@ -5,7 +5,7 @@
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, lets in-flight attempts finish (bounded by their
  * contract's timeoutMs), drains.
  */
-import { startConsumerLoop, openBucket } from '@tooltx/nats';
+import { FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 
@@ -21,14 +21,19 @@ await runService({
   async start({ subjects, store, tools, log, js, nc, config }) {
     const results = await openBucket(nc, subjects.resultsBucket);
     const shutdown = new AbortController();
+    const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
+    await frozen.start();
     const loop = await startConsumerLoop({
       js,
       stream: subjects.eventsStream,
       durable,
       concurrency: config.TOOLTX_CONCURRENCY,
       log,
-      handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal }),
+      handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen }),
     });
-    return () => loop.stop();
+    return async () => {
+      await loop.stop();
+      await frozen.stop();
+    };
   },
 });

@@ -8,11 +8,12 @@
  * Usage: `tsx services/reconciler/src/main.ts [--help]`. Same environment as the executor.
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight applies, drains.
  */
-import { projectionHandler, startConsumerLoop, openBucket } from '@tooltx/nats';
+import { FrozenTaskWatch, projectionHandler, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { applyToIndex, reconcileValueSchema } from './projection.js';
 import { startSweeper } from './reconcile.js';
+import { startTakeoverService } from './takeover.js';
 
 await runService({
   name: 'reconciler',
@@ -20,12 +21,17 @@ await runService({
   async start({ subjects, log, js, nc, config, store, tools }) {
     const kv = await openBucket(nc, subjects.reconcileBucket);
     const results = await openBucket(nc, subjects.resultsBucket);
+    const tasks = await openBucket(nc, subjects.tasksBucket);
+    const frozen = new FrozenTaskWatch(tasks, log.child({ component: 'frozen-tasks' }));
+    await frozen.start();
     const intervalMs = Number(process.env.TOOLTX_RECONCILE_INTERVAL_MS ?? 2_000);
     // TOOLTX_RECONCILE_SWEEP=off runs a projection-only instance (the index, no probing).
     const sweeper =
       process.env.TOOLTX_RECONCILE_SWEEP === 'off'
-        ? { stop: async () => undefined }
-        : startSweeper({ index: kv, results, store, subjects, tools, log: log.child({ component: 'sweep' }), intervalMs: Number.isFinite(intervalMs) && intervalMs > 0 ? intervalMs : 2_000 });
+        ? { stop: async () => undefined, watched: new Map() }
+        : startSweeper({ index: kv, results, tasks, frozen, store, subjects, tools, log: log.child({ component: 'sweep' }), intervalMs: Number.isFinite(intervalMs) && intervalMs > 0 ? intervalMs : 2_000 });
+    // Operators' takeover requests (issue 8): list, show, resolve.
+    const takeover = startTakeoverService({ nc, store, subjects, results, tasks, tools, log: log.child({ component: 'takeover' }), watched: sweeper.watched });
     const loop = await startConsumerLoop({
       js,
       stream: subjects.eventsStream,
@@ -35,8 +41,10 @@ await runService({
       handle: projectionHandler({ subjects, kv, schema: reconcileValueSchema, rule: applyToIndex, log }),
     });
     return async () => {
+      await takeover.stop();
       await sweeper.stop();
       await loop.stop();
+      await frozen.stop();
     };
   },
 });

@@ -41,6 +41,8 @@ export const indexEntrySchema = z.object({
   deadlineAt: epochMs.optional(),
   /** Time of the event this entry reflects. */
   updatedAt: epochMs,
+  /** Set once the operation is under takeover (issue 8): a person's, no longer probed. */
+  takeoverAt: epochMs.optional(),
 });
 export type IndexEntry = z.infer<typeof indexEntrySchema>;
 
@@ -84,6 +86,7 @@ export function applyToIndex(current: ReconcileValue | null, event: OperationEve
         effect: s.effect,
         acceptedAt: s.acceptedAt,
         ...(s.running ? { runningAt: s.running.at, deadlineAt: s.running.deadlineAt } : {}),
+        ...(s.takeover ? { takeoverAt: s.takeover.times.openedAt } : {}),
         updatedAt: s.updatedAt,
       };
     default:

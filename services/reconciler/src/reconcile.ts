@@ -4,10 +4,15 @@ import { ConcurrencyError, decode, newEventId, type OperationStore, type Subject
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
 import { reconcileValueSchema, type IndexEntry } from './projection.js';
+import { openTakeover, repairFreezes } from './takeover.js';
+import type { FrozenTaskWatch } from '@tooltx/nats';
 
 export interface SweepDeps {
   index: KV;
   results: KV;
+  /** The frozen-task bucket (issue 8) and a watch of it (for the thaw repair). */
+  tasks: KV;
+  frozen: Pick<FrozenTaskWatch, 'entries'>;
   store: OperationStore;
   subjects: Subjects;
   tools: ImplementationRegistry;
@@ -30,12 +35,14 @@ export function nextProbeDelayMs(failures: number, random: () => number = Math.r
  * - `running` past its deadline and its `runningBoundMs` → verified by a probe (commit / requeue /
  *   unknown, {@link recoverOperation});
  * - `unknown` → probed again with bounded exponential backoff and jitter; past the contract's
- *   `unknownDeadlineMs` it is reported as needing a person (takeover records come with issue 8).
+ *   `unknownDeadlineMs` (from its last evidence) → a takeover record, its task frozen (FM-14);
+ * - a probe that finds another effect under our key → a takeover record at once (issue 7);
+ * - an operation under takeover is a person's: never probed again.
  * Safe with several instances: every write is an append under the expected subject sequence.
  */
-export function startSweeper(d: SweepDeps): { stop(): Promise<void> } {
+export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: ReadonlyMap<string, IndexEntry> } {
   const now = d.now ?? Date.now;
-  const backoff = new Map<string, { failures: number; nextAt: number; reported: boolean }>();
+  const backoff = new Map<string, { failures: number; nextAt: number }>();
   let stopping = false;
   let wake: (() => void) | null = null;
   // The non-terminal operations, fed by one long-lived watch of the index (never a full key
@@ -43,7 +50,11 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void> } {
   const watched = new Map<string, IndexEntry>();
   const watcher = watchIndex(d.index, watched, d.log, () => stopping);
 
+  const takeoverDeps = { store: d.store, subjects: d.subjects, results: d.results, tasks: d.tasks, tools: d.tools, log: d.log, now };
+  let sweeps = 0;
   const sweepOnce = async () => {
+    // Every ~30 sweeps: thaw freezes no open takeover backs any more (a lost thaw).
+    if (sweeps++ % 30 === 0) await repairFreezes(takeoverDeps, d.frozen).catch((err: unknown) => d.log.warn({ err }, 'freeze repair failed'));
     for (const key of [...backoff.keys()]) if (!watched.has(key)) backoff.delete(key);
     for (const [key, v] of [...watched]) {
       if (stopping) return;
@@ -52,6 +63,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void> } {
   };
 
   const visit = async (key: string, e: IndexEntry) => {
+    if (e.takeoverAt !== undefined) return; // a person's now
     const impl = d.tools.get(e.tool, e.version);
     if (!impl) return;
     const { runningBoundMs, unknownDeadlineMs } = impl.contract.timing;
@@ -77,17 +89,20 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void> } {
       }
       return;
     }
-    const outcome = await recoverOperation({ store: d.store, subjects: d.subjects, results: d.results, impl, tenant, opId, state: state as OperationRecord, seq, log: l, now });
+    if (state.takeover) return;
+    const b = backoff.get(key) ?? { failures: 0, nextAt: 0 };
+    const outcome = await recoverOperation({
+      store: d.store, subjects: d.subjects, results: d.results, impl, tenant, opId, state: state as OperationRecord, seq, log: l, now,
+      onMismatch: async (probed) => void (await openTakeover(takeoverDeps, tenant, opId, { reason: 'probe_mismatch', probes: b.failures + 1, probed })),
+    });
     if (outcome === 'kept' || outcome === 'marked_unknown' || outcome === 'no_probe') {
-      const b = backoff.get(key) ?? { failures: 0, nextAt: 0, reported: false };
       b.failures++;
       b.nextAt = now() + nextProbeDelayMs(b.failures);
-      const unknownSince = state.evidence?.at ?? state.updatedAt;
-      if (!b.reported && now() - unknownSince > unknownDeadlineMs) {
-        b.reported = true;
-        l.error({ unknownForMs: now() - unknownSince }, 'unknown past its deadline: needs a person (takeover)');
-      }
       backoff.set(key, b);
+      const unknownSince = state.evidence?.at ?? state.updatedAt;
+      if (state.status === 'unknown' && now() - unknownSince > unknownDeadlineMs) {
+        if (await openTakeover(takeoverDeps, tenant, opId, { reason: 'unknown_past_deadline', probes: b.failures })) backoff.delete(key);
+      }
     } else backoff.delete(key);
   };
 
@@ -103,6 +118,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void> } {
   })();
 
   return {
+    watched,
     async stop() {
       stopping = true;
       wake?.();

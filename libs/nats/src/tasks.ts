@@ -1,0 +1,161 @@
+import { createHash } from 'node:crypto';
+import type { KV } from '@nats-io/kv';
+import { z } from 'zod';
+import { OPERATION_KEY_PATTERN } from '@tooltx/contracts';
+import type { Logger } from 'pino';
+import { decode, encode } from './codec.js';
+
+/**
+ * Frozen tasks (issue 8, FM-14; DESIGN.md "After a timeout, verify before acting": "still unknown
+ * past the deadline → freeze the dependent writes"). A task is frozen while at least one of its
+ * operations is under takeover; every side-effecting intent of a frozen task is refused with
+ * `task_frozen` at the authorizer and again by the executor right before `running`.
+ *
+ * Storage: KV `<prefix>_tasks`, key `<tenant>.<taskToken>` (taskToken = the first 32 hex digits of
+ * SHA-256 of the task id: a task id is free text, a key token is not), value
+ * `{ tenant, taskId, frozenBy: { <operationKey>: <openedAt ms> } }` (msgpack). Writers use
+ * compare-and-set on the entry's revision; readers keep one watch of the bucket in memory.
+ */
+
+export const frozenTaskSchema = z.object({
+  tenant: z.string(),
+  taskId: z.string(),
+  /** Operation key → when its takeover was opened (ms since the epoch). */
+  frozenBy: z.record(z.string().regex(OPERATION_KEY_PATTERN), z.number().int().nonnegative()),
+});
+export type FrozenTask = z.infer<typeof frozenTaskSchema>;
+
+/** The bucket key of a task: `<tenant>.<32 hex>`. */
+export function taskKeyOf(tenant: string, taskId: string): string {
+  return `${tenant}.${createHash('sha256').update(taskId, 'utf8').digest('hex').slice(0, 32)}`;
+}
+
+const CAS_ROUNDS = 16;
+
+async function update(kv: KV, key: string, change: (cur: FrozenTask | null) => FrozenTask | null): Promise<void> {
+  for (let round = 0; round < CAS_ROUNDS; round++) {
+    const entry = await kv.get(key);
+    const live = entry && entry.operation === 'PUT' && entry.length > 0 ? decode(frozenTaskSchema, entry.value) : null;
+    const next = change(live);
+    if (next === live) return;
+    try {
+      if (next === null) {
+        await kv.delete(key, { previousSeq: entry!.revision });
+      } else if (entry) {
+        await kv.update(key, encode(next), entry.revision);
+      } else {
+        await kv.create(key, encode(next));
+      }
+      return;
+    } catch (err) {
+      // Another writer changed the entry between our read and our write: read again.
+      if (round === CAS_ROUNDS - 1) throw err;
+    }
+  }
+}
+
+/**
+ * Freezes `taskId` of `tenant` on behalf of `operationKey` (idempotent). Throws the KV's errors
+ * when the bucket cannot be written after {@link CAS_ROUNDS} compare-and-set rounds.
+ */
+export async function freezeTask(kv: KV, tenant: string, taskId: string, operationKey: string, openedAt: number): Promise<void> {
+  await update(kv, taskKeyOf(tenant, taskId), (cur) => {
+    if (cur?.frozenBy[operationKey] !== undefined) return cur;
+    return { tenant, taskId, frozenBy: { ...(cur?.frozenBy ?? {}), [operationKey]: openedAt } };
+  });
+}
+
+/** Removes `operationKey` from the task's freezes; the task thaws when none is left (idempotent). */
+export async function thawTask(kv: KV, tenant: string, taskId: string, operationKey: string): Promise<void> {
+  await update(kv, taskKeyOf(tenant, taskId), (cur) => {
+    if (!cur || cur.frozenBy[operationKey] === undefined) return cur;
+    const { [operationKey]: _gone, ...rest } = cur.frozenBy;
+    return Object.keys(rest).length ? { ...cur, frozenBy: rest } : null;
+  });
+}
+
+/** Every frozen task of the bucket (a snapshot read; for operators' listings, not the hot path). */
+export async function listFrozenTasks(kv: KV): Promise<FrozenTask[]> {
+  const out: FrozenTask[] = [];
+  for await (const k of await kv.keys()) {
+    const e = await kv.get(k);
+    if (e && e.operation === 'PUT' && e.length > 0) out.push(decode(frozenTaskSchema, e.value));
+  }
+  return out;
+}
+
+/**
+ * The frozen tasks in memory, fed by one long-lived watch of the bucket (no round trip per intent).
+ * A freeze is written before its takeover record is appended, so by the time anyone can see the
+ * takeover the freeze is on its way to every watcher; the executor's re-check before `running`
+ * closes the remaining window for intents accepted meanwhile.
+ */
+export class FrozenTaskWatch {
+  readonly #kv: KV;
+  readonly #log: Logger;
+  readonly #frozen = new Map<string, FrozenTask>();
+  #it: { stop(): void } | null = null;
+  #stopped = false;
+  #done: Promise<void> = Promise.resolve();
+  #ready!: Promise<void>;
+
+  constructor(kv: KV, log: Logger) {
+    this.#kv = kv;
+    this.#log = log;
+  }
+
+  /** Starts watching; resolves once the current entries are loaded. */
+  async start(): Promise<void> {
+    let markReady!: () => void;
+    this.#ready = new Promise((r) => (markReady = r));
+    this.#done = (async () => {
+      while (!this.#stopped) {
+        try {
+          // Loaded once as many initial values arrived as the bucket holds (or the first update).
+          const { values } = await this.#kv.status();
+          if (values === 0) markReady();
+          let seen = 0;
+          const it = await this.#kv.watch({ key: '>' });
+          this.#it = it;
+          if (this.#stopped) it.stop();
+          for await (const e of it) {
+            if (e.isUpdate || ++seen >= values) markReady();
+            if (e.operation !== 'PUT' || e.length === 0) this.#frozen.delete(e.key);
+            else {
+              try {
+                this.#frozen.set(e.key, decode(frozenTaskSchema, e.value));
+              } catch (err) {
+                this.#log.error({ err, key: e.key }, 'undecodable frozen-task entry skipped');
+              }
+            }
+          }
+        } catch (err) {
+          if (!this.#stopped) this.#log.warn({ err }, 'frozen-task watch ended; watching again');
+        }
+        if (!this.#stopped) await new Promise((r) => setTimeout(r, 1_000));
+      }
+    })();
+    const fallback = setTimeout(() => {
+      this.#log.warn('frozen-task watch slow to load; going on with what it has');
+      markReady();
+    }, 5_000);
+    await this.#ready;
+    clearTimeout(fallback);
+  }
+
+  /** True while `taskId` of `tenant` has an operation under takeover. */
+  isFrozen(tenant: string, taskId: string): boolean {
+    return this.#frozen.has(taskKeyOf(tenant, taskId));
+  }
+
+  /** A snapshot of every frozen task known to this watch. */
+  entries(): FrozenTask[] {
+    return [...this.#frozen.values()];
+  }
+
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    this.#it?.stop();
+    await this.#done;
+  }
+}
