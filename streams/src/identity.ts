@@ -74,7 +74,7 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
   const inbox = `${inboxPrefixOf(role)}.>`;
   const streams = Object.values(topo.streams).map((st) => st.name);
   const kvStream = (bucket: string) => `KV_${bucket}`;
-  const buckets = [topo.results.bucket, topo.projections.reconcile.bucket, topo.projections.audit.bucket];
+  const buckets = [topo.results.bucket, topo.projections.reconcile.bucket, topo.projections.audit.bucket, topo.tasks.bucket];
   // What every service's start-up check reads (never writes).
   const check = [
     ...streams.map((n) => `${api}.STREAM.INFO.${n}`),
