@@ -21,6 +21,8 @@ const PREFIX = /^[a-z][a-z0-9_]{0,31}$/;
  * - `TOOLTX_PREFIX` — subject prefix, one token `^[a-z][a-z0-9_]{0,31}$` (default `tooltx`).
  * - `LOG_LEVEL` — pino level (default `info`).
  * - `TOOLTX_INSTANCE_ID` — this process in logs and events (default `<host>-<pid>`).
+ * - `TOOLTX_LOG_HMAC_KEY_FILE` — optional key file for the HMAC of error messages in logs (issue 9;
+ *   without it each process uses a random key, so the HMACs are comparable only within it).
  */
 export const baseConfigSchema = z.object({
   NATS_URL: z.string().min(1).default('nats://127.0.0.1:4222'),
@@ -29,6 +31,7 @@ export const baseConfigSchema = z.object({
   TOOLTX_PREFIX: z.string().regex(PREFIX, 'must match ^[a-z][a-z0-9_]{0,31}$').default('tooltx'),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   TOOLTX_INSTANCE_ID: z.string().min(1).max(64).default(`${hostname()}-${process.pid}`),
+  TOOLTX_LOG_HMAC_KEY_FILE: z.string().min(1).optional(),
 });
 
 /** Settings of the services that load the trusted contract implementations. */

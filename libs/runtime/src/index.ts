@@ -2,3 +2,4 @@ export * from './config.js';
 export * from './logger.js';
 export * from './shutdown.js';
 export * from './tools.js';
+export * from './secrets.js';

@@ -1,43 +1,163 @@
+import { randomBytes } from 'node:crypto';
 import pino, { type Logger, type LoggerOptions } from 'pino';
+import { JetStreamApiError, JetStreamError } from '@nats-io/jetstream';
+import { errors as natsErrors } from '@nats-io/transport-node';
+import { keyedDigest, readKeyFile } from './secrets.js';
 
 export type { Logger } from 'pino';
 
 /**
- * Paths pino removes from every log line: credentials, cookies, authorisation headers, request and
- * note bodies, page text, inputs and results (DESIGN.md "Audit evidence is not a copy of sensitive
- * content", FM-16). Wildcards cover one level of nesting.
+ * The one pino set-up of every tooltx process — services, the KB storage service, `npm start`, the
+ * demo (DESIGN.md "Audit evidence is not a copy of sensitive content", FM-16, issue 9).
+ *
+ * What never reaches a log line:
+ * - a value under a key named like a credential, cookie, authorisation header, body, page text,
+ *   input or result ({@link SENSITIVE_KEY}), at any depth, in the line and in child bindings;
+ * - a string that looks like a bearer credential or an nkey seed, wherever it is;
+ * - an error's message: every `Error`, at any depth, is reduced by {@link safeError} to its class
+ *   name, tooltx class, code, HTTP status and an HMAC of its message (so equal messages can be
+ *   matched across lines and processes sharing the key, and one can be confirmed by someone who
+ *   holds both the key and the text — never read back);
+ * - printf-style arguments (`log.info('x %s', v)` logs `x %s`), and an error's message taken as
+ *   the line's `msg` (pino does that for `log.error(err)` and `log.error({ err })`).
  */
-export const REDACT_PATHS = [
-  'password', 'token', 'secret', 'cookie', 'authorization', 'creds', 'seed', 'nkey', 'jwt',
-  'body', 'text', 'page', 'input', 'result', 'headers', 'excerpt',
-  '*.password', '*.token', '*.secret', '*.cookie', '*.authorization', '*.creds', '*.seed', '*.nkey', '*.jwt',
-  '*.body', '*.text', '*.page', '*.input', '*.result', '*.headers', '*.excerpt',
-  'req.headers', 'res.headers',
-];
+
+/** Keys whose values are removed (replaced by `[redacted]`), compared case-insensitively. */
+export const SENSITIVE_KEY =
+  /^(?:password|passwd|pwd|passphrase|token|tokens|access_?token|refresh_?token|id_?token|bearer|api_?key|x-api-key|secret|secrets|client_?secret|cookie|cookies|set-cookie|authorization|proxy-authorization|creds|credentials|seed|nkey|jwt|private_?key|body|text|page|pages|html|markdown|content|input|inputs|result|results|headers|rawheaders|excerpt|note|notes|data|payload)$/i;
+
+/** Strings that are credentials whatever key they sit under: bearer/basic credentials, nkey seeds. */
+const SECRET_VALUE = /\b(?:Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{8,}|\bS[UANOCPX][A-Z2-7]{56}\b/g;
+
+export const CENSOR = '[redacted]';
+const MAX_DEPTH = 8;
+
+/** Options of {@link createLogger}. */
+export interface LoggerSetup {
+  service: string;
+  instance: string;
+  /** pino level (default `info`). */
+  level?: string;
+  /**
+   * Key file for the HMAC of error messages (`TOOLTX_LOG_HMAC_KEY_FILE`). Without one, a random
+   * key per process: the HMACs are still irreversible, but only comparable within the process.
+   * Throws `SecretFileError` when the file is given but unusable.
+   */
+  hmacKeyFile?: string | undefined;
+  /** Where lines go (default stdout); tests pass a stream they read. */
+  destination?: pino.DestinationStream;
+}
 
 /**
- * The one pino set-up for every tooltx process: JSON lines on stdout, level from config, `service`
- * and `instance` on every line, errors under `err` with their class and code only — never their
- * message, which may quote a downstream's body.
+ * The logger of a process: JSON lines on stdout, level from config, `service` and `instance` on
+ * every line, ISO times, and everything above removed before a line is written.
  */
-export function createLogger(opts: { service: string; instance: string; level?: string }): Logger {
+export function createLogger(opts: LoggerSetup): Logger {
+  const key = opts.hmacKeyFile ? readKeyFile(opts.hmacKeyFile) : randomBytes(32);
+  const scrub = scrubber(key);
   const options: LoggerOptions = {
     level: opts.level ?? 'info',
     base: { service: opts.service, instance: opts.instance },
-    redact: { paths: REDACT_PATHS, censor: '[redacted]' },
-    serializers: { err: safeError },
+    formatters: { log: (o) => scrub(o) as Record<string, unknown> },
+    // The formatter has already reduced every error; pino's default `err` serializer would reshape it.
+    serializers: { err: (v: unknown) => v },
+    hooks: {
+      logMethod(args, method) {
+        const [first, second] = args as unknown[];
+        // An Error as the first argument: pino would log its message as `msg`.
+        if (first instanceof Error) return method.apply(this, [{ err: first }, typeof second === 'string' ? second : 'error']);
+        if (typeof first === 'string') return method.apply(this, [first.replace(SECRET_VALUE, CENSOR)]);
+        if (first && typeof first === 'object') {
+          // `log.error({ err })` without a message: pino would take the error's message.
+          const msg = typeof second === 'string' ? second.replace(SECRET_VALUE, CENSOR) : 'err' in first ? 'error' : undefined;
+          return method.apply(this, (msg === undefined ? [first] : [first, msg]) as never);
+        }
+        return method.apply(this, args.slice(0, 1) as never);
+      },
+    },
     timestamp: pino.stdTimeFunctions.isoTime,
   };
-  return pino(options);
+  const root = opts.destination ? pino(options, opts.destination) : pino(options);
+  // pino applies no formatter to child bindings: scrub them on the way in. Children are created
+  // from their parent's prototype, so every descendant's `child` is this one.
+  const child = root.child;
+  root.child = function (this: Logger, bindings, childOpts) {
+    return child.call(this, scrub(bindings) as typeof bindings, childOpts);
+  } as Logger['child'];
+  return root;
 }
 
-/** An error reduced to what is safe to log: name, tooltx class, code. */
-export function safeError(err: unknown): Record<string, unknown> {
+/**
+ * A function that copies a log object with every sensitive key censored, every error reduced by
+ * {@link safeError} under `key`, and credential-looking strings censored. Exported for tests.
+ */
+export function scrubber(key: Buffer): (value: unknown) => unknown {
+  const walk = (v: unknown, depth: number, seen: WeakSet<object>): unknown => {
+    if (typeof v === 'string') return v.replace(SECRET_VALUE, CENSOR);
+    if (v === null || typeof v !== 'object') return v;
+    if (v instanceof Error) return safeError(v, key);
+    if (seen.has(v) || depth > MAX_DEPTH) return '[elided]';
+    seen.add(v);
+    if (Array.isArray(v)) return v.map((x) => walk(x, depth + 1, seen));
+    if (v instanceof Uint8Array || v instanceof ArrayBuffer) return `[${v.byteLength} bytes]`;
+    if (v instanceof Date) return v.toISOString();
+    if (v instanceof Map || v instanceof Set) return `[${v.constructor.name} of ${v.size}]`;
+    const out: Record<string, unknown> = {};
+    for (const [k, x] of Object.entries(v)) out[k] = SENSITIVE_KEY.test(k) ? CENSOR : walk(x, depth + 1, seen);
+    return out;
+  };
+  return (v) => walk(v, 0, new WeakSet());
+}
+
+/**
+ * Our own infrastructure errors, whose messages are written by tooltx and never quote a downstream
+ * or an input. A `TooltxError` is not among them: implementations write its message, often around
+ * a downstream's answer; its class and issue paths say what went wrong.
+ */
+const OWN_ERRORS = new Set(['ConfigError', 'ConcurrencyError', 'StreamConfigError', 'SecretFileError', 'ProjectionCorruptError']);
+/** The NATS client's errors: their messages name subjects, codes and server answers, never a payload. */
+const NATS_ERRORS: (new (...args: never[]) => Error)[] = [...Object.values(natsErrors), JetStreamApiError, JetStreamError] as never;
+const CODE = /^[A-Za-z0-9_.:-]{1,64}$/;
+
+/**
+ * An error reduced to what is safe to log: `type` (class name), `class` (tooltx error class),
+ * `code`, `status` (HTTP), `messageHmac` (HMAC-SHA256 of the message under `key`, purpose
+ * `log-error-message`) and the same for its `cause`, three levels deep. tooltx's own error types
+ * and the NATS client's keep their message (written by us or the client, never quoting a body).
+ * Without `key`, a random one.
+ */
+export function safeError(err: unknown, key: Buffer = fallbackKey(), depth = 0): Record<string, unknown> {
   if (!(err instanceof Error)) return { type: typeof err };
-  const e = err as Error & { class?: unknown; code?: unknown };
+  const e = err as Error & { class?: unknown; code?: unknown; status?: unknown; statusCode?: unknown; errorClass?: unknown; cause?: unknown };
   const out: Record<string, unknown> = { type: e.name };
-  if (typeof e.class === 'string') out.class = e.class;
-  if (typeof e.code === 'string' || typeof e.code === 'number') out.code = e.code;
-  if (e.name === 'TooltxError' || e.name === 'ConfigError' || e.name === 'ConcurrencyError' || e.name === 'StreamConfigError') out.message = e.message;
+  if (typeof e.class === 'string' && CODE.test(e.class)) out.class = e.class;
+  if (typeof e.errorClass === 'string' && CODE.test(e.errorClass)) out.class ??= e.errorClass;
+  if ((typeof e.code === 'string' && CODE.test(e.code)) || typeof e.code === 'number') out.code = e.code;
+  const status = typeof e.status === 'number' ? e.status : typeof e.statusCode === 'number' ? e.statusCode : undefined;
+  if (status !== undefined) out.status = status;
+  const issues = (e as { issues?: unknown }).issues;
+  if (Array.isArray(issues)) out.issues = issues.slice(0, 10).map((i: { path?: unknown; code?: unknown }) => ({ path: Array.isArray(i?.path) ? i.path.map(String).slice(0, 8) : [], code: typeof i?.code === 'string' && CODE.test(i.code) ? i.code : '?' }));
+  if (OWN_ERRORS.has(e.name) || NATS_ERRORS.some((c) => e instanceof c)) out.message = e.message;
+  else if (e.message) out.messageHmac = keyedDigest(key, 'log-error-message', e.message);
+  if (e.cause !== undefined && depth < 3) out.cause = safeError(e.cause, key, depth + 1);
   return out;
+}
+
+let fallback: Buffer | undefined;
+function fallbackKey(): Buffer {
+  return (fallback ??= randomBytes(32));
+}
+
+/**
+ * Replaces Node's default report of an uncaught exception or unhandled rejection (which prints the
+ * error's message and stack on stderr) with one fatal log line through `log`, then exits 1.
+ */
+export function installProcessHandlers(log: Logger): void {
+  const die = (kind: string) => (err: unknown) => {
+    log.fatal({ err }, kind);
+    log.flush?.();
+    process.exit(1);
+  };
+  process.on('uncaughtException', die('uncaught exception'));
+  process.on('unhandledRejection', die('unhandled rejection'));
 }

@@ -4,7 +4,8 @@ import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
 import { connectNats, jetStreamOf, OperationStore, Subjects, type NatsConnection } from '@tooltx/nats';
 import { assertTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
 import { ConfigError, loadConfig, serviceConfigSchema } from './config.js';
-import { createLogger, type Logger } from './logger.js';
+import { createLogger, installProcessHandlers, type Logger } from './logger.js';
+import { SecretFileError } from './secrets.js';
 import { onShutdown } from './shutdown.js';
 import { loadImplementations, type ImplementationRegistry } from './tools.js';
 
@@ -17,8 +18,11 @@ export const topologyEnvSchema = z.object({
   TOOLTX_DECISIONS_MAX_AGE_MS: optMs,
   TOOLTX_RESULTS_MAX_AGE_MS: optMs,
   TOOLTX_PROJECTIONS_MAX_AGE_MS: optMs,
+  TOOLTX_AUDITLOG_MAX_AGE_MS: optMs,
   TOOLTX_DUPLICATE_WINDOW_MS: optMs,
   TOOLTX_REPLICAS: z.coerce.number().int().min(1).max(5).optional(),
+  /** Deliveries of one message to a durable before the max-deliveries advisory (default 50). */
+  TOOLTX_MAX_DELIVER: z.coerce.number().int().min(1).optional(),
 });
 
 export function topologyOptionsFrom(env: z.infer<typeof topologyEnvSchema>): TopologyOptions {
@@ -28,8 +32,10 @@ export function topologyOptionsFrom(env: z.infer<typeof topologyEnvSchema>): Top
   if (env.TOOLTX_DECISIONS_MAX_AGE_MS) o.decisionsMaxAgeMs = env.TOOLTX_DECISIONS_MAX_AGE_MS;
   if (env.TOOLTX_RESULTS_MAX_AGE_MS) o.resultsMaxAgeMs = env.TOOLTX_RESULTS_MAX_AGE_MS;
   if (env.TOOLTX_PROJECTIONS_MAX_AGE_MS) o.projectionsMaxAgeMs = env.TOOLTX_PROJECTIONS_MAX_AGE_MS;
+  if (env.TOOLTX_AUDITLOG_MAX_AGE_MS) o.auditLogMaxAgeMs = env.TOOLTX_AUDITLOG_MAX_AGE_MS;
   if (env.TOOLTX_DUPLICATE_WINDOW_MS) o.duplicateWindowMs = env.TOOLTX_DUPLICATE_WINDOW_MS;
   if (env.TOOLTX_REPLICAS) o.replicas = env.TOOLTX_REPLICAS;
+  if (env.TOOLTX_MAX_DELIVER) o.maxDeliver = env.TOOLTX_MAX_DELIVER;
   return o;
 }
 
@@ -58,6 +64,8 @@ export interface ServiceContext {
 export async function runService(spec: {
   name: string;
   summary: string;
+  /** Extra lines for `--help` under "Environment:" (the service's own variables). */
+  envHelp?: string;
   start: (ctx: ServiceContext) => Promise<() => Promise<void>>;
 }): Promise<void> {
   new Command(`tooltx-${spec.name}`)
@@ -74,7 +82,8 @@ Environment:
   TOOLTX_CONCURRENCY       operations handled at once (default 16)
   TOOLTX_INSTANCE_ID       name of this instance in logs and events (default host-pid)
   LOG_LEVEL                fatal|error|warn|info|debug|trace|silent (default info)
-  TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS  expected stream settings`,
+  TOOLTX_LOG_HMAC_KEY_FILE key file for the HMAC of error messages in logs (optional; mode 0600)
+  TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS  expected stream settings${spec.envHelp ? `\n${spec.envHelp}` : ''}`,
     )
     .parse(process.argv);
 
@@ -88,7 +97,16 @@ Environment:
     }
     throw err;
   }
-  const log = createLogger({ service: spec.name, instance: config.TOOLTX_INSTANCE_ID, level: config.LOG_LEVEL });
+  let log: Logger;
+  try {
+    log = createLogger({ service: spec.name, instance: config.TOOLTX_INSTANCE_ID, level: config.LOG_LEVEL, hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE });
+  } catch (err) {
+    if (!(err instanceof SecretFileError)) throw err;
+    process.stderr.write(`tooltx-${spec.name}: invalid configuration:\n  - TOOLTX_LOG_HMAC_KEY_FILE: ${err.message}\n`);
+    process.exit(2);
+  }
+  // A crash is logged like everything else: never Node's default print of a message and stack.
+  installProcessHandlers(log);
   let nc: NatsConnection | undefined;
   try {
     const tools = await loadImplementations(config.TOOLTX_TOOLS_MODULE);
