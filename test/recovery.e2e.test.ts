@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
 import type { OperationRecord } from '@tooltx/lifecycle';
+import { jetStreamOf } from '@tooltx/nats';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForOperation } from './helpers/ops.js';
@@ -281,14 +282,19 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
       const key = keyOf('stale', 'Lost dispatch');
       await publishSubmission(t.js, newSubmission(t.subjects, 'acme', 'alice', { tool: 'kb.write_note', version: 1, taskId: 'stale', input }));
       await waitForOperation(t, 'acme', key, (s) => s.status === 'accepted');
-      // The executor's copy of the event is lost: settled on its durable by someone else.
-      const c = await t.js.consumers.get(t.subjects.eventsStream, 'executor');
+      // The executor's copy of the event is lost: settled on its durable by someone else (connected
+      // as the executor: only it may ack there; the provisioner's ack would be refused).
+      const asExecutor = await t.connectAs({ kind: 'service', service: 'executor' });
+      const c = await (await jetStreamOf(asExecutor)).js.consumers.get(t.subjects.eventsStream, 'executor');
       for (let i = 0; i < 50; i++) {
         const m = await c.next({ expires: 1_000 });
         if (!m) break;
-        m.ack();
-        if (m.subject === t.subjects.op('acme', operationIdOf(key))) break;
+        const mine = m.subject === t.subjects.op('acme', operationIdOf(key));
+        if (mine) await m.ackAck();
+        else m.ack();
+        if (mine) break;
       }
+      await asExecutor.close();
       // The operator sees it waiting (once the reconciler's index has caught up with the log).
       const pending = () =>
         new Promise<string>((resolve, reject) =>

@@ -167,6 +167,8 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
             role.service === 'reconciler'
               ? [
                   s.allOps,
+                  // The max-deliveries advisories of the event log's durables (issue 7).
+                  ...pull(topo.streams.advisories.name, Durables.reconcilerAdvisories),
                   ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
                   ...kvWatch(bucket),
                   // Frozen tasks (issue 8): it freezes and thaws them, and lists them for operators.

@@ -27,6 +27,11 @@ export interface TopologyOptions {
   duplicateWindowMs?: number;
   /** Stream replicas: 1 on one server, 3 on a cluster (2.9.21+, DESIGN.md "Scale-out"). */
   replicas?: number;
+  /**
+   * Deliveries of one message to a service's durable before the server gives up on it and raises
+   * the max-deliveries advisory (default {@link MAX_DELIVER}; tests make it small to force one).
+   */
+  maxDeliver?: number;
 }
 
 export interface ConsumerDef {
@@ -71,6 +76,8 @@ export const Durables = {
   authorizer: 'authorizer',
   executor: 'executor',
   reconciler: 'reconciler',
+  /** The reconciler's durable on the advisories stream: event-log messages a durable gave up on (issue 7). */
+  reconcilerAdvisories: 'reconciler-advisories',
   auditProjector: 'audit-projector',
 } as const;
 
@@ -84,6 +91,9 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
   const eventsMaxAgeMs = opts.eventsMaxAgeMs ?? 30 * DAY;
   const projectionsMaxAgeMs = opts.projectionsMaxAgeMs ?? eventsMaxAgeMs + DAY;
   const dup = nanos(opts.duplicateWindowMs ?? 2 * MINUTE);
+  const maxDeliver = opts.maxDeliver ?? MAX_DELIVER;
+  const advisories = `${subjects.prefix.toUpperCase()}_ADVISORIES`;
+  const maxDeliveriesOf = (stream: string) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.*`;
   const durable = (name: string, subjectsList: string[], maxAgeMs: number): Partial<StreamConfig> & { name: string } => ({
     name,
     subjects: subjectsList,
@@ -113,7 +123,7 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       // Finite: a message that keeps failing stops being redelivered, and the server's
       // max-deliveries advisory is kept in the advisories stream (the reconciler's sweep still
       // finds the operation by its state).
-      max_deliver: MAX_DELIVER,
+      max_deliver: maxDeliver,
     },
   });
   return {
@@ -140,13 +150,27 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       // Finite: a message that keeps failing stops being redelivered, and the server's
       // max-deliveries advisory is kept in the advisories stream (the reconciler's sweep still
       // finds the operation by its state).
-      max_deliver: MAX_DELIVER,
+      max_deliver: maxDeliver,
         },
       },
       eventLogConsumer(Durables.executor),
       // The projections: each reads every event of the log once per service (any number of instances).
       eventLogConsumer(Durables.reconciler),
       eventLogConsumer(Durables.auditProjector),
+      {
+        // The reconciler reads the advisories of the event log's durables: each names a message
+        // a service gave up on; the reconciler puts its operation back in its watch (issue 7).
+        // No max_deliver: an advisory is the last trace of that message and is never given up on.
+        stream: advisories,
+        config: {
+          durable_name: Durables.reconcilerAdvisories,
+          filter_subject: maxDeliveriesOf(subjects.eventsStream),
+          ack_policy: AckPolicy.Explicit,
+          deliver_policy: DeliverPolicy.All,
+          ack_wait: nanos(30_000),
+          max_ack_pending: 1_000,
+        },
+      },
     ],
     results: { bucket: subjects.resultsBucket, ttlMs: opts.resultsMaxAgeMs ?? 31 * DAY, replicas },
     projections: {

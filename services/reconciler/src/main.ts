@@ -11,6 +11,7 @@
 import { FrozenTaskWatch, projectionHandler, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
+import { advisoryHandler } from './advisories.js';
 import { applyToIndex, reconcileValueSchema } from './projection.js';
 import { startSweeper } from './reconcile.js';
 import { startTakeoverService } from './takeover.js';
@@ -18,7 +19,7 @@ import { startTakeoverService } from './takeover.js';
 await runService({
   name: 'reconciler',
   summary: 'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile) and sweeps it every TOOLTX_RECONCILE_INTERVAL_MS (default 2000; TOOLTX_RECONCILE_SWEEP=off for a projection-only instance): stale accepted → re-driven; stale running and unknown → probed by key, then committed, requeued under the same key, or kept unknown',
-  async start({ subjects, log, js, nc, config, store, tools }) {
+  async start({ subjects, log, js, jsm, nc, config, store, tools, topology }) {
     const kv = await openBucket(nc, subjects.reconcileBucket);
     const results = await openBucket(nc, subjects.resultsBucket);
     const tasks = await openBucket(nc, subjects.tasksBucket);
@@ -40,7 +41,18 @@ await runService({
       log,
       handle: projectionHandler({ subjects, kv, schema: reconcileValueSchema, rule: applyToIndex, log }),
     });
+    // The max-deliveries advisories of the event log (issue 7): an operation whose message a durable
+    // gave up on goes back into the index, where the sweep finds it — even if this was down then.
+    const advisories = await startConsumerLoop({
+      js,
+      stream: topology.streams.advisories.name,
+      durable: Durables.reconcilerAdvisories,
+      concurrency: 1,
+      log,
+      handle: advisoryHandler({ jsm, subjects, index: kv, log: log.child({ component: 'advisories' }) }),
+    });
     return async () => {
+      await advisories.stop();
       await takeover.stop();
       await sweeper.stop();
       await loop.stop();
