@@ -31,11 +31,14 @@ const program = new Command('tooltx-bench')
   .option('--json', 'print one JSON object with the figures on the last line')
   .option('--quick', 'small sizes and one round (CI: proves the bench works; figures mean little)')
   .option('--sweep', 'main phase only, at 1, 4, 16 and 64 in flight and at 2,000 and 20,000 calls (one round each)')
+  .option('--sweep-calls <list>', 'calls per sweep point, comma-separated', '2000,20000')
+  .option('--sweep-in-flight <list>', 'calls in flight per sweep point, comma-separated', '1,4,16,64')
   .option('--rounds <n>', 'rounds of A (lower bounds) and B (tooltx), medians reported (default 3; --quick 1)')
   .option('--cpu-prof <dir>', 'the stack processes write V8 CPU profiles (.cpuprofile) into this directory')
   .option('--keep', 'keep the state directories (logs, stores)')
   .parse(process.argv);
-const opts = program.opts<{ json?: boolean; quick?: boolean; sweep?: boolean; rounds?: string; cpuProf?: string; keep?: boolean }>();
+const opts = program.opts<{ json?: boolean; quick?: boolean; sweep?: boolean; sweepCalls: string; sweepInFlight: string; rounds?: string; cpuProf?: string; keep?: boolean }>();
+const list = (s: string) => s.split(',').map((x) => Number(x.trim())).filter((x) => Number.isInteger(x) && x > 0);
 const say = (line: string) => process.stderr.write(`${line}\n`);
 
 const FULL: WorkloadSizes = { warmup: 100, main: 2_000, inFlight: 16, dupFraction: 0.2, race: 400, seq: 300, status: 300 };
@@ -114,6 +117,7 @@ function systemFigures(r: RoundResult) {
           natsInPerCall: p.phases.main.natsInPerCall,
           natsOutPerCall: p.phases.main.natsOutPerCall,
           rssPeakMB: p.rssPeakMB,
+          rssStartMB: p.rssStartMB,
           seq: { cpuMsPerCall: p.phases.seq.cpuMsPerCall, natsMsgsPerCall: p.phases.seq.natsMsgsPerCall, natsInPerCall: p.phases.seq.natsInPerCall, natsOutPerCall: p.phases.seq.natsOutPerCall },
         },
       ]),
@@ -176,13 +180,13 @@ async function standard() {
   rowsOut.push(['status p50_ms', fa.status.p50_ms, fb.status.p50_ms, ft.status.p50_ms, ratio(ft.status.p50_ms, fa.status.p50_ms), ratio(ft.status.p50_ms, fb.status.p50_ms)]);
   rowsOut.push(['status p99_ms', fa.status.p99_ms, fb.status.p99_ms, ft.status.p99_ms, ratio(ft.status.p99_ms, fa.status.p99_ms), ratio(ft.status.p99_ms, fb.status.p99_ms)]);
   rowsOut.push(['nats-server msgs/call (main)', fa.natsServerMsgsPerCall.main, fb.natsServerMsgsPerCall.main, ft.natsServerMsgsPerCall.main, ratio(ft.natsServerMsgsPerCall.main, fa.natsServerMsgsPerCall.main), '']);
-  const procRows: (string | number)[][] = [['process (tooltx)', 'cpu ms/call main', 'nats msgs/call main', 'in', 'out', 'cpu ms/call seq', 'nats msgs/call seq', 'peak RSS MB']];
-  for (const [name, p] of Object.entries(processes)) procRows.push([name, p.cpuMsPerCall, p.natsMsgsPerCall, p.natsInPerCall, p.natsOutPerCall, p.seq.cpuMsPerCall, p.seq.natsMsgsPerCall, p.rssPeakMB ?? '']);
+  const procRows: (string | number)[][] = [['process (tooltx)', 'cpu ms/call main', 'nats msgs/call main', 'in', 'out', 'cpu ms/call seq', 'nats msgs/call seq', 'peak RSS MB', 'after start-up']];
+  for (const [name, p] of Object.entries(processes)) procRows.push([name, p.cpuMsPerCall, p.natsMsgsPerCall, p.natsInPerCall, p.natsOutPerCall, p.seq.cpuMsPerCall, p.seq.natsMsgsPerCall, p.rssPeakMB ?? '', p.rssStartMB ?? '']);
   for (const [label, f] of [['floor (a)', fa], ['floor (b)', fb]] as const) {
-    for (const [name, p] of Object.entries(f.processes)) procRows.push([`${label} ${name}`, p.cpuMsPerCall, p.natsMsgsPerCall, p.natsInPerCall, p.natsOutPerCall, p.seq.cpuMsPerCall, p.seq.natsMsgsPerCall, p.rssPeakMB ?? '']);
+    for (const [name, p] of Object.entries(f.processes)) procRows.push([`${label} ${name}`, p.cpuMsPerCall, p.natsMsgsPerCall, p.natsInPerCall, p.natsOutPerCall, p.seq.cpuMsPerCall, p.seq.natsMsgsPerCall, p.rssPeakMB ?? '', p.rssStartMB ?? '']);
   }
   const totalCpu = (f: typeof fa) => round3(Object.values(f.processes).reduce((s, p) => s + p.cpuMsPerCall, 0));
-  procRows.push(['total cpu ms/call: floor (a) / floor (b) / tooltx', `${totalCpu(fa)} / ${totalCpu(fb)} / ${totalCpu(ft)}`, '', '', '', '', '', '']);
+  procRows.push(['total cpu ms/call: floor (a) / floor (b) / tooltx', `${totalCpu(fa)} / ${totalCpu(fb)} / ${totalCpu(ft)}`, '', '', '', '', '', '', '']);
   process.stdout.write(`\n${table(rowsOut)}\n\n${table(procRows)}\n\n`);
   process.stdout.write(`targets: ${Object.entries(targets).map(([k, v]) => `${k} ${v ? 'met' : 'NOT met'}`).join(', ')}\n`);
   process.stdout.write(`load average (1/5/15 min) at start ${load[0]!.map((x) => x.toFixed(2)).join(' ')}, at end ${load.at(-1)!.map((x) => x.toFixed(2)).join(' ')}\n`);
@@ -229,8 +233,8 @@ function settings() {
 
 async function sweep() {
   const points: Record<string, unknown>[] = [];
-  for (const calls of [2_000, 20_000]) {
-    for (const inFlight of [1, 4, 16, 64]) {
+  for (const calls of list(opts.sweepCalls)) {
+    for (const inFlight of list(opts.sweepInFlight)) {
       const z: WorkloadSizes = { warmup: 100, main: calls, inFlight, dupFraction: 0, race: 0, seq: 0, status: 0 };
       say(`bench sweep: ${calls} calls, ${inFlight} in flight (load ${loadavg().map((x) => x.toFixed(2)).join(' ')})`);
       const a = await once('a', z);
@@ -243,6 +247,7 @@ async function sweep() {
         ratioThroughput: ratio(t.phases.main.callsPerSecond, a.phases.main.callsPerSecond),
         ratioP99: ratio(t.phases.main.p99_ms, a.phases.main.p99_ms),
         rssPeakMB: Object.fromEntries(Object.entries(t.processes).map(([n, p]) => [n, p.rssPeakMB])),
+        rssStartMB: Object.fromEntries(Object.entries(t.processes).map(([n, p]) => [n, p.rssStartMB])),
         cpuMsPerCall: Object.fromEntries(Object.entries(t.processes).map(([n, p]) => [n, p.phases.main.cpuMsPerCall])),
       });
     }

@@ -43,13 +43,13 @@ export function natsServerVersion(): string {
   return execFileSync(bin, ['--version'], { encoding: 'utf8' }).trim();
 }
 
-/** Starts a nats-server for `prefix` in `dir` (config, seeds, store). */
-export async function startBenchServer(dir: string, prefix: string): Promise<BenchServer> {
+/** Starts a nats-server for `prefix` in `dir` (config, seeds, store); `extraArgs` e.g. `-V` (trace, bench/trace.ts). */
+export async function startBenchServer(dir: string, prefix: string, o: { extraArgs?: string[] } = {}): Promise<BenchServer> {
   const subjects = new Subjects(prefix);
   const storeDir = join(dir, 'jetstream');
   const auth = generateAuth(DEFAULT_IDENTITIES, { subjects, topology: topology(subjects), outDir: join(dir, 'auth'), listen: '127.0.0.1:-1', storeDir });
   const mport = await freePort();
-  const handle = await spawnNatsServer({ extraArgs: ['-c', auth.configFile, '-m', String(mport)], storeDir });
+  const handle = await spawnNatsServer({ extraArgs: ['-c', auth.configFile, '-m', String(mport), ...(o.extraArgs ?? [])], storeDir });
   const pid = handle.process?.pid;
   if (!pid) throw new Error('nats-server has no pid');
   return {

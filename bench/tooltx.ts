@@ -30,6 +30,8 @@ export interface TooltxOptions {
   budgetMs?: number;
   /** Directory for CPU profiles of the main phase (bench/cpu-profile.cjs), of every stack process and the client. */
   cpuProfDir?: string;
+  /** Extra nats-server arguments (bench/trace.ts: `-V`). */
+  serverArgs?: string[];
 }
 
 /** The note of call `k`: same `k`, same input, same operation key. */
@@ -43,8 +45,8 @@ export function noteOf(runId: string, k: number) {
   };
 }
 
-export async function startTooltx(o: TooltxOptions): Promise<BenchSystem & { restarts: () => number }> {
-  const server: BenchServer = await startBenchServer(join(o.dir, 'nats'), o.prefix);
+export async function startTooltx(o: TooltxOptions): Promise<BenchSystem & { restarts: () => number; server: BenchServer }> {
+  const server: BenchServer = await startBenchServer(join(o.dir, 'nats'), o.prefix, { extraArgs: o.serverArgs ?? [] });
   let stack: Stack | undefined;
   let tools: Tools | undefined;
   let restarts = 0;
@@ -99,6 +101,7 @@ export async function startTooltx(o: TooltxOptions): Promise<BenchSystem & { res
 
   return {
     label: 'tooltx',
+    server,
     processes,
     monitorUrl: server.monitorUrl,
     restarts: () => restarts,

@@ -76,7 +76,7 @@ export interface RoundResult {
   phases: Record<PhaseName, PhaseFigures>;
   status: { p50_ms: number; p99_ms: number; errors: number };
   /** Per process name: per phase figures and its peak RSS over the round. */
-  processes: Record<string, { phases: Record<PhaseName, ProcessPhase>; rssPeakMB: number | null }>;
+  processes: Record<string, { phases: Record<PhaseName, ProcessPhase>; rssPeakMB: number | null; rssStartMB: number | null }>;
   /** All NATS messages the server handled per call (varz in + out), per phase. */
   serverMsgsPerCall: Record<PhaseName, number>;
   /** Keys whose side effect should exist exactly once. */
@@ -201,13 +201,15 @@ export async function runWorkload(sys: BenchSystem, z: WorkloadSizes, say: (s: s
   k += z.warmup;
   const mainKeys = range(k, z.main);
   k += z.main;
-  const step = Math.max(1, Math.round(1 / z.dupFraction));
-  const dupKeys = mainKeys.filter((_, i) => i % step === 0);
+  const step = z.dupFraction > 0 ? Math.max(1, Math.round(1 / z.dupFraction)) : 0;
+  const dupKeys = step ? mainKeys.filter((_, i) => i % step === 0) : [];
   const raceKeys = range(k, z.race);
   k += z.race;
   const seqKeys = range(k, z.seq);
   k += z.seq;
 
+  // Peak RSS after start-up, before any call: what the process costs before it handles work.
+  const rssStart = new Map(sys.processes.map((p) => [p.name, rssPeakMbOf(p.pid)]));
   if (warm.length) await timed(warm.map((x) => one(x)), z.inFlight, errorSamples);
   const phases = {} as Record<PhaseName, PhaseFigures>;
   const procPhases = {} as Record<PhaseName, Record<string, ProcessPhase>>;
@@ -259,6 +261,7 @@ export async function runWorkload(sys: BenchSystem, z: WorkloadSizes, say: (s: s
     processes[p.name] = {
       phases: Object.fromEntries(PHASES.map((ph) => [ph, procPhases[ph][p.name] ?? { cpuMsPerCall: 0, natsMsgsPerCall: 0, natsInPerCall: 0, natsOutPerCall: 0 }])) as Record<PhaseName, ProcessPhase>,
       rssPeakMB: rssPeakMbOf(p.pid) === null ? null : round3(rssPeakMbOf(p.pid)!),
+      rssStartMB: rssStart.get(p.name) == null ? null : round3(rssStart.get(p.name)!),
     };
   }
   return {
