@@ -7,6 +7,7 @@
  *   tooltx auth generate   nats-server config + one nkey seed per user from an identity list
  *   tooltx ops pending     the operations the reconciler is watching (accepted, running, unknown)
  *   tooltx takeover …      list / show / resolve operations handed over to a person (as an operator)
+ *   tooltx audit …         show / list / export / counts of audit records, through the audit service (as an auditor)
  *
  * Environment: NATS_URL, NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_*_MAX_AGE_MS,
  * TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS; `check` also reads TOOLTX_TOOLS_MODULE (optional)
@@ -21,6 +22,7 @@ import { resolve } from 'node:path';
 import { applyTopology, checkTopology, generateAuth, inboxPrefixOf, topology } from '@tooltx/streams';
 import { z } from 'zod';
 import { registerTakeover } from './commands/takeover.js';
+import { registerAuditCommands } from './commands/audit.js';
 
 /** The reconciler index entries `ops pending` reads (the projection's own schema lives in the service). */
 const reconcileEntrySchema = z.union([
@@ -106,6 +108,7 @@ ops
   );
 
 registerTakeover(program);
+registerAuditCommands(program);
 
 const auth = program.command('auth').description('identity the server enforces: users, nkeys, permissions');
 auth

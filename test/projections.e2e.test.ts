@@ -13,7 +13,8 @@ import { decide, type OperationCommand, type OperationEvent } from '@tooltx/life
 import { decode, openBucket } from '@tooltx/nats';
 import { applyTopology, Durables, topology } from '@tooltx/streams';
 import { applyToIndex, reconcileValueSchema } from '../services/reconciler/src/projection.js';
-import { applyToAudit, auditRecordSchema } from '../services/audit-projector/src/projection.js';
+import { auditRecordSchema, type AuditHmac } from '../services/audit-projector/src/projection.js';
+import { auditHmacFrom, auditRule } from './helpers/audit.js';
 import { fold, PLANTED_ERROR_TEXT, sampleOperations, type LogEntry, type SampleOperation } from './helpers/histories.js';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceName, type ServiceProcess } from './helpers/services.js';
@@ -102,6 +103,8 @@ const lastSeqOf = async (bucket: string) => (await t.jsm.streams.info(`KV_${buck
 
 let reconcileKv: KV;
 let auditKv: KV;
+let applyToAudit: ReturnType<typeof auditRule>;
+let hmac: AuditHmac;
 
 beforeAll(async () => {
   t = await provisioned();
@@ -110,6 +113,8 @@ beforeAll(async () => {
   env = { ...t.env, TOOLTX_RECONCILE_SWEEP: 'off' };
   reconcileKv = await openBucket(t.nc, t.subjects.reconcileBucket);
   auditKv = await openBucket(t.nc, t.subjects.auditBucket);
+  hmac = auditHmacFrom(t.env.TOOLTX_AUDIT_HMAC_KEY_FILE!);
+  applyToAudit = auditRule(hmac);
   // 30 operations of every kind in two tenants, ~80 events, all in the log before any projector
   // starts: two instances × 16 in flight take one operation's events in parallel, in any order.
   ops = [...sampleOperations(3, 'acme'), ...sampleOperations(2, 'globex', 100)];
@@ -137,7 +142,10 @@ describe('projections of the event log (two instances of each projector)', () =>
     await untilBucketEquals(auditKv, auditRecordSchema, expected);
     for (const o of ops) {
       const r = expected.get(t.subjects.projectionKey(o.tenant, o.opId))!;
-      expect(r.states.map((s) => s.status)).toEqual(o.events.map((e) => e.type));
+      expect(r.states.map((s) => s.event)).toEqual(o.events.map((e) => e.type));
+      // The target is a keyed HMAC, never the plain digest of the (guessable) target.
+      expect(r.targetHmac).toBe(hmac('target', o.events[0]!.state.targetDigest));
+      expect(JSON.stringify(r)).not.toContain(o.events[0]!.state.targetDigest);
     }
     for await (const key of await auditKv.keys()) {
       expect(Buffer.from((await auditKv.get(key))!.value).toString('latin1')).not.toContain(PLANTED_ERROR_TEXT);

@@ -108,8 +108,9 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
         subscribe: { allow: [inbox] },
       };
     case 'auditor':
-      // Auditors reach audit records only through the audit service (issue 9); nothing else yet.
-      return { publish: { allow: [] }, subscribe: { allow: [inbox] } };
+      // Auditors reach audit records only through the audit service, on their own subject (issue 9):
+      // no stream, bucket or JetStream API subject — not intents, inputs, results, events or the KV.
+      return { publish: { allow: [s.audit(role.tenant, role.actor)] }, subscribe: { allow: [inbox] } };
     case 'operator':
       return { publish: { allow: [s.takeover(role.operator)] }, subscribe: { allow: [inbox] } };
     case 'provisioner':
@@ -157,8 +158,25 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
             },
             subscribe: { allow: [inbox] },
           };
-        case 'reconciler':
         case 'audit-projector': {
+          const bucket = kvStream(topo.projections.audit.bucket);
+          return {
+            publish: {
+              allow: [
+                ...check,
+                ...pull(events, Durables.auditProjector), ...pull(decisions, Durables.auditDecisions),
+                ...kvRead(topo.projections.audit.bucket), ...kvWrite(topo.projections.audit.bucket),
+                // The audit service lists a tenant's records through an ordered push consumer on the
+                // bucket's own stream, and records every query and export before it answers.
+                `${api}.CONSUMER.CREATE.${bucket}`, `${api}.CONSUMER.CREATE.${bucket}.>`, `${api}.CONSUMER.DELETE.${bucket}.>`, `${api}.CONSUMER.INFO.${bucket}.>`, `$JS.FC.${bucket}.>`,
+                s.allAuditLog,
+              ],
+            },
+            subscribe: { allow: [inbox, s.allAudit] },
+            allow_responses: true,
+          };
+        }
+        case 'reconciler': {
           const bucket = role.service === 'reconciler' ? topo.projections.reconcile.bucket : topo.projections.audit.bucket;
           const durable = role.service === 'reconciler' ? Durables.reconciler : Durables.auditProjector;
           // The reconciler also appends recovery events and the results they carry, and lists its

@@ -23,6 +23,8 @@ export interface TopologyOptions {
    * terminal operation back into the reconciler's index. Default the event log's max_age + 1 day.
    */
   projectionsMaxAgeMs?: number;
+  /** The audit service's record of queries and exports (issue 9). Default 365 days. */
+  auditLogMaxAgeMs?: number;
   /** Nats-Msg-Id dedup window of every stream. Default 2 minutes (the server default). */
   duplicateWindowMs?: number;
   /** Stream replicas: 1 on one server, 3 on a cluster (2.9.21+, DESIGN.md "Scale-out"). */
@@ -54,6 +56,8 @@ export interface Topology {
     decisions: Partial<StreamConfig> & { name: string };
     /** The max-deliveries advisories of our consumers: no message dies silently (issue 7). */
     advisories: Partial<StreamConfig> & { name: string };
+    /** Every auditor query and export, recorded by the audit service before it answers (issue 9). */
+    auditLog: Partial<StreamConfig> & { name: string };
   };
   consumers: ConsumerDef[];
   results: BucketDef;
@@ -79,6 +83,8 @@ export const Durables = {
   /** The reconciler's durable on the advisories stream: event-log messages a durable gave up on (issue 7). */
   reconcilerAdvisories: 'reconciler-advisories',
   auditProjector: 'audit-projector',
+  /** The audit-projector's durable on the decision stream: refusals and conflicts (issue 9). */
+  auditDecisions: 'audit-decisions',
 } as const;
 
 /**
@@ -133,9 +139,10 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       decisions: durable(subjects.decisionsStream, [subjects.allDecisions], opts.decisionsMaxAgeMs ?? 30 * DAY),
       advisories: durable(
         `${subjects.prefix.toUpperCase()}_ADVISORIES`,
-        [subjects.intentsStream, subjects.eventsStream].map((s) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${s}.*`),
+        [subjects.intentsStream, subjects.eventsStream, subjects.decisionsStream].map((s) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${s}.*`),
         opts.eventsMaxAgeMs ?? 30 * DAY,
       ),
+      auditLog: durable(subjects.auditLogStream, [subjects.allAuditLog], opts.auditLogMaxAgeMs ?? 365 * DAY),
     },
     consumers: [
       {
@@ -171,6 +178,8 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
           max_ack_pending: 1_000,
         },
       },
+      // Pre-acceptance outcomes (refusals at intake, idempotency conflicts) for the audit records.
+      { stream: subjects.decisionsStream, config: { ...eventLogConsumer(Durables.auditDecisions).config, filter_subject: subjects.allDecisions } },
     ],
     results: { bucket: subjects.resultsBucket, ttlMs: opts.resultsMaxAgeMs ?? 31 * DAY, replicas },
     projections: {

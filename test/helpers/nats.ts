@@ -3,6 +3,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connectNats, jetStreamOf, OperationStore, spawnNatsServer, Subjects, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
+import { ensureKeyFile } from '@tooltx/runtime';
 import { applyTopology, generateAuth, inboxPrefixOf, topology, type GeneratedAuth, type IdentityList, type Role, type TopologyOptions } from '@tooltx/streams';
 
 /** A unique subject prefix per test, so tests never see each other's streams. */
@@ -63,7 +64,14 @@ export async function provisioned(opts: TopologyOptions = {}, prefix = uniquePre
     url: server.url,
     server,
     auth,
-    env: { NATS_URL: server.url, TOOLTX_PREFIX: prefix, TOOLTX_TEST_NKEYS_DIR: join(dir, 'auth', 'nkeys') },
+    env: {
+      NATS_URL: server.url,
+      TOOLTX_PREFIX: prefix,
+      TOOLTX_TEST_NKEYS_DIR: join(dir, 'auth', 'nkeys'),
+      // Keys of the audit HMACs and of the HMAC of error messages in logs (issue 9), as `npm start` makes them.
+      TOOLTX_AUDIT_HMAC_KEY_FILE: ensureKeyFile(join(dir, 'audit-hmac.key')),
+      TOOLTX_LOG_HMAC_KEY_FILE: ensureKeyFile(join(dir, 'log-hmac.key')),
+    },
     store: new OperationStore(js, jsm, subjects),
     agentSeed: (tenant, actor) => auth.seedFile({ kind: 'agent', tenant, actor }),
     connectAs,

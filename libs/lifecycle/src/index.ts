@@ -3,3 +3,4 @@ export * from './intent.js';
 export * from './decider.js';
 export * from './status.js';
 export * from './recovery.js';
+export * from './audit.js';

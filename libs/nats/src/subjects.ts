@@ -17,6 +17,8 @@ const OPID = /^[0-9a-f]{32}$/;
  * | KV `<p>_results`, key `<tenant>.<opId>` | business results (result store) |
  * | KV `<p>_reconcile`, key `<tenant>.<opId>` | the reconciler's index of non-terminal operations (projection) |
  * | KV `<p>_audit`, key `<tenant>.<opId>` | one audit record per operation (projection) |
+ * | `<p>.audit.<tenant>.<auditor>` | auditors' queries to the audit service (request/reply, no stream) |
+ * | `<p>.auditlog.<tenant>.<auditor>` | the audit service's record of each query and export (stream `<P>_AUDITLOG`) |
  */
 export class Subjects {
   readonly prefix: string;
@@ -51,6 +53,23 @@ export class Subjects {
   get allOps(): string { return `${this.prefix}.op.>`; }
   get allDecisions(): string { return `${this.prefix}.decision.>`; }
   get allStatus(): string { return `${this.prefix}.status.*.*`; }
+
+  /** Stream of the audit service's record of every query and export, written before it answers (issue 9). */
+  get auditLogStream(): string { return `${this.prefix.toUpperCase()}_AUDITLOG`; }
+  /** An auditor's requests to the audit service; only that auditor may publish here (issue 9). */
+  audit(tenant: string, auditor: string): string { return `${this.prefix}.audit.${id(tenant)}.${id(auditor)}`; }
+  /** Where the audit service records a query of `auditor` before answering it. */
+  auditLog(tenant: string, auditor: string): string { return `${this.prefix}.auditlog.${id(tenant)}.${id(auditor)}`; }
+  get allAudit(): string { return `${this.prefix}.audit.*.*`; }
+  get allAuditLog(): string { return `${this.prefix}.auditlog.*.*`; }
+
+  /** `{ tenant, auditor }` of an audit request subject, or null when it is not exactly one. */
+  parseAuditSubject(subject: string): { tenant: string; auditor: string } | null {
+    const t = subject.split('.');
+    if (t.length !== 4 || t[0] !== this.prefix || t[1] !== 'audit') return null;
+    const [, , tenant, auditor] = t as [string, string, string, string];
+    return ID_PATTERN.test(tenant) && ID_PATTERN.test(auditor) ? { tenant, auditor } : null;
+  }
 
   /** `{ tenant, actor }` of an intent or status subject, or null when it is not exactly one. */
   parseActorSubject(kind: 'intent' | 'status', subject: string): { tenant: string; actor: string } | null {

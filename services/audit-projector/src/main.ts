@@ -1,33 +1,51 @@
 /**
- * tooltx audit-projector — consumes the event log on its own durable (`audit-projector`, filter
- * `<prefix>.op.>`) and keeps one audit record per operation in KV `<prefix>_audit` under
- * `<tenant>.<opId>` (issue 3; see `projection.ts`): who, which contract and target digest, side
- * effect or not, every state with its time, final state, error class, result digest — never a body,
- * input or raw error text. Any number of instances may run: records are written with
- * compare-and-set and are the same whatever order the events arrive in. The auditors' query
- * service comes later.
+ * tooltx audit-projector — keeps one audit record per operation in KV `<prefix>_audit` under
+ * `<tenant>.<opId>` (issues 3 and 9; see `projection.ts`), fed by the event log (durable
+ * `audit-projector`) and the decision stream (durable `audit-decisions`): who, which contract,
+ * a keyed HMAC of the target, the authorisation decisions and policy versions, side effect or
+ * not, every state with its time, error class, a keyed HMAC of the result digest, who resolved it
+ * by hand — never a body, input, result, token or raw error text. Records are written with
+ * compare-and-set and are the same whatever order the messages arrive in, so any number of
+ * instances may run and a rebuild from the streams gives the same records.
  *
- * Usage: `tsx services/audit-projector/src/main.ts [--help]`. Same environment as the executor.
- * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight applies, drains.
+ * Also serves the auditors' query service (`query.ts`): `<prefix>.audit.<tenant>.<auditor>`,
+ * queue group `tooltx-audit`; each query is recorded in `<P>_AUDITLOG` before it is answered.
+ *
+ * Usage: `tsx services/audit-projector/src/main.ts [--help]`. Same environment as the executor,
+ * plus TOOLTX_AUDIT_HMAC_KEY_FILE (required). Stops cleanly on SIGTERM/SIGINT: stops taking
+ * queries and pulling, finishes in-flight work, drains.
  */
-import { projectionHandler, startConsumerLoop, openBucket } from '@tooltx/nats';
+import { z } from 'zod';
+import { openBucket, startConsumerLoop } from '@tooltx/nats';
+import { keyedDigest, loadConfig, readKeyFile } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
-import { applyToAudit, auditRecordSchema } from './projection.js';
+import { auditHandlers } from './apply.js';
+import type { AuditHmac } from './projection.js';
+import { AuditService } from './query.js';
+
+const auditConfigSchema = z.object({
+  /** Key file of the audit HMACs (targets, result digests, resource ids); the same for every instance and every rebuild. */
+  TOOLTX_AUDIT_HMAC_KEY_FILE: z.string().min(1),
+});
 
 await runService({
   name: 'audit-projector',
-  summary: 'projects the event log into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>): actor, contract, target digest, states with times, side effect, error class, result digest — no bodies',
+  summary: 'projects the event log and the decision stream into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>) — no bodies — and answers auditors\' queries on <prefix>.audit.<tenant>.<auditor>, recording each before answering',
+  envHelp: '  TOOLTX_AUDIT_HMAC_KEY_FILE key file (>= 32 characters, mode 0600) of the keyed HMACs in audit records (required)',
   async start({ subjects, log, js, nc, config }) {
+    // Read before anything runs: a bad key file stops the service (exit 2), naming the problem.
+    const key = readKeyFile(loadConfig(auditConfigSchema).TOOLTX_AUDIT_HMAC_KEY_FILE);
+    const hmac: AuditHmac = (purpose, value) => keyedDigest(key, `audit-${purpose}`, value);
     const kv = await openBucket(nc, subjects.auditBucket);
-    const loop = await startConsumerLoop({
-      js,
-      stream: subjects.eventsStream,
-      durable: Durables.auditProjector,
-      concurrency: config.TOOLTX_CONCURRENCY,
-      log,
-      handle: projectionHandler({ subjects, kv, schema: auditRecordSchema, rule: applyToAudit, log }),
-    });
-    return () => loop.stop();
+    const handlers = auditHandlers({ subjects, kv, hmac, log });
+    const events = await startConsumerLoop({ js, stream: subjects.eventsStream, durable: Durables.auditProjector, concurrency: config.TOOLTX_CONCURRENCY, log, handle: handlers.events });
+    const decisions = await startConsumerLoop({ js, stream: subjects.decisionsStream, durable: Durables.auditDecisions, concurrency: config.TOOLTX_CONCURRENCY, log, handle: handlers.decisions });
+    const service = new AuditService({ nc, js, kv, subjects, log: log.child({ component: 'audit-query' }), instance: config.TOOLTX_INSTANCE_ID });
+    service.start();
+    return async () => {
+      await service.stop();
+      await Promise.all([events.stop(), decisions.stop()]);
+    };
   },
 });

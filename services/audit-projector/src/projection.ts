@@ -1,91 +1,240 @@
 import { z } from 'zod';
-import { effectClasses, errorClasses, hasSideEffect, idSchema, operationKeySchema } from '@tooltx/contracts';
-import { operationStatuses, type OperationEvent } from '@tooltx/lifecycle';
+import { ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
+import { sideEffects, type AuditAuthorization, type AuditDecision, type AuditRecord, type AuditState, type ContractCounts } from '@tooltx/lifecycle';
+
+export { auditRecordSchema, type AuditRecord, type ContractCounts } from '@tooltx/lifecycle';
 
 /**
- * The audit-projector's projection (issue 3): one audit record per operation, in KV
- * `<prefix>_audit` under `<tenant>.<opId>`. It is evidence, not a copy of content (DESIGN.md
- * "Audit evidence is not a copy of sensitive content"): who, which contract, which target (a
- * digest), side effect or not, every state with its time, final state, error class and result
- * digest — never an input, body, result or raw error text.
+ * The audit-projector's projection (issues 3 and 9): one audit record per operation, in KV
+ * `<prefix>_audit` under `<tenant>.<opId>`, fed by the event log and the decision stream. It is
+ * evidence, not a copy of content (DESIGN.md "Audit evidence is not a copy of sensitive content"):
+ * who (the internal actor id the server authenticated), when (every state with its time), which
+ * contract (`name@version` and its digest), which target (a KEYED HMAC — a plain digest of a
+ * guessable id is reversed by hashing guesses), the authorisation decisions with their policy
+ * version, whether a side effect happened, the error class, a keyed HMAC of the result digest, and
+ * who resolved it when a person did. Never an input, body, result, token or raw error text.
  *
- * Order independence: the record's head (status, attempt, actor, error class, result digest) comes
- * from the event with the highest stream sequence seen; `states` holds one entry per event, keyed
- * and sorted by stream sequence; `sideEffect` only ever turns true. So after every event has been
- * applied — in any order, any number of times — the record equals the in-order one.
+ * Order independence: the record's head (status, actor, contract, authorisation, error class,
+ * result) comes from the event with the highest event-log sequence seen — or, while the operation
+ * was never registered, from the newest decision; `states` and `decisions` hold one entry per
+ * message, keyed and sorted by stream sequence. So after every message has been applied — in any
+ * order, any number of times, by any number of instances — the record equals the in-order one,
+ * and a rebuild from the streams into an empty bucket gives the same records (same HMAC key).
+ *
+ * Events are read leniently ({@link auditedEventSchema}): an event type or a status this projector
+ * does not know (a future compensation state, a takeover) is still recorded with its time.
  */
 
-const seq = z.number().int().positive();
 const epochMs = z.number().int().nonnegative();
 const digest = z.string().regex(/^sha256:[0-9a-f]{64}$/);
+const id = z.string().regex(ID_PATTERN);
+/** A machine token: event type, status, error class, effect class, reason. */
+const token = z.string().regex(/^[a-z][a-z0-9_]{0,39}$/);
 
-/** One state the operation went through: the event's stream sequence, its status, time (ms since the epoch) and attempt. */
-export const auditStateSchema = z.object({
-  seq,
-  status: z.enum(operationStatuses),
+/** The HMAC under the deployment's audit key, per purpose (see `keyedDigest` in @tooltx/runtime). */
+export type AuditHmac = (purpose: 'target' | 'result' | 'resource', value: string) => string;
+
+// ---- What is read from the streams (lenient: unknown fields are dropped, unknown types kept) ----
+
+const authSeen = z.object({
+  decision: z.enum(['allow', 'deny']),
+  policyVersion: z.string().min(1).max(100),
+  reason: token.optional(),
   at: epochMs,
-  attempt: z.number().int().min(1),
+  resources: z.array(z.object({ id: z.string().max(200), version: z.number().int() })).max(50).optional(),
 });
-export type AuditState = z.infer<typeof auditStateSchema>;
 
-/** The value stored under `<tenant>.<opId>` in the audit bucket (msgpack). */
-export const auditRecordSchema = z.object({
-  /** Stream sequence (events stream) of the newest event applied: the head's source. */
-  seq,
-  operationKey: operationKeySchema,
-  tenant: idSchema,
-  /** The actor who submitted the current attempt (from the authenticated subject). */
-  actor: idSchema,
-  tool: z.string(),
-  /** `name@version` of the contract the operation runs under. */
-  contract: z.string(),
-  contractDigest: digest,
-  effect: z.enum(effectClasses),
-  /** Irreversible digest of the normalised target. */
-  targetDigest: digest,
-  attempt: z.number().int().min(1),
-  status: z.enum(operationStatuses),
-  /** Every state in stream order, one per event, no duplicates. */
-  states: z.array(auditStateSchema),
-  /** The machine error class of a `rejected` current attempt. */
-  errorClass: z.enum(errorClasses).optional(),
-  /** The result digest of a `committed` operation's receipt. */
-  resultDigest: digest.optional(),
-  /** True once an operation of a side-effecting effect class reached `running` (in any attempt). */
-  sideEffect: z.boolean(),
+/** The part of a lifecycle event the audit reads. Any event type; any status token. */
+export const auditedEventSchema = z.object({
+  type: token,
+  at: epochMs,
+  /** Set on an outcome a person decided (issue 8), with their operator id. */
+  manual: z.boolean().optional(),
+  resolvedBy: id.optional(),
+  state: z.object({
+    status: token,
+    operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+    tenant: id,
+    actor: id,
+    tool: z.string().min(1).max(100),
+    version: z.number().int(),
+    contractDigest: digest,
+    effect: token,
+    targetDigest: digest,
+    attempt: z.number().int().min(1),
+    authorization: z.object({ intake: authSeen.optional(), execution: authSeen.optional() }).optional(),
+    error: z.object({ class: token }).optional(),
+    receipt: z.object({ resultDigest: digest, resolvedBy: id.optional() }).optional(),
+    resolution: z.object({ by: id }).optional(),
+    takeover: z.object({ reason: token }).optional(),
+  }),
 });
-export type AuditRecord = z.infer<typeof auditRecordSchema>;
+export type AuditedEvent = z.infer<typeof auditedEventSchema>;
 
-/**
- * The projection rule: the record after `event`, stored at stream sequence `seq`, or `null` when
- * nothing changes (this sequence was already applied). An event older than the record's head still
- * adds its state to `states`; only a newer one moves the head. Pure.
- */
-export function applyToAudit(current: AuditRecord | null, event: OperationEvent, seq: number): AuditRecord | null {
-  if (current?.states.some((x) => x.seq === seq)) return null;
-  const s = event.state;
-  const state: AuditState = { seq, status: s.status, at: event.at, attempt: event.attempt };
-  const states = [...(current?.states ?? []), state].sort((a, b) => a.seq - b.seq);
-  // `running` is carried on by `unknown` and `committed` of the same attempt, so a skipped
-  // `running` event is still seen.
-  const ran = hasSideEffect(s.effect) && (event.type === 'running' || s.running !== undefined);
-  const sideEffect = (current?.sideEffect ?? false) || ran;
-  if (current && current.seq > seq) return { ...current, states, sideEffect };
+/** The part of a decision record (a refusal at intake or an idempotency conflict) the audit reads. */
+export const auditedDecisionSchema = z.object({
+  type: z.literal('decision'),
+  at: epochMs,
+  operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+  tenant: id,
+  actor: id,
+  tool: z.string().min(1).max(100).optional(),
+  version: z.number().int().optional(),
+  error: z.object({ class: token }),
+  authorization: authSeen.optional(),
+});
+export type AuditedDecision = z.infer<typeof auditedDecisionSchema>;
+
+/** Fields of a record that come from its head (replaced together when the head moves). */
+type Head = Omit<AuditRecord, 'operationKey' | 'tenant' | 'decisionSeq' | 'states' | 'decisions' | 'firstAt' | 'lastAt'>;
+const HEAD_KEYS = ['seq', 'actor', 'status', 'tool', 'contract', 'contractDigest', 'effect', 'targetHmac', 'attempt', 'authorization', 'sideEffect', 'errorClass', 'resultHmac', 'resolvedBy', 'takeover'] as const;
+
+const NO_SIDE_EFFECT = new Set(['read', 'compute']);
+
+/** Whether the effect of an operation whose head is `status` happened (DESIGN.md "What a key means over time"). */
+export function sideEffectOf(effect: string, status: string): (typeof sideEffects)[number] {
+  if (NO_SIDE_EFFECT.has(effect)) return 'none';
+  if (status === 'committed') return 'applied';
+  // Rejected = definitively not applied; accepted again only after a probe found nothing.
+  if (status === 'rejected' || status === 'accepted') return 'none';
+  return 'possible';
+}
+
+function authView(a: z.infer<typeof authSeen> | undefined, h: AuditHmac): AuditAuthorization | undefined {
+  if (!a) return undefined;
   return {
-    seq,
-    operationKey: s.operationKey,
-    tenant: s.tenant,
+    decision: a.decision,
+    policyVersion: a.policyVersion,
+    ...(a.reason ? { reason: a.reason } : {}),
+    at: a.at,
+    ...(a.resources ? { resources: a.resources.map((r) => ({ idHmac: h('resource', r.id), version: r.version })) } : {}),
+  };
+}
+
+function headOfEvent(e: AuditedEvent, at: number, h: AuditHmac): Head {
+  const s = e.state;
+  const intake = authView(s.authorization?.intake, h);
+  const execution = authView(s.authorization?.execution, h);
+  const resolvedBy = s.resolution?.by ?? (e.manual ? e.resolvedBy : undefined) ?? s.receipt?.resolvedBy;
+  return {
+    seq: at,
     actor: s.actor,
+    status: s.status,
     tool: s.tool,
     contract: `${s.tool}@${s.version}`,
     contractDigest: s.contractDigest,
     effect: s.effect,
-    targetDigest: s.targetDigest,
+    targetHmac: h('target', s.targetDigest),
     attempt: s.attempt,
-    status: s.status,
-    states,
+    ...(intake || execution ? { authorization: { ...(intake ? { intake } : {}), ...(execution ? { execution } : {}) } } : {}),
+    sideEffect: sideEffectOf(s.effect, s.status),
     ...(s.status === 'rejected' && s.error ? { errorClass: s.error.class } : {}),
-    ...(s.status === 'committed' && s.receipt ? { resultDigest: s.receipt.resultDigest } : {}),
-    sideEffect,
+    ...(s.status === 'committed' && s.receipt ? { resultHmac: h('result', s.receipt.resultDigest) } : {}),
+    ...(resolvedBy ? { resolvedBy } : {}),
+    ...(s.takeover ? { takeover: { reason: s.takeover.reason } } : {}),
   };
+}
+
+function headOfDecision(d: AuditDecision): Head {
+  return { seq: 0, actor: d.actor, status: 'refused', ...(d.contract ? { contract: d.contract, tool: d.contract.slice(0, d.contract.lastIndexOf('@')) } : {}), sideEffect: 'none', errorClass: d.errorClass };
+}
+
+function pickHead(r: AuditRecord): Head {
+  const out: Record<string, unknown> = {};
+  for (const k of HEAD_KEYS) if (r[k] !== undefined) out[k] = r[k];
+  return out as Head;
+}
+
+function assemble(operationKey: string, tenant: string, head: Head, states: AuditState[], decisions: AuditDecision[]): AuditRecord {
+  const times = [...states.map((s) => s.at), ...decisions.map((d) => d.at)];
+  const { seq: headSeq, ...rest } = head;
+  return {
+    operationKey,
+    tenant,
+    seq: headSeq,
+    decisionSeq: decisions.reduce((m, d) => Math.max(m, d.seq), 0),
+    ...rest,
+    states,
+    decisions,
+    firstAt: Math.min(...times),
+    lastAt: Math.max(...times),
+  };
+}
+
+/**
+ * The projection rule for an event stored at event-log sequence `at`: the record after it, or `null`
+ * when nothing changes (this sequence was already applied). An event older than the record's head
+ * still adds its state; only a newer one moves the head. Pure (the HMAC is a keyed function).
+ */
+export function applyEventToAudit(current: AuditRecord | null, e: AuditedEvent, at: number, h: AuditHmac): AuditRecord | null {
+  if (current?.states.some((x) => x.seq === at)) return null;
+  const s = e.state;
+  const resolvedBy = e.manual ? (e.resolvedBy ?? s.resolution?.by) : undefined;
+  const state: AuditState = {
+    seq: at,
+    event: e.type,
+    status: s.status,
+    at: e.at,
+    attempt: s.attempt,
+    actor: s.actor,
+    ...(s.status === 'rejected' && s.error && (e.type === 'rejected' || e.manual) ? { errorClass: s.error.class } : {}),
+    ...(resolvedBy ? { resolvedBy } : {}),
+  };
+  const states = [...(current?.states ?? []), state].sort((a, b) => a.seq - b.seq);
+  const head = !current || current.seq < at ? headOfEvent(e, at, h) : pickHead(current);
+  return assemble(s.operationKey, s.tenant, head, states, current?.decisions ?? []);
+}
+
+/**
+ * The projection rule for a decision stored at decision-stream sequence `at`. While no event of the
+ * operation was applied, the newest decision is the head (status `refused`). Pure.
+ */
+export function applyDecisionToAudit(current: AuditRecord | null, d: AuditedDecision, at: number): AuditRecord | null {
+  if (current?.decisions.some((x) => x.seq === at)) return null;
+  const entry: AuditDecision = {
+    seq: at,
+    at: d.at,
+    actor: d.actor,
+    ...(d.tool && d.version !== undefined ? { contract: `${d.tool}@${d.version}` } : {}),
+    errorClass: d.error.class,
+    conflict: d.error.class === 'idempotency_conflict',
+    ...(d.authorization?.decision === 'deny' ? { policyVersion: d.authorization.policyVersion } : {}),
+  };
+  const decisions = [...(current?.decisions ?? []), entry].sort((a, b) => a.seq - b.seq);
+  const head = current && current.seq > 0 ? pickHead(current) : headOfDecision(decisions.at(-1)!);
+  return assemble(d.operationKey, d.tenant, head, current?.states ?? [], decisions);
+}
+
+/**
+ * {@link ContractCounts} per contract version, from audit records (see the schema's doc for what each
+ * count means). Conflicts are counted from the decision stream: one per `idempotency_conflict`
+ * decision record, under the contract the refused request named.
+ */
+/* `(none)` for refusals that named no known contract; sorted by contract. */
+export function countsOf(records: Iterable<AuditRecord>): ContractCounts[] {
+  const by = new Map<string, ContractCounts>();
+  const get = (contract: string) => {
+    let c = by.get(contract);
+    if (!c) by.set(contract, (c = { contract, operations: 0, accepted: 0, committed: 0, rejected: {}, refused: {}, conflicts: 0, unknown: 0, unresolved: 0, takeovers: 0, manual: 0 }));
+    return c;
+  };
+  const inc = (m: Record<string, number>, k: string) => (m[k] = (m[k] ?? 0) + 1);
+  for (const r of records) {
+    const c = get(r.contract ?? '(none)');
+    c.operations++;
+    for (const s of r.states) {
+      if (s.event === 'accepted') c.accepted++;
+      if (s.status === 'rejected' && s.errorClass) inc(c.rejected, s.errorClass);
+    }
+    for (const d of r.decisions) {
+      if (d.conflict) get(d.contract ?? r.contract ?? '(none)').conflicts++;
+      else inc(get(d.contract ?? r.contract ?? '(none)').refused, d.errorClass);
+    }
+    if (r.status === 'committed') c.committed++;
+    if (r.states.some((s) => s.status === 'unknown')) c.unknown++;
+    if (r.status === 'unknown') c.unresolved++;
+    if (r.states.some((s) => s.event === 'takeover') || r.takeover) c.takeovers++;
+    if (r.states.some((s) => s.resolvedBy)) c.manual++;
+  }
+  return [...by.values()].sort((a, b) => a.contract.localeCompare(b.contract));
 }

@@ -1,80 +1,170 @@
 import { describe, expect, it } from 'vitest';
+import { keyedDigest } from '@tooltx/runtime';
 import { decode, encode } from '@tooltx/nats';
-import { fold, interleave, PLANTED_ERROR_TEXT, sampleOperation, sampleOperations, shuffled, type LogEntry } from '../../../test/helpers/histories.js';
-import { applyToAudit, auditRecordSchema } from '../src/projection.js';
+import { interleave, PLANTED_ERROR_TEXT, sampleOperation, sampleOperations, shuffled } from '../../../test/helpers/histories.js';
+import {
+  applyDecisionToAudit,
+  applyEventToAudit,
+  auditRecordSchema,
+  countsOf,
+  type AuditedDecision,
+  type AuditedEvent,
+  type AuditHmac,
+  type AuditRecord,
+} from '../src/projection.js';
+
+const KEY = Buffer.from('k'.repeat(64));
+const h: AuditHmac = (purpose, value) => keyedDigest(KEY, `audit-${purpose}`, value);
+
+/** One message of either stream, as the projector sees it. */
+type Entry = { key: string; seq: number } & ({ kind: 'event'; event: AuditedEvent } | { kind: 'decision'; decision: AuditedDecision });
+
+function foldAll(entries: readonly Entry[]): Map<string, AuditRecord> {
+  const out = new Map<string, AuditRecord>();
+  for (const e of entries) {
+    const cur = out.get(e.key) ?? null;
+    const next = e.kind === 'event' ? applyEventToAudit(cur, e.event, e.seq, h) : applyDecisionToAudit(cur, e.decision, e.seq);
+    if (next) out.set(e.key, next);
+  }
+  return out;
+}
 
 const ops = sampleOperations(2);
-const log = interleave(ops);
-const inOrder = fold(log, applyToAudit);
+const decisionOf = (o: (typeof ops)[number], i: number, cls: string, actor = 'mallory'): AuditedDecision => ({
+  type: 'decision', at: 1_760_000_000_000 + i, operationKey: o.operationKey, tenant: o.tenant, actor, tool: 'kb.write_note', version: 2,
+  error: { class: cls }, ...(cls === 'forbidden' ? { authorization: { decision: 'deny', policyVersion: 'kb-policy@1', reason: 'forbidden', at: 1_760_000_000_000 + i } } : {}),
+});
+const committedOp = ops.find((x) => x.kind === 'committed')!;
+const refusedOnly = sampleOperation('accepted', 77); // its events are never appended: refused at intake only
+const log: Entry[] = [
+  ...interleave(ops).map((x): Entry => ({ kind: 'event', key: x.key, seq: x.seq, event: x.event })),
+  // Decisions live on their own stream: their sequences are their own.
+  { kind: 'decision', key: `acme.${committedOp.opId}`, seq: 1, decision: decisionOf(committedOp, 1, 'idempotency_conflict') },
+  { kind: 'decision', key: `acme.${committedOp.opId}`, seq: 3, decision: decisionOf(committedOp, 3, 'idempotency_conflict', 'alice') },
+  { kind: 'decision', key: `acme.${refusedOnly.opId}`, seq: 2, decision: decisionOf(refusedOnly, 2, 'forbidden') },
+];
+const inOrder = foldAll(log);
 const recordOf = (kind: string) => {
   const o = ops.find((x) => x.kind === kind)!;
   return inOrder.get(`${o.tenant}.${o.opId}`)!;
 };
 
 describe('audit projection: one record per operation', () => {
-  it('records who, which contract and target, every state with its time, the final state and its digests', () => {
-    const o = ops.find((x) => x.kind === 'committed')!;
+  it('records who, which contract, a keyed HMAC of the target, the decisions, every state with its time, the outcome and an HMAC of its result', () => {
+    const o = committedOp;
     const r = recordOf('committed');
-    const seqs = log.filter((e) => e.key === `${o.tenant}.${o.opId}`).map((e) => e.seq);
+    const seqs = log.filter((e) => e.kind === 'event' && e.key === `${o.tenant}.${o.opId}`).map((e) => e.seq);
+    const s = o.events[2]!.state;
     expect(r).toEqual({
-      seq: seqs[2],
       operationKey: o.operationKey,
       tenant: 'acme',
+      seq: seqs[2],
+      decisionSeq: 3,
       actor: 'alice',
+      status: 'committed',
       tool: 'kb.write_note',
       contract: 'kb.write_note@2',
-      contractDigest: o.events[0]!.state.contractDigest,
+      contractDigest: s.contractDigest,
       effect: 'create',
-      targetDigest: o.events[0]!.state.targetDigest,
+      targetHmac: h('target', s.targetDigest),
       attempt: 1,
-      status: 'committed',
-      states: o.events.map((e, i) => ({ seq: seqs[i], status: e.type, at: e.at, attempt: 1 })),
-      resultDigest: o.events[2]!.state.receipt!.resultDigest,
-      sideEffect: true,
+      sideEffect: 'applied',
+      resultHmac: h('result', s.receipt!.resultDigest),
+      states: o.events.map((e, i) => ({ seq: seqs[i], event: e.type, status: e.type, at: e.at, attempt: 1, actor: 'alice' })),
+      decisions: [
+        { seq: 1, at: 1_760_000_000_001, actor: 'mallory', contract: 'kb.write_note@2', errorClass: 'idempotency_conflict', conflict: true },
+        { seq: 3, at: 1_760_000_000_003, actor: 'alice', contract: 'kb.write_note@2', errorClass: 'idempotency_conflict', conflict: true },
+      ],
+      firstAt: o.events[0]!.at,
+      lastAt: 1_760_000_000_003,
     });
+    // Neither the plain target digest nor the plain result digest is in the record.
+    expect(JSON.stringify(r)).not.toContain(s.targetDigest);
+    expect(JSON.stringify(r)).not.toContain(s.receipt!.resultDigest);
   });
 
   it('keeps both attempts of a retried operation; the head follows the newest event', () => {
     const r = recordOf('retried_unknown');
-    expect(r.states.map((s) => [s.status, s.attempt])).toEqual([['accepted', 1], ['rejected', 1], ['accepted', 2], ['running', 2], ['unknown', 2]]);
-    expect(r).toMatchObject({ status: 'unknown', attempt: 2, actor: 'bob', sideEffect: true });
+    expect(r.states.map((s) => [s.event, s.attempt, s.actor])).toEqual([['accepted', 1, 'alice'], ['rejected', 1, 'alice'], ['accepted', 2, 'bob'], ['running', 2, 'bob'], ['unknown', 2, 'bob']]);
+    expect(r.states[1]).toMatchObject({ errorClass: 'quota_exceeded' });
+    expect(r).toMatchObject({ status: 'unknown', attempt: 2, actor: 'bob', sideEffect: 'possible' });
     expect(r).not.toHaveProperty('errorClass');
   });
 
-  it('marks a side effect only for side-effecting contracts that reached running', () => {
-    expect(recordOf('read_failed')).toMatchObject({ status: 'rejected', errorClass: 'dependency_unavailable', sideEffect: false });
-    expect(recordOf('refused')).toMatchObject({ status: 'rejected', errorClass: 'invalid_input', sideEffect: false });
-    expect(recordOf('accepted').sideEffect).toBe(false);
-    expect(recordOf('running').sideEffect).toBe(true);
+  it('says whether the side effect happened: applied, possible or none', () => {
+    expect(recordOf('read_failed')).toMatchObject({ status: 'rejected', errorClass: 'dependency_unavailable', sideEffect: 'none' });
+    expect(recordOf('refused')).toMatchObject({ status: 'rejected', errorClass: 'invalid_input', sideEffect: 'none' });
+    expect(recordOf('accepted').sideEffect).toBe('none');
+    expect(recordOf('running').sideEffect).toBe('possible');
   });
 
-  it('gives the same records for the log applied reversed, shuffled and with every event twice', () => {
-    const orders: [string, LogEntry[]][] = [
+  it('an operation refused at intake only has a record of its refusals, with the denying policy version', () => {
+    const r = inOrder.get(`acme.${refusedOnly.opId}`)!;
+    expect(r).toEqual({
+      operationKey: refusedOnly.operationKey, tenant: 'acme', seq: 0, decisionSeq: 2, actor: 'mallory', status: 'refused', contract: 'kb.write_note@2', tool: 'kb.write_note',
+      sideEffect: 'none', errorClass: 'forbidden', states: [],
+      decisions: [{ seq: 2, at: 1_760_000_000_002, actor: 'mallory', contract: 'kb.write_note@2', errorClass: 'forbidden', conflict: false, policyVersion: 'kb-policy@1' }],
+      firstAt: 1_760_000_000_002, lastAt: 1_760_000_000_002,
+    });
+  });
+
+  it('gives the same records for both streams applied reversed, shuffled and with every message twice (a rebuild, several instances)', () => {
+    const orders: [string, Entry[]][] = [
       ['reversed', [...log].reverse()],
-      ...[1, 2, 3, 42, 1337].map((seed): [string, LogEntry[]] => [`shuffled #${seed}`, shuffled(log, seed)]),
-      ...[7, 99].map((seed): [string, LogEntry[]] => [`duplicated #${seed}`, shuffled([...log, ...log], seed)]),
+      ...[1, 2, 3, 42, 1337].map((seed): [string, Entry[]] => [`shuffled #${seed}`, shuffled(log, seed)]),
+      ...[7, 99].map((seed): [string, Entry[]] => [`duplicated #${seed}`, shuffled([...log, ...log], seed)]),
       ['in order, twice', [...log, ...log]],
     ];
-    for (const [name, entries] of orders) expect(fold(entries, applyToAudit), name).toEqual(inOrder);
+    for (const [name, entries] of orders) expect(foldAll(entries), name).toEqual(inOrder);
   });
 
-  it('sees the side effect of a running event that arrives after the commit skipped it', () => {
-    const [accepted, running, committed] = sampleOperation('committed', 90).events as [never, never, never];
-    const head = applyToAudit(applyToAudit(null, accepted, 1), committed, 3)!;
-    expect(head.sideEffect).toBe(true); // the committed state carries the running marker
-    const full = applyToAudit(head, running, 2)!;
-    expect(full.states.map((s) => s.status)).toEqual(['accepted', 'running', 'committed']);
-    expect(full.status).toBe('committed');
-    expect(applyToAudit(full, running, 2)).toBeNull();
+  it('records an event type or status it does not know with its time; a manual resolution names who resolved it', () => {
+    const [accepted, running, unknown] = sampleOperation('running', 91).events as [AuditedEvent, AuditedEvent, AuditedEvent?];
+    const at = running.at + 1_000;
+    const marked: AuditedEvent = { ...running, type: 'unknown', at, state: { ...running.state, status: 'unknown' } };
+    const takeover: AuditedEvent = { ...marked, type: 'takeover', at: at + 1, state: { ...marked.state, takeover: { reason: 'unknown_past_deadline' } } };
+    const compensating: AuditedEvent = { ...marked, type: 'compensation_requested', at: at + 2, state: { ...marked.state, status: 'compensation_requested' } };
+    const resolved: AuditedEvent = {
+      ...marked, type: 'rejected', at: at + 3, manual: true, resolvedBy: 'oscar',
+      state: { ...marked.state, status: 'rejected', error: { class: 'not_applied' }, resolution: { by: 'oscar' } },
+    };
+    expect(unknown).toBeUndefined();
+    let r: AuditRecord | null = null;
+    for (const [e, seq] of [[accepted, 1], [running, 2], [marked, 3], [takeover, 4], [compensating, 5]] as const) r = applyEventToAudit(r, e, seq, h) ?? r;
+    expect(r!.states.map((s) => [s.event, s.status])).toEqual([['accepted', 'accepted'], ['running', 'running'], ['unknown', 'unknown'], ['takeover', 'unknown'], ['compensation_requested', 'compensation_requested']]);
+    expect(r).toMatchObject({ status: 'compensation_requested', sideEffect: 'possible' });
+    r = applyEventToAudit(r, resolved, 6, h)!;
+    expect(r).toMatchObject({ status: 'rejected', errorClass: 'not_applied', resolvedBy: 'oscar', sideEffect: 'none' });
+    expect(r.states.at(-1)).toEqual({ seq: 6, event: 'rejected', status: 'rejected', at: at + 3, attempt: 1, actor: 'alice', errorClass: 'not_applied', resolvedBy: 'oscar' });
+    const counts = countsOf([r]);
+    expect(counts[0]).toMatchObject({ unknown: 1, unresolved: 0, takeovers: 1, manual: 1, rejected: { not_applied: 1 } });
   });
 
-  it('never carries an input, a body or raw error text', () => {
+  it('counts per contract version: accepted attempts, committed, rejected by class, refusals, conflicts, unknowns', () => {
+    const counts = countsOf(inOrder.values());
+    expect(counts).toEqual([
+      {
+        contract: 'kb.write_note@2',
+        operations: ops.length + 1,
+        // Two operations of each kind; the retried one was accepted twice.
+        accepted: ops.length + 2,
+        committed: 2,
+        rejected: { quota_exceeded: 2, dependency_unavailable: 2, invalid_input: 2 },
+        refused: { forbidden: 1 },
+        conflicts: 2,
+        unknown: 2,
+        unresolved: 2,
+        takeovers: 0,
+        manual: 0,
+      },
+    ]);
+  });
+
+  it('never carries an input, a body, a plain digest of the target or raw error text', () => {
     for (const r of inOrder.values()) {
       const bytes = Buffer.from(encode(r)).toString('latin1');
       expect(bytes).not.toContain(PLANTED_ERROR_TEXT);
-      expect(Object.keys(r).sort()).toEqual(
-        expect.arrayContaining(['actor', 'attempt', 'contract', 'contractDigest', 'effect', 'operationKey', 'seq', 'sideEffect', 'states', 'status', 'targetDigest', 'tenant', 'tool']),
-      );
+      for (const o of ops) expect(bytes).not.toContain(o.events[0]!.state.targetDigest);
       expect(Object.keys(r).filter((k) => !auditRecordSchema.shape[k as keyof typeof auditRecordSchema.shape])).toEqual([]);
     }
   });

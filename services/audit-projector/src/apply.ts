@@ -1,0 +1,47 @@
+import type { JsMsg } from '@nats-io/jetstream';
+import type { KV } from '@nats-io/kv';
+import { operationIdOf } from '@tooltx/contracts';
+import { decode, projectEntry, type Settlement, type Subjects } from '@tooltx/nats';
+import type { Logger } from '@tooltx/runtime';
+import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, auditRecordSchema, type AuditHmac } from './projection.js';
+
+export interface AuditApplyDeps {
+  subjects: Subjects;
+  kv: KV;
+  hmac: AuditHmac;
+  log: Logger;
+}
+
+/**
+ * The consumer-loop handlers of the audit projection, one per stream. For each message on
+ * `<p>.op.<tenant>.<opId>` (event log) or `<p>.decision.<tenant>.<opId>` (decision stream): decode
+ * it leniently (an undecodable one is `term`ed by the loop), check it belongs to its subject's
+ * tenant and operation (else `term`), then compare-and-set the record under `<tenant>.<opId>` with
+ * the pure rule and the message's stream sequence. Ack once written or found already applied.
+ */
+export function auditHandlers(d: AuditApplyDeps): { events: (msg: JsMsg) => Promise<Settlement | void>; decisions: (msg: JsMsg) => Promise<Settlement | void> } {
+  const project = async (kind: 'op' | 'decision', msg: JsMsg): Promise<Settlement | void> => {
+    const where = d.subjects.parseOpSubject(kind, msg.subject);
+    if (!where) return { kind: 'term', reason: `not a ${kind} subject` };
+    const key = d.subjects.projectionKey(where.tenant, where.opId);
+    const apply =
+      kind === 'op'
+        ? (() => {
+            const e = decode(auditedEventSchema, msg.data);
+            if (e.state.tenant !== where.tenant || operationIdOf(e.state.operationKey) !== where.opId) return null;
+            return { type: e.type, fn: (cur: Parameters<typeof applyEventToAudit>[0]) => applyEventToAudit(cur, e, msg.seq, d.hmac) };
+          })()
+        : (() => {
+            const r = decode(auditedDecisionSchema, msg.data);
+            if (r.tenant !== where.tenant || operationIdOf(r.operationKey) !== where.opId) return null;
+            return { type: 'decision', fn: (cur: Parameters<typeof applyDecisionToAudit>[0]) => applyDecisionToAudit(cur, r, msg.seq) };
+          })();
+    if (!apply) {
+      d.log.error({ seq: msg.seq, tenant: where.tenant, stream: kind }, 'message does not belong to its subject');
+      return { kind: 'term', reason: 'message does not belong to its subject' };
+    }
+    const outcome = await projectEntry({ kv: d.kv, key, schema: auditRecordSchema, apply: apply.fn });
+    d.log.debug({ key, seq: msg.seq, type: apply.type, deliveryCount: msg.info.deliveryCount, ...outcome }, outcome.kind === 'written' ? 'projected' : 'projection unchanged');
+  };
+  return { events: (m) => project('op', m), decisions: (m) => project('decision', m) };
+}

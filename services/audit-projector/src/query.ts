@@ -1,0 +1,197 @@
+import { randomUUID } from 'node:crypto';
+import type { JetStreamClient } from '@nats-io/jetstream';
+import type { KV } from '@nats-io/kv';
+import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
+import { ErrorClass, fieldIssues, operationIdOf, type ErrorInfo } from '@tooltx/contracts';
+import { auditRecordSchema, auditRequestSchema, MAX_AUDIT_PAGE, type AuditAnswer, type AuditQueryRecord, type AuditRecord, type AuditRequest, type ContractCounts } from '@tooltx/lifecycle';
+import { decode, decodeRaw, encode, isTransient, type Subjects } from '@tooltx/nats';
+import type { Logger } from '@tooltx/runtime';
+import { countsOf } from './projection.js';
+
+/**
+ * The auditors' query service (issue 9; DESIGN.md "Audit and business results have separate access;
+ * exports are themselves audited"). Request/reply on `<prefix>.audit.<tenant>.<auditor>` (queue
+ * group `tooltx-audit`, any number of instances): the server lets only that auditor publish there,
+ * so the tenant and the auditor come from the subject. Requests and answers are msgpack.
+ *
+ * Every query and every export page is recorded — who, when, what, which range, how many records —
+ * in the stream `<P>_AUDITLOG` (subject `<prefix>.auditlog.<tenant>.<auditor>`, readable by no
+ * auditor) and only answered once the server confirmed storing that record. No record, no answer:
+ * the auditor gets `dependency_unavailable` and no data.
+ *
+ * Ranges: an operation is in `[since, until)` when any of its states or decisions falls in it
+ * (`lastAt >= since` and `firstAt < until`), times in ms since the epoch.
+ */
+
+/** Queue group shared by every audit service instance. */
+export const AUDIT_QUEUE = 'tooltx-audit';
+/** Encoded records in one answer stay under this many bytes (the server's default max_payload is 1 MiB). */
+export const PAGE_BYTES = 768 * 1024;
+
+export interface AuditServiceDeps {
+  nc: NatsConnection;
+  js: JetStreamClient;
+  kv: KV;
+  subjects: Subjects;
+  log: Logger;
+  instance: string;
+  now?: () => number;
+}
+
+const order = (a: AuditRecord, b: AuditRecord) => a.firstAt - b.firstAt || (a.operationKey < b.operationKey ? -1 : a.operationKey > b.operationKey ? 1 : 0);
+const cursorOf = (r: AuditRecord) => `${r.firstAt}.${r.operationKey}`;
+const afterCursor = (r: AuditRecord, c: string) => {
+  const i = c.indexOf('.');
+  const at = Number(c.slice(0, i));
+  const key = c.slice(i + 1);
+  return r.firstAt > at || (r.firstAt === at && r.operationKey > key);
+};
+
+/** The audit query service; `start()` subscribes, `stop()` drains and waits for in-flight answers. */
+export class AuditService {
+  readonly #d: AuditServiceDeps;
+  readonly #now: () => number;
+  #sub: Subscription | null = null;
+  readonly #inFlight = new Set<Promise<void>>();
+
+  constructor(deps: AuditServiceDeps) {
+    this.#d = deps;
+    this.#now = deps.now ?? Date.now;
+  }
+
+  start(): void {
+    this.#sub = this.#d.nc.subscribe(this.#d.subjects.allAudit, {
+      queue: AUDIT_QUEUE,
+      callback: (err, msg) => {
+        if (err) return void this.#d.log.warn({ err }, 'audit subscription error');
+        const p = this.#handle(msg).catch((e: unknown) => this.#d.log.error({ err: e }, 'audit request failed'));
+        this.#inFlight.add(p);
+        void p.finally(() => this.#inFlight.delete(p));
+      },
+    });
+  }
+
+  async stop(): Promise<void> {
+    await this.#sub?.drain();
+    await Promise.all(this.#inFlight);
+  }
+
+  async #handle(msg: Msg): Promise<void> {
+    const { subjects, log } = this.#d;
+    const who = subjects.parseAuditSubject(msg.subject);
+    const reply = (body: unknown) => msg.respond(encode(body));
+    if (!who) return void reply({ error: { class: ErrorClass.InvalidInput } });
+    const l = log.child({ tenant: who.tenant, auditor: who.auditor });
+    let req: AuditRequest;
+    try {
+      const r = auditRequestSchema.safeParse(decodeRaw(msg.data));
+      if (!r.success) {
+        await this.#record(who, { kind: 'invalid', count: 0 });
+        return void reply({ error: { class: ErrorClass.InvalidInput, issues: fieldIssues(r.error) } satisfies ErrorInfo });
+      }
+      req = r.data;
+    } catch {
+      await this.#record(who, { kind: 'invalid', count: 0 }).catch(() => undefined);
+      return void reply({ error: { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'invalid_encoding', message: 'not msgpack' }] } });
+    }
+    let answer: Exclude<AuditAnswer, { error: unknown }>;
+    try {
+      answer = await this.#answer(who, req);
+    } catch (err) {
+      l.error({ err, kind: req.kind }, 'audit query failed');
+      return void reply({ error: { class: ErrorClass.DependencyUnavailable } });
+    }
+    const count = 'records' in answer ? (typeof answer.records === 'number' ? answer.records : answer.records.length) : answer.record ? 1 : 0;
+    try {
+      // Recorded, and confirmed stored by the server, before anything is answered.
+      await this.#record(who, {
+        queryId: answer.queryId,
+        kind: req.kind,
+        count,
+        ...(req.kind === 'show' ? { operationKey: req.operationKey } : {}),
+        ...(req.kind !== 'show' && req.since !== undefined ? { since: req.since } : {}),
+        ...(req.kind !== 'show' && req.until !== undefined ? { until: req.until } : {}),
+        ...(req.kind === 'list' && req.state ? { state: req.state } : {}),
+        ...(req.kind === 'list' && req.contract ? { contract: req.contract } : {}),
+        ...((req.kind === 'list' || req.kind === 'export') && req.after ? { after: req.after } : {}),
+        ...(answer.kind === 'export' ? { exportId: answer.exportId } : {}),
+      });
+    } catch (err) {
+      l.error({ err, kind: req.kind }, 'query not recorded: not answered');
+      return void reply({ error: { class: ErrorClass.DependencyUnavailable } });
+    }
+    l.info({ kind: req.kind, queryId: answer.queryId, count }, 'audit query answered');
+    reply(answer);
+  }
+
+  /** Publishes the query record to the audit log stream and waits for the server's acknowledgement. */
+  async #record(who: { tenant: string; auditor: string }, q: Omit<AuditQueryRecord, 'schema' | 'queryId' | 'at' | 'tenant' | 'auditor' | 'instance'> & { queryId?: string }): Promise<void> {
+    const record: AuditQueryRecord = { schema: 1, queryId: q.queryId ?? randomUUID(), at: this.#now(), tenant: who.tenant, auditor: who.auditor, instance: this.#d.instance, ...q } as AuditQueryRecord;
+    const subject = this.#d.subjects.auditLog(who.tenant, who.auditor);
+    let lastErr: unknown;
+    for (let i = 0; i < 3; i++) {
+      try {
+        // The query id is the message id: a retried publish is stored once.
+        await this.#d.js.publish(subject, encode(record), { msgID: record.queryId, timeout: 5_000 });
+        return;
+      } catch (err) {
+        if (!isTransient(err)) throw err;
+        lastErr = err;
+        await new Promise((r) => setTimeout(r, 100 * 2 ** i));
+      }
+    }
+    throw lastErr;
+  }
+
+  async #answer(who: { tenant: string; auditor: string }, req: AuditRequest): Promise<Exclude<AuditAnswer, { error: unknown }>> {
+    const queryId = randomUUID();
+    if (req.kind === 'show') {
+      const e = await this.#d.kv.get(this.#d.subjects.projectionKey(who.tenant, operationIdOf(req.operationKey)));
+      const record = e && e.operation === 'PUT' ? decode(auditRecordSchema, e.value) : null;
+      // An operation key of another tenant is never under this tenant's keys: the same `null`.
+      return { kind: 'show', queryId, record: record && record.operationKey === req.operationKey ? record : null };
+    }
+    const inRange = (r: AuditRecord) => (req.since === undefined || r.lastAt >= req.since) && (req.until === undefined || r.firstAt < req.until);
+    const all = (await this.#tenantRecords(who.tenant)).filter(inRange);
+    if (req.kind === 'counts') return { kind: 'counts', queryId, records: all.length, counts: countsOf(all) satisfies ContractCounts[] };
+    const selected = all
+      .filter((r) => req.kind !== 'list' || ((!req.state || r.status === req.state) && (!req.contract || r.contract === req.contract)))
+      .filter((r) => !req.after || afterCursor(r, req.after))
+      .sort(order);
+    const limit = req.kind === 'list' ? (req.limit ?? 100) : MAX_AUDIT_PAGE;
+    const page: AuditRecord[] = [];
+    let bytes = 0;
+    for (const r of selected) {
+      const size = encode(r).byteLength;
+      if (page.length >= limit || (page.length > 0 && bytes + size > PAGE_BYTES)) break;
+      page.push(r);
+      bytes += size;
+    }
+    const next = page.length < selected.length && page.length > 0 ? cursorOf(page.at(-1)!) : undefined;
+    if (req.kind === 'list') return { kind: 'list', queryId, records: page, ...(next ? { next } : {}) };
+    return { kind: 'export', queryId, exportId: req.exportId ?? randomUUID(), records: page, ...(next ? { next } : {}) };
+  }
+
+  /**
+   * Every audit record of `tenant`: one ordered pass over the bucket's stream, filtered to the
+   * tenant's keys (the bucket keeps one value per key). O(records of the tenant) per query.
+   */
+  async #tenantRecords(tenant: string): Promise<AuditRecord[]> {
+    const latest = new Map<string, { revision: number; value: Uint8Array }>();
+    for await (const e of await this.#d.kv.history({ key: `${tenant}.>` })) {
+      const cur = latest.get(e.key);
+      if (cur && cur.revision > e.revision) continue;
+      if (e.operation !== 'PUT') latest.delete(e.key);
+      else latest.set(e.key, { revision: e.revision, value: e.value });
+    }
+    const out: AuditRecord[] = [];
+    for (const [key, { value }] of latest) {
+      try {
+        out.push(decode(auditRecordSchema, value));
+      } catch (err) {
+        this.#d.log.error({ err, key }, 'audit record does not match its schema: skipped');
+      }
+    }
+    return out;
+  }
+}
