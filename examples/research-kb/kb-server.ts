@@ -70,7 +70,7 @@ import type { AddressInfo } from 'node:net';
 import { resolve } from 'node:path';
 import { Command } from 'commander';
 import { z } from 'zod';
-import { baseConfigSchema, ConfigError, createLogger, loadConfig, onShutdown } from '@tooltx/runtime';
+import { baseConfigSchema, ConfigError, createLogger, installProcessHandlers, loadConfig, onShutdown, SecretFileError, type Logger } from '@tooltx/runtime';
 import { applySeed, loadSeedFile, SeedError, seedPairsSchema, type KbSeed } from './kb-seed.js';
 import { KB_ID, KB_NAME, KB_ROLES, KB_STATES, KbStore, type AdminOutcome, type NoteInput } from './kb-store.js';
 
@@ -92,6 +92,7 @@ const kbConfigSchema = z.object({
   KB_SEED_FILE: z.string().min(1).optional(),
   KB_ADMIN_TOKEN_FILE: z.string().min(1).optional(),
   LOG_LEVEL: baseConfigSchema.shape.LOG_LEVEL,
+  TOOLTX_LOG_HMAC_KEY_FILE: baseConfigSchema.shape.TOOLTX_LOG_HMAC_KEY_FILE,
 });
 
 const ENV_HELP = `
@@ -115,6 +116,9 @@ Environment:
              file holding the operator token (>= 16 characters) for /v1/admin/* with
              "authorization: Bearer <token>"; unset = operator endpoints disabled (404)
   LOG_LEVEL  fatal|error|warn|info|debug|trace|silent (default info)
+  TOOLTX_LOG_HMAC_KEY_FILE
+             key file (mode 0600) for the HMAC of error messages in logs (optional; logs never
+             carry bodies, headers, the operator token or an error's message)
 
 Exits 2 on a bad configuration or seed (every problem listed on stderr); SIGTERM/SIGINT drain and exit 0.`;
 
@@ -159,7 +163,15 @@ try {
 // The file first, then KB_SEED: the first definition of a knowledge base creates it.
 seed = { tenants: seed.tenants, knowledgeBases: [...seed.knowledgeBases, ...config.KB_SEED] };
 
-const log = createLogger({ service: 'kb-server', instance: `kb-${process.pid}`, level: config.LOG_LEVEL });
+let log: Logger;
+try {
+  log = createLogger({ service: 'kb-server', instance: `kb-${process.pid}`, level: config.LOG_LEVEL, hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE });
+} catch (err) {
+  if (err instanceof SecretFileError) fail(`invalid configuration:\n  - TOOLTX_LOG_HMAC_KEY_FILE: ${err.message}`);
+  throw err;
+}
+// A crash is one fatal log line, never Node's print of a message and stack.
+installProcessHandlers(log);
 const dbPath = config.KB_DB === ':memory:' ? ':memory:' : resolve(config.KB_DB);
 const store = new KbStore({ path: dbPath, dedup: config.KB_DEDUP === 'on' });
 let seeded: { knowledgeBases: number; created: number };

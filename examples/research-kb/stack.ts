@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { connectNats, jetStreamOf, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
+import { ensureKeyFile } from '@tooltx/runtime';
 import { applyTopology, generateAuth, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -38,6 +39,8 @@ export interface StackOptions {
   kbDedup: boolean;
   /** `tenant:kb` pairs the KB creates. */
   kbSeed: string;
+  /** The KB's operator token (default: random per run). */
+  kbAdminToken?: string;
   /** `pretty`: pino-pretty to the terminal; `inherit`: JSON lines to stdout; a path: log files in that directory. */
   logs: 'pretty' | 'inherit' | { dir: string };
   /** Extra environment for every process. */
@@ -68,6 +71,12 @@ export interface Stack {
 
 export async function startStack(o: StackOptions): Promise<Stack> {
   mkdirSync(o.stateDir, { recursive: true });
+  // Development HMAC keys (issue 9), kept in the state directory (0600) so audit records rebuilt
+  // after a restart equal the ones they replace; a key file named in the environment wins.
+  const keys = {
+    TOOLTX_AUDIT_HMAC_KEY_FILE: process.env.TOOLTX_AUDIT_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'audit-hmac.key')),
+    TOOLTX_LOG_HMAC_KEY_FILE: process.env.TOOLTX_LOG_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'log-hmac.key')),
+  };
   const subjects = new Subjects(o.prefix);
   const topo = topology(subjects);
   let server: NatsServerHandle | null = null;
@@ -138,7 +147,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     const child = spawn(process.execPath, ['--import', 'tsx', script], {
       detached: true,
       cwd: ROOT,
-      env: { ...process.env, ...o.env, ...env },
+      env: { ...process.env, ...o.env, ...keys, ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     if (o.logs === 'inherit') {
@@ -187,7 +196,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
 
   async function launchAll(): Promise<Stack> {
   // The KB first: the executor needs its URL. Its operator token lives in the state directory.
-  const kbAdminToken = randomBytes(24).toString('hex');
+  const kbAdminToken = o.kbAdminToken ?? randomBytes(24).toString('hex');
   const tokenFile = join(o.stateDir, 'kb-admin.token');
   writeFileSync(tokenFile, kbAdminToken, { mode: 0o600 });
   const kbChild = launch('kb', join(ROOT, 'examples', 'research-kb', 'kb-server.ts'), {
