@@ -2,7 +2,9 @@
  * Summarises the CPU profiles `npm run bench -- --cpu-prof DIR` wrote (V8 `.cpuprofile` JSON):
  * per profile, the sampled time and its self time by area (our packages by directory, npm packages
  * by name, node internals, GC, idle) and the heaviest functions. Self time is attributed with each
- * sample's time delta (the V8 profile format: `samples[i]` ran for `timeDeltas[i + 1]` µs).
+ * sample's time delta (the V8 profile format: `samples[i]` ran for `timeDeltas[i + 1]` µs). The
+ * sampler runs on wall-clock time: on a loaded machine a descheduled thread's wait is charged to the
+ * frame it was in, so compare shares, not milliseconds (CPU time per call comes from /proc, run.ts).
  *
  * Usage: `tsx bench/profile.ts DIR [--top N] [--json]`.
  */
@@ -48,22 +50,55 @@ export function areaOf(f: CallFrame): string {
   return u.replace(/^file:\/\//, '');
 }
 
+/** True for frames that belong to no package of ours or npm's: node internals and native code. */
+function isRuntime(area: string): boolean {
+  return area.startsWith('node:') || area === '(native)' || area === '(program)';
+}
+
 export interface ProfileSummary {
   file: string;
   sampledMs: number;
   busyMs: number;
   areas: { area: string; ms: number; share: number }[];
+  /**
+   * Self time charged to the nearest package on the stack: node internals and native frames
+   * (socket writes, hashing, SQLite) count for the npm package or our directory that called them,
+   * so "@nats-io/nats-core" includes the socket writes of NATS messages and "undici" those of HTTP
+   * requests. The nats.js error objects made per request for async stack traces are their own line.
+   */
+  owners: { owner: string; ms: number; share: number }[];
   functions: { fn: string; area: string; ms: number; share: number }[];
 }
 
 export function summarise(file: string, p: CpuProfile, top = 20): ProfileSummary {
   const byId = new Map(p.nodes.map((n) => [n.id, n]));
+  const parent = new Map<number, number>();
+  for (const n of p.nodes) for (const c of n.children ?? []) parent.set(c, n.id);
+  const ownerCache = new Map<number, string>();
+  const ownerOf = (id: number): string => {
+    const hit = ownerCache.get(id);
+    if (hit) return hit;
+    const n = byId.get(id)!;
+    const area = areaOf(n.callFrame);
+    let owner: string;
+    if (n.callFrame.url.includes('@nats-io/nats-core') && /^(RequestError|TimeoutError)$/.test(n.callFrame.functionName)) owner = 'nats.js async-trace errors';
+    else if (area === '(gc)' || area === '(idle)' || area === '(program)') owner = area;
+    else if (!isRuntime(area)) owner = area;
+    else {
+      const up = parent.get(id);
+      owner = up === undefined ? area : ownerOf(up);
+      if (owner === '(root)' || owner === '(native)') owner = area;
+    }
+    ownerCache.set(id, owner);
+    return owner;
+  };
   const self = new Map<number, number>();
   for (let i = 0; i < p.samples.length; i++) {
     const dt = p.timeDeltas[i + 1] ?? 0;
     self.set(p.samples[i]!, (self.get(p.samples[i]!) ?? 0) + dt);
   }
   const areas = new Map<string, number>();
+  const owners = new Map<string, number>();
   const fns = new Map<string, { area: string; us: number }>();
   let total = 0;
   let idle = 0;
@@ -74,6 +109,8 @@ export function summarise(file: string, p: CpuProfile, top = 20): ProfileSummary
     const area = areaOf(n.callFrame);
     if (area === '(idle)') idle += us;
     areas.set(area, (areas.get(area) ?? 0) + us);
+    const owner = ownerOf(id);
+    owners.set(owner, (owners.get(owner) ?? 0) + us);
     const short = n.callFrame.url.replace(/^.*\/(node_modules|libs|services|examples|streams|bench)\//, '$1/');
     const key = `${n.callFrame.functionName || '(anonymous)'} ${short}:${n.callFrame.lineNumber + 1}`;
     const cur = fns.get(key) ?? { area, us: 0 };
@@ -88,6 +125,7 @@ export function summarise(file: string, p: CpuProfile, top = 20): ProfileSummary
     sampledMs: ms(total),
     busyMs: ms(busy),
     areas: [...areas].filter(([a]) => a !== '(idle)').sort((a, b) => b[1] - a[1]).map(([area, us]) => ({ area, ms: ms(us), share: share(us) })),
+    owners: [...owners].filter(([a]) => a !== '(idle)').sort((a, b) => b[1] - a[1]).map(([owner, us]) => ({ owner, ms: ms(us), share: share(us) })),
     functions: [...fns].filter(([, v]) => v.area !== '(idle)').sort((a, b) => b[1].us - a[1].us).slice(0, top).map(([fn, v]) => ({ fn, area: v.area, ms: ms(v.us), share: share(v.us) })),
   };
 }
@@ -107,6 +145,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
   else {
     for (const s of out) {
       process.stdout.write(`\n== ${s.file}: ${s.busyMs} ms busy of ${s.sampledMs} ms sampled\n`);
+      process.stdout.write(`  by owner (self time charged to the nearest package on the stack):\n${s.owners.slice(0, 15).map((a) => `    ${a.owner.padEnd(28)} ${String(a.ms).padStart(9)} ms  ${String(a.share).padStart(5)} %`).join('\n')}\n`);
       process.stdout.write(`  by area (self time):\n${s.areas.slice(0, 15).map((a) => `    ${a.area.padEnd(28)} ${String(a.ms).padStart(9)} ms  ${String(a.share).padStart(5)} %`).join('\n')}\n`);
       process.stdout.write(`  heaviest functions (self time):\n${s.functions.map((f) => `    ${String(f.ms).padStart(8)} ms ${String(f.share).padStart(5)} %  ${f.fn}`).join('\n')}\n`);
     }
