@@ -9,6 +9,13 @@
  * The KB inserts a row for every request that reaches it (KB_DEDUP=off), so its own count of rows
  * beyond one per key is the number of duplicate side effects tooltx let through.
  *
+ * Under a fault mix (issue 8), injected with the shared harness (`@tooltx/faults`): 10 % of the
+ * writes have the executor–KB connection cut after the KB committed, 5 % have the KB's answer held
+ * past the SDK's budget (the SDK returns unknown; the demo then observes status until it
+ * converges), the agent's NATS connection is cut once (a TCP hop between the agent and
+ * nats-server), and the executor is SIGKILLed once midway (the stack starts it again). Every one of
+ * these is resolvable by probing the KB by key, so none may end in a takeover or a second row.
+ *
  * Options: --json (one JSON object on the last line), --quick (about 20 pages), --pages N,
  * --workers N, --keep (keep the state directory and logs).
  */
@@ -17,9 +24,11 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Command } from 'commander';
-import { createTools, type ExecuteResult } from '@tooltx/client';
-import { connectNats } from '@tooltx/nats';
-import { researchContracts } from './contracts.js';
+import { createTools, type ExecuteOptions, type ExecuteRequest, type ExecuteResult, type Tools } from '@tooltx/client';
+import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
+import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/faults';
+import { connectNats, decodeRaw, jetStreamOf, Subjects } from '@tooltx/nats';
+import { DEFAULT_KB_TIMING, researchContracts } from './contracts.js';
 import { DocsServer } from './docs-server.js';
 import { KbClient } from './kb-client.js';
 import { startStack } from './stack.js';
@@ -44,10 +53,32 @@ const TENANT = 'acme';
 const RIVAL = 'globex';
 const KB = 'research';
 
+/**
+ * The fault mix, by the page's position in the queue (the same mix every run): every 10th write
+ * has its KB connection cut after the commit, every 20th has the KB's answer held past the SDK's
+ * budget. A held write's budget is shorter than the contract's timeout (so the SDK gives up first);
+ * the hop holds the answer past that timeout too (the executor gives up as well, records unknown,
+ * and the reconciler's probe finds the row).
+ */
+const CUT_EVERY = 10;
+const HOLD_EVERY = 20;
+const faultOf = (i: number): 'cut_after_commit' | 'held_past_budget' | undefined =>
+  i % CUT_EVERY === 3 ? 'cut_after_commit' : i % HOLD_EVERY === 8 ? 'held_past_budget' : undefined;
+const HELD_BUDGET_MS = Math.min(3_000, DEFAULT_KB_TIMING.timeoutMs - 1_000);
+const HOLD_MS = DEFAULT_KB_TIMING.timeoutMs * 2;
+/** How long the demo observes an operation the SDK answered unknown, at most. */
+const OBSERVE_MS = 180_000;
+
 const docs = await new DocsServer(resolve('node_modules'), wantPages).start();
 say(`demo: ${docs.pages.length} distinct Markdown pages from node_modules served at ${docs.url}`);
+// The executor → KB hop: faults keyed on a write's downstream key; the tools run with keep-alive off
+// (one request per connection), so one cut touches one request.
+let kbHop: HttpFaultProxy | undefined;
+const restarts: string[] = [];
 const stack = await startStack({
   stateDir,
+  kbHop: async (kbUrl) => (kbHop = await new HttpFaultProxy(kbUrl).start()).url,
+  onRestart: (name) => restarts.push(name),
   natsUrl: process.env.NATS_URL,
   natsPort: -1,
   prefix,
@@ -56,28 +87,32 @@ const stack = await startStack({
   kbSeed: `${TENANT}:${KB},${RIVAL}:${KB}`,
   logs: { dir: join(stateDir, 'logs') },
   // The docs server is on loopback, which web.fetch_page refuses unless the origin is allowed.
-  env: { WEB_ALLOWED_ORIGINS: docs.url },
+  env: { WEB_ALLOWED_ORIGINS: docs.url, KB_KEEPALIVE: 'off' },
 });
+// The agent → nats-server hop: the agent's connection is cut once, midway.
+const natsHop = await TcpFaultProxy.forUrl(stack.natsUrl).start();
 say(`demo: stack up (nats ${stack.natsUrl}, KB ${stack.kbUrl}, KB_DEDUP=off); logs in ${join(stateDir, 'logs')}`);
 
 const contracts = researchContracts({ kbDedup: false });
 const researcher = { kind: 'agent' as const, tenant: TENANT, actor: 'researcher' };
-const tools = await createTools({ servers: stack.natsUrl, tenant: TENANT, actor: 'researcher', nkeyFile: stack.seedFile(researcher), contracts: contracts.all, prefix });
+const tools = await createTools({ servers: natsHop.url, tenant: TENANT, actor: 'researcher', nkeyFile: stack.seedFile(researcher), contracts: contracts.all, prefix });
 const taskId = `research-${runId}`;
 
 const c = {
   pages: 0,
   fetchFailures: 0,
   writesSubmitted: 0,
-  writesCommitted: 0,
-  duplicatesSuppressed: 0,
-  honestWritesRejected: 0,
-  unknownAtFirst: 0,
-  unknownUnresolved: 0,
   calls: 0,
+  resubmittedAfterBackoff: 0,
 };
-const unknownKeys = new Set<string>();
-const rejectedClasses: Record<string, number> = {};
+/** One page's write: both copies' outcomes, the first copy's request (to resubmit it) and its fault. */
+interface PageWrite {
+  key: string;
+  request: ExecuteRequest;
+  fault: ReturnType<typeof faultOf>;
+  copies: ExecuteResult[];
+}
+const writes: PageWrite[] = [];
 const started = Date.now();
 
 /** The second copy: fields reordered, whitespace changed where normalisers allow, fetchedAt +02:00. */
@@ -87,7 +122,23 @@ function variant(n: { kb: string; title: string; body: string; sourceUrl: string
   return { fetchedAt: plus2, sourceUrl: n.sourceUrl, body: `${n.body.split('\n').map((l) => `${l}  `).join('\r\n')}\r\n\r\n`, title: `  ${n.title.replace(/ /g, '   ')} `, kb: n.kb };
 }
 
-async function onePage(url: string): Promise<void> {
+/**
+ * One call under the SDK's decision table for a write (FM-15): a refusal whose next action is a
+ * bounded backoff (e.g. the KB refused a request that reached it after its deadline: not applied)
+ * is resubmitted after a pause, at most 3 times; anything else is the outcome.
+ */
+async function execute(t: Tools, req: ExecuteRequest, o: ExecuteOptions): Promise<ExecuteResult> {
+  let r = await t.execute(req, o);
+  for (let i = 0; i < 3 && r.status === 'rejected' && r.next === 'backoff'; i++) {
+    c.resubmittedAfterBackoff++;
+    await new Promise((res) => setTimeout(res, 1_000 * 2 ** i));
+    c.calls++;
+    r = await t.execute(req, o);
+  }
+  return r;
+}
+
+async function onePage(url: string, index: number): Promise<void> {
   c.calls++;
   const page = await tools.execute<{ url: string; title: string; excerpt: string }>({ tool: 'web.fetch_page', taskId, input: { url } });
   if (page.status !== 'committed') {
@@ -104,21 +155,37 @@ async function onePage(url: string): Promise<void> {
   };
   c.writesSubmitted += 2;
   c.calls += 2;
-  const [a, b] = await Promise.all([
-    tools.execute({ tool: 'kb.write_note', taskId, actorId: 'researcher', input: note }),
-    tools.execute({ tool: 'kb.write_note', taskId, actorId: 'researcher', input: variant(note) }),
-  ]);
-  const results: ExecuteResult[] = [a, b];
-  for (const r of results) {
-    if (r.status === 'rejected') {
-      c.honestWritesRejected++;
-      rejectedClasses[r.error.class] = (rejectedClasses[r.error.class] ?? 0) + 1;
-    }
-    if (r.status === 'unknown') unknownKeys.add(r.operationKey);
+  const request: ExecuteRequest = { tool: 'kb.write_note', taskId, actorId: 'researcher', input: note };
+  // The key the server will derive (the SDK derives the same): the hop's faults are keyed on the
+  // downstream key the executor sends with the write.
+  const key = prepareCall(contracts.writeNote, taskId, note).operationKey;
+  const fault = faultOf(index);
+  if (fault === 'cut_after_commit') kbHop!.inject(downstreamKeyOf(TENANT, key), { kind: 'cut_response' });
+  if (fault === 'held_past_budget') kbHop!.inject(downstreamKeyOf(TENANT, key), { kind: 'hold_response', ms: HOLD_MS });
+  const options: ExecuteOptions = fault === 'held_past_budget' ? { budgetMs: HELD_BUDGET_MS } : {};
+  const w: PageWrite = { key, request, fault, copies: [] };
+  writes.push(w);
+  w.copies = await Promise.all([execute(tools, request, options), execute(tools, { ...request, input: variant(note) }, options)]);
+  firstKey ??= w.copies[0]!.operationKey ?? undefined;
+}
+
+/**
+ * The machine-level faults, each once, as the run passes its marks: the executor is SIGKILLed at
+ * 30 % of the pages (the stack's supervisor starts it again), the agent's NATS connection is cut at
+ * 50 % (the SDK reconnects through the hop).
+ */
+const machineFaults = { executorKilled: 0, agentCutProgrammed: false };
+function onPageDone(): void {
+  const done = c.pages + c.fetchFailures;
+  if (!machineFaults.executorKilled && done >= Math.ceil(docs.pages.length * 0.3)) {
+    const executor = stack.processes.find((p) => p.name === 'executor-1' && p.child.exitCode === null && p.child.signalCode === null);
+    if (executor?.child.kill('SIGKILL')) machineFaults.executorKilled++;
   }
-  if (a.status === 'committed' || b.status === 'committed') c.writesCommitted++;
-  firstKey ??= a.operationKey ?? undefined;
-  if (a.status === 'committed' && b.status === 'committed' && a.operationKey === b.operationKey && JSON.stringify(a.receipt) === JSON.stringify(b.receipt)) c.duplicatesSuppressed++;
+  if (!machineFaults.agentCutProgrammed && done >= Math.ceil(docs.pages.length * 0.5)) {
+    // Addressed by the client name of its CONNECT line; the hop counts it once it has cut it.
+    machineFaults.agentCutProgrammed = true;
+    natsHop.program({ name: `tooltx-sdk:${TENANT}/researcher` }, { kind: 'cut' });
+  }
 }
 
 /**
@@ -166,11 +233,47 @@ async function runAdversary(): Promise<{ attempts: number; rejected: number; rea
 }
 let firstKey: string | undefined;
 
-const queue = docs.pages.map((p) => p.url);
-const progress = setInterval(() => say(`demo: pages ${c.pages}/${docs.pages.length}  writes submitted ${c.writesSubmitted}  committed ${c.writesCommitted}  suppressed ${c.duplicatesSuppressed}  rejected ${c.honestWritesRejected}  unknown ${unknownKeys.size}`), 2_000);
+/**
+ * The event types of every operation of the demo's tenant, by operation subject, in order: one
+ * ordered read of the event log as the provisioner (agents cannot read it). Event types are read
+ * without their schema, so a type this demo does not know is still counted.
+ */
+async function histories(): Promise<Map<string, string[]>> {
+  const nc = await connectNats({ servers: stack.natsUrl, name: 'demo-operator', nkeySeedFile: stack.seedFile({ kind: 'provisioner' }), inboxPrefix: stack.inboxPrefix({ kind: 'provisioner' }), reconnectForever: false });
+  try {
+    const { js } = await jetStreamOf(nc);
+    const subjects = new Subjects(prefix);
+    const consumer = await js.consumers.get(subjects.eventsStream, { filter_subjects: `${prefix}.op.${TENANT}.>` });
+    const out = new Map<string, string[]>();
+    for (let more = true; more; ) {
+      more = false;
+      for await (const m of await consumer.fetch({ max_messages: 1_000, expires: 3_000 })) {
+        const type = (decodeRaw(m.data) as { type?: unknown }).type;
+        const list = out.get(m.subject) ?? [];
+        list.push(typeof type === 'string' ? type : '?');
+        out.set(m.subject, list);
+        more = m.info.pending > 0;
+      }
+    }
+    return out;
+  } finally {
+    await nc.close();
+  }
+}
+
+const queue = docs.pages.map((p, index) => ({ url: p.url, index }));
+const unknownNow = () => writes.filter((w) => w.copies.some((r) => r.status === 'unknown')).length;
+const faultsNow = () => (kbHop?.injected.length ?? 0) + natsHop.injected.length + machineFaults.executorKilled;
+const progress = setInterval(
+  () => say(`demo: pages ${c.pages}/${docs.pages.length}  writes submitted ${c.writesSubmitted}  faults injected ${faultsNow()}  unknown ${unknownNow()}  executor restarts ${restarts.filter((n) => n.startsWith('executor')).length}`),
+  2_000,
+);
 await Promise.all(
   Array.from({ length: workers }, async () => {
-    for (let url = queue.shift(); url !== undefined; url = queue.shift()) await onePage(url);
+    for (let p = queue.shift(); p !== undefined; p = queue.shift()) {
+      await onePage(p.url, p.index);
+      onPageDone();
+    }
   }),
 );
 clearInterval(progress);
@@ -179,21 +282,39 @@ const elapsedS = (Date.now() - started) / 1000;
 // An adversary of another tenant (globex/mallory) tries forged identities and a guessed foreign id.
 const adversary = await runAdversary();
 
-// Unknown is not failure: ask the server again before counting anything as unresolved.
-c.unknownAtFirst = unknownKeys.size;
-for (const key of unknownKeys) {
-  let settled = false;
-  for (let i = 0; i < 6 && !settled; i++) {
-    const s = await tools.status({ operationKey: key, waitMs: 5_000 }).catch(() => null);
-    if (s?.state === 'committed') {
-      settled = true;
-      c.writesCommitted++;
-    } else if (s?.state === 'rejected') settled = true;
-  }
-  if (!settled) c.unknownUnresolved++;
-}
+// Unknown is not failure (FM-12, FM-13): observe the operation's status until it converges. A copy
+// whose intent the server never saw (the agent's connection was cut before its PubAck) is
+// resubmitted under the same key — which cannot make a second operation.
+const unknownWrites = writes.filter((w) => w.copies.some((r) => r.status === 'unknown'));
+await Promise.all(
+  unknownWrites.map(async (w) => {
+    const until = Date.now() + OBSERVE_MS;
+    const settled = (r: ExecuteResult) => r.status !== 'unknown';
+    while (!w.copies.every(settled) && Date.now() < until) {
+      const s = await tools.status({ operationKey: w.key, waitMs: 5_000 }).catch(() => null);
+      if (s?.state === 'committed' || s?.state === 'rejected' || s?.state === 'not_seen') {
+        // The SDK's own call returns the final outcome with its receipt (a replay of a known key).
+        w.copies = await Promise.all(w.copies.map((r, i) => (settled(r) ? r : execute(tools, i === 0 ? w.request : { ...w.request, input: variant(w.request.input as Parameters<typeof variant>[0]) }, {}))));
+      } else await new Promise((res) => setTimeout(res, 500));
+    }
+  }),
+);
+
+// The event log, read as the operator: which operations went through `unknown` and which ended in
+// a takeover (issue 8: none may here — every injected fault is resolvable by probing).
+const log = await histories();
+const typesOf = (key: string) => log.get(new Subjects(prefix).op(TENANT, operationIdOf(key))) ?? [];
+const terminal = (key: string) => ['committed', 'rejected'].includes(typesOf(key).at(-1) ?? '');
+const everUnknown = writes.filter((w) => w.copies.some((r) => r.status === 'unknown') || typesOf(w.key).includes('unknown'));
 
 const kbClient = new KbClient(stack.kbUrl);
+// Every write the hop faulted: committed with the row the KB's probe finds under its key, one row.
+let faultsResolvedByProbe = 0;
+for (const w of writes.filter((x) => x.fault)) {
+  const probe = await kbClient.probe({ tenant: TENANT, key: downstreamKeyOf(TENANT, w.key) });
+  const receipt = w.copies.find((r) => r.status === 'committed');
+  if (probe.found && probe.count === 1 && receipt?.status === 'committed' && receipt.receipt.resourceId === probe.id) faultsResolvedByProbe++;
+}
 const stats = await kbClient.stats(TENANT);
 // Rows a tenant holds in a knowledge base it does not own — from the KB's own count.
 let unauthorisedWrites = 0;
@@ -201,16 +322,37 @@ for (const tenant of [TENANT, RIVAL]) {
   for (const kb of await kbClient.rowsPerKb({ tenant })) if (kb.owner !== tenant) unauthorisedWrites += kb.rows;
 }
 await kbClient.close();
+const rejectedByClass: Record<string, number> = {};
+for (const w of writes) for (const r of w.copies) if (r.status === 'rejected') rejectedByClass[r.error.class] = (rejectedByClass[r.error.class] ?? 0) + 1;
+const committedReceipts = (w: PageWrite) => w.copies.map((r) => (r.status === 'committed' && r.operationKey === w.key ? JSON.stringify(r.receipt) : null));
+const faultsByKind = {
+  cutAfterCommit: kbHop?.injected.filter((f) => f.kind === 'cut_response').length ?? 0,
+  heldPastBudget: kbHop?.injected.filter((f) => f.kind === 'hold_response').length ?? 0,
+  agentConnectionCut: natsHop.injected.length,
+  executorKilled: machineFaults.executorKilled,
+};
 const summary = {
   pages: c.pages,
   fetchFailures: c.fetchFailures,
   writesSubmitted: c.writesSubmitted,
-  writesCommitted: c.writesCommitted,
-  duplicatesSuppressed: c.duplicatesSuppressed,
-  honestWritesRejected: c.honestWritesRejected,
-  rejectedByClass: rejectedClasses,
-  unknownAtFirst: c.unknownAtFirst,
-  unknownUnresolved: c.unknownUnresolved,
+  writesCommitted: writes.filter((w) => committedReceipts(w).some(Boolean)).length,
+  duplicatesSuppressed: writes.filter((w) => {
+    const [a, b] = committedReceipts(w);
+    return a !== null && a === b;
+  }).length,
+  honestWritesRejected: writes.reduce((n, w) => n + w.copies.filter((r) => r.status === 'rejected').length, 0),
+  rejectedByClass,
+  resubmittedAfterBackoff: c.resubmittedAfterBackoff,
+  faultsInjected: Object.values(faultsByKind).reduce((a, b) => a + b, 0),
+  faultsByKind,
+  faultsPlanned: writes.filter((w) => w.fault).length + 2,
+  faultsResolvedByProbe,
+  executorRestarts: restarts.filter((n) => n.startsWith('executor')).length,
+  unknownAtFirst: unknownWrites.length,
+  unknownRecorded: writes.filter((w) => typesOf(w.key).includes('unknown')).length,
+  unknownResolved: everUnknown.filter((w) => terminal(w.key) && w.copies.every((r) => r.status !== 'unknown')).length,
+  unknownUnresolved: everUnknown.filter((w) => !(terminal(w.key) && w.copies.every((r) => r.status !== 'unknown'))).length,
+  takeovers: [...log.values()].filter((types) => types.includes('takeover')).length,
   kbRows: stats.rows,
   duplicateSideEffects: stats.duplicateRows,
   forgedAttempts: adversary.attempts,
@@ -227,6 +369,9 @@ const gates = {
   oneCommittedNotePerPage: summary.writesCommitted === summary.pages && summary.duplicatesSuppressed === summary.pages && summary.kbRows === summary.pages,
   noHonestRejection: summary.honestWritesRejected === 0,
   noUnresolvedUnknown: summary.unknownUnresolved === 0,
+  noTakeover: summary.takeovers === 0,
+  everyFaultInjected: summary.faultsInjected === summary.faultsPlanned,
+  everyFaultResolvedByProbe: summary.faultsResolvedByProbe === summary.faultsByKind.cutAfterCommit + summary.faultsByKind.heldPastBudget,
   noDuplicateSideEffect: summary.duplicateSideEffects === 0,
   everyForgeryRejected: summary.forgedRejected === summary.forgedAttempts && summary.forgedAttempts > 0,
   noUnauthorisedWrite: summary.unauthorisedWrites === 0 && summary.crossTenantReadsRevealed === 0,
@@ -235,6 +380,8 @@ const ok = Object.values(gates).every(Boolean);
 
 await tools.close();
 await stack.stop();
+await natsHop.stop();
+await kbHop?.stop();
 await docs.stop();
 if (!opts.keep) rmSync(stateDir, { recursive: true, force: true });
 
@@ -244,7 +391,10 @@ const rows: [string, string | number][] = [
   ['operations committed', summary.writesCommitted],
   ['second copies suppressed (same receipt)', summary.duplicatesSuppressed],
   ['honest writes rejected', summary.honestWritesRejected],
-  ['unknown at first / unresolved at the end', `${summary.unknownAtFirst} / ${summary.unknownUnresolved}`],
+  ['faults injected (cut after commit / held / agent cut / executor killed)', `${summary.faultsInjected} (${Object.values(summary.faultsByKind).join(' / ')})`],
+  ['faulted writes resolved by probing the KB', summary.faultsResolvedByProbe],
+  ['unknown (SDK / recorded) / resolved / unresolved', `${summary.unknownAtFirst} / ${summary.unknownRecorded} / ${summary.unknownResolved} / ${summary.unknownUnresolved}`],
+  ['takeovers', summary.takeovers],
   ['KB rows', summary.kbRows],
   ['duplicate side effects (KB rows beyond one per key)', summary.duplicateSideEffects],
   ['forged attempts by another tenant / rejected', `${summary.forgedAttempts} / ${summary.forgedRejected}`],

@@ -47,6 +47,11 @@ export interface StackOptions {
   env?: Record<string, string>;
   /** Called when a crashed service is started again (at most 5 times a minute, then the stack stops). */
   onRestart?: (name: string, code: number | null, signal: NodeJS.Signals | null) => void;
+  /**
+   * Called once the KB listens, with its URL; returns the URL the services use instead (the demo
+   * puts a fault-injecting hop there). Default: the KB's own URL.
+   */
+  kbHop?: (kbUrl: string) => Promise<string>;
   /** Instances of each service (default 1). */
   instances?: Partial<Record<(typeof SERVICES)[number] | 'kb', number>>;
 }
@@ -214,7 +219,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     NATS_URL: url,
     TOOLTX_PREFIX: o.prefix,
     TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
-    KB_URL: kbUrl,
+    KB_URL: o.kbHop ? await o.kbHop(kbUrl) : kbUrl,
     KB_DEDUP: o.kbDedup ? 'on' : 'off',
   };
   await Promise.all(
