@@ -32,6 +32,22 @@ export const PUBLISH_TOLERANCE_MS = 5 * 60_000;
 /** … and at most this far ahead. */
 export const PUBLISH_HORIZON_MS = 365 * 24 * 3600_000;
 
+/**
+ * A page that answered with an error status (read effect: retryable, never shown to the agent). Its
+ * message quotes the page's reason phrase — the downstream's own words, which may carry anything —
+ * so it is logged only as its class, code and an HMAC of the message (libs/runtime logger, FM-16).
+ */
+export class PageError extends Error {
+  readonly status: number;
+  readonly code: string;
+  constructor(status: number, reason: string) {
+    super(`page answered ${status} ${reason}`);
+    this.name = 'PageError';
+    this.status = status;
+    this.code = `http_${status}`;
+  }
+}
+
 /** A KB answer as a tooltx error class, by the KB's own class; 5xx and the unknown stay "outcome unknown". */
 function definite(err: unknown): never {
   if (err instanceof KbError && err.status < 500) {
@@ -130,7 +146,10 @@ export const implementations = [
       if (isPrivateHost(url.hostname) && !allowedOrigins.has(url.origin)) throw new TooltxError(ErrorClass.Forbidden, 'origin not allowed');
       const res = await fetch(url, { signal: ctx.signal, redirect: 'error' });
       if (res.status === 404 || res.status === 410) throw new TooltxError(ErrorClass.NotFound, 'page not found');
-      if (!res.ok) throw new Error(`page answered ${res.status}`);
+      if (!res.ok) {
+        await res.body?.cancel();
+        throw new PageError(res.status, res.statusText);
+      }
       const text = await res.text();
       const fallback = decodeURIComponent(url.pathname.split('/').filter(Boolean).pop() ?? url.host);
       return { resourceId: url.toString(), result: { url: url.toString(), title: titleOf(text, fallback), excerpt: excerptOf(text) } };
