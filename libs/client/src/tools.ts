@@ -300,6 +300,15 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         }
         return { status: 'committed', operationKey: key, result: a.result as O, receipt: a.receipt, next: 'continue' };
       }
+      if (a.state === 'rejected' && a.ownAttempt === false) {
+        // An earlier attempt's refusal: our identical submission starts a new attempt; wait for it
+        // (and submit again if nothing happens, as for not_seen).
+        if (Date.now() - notSeenSince >= STATUS_POLL_MS) {
+          await submit();
+          notSeenSince = Date.now();
+        }
+        continue;
+      }
       if (a.state === 'rejected') {
         const error = a.error ?? { class: ErrorClass.Internal };
         const retryable = !hasSideEffect(contract.effect) && error.class === ErrorClass.DependencyUnavailable && ++retryableRejections < MAX_RETRYABLE_ATTEMPTS;

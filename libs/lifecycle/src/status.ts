@@ -41,6 +41,12 @@ export const statusAnswerSchema = z.object({
   attempt: z.number().int().min(1).optional(),
   /** Whether the registered input is the caller's (`inputDigest` given): false = idempotency conflict. */
   inputMatches: z.boolean().optional(),
+  /**
+   * Whether the operation's current attempt was started by one of the caller's `submissionIds`
+   * (given). False on a `rejected` answer = an earlier attempt's refusal: the caller's identical
+   * resubmission will start a new attempt, so it waits for that instead of taking the old refusal.
+   */
+  ownAttempt: z.boolean().optional(),
   receipt: receiptSchema.optional(),
   /** The business result the caller may read (committed only). */
   result: z.unknown().optional(),

@@ -153,6 +153,17 @@ export class StatusService {
     if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state))) {
       const a: StatusAnswer = { operationKey: req.operationKey, state: state.status, source: 'operation', seq, attempt: state.attempt, at };
       if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === state.inputDigest;
+      if (req.submissionIds !== undefined) {
+        a.ownAttempt = req.submissionIds.includes(state.intent.submissionId);
+        if (state.status === 'rejected' && !a.ownAttempt) {
+          // An earlier attempt's refusal: if the caller's own resubmission was refused at intake
+          // (e.g. task_frozen), that refusal is the answer it waits for.
+          const d = await store.lastDecision(tenant, opId);
+          if (d && d.actor === actor && req.submissionIds.includes(d.submissionId) && d.at >= state.updatedAt) {
+            return { operationKey: req.operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
+          }
+        }
+      }
       if (state.status === 'committed' && state.receipt) {
         a.receipt = state.receipt;
         if (a.inputMatches !== false) {

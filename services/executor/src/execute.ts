@@ -92,16 +92,23 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     if (state.status !== 'accepted') return;
 
     /**
-     * A refusal before `running` applies only to the state it was judged on (`accepted` at `seq`):
-     * if another executor has moved the operation meanwhile, that run is not ours to refuse.
+     * A refusal before `running` applies only while the operation still waits to run (`accepted`,
+     * this attempt): once another executor has moved it to `running`, that run is not ours to refuse.
      */
     const rejectBeforeRun = async (error: ErrorInfo, authorization?: AuthDecision) => {
-      const d = decide({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }, state);
-      if (d.kind !== 'append') return;
-      try {
-        await store.append(tenant, opId, d.event, seq);
-      } catch (err) {
-        if (!(err instanceof ConcurrencyError)) throw err;
+      let cur: { state: typeof state | Awaited<ReturnType<typeof store.load>>['state']; seq: number } = { state, seq };
+      for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
+        // Still waiting to run (a stale-accepted requeue only moved its sequence): the verdict holds.
+        if (cur.state.status !== 'accepted' || cur.state.attempt !== state.attempt) return;
+        const d = decide({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }, cur.state);
+        if (d.kind !== 'append') return;
+        try {
+          await store.append(tenant, opId, d.event, cur.seq);
+          return;
+        } catch (err) {
+          if (!(err instanceof ConcurrencyError)) throw err;
+        }
+        cur = await store.load(tenant, opId);
       }
     };
     const reject = (error: ErrorInfo, authorization?: AuthDecision, runId?: string) =>

@@ -22,6 +22,9 @@ export interface SweepDeps {
   now?: () => number;
 }
 
+/** How long after a running attempt's deadline the sweep leaves it to its executor, ms. */
+const RUNNING_GRACE_MS = 1_000;
+
 /** Probing backoff of `unknown` operations: exponential from 1 s, capped at 60 s, with ±50 % jitter. */
 export function nextProbeDelayMs(failures: number, random: () => number = Math.random): number {
   const base = Math.min(60_000, 1_000 * 2 ** Math.min(failures, 6));
@@ -70,7 +73,8 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     const t = now();
     const due =
       (e.status === 'accepted' && t - e.updatedAt > runningBoundMs) ||
-      (e.status === 'running' && t > Math.max(e.deadlineAt ?? 0, (e.runningAt ?? e.updatedAt) + runningBoundMs)) ||
+      // Past its deadline (plus a grace, so the executor's own evidence lands first) and its bound.
+      (e.status === 'running' && t > Math.max((e.deadlineAt ?? 0) + RUNNING_GRACE_MS, (e.runningAt ?? e.updatedAt) + runningBoundMs)) ||
       (e.status === 'unknown' && t >= (backoff.get(key)?.nextAt ?? 0));
     if (!due) return;
     const [tenant, opId] = key.split('.') as [string, string];
