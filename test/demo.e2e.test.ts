@@ -45,6 +45,9 @@ describe('npm run demo --quick', () => {
     expect(s.unknownResolved).toBeGreaterThanOrEqual(s.faultsByKind.heldPastBudget);
     expect(s.unknownUnresolved).toBe(0);
     expect(s.takeovers).toBe(0);
+    // FM-16 (issue 9): the five canary kinds were planted in this run; none is anywhere it must not be.
+    expect(s.canariesPlanted).toBe(5);
+    expect(s.leakedSecrets).toBe(0);
     expect(s.ok).toBe(true);
   });
 });

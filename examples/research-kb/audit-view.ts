@@ -49,8 +49,11 @@ export async function auditView(o: {
     const subject = new Subjects(o.prefix).audit(o.tenant, o.auditor);
     const shown: AuditRecord[] = [];
     const text: string[] = [];
-    for (const p of o.picks) {
-      if (!p.operationKey) continue;
+    // One operation picked twice (e.g. committed, then a conflicting request on its key) is shown once.
+    const picks = new Map<string, string>();
+    for (const p of o.picks) if (p.operationKey) picks.set(p.operationKey, picks.has(p.operationKey) ? `${picks.get(p.operationKey)}; ${p.label}` : p.label);
+    for (const [operationKey, label] of picks) {
+      const p = { operationKey, label };
       const a = await askAudit(nc, subject, { kind: 'show', operationKey: p.operationKey });
       if (a.kind !== 'show' || !a.record) continue;
       shown.push(a.record);

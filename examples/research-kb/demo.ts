@@ -32,6 +32,7 @@ import { DEFAULT_KB_TIMING, researchContracts } from './contracts.js';
 import { DocsServer } from './docs-server.js';
 import { KbClient } from './kb-client.js';
 import { startStack } from './stack.js';
+import { CanaryWeb, newCanaries, runFm16 } from './demo-fm16.js';
 
 const program = new Command('tooltx-demo')
   .description('research agent demo: real pages, every write submitted twice, counted by the KB itself')
@@ -71,6 +72,9 @@ const OBSERVE_MS = 180_000;
 
 const docs = await new DocsServer(resolve('node_modules'), wantPages).start();
 say(`demo: ${docs.pages.length} distinct Markdown pages from node_modules served at ${docs.url}`);
+// FM-16 (issue 9): this run's canaries, and the small web that carries two of them.
+const canaries = newCanaries();
+const canaryWeb = await new CanaryWeb(canaries).start();
 // The executor → KB hop: faults keyed on a write's downstream key; the tools run with keep-alive off
 // (one request per connection), so one cut touches one request.
 let kbHop: HttpFaultProxy | undefined;
@@ -87,7 +91,9 @@ const stack = await startStack({
   kbSeed: `${TENANT}:${KB},${RIVAL}:${KB}`,
   logs: { dir: join(stateDir, 'logs') },
   // The docs server is on loopback, which web.fetch_page refuses unless the origin is allowed.
-  env: { WEB_ALLOWED_ORIGINS: docs.url, KB_KEEPALIVE: 'off' },
+  env: { WEB_ALLOWED_ORIGINS: `${docs.url},${canaryWeb.url}`, KB_KEEPALIVE: 'off' },
+  // The KB's operator token is the credential canary.
+  kbAdminToken: canaries.token,
 });
 // The agent → nats-server hop: the agent's connection is cut once, midway.
 const natsHop = await TcpFaultProxy.forUrl(stack.natsUrl).start();
@@ -331,6 +337,12 @@ const faultsByKind = {
   agentConnectionCut: natsHop.injected.length,
   executorKilled: machineFaults.executorKilled,
 };
+// FM-16 (issue 9): plant the five canaries, take the audit view, scan everything the run produced.
+const firstCommitted = writes.find((w) => w.copies.some((r) => r.status === 'committed'));
+const fm16 = await runFm16({
+  stack, prefix, canaries, web: canaryWeb, agent: tools, contracts: contracts.all, tenant: TENANT, auditor: 'audrey', rival: RIVAL, rivalActor: 'gina', kb: KB,
+  taskId, logsDir: join(stateDir, 'logs'), since: started - 60_000, committed: firstCommitted?.key, conflictOf: firstCommitted?.request, unknownResolved: everUnknown.find((w) => terminal(w.key))?.key,
+});
 const summary = {
   pages: c.pages,
   fetchFailures: c.fetchFailures,
@@ -362,6 +374,8 @@ const summary = {
   callsPerSecond: Math.round((c.calls / elapsedS) * 10) / 10,
   elapsedSeconds: Math.round(elapsedS * 10) / 10,
   workers,
+  canariesPlanted: fm16.canariesPlanted,
+  leakedSecrets: fm16.leakedSecrets,
 };
 const gates = {
   enoughPages: summary.pages >= Math.min(wantPages, 200),
@@ -375,6 +389,7 @@ const gates = {
   noDuplicateSideEffect: summary.duplicateSideEffects === 0,
   everyForgeryRejected: summary.forgedRejected === summary.forgedAttempts && summary.forgedAttempts > 0,
   noUnauthorisedWrite: summary.unauthorisedWrites === 0 && summary.crossTenantReadsRevealed === 0,
+  noLeakedSecret: summary.canariesPlanted === 5 && summary.leakedSecrets === 0,
 };
 const ok = Object.values(gates).every(Boolean);
 
@@ -383,6 +398,7 @@ await stack.stop();
 await natsHop.stop();
 await kbHop?.stop();
 await docs.stop();
+await canaryWeb.stop();
 if (!opts.keep) rmSync(stateDir, { recursive: true, force: true });
 
 const rows: [string, string | number][] = [
@@ -400,8 +416,11 @@ const rows: [string, string | number][] = [
   ['forged attempts by another tenant / rejected', `${summary.forgedAttempts} / ${summary.forgedRejected}`],
   ['unauthorised writes (rows in a KB of another owner)', summary.unauthorisedWrites],
   ['tool calls per second', summary.callsPerSecond],
+  ['canaries planted / found where they must not be (FM-16)', `${summary.canariesPlanted} / ${summary.leakedSecrets}`],
   ['gates', ok ? 'all hold' : `FAILED: ${Object.entries(gates).filter(([, v]) => !v).map(([k]) => k).join(', ')}`],
 ];
+process.stdout.write(fm16.auditText);
+for (const l of fm16.leaks) process.stderr.write(`demo: LEAK of the ${l.kind} canary in ${l.source}\n`);
 const width = Math.max(...rows.map(([k]) => k.length));
 process.stdout.write(`\n${rows.map(([k, v]) => `  ${k.padEnd(width)}  ${v}`).join('\n')}\n`);
 if (opts.keep) process.stdout.write(`  state kept in ${stateDir}\n`);
