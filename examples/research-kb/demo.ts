@@ -16,6 +16,10 @@
  * nats-server), and the executor is SIGKILLed once midway (the stack starts it again). Every one of
  * these is resolvable by probing the KB by key, so none may end in a takeover or a second row.
  *
+ * FM-16 (issue 9, `demo-fm16.ts`): five canaries are planted in the run (the KB's operator token, a
+ * page's cookie and text, a downstream's error message, a note body); the demo prints the audit view
+ * of a few operations through the audit service and scans everything the run produced for them.
+ *
  * Options: --json (one JSON object on the last line), --quick (about 20 pages), --pages N,
  * --workers N, --keep (keep the state directory and logs).
  */
