@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { decide, type OperationCommand, type OperationEvent, type OperationRecord } from '@tooltx/lifecycle';
 import { keyedDigest } from '@tooltx/runtime';
 import { decode, encode } from '@tooltx/nats';
 import { interleave, PLANTED_ERROR_TEXT, sampleOperation, sampleOperations, shuffled } from '../../../test/helpers/histories.js';
@@ -138,6 +139,37 @@ describe('audit projection: one record per operation', () => {
     expect(r.states.at(-1)).toEqual({ seq: 6, event: 'rejected', status: 'rejected', at: at + 3, attempt: 1, actor: 'alice', errorClass: 'not_applied', resolvedBy: 'oscar' });
     const counts = countsOf([r]);
     expect(counts[0]).toMatchObject({ unknown: 1, unresolved: 0, takeovers: 1, manual: 1, rejected: { not_applied: 1 } });
+  });
+
+  it('a takeover and a person\'s "not applied" resolution, decided by the real decider, are recorded with who resolved it', () => {
+    const o = sampleOperation('running', 93);
+    let state = o.events.at(-1)!.state as OperationRecord;
+    const events: OperationEvent[] = [...o.events];
+    const next = (cmd: OperationCommand) => {
+      const d = decide(cmd, state);
+      if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
+      events.push(d.event);
+      state = d.event.state;
+    };
+    const at = state.updatedAt;
+    next({ type: 'mark_unknown', eventId: 'evt-93-unknown', at: at + 100, attempt: 1, runId: state.running!.eventId, evidence: { kind: 'timeout', at: at + 100, elapsedMs: 5_000 } });
+    next({
+      type: 'open_takeover', eventId: 'evt-93-takeover', at: at + 200, attempt: 1,
+      takeover: {
+        operationKey: o.operationKey, tenant: 'acme', taskId: 'task-93', tool: state.tool, version: state.version, targetDigest: state.targetDigest, inputDigest: state.inputDigest,
+        reason: 'unknown_past_deadline', attempts: { attempt: 1, requeues: 0, probes: 3 }, times: { acceptedAt: state.acceptedAt, unknownSince: at + 100, openedAt: at + 200 },
+      },
+    });
+    next({ type: 'resolve', eventId: 'evt-93-resolve', at: at + 300, attempt: 1, prevSeq: 4, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } });
+    let r: AuditRecord | null = null;
+    events.forEach((e, i) => (r = applyEventToAudit(r, e, i + 1, h) ?? r));
+    const rec = r as unknown as AuditRecord;
+    expect(rec.states.map((s) => [s.event, s.status, s.resolvedBy ?? null])).toEqual([
+      ['accepted', 'accepted', null], ['running', 'running', null], ['unknown', 'unknown', null], ['takeover', 'unknown', null], ['rejected', 'rejected', 'oscar'],
+    ]);
+    expect(rec).toMatchObject({ status: 'rejected', errorClass: 'not_applied', resolvedBy: 'oscar', sideEffect: 'none', takeover: { reason: 'unknown_past_deadline' } });
+    expect(JSON.stringify(rec)).not.toContain(state.inputDigest);
+    expect(countsOf([rec])[0]).toMatchObject({ unknown: 1, unresolved: 0, takeovers: 1, manual: 1, rejected: { not_applied: 1 } });
   });
 
   it('counts per contract version: accepted attempts, committed, rejected by class, refusals, conflicts, unknowns', () => {
