@@ -132,10 +132,12 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
         committedByKb = true;
         if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
         const types = (await history(t, 'acme', key)).map((e) => e.type);
-        expect(types.slice(0, 2)).toEqual(['accepted', 'running']);
-        // Found by the probe: never re-driven, so one run.
-        expect(types).not.toContain('requeued');
+        expect(types[0]).toBe('accepted');
+        // One run, found by the probe after the kill: never re-driven once it was running. (Before
+        // it ran, a stale-accepted re-drive may happen when the executor the previous test
+        // restarted came up slower than the 1 s running bound.)
         expect(types.filter((x) => x === 'running')).toHaveLength(1);
+        expect(types.slice(types.indexOf('running'))).not.toContain('requeued');
         expect(types.at(-1)).toBe('committed');
       }
       expect(committedByKb).toBe(true);
