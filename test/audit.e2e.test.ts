@@ -81,7 +81,8 @@ async function replay(): Promise<Map<string, AuditRecord>> {
   return out;
 }
 
-const startProjectors = () => Promise.all([startService('audit-projector', env), startService('audit-projector', env)]);
+/** Two instances, one after the other (several tsx start-ups at once can starve each other on a loaded 2-core machine). */
+const startProjectors = async () => [await startService('audit-projector', env), await startService('audit-projector', env)];
 
 beforeAll(async () => {
   t = await provisioned();
@@ -89,7 +90,7 @@ beforeAll(async () => {
   env = { ...t.env, SINK_URL: sink.url };
   hmac = auditHmacFrom(env.TOOLTX_AUDIT_HMAC_KEY_FILE!);
   kv = await openBucket(t.nc, t.subjects.auditBucket);
-  procs = await Promise.all([startService('authorizer', env), startService('executor', env)]);
+  procs = [await startService('authorizer', env), await startService('executor', env)];
   projectors = await startProjectors();
   const open = (actor: string) => createTools({ servers: t.url, tenant: 'acme', actor, nkeyFile: t.agentSeed('acme', actor), contracts, prefix: t.subjects.prefix, budgetMs: 20_000 });
   [alice, blockedBob] = await Promise.all([open('alice'), open('blocked-bob')]);
@@ -111,7 +112,7 @@ beforeAll(async () => {
     const hung = b.get(t.subjects.projectionKey('acme', operationIdOf(keyOf('audit', 'Hung'))));
     return b.size === 5 && first?.decisions.length === 1 && hung?.status === 'unknown' && [...b.values()].filter((r) => r.status === 'committed').length === 3 ? b : undefined;
   });
-});
+}, 240_000);
 
 afterAll(async () => {
   await alice?.close();
@@ -122,9 +123,9 @@ afterAll(async () => {
   await sink?.stop();
   await t?.close();
   expect(codes).toEqual(all.map(() => 0));
-});
+}, 120_000);
 
-describe('the audit record of an operation', () => {
+describe('the audit record of an operation', { timeout: 180_000 }, () => {
   it('the workload ran as expected', () => {
     expect(['First', 'Second', 'Third'].map((k) => results[k]!.status)).toEqual(['committed', 'committed', 'committed']);
     expect(results.conflict).toMatchObject({ status: 'rejected', error: { class: 'idempotency_conflict' } });
@@ -201,7 +202,7 @@ describe('the audit record of an operation', () => {
   });
 });
 
-describe('every query is recorded before it is answered', () => {
+describe('every query is recorded before it is answered', { timeout: 180_000 }, () => {
   it('the audit log holds who, when, what, which range and how many records for every query and export page', async () => {
     const before = (await readStream(t, t.subjects.auditLogStream)).length;
     const run = await auditor('list', '--since', '1h', '--state', 'unknown');
@@ -250,7 +251,7 @@ describe('every query is recorded before it is answered', () => {
   });
 });
 
-describe('rebuildable, idempotent, several instances', () => {
+describe('rebuildable, idempotent, several instances', { timeout: 180_000 }, () => {
   it('replaying the event log and the decision stream into an empty projection gives the same records', async () => {
     const live = await readBucket();
     expect(live.size).toBe(5);
@@ -283,7 +284,7 @@ describe('rebuildable, idempotent, several instances', () => {
   });
 });
 
-describe('who may reach the audit service, and what auditors may not read (refused by the server)', () => {
+describe('who may reach the audit service, and what auditors may not read (refused by the server)', { timeout: 180_000 }, () => {
   let aliceNc: NatsConnection;
   let audrey: NatsConnection;
   beforeAll(async () => {

@@ -83,11 +83,12 @@ beforeAll(async () => {
     ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_DEDUP: 'off', KB_KEEPALIVE: 'off',
     KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`, TOOLTX_RECONCILE_INTERVAL_MS: '300', WEB_ALLOWED_ORIGINS: web.url,
   };
-  procs = await Promise.all(['authorizer', 'executor', 'reconciler', 'audit-projector'].map((n) => startService(n as never, env)));
+  // One at a time: on a loaded 2-core machine four tsx start-ups at once can starve each other.
+  for (const name of ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const) procs.push(await startService(name, env));
   for (const [tenant, actor] of [['acme', 'alice'], ['acme', 'bob'], ['globex', 'gina']] as const) {
     agents[actor] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 30_000 });
   }
-});
+}, 240_000);
 
 afterAll(async () => {
   for (const a of Object.values(agents)) await a.close().catch(() => undefined);
@@ -97,10 +98,10 @@ afterAll(async () => {
   await web?.stop();
   await t?.close();
   if (tokenDir) rmSync(tokenDir, { recursive: true, force: true });
-});
+}, 120_000);
 
 describe('FM-16: planted secrets and content never leave their place', () => {
-  it('a workload through every service: commits, refusals at intake and at execution, a conflict, a retryable failure, an unknown the reconciler resolves', async () => {
+  it('a workload through every service: commits, refusals at intake and at execution, a conflict, a retryable failure, an unknown the reconciler resolves', { timeout: 180_000 }, async () => {
     // The token (KB admin call), the cookie (the page sets it; a request to the KB carries it),
     // the page text, the downstream's error message (a 503 whose reason phrase carries it), a note body.
     planted = await plantCanaries({ canaries, web, kbUrl: kb.url, reader: agents.alice!, writer: agents.alice!, kb: 'research', taskId: 'fm16' });
@@ -185,7 +186,7 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     }
   });
 
-  it('zero occurrences in every log line of every process, the event log, decisions, advisories, the audit bucket and log, every audit record and export, and every error returned to the agent', async () => {
+  it('zero occurrences in every log line of every process, the event log, decisions, advisories, the audit bucket and log, every audit record and export, and every error returned to the agent', { timeout: 180_000 }, async () => {
     const scan = new LeakScanner(canaries);
     // The audit view through the service, as the auditor (records and an export).
     const kv = await openBucket(t.nc, t.subjects.auditBucket);
