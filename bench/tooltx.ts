@@ -74,6 +74,7 @@ export async function startTooltx(o: TooltxOptions): Promise<BenchSystem & { res
       nkeyFile: server.seedFile({ kind: 'agent', tenant: TENANT, actor: ACTOR }),
       contracts: researchContracts({ kbDedup: false }).all,
       prefix: o.prefix,
+      receiptKeys: stack.receiptKeysFile,
     });
   } catch (err) {
     await tools?.close().catch(() => undefined);

@@ -92,7 +92,7 @@ beforeAll(async () => {
   kv = await openBucket(t.nc, t.subjects.auditBucket);
   procs = [await startService('authorizer', env), await startService('executor', env)];
   projectors = await startProjectors();
-  const open = (actor: string) => createTools({ servers: t.url, tenant: 'acme', actor, nkeyFile: t.agentSeed('acme', actor), contracts, prefix: t.subjects.prefix, budgetMs: 20_000 });
+  const open = (actor: string) => createTools({ servers: t.url, tenant: 'acme', actor, nkeyFile: t.agentSeed('acme', actor), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 20_000 });
   [alice, blockedBob] = await Promise.all([open('alice'), open('blocked-bob')]);
   startedAt = Date.now();
 

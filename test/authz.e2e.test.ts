@@ -50,7 +50,7 @@ beforeAll(async () => {
   env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_DEDUP: 'off' };
   [authorizer, executor] = await Promise.all([startService('authorizer', env), startService('executor', env)]);
   for (const [tenant, actor] of [['acme', 'alice'], ['acme', 'bob'], ['acme', 'noread-eve'], ['globex', 'gina'], ['initech', 'ivan']] as const) {
-    agents[`${tenant}/${actor}`] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 20_000 });
+    agents[`${tenant}/${actor}`] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 20_000 });
   }
 });
 
@@ -213,7 +213,7 @@ describe('FM-18 / FM-19: errors and output', () => {
     expect(r.status).toBe('committed');
     if (r.status === 'committed') {
       expect(r.result).toEqual({});
-      expect(Object.keys(r.receipt).sort()).toEqual(['attempt', 'committedAt', 'operationKey', 'resourceId', 'resultDigest', 'state', 'tool', 'version']);
+      expect(Object.keys(r.receipt).sort()).toEqual(['attempt', 'committedAt', 'keyId', 'operationKey', 'prevSeq', 'resourceId', 'resultDigest', 'signature', 'state', 'tenant', 'tool', 'version']);
     }
   });
 });

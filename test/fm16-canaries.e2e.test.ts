@@ -86,7 +86,7 @@ beforeAll(async () => {
   // One at a time: on a loaded 2-core machine four tsx start-ups at once can starve each other.
   for (const name of ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const) procs.push(await startService(name, env));
   for (const [tenant, actor] of [['acme', 'alice'], ['acme', 'bob'], ['globex', 'gina']] as const) {
-    agents[actor] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 30_000 });
+    agents[actor] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 30_000 });
   }
 }, 240_000);
 

@@ -47,7 +47,7 @@ beforeAll(async () => {
   sink = await new Sink().start();
   const env = { ...t.env, SINK_URL: sink.url };
   procs = await Promise.all([startService('authorizer', env), startService('executor', env)]);
-  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts, prefix: t.subjects.prefix });
+  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
   mallory = await t.connectAs(agent('globex', 'mallory'));
 });
 
@@ -83,7 +83,7 @@ describe('FM-31: another tenant cannot suppress, hijack or read the victim\'s op
     // The attacker publishes first, on its own subject, under the id the victim will use.
     const ack = await publishSubmission(jetstream(mallory), newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'x', input: {} }, squatted));
     expect(ack.duplicate).toBe(false);
-    const victim = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts, prefix: t.subjects.prefix, submissionIdFactory: () => squatted });
+    const victim = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, submissionIdFactory: () => squatted });
     try {
       const r = await victim.execute({ tool: 'sink.write', taskId: 'fm31-squat', input: note('Squat') });
       expect(r.status).toBe('committed');
@@ -115,7 +115,7 @@ describe('FM-31: another tenant cannot suppress, hijack or read the victim\'s op
   it('status for the victim\'s key from another tenant reveals nothing, and its status subject is refused', async () => {
     const victim = await alice.execute({ tool: 'sink.write', taskId: 'fm31-status', input: note('Status secret') });
     expect(victim.status).toBe('committed');
-    const gina = await createTools({ servers: t.url, tenant: 'globex', actor: 'gina', nkeyFile: t.agentSeed('globex', 'gina'), contracts, prefix: t.subjects.prefix });
+    const gina = await createTools({ servers: t.url, tenant: 'globex', actor: 'gina', nkeyFile: t.agentSeed('globex', 'gina'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
     try {
       const a = await gina.status({ operationKey: victim.operationKey! });
       expect(a).toMatchObject({ state: 'not_seen', source: 'none', seq: 0 });

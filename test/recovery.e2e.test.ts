@@ -51,7 +51,7 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
     env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_KEEPALIVE: 'off', KB_DEDUP: dedup ? 'on' : 'off', KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`, TOOLTX_RECONCILE_INTERVAL_MS: '300' };
     procs = await Promise.all([startService('authorizer', env), startService('reconciler', env)]);
     executor = await startService('executor', env);
-    alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 30_000 });
+    alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 30_000 });
   });
 
   afterAll(async () => {
@@ -225,7 +225,7 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
   describe('FM-02: the server commits, the agent\'s connection is cut before the reply', () => {
     it('status returns the original resource id and a retry writes nothing', async () => {
       const natsHop = await new TcpProxy(t.server.port).start();
-      const agent = await createTools({ servers: natsHop.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 30_000 });
+      const agent = await createTools({ servers: natsHop.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 30_000 });
       const key = keyOf('fm02', 'Cut after commit');
       let cuts = 0;
       proxy.holdResponse = (req) => (isNotesPost(req) ? 200 : 0);

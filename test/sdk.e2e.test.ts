@@ -33,7 +33,7 @@ beforeAll(async () => {
   sink = await new Sink().start();
   env = { ...t.env, SINK_URL: sink.url, TOOLTX_DUPLICATE_WINDOW_MS: '1000' };
   await startServices();
-  tools = await createTools({ servers: t.url, tenant: TENANT, actor: 'alice', nkeyFile: t.agentSeed(TENANT, 'alice'), contracts, prefix: t.subjects.prefix });
+  tools = await createTools({ servers: t.url, tenant: TENANT, actor: 'alice', nkeyFile: t.agentSeed(TENANT, 'alice'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
 });
 
 afterAll(async () => {
@@ -69,7 +69,7 @@ describe('tools.execute', () => {
   it('precedence: a conflicting resubmission is told conflict, and the original caller still sees its committed receipt', async () => {
     const first = await tools.execute({ tool: 'sink.write', taskId: 'sdk-conflict', input: note('Orig') });
     expect(first.status).toBe('committed');
-    const bob = await createTools({ servers: t.url, tenant: TENANT, actor: 'bob', nkeyFile: t.agentSeed(TENANT, 'bob'), contracts, prefix: t.subjects.prefix });
+    const bob = await createTools({ servers: t.url, tenant: TENANT, actor: 'bob', nkeyFile: t.agentSeed(TENANT, 'bob'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
     try {
       const second = await bob.execute({ tool: 'sink.write', taskId: 'sdk-conflict', input: note('Orig', { priority: 'high' }) });
       expect(second).toMatchObject({ status: 'rejected', error: { class: 'idempotency_conflict' } });
@@ -86,7 +86,7 @@ describe('tools.execute', () => {
   it('the read policy seam runs before anything is revealed: an actor without rights gets the same answer as for a never-registered key', async () => {
     const done = await tools.execute({ tool: 'sink.write', taskId: 'sdk-private', input: note('Private') });
     expect(done.status).toBe('committed');
-    const eve = await createTools({ servers: t.url, tenant: TENANT, actor: 'noread-eve', nkeyFile: t.agentSeed(TENANT, 'noread-eve'), contracts, prefix: t.subjects.prefix });
+    const eve = await createTools({ servers: t.url, tenant: TENANT, actor: 'noread-eve', nkeyFile: t.agentSeed(TENANT, 'noread-eve'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
     try {
       const registered = await eve.status({ operationKey: done.operationKey! });
       const never = await eve.status({ operationKey: prepareCall(sinkWrite, 'sdk-private', note('Never written')).operationKey });
@@ -182,7 +182,7 @@ describe('tools.execute never throws', () => {
     const bad = await tools.execute({ tool: 'sink.write', taskId: 'x', input: note('Budget') }, { budgetMs: -5 });
     expect(bad).toMatchObject({ status: 'rejected', error: { class: 'invalid_input', issues: [{ path: ['opts', 'budgetMs'] }] } });
     // An agent pointed at a prefix with no streams: nothing is known to be stored, nothing thrown.
-    const lost = await createTools({ servers: t.url, tenant: TENANT, actor: 'alice', nkeyFile: t.agentSeed(TENANT, 'alice'), contracts, prefix: 'nosuchprefix' });
+    const lost = await createTools({ servers: t.url, tenant: TENANT, actor: 'alice', nkeyFile: t.agentSeed(TENANT, 'alice'), contracts, prefix: 'nosuchprefix', receiptKeys: t.auth.receiptKeysFile });
     try {
       const r = await lost.execute({ tool: 'sink.write', taskId: 'x', input: note('Nowhere') }, { budgetMs: 2_000 });
       expect(r.status).toBe('unknown');

@@ -78,7 +78,7 @@ beforeAll(async () => {
     WEB_ALLOWED_ORIGINS: 'http://127.0.0.1:9',
   };
   [authorizer, executor, reconciler] = await Promise.all([startService('authorizer', env), startService('executor', env), startService('reconciler', env)]);
-  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 30_000 });
+  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 30_000 });
 });
 
 afterAll(async () => {
@@ -216,7 +216,7 @@ describe('FM-11: unreachable before acceptance', () => {
   it('nats-server is unreachable for the agent: its connection is cut and refused for a while; the same key lands once', async () => {
     const hop = await new TcpFaultProxy(t.server.port).start();
     // A long budget: the client waits out its own connection timeout (20 s) when a handshake is cut.
-    const agent = await createTools({ servers: hop.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, budgetMs: 75_000 });
+    const agent = await createTools({ servers: hop.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 75_000 });
     try {
       const key = keyOf('fm11-nats', 'Nats unreachable');
       // Its connection is cut now, and its next one as soon as it names itself.
@@ -242,7 +242,7 @@ describe('FM-15: each failure class leads to its next action', () => {
     expect(forbidden).toMatchObject({ status: 'rejected', error: { class: 'forbidden' }, next: 'reauthorise' });
     expect(await rowsFor(keyOf('fm15', 'Not my board', 'board'))).toBe(0);
 
-    const gina = await createTools({ servers: t.url, tenant: 'globex', actor: 'gina', nkeyFile: t.agentSeed('globex', 'gina'), contracts: contracts.all, prefix: t.subjects.prefix });
+    const gina = await createTools({ servers: t.url, tenant: 'globex', actor: 'gina', nkeyFile: t.agentSeed('globex', 'gina'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
     try {
       expect((await gina.execute({ tool: 'kb.write_note', taskId: 'fm15', input: note('First of the day', 'gkb') })).status).toBe('committed');
       const over = await gina.execute({ tool: 'kb.write_note', taskId: 'fm15', input: note('Over quota', 'gkb') });

@@ -67,7 +67,7 @@ export async function runFm16(o: {
   unknownResolved?: string | undefined;
 }): Promise<Fm16Result> {
   const rivalRole = { kind: 'agent' as const, tenant: o.rival, actor: o.rivalActor };
-  const writer = await createTools({ servers: o.stack.natsUrl, tenant: o.rival, actor: o.rivalActor, nkeyFile: o.stack.seedFile(rivalRole), contracts: o.contracts, prefix: o.prefix });
+  const writer = await createTools({ servers: o.stack.natsUrl, tenant: o.rival, actor: o.rivalActor, nkeyFile: o.stack.seedFile(rivalRole), contracts: o.contracts, prefix: o.prefix, receiptKeys: o.stack.receiptKeysFile });
   const returned: ExecuteResult[] = [];
   let planted;
   try {

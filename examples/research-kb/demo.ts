@@ -105,7 +105,7 @@ say(`demo: stack up (nats ${stack.natsUrl}, KB ${stack.kbUrl}, KB_DEDUP=off); lo
 
 const contracts = researchContracts({ kbDedup: false });
 const researcher = { kind: 'agent' as const, tenant: TENANT, actor: 'researcher' };
-const tools = await createTools({ servers: natsHop.url, tenant: TENANT, actor: 'researcher', nkeyFile: stack.seedFile(researcher), contracts: contracts.all, prefix });
+const tools = await createTools({ servers: natsHop.url, tenant: TENANT, actor: 'researcher', nkeyFile: stack.seedFile(researcher), contracts: contracts.all, prefix, receiptKeys: stack.receiptKeysFile });
 const taskId = `research-${runId}`;
 
 const c = {
@@ -205,7 +205,7 @@ function onPageDone(): void {
  */
 async function runAdversary(): Promise<{ attempts: number; rejected: number; readsRevealed: number }> {
   const mallory = { kind: 'agent' as const, tenant: RIVAL, actor: 'mallory' };
-  const evil = await createTools({ servers: stack.natsUrl, tenant: RIVAL, actor: 'mallory', nkeyFile: stack.seedFile(mallory), contracts: contracts.all, prefix });
+  const evil = await createTools({ servers: stack.natsUrl, tenant: RIVAL, actor: 'mallory', nkeyFile: stack.seedFile(mallory), contracts: contracts.all, prefix, receiptKeys: stack.receiptKeysFile });
   const acmeKb = (await new KbClient(stack.kbUrl).admin(stack.kbAdminToken).list(TENANT)).find((k) => k.name === KB)!;
   const note = { kb: KB, title: 'Injected', body: 'Not yours.', sourceUrl: 'https://example.org/x', fetchedAt: new Date().toISOString() };
   const writes = [

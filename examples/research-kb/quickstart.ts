@@ -13,7 +13,7 @@ import { kbDedupFromEnv, researchContracts } from './contracts.js';
 
 new Command('tooltx-quickstart')
   .description('write one note through a running `npm start` as acme/alice, then repeat the call and compare the receipts')
-  .addHelpText('after', '\nEnvironment: NATS_URL (default nats://127.0.0.1:4222), TOOLTX_PREFIX, TOOLTX_STATE_DIR (where npm start wrote the seeds), NATS_NKEY_FILE, KB_DEDUP')
+  .addHelpText('after', '\nEnvironment: NATS_URL (default nats://127.0.0.1:4222), TOOLTX_PREFIX, TOOLTX_STATE_DIR (where npm start wrote the seeds and receipt keys), NATS_NKEY_FILE, TOOLTX_RECEIPT_KEYS_FILE, KB_DEDUP')
   .parse(process.argv);
 
 const tools = await createTools({
@@ -24,6 +24,8 @@ const tools = await createTools({
   // Auth is on: `npm start` writes each agent's nkey seed under its state directory.
   nkeyFile: process.env.NATS_NKEY_FILE ?? join(process.env.TOOLTX_STATE_DIR ?? '.state', 'auth', 'nkeys', 'agent.acme.alice.nk'),
   contracts: researchContracts({ kbDedup: kbDedupFromEnv() }).all,
+  // The receipt keys `npm start` generated: a committed answer counts only with a receipt signed by one.
+  receiptKeys: process.env.TOOLTX_RECEIPT_KEYS_FILE ?? join(process.env.TOOLTX_STATE_DIR ?? '.state', 'auth', 'receipt-keys.json'),
 });
 try {
   const call = {

@@ -64,6 +64,8 @@ export interface Stack {
   kbAdminToken: string;
   /** The seed file of a role (agents: `{ kind: 'agent', tenant, actor }`). */
   seedFile(role: Role): string;
+  /** The receipt keys agents trust (`receipt-keys.json` of the auth directory; issue 9). */
+  receiptKeysFile: string;
   /** A role's inbox prefix (agents must use it: they may subscribe nowhere else). */
   inboxPrefix(role: Role): string;
   server: NatsServerHandle | null;
@@ -87,6 +89,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   let server: NatsServerHandle | null = null;
   let natsUrl = o.natsUrl;
   let seedFile: (role: Role) => string;
+  let authDir: string;
   if (!natsUrl) {
     // Auth is always on: a fresh nkey per user for this run, the config holding public keys only.
     const identities = o.identities ?? (process.env.TOOLTX_IDENTITIES ? (JSON.parse(readFileSync(process.env.TOOLTX_IDENTITIES, 'utf8')) as IdentityList) : DEFAULT_IDENTITIES);
@@ -100,11 +103,13 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     server = await spawnNatsServer({ port: o.natsPort ?? -1, extraArgs: ['-c', auth.configFile], storeDir: join(o.stateDir, 'jetstream'), detached: true });
     natsUrl = server.url;
     seedFile = (role) => auth.seedFile(role);
+    authDir = join(o.stateDir, 'auth');
   } else {
     const dir = o.authDir ?? process.env.TOOLTX_AUTH_DIR;
     if (!dir) throw new Error('with NATS_URL, set TOOLTX_AUTH_DIR to the directory `tooltx auth generate` wrote for that server');
+    authDir = dir;
     seedFile = (role) => {
-      const name = role.kind === 'agent' || role.kind === 'auditor' ? `${role.kind}.${role.tenant}.${role.actor}` : role.kind === 'service' ? `service.${role.service}` : 'provisioner';
+      const name = role.kind === 'agent' || role.kind === 'auditor' ? `${role.kind}.${role.tenant}.${role.actor}` : role.kind === 'service' ? `service.${role.service}` : role.kind === 'operator' ? `operator.${role.operator}` : 'provisioner';
       const f = join(dir, 'nkeys', `${name}.nk`);
       if (!existsSync(f)) throw new Error(`no seed ${f}`);
       return f;
@@ -229,6 +234,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
           ...common,
           TOOLTX_INSTANCE_ID: `${name}-${i + 1}`,
           NATS_NKEY_FILE: seedFile({ kind: 'service', service: name }),
+          // The services that append `committed` sign their receipts (issue 9).
+          ...(name === 'executor' || name === 'reconciler' ? { TOOLTX_SIGNING_KEY_FILE: join(authDir, 'signing', `${name}.pem`) } : {}),
         });
         return waitForLine(child, '"msg":"started"');
       }),
@@ -238,6 +245,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   return {
     natsUrl: url,
     prefix: o.prefix,
+    receiptKeysFile: join(authDir, 'receipt-keys.json'),
     kbUrl,
     kbAdminToken,
     seedFile,

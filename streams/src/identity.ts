@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import { createUser } from '@nats-io/nkeys';
 import { z } from 'zod';
 import { ID_PATTERN } from '@tooltx/contracts';
+import { generateReceiptKey } from '@tooltx/lifecycle';
 import type { Subjects } from '@tooltx/nats';
 import { Durables, type Topology } from './topology.js';
 
@@ -213,8 +214,15 @@ export interface GeneratedUser {
   inboxPrefix: string;
 }
 
+/** The services that append `committed` and so sign receipts (issue 9). */
+export const RECEIPT_SIGNERS = ['executor', 'reconciler'] as const;
+
 export interface GeneratedAuth {
   configFile: string;
+  /** `{ "<keyId>": "<SPKI PEM>" }` — the receipt keys clients trust (TOOLTX_RECEIPT_KEYS_FILE). */
+  receiptKeysFile: string;
+  /** The private receipt key of a signing service (TOOLTX_SIGNING_KEY_FILE, mode 0600). */
+  signingKeyFile(service: (typeof RECEIPT_SIGNERS)[number]): string;
   users: GeneratedUser[];
   /** Seed file of a role (throws `Error` when the list has no such user). */
   seedFile(role: Role): string;
@@ -287,8 +295,24 @@ export function generateAuth(
   ].join('\n');
   const configFile = join(o.outDir, 'nats-server.conf');
   writeFileSync(configFile, config, { mode: 0o600 });
+  // The receipt signing keys of the services that append `committed` (issue 9, FM-17): one Ed25519
+  // key each, and the public keys clients trust, by key id.
+  const signingDir = join(o.outDir, 'signing');
+  mkdirSync(signingDir, { recursive: true, mode: 0o700 });
+  const trusted: Record<string, string> = {};
+  for (const service of RECEIPT_SIGNERS) {
+    const k = generateReceiptKey();
+    const file = join(signingDir, `${service}.pem`);
+    writeFileSync(file, k.privatePem, { mode: 0o600 });
+    chmodSync(file, 0o600);
+    trusted[k.keyId] = k.publicPem;
+  }
+  const receiptKeysFile = join(o.outDir, 'receipt-keys.json');
+  writeFileSync(receiptKeysFile, `${JSON.stringify(trusted, null, 2)}\n`, { mode: 0o644 });
   return {
     configFile,
+    receiptKeysFile,
+    signingKeyFile: (service) => join(signingDir, `${service}.pem`),
     users,
     seedFile(role) {
       const name = userName(role);

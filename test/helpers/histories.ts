@@ -1,5 +1,6 @@
 import { operationIdOf, type EffectClass, type ErrorInfo } from '@tooltx/contracts';
 import { decide, type OperationCommand, type OperationEvent, type OperationState } from '@tooltx/lifecycle';
+import { TEST_SIGNER } from './signing.js';
 
 /**
  * Sample operation histories built with the real decider (no hand-written events): one per kind,
@@ -43,7 +44,7 @@ export function sampleOperation(kind: HistoryKind, i: number, tenant = 'acme'): 
   const eventId = () => `evt-${tenant}-${i}-${step}`.padEnd(12, '0');
   const next = (make: (at: number) => OperationCommand) => {
     step++;
-    const d = decide(make(t0 + step * 100), state);
+    const d = decide(make(t0 + step * 100), state, { signer: TEST_SIGNER });
     if (d.kind !== 'append') throw new Error(`sample ${kind}: expected append, got ${d.kind}`);
     events.push(d.event);
     state = d.event.state;
@@ -62,7 +63,7 @@ export function sampleOperation(kind: HistoryKind, i: number, tenant = 'acme'): 
   switch (kind) {
     case 'committed':
       start();
-      next((at) => ({ type: 'commit', eventId: eventId(), at, attempt: attempt(), resourceId: `note-${i}`, resultDigest: D('e') }));
+      next((at) => ({ type: 'commit', eventId: eventId(), at, attempt: attempt(), prevSeq: events.length, resourceId: `note-${i}`, resultDigest: D('e') }));
       break;
     case 'retried_unknown':
       reject({ class: 'quota_exceeded', retryAfterMs: 60_000 });

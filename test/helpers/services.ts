@@ -67,9 +67,11 @@ export class ServiceProcess {
 export async function startService(name: ServiceName, env: Record<string, string>, opts: { wait?: boolean } = {}): Promise<ServiceProcess> {
   // The service's own identity: its seed from the test server's generated auth (issue 5).
   const seed = env.TOOLTX_TEST_NKEYS_DIR ? { NATS_NKEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, `service.${name}.nk`) } : {};
+  // The services that append `committed` sign receipts with their own key (issue 9).
+  const signing = env.TOOLTX_TEST_NKEYS_DIR && (name === 'executor' || name === 'reconciler') ? { TOOLTX_SIGNING_KEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, '..', 'signing', `${name}.pem`) } : {};
   const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'services', name, 'src', 'main.ts')], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', TOOLTX_TOOLS_MODULE: SINK_TOOLS, TOOLTX_INSTANCE_ID: `${name}-${Math.random().toString(36).slice(2, 8)}`, ...seed, ...env },
+    env: { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', TOOLTX_TOOLS_MODULE: SINK_TOOLS, TOOLTX_INSTANCE_ID: `${name}-${Math.random().toString(36).slice(2, 8)}`, ...seed, ...signing, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   const p = new ServiceProcess(name, child);

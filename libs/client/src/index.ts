@@ -1,2 +1,3 @@
 export * from './intent.js';
 export * from './tools.js';
+export * from './runner.js';

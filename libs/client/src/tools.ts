@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { jetstream } from '@nats-io/jetstream';
 import { z } from 'zod';
 import {
@@ -16,7 +17,7 @@ import {
   type ErrorInfo,
   type PreparedCall,
 } from '@tooltx/contracts';
-import { MAX_STATUS_WAIT_MS, statusReplySchema, type Receipt, type ServerState, type TakeoverRecord, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
+import { MAX_STATUS_WAIT_MS, receiptSchema, statusReplySchema, trustedReceiptKeys, verifyReceipt, type Receipt, type ServerState, type TakeoverRecord, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
 import { connectNats, decode, encode, isTransient, Subjects, type NatsConnection } from '@tooltx/nats';
 import { newSubmission, publishSubmission, type Submission } from './intent.js';
 
@@ -44,6 +45,13 @@ export interface CreateToolsOptions {
    * Only tests and replay tools should set it.
    */
   submissionIdFactory?: () => string;
+  /**
+   * The receipt keys this agent trusts (issue 9, FM-17): `{ "<keyId>": "<SPKI PEM>" }`, or the path
+   * of such a JSON file (`tooltx auth generate` writes `receipt-keys.json`); default the file named
+   * by `TOOLTX_RECEIPT_KEYS_FILE`. Required: a committed answer counts only with a receipt signed
+   * under exactly one of these key ids.
+   */
+  receiptKeys?: Record<string, string> | string;
 }
 
 /** One tool call, as the agent states it. `actorId`, when given, must be the authenticated actor. */
@@ -80,6 +88,8 @@ export interface UnknownEvidence {
   elapsedMs: number;
   /** The takeover record, when the server handed the operation over to a person (FM-14). */
   takeover?: TakeoverRecord;
+  /** Set when the server answered `committed` with a receipt this SDK cannot trust (FM-17): why. */
+  invalidReceipt?: string;
 }
 
 /**
@@ -91,6 +101,9 @@ export type ExecuteResult<O = unknown> =
   | { status: 'rejected'; operationKey: string | null; error: ErrorInfo; next: Next; attempt?: number }
   | { status: 'unknown'; operationKey: string; lastServerState: ServerState; evidence: UnknownEvidence; next: Next; error?: ErrorInfo };
 
+/** What the SDK checks of a committed outcome before anyone may count it as done (FM-17). */
+export type ReceiptCheck = { valid: true } | { valid: false; reason: 'untrusted_key' | 'bad_signature' | 'other_operation' | 'result_mismatch' };
+
 /** The SDK handle. */
 export interface Tools {
   readonly tenant: string;
@@ -98,6 +111,12 @@ export interface Tools {
   execute<O = unknown>(req: ExecuteRequest, opts?: ExecuteOptions): Promise<ExecuteResult<O>>;
   /** One status request (read-only, repeatable). Throws `TooltxError(dependency_unavailable)` when no status service answers. */
   status(req: StatusRequest): Promise<StatusAnswer>;
+  /**
+   * Checks a committed outcome the way `execute` does: a receipt signed under a trusted key id, for
+   * this tenant and the outcome's operation key, whose result digest matches the result. Use it on
+   * any "success" that did not come straight from `execute` (a model's claim, a stored result).
+   */
+  verify(outcome: { operationKey: string; receipt: Receipt; result?: unknown }): ReceiptCheck;
   /** Drains the connection when the SDK owns it. */
   close(): Promise<void>;
 }
@@ -147,6 +166,15 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       inboxPrefix: opts.inboxPrefix ?? `_INBOX.${opts.tenant}.${opts.actor}`,
     }));
   const js = jetstream(nc);
+  const trusted = loadTrustedKeys(opts.receiptKeys);
+  const verify = (o: { operationKey: string; receipt: Receipt; result?: unknown }): ReceiptCheck => {
+    const r = receiptSchema.safeParse(o.receipt);
+    if (!r.success || !trusted.has(r.data.keyId)) return { valid: false, reason: 'untrusted_key' };
+    if (!verifyReceipt(r.data, trusted)) return { valid: false, reason: 'bad_signature' };
+    if (r.data.tenant !== opts.tenant || r.data.operationKey !== o.operationKey) return { valid: false, reason: 'other_operation' };
+    if (o.result !== undefined && digestOf(o.result) !== r.data.resultDigest) return { valid: false, reason: 'result_mismatch' };
+    return { valid: true };
+  };
   const byName = new Map<string, Contract[]>();
   for (const c of opts.contracts) byName.set(c.name, [...(byName.get(c.name) ?? []), c]);
   const statusSubject = subjects.status(opts.tenant, opts.actor);
@@ -167,6 +195,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     tenant: opts.tenant,
     actor: opts.actor,
     status,
+    verify,
     execute: async <O>(req: ExecuteRequest, o?: ExecuteOptions): Promise<ExecuteResult<O>> => {
       const r = executeArgsSchema.safeParse({ req, opts: o ?? {} });
       if (!r.success) return refused(null, { class: ErrorClass.InvalidInput, issues: fieldIssues(r.error) });
@@ -224,6 +253,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     let lastSeq = 0;
     let attempt: number | undefined;
     let retryableRejections = 0;
+    let invalidReceipt: string | undefined;
     let squatted = 0;
 
     const submit = async (): Promise<void> => {
@@ -289,6 +319,13 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         };
       }
       if (a.state === 'committed' && a.receipt) {
+        const check = verify({ operationKey: key, receipt: a.receipt });
+        if (!check.valid) {
+          // Not a receipt we can trust: never "done". Keep observing; at the budget, unknown.
+          invalidReceipt = check.reason;
+          await sleep(Math.min(left(), 500));
+          continue;
+        }
         if (a.receipt.manual && a.result === undefined) {
           // A person resolved it and no business result exists to hand on: the receipt is the outcome.
           return { status: 'committed', operationKey: key, result: undefined as O, receipt: a.receipt, next: 'continue' };
@@ -322,12 +359,22 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       status: 'unknown',
       operationKey: key,
       lastServerState: lastState,
-      evidence: { operationKey: key, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started },
-      next: lastState === 'unknown' ? NextAction.HandOver : NextAction.Observe,
+      evidence: { operationKey: key, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, ...(invalidReceipt ? { invalidReceipt } : {}) },
+      next: lastState === 'unknown' || invalidReceipt ? NextAction.HandOver : NextAction.Observe,
     };
   }
 
   return tools;
+}
+
+/** The trusted receipt keys from the option, else the file named by TOOLTX_RECEIPT_KEYS_FILE. Throws `TypeError` when none. */
+function loadTrustedKeys(o: Record<string, string> | string | undefined) {
+  const src = o ?? process.env.TOOLTX_RECEIPT_KEYS_FILE;
+  if (src === undefined || src === '') throw new TypeError('createTools: receiptKeys (or TOOLTX_RECEIPT_KEYS_FILE) is required: the receipt keys this agent trusts');
+  const keys = typeof src === 'string' ? (JSON.parse(readFileSync(src, 'utf8')) as Record<string, string>) : src;
+  const trusted = trustedReceiptKeys(keys);
+  if (trusted.size === 0) throw new TypeError('createTools: no receipt key is trusted');
+  return trusted;
 }
 
 function refused(operationKey: string | null, error: ErrorInfo): Extract<ExecuteResult, { status: 'rejected' }> {

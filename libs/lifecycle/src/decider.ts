@@ -9,6 +9,13 @@ import {
   type Receipt,
   type TakeoverRecord,
 } from './events.js';
+import type { ReceiptSigner, UnsignedReceipt } from './signing.js';
+
+/** What a decision may need besides the command and the state: the signer of receipts (issue 9). */
+export interface DecideContext {
+  /** Required for `commit` and a committed `resolve`: signs the receipt the event carries. */
+  signer?: ReceiptSigner;
+}
 
 /**
  * The operation aggregate as a pure decider (decide / evolve / initialState): no clock, no I/O.
@@ -62,6 +69,8 @@ export interface CommitCommand {
   eventId: string;
   at: number;
   attempt: number;
+  /** The operation subject's sequence the append will expect (signed into the receipt). */
+  prevSeq: number;
   runId?: string;
   resourceId: string;
   resultDigest: string;
@@ -110,6 +119,8 @@ export interface ResolveCommand {
   eventId: string;
   at: number;
   attempt: number;
+  /** The operation subject's sequence the append will expect (signed into a committed receipt). */
+  prevSeq: number;
   resolvedBy: string;
   outcome: { kind: 'committed'; resourceId: string; resultDigest: string } | { kind: 'not_applied' };
 }
@@ -134,7 +145,11 @@ export function initialState(): OperationState {
   return { status: 'none' };
 }
 
-export function decide(cmd: OperationCommand, state: OperationState): Decision {
+/**
+ * Decides `cmd` on `state`. Throws `Error` when a commit is decided without `ctx.signer` (a
+ * receipt is never unsigned).
+ */
+export function decide(cmd: OperationCommand, state: OperationState, ctx: DecideContext = {}): Decision {
   if (state.status !== 'none' && state.lastEventId === cmd.eventId) return { kind: 'applied', state };
   if ('runId' in cmd && cmd.runId !== undefined && state.status !== 'none' && state.running?.eventId !== cmd.runId) {
     return { kind: 'skip', reason: 'stale_run', state };
@@ -169,7 +184,8 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
       if (cmd.outcome.kind === 'not_applied') {
         return append(s.state, { type: 'rejected', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, error: { class: 'not_applied' }, ...manual });
       }
-      const receipt: Receipt = {
+      const receipt = signed(ctx, {
+        tenant: s.state.tenant,
         operationKey: s.state.operationKey,
         tool: s.state.tool,
         version: s.state.version,
@@ -178,8 +194,9 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
         resultDigest: cmd.outcome.resultDigest,
         committedAt: cmd.at,
         attempt: cmd.attempt,
+        prevSeq: cmd.prevSeq,
         ...manual,
-      };
+      });
       return append(s.state, { type: 'committed', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, receipt, ...manual });
     }
     case 'commit': {
@@ -188,7 +205,8 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
       const s = requireRunning(state, cmd.attempt, ['running', 'unknown']);
       if (s.kind === 'skip') return s;
       if (s.state.takeover) return { kind: 'skip', reason: 'taken_over', state };
-      const receipt: Receipt = {
+      const receipt = signed(ctx, {
+        tenant: s.state.tenant,
         operationKey: s.state.operationKey,
         tool: s.state.tool,
         version: s.state.version,
@@ -197,7 +215,8 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
         resultDigest: cmd.resultDigest,
         committedAt: cmd.at,
         attempt: cmd.attempt,
-      };
+        prevSeq: cmd.prevSeq,
+      });
       return append(s.state, { type: 'committed', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, receipt });
     }
     case 'reject': {
@@ -222,6 +241,12 @@ export function decide(cmd: OperationCommand, state: OperationState): Decision {
       return append(state, { type: 'requeued', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, reason: cmd.reason });
     }
   }
+}
+
+function signed(ctx: DecideContext, r: Omit<UnsignedReceipt, 'keyId'>): Receipt {
+  if (!ctx.signer) throw new Error('a commit needs a receipt signer (DecideContext.signer)');
+  const unsigned: UnsignedReceipt = { ...r, keyId: ctx.signer.keyId };
+  return { ...unsigned, signature: ctx.signer.sign(unsigned) };
 }
 
 function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {

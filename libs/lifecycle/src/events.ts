@@ -48,8 +48,14 @@ export const authDecisionSchema = z.object({
 });
 export type AuthDecision = z.infer<typeof authDecisionSchema>;
 
-/** The server-side proof that an operation committed (DESIGN.md "Five observable states"). */
+/**
+ * The server-side proof that an operation committed (DESIGN.md "Five observable states"; issue 9,
+ * FM-17): what was known before the append — tenant, key, attempt, the operation subject's expected
+ * previous sequence, resource id, result digest, the signer's clock, `manual` / `resolvedBy` for a
+ * person's resolution — signed with Ed25519 over its RFC 8785 bytes (see `signing.ts`).
+ */
 export const receiptSchema = z.object({
+  tenant: id,
   operationKey: z.string().regex(OPERATION_KEY_PATTERN),
   tool: z.string(),
   version: z.number().int(),
@@ -63,6 +69,11 @@ export const receiptSchema = z.object({
   /** Set when a person resolved the operation (issue 8): `resolvedBy` is their operator id. */
   manual: z.literal(true).optional(),
   resolvedBy: id.optional(),
+  /** The operation subject's last sequence the `committed` append expected (the chain it extends). */
+  prevSeq: z.number().int().min(1),
+  /** The signer's key id (`ed25519:…`) and its base64url signature over every other field. */
+  keyId: z.string().regex(/^ed25519:[A-Za-z0-9_-]{22}$/),
+  signature: z.string().regex(/^[A-Za-z0-9_-]{86}$/),
 });
 export type Receipt = z.infer<typeof receiptSchema>;
 

@@ -4,3 +4,4 @@ export * from './decider.js';
 export * from './status.js';
 export * from './recovery.js';
 export * from './audit.js';
+export * from './signing.js';

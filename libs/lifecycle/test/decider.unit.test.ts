@@ -1,5 +1,8 @@
 import { describe, expect, it } from 'vitest';
-import { decide, decideRecovery, initialState, replay, type AcceptCommand, type Decision, type OperationEvent, type OperationState } from '@tooltx/lifecycle';
+import { decide, decideRecovery, generateReceiptKey, initialState, receiptSigner, replay, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type Decision, type OperationEvent, type OperationState, type Receipt } from '@tooltx/lifecycle';
+
+const KEYPAIR = generateReceiptKey();
+const signer = receiptSigner(KEYPAIR.privatePem);
 
 const D1 = `sha256:${'1'.repeat(64)}`;
 const D2 = `sha256:${'2'.repeat(64)}`;
@@ -19,7 +22,7 @@ function accept(over: Partial<AcceptCommand> = {}): AcceptCommand {
 /** given events → when command → then decision (Emmett-style specification). */
 function given(...events: OperationEvent[]) {
   const state: OperationState = events.length ? events[events.length - 1]!.state : initialState();
-  return { when: (cmd: Parameters<typeof decide>[0]) => decide(cmd, state) };
+  return { when: (cmd: Parameters<typeof decide>[0]) => decide(cmd, state, { signer }) };
 }
 function appended(d: Decision): OperationEvent {
   if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
@@ -28,7 +31,7 @@ function appended(d: Decision): OperationEvent {
 
 const accepted = () => appended(given().when(accept()));
 const running = (a = accepted()) => appended(given(a).when({ type: 'start', eventId: id(), at: 2_000, attempt: 1, executor: 'ex-1', deadlineAt: 5_000 }));
-const committed = (r = running()) => appended(given(r).when({ type: 'commit', eventId: id(), at: 3_000, attempt: 1, resourceId: 'note-1', resultDigest: D2 }));
+const committed = (r = running()) => appended(given(r).when({ type: 'commit', eventId: id(), at: 3_000, attempt: 1, prevSeq: 3, resourceId: 'note-1', resultDigest: D2 }));
 const rejected = (a = accepted()) => appended(given(a).when({ type: 'reject', eventId: id(), at: 2_500, attempt: 1, error: { class: 'forbidden' } }));
 
 describe('operation decider', () => {
@@ -82,14 +85,14 @@ describe('operation decider', () => {
   it('commits only a running attempt, with resource id, result digest and server time in the receipt', () => {
     const c = committed();
     expect(c.state.status).toBe('committed');
-    expect(c.state.receipt).toEqual({ operationKey: KEY, tool: 'kb.write_note', version: 1, state: 'committed', resourceId: 'note-1', resultDigest: D2, committedAt: 3_000, attempt: 1 });
-    expect(given(accepted()).when({ type: 'commit', eventId: id(), at: 3_000, attempt: 1, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'not_running' });
+    expect(c.state.receipt).toEqual({ tenant: 'acme', operationKey: KEY, tool: 'kb.write_note', version: 1, state: 'committed', resourceId: 'note-1', resultDigest: D2, committedAt: 3_000, attempt: 1, prevSeq: 3, keyId: signer.keyId, signature: expect.stringMatching(/^[A-Za-z0-9_-]{86}$/) });
+    expect(given(accepted()).when({ type: 'commit', eventId: id(), at: 3_000, attempt: 1, prevSeq: 3, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'not_running' });
   });
 
   it('never rejects or commits a final state, and ignores commands for another attempt', () => {
     const c = committed();
     expect(given(c).when({ type: 'reject', eventId: id(), at: 9, attempt: 1, error: { class: 'internal' } })).toMatchObject({ kind: 'skip', reason: 'final' });
-    expect(given(running()).when({ type: 'commit', eventId: id(), at: 9, attempt: 2, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'attempt_mismatch' });
+    expect(given(running()).when({ type: 'commit', eventId: id(), at: 9, attempt: 2, prevSeq: 3, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'attempt_mismatch' });
     expect(given().when({ type: 'start', eventId: id(), at: 9, attempt: 1, executor: 'x', deadlineAt: 10 })).toMatchObject({ kind: 'skip', reason: 'not_registered' });
   });
 
@@ -115,7 +118,7 @@ describe('recovery (verify before acting)', () => {
 
   it('commits from unknown once a probe found the effect, and requeues the same attempt under the same key', () => {
     const u = unknownOf();
-    const c = appended(given(u).when({ type: 'commit', eventId: id(), at: 7_000, attempt: 1, resourceId: 'note-9', resultDigest: D2 }));
+    const c = appended(given(u).when({ type: 'commit', eventId: id(), at: 7_000, attempt: 1, prevSeq: 3, resourceId: 'note-9', resultDigest: D2 }));
     expect(c.state).toMatchObject({ status: 'committed', attempt: 1, receipt: { resourceId: 'note-9' } });
     const q = appended(given(u).when({ type: 'requeue', eventId: id(), at: 7_000, attempt: 1, reason: 'probe_not_found' }));
     expect(q.state).toMatchObject({ status: 'accepted', attempt: 1, requeues: 1, operationKey: KEY });
@@ -146,8 +149,8 @@ describe('outcomes are bound to their run', () => {
     const r2 = appended(given(q).when({ type: 'start', eventId: id(), at: 8_000, attempt: 1, executor: 'ex-2', deadlineAt: 9_500 }));
     // The first run's downstream answers late with a refusal: not applied to the second run.
     expect(given(r2).when({ type: 'reject', eventId: id(), at: 8_100, attempt: 1, runId: r1.eventId, error: { class: 'dependency_unavailable' } })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
-    expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_100, attempt: 1, runId: r1.eventId, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
-    expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_200, attempt: 1, runId: r2.eventId, resourceId: 'note-2', resultDigest: D2 }).kind).toBe('append');
+    expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_100, attempt: 1, prevSeq: 3, runId: r1.eventId, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
+    expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_200, attempt: 1, prevSeq: 3, runId: r2.eventId, resourceId: 'note-2', resultDigest: D2 }).kind).toBe('append');
   });
 });
 
@@ -166,7 +169,7 @@ describe('takeover and manual resolution (issue 8, FM-14)', () => {
     expect(t.type).toBe('takeover');
     expect(t.state).toMatchObject({ status: 'unknown', takeover: record(u) });
     expect(given(t).when({ type: 'open_takeover', eventId: id(), at: 9_500, attempt: 1, takeover: record(u) })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
-    expect(given(t).when({ type: 'commit', eventId: id(), at: 9_600, attempt: 1, resourceId: 'n', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
+    expect(given(t).when({ type: 'commit', eventId: id(), at: 9_600, attempt: 1, prevSeq: 3, resourceId: 'n', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
     expect(given(t).when({ type: 'requeue', eventId: id(), at: 9_600, attempt: 1, reason: 'probe_not_found' })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
     expect(given(t).when(accept({ intentSeq: 99 })).kind).toBe('replay');
   });
@@ -174,10 +177,10 @@ describe('takeover and manual resolution (issue 8, FM-14)', () => {
   it('FM-14: a person resolves committed (a receipt with manual and resolvedBy) or not applied (rejected, then a new attempt may start)', () => {
     const u = unknownOf();
     const t = appended(given(u).when({ type: 'open_takeover', eventId: id(), at: 9_000, attempt: 1, takeover: record(u) }));
-    const c = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
+    const c = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, prevSeq: 4, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
     expect(c).toMatchObject({ type: 'committed', manual: true, resolvedBy: 'oscar', receipt: { resourceId: 'note-7', manual: true, resolvedBy: 'oscar', committedAt: 10_000 } });
     expect(c.state).toMatchObject({ status: 'committed', resolution: { by: 'oscar', at: 10_000, outcome: 'committed' } });
-    const n = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }));
+    const n = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, prevSeq: 4, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }));
     expect(n).toMatchObject({ type: 'rejected', manual: true, resolvedBy: 'oscar', error: { class: 'not_applied' } });
     const again = appended(given(n).when(accept({ intentSeq: 99 })));
     expect(again.state).toMatchObject({ status: 'accepted', attempt: 2 });
@@ -188,10 +191,10 @@ describe('takeover and manual resolution (issue 8, FM-14)', () => {
     const r0 = running(a0);
     const u0 = appended(given(r0).when({ type: 'mark_unknown', eventId: id(), at: 4_000, attempt: 1, evidence: { kind: 'timeout', at: 4_000 } }));
     const t0 = appended(given(u0).when({ type: 'open_takeover', eventId: id(), at: 9_000, attempt: 1, takeover: record(u0) }));
-    const c0 = appended(given(t0).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
+    const c0 = appended(given(t0).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, prevSeq: 4, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
     expect(replay([a0, r0, u0, t0, c0])).toEqual(c0.state);
     // Nothing but unknown can be resolved by a person.
-    expect(given(committed()).when({ type: 'resolve', eventId: id(), at: 1, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }).kind).toBe('skip');
+    expect(given(committed()).when({ type: 'resolve', eventId: id(), at: 1, attempt: 1, prevSeq: 4, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }).kind).toBe('skip');
   });
 
   it('decideRecovery: a probe that finds another input digest under our key is a mismatch, never a commit', () => {
@@ -201,5 +204,27 @@ describe('takeover and manual resolution (issue 8, FM-14)', () => {
     expect(decideRecovery(s, { kind: 'found', resourceId: 'x', inputDigest: D2 }, g, 9_000)).toEqual({ kind: 'mismatch', resourceId: 'x', inputDigest: D2 });
     expect(decideRecovery(s, { kind: 'found', resourceId: 'x', inputDigest: D1 }, g, 9_000)).toEqual({ kind: 'commit', resourceId: 'x' });
     expect(decideRecovery(s, { kind: 'found', resourceId: 'x' }, g, 9_000)).toEqual({ kind: 'commit', resourceId: 'x' });
+  });
+});
+
+describe('signed receipts (issue 9, FM-17)', () => {
+  it('a commit carries a receipt signed under the signer\'s key id; any change to it breaks the signature', () => {
+    const c = committed();
+    if (c.type !== 'committed') throw new Error('expected committed');
+    const r = c.receipt;
+    expect(r).toMatchObject({ tenant: 'acme', operationKey: KEY, attempt: 1, prevSeq: 3, keyId: signer.keyId, committedAt: 3_000 });
+    const trusted = trustedReceiptKeys({ [KEYPAIR.keyId]: KEYPAIR.publicPem });
+    expect(verifyReceipt(r, trusted)).toBe(true);
+    for (const forged of [{ ...r, resourceId: 'note-2' }, { ...r, tenant: 'globex' }, { ...r, resultDigest: D1 }, { ...r, prevSeq: 4 }, { ...r, manual: true as const }]) {
+      expect(verifyReceipt(forged as Receipt, trusted)).toBe(false);
+    }
+    // Another key, even a valid one, is not trusted unless configured.
+    const other = generateReceiptKey();
+    const resigned = { ...r, keyId: other.keyId, signature: receiptSigner(other.privatePem).sign({ ...r, keyId: other.keyId }) };
+    expect(verifyReceipt(resigned, trusted)).toBe(false);
+    expect(verifyReceipt(resigned, trustedReceiptKeys({ [other.keyId]: other.publicPem }))).toBe(true);
+    expect(() => trustedReceiptKeys({ [KEYPAIR.keyId]: other.publicPem })).toThrow(/does not match/);
+    // No signer, no commit.
+    expect(() => decide({ type: 'commit', eventId: id(), at: 1, attempt: 1, prevSeq: 2, resourceId: 'x', resultDigest: D2 }, running().state)).toThrow(/signer/);
   });
 });

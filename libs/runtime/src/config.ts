@@ -40,6 +40,8 @@ export const serviceConfigSchema = baseConfigSchema.extend({
   TOOLTX_TOOLS_MODULE: z.string().min(1),
   /** Operations handled at once by this process (default 16). */
   TOOLTX_CONCURRENCY: z.coerce.number().int().min(1).max(1024).default(16),
+  /** Ed25519 private key file (PKCS#8 PEM) that signs receipts; required by the services that commit (issue 9). */
+  TOOLTX_SIGNING_KEY_FILE: z.string().min(1).optional(),
 });
 
 /**

@@ -1,5 +1,5 @@
 import { digestOf, downstreamKeyOf, type Implementation } from '@tooltx/contracts';
-import { decide, decideRecovery, type Evidence, type OperationCommand, type OperationRecord, type ProbeOutcome } from '@tooltx/lifecycle';
+import { decide, decideRecovery, type Evidence, type OperationCommand, type OperationRecord, type ProbeOutcome, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConcurrencyError, encode, newEventId, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { KV } from '@nats-io/kv';
 import type { Logger } from 'pino';
@@ -25,6 +25,8 @@ export async function recoverOperation(deps: {
   state: OperationRecord;
   seq: number;
   log: Logger;
+  /** Signs the receipt of a commit found by the probe (issue 9). */
+  signer: ReceiptSigner;
   now?: () => number;
   /**
    * Called when the probe found an effect under our key that is not what was asked (another input
@@ -65,7 +67,7 @@ export async function recoverOperation(deps: {
       const result = empty.data;
       const resultDigest = digestOf(result);
       await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), resourceId: step.resourceId, resultDigest }));
+      const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq: deps.seq, ...run(state), resourceId: step.resourceId, resultDigest }));
       l.info({ resourceId: step.resourceId, outcome: d }, 'recovered: committed from the probe');
       return d === 'appended' ? 'committed' : 'moved_on';
     }
@@ -95,8 +97,8 @@ function run(state: OperationRecord): { runId?: string } {
 }
 
 /** Append one command decided on the state it was loaded with; `moved_on` when another writer won. */
-async function append(d: { store: OperationStore; tenant: string; opId: string; state: OperationRecord; seq: number }, make: () => OperationCommand): Promise<'appended' | 'moved_on'> {
-  const decision = decide(make(), d.state);
+async function append(d: { store: OperationStore; tenant: string; opId: string; state: OperationRecord; seq: number; signer: ReceiptSigner }, make: () => OperationCommand): Promise<'appended' | 'moved_on'> {
+  const decision = decide(make(), d.state, { signer: d.signer });
   if (decision.kind !== 'append') return 'moved_on';
   try {
     await d.store.append(d.tenant, d.opId, decision.event, d.seq);

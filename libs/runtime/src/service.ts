@@ -3,6 +3,7 @@ import { z } from 'zod';
 import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
 import { connectNats, jetStreamOf, OperationStore, Subjects, type NatsConnection } from '@tooltx/nats';
 import { assertTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
+import { loadReceiptSigner, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConfigError, loadConfig, serviceConfigSchema } from './config.js';
 import { createLogger, installProcessHandlers, type Logger } from './logger.js';
 import { SecretFileError } from './secrets.js';
@@ -53,6 +54,8 @@ export interface ServiceContext {
   topology: Topology;
   store: OperationStore;
   tools: ImplementationRegistry;
+  /** The receipt signer (TOOLTX_SIGNING_KEY_FILE); set for services whose spec says `signsReceipts`. */
+  signer?: ReceiptSigner;
 }
 
 /**
@@ -67,6 +70,8 @@ export async function runService(spec: {
   /** Extra lines for `--help` under "Environment:" (the service's own variables). */
   envHelp?: string;
   start: (ctx: ServiceContext) => Promise<() => Promise<void>>;
+  /** This service appends `committed`: it needs TOOLTX_SIGNING_KEY_FILE (issue 9, FM-17). */
+  signsReceipts?: boolean;
 }): Promise<void> {
   new Command(`tooltx-${spec.name}`)
     .description(`tooltx ${spec.name}: ${spec.summary}`)
@@ -83,6 +88,8 @@ Environment:
   TOOLTX_INSTANCE_ID       name of this instance in logs and events (default host-pid)
   LOG_LEVEL                fatal|error|warn|info|debug|trace|silent (default info)
   TOOLTX_LOG_HMAC_KEY_FILE key file for the HMAC of error messages in logs (optional; mode 0600)
+  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 PEM, mode 0600) that signs receipts
+                           (required by the executor and the reconciler; \`tooltx auth generate\` writes one per service)
   TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS  expected stream settings${spec.envHelp ? `\n${spec.envHelp}` : ''}`,
     )
     .parse(process.argv);
@@ -105,6 +112,16 @@ Environment:
     process.stderr.write(`tooltx-${spec.name}: invalid configuration:\n  - TOOLTX_LOG_HMAC_KEY_FILE: ${err.message}\n`);
     process.exit(2);
   }
+  let signer: ReceiptSigner | undefined;
+  if (spec.signsReceipts) {
+    try {
+      if (!config.TOOLTX_SIGNING_KEY_FILE) throw new Error('required: this service signs the receipts of what it commits');
+      signer = loadReceiptSigner(config.TOOLTX_SIGNING_KEY_FILE);
+    } catch (err) {
+      process.stderr.write(`tooltx-${spec.name}: invalid configuration:\n  - TOOLTX_SIGNING_KEY_FILE: ${err instanceof SecretFileError || err instanceof Error ? err.message : String(err)}\n`);
+      process.exit(2);
+    }
+  }
   // A crash is logged like everything else: never Node's default print of a message and stack.
   installProcessHandlers(log);
   let nc: NatsConnection | undefined;
@@ -126,7 +143,7 @@ Environment:
       longestOperationMs: tools.longestOperationMs(),
     });
     const store = new OperationStore(js, jsm, subjects);
-    const stop = await spec.start({ config, log, nc, js, jsm, subjects, topology: topo, store, tools });
+    const stop = await spec.start({ config, log, nc, js, jsm, subjects, topology: topo, store, tools, ...(signer ? { signer } : {}) });
     const conn = nc;
     let closing = false;
     void conn.closed().then((err) => {

@@ -13,7 +13,7 @@ import {
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
-import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Evidence, type OperationCommand, type OperationRecord } from '@tooltx/lifecycle';
+import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Evidence, type OperationCommand, type OperationRecord, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConcurrencyError, decode, decodeRaw, encode, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
@@ -26,6 +26,8 @@ export interface ExecutorDeps {
   log: Logger;
   /** This executor's name in `running` events. */
   executorId: string;
+  /** Signs the receipts of what it commits (issue 9, FM-17). */
+  signer: ReceiptSigner;
   /** Aborted on shutdown: in-flight attempts are abandoned as their contract says. */
   shutdown: AbortSignal;
   /** The frozen tasks (issue 8), re-checked right before `running`; absent = none. */
@@ -48,10 +50,10 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
   const now = deps.now ?? Date.now;
 
   /** Load → decide → append until the command is appended, applied or no longer applies. */
-  const transition = async (tenant: string, opId: string, make: () => OperationCommand) => {
+  const transition = async (tenant: string, opId: string, make: (seq: number) => OperationCommand) => {
     for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
       const { state, seq } = await store.load(tenant, opId);
-      const d = decide(make(), state);
+      const d = decide(make(seq), state, { signer: deps.signer });
       if (d.kind !== 'append') return d;
       try {
         await store.append(tenant, opId, d.event, seq);
@@ -85,7 +87,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       // wait out the attempt's deadline, then probe the downstream by our key.
       const wait = state.running.deadlineAt - now();
       if (wait > 0) return { kind: 'nak', delayMs: wait + 250 };
-      const outcome = await recoverOperation({ store, subjects, results, impl, tenant, opId, state, seq, log: l, now });
+      const outcome = await recoverOperation({ store, subjects, results, impl, tenant, opId, state, seq, log: l, now, signer: deps.signer });
       l.info({ outcome }, 'redelivered running operation recovered');
       return;
     }
@@ -183,7 +185,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       const result = impl.contract.output.parse(outcome.result);
       const resultDigest = digestOf(result);
       await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await transition(tenant, opId, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, resourceId: outcome.resourceId, resultDigest }));
+      const d = await transition(tenant, opId, (prevSeq) => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq, runId: runningId, resourceId: outcome.resourceId, resultDigest }));
       l.info({ resourceId: outcome.resourceId, outcome: d.kind, elapsedMs: now() - startedAt }, 'committed');
       return;
     }

@@ -18,7 +18,8 @@ import { eventHandler } from './execute.js';
 await runService({
   name: 'executor',
   summary: 'consumes the event log and runs each accepted operation once',
-  async start({ subjects, store, tools, log, js, nc, config }) {
+  signsReceipts: true,
+  async start({ subjects, store, tools, log, js, nc, config, signer }) {
     const results = await openBucket(nc, subjects.resultsBucket);
     const shutdown = new AbortController();
     const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
@@ -29,7 +30,7 @@ await runService({
       durable,
       concurrency: config.TOOLTX_CONCURRENCY,
       log,
-      handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen }),
+      handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen, signer: signer! }),
     });
     return async () => {
       await loop.stop();

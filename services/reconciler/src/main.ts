@@ -19,7 +19,8 @@ import { startTakeoverService } from './takeover.js';
 await runService({
   name: 'reconciler',
   summary: 'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile) and sweeps it every TOOLTX_RECONCILE_INTERVAL_MS (default 2000; TOOLTX_RECONCILE_SWEEP=off for a projection-only instance): stale accepted → re-driven; stale running and unknown → probed by key, then committed, requeued under the same key, or kept unknown',
-  async start({ subjects, log, js, jsm, nc, config, store, tools, topology }) {
+  signsReceipts: true,
+  async start({ subjects, log, js, jsm, nc, config, store, tools, topology, signer }) {
     const kv = await openBucket(nc, subjects.reconcileBucket);
     const results = await openBucket(nc, subjects.resultsBucket);
     const tasks = await openBucket(nc, subjects.tasksBucket);
@@ -30,9 +31,9 @@ await runService({
     const sweeper =
       process.env.TOOLTX_RECONCILE_SWEEP === 'off'
         ? { stop: async () => undefined, watched: new Map() }
-        : startSweeper({ index: kv, results, tasks, frozen, store, subjects, tools, log: log.child({ component: 'sweep' }), intervalMs: Number.isFinite(intervalMs) && intervalMs > 0 ? intervalMs : 2_000 });
+        : startSweeper({ index: kv, results, tasks, frozen, store, subjects, tools, signer: signer!, log: log.child({ component: 'sweep' }), intervalMs: Number.isFinite(intervalMs) && intervalMs > 0 ? intervalMs : 2_000 });
     // Operators' takeover requests (issue 8): list, show, resolve.
-    const takeover = startTakeoverService({ nc, store, subjects, results, tasks, tools, log: log.child({ component: 'takeover' }), watched: sweeper.watched });
+    const takeover = startTakeoverService({ nc, store, subjects, results, tasks, tools, signer: signer!, log: log.child({ component: 'takeover' }), watched: sweeper.watched });
     const loop = await startConsumerLoop({
       js,
       stream: subjects.eventsStream,

@@ -6,6 +6,7 @@ import { recoverOperation } from '@tooltx/runtime/recovery';
 import { reconcileValueSchema, type IndexEntry } from './projection.js';
 import { openTakeover, repairFreezes } from './takeover.js';
 import type { FrozenTaskWatch } from '@tooltx/nats';
+import type { ReceiptSigner } from '@tooltx/lifecycle';
 
 export interface SweepDeps {
   index: KV;
@@ -17,6 +18,8 @@ export interface SweepDeps {
   subjects: Subjects;
   tools: ImplementationRegistry;
   log: Logger;
+  /** Signs the receipts of commits found by probing (issue 9). */
+  signer: ReceiptSigner;
   /** Pause between two sweeps of the index, ms. */
   intervalMs: number;
   now?: () => number;
@@ -53,7 +56,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
   const watched = new Map<string, IndexEntry>();
   const watcher = watchIndex(d.index, watched, d.log, () => stopping);
 
-  const takeoverDeps = { store: d.store, subjects: d.subjects, results: d.results, tasks: d.tasks, tools: d.tools, log: d.log, now };
+  const takeoverDeps = { store: d.store, subjects: d.subjects, results: d.results, tasks: d.tasks, tools: d.tools, log: d.log, signer: d.signer, now };
   let sweeps = 0;
   const sweepOnce = async () => {
     // Every ~30 sweeps: thaw freezes no open takeover backs any more (a lost thaw).
@@ -96,7 +99,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     if (state.takeover) return;
     const b = backoff.get(key) ?? { failures: 0, nextAt: 0 };
     const outcome = await recoverOperation({
-      store: d.store, subjects: d.subjects, results: d.results, impl, tenant, opId, state: state as OperationRecord, seq, log: l, now,
+      store: d.store, subjects: d.subjects, results: d.results, impl, tenant, opId, state: state as OperationRecord, seq, log: l, now, signer: d.signer,
       onMismatch: async (probed) => void (await openTakeover(takeoverDeps, tenant, opId, { reason: 'probe_mismatch', probes: b.failures + 1, probed })),
     });
     if (outcome === 'kept' || outcome === 'marked_unknown' || outcome === 'no_probe') {

@@ -2,7 +2,7 @@ import type { NatsConnection, Msg } from '@nats-io/transport-node';
 import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
 import { digestOf, ErrorClass, fieldIssues, invalidInput, operationIdOf, operationKeySchema, TooltxError, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
-import { decide, type OperationCommand, type OperationRecord, type TakeoverRecord } from '@tooltx/lifecycle';
+import { decide, type OperationCommand, type OperationRecord, type ReceiptSigner, type TakeoverRecord } from '@tooltx/lifecycle';
 import { ConcurrencyError, encode, freezeTask, newEventId, thawTask, type FrozenTaskWatch, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import type { IndexEntry } from './projection.js';
@@ -21,6 +21,8 @@ export interface TakeoverDeps {
   tasks: KV;
   tools: ImplementationRegistry;
   log: Logger;
+  /** Signs the receipt of a person's committed resolution (issue 9). */
+  signer: ReceiptSigner;
   now?: () => number;
 }
 
@@ -169,16 +171,17 @@ export function startTakeoverService(
           await d.results.put(d.subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result: empty.data }));
         }
       }
+      const { state: fresh, seq } = await d.store.load(tenant, opId);
       const cmd: OperationCommand = {
         type: 'resolve',
         eventId: newEventId(),
         at: now(),
         attempt: state.attempt,
+        prevSeq: seq,
         resolvedBy: operator,
         outcome: o.kind === 'committed' ? { kind: 'committed', resourceId: o.resourceId, resultDigest } : { kind: 'not_applied' },
       };
-      const { state: fresh, seq } = await d.store.load(tenant, opId);
-      const r = decide(cmd, fresh);
+      const r = decide(cmd, fresh, { signer: d.signer });
       if (r.kind !== 'append') throw new TooltxError(ErrorClass.IdempotencyConflict, 'the operation moved on meanwhile; show it again');
       await d.store.append(tenant, opId, r.event, seq);
       d.log.warn({ tenant, operationKey: state.operationKey, resolvedBy: operator, outcome: o.kind }, 'takeover resolved by a person');

@@ -1,0 +1,100 @@
+import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, sign, verify, type KeyObject } from 'node:crypto';
+import { readFileSync, statSync } from 'node:fs';
+import { canonicalJson } from '@tooltx/contracts';
+import type { Receipt } from './events.js';
+
+/**
+ * Signed receipts (issue 9, FM-17; DESIGN.md "Five observable states"): every appender of
+ * `committed` — the executor, the reconciler, a person's resolution — signs the RFC 8785 canonical
+ * bytes of the receipt (every field but `signature`) with Ed25519 (RFC 8032) through Node's
+ * built-in `crypto`, under its own key id. A client accepts a receipt only when its key id is one
+ * it was configured with and the signature verifies; a forged "success" without one never counts.
+ *
+ * Key id: `ed25519:` + the first 16 bytes of SHA-256 over the public key's SPKI DER, base64url —
+ * derived from the key itself, so a key id can never name another key.
+ */
+
+/** The receipt before it is signed. */
+export type UnsignedReceipt = Omit<Receipt, 'signature'>;
+
+/** Signs receipts with one private key. */
+export interface ReceiptSigner {
+  readonly keyId: string;
+  /** The base64url Ed25519 signature of the canonical receipt (without `signature`). */
+  sign(receipt: UnsignedReceipt): string;
+}
+
+/** `ed25519:<22 base64url chars>` of a public key. */
+export function keyIdOf(publicKey: KeyObject): string {
+  const der = publicKey.export({ type: 'spki', format: 'der' });
+  return `ed25519:${createHash('sha256').update(der).digest().subarray(0, 16).toString('base64url')}`;
+}
+
+function bytesOf(receipt: UnsignedReceipt): Buffer {
+  const { signature: _s, ...rest } = receipt as Receipt;
+  return Buffer.from(canonicalJson(rest), 'utf8');
+}
+
+/** A signer over an Ed25519 private key (a `KeyObject` or PKCS#8 PEM text). Throws `TypeError` for another key type. */
+export function receiptSigner(privateKey: KeyObject | string): ReceiptSigner {
+  const key = typeof privateKey === 'string' ? createPrivateKey(privateKey) : privateKey;
+  if (key.asymmetricKeyType !== 'ed25519') throw new TypeError(`a receipt signing key must be Ed25519, got ${key.asymmetricKeyType}`);
+  const keyId = keyIdOf(createPublicKey(key));
+  return { keyId, sign: (r) => sign(null, bytesOf({ ...r, keyId }), key).toString('base64url') };
+}
+
+/**
+ * Reads a PKCS#8 PEM Ed25519 private key file (`tooltx auth generate` writes one per signing
+ * service). Throws `Error` naming the file when it cannot be read, lets group or others read it
+ * (mode must be 0600 or stricter, as ssh insists), or is not an Ed25519 key; never the key itself.
+ */
+export function loadReceiptSigner(file: string): ReceiptSigner {
+  let text: string;
+  try {
+    if ((statSync(file).mode & 0o077) !== 0) throw new Error(`${file}: others may read this private key; chmod 600 it`);
+    text = readFileSync(file, 'utf8');
+  } catch (err) {
+    throw err instanceof Error && err.message.startsWith(file) ? err : new Error(`${file}: cannot read the key file (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+  }
+  try {
+    return receiptSigner(text);
+  } catch {
+    throw new Error(`${file}: not an Ed25519 private key in PKCS#8 PEM`);
+  }
+}
+
+/** A new Ed25519 key pair as PEM (PKCS#8 private, SPKI public) and its key id. */
+export function generateReceiptKey(): { privatePem: string; publicPem: string; keyId: string } {
+  const { privateKey, publicKey } = generateKeyPairSync('ed25519');
+  return {
+    privatePem: privateKey.export({ type: 'pkcs8', format: 'pem' }).toString(),
+    publicPem: publicKey.export({ type: 'spki', format: 'pem' }).toString(),
+    keyId: keyIdOf(publicKey),
+  };
+}
+
+/**
+ * The public keys a client trusts, by key id, from `{ "<keyId>": "<SPKI PEM>" }`. Throws
+ * `TypeError` when a key is not Ed25519 or its id is not the id derived from it.
+ */
+export function trustedReceiptKeys(keys: Record<string, string>): ReadonlyMap<string, KeyObject> {
+  const out = new Map<string, KeyObject>();
+  for (const [id, pem] of Object.entries(keys)) {
+    const k = createPublicKey(pem);
+    if (k.asymmetricKeyType !== 'ed25519') throw new TypeError(`receipt key ${id} is not Ed25519`);
+    if (keyIdOf(k) !== id) throw new TypeError(`receipt key id ${id} does not match its key (${keyIdOf(k)})`);
+    out.set(id, k);
+  }
+  return out;
+}
+
+/** True only when `receipt.keyId` is trusted and its signature verifies over the receipt's canonical bytes. */
+export function verifyReceipt(receipt: Receipt, trusted: ReadonlyMap<string, KeyObject>): boolean {
+  const key = trusted.get(receipt.keyId);
+  if (!key) return false;
+  try {
+    return verify(null, bytesOf(receipt), key, Buffer.from(receipt.signature, 'base64url'));
+  } catch {
+    return false;
+  }
+}
