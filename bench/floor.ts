@@ -31,7 +31,7 @@ export interface FloorOptions {
   prefix: string;
   /** With the KB's SQLite insert (floor b). */
   sqlite: boolean;
-  /** Bytes of each published event (default 700: about a tooltx lifecycle event). */
+  /** Bytes of each published event's payload (run.ts: a tooltx lifecycle event's mean size). */
   payloadBytes: number;
   runId: string;
 }

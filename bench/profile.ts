@@ -64,7 +64,7 @@ export interface ProfileSummary {
    * Self time charged to the nearest package on the stack: node internals and native frames
    * (socket writes, hashing, SQLite) count for the npm package or our directory that called them,
    * so "@nats-io/nats-core" includes the socket writes of NATS messages and "undici" those of HTTP
-   * requests. The nats.js error objects made per request for async stack traces are their own line.
+   * requests. The Error objects nats.js builds per request (async stack traces, and the one `RequestOne.cancel()` builds after every answer) are their own line.
    */
   owners: { owner: string; ms: number; share: number }[];
   functions: { fn: string; area: string; ms: number; share: number }[];
@@ -81,7 +81,7 @@ export function summarise(file: string, p: CpuProfile, top = 20): ProfileSummary
     const n = byId.get(id)!;
     const area = areaOf(n.callFrame);
     let owner: string;
-    if (n.callFrame.url.includes('@nats-io/nats-core') && /^(RequestError|TimeoutError)$/.test(n.callFrame.functionName)) owner = 'nats.js async-trace errors';
+    if (n.callFrame.url.includes('@nats-io/nats-core') && /^(RequestError|TimeoutError)$/.test(n.callFrame.functionName)) owner = 'nats.js per-request Error objects';
     else if (area === '(gc)' || area === '(idle)' || area === '(program)') owner = area;
     else if (!isRuntime(area)) owner = area;
     else {

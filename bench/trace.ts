@@ -36,6 +36,8 @@ interface TraceLine {
   verb: 'PUB' | 'HPUB' | 'MSG' | 'HMSG';
   subject: string;
   reply: string | null;
+  /** Total size (headers + payload), bytes. */
+  bytes: number;
 }
 
 const LINE = /^\[\d+\] (\d{4})\/(\d\d)\/(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) \[TRC\] \S+ - cid:\d+ - "[^"]*:nats\.js:([^"]*)" - (<<-|->>) \[(PUB|HPUB|MSG|HMSG) ([^\]]*)\]/;
@@ -52,7 +54,7 @@ export function parseTrace(text: string): TraceLine[] {
     // PUB subj [reply] size | HPUB subj [reply] hdr total | MSG subj sid [reply] size | HMSG subj sid [reply] hdr total
     const fixed = v === 'PUB' ? 2 : v === 'HPUB' ? 3 : v === 'MSG' ? 3 : 4;
     const reply = a.length > fixed ? (v === 'PUB' || v === 'HPUB' ? a[1]! : a[2]!) : null;
-    out.push({ atUs, conn: conn!, dir: arrow === '<<-' ? 'in' : 'out', verb: v, subject: a[0]!, reply });
+    out.push({ atUs, conn: conn!, dir: arrow === '<<-' ? 'in' : 'out', verb: v, subject: a[0]!, reply, bytes: Number(a.at(-1)) });
   }
   return out;
 }
@@ -183,7 +185,20 @@ for (const [conn, f] of Object.entries(perCall)) {
   for (const [h, n] of Object.entries(f.hops)) process.stdout.write(`  ${String(n).padStart(6)}  ${h}\n`);
 }
 const total = Object.values(perCall).reduce((a, f) => a + f.total, 0);
+// Sizes of what is stored per call: intents, lifecycle events, KV entries (headers + payload).
+const stored = (f: (t: TraceLine) => boolean) => {
+  const xs = lines.filter((t) => t.dir === 'in' && f(t)).map((t) => t.bytes);
+  return { perCall: Math.round((xs.length / calls) * 100) / 100, meanBytes: xs.length ? Math.round(xs.reduce((a, b) => a + b, 0) / xs.length) : 0 };
+};
+const sizes = {
+  intent: stored((t) => t.subject.startsWith(`${PREFIX}.intent.`)),
+  event: stored((t) => t.subject.startsWith(`${PREFIX}.op.`)),
+  kvResults: stored((t) => t.subject.startsWith(`$KV.${PREFIX}_results.`)),
+  kvReconcile: stored((t) => t.subject.startsWith(`$KV.${PREFIX}_reconcile.`)),
+  kvAudit: stored((t) => t.subject.startsWith(`$KV.${PREFIX}_audit.`)),
+};
 process.stdout.write(`\nall connections: ${Math.round(total * 100) / 100} messages per call (${calls} calls traced, one at a time)\n`);
+process.stdout.write(`\npublished to streams per call (count, mean bytes with headers): ${Object.entries(sizes).map(([k, v]) => `${k} ${v.perCall} × ${v.meanBytes} B`).join(', ')}\n`);
 process.stdout.write(`\ntimeline of a call at the server (median ms after the intent's publish; tracing slows every step):\n`);
 for (const [k, v] of Object.entries(timeline)) process.stdout.write(`  ${String(v).padStart(8)}  ${k}\n`);
-if (o.json) process.stdout.write(`${JSON.stringify({ calls, perCall, total, timeline })}\n`);
+if (o.json) process.stdout.write(`${JSON.stringify({ calls, perCall, total, sizes, timeline })}\n`);
