@@ -15,7 +15,7 @@ import { jetStreamOf } from '@tooltx/nats';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForOperation } from './helpers/ops.js';
-import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
+import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { DelayProxy } from './helpers/delay-proxy.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
@@ -31,10 +31,7 @@ let executor: ServiceProcess;
 let alice: Tools;
 
 const note = (title: string) => ({ kb: 'research', title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
-const rowsFor = async (key: string) => {
-  const p = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
-  return p.found ? p.count : 0;
-};
+const rowsFor = (key: string) => kbRowsFor(kb, 'acme', key);
 const isNotesPost = (req: { method?: string; url?: string }) => req.method === 'POST' && req.url === '/v1/notes';
 
 // Every fault test runs against the KB in both modes: with KB_DEDUP=off (every request that

@@ -12,7 +12,7 @@ import { encode } from '@tooltx/nats';
 import { HttpFaultProxy } from '@tooltx/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
-import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
+import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 
 const TIMING = { timeoutMs: 1_000, runningBoundMs: 500, unknownDeadlineMs: 3_000 };
@@ -27,10 +27,7 @@ let env: Record<string, string>;
 let procs: ServiceProcess[] = [];
 let alice: Tools;
 
-const rowsFor = async (key: string) => {
-  const p = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
-  return p.found ? p.count : 0;
-};
+const rowsFor = (key: string) => kbRowsFor(kb, 'acme', key);
 
 beforeAll(async () => {
   t = await provisioned();

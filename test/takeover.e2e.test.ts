@@ -14,7 +14,7 @@ import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForOperation } from './helpers/ops.js';
-import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
+import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 
 // A short contract timing: one attempt 1 s, running bound 0.5 s, unknown for 3 s before takeover.
@@ -32,10 +32,7 @@ let executor: ServiceProcess;
 let reconciler: ServiceProcess;
 let alice: Tools;
 
-const rowsFor = async (key: string) => {
-  const p = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
-  return p.found ? p.count : 0;
-};
+const rowsFor = (key: string) => kbRowsFor(kb, 'acme', key);
 /** Makes the write of `key` end `unknown` and keeps every probe of it failing (nothing is ever known). */
 const keepUnknown = (key: string) => {
   const dk = downstreamKeyOf('acme', key);

@@ -3,6 +3,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { downstreamKeyOf } from '@tooltx/contracts';
 import { KbClient, type KbAdmin } from '../../examples/research-kb/kb-client.js';
 import type { KbSeedFile } from '../../examples/research-kb/kb-seed.js';
 import { ServiceProcess } from './services.js';
@@ -28,6 +29,12 @@ export interface TestKb {
   client: KbClient;
   admin: KbAdmin;
   stop(): Promise<number | null>;
+}
+
+/** Rows the KB holds under the downstream key of `operationKey` of `tenant` (its own probe): more than 1 = a double execution. */
+export async function kbRowsFor(kb: TestKb, tenant: string, operationKey: string): Promise<number> {
+  const p = await kb.client.probe({ tenant, key: downstreamKeyOf(tenant, operationKey) });
+  return p.found ? p.count : 0;
 }
 
 export async function startKb(seed: KbSeedFile, env: Record<string, string> = {}): Promise<TestKb> {

@@ -184,19 +184,7 @@ export function decide(cmd: OperationCommand, state: OperationState, ctx: Decide
       if (cmd.outcome.kind === 'not_applied') {
         return append(s.state, { type: 'rejected', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, error: { class: 'not_applied' }, ...manual });
       }
-      const receipt = signed(ctx, {
-        tenant: s.state.tenant,
-        operationKey: s.state.operationKey,
-        tool: s.state.tool,
-        version: s.state.version,
-        state: 'committed',
-        resourceId: cmd.outcome.resourceId,
-        resultDigest: cmd.outcome.resultDigest,
-        committedAt: cmd.at,
-        attempt: cmd.attempt,
-        prevSeq: cmd.prevSeq,
-        ...manual,
-      });
+      const receipt = signedReceipt(ctx, s.state, { ...cmd, ...cmd.outcome }, manual);
       return append(s.state, { type: 'committed', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, receipt, ...manual });
     }
     case 'commit': {
@@ -205,18 +193,7 @@ export function decide(cmd: OperationCommand, state: OperationState, ctx: Decide
       const s = requireRunning(state, cmd.attempt, ['running', 'unknown']);
       if (s.kind === 'skip') return s;
       if (s.state.takeover) return { kind: 'skip', reason: 'taken_over', state };
-      const receipt = signed(ctx, {
-        tenant: s.state.tenant,
-        operationKey: s.state.operationKey,
-        tool: s.state.tool,
-        version: s.state.version,
-        state: 'committed',
-        resourceId: cmd.resourceId,
-        resultDigest: cmd.resultDigest,
-        committedAt: cmd.at,
-        attempt: cmd.attempt,
-        prevSeq: cmd.prevSeq,
-      });
+      const receipt = signedReceipt(ctx, s.state, cmd);
       return append(s.state, { type: 'committed', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, receipt });
     }
     case 'reject': {
@@ -243,9 +220,28 @@ export function decide(cmd: OperationCommand, state: OperationState, ctx: Decide
   }
 }
 
-function signed(ctx: DecideContext, r: Omit<UnsignedReceipt, 'keyId'>): Receipt {
+/** The receipt of a commit, signed by `ctx.signer` (issue 9): what is known before the append. */
+function signedReceipt(
+  ctx: DecideContext,
+  state: OperationRecord,
+  c: { at: number; attempt: number; prevSeq: number; resourceId: string; resultDigest: string },
+  manual: { manual?: true; resolvedBy?: string } = {},
+): Receipt {
   if (!ctx.signer) throw new Error('a commit needs a receipt signer (DecideContext.signer)');
-  const unsigned: UnsignedReceipt = { ...r, keyId: ctx.signer.keyId };
+  const unsigned: UnsignedReceipt = {
+    tenant: state.tenant,
+    operationKey: state.operationKey,
+    tool: state.tool,
+    version: state.version,
+    state: 'committed',
+    resourceId: c.resourceId,
+    resultDigest: c.resultDigest,
+    committedAt: c.at,
+    attempt: c.attempt,
+    prevSeq: c.prevSeq,
+    ...manual,
+    keyId: ctx.signer.keyId,
+  };
   return { ...unsigned, signature: ctx.signer.sign(unsigned) };
 }
 
