@@ -614,7 +614,10 @@ describe('kb-server migration and seeding', () => {
       try {
         expect(await kb.proc.waitForLog('store opened')).toMatchObject({ knowledgeBases: 2, created: round === 0 ? 1 : 0 });
         expect(await kb.client.resolve({ tenant: 'acme', actor: 'anyone', ref: 'Research' })).toEqual({ kbId, name: 'research', state: 'active', authVersion: 1, role: 'writer' });
-        expect(await kb.client.probe({ tenant: 'acme', key: 'old-key' })).toMatchObject({ found: true, id: 'note_old', kb: 'research', count: 1 });
+        // An old note has no input digest (issue 7): the probe answers none, and recovery commits it as before.
+        const old = await kb.client.probe({ tenant: 'acme', key: 'old-key' });
+        expect(old).toMatchObject({ found: true, id: 'note_old', kb: 'research', count: 1 });
+        expect(old).not.toHaveProperty('inputDigest');
         const w = await kb.client.writeNote({ tenant: 'acme', actor: 'anyone', ifMatch: 1, key: key(), deadlineAt: soon(), note: note(kbId) });
         expect(w).toMatchObject({ created: true, kbId });
       } finally {
@@ -624,9 +627,11 @@ describe('kb-server migration and seeding', () => {
     }
     const conn = new Database(db, { readonly: true });
     try {
-      expect(conn.pragma('user_version', { simple: true })).toBe(1);
+      expect(conn.pragma('user_version', { simple: true })).toBe(2);
       const cols = (conn.prepare('PRAGMA table_info(knowledge_bases)').all() as { name: string }[]).map((c) => c.name);
       expect(cols).toEqual(['id', 'tenant', 'name', 'created_at', 'state', 'auth_version', 'default_role']);
+      expect((conn.prepare('PRAGMA table_info(notes)').all() as { name: string }[]).map((c) => c.name).at(-1)).toBe('input_digest');
+      expect(conn.prepare(`SELECT input_digest AS d FROM notes WHERE id = 'note_old'`).get()).toEqual({ d: null });
       expect(conn.prepare('SELECT COUNT(*) AS c FROM notes').get()).toEqual({ c: 3 });
     } finally {
       conn.close();

@@ -119,10 +119,15 @@ export interface KbBatchReceipt {
 /**
  * The probe by key: `count` = non-deleted notes with that key (> 1 only with dedup off). For a
  * batch key, `items` lists the batch's notes in order (`id`, `kb`, `createdAt` are item 0's).
+ * `inputDigest`: what the note (a batch: item 0) was written with (`x-tooltx-input-digest`), absent
+ * when it was written without one (issue 7).
  */
 export type KbProbeResult =
-  | { found: true; id: string; kb: string; createdAt: number; count: number; items?: { id: string; kb: string; createdAt: number }[] }
+  | { found: true; id: string; kb: string; createdAt: number; count: number; inputDigest?: string; items?: { id: string; kb: string; createdAt: number }[] }
   | { found: false };
+
+/** The form of `x-tooltx-input-digest` (tooltx's `digestOf`: `sha256:` + 64 lower-case hex). */
+export const INPUT_DIGEST = /^sha256:[0-9a-f]{64}$/;
 
 // The stats shapes are the store's own (a type-only import: nothing of SQLite is loaded here).
 export type { KbStats, KbRowCount } from './kb-store.js';
@@ -153,6 +158,16 @@ export interface KbAdmin {
   transferOwner(kbId: string, tenant: string): Promise<KbAdminView & { changed: boolean }>;
   addAlias(kbId: string, alias: string): Promise<KbAdminView & { changed: boolean }>;
   removeAlias(kbId: string, alias: string): Promise<KbAdminView & { changed: boolean }>;
+}
+
+/**
+ * The caller's digest of what it asked, sent as `x-tooltx-input-digest` (must match
+ * {@link INPUT_DIGEST}; the KB answers 400 `invalid_input` otherwise) and stored with the note(s) so
+ * the probe can tell this write's effect from another under the same key (issue 7). Absent = none
+ * stored.
+ */
+interface Digest {
+  inputDigest?: string | undefined;
 }
 
 /** The identity and version condition of a write. */
@@ -215,10 +230,11 @@ export class KbClient {
    * `actor` under the version condition `ifMatch`. Throws {@link KbError}: 400 `invalid_input`, 404
    * `not_found`, 409 `frozen` / `deadline_passed`, 412 `version_conflict`, 403 `forbidden`, 429
    * `quota_exceeded` (with `retryAfterMs`), 500 `internal` — nothing stored for any of them.
+   * `inputDigest` is stored with the note (see {@link Digest}).
    */
-  async writeNote(args: { tenant: string; key: string; deadlineAt: number; note: KbNote; signal?: AbortSignal } & Authz): Promise<KbWriteReceipt> {
+  async writeNote(args: { tenant: string; key: string; deadlineAt: number; note: KbNote; signal?: AbortSignal } & Authz & Digest): Promise<KbWriteReceipt> {
     const res = await this.#call('POST', '/v1/notes', {
-      headers: { 'x-tenant': args.tenant, 'idempotency-key': args.key, 'x-deadline': String(Math.floor(args.deadlineAt)), ...authzHeaders(args.actor, args.ifMatch) },
+      headers: { 'x-tenant': args.tenant, 'idempotency-key': args.key, 'x-deadline': String(Math.floor(args.deadlineAt)), ...authzHeaders(args.actor, args.ifMatch), ...digestHeader(args.inputDigest) },
       body: args.note,
       signal: args.signal,
     });
@@ -231,7 +247,7 @@ export class KbClient {
    * `POST /v1/notes:batch` — 1..50 notes under one downstream `key` (≤ 96 characters; item `i` is
    * stored under `<key>#<i>`), all or nothing. `ifMatch` maps each knowledge base id the batch
    * writes to onto the `authVersion` checked. A refusal throws {@link KbError} with the refused
-   * item's `index` (nothing is stored).
+   * item's `index` (nothing is stored). `inputDigest` is stored with every item (see {@link Digest}).
    */
   async writeBatch(args: {
     tenant: string;
@@ -241,7 +257,7 @@ export class KbClient {
     ifMatch: Readonly<Record<string, number>>;
     items: KbNote[];
     signal?: AbortSignal;
-  }): Promise<KbBatchReceipt> {
+  } & Digest): Promise<KbBatchReceipt> {
     const res = await this.#call('POST', '/v1/notes:batch', {
       headers: {
         'x-tenant': args.tenant,
@@ -249,6 +265,7 @@ export class KbClient {
         'idempotency-key': args.key,
         'x-deadline': String(Math.floor(args.deadlineAt)),
         'if-match': Object.entries(args.ifMatch).map(([id, v]) => `${id}=${v}`).join(', '),
+        ...digestHeader(args.inputDigest),
       },
       body: { items: args.items },
       signal: args.signal,
@@ -261,9 +278,11 @@ export class KbClient {
 
   /**
    * `GET /v1/notes/by-key/:key` — read-only, repeatable: the tenant's oldest non-deleted note with
-   * that key (or the batch stored under it), or `{ found: false }` (also for another tenant's key) —
-   * only when the KB itself said so (a 404 body with `found: false`). Throws {@link KbError} for
-   * `invalid_input`, `internal` and a 404 that is not the KB's probe answer.
+   * that key (or the batch stored under it) with the input digest it was written with when it has
+   * one, or `{ found: false }` (also for another tenant's key) — only when the KB itself said so (a
+   * 404 body with `found: false`). Throws {@link KbError} for `invalid_input`, `internal` and a 404
+   * that is not the KB's probe answer; {@link KbProtocolError} for an answer it cannot read (an
+   * `inputDigest` that is not a digest included).
    */
   async probe(args: { tenant: string; key: string; signal?: AbortSignal }): Promise<KbProbeResult> {
     const res = await this.#call('GET', `/v1/notes/by-key/${encodeURIComponent(args.key)}`, {
@@ -281,6 +300,10 @@ export class KbClient {
       throw new KbProtocolError(res.status, 'an unreadable probe result');
     }
     const out: KbProbeResult = { found: true, id: b.id, kb: b.kb, createdAt: b.createdAt, count: b.count };
+    if (b.inputDigest !== undefined) {
+      if (typeof b.inputDigest !== 'string' || !INPUT_DIGEST.test(b.inputDigest)) throw new KbProtocolError(res.status, 'an unreadable probe result');
+      out.inputDigest = b.inputDigest;
+    }
     if (Array.isArray(b.items)) {
       out.items = b.items.map((i: unknown) => {
         if (!isRecord(i) || typeof i.id !== 'string' || typeof i.kb !== 'string' || typeof i.createdAt !== 'number') throw new KbProtocolError(res.status, 'an unreadable probe result');
@@ -415,6 +438,11 @@ function authzHeaders(actor: string | undefined, ifMatch: number | undefined): R
   if (actor !== undefined) h['x-actor'] = actor;
   if (ifMatch !== undefined) h['if-match'] = String(ifMatch);
   return h;
+}
+
+/** `x-tooltx-input-digest` when given (never defaulted). */
+function digestHeader(inputDigest: string | undefined): Record<string, string> {
+  return inputDigest === undefined ? {} : { 'x-tooltx-input-digest': inputDigest };
 }
 
 function noteReceipt(b: unknown): KbNoteReceipt | null {

@@ -15,7 +15,9 @@
  *   tenant's and a soft-deleted knowledge base.
  * - `POST /v1/notes` — headers `x-tenant`, `x-actor`, `idempotency-key` (the downstream key, ≤ 100
  *   printable ASCII characters), `x-deadline` (absolute deadline), `if-match` (the `authVersion`
- *   the caller checked: `7` or `"7"`); body `{ kb, title, body, sourceUrl, fetchedAt, publishAt? }`
+ *   the caller checked: `7` or `"7"`), optionally `x-tooltx-input-digest` (`sha256:` + 64 lower-case
+ *   hex: the caller's digest of what it asked — tooltx sends the operation's input digest — stored
+ *   with the note and answered by the probe, issue 7); body `{ kb, title, body, sourceUrl, fetchedAt, publishAt? }`
  *   (strict; `kb` any reference). In ONE transaction, in this order: resolve → 404 `not_found`;
  *   with `KB_DEDUP=on` an existing note of the key → 200 with it; frozen → 409 `frozen`; version ≠
  *   if-match → 412 `version_conflict`; the actor's current role not writer/admin → 403 `forbidden`;
@@ -24,15 +26,17 @@
  *   kb, kbId, createdAt }` (`kb` = the knowledge base's name). Nothing is stored unless 201.
  * - `POST /v1/notes:batch` — the same headers, except `if-match` is a comma-separated list of
  *   `<kbId>=<authVersion>` pairs, one per knowledge base the batch writes to (e.g.
- *   `kb_1…=3, kb_2…=7`; extra pairs are ignored, a missing one is a `version_conflict`); body
+ *   `kb_1…=3, kb_2…=7`; extra pairs are ignored, a missing one is a `version_conflict`), and the
+ *   optional `x-tooltx-input-digest` stored with every item; body
  *   `{ items: [note, …] }` (1..50). Item `i` is stored under key `<idempotency-key>#<i>` (so the key
  *   is ≤ 96 characters). Every item is resolved and authorised; the first refused item refuses the
  *   whole batch — nothing is written — with the single-write status and `issues: [{ path: ["items",
  *   i], code: <class>, message }]`; quota needs room for every item. 201 `{ items: [{ id, kb, kbId,
  *   createdAt }] }`, or 200 with the stored batch when `KB_DEDUP=on` and the key was used.
  * - `GET /v1/notes/by-key/:key` (`x-tenant`) — read-only probe: 200 `{ found: true, id, kb,
- *   createdAt, count }` (for a batch key also `items: [{ id, kb, createdAt }]` in index order; `id`
- *   etc. are item 0's) or 404 `{ error: "not_found", found: false }`.
+ *   createdAt, count, inputDigest? }` (`inputDigest` only when the note was written with one; for
+ *   a batch key also `items: [{ id, kb, createdAt }]` in index order; `id` etc. are item 0's) or
+ *   404 `{ error: "not_found", found: false }`.
  * - `DELETE /v1/notes/:id` (`x-tenant`, `x-actor`, `idempotency-key`, `if-match`) — soft delete of
  *   a note of a knowledge base the tenant owns, idempotent (an already deleted note answers 200
  *   `{ id, deleted: true }` again); 404 / 409 `frozen` / 412 / 403 as for a write.
@@ -217,6 +221,8 @@ const tenantHeader = nameSchema;
 const actorHeader = nameSchema;
 const keyHeader = z.string().min(1).max(100).regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
 const batchKeyHeader = z.string().min(1).max(96).regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
+/** `x-tooltx-input-digest`: the caller's digest of what it asked (tooltx: RFC 8785 + SHA-256, libs/contracts digest.ts). */
+const inputDigestHeader = z.string().regex(/^sha256:[0-9a-f]{64}$/, 'sha256: followed by 64 lower-case hex digits').optional();
 const deadlineHeader = z
   .string()
   .regex(/^\d{1,15}$/, 'an absolute deadline in ms since the epoch')
@@ -351,13 +357,13 @@ function resolveRef(req: IncomingMessage, url: URL): Reply {
 async function postNote(req: IncomingMessage): Promise<Reply> {
   const p = await parseRequest(
     req,
-    { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': keyHeader, 'x-deadline': deadlineHeader, 'if-match': ifMatchHeader },
+    { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': keyHeader, 'x-deadline': deadlineHeader, 'if-match': ifMatchHeader, 'x-tooltx-input-digest': inputDigestHeader },
     noteBody,
   );
   if (!p.ok) return p.reply;
   const note: NoteInput = p.b;
   const out = store.writeNote(
-    { tenant: p.h['x-tenant'], actor: p.h['x-actor'], key: p.h['idempotency-key'], deadlineAt: p.h['x-deadline'], ifMatch: p.h['if-match'] },
+    { tenant: p.h['x-tenant'], actor: p.h['x-actor'], key: p.h['idempotency-key'], deadlineAt: p.h['x-deadline'], ifMatch: p.h['if-match'], inputDigest: p.h['x-tooltx-input-digest'] },
     note,
   );
   switch (out.kind) {
@@ -375,13 +381,13 @@ async function postNote(req: IncomingMessage): Promise<Reply> {
 async function postBatch(req: IncomingMessage): Promise<Reply> {
   const p = await parseRequest(
     req,
-    { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': batchKeyHeader, 'x-deadline': deadlineHeader, 'if-match': batchIfMatchHeader },
+    { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': batchKeyHeader, 'x-deadline': deadlineHeader, 'if-match': batchIfMatchHeader, 'x-tooltx-input-digest': inputDigestHeader },
     batchBody,
   );
   if (!p.ok) return p.reply;
   const notes: NoteInput[] = p.b.items;
   const out = store.writeBatch(
-    { tenant: p.h['x-tenant'], actor: p.h['x-actor'], key: p.h['idempotency-key'], deadlineAt: p.h['x-deadline'], ifMatch: p.h['if-match'] },
+    { tenant: p.h['x-tenant'], actor: p.h['x-actor'], key: p.h['idempotency-key'], deadlineAt: p.h['x-deadline'], ifMatch: p.h['if-match'], inputDigest: p.h['x-tooltx-input-digest'] },
     notes,
   );
   switch (out.kind) {

@@ -27,7 +27,10 @@
  * window (deletes do not refund), and a refusal says how long until the next window.
  *
  * The note body itself is never stored: only `body_digest` = `sha256:` + hex SHA-256 of its UTF-8
- * bytes. Timestamps are milliseconds since the epoch unless named `*_at TEXT` (ISO-8601, UTC).
+ * bytes. A write may carry the caller's `input_digest` (tooltx's RFC 8785 digest of the operation's
+ * normalised input, `sha256:` + 64 hex): it is stored with the row and answered by the probe, so
+ * recovery can tell its own effect from another under the same key (issue 7); rows written without
+ * one (and rows from before schema version 2) have NULL. Timestamps are milliseconds since the epoch unless named `*_at TEXT` (ISO-8601, UTC).
  */
 import { createHash, randomUUID } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
@@ -88,6 +91,8 @@ export interface WriteContext {
   key: string;
   /** ms since the epoch. */
   deadlineAt: number;
+  /** The caller's digest of what it asked (`sha256:` + 64 hex, already validated), stored with the row(s); absent = NULL. */
+  inputDigest?: string | undefined;
 }
 
 /**
@@ -122,9 +127,12 @@ export type DeleteOutcome =
   | { kind: 'deleted'; id: string }
   | { kind: 'not_found' | 'frozen' | 'version_conflict' | 'forbidden' };
 
-/** The read-only probe by key: the oldest non-deleted row with that key and how many there are. */
+/**
+ * The read-only probe by key: the oldest non-deleted row with that key and how many there are.
+ * `inputDigest`: the digest that row was written with (a batch: item 0's), absent when it has none.
+ */
 export type ProbeOutcome =
-  | ({ found: true; count: number; items?: { id: string; kb: string; createdAt: number }[] } & Omit<NoteReceipt, 'kbId'>)
+  | ({ found: true; count: number; inputDigest?: string; items?: { id: string; kb: string; createdAt: number }[] } & Omit<NoteReceipt, 'kbId'>)
   | { found: false };
 
 /** Counts over non-deleted notes; `duplicateRows` = rows beyond one per (tenant, key). */
@@ -247,7 +255,9 @@ const MIGRATION_1_COLUMNS: [string, string][] = [
   ['auth_version', 'auth_version INTEGER NOT NULL DEFAULT 1'],
   ['default_role', `default_role TEXT NULL CHECK (default_role IN ('reader', 'writer', 'admin'))`],
 ];
-export const SCHEMA_VERSION = 1;
+/** Schema version 2 (issue 7): the caller's input digest with each note (NULL for older rows). */
+const MIGRATION_2_COLUMNS: [string, string][] = [['input_digest', 'input_digest TEXT NULL']];
+export const SCHEMA_VERSION = 2;
 
 /** `sha256:` + hex SHA-256 of the UTF-8 text. */
 export function bodyDigest(body: string): string {
@@ -310,6 +320,7 @@ interface NoteRow {
   kbId: string;
   createdAt: number;
   key: string;
+  inputDigest: string | null;
 }
 
 const KB_COLS = 'k.id AS id, k.tenant AS tenant, k.name AS name, k.state AS state, k.auth_version AS authVersion, k.default_role AS defaultRole';
@@ -361,7 +372,7 @@ function prepare(db: Database.Database) {
     ),
 
     liveByKey: db.prepare<[string, string], NoteRow & { count: number }>(
-      `SELECT n.id AS id, k.name AS kb, n.kb_id AS kbId, n.created_at AS createdAt, n.downstream_key AS key,
+      `SELECT n.id AS id, k.name AS kb, n.kb_id AS kbId, n.created_at AS createdAt, n.downstream_key AS key, n.input_digest AS inputDigest,
               (SELECT COUNT(*) FROM notes c WHERE c.tenant = n.tenant AND c.downstream_key = n.downstream_key AND c.deleted_at IS NULL) AS count
          FROM notes n JOIN knowledge_bases k ON k.id = n.kb_id
         WHERE n.tenant = ? AND n.downstream_key = ? AND n.deleted_at IS NULL
@@ -369,14 +380,14 @@ function prepare(db: Database.Database) {
     ),
     // Every non-deleted row whose key lies in [lo, hi): a batch's item keys `<key>#<index>`.
     liveInKeyRange: db.prepare<[string, string, string], NoteRow>(
-      `SELECT n.id AS id, k.name AS kb, n.kb_id AS kbId, n.created_at AS createdAt, n.downstream_key AS key
+      `SELECT n.id AS id, k.name AS kb, n.kb_id AS kbId, n.created_at AS createdAt, n.downstream_key AS key, n.input_digest AS inputDigest
          FROM notes n JOIN knowledge_bases k ON k.id = n.kb_id
         WHERE n.tenant = ? AND n.downstream_key >= ? AND n.downstream_key < ? AND n.deleted_at IS NULL
         ORDER BY n.created_at, n.rowid`,
     ),
-    insertNote: db.prepare<[string, string, string, string, string, string, string, string, string | null, number]>(
-      `INSERT INTO notes (id, tenant, kb_id, downstream_key, title, body_digest, source_url, fetched_at, publish_at, created_at)
-       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+    insertNote: db.prepare<[string, string, string, string, string, string, string, string, string | null, number, string | null]>(
+      `INSERT INTO notes (id, tenant, kb_id, downstream_key, title, body_digest, source_url, fetched_at, publish_at, created_at, input_digest)
+       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
     ),
     noteById: db.prepare<[string], { id: string; kbId: string; deletedAt: number | null }>(
       'SELECT id, kb_id AS kbId, deleted_at AS deletedAt FROM notes WHERE id = ?',
@@ -386,20 +397,33 @@ function prepare(db: Database.Database) {
 }
 type Statements = ReturnType<typeof prepare>;
 
+/** Adds the columns of `table` the file lacks (a fresh file or a half-migrated one may have some). */
+function addMissingColumns(db: Database.Database, table: string, columns: [string, string][]): void {
+  const have = new Set((db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[]).map((c) => c.name));
+  for (const [name, ddl] of columns) if (!have.has(name)) db.exec(`ALTER TABLE ${table} ADD COLUMN ${ddl}`);
+}
+
 /** Applies the migrations the file lacks, each in one transaction; a no-op on an up-to-date file. */
 function migrate(db: Database.Database): void {
   db.exec(BASE_SCHEMA);
   const version = Number(db.pragma('user_version', { simple: true }));
-  if (version >= 1) return;
-  db.transaction(() => {
-    const cols = new Set((db.prepare('PRAGMA table_info(knowledge_bases)').all() as { name: string }[]).map((c) => c.name));
-    for (const [name, ddl] of MIGRATION_1_COLUMNS) if (!cols.has(name)) db.exec(`ALTER TABLE knowledge_bases ADD COLUMN ${ddl}`);
-    db.exec(MIGRATION_1_TABLES);
-    // Knowledge bases from before issue 6 were writable by every actor of their tenant: keep that.
-    db.exec(`UPDATE knowledge_bases SET default_role = 'writer' WHERE default_role IS NULL`);
-    db.exec('INSERT OR IGNORE INTO tenants (id) SELECT DISTINCT tenant FROM knowledge_bases');
-    db.pragma(`user_version = ${SCHEMA_VERSION}`);
-  }).immediate();
+  if (version < 1) {
+    db.transaction(() => {
+      addMissingColumns(db, 'knowledge_bases', MIGRATION_1_COLUMNS);
+      db.exec(MIGRATION_1_TABLES);
+      // Knowledge bases from before issue 6 were writable by every actor of their tenant: keep that.
+      db.exec(`UPDATE knowledge_bases SET default_role = 'writer' WHERE default_role IS NULL`);
+      db.exec('INSERT OR IGNORE INTO tenants (id) SELECT DISTINCT tenant FROM knowledge_bases');
+      db.pragma('user_version = 1');
+    }).immediate();
+  }
+  if (version < 2) {
+    // Existing notes keep NULL: no digest recorded, so recovery commits them as before (issue 7).
+    db.transaction(() => {
+      addMissingColumns(db, 'notes', MIGRATION_2_COLUMNS);
+      db.pragma('user_version = 2');
+    }).immediate();
+  }
 }
 
 /**
@@ -515,7 +539,7 @@ export class KbStore {
       if (quota.left < 1) return { kind: 'quota_exceeded', retryAfterMs: quota.retryAfterMs };
       // enforcesDeadline: the last check before the insert, inside the transaction.
       if (now > ctx.deadlineAt) return { kind: 'deadline_passed' };
-      const id = this.#insert(ctx.tenant, kb.id, ctx.key, note, now);
+      const id = this.#insert(ctx.tenant, kb.id, ctx.key, note, now, ctx.inputDigest);
       this.#stmts.countQuota.run(ctx.tenant, quota.used + 1, this.#windowStart(now));
       return { kind: 'created', note: { id, kb: kb.name, kbId: kb.id, createdAt: now } };
     });
@@ -552,18 +576,18 @@ export class KbStore {
       if (now > ctx.deadlineAt) return { kind: 'deadline_passed' };
       const out = notes.map((note, i) => {
         const kb = kbs[i]!;
-        return { id: this.#insert(ctx.tenant, kb.id, `${ctx.key}#${i}`, note, now), kb: kb.name, kbId: kb.id, createdAt: now };
+        return { id: this.#insert(ctx.tenant, kb.id, `${ctx.key}#${i}`, note, now, ctx.inputDigest), kb: kb.name, kbId: kb.id, createdAt: now };
       });
       this.#stmts.countQuota.run(ctx.tenant, quota.used + notes.length, this.#windowStart(now));
       return { kind: 'created', notes: out };
     });
   }
 
-  #insert(tenant: string, kbId: string, key: string, note: NoteInput, now: number): string {
+  #insert(tenant: string, kbId: string, key: string, note: NoteInput, now: number, inputDigest: string | undefined): string {
     const id = `note_${randomUUID()}`;
     this.#stmts.insertNote.run(
       id, tenant, kbId, key, note.title, bodyDigest(note.body), note.sourceUrl,
-      utcIso(note.fetchedAt), note.publishAt === undefined ? null : utcIso(note.publishAt), now,
+      utcIso(note.fetchedAt), note.publishAt === undefined ? null : utcIso(note.publishAt), now, inputDigest ?? null,
     );
     return id;
   }
@@ -612,11 +636,12 @@ export class KbStore {
 
   /**
    * Read-only lookup by (tenant, key) over non-deleted notes: a note written under that key, else
-   * a batch written under it (`items` in index order; `id`, `kb`, `createdAt` are item 0's).
+   * a batch written under it (`items` in index order; `id`, `kb`, `createdAt` are item 0's), with
+   * the input digest it was written with when it has one (issue 7).
    */
   probe(tenant: string, key: string): ProbeOutcome {
     const row = this.#stmts.liveByKey.get(tenant, key);
-    if (row) return { found: true, id: row.id, kb: row.kb, createdAt: row.createdAt, count: row.count };
+    if (row) return { found: true, id: row.id, kb: row.kb, createdAt: row.createdAt, count: row.count, ...digestOf(row) };
     const batch = this.#batchRows(tenant, key);
     if (!batch) return { found: false };
     const first = batch.items[0]!;
@@ -626,6 +651,7 @@ export class KbStore {
       kb: first.kb,
       createdAt: first.createdAt,
       count: batch.count,
+      ...digestOf(first),
       items: batch.items.map((r) => ({ id: r.id, kb: r.kb, createdAt: r.createdAt })),
     };
   }
@@ -848,4 +874,9 @@ export class KbStore {
 
 function receipt(r: NoteRow): NoteReceipt {
   return { id: r.id, kb: r.kb, kbId: r.kbId, createdAt: r.createdAt };
+}
+
+/** `{ inputDigest }` when the row has one, else nothing (older rows, writers that sent none). */
+function digestOf(r: NoteRow): { inputDigest?: string } {
+  return r.inputDigest === null ? {} : { inputDigest: r.inputDigest };
 }

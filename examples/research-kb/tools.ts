@@ -114,10 +114,16 @@ function isPrivateHost(host: string): boolean {
   return false;
 }
 
-/** The KB's read-only probe by downstream key (recovery, FM-02, FM-27). */
+/**
+ * The KB's read-only probe by downstream key (recovery, FM-02, FM-13, FM-27), with the input digest
+ * the KB recorded with the effect when it has one: recovery commits only when it is ours, and opens
+ * a takeover when another effect holds our key (issue 7). A note written without a digest (before
+ * the KB kept one) answers none, and recovery commits it as before.
+ */
 async function probeByKey(ctx: { tenant: string; downstreamKey: string; signal: AbortSignal }): Promise<ProbeResult> {
   const r = await kb.probe({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
-  return r.found ? { found: true, resourceId: r.id } : { found: false };
+  if (!r.found) return { found: false };
+  return r.inputDigest === undefined ? { found: true, resourceId: r.id } : { found: true, resourceId: r.id, inputDigest: r.inputDigest };
 }
 
 /** The policy seam of a single-knowledge-base write: the canonical id and version it checked. */
@@ -166,7 +172,8 @@ export const implementations = [
     async execute(input, ctx) {
       const { id: kbId, version } = versionOf(ctx.authorization);
       try {
-        const r = await kb.writeNote({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, ifMatch: version, note: { ...input, kb: kbId }, signal: ctx.signal });
+        // The operation's input digest goes with the write: the probe tells our effect from another (issue 7).
+        const r = await kb.writeNote({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, ifMatch: version, inputDigest: ctx.inputDigest, note: { ...input, kb: kbId }, signal: ctx.signal });
         // FM-19: a write returns its receipt only (the resource id is in the receipt).
         return { resourceId: r.id, result: {} };
       } catch (err) {
@@ -196,7 +203,7 @@ export const implementations = [
       try {
         // Each item is sent with the canonical id its reference resolved to at the re-check.
         const ids = await Promise.all(input.items.map((item) => kb.resolve({ tenant: ctx.tenant, actor: ctx.actor, ref: item.kb, signal: ctx.signal }).then((r) => r.kbId)));
-        const r = await kb.writeBatch({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, ifMatch: versions, items: input.items.map((item, i) => ({ ...item, kb: ids[i]! })), signal: ctx.signal });
+        const r = await kb.writeBatch({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, ifMatch: versions, inputDigest: ctx.inputDigest, items: input.items.map((item, i) => ({ ...item, kb: ids[i]! })), signal: ctx.signal });
         return { resourceId: r.items.map((x) => x.id).join(','), result: {} };
       } catch (err) {
         return definite(err);

@@ -96,8 +96,12 @@ export const takeoverRecordSchema = z.object({
   reason: z.enum(['unknown_past_deadline', 'probe_mismatch']),
   /** The last evidence about the attempt (digests, codes, sizes, times only). */
   lastEvidence: evidenceSchema.optional(),
-  /** What a probe found under our key when it did not match what was asked. */
-  probed: z.object({ resourceId: z.string().max(200), intentDigest: digest.optional() }).optional(),
+  /**
+   * What a probe found under our key when it did not match what was asked (`probe_mismatch`): the
+   * downstream's resource id and the input digest it recorded with that effect (compare with
+   * `inputDigest` above; issue 7).
+   */
+  probed: z.object({ resourceId: z.string().max(200), inputDigest: digest.optional() }).optional(),
   attempts: z.object({ attempt: z.number().int().min(1), requeues: z.number().int().min(0), probes: z.number().int().min(0) }),
   times: z.object({ acceptedAt: epochMs, runningAt: epochMs.optional(), unknownSince: epochMs.optional(), openedAt: epochMs }),
 });

@@ -27,7 +27,9 @@ export interface TakeoverDeps {
 }
 
 /**
- * Opens a takeover on an `unknown` operation (idempotent: a second call finds it open). Returns
+ * Opens a takeover on an `unknown` operation (idempotent: a second call finds it open). `probed`
+ * (for `probe_mismatch`): what the probe found under our key — its resource id and the input digest
+ * the downstream recorded — kept in the record as `probed`. Returns
  * false when the operation is no longer `unknown` or another writer moved it meanwhile.
  * Throws the store's and the KV's errors.
  */
@@ -65,7 +67,7 @@ export async function openTakeover(
     if (err instanceof ConcurrencyError) return false;
     throw err;
   }
-  d.log.error({ tenant, operationKey: state.operationKey, taskId: state.taskId, reason: why.reason, probes: why.probes }, 'takeover opened: the task is frozen until a person resolves it');
+  d.log.error({ tenant, operationKey: state.operationKey, taskId: state.taskId, reason: why.reason, probes: why.probes, ...(why.probed ? { probedResourceId: why.probed.resourceId } : {}) }, 'takeover opened: the task is frozen until a person resolves it');
   return true;
 }
 
