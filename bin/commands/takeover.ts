@@ -52,7 +52,7 @@ async function ask(request: Record<string, unknown>, timeoutMs = 10_000): Promis
 export function registerTakeover(program: Command): void {
   const t = program
     .command('takeover')
-    .description('operations handed over to a person (unknown past their deadline): list, show, resolve — as an operator (NATS_NKEY_FILE, TOOLTX_OPERATOR)');
+    .description('operations handed over to a person (unknown past their deadline, or another effect found under their key): list, show, resolve — as an operator (NATS_NKEY_FILE, TOOLTX_OPERATOR)');
   t.command('list')
     .description('every open takeover record, oldest first, one JSON object per line')
     .action(() => ask({ action: 'list' }));
