@@ -6,9 +6,9 @@
  * result stores legitimately hold business data: instead, another tenant's agent and an auditor
  * are shown, by the server, to be unable to read them.
  */
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { jetstream } from '@nats-io/jetstream';
@@ -50,6 +50,16 @@ const note = (title: string, over: Record<string, unknown> = {}) => ({
   kb: 'research', title, body: `Private observation: ${canaries.noteBody} (${title}).`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z', ...over,
 });
 const keyOf = (title: string, over: Record<string, unknown> = {}) => prepareCall(contracts.writeNote, 'fm16', note(title, over)).operationKey;
+/** Every secret file of the test deployment, by file name: seeds, the lines of PEM keys, HMAC keys. */
+function keyMaterial(): Record<string, string> {
+  const out: Record<string, string> = {};
+  const auth = dirname(t.env.TOOLTX_TEST_NKEYS_DIR!);
+  const read = (dir: string, ext: string) => (existsSync(dir) ? readdirSync(dir).filter((f) => f.endsWith(ext)).map((f) => [f, readFileSync(join(dir, f), 'utf8')] as const) : []);
+  for (const [f, text] of read(join(auth, 'nkeys'), '.nk')) out[f] = text.trim();
+  for (const [f, text] of read(join(auth, 'signing'), '.pem')) text.split('\n').filter((l) => l.length >= 40 && !l.startsWith('-----')).forEach((l, i) => (out[`${f}#${i}`] = l));
+  for (const v of ['TOOLTX_AUDIT_HMAC_KEY_FILE', 'TOOLTX_LOG_HMAC_KEY_FILE']) out[v] = readFileSync(t.env[v]!, 'utf8').trim();
+  return out;
+}
 const isNotesPost = (req: { method?: string; url?: string }) => req.method === 'POST' && req.url === '/v1/notes';
 const write = async (actor: string, title: string, over: Record<string, unknown> = {}) => {
   const r = await agents[actor]!.execute({ tool: 'kb.write_note', taskId: 'fm16', input: note(title, over) });
@@ -187,7 +197,9 @@ describe('FM-16: planted secrets and content never leave their place', () => {
   });
 
   it('zero occurrences in every log line of every process, the event log, decisions, advisories, the audit bucket and log, every audit record and export, and every error returned to the agent', { timeout: 180_000 }, async () => {
-    const scan = new LeakScanner(canaries);
+    // And the key material of this deployment: every nkey seed, receipt signing key and HMAC key.
+    const scan = new LeakScanner(canaries, keyMaterial());
+    expect(Object.keys(keyMaterial()).length).toBeGreaterThan(10);
     // The audit view through the service, as the auditor (records and an export).
     const kv = await openBucket(t.nc, t.subjects.auditBucket);
     const auditKey = (k: string) => t.subjects.projectionKey('acme', operationIdOf(k));

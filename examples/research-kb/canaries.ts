@@ -133,9 +133,9 @@ export async function plantCanaries(o: { canaries: Canaries; web: CanaryWeb; kbU
   };
 }
 
-/** One place a canary was found. */
+/** One place a canary (or another secret given to the scanner) was found. */
 export interface Leak {
-  kind: CanaryKind;
+  kind: CanaryKind | `secret:${string}`;
   source: string;
 }
 
@@ -147,10 +147,14 @@ export class LeakScanner {
   readonly leaks: Leak[] = [];
   /** Items (lines, messages, records, results) looked at. */
   scanned = 0;
-  readonly #needles: [CanaryKind, string[]][];
+  readonly #needles: [Leak['kind'], string[]][];
 
-  constructor(canaries: Canaries) {
-    this.#needles = CANARY_KINDS.map((k) => [k, [canaries[k], Buffer.from(canaries[k]).toString('base64').slice(0, 20)]]);
+  /** `secrets`: more values that must never appear (key material: nkey seeds, signing keys, HMAC keys), by name. */
+  constructor(canaries: Canaries, secrets: Record<string, string> = {}) {
+    this.#needles = [
+      ...CANARY_KINDS.map((k): [Leak['kind'], string[]] => [k, [canaries[k], Buffer.from(canaries[k]).toString('base64').slice(0, 20)]]),
+      ...Object.entries(secrets).filter(([, v]) => v.length >= 16).map(([name, v]): [Leak['kind'], string[]] => [`secret:${name}`, [v]]),
+    ];
   }
 
   text(source: string, text: string): void {
