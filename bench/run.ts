@@ -46,8 +46,9 @@ const QUICK: WorkloadSizes = { warmup: 20, main: 200, inFlight: 16, dupFraction:
 const sizes = opts.quick ? QUICK : FULL;
 const rounds = Math.max(1, Number(opts.rounds ?? (opts.quick ? 1 : 3)));
 const PREFIX = 'tooltx';
-// The mean size of a tooltx lifecycle event (headers included: ~1,430 B) less the floor's own headers (bench/trace.ts).
-const PAYLOAD_BYTES = 1_320;
+// The mean size of a tooltx lifecycle event (headers included: ~1,530 B with its signed receipt) less
+// the floor's own headers (bench/trace.ts).
+const PAYLOAD_BYTES = 1_420;
 
 const root = mkdtempSync(join(tmpdir(), 'tooltx-bench-'));
 const cpuProfDir = opts.cpuProf ? resolve(opts.cpuProf) : undefined;
