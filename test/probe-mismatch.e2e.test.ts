@@ -206,6 +206,23 @@ describe('the KB keeps the input digest', () => {
     expect(await kb.client.probe({ tenant: 'acme', key: `${key}#1` })).toMatchObject({ found: true, id: b.items[1]!.id, inputDigest: d });
   });
 
+  it('with dedup on, a key reused for another input digest is refused (422 key_reused), the same digest answers the stored note', async () => {
+    const onKb = await startKb({ tenants: [{ id: 'acme' }], knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }] }, { KB_DEDUP: 'on' });
+    try {
+      const { authVersion } = await onKb.client.resolve({ tenant: 'acme', actor: 'mallory', ref: 'research' });
+      const write = (inputDigest: string | undefined, title: string) => onKb.client.writeNote({ tenant: 'acme', actor: 'mallory', key: 'k-reused', deadlineAt: soon(), ifMatch: authVersion, inputDigest, note: note(title) });
+      const first = await write(digestOf({ n: 1 }), 'First');
+      expect((await write(digestOf({ n: 1 }), 'First')).id).toBe(first.id);
+      const reused = await write(digestOf({ n: 2 }), 'Someone else').catch((e: unknown) => e);
+      expect(reused).toMatchObject({ status: 422, errorClass: 'key_reused' });
+      // A caller that sends no digest gets the stored note, as before the KB kept digests.
+      expect((await write(undefined, 'No digest')).id).toBe(first.id);
+      expect(await onKb.client.probe({ tenant: 'acme', key: 'k-reused' })).toMatchObject({ found: true, count: 1, id: first.id });
+    } finally {
+      await onKb.stop();
+    }
+  });
+
   it('migrates a schema-1 file in place: the column is added, old notes answer no digest, new ones theirs', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tooltx-kb-v1-'));
     const db = join(dir, 'kb.sqlite');

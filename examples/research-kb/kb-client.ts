@@ -27,10 +27,12 @@ export type KbErrorClass =
   | 'conflict'
   | 'version_conflict'
   | 'quota_exceeded'
+  /** Dedup on: the key holds a note written with another input digest (422). */
+  | 'key_reused'
   | 'internal';
 
 const CLASSES: readonly string[] = [
-  'invalid_input', 'unauthorized', 'forbidden', 'not_found', 'frozen', 'deadline_passed', 'conflict', 'version_conflict', 'quota_exceeded', 'internal',
+  'invalid_input', 'unauthorized', 'forbidden', 'not_found', 'frozen', 'deadline_passed', 'conflict', 'version_conflict', 'quota_exceeded', 'key_reused', 'internal',
 ] satisfies KbErrorClass[];
 
 /**

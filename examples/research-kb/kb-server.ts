@@ -19,7 +19,8 @@
  *   hex: the caller's digest of what it asked — tooltx sends the operation's input digest — stored
  *   with the note and answered by the probe, issue 7); body `{ kb, title, body, sourceUrl, fetchedAt, publishAt? }`
  *   (strict; `kb` any reference). In ONE transaction, in this order: resolve → 404 `not_found`;
- *   with `KB_DEDUP=on` an existing note of the key → 200 with it; frozen → 409 `frozen`; version ≠
+ *   with `KB_DEDUP=on` an existing note of the key → 200 with it (422 `key_reused` when it was written
+ *   with another `x-tooltx-input-digest`); frozen → 409 `frozen`; version ≠
  *   if-match → 412 `version_conflict`; the actor's current role not writer/admin → 403 `forbidden`;
  *   the tenant's quota used up → 429 `{ error: "quota_exceeded", retryAfterMs }` + `retry-after`
  *   (seconds, to the next UTC midnight); deadline passed → 409 `deadline_passed`; else 201 `{ id,
@@ -325,7 +326,7 @@ async function parseRequest<S extends z.ZodRawShape, B extends z.ZodType>(
 // Refusals
 
 /** The status of each refusal class. */
-const STATUS = { not_found: 404, forbidden: 403, frozen: 409, version_conflict: 412, quota_exceeded: 429, deadline_passed: 409 } as const;
+const STATUS = { not_found: 404, forbidden: 403, frozen: 409, version_conflict: 412, quota_exceeded: 429, deadline_passed: 409, key_reused: 422 } as const;
 type Refusal = keyof typeof STATUS;
 
 /** A refusal answer; `retryAfterMs` adds the body field and a `retry-after` header in whole seconds. */

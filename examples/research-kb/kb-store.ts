@@ -99,6 +99,9 @@ export interface WriteContext {
  * What a write came to:
  * - `created` — a new row was inserted (HTTP 201);
  * - `existing` — dedup on and a non-deleted row with the same (tenant, key) exists: that row (200);
+ * - `key_reused` — dedup on, and that row was written with another input digest than this request
+ *   carries: the key was reused for a different request, nothing is returned or stored (422, as the
+ *   IETF Idempotency-Key HTTP header draft advises);
  * - `not_found` — no knowledge base of the caller's tenant answers to the reference (404; also a
  *   foreign or soft-deleted one);
  * - `frozen` — the knowledge base is frozen (409);
@@ -111,7 +114,7 @@ export interface WriteContext {
 export type WriteOutcome =
   | { kind: 'created'; note: NoteReceipt }
   | { kind: 'existing'; note: NoteReceipt }
-  | { kind: 'not_found' | 'frozen' | 'version_conflict' | 'forbidden' | 'deadline_passed' }
+  | { kind: 'not_found' | 'frozen' | 'version_conflict' | 'forbidden' | 'deadline_passed' | 'key_reused' }
   | { kind: 'quota_exceeded'; retryAfterMs: number };
 
 /** A batch's outcome; a refusal names the first refused item's `index` (nothing is stored). */
@@ -529,6 +532,7 @@ export class KbStore {
       if (!kb) return { kind: 'not_found' };
       if (this.dedup) {
         const prior = this.#stmts.liveByKey.get(ctx.tenant, ctx.key);
+        if (prior && prior.inputDigest && ctx.inputDigest && prior.inputDigest !== ctx.inputDigest) return { kind: 'key_reused' };
         if (prior) return { kind: 'existing', note: receipt(prior) };
       }
       if (kb.state === 'frozen') return { kind: 'frozen' };

@@ -48,9 +48,13 @@ export class PageError extends Error {
   }
 }
 
-/** A KB answer as a tooltx error class, by the KB's own class; 5xx and the unknown stay "outcome unknown". */
+/**
+ * A KB answer as a tooltx error class, by the KB's own class; 5xx and the unknown stay "outcome
+ * unknown". `key_reused` too: something else is stored under our key, so this call's outcome is not
+ * ours to decide — the reconciler's probe finds the foreign effect and hands it to a person (issue 7).
+ */
 function definite(err: unknown): never {
-  if (err instanceof KbError && err.status < 500) {
+  if (err instanceof KbError && err.status < 500 && err.errorClass !== 'key_reused') {
     const byClass: Record<string, ErrorClass> = {
       not_found: ErrorClass.NotFound,
       forbidden: ErrorClass.Forbidden,
