@@ -286,7 +286,8 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     while (left() > 0) {
       let a: StatusAnswer;
       try {
-        a = await status({ operationKey: key, waitMs: Math.max(0, Math.min(STATUS_POLL_MS, MAX_STATUS_WAIT_MS, left() - 2_100)), afterSeq: lastSeq, inputDigest: prepared.inputDigest, submissionIds });
+        // One long-poll until a final answer (not one per intermediate state), at most STATUS_POLL_MS.
+        a = await status({ operationKey: key, waitMs: Math.max(0, Math.min(STATUS_POLL_MS, MAX_STATUS_WAIT_MS, left() - 2_100)), afterSeq: lastSeq, inputDigest: prepared.inputDigest, submissionIds, untilFinal: true });
         statusAnswered = true;
         failures = 0;
       } catch (err) {

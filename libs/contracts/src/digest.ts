@@ -26,3 +26,9 @@ export function sha256Hex(data: string | Uint8Array): string {
 export function sha256B64u(data: string): string {
   return createHash('sha256').update(data).digest('base64url');
 }
+
+/**
+ * Digest of the empty business result `{}` — a write's result is its receipt only (FM-19). Such a
+ * result is never stored in the result store: its digest alone says what it is (issue 10).
+ */
+export const EMPTY_RESULT_DIGEST = digestOf({});

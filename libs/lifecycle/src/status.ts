@@ -19,6 +19,12 @@ export const statusRequestSchema = z.strictObject({
   afterSeq: z.number().int().min(0).optional(),
   inputDigest: z.string().max(80).optional(),
   submissionIds: z.array(z.string().max(64)).max(32).optional(),
+  /**
+   * Long-poll until the answer is final — committed, rejected, a refusal of the caller's submission,
+   * or a takeover — instead of answering at the first change (saves the SDK a round trip per
+   * intermediate state; issue 10). `waitMs` still bounds the wait.
+   */
+  untilFinal: z.boolean().optional(),
 });
 export type StatusRequest = z.infer<typeof statusRequestSchema>;
 

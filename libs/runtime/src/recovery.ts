@@ -1,4 +1,4 @@
-import { digestOf, downstreamKeyOf, type Implementation } from '@tooltx/contracts';
+import { digestOf, downstreamKeyOf, EMPTY_RESULT_DIGEST, type Implementation } from '@tooltx/contracts';
 import { decide, decideRecovery, type Evidence, type OperationCommand, type OperationRecord, type ProbeOutcome, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConcurrencyError, encode, newEventId, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { KV } from '@nats-io/kv';
@@ -66,7 +66,7 @@ export async function recoverOperation(deps: {
       }
       const result = empty.data;
       const resultDigest = digestOf(result);
-      await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
+      if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
       const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq: deps.seq, ...run(state), resourceId: step.resourceId, resultDigest }));
       l.info({ resourceId: step.resourceId, outcome: d }, 'recovered: committed from the probe');
       return d === 'appended' ? 'committed' : 'moved_on';

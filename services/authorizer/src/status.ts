@@ -2,7 +2,7 @@ import { DeliverPolicy, type JetStreamClient } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
 import { z } from 'zod';
-import { ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
+import { EMPTY_RESULT_DIGEST, ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
 import { statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
 import { decode, decodeRaw, encode, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
@@ -117,12 +117,17 @@ export class StatusService {
     const opId = operationIdOf(req.operationKey);
     const watched = [subjects.op(who.tenant, opId), subjects.decision(who.tenant, opId)];
     const waitMs = req.waitMs ?? 0;
+    const until = this.#now() + waitMs;
     // Register before reading, so a change between the read and the wait is not missed.
-    const w = waitMs > 0 ? this.#wait(watched, waitMs) : null;
+    let w = waitMs > 0 ? this.#wait(watched, waitMs) : null;
     try {
       let answer = await this.answer(who.tenant, who.actor, req);
-      if (w && !this.#settled(answer, req)) {
+      while (w && !this.#settled(answer, req)) {
         await w.changed;
+        w.cancel();
+        const left = until - this.#now();
+        // With `untilFinal`, keep waiting through intermediate states while time is left.
+        w = req.untilFinal && left > 0 ? this.#wait(watched, left) : null;
         answer = await this.answer(who.tenant, who.actor, req);
       }
       reply(answer);
@@ -138,6 +143,12 @@ export class StatusService {
   #settled(a: StatusAnswer, req: StatusRequest): boolean {
     if (a.source === 'decision') return true;
     const after = req.afterSeq ?? 0;
+    if (req.untilFinal) {
+      if (a.state === 'unknown' && a.takeover) return a.seq !== after;
+      // An earlier attempt's refusal is not the caller's final answer: its resubmission is coming.
+      if (a.state === 'rejected' && a.ownAttempt === false) return false;
+      return (a.state === 'committed' || a.state === 'rejected') && a.seq !== after;
+    }
     // A final state answers at once unless the caller already saw exactly it (it then waits for a
     // new attempt, e.g. after resubmitting a retryable rejection).
     if ((a.state === 'committed' || a.state === 'rejected') && a.seq !== after) return true;
@@ -150,7 +161,7 @@ export class StatusService {
     const opId = operationIdOf(req.operationKey);
     const at = this.#now();
     const { state, seq } = await store.load(tenant, opId);
-    if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state))) {
+    if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req))) {
       const a: StatusAnswer = { operationKey: req.operationKey, state: state.status, source: 'operation', seq, attempt: state.attempt, at };
       if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === state.inputDigest;
       if (req.submissionIds !== undefined) {
@@ -166,7 +177,9 @@ export class StatusService {
       }
       if (state.status === 'committed' && state.receipt) {
         a.receipt = state.receipt;
-        if (a.inputMatches !== false) {
+        // A receipt-only result (`{}`, a write's: FM-19) is not stored; its digest says what it is.
+        if (a.inputMatches !== false && state.receipt.resultDigest === EMPTY_RESULT_DIGEST) a.result = {};
+        else if (a.inputMatches !== false) {
           const entry = await results.get(subjects.resultKey(tenant, opId));
           if (entry && entry.operation === 'PUT') {
             const r = decode(resultEntrySchema, entry.value);
@@ -186,9 +199,17 @@ export class StatusService {
     return { operationKey: req.operationKey, state: 'not_seen', source: 'none', seq: 0, at };
   }
 
-  async #mayRead(tenant: string, actor: string, state: OperationRecord): Promise<boolean> {
+  /**
+   * The read policy seam. Run before anything final is revealed (a receipt, a result, an error, a
+   * takeover) and before anything at all is revealed to another actor; the submitting actor asking
+   * about its own operation while it is still in flight learns only its state, so the policy (a
+   * round trip to the system of record in the sample) is not asked again for each long-poll step.
+   */
+  async #mayRead(tenant: string, actor: string, state: OperationRecord, req: StatusRequest): Promise<boolean> {
     const impl = this.#d.tools.get(state.tool, state.version);
     if (!impl?.authorizeRead) return true;
+    const inFlight = state.status === 'accepted' || state.status === 'running' || (state.status === 'unknown' && !state.takeover);
+    if (inFlight && actor === state.actor && req.submissionIds?.includes(state.intent.submissionId)) return true;
     try {
       const resources = state.authorization?.intake?.resources;
       await impl.authorizeRead({ tenant, actor, owner: state.actor, operationKey: state.operationKey, now: this.#now(), ...(resources ? { resources } : {}) });

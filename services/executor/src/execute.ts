@@ -3,6 +3,7 @@ import type { KV } from '@nats-io/kv';
 import {
   digestOf,
   downstreamKeyOf,
+  EMPTY_RESULT_DIGEST,
   ErrorClass,
   hasSideEffect,
   operationIdOf,
@@ -184,7 +185,8 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     if (outcome.ok) {
       const result = impl.contract.output.parse(outcome.result);
       const resultDigest = digestOf(result);
-      await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
+      // A receipt-only result ({}) is not stored: its digest says what it is (EMPTY_RESULT_DIGEST).
+      if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
       const d = await transition(tenant, opId, (prevSeq) => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq, runId: runningId, resourceId: outcome.resourceId, resultDigest }));
       l.info({ resourceId: outcome.resourceId, outcome: d.kind, elapsedMs: now() - startedAt }, 'committed');
       return;

@@ -1,7 +1,7 @@
 import type { NatsConnection, Msg } from '@nats-io/transport-node';
 import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
-import { digestOf, ErrorClass, fieldIssues, invalidInput, operationIdOf, operationKeySchema, TooltxError, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
+import { digestOf, EMPTY_RESULT_DIGEST, ErrorClass, fieldIssues, invalidInput, operationIdOf, operationKeySchema, TooltxError, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
 import { decide, type OperationCommand, type OperationRecord, type ReceiptSigner, type TakeoverRecord } from '@tooltx/lifecycle';
 import { ConcurrencyError, encode, freezeTask, newEventId, thawTask, type FrozenTaskWatch, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
@@ -170,7 +170,7 @@ export function startTakeoverService(
         const empty = impl?.contract.output.safeParse({});
         if (empty?.success) {
           resultDigest = digestOf(empty.data);
-          await d.results.put(d.subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result: empty.data }));
+          if (resultDigest !== EMPTY_RESULT_DIGEST) await d.results.put(d.subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result: empty.data }));
         }
       }
       const { state: fresh, seq } = await d.store.load(tenant, opId);
