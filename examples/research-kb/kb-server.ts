@@ -261,10 +261,23 @@ const noteBody = z.strictObject({
 const batchBody = z.strictObject({ items: z.array(noteBody).min(1).max(MAX_BATCH) });
 
 /** Parses the named headers with `shape`; issues under `["headers", name]`. */
+// The header shapes of each endpoint, defined once (their schemas are compiled once, below).
+const WHO_HEADERS = { 'x-tenant': tenantHeader, 'x-actor': actorHeader };
+const TENANT_HEADERS = { 'x-tenant': tenantHeader };
+const NOTE_HEADERS = { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': keyHeader, 'x-deadline': deadlineHeader, 'if-match': ifMatchHeader, 'x-tooltx-input-digest': inputDigestHeader };
+const BATCH_HEADERS = { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': batchKeyHeader, 'x-deadline': deadlineHeader, 'if-match': batchIfMatchHeader, 'x-tooltx-input-digest': inputDigestHeader };
+const DELETE_HEADERS = { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': keyHeader, 'if-match': ifMatchHeader };
+const NO_HEADERS = {};
+
+/** The header schemas, built once per shape (a request must not pay for compiling one). */
+const headerSchemas = new WeakMap<z.ZodRawShape, z.ZodObject<z.ZodRawShape>>();
+
 function parseHeaders<S extends z.ZodRawShape>(req: IncomingMessage, shape: S): { data?: z.infer<z.ZodObject<S>>; issues: Issue[] } {
   const raw: Record<string, unknown> = {};
   for (const name of Object.keys(shape)) raw[name] = req.headers[name];
-  const r = z.object(shape).safeParse(raw);
+  let schema = headerSchemas.get(shape);
+  if (!schema) headerSchemas.set(shape, (schema = z.object(shape)));
+  const r = (schema as z.ZodObject<S>).safeParse(raw);
   return r.success ? { data: r.data, issues: [] } : { issues: issuesOf(r.error, ['headers']) };
 }
 
@@ -345,7 +358,7 @@ function refuse(error: Refusal, extra: { retryAfterMs?: number; index?: number }
 // Handlers
 
 function resolveRef(req: IncomingMessage, url: URL): Reply {
-  const h = parseHeaders(req, { 'x-tenant': tenantHeader, 'x-actor': actorHeader });
+  const h = parseHeaders(req, WHO_HEADERS);
   const issues = [...h.issues];
   const ref = url.searchParams.get('ref');
   if (ref === null) issues.push({ path: ['query', 'ref'], code: 'invalid_type', message: 'the reference to resolve is required' });
@@ -358,7 +371,7 @@ function resolveRef(req: IncomingMessage, url: URL): Reply {
 async function postNote(req: IncomingMessage): Promise<Reply> {
   const p = await parseRequest(
     req,
-    { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': keyHeader, 'x-deadline': deadlineHeader, 'if-match': ifMatchHeader, 'x-tooltx-input-digest': inputDigestHeader },
+    NOTE_HEADERS,
     noteBody,
   );
   if (!p.ok) return p.reply;
@@ -382,7 +395,7 @@ async function postNote(req: IncomingMessage): Promise<Reply> {
 async function postBatch(req: IncomingMessage): Promise<Reply> {
   const p = await parseRequest(
     req,
-    { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': batchKeyHeader, 'x-deadline': deadlineHeader, 'if-match': batchIfMatchHeader, 'x-tooltx-input-digest': inputDigestHeader },
+    BATCH_HEADERS,
     batchBody,
   );
   if (!p.ok) return p.reply;
@@ -406,7 +419,7 @@ async function postBatch(req: IncomingMessage): Promise<Reply> {
 }
 
 function probe(req: IncomingMessage, rawKey: string): Reply {
-  const h = parseHeaders(req, { 'x-tenant': tenantHeader });
+  const h = parseHeaders(req, TENANT_HEADERS);
   let key: string | undefined;
   const issues = [...h.issues];
   try {
@@ -422,7 +435,7 @@ function probe(req: IncomingMessage, rawKey: string): Reply {
 }
 
 function deleteNote(req: IncomingMessage, rawId: string): Reply {
-  const h = parseHeaders(req, { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': keyHeader, 'if-match': ifMatchHeader });
+  const h = parseHeaders(req, DELETE_HEADERS);
   if (h.issues.length || !h.data) return invalid(h.issues);
   let id: string;
   try {
@@ -473,7 +486,7 @@ async function adminChange<B extends z.ZodType>(
   schema: B,
   change: (b: z.infer<B>) => AdminOutcome,
 ): Promise<Reply> {
-  const p = await parseRequest(req, {}, schema);
+  const p = await parseRequest(req, NO_HEADERS, schema);
   if (!p.ok) return p.reply;
   const out = change(p.b);
   switch (out.kind) {
