@@ -84,7 +84,9 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
 
     const opId = operationIdOf(key);
     for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
-      const { state, seq } = await store.load(who.tenant, opId);
+      // Most keys are new: register optimistically at expected sequence 0 (a known key refuses the
+      // append, and the next round reads it and replays or reports the conflict as usual).
+      const { state, seq } = round === 0 ? { state: { status: 'none' as const }, seq: 0 } : await store.load(who.tenant, opId);
       const cmd: AcceptCommand = {
         type: 'accept',
         eventId: newEventId(),

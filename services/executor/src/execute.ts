@@ -50,10 +50,14 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
   const { subjects, store, tools, log, results } = deps;
   const now = deps.now ?? Date.now;
 
-  /** Load → decide → append until the command is appended, applied or no longer applies. */
-  const transition = async (tenant: string, opId: string, make: (seq: number) => OperationCommand) => {
+  /**
+   * Load → decide → append until the command is appended, applied or no longer applies. `known`:
+   * the state and sequence this process itself just appended — tried first without a read (the
+   * append names that sequence, so a stale guess costs one refused publish, never a wrong event).
+   */
+  const transition = async (tenant: string, opId: string, make: (seq: number) => OperationCommand, known?: { state: OperationRecord; seq: number }) => {
     for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
-      const { state, seq } = await store.load(tenant, opId);
+      const { state, seq } = round === 0 && known ? known : await store.load(tenant, opId);
       const d = decide(make(seq), state, { signer: deps.signer });
       if (d.kind !== 'append') return d;
       try {
@@ -72,7 +76,10 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     const event = decode(operationEventSchema, msg.data);
     if (event.type !== 'accepted' && event.type !== 'requeued') return;
     const { tenant, opId } = where;
-    const { state, seq } = await store.load(tenant, opId);
+    // On a first delivery the event is, as a rule, still the operation's last one: act on the state
+    // it carries at its own sequence (the `running` append names that sequence, so if anything was
+    // appended since, it is refused and the newer event drives the operation). A redelivery reads.
+    const { state, seq } = msg.info.deliveryCount === 1 ? { state: event.state, seq: msg.seq } : await store.load(tenant, opId);
     if (state.status === 'none' || state.attempt !== event.attempt) return;
     const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, tool: `${state.tool}@${state.version}` });
 
@@ -156,12 +163,14 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     const runningId = newEventId();
     const start = decide({ type: 'start', eventId: runningId, at: startedAt, attempt: state.attempt, executor: deps.executorId, deadlineAt, authorization }, state);
     if (start.kind !== 'append') return;
+    let runningSeq: number;
     try {
-      await store.append(tenant, opId, start.event, seq);
+      runningSeq = await store.append(tenant, opId, start.event, seq);
     } catch (err) {
-      if (err instanceof ConcurrencyError) return; // another executor won `running`
+      if (err instanceof ConcurrencyError) return; // another executor won `running`, or a newer event drives it
       throw err;
     }
+    const afterStart = { state: start.event.state, seq: runningSeq };
 
     const signal = AbortSignal.any([AbortSignal.timeout(timeoutMs), deps.shutdown]);
     let outcome: { ok: true; resourceId: string; result: unknown } | { ok: false; err: unknown };
@@ -187,7 +196,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       const resultDigest = digestOf(result);
       // A receipt-only result ({}) is not stored: its digest says what it is (EMPTY_RESULT_DIGEST).
       if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await transition(tenant, opId, (prevSeq) => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq, runId: runningId, resourceId: outcome.resourceId, resultDigest }));
+      const d = await transition(tenant, opId, (prevSeq) => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq, runId: runningId, resourceId: outcome.resourceId, resultDigest }), afterStart);
       l.info({ resourceId: outcome.resourceId, outcome: d.kind, elapsedMs: now() - startedAt }, 'committed');
       return;
     }
