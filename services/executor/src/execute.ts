@@ -172,7 +172,14 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     }
     const afterStart = { state: start.event.state, seq: runningSeq };
 
-    const signal = AbortSignal.any([AbortSignal.timeout(timeoutMs), deps.shutdown]);
+    // Aborted at the attempt's deadline or on shutdown. One controller per attempt whose listener on
+    // the long-lived shutdown signal is removed afterwards (AbortSignal.any on Node 20 keeps every
+    // combined signal reachable from the shutdown signal: memory that grew with each call).
+    const attempt = new AbortController();
+    const timer = setTimeout(() => attempt.abort(new DOMException('attempt timed out', 'TimeoutError')), timeoutMs);
+    const onShutdown = () => attempt.abort(deps.shutdown.reason);
+    deps.shutdown.addEventListener('abort', onShutdown, { once: true });
+    const signal = attempt.signal;
     let outcome: { ok: true; resourceId: string; result: unknown } | { ok: false; err: unknown };
     try {
       const r = await impl.execute(input, {
@@ -189,6 +196,9 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       outcome = { ok: true, resourceId: r.resourceId, result: r.result };
     } catch (err) {
       outcome = { ok: false, err };
+    } finally {
+      clearTimeout(timer);
+      deps.shutdown.removeEventListener('abort', onShutdown);
     }
 
     if (outcome.ok) {
