@@ -7,6 +7,15 @@ export const SINK_TOOLS = join(ROOT, 'test', 'fixtures', 'sink-tools.ts');
 
 export type ServiceName = 'authorizer' | 'executor' | 'reconciler' | 'audit-projector';
 
+/**
+ * Every process a test spawned, killed when the test worker exits: a `beforeAll` that fails half
+ * way (one of several services never says "started") must not leave the others running.
+ */
+const spawned = new Set<ChildProcess>();
+process.once('exit', () => {
+  for (const c of spawned) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+});
+
 /** A service running as its own OS process, with its JSON log lines collected. */
 export class ServiceProcess {
   readonly name: string;
@@ -35,7 +44,13 @@ export class ServiceProcess {
     });
     child.stderr!.setEncoding('utf8');
     child.stderr!.on('data', (c: string) => (this.stderr += c));
-    this.exited = new Promise((r) => child.once('exit', (code) => r(code)));
+    spawned.add(child);
+    this.exited = new Promise((r) =>
+      child.once('exit', (code) => {
+        spawned.delete(child);
+        r(code);
+      }),
+    );
   }
 
   /** Resolves when a log line with `msg === text` appears; rejects when the process exits first. */

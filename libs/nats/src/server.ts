@@ -47,6 +47,11 @@ export function natsServerBinary(env: NodeJS.ProcessEnv = process.env): string |
  * and resolves once it logs its client port. Throws {@link NatsServerUnavailableError} when the
  * binary is missing or the server exits before listening (10 s).
  */
+const ownedServers = new Set<ChildProcess>();
+process.once('exit', () => {
+  for (const c of ownedServers) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+});
+
 export async function spawnNatsServer(
   opts: {
     port?: number;
@@ -67,6 +72,11 @@ export async function spawnNatsServer(
         ? ['-p', String(port), ...opts.extraArgs]
         : ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', storeDir, ...(opts.extraArgs ?? [])];
       child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'], detached: opts.detached ?? false });
+      // A server this process spawned attached (tests, one-off tools) dies with it, even when the
+      // caller never reached its stop(); a detached one (npm start's stack) is stopped by its owner.
+      if (!opts.detached) ownedServers.add(child);
+      const spawned = child;
+      spawned.once('exit', () => ownedServers.delete(spawned));
       let log = '';
       const timer = setTimeout(() => reject(new NatsServerUnavailableError(`nats-server did not start in 10 s: ${log.slice(-500)}`)), 10_000);
       child.stderr!.setEncoding('utf8');
