@@ -61,3 +61,28 @@ async function startHelp(name: ServiceName): Promise<{ code: number | null; out:
   const code = await new Promise<number | null>((r) => child.once('exit', r));
   return { code, out };
 }
+
+describe('poison messages', () => {
+  it('an agent\'s undecodable intents are terminated once, never redelivered: they hold no slot of the authorizer\'s consumer', async () => {
+    const t = await provisioned();
+    const authorizer = await startService('authorizer', t.env);
+    const agent = await t.connectAs({ kind: 'agent', tenant: 'acme', actor: 'alice' });
+    try {
+      for (let i = 0; i < 30; i++) agent.publish(t.subjects.intent('acme', 'alice'), new TextEncoder().encode('{"not":"msgpack"'));
+      await agent.flush();
+      // Terminated (a bare +TERM, which 2.9.10 understands): nothing left pending, nothing redelivered.
+      let info = await t.jsm.consumers.info(t.subjects.intentsStream, 'authorizer');
+      for (let i = 0; i < 100 && (info.num_ack_pending > 0 || info.delivered.stream_seq < 30); i++) {
+        await new Promise((r) => setTimeout(r, 100));
+        info = await t.jsm.consumers.info(t.subjects.intentsStream, 'authorizer');
+      }
+      expect(info).toMatchObject({ num_ack_pending: 0, num_redelivered: 0 });
+      expect(info.delivered.stream_seq).toBe(30);
+      expect(authorizer.lines.filter((l) => l.msg === 'message terminated: never redelivered')).toHaveLength(30);
+    } finally {
+      await agent.close();
+      expect(await authorizer.stop()).toBe(0);
+      await t.close();
+    }
+  });
+});

@@ -63,9 +63,14 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
     } finally {
       clearInterval(hb);
     }
+    if (settlement.kind === 'term') log.warn({ seq: m.seq, deliveryCount: m.info.deliveryCount, reason: settlement.reason }, 'message terminated: never redelivered');
     if (settlement.kind === 'ack') m.ack();
     else if (settlement.kind === 'nak') m.nak(settlement.delayMs);
-    else m.term(settlement.reason);
+    // A bare +TERM: nats-server 2.9.10 does not recognise `+TERM <reason>` (added in 2.10), so a
+    // reasoned term would be redelivered until max_deliver — a poison message holding a slot of
+    // max_ack_pending all that time (found by a fresh-user trial: 1,000 garbage intents stalled
+    // every tenant's intake for 25 minutes). The reason is in the handler's log line instead.
+    else m.term();
   };
 
   const loop = async () => {
