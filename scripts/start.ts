@@ -4,6 +4,7 @@
  * the four tooltx services as separate processes. Prints where to connect; Ctrl-C (SIGINT) or
  * SIGTERM stops everything cleanly.
  */
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { Command } from 'commander';
 import { createLogger } from '@tooltx/runtime';
@@ -35,10 +36,43 @@ if (!settings.success) {
 }
 const { prefix } = settings.data;
 const log = createLogger({ service: 'start', instance: String(process.pid), level: process.env.LOG_LEVEL ?? 'info' });
+
+// One stack per state directory: a second one would share its JetStream store and rewrite its
+// seeds under the running one (fresh-user trial). A lock with our pid; a stale lock is taken over.
+const stateDir = resolve(settings.data.stateDir);
+const lockFile = join(stateDir, 'stack.pid');
+mkdirSync(stateDir, { recursive: true });
+try {
+  const holder = Number(readFileSync(lockFile, 'utf8').trim());
+  if (Number.isInteger(holder) && holder > 0 && holder !== process.pid && alive(holder)) {
+    log.fatal({ stateDir, pid: holder }, `another npm start (pid ${holder}) uses ${stateDir}: stop it, or give --state-dir another directory`);
+    process.exit(2);
+  }
+} catch {
+  // no lock yet
+}
+writeFileSync(lockFile, `${process.pid}\n`);
+process.once('exit', () => {
+  try {
+    if (readFileSync(lockFile, 'utf8').trim() === String(process.pid)) rmSync(lockFile);
+  } catch {
+    // already gone
+  }
+});
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
 let stack: Stack;
 try {
   stack = await startStack({
-    stateDir: resolve(settings.data.stateDir),
+    stateDir,
     natsUrl: process.env.NATS_URL,
     natsPort: settings.data.port,
     prefix,
@@ -54,7 +88,7 @@ try {
 }
 log.info(
   { NATS_URL: stack.natsUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds: join(resolve(opts.stateDir), 'auth', 'nkeys') },
-  `tooltx is up — agents connect to ${stack.natsUrl} (prefix ${prefix}) with their nkey seed from ${join(resolve(opts.stateDir), 'auth', 'nkeys')}; the KB listens on ${stack.kbUrl}; try \`npm run quickstart\`; Ctrl-C stops`,
+  `tooltx is up — agents connect to ${stack.natsUrl} (prefix ${prefix}) with their nkey seed from ${join(stateDir, 'auth', 'nkeys')} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}; try \`NATS_URL=${stack.natsUrl} TOOLTX_STATE_DIR=${stateDir} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
 );
 
 let stopping = false;
@@ -68,6 +102,14 @@ async function stop(code = 0): Promise<void> {
 }
 process.on('SIGINT', () => void stop());
 process.on('SIGTERM', () => void stop());
+// Whoever started us (npm, a shell) went away without passing a signal on: stop rather than orphan the stack.
+const parent = process.ppid;
+setInterval(() => {
+  if (process.ppid !== parent) {
+    log.warn({ parent }, 'the parent process is gone: stopping');
+    void stop();
+  }
+}, 1_000).unref();
 void stack.crashed.then((name) => {
   log.error({ process: name }, 'a process exited on its own: stopping everything');
   void stop(1);

@@ -1,9 +1,9 @@
-import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createUser } from '@nats-io/nkeys';
 import { z } from 'zod';
 import { ID_PATTERN } from '@tooltx/contracts';
-import { generateReceiptKey } from '@tooltx/lifecycle';
+import { generateReceiptKey, receiptKeyOf } from '@tooltx/lifecycle';
 import type { Subjects } from '@tooltx/nats';
 import { Durables, type Topology } from './topology.js';
 
@@ -301,10 +301,14 @@ export function generateAuth(
   mkdirSync(signingDir, { recursive: true, mode: 0o700 });
   const trusted: Record<string, string> = {};
   for (const service of RECEIPT_SIGNERS) {
-    const k = generateReceiptKey();
+    // Kept across runs: a receipt signed before a restart must still verify after it.
     const file = join(signingDir, `${service}.pem`);
-    writeFileSync(file, k.privatePem, { mode: 0o600 });
-    chmodSync(file, 0o600);
+    const kept = existsSync(file) ? receiptKeyOf(readFileSync(file, 'utf8')) : null;
+    const k = kept ?? generateReceiptKey();
+    if (!kept) {
+      writeFileSync(file, k.privatePem, { mode: 0o600 });
+      chmodSync(file, 0o600);
+    }
     trusted[k.keyId] = k.publicPem;
   }
   const receiptKeysFile = join(o.outDir, 'receipt-keys.json');

@@ -131,7 +131,8 @@ interface Track {
 
 /** The shape of `execute`'s arguments: programming errors come back as `invalid_input` with a path. */
 const executeArgsSchema = z.object({
-  req: z.object({
+  // Strict: a misspelt or extra field (`versoin`, `tenant`) is a caller's bug, never ignored.
+  req: z.strictObject({
     tool: z.string().min(1).max(100),
     version: z.number().int().min(1).optional(),
     taskId: z.string().min(1).max(256),
@@ -155,6 +156,8 @@ const MAX_RETRYABLE_ATTEMPTS = 5;
 export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   if (!ID_PATTERN.test(opts.tenant) || !ID_PATTERN.test(opts.actor)) throw new TypeError('tenant and actor must match ^[a-z0-9_-]{1,64}$');
   const subjects = new Subjects(opts.prefix ?? 'tooltx');
+  // Before connecting: a bad configuration must not leave a connection open.
+  const trusted = loadTrustedKeys(opts.receiptKeys);
   const owned = !opts.nc;
   const nc =
     opts.nc ??
@@ -166,7 +169,6 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       inboxPrefix: opts.inboxPrefix ?? `_INBOX.${opts.tenant}.${opts.actor}`,
     }));
   const js = jetstream(nc);
-  const trusted = loadTrustedKeys(opts.receiptKeys);
   const verify = (o: { operationKey: string; receipt: Receipt; result?: unknown }): ReceiptCheck => {
     const r = receiptSchema.safeParse(o.receipt);
     if (!r.success || !trusted.has(r.data.keyId)) return { valid: false, reason: 'untrusted_key' };
@@ -322,8 +324,10 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       if (a.state === 'committed' && a.receipt) {
         const check = verify({ operationKey: key, receipt: a.receipt });
         if (!check.valid) {
-          // Not a receipt we can trust: never "done". Keep observing; at the budget, unknown.
+          // Not a receipt we can trust: never "done". A key we do not trust will not become one by
+          // waiting: hand over now; otherwise (a tampered answer) keep observing until the budget.
           invalidReceipt = check.reason;
+          if (check.reason === 'untrusted_key') break;
           await sleep(Math.min(left(), 500));
           continue;
         }

@@ -43,6 +43,9 @@ export interface PreparedCall<I = Record<string, unknown>> {
  * Throws `TooltxError(invalid_input)` with field paths under `input`.
  */
 export function prepareCall<C extends Contract>(contract: C, taskId: string, rawInput: unknown): PreparedCall<z.infer<C['input']>> {
+  if (illFormedPath(taskId, ['taskId'])) {
+    throw new TooltxError(ErrorClass.InvalidInput, 'ill-formed Unicode', { issues: [{ path: ['taskId'], code: 'invalid_unicode', message: 'text contains a lone surrogate' }] });
+  }
   const parsed = parseStrict(contract.input, rawInput, ['input']) as Record<string, unknown>;
   const broken = illFormedPath(parsed, ['input']);
   if (broken) {

@@ -115,3 +115,10 @@ function catchError(fn: () => unknown): TooltxError {
   }
   throw new Error('expected a TooltxError');
 }
+
+describe('ill-formed Unicode is the caller\'s to fix', () => {
+  it('a lone surrogate in the task id is invalid_input at taskId, like one in the input', () => {
+    expect(() => prepareCall(sinkWrite, 'task-\uD800', base)).toThrow(expect.objectContaining({ class: 'invalid_input', issues: [expect.objectContaining({ path: ['taskId'], code: 'invalid_unicode' })] }));
+    expect(() => prepareCall(sinkWrite, 'task-1', { ...base, title: 'x\uDC00' })).toThrow(expect.objectContaining({ class: 'invalid_input', issues: [expect.objectContaining({ path: ['input', 'title'], code: 'invalid_unicode' })] }));
+  });
+});

@@ -11,7 +11,7 @@ export const intentEnvelopeSchema = z.strictObject({
   tool: z.string().min(1).max(100),
   version: z.number().int().min(1),
   /** The agent task this call belongs to; part of the operation key. 1–256 chars. */
-  taskId: z.string().min(1).max(256),
+  taskId: z.string().min(1).max(256).refine((s) => (s as string & { isWellFormed(): boolean }).isWellFormed(), 'contains a lone surrogate (ill-formed Unicode)'),
   /** The key the client derived; the server derives it again and refuses a mismatch (FM-03). */
   operationKey: z.string().max(100).optional(),
   actorId: z.string().regex(ID_PATTERN).optional(),

@@ -74,6 +74,21 @@ export function generateReceiptKey(): { privatePem: string; publicPem: string; k
 }
 
 /**
+ * An existing private key (PKCS#8 PEM) with its public PEM and key id, or null when the text is not
+ * an Ed25519 private key (a file to replace, never to trust).
+ */
+export function receiptKeyOf(privatePem: string): { privatePem: string; publicPem: string; keyId: string } | null {
+  try {
+    const key = createPrivateKey(privatePem);
+    if (key.asymmetricKeyType !== 'ed25519') return null;
+    const pub = createPublicKey(key);
+    return { privatePem, publicPem: pub.export({ type: 'spki', format: 'pem' }).toString(), keyId: keyIdOf(pub) };
+  } catch {
+    return null;
+  }
+}
+
+/**
  * The public keys a client trusts, by key id, from `{ "<keyId>": "<SPKI PEM>" }`. Throws
  * `TypeError` when a key is not Ed25519 or its id is not the id derived from it.
  */

@@ -1,7 +1,7 @@
 import type { NatsConnection, Msg } from '@nats-io/transport-node';
 import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
-import { digestOf, EMPTY_RESULT_DIGEST, ErrorClass, fieldIssues, invalidInput, operationIdOf, operationKeySchema, TooltxError, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
+import { digestOf, EMPTY_RESULT_DIGEST, ErrorClass, idSchema, fieldIssues, invalidInput, operationIdOf, operationKeySchema, TooltxError, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
 import { decide, type OperationCommand, type OperationRecord, type ReceiptSigner, type TakeoverRecord } from '@tooltx/lifecycle';
 import { ConcurrencyError, encode, freezeTask, newEventId, thawTask, type FrozenTaskWatch, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
@@ -95,11 +95,11 @@ export async function repairFreezes(d: TakeoverDeps, frozen: Pick<FrozenTaskWatc
 /** What an operator asks the takeover service (`<prefix>.takeover.<operator>`, request/reply). */
 export const takeoverRequestSchema = z.discriminatedUnion('action', [
   z.strictObject({ action: z.literal('list') }),
-  z.strictObject({ action: z.literal('show'), operationKey: operationKeySchema, tenant: z.string().optional() }),
+  z.strictObject({ action: z.literal('show'), operationKey: operationKeySchema, tenant: idSchema.optional() }),
   z.strictObject({
     action: z.literal('resolve'),
     operationKey: operationKeySchema,
-    tenant: z.string().optional(),
+    tenant: idSchema.optional(),
     outcome: z.discriminatedUnion('kind', [
       z.strictObject({ kind: z.literal('committed'), resourceId: z.string().min(1).max(200) }),
       z.strictObject({ kind: z.literal('not_applied') }),
