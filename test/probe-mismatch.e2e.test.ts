@@ -16,7 +16,6 @@
  * Real nats-server with auth, the services as processes, the KB as a process behind a real HTTP
  * fault hop (`@tooltx/faults`), KB_DEDUP=off (nothing else dedups), the operator CLI.
  */
-import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -28,7 +27,7 @@ import type { OperationRecord, TakeoverRecord } from '@tooltx/lifecycle';
 import { HttpFaultProxy } from '@tooltx/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
-import { history, waitForOperation } from './helpers/ops.js';
+import { history, waitForOperation, takeoverCli as takeoverCliOf } from './helpers/ops.js';
 import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { KbError } from '../examples/research-kb/kb-client.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
@@ -50,16 +49,8 @@ let executor: ServiceProcess;
 let reconciler: ServiceProcess;
 let alice: Tools;
 
-/** `tooltx takeover …` as operator `oscar`; resolves with stdout lines parsed, rejects with stderr. */
-const takeoverCli = (...args: string[]) =>
-  new Promise<Record<string, unknown>[]>((resolve, reject) =>
-    execFile(
-      process.execPath,
-      ['--import', 'tsx', 'bin/tooltx.ts', 'takeover', ...args],
-      { env: { PATH: process.env.PATH ?? '', NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix, NATS_NKEY_FILE: t.auth.seedFile({ kind: 'operator', operator: 'oscar' }), TOOLTX_OPERATOR: 'oscar' } },
-      (err, out, stderr) => (err ? reject(new Error(`${err.message}: ${stderr}`)) : resolve(out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>))),
-    ),
-  );
+/** `tooltx takeover …` as operator `oscar`. */
+const takeoverCli = (...args: string[]) => takeoverCliOf(t, ...args);
 
 /** A note written straight into the KB (not through tooltx, not through the fault hop) under `key`. */
 const writeDirect = async (key: string, title: string, inputDigest?: string) => {

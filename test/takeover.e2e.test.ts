@@ -5,7 +5,6 @@
  * key, one row), FM-15 (each failure class leads to its next action). Real nats-server with auth,
  * the services as processes, the KB as a process behind a real HTTP hop, the operator CLI.
  */
-import { execFile } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, type Tools } from '@tooltx/client';
@@ -13,7 +12,7 @@ import type { OperationRecord, TakeoverRecord } from '@tooltx/lifecycle';
 import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
-import { history, waitForOperation } from './helpers/ops.js';
+import { history, waitForOperation, takeoverCli as takeoverCliOf } from './helpers/ops.js';
 import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 
@@ -41,16 +40,8 @@ const keepUnknown = (key: string) => {
   const prev = proxy.drop;
   proxy.drop = (req) => (req.method === 'GET' && req.url === `/v1/notes/by-key/${encodeURIComponent(dk)}`) || prev(req);
 };
-/** `tooltx takeover …` as operator `oscar`; resolves with stdout lines parsed, rejects with stderr. */
-const takeoverCli = (...args: string[]) =>
-  new Promise<Record<string, unknown>[]>((resolve, reject) =>
-    execFile(
-      process.execPath,
-      ['--import', 'tsx', 'bin/tooltx.ts', 'takeover', ...args],
-      { env: { PATH: process.env.PATH ?? '', NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix, NATS_NKEY_FILE: t.auth.seedFile({ kind: 'operator', operator: 'oscar' }), TOOLTX_OPERATOR: 'oscar' } },
-      (err, out, stderr) => (err ? reject(new Error(`${err.message}: ${stderr}`)) : resolve(out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>))),
-    ),
-  );
+/** `tooltx takeover …` as operator `oscar`. */
+const takeoverCli = (...args: string[]) => takeoverCliOf(t, ...args);
 
 beforeAll(async () => {
   t = await provisioned();

@@ -1,3 +1,4 @@
+import { execFile } from 'node:child_process';
 import { operationIdOf } from '@tooltx/contracts';
 import type { DecisionRecord, OperationState } from '@tooltx/lifecycle';
 import type { TestNats } from './nats.js';
@@ -49,4 +50,16 @@ export async function history(t: TestNats, tenant: string, operationKey: string)
     if (out.length >= total) break;
   }
   return out;
+}
+
+/** `tooltx takeover …` as operator `oscar` of `t`; resolves with the stdout lines parsed, rejects with stderr. */
+export function takeoverCli(t: TestNats, ...args: string[]): Promise<Record<string, unknown>[]> {
+  return new Promise((resolve, reject) =>
+    execFile(
+      process.execPath,
+      ['--import', 'tsx', 'bin/tooltx.ts', 'takeover', ...args],
+      { env: { PATH: process.env.PATH ?? '', NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix, NATS_NKEY_FILE: t.auth.seedFile({ kind: 'operator', operator: 'oscar' }), TOOLTX_OPERATOR: 'oscar' } },
+      (err, out, stderr) => (err ? reject(new Error(`${err.message}: ${stderr}`)) : resolve(out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>))),
+    ),
+  );
 }
