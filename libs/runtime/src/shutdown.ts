@@ -6,29 +6,42 @@ import type { Logger } from 'pino';
  */
 export function onShutdown(log: Logger, stop: () => Promise<void>, graceMs = 15_000): void {
   let stopping = false;
+  // Logging must never keep a process from stopping: with its parent gone, stdout may be a broken
+  // pipe and a write can throw (an orphaned KB ignored SIGTERM that way: found by a fresh-user trial).
+  const say = (write: () => void) => {
+    try {
+      write();
+    } catch {
+      // nowhere to write
+    }
+  };
   const handler = (signal: NodeJS.Signals) => {
     if (stopping) {
-      log.warn({ signal }, 'second signal: exiting now');
+      say(() => log.warn({ signal }, 'second signal: exiting now'));
       process.exit(130);
     }
     stopping = true;
-    log.info({ signal }, 'shutting down: draining');
     const timer = setTimeout(() => {
-      log.error({ graceMs }, 'shutdown took too long: exiting');
+      say(() => log.error({ graceMs }, 'shutdown took too long: exiting'));
       process.exit(1);
     }, graceMs);
     timer.unref();
-    stop().then(
-      () => {
-        log.info('stopped cleanly');
-        log.flush?.();
-        process.exit(0);
-      },
-      (err: unknown) => {
-        log.error({ err }, 'shutdown failed');
-        process.exit(1);
-      },
-    );
+    say(() => log.info({ signal }, 'shutting down: draining'));
+    Promise.resolve()
+      .then(stop)
+      .then(
+        () => {
+          say(() => {
+            log.info('stopped cleanly');
+            log.flush?.();
+          });
+          process.exit(0);
+        },
+        (err: unknown) => {
+          say(() => log.error({ err }, 'shutdown failed'));
+          process.exit(1);
+        },
+      );
   };
   process.on('SIGTERM', handler);
   process.on('SIGINT', handler);
