@@ -88,9 +88,9 @@ Environment:
   TOOLTX_INSTANCE_ID       name of this instance in logs and events (default host-pid)
   LOG_LEVEL                fatal|error|warn|info|debug|trace|silent (default info)
   TOOLTX_LOG_HMAC_KEY_FILE key file for the HMAC of error messages in logs (optional; mode 0600)
-  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 PEM, mode 0600) that signs receipts
-                           (required by the executor and the reconciler; \`tooltx auth generate\` writes one per service)
-  TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS  expected stream settings${spec.envHelp ? `\n${spec.envHelp}` : ''}`,
+${spec.signsReceipts ? `  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 PEM, mode 0600) that signs this service's receipts
+                           (required; \`tooltx auth generate\` writes signing/${spec.name}.pem)
+` : ''}  TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS  expected stream settings${spec.envHelp ? `\n${spec.envHelp}` : ''}`,
     )
     .parse(process.argv);
 

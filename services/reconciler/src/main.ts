@@ -20,6 +20,8 @@ await runService({
   name: 'reconciler',
   summary: 'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile) and sweeps it every TOOLTX_RECONCILE_INTERVAL_MS (default 2000; TOOLTX_RECONCILE_SWEEP=off for a projection-only instance): stale accepted → re-driven; stale running and unknown → probed by key, then committed, requeued under the same key, or kept unknown',
   signsReceipts: true,
+  envHelp: `  TOOLTX_RECONCILE_INTERVAL_MS  pause between two sweeps, ms (default 2000)
+  TOOLTX_RECONCILE_SWEEP   off = projection only (no probing, no takeovers)`,
   async start({ subjects, log, js, jsm, nc, config, store, tools, topology, signer }) {
     const kv = await openBucket(nc, subjects.reconcileBucket);
     const results = await openBucket(nc, subjects.resultsBucket);
