@@ -14,7 +14,7 @@
  */
 
 import { Agent, request, type Dispatcher } from 'undici';
-import type { KbRowCount, KbStats } from './kb-store.js';
+import type { KbAdminView, KbRowCount, KbStats } from './kb-store.js';
 
 /** The error classes the KB answers with (`{ error }` bodies). */
 export type KbErrorClass =
@@ -134,20 +134,8 @@ export const INPUT_DIGEST = /^sha256:[0-9a-f]{64}$/;
 // The stats shapes are the store's own (a type-only import: nothing of SQLite is loaded here).
 export type { KbStats, KbRowCount } from './kb-store.js';
 
-/** The operator's view of a knowledge base; quota figures are the owner tenant's (current UTC day). */
-export interface KbAdminView {
-  kbId: string;
-  tenant: string;
-  name: string;
-  state: KbState;
-  authVersion: number;
-  quotaUsed: number;
-  quotaLimit: number | null;
-  aliases: string[];
-  defaultRole: KbRole | null;
-  /** `none` = revoked (overrides `defaultRole`). */
-  members: { tenant: string; actor: string; role: KbRole | 'none' }[];
-}
+/** The operator's view of a knowledge base, as the store answers it (members' role `none` = revoked). */
+export type { KbAdminView } from './kb-store.js';
 
 /** The operator endpoints (`/v1/admin/*`) with the operator token. Every change answers the new view and whether it changed anything. */
 export interface KbAdmin {
