@@ -6,3 +6,4 @@ export * from './consumer.js';
 export * from './server.js';
 export * from './projection.js';
 export * from './tasks.js';
+export * from './kv-mirror.js';

@@ -4,6 +4,7 @@ import { z } from 'zod';
 import { OPERATION_KEY_PATTERN } from '@tooltx/contracts';
 import type { Logger } from 'pino';
 import { decode, encode } from './codec.js';
+import { KvMirror } from './kv-mirror.js';
 
 /**
  * Frozen tasks (issue 8, FM-14; DESIGN.md "After a timeout, verify before acting": "still unknown
@@ -85,77 +86,34 @@ export async function listFrozenTasks(kv: KV): Promise<FrozenTask[]> {
 }
 
 /**
- * The frozen tasks in memory, fed by one long-lived watch of the bucket (no round trip per intent).
- * A freeze is written before its takeover record is appended, so by the time anyone can see the
- * takeover the freeze is on its way to every watcher; the executor's re-check before `running`
- * closes the remaining window for intents accepted meanwhile.
+ * The frozen tasks in memory, fed by one long-lived watch of the bucket ({@link KvMirror}: no round
+ * trip per intent). A freeze is written before its takeover record is appended, so by the time
+ * anyone can see the takeover the freeze is on its way to every watcher; the executor's re-check
+ * before `running` closes the remaining window for intents accepted meanwhile.
  */
 export class FrozenTaskWatch {
-  readonly #kv: KV;
-  readonly #log: Logger;
-  readonly #frozen = new Map<string, FrozenTask>();
-  #it: { stop(): void } | null = null;
-  #stopped = false;
-  #done: Promise<void> = Promise.resolve();
-  #ready!: Promise<void>;
+  readonly #mirror: KvMirror<FrozenTask>;
 
   constructor(kv: KV, log: Logger) {
-    this.#kv = kv;
-    this.#log = log;
+    this.#mirror = new KvMirror(kv, frozenTaskSchema, { log, what: 'frozen-task' });
   }
 
   /** Starts watching; resolves once the current entries are loaded. */
-  async start(): Promise<void> {
-    let markReady!: () => void;
-    this.#ready = new Promise((r) => (markReady = r));
-    this.#done = (async () => {
-      while (!this.#stopped) {
-        try {
-          // Loaded once as many initial values arrived as the bucket holds (or the first update).
-          const { values } = await this.#kv.status();
-          if (values === 0) markReady();
-          let seen = 0;
-          const it = await this.#kv.watch({ key: '>' });
-          this.#it = it;
-          if (this.#stopped) it.stop();
-          for await (const e of it) {
-            if (e.isUpdate || ++seen >= values) markReady();
-            if (e.operation !== 'PUT' || e.length === 0) this.#frozen.delete(e.key);
-            else {
-              try {
-                this.#frozen.set(e.key, decode(frozenTaskSchema, e.value));
-              } catch (err) {
-                this.#log.error({ err, key: e.key }, 'undecodable frozen-task entry skipped');
-              }
-            }
-          }
-        } catch (err) {
-          if (!this.#stopped) this.#log.warn({ err }, 'frozen-task watch ended; watching again');
-        }
-        if (!this.#stopped) await new Promise((r) => setTimeout(r, 1_000));
-      }
-    })();
-    const fallback = setTimeout(() => {
-      this.#log.warn('frozen-task watch slow to load; going on with what it has');
-      markReady();
-    }, 5_000);
-    await this.#ready;
-    clearTimeout(fallback);
+  start(): Promise<void> {
+    return this.#mirror.start();
   }
 
   /** True while `taskId` of `tenant` has an operation under takeover. */
   isFrozen(tenant: string, taskId: string): boolean {
-    return this.#frozen.has(taskKeyOf(tenant, taskId));
+    return this.#mirror.map.has(taskKeyOf(tenant, taskId));
   }
 
   /** A snapshot of every frozen task known to this watch. */
   entries(): FrozenTask[] {
-    return [...this.#frozen.values()];
+    return [...this.#mirror.map.values()];
   }
 
-  async stop(): Promise<void> {
-    this.#stopped = true;
-    this.#it?.stop();
-    await this.#done;
+  stop(): Promise<void> {
+    return this.#mirror.stop();
   }
 }

@@ -14,7 +14,7 @@ import {
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
-import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Evidence, type OperationCommand, type OperationRecord, type ReceiptSigner } from '@tooltx/lifecycle';
+import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConcurrencyError, decode, decodeRaw, encode, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
@@ -52,12 +52,19 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
 
   /**
    * Load → decide → append until the command is appended, applied or no longer applies. `known`:
-   * the state and sequence this process itself just appended — tried first without a read (the
-   * append names that sequence, so a stale guess costs one refused publish, never a wrong event).
+   * a state and sequence to try first without a read (the append names that sequence, so a stale
+   * guess costs one refused publish, never a wrong event). `applies`: a precondition checked on
+   * every state the command is decided on (null when it no longer holds).
    */
-  const transition = async (tenant: string, opId: string, make: (seq: number) => OperationCommand, known?: { state: OperationRecord; seq: number }) => {
+  const transition = async (
+    tenant: string,
+    opId: string,
+    make: (seq: number) => OperationCommand,
+    o: { known?: { state: OperationState; seq: number }; applies?: (s: OperationState) => boolean } = {},
+  ) => {
     for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
-      const { state, seq } = round === 0 && known ? known : await store.load(tenant, opId);
+      const { state, seq } = round === 0 && o.known ? o.known : await store.load(tenant, opId);
+      if (o.applies && !o.applies(state)) return null;
       const d = decide(make(seq), state, { signer: deps.signer });
       if (d.kind !== 'append') return d;
       try {
@@ -105,22 +112,12 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
      * A refusal before `running` applies only while the operation still waits to run (`accepted`,
      * this attempt): once another executor has moved it to `running`, that run is not ours to refuse.
      */
-    const rejectBeforeRun = async (error: ErrorInfo, authorization?: AuthDecision) => {
-      let cur: { state: typeof state | Awaited<ReturnType<typeof store.load>>['state']; seq: number } = { state, seq };
-      for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
-        // Still waiting to run (a stale-accepted requeue only moved its sequence): the verdict holds.
-        if (cur.state.status !== 'accepted' || cur.state.attempt !== state.attempt) return;
-        const d = decide({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }, cur.state);
-        if (d.kind !== 'append') return;
-        try {
-          await store.append(tenant, opId, d.event, cur.seq);
-          return;
-        } catch (err) {
-          if (!(err instanceof ConcurrencyError)) throw err;
-        }
-        cur = await store.load(tenant, opId);
-      }
-    };
+    const rejectBeforeRun = (error: ErrorInfo, authorization?: AuthDecision) =>
+      transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }), {
+        known: { state, seq },
+        // Still waiting to run (a stale-accepted requeue only moves its sequence): the verdict holds.
+        applies: (s) => s.status === 'accepted' && s.attempt === state.attempt,
+      });
     const reject = (error: ErrorInfo, authorization?: AuthDecision, runId?: string) =>
       transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}), ...(runId ? { runId } : {}) }));
 
@@ -206,8 +203,8 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       const resultDigest = digestOf(result);
       // A receipt-only result ({}) is not stored: its digest says what it is (EMPTY_RESULT_DIGEST).
       if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await transition(tenant, opId, (prevSeq) => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq, runId: runningId, resourceId: outcome.resourceId, resultDigest }), afterStart);
-      l.info({ resourceId: outcome.resourceId, outcome: d.kind, elapsedMs: now() - startedAt }, 'committed');
+      const d = await transition(tenant, opId, (prevSeq) => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq, runId: runningId, resourceId: outcome.resourceId, resultDigest }), { known: afterStart });
+      l.info({ resourceId: outcome.resourceId, outcome: d?.kind, elapsedMs: now() - startedAt }, 'committed');
       return;
     }
 
@@ -227,7 +224,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     // the reconciler probes it (issue 7).
     const evidence: Evidence = { kind: signal.aborted ? 'timeout' : 'connection_lost', at: now(), elapsedMs: now() - startedAt };
     const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, evidence }));
-    l.warn({ err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d.kind }, 'outcome unknown: recorded for the reconciler');
+    l.warn({ err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d?.kind }, 'outcome unknown: recorded for the reconciler');
   };
 }
 

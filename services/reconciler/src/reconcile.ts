@@ -1,6 +1,6 @@
 import type { KV } from '@nats-io/kv';
 import { decide, type OperationRecord } from '@tooltx/lifecycle';
-import { ConcurrencyError, decode, newEventId, type OperationStore, type Subjects } from '@tooltx/nats';
+import { ConcurrencyError, KvMirror, newEventId, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
 import { reconcileValueSchema, type IndexEntry } from './projection.js';
@@ -53,8 +53,9 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
   let wake: (() => void) | null = null;
   // The non-terminal operations, fed by one long-lived watch of the index (never a full key
   // listing per sweep: that was O(all operations ever) and could hang across a server restart).
-  const watched = new Map<string, IndexEntry>();
-  const watcher = watchIndex(d.index, watched, d.log, () => stopping);
+  const mirror = new KvMirror(d.index, reconcileValueSchema, { log: d.log, what: 'reconciler index', keep: (v) => !v.terminal });
+  void mirror.start();
+  const watched = mirror.map as ReadonlyMap<string, IndexEntry>;
 
   const takeoverDeps = { store: d.store, subjects: d.subjects, results: d.results, tasks: d.tasks, tools: d.tools, log: d.log, signer: d.signer, now };
   let sweeps = 0;
@@ -129,45 +130,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     async stop() {
       stopping = true;
       wake?.();
-      watcher.stop();
-      await Promise.all([done, watcher.done]);
+      await Promise.all([done, mirror.stop()]);
     },
   };
-}
-
-/**
- * Keeps `into` equal to the index's non-terminal entries: one KV watch (an ordered consumer that
- * resumes after a reconnect), started again from the last values if it ever ends.
- */
-function watchIndex(index: KV, into: Map<string, IndexEntry>, log: Logger, stopped: () => boolean): { stop(): void; done: Promise<void> } {
-  let current: { stop(): void } | null = null;
-  const done = (async () => {
-    while (!stopped()) {
-      try {
-        const it = await index.watch({ key: '>' });
-        current = it;
-        if (stopped()) it.stop();
-        into.clear();
-        for await (const e of it) {
-          if (e.operation !== 'PUT') {
-            into.delete(e.key);
-            continue;
-          }
-          let v;
-          try {
-            v = decode(reconcileValueSchema, e.value);
-          } catch (err) {
-            log.error({ err, key: e.key }, 'undecodable index entry skipped');
-            continue;
-          }
-          if (v.terminal) into.delete(e.key);
-          else into.set(e.key, v);
-        }
-      } catch (err) {
-        if (!stopped()) log.warn({ err }, 'index watch ended; watching again');
-      }
-      if (!stopped()) await new Promise((r) => setTimeout(r, 1_000));
-    }
-  })();
-  return { stop: () => current?.stop(), done };
 }
