@@ -130,10 +130,14 @@ async function probeByKey(ctx: { tenant: string; downstreamKey: string; signal: 
   return r.inputDigest === undefined ? { found: true, resourceId: r.id } : { found: true, resourceId: r.id, inputDigest: r.inputDigest };
 }
 
-/** The policy seam of a single-knowledge-base write: the canonical id and version it checked. */
-async function authorizeOneKb(input: { kb: string }, ctx: AuthorizationContext): Promise<AuthorizationResult> {
+/**
+ * The policy seam of a single-knowledge-base write: the canonical id and version it checked, and
+ * the input with the reference replaced by the knowledge base's name, so every alias, case and
+ * encoding of one knowledge base keys one operation (FM-10).
+ */
+async function authorizeOneKb<I extends { kb: string }>(input: I, ctx: AuthorizationContext): Promise<AuthorizationResult> {
   const r = await resolveWritable(input.kb, ctx, ['input', 'kb']);
-  return { resources: [{ id: r.kbId, version: r.authVersion }] };
+  return { resources: [{ id: r.kbId, version: r.authVersion }], input: { ...input, kb: r.name } };
 }
 
 /**
@@ -193,11 +197,13 @@ export const implementations = [
     // FM-09: every item is authorised on its own; one foreign or forbidden item refuses the batch.
     async authorize(input, ctx) {
       const seen = new Map<string, number>();
+      const items = [];
       for (const [i, item] of input.items.entries()) {
         const r = await resolveWritable(item.kb, ctx, ['input', 'items', i, 'kb']);
         seen.set(r.kbId, r.authVersion);
+        items.push({ ...item, kb: r.name });
       }
-      return { resources: [...seen].map(([id, version]) => ({ id, version })) };
+      return { resources: [...seen].map(([id, version]) => ({ id, version })), input: { ...input, items } };
     },
     invariants(input, ctx) {
       input.items.forEach((item, i) => checkPublishAt(item.publishAt, ctx.now, ['input', 'items', i, 'publishAt']));

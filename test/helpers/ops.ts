@@ -1,6 +1,6 @@
 import { execFile } from 'node:child_process';
 import { operationIdOf } from '@tooltx/contracts';
-import type { DecisionRecord, OperationState } from '@tooltx/lifecycle';
+import type { AliasRecord, DecisionRecord, OperationState, RejectionRecord } from '@tooltx/lifecycle';
 import type { TestNats } from './nats.js';
 
 /** Polls the operation's last event until `done(state)` holds; throws with the last state on timeout. */
@@ -22,16 +22,25 @@ export async function waitForOperation(
   throw new Error(`operation ${operationKey} did not reach the expected state; last: ${JSON.stringify(last)}`);
 }
 
-/** Polls the decision subject until a decision for `submissionId` (or any, when omitted) is there. */
-export async function waitForDecision(t: TestNats, tenant: string, operationKey: string, timeoutMs = 20_000): Promise<DecisionRecord> {
+/** Polls the decision subject until its last record is a refusal; returns it. */
+export async function waitForDecision(t: TestNats, tenant: string, operationKey: string, timeoutMs = 20_000): Promise<RejectionRecord> {
+  return (await waitForRecord(t, tenant, operationKey, 'rejected', timeoutMs)) as RejectionRecord;
+}
+
+/** Polls the decision subject until its last record says the key is an alias of another (FM-10). */
+export async function waitForAlias(t: TestNats, tenant: string, operationKey: string, timeoutMs = 20_000): Promise<AliasRecord> {
+  return (await waitForRecord(t, tenant, operationKey, 'aliased', timeoutMs)) as AliasRecord;
+}
+
+async function waitForRecord(t: TestNats, tenant: string, operationKey: string, outcome: DecisionRecord['outcome'], timeoutMs: number): Promise<DecisionRecord> {
   const opId = operationIdOf(operationKey);
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     const d = await t.store.lastDecision(tenant, opId);
-    if (d) return d;
+    if (d?.outcome === outcome) return d;
     await new Promise((r) => setTimeout(r, 50));
   }
-  throw new Error(`no decision for ${operationKey}`);
+  throw new Error(`no ${outcome} decision for ${operationKey}`);
 }
 
 /** Every event on an operation's subject, in order (ordered read of the event log). */

@@ -95,6 +95,10 @@ export interface UnknownEvidence {
 /**
  * The outcome of `tools.execute`. Business result (`result`) apart from metadata (`receipt`,
  * `operationKey`). `unknown` is never "failed": it says evidence ran out within the budget.
+ * `operationKey` of a committed or unknown outcome is the operation that holds the effect: the key
+ * the SDK derived, or — when the input named its target through an alias (another name, case or
+ * encoding of the same resource) — the key of the canonical input, which the receipt carries
+ * (DESIGN.md "Canonical resource ids", FM-10). A rejection names the derived key.
  */
 export type ExecuteResult<O = unknown> =
   | { status: 'committed'; operationKey: string; result: O; receipt: Receipt; next: 'continue' }
@@ -284,6 +288,8 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
 
     await submit();
     let notSeenSince = Date.now();
+    // The key of the operation that holds the effect: ours, or the canonical one ours is an alias of (FM-10).
+    let opKey = key;
     let failures = 0;
     while (left() > 0) {
       let a: StatusAnswer;
@@ -297,6 +303,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         await sleep(Math.min(left(), 200 * 2 ** Math.min(failures++, 4)));
         continue;
       }
+      if (a.canonicalKey) opKey = a.canonicalKey;
       if (a.source === 'decision') return refused(key, a.error ?? { class: ErrorClass.Internal });
       if (a.source === 'operation' && a.inputMatches === false) {
         return refused(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] });
@@ -315,14 +322,14 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         // Evidence ran out on the server side too: a person decides now, not the budget (FM-14).
         return {
           status: 'unknown',
-          operationKey: key,
+          operationKey: opKey,
           lastServerState: 'unknown',
-          evidence: { operationKey: key, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, takeover: a.takeover },
+          evidence: { operationKey: opKey, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, takeover: a.takeover },
           next: NextAction.HandOver,
         };
       }
       if (a.state === 'committed' && a.receipt) {
-        const check = verify({ operationKey: key, receipt: a.receipt });
+        const check = verify({ operationKey: opKey, receipt: a.receipt });
         if (!check.valid) {
           // Not a receipt we can trust: never "done". A key we do not trust will not become one by
           // waiting: hand over now; otherwise (a tampered answer) keep observing until the budget.
@@ -333,14 +340,14 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         }
         if (a.receipt.manual && a.result === undefined) {
           // A person resolved it and no business result exists to hand on: the receipt is the outcome.
-          return { status: 'committed', operationKey: key, result: undefined as O, receipt: a.receipt, next: 'continue' };
+          return { status: 'committed', operationKey: opKey, result: undefined as O, receipt: a.receipt, next: 'continue' };
         }
         if (a.result === undefined || digestOf(a.result) !== a.receipt.resultDigest) {
           // Only a result matching the receipt's digest is handed on; wait for a readable one.
           await sleep(Math.min(left(), 200));
           continue;
         }
-        return { status: 'committed', operationKey: key, result: a.result as O, receipt: a.receipt, next: 'continue' };
+        return { status: 'committed', operationKey: opKey, result: a.result as O, receipt: a.receipt, next: 'continue' };
       }
       if (a.state === 'rejected' && a.ownAttempt === false) {
         // An earlier attempt's refusal: our identical submission starts a new attempt; wait for it
@@ -362,9 +369,9 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     }
     return {
       status: 'unknown',
-      operationKey: key,
+      operationKey: opKey,
       lastServerState: lastState,
-      evidence: { operationKey: key, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, ...(invalidReceipt ? { invalidReceipt } : {}) },
+      evidence: { operationKey: opKey, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, ...(invalidReceipt ? { invalidReceipt } : {}) },
       next: lastState === 'unknown' || invalidReceipt ? NextAction.HandOver : NextAction.Observe,
     };
   }

@@ -34,6 +34,17 @@ export interface ExecutionContext {
 /** What an allowing policy seam returns: the canonical resources it checked and their versions. */
 export interface AuthorizationResult {
   resources?: { id: string; version: number }[];
+  /**
+   * The same input with every resource reference replaced by the canonical reference the
+   * operation key binds (e.g. any alias, case or encoding of a knowledge base → its name). The
+   * references must be part of the contract's `target`. When the canonical input's key differs
+   * from the submitted one, the authorizer registers the operation under the canonical key and
+   * input digest and records the submitted key as an alias of it (status follows it), so two
+   * references to one resource are one operation; the executor refuses `version_conflict` when the
+   * references resolve to another key at the execution instant (DESIGN.md "Canonical resource
+   * ids", FM-10). Must satisfy the contract's input schema; absent = the input is already canonical.
+   */
+  input?: Record<string, unknown>;
 }
 
 /** Who asks, from the authenticated subject, and at which point of the flow. */

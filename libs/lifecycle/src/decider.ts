@@ -46,6 +46,8 @@ export interface AcceptCommand {
   targetDigest: string;
   intentSeq: number;
   submissionId: string;
+  /** The submission's own key and input digest, when it named the target through an alias (FM-10). */
+  submitted?: { operationKey: string; inputDigest: string };
   /** The intake decision (policy seam) that allowed this attempt. */
   authorization?: AuthDecision;
 }
@@ -255,6 +257,7 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
       actor: cmd.actor,
       intentSeq: cmd.intentSeq,
       submissionId: cmd.submissionId,
+      ...(cmd.submitted ? { submitted: cmd.submitted } : {}),
       ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
     }, cmd);
   }
@@ -272,6 +275,7 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
     actor: cmd.actor,
     intentSeq: cmd.intentSeq,
     submissionId: cmd.submissionId,
+    ...(cmd.submitted ? { submitted: cmd.submitted } : {}),
     ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
   }, cmd);
 }
@@ -331,7 +335,7 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
         status: 'accepted',
         actor: a.actor,
         attempt: a.attempt,
-        intent: { seq: a.intentSeq, submissionId: a.submissionId },
+        intent: { seq: a.intentSeq, submissionId: a.submissionId, ...(a.submitted ? { submitted: a.submitted } : {}) },
         acceptedAt: a.at,
         ...(a.authorization ? { authorization: { intake: a.authorization } } : {}),
         ...common,

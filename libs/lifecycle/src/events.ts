@@ -117,6 +117,14 @@ export const resolutionSchema = z.object({
 export const operationStatuses = ['accepted', 'running', 'committed', 'rejected', 'unknown'] as const;
 export type OperationStatus = (typeof operationStatuses)[number];
 
+/**
+ * The key and input digest a submission derived itself, when it named its target through an alias
+ * (another case, encoding or name of the same resource): the operation is registered under the
+ * canonical input's key and digest, and this submission's own are kept to check its stored input
+ * against (DESIGN.md "Canonical resource ids", FM-10).
+ */
+export const submittedSchema = z.object({ operationKey: z.string().regex(OPERATION_KEY_PATTERN), inputDigest: digest });
+
 /** The folded state of a registered operation. */
 export const operationRecordSchema = z.object({
   status: z.enum(operationStatuses),
@@ -132,8 +140,11 @@ export const operationRecordSchema = z.object({
   inputDigest: digest,
   targetDigest: digest,
   attempt: z.number().int().min(1),
-  /** Where the current attempt's input lives: the intent stream's sequence and the submission id. */
-  intent: z.object({ seq: z.number().int().positive(), submissionId: z.string() }),
+  /**
+   * Where the current attempt's input lives: the intent stream's sequence and the submission id;
+   * `submitted` when that submission named the target through an alias (FM-10).
+   */
+  intent: z.object({ seq: z.number().int().positive(), submissionId: z.string(), submitted: submittedSchema.optional() }),
   acceptedAt: epochMs,
   running: z.object({ eventId, executor: z.string(), at: epochMs, deadlineAt: epochMs }).optional(),
   receipt: receiptSchema.optional(),
@@ -162,6 +173,7 @@ export const acceptedEventSchema = z.object({
   actor: id,
   intentSeq: z.number().int().positive(),
   submissionId: z.string(),
+  submitted: submittedSchema.optional(),
   authorization: authDecisionSchema.optional(),
 });
 export const runningEventSchema = z.object({
@@ -233,7 +245,7 @@ export type OperationEventType = OperationEvent['type'];
  * A pre-acceptance outcome, written to the operation's decision subject (never its own subject):
  * a refusal at intake or an idempotency conflict. The key is not registered by it.
  */
-export const decisionRecordSchema = z.object({
+const decisionBase = {
   schema: z.literal(EVENT_SCHEMA_VERSION),
   type: z.literal('decision'),
   eventId,
@@ -244,9 +256,28 @@ export const decisionRecordSchema = z.object({
   submissionId: z.string(),
   tool: z.string().optional(),
   version: z.number().int().optional(),
+};
+export const rejectionRecordSchema = z.object({
+  ...decisionBase,
   outcome: z.literal('rejected'),
   error: errorInfoSchema,
   /** Set when the policy seam decided (a denial with its policy version). */
   authorization: authDecisionSchema.optional(),
 });
+/**
+ * The submission named its target through an alias: `operationKey` is the key it derived, and the
+ * operation lives under `canonicalKey` (the key of the canonical input, whose digest is
+ * `canonicalInputDigest`). Status follows it; nothing is registered under `operationKey` (FM-10).
+ * `inputDigest` is the submission's own, so a status caller can be told whether it is its input.
+ */
+export const aliasRecordSchema = z.object({
+  ...decisionBase,
+  outcome: z.literal('aliased'),
+  canonicalKey: z.string().regex(OPERATION_KEY_PATTERN),
+  inputDigest: digest,
+  canonicalInputDigest: digest,
+});
+export const decisionRecordSchema = z.discriminatedUnion('outcome', [rejectionRecordSchema, aliasRecordSchema]);
 export type DecisionRecord = z.infer<typeof decisionRecordSchema>;
+export type RejectionRecord = z.infer<typeof rejectionRecordSchema>;
+export type AliasRecord = z.infer<typeof aliasRecordSchema>;

@@ -39,6 +39,12 @@ export type ServerState = (typeof serverStates)[number];
  */
 export const statusAnswerSchema = z.object({
   operationKey: z.string(),
+  /**
+   * Set when `operationKey` named its target through an alias: the key of the operation that holds
+   * it (registered under the canonical input), whose state this answer reports and whose key the
+   * receipt carries (DESIGN.md "Canonical resource ids", FM-10).
+   */
+  canonicalKey: z.string().optional(),
   state: z.enum(serverStates),
   /** `operation`: the registered operation; `decision`: a refusal of the caller's submission; `none`. */
   source: z.enum(['operation', 'decision', 'none']),

@@ -41,6 +41,17 @@ describe('operation decider', () => {
     expect(e.state).toMatchObject({ status: 'accepted', attempt: 1, operationKey: KEY, tenant: 'acme', actor: 'alice', inputDigest: D1, intent: { seq: 10, submissionId: 'sub-1' } });
   });
 
+  it('FM-10: an attempt submitted through an alias keeps the submission\'s own key and digest, per attempt, and replays', () => {
+    const K2 = `opk_${'B'.repeat(43)}`;
+    const a = appended(given().when(accept({ submitted: { operationKey: K2, inputDigest: D2 } })));
+    expect(a.state).toMatchObject({ operationKey: KEY, inputDigest: D1, intent: { seq: 10, submissionId: 'sub-1', submitted: { operationKey: K2, inputDigest: D2 } } });
+    const r = rejected(a);
+    // The canonical spelling itself starts the next attempt: nothing of the alias is carried over.
+    const again = appended(given(r).when(accept({ intentSeq: 11, submissionId: 'sub-2' })));
+    expect(again.state.intent).toEqual({ seq: 11, submissionId: 'sub-2' });
+    expect(replay([a, r, again])).toEqual(again.state);
+  });
+
   it('replays a known key with the same input in every non-rejected state: nothing new is appended', () => {
     const a = accepted();
     const r = running(a);

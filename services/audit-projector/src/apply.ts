@@ -3,7 +3,11 @@ import type { KV } from '@nats-io/kv';
 import { operationIdOf } from '@tooltx/contracts';
 import { decode, projectEntry, type Settlement, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
+import { z } from 'zod';
 import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, auditRecordSchema, type AuditHmac } from './projection.js';
+
+/** Only the outcome of a decision-stream record: a refusal is projected, an alias is not. */
+const decisionOutcomeSchema = z.object({ outcome: z.string().optional() });
 
 export interface AuditApplyDeps {
   subjects: Subjects;
@@ -23,6 +27,9 @@ export function auditHandlers(d: AuditApplyDeps): { events: (msg: JsMsg) => Prom
   const project = async (kind: 'op' | 'decision', msg: JsMsg): Promise<Settlement | void> => {
     const where = d.subjects.parseOpSubject(kind, msg.subject);
     if (!where) return { kind: 'term', reason: `not a ${kind} subject` };
+    // An alias record (a submission that named its target through an alias, FM-10) is not an
+    // outcome: its attempt is audited on the canonical operation, whose `accepted` names it.
+    if (kind === 'decision' && decode(decisionOutcomeSchema, msg.data).outcome === 'aliased') return;
     const key = d.subjects.projectionKey(where.tenant, where.opId);
     const apply =
       kind === 'op'

@@ -1,5 +1,5 @@
 import type { JsMsg } from '@nats-io/jetstream';
-import { ErrorClass, hasSideEffect, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
+import { ErrorClass, hasSideEffect, operationIdOf, prepareCall, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
 import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision } from '@tooltx/lifecycle';
 import { ConcurrencyError, decodeRaw, CodecError, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
@@ -63,10 +63,12 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     // Policy seam, then the business invariants: before anything about the key is looked up or revealed.
     const policyVersion = impl.policyVersion ?? 'none';
     let authorization: AuthDecision;
+    let canonicalInput: Record<string, unknown> | undefined;
     try {
       const authCtx = { tenant: who.tenant, actor: who.actor, operationKey: key, phase: 'intake' as const, now: now() };
       const allowed = await impl.authorize?.(prepared.input, authCtx);
       authorization = { decision: 'allow', policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) };
+      canonicalInput = allowed?.input;
       await impl.invariants?.(prepared.input, authCtx);
     } catch (err) {
       const info = toErrorInfo(err);
@@ -82,7 +84,30 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       return void (await refuse(key, { class: ErrorClass.TaskFrozen }, ids));
     }
 
-    const opId = operationIdOf(key);
+    // Two references to one resource are one operation (FM-10): a submission that named its target
+    // through an alias is registered under the canonical input's key, and its own key is recorded
+    // as an alias of that one (before the registration, so status can always follow it).
+    let registered = { operationKey: key, inputDigest: prepared.inputDigest, targetDigest: prepared.targetDigest };
+    let submitted: AcceptCommand['submitted'];
+    if (canonicalInput) {
+      let canonical;
+      try {
+        canonical = prepareCall(contract, envelope.taskId, canonicalInput);
+      } catch (err) {
+        l.error({ err }, 'the policy seam returned a canonical input the contract refuses');
+        throw err;
+      }
+      if (canonical.operationKey !== key) {
+        registered = { operationKey: canonical.operationKey, inputDigest: canonical.inputDigest, targetDigest: canonical.targetDigest };
+        submitted = { operationKey: key, inputDigest: prepared.inputDigest };
+        await store.recordDecision(
+          { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: key, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'aliased', canonicalKey: canonical.operationKey, inputDigest: prepared.inputDigest, canonicalInputDigest: canonical.inputDigest, ...ids },
+          operationIdOf(key),
+        );
+      }
+    }
+
+    const opId = operationIdOf(registered.operationKey);
     for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
       // Most keys are new: register optimistically at expected sequence 0 (a known key refuses the
       // append, and the next round reads it and replays or reports the conflict as usual).
@@ -91,7 +116,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         type: 'accept',
         eventId: newEventId(),
         at: now(),
-        operationKey: key,
+        operationKey: registered.operationKey,
         tenant: who.tenant,
         actor: who.actor,
         taskId: envelope.taskId,
@@ -99,10 +124,11 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         version: contract.version,
         contractDigest: contract.digest,
         effect: contract.effect,
-        inputDigest: prepared.inputDigest,
-        targetDigest: prepared.targetDigest,
+        inputDigest: registered.inputDigest,
+        targetDigest: registered.targetDigest,
         intentSeq: msg.seq,
         submissionId,
+        ...(submitted ? { submitted } : {}),
         authorization,
       };
       const d = decide(cmd, state);
@@ -114,7 +140,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
             if (err instanceof ConcurrencyError) continue;
             throw err;
           }
-          l.info({ operationKey: key, attempt: d.event.attempt, tool: contract.id }, 'accepted');
+          l.info({ operationKey: registered.operationKey, ...(submitted ? { submittedKey: key } : {}), attempt: d.event.attempt, tool: contract.id }, 'accepted');
           return;
         case 'conflict':
           return void (await refuse(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] }, ids));

@@ -116,12 +116,25 @@ export class StatusService {
     }
     const opId = operationIdOf(req.operationKey);
     const watched = [subjects.op(who.tenant, opId), subjects.decision(who.tenant, opId)];
+    const watchAlias = (a: StatusAnswer): boolean => {
+      if (!a.canonicalKey) return false;
+      const s = subjects.op(who.tenant, operationIdOf(a.canonicalKey));
+      if (watched.includes(s)) return false;
+      watched.push(s);
+      return true;
+    };
     const waitMs = req.waitMs ?? 0;
     const until = this.#now() + waitMs;
     // Register before reading, so a change between the read and the wait is not missed.
     let w = waitMs > 0 ? this.#wait(watched, waitMs) : null;
     try {
       let answer = await this.answer(who.tenant, who.actor, req);
+      // An alias: wait on the operation it names too, registered before reading it again.
+      if (w && watchAlias(answer)) {
+        w.cancel();
+        w = this.#wait(watched, Math.max(0, until - this.#now()));
+        answer = await this.answer(who.tenant, who.actor, req);
+      }
       while (w && !this.#settled(answer, req)) {
         await w.changed;
         w.cancel();
@@ -157,46 +170,61 @@ export class StatusService {
 
   /** The answer for `actor` of `tenant` now, with DESIGN.md's precedence and the read policy. */
   async answer(tenant: string, actor: string, req: StatusRequest): Promise<StatusAnswer> {
-    const { store, results, subjects } = this.#d;
+    const { store } = this.#d;
     const opId = operationIdOf(req.operationKey);
     const at = this.#now();
     const { state, seq } = await store.load(tenant, opId);
-    if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req))) {
-      const a: StatusAnswer = { operationKey: req.operationKey, state: state.status, source: 'operation', seq, attempt: state.attempt, at };
-      if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === state.inputDigest;
-      if (req.submissionIds !== undefined) {
-        a.ownAttempt = req.submissionIds.includes(state.intent.submissionId);
-        if (state.status === 'rejected' && !a.ownAttempt) {
-          // An earlier attempt's refusal: if the caller's own resubmission was refused at intake
-          // (e.g. task_frozen), that refusal is the answer it waits for.
-          const d = await store.lastDecision(tenant, opId);
-          if (d && d.actor === actor && req.submissionIds.includes(d.submissionId) && d.at >= state.updatedAt) {
-            return { operationKey: req.operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
-          }
-        }
-      }
-      if (state.status === 'committed' && state.receipt) {
-        a.receipt = state.receipt;
-        // A receipt-only result (`{}`, a write's: FM-19) is not stored; its digest says what it is.
-        if (a.inputMatches !== false && state.receipt.resultDigest === EMPTY_RESULT_DIGEST) a.result = {};
-        else if (a.inputMatches !== false) {
-          const entry = await results.get(subjects.resultKey(tenant, opId));
-          if (entry && entry.operation === 'PUT') {
-            const r = decode(resultEntrySchema, entry.value);
-            if (r.attempt === state.attempt && r.resultDigest === state.receipt.resultDigest) a.result = r.result;
-          }
-        }
-      }
-      if (state.status === 'rejected' && state.error) a.error = state.error;
-      if (state.status === 'unknown' && state.takeover) a.takeover = state.takeover;
-      return a;
-    }
-    // Never registered, or not readable by this caller (same answer): the caller's own refusal, if any.
+    if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req))) return this.#fromOperation(tenant, actor, req, opId, state, seq, at);
+    // Never registered, or not readable by this caller (same answer): an alias of another key, the
+    // caller's own refusal, or nothing.
     const d = await store.lastDecision(tenant, opId);
+    if (d?.outcome === 'aliased') {
+      const canonicalOpId = operationIdOf(d.canonicalKey);
+      const c = await store.load(tenant, canonicalOpId);
+      // The caller's digest is its own input's: the same as the alias's means the canonical one.
+      const asked = req.inputDigest === undefined ? req : { ...req, inputDigest: req.inputDigest === d.inputDigest ? d.canonicalInputDigest : req.inputDigest };
+      if (c.state.status !== 'none' && (await this.#mayRead(tenant, actor, c.state, asked))) {
+        return { ...(await this.#fromOperation(tenant, actor, asked, canonicalOpId, c.state, c.seq, at)), operationKey: req.operationKey, canonicalKey: d.canonicalKey };
+      }
+      return { operationKey: req.operationKey, canonicalKey: d.canonicalKey, state: 'not_seen', source: 'none', seq: 0, at };
+    }
     if (d && d.actor === actor && (req.submissionIds === undefined || req.submissionIds.includes(d.submissionId))) {
       return { operationKey: req.operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
     }
     return { operationKey: req.operationKey, state: 'not_seen', source: 'none', seq: 0, at };
+  }
+
+  /** The answer from a registered operation the caller may read (state, receipt, permitted result). */
+  async #fromOperation(tenant: string, actor: string, req: StatusRequest, opId: string, state: OperationRecord, seq: number, at: number): Promise<StatusAnswer> {
+    const { store, results, subjects } = this.#d;
+    const a: StatusAnswer = { operationKey: req.operationKey, state: state.status, source: 'operation', seq, attempt: state.attempt, at };
+    if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === state.inputDigest;
+    if (req.submissionIds !== undefined) {
+      a.ownAttempt = req.submissionIds.includes(state.intent.submissionId);
+      if (state.status === 'rejected' && !a.ownAttempt) {
+        // An earlier attempt's refusal: if the caller's own resubmission was refused at intake
+        // (e.g. task_frozen), that refusal is the answer it waits for.
+        const d = await store.lastDecision(tenant, opId);
+        if (d?.outcome === 'rejected' && d.actor === actor && req.submissionIds.includes(d.submissionId) && d.at >= state.updatedAt) {
+          return { operationKey: req.operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
+        }
+      }
+    }
+    if (state.status === 'committed' && state.receipt) {
+      a.receipt = state.receipt;
+      // A receipt-only result (`{}`, a write's: FM-19) is not stored; its digest says what it is.
+      if (a.inputMatches !== false && state.receipt.resultDigest === EMPTY_RESULT_DIGEST) a.result = {};
+      else if (a.inputMatches !== false) {
+        const entry = await results.get(subjects.resultKey(tenant, opId));
+        if (entry && entry.operation === 'PUT') {
+          const r = decode(resultEntrySchema, entry.value);
+          if (r.attempt === state.attempt && r.resultDigest === state.receipt.resultDigest) a.result = r.result;
+        }
+      }
+    }
+    if (state.status === 'rejected' && state.error) a.error = state.error;
+    if (state.status === 'unknown' && state.takeover) a.takeover = state.takeover;
+    return a;
   }
 
   /**

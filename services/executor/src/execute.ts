@@ -146,6 +146,14 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     }
     const authorization: AuthDecision = { decision: 'allow', policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) };
 
+    // The references must still name what the operation was registered for: an alias moved to
+    // another resource since intake would write somewhere the key does not bind (FM-10).
+    if (allowed?.input && !canonicalMatches(impl, state, allowed.input)) {
+      await rejectBeforeRun({ class: ErrorClass.VersionConflict }, { decision: 'deny', policyVersion, reason: ErrorClass.VersionConflict, at: now() });
+      l.info('rejected at execution: a reference now names another resource');
+      return;
+    }
+
     // The task may have been frozen since intake (an operation of it went to takeover): an
     // accepted side effect stops here, definitively not applied (FM-14).
     if (hasSideEffect(impl.contract.effect) && deps.frozen?.isFrozen(tenant, state.taskId)) {
@@ -236,10 +244,23 @@ async function loadInput(store: OperationStore, subjects: Subjects, state: Opera
   try {
     const envelope = intentEnvelopeSchema.parse(decodeRaw(stored.data));
     const prepared = prepareCall(impl.contract, envelope.taskId, envelope.input);
-    if (prepared.inputDigest !== state.inputDigest || prepared.operationKey !== state.operationKey) return null;
+    // A submission that named its target through an alias is checked against its own key and digest (FM-10).
+    const own = state.intent.submitted ?? { operationKey: state.operationKey, inputDigest: state.inputDigest };
+    if (prepared.inputDigest !== own.inputDigest || prepared.operationKey !== own.operationKey) return null;
     return prepared.input;
   } catch {
     return null;
   }
 }
 
+/**
+ * Whether the policy seam's canonical input at the execution instant keys the operation being run:
+ * its references still name the resources the key binds (the target is part of the key).
+ */
+function canonicalMatches(impl: Implementation, state: OperationRecord, canonicalInput: Record<string, unknown>): boolean {
+  try {
+    return prepareCall(impl.contract, state.taskId, canonicalInput).operationKey === state.operationKey;
+  } catch {
+    return false;
+  }
+}
