@@ -137,7 +137,8 @@ async function probeByKey(ctx: { tenant: string; downstreamKey: string; signal: 
  */
 async function authorizeOneKb<I extends { kb: string }>(input: I, ctx: AuthorizationContext): Promise<AuthorizationResult> {
   const r = await resolveWritable(input.kb, ctx, ['input', 'kb']);
-  return { resources: [{ id: r.kbId, version: r.authVersion }], input: { ...input, kb: r.name } };
+  // Only when the reference was not the name already (saves the authorizer re-keying every call).
+  return { resources: [{ id: r.kbId, version: r.authVersion }], ...(r.name !== input.kb ? { input: { ...input, kb: r.name } } : {}) };
 }
 
 /**
@@ -203,7 +204,8 @@ export const implementations = [
         seen.set(r.kbId, r.authVersion);
         items.push({ ...item, kb: r.name });
       }
-      return { resources: [...seen].map(([id, version]) => ({ id, version })), input: { ...input, items } };
+      const renamed = items.some((item, i) => item.kb !== input.items[i]!.kb);
+      return { resources: [...seen].map(([id, version]) => ({ id, version })), ...(renamed ? { input: { ...input, items } } : {}) };
     },
     invariants(input, ctx) {
       input.items.forEach((item, i) => checkPublishAt(item.publishAt, ctx.now, ['input', 'items', i, 'publishAt']));

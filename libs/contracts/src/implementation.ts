@@ -42,7 +42,8 @@ export interface AuthorizationResult {
    * input digest and records the submitted key as an alias of it (status follows it), so two
    * references to one resource are one operation; the executor refuses `version_conflict` when the
    * references resolve to another key at the execution instant (DESIGN.md "Canonical resource
-   * ids", FM-10). Must satisfy the contract's input schema; absent = the input is already canonical.
+   * ids", FM-10). Must satisfy the contract's input schema; absent = the input is already canonical
+   * (return it only when a reference changed: the authorizer then derives the key again).
    */
   input?: Record<string, unknown>;
 }
