@@ -3,25 +3,39 @@
  * authorizer and the executor as separate OS processes (two of each) and a real HTTP sink that does
  * NOT deduplicate. Any second sink request for one operation key is a double execution.
  */
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AckPolicy, DeliverPolicy } from '@nats-io/jetstream';
 import { nanos } from '@nats-io/transport-node';
 import { z } from 'zod';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
-import { newSubmission, publishSubmission } from '@tooltx/client';
+import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
 import { decode } from '@tooltx/nats';
-import type { OperationRecord } from '@tooltx/lifecycle';
+import type { OperationEvent, OperationRecord } from '@tooltx/lifecycle';
 import { provisioned, resultStore, type TestNats } from './helpers/nats.js';
-import { startService, type ServiceProcess } from './helpers/services.js';
+import { runScript, SINK_TOOLS, startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForDecision, waitForOperation } from './helpers/ops.js';
 import { Sink } from './helpers/sink.js';
-import { sinkLookup, sinkWrite } from './fixtures/sink-tools.js';
+import { contracts, sinkLookup, sinkWrite } from './fixtures/sink-tools.js';
 
 const TENANT = 'acme';
 let t: TestNats;
 let sink: Sink;
 let procs: ServiceProcess[] = [];
 let env: Record<string, string>;
+/** Two submitters of the tenant, each with its own connection (the SDK). */
+let alice: Tools;
+let bob: Tools;
+const EXECUTORS = ['executor-a', 'executor-b'];
+const RACE_EXECUTORS = join(dirname(fileURLToPath(import.meta.url)), 'fixtures', 'race-executors.ts');
+/** What test/fixtures/race-executors.ts reports of each of its executor instances. */
+interface RaceInstance {
+  id: string;
+  delivered: { seq: number; deliveryCount: number };
+  tried: { type: OperationEvent['type']; expectedSeq: number; outcome: 'stored' | 'refused' }[];
+  lines: Record<string, unknown>[];
+}
 
 const note = (over: Record<string, unknown> = {}) => ({ bucket: 'kb-main', title: 'Tide tables', body: 'High water 06:12.', at: '2026-11-30T06:00:00.000Z', ...over });
 
@@ -48,12 +62,16 @@ beforeAll(async () => {
   procs = await Promise.all([
     startService('authorizer', env),
     startService('authorizer', env),
-    startService('executor', env),
-    startService('executor', { ...env, TOOLTX_EXECUTOR_DURABLE: 'executor-b' }),
+    startService('executor', { ...env, TOOLTX_INSTANCE_ID: EXECUTORS[0]! }),
+    startService('executor', { ...env, TOOLTX_EXECUTOR_DURABLE: 'executor-b', TOOLTX_INSTANCE_ID: EXECUTORS[1]! }),
   ]);
+  const sdk = (actor: string) => createTools({ servers: t.url, tenant: TENANT, actor, nkeyFile: t.agentSeed(TENANT, actor), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+  [alice, bob] = await Promise.all([sdk('alice'), sdk('bob')]);
 });
 
 afterAll(async () => {
+  await alice?.close();
+  await bob?.close();
   const codes = await Promise.all(procs.map((p) => p.stop()));
   await sink?.stop();
   await t?.close();
@@ -62,15 +80,16 @@ afterAll(async () => {
 
 describe('one key, one execution', () => {
   it('FM-01: the same intent submitted twice at the same moment gives one record, one sink request and one receipt', async () => {
-    const keys: string[] = [];
+    const rounds: { key: string; a: string; b: string }[] = [];
     for (let i = 0; i < 10; i++) {
       const input = note({ title: `Race ${i}` });
-      const [a, b] = await Promise.all([submit(`race-${i}`, input), submit(`race-${i}`, input)]);
+      // Two submitters of the tenant, at the same moment: alice and bob.
+      const [a, b] = await Promise.all([submit(`race-${i}`, input), submit(`race-${i}`, input, { actor: 'bob' })]);
       expect(a.key).toBe(b.key);
       expect(a.ack.duplicate || b.ack.duplicate).toBe(false); // two distinct submissions
-      keys.push(a.key);
+      rounds.push({ key: a.key, a: a.submissionId, b: b.submissionId });
     }
-    for (const key of keys) {
+    for (const { key, a, b } of rounds) {
       const s = (await waitForOperation(t, TENANT, key, committed)) as OperationRecord;
       const events = await history(t, TENANT, key);
       expect(events.map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
@@ -80,14 +99,32 @@ describe('one key, one execution', () => {
       expect(s.authorization!.execution!.at).toBeGreaterThanOrEqual(s.authorization!.intake!.at);
       expect(sinkWritesFor(key)).toHaveLength(1);
       expect(s.receipt?.resourceId).toBe(sinkWritesFor(key)[0]!.answeredId);
+      // Each submitter, asking about its own submission, ends with the same committed receipt and result.
+      const [fromA, fromB] = await Promise.all([alice.status({ operationKey: key, submissionIds: [a] }), bob.status({ operationKey: key, submissionIds: [b] })]);
+      expect(fromA).toMatchObject({ state: 'committed', source: 'operation' });
+      expect(fromB).toMatchObject({ state: 'committed', source: 'operation' });
+      expect(fromA.receipt).toEqual(s.receipt);
+      expect(fromB.receipt).toEqual(fromA.receipt);
+      expect(fromB.result).toEqual(fromA.result);
+      expect(alice.verify({ operationKey: key, receipt: fromA.receipt!, result: fromA.result })).toEqual({ valid: true });
+      expect(bob.verify({ operationKey: key, receipt: fromB.receipt!, result: fromB.result })).toEqual({ valid: true });
     }
     // Both executor groups were offered every accepted event and settled it: they raced, one ran.
     for (const durable of ['executor', 'executor-b']) {
       const info = await t.jsm.consumers.info(t.subjects.eventsStream, durable);
       expect(info.num_pending).toBe(0);
       expect(info.num_ack_pending).toBe(0);
-      expect(info.delivered.stream_seq).toBeGreaterThanOrEqual(keys.length * 3);
+      expect(info.delivered.stream_seq).toBeGreaterThanOrEqual(rounds.length * 3);
     }
+  });
+
+  it('FM-01: two SDK clients executing the same call at the same moment both return the identical committed receipt', async () => {
+    const call = { tool: 'sink.write', taskId: 'race-sdk', input: note({ title: 'Race through the SDK' }) };
+    const [fromA, fromB] = await Promise.all([alice.execute(call), bob.execute(call)]);
+    expect(fromA.status).toBe('committed');
+    expect(fromB).toEqual(fromA);
+    expect(sinkWritesFor(fromA.operationKey!)).toHaveLength(1);
+    expect((await history(t, TENANT, fromA.operationKey!)).map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
   });
 
   it('FM-01: both submitters read the same receipt, and a later replay of the key returns it unchanged', async () => {
@@ -197,8 +234,11 @@ describe('one key, one execution', () => {
       const { key } = await submit('hang', note({ title: 'Hang' }));
       await waitForOperation(t, TENANT, key, (s) => s.status === 'running');
       const s = (await waitForOperation(t, TENANT, key, (x) => x.status === 'unknown')) as OperationRecord;
+      // Abandoned by the attempt's own deadline (a timeout, not a lost connection), and that
+      // deadline was the contract's timeoutMs after the attempt started.
       expect(s.evidence).toMatchObject({ kind: 'timeout' });
-      expect(s.evidence!.elapsedMs).toBeGreaterThanOrEqual(3_000); // the contract's timeoutMs
+      const running = (await history(t, TENANT, key)).find((e) => e.type === 'running') as Extract<OperationEvent, { type: 'running' }>;
+      expect(running.deadlineAt - running.at).toBe(sinkWrite.timing.timeoutMs);
       expect(s.error).toBeUndefined();
       expect(sinkWritesFor(key)).toHaveLength(1);
     } finally {
@@ -220,5 +260,72 @@ describe('one key, one execution', () => {
     expect(ok.attempt).toBe(2);
     expect(ok.receipt).toMatchObject({ attempt: 2, resourceId: 'value:depth' });
     expect((await history(t, TENANT, key)).map((e) => e.type)).toEqual(['accepted', 'running', 'rejected', 'accepted', 'running', 'committed']);
+  });
+});
+
+describe('two executors racing', () => {
+  it('two executors racing: both try to append `running` for the same accepted event; the server stores one, refuses the other, and only the winner executes', async () => {
+    // Its own server, where a real authorizer accepts the intent and no executor process runs: the
+    // two racing executors are test/fixtures/race-executors.ts, each with its own connection and
+    // durable, handed their first delivery of the same `accepted` event at once.
+    const r = await provisioned();
+    let authorizer: ServiceProcess | undefined;
+    try {
+      await r.jsm.consumers.add(r.subjects.eventsStream, {
+        durable_name: 'executor-b', filter_subject: r.subjects.allOps, ack_policy: AckPolicy.Explicit, deliver_policy: DeliverPolicy.All, ack_wait: nanos(30_000),
+      });
+      authorizer = await startService('authorizer', { ...r.env, SINK_URL: sink.url });
+      const input = note({ title: 'Raced by two executors' });
+      const key = prepareCall(sinkWrite, 'race-direct', input).operationKey;
+      await publishSubmission(r.js, newSubmission(r.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'race-direct', input }));
+      await waitForOperation(r, TENANT, key, (s) => s.status === 'accepted');
+      const acceptedSeq = (await r.store.load(TENANT, operationIdOf(key))).seq;
+
+      const race = runScript(RACE_EXECUTORS, { ...r.env, SINK_URL: sink.url, TOOLTX_TOOLS_MODULE: SINK_TOOLS, RACE_INSTANCES: 'executor-a:executor,executor-b:executor-b' });
+      expect(await race.exited, race.stderr).toBe(0);
+      const out = race.lines.find((l) => Array.isArray(l.instances)) as { instances: RaceInstance[] } | undefined;
+      expect(out, race.stderr).toBeDefined();
+      const instances = out!.instances;
+      // Each got the accepted event on its first delivery…
+      for (const x of instances) expect(x.delivered).toEqual({ seq: acceptedSeq, deliveryCount: 1 });
+      // …and tried `running` under its sequence; the server stored exactly one and refused the other.
+      for (const x of instances) expect(x.tried.filter((a) => a.type === 'running')).toEqual([{ type: 'running', expectedSeq: acceptedSeq, outcome: expect.any(String) }]);
+      const winners = instances.filter((x) => x.tried.some((a) => a.type === 'running' && a.outcome === 'stored'));
+      const losers = instances.filter((x) => x.tried.some((a) => a.type === 'running' && a.outcome === 'refused'));
+      expect(winners).toHaveLength(1);
+      expect(losers).toHaveLength(1);
+      const [winner, loser] = [winners[0]!, losers[0]!];
+      // Only the winner went on: it committed; the loser appended nothing more and executed nothing.
+      expect(winner.tried.map((a) => [a.type, a.outcome])).toEqual([['running', 'stored'], ['committed', 'stored']]);
+      expect(loser.tried.map((a) => [a.type, a.outcome])).toEqual([['running', 'refused']]);
+      expect(winner.lines.filter((l) => l.msg === 'committed' && l.operationKey === key)).toHaveLength(1);
+      expect(loser.lines.filter((l) => l.msg === 'committed')).toHaveLength(0);
+      // The event history names the winner as the one executor that ran; the sink saw one request.
+      const events = await history(r, TENANT, key);
+      expect(events.map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
+      expect(events[1]).toMatchObject({ type: 'running', executor: winner.id });
+      expect(sinkWritesFor(key)).toHaveLength(1);
+    } finally {
+      const code = await authorizer?.stop();
+      await r.close();
+      expect(code).toBe(0);
+    }
+  });
+
+  it('two executors racing: with two executor processes, every operation has one `running` event naming one of them, and only that one logged its commit', async () => {
+    const input = note({ title: 'Raced by two processes' });
+    const { key } = await submit('race-procs', input);
+    await waitForOperation(t, TENANT, key, committed);
+    const events = await history(t, TENANT, key);
+    const running = events.filter((e) => e.type === 'running');
+    expect(running).toHaveLength(1);
+    const ran = (running[0] as Extract<OperationEvent, { type: 'running' }>).executor;
+    expect(EXECUTORS).toContain(ran);
+    const executors = procs.filter((p) => p.name === 'executor');
+    const loggedCommit = (p: ServiceProcess) => p.lines.some((l) => l.msg === 'committed' && l.operationKey === key);
+    // The winner's log line follows its append; wait for it to come through the pipe.
+    for (let i = 0; i < 200 && !executors.some(loggedCommit); i++) await new Promise((res) => setTimeout(res, 50));
+    expect(executors.filter(loggedCommit).map((p) => p.lines.find((l) => l.instance)?.instance)).toEqual([ran]);
+    expect(sinkWritesFor(key)).toHaveLength(1);
   });
 });

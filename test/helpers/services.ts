@@ -99,3 +99,9 @@ export async function startAll(specs: [ServiceName, Record<string, string>][]): 
   const procs = await Promise.all(specs.map(([n, e]) => startService(n, e)));
   return { procs, stopAll: () => Promise.all(procs.map((p) => p.stop())) };
 }
+
+/** Runs a TypeScript script under tsx, as the services run, with `env`; its JSON stdout lines are collected. */
+export function runScript(path: string, env: Record<string, string>): ServiceProcess {
+  const child = spawn(process.execPath, ['--import', 'tsx', path], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  return new ServiceProcess(path, child);
+}
