@@ -108,25 +108,38 @@ describe('tools.execute', () => {
     if (r.status === 'committed') expect(r.receipt.attempt).toBeGreaterThanOrEqual(2);
   });
 
-  it('long-poll: a status request waiting on a running operation returns as soon as it commits', async () => {
+  it('long-poll: a status request waiting on a running operation is answered with the change that ended its wait, not a later one', async () => {
+    // Attempt 1 is held by the sink, then refused (rejected: definitively not applied). Once that
+    // refusal is stored, the same input is resubmitted and attempt 2 commits. A request that waited
+    // past attempt 1's `running` must be answered with attempt 1's refusal, the first change: an
+    // answer given only when its 30 s window ran out (or at any later change) would report attempt 2.
     sink.delayMs = 1_500;
+    sink.refuseWritesWith = 403;
     try {
       const input = note('Slow');
       const key = prepareCall(sinkWrite, 'sdk-slow', input).operationKey;
-      const s = newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'sdk-slow', input });
-      await publishSubmission(t.js, s);
-      const running = await waitForOperation(t, TENANT, key, (x) => x.status === 'running');
-      const seq = (await t.store.load(TENANT, operationIdOf(key))).seq;
-      const asked = Date.now();
-      const a = await tools.status({ operationKey: key, waitMs: 20_000, afterSeq: seq });
-      const waited = Date.now() - asked;
-      expect(running.status).toBe('running');
-      expect(a.state).toBe('committed');
-      expect(a.receipt?.resourceId).toBeTruthy();
-      // It answered on the change, not at the end of its 20 s window.
-      expect(waited).toBeLessThan(10_000);
+      const send = () => publishSubmission(t.js, newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'sdk-slow', input }));
+      await send();
+      await waitForOperation(t, TENANT, key, (x) => x.status === 'running');
+      const runningSeq = (await t.store.load(TENANT, operationIdOf(key))).seq;
+      const poll = tools.status({ operationKey: key, waitMs: 30_000, afterSeq: runningSeq });
+      await waitForOperation(t, TENANT, key, (x) => x.status === 'rejected');
+      sink.delayMs = 0;
+      sink.refuseWritesWith = 0;
+      // Give a working long-poll the chance to answer before anything else changes (a pause, not an assertion).
+      await Promise.race([poll.catch(() => undefined), new Promise((r) => setTimeout(r, 5_000))]);
+      await send();
+      const done = await waitForOperation(t, TENANT, key, (x) => x.status === 'committed');
+      expect(done).toMatchObject({ attempt: 2 });
+      const a = await poll;
+      expect(a).toMatchObject({ state: 'rejected', source: 'operation', seq: runningSeq + 1, attempt: 1, error: { class: 'forbidden' } });
+      expect(a.receipt).toBeUndefined();
+      // The operation went on past that answer: the later change exists, and was not what the waiting request got.
+      expect((await history(t, TENANT, key)).map((e) => e.type)).toEqual(['accepted', 'running', 'rejected', 'accepted', 'running', 'committed']);
+      expect(writesFor(key)).toHaveLength(2);
     } finally {
       sink.delayMs = 0;
+      sink.refuseWritesWith = 0;
     }
   });
 

@@ -11,12 +11,15 @@ export interface SinkRequest {
 
 /**
  * A real HTTP downstream that does NOT deduplicate: every request that reaches it is recorded and
- * answered with a fresh id. `delayMs` holds every answer; `hang` never answers (a timeout).
+ * answered with a fresh id. `delayMs` holds every answer; `hang` never answers (a timeout);
+ * `refuseWritesWith` answers writes with an error status.
  */
 export class Sink {
   readonly requests: SinkRequest[] = [];
   delayMs = 0;
   hang = false;
+  /** When set, writes are answered with this HTTP status (e.g. 403: the sink refused, nothing applied). */
+  refuseWritesWith = 0;
   #server: Server;
   #seq = 0;
   url = '';
@@ -34,7 +37,10 @@ export class Sink {
         const answer = () => {
           res.setHeader('content-type', 'application/json');
           if (req.url === '/lookup') res.end(JSON.stringify({ value: `v-${String(body.name)}` }));
-          else {
+          else if (this.refuseWritesWith) {
+            res.statusCode = this.refuseWritesWith;
+            res.end('{}');
+          } else {
             record.answeredId = `note-${++this.#seq}`;
             res.end(JSON.stringify({ id: record.answeredId }));
           }
