@@ -1,14 +1,16 @@
 /**
- * The fault harness itself, on real sockets: a TCP echo target and a real nats-server for the
- * per-connection hop, a small HTTP target that counts what it "committed" for the keyed hop.
+ * The fault harness itself, on real sockets: a TCP echo target and a real nats-server with auth
+ * on (issue 5: every test) for the per-connection hop, a small HTTP target that counts what it "committed" for the keyed hop.
  * Behaviour only (what arrived, what was cut), never how long anything took.
  */
 import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
 import { createServer, connect as tcpConnect, type AddressInfo, type Server, type Socket } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { request } from 'undici';
-import { connect as natsConnect } from '@nats-io/transport-node';
-import { spawnNatsServer, type NatsServerHandle } from '@tooltx/nats';
+import { readFileSync } from 'node:fs';
+import { connect as natsConnect, nkeyAuthenticator } from '@nats-io/transport-node';
+import { inboxPrefixOf } from '@tooltx/streams';
+import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
 import { HttpFaultProxy, TcpFaultProxy } from '../src/index.js';
 
 /** A client of the proxy that collects every byte it gets back and notes when it is closed. */
@@ -92,20 +94,25 @@ describe('TcpFaultProxy: per connection', () => {
 });
 
 describe('TcpFaultProxy: NATS clients addressed by the name of their CONNECT line', () => {
-  let server: NatsServerHandle;
+  let t: TestNats;
   let proxy: TcpFaultProxy;
+  /** Connection options of an agent of the test server's generated auth: its nkey and inbox prefix. */
+  const asAgent = (actor: string) => ({
+    authenticator: nkeyAuthenticator(new TextEncoder().encode(readFileSync(t.agentSeed('acme', actor), 'utf8').trim())),
+    inboxPrefix: inboxPrefixOf({ kind: 'agent', tenant: 'acme', actor }),
+  });
   beforeAll(async () => {
-    server = await spawnNatsServer();
-    proxy = await TcpFaultProxy.forUrl(server.url).start();
+    t = await provisioned({}, undefined, { apply: false });
+    proxy = await TcpFaultProxy.forUrl(t.url).start();
   });
   afterAll(async () => {
     await proxy.stop();
-    await server.stop({ removeStore: true });
+    await t.close();
   });
 
   it('a cut programmed for one client name cuts that client once; it reconnects through the proxy, the other is untouched', async () => {
-    const victim = await natsConnect({ servers: proxy.url, name: 'victim', reconnectTimeWait: 100, maxReconnectAttempts: -1 });
-    const bystander = await natsConnect({ servers: proxy.url, name: 'bystander' });
+    const victim = await natsConnect({ servers: proxy.url, name: 'victim', reconnectTimeWait: 100, maxReconnectAttempts: -1, ...asAgent('alice') });
+    const bystander = await natsConnect({ servers: proxy.url, name: 'bystander', ...asAgent('bob') });
     const seen = await proxy.waitForConnection({ name: 'bystander' });
     const disconnects: string[] = [];
     void (async () => {
