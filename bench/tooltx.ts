@@ -3,14 +3,16 @@
  * publishing intents for `kb.write_note`, the four services as separate processes
  * (examples/research-kb/stack.ts, auth on, one instance each, default settings), the KB storage
  * service with `KB_DEDUP=off` (it inserts a row for every write that reaches it, so its row count
- * tells duplicates), and the receipt back at the client through the status endpoint.
+ * tells duplicates) and the sample's tenant list (examples/research-kb/tenants.json: acme's quota,
+ * 1,000,000 notes per UTC day, is counted on every insert and lies far above the 20,100 notes of a
+ * `--sweep` point), and the receipt back at the client through the status endpoint.
  */
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createTools, type Tools } from '@tooltx/client';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 import { KbClient } from '../examples/research-kb/kb-client.js';
-import { SERVICES, startStack, type Stack } from '../examples/research-kb/stack.js';
+import { DEFAULT_KB_TENANTS, SERVICES, startStack, type Stack } from '../examples/research-kb/stack.js';
 import { startBenchServer, type BenchServer } from './server.js';
 import type { BenchProcess, BenchSystem, Outcome } from './workload.js';
 
@@ -59,6 +61,7 @@ export async function startTooltx(o: TooltxOptions): Promise<BenchSystem & { res
       kbPort: 0,
       kbDedup: false,
       kbSeed: `${TENANT}:research`,
+      kbTenants: DEFAULT_KB_TENANTS,
       logs: { dir: join(o.dir, 'logs') },
       env: {
         LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',

@@ -9,7 +9,7 @@ import { join, resolve } from 'node:path';
 import { Command } from 'commander';
 import { createLogger } from '@tooltx/runtime';
 import { z } from 'zod';
-import { startStack, type Stack } from '../examples/research-kb/stack.js';
+import { DEFAULT_KB_TENANTS, startStack, type Stack } from '../examples/research-kb/stack.js';
 
 const program = new Command('tooltx-start')
   .description('run tooltx locally: nats-server (unless NATS_URL), streams, the research KB, authorizer, executor, reconciler, audit-projector')
@@ -17,8 +17,13 @@ const program = new Command('tooltx-start')
   .option('--kb-port <port>', 'port of the knowledge-base service', process.env.KB_PORT ?? '4280')
   .option('--state-dir <dir>', 'state directory (JetStream store, KB database)', process.env.TOOLTX_STATE_DIR ?? '.state')
   .option('--kb-dedup <on|off>', 'whether the KB deduplicates by key (honoursKey)', process.env.KB_DEDUP ?? 'on')
+  .option(
+    '--kb-tenants <file>',
+    'the KB\'s tenant list with each tenant\'s quota in notes per UTC day (KB_SEED_FILE format); every tenant of the identity list must be in it',
+    process.env.KB_SEED_FILE ?? DEFAULT_KB_TENANTS,
+  )
   .parse(process.argv);
-const opts = program.opts<{ port: string; kbPort: string; stateDir: string; kbDedup: string }>();
+const opts = program.opts<{ port: string; kbPort: string; stateDir: string; kbDedup: string; kbTenants: string }>();
 
 const port = z.coerce.number().int().min(1).max(65535);
 const settings = z
@@ -26,6 +31,7 @@ const settings = z
     port,
     kbPort: port,
     stateDir: z.string().min(1),
+    kbTenants: z.string().min(1),
     kbDedup: z.enum(['on', 'off']),
     prefix: z.string().regex(/^[a-z][a-z0-9_]{0,31}$/, 'must match ^[a-z][a-z0-9_]{0,31}$'),
   })
@@ -79,6 +85,7 @@ try {
     kbPort: settings.data.kbPort,
     kbDedup: settings.data.kbDedup !== 'off',
     kbSeed: process.env.KB_SEED ?? 'acme:research,acme:archive,globex:research',
+    kbTenants: settings.data.kbTenants,
     logs: process.stdout.isTTY ? 'pretty' : 'inherit',
     onRestart: (name, code, signal) => log.warn({ process: name, code, signal }, 'a service exited on its own: starting it again'),
   });

@@ -1,13 +1,14 @@
 /**
  * The main job in quick mode: `npm run demo -- --quick --json` must meet its gates (issue 4), under
  * the fault mix of issue 8 (writes cut after the KB's commit, answers held past the SDK's budget,
- * the agent's NATS connection cut once, the executor SIGKILLed once and restarted).
+ * the agent's NATS connection cut once, the executor SIGKILLed once and restarted), with another
+ * tenant's forgeries refused by the server and quotas from the tenant list (issue 6).
  */
 import { spawn } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 
 describe('npm run demo --quick', () => {
-  it('reads ~20 real pages under the fault mix, submits every write twice and ends with one KB row per page, every fault resolved by probing, no takeover and no duplicate side effect', { timeout: 360_000 }, async () => {
+  it('reads ~20 real pages under the fault mix, submits every write twice and ends with one KB row per page, every fault resolved by probing, no takeover, no duplicate side effect, every forgery refused by the server and no unauthorised row', { timeout: 360_000 }, async () => {
     const child = spawn(process.execPath, ['--import', 'tsx', 'examples/research-kb/demo.ts', '--quick', '--json'], {
       env: { ...process.env, NATS_URL: '', LOG_LEVEL: 'info' },
       stdio: ['ignore', 'pipe', 'pipe'],
@@ -20,6 +21,9 @@ describe('npm run demo --quick', () => {
     const last = out.trim().split('\n').pop() ?? '';
     const s = JSON.parse(last) as Record<string, number | boolean> & {
       faultsByKind: { cutAfterCommit: number; heldPastBudget: number; agentConnectionCut: number; executorKilled: number };
+      forgedOutcomes: Record<string, string>;
+      quotas: Record<string, { limit: number | null; used: number }>;
+      gates: Record<string, boolean>;
     };
     expect({ code, err: code === 0 ? '' : err }).toEqual({ code: 0, err: '' });
     expect(s.pages).toBeGreaterThanOrEqual(18);
@@ -48,6 +52,37 @@ describe('npm run demo --quick', () => {
     // FM-16 (issue 9): the five canary kinds were planted in this run; none is anywhere it must not be.
     expect(s.canariesPlanted).toBe(5);
     expect(s.leakedSecrets).toBe(0);
+    // Issue 6: every forgery of the other tenant reached the server and the SERVER refused it — the
+    // tenant field went out as a raw intent (the SDK would have refused it locally) and came back as
+    // the server's invalid_input; the KB holds no row in a knowledge base whose owner is not the
+    // tenant the demo submitted it as (from the demo's own record of its writes).
+    expect(s.forgedAttempts).toBeGreaterThan(0);
+    expect(s.forgedRejected).toBe(s.forgedAttempts);
+    expect(s.forgedOutcomes).toEqual({ forgedActorId: 'forbidden', tenantField: 'invalid_input', guessedKbId: expect.stringMatching(/^(not_found|forbidden)$/), foreignIntentSubject: 'permission' });
+    expect(s.unauthorisedWrites).toBe(0);
+    expect(s.kbRowsChecked).toBe(s.kbRows);
+    expect(s.crossTenantReadsRevealed).toBe(0);
+    // Quotas come from the tenant list and the KB counts them (one note per page for acme).
+    expect(s.quotas.acme).toEqual({ limit: 1_000_000, used: expect.any(Number) });
+    expect(s.quotas.acme!.used).toBeGreaterThan(0);
+    expect(s.quotas.acme!.used).toBeLessThanOrEqual(s.kbRows as number);
+    expect(s.quotas.globex!.limit).toBe(100_000);
+    // The honest gates, each by name, and then all of them.
+    expect(s.gates).toEqual({
+      enoughPages: true,
+      writesSubmittedIsTwicePages: true,
+      oneCommittedNotePerPage: true,
+      noHonestRejection: true,
+      noUnresolvedUnknown: true,
+      noTakeover: true,
+      everyFaultInjected: true,
+      everyFaultResolvedByProbe: true,
+      noDuplicateSideEffect: true,
+      everyForgeryRejected: true,
+      noUnauthorisedWrite: true,
+      quotasFromTenantList: true,
+      noLeakedSecret: true,
+    });
     expect(s.ok).toBe(true);
   });
 });

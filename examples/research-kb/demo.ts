@@ -1,7 +1,8 @@
 /**
  * `npm run demo` — the main job on real input. Starts the whole stack (nats-server unless NATS_URL,
- * streams, the KB with KB_DEDUP=off, the four services), serves the Markdown documents under
- * node_modules from a local HTTP server, and runs a research agent: for every page
+ * streams, the KB with KB_DEDUP=off and the sample's tenant list with its quotas, the four
+ * services), serves the Markdown documents under node_modules (the project's, then the Node
+ * installation's: ./docs-server.ts) from a local HTTP server, and runs a research agent: for every page
  * `web.fetch_page`, then `kb.write_note` with a note built from the excerpt — every write submitted
  * twice at once, the second copy with its fields reordered, whitespace changed where the normaliser
  * allows and `fetchedAt` in an equivalent time form — through `tools.execute`, 8 workers.
@@ -16,6 +17,14 @@
  * nats-server), and the executor is SIGKILLed once midway (the stack starts it again). Every one of
  * these is resolvable by probing the KB by key, so none may end in a takeover or a second row.
  *
+ * The adversary (issue 6): globex/mallory, authenticated as itself, tries a forged actorId, a tenant
+ * field in the input (a raw intent on its own intent subject: the SDK would refuse it locally), a
+ * guessed id of acme's knowledge base and acme's intent subject. An attempt counts as rejected only
+ * when the server says so: its status endpoint answers `rejected` for the attempt's key (or the
+ * server refuses the publish). `unauthorisedWrites` compares the KB's rows with the demo's own record
+ * of which tenant submitted which write: a row whose knowledge base is owned by another tenant than
+ * the one the demo submitted it as — or whose key the demo never submitted — is unauthorised.
+ *
  * FM-16 (issue 9, `demo-fm16.ts`): five canaries are planted in the run (the KB's operator token, a
  * page's cookie and text, a downstream's error message, a note body); the demo prints the audit view
  * of a few operations through the audit service and scans everything the run produced for them.
@@ -25,16 +34,17 @@
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Command } from 'commander';
-import { createTools, type ExecuteOptions, type ExecuteRequest, type ExecuteResult, type Tools } from '@tooltx/client';
+import { createTools, newSubmission, publishSubmission, type ExecuteOptions, type ExecuteRequest, type ExecuteResult, type Tools } from '@tooltx/client';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/faults';
 import { connectNats, decodeRaw, jetStreamOf, Subjects } from '@tooltx/nats';
 import { DEFAULT_KB_TIMING, researchContracts } from './contracts.js';
-import { DocsServer } from './docs-server.js';
+import { DocsServer, nodeModulesRoots } from './docs-server.js';
 import { KbClient } from './kb-client.js';
+import { readLiveRows } from './kb-store.js';
 import { startStack } from './stack.js';
 import { CanaryWeb, newCanaries, runFm16 } from './demo-fm16.js';
 
@@ -42,7 +52,7 @@ const program = new Command('tooltx-demo')
   .description('research agent demo: real pages, every write submitted twice, counted by the KB itself')
   .option('--json', 'print one JSON object with the figures on the last line')
   .option('--quick', 'about 20 pages')
-  .option('--pages <n>', 'pages to read', '240')
+  .option('--pages <n>', 'pages to read', '250')
   .option('--workers <n>', 'concurrent agent workers', '8')
   .option('--keep', 'keep the state directory (logs, JetStream store, KB database)')
   .parse(process.argv);
@@ -74,8 +84,9 @@ const HOLD_MS = DEFAULT_KB_TIMING.timeoutMs * 2;
 /** How long the demo observes an operation the SDK answered unknown, at most. */
 const OBSERVE_MS = 180_000;
 
-const docs = await new DocsServer(resolve('node_modules'), wantPages).start();
-say(`demo: ${docs.pages.length} distinct Markdown pages from node_modules served at ${docs.url}`);
+const roots = nodeModulesRoots();
+const docs = await new DocsServer(roots, wantPages).start();
+say(`demo: ${docs.pages.length} distinct Markdown pages from node_modules (${roots.map((r) => `${docs.pages.filter((p) => p.root === r).length} from ${r}`).join(', ')}) served at ${docs.url}`);
 // FM-16 (issue 9): this run's canaries, and the small web that carries two of them.
 const canaries = newCanaries();
 const canaryWeb = await new CanaryWeb(canaries).start();
@@ -93,6 +104,7 @@ const stack = await startStack({
   kbPort: 0,
   kbDedup: false,
   kbSeed: `${TENANT}:${KB},${RIVAL}:${KB}`,
+  // Quotas from the sample's tenant list (stack.ts's default, examples/research-kb/tenants.json).
   logs: { dir: join(stateDir, 'logs') },
   // The docs server is on loopback, which web.fetch_page refuses unless the origin is allowed.
   env: { WEB_ALLOWED_ORIGINS: `${docs.url},${canaryWeb.url}`, KB_KEEPALIVE: 'off' },
@@ -104,6 +116,8 @@ const natsHop = await TcpFaultProxy.forUrl(stack.natsUrl).start();
 say(`demo: stack up (nats ${stack.natsUrl}, KB ${stack.kbUrl}, KB_DEDUP=off); logs in ${join(stateDir, 'logs')}`);
 
 const contracts = researchContracts({ kbDedup: false });
+const kbClient = new KbClient(stack.kbUrl);
+const kbAdmin = kbClient.admin(stack.kbAdminToken);
 const researcher = { kind: 'agent' as const, tenant: TENANT, actor: 'researcher' };
 const tools = await createTools({ servers: natsHop.url, tenant: TENANT, actor: 'researcher', nkeyFile: stack.seedFile(researcher), contracts: contracts.all, prefix, receiptKeys: stack.receiptKeysFile });
 const taskId = `research-${runId}`;
@@ -124,6 +138,15 @@ interface PageWrite {
 }
 const writes: PageWrite[] = [];
 const started = Date.now();
+
+/**
+ * The demo's own record of every write it submitted, by the downstream key the KB stores it under
+ * (tenant-scoped: `downstreamKeyOf(tenant, operationKey)`): the tenant it submitted the write as.
+ */
+const submittedAs = new Map<string, string>();
+function recordWrite(tenant: string, operationKey: string | null | undefined): void {
+  if (operationKey) submittedAs.set(downstreamKeyOf(tenant, operationKey), tenant);
+}
 
 /** The second copy: fields reordered, whitespace changed where normalisers allow, fetchedAt +02:00. */
 function variant(n: { kb: string; title: string; body: string; sourceUrl: string; fetchedAt: string }) {
@@ -175,7 +198,10 @@ async function onePage(url: string, index: number): Promise<void> {
   const options: ExecuteOptions = fault === 'held_past_budget' ? { budgetMs: HELD_BUDGET_MS } : {};
   const w: PageWrite = { key, request, fault, copies: [] };
   writes.push(w);
+  recordWrite(TENANT, key);
   w.copies = await Promise.all([execute(tools, request, options), execute(tools, { ...request, input: variant(note) }, options)]);
+  // The key that holds the effect, should the server have named a canonical one (FM-10).
+  for (const r of w.copies) recordWrite(TENANT, r.operationKey);
   firstKey ??= w.copies[0]!.operationKey ?? undefined;
 }
 
@@ -198,40 +224,85 @@ function onPageDone(): void {
   }
 }
 
+/** How a forgery ended: the server's error class, `permission` (the server refused the publish), or `not rejected (…)`. */
+type ForgeryOutcome = string;
+
 /**
  * globex/mallory, authenticated as itself, tries: a forged actorId, a tenant field in the input, a
  * guessed id of acme's knowledge base, publishing on acme's intent subject, and reading an acme
- * operation's status. Every write attempt must be refused; the read must reveal nothing.
+ * operation's status. Every write attempt must reach the server and be refused BY THE SERVER: it
+ * counts as rejected only when mallory's status endpoint answers `rejected` for the attempt's key
+ * (or the server refuses the publish); the read must reveal nothing. Every key is recorded as
+ * submitted by globex.
  */
-async function runAdversary(): Promise<{ attempts: number; rejected: number; readsRevealed: number }> {
+async function runAdversary(): Promise<{ attempts: number; rejected: number; readsRevealed: number; outcomes: Record<string, ForgeryOutcome> }> {
   const mallory = { kind: 'agent' as const, tenant: RIVAL, actor: 'mallory' };
   const evil = await createTools({ servers: stack.natsUrl, tenant: RIVAL, actor: 'mallory', nkeyFile: stack.seedFile(mallory), contracts: contracts.all, prefix, receiptKeys: stack.receiptKeysFile });
-  const acmeKb = (await new KbClient(stack.kbUrl).admin(stack.kbAdminToken).list(TENANT)).find((k) => k.name === KB)!;
+  const nc = await connectNats({ servers: stack.natsUrl, name: 'demo-adversary', nkeySeedFile: stack.seedFile(mallory), inboxPrefix: stack.inboxPrefix(mallory), reconnectForever: false });
+  const acmeKb = (await kbAdmin.list(TENANT)).find((k) => k.name === KB)!;
   const note = { kb: KB, title: 'Injected', body: 'Not yours.', sourceUrl: 'https://example.org/x', fetchedAt: new Date().toISOString() };
-  const writes = [
-    () => evil.execute({ tool: 'kb.write_note', taskId: `evil-${runId}`, actorId: 'researcher', input: note }),
-    () => evil.execute({ tool: 'kb.write_note', taskId: `evil-${runId}`, input: { ...note, tenant: TENANT } }),
-    () => evil.execute({ tool: 'kb.write_note', taskId: `evil-${runId}`, input: { ...note, kb: acmeKb.kbId } }),
-  ];
+  const outcomes: Record<string, ForgeryOutcome> = {};
   let attempts = 0;
   let rejected = 0;
-  for (const w of writes) {
+
+  /** The server's answer for `key`, as mallory sees it, observed until final or 60 s. */
+  const serverVerdict = async (key: string, submissionIds?: string[]): Promise<ForgeryOutcome> => {
+    const until = Date.now() + 60_000;
+    let last = 'no answer';
+    while (Date.now() < until) {
+      const a = await evil.status({ operationKey: key, waitMs: 10_000, untilFinal: true, ...(submissionIds ? { submissionIds } : {}) }).catch(() => null);
+      if (a?.state === 'rejected') return a.error?.class ?? 'rejected';
+      if (a) last = a.state;
+      if (a?.state === 'committed') break;
+      if (!a) await new Promise((r) => setTimeout(r, 500));
+    }
+    return `not rejected (${last})`;
+  };
+  const judge = (kind: string, outcome: ForgeryOutcome) => {
     attempts++;
-    const r = await w();
-    if (r.status === 'rejected') rejected++;
+    outcomes[kind] = outcome;
+    if (!outcome.startsWith('not rejected')) rejected++;
+  };
+
+  try {
+    // (1) A forged actorId through the SDK: the envelope names acme's researcher.
+    const taskId1 = `evil-${runId}-actor`;
+    const k1 = prepareCall(contracts.writeNote, taskId1, note).operationKey;
+    recordWrite(RIVAL, k1);
+    await evil.execute({ tool: 'kb.write_note', taskId: taskId1, actorId: 'researcher', input: note });
+    judge('forgedActorId', await serverVerdict(k1));
+
+    // (2) A tenant field in the input. The SDK refuses an input its contract does not allow before
+    // sending anything, so this goes out as a raw intent on mallory's own intent subject, under the
+    // key of the same note without the field: the server records its refusal under that key.
+    const taskId2 = `evil-${runId}-tenant`;
+    const k2 = prepareCall(contracts.writeNote, taskId2, note).operationKey;
+    recordWrite(RIVAL, k2);
+    const { js } = await jetStreamOf(nc);
+    const raw = newSubmission(new Subjects(prefix), RIVAL, 'mallory', { tool: 'kb.write_note', version: contracts.writeNote.version, taskId: taskId2, operationKey: k2, input: { ...note, tenant: TENANT } });
+    await publishSubmission(js, raw);
+    judge('tenantField', await serverVerdict(k2, [raw.submissionId]));
+
+    // (3) A guessed id of acme's knowledge base.
+    const taskId3 = `evil-${runId}-guess`;
+    const guessed = { ...note, kb: acmeKb.kbId };
+    const k3 = prepareCall(contracts.writeNote, taskId3, guessed).operationKey;
+    recordWrite(RIVAL, k3);
+    recordWrite(RIVAL, (await evil.execute({ tool: 'kb.write_note', taskId: taskId3, input: guessed })).operationKey);
+    judge('guessedKbId', await serverVerdict(k3));
+
+    // (4) Publishing on acme's intent subject: the server refuses it (permissions).
+    const refused = new Promise<boolean>((resolve) => {
+      void (async () => {
+        for await (const s of nc.status()) if (s.type === 'error') return resolve(true);
+      })();
+      setTimeout(() => resolve(false), 3_000);
+    });
+    nc.publish(`${prefix}.intent.${TENANT}.researcher`, new Uint8Array([0x80]));
+    judge('foreignIntentSubject', (await refused) ? 'permission' : 'not rejected (no permission error)');
+  } finally {
+    await nc.close().catch(() => undefined);
   }
-  // Publishing on acme's intent subject: the server refuses it (permissions).
-  attempts++;
-  const nc = await connectNats({ servers: stack.natsUrl, name: 'demo-adversary', nkeySeedFile: stack.seedFile(mallory), inboxPrefix: stack.inboxPrefix(mallory), reconnectForever: false });
-  const refused = new Promise<boolean>((resolve) => {
-    void (async () => {
-      for await (const s of nc.status()) if (s.type === 'error') return resolve(true);
-    })();
-    setTimeout(() => resolve(false), 3_000);
-  });
-  nc.publish(`${prefix}.intent.${TENANT}.researcher`, new Uint8Array([0x80]));
-  if (await refused) rejected++;
-  await nc.close();
   // Reading an acme operation: the status of the quickest acme key the demo knows.
   let readsRevealed = 0;
   if (firstKey) {
@@ -239,7 +310,7 @@ async function runAdversary(): Promise<{ attempts: number; rejected: number; rea
     if (a.state !== 'not_seen') readsRevealed++;
   }
   await evil.close();
-  return { attempts, rejected, readsRevealed };
+  return { attempts, rejected, readsRevealed, outcomes };
 }
 let firstKey: string | undefined;
 
@@ -317,7 +388,6 @@ const typesOf = (key: string) => log.get(new Subjects(prefix).op(TENANT, operati
 const terminal = (key: string) => ['committed', 'rejected'].includes(typesOf(key).at(-1) ?? '');
 const everUnknown = writes.filter((w) => w.copies.some((r) => r.status === 'unknown') || typesOf(w.key).includes('unknown'));
 
-const kbClient = new KbClient(stack.kbUrl);
 // Every write the hop faulted: committed with the row the KB's probe finds under its key, one row.
 let faultsResolvedByProbe = 0;
 for (const w of writes.filter((x) => x.fault)) {
@@ -326,10 +396,18 @@ for (const w of writes.filter((x) => x.fault)) {
   if (probe.found && probe.count === 1 && receipt?.status === 'committed' && receipt.receipt.resourceId === probe.id) faultsResolvedByProbe++;
 }
 const stats = await kbClient.stats(TENANT);
-// Rows a tenant holds in a knowledge base it does not own — from the KB's own count.
+// Every row the KB holds, against the demo's own record of who submitted it (never the row's own
+// tenant column): a row in a knowledge base whose owner is not the tenant the demo submitted it as
+// — or a row under a key the demo never submitted — is an unauthorised write. A batch item's key is
+// `<key>#<index>`.
 let unauthorisedWrites = 0;
+const kbRowsAll = readLiveRows(stack.kbDb);
+for (const row of kbRowsAll) if (submittedAs.get(row.key.replace(/#\d+$/, '')) !== row.owner) unauthorisedWrites++;
+// The tenants' quotas, from the tenant list, as the KB counts them (notes in the current UTC day).
+const quotas: Record<string, { limit: number | null; used: number }> = {};
 for (const tenant of [TENANT, RIVAL]) {
-  for (const kb of await kbClient.rowsPerKb({ tenant })) if (kb.owner !== tenant) unauthorisedWrites += kb.rows;
+  const v = (await kbAdmin.list(tenant))[0];
+  if (v) quotas[tenant] = { limit: v.quotaLimit, used: v.quotaUsed };
 }
 await kbClient.close();
 const rejectedByClass: Record<string, number> = {};
@@ -373,8 +451,11 @@ const summary = {
   duplicateSideEffects: stats.duplicateRows,
   forgedAttempts: adversary.attempts,
   forgedRejected: adversary.rejected,
+  forgedOutcomes: adversary.outcomes,
   crossTenantReadsRevealed: adversary.readsRevealed,
   unauthorisedWrites,
+  kbRowsChecked: kbRowsAll.length,
+  quotas,
   callsPerSecond: Math.round((c.calls / elapsedS) * 10) / 10,
   elapsedSeconds: Math.round(elapsedS * 10) / 10,
   workers,
@@ -393,6 +474,7 @@ const gates = {
   noDuplicateSideEffect: summary.duplicateSideEffects === 0,
   everyForgeryRejected: summary.forgedRejected === summary.forgedAttempts && summary.forgedAttempts > 0,
   noUnauthorisedWrite: summary.unauthorisedWrites === 0 && summary.crossTenantReadsRevealed === 0,
+  quotasFromTenantList: [TENANT, RIVAL].every((t) => typeof quotas[t]?.limit === 'number' && quotas[t]!.limit! > quotas[t]!.used),
   noLeakedSecret: summary.canariesPlanted === 5 && summary.leakedSecrets === 0,
 };
 const ok = Object.values(gates).every(Boolean);
@@ -418,7 +500,8 @@ const rows: [string, string | number][] = [
   ['KB rows', summary.kbRows],
   ['duplicate side effects (KB rows beyond one per key)', summary.duplicateSideEffects],
   ['forged attempts by another tenant / rejected', `${summary.forgedAttempts} / ${summary.forgedRejected}`],
-  ['unauthorised writes (rows in a KB of another owner)', summary.unauthorisedWrites],
+  ['unauthorised writes (rows in a KB not owned by the tenant the demo submitted them as)', `${summary.unauthorisedWrites} of ${summary.kbRowsChecked} rows`],
+  ['quota used / limit per tenant (notes today, from the tenant list)', Object.entries(summary.quotas).map(([t, q]) => `${t} ${q.used} / ${q.limit ?? 'unlimited'}`).join(', ')],
   ['tool calls per second', summary.callsPerSecond],
   ['canaries planted / found where they must not be (FM-16)', `${summary.canariesPlanted} / ${summary.leakedSecrets}`],
   ['gates', ok ? 'all hold' : `FAILED: ${Object.entries(gates).filter(([, v]) => !v).map(([k]) => k).join(', ')}`],

@@ -18,6 +18,11 @@
  *   listed actor is a `writer` member and nobody else has a role; WITHOUT actors, every actor of the
  *   owner tenant is a writer (default role `writer`) — the behaviour before issue 6. Tenants named
  *   only here have no quota.
+ *
+ * The sample's tenant list is `examples/research-kb/tenants.json` (a `KB_SEED_FILE` with tenants
+ * only): `npm start`, the demo, the bench (all through ./stack.ts, which refuses to start when a
+ * tenant of the identity list is missing from it) and docker-compose.yml give it to the KB, so their
+ * knowledge bases come from `KB_SEED` and their quotas from that list.
  */
 import { readFileSync } from 'node:fs';
 import { z } from 'zod';

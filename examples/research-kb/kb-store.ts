@@ -262,6 +262,30 @@ const MIGRATION_1_COLUMNS: [string, string][] = [
 const MIGRATION_2_COLUMNS: [string, string][] = [['input_digest', 'input_digest TEXT NULL']];
 export const SCHEMA_VERSION = 2;
 
+/**
+ * Every non-deleted note row in the KB file `file` — its downstream key (a batch item's is
+ * `<key>#<index>`), its knowledge base and that knowledge base's CURRENT owner — read through its
+ * own read-only connection (safe next to a running KB: WAL). For checks from outside the service,
+ * such as the demo's unauthorised-write count; the row's own tenant column is deliberately not
+ * returned, so such a check cannot lean on what the writer said it was. Throws better-sqlite3's
+ * error when the file is missing or not a KB.
+ */
+export function readLiveRows(file: string): { key: string; kbId: string; owner: string }[] {
+  const db = new Database(file, { readonly: true, fileMustExist: true });
+  try {
+    return db
+      .prepare<[], { key: string; kbId: string; owner: string }>(
+        `SELECT n.downstream_key AS key, n.kb_id AS kbId, k.tenant AS owner
+           FROM notes n JOIN knowledge_bases k ON k.id = n.kb_id
+          WHERE n.deleted_at IS NULL
+          ORDER BY n.rowid`,
+      )
+      .all();
+  } finally {
+    db.close();
+  }
+}
+
 /** `sha256:` + hex SHA-256 of the UTF-8 text. */
 export function bodyDigest(body: string): string {
   return `sha256:${createHash('sha256').update(body, 'utf8').digest('hex')}`;

@@ -11,7 +11,8 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { connectNats, jetStreamOf, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
 import { ensureKeyFile } from '@tooltx/runtime';
-import { applyTopology, generateAuth, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
+import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
+import { loadSeedFile, SeedError } from './kb-seed.js';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const RESEARCH_TOOLS = join(ROOT, 'examples', 'research-kb', 'tools.ts');
@@ -19,6 +20,13 @@ export const SERVICES = ['authorizer', 'executor', 'reconciler', 'audit-projecto
 
 /** The identities `npm start` and the demo generate when no list is given (TOOLTX_IDENTITIES). */
 export const DEFAULT_IDENTITIES: IdentityList = JSON.parse(readFileSync(join(ROOT, 'examples', 'research-kb', 'identities.json'), 'utf8')) as IdentityList;
+/**
+ * The sample's tenant list for the KB (its `KB_SEED_FILE`, schema in ./kb-seed.ts): every tenant of
+ * `identities.json` with its quota — notes per UTC day, counted by the KB per tenant in the insert's
+ * transaction (issue 6). Set well above what the demo (~250 notes for acme, a few for globex) and the
+ * bench (20,100 notes per stack in `--sweep`) write, so only a runaway writer meets it.
+ */
+export const DEFAULT_KB_TENANTS = join(ROOT, 'examples', 'research-kb', 'tenants.json');
 
 export interface StackOptions {
   stateDir: string;
@@ -39,6 +47,12 @@ export interface StackOptions {
   kbDedup: boolean;
   /** `tenant:kb` pairs the KB creates. */
   kbSeed: string;
+  /**
+   * The KB's tenant list with the tenants' quotas (`KB_SEED_FILE`); default {@link DEFAULT_KB_TENANTS}.
+   * When the stack generates the identities, every tenant of the identity list must be in it
+   * (`quota: null` says "unlimited" explicitly): a tenant left out would write without a quota.
+   */
+  kbTenants?: string;
   /** The KB's operator token (default: random per run). */
   kbAdminToken?: string;
   /** `pretty`: pino-pretty to the terminal; `inherit`: JSON lines to stdout; a path: log files in that directory. */
@@ -62,6 +76,8 @@ export interface Stack {
   kbUrl: string;
   /** The KB's operator token (for its admin endpoints: roles, state, transfers). */
   kbAdminToken: string;
+  /** The KB's SQLite file (read-only checks of its rows, as the tests do). */
+  kbDb: string;
   /** The seed file of a role (agents: `{ kind: 'agent', tenant, actor }`). */
   seedFile(role: Role): string;
   /** The receipt keys agents trust (`receipt-keys.json` of the auth directory; issue 9). */
@@ -84,6 +100,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     TOOLTX_AUDIT_HMAC_KEY_FILE: process.env.TOOLTX_AUDIT_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'audit-hmac.key')),
     TOOLTX_LOG_HMAC_KEY_FILE: process.env.TOOLTX_LOG_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'log-hmac.key')),
   };
+  // The tenant list (quotas) is read and checked before anything starts; the KB reads it again.
+  const kbTenants = resolve(o.kbTenants ?? DEFAULT_KB_TENANTS);
+  const tenantList = loadSeedFile(kbTenants);
   const subjects = new Subjects(o.prefix);
   const topo = topology(subjects);
   let server: NatsServerHandle | null = null;
@@ -93,6 +112,11 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   if (!natsUrl) {
     // Auth is always on: a fresh nkey per user for this run, the config holding public keys only.
     const identities = o.identities ?? (process.env.TOOLTX_IDENTITIES ? (JSON.parse(readFileSync(process.env.TOOLTX_IDENTITIES, 'utf8')) as IdentityList) : DEFAULT_IDENTITIES);
+    const listed = new Set(tenantList.tenants.map((t) => t.id));
+    const missing = identityListSchema.parse(identities).tenants.filter((t) => !listed.has(t.id));
+    if (missing.length) {
+      throw new SeedError(missing.map((t) => `tenant ${t.id} of the identity list has no entry in ${kbTenants} (give it a quota, or "quota": null for none)`));
+    }
     const auth = generateAuth(identities, {
       subjects,
       topology: topo,
@@ -215,6 +239,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     KB_DB: join(o.stateDir, 'kb.sqlite'),
     KB_DEDUP: o.kbDedup ? 'on' : 'off',
     KB_SEED: o.kbSeed,
+    KB_SEED_FILE: kbTenants,
     LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
   });
   const kbPort = await portFromLog(kbChild);
@@ -248,6 +273,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     receiptKeysFile: join(authDir, 'receipt-keys.json'),
     kbUrl,
     kbAdminToken,
+    kbDb: join(o.stateDir, 'kb.sqlite'),
     seedFile,
     inboxPrefix: inboxPrefixOf,
     server,
