@@ -44,9 +44,16 @@ export function checkIntake(
     ...extra,
   });
 
-  // 1. Identity: the subject is the truth; a payload that names someone else is forged.
+  // 1. Identity: the subject is the truth; a payload that names someone else is forged. Refused
+  // first, whatever else the intent holds; recorded under the supplied key, else under the key its
+  // own request derives to when it parses under the contract (FM-06: recorded on the decision
+  // subject also for a raw intent that sends no key). Only pure parsing runs for that key: no
+  // policy, no lookup.
   if (rawObj.actorId !== undefined && rawObj.actorId !== who.actor) {
-    return refuse(new TooltxError(ErrorClass.Forbidden, 'envelope actorId differs from the subject actor'), supplied);
+    const forged = new TooltxError(ErrorClass.Forbidden, 'envelope actorId differs from the subject actor');
+    if (supplied) return refuse(forged, supplied);
+    const derived = derivedKeyOf(raw, findContract);
+    return refuse(forged, derived?.operationKey ?? null, derived ? { tool: derived.tool, version: derived.version } : {});
   }
 
   // 2. Envelope and contract.
@@ -86,4 +93,23 @@ export function checkIntake(
     );
   }
   return { kind: 'proceed', envelope, contract, prepared };
+}
+
+/**
+ * The operation key `raw` derives to when it is a well-formed envelope of a known contract whose
+ * input parses (the same derivation as for any intent, DESIGN.md "Order of checks at intake"), with
+ * its contract's name and version; null otherwise. Pure; never throws.
+ */
+function derivedKeyOf(
+  raw: unknown,
+  findContract: (tool: string, version: number) => Contract | undefined,
+): { operationKey: string; tool: string; version: number } | null {
+  try {
+    const envelope = parseStrict(intentEnvelopeSchema, raw);
+    const contract = findContract(envelope.tool, envelope.version);
+    if (!contract) return null;
+    return { operationKey: prepareCall(contract, envelope.taskId, envelope.input).operationKey, tool: contract.name, version: contract.version };
+  } catch {
+    return null;
+  }
 }

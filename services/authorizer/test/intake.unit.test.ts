@@ -22,6 +22,19 @@ describe('intake checks, in DESIGN.md order', () => {
     expect(r).toMatchObject({ kind: 'refuse', error: { class: 'forbidden' }, decisionKey: key });
   });
 
+  it('FM-06: a forged actorId without a key is recorded under the key its request derives to, when the request parses', () => {
+    const { operationKey: _omitted, ...raw } = envelope;
+    expect(checkIntake(who, { ...raw, actorId: 'mallory' }, find)).toEqual({
+      kind: 'refuse', error: { class: 'forbidden' }, decisionKey: key, tool: 'sink.write', version: 1,
+    });
+    // A per-attempt id is no key either: the derived one is used.
+    expect(checkIntake(who, { ...raw, operationKey: 'call_7f3a9', actorId: 'mallory' }, find)).toMatchObject({ error: { class: 'forbidden' }, decisionKey: key });
+    // Nothing to derive from: refused, no key known.
+    for (const bad of [{ ...raw, input: { nonsense: true } }, { ...raw, tool: 'nope.tool' }, { ...raw, extra: 1 }, {}]) {
+      expect(checkIntake(who, { ...bad, actorId: 'mallory' }, find)).toMatchObject({ kind: 'refuse', error: { class: 'forbidden' }, decisionKey: null });
+    }
+  });
+
   it('accepts an actorId equal to the subject actor', () => {
     expect(checkIntake(who, { ...envelope, actorId: 'alice' }, find).kind).toBe('proceed');
   });
