@@ -1,21 +1,31 @@
 /**
  * Authorisation at the execution instant (issue 6) through tooltx end to end: auth on, the
  * authorizer and executor as processes, the real research KB (SQLite, KB_DEDUP=off) as the system of
- * record, a real HTTP hop in between that can hold a write. Every test asserts the KB's own rows.
- * FM-07, FM-08, FM-09, FM-10, FM-18, FM-19, the quota race and the publishAt window.
+ * record, a real HTTP hop in between that can hold a write, and a real HTTP server of web pages.
+ * Every test asserts the KB's own rows. FM-07, FM-08, FM-09, FM-10, FM-18, FM-19, the quota race and
+ * the publishAt window. The services load the sample's trusted module plus one test read tool whose
+ * implementation returns fields its output schema does not name (test/fixtures/research-plus-leaky-tools.ts).
  */
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { operationIdOf, prepareCall } from '@tooltx/contracts';
+import { z } from 'zod';
+import { digestOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, newSubmission, publishSubmission, type ExecuteResult, type Tools } from '@tooltx/client';
 import type { OperationRecord } from '@tooltx/lifecycle';
-import { provisioned, type TestNats } from './helpers/nats.js';
+import { decode } from '@tooltx/nats';
+import { provisioned, resultStore, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { waitForOperation } from './helpers/ops.js';
-import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
+import { kbRowsFor, startKb, type TestKb } from './helpers/kb.js';
 import { DelayProxy } from './helpers/delay-proxy.js';
+import { LEAKED, leakyRead } from './fixtures/leaky-contract.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 
 const contracts = researchContracts({ kbDedup: false });
+const TOOLS_MODULE = join(dirname(fileURLToPath(import.meta.url)), 'fixtures', 'research-plus-leaky-tools.ts');
 let t: TestNats;
 let kb: TestKb;
 let proxy: DelayProxy;
@@ -29,6 +39,22 @@ const note = (kbRef: string, title: string, over: Record<string, unknown> = {}) 
   kb: kbRef, title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z', ...over,
 });
 const rowsIn = async (kbId: string) => (await kb.client.rowsPerKb({ kbId })).reduce((n, k) => n + k.rows, 0);
+const allRows = async () => (await kb.client.rowsPerKb()).reduce((n, k) => n + k.rows, 0);
+const keyOf = (taskId: string, input: Record<string, unknown>) => prepareCall(contracts.writeNote, taskId, input).operationKey;
+
+/**
+ * A web page much longer than any excerpt: a title, many paragraphs of prose, and a marker deep in
+ * the page that an excerpt must not reach. Served by a real HTTP server on loopback, which
+ * `web.fetch_page` may fetch because its origin is in WEB_ALLOWED_ORIGINS.
+ */
+const PAGE_MARKER = 'DEEP-IN-THE-PAGE-7731';
+const PAGE = [
+  '# Tide tables of the northern coast',
+  ...Array.from({ length: 40 }, (_, i) => `Paragraph ${i + 1}: the high and low waters of the harbour follow the moon, and the survey recorded each of them with the time, the height above chart datum and the weather of the day.${i === 35 ? ` ${PAGE_MARKER}` : ''}`),
+].join('\n\n');
+let pages: Server;
+let pagesUrl: string;
+const pageRequests: string[] = [];
 const tools = (tenant: string, actor: string) => agents[`${tenant}/${actor}`]!;
 
 beforeAll(async () => {
@@ -47,10 +73,17 @@ beforeAll(async () => {
   for (const k of await kb.admin.list()) ids[`${k.tenant}/${k.name}`] = k.kbId;
   await kb.admin.setState(ids['acme/gone']!, 'deleted');
   proxy = await new DelayProxy(kb.url).start();
-  env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_DEDUP: 'off' };
+  pages = createServer((req, res) => {
+    pageRequests.push(req.url ?? '');
+    if (req.url !== '/tides') return void res.writeHead(404).end();
+    res.writeHead(200, { 'content-type': 'text/markdown; charset=utf-8' }).end(PAGE);
+  });
+  await new Promise<void>((r) => pages.listen(0, '127.0.0.1', r));
+  pagesUrl = `http://127.0.0.1:${(pages.address() as AddressInfo).port}`;
+  env = { ...t.env, TOOLTX_TOOLS_MODULE: TOOLS_MODULE, KB_URL: proxy.url, KB_DEDUP: 'off', WEB_ALLOWED_ORIGINS: pagesUrl };
   [authorizer, executor] = await Promise.all([startService('authorizer', env), startService('executor', env)]);
   for (const [tenant, actor] of [['acme', 'alice'], ['acme', 'bob'], ['acme', 'noread-eve'], ['globex', 'gina'], ['initech', 'ivan']] as const) {
-    agents[`${tenant}/${actor}`] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 20_000 });
+    agents[`${tenant}/${actor}`] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: [...contracts.all, leakyRead], prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 20_000 });
   }
 });
 
@@ -58,6 +91,8 @@ afterAll(async () => {
   for (const a of Object.values(agents)) await a.close();
   const codes = await Promise.all([authorizer?.stop(), executor?.stop()]);
   await proxy?.stop();
+  pages?.closeAllConnections();
+  await new Promise((r) => (pages ? pages.close(r) : r(undefined)));
   expect(await kb?.stop()).toBe(0);
   await t?.close();
   expect(codes).toEqual([0, 0]);
@@ -189,32 +224,102 @@ describe('FM-10: one canonical id for every alias kind; uniform not-found', () =
   });
 });
 
-describe('FM-18 / FM-19: errors and output', () => {
-  it('FM-18: a fixable error names the field; a publishAt outside the window is refused at intake', async () => {
+describe('the publishAt window', () => {
+  it('publishAt window: before the tolerance or beyond the horizon is refused at intake with nothing written; inside it, exactly one row', async () => {
     const now = Date.now();
+    const kbId = ids['acme/research']!;
+    const before = await rowsIn(kbId);
     for (const [publishAt, ok] of [[new Date(now - 3_600_000).toISOString(), false], [new Date(now + 400 * 86_400_000).toISOString(), false], [new Date(now + 86_400_000).toISOString(), true]] as const) {
-      const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: `window-${publishAt}`, input: note('research', `Window ${publishAt}`, { publishAt }) });
-      if (ok) expect(r.status).toBe('committed');
-      else expect(r).toMatchObject({ status: 'rejected', next: 'replan', error: { class: 'invalid_input', issues: [{ path: ['input', 'publishAt'], code: 'out_of_window' }] } });
+      const taskId = `window-${publishAt}`;
+      const input = note('research', `Window ${publishAt}`, { publishAt });
+      const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId, input });
+      if (ok) {
+        expect(r.status).toBe('committed');
+        expect(await kbRowsFor(kb, 'acme', r.operationKey!)).toBe(1);
+      } else {
+        expect(r).toMatchObject({ status: 'rejected', next: 'replan', error: { class: 'invalid_input', issues: [{ path: ['input', 'publishAt'], code: 'out_of_window' }] } });
+        expect(await kbRowsFor(kb, 'acme', keyOf(taskId, input))).toBe(0);
+      }
     }
-    const blank = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'blank', input: note('research', '   ') });
+    // The two refusals wrote nothing; the one inside the window wrote one row.
+    expect(await rowsIn(kbId)).toBe(before + 1);
+  });
+});
+
+describe('FM-18 / FM-19: errors and output', () => {
+  it('FM-18: a fixable error names the field, and nothing is written', async () => {
+    const kbId = ids['acme/research']!;
+    const before = await rowsIn(kbId);
+    const input = note('research', '   ');
+    const blank = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'blank', input });
     expect(blank).toMatchObject({ status: 'rejected', error: { class: 'invalid_input', issues: [{ path: ['input', 'title'] }] } });
+    expect(await rowsIn(kbId)).toBe(before);
   });
 
-  it('FM-18: a refusal carries a class and nothing else — no stack, no SQL, no body, no internal ids', async () => {
-    const r = await tools('globex', 'gina').execute({ tool: 'kb.write_note', taskId: 'leak', input: note(ids['acme/research']!, 'Probe', { body: 'SECRET-BODY-42' }) });
+  it('FM-18: a refusal carries a class and nothing else — no stack, no SQL, no body, no internal ids — and nothing is written', async () => {
+    const before = { target: await rowsIn(ids['acme/research']!), all: await allRows() };
+    const input = note(ids['acme/research']!, 'Probe', { body: 'SECRET-BODY-42' });
+    const r = await tools('globex', 'gina').execute({ tool: 'kb.write_note', taskId: 'leak', input });
     const text = JSON.stringify(r);
     expect(r).toMatchObject({ status: 'rejected', error: { class: 'not_found' } });
     for (const leak of ['SECRET-BODY-42', 'SQLITE', 'at ', 'Error', ids['acme/research']!, 'acme']) expect(text).not.toContain(leak);
+    expect(await kbRowsFor(kb, 'globex', keyOf('leak', input))).toBe(0);
+    expect(await rowsIn(ids['acme/research']!)).toBe(before.target);
+    expect(await allRows()).toBe(before.all);
   });
 
-  it('FM-19: a write returns its receipt only', async () => {
+  it('FM-19: a write returns its receipt only, and exactly one row is written', async () => {
+    const kbId = ids['acme/research']!;
+    const before = await rowsIn(kbId);
     const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm19', input: note('research', 'Receipt only') });
     expect(r.status).toBe('committed');
     if (r.status === 'committed') {
       expect(r.result).toEqual({});
       expect(Object.keys(r.receipt).sort()).toEqual(['attempt', 'committedAt', 'keyId', 'operationKey', 'prevSeq', 'resourceId', 'resultDigest', 'signature', 'state', 'tenant', 'tool', 'version']);
+      expect(await kbRowsFor(kb, 'acme', r.operationKey)).toBe(1);
     }
+    expect(await rowsIn(kbId)).toBe(before + 1);
+  });
+
+  it('FM-19: a read returns an excerpt and its source — exactly { url, title, excerpt }, the excerpt far shorter than the page — and writes nothing', async () => {
+    const before = await allRows();
+    const url = `${pagesUrl}/tides`;
+    const fetched = pageRequests.length;
+    const r = await tools('acme', 'alice').execute<{ url: string; title: string; excerpt: string }>({ tool: 'web.fetch_page', taskId: 'fm19-read', input: { url } });
+    expect(r.status).toBe('committed');
+    if (r.status !== 'committed') return;
+    expect(Object.keys(r.result as object).sort()).toEqual(['excerpt', 'title', 'url']);
+    expect(r.result.url).toBe(url);
+    expect(r.result.title).toBe('Tide tables of the northern coast');
+    expect(r.result.excerpt.length).toBeGreaterThan(0);
+    expect(r.result.excerpt.length).toBeLessThan(PAGE.length / 4);
+    expect(PAGE.replace(/\s+/g, ' ')).toContain(r.result.excerpt.replace(/…$/, '').slice(0, 60));
+    // Nothing past the excerpt reaches the caller: not the page's later paragraphs, not its marker.
+    expect(JSON.stringify(r)).not.toContain(PAGE_MARKER);
+    expect(JSON.stringify(r)).not.toContain('Paragraph 40');
+    expect(pageRequests.slice(fetched)).toEqual(['/tides']);
+    expect(await allRows()).toBe(before);
+  });
+
+  it('FM-19: output is filtered by the contract\'s output schema — fields the implementation added never reach the caller or the result store', async () => {
+    const before = await allRows();
+    const r = await tools('acme', 'alice').execute<{ topic: string; summary: string }>({ tool: 'test.summary', taskId: 'fm19-filter', input: { topic: 'tides' } });
+    expect(r.status).toBe('committed');
+    if (r.status !== 'committed') return;
+    expect(r.result).toEqual({ topic: 'tides', summary: 'A short summary of tides.' });
+    expect(r.receipt.resultDigest).toBe(digestOf({ topic: 'tides', summary: 'A short summary of tides.' }));
+    const status = await tools('acme', 'alice').status({ operationKey: r.operationKey });
+    expect(status.result).toEqual(r.result);
+    // The result store holds only what the schema allows, too.
+    const entry = await (await resultStore(t)).get(t.subjects.resultKey('acme', operationIdOf(r.operationKey)));
+    const stored = decode(z.object({ result: z.unknown() }).loose(), entry!.value);
+    expect(stored.result).toEqual(r.result);
+    for (const leaked of Object.values(LEAKED)) {
+      expect(JSON.stringify(r)).not.toContain(leaked);
+      expect(JSON.stringify(status)).not.toContain(leaked);
+      expect(JSON.stringify(stored)).not.toContain(leaked);
+    }
+    expect(await allRows()).toBe(before);
   });
 });
 
