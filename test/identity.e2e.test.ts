@@ -4,13 +4,14 @@
  * status), FM-32 (other users' reply inboxes), plus the id-collision and wildcard cases.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { errors, type NatsConnection, type PermissionViolationError } from '@nats-io/transport-node';
-import { jetstream, jetstreamManager } from '@nats-io/jetstream';
-import { downstreamKeyOf, prepareCall } from '@tooltx/contracts';
+import { existsSync, readFileSync } from 'node:fs';
+import { errors, nanos, type NatsConnection, type PermissionViolationError } from '@nats-io/transport-node';
+import { AckPolicy, jetstream, jetstreamManager } from '@nats-io/jetstream';
+import { downstreamKeyOf, prepareCall, TooltxError } from '@tooltx/contracts';
 import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
 import { Subjects, encode } from '@tooltx/nats';
-import { generateAuth, topology } from '@tooltx/streams';
-import { provisioned, type TestNats } from './helpers/nats.js';
+import { checkIdentityList, generateAuth, inboxPrefixOf, knownDurables, permissionsFor, SERVICE_NAMES, topology, type IdentityList, type Role } from '@tooltx/streams';
+import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForDecision } from './helpers/ops.js';
 import { Sink } from './helpers/sink.js';
@@ -24,6 +25,17 @@ let mallory: NatsConnection;
 
 const note = (title: string) => ({ bucket: 'kb-main', title, body: `Body of ${title}.`, at: '2026-11-30T06:00:00Z' });
 const agent = (tenant: string, actor: string) => ({ kind: 'agent' as const, tenant, actor });
+
+/** NATS subject matching: `*` is one token, a trailing `>` one or more. */
+function subjectMatches(pattern: string, subject: string): boolean {
+  const p = pattern.split('.');
+  const s = subject.split('.');
+  for (let i = 0; i < p.length; i++) {
+    if (p[i] === '>') return s.length > i;
+    if (i >= s.length || (p[i] !== '*' && p[i] !== s[i])) return false;
+  }
+  return p.length === s.length;
+}
 
 /** Resolves with the permission error the server raises for `fn`, or fails the test. */
 async function permissionError(nc: NatsConnection, fn: () => unknown): Promise<PermissionViolationError> {
@@ -74,6 +86,17 @@ describe('FM-06: forged tenant or actor', () => {
     expect((await waitForDecision(t, 'acme', key)).error.class).toBe('forbidden');
     expect(await history(t, 'acme', key)).toEqual([]);
     expect(sink.writesFor((b) => b.title === 'Forged actor')).toHaveLength(0);
+  });
+
+  it('records a raw intent naming another actor, sent without a key, as forbidden under the key its request derives to; nothing is written', async () => {
+    const input = note('Forged raw');
+    // No operationKey: the authorizer derives the key from the request itself, as for any intent.
+    await publishSubmission(jetstream(mallory), newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'fm06-raw', actorId: 'gina', input }));
+    const key = prepareCall(sinkWrite, 'fm06-raw', input).operationKey;
+    const d = await waitForDecision(t, 'globex', key);
+    expect(d).toMatchObject({ operationKey: key, tenant: 'globex', actor: 'mallory', tool: 'sink.write', version: 1, error: { class: 'forbidden' } });
+    expect(await history(t, 'globex', key)).toEqual([]);
+    expect(sink.writesFor((b) => b.title === 'Forged raw')).toHaveLength(0);
   });
 });
 
@@ -166,6 +189,89 @@ describe('FM-32: reply inboxes are private', () => {
     }
     await expect(t.jsm.streams.info('SPY')).rejects.toThrow();
   });
+
+  it('no service can update a durable of the deployment or create a new one: a permissions violation, the durable unchanged', async () => {
+    const events = t.subjects.eventsStream;
+    const before = await t.jsm.consumers.info(events, 'executor');
+    // The authorizer creates consumers on the event log (its status watch), the executor none.
+    for (const service of ['authorizer', 'executor'] as const) {
+      const nc = await t.connectAs({ kind: 'service', service });
+      try {
+        const jsm = await jetstreamManager(nc, { checkAPI: false, timeout: 1_000 });
+        // Update the executor's durable: through the client (the create API with the name in the
+        // subject), the legacy durable create, and the legacy ephemeral create naming it in the body
+        // (which 2.9.10 would apply to the durable).
+        const u = await permissionError(nc, () => jsm.consumers.update(events, 'executor', { max_deliver: 1, ack_wait: nanos(1_000) }));
+        expect(u.subject).toBe(`$JS.API.CONSUMER.CREATE.${events}.executor.${t.subjects.allOps}`);
+        const body = (config: Record<string, unknown>) => JSON.stringify({ stream_name: events, config: { ...before.config, max_deliver: 1, ack_wait: nanos(1_000), ...config } });
+        for (const [subject, config] of [
+          [`$JS.API.CONSUMER.DURABLE.CREATE.${events}.executor`, {}],
+          [`$JS.API.CONSUMER.CREATE.${events}`, { durable_name: undefined, name: 'executor' }],
+        ] as const) {
+          const e = await permissionError(nc, () => nc.request(subject, body(config), { timeout: 1_000 }));
+          expect(e.subject).toBe(subject);
+        }
+        // A new durable: on the intents stream, and under a durable name the deployment knows but
+        // has not created here (an extra executor durable of the identity list).
+        for (const [stream, durable, filter] of [
+          [t.subjects.intentsStream, 'rogue', t.subjects.allIntents],
+          [events, 'executor-b', t.subjects.allOps],
+        ] as const) {
+          const c = await permissionError(nc, () => jsm.consumers.add(stream, { durable_name: durable, filter_subject: filter, ack_policy: AckPolicy.Explicit }));
+          expect(c.subject).toBe(`$JS.API.CONSUMER.CREATE.${stream}.${durable}.${filter}`);
+        }
+        // The executor creates no consumer on the event log at all.
+        if (service === 'executor') {
+          const c = await permissionError(nc, () => jsm.consumers.add(events, { durable_name: 'rogue', filter_subject: t.subjects.allOps, ack_policy: AckPolicy.Explicit }));
+          expect(c.subject).toBe(`$JS.API.CONSUMER.CREATE.${events}.rogue.${t.subjects.allOps}`);
+        }
+        // Nor delete one.
+        const d = await permissionError(nc, () => jsm.consumers.delete(events, 'executor'));
+        expect(d.subject).toBe(`$JS.API.CONSUMER.DELETE.${events}.executor`);
+      } finally {
+        await nc.close();
+      }
+    }
+    const after = await t.jsm.consumers.info(events, 'executor');
+    expect(after.config).toEqual(before.config);
+    expect(after.config).toMatchObject({ durable_name: 'executor', max_deliver: 50, ack_wait: nanos(30_000) });
+    await expect(t.jsm.consumers.info(t.subjects.intentsStream, 'rogue')).rejects.toThrow(/not found/);
+    await expect(t.jsm.consumers.info(events, 'rogue')).rejects.toThrow(/not found/);
+    await expect(t.jsm.consumers.info(events, 'executor-b')).rejects.toThrow(/not found/);
+  });
+
+  it('the generated permissions give nobody but the provisioner a subject that creates, updates or deletes a known durable, or the legacy name-in-body create', () => {
+    const topo = topology(t.subjects);
+    const durables = knownDurables(topo, ['executor-b']);
+    const streams = [...Object.values(topo.streams).map((x) => x.name), ...[t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket].map((b) => `KV_${b}`)];
+    const attempts = streams.flatMap((st) => [
+      `$JS.API.CONSUMER.CREATE.${st}`,
+      ...durables.flatMap((d) => [
+        `$JS.API.CONSUMER.CREATE.${st}.${d}`,
+        `$JS.API.CONSUMER.CREATE.${st}.${d}.${t.subjects.prefix}.op.acme.x`,
+        `$JS.API.CONSUMER.CREATE.${st}.${d}.${t.subjects.prefix}.intent.acme.alice`,
+        `$JS.API.CONSUMER.CREATE.${st}.${d}.${t.subjects.prefix}.decision.acme.x`,
+        `$JS.API.CONSUMER.CREATE.${st}.${d}.$KV.${st.slice(3)}.acme.x`,
+        `$JS.API.CONSUMER.DURABLE.CREATE.${st}.${d}`,
+        `$JS.API.CONSUMER.DELETE.${st}.${d}`,
+      ]),
+      ...['CREATE', 'UPDATE', 'DELETE', 'PURGE'].map((op) => `$JS.API.STREAM.${op}.${st}`),
+    ]);
+    const roles: Role[] = [
+      ...SERVICE_NAMES.map((service) => ({ kind: 'service' as const, service })),
+      agent('acme', 'alice'),
+      { kind: 'auditor', tenant: 'acme', actor: 'audrey' },
+      { kind: 'operator', operator: 'oscar' },
+    ];
+    for (const role of roles) {
+      const p = permissionsFor(role, t.subjects, topo, ['executor-b']);
+      const allowed = (subject: string) => p.publish.allow.some((a) => subjectMatches(a, subject)) && !(p.publish.deny ?? []).some((d) => subjectMatches(d, subject));
+      expect({ role, allowed: attempts.filter(allowed) }).toEqual({ role, allowed: [] });
+    }
+    // The matcher itself: the authorizer may create its status watch on the event log.
+    const authz = permissionsFor({ kind: 'service', service: 'authorizer' }, t.subjects, topo);
+    expect(authz.publish.allow.some((a) => subjectMatches(a, `$JS.API.CONSUMER.CREATE.${t.subjects.eventsStream}.oc_x_1.${t.subjects.allOps}`))).toBe(true);
+  });
 });
 
 describe('ids are one subject token', () => {
@@ -176,6 +282,62 @@ describe('ids are one subject token', () => {
       expect(() => generateAuth({ tenants: [{ id: 'a', actors }] }, base)).toThrow(/\^\[a-z0-9_-\]\{1,64\}\$/);
     }
     expect(() => generateAuth({ tenants: [{ id: 'a.b', actors: ['c'] }] }, base)).toThrow();
+  });
+
+  const gen = (list: IdentityList) => {
+    const s = new Subjects('tcheck');
+    const outDir = `/tmp/tooltx-never-written-${process.pid}`;
+    try {
+      generateAuth(list, { subjects: s, topology: topology(s), outDir, listen: '127.0.0.1:-1', storeDir: '/tmp/x' });
+    } catch (err) {
+      expect(existsSync(outDir)).toBe(false);
+      return err;
+    }
+    throw new Error('the generator accepted the list');
+  };
+
+  it('the generator refuses ids reserved for tooltx\'s namespaces: tenant _svc + actor executor is not the executor service, _op + an operator id not that operator', () => {
+    expect(inboxPrefixOf({ kind: 'service', service: 'executor' })).toBe('_INBOX._svc.executor');
+    for (const [list, path, id] of [
+      [{ tenants: [{ id: '_svc', actors: ['executor'] }] }, ['tenants', 0, 'id'], '_svc'],
+      [{ tenants: [{ id: 'acme', actors: ['alice'] }, { id: '_op', actors: ['oscar'] }], operators: ['oscar'] }, ['tenants', 1, 'id'], '_op'],
+      [{ tenants: [{ id: '_provisioner', actors: ['x'] }] }, ['tenants', 0, 'id'], '_provisioner'],
+      [{ tenants: [{ id: 'acme', auditors: ['_audit'] }] }, ['tenants', 0, 'auditors', 0], '_audit'],
+      [{ tenants: [{ id: 'acme', actors: ['a'] }], operators: ['_op'] }, ['operators', 0], '_op'],
+    ] as [IdentityList, (string | number)[], string][]) {
+      const err = gen(list);
+      expect(err).toBeInstanceOf(TooltxError);
+      expect(err).toMatchObject({ class: 'invalid_input', issues: [{ path, code: 'reserved_id' }] });
+      expect((err as Error).message).toContain(`${path.join('.')}: `);
+      expect((err as Error).message).toContain(JSON.stringify(id));
+    }
+  });
+
+  it('the generator refuses two identities that would share a reply inbox: an actor and an auditor with one id in one tenant, an id listed twice; and an extra executor durable naming another service\'s durable', () => {
+    for (const [list, path, other, code] of [
+      [{ tenants: [{ id: 'acme', actors: ['alice'], auditors: ['alice'] }] }, ['tenants', 0, 'auditors', 0], 'tenants.0.actors.0 (actor acme/alice)', 'inbox_collision'],
+      [{ tenants: [{ id: 'acme', actors: ['alice', 'bob', 'alice'] }] }, ['tenants', 0, 'actors', 2], 'tenants.0.actors.0 (actor acme/alice)', 'inbox_collision'],
+      [{ tenants: [{ id: 'acme', actors: ['a'] }], operators: ['oscar', 'oscar'] }, ['operators', 1], 'operators.0 (operator oscar)', 'inbox_collision'],
+      [{ tenants: [{ id: 'acme', actors: ['a'] }], executorDurables: ['reconciler'] }, ['executorDurables', 0], 'reconciler', 'durable_collision'],
+    ] as [IdentityList, (string | number)[], string, string][]) {
+      const err = gen(list);
+      expect(err).toBeInstanceOf(TooltxError);
+      expect(err).toMatchObject({ class: 'invalid_input', issues: [{ path, code }] });
+      expect((err as Error).message).toContain(path.join('.'));
+      expect((err as Error).message).toContain(other);
+    }
+    // The same id in two tenants, or for an actor and an operator, is two inboxes: accepted.
+    expect(() => checkIdentityList({ tenants: [{ id: 'acme', actors: ['mallory'] }, { id: 'globex', actors: ['mallory'], auditors: ['audrey'] }], operators: ['mallory'] })).not.toThrow();
+  });
+
+  it('the lists in use pass, and every user of the test list has an inbox of its own that contains no other', () => {
+    expect(() => checkIdentityList(TEST_IDENTITIES, topology(new Subjects('tcheck')))).not.toThrow();
+    const prefixes = t.auth.users.map((u) => u.inboxPrefix);
+    expect(new Set(prefixes).size).toBe(prefixes.length);
+    for (const a of prefixes) for (const b of prefixes) if (a !== b) expect(b.startsWith(`${a}.`)).toBe(false);
+    // The list `npm start` and the demo generate their configuration from.
+    const sample = JSON.parse(readFileSync(new URL('../examples/research-kb/identities.json', import.meta.url), 'utf8')) as IdentityList;
+    expect(() => checkIdentityList(sample, topology(new Subjects('tooltx')))).not.toThrow();
   });
 
   it('tenant a + actor b.c can never equal tenant a.b + actor c', () => {

@@ -2,7 +2,7 @@ import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'n
 import { join } from 'node:path';
 import { createUser } from '@nats-io/nkeys';
 import { z } from 'zod';
-import { ID_PATTERN } from '@tooltx/contracts';
+import { ErrorClass, ID_PATTERN, TooltxError, type FieldIssue } from '@tooltx/contracts';
 import { generateReceiptKey, receiptKeyOf } from '@tooltx/lifecycle';
 import type { Subjects } from '@tooltx/nats';
 import { Durables, type Topology } from './topology.js';
@@ -64,11 +64,148 @@ export function inboxPrefixOf(role: Role): string {
   }
 }
 
+/** Where an identity of the list is (the field path of its entry) and what it is, for errors. */
+interface ListedIdentity {
+  role: Role;
+  path: (string | number)[];
+}
+
+const describeRole = (r: Role): string =>
+  r.kind === 'agent' ? `actor ${r.tenant}/${r.actor}`
+    : r.kind === 'auditor' ? `auditor ${r.tenant}/${r.actor}`
+      : r.kind === 'operator' ? `operator ${r.operator}`
+        : r.kind === 'service' ? `service ${r.service}`
+          : 'the provisioner';
+const describeEntry = (e: ListedIdentity): string => (e.path.length ? `${e.path.join('.')} (${describeRole(e.role)})` : describeRole(e.role));
+
+/**
+ * Refuses an identity list in which two identities would share a reply inbox, or one user's inbox
+ * would lie inside another's (FM-32: a user subscribes to `<its inbox prefix>.>`, so either would
+ * let one read the other's replies), and extra executor durables that name another service's
+ * durable. Rules (issue 5, the id-collision cases):
+ * - ids starting with `_` are reserved for tooltx's own inbox namespaces (`_INBOX._svc.<service>`,
+ *   `_INBOX._op.<operator>`, `_INBOX._provisioner`): a tenant `_svc` with an actor `executor` would
+ *   otherwise receive the executor service's replies. Code `reserved_id`, for tenant, actor,
+ *   auditor and operator ids.
+ * - no two identities have equal inbox prefixes, and none is a token prefix of another (an actor
+ *   and an auditor of one tenant with the same id, an id listed twice). Code `inbox_collision`.
+ * - `executorDurables` never names a durable of the topology (the executor would pull another
+ *   service's messages). Code `durable_collision`.
+ * Throws `TooltxError` (`invalid_input`) whose message names the offending entry by its field path
+ * and what it collides with; `issues` carries that path. The inbox rule holds for any list that
+ * passes these checks, by construction of {@link inboxPrefixOf}: agents and auditors take 3 tokens
+ * under a tenant that never starts with `_`; services, operators and the provisioner live under
+ * `_svc`, `_op`, `_provisioner`.
+ */
+export function checkIdentityList(list: IdentityList, topo?: Topology): void {
+  const parsed = identityListSchema.parse(list);
+  const refuse = (issue: FieldIssue, detail: string): never => {
+    throw new TooltxError(ErrorClass.InvalidInput, `identity list: ${detail}`, { issues: [issue] });
+  };
+  const reserved = (id: string, path: (string | number)[], what: string) => {
+    if (id.startsWith('_')) {
+      refuse(
+        { path, code: 'reserved_id', message: 'ids starting with _ are reserved for tooltx (_svc, _op, _provisioner)' },
+        `${path.join('.')}: ${what} ${JSON.stringify(id)} starts with "_": ids starting with _ are reserved for tooltx's own inbox namespaces (_svc, _op, _provisioner)`,
+      );
+    }
+  };
+  const entries: ListedIdentity[] = [
+    { role: { kind: 'provisioner' }, path: [] },
+    ...SERVICE_NAMES.map((service) => ({ role: { kind: 'service' as const, service }, path: [] })),
+  ];
+  parsed.tenants.forEach((t, i) => {
+    reserved(t.id, ['tenants', i, 'id'], 'tenant');
+    t.actors.forEach((actor, j) => {
+      reserved(actor, ['tenants', i, 'actors', j], 'actor');
+      entries.push({ role: { kind: 'agent', tenant: t.id, actor }, path: ['tenants', i, 'actors', j] });
+    });
+    t.auditors.forEach((actor, j) => {
+      reserved(actor, ['tenants', i, 'auditors', j], 'auditor');
+      entries.push({ role: { kind: 'auditor', tenant: t.id, actor }, path: ['tenants', i, 'auditors', j] });
+    });
+  });
+  parsed.operators.forEach((operator, k) => {
+    reserved(operator, ['operators', k], 'operator');
+    entries.push({ role: { kind: 'operator', operator }, path: ['operators', k] });
+  });
+  // Equal prefixes, then a prefix that lies inside another (its token ancestors).
+  const byPrefix = new Map<string, ListedIdentity>();
+  for (const e of entries) {
+    const prefix = inboxPrefixOf(e.role);
+    const other = byPrefix.get(prefix);
+    if (other) {
+      refuse(
+        { path: e.path, code: 'inbox_collision', message: `same reply inbox as ${describeEntry(other)}` },
+        `${describeEntry(e)} would have the reply inbox ${prefix} of ${describeEntry(other)}: two identities may not share an inbox (FM-32); give one another id`,
+      );
+    }
+    byPrefix.set(prefix, e);
+  }
+  for (const [prefix, e] of byPrefix) {
+    const tokens = prefix.split('.');
+    for (let n = 2; n < tokens.length; n++) {
+      const outer = byPrefix.get(tokens.slice(0, n).join('.'));
+      if (outer) {
+        refuse(
+          { path: e.path, code: 'inbox_collision', message: `reply inbox inside that of ${describeEntry(outer)}` },
+          `${describeEntry(e)} would have the reply inbox ${prefix}, inside ${describeEntry(outer)}'s: it could read these replies (FM-32); give one another id`,
+        );
+      }
+    }
+  }
+  if (topo) {
+    const owners = new Map(topo.consumers.map((c) => [c.config.durable_name, c.stream]));
+    parsed.executorDurables.forEach((d, k) => {
+      const stream = owners.get(d);
+      if (stream) {
+        refuse(
+          { path: ['executorDurables', k], code: 'durable_collision', message: `${d} is a durable of the topology (${stream})` },
+          `executorDurables.${k}: extra executor durable ${JSON.stringify(d)} is already a durable of the topology (stream ${stream}); name the executor's extra durable otherwise`,
+        );
+      }
+    });
+  }
+}
+
+/**
+ * Every durable consumer name the deployment knows: the topology's and the extra executor
+ * durables of the identity list. Nobody but the provisioner may create, update or delete a
+ * consumer of one of these names, on any stream ({@link permissionsFor}).
+ */
+export function knownDurables(topo: Topology, executorDurables: string[] = []): string[] {
+  return [...new Set([...topo.consumers.map((c) => c.config.durable_name), ...executorDurables])];
+}
+
 /**
  * The permissions of one role under `subjects`' prefix. Pure: a test reads them directly.
- * JetStream API subjects follow the NATS docs ("JetStream wire API reference"); on 2.9 a consumer
- * create with one filter is `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, so it can be
- * scoped to the filter.
+ * JetStream API subjects follow the NATS docs ("JetStream wire API reference").
+ *
+ * Consumers (issue 5: only the provisioner creates, updates or deletes durable consumers). What
+ * nats-server 2.9.10 does with each create subject, observed on the real server
+ * (test/identity.e2e.test.ts, FM-32):
+ * - `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, the create API of 2.9.0+ and what the nats.js
+ *   v3 client sends for every named consumer (ordered consumers `oc_<nuid>_<n>`, KV watchers
+ *   `KV_WATCHER_<nuid>`): the server refuses a body whose `durable_name` differs from `<name>`
+ *   (10017) or whose `filter_subject` differs from `<filter>` (10131); otherwise it creates
+ *   consumer `<name>` — durable when the body carries `durable_name` — or, when `<name>` exists,
+ *   UPDATES it (2.9 has no create-only request). So the name token is the only handle on which
+ *   consumer a request touches.
+ * - `$JS.API.CONSUMER.CREATE.<stream>` (legacy ephemeral): refuses a `durable_name` (10020), but a
+ *   body `name` equal to an existing durable updates that durable and even drops its durability.
+ *   The name is in the body, out of any permission's reach: nobody but the provisioner gets it.
+ * - `$JS.API.CONSUMER.DURABLE.CREATE.<stream>.<durable>` (legacy durable): the provisioner's only.
+ * The rule: a service creates consumers only through the first form, on the streams and filters it
+ * already reads (a KV watch, the authorizer's status watch), and every service is denied the
+ * create (all three forms), update and delete subjects of every {@link knownDurables} name on every
+ * stream. A name-prefix rule ("names starting with `authorizer_`") cannot be written: permission
+ * wildcards match whole tokens and a consumer name is one token; fixed names would collide between
+ * instances of one service. What a service can still do: create, under a fresh name, a consumer
+ * whose body carries `durable_name` equal to that name (the subject does not tell a durable from an
+ * ephemeral), or an ephemeral with a long `inactive_threshold` — only on a stream and filter it may
+ * already read, so it reads nothing new, and it can never create, update, pull from (other than its
+ * own) or delete a durable of the deployment. Agents, auditors and operators get no JetStream API
+ * subject at all.
  */
 export function permissionsFor(role: Role, s: Subjects, topo: Topology, executorDurables: string[] = []): Permissions {
   const api = '$JS.API';
@@ -91,12 +228,18 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
   const directSeq = (stream: string) => [`${api}.DIRECT.GET.${stream}`];
   const kvRead = (bucket: string) => [...directLast(kvStream(bucket)), ...directSeq(kvStream(bucket)), `${api}.STREAM.INFO.${kvStream(bucket)}`];
   const kvWrite = (bucket: string) => [`$KV.${bucket}.>`];
-  // A KV watch or key listing: an ordered push consumer on the bucket's own stream (never another).
+  // A KV watch, key listing or history: an ordered push consumer on the bucket's own stream, named
+  // in the subject and filtered to the bucket's keys (never the legacy name-in-body create).
   const kvWatch = (bucket: string) => [
-    `${api}.CONSUMER.CREATE.${kvStream(bucket)}`, `${api}.CONSUMER.CREATE.${kvStream(bucket)}.>`,
-    `${api}.CONSUMER.DELETE.${kvStream(bucket)}.>`, `${api}.CONSUMER.INFO.${kvStream(bucket)}.>`,
+    `${api}.CONSUMER.CREATE.${kvStream(bucket)}.*.$KV.${bucket}.>`,
+    `${api}.CONSUMER.DELETE.${kvStream(bucket)}.*`, `${api}.CONSUMER.INFO.${kvStream(bucket)}.*`,
     `$JS.FC.${kvStream(bucket)}.>`,
   ];
+  // Every service: no create, update or delete of a durable the deployment knows, on any stream.
+  const durableGuard = knownDurables(topo, executorDurables).flatMap((d) => [
+    `${api}.CONSUMER.CREATE.*.${d}`, `${api}.CONSUMER.CREATE.*.${d}.>`,
+    `${api}.CONSUMER.DURABLE.CREATE.*.${d}`, `${api}.CONSUMER.DELETE.*.${d}`,
+  ]);
   const tasks = topo.tasks.bucket;
   const events = topo.streams.events.name;
   const intents = topo.streams.intents.name;
@@ -117,11 +260,12 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
     case 'provisioner':
       return { publish: { allow: [`${api}.>`, `$KV.>`, `${s.prefix}.>`] }, subscribe: { allow: [inbox] } };
     case 'service': {
-      const durableNames = new Set(topo.consumers.map((c) => c.config.durable_name));
+      const durables = knownDurables(topo, executorDurables);
       switch (role.service) {
         case 'authorizer': {
           // The status watch: ordered consumers on the event log and the decision stream, created
-          // with their filter in the subject; they may never pull from another service's durable.
+          // with their filter in the subject; they may never pull from, create, update or delete a
+          // durable of the deployment.
           const ordered = (stream: string, filter: string) => [
             `${api}.CONSUMER.CREATE.${stream}.*.${filter}`,
             `${api}.CONSUMER.MSG.NEXT.${stream}.*`,
@@ -139,7 +283,7 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps, s.allDecisions,
               ],
-              deny: [...durableNames].flatMap((d) => [`${api}.CONSUMER.MSG.NEXT.${events}.${d}`, `${api}.CONSUMER.MSG.NEXT.${decisions}.${d}`, `${api}.CONSUMER.DELETE.${events}.${d}`, `${api}.CONSUMER.DELETE.${decisions}.${d}`]),
+              deny: [...durableGuard, ...durables.flatMap((d) => [`${api}.CONSUMER.MSG.NEXT.${events}.${d}`, `${api}.CONSUMER.MSG.NEXT.${decisions}.${d}`])],
             },
             subscribe: { allow: [inbox, s.allStatus] },
             allow_responses: true,
@@ -156,11 +300,11 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps,
               ],
+              deny: durableGuard,
             },
             subscribe: { allow: [inbox] },
           };
         case 'audit-projector': {
-          const bucket = kvStream(topo.projections.audit.bucket);
           return {
             publish: {
               allow: [
@@ -169,9 +313,10 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ...kvRead(topo.projections.audit.bucket), ...kvWrite(topo.projections.audit.bucket),
                 // The audit service lists a tenant's records through an ordered push consumer on the
                 // bucket's own stream, and records every query and export before it answers.
-                `${api}.CONSUMER.CREATE.${bucket}`, `${api}.CONSUMER.CREATE.${bucket}.>`, `${api}.CONSUMER.DELETE.${bucket}.>`, `${api}.CONSUMER.INFO.${bucket}.>`, `$JS.FC.${bucket}.>`,
+                ...kvWatch(topo.projections.audit.bucket),
                 s.allAuditLog,
               ],
+              deny: durableGuard,
             },
             subscribe: { allow: [inbox, s.allAudit] },
             allow_responses: true,
@@ -195,7 +340,7 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ]
               : [];
           return {
-            publish: { allow: [...check, ...pull(events, durable), ...directLast(events), ...directSeq(events), ...kvRead(bucket), ...kvWrite(bucket), ...recovery] },
+            publish: { allow: [...check, ...pull(events, durable), ...directLast(events), ...directSeq(events), ...kvRead(bucket), ...kvWrite(bucket), ...recovery], deny: durableGuard },
             // The reconciler answers operators' takeover requests (queue group).
             subscribe: { allow: role.service === 'reconciler' ? [inbox, s.allTakeover] : [inbox] },
             ...(role.service === 'reconciler' ? { allow_responses: true } : {}),
@@ -246,14 +391,16 @@ function userName(role: Role): string {
 
 /**
  * Writes `<outDir>/nats-server.conf` and one nkey seed per user under `<outDir>/nkeys/` (mode 0600).
- * The config holds only public keys. Throws `z.ZodError` for a bad identity list (an actor named
- * `>`, `*` or `b.c` never reaches the config).
+ * The config holds only public keys. Throws `z.ZodError` for a malformed identity list (an actor
+ * named `>`, `*` or `b.c` never reaches the config) and `TooltxError` (`invalid_input`) for ids that
+ * collide across roles or are reserved ({@link checkIdentityList}); nothing is written then.
  */
 export function generateAuth(
   list: IdentityList,
   o: { subjects: Subjects; topology: Topology; outDir: string; listen: string; storeDir: string; serverName?: string },
 ): GeneratedAuth {
   const parsed = identityListSchema.parse(list);
+  checkIdentityList(parsed, o.topology);
   const roles: Role[] = [
     { kind: 'provisioner' },
     ...SERVICE_NAMES.map((service) => ({ kind: 'service' as const, service })),
