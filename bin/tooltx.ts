@@ -19,7 +19,7 @@ import { baseConfigSchema, loadConfig, loadImplementations, ConfigError } from '
 import { topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { applyTopology, checkTopology, generateAuth, inboxPrefixOf, topology } from '@tooltx/streams';
+import { applyTopology, checkDurables, checkTopology, generateAuth, inboxPrefixOf, topology } from '@tooltx/streams';
 import { z } from 'zod';
 import { registerTakeover } from './commands/takeover.js';
 import { registerAuditCommands } from './commands/audit.js';
@@ -69,14 +69,16 @@ streams
   );
 streams
   .command('check')
-  .description('list every setting that breaks a tooltx guarantee; exit code 1 when there is any')
-  .action(() =>
+  .description('list every setting that breaks a tooltx guarantee, and every durable consumer the topology does not define (run as the provisioner); exit code 1 when there is any')
+  .option('--extra-durable <name...>', 'durables that are expected besides the topology\'s (the identity list\'s executorDurables)', [])
+  .action((o: { extraDurable: string[] }) =>
     withNats(async ({ jsm, topo, config }) => {
       const tools = config.TOOLTX_TOOLS_MODULE ? await loadImplementations(config.TOOLTX_TOOLS_MODULE) : null;
       const v = await checkTopology(jsm, topo, {
         longestKeyRetentionMs: tools?.contracts.longestKeyRetentionMs() ?? 0,
         ...(tools ? { longestOperationMs: tools.longestOperationMs() } : {}),
       });
+      v.push(...(await checkDurables(jsm, topo, o.extraDurable)));
       process.stdout.write(`${JSON.stringify({ ok: v.length === 0, violations: v })}\n`);
       if (v.length) process.exitCode = 1;
     }),

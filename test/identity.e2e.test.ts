@@ -10,7 +10,7 @@ import { AckPolicy, jetstream, jetstreamManager } from '@nats-io/jetstream';
 import { downstreamKeyOf, prepareCall, TooltxError } from '@tooltx/contracts';
 import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
 import { Subjects, encode } from '@tooltx/nats';
-import { checkIdentityList, generateAuth, inboxPrefixOf, knownDurables, permissionsFor, SERVICE_NAMES, topology, type IdentityList, type Role } from '@tooltx/streams';
+import { checkDurables, checkIdentityList, generateAuth, inboxPrefixOf, knownDurables, permissionsFor, SERVICE_NAMES, topology, type IdentityList, type Role } from '@tooltx/streams';
 import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForDecision } from './helpers/ops.js';
@@ -238,6 +238,25 @@ describe('FM-32: reply inboxes are private', () => {
     await expect(t.jsm.consumers.info(t.subjects.intentsStream, 'rogue')).rejects.toThrow(/not found/);
     await expect(t.jsm.consumers.info(events, 'rogue')).rejects.toThrow(/not found/);
     await expect(t.jsm.consumers.info(events, 'executor-b')).rejects.toThrow(/not found/);
+  });
+
+  it('FM-32: a durable under a new name that the server cannot refuse (the authorizer, on a stream and filter it reads) is reported by the provisioner\'s check', async () => {
+    const events = t.subjects.eventsStream;
+    const topo = topology(t.subjects);
+    expect(await checkDurables(t.jsm, topo, ['executor-b'])).toEqual([]);
+    const nc = await t.connectAs({ kind: 'service', service: 'authorizer' });
+    try {
+      const jsm = await jetstreamManager(nc, { checkAPI: false, timeout: 1_000 });
+      // 2.9.10 carries a new durable's name in the body: the generated permissions cannot tell it apart.
+      await jsm.consumers.add(events, { durable_name: 'sneaky', filter_subject: t.subjects.allOps, ack_policy: AckPolicy.Explicit });
+    } finally {
+      await nc.close();
+    }
+    const v = await checkDurables(t.jsm, topo, ['executor-b']);
+    expect(v).toHaveLength(1);
+    expect(v[0]).toContain(`consumer ${events}/sneaky is a durable the topology does not define`);
+    await t.jsm.consumers.delete(events, 'sneaky');
+    expect(await checkDurables(t.jsm, topo, ['executor-b'])).toEqual([]);
   });
 
   it('the generated permissions give nobody but the provisioner a subject that creates, updates or deletes a known durable, or the legacy name-in-body create', () => {

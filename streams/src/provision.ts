@@ -116,6 +116,30 @@ export async function checkTopology(
   return v;
 }
 
+/**
+ * The provisioner's audit of durable consumers (issue 5: only the provisioner creates durables).
+ * nats-server 2.9.10 cannot stop a service from creating a durable under a NEW name on a stream and
+ * filter it already reads (the durable name travels in the request body; generated permissions
+ * deny every known durable's name): this lists, on every stream and bucket of the topology, each
+ * durable consumer that is neither in the topology nor in `extraDurables` (e.g. the identity list's
+ * `executorDurables`). Needs the provisioner's `$JS.API.CONSUMER.LIST`; services cannot run it.
+ * Returns one violation per unknown durable.
+ */
+export async function checkDurables(jsm: JetStreamManager, t: Topology, extraDurables: string[] = []): Promise<string[]> {
+  const known = new Set([...t.consumers.map((c) => `${c.stream}/${c.config.durable_name}`)]);
+  const names = [...Object.values(t.streams).map((s) => s.name), ...buckets(t).map((b) => `KV_${b.bucket}`)];
+  const v: string[] = [];
+  for (const stream of names) {
+    if (!(await streamInfo(jsm, stream))) continue;
+    for await (const ci of jsm.consumers.list(stream)) {
+      const durable = ci.config.durable_name;
+      if (!durable || known.has(`${stream}/${durable}`) || extraDurables.includes(durable)) continue;
+      v.push(`consumer ${stream}/${durable} is a durable the topology does not define (only the provisioner creates durables: delete it with \`nats consumer rm\` after finding who made it)`);
+    }
+  }
+  return v;
+}
+
 /** {@link checkTopology}, throwing {@link StreamConfigError} when anything is wrong. */
 export async function assertTopology(...args: Parameters<typeof checkTopology>): Promise<void> {
   const v = await checkTopology(...args);
