@@ -193,15 +193,18 @@ describe('tools.execute', () => {
 describe('tools.execute never throws', () => {
   it('returns invalid_input with the path for a bad budget, and unknown (not an exception) when the intent stream is missing', async () => {
     const bad = await tools.execute({ tool: 'sink.write', taskId: 'x', input: note('Budget') }, { budgetMs: -5 });
-    expect(bad).toMatchObject({ status: 'rejected', error: { class: 'invalid_input', issues: [{ path: ['opts', 'budgetMs'] }] } });
-    // An agent pointed at a prefix with no streams: nothing is known to be stored, nothing thrown.
-    const lost = await createTools({ servers: t.url, tenant: TENANT, actor: 'alice', nkeyFile: t.agentSeed(TENANT, 'alice'), contracts, prefix: 'nosuchprefix', receiptKeys: t.auth.receiptKeysFile });
+    // Paths are relative to the argument the caller passed: the option's own name.
+    expect(bad).toMatchObject({ status: 'rejected', error: { class: 'invalid_input', issues: [{ path: ['budgetMs'] }] } });
+    // An agent of a prefix the server authorises but nobody provisioned: nothing is known to be stored, nothing thrown.
+    const bare = await provisioned({}, undefined, { apply: false });
+    const lost = await createTools({ servers: bare.url, tenant: TENANT, actor: 'alice', nkeyFile: bare.agentSeed(TENANT, 'alice'), contracts, prefix: bare.subjects.prefix, receiptKeys: bare.auth.receiptKeysFile });
     try {
       const r = await lost.execute({ tool: 'sink.write', taskId: 'x', input: note('Nowhere') }, { budgetMs: 2_000 });
       expect(r.status).toBe('unknown');
       if (r.status === 'unknown') expect(r.evidence.intentStored).toBe(false);
     } finally {
       await lost.close();
+      await bare.close();
     }
   });
 });

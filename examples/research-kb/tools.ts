@@ -3,8 +3,9 @@
  * `TOOLTX_TOOLS_MODULE`, never by agents).
  *
  * - `web.fetch_page` fetches a page and returns `{ url, title, excerpt }` (never the whole page).
- *   Loopback, private and link-local hosts are refused unless their origin is listed in
- *   `WEB_ALLOWED_ORIGINS` (comma-separated) — a fetch tool must not be a way into the trusted network.
+ *   Loopback, private and link-local hosts are refused (`invalid_input` at `input.url`, code
+ *   `private_address`) unless their origin is listed in `WEB_ALLOWED_ORIGINS` (comma-separated) — a
+ *   fetch tool must not be a way into the trusted network.
  * - `kb.write_note`, `kb.write_notes` (batch) and `kb.delete_note` talk to the KB storage service at
  *   `KB_URL`. The policy seam resolves every knowledge-base reference through the KB's one resolver
  *   (FM-10) and checks the actor's role and the state; the executor re-runs it at the execution
@@ -15,7 +16,7 @@
  * errors, 5xx and aborts propagate as they are (outcome unknown).
  */
 import { isIP } from 'node:net';
-import { defineImplementation, ErrorClass, TooltxError, type AuthorizationContext, type AuthorizationResult, type ProbeResult, type ReadContext } from '@tooltx/contracts';
+import { defineImplementation, ErrorClass, invalidInput, TooltxError, type AuthorizationContext, type AuthorizationResult, type ProbeResult, type ReadContext } from '@tooltx/contracts';
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
@@ -158,7 +159,8 @@ export const implementations = [
     contract: fetchPage,
     async execute(input, ctx) {
       const url = new URL(input.url);
-      if (isPrivateHost(url.hostname) && !allowedOrigins.has(url.origin)) throw new TooltxError(ErrorClass.Forbidden, 'origin not allowed');
+      // The URL names a place this tool never goes (not the caller's rights): re-plan with another URL.
+      if (isPrivateHost(url.hostname) && !allowedOrigins.has(url.origin)) throw invalidInput(['input', 'url'], 'private_address', `${url.hostname} is a loopback, private or link-local address; web.fetch_page fetches public pages only (an operator may allow an origin with WEB_ALLOWED_ORIGINS)`);
       const res = await fetch(url, { signal: ctx.signal, redirect: 'error' });
       if (res.status === 404 || res.status === 410) throw new TooltxError(ErrorClass.NotFound, 'page not found');
       if (!res.ok) {

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { jetstream } from '@nats-io/jetstream';
+import { errors as natsErrors } from '@nats-io/transport-node';
 import { z } from 'zod';
 import {
   digestOf,
@@ -15,6 +16,7 @@ import {
   TooltxError,
   type Contract,
   type ErrorInfo,
+  type FieldIssue,
   type PreparedCall,
 } from '@tooltx/contracts';
 import { MAX_STATUS_WAIT_MS, receiptSchema, statusReplySchema, trustedReceiptKeys, verifyReceipt, type Receipt, type ServerState, type TakeoverRecord, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
@@ -54,7 +56,14 @@ export interface CreateToolsOptions {
   receiptKeys?: Record<string, string> | string;
 }
 
-/** One tool call, as the agent states it. `actorId`, when given, must be the authenticated actor. */
+/**
+ * One tool call, as the agent states it. `actorId`, when given, must be the authenticated actor.
+ *
+ * Field paths: every `issues[].path` of a refusal `execute` returns is relative to the object the
+ * caller passed — this request (`["taskId"]`, `["actorId"]`, `["input", "items", 3, "body"]`) or, for
+ * a bad option, the options object (`["budgetMs"]`). Errors `createTools` throws name the option
+ * (`["nkeyFile"]`, `["contracts", 1]`).
+ */
 export interface ExecuteRequest {
   tool: string;
   /** Contract version; may be omitted when exactly one version of `tool` was given to createTools. */
@@ -99,6 +108,13 @@ export interface UnknownEvidence {
  * the SDK derived, or — when the input named its target through an alias (another name, case or
  * encoding of the same resource) — the key of the canonical input, which the receipt carries
  * (DESIGN.md "Canonical resource ids", FM-10). A rejection names the derived key.
+ *
+ * Answered at once, without spending the budget: `rejected` (`invalid_input` at `["input"]`, code
+ * `too_large`) for an intent larger than the server's `max_payload` — checked before publishing;
+ * `rejected` (`forbidden`, code `permission_violation`) when the server refused the first publish
+ * of the intent (never stored); `unknown` with `error.class` `forbidden` and `next: "reauthorise"`
+ * when the server refused a later publish or the reply inbox (an intent may be stored, and this
+ * connection can no longer observe it).
  */
 export type ExecuteResult<O = unknown> =
   | { status: 'committed'; operationKey: string; result: O; receipt: Receipt; next: 'continue' }
@@ -133,21 +149,58 @@ interface Track {
   started: number;
 }
 
-/** The shape of `execute`'s arguments: programming errors come back as `invalid_input` with a path. */
-const executeArgsSchema = z.object({
+/**
+ * The shape of `execute`'s arguments: programming errors come back as `invalid_input` with a path
+ * relative to the argument that holds the field (the request, or the options object).
+ */
+const executeRequestSchema = z.strictObject({
   // Strict: a misspelt or extra field (`versoin`, `tenant`) is a caller's bug, never ignored.
-  req: z.strictObject({
-    tool: z.string().min(1).max(100),
-    version: z.number().int().min(1).optional(),
-    taskId: z.string().min(1).max(256),
-    operationKey: z.string().max(100).optional(),
-    actorId: z.string().max(64).optional(),
-    input: z.unknown(),
-  }),
-  opts: z.object({ budgetMs: z.number().int().min(100).max(24 * 3600_000).optional() }),
+  tool: z.string().min(1).max(100),
+  version: z.number().int().min(1).optional(),
+  taskId: z.string().min(1).max(256),
+  operationKey: z.string().max(100).optional(),
+  actorId: z.string().max(64).optional(),
+  input: z.unknown(),
+});
+const budgetSchema = z.number().int().min(100).max(24 * 3600_000);
+const executeOptionsSchema = z.strictObject({ budgetMs: budgetSchema.optional() });
+
+/** The options of {@link createTools}; a problem is a {@link ToolsOptionError} at the option's name. */
+const createToolsOptionsSchema = z.strictObject({
+  servers: z.string().min(1).optional(),
+  nc: z.custom<NatsConnection>((v) => typeof v === 'object' && v !== null && typeof (v as { request?: unknown }).request === 'function', 'must be a NatsConnection').optional(),
+  tenant: z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$'),
+  actor: z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$'),
+  contracts: z.array(z.custom<Contract>((v) => typeof v === 'object' && v !== null && typeof (v as { id?: unknown }).id === 'string', 'must be a contract (defineContract)')).min(1),
+  prefix: z.string().regex(/^[a-z][a-z0-9_]{0,31}$/, 'must match ^[a-z][a-z0-9_]{0,31}$').optional(),
+  credsFile: z.string().min(1).optional(),
+  nkeyFile: z.string().min(1).optional(),
+  inboxPrefix: z.string().min(1).optional(),
+  budgetMs: budgetSchema.optional(),
+  submissionIdFactory: z.custom<() => string>((v) => typeof v === 'function', 'must be a function').optional(),
+  receiptKeys: z.union([z.record(z.string(), z.string()), z.string().min(1)]).optional(),
 });
 
+/**
+ * A bad option of {@link createTools} (a `TypeError`: a programming or configuration error, thrown
+ * before anything is connected). `issues[].path` starts with the option's name (`["nkeyFile"]`,
+ * `["contracts", 1]`, `["receiptKeys"]`); the message names the option and, for a file, its path.
+ */
+export class ToolsOptionError extends TypeError {
+  readonly issues: FieldIssue[];
+  constructor(issues: FieldIssue[]) {
+    super(`createTools: ${issues.map((i) => `${i.path.join('.') || '(options)'}: ${i.message}`).join('; ')}`);
+    this.name = 'ToolsOptionError';
+    this.issues = issues;
+  }
+}
+
 const PUBACK_TIMEOUT_MS = 2_000;
+/**
+ * Room left for the headers of a submission (`Nats-Msg-Id` and the HPUB framing, under 100 bytes)
+ * within the server's `max_payload`, which bounds headers and payload together (NATS protocol, HPUB).
+ */
+const HEADER_ALLOWANCE_BYTES = 512;
 const STATUS_POLL_MS = 5_000;
 /** Read/compute attempts rejected as dependency_unavailable are resubmitted at most this often. */
 const MAX_RETRYABLE_ATTEMPTS = 5;
@@ -155,14 +208,32 @@ const MAX_RETRYABLE_ATTEMPTS = 5;
 /**
  * Creates the agent-side SDK (issue 3). It needs only: publish on its own intent subject,
  * request on its own status subject, and subscribe to its own inbox prefix — nothing else.
- * Throws `TypeError` for a bad tenant/actor id or two contracts with one `name@version`.
+ *
+ * Before it returns it checks, with one status request (read-only), that the server lets this
+ * connection act as `tenant`/`actor` under `prefix`: publish on its status subject and subscribe to
+ * its inbox prefix. That check needs no service running (a status service that is down is fine).
+ *
+ * Throws, before connecting:
+ * - {@link ToolsOptionError} (a `TypeError`) for a bad option: an id that is not `^[a-z0-9_-]{1,64}$`,
+ *   two contracts with one `name@version`, an unreadable `nkeyFile`/`credsFile`, a receipt keys file
+ *   that cannot be read or parsed, no trusted receipt key — the message names the option (or
+ *   `TOOLTX_RECEIPT_KEYS_FILE`) and the file's path;
+ * and after connecting (the connection it opened is closed again):
+ * - `TooltxError(forbidden)` when the server refuses that publish or subscription (NATS permissions
+ *   violation): the credentials are not those of `tenant`/`actor`, or `prefix`/`inboxPrefix` are not
+ *   the deployment's; `issues[0].path` names the credentials option;
+ * - the client's connection error when no server answers or the server refuses the credentials.
  */
 export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
-  if (!ID_PATTERN.test(opts.tenant) || !ID_PATTERN.test(opts.actor)) throw new TypeError('tenant and actor must match ^[a-z0-9_-]{1,64}$');
+  const parsed = createToolsOptionsSchema.safeParse(opts);
+  if (!parsed.success) throw new ToolsOptionError(fieldIssues(parsed.error));
+  checkDistinctContracts(opts.contracts);
   const subjects = new Subjects(opts.prefix ?? 'tooltx');
   // Before connecting: a bad configuration must not leave a connection open.
   const trusted = loadTrustedKeys(opts.receiptKeys);
+  for (const option of ['nkeyFile', 'credsFile'] as const) checkReadable(option, opts[option]);
   const owned = !opts.nc;
+  const inboxPrefix = opts.inboxPrefix ?? `_INBOX.${opts.tenant}.${opts.actor}`;
   const nc =
     opts.nc ??
     (await connectNats({
@@ -170,8 +241,29 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       name: `tooltx-sdk:${opts.tenant}/${opts.actor}`,
       credsFile: opts.credsFile,
       nkeySeedFile: opts.nkeyFile,
-      inboxPrefix: opts.inboxPrefix ?? `_INBOX.${opts.tenant}.${opts.actor}`,
+      inboxPrefix,
     }));
+  const credentials = opts.nkeyFile ? 'nkeyFile' : opts.credsFile ? 'credsFile' : opts.nc ? 'nc' : 'servers';
+  /** What a permissions violation of the server means for this configuration, as a field issue. */
+  const deniedIssue = (v: PermissionViolation, when: 'setup' | 'call'): FieldIssue => ({
+    path: [credentials],
+    code: 'permission_violation',
+    message:
+      `the server refused ${v.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${v.subject}: ` +
+      `this connection's identity${opts.nkeyFile ? ` (seed ${opts.nkeyFile})` : opts.credsFile ? ` (creds ${opts.credsFile})` : ''} ${when === 'setup' ? 'is not' : 'may no longer act as'} ` +
+      `${opts.tenant}/${opts.actor} under prefix ${subjects.prefix}` +
+      (v.operation === 'publish' ? '' : `, or inboxPrefix ${inboxPrefix} is not that actor's`),
+  });
+  try {
+    const denied = await probePermissions(nc, subjects.status(opts.tenant, opts.actor));
+    if (denied) {
+      const issue = deniedIssue(denied, 'setup');
+      throw new TooltxError(ErrorClass.Forbidden, `createTools: ${issue.message}`, { issues: [issue] });
+    }
+  } catch (err) {
+    if (owned) await nc.close().catch(() => undefined);
+    throw err;
+  }
   const js = jetstream(nc);
   const verify = (o: { operationKey: string; receipt: Receipt; result?: unknown }): ReceiptCheck => {
     const r = receiptSchema.safeParse(o.receipt);
@@ -190,6 +282,8 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     try {
       reply = await nc.request(statusSubject, encode(req), { timeout: (req.waitMs ?? 0) + 2_000 });
     } catch (err) {
+      const denied = permissionViolationOf(err);
+      if (denied) throw new TooltxError(ErrorClass.Forbidden, 'status request refused by the server (permissions)', { issues: [deniedIssue(denied, 'call')], cause: err });
       throw new TooltxError(ErrorClass.DependencyUnavailable, 'status service did not answer', { cause: err });
     }
     const body = decode(statusReplySchema, reply.data);
@@ -203,8 +297,9 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     status,
     verify,
     execute: async <O>(req: ExecuteRequest, o?: ExecuteOptions): Promise<ExecuteResult<O>> => {
-      const r = executeArgsSchema.safeParse({ req, opts: o ?? {} });
-      if (!r.success) return refused(null, { class: ErrorClass.InvalidInput, issues: fieldIssues(r.error) });
+      const r = executeRequestSchema.safeParse(req);
+      const ro = executeOptionsSchema.safeParse(o ?? {});
+      if (!r.success || !ro.success) return refused(null, { class: ErrorClass.InvalidInput, issues: [...(r.success ? [] : fieldIssues(r.error)), ...(ro.success ? [] : fieldIssues(ro.error))] });
       const track: Track = { key: undefined, submissionIds: [], intentStored: false, started: Date.now() };
       try {
         return await execute<O>(req, o?.budgetMs ?? opts.budgetMs ?? 30_000, track);
@@ -251,6 +346,16 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       return refused(req.operationKey, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['operationKey'], code: 'key_mismatch', message: 'the operation key is derived from taskId, contract, target and intent' }] });
     }
     const envelope = { tool: contract.name, version: contract.version, taskId: req.taskId, operationKey: key, input: req.input, ...(req.actorId !== undefined ? { actorId: req.actorId } : {}) };
+    // The server drops a message over its max_payload without storing it (and the client refuses to
+    // send one): a call that can never be stored is the caller's to shrink, not an unknown outcome.
+    const maxPayload = nc.info?.max_payload;
+    const size = encode(envelope).length + HEADER_ALLOWANCE_BYTES;
+    if (maxPayload !== undefined && size > maxPayload) {
+      return refused(key, {
+        class: ErrorClass.InvalidInput,
+        issues: [{ path: ['input'], code: 'too_large', message: `the encoded intent is ${size - HEADER_ALLOWANCE_BYTES} bytes; with its headers (${HEADER_ALLOWANCE_BYTES} bytes allowed) it must fit the server's max_payload of ${maxPayload} bytes: split the input into smaller calls` }],
+      });
+    }
 
     const submissionIds = track.submissionIds;
     let intentStored = false;
@@ -280,16 +385,46 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
           track.intentStored = true;
           return;
         } catch (err) {
+          const denied = permissionViolationOf(err);
+          if (denied) throw new PermissionDenied(denied, submissionIds.length === 1 && i === 0 && denied.operation === 'publish' && denied.subject === s.subject);
           if (!isTransient(err)) throw err;
           await sleep(Math.min(left(), 100 * 2 ** Math.min(i, 5)));
         }
       }
     };
 
-    await submit();
-    let notSeenSince = Date.now();
+    /**
+     * The server refused a publish or the inbox subscription: waiting will not change that. A refused
+     * first publish of the intent was never stored (rejected); otherwise an earlier transmission may
+     * have been, and the outcome is unknown — returned at once, not at the end of the budget.
+     */
+    const deniedOutcome = (e: PermissionDenied | TooltxError): ExecuteResult<O> => {
+      const info: ErrorInfo = e instanceof PermissionDenied ? { class: ErrorClass.Forbidden, issues: [deniedIssue(e.violation, 'call')] } : e.toInfo();
+      if (e instanceof PermissionDenied && e.neverStored && !intentStored) return refused(key, info);
+      return {
+        status: 'unknown',
+        operationKey: opKey,
+        lastServerState: lastState,
+        evidence: { operationKey: opKey, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started },
+        next: NextAction.Reauthorise,
+        error: info,
+      };
+    };
+    const submitOrDenied = async (): Promise<ExecuteResult<O> | undefined> => {
+      try {
+        await submit();
+        return undefined;
+      } catch (err) {
+        if (err instanceof PermissionDenied) return deniedOutcome(err);
+        throw err;
+      }
+    };
+
     // The key of the operation that holds the effect: ours, or the canonical one ours is an alias of (FM-10).
     let opKey = key;
+    let outcome = await submitOrDenied();
+    if (outcome) return outcome;
+    let notSeenSince = Date.now();
     let failures = 0;
     while (left() > 0) {
       let a: StatusAnswer;
@@ -299,18 +434,20 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         statusAnswered = true;
         failures = 0;
       } catch (err) {
+        // Refused by the server's permissions: our intent is stored (or may be); only observing failed.
+        if (err instanceof TooltxError && permissionViolationOf(err.cause)) return deniedOutcome(err);
         if (err instanceof TooltxError && err.class !== ErrorClass.DependencyUnavailable) return refused(key, err.toInfo());
         await sleep(Math.min(left(), 200 * 2 ** Math.min(failures++, 4)));
         continue;
       }
       if (a.canonicalKey) opKey = a.canonicalKey;
-      if (a.source === 'decision') return refused(key, a.error ?? { class: ErrorClass.Internal });
+      if (a.source === 'decision') return refused(key, withActorPath(a.error ?? { class: ErrorClass.Internal }, req.actorId !== undefined && req.actorId !== opts.actor));
       if (a.source === 'operation' && a.inputMatches === false) {
         return refused(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] });
       }
       if (a.state === 'not_seen') {
         if (!intentStored || Date.now() - notSeenSince >= STATUS_POLL_MS) {
-          await submit();
+          if ((outcome = await submitOrDenied())) return outcome;
           notSeenSince = Date.now();
         }
         continue;
@@ -353,7 +490,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         // An earlier attempt's refusal: our identical submission starts a new attempt; wait for it
         // (and submit again if nothing happens, as for not_seen).
         if (Date.now() - notSeenSince >= STATUS_POLL_MS) {
-          await submit();
+          if ((outcome = await submitOrDenied())) return outcome;
           notSeenSince = Date.now();
         }
         continue;
@@ -363,7 +500,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         const retryable = !hasSideEffect(contract.effect) && error.class === ErrorClass.DependencyUnavailable && ++retryableRejections < MAX_RETRYABLE_ATTEMPTS;
         if (!retryable) return { ...refused(key, error), ...(a.attempt ? { attempt: a.attempt } : {}) };
         await sleep(Math.min(left(), 200 * 2 ** retryableRejections));
-        await submit();
+        if ((outcome = await submitOrDenied())) return outcome;
         notSeenSince = Date.now();
       }
     }
@@ -379,13 +516,110 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   return tools;
 }
 
-/** The trusted receipt keys from the option, else the file named by TOOLTX_RECEIPT_KEYS_FILE. Throws `TypeError` when none. */
+type PermissionViolation = InstanceType<typeof natsErrors.PermissionViolationError>;
+
+/** The server's permissions violation behind a client error (nats.js wraps it in a RequestError), or null. */
+function permissionViolationOf(err: unknown): PermissionViolation | null {
+  if (err instanceof natsErrors.PermissionViolationError) return err;
+  if (err instanceof Error && err.cause instanceof natsErrors.PermissionViolationError) return err.cause;
+  return null;
+}
+
+/** Thrown inside `execute` when the server refused a submission; `neverStored`: the refused publish was the call's first transmission. */
+class PermissionDenied extends Error {
+  constructor(
+    readonly violation: PermissionViolation,
+    readonly neverStored: boolean,
+  ) {
+    super(`permissions violation: ${violation.operation} ${violation.subject}`);
+  }
+}
+
+/**
+ * Whether the server lets `nc` publish on `subject` and subscribe to its inbox prefix: one status
+ * request (a key nobody holds, answered `not_seen` or not at all) and a PING. The server answers a
+ * refused SUB or PUB with `-ERR 'Permissions Violation …'` before the PONG, so once the flush
+ * returns, a refusal has been seen; the status answer itself is not awaited (no service need run).
+ */
+async function probePermissions(nc: NatsConnection, subject: string): Promise<PermissionViolation | null> {
+  let denied: PermissionViolation | null = null;
+  const probe: StatusRequest = { operationKey: `opk_${'0'.repeat(43)}`, waitMs: 0 };
+  const answered = nc.request(subject, encode(probe), { timeout: 5_000 }).then(
+    () => undefined,
+    (err: unknown) => void (denied = permissionViolationOf(err)),
+  );
+  await Promise.race([answered, nc.flush()]);
+  // The rejection of a refused request settles in the same read as the -ERR; let its handlers run.
+  await new Promise((r) => setImmediate(r));
+  return denied;
+}
+
+/** Adds the `actorId` path to a refusal of a forged actor (FM-06) that carries no path of its own. */
+function withActorPath(error: ErrorInfo, forgedActor: boolean): ErrorInfo {
+  if (!forgedActor || error.class !== ErrorClass.Forbidden || error.issues?.length) return error;
+  return { ...error, issues: [{ path: ['actorId'], code: 'not_authenticated_actor', message: 'actorId must be the actor this connection authenticated as' }] };
+}
+
+/** Throws {@link ToolsOptionError} at `contracts[i]` for a second contract with one `name@version`. */
+function checkDistinctContracts(contracts: Contract[]): void {
+  const seen = new Map<string, number>();
+  contracts.forEach((c, i) => {
+    const first = seen.get(c.id);
+    if (first !== undefined) throw new ToolsOptionError([{ path: ['contracts', i], code: 'duplicate', message: `${c.id} is given twice (also contracts[${first}]); give each name@version once` }]);
+    seen.set(c.id, i);
+  });
+}
+
+/** Throws {@link ToolsOptionError} naming `option` and the path when the file cannot be read. */
+function checkReadable(option: 'nkeyFile' | 'credsFile', path: string | undefined): void {
+  if (path === undefined) return;
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new ToolsOptionError([{ path: [option], code: 'unreadable', message: `cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? String(err)})` }]);
+  }
+  if (option === 'nkeyFile' && !/^SU[A-Z2-7]{50,}$/.test(text.trim())) {
+    throw new ToolsOptionError([{ path: [option], code: 'not_a_seed', message: `${path} does not hold a user nkey seed (SU…; \`tooltx auth generate\` writes one per actor)` }]);
+  }
+}
+
+const receiptKeysFileSchema = z.record(z.string(), z.string());
+
+/**
+ * The trusted receipt keys from the option, else the file named by TOOLTX_RECEIPT_KEYS_FILE. Throws
+ * {@link ToolsOptionError} at `receiptKeys` naming the option or variable and the file's path: none
+ * given, unreadable, not JSON, not `{ keyId: PEM }`, a key that is not a matching Ed25519 key, none trusted.
+ */
 function loadTrustedKeys(o: Record<string, string> | string | undefined) {
+  const fromEnv = o === undefined;
   const src = o ?? process.env.TOOLTX_RECEIPT_KEYS_FILE;
-  if (src === undefined || src === '') throw new TypeError('createTools: receiptKeys (or TOOLTX_RECEIPT_KEYS_FILE) is required: the receipt keys this agent trusts');
-  const keys = typeof src === 'string' ? (JSON.parse(readFileSync(src, 'utf8')) as Record<string, string>) : src;
-  const trusted = trustedReceiptKeys(keys);
-  if (trusted.size === 0) throw new TypeError('createTools: no receipt key is trusted');
+  const fail = (message: string) => new ToolsOptionError([{ path: ['receiptKeys'], code: 'invalid_receipt_keys', message }]);
+  if (src === undefined || src === '') throw fail('receiptKeys (or TOOLTX_RECEIPT_KEYS_FILE) is required: the receipt keys this agent trusts');
+  const where = typeof src === 'string' ? `${fromEnv ? 'TOOLTX_RECEIPT_KEYS_FILE' : 'receiptKeys'} file ${src}` : 'receiptKeys';
+  let keys: unknown = src;
+  if (typeof src === 'string') {
+    let text: string;
+    try {
+      text = readFileSync(src, 'utf8');
+    } catch (err) {
+      throw fail(`cannot read ${where} (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
+    }
+    try {
+      keys = JSON.parse(text);
+    } catch (err) {
+      throw fail(`${where} is not JSON (${(err as Error).message}); \`tooltx auth generate\` writes receipt-keys.json`);
+    }
+  }
+  const shape = receiptKeysFileSchema.safeParse(keys);
+  if (!shape.success) throw fail(`${where} must be a JSON object { "<keyId>": "<SPKI PEM>" }`);
+  let trusted;
+  try {
+    trusted = trustedReceiptKeys(shape.data);
+  } catch (err) {
+    throw fail(`${where}: ${(err as Error).message}`);
+  }
+  if (trusted.size === 0) throw fail(`${where}: no receipt key is trusted (the object is empty)`);
   return trusted;
 }
 

@@ -50,7 +50,9 @@ export function checkIntake(
   // subject also for a raw intent that sends no key). Only pure parsing runs for that key: no
   // policy, no lookup.
   if (rawObj.actorId !== undefined && rawObj.actorId !== who.actor) {
-    const forged = new TooltxError(ErrorClass.Forbidden, 'envelope actorId differs from the subject actor');
+    const forged = new TooltxError(ErrorClass.Forbidden, 'envelope actorId differs from the subject actor', {
+      issues: [{ path: ['actorId'], code: 'not_authenticated_actor', message: 'actorId must be the actor this connection authenticated as' }],
+    });
     if (supplied) return refuse(forged, supplied);
     const derived = derivedKeyOf(raw, findContract);
     return refuse(forged, derived?.operationKey ?? null, derived ? { tool: derived.tool, version: derived.version } : {});

@@ -25,7 +25,7 @@ describe('intake checks, in DESIGN.md order', () => {
   it('FM-06: a forged actorId without a key is recorded under the key its request derives to, when the request parses', () => {
     const { operationKey: _omitted, ...raw } = envelope;
     expect(checkIntake(who, { ...raw, actorId: 'mallory' }, find)).toEqual({
-      kind: 'refuse', error: { class: 'forbidden' }, decisionKey: key, tool: 'sink.write', version: 1,
+      kind: 'refuse', error: { class: 'forbidden', issues: [{ path: ['actorId'], code: 'not_authenticated_actor', message: 'actorId must be the actor this connection authenticated as' }] }, decisionKey: key, tool: 'sink.write', version: 1,
     });
     // A per-attempt id is no key either: the derived one is used.
     expect(checkIntake(who, { ...raw, operationKey: 'call_7f3a9', actorId: 'mallory' }, find)).toMatchObject({ error: { class: 'forbidden' }, decisionKey: key });
