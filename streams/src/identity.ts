@@ -46,6 +46,15 @@ export type ServiceName = (typeof SERVICE_NAMES)[number];
 export interface Permissions {
   publish: { allow: string[]; deny?: string[] };
   subscribe: { allow: string[]; deny?: string[] };
+  /**
+   * nats-server's dynamic reply permission. No role of ours sets it: the server records every
+   * message with a reply subject delivered to such a user — every JetStream delivery and watch
+   * update included, not only requests — for 2 minutes and, past 4,096 entries, scans them all on
+   * each further delivery (nats-server#6058; upstream prunes less often since #6064, 2.9.10 does
+   * not): nats-server's CPU per call grew about 3× within two minutes of load (docs/performance.md,
+   * "nats-server CPU growing with calls"). Request/reply services get explicit publish allows on
+   * their requesters' inboxes instead ({@link permissionsFor}).
+   */
   allow_responses?: boolean;
 }
 
@@ -207,9 +216,15 @@ export function knownDurables(topo: Topology, executorDurables: string[] = []): 
  * own) or delete a durable of the deployment. Agents, auditors and operators get no JetStream API
  * subject at all.
  */
-export function permissionsFor(role: Role, s: Subjects, topo: Topology, executorDurables: string[] = []): Permissions {
+export function permissionsFor(role: Role, s: Subjects, topo: Topology, executorDurables: string[] = [], requesters: readonly Role[] = []): Permissions {
   const api = '$JS.API';
   const inbox = `${inboxPrefixOf(role)}.>`;
+  // The reply inboxes of the `requesters` (the identity list's users) of one kind: a request/reply
+  // service (status: agents; audit: auditors; takeover: operators — the only roles allowed to
+  // publish its request subject) may publish there and nowhere else outside its own allow-list.
+  // Never `allow_responses` (see Permissions): it also let a service answer into any reply subject
+  // a requester named, past the deny-list.
+  const repliesTo = (kind: 'agent' | 'auditor' | 'operator') => requesters.filter((r) => r.kind === kind).map((r) => `${inboxPrefixOf(r)}.>`);
   const streams = Object.values(topo.streams).map((st) => st.name);
   const kvStream = (bucket: string) => `KV_${bucket}`;
   const buckets = [topo.results.bucket, topo.projections.reconcile.bucket, topo.projections.audit.bucket, topo.tasks.bucket];
@@ -282,11 +297,12 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ...ordered(events, s.allOps), ...ordered(decisions, s.allDecisions),
                 ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps, s.allDecisions,
+                // Status answers (issue 3).
+                ...repliesTo('agent'),
               ],
               deny: [...durableGuard, ...durables.flatMap((d) => [`${api}.CONSUMER.MSG.NEXT.${events}.${d}`, `${api}.CONSUMER.MSG.NEXT.${decisions}.${d}`])],
             },
             subscribe: { allow: [inbox, s.allStatus] },
-            allow_responses: true,
           };
         }
         case 'executor':
@@ -315,11 +331,12 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 // bucket's own stream, and records every query and export before it answers.
                 ...kvWatch(topo.projections.audit.bucket),
                 s.allAuditLog,
+                // Query answers (issue 9).
+                ...repliesTo('auditor'),
               ],
               deny: durableGuard,
             },
             subscribe: { allow: [inbox, s.allAudit] },
-            allow_responses: true,
           };
         }
         case 'reconciler': {
@@ -337,13 +354,14 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                   ...kvWatch(bucket),
                   // Frozen tasks (issue 8): it freezes and thaws them, and lists them for operators.
                   ...kvRead(tasks), ...kvWrite(tasks), ...kvWatch(tasks),
+                  // Takeover answers (issue 8).
+                  ...repliesTo('operator'),
                 ]
               : [];
           return {
             publish: { allow: [...check, ...pull(events, durable), ...directLast(events), ...directSeq(events), ...kvRead(bucket), ...kvWrite(bucket), ...recovery], deny: durableGuard },
             // The reconciler answers operators' takeover requests (queue group).
             subscribe: { allow: role.service === 'reconciler' ? [inbox, s.allTakeover] : [inbox] },
-            ...(role.service === 'reconciler' ? { allow_responses: true } : {}),
           };
         }
       }
@@ -422,7 +440,7 @@ export function generateAuth(
   const q = (v: string) => JSON.stringify(v);
   const list2 = (xs: string[]) => `[${xs.map(q).join(', ')}]`;
   const userBlocks = users.map((u) => {
-    const p = permissionsFor(u.role, o.subjects, o.topology, parsed.executorDurables);
+    const p = permissionsFor(u.role, o.subjects, o.topology, parsed.executorDurables, roles);
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
     const resp = p.allow_responses ? ', allow_responses: true' : '';
