@@ -9,20 +9,22 @@
  *   tooltx takeover …      list / show / resolve operations handed over to a person (as an operator)
  *   tooltx audit …         show / list / export / counts of audit records, through the audit service (as an auditor)
  *
- * Environment: NATS_URL, NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_*_MAX_AGE_MS,
- * TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS; `check` also reads TOOLTX_TOOLS_MODULE (optional)
- * for the contracts' key retention.
+ * Environment: NATS_URL, NATS_NKEY_FILE (the provisioner's seed for streams and ops), NATS_CREDS_FILE,
+ * TOOLTX_PREFIX, TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS, TOOLTX_MAX_DELIVER;
+ * `check` also reads TOOLTX_TOOLS_MODULE (optional) for the contracts' key retention. Exit codes:
+ * 0 done, 1 failed or refused, 2 bad usage or configuration (a flag, a variable, a file).
  */
 import { Command } from 'commander';
-import { connectNats, decode, jetStreamOf, openBucket, Subjects } from '@tooltx/nats';
+import { decode, jetStreamOf, openBucket, Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig, loadImplementations, ConfigError } from '@tooltx/runtime';
 import { topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { applyTopology, checkDurables, checkTopology, generateAuth, inboxPrefixOf, topology } from '@tooltx/streams';
+import { applyTopology, checkDurables, checkTopology, generateAuth, identityListSchema, inboxPrefixOf, topology } from '@tooltx/streams';
 import { z } from 'zod';
 import { registerTakeover } from './commands/takeover.js';
 import { registerAuditCommands } from './commands/audit.js';
+import { CliRefusal, connectCli, notThatIdentity, permissionViolationOf, UsageError, type CliIdentity } from './commands/cli-support.js';
 
 /** The reconciler index entries `ops pending` reads (the projection's own schema lives in the service). */
 const reconcileEntrySchema = z.union([
@@ -32,10 +34,31 @@ const reconcileEntrySchema = z.union([
 
 const cliConfig = baseConfigSchema.extend(topologyEnvSchema.shape).extend({ TOOLTX_TOOLS_MODULE: z.string().optional() });
 
+const PROVISIONER: CliIdentity = { describe: 'the provisioner', seedName: 'provisioner.nk' };
+
+/** What `streams` and `ops` read from the environment (printed by their --help). */
+const PROVISIONER_ENV = `
+Environment:
+  NATS_URL          server URL(s), comma-separated (default nats://127.0.0.1:4222)
+  NATS_NKEY_FILE    the provisioner's seed (<out>/nkeys/provisioner.nk from \`tooltx auth generate\`)
+  NATS_CREDS_FILE   a .creds file instead of the seed
+  TOOLTX_PREFIX     subject prefix of the deployment (default tooltx)`;
+const TOPOLOGY_ENV = `
+  TOOLTX_INTENTS_MAX_AGE_MS, TOOLTX_EVENTS_MAX_AGE_MS, TOOLTX_DECISIONS_MAX_AGE_MS, TOOLTX_RESULTS_MAX_AGE_MS,
+  TOOLTX_PROJECTIONS_MAX_AGE_MS, TOOLTX_AUDITLOG_MAX_AGE_MS
+                    retention of each stream and bucket, ms
+  TOOLTX_DUPLICATE_WINDOW_MS  dedup window of the intent stream and the event log, ms
+  TOOLTX_REPLICAS   stream replicas (1-5)
+  TOOLTX_MAX_DELIVER  deliveries of one message to a durable before the max-deliveries advisory`;
+
 async function withNats<T>(fn: (ctx: Awaited<ReturnType<typeof setup>>) => Promise<T>): Promise<T> {
   const ctx = await setup();
   try {
     return await fn(ctx);
+  } catch (err) {
+    const denied = permissionViolationOf(err);
+    if (denied) throw new CliRefusal(notThatIdentity(denied, PROVISIONER, ctx.config.NATS_NKEY_FILE), { cause: err });
+    throw err;
   } finally {
     await ctx.nc.drain();
   }
@@ -43,24 +66,39 @@ async function withNats<T>(fn: (ctx: Awaited<ReturnType<typeof setup>>) => Promi
 
 async function setup() {
   const config = loadConfig(cliConfig);
-  const nc = await connectNats({
+  const nc = await connectCli({
     servers: config.NATS_URL,
     name: 'tooltx-cli',
     credsFile: config.NATS_CREDS_FILE,
-    nkeySeedFile: config.NATS_NKEY_FILE,
+    nkeyFile: config.NATS_NKEY_FILE,
     inboxPrefix: config.NATS_NKEY_FILE ? inboxPrefixOf({ kind: 'provisioner' }) : undefined,
     reconnectForever: false,
+    as: PROVISIONER,
   });
   const { jsm } = await jetStreamOf(nc);
   const subjects = new Subjects(config.TOOLTX_PREFIX);
   return { config, nc, jsm, subjects, topo: topology(subjects, topologyOptionsFrom(config)) };
 }
 
-const program = new Command('tooltx').description('tooltx operator CLI: transactional tool calls on NATS JetStream');
-const streams = program.command('streams').description('the JetStream streams, consumers and buckets of one prefix');
+const program = new Command('tooltx')
+  .description('tooltx operator CLI: transactional tool calls on NATS JetStream')
+  .addHelpText('after', `
+Environment (each command's --help lists what it reads):
+  NATS_URL          server URL(s) (default nats://127.0.0.1:4222)
+  NATS_NKEY_FILE    the seed of the identity the command acts as: the provisioner (streams, ops),
+                    an operator (takeover), an auditor (audit); \`tooltx auth generate\` writes them
+  NATS_CREDS_FILE   a .creds file instead of the seed
+  TOOLTX_PREFIX     subject prefix of the deployment (default tooltx)
+  TOOLTX_OPERATOR   takeover: the operator's id
+  TOOLTX_TENANT, TOOLTX_AUDITOR  audit: defaults of --tenant and --auditor
+  TOOLTX_TOOLS_MODULE  streams check: the trusted module, for the contracts' key retention (optional)
+  TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS, TOOLTX_MAX_DELIVER  the topology
+Exit codes: 0 done, 1 failed or refused, 2 bad usage or configuration.`);
+const streams = program.command('streams').description('the JetStream streams, consumers and buckets of one prefix').addHelpText('after', PROVISIONER_ENV + TOPOLOGY_ENV);
 streams
   .command('apply')
   .description('create or update the streams, durable consumers and the result bucket (the provisioner)')
+  .addHelpText('after', PROVISIONER_ENV + TOPOLOGY_ENV)
   .action(() =>
     withNats(async ({ nc, jsm, topo, subjects }) => {
       const report = await applyTopology(nc, jsm, topo);
@@ -71,6 +109,8 @@ streams
   .command('check')
   .description('list every setting that breaks a tooltx guarantee, and every durable consumer the topology does not define (run as the provisioner); exit code 1 when there is any')
   .option('--extra-durable <name...>', 'durables that are expected besides the topology\'s (the identity list\'s executorDurables)', [])
+  .addHelpText('after', `${PROVISIONER_ENV}${TOPOLOGY_ENV}
+  TOOLTX_TOOLS_MODULE  the trusted module (optional): the contracts' key retention and longest operation`)
   .action((o: { extraDurable: string[] }) =>
     withNats(async ({ jsm, topo, config }) => {
       const tools = config.TOOLTX_TOOLS_MODULE ? await loadImplementations(config.TOOLTX_TOOLS_MODULE) : null;
@@ -89,10 +129,11 @@ ops
   .command('pending')
   .description('list the non-terminal operations of the reconciler\'s index, one JSON object per line (no bodies)')
   .option('--older-than <duration>', 'only those not updated for this long, e.g. 30s, 5m, 2h', '0s')
+  .addHelpText('after', PROVISIONER_ENV)
   .action((o: { olderThan: string }) =>
     withNats(async ({ nc, subjects }) => {
       const m = /^(\d+)(ms|s|m|h)$/.exec(o.olderThan);
-      if (!m) throw new Error(`--older-than: expected a duration like 30s, got ${JSON.stringify(o.olderThan)}`);
+      if (!m) throw new UsageError(`--older-than: expected a duration like 30s, got ${JSON.stringify(o.olderThan)}`);
       const ms = Number(m[1]) * { ms: 1, s: 1_000, m: 60_000, h: 3_600_000 }[m[2] as 'ms' | 's' | 'm' | 'h'];
       const kv = await openBucket(nc, subjects.reconcileBucket);
       const now = Date.now();
@@ -120,10 +161,32 @@ auth
   .requiredOption('--out <dir>', 'output directory')
   .option('--listen <host:port>', 'client listen address', '127.0.0.1:4222')
   .option('--store-dir <dir>', 'JetStream store directory', '.state/jetstream')
+  .addHelpText('after', `
+Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology variables
+(TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS, TOOLTX_MAX_DELIVER).`)
   .action((o: { identities: string; out: string; listen: string; storeDir: string }) => {
     const config = loadConfig(cliConfig);
     const subjects = new Subjects(config.TOOLTX_PREFIX);
-    const list = JSON.parse(readFileSync(o.identities, 'utf8')) as Parameters<typeof generateAuth>[0];
+    const listen = /^(.+):(-?\d+)$/.exec(o.listen);
+    const port = listen ? Number(listen[2]) : NaN;
+    if (!listen || !((port >= 1 && port <= 65_535) || port === -1)) {
+      throw new UsageError(`--listen: expected <host>:<port> with a port 1-65535 (or -1: any free port), got ${JSON.stringify(o.listen)}`);
+    }
+    let text: string;
+    try {
+      text = readFileSync(o.identities, 'utf8');
+    } catch (err) {
+      throw new UsageError(`--identities: cannot read ${o.identities} (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
+    }
+    let raw: unknown;
+    try {
+      raw = JSON.parse(text);
+    } catch (err) {
+      throw new UsageError(`--identities: ${o.identities} is not JSON (${(err as Error).message})`);
+    }
+    const parsed = identityListSchema.safeParse(raw);
+    if (!parsed.success) throw new UsageError(`--identities: ${o.identities} is not an identity list:\n${z.prettifyError(parsed.error)}`);
+    const list = raw as Parameters<typeof generateAuth>[0];
     const g = generateAuth(list, { subjects, topology: topology(subjects, topologyOptionsFrom(config)), outDir: resolve(o.out), listen: o.listen, storeDir: resolve(o.storeDir) });
     process.stdout.write(`${JSON.stringify({ config: g.configFile, users: g.users.map((u) => ({ role: u.role, seedFile: u.seedFile, inboxPrefix: u.inboxPrefix })) })}\n`);
   });
@@ -131,7 +194,7 @@ auth
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
-  const text = err instanceof z.ZodError ? z.prettifyError(err) : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+  const text = err instanceof z.ZodError ? z.prettifyError(err) : err instanceof UsageError || err instanceof CliRefusal ? err.message : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
   process.stderr.write(`tooltx: ${text}\n`);
-  process.exit(err instanceof ConfigError ? 2 : 1);
+  process.exit(err instanceof ConfigError || err instanceof UsageError ? 2 : 1);
 }

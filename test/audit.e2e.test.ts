@@ -191,7 +191,7 @@ describe('the audit record of an operation', { timeout: 180_000 }, () => {
     const none = await auditor('export', '--since', new Date(Date.now() + 3_600_000).toISOString(), '--format', 'jsonl');
     expect(none.json).toEqual([]);
     const bad = await auditor('export', '--since', 'yesterday', '--format', 'jsonl');
-    expect(bad.code).toBe(1);
+    expect(bad.code).toBe(2); // a bad flag: usage error
     expect(bad.stderr).toContain('--since');
   });
 

@@ -11,10 +11,11 @@
 import { Command, Option } from 'commander';
 import { z } from 'zod';
 import { errors, type NatsConnection } from '@nats-io/transport-node';
-import { auditAnswerSchema, auditRequestSchema, MAX_AUDIT_PAGE, type AuditAnswer, type AuditRequest } from '@tooltx/lifecycle';
-import { connectNats, decode, encode, Subjects } from '@tooltx/nats';
+import { auditAnswerSchema, auditRequestSchema, MAX_AUDIT_PAGE, operationStatuses, type AuditAnswer, type AuditRequest } from '@tooltx/lifecycle';
+import { decode, encode, Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig } from '@tooltx/runtime';
 import { inboxPrefixOf } from '@tooltx/streams';
+import { connectCli, permissionViolationOf, UsageError } from './cli-support.js';
 
 /** Thrown for an answer that is an error, a refusal by the server, or no answer; the CLI prints it and exits 1. */
 export class AuditCliError extends Error {
@@ -30,15 +31,36 @@ const UNIT = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as cons
 
 /**
  * A point in time from the command line: ISO-8601 with an offset (`2026-11-30T06:00:00Z`), or a
- * duration ago (`30m`, `24h`, `7d`). Returns ms since the epoch; throws {@link AuditCliError}.
+ * duration ago (`30m`, `24h`, `7d`). Returns ms since the epoch; throws {@link UsageError} naming
+ * the flag (also for a duration reaching before 1970-01-01).
  */
 export function parseTime(v: string, flag: string, now = Date.now()): number {
   const d = DURATION.exec(v);
-  if (d) return now - Number(d[1]) * UNIT[d[2] as keyof typeof UNIT];
+  if (d) {
+    const at = now - Number(d[1]) * UNIT[d[2] as keyof typeof UNIT];
+    if (!Number.isSafeInteger(at) || at < 0) throw new UsageError(`${flag}: ${v} ago is before 1970-01-01T00:00:00Z; give a shorter duration or an ISO-8601 time`);
+    return at;
+  }
   const parsed = z.iso.datetime({ offset: true }).safeParse(v);
-  if (parsed.success) return Date.parse(v);
-  throw new AuditCliError(`${flag}: expected an ISO-8601 time with an offset or a duration like 30m, 24h, 7d; got ${JSON.stringify(v)}`);
+  if (parsed.success && Date.parse(v) >= 0) return Date.parse(v);
+  throw new UsageError(`${flag}: expected an ISO-8601 time with an offset (from 1970 on) or a duration like 30m, 24h, 7d; got ${JSON.stringify(v)}`);
 }
+
+/** `--since`/`--until` as a range; throws {@link UsageError} when since is later than until. */
+function parseRange(o: { since?: string | undefined; until?: string | undefined }): { since?: number; until?: number } {
+  const now = Date.now();
+  const since = o.since !== undefined ? parseTime(o.since, '--since', now) : undefined;
+  const until = o.until !== undefined ? parseTime(o.until, '--until', now) : undefined;
+  if (since !== undefined && until !== undefined && since > until) {
+    throw new UsageError(`--since ${o.since} (${new Date(since).toISOString()}) is later than --until ${o.until} (${new Date(until).toISOString()}): nothing can match (a duration means that long ago: --since 48h --until 24h is the 24 hours that ended a day ago)`);
+  }
+  return { ...(since !== undefined ? { since } : {}), ...(until !== undefined ? { until } : {}) };
+}
+
+/** The statuses an audit record can have: an operation's, or `refused` (only ever refused at intake). */
+export const AUDIT_STATES = [...operationStatuses, 'refused'] as const;
+/** `name@version` of a contract (names as defineContract allows them). */
+const CONTRACT_REF = /^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*@[1-9]\d{0,8}$/;
 
 interface Who {
   tenant?: string;
@@ -57,7 +79,7 @@ async function ask(nc: NatsConnection, subject: string, req: AuditRequest): Prom
     const m = await nc.request(subject, encode(req), { timeout: 15_000 });
     answer = decode(auditAnswerSchema, m.data);
   } catch (err) {
-    const violation = err instanceof errors.PermissionViolationError ? err : err instanceof Error && err.cause instanceof errors.PermissionViolationError ? err.cause : refused;
+    const violation = permissionViolationOf(err) ?? refused;
     if (violation) throw new AuditCliError(`the server refused ${violation.operation} on ${violation.subject}: this identity is not that auditor`);
     if (err instanceof errors.NoRespondersError || (err instanceof Error && err.cause instanceof errors.NoRespondersError)) throw new AuditCliError('no audit service is running (the audit-projector answers audit queries)');
     if (err instanceof errors.TimeoutError || (err instanceof Error && err.cause instanceof errors.TimeoutError)) throw new AuditCliError('no answer from the audit service within 15 s');
@@ -74,17 +96,18 @@ async function withAuditor<T>(who: Who, fn: (nc: NatsConnection, subject: string
   const config = loadConfig(baseConfigSchema.extend({ TOOLTX_TENANT: idSchema.optional(), TOOLTX_AUDITOR: idSchema.optional() }));
   const tenant = idSchema.safeParse(who.tenant ?? config.TOOLTX_TENANT);
   const auditor = idSchema.safeParse(who.auditor ?? config.TOOLTX_AUDITOR);
-  if (!tenant.success) throw new AuditCliError('--tenant (or TOOLTX_TENANT): the auditor\'s tenant is required, ^[a-z0-9_-]{1,64}$');
-  if (!auditor.success) throw new AuditCliError('--auditor (or TOOLTX_AUDITOR): the auditor\'s id is required, ^[a-z0-9_-]{1,64}$');
+  if (!tenant.success) throw new UsageError('--tenant (or TOOLTX_TENANT): the auditor\'s tenant is required, ^[a-z0-9_-]{1,64}$');
+  if (!auditor.success) throw new UsageError('--auditor (or TOOLTX_AUDITOR): the auditor\'s id is required, ^[a-z0-9_-]{1,64}$');
   const role = { kind: 'auditor' as const, tenant: tenant.data, actor: auditor.data };
-  const nc = await connectNats({
+  const nc = await connectCli({
     servers: config.NATS_URL,
     name: `tooltx-audit@${tenant.data}.${auditor.data}`,
     credsFile: config.NATS_CREDS_FILE,
-    nkeySeedFile: config.NATS_NKEY_FILE,
+    nkeyFile: config.NATS_NKEY_FILE,
     // An auditor may subscribe only under its own inbox prefix.
     inboxPrefix: config.NATS_NKEY_FILE || config.NATS_CREDS_FILE ? inboxPrefixOf(role) : undefined,
     reconnectForever: false,
+    as: { describe: `auditor ${auditor.data} of tenant ${tenant.data}`, seedName: `auditor.${tenant.data}.${auditor.data}.nk` },
   });
   try {
     return await fn(nc, new Subjects(config.TOOLTX_PREFIX).audit(tenant.data, auditor.data));
@@ -110,8 +133,10 @@ export function registerAuditCommands(program: Command): void {
 Records hold who, when, which contract, a keyed HMAC of the target, the authorisation decisions,
 whether a side effect happened, every state with its time, the error class, a keyed HMAC of the
 result digest and who resolved it by hand — never a body, input, result or error text.
-Times: ISO-8601 with an offset (2026-11-30T06:00:00Z) or a duration ago (30m, 24h, 7d).
-Environment: NATS_URL, NATS_NKEY_FILE, TOOLTX_PREFIX, TOOLTX_TENANT, TOOLTX_AUDITOR.`);
+Times: ISO-8601 with an offset (2026-11-30T06:00:00Z) or a duration ago (30m, 24h, 7d); --since
+must not be later than --until. A bad flag exits 2, a refusal or failure 1.
+Environment: NATS_URL, NATS_NKEY_FILE (the auditor's seed, <out>/nkeys/auditor.<tenant>.<id>.nk),
+NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_TENANT, TOOLTX_AUDITOR.`);
 
   whoOptions(audit.command('show').argument('<operationKey>', 'the operation key (opk_…)'))
     .description('print the audit record of one operation (exit 1 when this tenant has none)')
@@ -128,14 +153,17 @@ Environment: NATS_URL, NATS_NKEY_FILE, TOOLTX_PREFIX, TOOLTX_TENANT, TOOLTX_AUDI
     .description('list audit records, one JSON object per line, oldest first')
     .option('--since <time>', 'operations active at or after this time')
     .option('--until <time>', 'operations first seen before this time')
-    .option('--state <state>', 'only operations whose current status is this (accepted, running, committed, rejected, unknown, refused, …)')
-    .option('--contract <name@version>', 'only this contract version')
+    .option('--state <state>', `only operations whose current status is this: ${AUDIT_STATES.join(', ')}`)
+    .option('--contract <name@version>', 'only this contract version, e.g. kb.write_note@1')
     .option('--limit <n>', 'at most this many records', '100')
-    .action((o: Who & { since?: string; until?: string; state?: string; contract?: string; limit: string }) =>
-      withAuditor(o, async (nc, subject) => {
-        const limit = z.coerce.number().int().min(1).safeParse(o.limit);
-        if (!limit.success) throw new AuditCliError('--limit: a positive integer');
-        const base = { ...(o.since ? { since: parseTime(o.since, '--since') } : {}), ...(o.until ? { until: parseTime(o.until, '--until') } : {}), ...(o.state ? { state: o.state } : {}), ...(o.contract ? { contract: o.contract } : {}) };
+    .action((o: Who & { since?: string; until?: string; state?: string; contract?: string; limit: string }) => {
+      // Flags first: a bad one is the user's to fix (exit 2), before anything is connected.
+      const limit = z.coerce.number().int().min(1).max(Number.MAX_SAFE_INTEGER).safeParse(o.limit);
+      if (!limit.success) throw new UsageError(`--limit: a positive integer, got ${JSON.stringify(o.limit)}`);
+      if (o.state !== undefined && !(AUDIT_STATES as readonly string[]).includes(o.state)) throw new UsageError(`--state: one of ${AUDIT_STATES.join(', ')}; got ${JSON.stringify(o.state)}`);
+      if (o.contract !== undefined && !CONTRACT_REF.test(o.contract)) throw new UsageError(`--contract: name@version, e.g. kb.write_note@1; got ${JSON.stringify(o.contract)}`);
+      const base = { ...parseRange(o), ...(o.state ? { state: o.state } : {}), ...(o.contract ? { contract: o.contract } : {}) };
+      return withAuditor(o, async (nc, subject) => {
         let printed = 0;
         let after: string | undefined;
         do {
@@ -146,18 +174,18 @@ Environment: NATS_URL, NATS_NKEY_FILE, TOOLTX_PREFIX, TOOLTX_TENANT, TOOLTX_AUDI
           after = a.next;
         } while (after && printed < limit.data);
         process.stderr.write(`${printed} record(s)\n`);
-      }),
-    );
+      });
+    });
 
   whoOptions(audit.command('export'))
     .description('export every audit record of the range as JSON lines on stdout (each page is recorded as part of one export id)')
     .requiredOption('--since <time>', 'operations active at or after this time')
     .option('--until <time>', 'operations first seen before this time')
     .requiredOption('--format <format>', 'jsonl (the only format)')
-    .action((o: Who & { since: string; until?: string; format: string }) =>
-      withAuditor(o, async (nc, subject) => {
-        if (o.format !== 'jsonl') throw new AuditCliError(`--format: only jsonl, got ${JSON.stringify(o.format)}`);
-        const range = { since: parseTime(o.since, '--since'), ...(o.until ? { until: parseTime(o.until, '--until') } : {}) };
+    .action((o: Who & { since: string; until?: string; format: string }) => {
+      if (o.format !== 'jsonl') throw new UsageError(`--format: only jsonl, got ${JSON.stringify(o.format)}`);
+      const range = parseRange(o);
+      return withAuditor(o, async (nc, subject) => {
         let exportId: string | undefined;
         let after: string | undefined;
         let n = 0;
@@ -172,19 +200,20 @@ Environment: NATS_URL, NATS_NKEY_FILE, TOOLTX_PREFIX, TOOLTX_TENANT, TOOLTX_AUDI
           after = a.next;
         } while (after);
         process.stderr.write(`exported ${n} record(s) in ${pages} page(s), export id ${exportId}\n`);
-      }),
-    );
+      });
+    });
 
   whoOptions(audit.command('counts'))
     .description('counts per contract version: accepted, committed, rejected by class, refused at intake by class, conflicts, unknowns')
     .option('--since <time>', 'operations active at or after this time')
     .option('--until <time>', 'operations first seen before this time')
-    .action((o: Who & { since?: string; until?: string }) =>
-      withAuditor(o, async (nc, subject) => {
-        const a = await ask(nc, subject, { kind: 'counts', ...(o.since ? { since: parseTime(o.since, '--since') } : {}), ...(o.until ? { until: parseTime(o.until, '--until') } : {}) });
+    .action((o: Who & { since?: string; until?: string }) => {
+      const range = parseRange(o);
+      return withAuditor(o, async (nc, subject) => {
+        const a = await ask(nc, subject, { kind: 'counts', ...range });
         if (a.kind !== 'counts') throw new AuditCliError('unexpected answer');
         for (const c of a.counts) line(c);
         process.stderr.write(`${a.records} record(s) counted\n`);
-      }),
-    );
+      });
+    });
 }

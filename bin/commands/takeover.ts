@@ -6,36 +6,85 @@
  * `resolvedBy` with `manual: true`. Output: JSON, one object per line.
  *
  * Environment: NATS_URL, NATS_NKEY_FILE (the operator's seed), TOOLTX_OPERATOR (their id),
- * TOOLTX_PREFIX. Exit codes: 0 done, 1 refused (the error's class on stderr), 2 bad configuration.
+ * TOOLTX_PREFIX. Exit codes: 0 done, 1 refused (what it means and the error's class on stderr; also
+ * when the seed is not that operator's), 2 bad usage or configuration (no seed the server accepts).
  */
 import type { Command } from 'commander';
 import { z } from 'zod';
+import { errors, type NatsConnection } from '@nats-io/transport-node';
 import { ID_PATTERN } from '@tooltx/contracts';
-import { connectNats, Subjects } from '@tooltx/nats';
+import { Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig } from '@tooltx/runtime';
 import { inboxPrefixOf } from '@tooltx/streams';
+import { CliRefusal, connectCli, isNatsError, notThatIdentity, permissionViolationOf, UsageError, type CliIdentity } from './cli-support.js';
 
 const operatorConfig = baseConfigSchema.extend({
   TOOLTX_OPERATOR: z.string().regex(ID_PATTERN, 'an operator id of the identity list (^[a-z0-9_-]{1,64}$)'),
 });
 
-/** Sends one request to the takeover service; prints the answer; exit 1 with its class when refused. */
-async function ask(request: Record<string, unknown>, timeoutMs = 10_000): Promise<void> {
+type Answer = { ok: boolean; error?: { class: string; issues?: { path: (string | number)[]; code: string; message: string }[] }; takeovers?: unknown[]; operation?: { status?: string; takeover?: unknown } };
+
+/** One request/reply with the takeover service; errors say what went wrong in the operator's terms. */
+async function request(nc: NatsConnection, subject: string, body: Record<string, unknown>, who: CliIdentity, seedFile: string | undefined, timeoutMs: number): Promise<Answer> {
+  try {
+    const reply = await nc.request(subject, JSON.stringify(body), { timeout: timeoutMs });
+    return JSON.parse(reply.string()) as Answer;
+  } catch (err) {
+    const denied = permissionViolationOf(err);
+    if (denied) throw new CliRefusal(`${notThatIdentity(denied, who, seedFile)}; TOOLTX_OPERATOR names the operator`);
+    if (isNatsError(err, errors.NoRespondersError)) throw new CliRefusal('no takeover service is running (every reconciler instance answers takeover requests)');
+    if (isNatsError(err, errors.TimeoutError)) throw new CliRefusal(`no answer from the takeover service within ${timeoutMs / 1_000} s`);
+    throw err;
+  }
+}
+
+/**
+ * What a refusal means, in words: the machine class alone ("idempotency_conflict") does not say
+ * that the operation is simply not under takeover. For a refused resolve, the operation is shown
+ * again to name the state it is in.
+ */
+async function explain(answer: Answer, req: Record<string, unknown>, show: () => Promise<Answer>): Promise<string> {
+  const cls = answer.error?.class;
+  const issues = (answer.error?.issues ?? []).map((i) => `${i.path.join('.') || '(request)'}: ${i.message}`).join('; ');
+  switch (cls) {
+    case 'idempotency_conflict': {
+      if (req.action !== 'resolve') break;
+      const now = await show().catch(() => undefined);
+      const status = now?.ok ? now.operation?.status : undefined;
+      if (status === undefined) return 'the operation is not unknown, or it moved on meanwhile: show it again';
+      if (status !== 'unknown') return `not under takeover: its state is ${status} (only an unknown operation can be resolved; a resolution that differs from the one recorded is refused)`;
+      return 'the operation moved on while it was being resolved: show it again';
+    }
+    case 'not_found':
+      return issues ? `no operation with this key is watched: give --tenant (${issues})` : 'no operation with this key in that tenant';
+    case 'invalid_input':
+      return `the request is invalid: ${issues || 'see the issues'}`;
+    default:
+      break;
+  }
+  return issues ? `${cls}: ${issues}` : `${cls}`;
+}
+
+/** Sends one request to the takeover service; prints the answer; exit 1 with its class and meaning when refused. */
+async function ask(req: Record<string, unknown>, timeoutMs = 10_000): Promise<void> {
   const config = loadConfig(operatorConfig);
-  const nc = await connectNats({
+  const who: CliIdentity = { describe: `operator ${config.TOOLTX_OPERATOR}`, seedName: `operator.${config.TOOLTX_OPERATOR}.nk` };
+  const nc = await connectCli({
     servers: config.NATS_URL,
     name: `tooltx-cli:operator/${config.TOOLTX_OPERATOR}`,
     credsFile: config.NATS_CREDS_FILE,
-    nkeySeedFile: config.NATS_NKEY_FILE,
+    nkeyFile: config.NATS_NKEY_FILE,
     inboxPrefix: inboxPrefixOf({ kind: 'operator', operator: config.TOOLTX_OPERATOR }),
     reconnectForever: false,
+    as: who,
   });
   try {
-    const subjects = new Subjects(config.TOOLTX_PREFIX);
-    const reply = await nc.request(subjects.takeover(config.TOOLTX_OPERATOR), JSON.stringify(request), { timeout: timeoutMs });
-    const answer = JSON.parse(reply.string()) as { ok: boolean; error?: { class: string; issues?: unknown[] }; takeovers?: unknown[]; operation?: unknown };
+    const subject = new Subjects(config.TOOLTX_PREFIX).takeover(config.TOOLTX_OPERATOR);
+    const send = (body: Record<string, unknown>) => request(nc, subject, body, who, config.NATS_NKEY_FILE, timeoutMs);
+    const answer = await send(req);
     if (!answer.ok) {
-      process.stderr.write(`tooltx takeover: refused: ${JSON.stringify(answer.error)}\n`);
+      const meaning = await explain(answer, req, () => send({ action: 'show', operationKey: req.operationKey, ...(req.tenant ? { tenant: req.tenant } : {}) }));
+      process.stderr.write(`tooltx takeover: refused: ${meaning}\n  ${JSON.stringify(answer.error)}\n`);
       process.exitCode = 1;
       return;
     }
@@ -52,7 +101,15 @@ async function ask(request: Record<string, unknown>, timeoutMs = 10_000): Promis
 export function registerTakeover(program: Command): void {
   const t = program
     .command('takeover')
-    .description('operations handed over to a person (unknown past their deadline, or another effect found under their key): list, show, resolve — as an operator (NATS_NKEY_FILE, TOOLTX_OPERATOR)');
+    .description('operations handed over to a person (unknown past their deadline, or another effect found under their key): list, show, resolve — as an operator (NATS_NKEY_FILE, TOOLTX_OPERATOR)')
+    .addHelpText('after', `
+Environment:
+  NATS_URL         server URL(s) (default nats://127.0.0.1:4222)
+  NATS_NKEY_FILE   the operator's seed (<out>/nkeys/operator.<id>.nk from \`tooltx auth generate\`)
+  NATS_CREDS_FILE  a .creds file instead of the seed
+  TOOLTX_OPERATOR  the operator's id (an operator of the identity list), recorded as resolvedBy
+  TOOLTX_PREFIX    subject prefix of the deployment (default tooltx)
+Exit codes: 0 done, 1 refused (its meaning on stderr), 2 bad usage or configuration.`);
   t.command('list')
     .description('every open takeover record, oldest first, one JSON object per line')
     .action(() => ask({ action: 'list' }));
@@ -66,7 +123,7 @@ export function registerTakeover(program: Command): void {
     .option('--not-applied', 'the effect definitively did not happen (the identical input may be submitted again)')
     .option('--tenant <id>', 'the tenant of the operation (needed once it is no longer watched)')
     .action((operationKey: string, o: { committed?: string; notApplied?: boolean; tenant?: string }) => {
-      if (Boolean(o.committed) === Boolean(o.notApplied)) throw new Error('give exactly one of --committed <resourceId> or --not-applied');
+      if (Boolean(o.committed) === Boolean(o.notApplied)) throw new UsageError('give exactly one of --committed <resourceId> or --not-applied');
       const outcome = o.committed ? { kind: 'committed', resourceId: o.committed } : { kind: 'not_applied' };
       return ask({ action: 'resolve', operationKey, outcome, ...(o.tenant ? { tenant: o.tenant } : {}) });
     });

@@ -1,0 +1,78 @@
+/**
+ * What every `tooltx` command shares about failing clearly: a usage error (a bad flag, variable or
+ * file the user named: exit 2), connecting as a named identity with a hint when the server wants
+ * another one, and the server's permissions violations read from the client's errors.
+ */
+import { readFileSync } from 'node:fs';
+import { errors, type NatsConnection } from '@nats-io/transport-node';
+import { connectNats, type ConnectOptions } from '@tooltx/nats';
+
+/** A bad flag, environment variable or file the user named. The CLI prints its message and exits 2. */
+export class UsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'UsageError';
+  }
+}
+
+/** A refusal or failure explained in the user's terms (wrong identity, no service). The CLI prints its message and exits 1. */
+export class CliRefusal extends Error {
+  constructor(message: string, opts?: { cause?: unknown }) {
+    super(message, opts);
+    this.name = 'CliRefusal';
+  }
+}
+
+export type PermissionViolation = InstanceType<typeof errors.PermissionViolationError>;
+
+/** The server's permissions violation behind a client error (nats.js wraps it in a RequestError), or null. */
+export function permissionViolationOf(err: unknown): PermissionViolation | null {
+  if (err instanceof errors.PermissionViolationError) return err;
+  if (err instanceof Error && err.cause instanceof errors.PermissionViolationError) return err.cause;
+  return null;
+}
+
+/** True for a client error that is, or wraps, the given nats.js error class. */
+export function isNatsError(err: unknown, cls: abstract new (...args: never[]) => Error): boolean {
+  return err instanceof cls || (err instanceof Error && err.cause instanceof cls);
+}
+
+/** The identity a command must connect as: how to name it, and its seed file as `tooltx auth generate` writes it. */
+export interface CliIdentity {
+  /** e.g. `the provisioner`, `operator oscar`, `auditor audrey of tenant acme`. */
+  describe: string;
+  /** e.g. `provisioner.nk`, `operator.oscar.nk` (under `<out>/nkeys/`). */
+  seedName: string;
+}
+
+/** The sentence that says a server refusal means "this seed is not who the command needs". */
+export function notThatIdentity(v: PermissionViolation, who: CliIdentity, seedFile: string | undefined): string {
+  return `the server refused ${v.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${v.subject}: the identity in NATS_NKEY_FILE${seedFile ? ` (${seedFile})` : ''} is not ${who.describe} (whose seed is <out>/nkeys/${who.seedName}, written by \`tooltx auth generate\`)`;
+}
+
+/**
+ * Connects like {@link connectNats}; throws {@link UsageError} naming the variable when the seed or
+ * creds file cannot be read, and — when the server refuses the connection (authorisation
+ * violation) — saying to set NATS_NKEY_FILE and which identity is needed.
+ */
+export async function connectCli(o: Omit<ConnectOptions, 'nkeySeedFile' | 'credsFile'> & { nkeyFile?: string | undefined; credsFile?: string | undefined; as: CliIdentity }): Promise<NatsConnection> {
+  const files: [string, string | undefined][] = [['NATS_NKEY_FILE', o.nkeyFile], ['NATS_CREDS_FILE', o.credsFile]];
+  for (const [variable, path] of files) {
+    if (!path) continue;
+    try {
+      readFileSync(path);
+    } catch (err) {
+      throw new UsageError(`${variable}: cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
+    }
+  }
+  const { as, nkeyFile, credsFile, ...rest } = o;
+  try {
+    return await connectNats({ ...rest, nkeySeedFile: nkeyFile, credsFile });
+  } catch (err) {
+    if (!isNatsError(err, errors.AuthorizationError)) throw err;
+    const need = `${as.describe} (<out>/nkeys/${as.seedName}, written by \`tooltx auth generate\`)`;
+    if (!nkeyFile && !credsFile) throw new UsageError(`the server at ${o.servers} requires authentication: set NATS_NKEY_FILE to the seed of ${need}`);
+    const given = nkeyFile ? `NATS_NKEY_FILE=${nkeyFile}` : `NATS_CREDS_FILE=${credsFile}`;
+    throw new UsageError(`the server at ${o.servers} refused the identity in ${given}: it is not a user of this server; this command needs ${need}`);
+  }
+}

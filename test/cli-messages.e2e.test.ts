@@ -1,0 +1,167 @@
+/**
+ * `tooltx` tells the user what is wrong and which flag, variable or file to fix (fresh-user trial):
+ * bad flags exit 2 naming the flag before anything is connected; a missing or wrong seed says which
+ * identity is needed; a refusal by the takeover service says what it means. The CLI runs as a real
+ * process against a real nats-server with auth on; the takeover service runs in a real reconciler.
+ */
+import { execFile } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTools, type Tools } from '@tooltx/client';
+import { provisioned, type TestNats } from './helpers/nats.js';
+import { startService, type ServiceProcess } from './helpers/services.js';
+import { Sink } from './helpers/sink.js';
+import { contracts } from './fixtures/sink-tools.js';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
+let t: TestNats;
+let sink: Sink;
+let procs: ServiceProcess[] = [];
+let alice: Tools;
+let dir: string;
+
+interface Run {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs `tooltx <args>` with only `env` (plus PATH): nothing of the test's own environment leaks in. */
+function tooltx(args: string[], env: Record<string, string>): Promise<Run> {
+  return new Promise((resolve) =>
+    execFile(process.execPath, ['--import', 'tsx', join(ROOT, 'bin', 'tooltx.ts'), ...args], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', ...env } }, (err, stdout, stderr) =>
+      resolve({ code: err ? (typeof err.code === 'number' ? err.code : 1) : 0, stdout, stderr }),
+    ),
+  );
+}
+
+const server = () => ({ NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix });
+const asAuditor = () => ({ ...server(), NATS_NKEY_FILE: t.auth.seedFile({ kind: 'auditor', tenant: 'acme', actor: 'audrey' }), TOOLTX_TENANT: 'acme', TOOLTX_AUDITOR: 'audrey' });
+const asOperator = (operator = 'oscar') => ({ ...server(), NATS_NKEY_FILE: t.auth.seedFile({ kind: 'operator', operator: 'oscar' }), TOOLTX_OPERATOR: operator });
+
+beforeAll(async () => {
+  t = await provisioned();
+  sink = await new Sink().start();
+  dir = mkdtempSync(join(tmpdir(), 'tooltx-cli-'));
+  const env = { ...t.env, SINK_URL: sink.url };
+  procs = await Promise.all([startService('authorizer', env), startService('executor', env), startService('reconciler', env), startService('audit-projector', env)]);
+  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+});
+
+afterAll(async () => {
+  await alice?.close();
+  const codes = await Promise.all(procs.map((p) => p.stop()));
+  await sink?.stop();
+  await t?.close();
+  rmSync(dir, { recursive: true, force: true });
+  expect(codes).toEqual(procs.map(() => 0));
+});
+
+describe('audit list|export|counts: flags are validated, exit 2 naming the flag', () => {
+  it('--state must be a known state', async () => {
+    const r = await tooltx(['audit', 'list', '--state', 'bogus'], asAuditor());
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain('--state: one of accepted, running, committed, rejected, unknown, refused; got "bogus"');
+    expect(r.stderr).not.toContain('record(s)');
+  });
+
+  it('--contract must be name@version', async () => {
+    const r = await tooltx(['audit', 'list', '--contract', 'nope'], asAuditor());
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain('--contract: name@version');
+  });
+
+  it('--since must not be later than --until', async () => {
+    for (const cmd of [['list'], ['counts'], ['export', '--format', 'jsonl']]) {
+      const r = await tooltx(['audit', ...cmd, '--since', '24h', '--until', '48h'], asAuditor());
+      expect(r.code).toBe(2);
+      expect(r.stderr).toContain('--since 24h');
+      expect(r.stderr).toContain('is later than --until 48h');
+    }
+  });
+
+  it('a duration reaching before 1970 names --since, not a raw schema message', async () => {
+    const r = await tooltx(['audit', 'list', '--since', '999999999999999d'], asAuditor());
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain('--since: 999999999999999d ago is before 1970-01-01');
+    expect(r.stderr).not.toMatch(/ZodError|✖/);
+  });
+
+  it('a valid query still runs (exit 0)', async () => {
+    const r = await tooltx(['audit', 'list', '--state', 'committed', '--contract', 'sink.write@1', '--since', '48h', '--until', '0s'], asAuditor());
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toContain('record(s)');
+  });
+});
+
+describe('takeover: refusals and identities in words', () => {
+  it('resolve of a committed operation says it is not under takeover and names its state (exit 1)', async () => {
+    const done = await alice.execute({ tool: 'sink.write', taskId: 'cli-resolve', input: { bucket: 'kb-main', title: 'Done', body: 'Done.', at: '2026-11-30T06:00:00Z' } });
+    expect(done.status).toBe('committed');
+    const r = await tooltx(['takeover', 'resolve', done.operationKey!, '--not-applied', '--tenant', 'acme'], asOperator());
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('refused: not under takeover: its state is committed');
+    expect(r.stderr).toContain('"class":"idempotency_conflict"');
+  });
+
+  it('a seed that is not TOOLTX_OPERATOR\'s: "this identity is not operator eve" (exit 1)', async () => {
+    const r = await tooltx(['takeover', 'list'], asOperator('eve'));
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('is not operator eve');
+    expect(r.stderr).toContain('operator.eve.nk');
+    expect(r.stderr).not.toContain('RequestError');
+  });
+
+  it('resolve without --committed or --not-applied is a usage error (exit 2)', async () => {
+    const r = await tooltx(['takeover', 'resolve', 'opk_x'], asOperator());
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain('give exactly one of --committed <resourceId> or --not-applied');
+  });
+});
+
+describe('identities and files', () => {
+  it('no seed: says to set NATS_NKEY_FILE and which identity the command needs (exit 2)', async () => {
+    const ops = await tooltx(['ops', 'pending'], server());
+    expect(ops.code).toBe(2);
+    expect(ops.stderr).toContain('requires authentication: set NATS_NKEY_FILE to the seed of the provisioner');
+    expect(ops.stderr).toContain('provisioner.nk');
+    const op = await tooltx(['takeover', 'list'], { ...server(), TOOLTX_OPERATOR: 'oscar' });
+    expect(op.code).toBe(2);
+    expect(op.stderr).toContain('set NATS_NKEY_FILE to the seed of operator oscar');
+    const seedless = await tooltx(['ops', 'pending'], { ...server(), NATS_NKEY_FILE: join(dir, 'nope.nk') });
+    expect(seedless.code).toBe(2);
+    expect(seedless.stderr).toContain(`NATS_NKEY_FILE: cannot read ${join(dir, 'nope.nk')} (ENOENT)`);
+  });
+
+  it('an agent\'s seed for streams check: this identity is not the provisioner (exit 1)', async () => {
+    const r = await tooltx(['streams', 'check'], { ...server(), NATS_NKEY_FILE: t.agentSeed('acme', 'alice') });
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('is not the provisioner');
+  });
+
+  it('auth generate names the identities file that is not JSON, and refuses a port out of range (exit 2)', async () => {
+    const empty = join(dir, 'identities.json');
+    writeFileSync(empty, '');
+    const notJson = await tooltx(['auth', 'generate', '--identities', empty, '--out', join(dir, 'auth')], {});
+    expect(notJson.code).toBe(2);
+    expect(notJson.stderr).toContain(`--identities: ${empty} is not JSON`);
+    writeFileSync(empty, JSON.stringify({ tenants: [{ id: 'acme', actors: ['alice'], auditors: [] }], operators: [], executorDurables: [] }));
+    const port = await tooltx(['auth', 'generate', '--identities', empty, '--out', join(dir, 'auth'), '--listen', '0.0.0.0:99999'], {});
+    expect(port.code).toBe(2);
+    expect(port.stderr).toContain('--listen: expected <host>:<port> with a port 1-65535');
+  });
+});
+
+describe('--help lists the environment each command reads', () => {
+  it('tooltx, streams apply, streams check, ops pending', async () => {
+    for (const args of [['--help'], ['streams', 'apply', '--help'], ['streams', 'check', '--help'], ['ops', 'pending', '--help']]) {
+      const r = await tooltx(args, {});
+      expect(r.code, args.join(' ')).toBe(0);
+      for (const v of ['NATS_URL', 'NATS_NKEY_FILE', 'NATS_CREDS_FILE', 'TOOLTX_PREFIX']) expect(r.stdout, `${args.join(' ')}: ${v}`).toContain(v);
+    }
+    expect((await tooltx(['streams', 'check', '--help'], {})).stdout).toContain('TOOLTX_TOOLS_MODULE');
+  });
+});
