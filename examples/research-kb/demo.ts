@@ -29,14 +29,16 @@
  * page's cookie and text, a downstream's error message, a note body); the demo prints the audit view
  * of a few operations through the audit service and scans everything the run produced for them.
  *
- * Options: --json (one JSON object on the last line), --quick (about 20 pages), --pages N,
- * --workers N, --keep (keep the state directory and logs).
+ * Options: --json (one JSON object on the last line), --quick (about 20 pages), --pages N (default
+ * 250), --workers N (default 8), --keep (keep the state directory and logs). A bad number exits 2
+ * at once, before anything starts.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { Command } from 'commander';
+import { Command, Option } from 'commander';
+import { z } from 'zod';
 import { createTools, newSubmission, publishSubmission, type ExecuteOptions, type ExecuteRequest, type ExecuteResult, type Tools } from '@tooltx/client';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/faults';
@@ -48,17 +50,26 @@ import { readLiveRows } from './kb-store.js';
 import { startStack } from './stack.js';
 import { CanaryWeb, newCanaries, runFm16 } from './demo-fm16.js';
 
+const DEFAULT_PAGES = 250;
+const QUICK_PAGES = 20;
+const DEFAULT_WORKERS = 8;
 const program = new Command('tooltx-demo')
   .description('research agent demo: real pages, every write submitted twice, counted by the KB itself')
   .option('--json', 'print one JSON object with the figures on the last line')
-  .option('--quick', 'about 20 pages')
-  .option('--pages <n>', 'pages to read', '250')
-  .option('--workers <n>', 'concurrent agent workers', '8')
+  .option('--quick', `about ${QUICK_PAGES} pages (instead of --pages)`)
+  .addOption(new Option('--pages <n>', 'distinct pages to read, at most: a whole number ≥ 1 (fewer when node_modules holds fewer distinct Markdown documents)').default(DEFAULT_PAGES))
+  .addOption(new Option('--workers <n>', 'concurrent agent workers: a whole number from 1 to 64').default(DEFAULT_WORKERS))
   .option('--keep', 'keep the state directory (logs, JetStream store, KB database)')
   .parse(process.argv);
-const opts = program.opts<{ json?: boolean; quick?: boolean; pages: string; workers: string; keep?: boolean }>();
-const wantPages = opts.quick ? 20 : Number(opts.pages);
-const workers = Number(opts.workers);
+const opts = program.opts<{ json?: boolean; quick?: boolean; pages: string | number; workers: string | number; keep?: boolean }>();
+/** A whole-number option, checked before anything starts: a bad one exits 2 naming the flag. */
+const countOption = (flag: string, v: string | number, max: number): number => {
+  const r = z.coerce.number().int().min(1).max(max).safeParse(typeof v === 'string' && v.trim() === '' ? Number.NaN : v);
+  return r.success ? r.data : program.error(`error: ${flag}: expected a whole number from 1 to ${max}, got ${JSON.stringify(v)}`, { exitCode: 2, code: 'tooltx.demo.usage' });
+};
+const pagesOption = countOption('--pages', opts.pages, 100_000);
+const workers = countOption('--workers', opts.workers, 64);
+const wantPages = opts.quick ? QUICK_PAGES : pagesOption;
 const say = (line: string) => process.stderr.write(`${line}\n`);
 
 const stateDir = mkdtempSync(join(tmpdir(), 'tooltx-demo-'));
