@@ -159,8 +159,9 @@ export const implementations = [
     contract: fetchPage,
     async execute(input, ctx) {
       const url = new URL(input.url);
-      // The URL names a place this tool never goes (not the caller's rights): re-plan with another URL.
-      if (isPrivateHost(url.hostname) && !allowedOrigins.has(url.origin)) throw invalidInput(['input', 'url'], 'private_address', `${url.hostname} is a loopback, private or link-local address; web.fetch_page fetches public pages only (an operator may allow an origin with WEB_ALLOWED_ORIGINS)`);
+      // The URL names a place this tool never goes (not the caller's rights): re-plan with another
+      // URL. The message never echoes the input (errors.ts): the path says which field.
+      if (isPrivateHost(url.hostname) && !allowedOrigins.has(url.origin)) throw invalidInput(['input', 'url'], 'private_address', 'the host is a loopback, private or link-local address; web.fetch_page fetches public pages only (an operator may allow an origin with WEB_ALLOWED_ORIGINS)');
       const res = await fetch(url, { signal: ctx.signal, redirect: 'error' });
       if (res.status === 404 || res.status === 410) throw new TooltxError(ErrorClass.NotFound, 'page not found');
       if (!res.ok) {
