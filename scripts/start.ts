@@ -3,27 +3,91 @@
  * JetStream store in the state directory, the streams applied, the research-KB storage service and
  * the four tooltx services as separate processes. Prints where to connect; Ctrl-C (SIGINT) or
  * SIGTERM stops everything cleanly.
+ *
+ * No orphans (fresh-user trial): every process it starts stops by itself when this one is gone,
+ * even after a SIGKILL (the KB and the services watch their parent, TOOLTX_EXIT_WITH_PARENT; the
+ * nats-server gets SIGTERM through setpriv's parent-death signal where util-linux has it). The lock
+ * `<state dir>/stack.pid` records this process and the pids of what it started, and a new start
+ * refuses, naming them, while any of them is still alive — two nats-servers on one JetStream store
+ * or two KBs on one SQLite file would corrupt them.
+ *
+ * A failure to start names the flag or variable and its value in one line (stderr, and a `failed
+ * to start` log line with `setting`), never a stack trace; exit 2.
  */
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { Command } from 'commander';
-import { createLogger } from '@tooltx/runtime';
+import { Command, Option } from 'commander';
 import { z } from 'zod';
-import { DEFAULT_KB_TENANTS, startStack, type Stack } from '../examples/research-kb/stack.js';
+import { ConfigError, createLogger, describeError, failStartup, StartupError, stdoutDestination, type Logger, type StartupReporter } from '@tooltx/runtime';
+import { DEFAULT_KB_TENANTS, startStack, type Stack, type StackPid } from '../examples/research-kb/stack.js';
+
+const ENV_HELP = `
+Environment (a flag given wins over its variable, shown above as "env:"):
+  TOOLTX_PREFIX      subject prefix, ^[a-z][a-z0-9_]{0,31}$ (default tooltx)
+  NATS_URL           use this nats-server instead of starting one; the streams are applied to it
+  TOOLTX_AUTH_DIR    required with NATS_URL: the directory \`tooltx auth generate\` wrote for that
+                     server (nkeys/*.nk, signing/*.pem, receipt-keys.json)
+  TOOLTX_IDENTITIES  without NATS_URL: the identity list (JSON) the generated nats-server
+                     configuration and nkeys are made from (default examples/research-kb/identities.json)
+  KB_SEED            knowledge bases the KB creates if absent, tenant:kb[:actor+actor][,...]
+                     (default acme:research,acme:archive,globex:research)
+  NATS_SERVER_BIN    the nats-server binary (default: nats-server on PATH, /usr/sbin/nats-server)
+  TOOLTX_AUDIT_HMAC_KEY_FILE, TOOLTX_LOG_HMAC_KEY_FILE
+                     key files of the audit and log HMACs (default: generated in the state directory)
+  LOG_LEVEL          fatal|error|warn|info|debug|trace|silent, for every process (default info)
+  Every other variable reaches the KB and the services as it is (their --help lists what they
+  read, e.g. TOOLTX_CONCURRENCY, TOOLTX_RECONCILE_INTERVAL_MS, KB_TIMING_MS, WEB_ALLOWED_ORIGINS).
+
+State directory: jetstream/ (the JetStream store), kb.sqlite, auth/ (nats-server.conf, nkeys/,
+signing/, receipt-keys.json), audit-hmac.key, log-hmac.key, kb-admin.token, and stack.pid — the
+lock naming this process and the processes it started; a second start on the same directory
+refuses while any of them runs.
+
+Exits 2 when it cannot start, naming the flag or variable and its value; 1 when a process of the
+running stack fails for good. On a terminal the log lines are pretty-printed; else JSON lines.`;
 
 const program = new Command('tooltx-start')
   .description('run tooltx locally: nats-server (unless NATS_URL), streams, the research KB, authorizer, executor, reconciler, audit-projector')
-  .option('--port <port>', 'port of the embedded nats-server', process.env.NATS_PORT ?? '4222')
-  .option('--kb-port <port>', 'port of the knowledge-base service', process.env.KB_PORT ?? '4280')
-  .option('--state-dir <dir>', 'state directory (JetStream store, KB database)', process.env.TOOLTX_STATE_DIR ?? '.state')
-  .option('--kb-dedup <on|off>', 'whether the KB deduplicates by key (honoursKey)', process.env.KB_DEDUP ?? 'on')
-  .option(
-    '--kb-tenants <file>',
-    'the KB\'s tenant list with each tenant\'s quota in notes per UTC day (KB_SEED_FILE format); every tenant of the identity list must be in it',
-    process.env.KB_SEED_FILE ?? DEFAULT_KB_TENANTS,
+  .addOption(new Option('--port <port>', 'port of the embedded nats-server').env('NATS_PORT').default('4222'))
+  .addOption(new Option('--kb-port <port>', 'port of the knowledge-base service').env('KB_PORT').default('4280'))
+  .addOption(new Option('--state-dir <dir>', 'state directory (JetStream store, KB database, keys, lock)').env('TOOLTX_STATE_DIR').default('.state'))
+  .addOption(new Option('--kb-dedup <on|off>', 'whether the KB deduplicates by key (honoursKey)').env('KB_DEDUP').default('on'))
+  .addOption(
+    new Option('--kb-tenants <file>', 'the KB\'s tenant list with each tenant\'s quota in notes per UTC day (KB_SEED_FILE format); every tenant of the identity list must be in it')
+      .env('KB_SEED_FILE')
+      .default(DEFAULT_KB_TENANTS),
   )
+  .addHelpText('after', ENV_HELP)
   .parse(process.argv);
 const opts = program.opts<{ port: string; kbPort: string; stateDir: string; kbDedup: string; kbTenants: string }>();
+
+/** The flag of each option and the variable it falls back to. */
+const FLAGS = {
+  port: ['--port', 'NATS_PORT'],
+  kbPort: ['--kb-port', 'KB_PORT'],
+  stateDir: ['--state-dir', 'TOOLTX_STATE_DIR'],
+  kbDedup: ['--kb-dedup', 'KB_DEDUP'],
+  kbTenants: ['--kb-tenants', 'KB_SEED_FILE'],
+} as const;
+type Flag = keyof typeof FLAGS;
+
+/** How the operator set an option: the flag given, the variable set, or neither (both named). */
+function named(key: Flag): { setting: string; env?: string } {
+  const [flag, env] = FLAGS[key];
+  const source = program.getOptionValueSource(key);
+  if (source === 'env') return { setting: env };
+  return source === 'cli' ? { setting: flag } : { setting: flag, env };
+}
+function optionError(key: Flag, problem: string, cause?: unknown): StartupError {
+  const n = named(key);
+  return new StartupError(n.setting, opts[key], problem, { cause, ...(n.env ? { env: n.env } : {}) });
+}
+
+/** The lock's content: this process and the processes of its stack. */
+const lockSchema = z.object({ pid: z.number().int().positive(), processes: z.array(z.object({ name: z.string(), pid: z.number().int().positive() })).default([]) });
+type Lock = z.infer<typeof lockSchema>;
+
+const who: StartupReporter = { program: 'tooltx-start', service: 'start', instance: String(process.pid) };
 
 const port = z.coerce.number().int().min(1).max(65535);
 const settings = z
@@ -34,52 +98,45 @@ const settings = z
     kbTenants: z.string().min(1),
     kbDedup: z.enum(['on', 'off']),
     prefix: z.string().regex(/^[a-z][a-z0-9_]{0,31}$/, 'must match ^[a-z][a-z0-9_]{0,31}$'),
+    logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
   })
-  .safeParse({ ...opts, prefix: process.env.TOOLTX_PREFIX ?? 'tooltx' });
+  .safeParse({ ...opts, prefix: process.env.TOOLTX_PREFIX || 'tooltx', logLevel: process.env.LOG_LEVEL || 'info' });
 if (!settings.success) {
-  process.stderr.write(`tooltx-start: invalid configuration:\n${z.prettifyError(settings.error)}\n`);
-  process.exit(2);
+  const problems = settings.error.issues.map((i) => {
+    const key = String(i.path[0]);
+    if (key in FLAGS) return optionError(key as Flag, i.message).message;
+    const env = key === 'prefix' ? 'TOOLTX_PREFIX' : 'LOG_LEVEL';
+    return `${env}=${process.env[env]}: ${i.message}`;
+  });
+  const names = settings.error.issues.map((i) => {
+    const key = String(i.path[0]);
+    return key in FLAGS ? named(key as Flag).setting : key === 'prefix' ? 'TOOLTX_PREFIX' : 'LOG_LEVEL';
+  });
+  failStartup(who, new ConfigError(problems, names));
 }
 const { prefix } = settings.data;
-const log = createLogger({ service: 'start', instance: String(process.pid), level: process.env.LOG_LEVEL ?? 'info' });
 
-// One stack per state directory: a second one would share its JetStream store and rewrite its
-// seeds under the running one (fresh-user trial). A lock with our pid; a stale lock is taken over.
+// On a terminal, the supervisor's own lines are pretty like the services' (pino-pretty, a
+// devDependency: JSON lines where it is not installed).
+const log: Logger = createLogger({ service: 'start', instance: String(process.pid), level: settings.data.logLevel, ...(process.stdout.isTTY ? await prettyStdout() : {}) });
+who.log = log;
+
+// One stack per state directory: a second one would share its JetStream store and SQLite file and
+// rewrite its seeds under the running one (fresh-user trial).
 const stateDir = resolve(settings.data.stateDir);
 const lockFile = join(stateDir, 'stack.pid');
-mkdirSync(stateDir, { recursive: true });
 try {
-  const holder = Number(readFileSync(lockFile, 'utf8').trim());
-  if (Number.isInteger(holder) && holder > 0 && holder !== process.pid && alive(holder)) {
-    log.fatal({ stateDir, pid: holder }, `another npm start (pid ${holder}) uses ${stateDir}: stop it, or give --state-dir another directory`);
-    process.exit(2);
-  }
-} catch {
-  // no lock yet
+  mkdirSync(stateDir, { recursive: true });
+} catch (err) {
+  failStartup(who, optionError('stateDir', `cannot create the state directory: ${describeError(err)}`, err));
 }
-writeFileSync(lockFile, `${process.pid}\n`);
-process.once('exit', () => {
-  try {
-    if (readFileSync(lockFile, 'utf8').trim() === String(process.pid)) rmSync(lockFile);
-  } catch {
-    // already gone
-  }
-});
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
+takeLock();
 
 let stack: Stack;
 try {
   stack = await startStack({
     stateDir,
-    natsUrl: process.env.NATS_URL,
+    natsUrl: process.env.NATS_URL || undefined,
     natsPort: settings.data.port,
     prefix,
     kbPort: settings.data.kbPort,
@@ -88,13 +145,13 @@ try {
     kbTenants: settings.data.kbTenants,
     logs: process.stdout.isTTY ? 'pretty' : 'inherit',
     onRestart: (name, code, signal) => log.warn({ process: name, code, signal }, 'a service exited on its own: starting it again'),
+    onPids: writeLock,
   });
 } catch (err) {
-  log.fatal({ err: { type: (err as Error).name, message: (err as Error).message } }, 'could not start the stack (nothing left running)');
-  process.exit(1);
+  failStartup(who, asOption(err));
 }
 log.info(
-  { NATS_URL: stack.natsUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds: join(resolve(opts.stateDir), 'auth', 'nkeys') },
+  { NATS_URL: stack.natsUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds: join(stateDir, 'auth', 'nkeys') },
   `tooltx is up — agents connect to ${stack.natsUrl} (prefix ${prefix}) with their nkey seed from ${join(stateDir, 'auth', 'nkeys')} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}; try \`NATS_URL=${stack.natsUrl} TOOLTX_STATE_DIR=${stateDir} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
 );
 
@@ -121,3 +178,124 @@ void stack.crashed.then((name) => {
   log.error({ process: name }, 'a process exited on its own: stopping everything');
   void stop(1);
 });
+
+/**
+ * A setting of the stack named as the operator gave it: `KB_PORT` of the KB is `--kb-port` here
+ * (or KB_PORT when that is how it was set), the KB's database is in `--state-dir`.
+ */
+function asOption(err: unknown): unknown {
+  if (!(err instanceof StartupError)) return err;
+  const keyOf: Record<string, Flag> = { NATS_PORT: 'port', KB_PORT: 'kbPort', TOOLTX_STATE_DIR: 'stateDir', KB_DB: 'stateDir', KB_SEED_FILE: 'kbTenants', KB_DEDUP: 'kbDedup' };
+  const key = keyOf[err.setting];
+  if (!key) return err;
+  return optionError(key, err.setting === 'KB_DB' ? `${err.value ?? 'the KB database'}: ${err.problem}` : err.problem, err);
+}
+
+/**
+ * Takes the state directory's lock, or exits 2 naming who holds it: a live `npm start`, or processes
+ * an earlier one started that still run (its supervisor was killed and they have not stopped yet —
+ * or cannot, like a nats-server without setpriv). A lock whose processes are all gone is stale and
+ * taken over. Created exclusively, so two starts at once cannot both take it.
+ */
+function takeLock(): void {
+  for (let attempt = 0; attempt < 3; attempt++) {
+    try {
+      writeFileSync(lockFile, lockText([]), { flag: 'wx' });
+      process.once('exit', () => {
+        try {
+          if (readLock()?.pid === process.pid) rmSync(lockFile);
+        } catch {
+          // already gone
+        }
+      });
+      return;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') failStartup(who, optionError('stateDir', `cannot write the lock ${lockFile}: ${describeError(err)}`, err));
+    }
+    const held = readLock();
+    if (held && held.pid !== process.pid && ours(held.pid, 'start.ts')) {
+      failStartup(who, optionError('stateDir', `another npm start (pid ${held.pid}) uses this state directory: stop it (kill ${held.pid}), or give --state-dir another directory`));
+    }
+    const alive = (held?.processes ?? []).filter((p) => ours(p.pid, markerOf(p.name)));
+    if (alive.length) {
+      const list = alive.map((p) => `${p.name} (pid ${p.pid})`).join(', ');
+      failStartup(
+        who,
+        optionError(
+          'stateDir',
+          `processes of an earlier npm start on this state directory are still running: ${list}. They stop by themselves within seconds of their supervisor's end; if they do not, stop them (kill ${alive.map((p) => p.pid).join(' ')}) and start again`,
+        ),
+      );
+    }
+    // Stale: nobody of that stack runs any more.
+    rmSync(lockFile, { force: true });
+  }
+  failStartup(who, optionError('stateDir', `cannot take the lock ${lockFile}: another start takes it at the same time`));
+}
+
+function lockText(processes: StackPid[]): string {
+  const lock: Lock = { pid: process.pid, processes };
+  return `${JSON.stringify(lock)}\n`;
+}
+
+/** Rewrites the lock with the stack's processes (atomically: a reader never sees half of it). */
+function writeLock(processes: StackPid[]): void {
+  try {
+    const tmp = `${lockFile}.${process.pid}.tmp`;
+    writeFileSync(tmp, lockText(processes));
+    renameSync(tmp, lockFile);
+  } catch (err) {
+    log.warn({ err, lockFile }, 'could not record the stack\'s processes in the lock');
+  }
+}
+
+/** The lock as written by this version (JSON) or an earlier one (the bare pid); null when unreadable. */
+function readLock(): Lock | null {
+  let text: string;
+  try {
+    text = readFileSync(lockFile, 'utf8').trim();
+  } catch {
+    return null;
+  }
+  if (/^\d+$/.test(text)) return { pid: Number(text), processes: [] };
+  try {
+    const r = lockSchema.safeParse(JSON.parse(text));
+    return r.success ? r.data : null;
+  } catch {
+    return null;
+  }
+}
+
+/** What a recorded process's command line holds (a recycled pid runs something else). */
+function markerOf(name: string): string {
+  return name === 'nats-server' ? 'nats-server' : name === 'kb' ? 'kb-server.ts' : 'main.ts';
+}
+
+/**
+ * Whether `pid` is alive and, where /proc tells (Linux), still runs the program `marker` names: a
+ * pid recorded by a stack long gone may since belong to anything.
+ */
+function ours(pid: number, marker: string): boolean {
+  try {
+    process.kill(pid, 0);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EPERM') return false;
+  }
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(marker);
+  } catch {
+    return true;
+  }
+}
+
+/** The logger's destination on a terminal: pino-pretty's formatter over stdout, line by line. */
+async function prettyStdout(): Promise<{ destination?: { write(line: string): void } }> {
+  try {
+    const { prettyFactory } = (await import('pino-pretty')).default;
+    const pretty = prettyFactory({ colorize: true, ignore: 'pid,hostname,instance' });
+    const out = stdoutDestination();
+    return { destination: { write: (line: string) => void out.write(pretty(line)) } };
+  } catch {
+    return {};
+  }
+}

@@ -75,7 +75,22 @@ import type { AddressInfo } from 'node:net';
 import { resolve } from 'node:path';
 import { Command } from 'commander';
 import { z } from 'zod';
-import { baseConfigSchema, ConfigError, createLogger, installProcessHandlers, loadConfig, onShutdown, SecretFileError, type Logger } from '@tooltx/runtime';
+import {
+  baseConfigSchema,
+  ConfigError,
+  createLogger,
+  describeError,
+  exitWithParent,
+  failStartup,
+  installProcessHandlers,
+  loadConfig,
+  onShutdown,
+  SecretFileError,
+  serviceConfigSchema,
+  StartupError,
+  type Logger,
+  type StartupReporter,
+} from '@tooltx/runtime';
 import { applySeed, loadSeedFile, SeedError, seedPairsSchema, type KbSeed } from './kb-seed.js';
 import { KB_ID, KB_NAME, KB_ROLES, KB_STATES, KbStore, type AdminOutcome, type NoteInput } from './kb-store.js';
 
@@ -98,6 +113,7 @@ const kbConfigSchema = z.object({
   KB_ADMIN_TOKEN_FILE: z.string().min(1).optional(),
   LOG_LEVEL: baseConfigSchema.shape.LOG_LEVEL,
   TOOLTX_LOG_HMAC_KEY_FILE: baseConfigSchema.shape.TOOLTX_LOG_HMAC_KEY_FILE,
+  TOOLTX_EXIT_WITH_PARENT: serviceConfigSchema.shape.TOOLTX_EXIT_WITH_PARENT,
 });
 
 const ENV_HELP = `
@@ -124,25 +140,30 @@ Environment:
   TOOLTX_LOG_HMAC_KEY_FILE
              key file (mode 0600) for the HMAC of error messages in logs (optional; logs never
              carry bodies, headers, the operator token or an error's message)
+  TOOLTX_EXIT_WITH_PARENT
+             pid of the supervisor that started this process (set by \`npm start\`): the KB
+             stops when that process is gone (optional)
 
-Exits 2 on a bad configuration or seed (every problem listed on stderr); SIGTERM/SIGINT drain and exit 0.`;
+Exits 2 when it cannot start: a bad configuration or seed (every problem listed), a database file
+it cannot open (KB_DB) or a port it cannot listen on (KB_PORT, KB_HOST) — named on stderr and in a
+"failed to start" log line. SIGTERM/SIGINT drain and exit 0.`;
 
 new Command('kb-server')
   .description('the research-KB sample storage service (HTTP + JSON over SQLite)')
   .addHelpText('after', ENV_HELP)
   .parse(process.argv);
 
-function fail(message: string): never {
-  process.stderr.write(`kb-server: ${message}\n`);
-  process.exit(2);
+const who: StartupReporter = { program: 'kb-server', service: 'kb-server', instance: `kb-${process.pid}` };
+/** A failure to start: named on stderr and in a `failed to start` line (libs/runtime startup.ts), exit 2. */
+function fail(err: unknown): never {
+  failStartup(who, err);
 }
 
 let config: z.infer<typeof kbConfigSchema>;
 try {
   config = loadConfig(kbConfigSchema);
 } catch (err) {
-  if (err instanceof ConfigError) fail(err.message);
-  throw err;
+  fail(err);
 }
 
 /** SHA-256 of the operator token (compared in constant time), or null when the endpoints are off. */
@@ -152,9 +173,9 @@ if (config.KB_ADMIN_TOKEN_FILE !== undefined) {
   try {
     token = readFileSync(config.KB_ADMIN_TOKEN_FILE, 'utf8').trim();
   } catch (err) {
-    fail(`invalid configuration:\n  - KB_ADMIN_TOKEN_FILE: cannot read the file (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+    fail(new StartupError('KB_ADMIN_TOKEN_FILE', config.KB_ADMIN_TOKEN_FILE, `cannot read the file: ${describeError(err)}`, { cause: err }));
   }
-  if (token.length < 16 || /\s/.test(token)) fail('invalid configuration:\n  - KB_ADMIN_TOKEN_FILE: the token must be at least 16 characters without whitespace');
+  if (token.length < 16 || /\s/.test(token)) fail(new StartupError('KB_ADMIN_TOKEN_FILE', config.KB_ADMIN_TOKEN_FILE, 'the token must be at least 16 characters without whitespace'));
   adminTokenDigest = createHash('sha256').update(token, 'utf8').digest();
 }
 
@@ -162,7 +183,7 @@ let seed: KbSeed = { tenants: [], knowledgeBases: [] };
 try {
   if (config.KB_SEED_FILE !== undefined) seed = loadSeedFile(config.KB_SEED_FILE);
 } catch (err) {
-  if (err instanceof SeedError) fail(err.message);
+  if (err instanceof SeedError) fail(new ConfigError(err.problems));
   throw err;
 }
 // The file first, then KB_SEED: the first definition of a knowledge base creates it.
@@ -172,19 +193,26 @@ let log: Logger;
 try {
   log = createLogger({ service: 'kb-server', instance: `kb-${process.pid}`, level: config.LOG_LEVEL, hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE });
 } catch (err) {
-  if (err instanceof SecretFileError) fail(`invalid configuration:\n  - TOOLTX_LOG_HMAC_KEY_FILE: ${err.message}`);
-  throw err;
+  fail(err instanceof SecretFileError ? new StartupError('TOOLTX_LOG_HMAC_KEY_FILE', err.file, err.problem, { cause: err }) : err);
 }
+who.log = log;
+// Started by a supervisor (npm start): stop when it is gone, even after a SIGKILL of it.
+exitWithParent(log, config.TOOLTX_EXIT_WITH_PARENT);
 // A crash is one fatal log line, never Node's print of a message and stack.
 installProcessHandlers(log);
 const dbPath = config.KB_DB === ':memory:' ? ':memory:' : resolve(config.KB_DB);
-const store = new KbStore({ path: dbPath, dedup: config.KB_DEDUP === 'on' });
+let store: KbStore;
+try {
+  store = new KbStore({ path: dbPath, dedup: config.KB_DEDUP === 'on' });
+} catch (err) {
+  fail(new StartupError('KB_DB', dbPath, `cannot open or create the database: ${describeError(err)}`, { cause: err }));
+}
 let seeded: { knowledgeBases: number; created: number };
 try {
   seeded = applySeed(store, seed);
 } catch (err) {
   store.close();
-  if (err instanceof SeedError) fail(err.message);
+  if (err instanceof SeedError) fail(new ConfigError(err.problems));
   throw err;
 }
 log.info(
@@ -595,13 +623,26 @@ const server = createServer((req, res) => {
   );
 });
 
+try {
+  await new Promise<void>((r, j) => {
+    server.once('error', j);
+    server.listen(config.KB_PORT, config.KB_HOST, () => {
+      server.off('error', j);
+      r();
+    });
+  });
+} catch (err) {
+  store.close();
+  const code = (err as NodeJS.ErrnoException).code;
+  // The port is taken or not ours to bind; the host is not an address of this machine.
+  if (code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND' || code === 'EAI_AGAIN') fail(new StartupError('KB_HOST', config.KB_HOST, describeError(err), { cause: err }));
+  fail(new StartupError('KB_PORT', String(config.KB_PORT), `cannot listen on ${config.KB_HOST}:${config.KB_PORT}: ${describeError(err)}`, { cause: err }));
+}
 server.on('error', (err) => {
   log.fatal({ err }, 'server error');
   store.close();
   process.exit(1);
 });
-
-await new Promise<void>((r) => server.listen(config.KB_PORT, config.KB_HOST, r));
 const address = server.address() as AddressInfo;
 log.info({ host: address.address, port: address.port, dedup: store.dedup }, 'listening');
 

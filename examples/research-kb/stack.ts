@@ -9,8 +9,9 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
-import { connectNats, jetStreamOf, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
-import { ensureKeyFile } from '@tooltx/runtime';
+import { z } from 'zod';
+import { connectNats, jetStreamOf, NatsServerUnavailableError, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
+import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, startupStep, StartupError } from '@tooltx/runtime';
 import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 import { loadSeedFile, SeedError } from './kb-seed.js';
 
@@ -68,6 +69,30 @@ export interface StackOptions {
   kbHop?: (kbUrl: string) => Promise<string>;
   /** Instances of each service (default 1). */
   instances?: Partial<Record<(typeof SERVICES)[number] | 'kb', number>>;
+  /**
+   * Called with every process of the stack that is running (nats-server, the KB, the services) each
+   * time one starts or exits — `npm start` records them in its lock, so a later start can refuse
+   * while one of them is still alive.
+   */
+  onPids?: (pids: StackPid[]) => void;
+}
+
+/** A process of the stack: its name (`nats-server`, `kb`, `executor-1`, …) and pid. */
+export interface StackPid {
+  name: string;
+  pid: number;
+}
+
+/**
+ * A process of the stack could not start because of a setting: `setting` is that process's own
+ * (`KB_PORT`, `KB_DB`, …), read from its `failed to start` log line; `processName` says which.
+ */
+export class StackProcessStartupError extends StartupError {
+  readonly processName: string;
+  constructor(processName: string, setting: string, value: string | undefined, problem: string) {
+    super(setting, value, problem);
+    this.processName = processName;
+  }
 }
 
 export interface Stack {
@@ -92,17 +117,23 @@ export interface Stack {
   readonly crashed: Promise<string>;
 }
 
+/**
+ * Starts the stack (see the file's header). A failure caused by a setting throws a
+ * {@link StartupError} naming it — `TOOLTX_STATE_DIR`, `KB_SEED_FILE`, `TOOLTX_IDENTITIES`,
+ * `NATS_PORT`, `NATS_SERVER_BIN`, `NATS_URL`, `TOOLTX_AUTH_DIR`, or a process's own setting
+ * ({@link StackProcessStartupError}: `KB_PORT`, `KB_DB`, …) — and leaves nothing running.
+ */
 export async function startStack(o: StackOptions): Promise<Stack> {
-  mkdirSync(o.stateDir, { recursive: true });
+  await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => mkdirSync(o.stateDir, { recursive: true }));
   // Development HMAC keys (issue 9), kept in the state directory (0600) so audit records rebuilt
   // after a restart equal the ones they replace; a key file named in the environment wins.
-  const keys = {
+  const keys = await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => ({
     TOOLTX_AUDIT_HMAC_KEY_FILE: process.env.TOOLTX_AUDIT_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'audit-hmac.key')),
     TOOLTX_LOG_HMAC_KEY_FILE: process.env.TOOLTX_LOG_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'log-hmac.key')),
-  };
+  }));
   // The tenant list (quotas) is read and checked before anything starts; the KB reads it again.
   const kbTenants = resolve(o.kbTenants ?? DEFAULT_KB_TENANTS);
-  const tenantList = loadSeedFile(kbTenants);
+  const tenantList = await startupStep('KB_SEED_FILE', kbTenants, () => loadSeedFile(kbTenants), seedProblem);
   const subjects = new Subjects(o.prefix);
   const topo = topology(subjects);
   let server: NatsServerHandle | null = null;
@@ -111,38 +142,61 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   let authDir: string;
   if (!natsUrl) {
     // Auth is always on: a fresh nkey per user for this run, the config holding public keys only.
-    const identities = o.identities ?? (process.env.TOOLTX_IDENTITIES ? (JSON.parse(readFileSync(process.env.TOOLTX_IDENTITIES, 'utf8')) as IdentityList) : DEFAULT_IDENTITIES);
+    const identitiesFile = process.env.TOOLTX_IDENTITIES;
+    const identities: IdentityList =
+      o.identities ??
+      (identitiesFile
+        ? await startupStep('TOOLTX_IDENTITIES', identitiesFile, () => JSON.parse(readFileSync(identitiesFile, 'utf8')) as IdentityList, (err) => (err instanceof SyntaxError ? 'not JSON' : describeError(err)))
+        : DEFAULT_IDENTITIES);
     const listed = new Set(tenantList.tenants.map((t) => t.id));
-    const missing = identityListSchema.parse(identities).tenants.filter((t) => !listed.has(t.id));
+    const parsed = identityListSchema.safeParse(identities);
+    if (!parsed.success) throw new StartupError('TOOLTX_IDENTITIES', identitiesFile, `not an identity list: ${parsed.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`);
+    const missing = parsed.data.tenants.filter((t) => !listed.has(t.id));
     if (missing.length) {
-      throw new SeedError(missing.map((t) => `tenant ${t.id} of the identity list has no entry in ${kbTenants} (give it a quota, or "quota": null for none)`));
+      throw new StartupError('KB_SEED_FILE', kbTenants, missing.map((t) => `tenant ${t.id} of the identity list has no entry (give it a quota, or "quota": null for none)`).join('; '));
     }
-    const auth = generateAuth(identities, {
-      subjects,
-      topology: topo,
-      outDir: join(o.stateDir, 'auth'),
-      listen: `127.0.0.1:${o.natsPort ?? -1}`,
-      storeDir: join(o.stateDir, 'jetstream'),
+    const auth = await startupStep(
+      'TOOLTX_IDENTITIES',
+      identitiesFile,
+      () =>
+        generateAuth(identities, {
+          subjects,
+          topology: topo,
+          outDir: join(o.stateDir, 'auth'),
+          listen: `127.0.0.1:${o.natsPort ?? -1}`,
+          storeDir: join(o.stateDir, 'jetstream'),
+        }),
+      // The identity checks' messages are tooltx's own (they name ids and field paths); a file error its code.
+      (err) => (err instanceof Error && err.name === 'TooltxError' ? err.message : describeError(err)),
+    );
+    server = await spawnNatsServer({ port: o.natsPort ?? -1, extraArgs: ['-c', auth.configFile], storeDir: join(o.stateDir, 'jetstream'), detached: true, exitWithParent: true }).catch((err: unknown) => {
+      throw natsServerProblem(err, o.natsPort);
     });
-    server = await spawnNatsServer({ port: o.natsPort ?? -1, extraArgs: ['-c', auth.configFile], storeDir: join(o.stateDir, 'jetstream'), detached: true });
     natsUrl = server.url;
     seedFile = (role) => auth.seedFile(role);
     authDir = join(o.stateDir, 'auth');
   } else {
     const dir = o.authDir ?? process.env.TOOLTX_AUTH_DIR;
-    if (!dir) throw new Error('with NATS_URL, set TOOLTX_AUTH_DIR to the directory `tooltx auth generate` wrote for that server');
+    if (!dir) throw new StartupError('TOOLTX_AUTH_DIR', undefined, 'required when NATS_URL is set: the directory `tooltx auth generate` wrote for that server');
     authDir = dir;
     seedFile = (role) => {
       const name = role.kind === 'agent' || role.kind === 'auditor' ? `${role.kind}.${role.tenant}.${role.actor}` : role.kind === 'service' ? `service.${role.service}` : role.kind === 'operator' ? `operator.${role.operator}` : 'provisioner';
       const f = join(dir, 'nkeys', `${name}.nk`);
-      if (!existsSync(f)) throw new Error(`no seed ${f}`);
+      if (!existsSync(f)) throw new StartupError('TOOLTX_AUTH_DIR', dir, `no seed nkeys/${name}.nk in it (\`tooltx auth generate\` writes one per user)`);
       return f;
     };
   }
   try {
-    const nc = await connectNats({ servers: natsUrl, name: 'tooltx-provisioner', nkeySeedFile: seedFile({ kind: 'provisioner' }), inboxPrefix: inboxPrefixOf({ kind: 'provisioner' }), reconnectForever: false });
+    const provisionerSeed = seedFile({ kind: 'provisioner' });
+    const servers = natsUrl;
+    const nc = await startupStep('NATS_URL', displayUrl(servers), () =>
+      connectNats({ servers, name: 'tooltx-provisioner', nkeySeedFile: provisionerSeed, inboxPrefix: inboxPrefixOf({ kind: 'provisioner' }), reconnectForever: false }),
+      describeConnectError,
+    );
     const { jsm } = await jetStreamOf(nc);
-    await applyTopology(nc, jsm, topo);
+    await startupStep('NATS_URL', displayUrl(servers), () => applyTopology(nc, jsm, topo), (err) =>
+      err instanceof Error && (isNatsError(err) || err.name === 'StreamConfigError') ? `cannot apply the streams as the provisioner: ${err.message}` : describeError(err),
+    );
     await nc.drain();
   } catch (err) {
     await server?.stop({ removeStore: false });
@@ -156,14 +210,29 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const crashed = new Promise<string>((r) => (onCrash = r));
   server?.process?.once('exit', () => {
     if (!stopping) onCrash('nats-server');
+    reportPids();
   });
+  const reportPids = () => {
+    if (!o.onPids) return;
+    const running = (c: ChildProcess | undefined) => c?.pid !== undefined && c.exitCode === null && c.signalCode === null;
+    const list: StackPid[] = [];
+    if (server?.process && running(server.process)) list.push({ name: 'nats-server', pid: server.process.pid! });
+    for (const p of processes) if (running(p.child)) list.push({ name: p.name, pid: p.child.pid! });
+    o.onPids(list);
+  };
+  reportPids();
+  /** SIGTERM, and SIGKILL for a process still running after 30 s (a drain never blocks the stop for good). */
   const terminate = (group: { child: ChildProcess }[]) =>
     Promise.all(
       group.map(({ child }) =>
         child.exitCode !== null || child.signalCode !== null
           ? undefined
           : new Promise((r) => {
-              child.once('exit', r);
+              const hard = setTimeout(() => child.kill('SIGKILL'), 30_000);
+              child.once('exit', () => {
+                clearTimeout(hard);
+                r(undefined);
+              });
               child.kill('SIGTERM');
             }),
       ),
@@ -181,7 +250,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     const child = spawn(process.execPath, ['--import', 'tsx', script], {
       detached: true,
       cwd: ROOT,
-      env: { ...process.env, ...o.env, ...keys, ...env },
+      // TOOLTX_EXIT_WITH_PARENT: the process stops by itself when this supervisor is gone, even
+      // after a SIGKILL of it (each watches its parent pid; libs/runtime shutdown.ts).
+      env: { ...process.env, ...o.env, ...keys, ...env, TOOLTX_EXIT_WITH_PARENT: String(process.pid) },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     if (o.logs === 'inherit') {
@@ -199,7 +270,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     }
     const entry = { name, child };
     processes.push(entry);
+    reportPids();
     child.once('exit', (code, signal) => {
+      reportPids();
       if (stopping) return;
       // A tooltx service is stateless: the supervisor starts it again (a crash mid-operation is
       // exactly what recovery handles). The KB or nats-server going away stops everything.
@@ -242,7 +315,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     KB_SEED_FILE: kbTenants,
     LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
   });
-  const kbPort = await portFromLog(kbChild);
+  const kbPort = await portFromLog(kbChild, 'kb');
   const kbUrl = `http://127.0.0.1:${kbPort}`;
 
   const common = {
@@ -262,7 +335,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
           // The services that append `committed` sign their receipts (issue 9).
           ...(name === 'executor' || name === 'reconciler' ? { TOOLTX_SIGNING_KEY_FILE: join(authDir, 'signing', `${name}.pem`) } : {}),
         });
-        return waitForLine(child, '"msg":"started"');
+        return waitForLine(child, `${name}-${i + 1}`, '"msg":"started"');
       }),
     ),
   );
@@ -285,16 +358,35 @@ export async function startStack(o: StackOptions): Promise<Stack> {
 }
 
 /** The port a process logs in its `listening` line (`"port":N`). */
-function portFromLog(child: ChildProcess): Promise<number> {
-  return waitForLine(child, '"msg":"listening"').then((line) => Number(/"port":(\d+)/.exec(line)?.[1]));
+function portFromLog(child: ChildProcess, name: string): Promise<number> {
+  return waitForLine(child, name, '"msg":"listening"').then((line) => Number(/"port":(\d+)/.exec(line)?.[1]));
 }
 
-function waitForLine(child: ChildProcess, needle: string, timeoutMs = 30_000): Promise<string> {
+/** The `failed to start` line of a tooltx process (libs/runtime startup.ts). */
+const failedLineSchema = z.object({ msg: z.literal('failed to start'), setting: z.string().min(1), value: z.string().optional(), problem: z.string().optional(), problems: z.array(z.string()).optional() });
+
+/**
+ * Resolves with the first stdout line of `child` holding `needle`. When the process ends first, rejects
+ * with a {@link StackProcessStartupError} naming the setting of its `failed to start` line, if it
+ * logged one, else with an Error saying it exited.
+ */
+function waitForLine(child: ChildProcess, name: string, needle: string, timeoutMs = 30_000): Promise<string> {
   return new Promise((resolvePromise, reject) => {
     let buf = '';
-    const timer = setTimeout(() => reject(new Error(`no "${needle}" within ${timeoutMs} ms`)), timeoutMs);
+    let failed: z.infer<typeof failedLineSchema> | undefined;
+    const timer = setTimeout(() => reject(new Error(`${name}: no "${needle}" within ${timeoutMs} ms`)), timeoutMs);
     const onData = (c: Buffer) => {
       buf += c.toString();
+      if (!failed && buf.includes('"msg":"failed to start"')) {
+        for (const line of buf.split('\n')) {
+          try {
+            const r = failedLineSchema.safeParse(JSON.parse(line));
+            if (r.success) failed = r.data;
+          } catch {
+            // not a whole JSON line yet
+          }
+        }
+      }
       const i = buf.indexOf(needle);
       if (i >= 0) {
         clearTimeout(timer);
@@ -305,9 +397,24 @@ function waitForLine(child: ChildProcess, needle: string, timeoutMs = 30_000): P
       } else if (buf.length > 100_000) buf = buf.slice(-10_000);
     };
     child.stdout!.on('data', onData);
-    child.once('exit', (code) => {
+    // 'close', not 'exit': the last lines (its `failed to start`) are read by then.
+    child.once('close', (code) => {
       clearTimeout(timer);
-      reject(new Error(`process exited (${code}) before "${needle}"`));
+      reject(failed ? new StackProcessStartupError(name, failed.setting, failed.value, failed.problem ?? failed.problems?.join('; ') ?? 'invalid') : new Error(`${name} exited (${code}) before "${needle}"`));
     });
   });
+}
+
+/** A seed file's problems (its own messages: field paths and rules, never a token). */
+function seedProblem(err: unknown): string {
+  return err instanceof SeedError ? err.problems.map((p) => p.replace(/^KB_SEED_FILE: /, '')).join('; ') : describeError(err);
+}
+
+/** Why the nats-server did not start, as a setting: its port in use, its binary missing. */
+function natsServerProblem(err: unknown, port: number | undefined): unknown {
+  if (!(err instanceof NatsServerUnavailableError)) return err;
+  if (/address already in use/i.test(err.message)) return new StartupError('NATS_PORT', String(port ?? -1), 'the port is already in use: another process listens on it (EADDRINUSE)', { cause: err });
+  if (/not found/.test(err.message)) return new StartupError('NATS_SERVER_BIN', process.env.NATS_SERVER_BIN, 'no nats-server binary: install it (`scripts/ensure-nats-server`, or `apt-get install nats-server`), or name it in NATS_SERVER_BIN', { cause: err });
+  // Its own log's last lines: the server's words about our generated configuration.
+  return new StartupError('NATS_PORT', String(port ?? -1), `the nats-server did not start: ${err.message.slice(0, 400)}`, { cause: err });
 }

@@ -43,6 +43,16 @@ export function natsServerBinary(env: NodeJS.ProcessEnv = process.env): string |
 }
 
 /**
+ * util-linux `setpriv` when it can set a parent-death signal (Linux), else null. It execs the
+ * server in place, so the child's pid is the server's.
+ */
+export function setprivBinary(): string | null {
+  if (process.platform !== 'linux') return null;
+  for (const p of ['/usr/bin/setpriv', '/bin/setpriv', '/usr/sbin/setpriv']) if (existsSync(p)) return p;
+  return null;
+}
+
+/**
  * Spawns `nats-server -a 127.0.0.1 -p <port|-1> -js -sd <dir>` (plus `extraArgs`, e.g. `-c FILE`)
  * and resolves once it logs its client port. Throws {@link NatsServerUnavailableError} when the
  * binary is missing or the server exits before listening (10 s).
@@ -60,6 +70,13 @@ export async function spawnNatsServer(
     binary?: string;
     /** Run in its own process group, so a terminal's Ctrl-C reaches only the supervisor, which stops it last. */
     detached?: boolean;
+    /**
+     * The server gets SIGTERM when this process dies, even by SIGKILL, so a supervisor's crash
+     * leaves no server holding the port and the store (fresh-user trial: `kill -9` of `npm start`).
+     * Linux only, through util-linux `setpriv --pdeathsig` (found as {@link setprivBinary}); where
+     * it is missing, nothing is done and the caller must find an orphan itself (npm start's lock).
+     */
+    exitWithParent?: boolean;
   } = {},
 ): Promise<NatsServerHandle> {
   const bin = opts.binary ?? natsServerBinary();
@@ -71,7 +88,10 @@ export async function spawnNatsServer(
       const args = opts.extraArgs?.some((a) => a === '-c')
         ? ['-p', String(port), ...opts.extraArgs]
         : ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', storeDir, ...(opts.extraArgs ?? [])];
-      child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'], detached: opts.detached ?? false });
+      const setpriv = opts.exitWithParent ? setprivBinary() : null;
+      child = setpriv
+        ? spawn(setpriv, ['--pdeathsig', 'TERM', '--', bin, ...args], { stdio: ['ignore', 'ignore', 'pipe'], detached: opts.detached ?? false })
+        : spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'], detached: opts.detached ?? false });
       // A server this process spawned attached (tests, one-off tools) dies with it, even when the
       // caller never reached its stop(); a detached one (npm start's stack) is stopped by its owner.
       if (!opts.detached) ownedServers.add(child);

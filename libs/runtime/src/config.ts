@@ -1,13 +1,18 @@
 import { hostname } from 'node:os';
 import { z } from 'zod';
 
-/** Thrown at start-up when the environment is not a valid configuration; lists every problem. */
+/**
+ * Thrown at start-up when the environment is not a valid configuration; lists every problem
+ * (`problems`: `NAME: what is wrong`) and the settings they are about (`settings`, same order).
+ */
 export class ConfigError extends Error {
   readonly problems: string[];
-  constructor(problems: string[]) {
+  readonly settings: string[];
+  constructor(problems: string[], settings: string[] = problems.map((p) => /^[^:\s]+/.exec(p)?.[0] ?? '')) {
     super(`invalid configuration:\n  - ${problems.join('\n  - ')}`);
     this.name = 'ConfigError';
     this.problems = problems;
+    this.settings = settings;
   }
 }
 
@@ -37,11 +42,16 @@ export const baseConfigSchema = z.object({
 /** Settings of the services that load the trusted contract implementations. */
 export const serviceConfigSchema = baseConfigSchema.extend({
   /** Path of the trusted module exporting `implementations` (never loaded by agents). */
-  TOOLTX_TOOLS_MODULE: z.string().min(1),
+  TOOLTX_TOOLS_MODULE: z.string({ error: 'required: the path of the trusted module exporting `implementations`' }).min(1),
   /** Operations handled at once by this process (default 16). */
   TOOLTX_CONCURRENCY: z.coerce.number().int().min(1).max(1024).default(16),
   /** Ed25519 private key file (PKCS#8 PEM) that signs receipts; required by the services that commit (issue 9). */
   TOOLTX_SIGNING_KEY_FILE: z.string().min(1).optional(),
+  /**
+   * Set by a supervisor (`npm start`, the demo, the bench) to its own pid: the process stops when
+   * its parent is no longer that pid (shutdown.ts `exitWithParent`).
+   */
+  TOOLTX_EXIT_WITH_PARENT: z.coerce.number().int().min(1).optional(),
 });
 
 /**
@@ -52,5 +62,8 @@ export function loadConfig<S extends z.ZodObject<z.ZodRawShape>>(schema: S, env:
   const cleaned = Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== ''));
   const r = schema.safeParse(cleaned);
   if (r.success) return r.data;
-  throw new ConfigError(r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`));
+  throw new ConfigError(
+    r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`),
+    r.error.issues.map((i) => i.path.join('.')),
+  );
 }

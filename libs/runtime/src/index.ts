@@ -3,3 +3,4 @@ export * from './logger.js';
 export * from './shutdown.js';
 export * from './tools.js';
 export * from './secrets.js';
+export * from './startup.js';

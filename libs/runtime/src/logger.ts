@@ -44,7 +44,7 @@ export interface LoggerSetup {
    * Throws `SecretFileError` when the file is given but unusable.
    */
   hmacKeyFile?: string | undefined;
-  /** Where lines go (default stdout); tests pass a stream they read. */
+  /** Where lines go (default stdout, see {@link stdoutDestination}); tests pass a stream they read. */
   destination?: pino.DestinationStream;
 }
 
@@ -77,7 +77,7 @@ export function createLogger(opts: LoggerSetup): Logger {
     },
     timestamp: pino.stdTimeFunctions.isoTime,
   };
-  const root = opts.destination ? pino(options, opts.destination) : pino(options);
+  const root = pino(options, opts.destination ?? stdoutDestination());
   // pino applies no formatter to child bindings: scrub them on the way in. Children are created
   // from their parent's prototype, so every descendant's `child` is this one.
   const child = root.child;
@@ -85,6 +85,50 @@ export function createLogger(opts: LoggerSetup): Logger {
     return child.call(this, scrub(bindings) as typeof bindings, childOpts);
   } as Logger['child'];
   return root;
+}
+
+/** Longest a write waits for a full pipe (EAGAIN: its reader is slow) before the process goes on, ms. */
+const BLOCKED_WRITE_MS = 2_000;
+/** Most bytes queued for a pipe whose reader does not keep up; later lines are dropped. */
+const MAX_QUEUED_BYTES = 16 * 1024 * 1024;
+
+/**
+ * stdout (fd 1) as a log destination that never keeps a process from stopping (fresh-user trial:
+ * an orphaned KB whose supervisor had been killed ignored SIGTERM for good).
+ *
+ * pino's default destination writes asynchronously and registers a synchronous flush for process
+ * exit; sonic-boom 4.2.1's `flushSync` retries EVERY error code, EPIPE included, every 100 ms
+ * forever — so a process whose stdout pipe had lost its reader hung inside `process.exit()`, past
+ * every grace timer. Here:
+ * - writes are synchronous (`sync: true`): a line is written before the call returns, nothing is
+ *   left to flush at exit, and no exit-time flush is registered;
+ * - a broken pipe (EPIPE) or any other write error but EAGAIN/EBUSY ends logging for the process
+ *   (pino's own handler does that for EPIPE; ours for the rest — an unhandled `error` would throw);
+ * - a full pipe (EAGAIN/EBUSY) is retried for at most {@link BLOCKED_WRITE_MS} ms after the first
+ *   such error, then the line stays queued and the process goes on (the queue is written with the
+ *   next line; beyond {@link MAX_QUEUED_BYTES} lines are dropped).
+ */
+export function stdoutDestination(fd = 1): pino.DestinationStream {
+  let blockedSince = 0;
+  const dest = pino.destination({
+    dest: fd,
+    sync: true,
+    minLength: 0,
+    maxLength: MAX_QUEUED_BYTES,
+    retryEAGAIN: () => {
+      const now = Date.now();
+      if (blockedSince === 0) blockedSince = now;
+      return now - blockedSince < BLOCKED_WRITE_MS;
+    },
+  });
+  dest.on('write', () => (blockedSince = 0));
+  dest.on('error', (err: NodeJS.ErrnoException) => {
+    if (err.code === 'EAGAIN' || err.code === 'EBUSY') return;
+    // Nowhere to write any more: later lines go nowhere instead of throwing or retrying.
+    dest.write = () => true;
+    dest.flushSync = () => undefined;
+  });
+  return dest;
 }
 
 /**
@@ -114,7 +158,7 @@ export function scrubber(key: Buffer): (value: unknown) => unknown {
  * or an input. A `TooltxError` is not among them: implementations write its message, often around
  * a downstream's answer; its class and issue paths say what went wrong.
  */
-const OWN_ERRORS = new Set(['ConfigError', 'ConcurrencyError', 'StreamConfigError', 'SecretFileError', 'ProjectionCorruptError']);
+const OWN_ERRORS = new Set(['ConfigError', 'ConcurrencyError', 'StreamConfigError', 'SecretFileError', 'ProjectionCorruptError', 'StartupError', 'ToolsModuleError']);
 /** The NATS client's errors: their messages name subjects, codes and server answers, never a payload. */
 const NATS_ERRORS: (new (...args: never[]) => Error)[] = [...Object.values(natsErrors), JetStreamApiError, JetStreamError] as never;
 const CODE = /^[A-Za-z0-9_.:-]{1,64}$/;

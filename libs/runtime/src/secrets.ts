@@ -15,10 +15,13 @@ export const MIN_KEY_CHARS = 32;
 /** Thrown when a key file is missing, unreadable, too open or too short; names the file and the rule. */
 export class SecretFileError extends Error {
   readonly file: string;
+  /** What is wrong with the file, without its path. */
+  readonly problem: string;
   constructor(file: string, problem: string) {
     super(`${file}: ${problem}`);
     this.name = 'SecretFileError';
     this.file = file;
+    this.problem = problem;
   }
 }
 

@@ -1,3 +1,6 @@
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { isAbsolute, resolve } from 'node:path';
 import { Command } from 'commander';
 import { z } from 'zod';
 import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
@@ -7,8 +10,9 @@ import { loadReceiptSigner, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConfigError, loadConfig, serviceConfigSchema } from './config.js';
 import { createLogger, installProcessHandlers, type Logger } from './logger.js';
 import { SecretFileError } from './secrets.js';
-import { onShutdown } from './shutdown.js';
-import { loadImplementations, type ImplementationRegistry } from './tools.js';
+import { exitWithParent, onShutdown } from './shutdown.js';
+import { describeConnectError, describeError, displayUrl, failStartup, isNatsError, startupStep, StartupError, type StartupReporter } from './startup.js';
+import { loadImplementations, ToolsModuleError, type ImplementationRegistry } from './tools.js';
 
 const optMs = z.coerce.number().int().positive().optional();
 
@@ -63,87 +67,102 @@ export interface ServiceContext {
  * listing every problem, exit 2) → logger → trusted tools module → connect → check the streams
  * (refuses to start naming each broken setting, exit 2; never "ensures") → start → on SIGTERM or
  * SIGINT: stop, drain the connection, exit 0.
+ *
+ * A failure to start names the setting behind it and its value (startup.ts: one line on stderr,
+ * one `failed to start` log line with `setting`, `value`, `problem`): the tools module
+ * (`TOOLTX_TOOLS_MODULE`), the nkey or credentials file, the server (`NATS_URL`, shown without
+ * user-info), the prefix whose streams do not match (`TOOLTX_PREFIX`), and the service's own
+ * settings (`spec.env`, validated with the common ones so every problem is listed at once).
+ *
+ * Started by a supervisor with `TOOLTX_EXIT_WITH_PARENT=<its pid>`, the service stops when that
+ * supervisor is gone (shutdown.ts `exitWithParent`).
  */
-export async function runService(spec: {
+export async function runService<E extends z.ZodRawShape = Record<never, never>>(spec: {
   name: string;
   summary: string;
   /** Extra lines for `--help` under "Environment:" (the service's own variables). */
   envHelp?: string;
-  start: (ctx: ServiceContext) => Promise<() => Promise<void>>;
+  /** The service's own settings, parsed from the environment with the common ones (problems listed together, exit 2). */
+  env?: z.ZodObject<E>;
+  start: (ctx: ServiceContext & { env: z.infer<z.ZodObject<E>> }) => Promise<() => Promise<void>>;
   /** This service appends `committed`: it needs TOOLTX_SIGNING_KEY_FILE (issue 9, FM-17). */
   signsReceipts?: boolean;
 }): Promise<void> {
   new Command(`tooltx-${spec.name}`)
     .description(`tooltx ${spec.name}: ${spec.summary}`)
-    .addHelpText(
-      'after',
-      `
-Environment:
-  NATS_URL                 server URLs, comma-separated (default nats://127.0.0.1:4222)
-  NATS_CREDS_FILE          credentials file (optional)
-  NATS_NKEY_FILE           nkey seed file (optional; written by \`tooltx auth generate\`)
-  TOOLTX_PREFIX            subject prefix (default tooltx)
-  TOOLTX_TOOLS_MODULE      path of the trusted module exporting \`implementations\` (required)
-  TOOLTX_CONCURRENCY       operations handled at once (default 16)
-  TOOLTX_INSTANCE_ID       name of this instance in logs and events (default host-pid)
-  LOG_LEVEL                fatal|error|warn|info|debug|trace|silent (default info)
-  TOOLTX_LOG_HMAC_KEY_FILE key file for the HMAC of error messages in logs (optional; mode 0600)
-${spec.signsReceipts ? `  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 PEM, mode 0600) that signs this service's receipts
-                           (required; \`tooltx auth generate\` writes signing/${spec.name}.pem)
-` : ''}  TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS  expected stream settings${spec.envHelp ? `\n${spec.envHelp}` : ''}`,
-    )
+    .addHelpText('after', serviceEnvHelp(spec))
     .parse(process.argv);
 
+  const who: StartupReporter = { program: `tooltx-${spec.name}`, service: spec.name, instance: `${spec.name}-${process.pid}` };
   let config: ServiceConfig;
+  let own: z.infer<z.ZodObject<E>>;
   try {
-    config = loadConfig(fullServiceConfigSchema);
+    const all = loadConfig(spec.env ? fullServiceConfigSchema.extend(spec.env.shape) : fullServiceConfigSchema) as Record<string, unknown>;
+    config = all as ServiceConfig;
+    own = Object.fromEntries(Object.keys(spec.env?.shape ?? {}).map((k) => [k, all[k]])) as z.infer<z.ZodObject<E>>;
   } catch (err) {
-    if (err instanceof ConfigError) {
-      process.stderr.write(`tooltx-${spec.name}: ${err.message}\n`);
-      process.exit(2);
-    }
-    throw err;
+    failStartup(who, err);
   }
+  who.instance = config.TOOLTX_INSTANCE_ID;
   let log: Logger;
   try {
     log = createLogger({ service: spec.name, instance: config.TOOLTX_INSTANCE_ID, level: config.LOG_LEVEL, hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE });
   } catch (err) {
-    if (!(err instanceof SecretFileError)) throw err;
-    process.stderr.write(`tooltx-${spec.name}: invalid configuration:\n  - TOOLTX_LOG_HMAC_KEY_FILE: ${err.message}\n`);
-    process.exit(2);
+    failStartup(who, err instanceof SecretFileError ? new StartupError('TOOLTX_LOG_HMAC_KEY_FILE', err.file, err.problem, { cause: err }) : err);
   }
+  who.log = log;
+  exitWithParent(log, config.TOOLTX_EXIT_WITH_PARENT);
   let signer: ReceiptSigner | undefined;
   if (spec.signsReceipts) {
+    const file = config.TOOLTX_SIGNING_KEY_FILE;
+    if (!file) failStartup(who, new ConfigError(['TOOLTX_SIGNING_KEY_FILE: required: this service signs the receipts of what it commits']));
     try {
-      if (!config.TOOLTX_SIGNING_KEY_FILE) throw new Error('required: this service signs the receipts of what it commits');
-      signer = loadReceiptSigner(config.TOOLTX_SIGNING_KEY_FILE);
+      signer = loadReceiptSigner(file);
     } catch (err) {
-      process.stderr.write(`tooltx-${spec.name}: invalid configuration:\n  - TOOLTX_SIGNING_KEY_FILE: ${err instanceof SecretFileError || err instanceof Error ? err.message : String(err)}\n`);
-      process.exit(2);
+      // loadReceiptSigner's messages are its own, `<file>: <problem>` (never the key).
+      const own = err instanceof Error && err.message.startsWith(`${file}: `) ? err.message.slice(file.length + 2) : undefined;
+      failStartup(who, new StartupError('TOOLTX_SIGNING_KEY_FILE', file, own ?? describeError(err), { cause: err }));
     }
   }
   // A crash is logged like everything else: never Node's default print of a message and stack.
   installProcessHandlers(log);
   let nc: NatsConnection | undefined;
   try {
-    const tools = await loadImplementations(config.TOOLTX_TOOLS_MODULE);
-    nc = await connectNats({
-      servers: config.NATS_URL,
-      name: `${spec.name}@${config.TOOLTX_INSTANCE_ID}`,
-      credsFile: config.NATS_CREDS_FILE,
-      nkeySeedFile: config.NATS_NKEY_FILE,
-      // Replies to this service arrive only under its own inbox prefix (issue 5).
-      inboxPrefix: `_INBOX._svc.${spec.name}`,
-    });
+    const modulePath = config.TOOLTX_TOOLS_MODULE;
+    const tools = await startupStep('TOOLTX_TOOLS_MODULE', modulePath, () => loadImplementations(modulePath), (err) => describeModuleError(modulePath, err));
+    // The identity files are read here so that a missing one is named (the client only says ENOENT).
+    for (const [setting, file] of [['NATS_NKEY_FILE', config.NATS_NKEY_FILE], ['NATS_CREDS_FILE', config.NATS_CREDS_FILE]] as const) {
+      if (file) await startupStep(setting, file, () => readFile(file));
+    }
+    const identity: [string, string | undefined] = config.NATS_CREDS_FILE ? ['NATS_CREDS_FILE', config.NATS_CREDS_FILE] : config.NATS_NKEY_FILE ? ['NATS_NKEY_FILE', config.NATS_NKEY_FILE] : ['NATS_URL', displayUrl(config.NATS_URL)];
+    nc = await startupStep('NATS_URL', displayUrl(config.NATS_URL), async () => {
+      try {
+        return await connectNats({
+          servers: config.NATS_URL,
+          name: `${spec.name}@${config.TOOLTX_INSTANCE_ID}`,
+          credsFile: config.NATS_CREDS_FILE,
+          nkeySeedFile: config.NATS_NKEY_FILE,
+          // Replies to this service arrive only under its own inbox prefix (issue 5).
+          inboxPrefix: `_INBOX._svc.${spec.name}`,
+        });
+      } catch (err) {
+        if (err instanceof Error && err.constructor.name === 'NKeysError') throw new StartupError(identity[0], identity[1], 'not an nkey seed (`tooltx auth generate` writes one per user)', { cause: err });
+        if (err instanceof Error && err.name === 'AuthorizationError') throw new StartupError(identity[0], identity[1], `the server at ${displayUrl(config.NATS_URL)} refused this identity (${err.message})`, { cause: err });
+        throw err;
+      }
+    }, describeConnectError);
     const { js, jsm } = await jetStreamOf(nc);
     const subjects = new Subjects(config.TOOLTX_PREFIX);
     const topo = topology(subjects, topologyOptionsFrom(config));
-    await assertTopology(jsm, topo, {
-      longestKeyRetentionMs: tools.contracts.longestKeyRetentionMs(),
-      longestOperationMs: tools.longestOperationMs(),
-    });
+    await startupStep('TOOLTX_PREFIX', config.TOOLTX_PREFIX, () =>
+      assertTopology(jsm, topo, {
+        longestKeyRetentionMs: tools.contracts.longestKeyRetentionMs(),
+        longestOperationMs: tools.longestOperationMs(),
+      }),
+      (err) => (err instanceof Error && (err.name === 'StreamConfigError' || isNatsError(err)) ? `the streams are not as this service needs them (\`tooltx streams apply\` provisions them): ${err.message}` : describeError(err)),
+    );
     const store = new OperationStore(js, jsm, subjects);
-    const stop = await spec.start({ config, log, nc, js, jsm, subjects, topology: topo, store, tools, ...(signer ? { signer } : {}) });
+    const stop = await spec.start({ config, env: own, log, nc, js, jsm, subjects, topology: topo, store, tools, ...(signer ? { signer } : {}) });
     const conn = nc;
     let closing = false;
     void conn.closed().then((err) => {
@@ -158,8 +177,59 @@ ${spec.signsReceipts ? `  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 P
     });
     log.info({ prefix: subjects.prefix, contracts: tools.contracts.all().map((c) => c.id) }, 'started');
   } catch (err) {
-    log.fatal({ err }, 'failed to start');
     await nc?.close().catch(() => undefined);
-    process.exit(2);
+    failStartup(who, err);
   }
+}
+
+/** The `--help` text after the options: every variable a service reads. */
+function serviceEnvHelp(spec: { name: string; envHelp?: string; signsReceipts?: boolean }): string {
+  return `
+Environment:
+  NATS_URL                 server URLs, comma-separated (default nats://127.0.0.1:4222)
+  NATS_CREDS_FILE          credentials file (optional)
+  NATS_NKEY_FILE           nkey seed file (optional; written by \`tooltx auth generate\`)
+  TOOLTX_PREFIX            subject prefix (default tooltx)
+  TOOLTX_TOOLS_MODULE      path of the trusted module exporting \`implementations\` (required)
+  TOOLTX_CONCURRENCY       operations handled at once (default 16)
+  TOOLTX_INSTANCE_ID       name of this instance in logs and events (default host-pid)
+  LOG_LEVEL                fatal|error|warn|info|debug|trace|silent (default info)
+  TOOLTX_LOG_HMAC_KEY_FILE key file for the HMAC of error messages in logs (optional; mode 0600)
+${spec.signsReceipts ? `  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 PEM, mode 0600) that signs this service's receipts
+                           (required; \`tooltx auth generate\` writes signing/${spec.name}.pem)
+` : ''}  TOOLTX_EXIT_WITH_PARENT  pid of the supervisor that started this process: stop when it is gone
+                           (set by \`npm start\`; optional)
+  Expected stream settings (as given to \`tooltx streams apply\`; optional; checked at start):
+  TOOLTX_INTENTS_MAX_AGE_MS, TOOLTX_EVENTS_MAX_AGE_MS, TOOLTX_DECISIONS_MAX_AGE_MS,
+  TOOLTX_RESULTS_MAX_AGE_MS, TOOLTX_PROJECTIONS_MAX_AGE_MS, TOOLTX_AUDITLOG_MAX_AGE_MS,
+  TOOLTX_DUPLICATE_WINDOW_MS   retention and duplicate window, ms
+  TOOLTX_REPLICAS          stream replicas (1-5)
+  TOOLTX_MAX_DELIVER       deliveries of one message to a durable before its max-deliveries advisory
+                           (default 50)${spec.envHelp ? `\n${spec.envHelp}` : ''}
+
+Read by the research-KB sample's tools module (examples/research-kb/tools.ts), when
+TOOLTX_TOOLS_MODULE names it — settings of that module, not of tooltx:
+  KB_URL                   the KB storage service (default http://127.0.0.1:4280)
+  KB_DEDUP                 on|off: whether the KB deduplicates by key (default on)
+  KB_TIMING_MS             timeout,runningBound,unknownDeadline of the KB writes, ms
+  KB_KEEPALIVE             off = a new connection per KB request (default: kept alive)
+  WEB_ALLOWED_ORIGINS      origins on loopback/private hosts web.fetch_page may fetch, comma-separated
+
+A failure to start names the setting and its value on stderr and in a "failed to start" log line;
+exits 2.`;
+}
+
+/** Why the tools module did not load: the file is missing, one of its imports is, or its own error's class and code. */
+function describeModuleError(path: string, err: unknown): string {
+  if (err instanceof ToolsModuleError) return err.problem;
+  const code = (err as { code?: unknown }).code;
+  if (code === 'ERR_MODULE_NOT_FOUND' || code === 'ERR_UNSUPPORTED_DIR_IMPORT' || code === 'ENOENT') {
+    const abs = isAbsolute(path) ? path : resolve(process.cwd(), path);
+    if (!existsSync(abs)) return `no such file (${String(code)})`;
+    // Node's message names the specifier it could not find (code, never data).
+    const missing = /Cannot find (?:module|package) '([^']{1,300})'/.exec((err as Error).message)?.[1];
+    return missing ? `the module imports '${missing}', which cannot be found (${String(code)})` : `the module or one of its imports cannot be loaded (${String(code)})`;
+  }
+  if (err instanceof SyntaxError) return 'the module does not compile (SyntaxError); run it with `node --import tsx` to see where';
+  return `the module threw while loading: ${describeError(err)}`;
 }

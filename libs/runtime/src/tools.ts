@@ -19,20 +19,32 @@ export class ImplementationRegistry {
   }
 }
 
+/** The tools module loaded but does not export what it must; the message names the path and the rule. */
+export class ToolsModuleError extends TypeError {
+  /** What is wrong, without the path. */
+  readonly problem: string;
+  constructor(path: string, problem: string) {
+    super(`${path}: ${problem}`);
+    this.name = 'ToolsModuleError';
+    this.problem = problem;
+  }
+}
+
 /**
  * Loads the trusted module named by `TOOLTX_TOOLS_MODULE` (DESIGN.md: the trusted side is never
- * loaded by agents). The module must export `implementations: Implementation[]`. Throws `TypeError`
- * when the export is missing or malformed.
+ * loaded by agents). The module must export `implementations: Implementation[]`. Throws
+ * {@link ToolsModuleError} (a `TypeError`) when the export is missing or malformed, and the import's
+ * own error when the module cannot be loaded.
  */
 export async function loadImplementations(path: string): Promise<ImplementationRegistry> {
   const abs = isAbsolute(path) ? path : resolve(process.cwd(), path);
   const mod = (await import(pathToFileURL(abs).href)) as { implementations?: unknown };
   const list = mod.implementations;
-  if (!Array.isArray(list) || list.length === 0) throw new TypeError(`${path} must export a non-empty \`implementations\` array`);
+  if (!Array.isArray(list) || list.length === 0) throw new ToolsModuleError(path, 'must export a non-empty `implementations` array');
   for (const [i, impl] of list.entries()) {
     const x = impl as Partial<Implementation>;
     if (!x?.contract?.id || !x.contract.digest || typeof x.execute !== 'function') {
-      throw new TypeError(`${path}: implementations[${i}] is not an Implementation (contract + execute)`);
+      throw new ToolsModuleError(path, `implementations[${i}] is not an Implementation (contract + execute)`);
     }
   }
   return new ImplementationRegistry(list as Implementation[]);

@@ -17,7 +17,7 @@
  */
 import { z } from 'zod';
 import { openBucket, startConsumerLoop } from '@tooltx/nats';
-import { keyedDigest, loadConfig, readKeyFile } from '@tooltx/runtime';
+import { keyedDigest, readKeyFile, SecretFileError } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { auditHandlers } from './apply.js';
@@ -25,17 +25,32 @@ import type { AuditHmac } from './projection.js';
 import { AuditService } from './query.js';
 
 const auditConfigSchema = z.object({
-  /** Key file of the audit HMACs (targets, result digests, resource ids); the same for every instance and every rebuild. */
-  TOOLTX_AUDIT_HMAC_KEY_FILE: z.string().min(1),
+  /**
+   * Key file of the audit HMACs (targets, result digests, resource ids); the same for every
+   * instance and every rebuild. Read while the environment is parsed: a missing, open or short key
+   * is a configuration problem listed with the others (exit 2), before anything connects.
+   */
+  TOOLTX_AUDIT_HMAC_KEY_FILE: z
+    .string({ error: 'required: the key file of the audit HMACs (>= 32 characters, mode 0600)' })
+    .min(1)
+    .transform((file, ctx) => {
+      try {
+        return readKeyFile(file);
+      } catch (err) {
+        if (!(err instanceof SecretFileError)) throw err;
+        ctx.addIssue({ code: 'custom', message: err.message });
+        return z.NEVER;
+      }
+    }),
 });
 
 await runService({
   name: 'audit-projector',
   summary: 'projects the event log and the decision stream into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>) — no bodies — and answers auditors\' queries on <prefix>.audit.<tenant>.<auditor>, recording each before answering',
+  env: auditConfigSchema,
   envHelp: '  TOOLTX_AUDIT_HMAC_KEY_FILE key file (>= 32 characters, mode 0600) of the keyed HMACs in audit records (required)',
-  async start({ subjects, log, js, nc, config }) {
-    // Read before anything runs: a bad key file stops the service (exit 2), naming the problem.
-    const key = readKeyFile(loadConfig(auditConfigSchema).TOOLTX_AUDIT_HMAC_KEY_FILE);
+  async start({ subjects, log, js, nc, config, env }) {
+    const key = env.TOOLTX_AUDIT_HMAC_KEY_FILE;
     const hmac: AuditHmac = (purpose, value) => keyedDigest(key, `audit-${purpose}`, value);
     const kv = await openBucket(nc, subjects.auditBucket);
     const handlers = auditHandlers({ subjects, kv, hmac, log });

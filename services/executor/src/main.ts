@@ -5,21 +5,30 @@
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, lets in-flight attempts finish (bounded by their
  * contract's timeoutMs), drains.
  */
+import { z } from 'zod';
 import { FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
-
-// TOOLTX_EXECUTOR_DURABLE: which durable consumer to pull from (default `executor`). A second
-// durable makes two executor groups compete for every accepted operation — safe, since only one
-// `running` append can win, and how the race tests force it; otherwise only for migrations.
-const durable = process.env.TOOLTX_EXECUTOR_DURABLE || Durables.executor;
 import { eventHandler } from './execute.js';
+
+const executorEnvSchema = z.object({
+  /**
+   * Which durable consumer to pull from (default `executor`). A second durable makes two executor
+   * groups compete for every accepted operation — safe, since only one `running` append can win,
+   * and how the race tests force it; otherwise only for migrations. It must exist (the provisioner
+   * creates the ones the identity list's `executorDurables` names).
+   */
+  TOOLTX_EXECUTOR_DURABLE: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'a durable name: ^[A-Za-z0-9_-]{1,64}$').default(Durables.executor),
+});
 
 await runService({
   name: 'executor',
   summary: 'consumes the event log and runs each accepted operation once',
   signsReceipts: true,
-  async start({ subjects, store, tools, log, js, nc, config, signer }) {
+  env: executorEnvSchema,
+  envHelp: `  TOOLTX_EXECUTOR_DURABLE  the durable consumer to pull from (default ${Durables.executor}); another one (provisioned
+                           from the identity list's executorDurables) makes a competing executor group`,
+  async start({ subjects, store, tools, log, js, nc, config, env, signer }) {
     const results = await openBucket(nc, subjects.resultsBucket);
     const shutdown = new AbortController();
     const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
@@ -27,7 +36,7 @@ await runService({
     const loop = await startConsumerLoop({
       js,
       stream: subjects.eventsStream,
-      durable,
+      durable: env.TOOLTX_EXECUTOR_DURABLE,
       concurrency: config.TOOLTX_CONCURRENCY,
       log,
       handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen, signer: signer! }),

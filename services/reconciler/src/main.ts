@@ -8,6 +8,7 @@
  * Usage: `tsx services/reconciler/src/main.ts [--help]`. Same environment as the executor.
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight applies, drains.
  */
+import { z } from 'zod';
 import { FrozenTaskWatch, projectionHandler, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
@@ -16,24 +17,32 @@ import { applyToIndex, reconcileValueSchema } from './projection.js';
 import { startSweeper } from './reconcile.js';
 import { startTakeoverService } from './takeover.js';
 
+/** The reconciler's own settings (validated with the common ones; a bad value refuses to start, exit 2). */
+const reconcilerEnvSchema = z.object({
+  /** Pause between two sweeps, ms (default 2000). */
+  TOOLTX_RECONCILE_INTERVAL_MS: z.coerce.number().int().min(1).max(3_600_000).default(2_000),
+  /** `off` runs a projection-only instance: the index, no probing, no takeovers (default `on`). */
+  TOOLTX_RECONCILE_SWEEP: z.enum(['on', 'off']).default('on'),
+});
+
 await runService({
   name: 'reconciler',
   summary: 'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile) and sweeps it every TOOLTX_RECONCILE_INTERVAL_MS (default 2000; TOOLTX_RECONCILE_SWEEP=off for a projection-only instance): stale accepted → re-driven; stale running and unknown → probed by key, then committed, requeued under the same key, or kept unknown',
   signsReceipts: true,
-  envHelp: `  TOOLTX_RECONCILE_INTERVAL_MS  pause between two sweeps, ms (default 2000)
-  TOOLTX_RECONCILE_SWEEP   off = projection only (no probing, no takeovers)`,
-  async start({ subjects, log, js, jsm, nc, config, store, tools, topology, signer }) {
+  env: reconcilerEnvSchema,
+  envHelp: `  TOOLTX_RECONCILE_INTERVAL_MS  pause between two sweeps, ms: an integer 1..3600000 (default 2000)
+  TOOLTX_RECONCILE_SWEEP   on|off (default on); off = a projection-only instance (the index, no
+                           probing, no takeovers)`,
+  async start({ subjects, log, js, jsm, nc, config, env, store, tools, topology, signer }) {
     const kv = await openBucket(nc, subjects.reconcileBucket);
     const results = await openBucket(nc, subjects.resultsBucket);
     const tasks = await openBucket(nc, subjects.tasksBucket);
     const frozen = new FrozenTaskWatch(tasks, log.child({ component: 'frozen-tasks' }));
     await frozen.start();
-    const intervalMs = Number(process.env.TOOLTX_RECONCILE_INTERVAL_MS ?? 2_000);
-    // TOOLTX_RECONCILE_SWEEP=off runs a projection-only instance (the index, no probing).
     const sweeper =
-      process.env.TOOLTX_RECONCILE_SWEEP === 'off'
+      env.TOOLTX_RECONCILE_SWEEP === 'off'
         ? { stop: async () => undefined, watched: new Map() }
-        : startSweeper({ index: kv, results, tasks, frozen, store, subjects, tools, signer: signer!, log: log.child({ component: 'sweep' }), intervalMs: Number.isFinite(intervalMs) && intervalMs > 0 ? intervalMs : 2_000 });
+        : startSweeper({ index: kv, results, tasks, frozen, store, subjects, tools, signer: signer!, log: log.child({ component: 'sweep' }), intervalMs: env.TOOLTX_RECONCILE_INTERVAL_MS });
     // Operators' takeover requests (issue 8): list, show, resolve.
     const takeover = startTakeoverService({ nc, store, subjects, results, tasks, tools, signer: signer!, log: log.child({ component: 'takeover' }), watched: sweeper.watched });
     const loop = await startConsumerLoop({

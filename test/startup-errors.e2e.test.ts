@@ -1,0 +1,213 @@
+/**
+ * A process that cannot start says which setting and which value (fresh-user trial): error
+ * messages are redacted from logs at run time (FM-16), but a failure to START is the operator's own
+ * configuration — one line on stderr naming the variable or flag and its value (never a secret: a
+ * URL's password, a seed), and a `failed to start` log line with `setting`. Real processes: the
+ * services, the KB and `npm start`; a real nats-server where one is needed.
+ */
+import { spawn } from 'node:child_process';
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { provisioned, type TestNats } from './helpers/nats.js';
+import { spawnKbProcess } from './helpers/kb.js';
+import { ServiceProcess, startService, type ServiceName } from './helpers/services.js';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
+const ALL: ServiceName[] = ['authorizer', 'executor', 'reconciler', 'audit-projector'];
+
+let dir: string;
+/** A port something listens on (taken), and one nothing listens on. */
+let taken: Server;
+let takenPort: number;
+let closedPort: number;
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'tooltx-startup-'));
+  taken = createServer();
+  await new Promise<void>((r) => taken.listen(0, '127.0.0.1', r));
+  takenPort = (taken.address() as { port: number }).port;
+  const s = createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  closedPort = (s.address() as { port: number }).port;
+  await new Promise((r) => s.close(r));
+});
+afterAll(async () => {
+  await new Promise((r) => taken.close(r));
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** The one `failed to start` line of a process that exited 2, and its stderr. */
+async function failure(p: ServiceProcess): Promise<{ line: Record<string, unknown>; stderr: string }> {
+  expect(await p.exited, p.stderr).toBe(2);
+  const lines = p.lines.filter((l) => l.msg === 'failed to start');
+  expect(lines).toHaveLength(1);
+  expect(p.stderr).not.toMatch(/\n\s+at /); // never a stack trace
+  return { line: lines[0]!, stderr: p.stderr };
+}
+
+function run(script: string, args: string[], env: Record<string, string>): ServiceProcess {
+  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, script), ...args], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  return new ServiceProcess(script, child);
+}
+
+describe('a service that cannot start', () => {
+  it('names the tools module, the nkey or credentials file, or the server, with the value — never a URL\'s password', async () => {
+    const cases: { env: Record<string, string>; setting: string; value: string; says: string }[] = [
+      { env: { TOOLTX_TOOLS_MODULE: join(dir, 'nope', 'tools.ts') }, setting: 'TOOLTX_TOOLS_MODULE', value: join(dir, 'nope', 'tools.ts'), says: 'no such file' },
+      { env: { TOOLTX_TOOLS_MODULE: join(ROOT, 'libs', 'runtime', 'src', 'config.ts') }, setting: 'TOOLTX_TOOLS_MODULE', value: join(ROOT, 'libs', 'runtime', 'src', 'config.ts'), says: 'must export a non-empty `implementations` array' },
+      { env: { NATS_NKEY_FILE: join(dir, 'nope.nk') }, setting: 'NATS_NKEY_FILE', value: join(dir, 'nope.nk'), says: 'ENOENT' },
+      { env: { NATS_CREDS_FILE: dir }, setting: 'NATS_CREDS_FILE', value: dir, says: 'EISDIR' },
+      { env: { NATS_URL: `nats://alice:s3cret-pw@127.0.0.1:${closedPort}` }, setting: 'NATS_URL', value: `nats://[redacted]@127.0.0.1:${closedPort}`, says: 'ECONNREFUSED' },
+      // `.invalid` never resolves (RFC 2606): ENOTFOUND, or EAI_AGAIN without a resolver.
+      { env: { NATS_URL: 'nats://tooltx-trial.invalid:4222' }, setting: 'NATS_URL', value: 'nats://tooltx-trial.invalid:4222', says: 'the host name does not resolve' },
+    ];
+    for (const c of cases) {
+      const p = await startService('authorizer', { NATS_URL: `nats://127.0.0.1:${closedPort}`, ...c.env }, { wait: false });
+      const { line, stderr } = await failure(p);
+      expect(line).toMatchObject({ setting: c.setting, value: c.value });
+      expect(String(line.problem)).toContain(c.says);
+      // One line on stderr: the program, the setting with its value, the problem.
+      expect(stderr.trim().split('\n')).toEqual([expect.stringContaining(`tooltx-authorizer: cannot start: ${c.setting}=${c.value}: `)]);
+      expect(stderr).toContain(c.says);
+      expect(JSON.stringify(p.lines) + stderr).not.toContain('s3cret-pw');
+    }
+  });
+
+  it('names the nkey file the server refuses: not a seed, or an identity the server does not know', async () => {
+    const t: TestNats = await provisioned();
+    try {
+      writeFileSync(join(dir, 'not-a-seed.nk'), 'hello\n', { mode: 0o600 });
+      const p = await startService('authorizer', { ...t.env, NATS_NKEY_FILE: join(dir, 'not-a-seed.nk') }, { wait: false });
+      const { line } = await failure(p);
+      expect(line).toMatchObject({ setting: 'NATS_NKEY_FILE', value: join(dir, 'not-a-seed.nk'), problem: expect.stringContaining('not an nkey seed') });
+      // Someone else's server: a valid seed of another deployment.
+      const other: TestNats = await provisioned();
+      try {
+        const q = await startService('authorizer', { ...t.env, NATS_NKEY_FILE: other.auth.seedFile({ kind: 'service', service: 'authorizer' }) }, { wait: false });
+        const refused = await failure(q);
+        expect(refused.line).toMatchObject({ setting: 'NATS_NKEY_FILE', problem: expect.stringContaining('refused this identity') });
+      } finally {
+        await other.close();
+      }
+    } finally {
+      await t.close();
+    }
+  });
+
+  it('the reconciler\'s own settings are validated: an interval that is not a positive integer, a sweep that is not on|off (exit 2, each named)', async () => {
+    for (const env of [
+      { TOOLTX_RECONCILE_INTERVAL_MS: '-5', TOOLTX_RECONCILE_SWEEP: 'maybe' },
+      { TOOLTX_RECONCILE_INTERVAL_MS: 'abc', TOOLTX_RECONCILE_SWEEP: 'OFF' },
+      { TOOLTX_RECONCILE_INTERVAL_MS: '0', TOOLTX_RECONCILE_SWEEP: 'false' },
+    ]) {
+      const p = await startService('reconciler', { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_SIGNING_KEY_FILE: join(dir, 'unused.pem'), ...env }, { wait: false });
+      const { line, stderr } = await failure(p);
+      expect(line.settings).toEqual(['TOOLTX_RECONCILE_INTERVAL_MS', 'TOOLTX_RECONCILE_SWEEP']);
+      expect(stderr).toContain('tooltx-reconciler: invalid configuration:');
+      expect(stderr).toContain('TOOLTX_RECONCILE_INTERVAL_MS');
+      expect(stderr).toContain('TOOLTX_RECONCILE_SWEEP');
+    }
+  });
+
+  it('the audit-projector reports a bad key file as the others report configuration: a plain list on stderr, before connecting', async () => {
+    const key = join(dir, 'audit.key');
+    writeFileSync(key, `${'k'.repeat(64)}\n`);
+    chmodSync(key, 0o644);
+    const p = await startService('audit-projector', { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_AUDIT_HMAC_KEY_FILE: key }, { wait: false });
+    const { line, stderr } = await failure(p);
+    expect(stderr).toBe(`tooltx-audit-projector: invalid configuration: TOOLTX_AUDIT_HMAC_KEY_FILE: ${key}: mode 644 lets others read the key; chmod 600 it\n`);
+    expect(line).toMatchObject({ setting: 'TOOLTX_AUDIT_HMAC_KEY_FILE' });
+    expect(JSON.stringify(p.lines) + stderr).not.toContain('k'.repeat(32));
+  });
+
+  it('--help lists every variable the service reads, the tools module\'s among them', async () => {
+    for (const name of ALL) {
+      const p = run(`services/${name}/src/main.ts`, ['--help'], {});
+      expect(await p.exited).toBe(0);
+      const out = p.lines.map((l) => String(l.raw ?? '')).join('\n');
+      for (const v of ['NATS_URL', 'NATS_NKEY_FILE', 'NATS_CREDS_FILE', 'TOOLTX_PREFIX', 'TOOLTX_TOOLS_MODULE', 'TOOLTX_CONCURRENCY', 'TOOLTX_INSTANCE_ID', 'LOG_LEVEL', 'TOOLTX_LOG_HMAC_KEY_FILE', 'TOOLTX_EXIT_WITH_PARENT', 'TOOLTX_MAX_DELIVER', 'TOOLTX_REPLICAS', 'TOOLTX_EVENTS_MAX_AGE_MS', 'KB_URL', 'KB_DEDUP', 'KB_TIMING_MS', 'KB_KEEPALIVE', 'WEB_ALLOWED_ORIGINS']) {
+        expect(out, `${name} --help`).toContain(v);
+      }
+      expect(out).toContain('tools module');
+    }
+    const help = async (name: ServiceName) => {
+      const p = run(`services/${name}/src/main.ts`, ['--help'], {});
+      await p.exited;
+      return p.lines.map((l) => String(l.raw ?? '')).join('\n');
+    };
+    expect(await help('executor')).toContain('TOOLTX_EXECUTOR_DURABLE');
+    expect(await help('reconciler')).toMatch(/TOOLTX_RECONCILE_SWEEP\s+on\|off/);
+    expect(await help('audit-projector')).toContain('TOOLTX_AUDIT_HMAC_KEY_FILE');
+  });
+});
+
+describe('the KB that cannot start', () => {
+  it('names KB_DB when the database cannot be created, and KB_PORT when the port is taken', async () => {
+    const file = join(dir, 'a-file');
+    writeFileSync(file, 'x');
+    const db = await failure(spawnKbProcess({ KB_DB: join(file, 'kb.sqlite') }));
+    expect(db.line).toMatchObject({ setting: 'KB_DB', value: join(file, 'kb.sqlite') });
+    expect(db.stderr).toMatch(/^kb-server: cannot start: KB_DB=.*kb\.sqlite: cannot open or create the database: .*\n$/);
+
+    const port = await failure(spawnKbProcess({ KB_DB: join(dir, 'kb.sqlite'), KB_PORT: String(takenPort) }));
+    expect(port.line).toMatchObject({ setting: 'KB_PORT', value: String(takenPort) });
+    expect(port.stderr).toContain(`KB_PORT=${takenPort}`);
+    expect(port.stderr).toContain('EADDRINUSE');
+  });
+});
+
+describe('npm start that cannot start', () => {
+  const start = (args: string[], env: Record<string, string> = {}) => run('scripts/start.ts', args, env);
+
+  it('names the flag, or the variable it was set by, and the value, in one line without a stack trace', async () => {
+    const file = join(dir, 'hostname');
+    writeFileSync(file, 'x');
+    const notDir = await failure(start(['--state-dir', join(file, 'x')]));
+    expect(notDir.stderr).toBe(`tooltx-start: cannot start: --state-dir ${join(file, 'x')}: cannot create the state directory: a part of the path is not a directory (ENOTDIR)\n`);
+    expect(notDir.line).toMatchObject({ setting: '--state-dir', value: join(file, 'x') });
+
+    const flag = await failure(start(['--port', '70000', '--state-dir', join(dir, 'unused')]));
+    expect(flag.stderr).toMatch(/^tooltx-start: invalid configuration: --port 70000: .*65535\n$/);
+    expect(flag.line).toMatchObject({ setting: '--port' });
+    const env = await failure(start(['--state-dir', join(dir, 'unused')], { NATS_PORT: '70000', KB_DEDUP: 'maybe' }));
+    expect(env.stderr).toContain('NATS_PORT=70000');
+    expect(env.stderr).toContain('KB_DEDUP=maybe');
+    expect(env.line.settings).toEqual(['NATS_PORT', 'KB_DEDUP']);
+
+    const auth = await failure(start(['--state-dir', join(dir, 'external')], { NATS_URL: `nats://127.0.0.1:${closedPort}` }));
+    expect(auth.line).toMatchObject({ setting: 'TOOLTX_AUTH_DIR' });
+    expect(auth.stderr).toContain('required when NATS_URL is set');
+  });
+
+  it('names --kb-port when the KB\'s port is taken, and leaves nothing running', async () => {
+    const free = createServer();
+    await new Promise<void>((r) => free.listen(0, '127.0.0.1', r));
+    const natsPort = (free.address() as { port: number }).port;
+    await new Promise((r) => free.close(r));
+    const stateDir = join(dir, 'kb-port');
+    const p = start(['--state-dir', stateDir, '--port', String(natsPort), '--kb-port', String(takenPort)]);
+    expect(await p.exited).toBe(2);
+    const line = p.lines.find((l) => l.msg === 'failed to start' && l.service === 'start');
+    expect(line).toMatchObject({ setting: '--kb-port', value: String(takenPort), problem: expect.stringContaining('EADDRINUSE') });
+    expect(p.stderr).toContain(`tooltx-start: cannot start: --kb-port ${takenPort}: `);
+    // The nats-server it had started is stopped: its port is free again.
+    const again = createServer();
+    await new Promise<void>((r, j) => {
+      again.once('error', j);
+      again.listen(natsPort, '127.0.0.1', r);
+    });
+    await new Promise((r) => again.close(r));
+  });
+
+  it('--help lists the environment it reads', async () => {
+    const p = start(['--help']);
+    expect(await p.exited).toBe(0);
+    const out = p.lines.map((l) => String(l.raw ?? '')).join('\n');
+    for (const v of ['NATS_PORT', 'KB_PORT', 'TOOLTX_STATE_DIR', 'KB_DEDUP', 'KB_SEED_FILE', 'TOOLTX_PREFIX', 'NATS_URL', 'TOOLTX_AUTH_DIR', 'TOOLTX_IDENTITIES', 'KB_SEED', 'NATS_SERVER_BIN', 'TOOLTX_AUDIT_HMAC_KEY_FILE', 'TOOLTX_LOG_HMAC_KEY_FILE', 'LOG_LEVEL']) expect(out).toContain(v);
+    expect(out).toMatch(/TOOLTX_AUTH_DIR\s+required with NATS_URL/);
+  });
+});

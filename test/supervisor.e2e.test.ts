@@ -1,0 +1,147 @@
+/**
+ * `npm start` as a supervisor (fresh-user trial): a `kill -9` of it leaves nothing running, its lock
+ * names the processes it started and a new start refuses while one of them is alive, and no process
+ * of the stack hangs in a log write to a pipe nobody reads. Real processes throughout: the
+ * supervisor (scripts/start.ts), its nats-server, KB and services, `kill -KILL`.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { spawnNatsServer } from '@tooltx/nats';
+import { spawnKbProcess } from './helpers/kb.js';
+import { ServiceProcess } from './helpers/services.js';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
+const START = join(ROOT, 'scripts', 'start.ts');
+
+/** A TCP port nothing listens on right now. */
+async function freePort(): Promise<number> {
+  const s = createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  const port = (s.address() as { port: number }).port;
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+/** `npm start` as npm runs it (node --import tsx scripts/start.ts), JSON lines collected (stdout is not a TTY). */
+function start(args: string[], env: Record<string, string> = {}): ServiceProcess {
+  const child = spawn(process.execPath, ['--import', 'tsx', START, ...args], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? '', ...(process.env.NATS_SERVER_BIN ? { NATS_SERVER_BIN: process.env.NATS_SERVER_BIN } : {}), ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  return new ServiceProcess('start', child);
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Polls until none of `pids` is alive; rejects (naming the survivors) after `ms`. */
+async function allGone(pids: number[], ms: number): Promise<void> {
+  const until = Date.now() + ms;
+  while (pids.some(alive)) {
+    if (Date.now() > until) throw new Error(`still running: ${pids.filter(alive).join(', ')}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+type Lock = { pid: number; processes: { name: string; pid: number }[] };
+
+/** Resolves when the supervisor logs that the stack is up; rejects with its output when it exits first. */
+async function up(p: ServiceProcess, ms = 90_000): Promise<void> {
+  const until = Date.now() + ms;
+  while (!p.lines.some((l) => typeof l.msg === 'string' && l.msg.startsWith('tooltx is up'))) {
+    if (p.child.exitCode !== null || Date.now() > until) throw new Error(`npm start did not come up (exit ${p.child.exitCode}): ${p.stderr}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+describe('npm start supervisor', () => {
+  it('kill -9 of the supervisor: every process it started (recorded in its lock) stops by itself, and a new start on the same state directory comes up', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tooltx-start-'));
+    const args = ['--port', String(await freePort()), '--kb-port', String(await freePort()), '--state-dir', dir];
+    const leftovers: number[] = [];
+    try {
+      const first = start(args);
+      await up(first);
+      const lock = JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock;
+      expect(lock.pid).toBe(first.child.pid);
+      expect(lock.processes.map((p) => p.name).sort()).toEqual(['audit-projector-1', 'authorizer-1', 'executor-1', 'kb', 'nats-server', 'reconciler-1']);
+      const pids = lock.processes.map((p) => p.pid);
+      leftovers.push(...pids);
+      expect(pids.every(alive)).toBe(true);
+
+      await first.kill(); // SIGKILL: no handler runs, nothing is passed on
+      // The KB and the services watch their parent (TOOLTX_EXIT_WITH_PARENT); nats-server has
+      // setpriv's parent-death signal. Their stdout pipes have no reader any more either.
+      await allGone(pids, 40_000);
+
+      const second = start(args);
+      try {
+        await up(second);
+        const again = JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock;
+        expect(again.pid).toBe(second.child.pid);
+        leftovers.push(...again.processes.map((p) => p.pid));
+      } finally {
+        expect(await second.stop()).toBe(0);
+      }
+      expect(second.lines.some((l) => l.msg === 'stopped')).toBe(true);
+    } finally {
+      for (const pid of leftovers) if (alive(pid)) process.kill(pid, 'SIGKILL');
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 240_000);
+
+  it('a new start refuses while a process recorded in the lock is still running, naming it, and leaves the lock as it was', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tooltx-start-'));
+    const server = await spawnNatsServer({ storeDir: join(dir, 'orphan-js') });
+    try {
+      // The lock of a supervisor that is gone (a pid that has exited), whose nats-server still runs.
+      const gone = spawn(process.execPath, ['-e', '']);
+      await new Promise((r) => gone.once('exit', r));
+      const lock = `${JSON.stringify({ pid: gone.pid, processes: [{ name: 'nats-server', pid: server.process!.pid }] })}\n`;
+      writeFileSync(join(dir, 'stack.pid'), lock);
+      const p = start(['--port', String(await freePort()), '--kb-port', String(await freePort()), '--state-dir', dir]);
+      expect(await p.exited).toBe(2);
+      expect(p.stderr).toContain(`nats-server (pid ${server.process!.pid})`);
+      expect(p.stderr).toContain('--state-dir');
+      expect(p.stderr.trim().split('\n')).toHaveLength(1);
+      expect(p.lines.find((l) => l.msg === 'failed to start')).toMatchObject({ setting: '--state-dir', value: dir });
+      expect(readFileSync(join(dir, 'stack.pid'), 'utf8')).toBe(lock);
+    } finally {
+      await server.stop({ removeStore: true });
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a KB whose stdout pipe has no reader any more (its supervisor died) still stops on SIGTERM: no log write retries forever', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tooltx-kb-'));
+    const kb = spawnKbProcess({ KB_DB: join(dir, 'kb.sqlite'), LOG_LEVEL: 'debug' });
+    try {
+      await kb.waitForLog('listening');
+      // The read end of its stdout is closed, as when the supervisor that piped it is killed: every
+      // later write gets EPIPE. Shutting down writes two lines and exits.
+      closeReader(kb.child);
+      kb.child.kill('SIGTERM');
+      expect(await kb.exited).toBe(0);
+    } finally {
+      await kb.kill();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+function closeReader(child: ChildProcess): void {
+  child.stdout!.removeAllListeners('data');
+  child.stdout!.destroy();
+}
