@@ -10,12 +10,13 @@
 import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { prepareCall } from '@tooltx/contracts';
+import { operationIdOf, prepareCall } from '@tooltx/contracts';
 import { decode, encode } from '@tooltx/nats';
 import { z } from 'zod';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { Sink } from './helpers/sink.js';
+import { history } from './helpers/ops.js';
 import { sinkWrite } from './fixtures/sink-tools.js';
 
 let t: TestNats;
@@ -68,5 +69,18 @@ describe('FM-32: services answer only into their requesters\' inboxes', () => {
     await executorUser.flush();
     expect(spied).toEqual([]);
     spy.unsubscribe();
+  });
+
+  it('FM-31: a status request whose reply subject is another tenant\'s operation subject is not answered: nothing lands in that tenant\'s event log', async () => {
+    const victimKey = prepareCall(sinkWrite, 'fm31-reply', { bucket: 'kb-main', title: 'Victim', body: 'x', at: '2026-11-30T06:00:00Z' }).operationKey;
+    const victimSubject = t.subjects.op('acme', operationIdOf(victimKey));
+    const status = t.subjects.status('globex', 'mallory');
+    // The authorizer may publish on every operation subject; only its own check stops this.
+    for (let i = 0; i < 3; i++) mallory.publish(status, encode({ operationKey: key }), { reply: victimSubject });
+    const m = await mallory.request(status, encode({ operationKey: key }), { timeout: 10_000 });
+    expect(decode(answerSchema, m.data).state).toBe('not_seen');
+    await new Promise((r) => setTimeout(r, 1_000));
+    expect(await history(t, 'acme', victimKey)).toEqual([]);
+    expect(authorizer.lines.filter((l) => String(l.msg).includes('outside the requester')).length).toBeGreaterThanOrEqual(3);
   });
 });

@@ -73,6 +73,16 @@ export function inboxPrefixOf(role: Role): string {
   }
 }
 
+/**
+ * Whether `reply` lies in `role`'s own reply inbox (`<inboxPrefixOf(role)>.…`). A request/reply
+ * service answers only there: the reply subject is chosen by the requester, and the service may
+ * publish on subjects the requester may not (e.g. operation subjects), so answering anywhere else
+ * would let a requester make the service write into another tenant's stream (FM-31, FM-32).
+ */
+export function isOwnReplyInbox(role: Role, reply: string | undefined): boolean {
+  return reply !== undefined && reply.startsWith(`${inboxPrefixOf(role)}.`) && !/[\s*>]/.test(reply);
+}
+
 /** Where an identity of the list is (the field path of its entry) and what it is, for errors. */
 interface ListedIdentity {
   role: Role;

@@ -6,6 +6,7 @@ import { ErrorClass, fieldIssues, operationIdOf, type ErrorInfo } from '@tooltx/
 import { auditRecordSchema, auditRequestSchema, MAX_AUDIT_PAGE, type AuditAnswer, type AuditQueryRecord, type AuditRecord, type AuditRequest, type ContractCounts } from '@tooltx/lifecycle';
 import { decode, decodeRaw, encode, isTransient, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
+import { isOwnReplyInbox } from '@tooltx/streams';
 import { countsOf } from './projection.js';
 
 /**
@@ -79,6 +80,11 @@ export class AuditService {
   async #handle(msg: Msg): Promise<void> {
     const { subjects, log } = this.#d;
     const who = subjects.parseAuditSubject(msg.subject);
+    // Answers go only to the auditor's own inbox (the reply subject is the requester's choice).
+    if (!who || !isOwnReplyInbox({ kind: 'auditor', tenant: who.tenant, actor: who.auditor }, msg.reply)) {
+      log.warn({ subject: msg.subject }, 'audit request with a reply subject outside the auditor\'s inbox: not answered');
+      return;
+    }
     const reply = (body: unknown) => msg.respond(encode(body));
     if (!who) return void reply({ error: { class: ErrorClass.InvalidInput } });
     const l = log.child({ tenant: who.tenant, auditor: who.auditor });

@@ -6,6 +6,7 @@ import { EMPTY_RESULT_DIGEST, ErrorClass, fieldIssues, operationIdOf, toErrorInf
 import { statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
 import { decode, decodeRaw, encode, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
+import { isOwnReplyInbox } from '@tooltx/streams';
 
 export interface StatusDeps {
   nc: NatsConnection;
@@ -104,6 +105,12 @@ export class StatusService {
   async #handle(msg: Msg): Promise<void> {
     const { subjects } = this.#d;
     const who = subjects.parseActorSubject('status', msg.subject);
+    // Answers go only to the requester's own inbox: the reply subject is the requester's choice,
+    // and this service may publish on operation subjects (FM-31).
+    if (!who || !isOwnReplyInbox({ kind: 'agent', tenant: who.tenant, actor: who.actor }, msg.reply)) {
+      this.#d.log.warn({ subject: msg.subject }, 'status request with a reply subject outside the requester\'s inbox: not answered');
+      return;
+    }
     const reply = (body: unknown) => msg.respond(encode(body));
     if (!who) return void reply({ error: { class: ErrorClass.InvalidInput, issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not a status subject' }] }, at: this.#now() });
     let req: StatusRequest;

@@ -5,6 +5,7 @@ import { digestOf, EMPTY_RESULT_DIGEST, ErrorClass, idSchema, fieldIssues, inval
 import { decide, type OperationCommand, type OperationRecord, type ReceiptSigner, type TakeoverRecord } from '@tooltx/lifecycle';
 import { ConcurrencyError, encode, freezeTask, newEventId, thawTask, type FrozenTaskWatch, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
+import { isOwnReplyInbox } from '@tooltx/streams';
 import type { IndexEntry } from './projection.js';
 
 /**
@@ -195,6 +196,11 @@ export function startTakeoverService(
 
   const done = (async () => {
     for await (const m of sub) {
+      // Answers go only to the operator's own inbox (the reply subject is the requester's choice).
+      if (!isOwnReplyInbox({ kind: 'operator', operator: m.subject.split('.').at(-1)! }, m.reply)) {
+        d.log.warn({ subject: m.subject }, 'takeover request with a reply subject outside the operator\'s inbox: not answered');
+        continue;
+      }
       let answer: TakeoverAnswer;
       try {
         answer = await handle(m);
