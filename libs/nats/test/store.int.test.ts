@@ -108,6 +108,16 @@ describe('stream checks', () => {
     }
   });
 
+  it('refuses a result store that would forget results before the event log forgets their registrations (result store ≥ event log max_age)', async () => {
+    const t = await provisioned({ resultsMaxAgeMs: 60_000 });
+    try {
+      const v = await checkTopology(t.jsm, topology(t.subjects), { longestKeyRetentionMs: 1 });
+      expect(v).toEqual([expect.stringContaining(`bucket ${t.subjects.resultsBucket} max_age 60000 ms is shorter than the event log's`)]);
+    } finally {
+      await t.close();
+    }
+  });
+
   it('refuses projection buckets whose entries (tombstones included) would expire before the events they shadow', async () => {
     const t = await provisioned({ projectionsMaxAgeMs: 60_000 });
     try {
