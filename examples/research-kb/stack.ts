@@ -400,7 +400,11 @@ function waitForLine(child: ChildProcess, name: string, needle: string, timeoutM
     // 'close', not 'exit': the last lines (its `failed to start`) are read by then.
     child.once('close', (code) => {
       clearTimeout(timer);
-      reject(failed ? new StackProcessStartupError(name, failed.setting, failed.value, failed.problem ?? failed.problems?.join('; ') ?? 'invalid') : new Error(`${name} exited (${code}) before "${needle}"`));
+      if (!failed) return reject(new Error(`${name} exited (${code}) before "${needle}"`));
+      const { setting } = failed;
+      // A configuration error's problems each start with their setting: the first one's without it.
+      const problem = failed.problem ?? failed.problems?.map((p) => (p.startsWith(`${setting}: `) ? p.slice(setting.length + 2) : p)).join('; ') ?? 'invalid';
+      reject(new StackProcessStartupError(name, setting, failed.value, problem));
     });
   });
 }
