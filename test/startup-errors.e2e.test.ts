@@ -13,7 +13,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { provisioned, type TestNats } from './helpers/nats.js';
-import { spawnKbProcess } from './helpers/kb.js';
+import { RESEARCH_TOOLS, spawnKbProcess } from './helpers/kb.js';
 import { ServiceProcess, startService, type ServiceName } from './helpers/services.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -64,6 +64,10 @@ describe('a service that cannot start', () => {
       { env: { NATS_URL: `nats://alice:s3cret-pw@127.0.0.1:${closedPort}` }, setting: 'NATS_URL', value: `nats://[redacted]@127.0.0.1:${closedPort}`, says: 'ECONNREFUSED' },
       // `.invalid` never resolves (RFC 2606): ENOTFOUND, or EAI_AGAIN without a resolver.
       { env: { NATS_URL: 'nats://tooltx-trial.invalid:4222' }, setting: 'NATS_URL', value: 'nats://tooltx-trial.invalid:4222', says: 'the host name does not resolve' },
+      // The research tools module's own settings, named the same way.
+      { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_TIMING_MS: '5000,abc' }, setting: 'KB_TIMING_MS', value: '5000,abc', says: 'three positive integers' },
+      { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_DEDUP: 'maybe' }, setting: 'KB_DEDUP', value: 'maybe', says: 'expected "on" or "off"' },
+      { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_KEEPALIVE: 'yes' }, setting: 'KB_KEEPALIVE', value: 'yes', says: 'expected "on" or "off"' },
     ];
     for (const c of cases) {
       const p = await startService('authorizer', { NATS_URL: `nats://127.0.0.1:${closedPort}`, ...c.env }, { wait: false });

@@ -115,15 +115,24 @@ export function researchContracts(opts: { kbDedup: boolean; timing?: KbTiming })
   return { fetchPage, writeNote, writeNotes, deleteNote, all: [fetchPage, writeNote, writeNotes, deleteNote] };
 }
 
-/** KB write timing from `KB_TIMING_MS` = `timeout,runningBound,unknownDeadline` (default {@link DEFAULT_KB_TIMING}). */
+/**
+ * KB write timing from `KB_TIMING_MS` = `timeout,runningBound,unknownDeadline` in ms (unset or
+ * empty: {@link DEFAULT_KB_TIMING}). Throws `TypeError` naming the variable when it is set to
+ * anything but three positive integers.
+ */
 export function kbTimingFromEnv(env: NodeJS.ProcessEnv = process.env): KbTiming {
-  const parts = (env.KB_TIMING_MS ?? '').split(',').map(Number);
-  if (parts.length !== 3 || parts.some((n) => !Number.isInteger(n) || n <= 0)) return DEFAULT_KB_TIMING;
+  if (env.KB_TIMING_MS === undefined || env.KB_TIMING_MS === '') return DEFAULT_KB_TIMING;
+  const parts = env.KB_TIMING_MS.split(',').map((p) => (/^\s*\d+\s*$/.test(p) ? Number(p) : NaN));
+  if (parts.length !== 3 || parts.some((n) => !Number.isSafeInteger(n) || n <= 0)) {
+    throw new TypeError('KB_TIMING_MS: expected three positive integers "timeoutMs,runningBoundMs,unknownDeadlineMs"');
+  }
   const [timeoutMs, runningBoundMs, unknownDeadlineMs] = parts as [number, number, number];
   return { timeoutMs, runningBoundMs, unknownDeadlineMs };
 }
 
-/** The KB's dedup mode from the environment (`KB_DEDUP`, default `on`). */
+/** The KB's dedup mode from the environment (`KB_DEDUP`: `on` (default) or `off`). Throws `TypeError` naming the variable otherwise. */
 export function kbDedupFromEnv(env: NodeJS.ProcessEnv = process.env): boolean {
-  return (env.KB_DEDUP ?? 'on') !== 'off';
+  const v = env.KB_DEDUP ?? 'on';
+  if (v !== 'on' && v !== 'off') throw new TypeError('KB_DEDUP: expected "on" or "off"');
+  return v === 'on';
 }

@@ -20,10 +20,24 @@ import { defineImplementation, ErrorClass, invalidInput, TooltxError, type Autho
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
+import { StartupError } from '@tooltx/runtime';
 
-const { fetchPage, writeNote, writeNotes, deleteNote } = researchContracts({ kbDedup: kbDedupFromEnv(), timing: kbTimingFromEnv() });
+/** A setting of this module the service cannot start with: named with its value (libs/runtime startup errors). */
+function setting<T>(name: string, read: () => T): T {
+  try {
+    return read();
+  } catch (err) {
+    throw new StartupError(name, process.env[name], err instanceof TypeError ? err.message.replace(/^[A-Z_]+: /, '') : 'invalid', { cause: err });
+  }
+}
+const { fetchPage, writeNote, writeNotes, deleteNote } = researchContracts({ kbDedup: setting('KB_DEDUP', () => kbDedupFromEnv()), timing: setting('KB_TIMING_MS', () => kbTimingFromEnv()) });
 // One pool for the process. KB_KEEPALIVE=off closes every connection after its request.
-const kb = new KbClient(process.env.KB_URL ?? 'http://127.0.0.1:4280', { keepAlive: process.env.KB_KEEPALIVE !== 'off' });
+const keepAlive = setting('KB_KEEPALIVE', () => {
+  const v = process.env.KB_KEEPALIVE ?? 'on';
+  if (v !== 'on' && v !== 'off') throw new TypeError('KB_KEEPALIVE: expected "on" or "off"');
+  return v === 'on';
+});
+const kb = new KbClient(setting('KB_URL', () => new URL(process.env.KB_URL ?? 'http://127.0.0.1:4280').href.replace(/\/$/, '')), { keepAlive });
 const allowedOrigins = new Set((process.env.WEB_ALLOWED_ORIGINS ?? '').split(',').map((s) => s.trim()).filter(Boolean));
 
 /** Policy version of the KB tools' authorisation rules (recorded with every decision). */
