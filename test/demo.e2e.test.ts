@@ -58,7 +58,7 @@ describe('npm run demo --quick', () => {
     // tenant the demo submitted it as (from the demo's own record of its writes).
     expect(s.forgedAttempts).toBeGreaterThan(0);
     expect(s.forgedRejected).toBe(s.forgedAttempts);
-    expect(s.forgedOutcomes).toEqual({ forgedActorId: 'forbidden', tenantField: 'invalid_input', guessedKbId: expect.stringMatching(/^(not_found|forbidden)$/), foreignIntentSubject: 'permission' });
+    expect(s.forgedOutcomes).toEqual({ forgedActorId: 'forbidden', tenantField: 'forbidden', guessedKbId: expect.stringMatching(/^(not_found|forbidden)$/), foreignIntentSubject: 'permission' });
     expect(s.unauthorisedWrites).toBe(0);
     expect(s.kbRowsChecked).toBe(s.kbRows);
     expect(s.crossTenantReadsRevealed).toBe(0);

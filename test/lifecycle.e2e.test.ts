@@ -223,7 +223,7 @@ describe('one key, one execution', () => {
     const key = prepareCall(sinkWrite, 'tenant-field', note({ title: 'Tenant field' })).operationKey;
     await submit('tenant-field', note({ title: 'Tenant field' }), { operationKey: key, extra: { input } });
     const d = await waitForDecision(t, TENANT, key);
-    expect(d.error).toMatchObject({ class: 'invalid_input', issues: [{ path: ['input', 'tenantId'] }] });
+    expect(d.error).toMatchObject({ class: 'forbidden', issues: [{ path: ['input', 'tenantId'] }] });
     expect(await history(t, TENANT, forged.key)).toEqual([]);
     expect(await history(t, TENANT, key)).toEqual([]);
   });

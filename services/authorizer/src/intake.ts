@@ -78,6 +78,27 @@ export function checkIntake(
   }
   const ids = { tool: contract.name, version: contract.version };
 
+  // 1b. Identity named inside the input (FM-06, DESIGN.md "Identity": a payload field that disagrees
+  // is a forged identity): a tenant or actor field the contract does not declare, with another value
+  // than the subject's, is forbidden — not merely an unknown field. Recorded under the supplied key,
+  // else under the key the input derives to without that field.
+  const forgedField = forgedIdentityField(who, envelope.input, contract);
+  if (forgedField) {
+    const forged = new TooltxError(ErrorClass.Forbidden, 'the input names another tenant or actor', {
+      issues: [{ path: ['input', forgedField], code: 'not_authenticated_identity', message: 'identity comes from the connection, never from the input' }],
+    });
+    if (supplied) return refuse(forged, supplied, ids);
+    const rest = { ...(envelope.input as Record<string, unknown>) };
+    for (const f of Object.keys(IDENTITY_FIELDS)) delete rest[f];
+    let key: string | null = null;
+    try {
+      key = prepareCall(contract, envelope.taskId, rest).operationKey;
+    } catch {
+      // nothing derivable: refused without a record
+    }
+    return refuse(forged, key, ids);
+  }
+
   // 3. Strict input parse, normalisation, key and digests.
   let prepared: PreparedCall;
   try {
@@ -95,6 +116,26 @@ export function checkIntake(
     );
   }
   return { kind: 'proceed', envelope, contract, prepared };
+}
+
+/** Field names that carry an identity, and which part of the subject they must equal. */
+const IDENTITY_FIELDS: Record<string, 'tenant' | 'actor'> = {
+  tenant: 'tenant', tenantId: 'tenant', tenant_id: 'tenant',
+  actor: 'actor', actorId: 'actor', actor_id: 'actor',
+};
+
+/**
+ * The first identity field of `input` that the contract's input schema does not declare and whose
+ * value differs from the authenticated subject's tenant or actor, or null. Pure.
+ */
+function forgedIdentityField(who: { tenant: string; actor: string }, input: unknown, contract: Contract): string | null {
+  if (!input || typeof input !== 'object' || Array.isArray(input)) return null;
+  const declared = (contract.input as { shape?: Record<string, unknown> }).shape ?? {};
+  for (const [field, part] of Object.entries(IDENTITY_FIELDS)) {
+    if (!Object.hasOwn(input, field) || Object.hasOwn(declared, field)) continue;
+    if ((input as Record<string, unknown>)[field] !== who[part]) return field;
+  }
+  return null;
 }
 
 /**

@@ -35,6 +35,17 @@ describe('intake checks, in DESIGN.md order', () => {
     }
   });
 
+  it('FM-06: a tenant or actor named inside the input, other than the subject\'s, is forbidden at its path — recorded under the key the rest of the input derives to', () => {
+    const { operationKey: _omitted, ...raw } = envelope;
+    for (const [field, value] of [['tenantId', 'globex'], ['tenant', 'globex'], ['actor_id', 'mallory']] as const) {
+      expect(checkIntake(who, { ...raw, input: { ...input, [field]: value } }, find)).toMatchObject({
+        kind: 'refuse', error: { class: 'forbidden', issues: [{ path: ['input', field], code: 'not_authenticated_identity' }] }, decisionKey: key, tool: 'sink.write', version: 1,
+      });
+    }
+    // The subject's own tenant in the input is no forgery, only a field the contract does not have.
+    expect(checkIntake(who, { ...envelope, input: { ...input, tenantId: 'acme' } }, find)).toMatchObject({ kind: 'refuse', error: { class: 'invalid_input', issues: [{ path: ['input', 'tenantId'] }] } });
+  });
+
   it('accepts an actorId equal to the subject actor', () => {
     expect(checkIntake(who, { ...envelope, actorId: 'alice' }, find).kind).toBe('proceed');
   });
