@@ -81,7 +81,7 @@ describe('FM-10: every reference to one knowledge base keys one operation', () =
     // The other spellings registered nothing of their own; each is recorded as an alias.
     for (const key of new Set(keys.filter((k) => k !== canonical))) {
       expect(await history(t, 'acme', key)).toEqual([]);
-      expect(await waitForAlias(t, 'acme', key)).toMatchObject({ canonicalKey: canonical, operationKey: key });
+      expect(await waitForAlias(t, 'acme', key, 'alice')).toMatchObject({ canonicalKey: canonical, operationKey: key });
     }
   });
 

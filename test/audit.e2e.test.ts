@@ -324,7 +324,7 @@ describe('who may reach the audit service, and what auditors may not read (refus
       `${api}.DIRECT.GET.${t.subjects.intentsStream}`,
       `${api}.STREAM.MSG.GET.${t.subjects.intentsStream}`,
       `${api}.DIRECT.GET.${t.subjects.eventsStream}.${t.subjects.op('acme', opId)}`,
-      `${api}.DIRECT.GET.${t.subjects.decisionsStream}.${t.subjects.decision('acme', opId)}`,
+      `${api}.DIRECT.GET.${t.subjects.decisionsStream}.${t.subjects.decision('acme', opId, 'alice')}`,
       `${api}.DIRECT.GET.KV_${t.subjects.resultsBucket}.$KV.${t.subjects.resultsBucket}.acme.${opId}`,
       `${api}.DIRECT.GET.KV_${t.subjects.auditBucket}.$KV.${t.subjects.auditBucket}.acme.${opId}`,
       `${api}.DIRECT.GET.${t.subjects.auditLogStream}`,

@@ -141,7 +141,10 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     }
     keys.held = keyOf('Held');
     const types = (await history(t, 'acme', keys.held)).map((e) => e.type);
-    expect(types.slice(0, 3)).toEqual(['accepted', 'running', 'unknown']);
+    // accepted → (requeued, when the machine is slow to start it) → running → unknown → … → committed.
+    expect(types[0]).toBe('accepted');
+    expect(types).toContain('unknown');
+    expect(types.slice(0, types.indexOf('unknown')).at(-1)).toBe('running');
     expect(types.at(-1)).toBe('committed');
     // Another tenant asks for alice's operations: the uniform answer, no result.
     for (const k of [keys.committed, planted.keys.page!]) statusAnswers.push(await agents.gina!.status({ operationKey: k }));

@@ -83,7 +83,7 @@ describe('FM-06: forged tenant or actor', () => {
     const r = await alice.execute({ tool: 'sink.write', taskId: 'fm06', actorId: 'bob', input: note('Forged actor') });
     expect(r).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
     const key = prepareCall(sinkWrite, 'fm06', note('Forged actor')).operationKey;
-    expect((await waitForDecision(t, 'acme', key)).error.class).toBe('forbidden');
+    expect((await waitForDecision(t, 'acme', key, 'alice')).error.class).toBe('forbidden');
     expect(await history(t, 'acme', key)).toEqual([]);
     expect(sink.writesFor((b) => b.title === 'Forged actor')).toHaveLength(0);
   });
@@ -93,7 +93,7 @@ describe('FM-06: forged tenant or actor', () => {
     // No operationKey: the authorizer derives the key from the request itself, as for any intent.
     await publishSubmission(jetstream(mallory), newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'fm06-raw', actorId: 'gina', input }));
     const key = prepareCall(sinkWrite, 'fm06-raw', input).operationKey;
-    const d = await waitForDecision(t, 'globex', key);
+    const d = await waitForDecision(t, 'globex', key, 'mallory');
     expect(d).toMatchObject({ operationKey: key, tenant: 'globex', actor: 'mallory', tool: 'sink.write', version: 1, error: { class: 'forbidden' } });
     expect(await history(t, 'globex', key)).toEqual([]);
     expect(sink.writesFor((b) => b.title === 'Forged raw')).toHaveLength(0);
@@ -125,7 +125,7 @@ describe('FM-31: another tenant cannot suppress, hijack or read the victim\'s op
     const js = jetstream(mallory);
     // (a) the victim's key with the attacker's own input: a conflict in the attacker's own scope.
     await publishSubmission(js, newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'fm31-key', operationKey: victim.operationKey!, input: note('Hijack') }));
-    expect((await waitForDecision(t, 'globex', victim.operationKey!)).error.class).toBe('idempotency_conflict');
+    expect((await waitForDecision(t, 'globex', victim.operationKey!, 'mallory')).error.class).toBe('idempotency_conflict');
     // (b) the victim's very request: that is the attacker's own operation, in the attacker's tenant.
     await publishSubmission(js, newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'fm31-key', operationKey: victim.operationKey!, input }));
     for (let i = 0; i < 100 && sink.writesFor((b) => b.key === downstreamKeyOf('globex', victim.operationKey!)).length === 0; i++) await new Promise((r) => setTimeout(r, 50));

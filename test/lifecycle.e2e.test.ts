@@ -11,7 +11,7 @@ import { nanos } from '@nats-io/transport-node';
 import { z } from 'zod';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
-import { decode } from '@tooltx/nats';
+import { decode, encode } from '@tooltx/nats';
 import type { OperationEvent, OperationRecord } from '@tooltx/lifecycle';
 import { provisioned, resultStore, type TestNats } from './helpers/nats.js';
 import { runScript, SINK_TOOLS, startService, type ServiceProcess } from './helpers/services.js';
@@ -151,7 +151,7 @@ describe('one key, one execution', () => {
     const before = (await waitForOperation(t, TENANT, first.key, committed)) as OperationRecord;
     const second = await submit('conflict', { ...input, priority: 'high' });
     expect(second.key).toBe(first.key);
-    const d = await waitForDecision(t, TENANT, first.key);
+    const d = await waitForDecision(t, TENANT, first.key, 'alice');
     expect(d).toMatchObject({ outcome: 'rejected', error: { class: 'idempotency_conflict' }, submissionId: second.submissionId });
     const after = (await t.store.load(TENANT, operationIdOf(first.key))).state;
     expect(after).toEqual(before);
@@ -163,7 +163,7 @@ describe('one key, one execution', () => {
     const real = prepareCall(sinkWrite, 'mismatch', note({ title: 'Real' })).operationKey;
     const other = prepareCall(sinkWrite, 'mismatch', note({ title: 'Other' })).operationKey;
     await submit('mismatch', note({ title: 'Real' }), { operationKey: other });
-    const d = await waitForDecision(t, TENANT, other);
+    const d = await waitForDecision(t, TENANT, other, 'alice');
     expect(d.error).toMatchObject({ class: 'idempotency_conflict', issues: [{ path: ['operationKey'] }] });
     expect((await history(t, TENANT, real))).toEqual([]);
     expect((await history(t, TENANT, other))).toEqual([]);
@@ -172,7 +172,7 @@ describe('one key, one execution', () => {
   it('refuses a per-attempt id offered as the key and registers nothing', async () => {
     const input = note({ title: 'Tool call id' });
     const { key } = await submit('per-attempt', input, { operationKey: 'call_Zx81' });
-    const d = await waitForDecision(t, TENANT, key);
+    const d = await waitForDecision(t, TENANT, key, 'alice');
     expect(d.error).toMatchObject({ class: 'idempotency_conflict', issues: [{ path: ['operationKey'] }] });
     expect(await history(t, TENANT, key)).toEqual([]);
     expect(sinkWritesFor(key)).toHaveLength(0);
@@ -201,13 +201,13 @@ describe('one key, one execution', () => {
     await new Promise((r) => setTimeout(r, 500));
     expect(sinkWritesFor(key)).toHaveLength(1);
     expect((await history(t, TENANT, key)).map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
-    expect(await t.store.lastDecision(TENANT, operationIdOf(key))).toBeNull();
+    expect(await t.store.lastDecision(TENANT, operationIdOf(key), 'alice')).toBeNull();
   });
 
   it('a refusal before acceptance leaves the key unregistered, and is recorded on the decision subject', async () => {
     const input = note({ title: 'Blocked actor' });
     const { key } = await submit('blocked', input, { actor: 'blocked-bob' });
-    const d = await waitForDecision(t, TENANT, key);
+    const d = await waitForDecision(t, TENANT, key, 'blocked-bob');
     expect(d).toMatchObject({ actor: 'blocked-bob', error: { class: 'forbidden' }, authorization: { decision: 'deny', reason: 'forbidden', policyVersion: 'sink-policy@1' } });
     expect(await history(t, TENANT, key)).toEqual([]);
     // The same key from an allowed actor is then accepted normally.
@@ -216,13 +216,30 @@ describe('one key, one execution', () => {
     expect(sinkWritesFor(key)).toHaveLength(1);
   });
 
+  it('status precedence: another actor\'s later request on the same key never hides an actor\'s own refusal (decision records per actor)', async () => {
+    const input = note({ title: 'Hidden refusal' });
+    const refused = await submit('hidden', input, { actor: 'blocked-bob' });
+    await waitForDecision(t, TENANT, refused.key, 'blocked-bob');
+    // alice then sends a request on the same key that is refused too (a forged actorId).
+    await submit('hidden', input, { operationKey: refused.key, extra: { actorId: 'carol' } });
+    await waitForDecision(t, TENANT, refused.key, 'alice');
+    const nc = await t.connectAs({ kind: 'agent', tenant: TENANT, actor: 'blocked-bob' });
+    try {
+      const m = await nc.request(t.subjects.status(TENANT, 'blocked-bob'), encode({ operationKey: refused.key, submissionIds: [refused.submissionId] }), { timeout: 10_000 });
+      expect(decode(z.object({ state: z.string(), source: z.string(), error: z.object({ class: z.string() }) }).loose(), m.data)).toMatchObject({ state: 'rejected', source: 'decision', error: { class: 'forbidden' } });
+    } finally {
+      await nc.close();
+    }
+    expect(await history(t, TENANT, refused.key)).toEqual([]);
+  });
+
   it('FM-06: a forged actorId or a tenant field in the input is refused on the server side; nothing is written', async () => {
     const forged = await submit('forged', note({ title: 'Forged' }), { extra: { actorId: 'carol' } });
-    expect((await waitForDecision(t, TENANT, forged.key)).error.class).toBe('forbidden');
+    expect((await waitForDecision(t, TENANT, forged.key, 'alice')).error.class).toBe('forbidden');
     const input = { ...note({ title: 'Tenant field' }), tenantId: 'victim' };
     const key = prepareCall(sinkWrite, 'tenant-field', note({ title: 'Tenant field' })).operationKey;
     await submit('tenant-field', note({ title: 'Tenant field' }), { operationKey: key, extra: { input } });
-    const d = await waitForDecision(t, TENANT, key);
+    const d = await waitForDecision(t, TENANT, key, 'alice');
     expect(d.error).toMatchObject({ class: 'forbidden', issues: [{ path: ['input', 'tenantId'] }] });
     expect(await history(t, TENANT, forged.key)).toEqual([]);
     expect(await history(t, TENANT, key)).toEqual([]);

@@ -130,7 +130,7 @@ describe('tools.execute: refusals at paths relative to the request', () => {
     const r = await alice.execute({ tool: 'kb.write_note', taskId: 'forged-path', actorId: 'bob', input: note('Forged') });
     expect(r).toMatchObject({ status: 'rejected', next: 'reauthorise', error: { class: 'forbidden', issues: [{ path: ['actorId'] }] } });
     const key = prepareCall(contracts.writeNote, 'forged-path', note('Forged')).operationKey;
-    expect(await waitForDecision(t, 'acme', key)).toMatchObject({ error: { class: 'forbidden', issues: [{ path: ['actorId'], code: 'not_authenticated_actor' }] } });
+    expect(await waitForDecision(t, 'acme', key, 'alice')).toMatchObject({ error: { class: 'forbidden', issues: [{ path: ['actorId'], code: 'not_authenticated_actor' }] } });
     expect(await history(t, 'acme', key)).toEqual([]);
   });
 

@@ -22,21 +22,21 @@ export async function waitForOperation(
   throw new Error(`operation ${operationKey} did not reach the expected state; last: ${JSON.stringify(last)}`);
 }
 
-/** Polls the decision subject until its last record is a refusal; returns it. */
-export async function waitForDecision(t: TestNats, tenant: string, operationKey: string, timeoutMs = 20_000): Promise<RejectionRecord> {
-  return (await waitForRecord(t, tenant, operationKey, 'rejected', timeoutMs)) as RejectionRecord;
+/** Polls `actor`'s decision subject of the key until its last record is a refusal; returns it. */
+export async function waitForDecision(t: TestNats, tenant: string, operationKey: string, actor: string, timeoutMs = 20_000): Promise<RejectionRecord> {
+  return (await waitForRecord(t, tenant, operationKey, actor, 'rejected', timeoutMs)) as RejectionRecord;
 }
 
-/** Polls the decision subject until its last record says the key is an alias of another (FM-10). */
-export async function waitForAlias(t: TestNats, tenant: string, operationKey: string, timeoutMs = 20_000): Promise<AliasRecord> {
-  return (await waitForRecord(t, tenant, operationKey, 'aliased', timeoutMs)) as AliasRecord;
+/** Polls `actor`'s decision subject of the key until its last record says it is an alias of another (FM-10). */
+export async function waitForAlias(t: TestNats, tenant: string, operationKey: string, actor: string, timeoutMs = 20_000): Promise<AliasRecord> {
+  return (await waitForRecord(t, tenant, operationKey, actor, 'aliased', timeoutMs)) as AliasRecord;
 }
 
-async function waitForRecord(t: TestNats, tenant: string, operationKey: string, outcome: DecisionRecord['outcome'], timeoutMs: number): Promise<DecisionRecord> {
+async function waitForRecord(t: TestNats, tenant: string, operationKey: string, actor: string, outcome: DecisionRecord['outcome'], timeoutMs: number): Promise<DecisionRecord> {
   const opId = operationIdOf(operationKey);
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
-    const d = await t.store.lastDecision(tenant, opId);
+    const d = await t.store.lastDecision(tenant, opId, actor);
     if (d?.outcome === outcome) return d;
     await new Promise((r) => setTimeout(r, 50));
   }

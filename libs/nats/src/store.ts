@@ -120,13 +120,13 @@ export class OperationStore {
    * operation's subject is never touched by it. Msg id = the record's random event id.
    */
   async recordDecision(record: DecisionRecord, opId: string): Promise<number> {
-    const subject = this.#subjects.decision(record.tenant, opId);
+    const subject = this.#subjects.decision(record.tenant, opId, record.actor);
     return this.#publishWithRetry(subject, encode(record), record.eventId);
   }
 
-  /** The last decision recorded for an operation, or null. */
-  async lastDecision(tenant: string, opId: string): Promise<DecisionRecord | null> {
-    const m = await this.#direct(this.#subjects.decisionsStream, { last_by_subj: this.#subjects.decision(tenant, opId) });
+  /** The last decision recorded for an operation about `actor`'s own requests, or null. */
+  async lastDecision(tenant: string, opId: string, actor: string): Promise<DecisionRecord | null> {
+    const m = await this.#direct(this.#subjects.decisionsStream, { last_by_subj: this.#subjects.decision(tenant, opId, actor) });
     return m ? decode(decisionRecordSchema, m.data) : null;
   }
 

@@ -12,7 +12,7 @@ const OPID = /^[0-9a-f]{32}$/;
  * | --- | --- |
  * | `<p>.intent.<tenant>.<actor>` | intent envelopes (stream `<P>_INTENTS`) |
  * | `<p>.op.<tenant>.<opId>` | every lifecycle event of one operation (stream `<P>_EVENTS`) |
- * | `<p>.decision.<tenant>.<opId>` | pre-acceptance outcomes (stream `<P>_DECISIONS`) |
+ * | `<p>.decision.<tenant>.<opId>.<actor>` | pre-acceptance outcomes, per actor (stream `<P>_DECISIONS`) |
  * | `<p>.status.<tenant>.<actor>` | status requests (request/reply, no stream) |
  * | KV `<p>_results`, key `<tenant>.<opId>` | business results (result store) |
  * | KV `<p>_reconcile`, key `<tenant>.<opId>` | the reconciler's index of non-terminal operations (projection) |
@@ -43,7 +43,12 @@ export class Subjects {
 
   intent(tenant: string, actor: string): string { return `${this.prefix}.intent.${id(tenant)}.${id(actor)}`; }
   op(tenant: string, opId: string): string { return `${this.prefix}.op.${id(tenant)}.${opid(opId)}`; }
-  decision(tenant: string, opId: string): string { return `${this.prefix}.decision.${id(tenant)}.${opid(opId)}`; }
+  /**
+   * One actor's decision records about one operation key: each actor's refusals and aliases live on
+   * their own subject, so another actor's request on the same key can never hide them (issue 3
+   * precedence; the last record of the caller's own subject is what status reads).
+   */
+  decision(tenant: string, opId: string, actor: string): string { return `${this.prefix}.decision.${id(tenant)}.${opid(opId)}.${id(actor)}`; }
   status(tenant: string, actor: string): string { return `${this.prefix}.status.${id(tenant)}.${id(actor)}`; }
   resultKey(tenant: string, opId: string): string { return `${id(tenant)}.${opid(opId)}`; }
   /** Key of one operation in a projection bucket: `<tenant>.<opId>` (same form as {@link resultKey}). */
@@ -79,12 +84,17 @@ export class Subjects {
     return ID_PATTERN.test(tenant) && ID_PATTERN.test(actor) ? { tenant, actor } : null;
   }
 
-  /** `{ tenant, opId }` of an operation or decision subject, or null when it is not exactly one. */
-  parseOpSubject(kind: 'op' | 'decision', subject: string): { tenant: string; opId: string } | null {
+  /**
+   * `{ tenant, opId }` of an operation subject, or `{ tenant, opId, actor }` of a decision subject,
+   * or null when it is not exactly one.
+   */
+  parseOpSubject(kind: 'op' | 'decision', subject: string): { tenant: string; opId: string; actor?: string } | null {
     const t = subject.split('.');
-    if (t.length !== 4 || t[0] !== this.prefix || t[1] !== kind) return null;
-    const [, , tenant, opId] = t as [string, string, string, string];
-    return ID_PATTERN.test(tenant) && OPID.test(opId) ? { tenant, opId } : null;
+    if (t.length !== (kind === 'op' ? 4 : 5) || t[0] !== this.prefix || t[1] !== kind) return null;
+    const [, , tenant, opId, actor] = t as [string, string, string, string, string | undefined];
+    if (!ID_PATTERN.test(tenant) || !OPID.test(opId)) return null;
+    if (actor === undefined) return { tenant, opId };
+    return ID_PATTERN.test(actor) ? { tenant, opId, actor } : null;
   }
 }
 

@@ -40,7 +40,7 @@ export function auditHandlers(d: AuditApplyDeps): { events: (msg: JsMsg) => Prom
           })()
         : (() => {
             const r = decode(auditedDecisionSchema, msg.data);
-            if (r.tenant !== where.tenant || operationIdOf(r.operationKey) !== where.opId) return null;
+            if (r.tenant !== where.tenant || r.actor !== where.actor || operationIdOf(r.operationKey) !== where.opId) return null;
             return { type: 'decision', fn: (cur: Parameters<typeof applyDecisionToAudit>[0]) => applyDecisionToAudit(cur, r, msg.seq) };
           })();
     if (!apply) {

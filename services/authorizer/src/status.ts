@@ -122,7 +122,7 @@ export class StatusService {
       return void reply({ error: { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'invalid_encoding', message: 'not msgpack' }] }, at: this.#now() });
     }
     const opId = operationIdOf(req.operationKey);
-    const watched = [subjects.op(who.tenant, opId), subjects.decision(who.tenant, opId)];
+    const watched = [subjects.op(who.tenant, opId), subjects.decision(who.tenant, opId, who.actor)];
     const watchAlias = (a: StatusAnswer): boolean => {
       if (!a.canonicalKey) return false;
       const s = subjects.op(who.tenant, operationIdOf(a.canonicalKey));
@@ -184,7 +184,7 @@ export class StatusService {
     if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req))) return this.#fromOperation(tenant, actor, req, opId, state, seq, at);
     // Never registered, or not readable by this caller (same answer): an alias of another key, the
     // caller's own refusal, or nothing.
-    const d = await store.lastDecision(tenant, opId);
+    const d = await store.lastDecision(tenant, opId, actor);
     if (d?.outcome === 'aliased') {
       const canonicalOpId = operationIdOf(d.canonicalKey);
       const c = await store.load(tenant, canonicalOpId);
@@ -195,7 +195,7 @@ export class StatusService {
       }
       return { operationKey: req.operationKey, canonicalKey: d.canonicalKey, state: 'not_seen', source: 'none', seq: 0, at };
     }
-    if (d && d.actor === actor && (req.submissionIds === undefined || req.submissionIds.includes(d.submissionId))) {
+    if (d && (req.submissionIds === undefined || req.submissionIds.includes(d.submissionId))) {
       return { operationKey: req.operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
     }
     return { operationKey: req.operationKey, state: 'not_seen', source: 'none', seq: 0, at };
@@ -211,7 +211,7 @@ export class StatusService {
       if (state.status === 'rejected' && !a.ownAttempt) {
         // An earlier attempt's refusal: if the caller's own resubmission was refused at intake
         // (e.g. task_frozen), that refusal is the answer it waits for.
-        const d = await store.lastDecision(tenant, opId);
+        const d = await store.lastDecision(tenant, opId, actor);
         if (d?.outcome === 'rejected' && d.actor === actor && req.submissionIds.includes(d.submissionId) && d.at >= state.updatedAt) {
           return { operationKey: req.operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
         }
