@@ -89,7 +89,7 @@ export async function startTooltx(o: TooltxOptions): Promise<BenchSystem & { res
   const t = tools;
   const taskId = `bench-${o.runId}`;
   const keys = new Map<number, string>();
-  const kb = new KbClient(s.kbUrl);
+  const kb = new KbClient(s.kbUrl, { serviceToken: s.kbServiceToken });
   const budgetMs = o.budgetMs ?? 60_000;
 
   const processes: BenchProcess[] = [

@@ -39,8 +39,9 @@ Environment (a flag given wins over its variable, shown above as "env:"):
   read, e.g. TOOLTX_CONCURRENCY, TOOLTX_RECONCILE_INTERVAL_MS, KB_TIMING_MS, WEB_ALLOWED_ORIGINS).
 
 State directory: jetstream/ (the JetStream store), kb.sqlite, auth/ (nats-server.conf, nkeys/,
-signing/, receipt-keys.json), audit-hmac.key, log-hmac.key, kb-admin.token, and stack.pid — the
-lock naming this process and the processes it started; a second start on the same directory
+signing/, receipt-keys.json), audit-hmac.key, log-hmac.key, kb-admin.token, kb-service.token (the
+KB's service credential, given to the KB and the services that call it; KB_SERVICE_TOKEN_FILE
+names another), and stack.pid — the lock naming this process and the processes it started; a second start on the same directory
 refuses while any of them runs.
 
 Exits 2 when it cannot start, naming the flag or variable and its value; 1 when a process of the

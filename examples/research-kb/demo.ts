@@ -127,7 +127,8 @@ const natsHop = await TcpFaultProxy.forUrl(stack.natsUrl).start();
 say(`demo: stack up (nats ${stack.natsUrl}, KB ${stack.kbUrl}, KB_DEDUP=off); logs in ${join(stateDir, 'logs')}`);
 
 const contracts = researchContracts({ kbDedup: false });
-const kbClient = new KbClient(stack.kbUrl);
+// The demo reads the KB (probes, stats) as the trusted side does: with its service token.
+const kbClient = new KbClient(stack.kbUrl, { serviceToken: stack.kbServiceToken });
 const kbAdmin = kbClient.admin(stack.kbAdminToken);
 const researcher = { kind: 'agent' as const, tenant: TENANT, actor: 'researcher' };
 const tools = await createTools({ servers: natsHop.url, tenant: TENANT, actor: 'researcher', nkeyFile: stack.seedFile(researcher), contracts: contracts.all, prefix, receiptKeys: stack.receiptKeysFile });

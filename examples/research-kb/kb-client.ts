@@ -8,6 +8,11 @@
  * class); network errors, aborts (the caller's `signal`) and a reply that cannot be read propagate
  * unchanged or as {@link KbProtocolError} — callers treat those as "outcome unknown".
  *
+ * Service credential: constructed with `serviceToken` (the content of the KB's
+ * `KB_SERVICE_TOKEN_FILE`), every request but the health check and the operator endpoints (which
+ * send the operator token instead) carries `authorization: Bearer <serviceToken>`; a KB that
+ * requires it answers 401 `unauthorized` without it.
+ *
  * Authorisation (issue 6): resolve a reference first ({@link KbClient.resolve}: the canonical
  * `kbId`, the `authVersion` and the actor's role), then write with `actor` and `ifMatch` =
  * that `authVersion`; the KB re-checks version, state, role and quota in the insert's transaction.
@@ -178,14 +183,17 @@ export class KbClient {
   readonly baseUrl: string;
   readonly #agent: Agent;
   readonly #keepAlive: boolean;
+  readonly #auth: Record<string, string>;
 
   /**
    * `baseUrl` like `http://127.0.0.1:4280` (a trailing `/` is ignored). `connections`: most sockets
-   * open at once (default 64); `keepAlive` (default true).
+   * open at once (default 64); `keepAlive` (default true); `serviceToken`: the KB's service token
+   * (see the file's header; absent = none sent).
    */
-  constructor(baseUrl: string, opts: { keepAlive?: boolean; connections?: number } = {}) {
+  constructor(baseUrl: string, opts: { keepAlive?: boolean; connections?: number; serviceToken?: string | undefined } = {}) {
     this.baseUrl = baseUrl.replace(/\/+$/, '');
     this.#keepAlive = opts.keepAlive ?? true;
+    this.#auth = opts.serviceToken === undefined ? {} : { authorization: `Bearer ${opts.serviceToken}` };
     this.#agent = new Agent({ connections: opts.connections ?? 64 });
   }
 
@@ -388,7 +396,8 @@ export class KbClient {
     path: string,
     o: { headers?: Record<string, string>; body?: unknown; signal?: AbortSignal | undefined; notFoundOk?: boolean },
   ): Promise<{ status: number; body: unknown }> {
-    const headers: Record<string, string> = { accept: 'application/json', ...o.headers };
+    // The service token unless the call names its own credential (the operator endpoints).
+    const headers: Record<string, string> = { accept: 'application/json', ...this.#auth, ...o.headers };
     if (o.body !== undefined) headers['content-type'] = 'application/json';
     const r = await request(`${this.baseUrl}${path}`, {
       method: method as Dispatcher.HttpMethod,

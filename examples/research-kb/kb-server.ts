@@ -8,6 +8,14 @@
  * Identity headers (set by the trusted executor from the authenticated context, never by a model):
  * `x-tenant` and `x-actor`, each `^[a-z0-9_-]{1,64}$`. Times are ms since the epoch.
  *
+ * Who may send them: with `KB_SERVICE_TOKEN_FILE` set, every endpoint below except `GET /healthz`
+ * and the operator endpoints (which take the operator token) requires `authorization: Bearer
+ * <service token>` — the credential of tooltx's trusted side (the tools module in the authorizer,
+ * executor and reconciler; ./tools.ts) — compared in constant time; without it, or with another
+ * token (the operator's included), 401 `{ error: "unauthorized" }` and nothing is read, written or
+ * revealed. The headers and the role check built on them mean something only then: unset, the KB
+ * trusts any caller that reaches its port (it says so once at start; development only).
+ *
  * - `GET /v1/resolve?ref=<reference>` (`x-tenant`, `x-actor`) — THE resolver: the reference (name,
  *   alias or `kb_<uuid>` id; percent-decoded once, NFC, trimmed, lower-cased) → 200 `{ kbId, name,
  *   state, authVersion, role }` (`role` of that actor: `reader | writer | admin | null`) with
@@ -66,7 +74,7 @@
  * missing, foreign and deleted resources answer identically), `frozen`, `deadline_passed`,
  * `conflict` (409), `version_conflict` (412), `quota_exceeded` (429), `internal` (500). A caller of
  * another tenant always gets 404, never 403. Errors never carry a stack, SQL text or the request
- * body; logs never carry bodies, headers or the operator token.
+ * body; logs never carry bodies, headers or a token.
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -85,6 +93,7 @@ import {
   installProcessHandlers,
   loadConfig,
   onShutdown,
+  readKeyFile,
   SecretFileError,
   serviceConfigSchema,
   StartupError,
@@ -111,6 +120,7 @@ const kbConfigSchema = z.object({
   KB_SEED: seedPairsSchema,
   KB_SEED_FILE: z.string().min(1).optional(),
   KB_ADMIN_TOKEN_FILE: z.string().min(1).optional(),
+  KB_SERVICE_TOKEN_FILE: z.string().min(1).optional(),
   LOG_LEVEL: baseConfigSchema.shape.LOG_LEVEL,
   TOOLTX_LOG_HMAC_KEY_FILE: baseConfigSchema.shape.TOOLTX_LOG_HMAC_KEY_FILE,
   TOOLTX_EXIT_WITH_PARENT: serviceConfigSchema.shape.TOOLTX_EXIT_WITH_PARENT,
@@ -136,10 +146,15 @@ Environment:
   KB_ADMIN_TOKEN_FILE
              file holding the operator token (>= 16 characters) for /v1/admin/* with
              "authorization: Bearer <token>"; unset = operator endpoints disabled (404)
+  KB_SERVICE_TOKEN_FILE
+             file (mode 0600) holding the service token (>= 32 characters, not the operator's)
+             that every endpoint but /healthz and /v1/admin/* requires as
+             "authorization: Bearer <token>" (else 401); give the same file to the services
+             that load the tools module; unset = any caller is trusted (development only)
   LOG_LEVEL  fatal|error|warn|info|debug|trace|silent (default info)
   TOOLTX_LOG_HMAC_KEY_FILE
              key file (mode 0600) for the HMAC of error messages in logs (optional; logs never
-             carry bodies, headers, the operator token or an error's message)
+             carry bodies, headers, the tokens or an error's message)
   TOOLTX_EXIT_WITH_PARENT
              pid of the supervisor that started this process (set by \`npm start\`): the KB
              stops when that process is gone (optional)
@@ -179,6 +194,23 @@ if (config.KB_ADMIN_TOKEN_FILE !== undefined) {
   adminTokenDigest = createHash('sha256').update(token, 'utf8').digest();
 }
 
+/**
+ * SHA-256 of the service token (compared in constant time), or null when any caller is trusted.
+ * The file is checked as every key file is (libs/runtime secrets.ts: mode 0600, >= 32 characters).
+ */
+let serviceTokenDigest: Buffer | null = null;
+if (config.KB_SERVICE_TOKEN_FILE !== undefined) {
+  try {
+    serviceTokenDigest = createHash('sha256').update(readKeyFile(config.KB_SERVICE_TOKEN_FILE)).digest();
+  } catch (err) {
+    fail(err instanceof SecretFileError ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err }) : err);
+  }
+  // One credential must not open the other's endpoints.
+  if (adminTokenDigest !== null && timingSafeEqual(serviceTokenDigest, adminTokenDigest)) {
+    fail(new StartupError('KB_SERVICE_TOKEN_FILE', config.KB_SERVICE_TOKEN_FILE, 'holds the operator token of KB_ADMIN_TOKEN_FILE; the service token must be another one'));
+  }
+}
+
 let seed: KbSeed = { tenants: [], knowledgeBases: [] };
 try {
   if (config.KB_SEED_FILE !== undefined) seed = loadSeedFile(config.KB_SEED_FILE);
@@ -216,9 +248,12 @@ try {
   throw err;
 }
 log.info(
-  { db: dbPath, dedup: store.dedup, ...store.pragmas(), ...seeded, tenants: seed.tenants.length, adminApi: adminTokenDigest !== null },
+  { db: dbPath, dedup: store.dedup, ...store.pragmas(), ...seeded, tenants: seed.tenants.length, adminApi: adminTokenDigest !== null, serviceAuth: serviceTokenDigest !== null },
   'store opened',
 );
+if (serviceTokenDigest === null) {
+  log.warn({ setting: 'KB_SERVICE_TOKEN_FILE' }, 'no service token: any caller that reaches this port is trusted with any tenant and actor (development only)');
+}
 
 // ---------------------------------------------------------------------------------------------
 // Request parsing
@@ -492,13 +527,25 @@ function stats(url: URL): Reply {
 // ---------------------------------------------------------------------------------------------
 // Operator endpoints
 
-/** Whether the request carries the operator token (constant-time comparison of digests). */
-function operator(req: IncomingMessage): boolean {
-  if (adminTokenDigest === null) return false;
+/** Whether the request's bearer token is the one of `digest` (constant-time comparison of SHA-256 digests). */
+function bearer(req: IncomingMessage, digest: Buffer | null): boolean {
+  if (digest === null) return false;
   const m = /^Bearer ([\x21-\x7e]{1,1024})$/.exec(req.headers.authorization ?? '');
   if (!m) return false;
-  return timingSafeEqual(createHash('sha256').update(m[1]!, 'utf8').digest(), adminTokenDigest);
+  return timingSafeEqual(createHash('sha256').update(m[1]!, 'utf8').digest(), digest);
 }
+
+/** Whether the request carries the operator token. */
+function operator(req: IncomingMessage): boolean {
+  return bearer(req, adminTokenDigest);
+}
+
+/** Whether the request may use the service endpoints: it carries the service token, or none is configured. */
+function trustedService(req: IncomingMessage): boolean {
+  return serviceTokenDigest === null || bearer(req, serviceTokenDigest);
+}
+
+const unauthorized = () => new Reply(401, { error: 'unauthorized' }, { 'www-authenticate': 'Bearer' });
 
 const memberBody = z.strictObject({ tenant: nameSchema, actor: nameSchema, role: z.enum(KB_ROLES).nullable() });
 const defaultRoleBody = z.strictObject({ role: z.enum(KB_ROLES).nullable() });
@@ -532,7 +579,7 @@ async function adminChange<B extends z.ZodType>(
 
 async function admin(req: IncomingMessage, url: URL, m: string, p: string): Promise<{ route: string; reply: Reply }> {
   if (adminTokenDigest === null) return { route: 'admin disabled', reply: notFound() };
-  if (!operator(req)) return { route: 'admin', reply: new Reply(401, { error: 'unauthorized' }, { 'www-authenticate': 'Bearer' }) };
+  if (!operator(req)) return { route: 'admin', reply: unauthorized() };
   if (p === '/v1/admin/kbs' && m === 'GET') {
     const tenant = url.searchParams.get('tenant');
     if (tenant !== null && !KB_NAME.test(tenant)) return { route: 'GET /v1/admin/kbs', reply: invalid([{ path: ['query', 'tenant'], code: 'invalid_format', message: NAME_RULE }]) };
@@ -569,11 +616,13 @@ async function route(req: IncomingMessage, url: URL): Promise<{ route: string; r
   const m = req.method ?? 'GET';
   const p = url.pathname;
   if (p === '/healthz' && m === 'GET') return { route: 'GET /healthz', reply: new Reply(200, { ok: true }) };
+  if (p === '/v1/admin' || p.startsWith('/v1/admin/')) return admin(req, url, m, p);
+  // Everything else is the trusted side's: nothing is parsed, read or written before the token.
+  if (!trustedService(req)) return { route: 'service unauthorized', reply: unauthorized() };
   if (p === '/v1/resolve' && m === 'GET') return { route: 'GET /v1/resolve', reply: resolveRef(req, url) };
   if (p === '/v1/notes' && m === 'POST') return { route: 'POST /v1/notes', reply: await postNote(req) };
   if (p === '/v1/notes:batch' && m === 'POST') return { route: 'POST /v1/notes:batch', reply: await postBatch(req) };
   if (p === '/v1/stats' && m === 'GET') return { route: 'GET /v1/stats', reply: stats(url) };
-  if (p === '/v1/admin' || p.startsWith('/v1/admin/')) return admin(req, url, m, p);
   let hit = /^\/v1\/notes\/by-key\/([^/]+)$/.exec(p);
   if (hit && m === 'GET') return { route: 'GET /v1/notes/by-key/:key', reply: probe(req, hit[1]!) };
   hit = /^\/v1\/notes\/([^/]+)$/.exec(p);

@@ -11,7 +11,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { connectNats, jetStreamOf, NatsServerUnavailableError, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
-import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, startupStep, StartupError } from '@tooltx/runtime';
+import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, startupStep, StartupError } from '@tooltx/runtime';
 import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 import { loadSeedFile, SeedError } from './kb-seed.js';
 
@@ -101,6 +101,11 @@ export interface Stack {
   kbUrl: string;
   /** The KB's operator token (for its admin endpoints: roles, state, transfers). */
   kbAdminToken: string;
+  /**
+   * The KB's service token (`KB_SERVICE_TOKEN_FILE` of the KB and of the services that load the
+   * tools module): what the demo's and the bench's own KbClient send to read stats and probes.
+   */
+  kbServiceToken: string;
   /** The KB's SQLite file (read-only checks of its rows, as the tests do). */
   kbDb: string;
   /** The seed file of a role (agents: `{ kind: 'agent', tenant, actor }`). */
@@ -120,7 +125,7 @@ export interface Stack {
 /**
  * Starts the stack (see the file's header). A failure caused by a setting throws a
  * {@link StartupError} naming it — `TOOLTX_STATE_DIR`, `KB_SEED_FILE`, `TOOLTX_IDENTITIES`,
- * `NATS_PORT`, `NATS_SERVER_BIN`, `NATS_URL`, `TOOLTX_AUTH_DIR`, or a process's own setting
+ * `NATS_PORT`, `NATS_SERVER_BIN`, `NATS_URL`, `TOOLTX_AUTH_DIR`, `KB_SERVICE_TOKEN_FILE`, or a process's own setting
  * ({@link StackProcessStartupError}: `KB_PORT`, `KB_DB`, …) — and leaves nothing running.
  */
 export async function startStack(o: StackOptions): Promise<Stack> {
@@ -131,6 +136,16 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     TOOLTX_AUDIT_HMAC_KEY_FILE: process.env.TOOLTX_AUDIT_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'audit-hmac.key')),
     TOOLTX_LOG_HMAC_KEY_FILE: process.env.TOOLTX_LOG_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'log-hmac.key')),
   }));
+  // The KB's service token, kept there too: only the trusted side (the KB, and the authorizer,
+  // executor and reconciler through the tools module) gets the file; a file named in the environment wins.
+  const kbServiceTokenFile = await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => process.env.KB_SERVICE_TOKEN_FILE ?? ensureKeyFile(join(o.stateDir, 'kb-service.token')));
+  const kbServiceToken = await startupStep('KB_SERVICE_TOKEN_FILE', kbServiceTokenFile, () => {
+    try {
+      return readKeyFile(kbServiceTokenFile).toString('utf8');
+    } catch (err) {
+      throw err instanceof SecretFileError ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err }) : err;
+    }
+  });
   // The tenant list (quotas) is read and checked before anything starts; the KB reads it again.
   const kbTenants = resolve(o.kbTenants ?? DEFAULT_KB_TENANTS);
   const tenantList = await startupStep('KB_SEED_FILE', kbTenants, () => loadSeedFile(kbTenants), seedProblem);
@@ -308,6 +323,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   writeFileSync(tokenFile, kbAdminToken, { mode: 0o600 });
   const kbChild = launch('kb', join(ROOT, 'examples', 'research-kb', 'kb-server.ts'), {
     KB_ADMIN_TOKEN_FILE: tokenFile,
+    KB_SERVICE_TOKEN_FILE: kbServiceTokenFile,
     KB_PORT: String(o.kbPort),
     KB_DB: join(o.stateDir, 'kb.sqlite'),
     KB_DEDUP: o.kbDedup ? 'on' : 'off',
@@ -334,6 +350,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
           NATS_NKEY_FILE: seedFile({ kind: 'service', service: name }),
           // The services that append `committed` sign their receipts (issue 9).
           ...(name === 'executor' || name === 'reconciler' ? { TOOLTX_SIGNING_KEY_FILE: join(authDir, 'signing', `${name}.pem`) } : {}),
+          // The services whose tools module calls the KB (resolve, write, probe) carry its service token.
+          ...(name !== 'audit-projector' ? { KB_SERVICE_TOKEN_FILE: kbServiceTokenFile } : {}),
         });
         return waitForLine(child, `${name}-${i + 1}`, '"msg":"started"');
       }),
@@ -346,6 +364,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     receiptKeysFile: join(authDir, 'receipt-keys.json'),
     kbUrl,
     kbAdminToken,
+    kbServiceToken,
     kbDb: join(o.stateDir, 'kb.sqlite'),
     seedFile,
     inboxPrefix: inboxPrefixOf,

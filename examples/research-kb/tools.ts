@@ -11,6 +11,10 @@
  *   (FM-10) and checks the actor's role and the state; the executor re-runs it at the execution
  *   instant and sends the authorisation version it saw as `if-match`, so a role revoked or a KB
  *   transferred or frozen after the check stops the commit inside the KB's transaction (FM-07, FM-08).
+ *   Every KB request carries the service token of `KB_SERVICE_TOKEN_FILE` (the file the KB has as
+ *   its own `KB_SERVICE_TOKEN_FILE`; mode 0600, >= 32 characters, checked at start): only this
+ *   trusted side may set the identity headers the KB's checks rest on. Unset, none is sent (a KB
+ *   without one trusts any caller: development only).
  *
  * Error convention: a `TooltxError` means the KB definitively did not apply the request; network
  * errors, 5xx and aborts propagate as they are (outcome unknown).
@@ -20,7 +24,7 @@ import { defineImplementation, ErrorClass, invalidInput, TooltxError, type Autho
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
-import { StartupError } from '@tooltx/runtime';
+import { readKeyFile, SecretFileError, StartupError } from '@tooltx/runtime';
 
 /** A setting of this module the service cannot start with: named with its value (libs/runtime startup errors). */
 function setting<T>(name: string, read: () => T): T {
@@ -37,7 +41,17 @@ const keepAlive = setting('KB_KEEPALIVE', () => {
   if (v !== 'on' && v !== 'off') throw new TypeError('KB_KEEPALIVE: expected "on" or "off"');
   return v === 'on';
 });
-const kb = new KbClient(setting('KB_URL', () => new URL(process.env.KB_URL ?? 'http://127.0.0.1:4280').href.replace(/\/$/, '')), { keepAlive });
+// The KB's service credential (kb-server.ts): read and checked like every key file (libs/runtime secrets.ts).
+const serviceTokenFile = process.env.KB_SERVICE_TOKEN_FILE;
+let serviceToken: string | undefined;
+if (serviceTokenFile !== undefined) {
+  try {
+    serviceToken = readKeyFile(serviceTokenFile).toString('utf8');
+  } catch (err) {
+    throw err instanceof SecretFileError ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err }) : err;
+  }
+}
+const kb = new KbClient(setting('KB_URL', () => new URL(process.env.KB_URL ?? 'http://127.0.0.1:4280').href.replace(/\/$/, '')), { keepAlive, serviceToken });
 const allowedOrigins = new Set((process.env.WEB_ALLOWED_ORIGINS ?? '').split(',').map((s) => s.trim()).filter(Boolean));
 
 /** Policy version of the KB tools' authorisation rules (recorded with every decision). */
@@ -79,6 +93,9 @@ function definite(err: unknown): never {
       deadline_passed: ErrorClass.DependencyUnavailable, // refused at the deadline: not applied
       invalid_input: ErrorClass.InvalidInput,
       conflict: ErrorClass.InvalidInput,
+      // The KB refused this service's credential before reading the request: not applied; an
+      // operator fixes KB_SERVICE_TOKEN_FILE (a proxy's 401 without the KB's body stays unknown).
+      unauthorized: ErrorClass.DependencyUnavailable,
     };
     const cls = byClass[err.errorClass];
     if (cls) throw new TooltxError(cls, `kb refused: ${err.errorClass}`, err.retryAfterMs !== undefined ? { retryAfterMs: err.retryAfterMs } : {});

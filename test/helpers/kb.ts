@@ -1,11 +1,12 @@
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { downstreamKeyOf } from '@tooltx/contracts';
 import { KbClient, type KbAdmin } from '../../examples/research-kb/kb-client.js';
 import type { KbSeedFile } from '../../examples/research-kb/kb-seed.js';
+import { kbServiceToken } from './kb-service-token.js';
 import { ServiceProcess } from './services.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -22,10 +23,17 @@ export function spawnKbProcess(env: Record<string, string>, args: string[] = [])
   return new ServiceProcess('kb-server', child);
 }
 
-/** The research KB as its own process on a free port, with a fresh SQLite file and an operator token. */
+/**
+ * The research KB as its own process on a free port, with a fresh SQLite file, an operator token
+ * and this test process's service token (./kb-service-token.ts; `startService` gives it to every
+ * service with a `KB_URL`), as `npm start` runs it.
+ */
 export interface TestKb {
   proc: ServiceProcess;
   url: string;
+  /** The KB's `KB_SERVICE_TOKEN_FILE` and the token in it. */
+  serviceToken: { file: string; token: string };
+  /** A client with the service token. */
   client: KbClient;
   admin: KbAdmin;
   stop(): Promise<number | null>;
@@ -42,20 +50,24 @@ export async function startKb(seed: KbSeedFile, env: Record<string, string> = {}
   const token = `token-${Math.random().toString(36).slice(2)}-${Date.now()}`;
   writeFileSync(join(dir, 'admin.token'), token, { mode: 0o600 });
   writeFileSync(join(dir, 'seed.json'), JSON.stringify(seed));
+  // A test may name its own token file; the client then sends that token.
+  const serviceToken = env.KB_SERVICE_TOKEN_FILE === undefined ? kbServiceToken() : { file: env.KB_SERVICE_TOKEN_FILE, token: readFileSync(env.KB_SERVICE_TOKEN_FILE, 'utf8').trim() };
   const proc = spawnKbProcess({
     LOG_LEVEL: 'info',
     KB_DB: join(dir, 'kb.sqlite'),
     KB_DEDUP: 'off',
     KB_SEED_FILE: join(dir, 'seed.json'),
     KB_ADMIN_TOKEN_FILE: join(dir, 'admin.token'),
+    KB_SERVICE_TOKEN_FILE: serviceToken.file,
     ...env,
   });
   const line = await proc.waitForLog('listening');
   const url = `http://127.0.0.1:${Number(line.port)}`;
-  const client = new KbClient(url);
+  const client = new KbClient(url, { serviceToken: serviceToken.token });
   return {
     proc,
     url,
+    serviceToken,
     client,
     admin: client.admin(token),
     async stop() {

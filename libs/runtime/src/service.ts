@@ -213,6 +213,8 @@ TOOLTX_TOOLS_MODULE names it — settings of that module, not of tooltx:
   KB_DEDUP                 on|off: whether the KB deduplicates by key (default on)
   KB_TIMING_MS             timeout,runningBound,unknownDeadline of the KB writes, ms
   KB_KEEPALIVE             off = a new connection per KB request (default: kept alive)
+  KB_SERVICE_TOKEN_FILE    the KB's service token file (mode 0600; the KB's own KB_SERVICE_TOKEN_FILE),
+                           sent on every KB request (unset = none sent)
   WEB_ALLOWED_ORIGINS      origins on loopback/private hosts web.fetch_page may fetch, comma-separated
 
 A failure to start names the setting and its value on stderr and in a "failed to start" log line;
