@@ -12,11 +12,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { operationIdOf, prepareCall } from '@tooltx/contracts';
 import { decode, encode } from '@tooltx/nats';
+import { newSubmission, publishSubmission } from '@tooltx/client';
 import { z } from 'zod';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { Sink } from './helpers/sink.js';
-import { history } from './helpers/ops.js';
+import { history, waitForOperation } from './helpers/ops.js';
 import { sinkWrite } from './fixtures/sink-tools.js';
 
 let t: TestNats;
@@ -45,15 +46,29 @@ afterAll(async () => {
 });
 
 describe('FM-32: services answer only into their requesters\' inboxes', () => {
-  it('the generated configuration gives no user allow_responses; each responder lists its requesters\' inboxes', () => {
+  it('the generated configuration gives no user allow_responses; agents and auditors live in their tenant\'s account, operators in their own; responders answer only on the server\'s response subjects', () => {
     const config = readFileSync(t.auth.configFile, 'utf8');
     expect(config).not.toContain('allow_responses');
     const userLine = (name: string) => config.split('\n').find((l, i, all) => all[i - 1]?.trim() === `# ${name}`) ?? '';
-    expect(userLine('service.authorizer')).toContain('"_INBOX.globex.mallory.>"');
-    expect(userLine('service.authorizer')).not.toContain('"_INBOX.acme.audrey.>"'); // an auditor sends no status requests
-    expect(userLine('service.audit-projector')).toContain('"_INBOX.acme.audrey.>"');
-    expect(userLine('service.reconciler')).toContain('"_INBOX._op.oscar.>"');
-    expect(userLine('service.executor')).not.toMatch(/_INBOX\.(acme|globex|initech|_op)\./);
+    for (const responder of ['service.authorizer', 'service.audit-projector', 'service.reconciler']) expect(userLine(responder)).toContain('"_R_.>"');
+    expect(userLine('service.executor')).not.toContain('_R_');
+    expect(userLine('service.authorizer')).not.toMatch(/_INBOX\.(acme|globex|initech|_op)\./);
+    // Which account each user is in: the block that holds its line.
+    const accountOf = (name: string) => {
+      const lines = config.split('\n');
+      const at = lines.findIndex((l) => l.trim() === `# ${name}`);
+      for (let i = at; i >= 0; i--) {
+        const m = /^ {2}"([^"]+)": \{$/.exec(lines[i]!);
+        if (m) return m[1];
+      }
+      return null;
+    };
+    expect(accountOf('service.authorizer')).toBe('TOOLTX');
+    expect(accountOf('provisioner')).toBe('TOOLTX');
+    expect(accountOf('agent.globex.mallory')).toBe('TENANT_globex');
+    expect(accountOf('agent.acme.alice')).toBe('TENANT_acme');
+    expect(accountOf('auditor.acme.audrey')).toBe('TENANT_acme');
+    expect(accountOf('operator.oscar')).toBe('OPERATORS');
   });
 
   it('a status request is answered in the requester\'s inbox, and a reply subject in another service\'s inbox gets nothing', async () => {
@@ -71,16 +86,44 @@ describe('FM-32: services answer only into their requesters\' inboxes', () => {
     spy.unsubscribe();
   });
 
-  it('FM-31: a status request whose reply subject is another tenant\'s operation subject is not answered: nothing lands in that tenant\'s event log', async () => {
+  it('FM-31: a status request whose reply subject is another tenant\'s operation subject writes nothing into that tenant\'s event log', async () => {
     const victimKey = prepareCall(sinkWrite, 'fm31-reply', { bucket: 'kb-main', title: 'Victim', body: 'x', at: '2026-11-30T06:00:00Z' }).operationKey;
     const victimSubject = t.subjects.op('acme', operationIdOf(victimKey));
     const status = t.subjects.status('globex', 'mallory');
-    // The authorizer may publish on every operation subject; only its own check stops this.
     for (let i = 0; i < 3; i++) mallory.publish(status, encode({ operationKey: key }), { reply: victimSubject });
     const m = await mallory.request(status, encode({ operationKey: key }), { timeout: 10_000 });
     expect(decode(answerSchema, m.data).state).toBe('not_seen');
     await new Promise((r) => setTimeout(r, 1_000));
     expect(await history(t, 'acme', victimKey)).toEqual([]);
-    expect(authorizer.lines.filter((l) => String(l.msg).includes('outside the requester')).length).toBeGreaterThanOrEqual(3);
+  });
+
+  it('FM-31: an intent published with another tenant\'s subjects as its reply subject: the server\'s PubAck lands in none of them — the victim\'s operation, KV entries and intents stay as they were', async () => {
+    // acme/alice registers an operation (only the authorizer runs here: it stays accepted).
+    const input = { bucket: 'kb-main', title: 'Victim op', body: 'x', at: '2026-11-30T06:00:00Z' };
+    const victimKey = prepareCall(sinkWrite, 'fm31-ack', input).operationKey;
+    const opId = operationIdOf(victimKey);
+    await publishSubmission(t.js, newSubmission(t.subjects, 'acme', 'alice', { tool: 'sink.write', version: 1, taskId: 'fm31-ack', operationKey: victimKey, input }));
+    await waitForOperation(t, 'acme', victimKey, (s) => s.status === 'accepted');
+    const intentsBefore = (await t.jsm.streams.info(t.subjects.intentsStream)).state.messages;
+    const targets = [
+      t.subjects.op('acme', opId),
+      t.subjects.decision('acme', opId, 'alice'),
+      ...[t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket].map((b) => `$KV.${b}.acme.${opId}`),
+      t.subjects.intent('acme', 'alice'),
+    ];
+    // mallory publishes only on its own intent subject (allowed), naming acme's subjects as reply.
+    for (const reply of targets) mallory.publish(t.subjects.intent('globex', 'mallory'), encode({ junk: true }), { reply });
+    await mallory.flush();
+    await new Promise((r) => setTimeout(r, 1_000));
+    expect((await history(t, 'acme', victimKey)).map((e) => e.type)).toEqual(['accepted']);
+    expect((await t.store.load('acme', opId)).state.status).toBe('accepted');
+    expect(await t.store.lastDecision('acme', opId, 'alice')).toBeNull();
+    for (const b of [t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket]) {
+      await expect(t.jsm.direct.getMessage(`KV_${b}`, { last_by_subj: `$KV.${b}.acme.${opId}` })).resolves.toBeNull();
+    }
+    // Only mallory's own junk intents were stored (on mallory's subject), none on acme's.
+    const intents = await t.jsm.streams.info(t.subjects.intentsStream, { subjects_filter: t.subjects.intent('acme', 'alice') });
+    expect(intents.state.subjects?.[t.subjects.intent('acme', 'alice')]).toBe(1);
+    expect((await t.jsm.streams.info(t.subjects.intentsStream)).state.messages).toBe(intentsBefore + targets.length);
   });
 });

@@ -80,8 +80,17 @@ export function inboxPrefixOf(role: Role): string {
  * would let a requester make the service write into another tenant's stream (FM-31, FM-32).
  */
 export function isOwnReplyInbox(role: Role, reply: string | undefined): boolean {
-  return reply !== undefined && reply.startsWith(`${inboxPrefixOf(role)}.`) && !/[\s*>]/.test(reply);
+  if (reply === undefined || /[\s*>]/.test(reply)) return false;
+  // Across a service import the server rewrote the reply to a mapping back into the requester's own
+  // account (generateAuth puts agents, auditors and operators in their own accounts).
+  return reply.startsWith('_R_.') || reply.startsWith(`${inboxPrefixOf(role)}.`);
 }
+
+/**
+ * The reply subjects nats-server makes for a request that crossed a service import (`_R_.<id>.<id>`
+ * in the exporting account): an answer published there goes back to the requester's account only.
+ */
+export const RESPONSE_SUBJECTS = '_R_.>';
 
 /** Where an identity of the list is (the field path of its entry) and what it is, for errors. */
 interface ListedIdentity {
@@ -229,12 +238,13 @@ export function knownDurables(topo: Topology, executorDurables: string[] = []): 
 export function permissionsFor(role: Role, s: Subjects, topo: Topology, executorDurables: string[] = [], requesters: readonly Role[] = []): Permissions {
   const api = '$JS.API';
   const inbox = `${inboxPrefixOf(role)}.>`;
-  // The reply inboxes of the `requesters` (the identity list's users) of one kind: a request/reply
-  // service (status: agents; audit: auditors; takeover: operators — the only roles allowed to
-  // publish its request subject) may publish there and nowhere else outside its own allow-list.
-  // Never `allow_responses` (see Permissions): it also let a service answer into any reply subject
-  // a requester named, past the deny-list.
-  const repliesTo = (kind: 'agent' | 'auditor' | 'operator') => requesters.filter((r) => r.kind === kind).map((r) => `${inboxPrefixOf(r)}.>`);
+  // Where a request/reply service (status, audit, takeover) answers: agents, auditors and operators
+  // live in their own accounts and reach these services through service imports, so every request
+  // arrives with a reply subject the server made (`_R_.…`) that routes the answer back to the
+  // requester's account and nowhere else ({@link generateAuth}). Never `allow_responses` (see
+  // Permissions). `requesters` is kept for callers of the earlier signature.
+  void requesters;
+  const repliesTo = (_kind: 'agent' | 'auditor' | 'operator') => [RESPONSE_SUBJECTS];
   const streams = Object.values(topo.streams).map((st) => st.name);
   const kvStream = (bucket: string) => `KV_${bucket}`;
   const buckets = [topo.results.bucket, topo.projections.reconcile.bucket, topo.projections.audit.bucket, topo.tasks.bucket];
@@ -449,22 +459,43 @@ export function generateAuth(
   });
   const q = (v: string) => JSON.stringify(v);
   const list2 = (xs: string[]) => `[${xs.map(q).join(', ')}]`;
-  const userBlocks = users.map((u) => {
+  const userBlock = (u: GeneratedUser) => {
     const p = permissionsFor(u.role, o.subjects, o.topology, parsed.executorDurables, roles);
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
     const resp = p.allow_responses ? ', allow_responses: true' : '';
-    return `    # ${userName(u.role)}\n    { nkey: ${q(u.publicKey)}, permissions: { ${pub}, ${sub}${resp} } }`;
-  });
+    return `      # ${userName(u.role)}\n      { nkey: ${q(u.publicKey)}, permissions: { ${pub}, ${sub}${resp} } }`;
+  };
+  // Accounts (FM-31, FM-32): JetStream acknowledges a publish on the reply subject the PUBLISHER
+  // chose, and nats-server checks no permission on reply subjects, so within one account an agent
+  // could make the server write its PubAck into any subject a stream captures — another tenant's
+  // operation subject or KV entry. Every tenant's agents and auditors therefore live in their own
+  // account, operators in another, and reach tooltx's account only through service imports of their
+  // own subjects: a reply subject they name stays in their account.
+  const p = o.subjects.prefix;
+  const tooltxAccount = {
+    name: 'TOOLTX',
+    extra: [
+      '      jetstream: enabled',
+      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}]`,
+    ],
+    users: users.filter((u) => u.role.kind === 'service' || u.role.kind === 'provisioner'),
+  };
+  const imports = (subjects: string[]) => `      imports: [${subjects.map((x) => `{ service: { account: "TOOLTX", subject: ${q(x)} } }`).join(', ')}]`;
+  const tenantAccounts = parsed.tenants.map((t) => ({
+    name: `TENANT_${t.id}`,
+    extra: [imports([`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`])],
+    users: users.filter((u) => (u.role.kind === 'agent' || u.role.kind === 'auditor') && u.role.tenant === t.id),
+  }));
+  const operatorAccount = { name: 'OPERATORS', extra: [imports([`${p}.takeover.>`])], users: users.filter((u) => u.role.kind === 'operator') };
+  const accounts = [tooltxAccount, ...tenantAccounts, operatorAccount].filter((a) => a === tooltxAccount || a.users.length > 0);
   const config = [
     '# Generated by `tooltx auth generate` from the identity list: do not edit by hand.',
     `server_name: ${q(o.serverName ?? 'tooltx')}`,
     `listen: ${q(o.listen)}`,
     `jetstream { store_dir: ${q(o.storeDir)} }`,
-    'authorization {',
-    '  users: [',
-    userBlocks.join(',\n'),
-    '  ]',
+    'accounts {',
+    ...accounts.map((a) => [`  ${q(a.name)}: {`, ...a.extra, '    users: [', a.users.map(userBlock).join(',\n'), '    ]', '  }'].join('\n')),
     '}',
     '',
   ].join('\n');
