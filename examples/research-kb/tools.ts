@@ -3,9 +3,11 @@
  * `TOOLTX_TOOLS_MODULE`, never by agents).
  *
  * - `web.fetch_page` fetches a page and returns `{ url, title, excerpt }` (never the whole page).
- *   Loopback, private and link-local hosts are refused (`invalid_input` at `input.url`, code
- *   `private_address`) unless their origin is listed in `WEB_ALLOWED_ORIGINS` (comma-separated) — a
- *   fetch tool must not be a way into the trusted network.
+ *   A host that is, or resolves to, any loopback, private, link-local, unspecified, multicast or
+ *   other non-public address is refused (`invalid_input` at `input.url`, code `private_address`)
+ *   unless its origin is listed in `WEB_ALLOWED_ORIGINS` (comma-separated) — a fetch tool must not
+ *   be a way into the trusted network. The connection goes only to an address that passed the check
+ *   (./public-address.ts: resolved again and checked at connect time). Redirects are not followed.
  * - `kb.write_note`, `kb.write_notes` (batch) and `kb.delete_note` talk to the KB storage service at
  *   `KB_URL`. The policy seam resolves every knowledge-base reference through the KB's one resolver
  *   (FM-10) and checks the actor's role and the state; the executor re-runs it at the execution
@@ -19,12 +21,13 @@
  * Error convention: a `TooltxError` means the KB definitively did not apply the request; network
  * errors, 5xx and aborts propagate as they are (outcome unknown).
  */
-import { isIP } from 'node:net';
+import { fetch } from 'undici';
 import { defineImplementation, ErrorClass, invalidInput, TooltxError, type AuthorizationContext, type AuthorizationResult, type ProbeResult, type ReadContext } from '@tooltx/contracts';
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
 import { readKeyFile, SecretFileError, StartupError } from '@tooltx/runtime';
+import { checkHost, isPrivateAddressRefusal, PrivateAddressError, publicOnlyDispatcher } from './public-address.js';
 
 /** A setting of this module the service cannot start with: named with its value (libs/runtime startup errors). */
 function setting<T>(name: string, read: () => T): T {
@@ -139,17 +142,6 @@ function versionOf(ctxAuth: { resources?: { id: string; version: number }[] } | 
   return r;
 }
 
-function isPrivateHost(host: string): boolean {
-  const h = host.replace(/^\[|\]$/g, '').toLowerCase();
-  if (h === 'localhost' || h.endsWith('.localhost')) return true;
-  if (isIP(h) === 4) {
-    const [a, b] = h.split('.').map(Number) as [number, number];
-    return a === 127 || a === 10 || a === 0 || (a === 169 && b === 254) || (a === 172 && b >= 16 && b <= 31) || (a === 192 && b === 168) || (a === 100 && b >= 64 && b <= 127);
-  }
-  if (isIP(h) === 6) return h === '::1' || h.startsWith('fc') || h.startsWith('fd') || h.startsWith('fe80') || h.startsWith('::ffff:');
-  return false;
-}
-
 /**
  * The KB's read-only probe by downstream key (recovery, FM-02, FM-13, FM-27), with the input digest
  * the KB recorded with the effect when it has one: recovery commits only when it is ours, and opens
@@ -192,8 +184,23 @@ export const implementations = [
       const url = new URL(input.url);
       // The URL names a place this tool never goes (not the caller's rights): re-plan with another
       // URL. The message never echoes the input (errors.ts): the path says which field.
-      if (isPrivateHost(url.hostname) && !allowedOrigins.has(url.origin)) throw invalidInput(['input', 'url'], 'private_address', 'the host is a loopback, private or link-local address; web.fetch_page fetches public pages only (an operator may allow an origin with WEB_ALLOWED_ORIGINS)');
-      const res = await fetch(url, { signal: ctx.signal, redirect: 'error' });
+      const refused = () => invalidInput(['input', 'url'], 'private_address', 'the host is or resolves to a loopback, private, link-local or otherwise non-public address; web.fetch_page fetches public pages only (an operator may allow an origin with WEB_ALLOWED_ORIGINS)');
+      const allowed = allowedOrigins.has(url.origin);
+      if (!allowed) {
+        // Every address the host resolves to is checked, and the connection is made only to an
+        // address that passes the same check again at connect time (public-address.ts: no DNS rebinding).
+        try {
+          await checkHost(url.hostname);
+        } catch (err) {
+          if (err instanceof PrivateAddressError) throw refused();
+          throw err;
+        }
+      }
+      // Redirects are not followed (`redirect: 'error'` fails the fetch): a Location header is never
+      // a way around the check. The dispatcher's connect-time check would apply to one as well.
+      const res = await fetch(url, { signal: ctx.signal, redirect: 'error', ...(allowed ? {} : { dispatcher: publicOnlyDispatcher }) }).catch((err: unknown) => {
+        throw isPrivateAddressRefusal(err) ? refused() : err;
+      });
       if (res.status === 404 || res.status === 410) throw new TooltxError(ErrorClass.NotFound, 'page not found');
       if (!res.ok) {
         await res.body?.cancel();
