@@ -6,11 +6,14 @@
  * typed error naming the option when `createTools` is misconfigured — never an `unknown` that only
  * burns its budget.
  */
+import { spawn } from 'node:child_process';
 import { readFileSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createUser } from '@nats-io/nkeys';
 import { prepareCall, TooltxError } from '@tooltx/contracts';
 import { createTools, ToolsOptionError, type CreateToolsOptions, type Tools } from '@tooltx/client';
 import { provisioned, type TestNats } from './helpers/nats.js';
@@ -19,6 +22,7 @@ import { history, waitForDecision } from './helpers/ops.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 
 const TOOLS_MODULE = join(dirname(fileURLToPath(import.meta.url)), '..', 'examples', 'research-kb', 'tools.ts');
+const QUICKSTART = join(dirname(TOOLS_MODULE), 'quickstart.ts');
 const contracts = researchContracts({ kbDedup: false });
 let t: TestNats;
 let procs: ServiceProcess[] = [];
@@ -26,6 +30,14 @@ let alice: Tools;
 let dir: string;
 const base = (): CreateToolsOptions => ({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 15_000 });
 const note = (title: string) => ({ kb: 'research', title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
+/** A TCP port nothing listens on right now. */
+async function closedPort(): Promise<number> {
+  const s = createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  const port = (s.address() as { port: number }).port;
+  await new Promise((r) => s.close(r));
+  return port;
+}
 const intentsStored = async () => (await t.jsm.streams.info(t.subjects.intentsStream)).state.messages;
 
 beforeAll(async () => {
@@ -95,6 +107,40 @@ describe('createTools refuses a bad set-up at once, naming the option', () => {
     expect(err).toBeInstanceOf(TooltxError);
     expect(err).toMatchObject({ class: 'forbidden', issues: [{ path: ['nkeyFile'], code: 'permission_violation' }] });
     expect((err as Error).message).toContain(`seed ${seed}) is not globex/alice`);
+  });
+
+  it('no nkeyFile against a server with auth on: TooltxError forbidden at nkeyFile saying credentials are required (not the client\'s raw AuthorizationError)', async () => {
+    const { nkeyFile: _none, ...noSeed } = base();
+    const err = await createTools(noSeed).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TooltxError);
+    expect(err).toMatchObject({ name: 'TooltxError', class: 'forbidden', issues: [{ path: ['nkeyFile'], code: 'authorization_violation' }] });
+    expect((err as Error).message).toContain(`the server at ${t.url} requires credentials`);
+  });
+
+  it('a seed the server does not know: TooltxError forbidden at nkeyFile naming the file', async () => {
+    const stranger = join(dir, 'stranger.nk');
+    writeFileSync(stranger, `${new TextDecoder().decode(createUser().getSeed())}\n`, { mode: 0o600 });
+    const err = await createTools({ ...base(), nkeyFile: stranger }).catch((e: unknown) => e);
+    expect(err).toMatchObject({ name: 'TooltxError', class: 'forbidden', issues: [{ path: ['nkeyFile'], code: 'authorization_violation' }] });
+    expect((err as Error).message).toContain(`does not know the seed in ${stranger}`);
+  });
+
+  it('a port where no server listens: TooltxError dependency_unavailable at servers naming the URL and the refusal (not the client\'s raw ConnectionError)', async () => {
+    const closed = `nats://127.0.0.1:${await closedPort()}`;
+    const err = await createTools({ ...base(), servers: closed }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TooltxError);
+    expect(err).toMatchObject({ class: 'dependency_unavailable', issues: [{ path: ['servers'], code: 'unreachable' }] });
+    expect((err as Error).message).toContain(`cannot connect to ${closed}: connection refused`);
+    expect((err as Error).message).toContain('ECONNREFUSED');
+    // A URL's user-info is never repeated.
+    const withPassword = await createTools({ ...base(), servers: closed.replace('//', '//u:hunter2@') }).catch((e: unknown) => e);
+    expect((withPassword as Error).message).not.toContain('hunter2');
+  });
+
+  it('servers that is not a URL: ToolsOptionError at servers', async () => {
+    const err = await createTools({ ...base(), servers: 'not a url' }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ToolsOptionError);
+    expect((err as ToolsOptionError).issues).toMatchObject([{ path: ['servers'], code: 'invalid_url' }]);
   });
 
   it('a prefix the identity is not provisioned for fails fast the same way', async () => {
@@ -191,5 +237,41 @@ describe('permissions the server withdraws later (its configuration reloaded)', 
     } finally {
       await bob.close();
     }
+  });
+});
+
+describe('npm run quickstart that cannot set up: one line on stderr, exit 2, no stack trace', () => {
+  /** `npm run quickstart` as npm runs it, with only `env` (plus PATH). */
+  const quickstart = (env: Record<string, string>) =>
+    new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
+      const child = spawn(process.execPath, ['--import', 'tsx', QUICKSTART], { cwd: join(dirname(QUICKSTART), '..', '..'), env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
+      child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+      child.once('close', (code) => resolve({ code, stdout, stderr }));
+    });
+  const agentEnv = () => ({ NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix, NATS_NKEY_FILE: t.agentSeed('acme', 'alice'), TOOLTX_RECEIPT_KEYS_FILE: t.auth.receiptKeysFile, KB_DEDUP: 'off' });
+
+  it('NATS_URL where nothing listens: names the URL and the refusal', async () => {
+    const url = `nats://127.0.0.1:${await closedPort()}`;
+    const r = await quickstart({ ...agentEnv(), NATS_URL: url });
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(new RegExp(`^tooltx-quickstart: createTools: cannot connect to ${url.replace(/[.]/g, '\\.')}: connection refused[^\n]*\n$`));
+  });
+
+  it('a TOOLTX_PREFIX the seed is not provisioned for: names the prefix', async () => {
+    const r = await quickstart({ ...agentEnv(), TOOLTX_PREFIX: 'other' });
+    expect(r.code).toBe(2);
+    expect(r.stderr.trim().split('\n')).toHaveLength(1);
+    expect(r.stderr).toMatch(/^tooltx-quickstart: createTools: .*prefix other/);
+    expect(r.stderr).not.toMatch(/\n\s+at /);
+  });
+
+  it('no seed at all (TOOLTX_STATE_DIR without one): names nkeyFile and the path', async () => {
+    const { NATS_NKEY_FILE: _seed, ...env } = agentEnv();
+    const r = await quickstart({ ...env, TOOLTX_STATE_DIR: join(dir, 'no-state') });
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/^tooltx-quickstart: createTools: nkeyFile: cannot read .*agent\.acme\.alice\.nk \(ENOENT\)\n$/);
   });
 });

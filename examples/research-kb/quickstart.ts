@@ -4,11 +4,13 @@
  * (one operation key, one execution, one KB row).
  *
  * Usage: `npm run quickstart` while `npm start` runs (or with NATS_URL / TOOLTX_PREFIX / KB_DEDUP set
- * as the services have them).
+ * as the services have them). A set-up problem (no server there, a seed or prefix the server does
+ * not accept, a missing file) is one line on stderr naming it, exit 2.
  */
 import { join } from 'node:path';
 import { Command } from 'commander';
-import { createTools } from '@tooltx/client';
+import { TooltxError } from '@tooltx/contracts';
+import { createTools, ToolsOptionError } from '@tooltx/client';
 import { kbDedupFromEnv, researchContracts } from './contracts.js';
 
 new Command('tooltx-quickstart')
@@ -16,17 +18,30 @@ new Command('tooltx-quickstart')
   .addHelpText('after', '\nEnvironment: NATS_URL (default nats://127.0.0.1:4222), TOOLTX_PREFIX, TOOLTX_STATE_DIR (where npm start wrote the seeds and receipt keys), NATS_NKEY_FILE, TOOLTX_RECEIPT_KEYS_FILE, KB_DEDUP')
   .parse(process.argv);
 
-const tools = await createTools({
-  servers: process.env.NATS_URL ?? 'nats://127.0.0.1:4222',
-  prefix: process.env.TOOLTX_PREFIX ?? 'tooltx',
-  tenant: 'acme',
-  actor: 'alice',
-  // Auth is on: `npm start` writes each agent's nkey seed under its state directory.
-  nkeyFile: process.env.NATS_NKEY_FILE ?? join(process.env.TOOLTX_STATE_DIR ?? '.state', 'auth', 'nkeys', 'agent.acme.alice.nk'),
-  contracts: researchContracts({ kbDedup: kbDedupFromEnv() }).all,
-  // The receipt keys `npm start` generated: a committed answer counts only with a receipt signed by one.
-  receiptKeys: process.env.TOOLTX_RECEIPT_KEYS_FILE ?? join(process.env.TOOLTX_STATE_DIR ?? '.state', 'auth', 'receipt-keys.json'),
-});
+/**
+ * A failure before or instead of an answer, as one line (fresh-user trial: a wrong prefix or port
+ * printed a stack trace): tooltx's typed errors say which option and why in their message; anything
+ * else by its class and message. Exit 2.
+ */
+function fail(err: unknown): never {
+  const text = err instanceof TooltxError || err instanceof ToolsOptionError ? err.message : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+  process.stderr.write(`tooltx-quickstart: ${text}\n`);
+  process.exit(2);
+}
+
+// In a function: a bad setting read while building the options (KB_DEDUP) is reported the same way.
+const tools = await (async () =>
+  createTools({
+    servers: process.env.NATS_URL ?? 'nats://127.0.0.1:4222',
+    prefix: process.env.TOOLTX_PREFIX ?? 'tooltx',
+    tenant: 'acme',
+    actor: 'alice',
+    // Auth is on: `npm start` writes each agent's nkey seed under its state directory.
+    nkeyFile: process.env.NATS_NKEY_FILE ?? join(process.env.TOOLTX_STATE_DIR ?? '.state', 'auth', 'nkeys', 'agent.acme.alice.nk'),
+    contracts: researchContracts({ kbDedup: kbDedupFromEnv() }).all,
+    // The receipt keys `npm start` generated: a committed answer counts only with a receipt signed by one.
+    receiptKeys: process.env.TOOLTX_RECEIPT_KEYS_FILE ?? join(process.env.TOOLTX_STATE_DIR ?? '.state', 'auth', 'receipt-keys.json'),
+  }))().catch(fail);
 try {
   const call = {
     tool: 'kb.write_note',
@@ -38,6 +53,8 @@ try {
   const again = await tools.execute(call, { budgetMs: 15_000 });
   process.stdout.write(`${JSON.stringify({ first, again, sameReceipt: JSON.stringify(first) === JSON.stringify(again) }, null, 2)}\n`);
   if (first.status !== 'committed') process.exitCode = 1;
-} finally {
-  await tools.close();
+} catch (err) {
+  await tools.close().catch(() => undefined);
+  fail(err);
 }
+await tools.close();

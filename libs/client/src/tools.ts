@@ -222,7 +222,12 @@ const MAX_RETRYABLE_ATTEMPTS = 5;
  * - `TooltxError(forbidden)` when the server refuses that publish or subscription (NATS permissions
  *   violation): the credentials are not those of `tenant`/`actor`, or `prefix`/`inboxPrefix` are not
  *   the deployment's; `issues[0].path` names the credentials option;
- * - the client's connection error when no server answers or the server refuses the credentials.
+ * - `TooltxError(forbidden)` when the server refuses the credentials themselves (NATS
+ *   `Authorization Violation`: none given to a server with auth on, or a seed it does not know);
+ *   `issues[0].path` is `["nkeyFile"]` (`["credsFile"]` when that was given);
+ * - `TooltxError(dependency_unavailable)` (next: backoff) when no server of `servers` answers:
+ *   refused, a name that does not resolve, timed out; `issues[0].path` is `["servers"]`.
+ * A `servers` value that is not a URL list is a {@link ToolsOptionError} at `servers`.
  */
 export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   const parsed = createToolsOptionsSchema.safeParse(opts);
@@ -234,14 +239,17 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   for (const option of ['nkeyFile', 'credsFile'] as const) checkReadable(option, opts[option]);
   const owned = !opts.nc;
   const inboxPrefix = opts.inboxPrefix ?? `_INBOX.${opts.tenant}.${opts.actor}`;
+  const servers = opts.servers ?? 'nats://127.0.0.1:4222';
   const nc =
     opts.nc ??
     (await connectNats({
-      servers: opts.servers ?? 'nats://127.0.0.1:4222',
+      servers,
       name: `tooltx-sdk:${opts.tenant}/${opts.actor}`,
       credsFile: opts.credsFile,
       nkeySeedFile: opts.nkeyFile,
       inboxPrefix,
+    }).catch((err: unknown) => {
+      throw connectFailure(err, servers, opts);
     }));
   const credentials = opts.nkeyFile ? 'nkeyFile' : opts.credsFile ? 'credsFile' : opts.nc ? 'nc' : 'servers';
   /** What a permissions violation of the server means for this configuration, as a field issue. */
@@ -558,6 +566,46 @@ async function probePermissions(nc: NatsConnection, subject: string): Promise<Pe
 function withActorPath(error: ErrorInfo, forgedActor: boolean): ErrorInfo {
   if (!forgedActor || error.class !== ErrorClass.Forbidden || error.issues?.length) return error;
   return { ...error, issues: [{ path: ['actorId'], code: 'not_authenticated_actor', message: 'actorId must be the actor this connection authenticated as' }] };
+}
+
+/** `servers` as it may be shown: a URL's user-info (user and password, or a token) replaced. */
+function shownServers(servers: string): string {
+  return servers.replace(/([a-z][a-z0-9+.-]*:\/\/)?[^,\s]*@/gi, (_m, scheme: string | undefined) => `${scheme ?? ''}[redacted]@`);
+}
+
+/**
+ * The typed error for a connection {@link createTools} could not open (fresh-user trial: the NATS
+ * client's raw `AuthorizationError` and `ConnectionError` reached the caller). The message is ours:
+ * the servers (without user-info), the credential option, and the reason from the error's class or code.
+ */
+function connectFailure(err: unknown, servers: string, opts: CreateToolsOptions): Error {
+  const shown = shownServers(servers);
+  const name = err instanceof Error ? err.name : '';
+  const code = (err as { code?: unknown } | undefined)?.code ?? (err as { cause?: { code?: unknown } } | undefined)?.cause?.code;
+  if (name === 'AuthorizationError') {
+    const option = opts.credsFile && !opts.nkeyFile ? 'credsFile' : 'nkeyFile';
+    const message = opts.nkeyFile
+      ? `the server at ${shown} does not know the seed in ${opts.nkeyFile} (Authorization Violation): give the seed \`tooltx auth generate\` wrote for ${opts.tenant}/${opts.actor} for this server`
+      : opts.credsFile
+        ? `the server at ${shown} refused the credentials in ${opts.credsFile} (Authorization Violation)`
+        : `the server at ${shown} requires credentials (Authorization Violation): give nkeyFile, the seed \`tooltx auth generate\` wrote for ${opts.tenant}/${opts.actor}`;
+    return new TooltxError(ErrorClass.Forbidden, `createTools: ${message}`, { issues: [{ path: [option], code: 'authorization_violation', message }], cause: err });
+  }
+  if (code === 'ERR_INVALID_URL' || name === 'InvalidArgumentError') {
+    return new ToolsOptionError([{ path: ['servers'], code: 'invalid_url', message: `${shown} is not a list of server URLs (nats://host:port, comma-separated)` }]);
+  }
+  const reasons: Record<string, string> = {
+    ECONNREFUSED: 'connection refused: nothing listens there',
+    ENOTFOUND: 'the host name does not resolve',
+    EAI_AGAIN: 'the host name does not resolve: temporary DNS failure',
+    ETIMEDOUT: 'timed out',
+    EHOSTUNREACH: 'host unreachable',
+    ENETUNREACH: 'network unreachable',
+    ECONNRESET: 'the connection was reset',
+  };
+  const reason = typeof code === 'string' && reasons[code] ? `${reasons[code]} (${code})` : name === 'TimeoutError' ? 'timed out' : `${name || 'error'}${typeof code === 'string' ? ` (${code})` : ''}`;
+  const message = `cannot connect to ${shown}: ${reason}; is a nats-server listening there?`;
+  return new TooltxError(ErrorClass.DependencyUnavailable, `createTools: ${message}`, { issues: [{ path: ['servers'], code: 'unreachable', message }], cause: err });
 }
 
 /** Throws {@link ToolsOptionError} at `contracts[i]` for a second contract with one `name@version`. */
