@@ -12,9 +12,15 @@
  * or two KBs on one SQLite file would corrupt them.
  *
  * A failure to start names the flag or variable and its value in one line (stderr, and a `failed
- * to start` log line with `setting`), never a stack trace; exit 2.
+ * to start` log line with `setting`), never a stack trace; exit 2. A port already taken is refused
+ * before anything is written, and a start that fails later removes what it created in the state
+ * directory (the directory itself when it made it). The state directory is created 0700.
+ *
+ * Readiness does not depend on LOG_LEVEL: each process tells the supervisor over IPC when it is
+ * ready (libs/runtime announceReady), and "tooltx is up — …" is printed at every level.
  */
-import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import { Command, Option } from 'commander';
 import { z } from 'zod';
@@ -34,7 +40,8 @@ Environment (a flag given wins over its variable, shown above as "env:"):
   NATS_SERVER_BIN    the nats-server binary (default: nats-server on PATH, /usr/sbin/nats-server)
   TOOLTX_AUDIT_HMAC_KEY_FILE, TOOLTX_LOG_HMAC_KEY_FILE
                      key files of the audit and log HMACs (default: generated in the state directory)
-  LOG_LEVEL          fatal|error|warn|info|debug|trace|silent, for every process (default info)
+  LOG_LEVEL          fatal|error|warn|info|debug|trace|silent, for every process (default info);
+                     the "tooltx is up" line is printed at every level
   Every other variable reaches the KB and the services as it is (their --help lists what they
   read, e.g. TOOLTX_CONCURRENCY, TOOLTX_RECONCILE_INTERVAL_MS, KB_TIMING_MS, WEB_ALLOWED_ORIGINS).
 
@@ -126,8 +133,16 @@ who.log = log;
 // rewrite its seeds under the running one (fresh-user trial).
 const stateDir = resolve(settings.data.stateDir);
 const lockFile = join(stateDir, 'stack.pid');
+// A port something else listens on refuses the start before anything is created or generated.
+if (!process.env.NATS_URL) await refuseTakenPort('port', '127.0.0.1', settings.data.port, (e) => describeError(e));
+await refuseTakenPort('kbPort', process.env.KB_HOST || '127.0.0.1', settings.data.kbPort, (e, host, p) => `cannot listen on ${host}:${p}: ${describeError(e)}`);
+/** What this run created in the state directory (removed again when the stack does not start). */
+let createdDir: string | undefined;
+let entriesBefore: Set<string>;
 try {
-  mkdirSync(stateDir, { recursive: true });
+  entriesBefore = new Set(existsSync(stateDir) ? readdirSync(stateDir) : []);
+  // 0700: it holds keys, seeds and every tenant's notes.
+  createdDir = mkdirSync(stateDir, { recursive: true, mode: 0o700 });
 } catch (err) {
   failStartup(who, optionError('stateDir', `cannot create the state directory: ${describeError(err)}`, err));
 }
@@ -149,9 +164,12 @@ try {
     onPids: writeLock,
   });
 } catch (err) {
+  removeWhatThisRunCreated();
   failStartup(who, asOption(err));
 }
-log.info(
+// Where to connect is printed at every LOG_LEVEL (an info line even when the level hides info).
+const announce = log.isLevelEnabled('info') ? log : log.child({}, { level: 'info' });
+announce.info(
   { NATS_URL: stack.natsUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds: join(stateDir, 'auth', 'nkeys') },
   `tooltx is up — agents connect to ${stack.natsUrl} (prefix ${prefix}) with their nkey seed from ${join(stateDir, 'auth', 'nkeys')} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}; try \`NATS_URL=${stack.natsUrl} TOOLTX_STATE_DIR=${stateDir} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
 );
@@ -179,6 +197,40 @@ void stack.crashed.then((name) => {
   log.error({ process: name }, 'a process exited on its own: stopping everything');
   void stop(1);
 });
+
+/**
+ * Exits 2 naming the option when `host:port` is taken (EADDRINUSE) or not ours to bind (EACCES): a
+ * refused start must leave no state directory or keys behind (fresh-user trial). Port 0 (any free
+ * one) and other errors are left to the process that listens there, which names them itself.
+ */
+async function refuseTakenPort(key: 'port' | 'kbPort', host: string, p: number, problem: (err: unknown, host: string, port: number) => string): Promise<void> {
+  if (p === 0) return;
+  const err = await new Promise<unknown>((done) => {
+    const probe = createServer();
+    probe.once('error', done);
+    probe.listen({ port: p, host, exclusive: true }, () => probe.close(() => done(undefined)));
+  });
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  if (code === 'EADDRINUSE' || code === 'EACCES') failStartup(who, optionError(key, problem(err, host, p), err));
+}
+
+/**
+ * After a start that failed (the stack stopped everything it started): removes the state directory
+ * when this run created it, else the entries this run added to it (keys, auth/, jetstream/,
+ * kb.sqlite) — a refused start leaves nothing behind (fresh-user trial). Runs only while this
+ * process holds the lock, so nothing of another start is touched.
+ */
+function removeWhatThisRunCreated(): void {
+  try {
+    if (createdDir !== undefined) {
+      rmSync(createdDir, { recursive: true, force: true });
+      return;
+    }
+    for (const entry of readdirSync(stateDir)) if (!entriesBefore.has(entry) && entry !== 'stack.pid') rmSync(join(stateDir, entry), { recursive: true, force: true });
+  } catch (err) {
+    log.warn({ err, stateDir }, 'could not remove what the failed start created');
+  }
+}
 
 /**
  * A setting of the stack named as the operator gave it: `KB_PORT` of the KB is `--kb-port` here

@@ -6,7 +6,7 @@
  * services, the KB and `npm start`; a real nats-server where one is needed.
  */
 import { spawn } from 'node:child_process';
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -164,6 +164,15 @@ describe('the KB that cannot start', () => {
   });
 });
 
+/** A TCP port nothing listens on right now. */
+async function freePort(): Promise<number> {
+  const s = createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  const port = (s.address() as { port: number }).port;
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
 describe('npm start that cannot start', () => {
   const start = (args: string[], env: Record<string, string> = {}) => run('scripts/start.ts', args, env);
 
@@ -198,6 +207,11 @@ describe('npm start that cannot start', () => {
     const line = p.lines.find((l) => l.msg === 'failed to start' && l.service === 'start');
     expect(line).toMatchObject({ setting: '--kb-port', value: String(takenPort), problem: expect.stringContaining('EADDRINUSE') });
     expect(p.stderr).toContain(`tooltx-start: cannot start: --kb-port ${takenPort}: `);
+    // Refused before anything was written: no state directory, no generated keys (fresh-user trial).
+    expect(existsSync(stateDir)).toBe(false);
+    const nats = await failure(start(['--state-dir', stateDir, '--port', String(takenPort), '--kb-port', String(natsPort)]));
+    expect(nats.line).toMatchObject({ setting: '--port', value: String(takenPort), problem: expect.stringContaining('EADDRINUSE') });
+    expect(existsSync(stateDir)).toBe(false);
     // The nats-server it had started is stopped: its port is free again.
     const again = createServer();
     await new Promise<void>((r, j) => {
@@ -205,6 +219,21 @@ describe('npm start that cannot start', () => {
       again.listen(natsPort, '127.0.0.1', r);
     });
     await new Promise((r) => again.close(r));
+  });
+
+  it('a process that exits before it is ready is named even when LOG_LEVEL hides its own failed-to-start line; what the start created in an existing state directory is removed', async () => {
+    const stateDir = join(dir, 'existing');
+    mkdirSync(stateDir);
+    writeFileSync(join(stateDir, 'mine.txt'), 'the operator\'s own file');
+    // An address that is not this host's: the KB cannot listen, and at LOG_LEVEL=silent it logs nothing.
+    const p = start(['--state-dir', stateDir, '--port', String(await freePort()), '--kb-port', String(await freePort())], { LOG_LEVEL: 'silent', KB_HOST: '192.0.2.1' });
+    expect(await p.exited).toBe(2);
+    // Which process, how it ended, where its words are — not a bare "Error" after a 30 s wait.
+    expect(p.stderr).toContain('tooltx-start: failed to start: kb exited (code 2) before it was ready; its output above says why\n');
+    expect(p.stderr).toContain('kb-server: cannot start: KB_HOST=192.0.2.1');
+    expect(p.stderr).not.toMatch(/\n\s+at /);
+    // The keys, auth/, jetstream/ and kb.sqlite this start generated are gone; the operator's file stays.
+    expect(readdirSync(stateDir)).toEqual(['mine.txt']);
   });
 
   it('--help lists the environment it reads', async () => {

@@ -5,12 +5,12 @@
  * supervisor (scripts/start.ts), its nats-server, KB and services, `kill -KILL`.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnNatsServer } from '@tooltx/nats';
 import { spawnKbProcess } from './helpers/kb.js';
 import { ServiceProcess } from './helpers/services.js';
@@ -145,3 +145,48 @@ function closeReader(child: ChildProcess): void {
   child.stdout!.removeAllListeners('data');
   child.stdout!.destroy();
 }
+
+describe('npm start at LOG_LEVEL=error: readiness is not a log line', () => {
+  let dir: string;
+  let stack: ServiceProcess;
+  let lock: Lock;
+
+  beforeAll(async () => {
+    dir = join(mkdtempSync(join(tmpdir(), 'tooltx-quiet-')), 'state');
+    // The trial's command: before, the supervisor waited 30 s for the KB's info-level "listening"
+    // line and failed with a bare "Error".
+    stack = start(['--port', String(await freePort()), '--kb-port', String(await freePort()), '--state-dir', dir], { LOG_LEVEL: 'error' });
+    await up(stack);
+    lock = JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock;
+  }, 120_000);
+
+  afterAll(async () => {
+    const code = await stack?.stop();
+    for (const p of lock?.processes ?? []) if (alive(p.pid)) process.kill(p.pid, 'SIGKILL');
+    rmSync(dirname(dir), { recursive: true, force: true });
+    expect(code).toBe(0);
+  });
+
+  it('the stack comes up with every process, says where to connect, writes nothing else below error, and an agent\'s call commits', async () => {
+    expect(lock.processes.map((p) => p.name).sort()).toEqual(['audit-projector-1', 'authorizer-1', 'executor-1', 'kb', 'nats-server', 'reconciler-1']);
+    const upLine = stack.lines.find((l) => typeof l.msg === 'string' && l.msg.startsWith('tooltx is up'));
+    expect(upLine).toMatchObject({ service: 'start', NATS_URL: expect.stringMatching(/^nats:\/\/127\.0\.0\.1:\d+$/), KB_URL: expect.stringMatching(/^http:\/\/127\.0\.0\.1:\d+$/) });
+    // Every other line of the supervisor and of the processes it started respects the level.
+    expect(stack.lines.filter((l) => l !== upLine && !(typeof l.level === 'number' && l.level >= 50))).toEqual([]);
+    // The stack works: npm run quickstart against it commits.
+    const qs = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'examples', 'research-kb', 'quickstart.ts')], {
+      cwd: ROOT,
+      env: { PATH: process.env.PATH ?? '', NATS_URL: upLine!.NATS_URL as string, TOOLTX_STATE_DIR: dir },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const quick = new ServiceProcess('quickstart', qs);
+    expect(await quick.exited, quick.stderr).toBe(0);
+    expect(quick.lines.map((l) => String(l.raw ?? '')).join('\n')).toContain('"status": "committed"');
+  }, 60_000);
+
+  it('the state directory is 0700 and the KB\'s database files (kb.sqlite, its -wal and -shm) are 0600 like the keys beside them', () => {
+    const mode = (f: string) => statSync(join(dir, f)).mode & 0o777;
+    expect(mode('.').toString(8)).toBe('700');
+    for (const f of ['kb.sqlite', 'kb.sqlite-wal', 'kb.sqlite-shm', 'audit-hmac.key', 'log-hmac.key', 'kb-service.token', 'kb-admin.token']) expect([f, mode(f).toString(8)]).toEqual([f, '600']);
+  });
+});

@@ -84,6 +84,7 @@ import { resolve } from 'node:path';
 import { Command } from 'commander';
 import { z } from 'zod';
 import {
+  announceReady,
   baseConfigSchema,
   ConfigError,
   createLogger,
@@ -694,6 +695,8 @@ server.on('error', (err) => {
 });
 const address = server.address() as AddressInfo;
 log.info({ host: address.address, port: address.port, dedup: store.dedup }, 'listening');
+// A supervisor (npm start) learns the port over IPC, whatever LOG_LEVEL hides.
+announceReady({ port: address.port });
 
 onShutdown(log, async () => {
   stopping = true;

@@ -33,7 +33,7 @@
  * one (and rows from before schema version 2) have NULL. Timestamps are milliseconds since the epoch unless named `*_at TEXT` (ISO-8601, UTC).
  */
 import { createHash, randomUUID } from 'node:crypto';
-import { mkdirSync } from 'node:fs';
+import { chmodSync, closeSync, mkdirSync, openSync, statSync } from 'node:fs';
 import { dirname } from 'node:path';
 import Database from 'better-sqlite3';
 
@@ -454,6 +454,29 @@ function migrate(db: Database.Database): void {
 }
 
 /**
+ * The database holds every tenant's notes: its files are the KB's own (fresh-user trial: kb.sqlite
+ * was 0644 beside keys that are 0600). Directories this creates are 0700; the database file is
+ * created 0600 before SQLite opens it, and SQLite gives its -wal and -shm files the database file's
+ * permissions (unix VFS). A database file, -wal or -shm from an earlier run readable by others is
+ * narrowed to 0600 (only where this user may: a file it does not own is left as it is).
+ */
+function privateDatabaseFiles(path: string): void {
+  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
+  try {
+    closeSync(openSync(path, 'wx', 0o600));
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+  }
+  for (const file of [path, `${path}-wal`, `${path}-shm`]) {
+    try {
+      if ((statSync(file).mode & 0o077) !== 0) chmodSync(file, 0o600);
+    } catch {
+      // absent, or not ours to change
+    }
+  }
+}
+
+/**
  * The KB's SQLite store. Opens (and creates, and migrates) the file in WAL mode with
  * `synchronous=FULL`, so a write the server answered for survives a crash of the process or the
  * machine. Every method is synchronous; one store per process.
@@ -469,7 +492,7 @@ export class KbStore {
     this.dedup = opts.dedup;
     this.#now = opts.now ?? Date.now;
     this.#windowMs = opts.quotaWindowMs ?? 86_400_000;
-    if (opts.path !== ':memory:') mkdirSync(dirname(opts.path), { recursive: true });
+    if (opts.path !== ':memory:') privateDatabaseFiles(opts.path);
     const db = new Database(opts.path);
     this.#db = db;
     try {

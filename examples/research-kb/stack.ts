@@ -11,7 +11,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { connectNats, jetStreamOf, NatsServerUnavailableError, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
-import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, startupStep, StartupError } from '@tooltx/runtime';
+import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, startupStep, StartupError, StartupFailure, type ReadyMessage } from '@tooltx/runtime';
 import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 import { loadSeedFile, SeedError } from './kb-seed.js';
 
@@ -129,7 +129,8 @@ export interface Stack {
  * ({@link StackProcessStartupError}: `KB_PORT`, `KB_DB`, …) — and leaves nothing running.
  */
 export async function startStack(o: StackOptions): Promise<Stack> {
-  await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => mkdirSync(o.stateDir, { recursive: true }));
+  // 0700: it holds keys, seeds and every tenant's notes (kb.sqlite).
+  await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => mkdirSync(o.stateDir, { recursive: true, mode: 0o700 }));
   // Development HMAC keys (issue 9), kept in the state directory (0600) so audit records rebuilt
   // after a restart equal the ones they replace; a key file named in the environment wins.
   const keys = await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => ({
@@ -259,6 +260,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     await terminate(processes.filter((p) => p.name === 'kb'));
     await server?.stop({ removeStore: false });
   };
+  /** Where a process's own words about a failure are (for a failure message). */
+  const logsOf = (name: string) => (typeof o.logs === 'object' ? `its log ${join(o.logs.dir, `${name}.log`)}` : 'its output above');
   const launch = (name: string, script: string, env: Record<string, string>) => {
     // Own process group: a terminal's Ctrl-C reaches only the supervisor, which stops the services
     // first (they drain), then the KB, then nats-server.
@@ -268,7 +271,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       // TOOLTX_EXIT_WITH_PARENT: the process stops by itself when this supervisor is gone, even
       // after a SIGKILL of it (each watches its parent pid; libs/runtime shutdown.ts).
       env: { ...process.env, ...o.env, ...keys, ...env, TOOLTX_EXIT_WITH_PARENT: String(process.pid) },
-      stdio: ['ignore', 'pipe', 'pipe'],
+      // The IPC channel carries the process's readiness (announceReady), whatever LOG_LEVEL hides.
+      stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
     });
     if (o.logs === 'inherit') {
       child.stdout!.pipe(process.stdout);
@@ -331,7 +335,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     KB_SEED_FILE: kbTenants,
     LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
   });
-  const kbPort = await portFromLog(kbChild, 'kb');
+  const kbPort = (await waitForReady(kbChild, 'kb', logsOf('kb'))).port;
+  if (kbPort === undefined) throw new StartupFailure('the KB said it was ready without its port');
   const kbUrl = `http://127.0.0.1:${kbPort}`;
 
   const common = {
@@ -353,7 +358,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
           // The services whose tools module calls the KB (resolve, write, probe) carry its service token.
           ...(name !== 'audit-projector' ? { KB_SERVICE_TOKEN_FILE: kbServiceTokenFile } : {}),
         });
-        return waitForLine(child, `${name}-${i + 1}`, '"msg":"started"');
+        return waitForReady(child, `${name}-${i + 1}`, logsOf(`${name}-${i + 1}`));
       }),
     ),
   );
@@ -376,24 +381,37 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   }
 }
 
-/** The port a process logs in its `listening` line (`"port":N`). */
-function portFromLog(child: ChildProcess, name: string): Promise<number> {
-  return waitForLine(child, name, '"msg":"listening"').then((line) => Number(/"port":(\d+)/.exec(line)?.[1]));
-}
-
 /** The `failed to start` line of a tooltx process (libs/runtime startup.ts). */
 const failedLineSchema = z.object({ msg: z.literal('failed to start'), setting: z.string().min(1), value: z.string().optional(), problem: z.string().optional(), problems: z.array(z.string()).optional() });
 
 /**
- * Resolves with the first stdout line of `child` holding `needle`. When the process ends first, rejects
- * with a {@link StackProcessStartupError} naming the setting of its `failed to start` line, if it
- * logged one, else with an Error saying it exited.
+ * Resolves with the ready message `child` sends over its IPC channel (libs/runtime `announceReady`:
+ * the KB's carries its port) — readiness does not depend on LOG_LEVEL. When the process ends first,
+ * rejects with a {@link StackProcessStartupError} naming the setting of its `failed to start` log
+ * line if it logged one (LOG_LEVEL fatal or lower), else with a {@link StartupFailure} saying which
+ * process exited how and where its own words are (`where`); a {@link StartupFailure} too after
+ * `timeoutMs` without either.
  */
-function waitForLine(child: ChildProcess, name: string, needle: string, timeoutMs = 30_000): Promise<string> {
+function waitForReady(child: ChildProcess, name: string, where: string, timeoutMs = 30_000): Promise<Omit<ReadyMessage, 'tooltx'>> {
   return new Promise((resolvePromise, reject) => {
     let buf = '';
     let failed: z.infer<typeof failedLineSchema> | undefined;
-    const timer = setTimeout(() => reject(new Error(`${name}: no "${needle}" within ${timeoutMs} ms`)), timeoutMs);
+    const done = () => {
+      clearTimeout(timer);
+      child.off('message', onMessage);
+      child.stdout!.off('data', onData);
+      child.off('close', onClose);
+    };
+    const timer = setTimeout(() => {
+      done();
+      reject(new StartupFailure(`${name} (pid ${child.pid}) was not ready within ${timeoutMs} ms; ${where} may say why`));
+    }, timeoutMs);
+    const onMessage = (m: unknown) => {
+      if (typeof m !== 'object' || m === null || (m as { tooltx?: unknown }).tooltx !== 'ready') return;
+      done();
+      const port = (m as ReadyMessage).port;
+      resolvePromise(typeof port === 'number' ? { port } : {});
+    };
     const onData = (c: Buffer) => {
       buf += c.toString();
       if (!failed && buf.includes('"msg":"failed to start"')) {
@@ -406,25 +424,20 @@ function waitForLine(child: ChildProcess, name: string, needle: string, timeoutM
           }
         }
       }
-      const i = buf.indexOf(needle);
-      if (i >= 0) {
-        clearTimeout(timer);
-        child.stdout!.off('data', onData);
-        const start = buf.lastIndexOf('\n', i) + 1;
-        const end = buf.indexOf('\n', i);
-        resolvePromise(buf.slice(start, end < 0 ? undefined : end));
-      } else if (buf.length > 100_000) buf = buf.slice(-10_000);
+      if (buf.length > 100_000) buf = buf.slice(-10_000);
     };
-    child.stdout!.on('data', onData);
     // 'close', not 'exit': the last lines (its `failed to start`) are read by then.
-    child.once('close', (code) => {
-      clearTimeout(timer);
-      if (!failed) return reject(new Error(`${name} exited (${code}) before "${needle}"`));
+    const onClose = (code: number | null, signal: NodeJS.Signals | null) => {
+      done();
+      if (!failed) return reject(new StartupFailure(`${name} exited (${signal ?? `code ${code}`}) before it was ready; ${where} says why`));
       const { setting } = failed;
       // A configuration error's problems each start with their setting: the first one's without it.
       const problem = failed.problem ?? failed.problems?.map((p) => (p.startsWith(`${setting}: `) ? p.slice(setting.length + 2) : p)).join('; ') ?? 'invalid';
       reject(new StackProcessStartupError(name, setting, failed.value, problem));
-    });
+    };
+    child.on('message', onMessage);
+    child.stdout!.on('data', onData);
+    child.once('close', onClose);
   });
 }
 

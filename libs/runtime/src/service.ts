@@ -11,7 +11,7 @@ import { ConfigError, loadConfig, serviceConfigSchema } from './config.js';
 import { createLogger, installProcessHandlers, type Logger } from './logger.js';
 import { SecretFileError } from './secrets.js';
 import { exitWithParent, onShutdown } from './shutdown.js';
-import { describeConnectError, describeError, displayUrl, failStartup, isNatsError, startupStep, StartupError, type StartupReporter } from './startup.js';
+import { announceReady, describeConnectError, describeError, displayUrl, failStartup, isNatsError, startupStep, StartupError, type StartupReporter } from './startup.js';
 import { loadImplementations, ToolsModuleError, type ImplementationRegistry } from './tools.js';
 
 const optMs = z.coerce.number().int().positive().optional();
@@ -176,6 +176,8 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
       await conn.drain();
     });
     log.info({ prefix: subjects.prefix, contracts: tools.contracts.all().map((c) => c.id) }, 'started');
+    // A supervisor (npm start) learns it over IPC, whatever LOG_LEVEL hides.
+    announceReady();
   } catch (err) {
     await nc?.close().catch(() => undefined);
     failStartup(who, err);

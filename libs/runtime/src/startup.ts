@@ -34,6 +34,44 @@ export class StartupError extends Error {
   }
 }
 
+/**
+ * A failure to start that is no one setting's (a process of a stack that exited or hung before it
+ * was ready), in tooltx's own words: its message names the cause and quotes nothing from outside
+ * (no error message, no file content), so {@link failStartup} prints it as it is.
+ */
+export class StartupFailure extends Error {
+  constructor(message: string, opts: { cause?: unknown } = {}) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.name = 'StartupFailure';
+  }
+}
+
+/** The message a process sends its supervisor over the IPC channel once it is ready ({@link announceReady}). */
+export interface ReadyMessage {
+  tooltx: 'ready';
+  /** The TCP port it listens on, for a process that listens (the KB). */
+  port?: number;
+}
+
+/**
+ * Tells the supervisor that started this process with an IPC channel (`npm start`, the demo:
+ * examples/research-kb/stack.ts) that it is ready, then closes the channel. Readiness travels apart
+ * from the logs, so it does not depend on LOG_LEVEL (fresh-user trial: at `LOG_LEVEL=warn` the
+ * `started` and `listening` lines a supervisor waited for never came). No channel: nothing happens.
+ */
+export function announceReady(fields: Omit<ReadyMessage, 'tooltx'> = {}): void {
+  if (!process.send || !process.connected) return;
+  const message: ReadyMessage = { tooltx: 'ready', ...fields };
+  try {
+    process.send(message, undefined, {}, () => {
+      // Nothing more goes this way: an open channel would only hold a handle.
+      if (process.connected) process.disconnect();
+    });
+  } catch {
+    // the supervisor is gone: it waits for nothing any more
+  }
+}
+
 /** `NAME=value`, or `--flag value (env NAME)` for a flag. */
 function showSetting(setting: string, value: string | undefined, env: string | undefined): string {
   const shown = value === undefined ? setting : setting.startsWith('--') ? `${setting} ${value}` : `${setting}=${value}`;
@@ -141,8 +179,9 @@ export interface StartupReporter {
  * <problem>` (one line; a {@link ConfigError}: `<program>: invalid configuration: …`, several
  * problems one per line), and one `fatal` log line `failed to start` with `setting`, `value`, `problem` (a
  * ConfigError: `setting` = its first, `settings` and `problems` = all). An error that is neither a
- * StartupError nor a ConfigError is not a setting: it is logged as any error (class, code, HMAC of
- * its message) and stderr says `failed to start: <class> (<code>)`.
+ * StartupError nor a ConfigError is not a setting: a {@link StartupFailure} says `failed to start:
+ * <its message>` (stderr and `problem`); any other is logged as any error (class, code, HMAC of its
+ * message) and stderr says `failed to start: <class> (<code>)`.
  */
 export function failStartup(who: StartupReporter, err: unknown): never {
   let text: string;
@@ -150,6 +189,9 @@ export function failStartup(who: StartupReporter, err: unknown): never {
   if (err instanceof StartupError) {
     text = `cannot start: ${err.message}`;
     fields = { setting: err.setting, ...(err.env ? { env: err.env } : {}), ...(err.value !== undefined ? { value: err.value } : {}), problem: err.problem, err };
+  } else if (err instanceof StartupFailure) {
+    text = `failed to start: ${err.message}`;
+    fields = { problem: err.message, err };
   } else if (err instanceof ConfigError) {
     text = err.problems.length === 1 ? `invalid configuration: ${err.problems[0]}` : err.message;
     fields = { setting: err.settings[0], settings: err.settings, problems: err.problems };
