@@ -93,7 +93,9 @@ describe('npm start supervisor', () => {
         expect(again.pid).toBe(second.child.pid);
         leftovers.push(...again.processes.map((p) => p.pid));
       } finally {
-        expect(await second.stop()).toBe(0);
+        const code = await second.stop();
+        // On failure, say how it ended and what it said last (a signal leaves code null).
+        expect({ code, signal: second.child.signalCode, said: code === 0 ? '' : `${second.stderr.slice(-800)} ${JSON.stringify(second.lines.slice(-5))}` }).toEqual({ code: 0, signal: null, said: '' });
       }
       expect(second.lines.some((l) => l.msg === 'stopped')).toBe(true);
     } finally {
