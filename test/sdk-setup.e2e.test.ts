@@ -8,7 +8,6 @@
  */
 import { spawn } from 'node:child_process';
 import { readFileSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -20,6 +19,7 @@ import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForDecision } from './helpers/ops.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
+import { closedPort } from './helpers/net.js';
 
 const TOOLS_MODULE = join(dirname(fileURLToPath(import.meta.url)), '..', 'examples', 'research-kb', 'tools.ts');
 const QUICKSTART = join(dirname(TOOLS_MODULE), 'quickstart.ts');
@@ -30,14 +30,6 @@ let alice: Tools;
 let dir: string;
 const base = (): CreateToolsOptions => ({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 15_000 });
 const note = (title: string) => ({ kb: 'research', title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
-/** A TCP port nothing listens on right now. */
-async function closedPort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as { port: number }).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 const intentsStored = async () => (await t.jsm.streams.info(t.subjects.intentsStream)).state.messages;
 
 beforeAll(async () => {

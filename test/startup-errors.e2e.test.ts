@@ -15,6 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { RESEARCH_TOOLS, spawnKbProcess } from './helpers/kb.js';
 import { ServiceProcess, startService, type ServiceName } from './helpers/services.js';
+import { closedPort as freePort } from './helpers/net.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 const ALL: ServiceName[] = ['authorizer', 'executor', 'reconciler', 'audit-projector'];
@@ -164,14 +165,6 @@ describe('the KB that cannot start', () => {
   });
 });
 
-/** A TCP port nothing listens on right now. */
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as { port: number }).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 describe('npm start that cannot start', () => {
   const start = (args: string[], env: Record<string, string> = {}) => run('scripts/start.ts', args, env);

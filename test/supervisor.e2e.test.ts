@@ -6,7 +6,6 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -14,18 +13,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnNatsServer } from '@tooltx/nats';
 import { spawnKbProcess } from './helpers/kb.js';
 import { ServiceProcess } from './helpers/services.js';
+import { closedPort as freePort } from './helpers/net.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 const START = join(ROOT, 'scripts', 'start.ts');
 
-/** A TCP port nothing listens on right now. */
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as { port: number }).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 /** `npm start` as npm runs it (node --import tsx scripts/start.ts), JSON lines collected (stdout is not a TTY). */
 function start(args: string[], env: Record<string, string> = {}): ServiceProcess {
