@@ -15,7 +15,7 @@ import { KbClient, KbError, type KbAdmin, type KbAdminView, type KbNote } from '
 import type { KbSeedFile } from '../examples/research-kb/kb-seed.js';
 import { canonicalRef } from '../examples/research-kb/kb-store.js';
 import type { ServiceProcess } from './helpers/services.js';
-import { spawnKbProcess } from './helpers/kb.js';
+import { sampleNote, soon, spawnKbProcess } from './helpers/kb.js';
 
 const tmp = mkdtempSync(join(tmpdir(), 'kb-authz-'));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
@@ -81,15 +81,7 @@ async function startKb(env: Record<string, string>): Promise<Kb> {
   return { proc, url, client, admin: client.admin(TOKEN), db };
 }
 
-const note = (kb: string, over: Partial<KbNote> = {}): KbNote => ({
-  kb,
-  title: 'Raft in one page',
-  body: 'Leader election, log replication and safety.',
-  sourceUrl: 'https://example.org/raft',
-  fetchedAt: '2024-05-01T10:00:00+02:00',
-  ...over,
-});
-const soon = () => Date.now() + 30_000;
+const note = sampleNote;
 let k = 0;
 const key = () => `tx_authz-${process.pid}-${++k}`;
 

@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KbClient, KbError, type KbNote } from '../examples/research-kb/kb-client.js';
 import { KbStore } from '../examples/research-kb/kb-store.js';
 import type { ServiceProcess } from './helpers/services.js';
-import { spawnKbProcess } from './helpers/kb.js';
+import { sampleNote, soon, spawnKbProcess } from './helpers/kb.js';
 
 const SEED = 'acme:research,acme:archive,globex:research';
 const tmp = mkdtempSync(join(tmpdir(), 'kb-server-'));
@@ -41,15 +41,7 @@ async function startKb(env: Record<string, string>): Promise<Kb> {
   return { proc, url, port, client: new KbClient(url), db };
 }
 
-const note = (over: Partial<KbNote> = {}): KbNote => ({
-  kb: 'research',
-  title: 'Raft in one page',
-  body: 'Leader election, log replication and safety.',
-  sourceUrl: 'https://example.org/raft',
-  fetchedAt: '2024-05-01T10:00:00+02:00',
-  ...over,
-});
-const soon = () => Date.now() + 30_000;
+const note = (over: Partial<KbNote> = {}): KbNote => sampleNote('research', over);
 /** KB_SEED without actors: every actor of the tenant is a writer; a fresh knowledge base is at authVersion 1. */
 const AS = { actor: 'alice', ifMatch: 1 };
 const AS_HEADERS = { 'x-actor': 'alice', 'if-match': '1' };

@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KbClient, type KbNote } from '../examples/research-kb/kb-client.js';
-import { RESEARCH_TOOLS, spawnKbProcess, startKb, type TestKb } from './helpers/kb.js';
+import { RESEARCH_TOOLS, sampleNote, soon, spawnKbProcess, startKb, type TestKb } from './helpers/kb.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 
 const tmp = mkdtempSync(join(tmpdir(), 'tooltx-kb-token-'));
@@ -43,15 +43,7 @@ afterAll(async () => {
   rmSync(tmp, { recursive: true, force: true });
 });
 
-const note = (over: Partial<KbNote> = {}): KbNote => ({
-  kb: 'research',
-  title: 'Raft in one page',
-  body: 'Leader election, log replication and safety.',
-  sourceUrl: 'https://example.org/raft',
-  fetchedAt: '2024-05-01T10:00:00+02:00',
-  ...over,
-});
-const soon = () => Date.now() + 30_000;
+const note = (over: Partial<KbNote> = {}): KbNote => sampleNote('research', over);
 let n = 0;
 const key = () => `tx_token-${process.pid}-${++n}`;
 

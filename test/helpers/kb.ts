@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { downstreamKeyOf } from '@tooltx/contracts';
-import { KbClient, type KbAdmin } from '../../examples/research-kb/kb-client.js';
+import { KbClient, type KbAdmin, type KbNote } from '../../examples/research-kb/kb-client.js';
 import type { KbSeedFile } from '../../examples/research-kb/kb-seed.js';
 import { kbServiceToken } from './kb-service-token.js';
 import { ServiceProcess } from './services.js';
@@ -78,3 +78,16 @@ export async function startKb(seed: KbSeedFile, env: Record<string, string> = {}
     },
   };
 }
+
+/** A note to write straight to the KB in its own tests (`kb` = the reference), overridable field by field. */
+export const sampleNote = (kb = 'research', over: Partial<KbNote> = {}): KbNote => ({
+  kb,
+  title: 'Raft in one page',
+  body: 'Leader election, log replication and safety.',
+  sourceUrl: 'https://example.org/raft',
+  fetchedAt: '2024-05-01T10:00:00+02:00',
+  ...over,
+});
+
+/** An absolute deadline 30 s from now (ms since the epoch), for direct KB writes. */
+export const soon = (): number => Date.now() + 30_000;
