@@ -357,7 +357,8 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     // The server drops a message over its max_payload without storing it (and the client refuses to
     // send one): a call that can never be stored is the caller's to shrink, not an unknown outcome.
     const maxPayload = nc.info?.max_payload;
-    const size = encode(envelope).length + HEADER_ALLOWANCE_BYTES;
+    const data = encode(envelope); // once per call: every submission of it sends these bytes
+    const size = data.length + HEADER_ALLOWANCE_BYTES;
     if (maxPayload !== undefined && size > maxPayload) {
       return refused(key, {
         class: ErrorClass.InvalidInput,
@@ -377,7 +378,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
 
     const submit = async (): Promise<void> => {
       const id = squatted === 0 && opts.submissionIdFactory ? opts.submissionIdFactory() : randomUUID();
-      const s: Submission = newSubmission(subjects, opts.tenant, opts.actor, envelope, id);
+      const s: Submission = newSubmission(subjects, opts.tenant, opts.actor, envelope, id, data);
       submissionIds.push(s.submissionId);
       for (let i = 0; left() > 0; i++) {
         try {
