@@ -52,8 +52,8 @@ export interface Permissions {
    * update included, not only requests — for 2 minutes and, past 4,096 entries, scans them all on
    * each further delivery (nats-server#6058; upstream prunes less often since #6064, 2.9.10 does
    * not): nats-server's CPU per call grew about 3× within two minutes of load (docs/performance.md,
-   * "nats-server CPU growing with calls"). Request/reply services get explicit publish allows on
-   * their requesters' inboxes instead ({@link permissionsFor}).
+   * "nats-server CPU growing with calls"). Request/reply services may publish only on the
+   * server-made response subjects of service imports instead ({@link RESPONSE_SUBJECTS}).
    */
   allow_responses?: boolean;
 }
@@ -235,16 +235,15 @@ export function knownDurables(topo: Topology, executorDurables: string[] = []): 
  * own) or delete a durable of the deployment. Agents, auditors and operators get no JetStream API
  * subject at all.
  */
-export function permissionsFor(role: Role, s: Subjects, topo: Topology, executorDurables: string[] = [], requesters: readonly Role[] = []): Permissions {
+export function permissionsFor(role: Role, s: Subjects, topo: Topology, executorDurables: string[] = []): Permissions {
   const api = '$JS.API';
   const inbox = `${inboxPrefixOf(role)}.>`;
   // Where a request/reply service (status, audit, takeover) answers: agents, auditors and operators
   // live in their own accounts and reach these services through service imports, so every request
   // arrives with a reply subject the server made (`_R_.…`) that routes the answer back to the
   // requester's account and nowhere else ({@link generateAuth}). Never `allow_responses` (see
-  // Permissions). `requesters` is kept for callers of the earlier signature.
-  void requesters;
-  const repliesTo = (_kind: 'agent' | 'auditor' | 'operator') => [RESPONSE_SUBJECTS];
+  // Permissions).
+  const answers = RESPONSE_SUBJECTS;
   const streams = Object.values(topo.streams).map((st) => st.name);
   const kvStream = (bucket: string) => `KV_${bucket}`;
   const buckets = [topo.results.bucket, topo.projections.reconcile.bucket, topo.projections.audit.bucket, topo.tasks.bucket];
@@ -271,7 +270,8 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
     `$JS.FC.${kvStream(bucket)}.>`,
   ];
   // Every service: no create, update or delete of a durable the deployment knows, on any stream.
-  const durableGuard = knownDurables(topo, executorDurables).flatMap((d) => [
+  const durables = knownDurables(topo, executorDurables);
+  const durableGuard = durables.flatMap((d) => [
     `${api}.CONSUMER.CREATE.*.${d}`, `${api}.CONSUMER.CREATE.*.${d}.>`,
     `${api}.CONSUMER.DURABLE.CREATE.*.${d}`, `${api}.CONSUMER.DELETE.*.${d}`,
   ]);
@@ -295,7 +295,6 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
     case 'provisioner':
       return { publish: { allow: [`${api}.>`, `$KV.>`, `${s.prefix}.>`] }, subscribe: { allow: [inbox] } };
     case 'service': {
-      const durables = knownDurables(topo, executorDurables);
       switch (role.service) {
         case 'authorizer': {
           // The status watch: ordered consumers on the event log and the decision stream, created
@@ -318,7 +317,7 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps, s.allDecisions,
                 // Status answers (issue 3).
-                ...repliesTo('agent'),
+                answers,
               ],
               deny: [...durableGuard, ...durables.flatMap((d) => [`${api}.CONSUMER.MSG.NEXT.${events}.${d}`, `${api}.CONSUMER.MSG.NEXT.${decisions}.${d}`])],
             },
@@ -352,7 +351,7 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ...kvWatch(topo.projections.audit.bucket),
                 s.allAuditLog,
                 // Query answers (issue 9).
-                ...repliesTo('auditor'),
+                answers,
               ],
               deny: durableGuard,
             },
@@ -375,7 +374,7 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                   // Frozen tasks (issue 8): it freezes and thaws them, and lists them for operators.
                   ...kvRead(tasks), ...kvWrite(tasks), ...kvWatch(tasks),
                   // Takeover answers (issue 8).
-                  ...repliesTo('operator'),
+                  answers,
                 ]
               : [];
           return {
@@ -460,7 +459,7 @@ export function generateAuth(
   const q = (v: string) => JSON.stringify(v);
   const list2 = (xs: string[]) => `[${xs.map(q).join(', ')}]`;
   const userBlock = (u: GeneratedUser) => {
-    const p = permissionsFor(u.role, o.subjects, o.topology, parsed.executorDurables, roles);
+    const p = permissionsFor(u.role, o.subjects, o.topology, parsed.executorDurables);
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
     const resp = p.allow_responses ? ', allow_responses: true' : '';

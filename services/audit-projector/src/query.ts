@@ -81,7 +81,7 @@ export class AuditService {
     const { subjects, log } = this.#d;
     const who = subjects.parseAuditSubject(msg.subject);
     // Answers go only to the auditor's own inbox (the reply subject is the requester's choice).
-    if (!who || !isOwnReplyInbox({ kind: 'auditor', tenant: who.tenant, actor: who.auditor }, msg.reply)) {
+    if (who && !isOwnReplyInbox({ kind: 'auditor', tenant: who.tenant, actor: who.auditor }, msg.reply)) {
       log.warn({ subject: msg.subject }, 'audit request with a reply subject outside the auditor\'s inbox: not answered');
       return;
     }

@@ -107,7 +107,7 @@ export class StatusService {
     const who = subjects.parseActorSubject('status', msg.subject);
     // Answers go only to the requester's own inbox: the reply subject is the requester's choice,
     // and this service may publish on operation subjects (FM-31).
-    if (!who || !isOwnReplyInbox({ kind: 'agent', tenant: who.tenant, actor: who.actor }, msg.reply)) {
+    if (who && !isOwnReplyInbox({ kind: 'agent', tenant: who.tenant, actor: who.actor }, msg.reply)) {
       this.#d.log.warn({ subject: msg.subject }, 'status request with a reply subject outside the requester\'s inbox: not answered');
       return;
     }
