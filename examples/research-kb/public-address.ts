@@ -5,14 +5,13 @@
  * (the machine's own hostname) and the spellings `[::]`, `[0:0:0:0:0:0:0:0]` reached local servers.
  *
  * Two checks, one rule ({@link isPublicAddress}):
- * - {@link checkHost} before the request: an address literal is classified as it is; a name is
- *   resolved (node:dns `lookup`, every address of every family) and refused when ANY address is not
- *   public — the `private_address` refusal the agent sees.
- * - {@link publicOnlyLookup}, the lookup of {@link publicOnlyDispatcher}'s sockets: the name is
- *   resolved again at connect time and the socket connects only to addresses that passed the same
- *   check, so a name whose answer changes between the check and the connection (DNS rebinding) is
- *   refused there ({@link PrivateAddressError} as the fetch's `cause`). node:net skips the lookup for
- *   an address literal, which {@link checkHost} classified already.
+ * - {@link checkLiteralHost} before the request, without DNS: a local name (`localhost`, …) or an
+ *   address literal is classified as it is (node:net skips the socket's lookup for a literal).
+ * - {@link publicOnlyLookup}, the lookup of {@link publicOnlyDispatcher}'s sockets: a name is
+ *   resolved once, at connect time (node:dns `lookup`, every address of every family), refused when
+ *   ANY address is not public, and the socket connects only to addresses that passed, so no answer
+ *   can change between a check and the connection (DNS rebinding). The refusal reaches the caller
+ *   as the fetch's `cause` ({@link PrivateAddressError}, {@link isPrivateAddressRefusal}).
  *
  * Not public (IANA special-purpose registries, RFC 6890 and its updates): IPv4 0/8, 10/8, 100.64/10,
  * 127/8, 169.254/16, 172.16/12, 192.0.0/24, 192.0.2/24, 192.88.99/24, 192.168/16, 198.18/15,
@@ -95,19 +94,14 @@ function resolveAll(host: string): Promise<LookupAddress[]> {
 }
 
 /**
- * Resolves when `hostname` (a WHATWG URL's `hostname`: brackets around IPv6) is a public address,
- * or a name all of whose addresses are public. Rejects with {@link PrivateAddressError} when not;
- * with the resolver's error (`ENOTFOUND`, …) when the name does not resolve.
+ * Classifies `hostname` (a WHATWG URL's `hostname`: brackets around IPv6) without DNS: throws
+ * {@link PrivateAddressError} for a local name or a non-public address literal; returns for a
+ * public literal and for any other name (resolved and checked at connect time by
+ * {@link publicOnlyLookup}).
  */
-export async function checkHost(hostname: string): Promise<void> {
+export function checkLiteralHost(hostname: string): void {
   const host = bareHost(hostname);
-  if (isLocalName(host)) throw new PrivateAddressError(host);
-  if (isIP(host)) {
-    if (!isPublicAddress(host)) throw new PrivateAddressError(host);
-    return;
-  }
-  const addresses = await resolveAll(host);
-  if (addresses.length === 0 || addresses.some((a) => !isPublicAddress(a.address))) throw new PrivateAddressError(host);
+  if (isLocalName(host) || (isIP(host) && !isPublicAddress(host))) throw new PrivateAddressError(host);
 }
 
 type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void;

@@ -27,7 +27,7 @@ import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
 import { readKeyFile, SecretFileError, StartupError } from '@tooltx/runtime';
-import { checkHost, isPrivateAddressRefusal, PrivateAddressError, publicOnlyDispatcher } from './public-address.js';
+import { checkLiteralHost, isPrivateAddressRefusal, PrivateAddressError, publicOnlyDispatcher } from './public-address.js';
 
 /** A setting of this module the service cannot start with: named with its value (libs/runtime startup errors). */
 function setting<T>(name: string, read: () => T): T {
@@ -187,10 +187,10 @@ export const implementations = [
       const refused = () => invalidInput(['input', 'url'], 'private_address', 'the host is or resolves to a loopback, private, link-local or otherwise non-public address; web.fetch_page fetches public pages only (an operator may allow an origin with WEB_ALLOWED_ORIGINS)');
       const allowed = allowedOrigins.has(url.origin);
       if (!allowed) {
-        // Every address the host resolves to is checked, and the connection is made only to an
-        // address that passes the same check again at connect time (public-address.ts: no DNS rebinding).
+        // A literal or local name is refused here; a name is resolved once, by the dispatcher's
+        // lookup, which connects only to addresses that pass (public-address.ts: no DNS rebinding).
         try {
-          await checkHost(url.hostname);
+          checkLiteralHost(url.hostname);
         } catch (err) {
           if (err instanceof PrivateAddressError) throw refused();
           throw err;
