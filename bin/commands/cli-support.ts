@@ -5,7 +5,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { errors, type NatsConnection } from '@nats-io/transport-node';
-import { connectNats, type ConnectOptions } from '@tooltx/nats';
+import { connectNats, type ConnectOptions, type PermissionViolation } from '@tooltx/nats';
 
 /** A bad flag, environment variable or file the user named. The CLI prints its message and exits 2. */
 export class UsageError extends Error {
@@ -23,14 +23,7 @@ export class CliRefusal extends Error {
   }
 }
 
-export type PermissionViolation = InstanceType<typeof errors.PermissionViolationError>;
-
-/** The server's permissions violation behind a client error (nats.js wraps it in a RequestError), or null. */
-export function permissionViolationOf(err: unknown): PermissionViolation | null {
-  if (err instanceof errors.PermissionViolationError) return err;
-  if (err instanceof Error && err.cause instanceof errors.PermissionViolationError) return err.cause;
-  return null;
-}
+export { permissionViolationOf, type PermissionViolation } from '@tooltx/nats';
 
 /** True for a client error that is, or wraps, the given nats.js error class. */
 export function isNatsError(err: unknown, cls: abstract new (...args: never[]) => Error): boolean {

@@ -1,7 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { jetstream } from '@nats-io/jetstream';
-import { errors as natsErrors } from '@nats-io/transport-node';
 import { z } from 'zod';
 import {
   digestOf,
@@ -20,7 +19,7 @@ import {
   type PreparedCall,
 } from '@tooltx/contracts';
 import { MAX_STATUS_WAIT_MS, receiptSchema, statusReplySchema, trustedReceiptKeys, verifyReceipt, type Receipt, type ServerState, type TakeoverRecord, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
-import { connectNats, decode, encode, isTransient, Subjects, type NatsConnection } from '@tooltx/nats';
+import { connectNats, decode, displayUrl, encode, isTransient, permissionViolationOf, Subjects, type NatsConnection, type PermissionViolation } from '@tooltx/nats';
 import { newSubmission, publishSubmission, type Submission } from './intent.js';
 
 /** Options of {@link createTools}. Give `servers` (the SDK connects and owns the connection) or `nc`. */
@@ -525,14 +524,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   return tools;
 }
 
-type PermissionViolation = InstanceType<typeof natsErrors.PermissionViolationError>;
 
-/** The server's permissions violation behind a client error (nats.js wraps it in a RequestError), or null. */
-function permissionViolationOf(err: unknown): PermissionViolation | null {
-  if (err instanceof natsErrors.PermissionViolationError) return err;
-  if (err instanceof Error && err.cause instanceof natsErrors.PermissionViolationError) return err.cause;
-  return null;
-}
 
 /** Thrown inside `execute` when the server refused a submission; `neverStored`: the refused publish was the call's first transmission. */
 class PermissionDenied extends Error {
@@ -569,10 +561,6 @@ function withActorPath(error: ErrorInfo, forgedActor: boolean): ErrorInfo {
   return { ...error, issues: [{ path: ['actorId'], code: 'not_authenticated_actor', message: 'actorId must be the actor this connection authenticated as' }] };
 }
 
-/** `servers` as it may be shown: a URL's user-info (user and password, or a token) replaced. */
-function shownServers(servers: string): string {
-  return servers.replace(/([a-z][a-z0-9+.-]*:\/\/)?[^,\s]*@/gi, (_m, scheme: string | undefined) => `${scheme ?? ''}[redacted]@`);
-}
 
 /**
  * The typed error for a connection {@link createTools} could not open (fresh-user trial: the NATS
@@ -580,7 +568,7 @@ function shownServers(servers: string): string {
  * the servers (without user-info), the credential option, and the reason from the error's class or code.
  */
 function connectFailure(err: unknown, servers: string, opts: CreateToolsOptions): Error {
-  const shown = shownServers(servers);
+  const shown = displayUrl(servers);
   const name = err instanceof Error ? err.name : '';
   const code = (err as { code?: unknown } | undefined)?.code ?? (err as { cause?: { code?: unknown } } | undefined)?.cause?.code;
   if (name === 'AuthorizationError') {

@@ -1,5 +1,5 @@
 import { readFile } from 'node:fs/promises';
-import { connect, credsAuthenticator, nkeyAuthenticator, type NatsConnection } from '@nats-io/transport-node';
+import { connect, credsAuthenticator, errors as natsErrors, nkeyAuthenticator, type NatsConnection } from '@nats-io/transport-node';
 import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
 
@@ -58,4 +58,31 @@ export async function jetStreamOf(nc: NatsConnection): Promise<{ js: JetStreamCl
  */
 export async function openBucket(nc: NatsConnection, bucket: string): Promise<KV> {
   return new Kvm(nc).open(bucket, { allow_direct: true });
+}
+
+/** A permissions violation the server reported (publish or subscribe, and the subject). */
+export type PermissionViolation = InstanceType<typeof natsErrors.PermissionViolationError>;
+
+/** The server's permissions violation behind a client error (nats.js wraps it in a RequestError's `cause`), or null. */
+export function permissionViolationOf(err: unknown): PermissionViolation | null {
+  if (err instanceof natsErrors.PermissionViolationError) return err;
+  if (err instanceof Error && err.cause instanceof natsErrors.PermissionViolationError) return err.cause;
+  return null;
+}
+
+/**
+ * A server list (`NATS_URL`, `servers`: comma-separated URLs or host:port) as it may be shown in an
+ * error or a log: each URL's user-info (a user and password, or a token) replaced by `[redacted]`.
+ */
+export function displayUrl(urls: string): string {
+  return urls
+    .split(',')
+    .map((u) => {
+      const s = u.trim();
+      const at = s.lastIndexOf('@');
+      if (at < 0) return s;
+      const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(s)?.[0] ?? '';
+      return `${scheme}[redacted]${s.slice(at)}`;
+    })
+    .join(',');
 }

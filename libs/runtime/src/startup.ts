@@ -134,22 +134,7 @@ export function isNatsError(err: Error): boolean {
   return NATS_ERROR_NAMES.has(err.name);
 }
 
-/**
- * A server list (`NATS_URL`: comma-separated URLs or host:port) as it may be shown: each URL's
- * user-info (a user and password, or a token) replaced by `[redacted]`.
- */
-export function displayUrl(urls: string): string {
-  return urls
-    .split(',')
-    .map((u) => {
-      const s = u.trim();
-      const at = s.lastIndexOf('@');
-      if (at < 0) return s;
-      const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(s)?.[0] ?? '';
-      return `${scheme}[redacted]${s.slice(at)}`;
-    })
-    .join(',');
-}
+export { displayUrl } from '@tooltx/nats';
 
 /**
  * Runs one start-up step; a failure becomes a {@link StartupError} naming `setting` and `value`
