@@ -123,6 +123,36 @@ export async function projectEntry<T>(opts: {
 }
 
 /**
+ * One projection's writer in this process: {@link projectEntry} with a {@link ProjectionCache}, and
+ * the applies of one key run one after another here (so the events of one operation, delivered
+ * concurrently to this instance, never race each other into CAS conflicts; other instances still
+ * can, which the CAS resolves). With the cache, an operation's entry costs one KV write per event
+ * and no read (issue 10).
+ */
+export class ProjectionApplier<T> {
+  readonly #kv: KV;
+  readonly #schema: z.ZodType<T>;
+  readonly #cache: ProjectionCache<T>;
+  readonly #chains = new Map<string, Promise<unknown>>();
+  constructor(kv: KV, schema: z.ZodType<T>, cacheEntries = 10_000) {
+    this.#kv = kv;
+    this.#schema = schema;
+    this.#cache = new ProjectionCache<T>(cacheEntries);
+  }
+  /** Applies `apply` to the entry under `key` after the pending applies of that key; throws what {@link projectEntry} throws. */
+  async apply(key: string, apply: (current: T | null) => T | null): Promise<ProjectionOutcome> {
+    const prev = this.#chains.get(key) ?? Promise.resolve();
+    const run = prev.catch(() => undefined).then(() => projectEntry({ kv: this.#kv, key, schema: this.#schema, cache: this.#cache, apply }));
+    this.#chains.set(key, run);
+    try {
+      return await run;
+    } finally {
+      if (this.#chains.get(key) === run) this.#chains.delete(key);
+    }
+  }
+}
+
+/**
  * The consumer-loop handler of an event-log projection. For each message on `<p>.op.<tenant>.<opId>`:
  * decode the event (an undecodable one is `term`ed), check that the state it carries belongs to
  * the subject's tenant and operation (else `term`), then {@link projectEntry} under
@@ -137,9 +167,7 @@ export function projectionHandler<T>(deps: {
   log: Logger;
 }): (msg: JsMsg) => Promise<Settlement | void> {
   const { subjects, kv, schema, rule, log } = deps;
-  const cache = new ProjectionCache<T>();
-  // Events of one operation are applied one after another in this process (no CAS race with ourselves).
-  const chains = new Map<string, Promise<unknown>>();
+  const applier = new ProjectionApplier(kv, schema);
   return async (msg) => {
     const where = subjects.parseOpSubject('op', msg.subject);
     if (!where) return { kind: 'term', reason: 'not an operation subject' };
@@ -149,15 +177,7 @@ export function projectionHandler<T>(deps: {
       return { kind: 'term', reason: 'event does not belong to its subject' };
     }
     const key = subjects.projectionKey(where.tenant, where.opId);
-    const prev = chains.get(key) ?? Promise.resolve();
-    const run = prev.catch(() => undefined).then(() => projectEntry({ kv, key, schema, cache, apply: (current) => rule(current, event, msg.seq) }));
-    chains.set(key, run);
-    let outcome: ProjectionOutcome;
-    try {
-      outcome = await run;
-    } finally {
-      if (chains.get(key) === run) chains.delete(key);
-    }
+    const outcome = await applier.apply(key, (current) => rule(current, event, msg.seq));
     log.debug(
       { tenant: where.tenant, operationKey: event.state.operationKey, seq: msg.seq, type: event.type, deliveryCount: msg.info.deliveryCount, ...outcome },
       outcome.kind === 'written' ? 'projected' : 'projection unchanged',

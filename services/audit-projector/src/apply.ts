@@ -1,7 +1,7 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { operationIdOf } from '@tooltx/contracts';
-import { decode, projectEntry, type Settlement, type Subjects } from '@tooltx/nats';
+import { decode, ProjectionApplier, type Settlement, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
 import { z } from 'zod';
 import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, auditRecordSchema, type AuditHmac } from './projection.js';
@@ -21,9 +21,12 @@ export interface AuditApplyDeps {
  * `<p>.op.<tenant>.<opId>` (event log) or `<p>.decision.<tenant>.<opId>` (decision stream): decode
  * it leniently (an undecodable one is `term`ed by the loop), check it belongs to its subject's
  * tenant and operation (else `term`), then compare-and-set the record under `<tenant>.<opId>` with
- * the pure rule and the message's stream sequence. Ack once written or found already applied.
+ * the pure rule and the message's stream sequence, through one {@link ProjectionApplier} (cached
+ * entries, one key's applies in order: no read per message). Ack once written or found already applied.
  */
 export function auditHandlers(d: AuditApplyDeps): { events: (msg: JsMsg) => Promise<Settlement | void>; decisions: (msg: JsMsg) => Promise<Settlement | void> } {
+  // One writer for both streams: an operation's events and decisions land on the same record.
+  const applier = new ProjectionApplier(d.kv, auditRecordSchema);
   const project = async (kind: 'op' | 'decision', msg: JsMsg): Promise<Settlement | void> => {
     const where = d.subjects.parseOpSubject(kind, msg.subject);
     if (!where) return { kind: 'term', reason: `not a ${kind} subject` };
@@ -47,7 +50,7 @@ export function auditHandlers(d: AuditApplyDeps): { events: (msg: JsMsg) => Prom
       d.log.error({ seq: msg.seq, tenant: where.tenant, stream: kind }, 'message does not belong to its subject');
       return { kind: 'term', reason: 'message does not belong to its subject' };
     }
-    const outcome = await projectEntry({ kv: d.kv, key, schema: auditRecordSchema, apply: apply.fn });
+    const outcome = await applier.apply(key, apply.fn);
     d.log.debug({ key, seq: msg.seq, type: apply.type, deliveryCount: msg.info.deliveryCount, ...outcome }, outcome.kind === 'written' ? 'projected' : 'projection unchanged');
   };
   return { events: (m) => project('op', m), decisions: (m) => project('decision', m) };
