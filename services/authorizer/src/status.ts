@@ -3,8 +3,8 @@ import type { KV } from '@nats-io/kv';
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
 import { z } from 'zod';
 import { EMPTY_RESULT_DIGEST, ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
-import { statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
-import { decode, decodeRaw, encode, type OperationStore, type Subjects } from '@tooltx/nats';
+import { operationEventSchema, statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
+import { decode, decodeRaw, encode, type LoadedOperation, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { isOwnReplyInbox } from '@tooltx/streams';
 
@@ -21,6 +21,49 @@ export interface StatusDeps {
 
 const resultEntrySchema = z.object({ operationKey: z.string(), attempt: z.number().int(), resultDigest: z.string(), result: z.unknown() });
 
+/**
+ * What one waiting request has been told since it last looked: the newest operation state the
+ * event-log watch delivered per watched operation subject (the event's folded state and its stream
+ * sequence, as a direct get would have read it), and whether something arrived that only a fresh
+ * read can answer (a decision, an event that did not decode). Registered for the whole request, so
+ * a change between two looks is never missed.
+ */
+class Wake {
+  readonly latest = new Map<string, LoadedOperation>();
+  reload = false;
+  #dirty = false;
+  #resolve: (() => void) | undefined;
+
+  notify(subject: string, update: LoadedOperation | undefined): void {
+    if (update) {
+      const cur = this.latest.get(subject);
+      if (!cur || update.seq > cur.seq) this.latest.set(subject, update);
+    } else this.reload = true;
+    this.#dirty = true;
+    this.#resolve?.();
+  }
+
+  /** Resolves true at the next change (at once if one is pending), false after `ms`. Clears the pending flag. */
+  next(ms: number): Promise<boolean> {
+    if (this.#dirty) {
+      this.#dirty = false;
+      return Promise.resolve(true);
+    }
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.#resolve = undefined;
+        resolve(false);
+      }, ms);
+      this.#resolve = () => {
+        clearTimeout(timer);
+        this.#resolve = undefined;
+        this.#dirty = false;
+        resolve(true);
+      };
+    });
+  }
+}
+
 /** Queue group shared by every status responder, so several authorizer instances split requests. */
 export const STATUS_QUEUE = 'tooltx-status';
 
@@ -28,14 +71,17 @@ export const STATUS_QUEUE = 'tooltx-status';
  * The status endpoint: request/reply on `<prefix>.status.<tenant>.<actor>` (identity from the
  * subject). Read-only, repeatable, cheap: the first answer is one direct get of the operation's
  * last event; long-polls wait on ONE watch of the event log and one of the decision stream
- * (ordered consumers, new messages only, headers only) shared by every waiting request — never a
- * consumer or a poll per request (issue 3).
+ * (ordered consumers, new messages only) shared by every waiting request — never a consumer or a
+ * poll per request (issue 3). A waiting request is answered from the event the watch delivered
+ * (every event carries the operation's folded state), decoded only when someone waits on its
+ * subject: no direct get per wake-up (issue 10: they were ~8 of a call's 68 NATS messages). A
+ * decision, an alias or a timeout is answered by a fresh read.
  */
 export class StatusService {
   readonly #d: StatusDeps;
   readonly #now: () => number;
-  /** subject → callbacks of waiting requests. */
-  readonly #waiters = new Map<string, Set<() => void>>();
+  /** subject → waiting requests. */
+  readonly #waiters = new Map<string, Set<Wake>>();
   #sub: Subscription | null = null;
   readonly #watches: { stop(): void }[] = [];
   readonly #inFlight = new Set<Promise<void>>();
@@ -47,15 +93,17 @@ export class StatusService {
 
   async start(): Promise<void> {
     const { js, subjects } = this.#d;
-    for (const [stream, filter] of [
-      [subjects.eventsStream, subjects.allOps],
-      [subjects.decisionsStream, subjects.allDecisions],
+    // Events with their bodies (a waiter is answered from the state the event carries); decisions
+    // headers only (a waiter on one reads afresh).
+    for (const [stream, filter, headersOnly] of [
+      [subjects.eventsStream, subjects.allOps, false],
+      [subjects.decisionsStream, subjects.allDecisions, true],
     ] as const) {
-      const c = await js.consumers.get(stream, { filter_subjects: filter, deliver_policy: DeliverPolicy.New, headers_only: true });
+      const c = await js.consumers.get(stream, { filter_subjects: filter, deliver_policy: DeliverPolicy.New, headers_only: headersOnly });
       const it = await c.consume({ max_messages: 256 });
       this.#watches.push(it);
       void (async () => {
-        for await (const m of it) this.#notify(m.subject);
+        for await (const m of it) this.#notify(m.subject, headersOnly ? undefined : m);
       })().catch((err: unknown) => this.#d.log.error({ err, stream }, 'status watch ended'));
     }
     this.#sub = this.#d.nc.subscribe(subjects.allStatus, {
@@ -72,34 +120,41 @@ export class StatusService {
   /** Stops taking requests, answers the waiting ones with what is known now, stops the watches. */
   async stop(): Promise<void> {
     await this.#sub?.drain();
-    for (const set of this.#waiters.values()) for (const w of set) w();
+    for (const [subject, set] of this.#waiters) for (const w of set) w.notify(subject, undefined);
     await Promise.all(this.#inFlight);
     for (const w of this.#watches) w.stop();
   }
 
-  #notify(subject: string): void {
+  /** A watched message arrived: tells the requests waiting on its subject, with the event's state when it has one. */
+  #notify(subject: string, m: { seq: number; data: Uint8Array } | undefined): void {
     const set = this.#waiters.get(subject);
-    if (set) for (const w of set) w();
+    if (!set) return;
+    let update: LoadedOperation | undefined;
+    if (m) {
+      try {
+        const e = decode(operationEventSchema, m.data);
+        const where = this.#d.subjects.parseOpSubject('op', subject);
+        // Only an event that belongs to its subject answers for it; anything else is read afresh.
+        if (where && e.state.tenant === where.tenant && operationIdOf(e.state.operationKey) === where.opId) update = { state: e.state, seq: m.seq };
+      } catch {
+        update = undefined;
+      }
+    }
+    for (const w of set) w.notify(subject, update);
   }
 
-  #wait(subjectsToWatch: string[], ms: number): { changed: Promise<void>; cancel: () => void } {
-    let cb!: () => void;
-    const changed = new Promise<void>((r) => (cb = r));
-    const timer = setTimeout(cb, ms);
-    for (const s of subjectsToWatch) {
-      let set = this.#waiters.get(s);
-      if (!set) this.#waiters.set(s, (set = new Set()));
-      set.add(cb);
+  #register(wake: Wake, subject: string): void {
+    let set = this.#waiters.get(subject);
+    if (!set) this.#waiters.set(subject, (set = new Set()));
+    set.add(wake);
+  }
+
+  #unregister(wake: Wake, subjectsWatched: readonly string[]): void {
+    for (const s of subjectsWatched) {
+      const set = this.#waiters.get(s);
+      set?.delete(wake);
+      if (set?.size === 0) this.#waiters.delete(s);
     }
-    const cancel = () => {
-      clearTimeout(timer);
-      for (const s of subjectsToWatch) {
-        const set = this.#waiters.get(s);
-        set?.delete(cb);
-        if (set?.size === 0) this.#waiters.delete(s);
-      }
-    };
-    return { changed, cancel };
   }
 
   async #handle(msg: Msg): Promise<void> {
@@ -122,40 +177,49 @@ export class StatusService {
       return void reply({ error: { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'invalid_encoding', message: 'not msgpack' }] }, at: this.#now() });
     }
     const opId = operationIdOf(req.operationKey);
-    const watched = [subjects.op(who.tenant, opId), subjects.decision(who.tenant, opId, who.actor)];
-    const watchAlias = (a: StatusAnswer): boolean => {
-      if (!a.canonicalKey) return false;
-      const s = subjects.op(who.tenant, operationIdOf(a.canonicalKey));
-      if (watched.includes(s)) return false;
-      watched.push(s);
-      return true;
-    };
+    const own = subjects.op(who.tenant, opId);
+    const watched = [own, subjects.decision(who.tenant, opId, who.actor)];
     const waitMs = req.waitMs ?? 0;
     const until = this.#now() + waitMs;
-    // Register before reading, so a change between the read and the wait is not missed.
-    let w = waitMs > 0 ? this.#wait(watched, waitMs) : null;
+    // Registered before reading and kept until the answer goes, so no change between a read and
+    // the next wait is missed.
+    const wake = waitMs > 0 ? new Wake() : null;
+    if (wake) for (const s of watched) this.#register(wake, s);
     try {
       let answer = await this.answer(who.tenant, who.actor, req);
-      // An alias: wait on the operation it names too, registered before reading it again.
-      if (w && watchAlias(answer)) {
-        w.cancel();
-        w = this.#wait(watched, Math.max(0, until - this.#now()));
-        answer = await this.answer(who.tenant, who.actor, req);
+      // An alias: wait on the operation it names too (registered, then read again).
+      if (wake && answer.canonicalKey) {
+        const s = subjects.op(who.tenant, operationIdOf(answer.canonicalKey));
+        if (!watched.includes(s)) {
+          watched.push(s);
+          this.#register(wake, s);
+          answer = await this.answer(who.tenant, who.actor, req);
+        }
       }
-      while (w && !this.#settled(answer, req)) {
-        await w.changed;
-        w.cancel();
-        const left = until - this.#now();
-        // With `untilFinal`, keep waiting through intermediate states while time is left.
-        w = req.untilFinal && left > 0 ? this.#wait(watched, left) : null;
-        answer = await this.answer(who.tenant, who.actor, req);
+      while (wake && !this.#settled(answer, req)) {
+        const woke = await wake.next(Math.max(0, until - this.#now()));
+        if (!woke) {
+          // Out of time: one fresh read, in case the watch lags behind the stream.
+          answer = await this.answer(who.tenant, who.actor, req);
+          break;
+        }
+        const update = wake.latest.get(own);
+        if (wake.reload || answer.canonicalKey || !update) {
+          wake.reload = false;
+          answer = await this.answer(who.tenant, who.actor, req);
+        } else if (update.seq > answer.seq) {
+          answer = await this.answer(who.tenant, who.actor, req, update);
+        } else continue; // an event we had already read: not a change
+        // Without `untilFinal` the first change is the answer; with it, wait through intermediate
+        // states while time is left.
+        if (!req.untilFinal || until - this.#now() <= 0) break;
       }
       reply(answer);
     } catch (err) {
       reply({ error: toErrorInfo(err).class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : toErrorInfo(err), at: this.#now() });
       throw err;
     } finally {
-      w?.cancel();
+      if (wake) this.#unregister(wake, watched);
     }
   }
 
@@ -175,12 +239,16 @@ export class StatusService {
     return a.seq > after;
   }
 
-  /** The answer for `actor` of `tenant` now, with DESIGN.md's precedence and the read policy. */
-  async answer(tenant: string, actor: string, req: StatusRequest): Promise<StatusAnswer> {
+  /**
+   * The answer for `actor` of `tenant` now, with DESIGN.md's precedence and the read policy.
+   * `loaded`: the operation's last state and stream sequence when the caller already has them (an
+   * event the watch just delivered); read with one direct get otherwise.
+   */
+  async answer(tenant: string, actor: string, req: StatusRequest, loaded?: LoadedOperation): Promise<StatusAnswer> {
     const { store } = this.#d;
     const opId = operationIdOf(req.operationKey);
     const at = this.#now();
-    const { state, seq } = await store.load(tenant, opId);
+    const { state, seq } = loaded ?? (await store.load(tenant, opId));
     if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req))) return this.#fromOperation(tenant, actor, req, opId, state, seq, at);
     // Never registered, or not readable by this caller (same answer): an alias of another key, the
     // caller's own refusal, or nothing.
