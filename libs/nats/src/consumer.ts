@@ -10,7 +10,19 @@ import { ConcurrencyError, StoreUnavailableError, isTransient } from './store.js
  * - `StoreUnavailableError`, `ConcurrencyError`, transient NATS errors → `nak` with backoff;
  * - anything else → `nak` with backoff, logged as an error.
  */
-export type Settlement = { kind: 'ack' } | { kind: 'nak'; delayMs: number } | { kind: 'term'; reason: string };
+export type Settlement = { kind: 'ack' } | { kind: 'nak'; delayMs: number } | { kind: 'term'; reason: string } | Deferred;
+
+/**
+ * The handler is done with its part but the message's fate is decided later: its slot is freed at
+ * once (the loop fetches more), the message stays unacked (with `working()` heartbeats, so it is
+ * not redelivered meanwhile) until `settled` resolves to a settlement — or rejects, mapped like a
+ * thrown error. `stop()` waits for every deferred message. The deferrer must bound how many it
+ * holds below the durable's `max_ack_pending` (the server stops delivering beyond it).
+ */
+export interface Deferred {
+  kind: 'defer';
+  settled: Promise<Exclude<Settlement, Deferred> | void>;
+}
 
 export interface ConsumerLoopOptions {
   js: JetStreamClient;
@@ -35,7 +47,7 @@ export interface ConsumerLoop {
  * Runs a durable pull consumer with bounded concurrency. Each fetch asks for at most the free
  * slots, so no message waits in a prefetch buffer while its ack timer runs; a handler running
  * longer than a third of `ack_wait` sends `working()` heartbeats (NATS-NOTES "Consumers").
- * Each message is acked on its own.
+ * Each message is acked on its own; a handler may defer its message's settlement ({@link Deferred}).
  */
 export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<ConsumerLoop> {
   const consumer: Consumer = await opts.js.consumers.get(opts.stream, opts.durable);
@@ -47,22 +59,47 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
 
   let stopping = false;
   let inFlight = 0;
+  let deferred = 0;
   let slotFreed: (() => void) | null = null;
   let currentBatch: { stop(): void } | null = null;
   const idle = () => new Promise<void>((r) => (slotFreed = r));
 
+  const failed = (m: JsMsg, err: unknown): Exclude<Settlement, Deferred> => {
+    const settlement = classify(err, m.info.deliveryCount);
+    const level = settlement.kind === 'term' || !(err instanceof StoreUnavailableError || err instanceof ConcurrencyError || isTransient(err)) ? 'error' : 'warn';
+    log[level]({ err, seq: m.seq, deliveryCount: m.info.deliveryCount, settlement: settlement.kind }, 'handler failed');
+    return settlement;
+  };
+
   const run = async (m: JsMsg) => {
     const hb = setInterval(() => m.working(), heartbeatMs);
-    let settlement: Settlement;
+    let outcome: Settlement;
     try {
-      settlement = (await opts.handle(m)) ?? { kind: 'ack' };
+      outcome = (await opts.handle(m)) ?? { kind: 'ack' };
     } catch (err) {
-      settlement = classify(err, m.info.deliveryCount);
-      const level = settlement.kind === 'term' || !(err instanceof StoreUnavailableError || err instanceof ConcurrencyError || isTransient(err)) ? 'error' : 'warn';
-      log[level]({ err, seq: m.seq, deliveryCount: m.info.deliveryCount, settlement: settlement.kind }, 'handler failed');
-    } finally {
-      clearInterval(hb);
+      outcome = failed(m, err);
     }
+    const settlement = outcome;
+    if (settlement.kind === 'defer') {
+      // The slot is freed when this returns; the heartbeat runs until the deferred settlement.
+      deferred++;
+      void settlement.settled
+        .then((s) => s ?? ({ kind: 'ack' } as const), (err: unknown) => failed(m, err))
+        .then((s) => settle(m, s))
+        .finally(() => {
+          clearInterval(hb);
+          deferred--;
+          const f = slotFreed;
+          slotFreed = null;
+          f?.();
+        });
+      return;
+    }
+    clearInterval(hb);
+    settle(m, settlement);
+  };
+
+  const settle = (m: JsMsg, settlement: Exclude<Settlement, Deferred>) => {
     if (settlement.kind === 'term') log.warn({ seq: m.seq, deliveryCount: m.info.deliveryCount, reason: settlement.reason }, 'message terminated: never redelivered');
     if (settlement.kind === 'ack') m.ack();
     else if (settlement.kind === 'nak') m.nak(settlement.delayMs);
@@ -102,7 +139,7 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
         currentBatch = null;
       }
     }
-    while (inFlight > 0) await idle();
+    while (inFlight > 0 || deferred > 0) await idle();
   };
 
   const done = loop();
@@ -119,7 +156,7 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
   };
 }
 
-function classify(err: unknown, deliveryCount: number): Settlement {
+function classify(err: unknown, deliveryCount: number): Exclude<Settlement, Deferred> {
   if (err instanceof CodecError) return { kind: 'term', reason: 'undecodable' };
   return { kind: 'nak', delayMs: Math.min(30_000, 250 * 2 ** Math.min(7, deliveryCount - 1)) };
 }

@@ -139,16 +139,31 @@ export class ProjectionApplier<T> {
     this.#schema = schema;
     this.#cache = new ProjectionCache<T>(cacheEntries);
   }
-  /** Applies `apply` to the entry under `key` after the pending applies of that key; throws what {@link projectEntry} throws. */
-  async apply(key: string, apply: (current: T | null) => T | null): Promise<ProjectionOutcome> {
+  /** Applies `apply` to the entry under `key` after the pending work on that key; throws what {@link projectEntry} throws. */
+  apply(key: string, apply: (current: T | null) => T | null): Promise<ProjectionOutcome> {
+    return this.inOrder(key, () => this.applyNow(key, apply));
+  }
+
+  /** {@link apply} without waiting for the key's pending work: only from inside {@link inOrder} of that key. */
+  applyNow(key: string, apply: (current: T | null) => T | null): Promise<ProjectionOutcome> {
+    return projectEntry({ kv: this.#kv, key, schema: this.#schema, cache: this.#cache, apply });
+  }
+
+  /** Runs `fn` after the pending work on `key` in this process (and before any work queued later). */
+  async inOrder<R>(key: string, fn: () => Promise<R>): Promise<R> {
     const prev = this.#chains.get(key) ?? Promise.resolve();
-    const run = prev.catch(() => undefined).then(() => projectEntry({ kv: this.#kv, key, schema: this.#schema, cache: this.#cache, apply }));
+    const run = prev.catch(() => undefined).then(fn);
     this.#chains.set(key, run);
     try {
       return await run;
     } finally {
       if (this.#chains.get(key) === run) this.#chains.delete(key);
     }
+  }
+
+  /** The entry this process last wrote or read under `key` (`undefined`: not known here). */
+  cached(key: string): T | null | undefined {
+    return this.#cache.get(key)?.value;
   }
 }
 

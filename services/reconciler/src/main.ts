@@ -9,11 +9,14 @@
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight applies, drains.
  */
 import { z } from 'zod';
-import { FrozenTaskWatch, projectionHandler, startConsumerLoop, openBucket } from '@tooltx/nats';
+import type { KV } from '@nats-io/kv';
+import { FrozenTaskWatch, KvMirror, startConsumerLoop, openBucket } from '@tooltx/nats';
+import type { Logger } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { advisoryHandler } from './advisories.js';
-import { applyToIndex, reconcileValueSchema } from './projection.js';
+import { IndexWriter } from './index-writer.js';
+import { reconcileValueSchema, type IndexEntry } from './projection.js';
 import { startSweeper } from './reconcile.js';
 import { startTakeoverService } from './takeover.js';
 
@@ -23,7 +26,20 @@ const reconcilerEnvSchema = z.object({
   TOOLTX_RECONCILE_INTERVAL_MS: z.coerce.number().int().min(1).max(3_600_000).default(2_000),
   /** `off` runs a projection-only instance: the index, no probing, no takeovers (default `on`). */
   TOOLTX_RECONCILE_SWEEP: z.enum(['on', 'off']).default('on'),
+  /**
+   * How long an accepted or running event waits before its operation is indexed, ms (default
+   * 1000; 0 = index every event at once). An operation that ends within it is never written to the
+   * index (index-writer.ts). Keep it well below every contract's `runningBoundMs`.
+   */
+  TOOLTX_RECONCILE_INDEX_DELAY_MS: z.coerce.number().int().min(0).max(60_000).default(1_000),
 });
+
+/** A projection-only instance's view of the index (what a sweeper would watch), so its writer knows which entries exist. */
+function projectionOnly(kv: KV, log: Logger): { stop(): Promise<void>; watched: ReadonlyMap<string, IndexEntry> } {
+  const mirror = new KvMirror(kv, reconcileValueSchema, { log, what: 'reconciler index', keep: (v) => !v.terminal });
+  void mirror.start();
+  return { watched: mirror.map as ReadonlyMap<string, IndexEntry>, stop: () => mirror.stop() };
+}
 
 await runService({
   name: 'reconciler',
@@ -32,7 +48,10 @@ await runService({
   env: reconcilerEnvSchema,
   envHelp: `  TOOLTX_RECONCILE_INTERVAL_MS  pause between two sweeps, ms: an integer 1..3600000 (default 2000)
   TOOLTX_RECONCILE_SWEEP   on|off (default on); off = a projection-only instance (the index, no
-                           probing, no takeovers)`,
+                           probing, no takeovers)
+  TOOLTX_RECONCILE_INDEX_DELAY_MS  how long an accepted or running event waits before its operation
+                           is indexed, ms: an integer 0..60000 (default 1000; 0 = at once). An
+                           operation that ends sooner is never written to the index`,
   async start({ subjects, log, js, jsm, nc, config, env, store, tools, topology, signer }) {
     const kv = await openBucket(nc, subjects.reconcileBucket);
     const results = await openBucket(nc, subjects.resultsBucket);
@@ -41,18 +60,16 @@ await runService({
     await frozen.start();
     const sweeper =
       env.TOOLTX_RECONCILE_SWEEP === 'off'
-        ? { stop: async () => undefined, watched: new Map() }
+        ? projectionOnly(kv, log)
         : startSweeper({ index: kv, results, tasks, frozen, store, subjects, tools, signer: signer!, log: log.child({ component: 'sweep' }), intervalMs: env.TOOLTX_RECONCILE_INTERVAL_MS });
     // Operators' takeover requests (issue 8): list, show, resolve.
     const takeover = startTakeoverService({ nc, store, subjects, results, tasks, tools, signer: signer!, log: log.child({ component: 'takeover' }), watched: sweeper.watched });
-    const loop = await startConsumerLoop({
-      js,
-      stream: subjects.eventsStream,
-      durable: Durables.reconciler,
-      concurrency: config.TOOLTX_CONCURRENCY,
-      log,
-      handle: projectionHandler({ subjects, kv, schema: reconcileValueSchema, rule: applyToIndex, log }),
-    });
+    // Held operations are bounded so their unacked messages (up to 3 each) stay under the durable's
+    // max_ack_pending with the loop's own in-flight ones.
+    const { config: durable } = await jsm.consumers.info(subjects.eventsStream, Durables.reconciler);
+    const maxHeld = Math.max(1, Math.floor(((durable.max_ack_pending ?? 1_000) - config.TOOLTX_CONCURRENCY) / 3));
+    const index = new IndexWriter({ subjects, kv, store, log, delayMs: env.TOOLTX_RECONCILE_INDEX_DELAY_MS, maxHeld, isIndexed: (key) => sweeper.watched.has(key) });
+    const loop = await startConsumerLoop({ js, stream: subjects.eventsStream, durable: Durables.reconciler, concurrency: config.TOOLTX_CONCURRENCY, log, handle: index.handle });
     // The max-deliveries advisories of the event log (issue 7): an operation whose message a durable
     // gave up on goes back into the index, where the sweep finds it — even if this was down then.
     const advisories = await startConsumerLoop({
@@ -67,6 +84,7 @@ await runService({
       await advisories.stop();
       await takeover.stop();
       await sweeper.stop();
+      await index.flush();
       await loop.stop();
       await frozen.stop();
     };

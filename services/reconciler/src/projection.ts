@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { effectClasses, idSchema, operationKeySchema } from '@tooltx/contracts';
-import type { OperationEvent } from '@tooltx/lifecycle';
+import type { OperationEvent, OperationRecord } from '@tooltx/lifecycle';
 
 /**
  * The reconciler's projection (issue 3): an index of the operations that are NOT yet terminal, in
@@ -65,8 +65,12 @@ export type ReconcileValue = z.infer<typeof reconcileValueSchema>;
  * nothing.
  */
 export function applyToIndex(current: ReconcileValue | null, event: OperationEvent, seq: number): ReconcileValue | null {
+  return applyStateToIndex(current, event.state, seq);
+}
+
+/** {@link applyToIndex} for an operation state read directly (the last event's folded state at stream sequence `seq`). */
+export function applyStateToIndex(current: ReconcileValue | null, s: OperationRecord, seq: number): ReconcileValue | null {
   if (current && current.seq >= seq) return null;
-  const s = event.state;
   switch (s.status) {
     case 'committed':
     case 'rejected':

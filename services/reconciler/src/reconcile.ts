@@ -1,9 +1,9 @@
 import type { KV } from '@nats-io/kv';
 import { decide, type OperationRecord } from '@tooltx/lifecycle';
-import { ConcurrencyError, KvMirror, newEventId, type OperationStore, type Subjects } from '@tooltx/nats';
+import { ConcurrencyError, KvMirror, newEventId, projectEntry, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
-import { reconcileValueSchema, type IndexEntry } from './projection.js';
+import { applyStateToIndex, reconcileValueSchema, type IndexEntry } from './projection.js';
 import { openTakeover, repairFreezes } from './takeover.js';
 import type { FrozenTaskWatch } from '@tooltx/nats';
 import type { ReceiptSigner } from '@tooltx/lifecycle';
@@ -83,7 +83,15 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     if (!due) return;
     const [tenant, opId] = key.split('.') as [string, string];
     const { state, seq } = await d.store.load(tenant, opId);
-    if (state.status === 'none' || state.status !== e.status) return; // the index lags: next sweep
+    if (state.status === 'none') return;
+    if ((state.status === 'committed' || state.status === 'rejected') && seq > e.seq) {
+      // The operation ended but its entry stayed open (its terminal event was applied where the
+      // entry was not yet known: index-writer.ts): take it out of the index.
+      await projectEntry({ kv: d.index, key, schema: reconcileValueSchema, apply: (cur) => applyStateToIndex(cur, state, seq) });
+      d.log.info({ key, status: state.status }, 'stale index entry of an ended operation closed');
+      return;
+    }
+    if (state.status !== e.status) return; // the index lags: next sweep
     const l = d.log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, status: state.status });
     if (state.status === 'accepted') {
       const r = decide({ type: 'requeue', eventId: newEventId(), at: t, attempt: state.attempt, reason: 'stale_accepted' }, state);

@@ -1,0 +1,120 @@
+/**
+ * The reconciler's index writer end to end (issue 10; services/reconciler/src/index-writer.ts): an
+ * accepted or running event is held for TOOLTX_RECONCILE_INDEX_DELAY_MS before its operation is
+ * indexed, so an operation that ends sooner costs the index nothing. One reconciler process (sweep
+ * on) on a real nats-server, fed events built with the decider and appended with the event store's
+ * expected-sequence appends.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { KV } from '@nats-io/kv';
+import { decide, type OperationCommand } from '@tooltx/lifecycle';
+import { decode, encode, openBucket } from '@tooltx/nats';
+import { Durables } from '@tooltx/streams';
+import { applyToIndex, reconcileValueSchema, type IndexEntry, type ReconcileValue } from '../services/reconciler/src/projection.js';
+import { fold, sampleOperation, type LogEntry, type SampleOperation } from './helpers/histories.js';
+import { provisioned, type TestNats } from './helpers/nats.js';
+import { startService, type ServiceProcess } from './helpers/services.js';
+import { TEST_SIGNER } from './helpers/signing.js';
+
+let t: TestNats;
+let kv: KV;
+let reconciler: ServiceProcess;
+// Sample histories advance 100 ms per event: a 3-event operation ends 200 ms after acceptance, under half of this.
+const DELAY_MS = 1_000;
+
+async function appendAll(o: SampleOperation): Promise<LogEntry[]> {
+  const out: LogEntry[] = [];
+  let seq = 0;
+  for (const e of o.events) {
+    seq = await t.store.append(o.tenant, o.opId, e, seq);
+    out.push({ key: t.subjects.projectionKey(o.tenant, o.opId), event: e, seq });
+  }
+  return out;
+}
+
+async function entry(key: string): Promise<ReconcileValue | null> {
+  const e = await kv.get(key);
+  return e && e.operation === 'PUT' ? decode(reconcileValueSchema, e.value) : null;
+}
+
+const writes = async () => (await t.jsm.streams.info(`KV_${t.subjects.reconcileBucket}`)).state.messages;
+
+/** Until the reconciler's durable has delivered and settled everything (held messages count as unacknowledged). */
+async function untilSettled(timeoutMs = 15_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const info = await t.jsm.consumers.info(t.subjects.eventsStream, Durables.reconciler);
+    if (info.num_pending === 0 && info.num_ack_pending === 0) return;
+    if (Date.now() > deadline) throw new Error(`reconciler: ${info.num_pending} pending, ${info.num_ack_pending} unacknowledged`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+async function until<T>(read: () => Promise<T>, ok: (v: T) => boolean, what: string, timeoutMs = 15_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await read();
+    if (ok(v)) return v;
+    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}; last: ${JSON.stringify(v)}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+beforeAll(async () => {
+  t = await provisioned();
+  kv = await openBucket(t.nc, t.subjects.reconcileBucket);
+  reconciler = await startService('reconciler', { ...t.env, TOOLTX_RECONCILE_INDEX_DELAY_MS: String(DELAY_MS), TOOLTX_RECONCILE_INTERVAL_MS: '200' });
+});
+
+afterAll(async () => {
+  const code = await reconciler?.stop();
+  await t?.close();
+  expect(code).toBe(0);
+});
+
+describe('the reconciler index holds only operations that stay open', () => {
+  it('an operation that ends within the hold is never written; one that stays open is indexed from its last state, then tombstoned when it ends', async () => {
+    const fast = sampleOperation('committed', 1);
+    const slow = sampleOperation('running', 2);
+    await appendAll(fast);
+    const slowLog = await appendAll(slow);
+    await untilSettled();
+
+    expect(await entry(t.subjects.projectionKey(fast.tenant, fast.opId))).toBeNull();
+    const slowKey = t.subjects.projectionKey(slow.tenant, slow.opId);
+    // Indexed once, from the operation's last state (running), not once per event.
+    expect(await entry(slowKey)).toEqual(fold(slowLog, applyToIndex).get(slowKey));
+    expect(await writes()).toBe(1);
+
+    // The slow operation ends: its known entry becomes a tombstone.
+    const { state, seq } = await t.store.load(slow.tenant, slow.opId);
+    if (state.status !== 'running') throw new Error(`expected running, got ${state.status}`);
+    const cmd: OperationCommand = { type: 'commit', eventId: 'evt-slow-commit', at: state.updatedAt + 100, attempt: state.attempt, prevSeq: seq, resourceId: 'note-slow', resultDigest: `sha256:${'e'.repeat(64)}` };
+    const d = decide(cmd, state, { signer: TEST_SIGNER });
+    if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
+    const committedSeq = await t.store.append(slow.tenant, slow.opId, d.event, seq);
+    await until(() => entry(slowKey), (v) => v?.terminal === true, 'the slow operation is tombstoned');
+    expect(await entry(slowKey)).toEqual({ seq: committedSeq, status: 'committed', terminal: true });
+    expect(reconciler.lines.filter((l) => typeof l.level === 'number' && l.level >= 50)).toEqual([]);
+  });
+
+  it('an open entry left for an operation that has ended is closed by the sweep when it is due', async () => {
+    const op = sampleOperation('committed', 3);
+    const opLog = await appendAll(op);
+    await untilSettled();
+    const key = t.subjects.projectionKey(op.tenant, op.opId);
+    expect(await entry(key)).toBeNull();
+    // What a lost race leaves (another instance indexed the operation as running while this one
+    // applied its terminal event without knowing the entry): an open entry, due long ago.
+    const s = opLog[0]!.event.state;
+    const stale: IndexEntry = {
+      seq: opLog[0]!.seq, terminal: false, operationKey: op.operationKey, tenant: op.tenant, status: 'running', attempt: 1,
+      tool: 'sink.write', version: 1, effect: 'create', acceptedAt: s.acceptedAt, runningAt: s.acceptedAt, deadlineAt: s.acceptedAt + 1_000, updatedAt: s.acceptedAt,
+    };
+    await kv.put(key, encode(stale));
+    const last = opLog.at(-1)!.seq;
+    await until(() => entry(key), (v) => v?.terminal === true, 'the sweep closes the stale entry');
+    expect(await entry(key)).toEqual({ seq: last, status: 'committed', terminal: true });
+    expect(reconciler.lines.some((l) => l.msg === 'stale index entry of an ended operation closed')).toBe(true);
+  });
+});
