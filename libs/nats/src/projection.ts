@@ -199,3 +199,82 @@ export function projectionHandler<T>(deps: {
     );
   };
 }
+
+/**
+ * Batches one projection's writes per key (issue 10): the applies of an operation's in-flight
+ * events wait, unacked, until its final event (or `delayMs`), then go to the store as ONE
+ * compare-and-set write — one KV write per operation instead of one per event. The entry after a
+ * batch equals the entry after the same applies one by one (they are folded in arrival order; the
+ * projection rules order by stream sequence themselves). An entry is visible up to `delayMs` late.
+ *
+ * Use from a consumer-loop handler: `{ kind: 'defer', settled: batch.add(key, apply, false) }` for
+ * an in-flight event, `await batch.add(key, apply, true)` for a final one. At most `maxHeld` keys
+ * wait at once (beyond it the oldest batch is written early): keep `maxHeld × events per key +
+ * concurrency` below the durable's `max_ack_pending` (NATS-NOTES "Consumers").
+ */
+export class ProjectionBatcher<T> {
+  readonly #applier: ProjectionApplier<T>;
+  readonly #delayMs: number;
+  readonly #maxHeld: number;
+  readonly #batches = new Map<string, { applies: ((current: T | null) => T | null)[]; waiters: { resolve: (o: ProjectionOutcome) => void; reject: (e: unknown) => void }[]; timer: NodeJS.Timeout }>();
+  #flushing = false;
+
+  constructor(applier: ProjectionApplier<T>, o: { delayMs: number; maxHeld: number }) {
+    this.#applier = applier;
+    this.#delayMs = o.delayMs;
+    this.#maxHeld = o.maxHeld;
+  }
+
+  /** Keys waiting right now. */
+  get held(): number {
+    return this.#batches.size;
+  }
+
+  /**
+   * Adds `apply` to `key`'s batch; `final` (or `delayMs` 0, or after {@link flush}) writes the batch
+   * now. Resolves with the batch's outcome once it is written; rejects with what the write threw.
+   */
+  add(key: string, apply: (current: T | null) => T | null, final: boolean): Promise<ProjectionOutcome> {
+    let b = this.#batches.get(key);
+    if (!b) {
+      b = { applies: [], waiters: [], timer: setTimeout(() => void this.#write(key), this.#delayMs) };
+      this.#batches.set(key, b);
+      if (this.#batches.size > this.#maxHeld) void this.#write(this.#batches.keys().next().value as string);
+    }
+    b.applies.push(apply);
+    const batch = b;
+    const settled = new Promise<ProjectionOutcome>((resolve, reject) => batch.waiters.push({ resolve, reject }));
+    if (final || this.#delayMs === 0 || this.#flushing) void this.#write(key);
+    return settled;
+  }
+
+  /** Writes every waiting batch now, and every later one at once. */
+  async flush(): Promise<void> {
+    this.#flushing = true;
+    await Promise.all([...this.#batches.keys()].map((k) => this.#write(k)));
+  }
+
+  async #write(key: string): Promise<void> {
+    const b = this.#batches.get(key);
+    if (!b) return;
+    this.#batches.delete(key);
+    clearTimeout(b.timer);
+    try {
+      const outcome = await this.#applier.apply(key, (current) => {
+        let value = current;
+        let changed = false;
+        for (const f of b.applies) {
+          const next = f(value);
+          if (next !== null) {
+            value = next;
+            changed = true;
+          }
+        }
+        return changed ? value : null;
+      });
+      for (const w of b.waiters) w.resolve(outcome);
+    } catch (err) {
+      for (const w of b.waiters) w.reject(err);
+    }
+  }
+}

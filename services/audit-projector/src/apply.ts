@@ -1,7 +1,7 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { operationIdOf } from '@tooltx/contracts';
-import { decode, ProjectionApplier, type Settlement, type Subjects } from '@tooltx/nats';
+import { decode, ProjectionApplier, ProjectionBatcher, type Settlement, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
 import { z } from 'zod';
 import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, auditRecordSchema, type AuditHmac } from './projection.js';
@@ -14,7 +14,16 @@ export interface AuditApplyDeps {
   kv: KV;
   hmac: AuditHmac;
   log: Logger;
+  /**
+   * How long an in-flight operation's events (accepted, running) wait to be written with the next
+   * ones as one record write, ms (0 = each at once). An operation's final event writes its batch.
+   */
+  batchMs: number;
+  /** Most operations waiting at once (see {@link ProjectionBatcher}). */
+  maxHeld: number;
 }
+
+const IN_FLIGHT = new Set(['accepted', 'running']);
 
 /**
  * The consumer-loop handlers of the audit projection, one per stream. For each message on
@@ -22,11 +31,18 @@ export interface AuditApplyDeps {
  * it leniently (an undecodable one is `term`ed by the loop), check it belongs to its subject's
  * tenant and operation (else `term`), then compare-and-set the record under `<tenant>.<opId>` with
  * the pure rule and the message's stream sequence, through one {@link ProjectionApplier} (cached
- * entries, one key's applies in order: no read per message). Ack once written or found already applied.
+ * entries, one key's applies in order: no read per message) and a {@link ProjectionBatcher} (an
+ * in-flight operation's events wait, unacked, for its final one: one record write per operation).
+ * Ack once written or found already applied.
  */
-export function auditHandlers(d: AuditApplyDeps): { events: (msg: JsMsg) => Promise<Settlement | void>; decisions: (msg: JsMsg) => Promise<Settlement | void> } {
+export function auditHandlers(d: AuditApplyDeps): {
+  events: (msg: JsMsg) => Promise<Settlement | void>;
+  decisions: (msg: JsMsg) => Promise<Settlement | void>;
+  /** Writes every waiting batch now (on shutdown). */
+  flush: () => Promise<void>;
+} {
   // One writer for both streams: an operation's events and decisions land on the same record.
-  const applier = new ProjectionApplier(d.kv, auditRecordSchema);
+  const batcher = new ProjectionBatcher(new ProjectionApplier(d.kv, auditRecordSchema), { delayMs: d.batchMs, maxHeld: d.maxHeld });
   const project = async (kind: 'op' | 'decision', msg: JsMsg): Promise<Settlement | void> => {
     const where = d.subjects.parseOpSubject(kind, msg.subject);
     if (!where) return { kind: 'term', reason: `not a ${kind} subject` };
@@ -39,19 +55,22 @@ export function auditHandlers(d: AuditApplyDeps): { events: (msg: JsMsg) => Prom
         ? (() => {
             const e = decode(auditedEventSchema, msg.data);
             if (e.state.tenant !== where.tenant || operationIdOf(e.state.operationKey) !== where.opId) return null;
-            return { type: e.type, fn: (cur: Parameters<typeof applyEventToAudit>[0]) => applyEventToAudit(cur, e, msg.seq, d.hmac) };
+            return { type: e.type, final: !IN_FLIGHT.has(e.state.status), fn: (cur: Parameters<typeof applyEventToAudit>[0]) => applyEventToAudit(cur, e, msg.seq, d.hmac) };
           })()
         : (() => {
             const r = decode(auditedDecisionSchema, msg.data);
             if (r.tenant !== where.tenant || r.actor !== where.actor || operationIdOf(r.operationKey) !== where.opId) return null;
-            return { type: 'decision', fn: (cur: Parameters<typeof applyDecisionToAudit>[0]) => applyDecisionToAudit(cur, r, msg.seq) };
+            return { type: 'decision', final: true, fn: (cur: Parameters<typeof applyDecisionToAudit>[0]) => applyDecisionToAudit(cur, r, msg.seq) };
           })();
     if (!apply) {
       d.log.error({ seq: msg.seq, tenant: where.tenant, stream: kind }, 'message does not belong to its subject');
       return { kind: 'term', reason: 'message does not belong to its subject' };
     }
-    const outcome = await applier.apply(key, apply.fn);
-    d.log.debug({ key, seq: msg.seq, type: apply.type, deliveryCount: msg.info.deliveryCount, ...outcome }, outcome.kind === 'written' ? 'projected' : 'projection unchanged');
+    const written = batcher.add(key, apply.fn, apply.final).then((outcome) => {
+      d.log.debug({ key, seq: msg.seq, type: apply.type, deliveryCount: msg.info.deliveryCount, ...outcome }, outcome.kind === 'written' ? 'projected' : 'projection unchanged');
+    });
+    if (!apply.final) return { kind: 'defer', settled: written };
+    await written;
   };
-  return { events: (m) => project('op', m), decisions: (m) => project('decision', m) };
+  return { events: (m) => project('op', m), decisions: (m) => project('decision', m), flush: () => batcher.flush() };
 }

@@ -42,24 +42,36 @@ const auditConfigSchema = z.object({
         return z.NEVER;
       }
     }),
+  /**
+   * How long an in-flight operation's events wait to be written together with its next ones, ms
+   * (default 1000; 0 = every event at once). A record shows an in-flight state up to this late.
+   */
+  TOOLTX_AUDIT_BATCH_MS: z.coerce.number().int().min(0).max(60_000).default(1_000),
 });
 
 await runService({
   name: 'audit-projector',
   summary: 'projects the event log and the decision stream into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>) — no bodies — and answers auditors\' queries on <prefix>.audit.<tenant>.<auditor>, recording each before answering',
   env: auditConfigSchema,
-  envHelp: '  TOOLTX_AUDIT_HMAC_KEY_FILE key file (>= 32 characters, mode 0600) of the keyed HMACs in audit records (required)',
-  async start({ subjects, log, js, nc, config, env }) {
+  envHelp: `  TOOLTX_AUDIT_HMAC_KEY_FILE key file (>= 32 characters, mode 0600) of the keyed HMACs in audit records (required)
+  TOOLTX_AUDIT_BATCH_MS    how long an in-flight operation's events wait to be written with its next
+                           ones as one record write, ms: an integer 0..60000 (default 1000; 0 = at once)`,
+  async start({ subjects, log, js, jsm, nc, config, env }) {
     const key = env.TOOLTX_AUDIT_HMAC_KEY_FILE;
     const hmac: AuditHmac = (purpose, value) => keyedDigest(key, `audit-${purpose}`, value);
     const kv = await openBucket(nc, subjects.auditBucket);
-    const handlers = auditHandlers({ subjects, kv, hmac, log });
+    // Waiting operations are bounded so their unacked events (up to 3 each) stay under the durable's
+    // max_ack_pending with the loop's own in-flight ones.
+    const { config: durable } = await jsm.consumers.info(subjects.eventsStream, Durables.auditProjector);
+    const maxHeld = Math.max(1, Math.floor(((durable.max_ack_pending ?? 1_000) - config.TOOLTX_CONCURRENCY) / 3));
+    const handlers = auditHandlers({ subjects, kv, hmac, log, batchMs: env.TOOLTX_AUDIT_BATCH_MS, maxHeld });
     const events = await startConsumerLoop({ js, stream: subjects.eventsStream, durable: Durables.auditProjector, concurrency: config.TOOLTX_CONCURRENCY, log, handle: handlers.events });
     const decisions = await startConsumerLoop({ js, stream: subjects.decisionsStream, durable: Durables.auditDecisions, concurrency: config.TOOLTX_CONCURRENCY, log, handle: handlers.decisions });
     const service = new AuditService({ nc, js, kv, subjects, log: log.child({ component: 'audit-query' }), instance: config.TOOLTX_INSTANCE_ID });
     service.start();
     return async () => {
       await service.stop();
+      await handlers.flush();
       await Promise.all([events.stop(), decisions.stop()]);
     };
   },

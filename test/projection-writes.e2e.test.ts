@@ -1,9 +1,11 @@
 /**
- * The reconciler's index writer end to end (issue 10; services/reconciler/src/index-writer.ts): an
- * accepted or running event is held for TOOLTX_RECONCILE_INDEX_DELAY_MS before its operation is
- * indexed, so an operation that ends sooner costs the index nothing. One reconciler process (sweep
- * on) on a real nats-server, fed events built with the decider and appended with the event store's
- * expected-sequence appends.
+ * How often the projections write (issue 10), end to end: the reconciler's index writer
+ * (services/reconciler/src/index-writer.ts) holds an accepted or running event for
+ * TOOLTX_RECONCILE_INDEX_DELAY_MS before its operation is indexed, so an operation that ends sooner
+ * costs the index nothing; the audit-projector (ProjectionBatcher) writes an operation's in-flight
+ * events with its final one, one record write per operation. One process of each (the reconciler's
+ * sweep on) on a real nats-server, fed events built with the decider and appended with the event
+ * store's expected-sequence appends.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { KV } from '@nats-io/kv';
@@ -11,6 +13,7 @@ import { decide, type OperationCommand } from '@tooltx/lifecycle';
 import { decode, encode, openBucket } from '@tooltx/nats';
 import { Durables } from '@tooltx/streams';
 import { applyToIndex, reconcileValueSchema, type IndexEntry, type ReconcileValue } from '../services/reconciler/src/projection.js';
+import { auditRecordSchema } from '../services/audit-projector/src/projection.js';
 import { fold, sampleOperation, type LogEntry, type SampleOperation } from './helpers/histories.js';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
@@ -19,6 +22,8 @@ import { TEST_SIGNER } from './helpers/signing.js';
 let t: TestNats;
 let kv: KV;
 let reconciler: ServiceProcess;
+let auditor: ServiceProcess;
+let auditKv: KV;
 // Sample histories advance 100 ms per event: a 3-event operation ends 200 ms after acceptance, under half of this.
 const DELAY_MS = 1_000;
 
@@ -37,17 +42,25 @@ async function entry(key: string): Promise<ReconcileValue | null> {
   return e && e.operation === 'PUT' ? decode(reconcileValueSchema, e.value) : null;
 }
 
-const writes = async () => (await t.jsm.streams.info(`KV_${t.subjects.reconcileBucket}`)).state.messages;
+// Writes ever made to a bucket (its stream keeps one message per key: the last sequence counts them all).
+const writes = async (bucket = t.subjects.reconcileBucket) => (await t.jsm.streams.info(`KV_${bucket}`)).state.last_seq;
 
-/** Until the reconciler's durable has delivered and settled everything (held messages count as unacknowledged). */
+/** Until both projectors' durables have delivered and settled everything (held messages count as unacknowledged). */
 async function untilSettled(timeoutMs = 15_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const info = await t.jsm.consumers.info(t.subjects.eventsStream, Durables.reconciler);
-    if (info.num_pending === 0 && info.num_ack_pending === 0) return;
-    if (Date.now() > deadline) throw new Error(`reconciler: ${info.num_pending} pending, ${info.num_ack_pending} unacknowledged`);
-    await new Promise((r) => setTimeout(r, 50));
+  for (const durable of [Durables.reconciler, Durables.auditProjector]) {
+    for (;;) {
+      const info = await t.jsm.consumers.info(t.subjects.eventsStream, durable);
+      if (info.num_pending === 0 && info.num_ack_pending === 0) break;
+      if (Date.now() > deadline) throw new Error(`${durable}: ${info.num_pending} pending, ${info.num_ack_pending} unacknowledged`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
   }
+}
+
+async function auditStates(key: string): Promise<string[]> {
+  const e = await auditKv.get(key);
+  return e && e.operation === 'PUT' ? decode(auditRecordSchema, e.value).states.map((s) => s.event) : [];
 }
 
 async function until<T>(read: () => Promise<T>, ok: (v: T) => boolean, what: string, timeoutMs = 15_000): Promise<T> {
@@ -63,16 +76,20 @@ async function until<T>(read: () => Promise<T>, ok: (v: T) => boolean, what: str
 beforeAll(async () => {
   t = await provisioned();
   kv = await openBucket(t.nc, t.subjects.reconcileBucket);
-  reconciler = await startService('reconciler', { ...t.env, TOOLTX_RECONCILE_INDEX_DELAY_MS: String(DELAY_MS), TOOLTX_RECONCILE_INTERVAL_MS: '200' });
+  auditKv = await openBucket(t.nc, t.subjects.auditBucket);
+  [reconciler, auditor] = await Promise.all([
+    startService('reconciler', { ...t.env, TOOLTX_RECONCILE_INDEX_DELAY_MS: String(DELAY_MS), TOOLTX_RECONCILE_INTERVAL_MS: '200' }),
+    startService('audit-projector', { ...t.env, TOOLTX_AUDIT_BATCH_MS: String(DELAY_MS) }),
+  ]);
 });
 
 afterAll(async () => {
-  const code = await reconciler?.stop();
+  const codes = await Promise.all([reconciler?.stop(), auditor?.stop()]);
   await t?.close();
-  expect(code).toBe(0);
+  expect(codes).toEqual([0, 0]);
 });
 
-describe('the reconciler index holds only operations that stay open', () => {
+describe('projection writes', () => {
   it('an operation that ends within the hold is never written; one that stays open is indexed from its last state, then tombstoned when it ends', async () => {
     const fast = sampleOperation('committed', 1);
     const slow = sampleOperation('running', 2);
@@ -85,6 +102,10 @@ describe('the reconciler index holds only operations that stay open', () => {
     // Indexed once, from the operation's last state (running), not once per event.
     expect(await entry(slowKey)).toEqual(fold(slowLog, applyToIndex).get(slowKey));
     expect(await writes()).toBe(1);
+    // The audit: one record write per operation, every state in it (the slow one's at its hold's end).
+    expect(await auditStates(t.subjects.projectionKey(fast.tenant, fast.opId))).toEqual(['accepted', 'running', 'committed']);
+    expect(await auditStates(slowKey)).toEqual(['accepted', 'running']);
+    expect(await writes(t.subjects.auditBucket)).toBe(2);
 
     // The slow operation ends: its known entry becomes a tombstone.
     const { state, seq } = await t.store.load(slow.tenant, slow.opId);
@@ -95,6 +116,8 @@ describe('the reconciler index holds only operations that stay open', () => {
     const committedSeq = await t.store.append(slow.tenant, slow.opId, d.event, seq);
     await until(() => entry(slowKey), (v) => v?.terminal === true, 'the slow operation is tombstoned');
     expect(await entry(slowKey)).toEqual({ seq: committedSeq, status: 'committed', terminal: true });
+    await until(() => auditStates(slowKey), (v) => v.length === 3, 'the audit records the commit');
+    expect(await writes(t.subjects.auditBucket)).toBe(3);
     expect(reconciler.lines.filter((l) => typeof l.level === 'number' && l.level >= 50)).toEqual([]);
   });
 
