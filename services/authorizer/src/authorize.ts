@@ -140,7 +140,8 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
             if (err instanceof ConcurrencyError) continue;
             throw err;
           }
-          l.info({ operationKey: registered.operationKey, ...(submitted ? { submittedKey: key } : {}), attempt: d.event.attempt, tool: contract.id }, 'accepted');
+          // Debug: one line per call is a synchronous write per call at info (issue 10); the audit record holds it.
+          l.debug({ operationKey: registered.operationKey, ...(submitted ? { submittedKey: key } : {}), attempt: d.event.attempt, tool: contract.id }, 'accepted');
           return;
         case 'conflict':
           return void (await refuse(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] }, ids));
