@@ -2,6 +2,7 @@ import { readFile } from 'node:fs/promises';
 import { connect, credsAuthenticator, errors as natsErrors, nkeyAuthenticator, type NatsConnection } from '@nats-io/transport-node';
 import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
+import { applyClientPatches } from './client-patches.js';
 
 export type { NatsConnection } from '@nats-io/transport-node';
 
@@ -21,14 +22,18 @@ export interface ConnectOptions {
   reconnectForever?: boolean;
 }
 
-/** Connects with reconnects on; throws the client's connection error when no server answers. */
+/**
+ * Connects with reconnects on; throws the client's connection error when no server answers. The
+ * connection writes once per event-loop turn and builds no Error per answered request
+ * (./client-patches.ts: hooks on nats.js 3.4.0 internals, skipped with a warning if they differ).
+ */
 export async function connectNats(opts: ConnectOptions): Promise<NatsConnection> {
   const authenticator = opts.credsFile
     ? credsAuthenticator(await readFile(opts.credsFile))
     : opts.nkeySeedFile
       ? nkeyAuthenticator(new TextEncoder().encode((await readFile(opts.nkeySeedFile, 'utf8')).trim()))
       : undefined;
-  return connect({
+  const nc = await connect({
     servers: opts.servers.split(',').map((s) => s.trim()).filter(Boolean),
     name: opts.name,
     ...(authenticator ? { authenticator } : {}),
@@ -41,6 +46,8 @@ export async function connectNats(opts: ConnectOptions): Promise<NatsConnection>
     // each service's CPU in the bench profile (docs/performance.md). Errors keep their class and message.
     noAsyncTraces: true,
   });
+  applyClientPatches(nc);
+  return nc;
 }
 
 /** The JetStream client and manager for a connection; the manager never calls `$JS.API.INFO`. */

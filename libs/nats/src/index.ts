@@ -7,3 +7,4 @@ export * from './server.js';
 export * from './projection.js';
 export * from './tasks.js';
 export * from './kv-mirror.js';
+export { applyClientPatches, clientPatchesOf, type ClientPatches } from './client-patches.js';
