@@ -120,7 +120,7 @@ describe('audit projection: one record per operation', () => {
   });
 
   it('records an event type or status it does not know with its time; a manual resolution names who resolved it', () => {
-    const [accepted, running, unknown] = sampleOperation('running', 91).events as [AuditedEvent, AuditedEvent, AuditedEvent?];
+    const [accepted, running, unknown] = sampleOperation('running', 91).events as unknown as [AuditedEvent, AuditedEvent, AuditedEvent?];
     const at = running.at + 1_000;
     const marked: AuditedEvent = { ...running, type: 'unknown', at, state: { ...running.state, status: 'unknown' } };
     const takeover: AuditedEvent = { ...marked, type: 'takeover', at: at + 1, state: { ...marked.state, takeover: { reason: 'unknown_past_deadline' } } };
