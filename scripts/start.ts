@@ -38,6 +38,9 @@ Environment (a flag given wins over its variable, shown above as "env:"):
   KB_SEED            knowledge bases the KB creates if absent, tenant:kb[:actor+actor][,...]
                      (default acme:research,acme:archive,globex:research)
   NATS_SERVER_BIN    the nats-server binary (default: nats-server on PATH, /usr/sbin/nats-server)
+  TOOLTX_STACK_RUNTIME
+                     compiled (default): the KB and the services run as JavaScript bundled on demand
+                     into node_modules/.cache/tooltx-stack; tsx: from their TypeScript sources
   TOOLTX_AUDIT_HMAC_KEY_FILE, TOOLTX_LOG_HMAC_KEY_FILE
                      key files of the audit and log HMACs (default: generated in the state directory)
   LOG_LEVEL          fatal|error|warn|info|debug|trace|silent, for every process (default info);

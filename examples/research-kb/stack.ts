@@ -1,7 +1,11 @@
 /**
  * Starts the whole research-KB stack as real processes: nats-server (unless `natsUrl` is given)
  * with its JetStream store in `stateDir`, the streams applied (the provisioner step), the KB storage
- * service, and the four tooltx services. Used by `npm start` and `npm run demo`.
+ * service, and the four tooltx services. Used by `npm start`, `npm run demo` and `npm run bench`.
+ *
+ * The KB and the services run as compiled JavaScript by plain `node` (./compiled.ts: built on
+ * demand, cached) with {@link SERVICE_NODE_FLAGS}; `TOOLTX_STACK_RUNTIME=tsx` runs their TypeScript
+ * sources under tsx instead (development).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync } from 'node:fs';
@@ -13,11 +17,44 @@ import { z } from 'zod';
 import { connectNats, jetStreamOf, NatsServerUnavailableError, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
 import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, startupStep, StartupError, StartupFailure, type ReadyMessage } from '@tooltx/runtime';
 import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
+import { ensureStackBuild, StackBuildError, touchStackBuild, type StackEntry } from './compiled.js';
 import { loadSeedFile, SeedError } from './kb-seed.js';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const RESEARCH_TOOLS = join(ROOT, 'examples', 'research-kb', 'tools.ts');
 export const SERVICES = ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const;
+
+/**
+ * How the stack runs the KB and the services (`TOOLTX_STACK_RUNTIME`, or {@link StackOptions.runtime}):
+ * - `compiled` (default): the bundle of ./compiled.ts (built on demand, cached under
+ *   node_modules/.cache/tooltx-stack/) run by plain `node --enable-source-maps`;
+ * - `tsx`: the TypeScript sources under `node --import tsx` — no build step, for development; about
+ *   45 MB more RSS per process (tsx's loader runs in its own V8 isolate on Node 20).
+ */
+export type StackRuntime = 'compiled' | 'tsx';
+const stackRuntimeSchema = z.enum(['compiled', 'tsx']);
+
+/**
+ * V8 flags of every KB and service process, whatever the runtime (issue 10: each ≤ 120 MB peak
+ * RSS; the figures are in docs/performance.md, "Memory: compiled services and V8 flags"). None caps
+ * the heap — `--max-old-space-size` would turn a burst of live data into an out-of-memory crash —
+ * they make V8 collect earlier and keep one compiler out:
+ * - `--max-semi-space-size=4` (MB): the young generation stays at 2 × 4 MB; by default it grows to
+ *   2 × 16 MB under load in every process (−24 MB each). About 3.5× more scavenges, each of the same
+ *   surviving objects, and more of them promoted.
+ * - `--heap-growing-percent=50`: the next full GC comes when the old generation has grown to 1.5 ×
+ *   what survived the last one. V8's own factor (up to 4×, from its GC and mutator speeds) let the
+ *   authorizer's old space reach 60–70 MB while 23–28 MB of it was live.
+ * - `--liftoff-only`: WebAssembly stays on V8's baseline compiler. undici's HTTP parser (llhttp) is
+ *   WebAssembly, and its tier-up to TurboFan compiled in one burst of 25–40 MB outside the heap —
+ *   the authorizer's and executor's peak, within a second of their first KB requests. llhttp then
+ *   parses the KB's small answers in baseline code: no difference per request measured.
+ * CPU: more GC work per call; see the docs for the measured cost. `--lite-mode`/`--jitless` (no
+ * optimising compiler) and `--optimize-for-size` (1 MB semi-spaces: GC 25–37 % of CPU) were rejected.
+ */
+export const SERVICE_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', '--heap-growing-percent=50', '--liftoff-only'];
+/** `TOOLTX_STACK_NODE_FLAGS`: node/V8 flags replacing {@link SERVICE_NODE_FLAGS}, space-separated, each `--…` ("" = none; for measuring them). */
+const nodeFlagsSchema = z.string().transform((v) => v.split(/\s+/).filter(Boolean)).pipe(z.array(z.string().regex(/^--[a-z0-9][a-z0-9_=.,:/-]*$/i)));
 
 /** The identities `npm start` and the demo generate when no list is given (TOOLTX_IDENTITIES). */
 export const DEFAULT_IDENTITIES: IdentityList = JSON.parse(readFileSync(join(ROOT, 'examples', 'research-kb', 'identities.json'), 'utf8')) as IdentityList;
@@ -67,6 +104,10 @@ export interface StackOptions {
    * puts a fault-injecting hop there). Default: the KB's own URL.
    */
   kbHop?: (kbUrl: string) => Promise<string>;
+  /** How the KB and the services run (default `TOOLTX_STACK_RUNTIME`, else `compiled`); see {@link StackRuntime}. */
+  runtime?: StackRuntime;
+  /** Node/V8 flags of the KB and the services (default `TOOLTX_STACK_NODE_FLAGS` when set, else {@link SERVICE_NODE_FLAGS}). */
+  nodeFlags?: readonly string[];
   /** Instances of each service (default 1). */
   instances?: Partial<Record<(typeof SERVICES)[number] | 'kb', number>>;
   /**
@@ -125,10 +166,18 @@ export interface Stack {
 /**
  * Starts the stack (see the file's header). A failure caused by a setting throws a
  * {@link StartupError} naming it — `TOOLTX_STATE_DIR`, `KB_SEED_FILE`, `TOOLTX_IDENTITIES`,
- * `NATS_PORT`, `NATS_SERVER_BIN`, `NATS_URL`, `TOOLTX_AUTH_DIR`, `KB_SERVICE_TOKEN_FILE`, or a process's own setting
+ * `NATS_PORT`, `NATS_SERVER_BIN`, `NATS_URL`, `TOOLTX_AUTH_DIR`, `KB_SERVICE_TOKEN_FILE`,
+ * `TOOLTX_STACK_RUNTIME` (not `compiled`/`tsx`, or the build failed or its cache is not writable),
+ * `TOOLTX_STACK_NODE_FLAGS`, or a process's own setting
  * ({@link StackProcessStartupError}: `KB_PORT`, `KB_DB`, …) — and leaves nothing running.
  */
 export async function startStack(o: StackOptions): Promise<Stack> {
+  // First, before anything is created: the JavaScript the processes run (a few ms when cached).
+  const runtimeEnv = process.env.TOOLTX_STACK_RUNTIME;
+  const runtime = o.runtime ?? (await startupStep('TOOLTX_STACK_RUNTIME', runtimeEnv, () => stackRuntimeSchema.parse(runtimeEnv ?? 'compiled'), () => 'expected "compiled" or "tsx"'));
+  const flagsEnv = process.env.TOOLTX_STACK_NODE_FLAGS;
+  const nodeFlags = o.nodeFlags ?? (flagsEnv === undefined ? SERVICE_NODE_FLAGS : await startupStep('TOOLTX_STACK_NODE_FLAGS', flagsEnv, () => nodeFlagsSchema.parse(flagsEnv), () => 'expected node flags separated by spaces, each starting with --'));
+  const build = runtime === 'compiled' ? await startupStep('TOOLTX_STACK_RUNTIME', 'compiled', () => ensureStackBuild(), buildProblem) : undefined;
   // 0700: it holds keys, seeds and every tenant's notes (kb.sqlite).
   await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => mkdirSync(o.stateDir, { recursive: true, mode: 0o700 }));
   // Development HMAC keys (issue 9), kept in the state directory (0600) so audit records rebuilt
@@ -262,10 +311,16 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   };
   /** Where a process's own words about a failure are (for a failure message). */
   const logsOf = (name: string) => (typeof o.logs === 'object' ? `its log ${join(o.logs.dir, `${name}.log`)}` : 'its output above');
-  const launch = (name: string, script: string, env: Record<string, string>) => {
+  /** The node arguments of a process: its compiled entry, or its TypeScript source under tsx. */
+  const argsOf = (entry: StackEntry, source: string): string[] => {
+    if (!build) return [...nodeFlags, '--import', 'tsx', source];
+    touchStackBuild(build);
+    return [...nodeFlags, '--enable-source-maps', build.path(entry)];
+  };
+  const launch = (name: string, program: StackEntry, source: string, env: Record<string, string>) => {
     // Own process group: a terminal's Ctrl-C reaches only the supervisor, which stops the services
     // first (they drain), then the KB, then nats-server.
-    const child = spawn(process.execPath, ['--import', 'tsx', script], {
+    const child = spawn(process.execPath, argsOf(program, source), {
       detached: true,
       cwd: ROOT,
       // TOOLTX_EXIT_WITH_PARENT: the process stops by itself when this supervisor is gone, even
@@ -302,7 +357,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         setTimeout(() => {
           if (stopping) return;
           processes.splice(processes.indexOf(entry), 1);
-          launch(name, script, env);
+          launch(name, program, source, env);
         }, 500);
         return;
       }
@@ -325,7 +380,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const kbAdminToken = o.kbAdminToken ?? randomBytes(24).toString('hex');
   const tokenFile = join(o.stateDir, 'kb-admin.token');
   writeFileSync(tokenFile, kbAdminToken, { mode: 0o600 });
-  const kbChild = launch('kb', join(ROOT, 'examples', 'research-kb', 'kb-server.ts'), {
+  const kbChild = launch('kb', 'kb-server', join(ROOT, 'examples', 'research-kb', 'kb-server.ts'), {
     KB_ADMIN_TOKEN_FILE: tokenFile,
     KB_SERVICE_TOKEN_FILE: kbServiceTokenFile,
     KB_PORT: String(o.kbPort),
@@ -342,14 +397,15 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const common = {
     NATS_URL: url,
     TOOLTX_PREFIX: o.prefix,
-    TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
+    // Compiled: the tools module of the same build, so it shares the service's @tooltx/* modules.
+    TOOLTX_TOOLS_MODULE: build ? build.path('tools') : RESEARCH_TOOLS,
     KB_URL: o.kbHop ? await o.kbHop(kbUrl) : kbUrl,
     KB_DEDUP: o.kbDedup ? 'on' : 'off',
   };
   await Promise.all(
     SERVICES.flatMap((name) =>
       Array.from({ length: o.instances?.[name] ?? 1 }, (_, i) => {
-        const child = launch(`${name}-${i + 1}`, join(ROOT, 'services', name, 'src', 'main.ts'), {
+        const child = launch(`${name}-${i + 1}`, name, join(ROOT, 'services', name, 'src', 'main.ts'), {
           ...common,
           TOOLTX_INSTANCE_ID: `${name}-${i + 1}`,
           NATS_NKEY_FILE: seedFile({ kind: 'service', service: name }),
@@ -439,6 +495,12 @@ function waitForReady(child: ChildProcess, name: string, where: string, timeoutM
     child.stdout!.on('data', onData);
     child.once('close', onClose);
   });
+}
+
+/** Why the stack's JavaScript could not be built: esbuild's words about our sources, or the cache's file-system code. */
+function buildProblem(err: unknown): string {
+  if (err instanceof StackBuildError) return `cannot build the KB's and the services' JavaScript: ${err.message}`;
+  return `cannot write the build cache node_modules/.cache/tooltx-stack (${describeError(err)}); TOOLTX_STACK_RUNTIME=tsx runs the TypeScript sources without a build`;
 }
 
 /** A seed file's problems (its own messages: field paths and rules, never a token). */

@@ -1,6 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
+import { SERVICE_NODE_FLAGS } from '../../examples/research-kb/stack.js';
 import { kbServiceToken } from './kb-service-token.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -79,7 +80,12 @@ export class ServiceProcess {
   }
 }
 
-/** Spawns `services/<name>/src/main.ts` under tsx with `env`, and waits for its "started" line. */
+/**
+ * Spawns `services/<name>/src/main.ts` under tsx with `env`, and waits for its "started" line. The
+ * V8 flags are the stack's ({@link SERVICE_NODE_FLAGS}); the runtime stays tsx, not the stack's
+ * compiled build (examples/research-kb/compiled.ts): the tests' tools modules are TypeScript
+ * fixtures, which must share one `@tooltx/contracts` with the service they are loaded into.
+ */
 export async function startService(name: ServiceName, env: Record<string, string>, opts: { wait?: boolean } = {}): Promise<ServiceProcess> {
   // The service's own identity: its seed from the test server's generated auth (issue 5).
   const seed = env.TOOLTX_TEST_NKEYS_DIR ? { NATS_NKEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, `service.${name}.nk`) } : {};
@@ -87,7 +93,7 @@ export async function startService(name: ServiceName, env: Record<string, string
   const signing = env.TOOLTX_TEST_NKEYS_DIR && (name === 'executor' || name === 'reconciler') ? { TOOLTX_SIGNING_KEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, '..', 'signing', `${name}.pem`) } : {};
   // A service that talks to a KB carries the KB service token startKb gave that KB (helpers/kb.ts).
   const kbToken = env.KB_URL !== undefined ? { KB_SERVICE_TOKEN_FILE: kbServiceToken().file } : {};
-  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'services', name, 'src', 'main.ts')], {
+  const child = spawn(process.execPath, [...SERVICE_NODE_FLAGS, '--import', 'tsx', join(ROOT, 'services', name, 'src', 'main.ts')], {
     cwd: ROOT,
     env: { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', TOOLTX_TOOLS_MODULE: SINK_TOOLS, TOOLTX_INSTANCE_ID: `${name}-${Math.random().toString(36).slice(2, 8)}`, ...seed, ...signing, ...kbToken, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
