@@ -165,6 +165,11 @@ export class ProjectionApplier<T> {
   cached(key: string): T | null | undefined {
     return this.#cache.get(key)?.value;
   }
+
+  /** Drops `key` from the cache (its next apply reads the store first, or creates optimistically). */
+  forget(key: string): void {
+    this.#cache.drop(key);
+  }
 }
 
 /**
@@ -208,7 +213,8 @@ export function projectionHandler<T>(deps: {
  * projection rules order by stream sequence themselves). An entry is visible up to `delayMs` late.
  *
  * Use from a consumer-loop handler: `{ kind: 'defer', settled: batch.add(key, apply, false) }` for
- * an in-flight event, `await batch.add(key, apply, true)` for a final one. At most `maxHeld` keys
+ * an in-flight event, `await batch.add(key, apply, true)` for a final one. A final batch's entry
+ * leaves the cache once written (memory stays flat with the number of operations). At most `maxHeld` keys
  * wait at once (beyond it the oldest batch is written early): keep `maxHeld × events per key +
  * concurrency` below the durable's `max_ack_pending` (NATS-NOTES "Consumers").
  */
@@ -216,7 +222,7 @@ export class ProjectionBatcher<T> {
   readonly #applier: ProjectionApplier<T>;
   readonly #delayMs: number;
   readonly #maxHeld: number;
-  readonly #batches = new Map<string, { applies: ((current: T | null) => T | null)[]; waiters: { resolve: (o: ProjectionOutcome) => void; reject: (e: unknown) => void }[]; timer: NodeJS.Timeout }>();
+  readonly #batches = new Map<string, { applies: ((current: T | null) => T | null)[]; final: boolean; waiters: { resolve: (o: ProjectionOutcome) => void; reject: (e: unknown) => void }[]; timer: NodeJS.Timeout }>();
   #flushing = false;
 
   constructor(applier: ProjectionApplier<T>, o: { delayMs: number; maxHeld: number }) {
@@ -237,11 +243,12 @@ export class ProjectionBatcher<T> {
   add(key: string, apply: (current: T | null) => T | null, final: boolean): Promise<ProjectionOutcome> {
     let b = this.#batches.get(key);
     if (!b) {
-      b = { applies: [], waiters: [], timer: setTimeout(() => void this.#write(key), this.#delayMs) };
+      b = { applies: [], final: false, waiters: [], timer: setTimeout(() => void this.#write(key), this.#delayMs) };
       this.#batches.set(key, b);
       if (this.#batches.size > this.#maxHeld) void this.#write(this.#batches.keys().next().value as string);
     }
     b.applies.push(apply);
+    b.final ||= final;
     const batch = b;
     const settled = new Promise<ProjectionOutcome>((resolve, reject) => batch.waiters.push({ resolve, reject }));
     if (final || this.#delayMs === 0 || this.#flushing) void this.#write(key);
@@ -272,6 +279,9 @@ export class ProjectionBatcher<T> {
         }
         return changed ? value : null;
       });
+      // An ended operation's entry is not written again in the usual course: keeping it cached
+      // would hold every recent operation's whole entry (audit records are ~5 KB) for nothing.
+      if (b.final) this.#applier.forget(key);
       for (const w of b.waiters) w.resolve(outcome);
     } catch (err) {
       for (const w of b.waiters) w.reject(err);
