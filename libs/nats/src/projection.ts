@@ -173,36 +173,20 @@ export class ProjectionApplier<T> {
 }
 
 /**
- * The consumer-loop handler of an event-log projection. For each message on `<p>.op.<tenant>.<opId>`:
- * decode the event (an undecodable one is `term`ed), check that the state it carries belongs to
- * the subject's tenant and operation (else `term`), then {@link projectEntry} under
- * `<tenant>.<opId>` with `rule(current, event, msg.seq)` — the stream sequence is the ordering value.
- * Ack after the entry is written or found newer; a failed write naks (the loop's mapping).
+ * An event-log message as a projection reads it: the event decoded (an undecodable one throws
+ * `CodecError`, which the consumer loop `term`s), its subject's tenant and operation, and the
+ * projection key `<tenant>.<opId>` — or a `term` settlement when the message is not on an operation
+ * subject or the state it carries belongs to another tenant or operation (logged as an error).
  */
-export function projectionHandler<T>(deps: {
-  subjects: Subjects;
-  kv: KV;
-  schema: z.ZodType<T>;
-  rule: ProjectionRule<T>;
-  log: Logger;
-}): (msg: JsMsg) => Promise<Settlement | void> {
-  const { subjects, kv, schema, rule, log } = deps;
-  const applier = new ProjectionApplier(kv, schema);
-  return async (msg) => {
-    const where = subjects.parseOpSubject('op', msg.subject);
-    if (!where) return { kind: 'term', reason: 'not an operation subject' };
-    const event = decode(operationEventSchema, msg.data);
-    if (event.state.tenant !== where.tenant || operationIdOf(event.state.operationKey) !== where.opId) {
-      log.error({ seq: msg.seq, tenant: where.tenant }, 'event does not belong to its operation subject');
-      return { kind: 'term', reason: 'event does not belong to its subject' };
-    }
-    const key = subjects.projectionKey(where.tenant, where.opId);
-    const outcome = await applier.apply(key, (current) => rule(current, event, msg.seq));
-    log.debug(
-      { tenant: where.tenant, operationKey: event.state.operationKey, seq: msg.seq, type: event.type, deliveryCount: msg.info.deliveryCount, ...outcome },
-      outcome.kind === 'written' ? 'projected' : 'projection unchanged',
-    );
-  };
+export function opEventOf(subjects: Subjects, msg: JsMsg, log: Logger): { kind: 'event'; tenant: string; opId: string; key: string; event: OperationEvent } | Extract<Settlement, { kind: 'term' }> {
+  const where = subjects.parseOpSubject('op', msg.subject);
+  if (!where) return { kind: 'term', reason: 'not an operation subject' };
+  const event = decode(operationEventSchema, msg.data);
+  if (event.state.tenant !== where.tenant || operationIdOf(event.state.operationKey) !== where.opId) {
+    log.error({ seq: msg.seq, tenant: where.tenant }, 'event does not belong to its operation subject');
+    return { kind: 'term', reason: 'event does not belong to its subject' };
+  }
+  return { kind: 'event', tenant: where.tenant, opId: where.opId, key: subjects.projectionKey(where.tenant, where.opId), event };
 }
 
 /**

@@ -1,8 +1,7 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
-import { operationIdOf } from '@tooltx/contracts';
-import { operationEventSchema, type OperationRecord } from '@tooltx/lifecycle';
-import { decode, ProjectionApplier, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import type { OperationRecord } from '@tooltx/lifecycle';
+import { opEventOf, ProjectionApplier, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
 import { applyStateToIndex, applyToIndex, reconcileValueSchema, type ReconcileValue } from './projection.js';
 
@@ -84,18 +83,13 @@ export class IndexWriter {
 
   /** The consumer-loop handler of the event log's `reconciler` durable. */
   readonly handle = async (msg: JsMsg): Promise<Settlement | void> => {
-    const { subjects, log } = this.#o;
-    const where = subjects.parseOpSubject('op', msg.subject);
-    if (!where) return { kind: 'term', reason: 'not an operation subject' };
-    const event = decode(operationEventSchema, msg.data);
-    if (event.state.tenant !== where.tenant || operationIdOf(event.state.operationKey) !== where.opId) {
-      log.error({ seq: msg.seq, tenant: where.tenant }, 'event does not belong to its operation subject');
-      return { kind: 'term', reason: 'event does not belong to its subject' };
-    }
-    const key = subjects.projectionKey(where.tenant, where.opId);
+    const { log } = this.#o;
+    const m = opEventOf(this.#o.subjects, msg, log);
+    if (m.kind === 'term') return m;
+    const { key, event } = m;
     const status = event.state.status;
     if (this.#o.delayMs > 0 && !this.#flushing && (status === 'accepted' || status === 'running') && !event.state.takeover) {
-      return { kind: 'defer', settled: this.#hold(key, where.tenant, where.opId, msg.seq, event.type) };
+      return { kind: 'defer', settled: this.#hold(key, m.tenant, m.opId, msg.seq, event.type) };
     }
     await this.#applier.inOrder(key, async () => {
       const h = this.#holds.get(key);
