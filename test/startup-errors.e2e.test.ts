@@ -172,7 +172,9 @@ describe('npm start that cannot start', () => {
   it('names the flag, or the variable it was set by, and the value, in one line without a stack trace', async () => {
     const file = join(dir, 'hostname');
     writeFileSync(file, 'x');
-    const notDir = await failure(start(['--state-dir', join(file, 'x')]));
+    // Ports of its own: the defaults (4222, the KB's) may be taken by any other stack on the
+    // machine, which is refused first (a CI run collided with a trial's `npm start`).
+    const notDir = await failure(start(['--state-dir', join(file, 'x'), '--port', String(await freePort()), '--kb-port', String(await freePort())]));
     expect(notDir.stderr).toBe(`tooltx-start: cannot start: --state-dir ${join(file, 'x')}: cannot create the state directory: a part of the path is not a directory (ENOTDIR)\n`);
     expect(notDir.line).toMatchObject({ setting: '--state-dir', value: join(file, 'x') });
 
@@ -184,7 +186,7 @@ describe('npm start that cannot start', () => {
     expect(env.stderr).toContain('KB_DEDUP=maybe');
     expect(env.line.settings).toEqual(['NATS_PORT', 'KB_DEDUP']);
 
-    const auth = await failure(start(['--state-dir', join(dir, 'external')], { NATS_URL: `nats://127.0.0.1:${closedPort}` }));
+    const auth = await failure(start(['--state-dir', join(dir, 'external'), '--kb-port', String(await freePort())], { NATS_URL: `nats://127.0.0.1:${closedPort}` }));
     expect(auth.line).toMatchObject({ setting: 'TOOLTX_AUTH_DIR' });
     expect(auth.stderr).toContain('required when NATS_URL is set');
   });
