@@ -4,7 +4,9 @@
  * status), FM-32 (other users' reply inboxes), plus the id-collision and wildcard cases.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { errors, nanos, type NatsConnection, type PermissionViolationError } from '@nats-io/transport-node';
 import { AckPolicy, jetstream, jetstreamManager } from '@nats-io/jetstream';
 import { downstreamKeyOf, prepareCall, TooltxError } from '@tooltx/contracts';
@@ -290,6 +292,33 @@ describe('FM-32: reply inboxes are private', () => {
     // The matcher itself: the authorizer may create its status watch on the event log.
     const authz = permissionsFor({ kind: 'service', service: 'authorizer' }, t.subjects, topo);
     expect(authz.publish.allow.some((a) => subjectMatches(a, `$JS.API.CONSUMER.CREATE.${t.subjects.eventsStream}.oc_x_1.${t.subjects.allOps}`))).toBe(true);
+  });
+});
+
+describe('keys across generations', () => {
+  it('a user\'s seed is kept when the configuration is generated again (a restarted stack does not lock out a connected agent); a file that is not a user seed is replaced', () => {
+    const s = new Subjects('tkeep');
+    const outDir = mkdtempSync(join(tmpdir(), 'tooltx-keep-'));
+    try {
+      const o = { subjects: s, topology: topology(s), outDir, listen: '127.0.0.1:-1', storeDir: join(outDir, 'js') };
+      const list: IdentityList = { tenants: [{ id: 'acme', actors: ['alice', 'bob'] }] };
+      const first = generateAuth(list, o);
+      const alice = join(outDir, 'nkeys', 'agent.acme.alice.nk');
+      const bob = join(outDir, 'nkeys', 'agent.acme.bob.nk');
+      const aliceSeed = readFileSync(alice, 'utf8');
+      writeFileSync(bob, 'not a seed\n');
+      const second = generateAuth(list, o);
+      const keyOf = (g: typeof first, file: string) => g.users.find((u) => u.seedFile === file)!.publicKey;
+      expect(readFileSync(alice, 'utf8')).toBe(aliceSeed);
+      expect(keyOf(second, alice)).toBe(keyOf(first, alice));
+      expect(readFileSync(bob, 'utf8')).toMatch(/^SU[A-Z2-7]+\n$/);
+      expect(keyOf(second, bob)).not.toBe(keyOf(first, bob));
+      expect(statSync(bob).mode & 0o777).toBe(0o600);
+      // The configuration names the kept key.
+      expect(readFileSync(second.configFile, 'utf8')).toContain(keyOf(first, alice));
+    } finally {
+      rmSync(outDir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -1,6 +1,6 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { createUser } from '@nats-io/nkeys';
+import { createUser, fromSeed, type KeyPair } from '@nats-io/nkeys';
 import { z } from 'zod';
 import { ErrorClass, ID_PATTERN, TooltxError, type FieldIssue } from '@tooltx/contracts';
 import { generateReceiptKey, receiptKeyOf } from '@tooltx/lifecycle';
@@ -426,8 +426,21 @@ function userName(role: Role): string {
   }
 }
 
+/** The user key pair in `file` when it holds a user nkey seed (`SU…`), else null (missing or anything else). */
+function existingUserSeed(file: string): KeyPair | null {
+  if (!existsSync(file)) return null;
+  try {
+    const seed = readFileSync(file, 'utf8').trim();
+    if (!seed.startsWith('SU')) return null;
+    return fromSeed(new TextEncoder().encode(seed));
+  } catch {
+    return null;
+  }
+}
+
 /**
- * Writes `<outDir>/nats-server.conf` and one nkey seed per user under `<outDir>/nkeys/` (mode 0600).
+ * Writes `<outDir>/nats-server.conf` and one nkey seed per user under `<outDir>/nkeys/` (mode 0600);
+ * an existing user seed there is kept (delete its file to rotate it).
  * The config holds only public keys. Throws `z.ZodError` for a malformed identity list (an actor
  * named `>`, `*` or `b.c` never reaches the config) and `TooltxError` (`invalid_input`) for ids that
  * collide across roles or are reserved ({@link checkIdentityList}); nothing is written then.
@@ -450,9 +463,15 @@ export function generateAuth(
   const keyDir = join(o.outDir, 'nkeys');
   mkdirSync(keyDir, { recursive: true, mode: 0o700 });
   const users: GeneratedUser[] = roles.map((role) => {
-    const kp = createUser();
     const seedFile = join(keyDir, `${userName(role)}.nk`);
-    writeFileSync(seedFile, `${new TextDecoder().decode(kp.getSeed())}\n`, { mode: 0o600 });
+    // A user's seed is kept across generations (like the signing keys): a restarted stack, or a
+    // regenerated configuration, must not lock out an agent that is already connected or holds its
+    // file. Delete the file to rotate that user's key. A file that is not a user seed is replaced.
+    let kp = existingUserSeed(seedFile);
+    if (!kp) {
+      kp = createUser();
+      writeFileSync(seedFile, `${new TextDecoder().decode(kp.getSeed())}\n`, { mode: 0o600 });
+    }
     chmodSync(seedFile, 0o600);
     return { role, publicKey: kp.getPublicKey(), seedFile, inboxPrefix: inboxPrefixOf(role) };
   });
