@@ -177,7 +177,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const runtime = o.runtime ?? (await startupStep('TOOLTX_STACK_RUNTIME', runtimeEnv, () => stackRuntimeSchema.parse(runtimeEnv ?? 'compiled'), () => 'expected "compiled" or "tsx"'));
   const flagsEnv = process.env.TOOLTX_STACK_NODE_FLAGS;
   const nodeFlags = o.nodeFlags ?? (flagsEnv === undefined ? SERVICE_NODE_FLAGS : await startupStep('TOOLTX_STACK_NODE_FLAGS', flagsEnv, () => nodeFlagsSchema.parse(flagsEnv), () => 'expected node flags separated by spaces, each starting with --'));
-  const build = runtime === 'compiled' ? await startupStep('TOOLTX_STACK_RUNTIME', 'compiled', () => ensureStackBuild(), buildProblem) : undefined;
+  let build = runtime === 'compiled' ? await startupStep('TOOLTX_STACK_RUNTIME', 'compiled', () => ensureStackBuild(), buildProblem) : undefined;
   // 0700: it holds keys, seeds and every tenant's notes (kb.sqlite).
   await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => mkdirSync(o.stateDir, { recursive: true, mode: 0o700 }));
   // Development HMAC keys (issue 9), kept in the state directory (0600) so audit records rebuilt
@@ -357,7 +357,20 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         setTimeout(() => {
           if (stopping) return;
           processes.splice(processes.indexOf(entry), 1);
-          launch(name, program, source, env);
+          void (async () => {
+            // The build's directory was removed while the stack ran (a cleaned cache): build again
+            // (from the sources as they are now) rather than restart into a missing file.
+            if (build && !existsSync(build.path(program))) {
+              try {
+                build = await ensureStackBuild();
+              } catch (err) {
+                process.stderr.write(`tooltx-stack: cannot restart ${name}: the build is gone and rebuilding failed: ${err instanceof Error ? err.message : String(err)}\n`);
+                if (!stopping) onCrash(name);
+                return;
+              }
+            }
+            if (!stopping) launch(name, program, source, env);
+          })();
         }, 500);
         return;
       }
