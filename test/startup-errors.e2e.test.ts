@@ -118,6 +118,15 @@ describe('a service that cannot start', () => {
     }
   });
 
+  it('the hold and batch settings take decimal integers only: a blank, hex, an exponent or a fraction is refused, never read as 0 or as a number (exit 2, each named)', async () => {
+    for (const bad of [' ', '0x10', '1e3', '1.5', '-1', '60001']) {
+      const r = await failure(await startService('reconciler', { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_SIGNING_KEY_FILE: join(dir, 'unused.pem'), TOOLTX_RECONCILE_INDEX_DELAY_MS: bad }, { wait: false }));
+      expect(r.line.settings, JSON.stringify(bad)).toEqual(['TOOLTX_RECONCILE_INDEX_DELAY_MS']);
+      const a = await failure(await startService('audit-projector', { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_AUDIT_HMAC_KEY_FILE: join(dir, 'unused.key'), TOOLTX_AUDIT_BATCH_MS: bad }, { wait: false }));
+      expect(a.stderr, JSON.stringify(bad)).toContain('TOOLTX_AUDIT_BATCH_MS');
+    }
+  });
+
   it('the audit-projector reports a bad key file as the others report configuration: a plain list on stderr, before connecting', async () => {
     const key = join(dir, 'audit.key');
     writeFileSync(key, `${'k'.repeat(64)}\n`);

@@ -44,15 +44,29 @@ export const serviceConfigSchema = baseConfigSchema.extend({
   /** Path of the trusted module exporting `implementations` (never loaded by agents). */
   TOOLTX_TOOLS_MODULE: z.string({ error: 'required: the path of the trusted module exporting `implementations`' }).min(1),
   /** Operations handled at once by this process (default 16). */
-  TOOLTX_CONCURRENCY: z.coerce.number().int().min(1).max(1024).default(16),
+  TOOLTX_CONCURRENCY: envInt(1, 1024).default(16),
   /** Ed25519 private key file (PKCS#8 PEM) that signs receipts; required by the services that commit (issue 9). */
   TOOLTX_SIGNING_KEY_FILE: z.string().min(1).optional(),
   /**
    * Set by a supervisor (`npm start`, the demo, the bench) to its own pid: the process stops when
    * its parent is no longer that pid (shutdown.ts `exitWithParent`).
    */
-  TOOLTX_EXIT_WITH_PARENT: z.coerce.number().int().min(1).optional(),
+  TOOLTX_EXIT_WITH_PARENT: envInt(1).optional(),
 });
+
+/**
+ * An integer setting read from the environment, `min`..`max`: decimal digits only, surrounding
+ * blanks ignored. `z.coerce.number()` took a blank value for 0 (which silently turned a hold or a
+ * batch off) and `0x10` or `1e3` for numbers (fresh-user trial).
+ */
+export function envInt(min: number, max = Number.MAX_SAFE_INTEGER) {
+  return z
+    .string()
+    .trim()
+    .regex(/^\d+$/, { error: `expected an integer ${min}..${max} (decimal digits)` })
+    .transform(Number)
+    .pipe(z.number().int().min(min).max(max));
+}
 
 /**
  * Parses `env` once with `schema`; throws {@link ConfigError} naming every bad or missing

@@ -7,14 +7,14 @@ import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
 import { connectNats, jetStreamOf, OperationStore, Subjects, type NatsConnection } from '@tooltx/nats';
 import { assertTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
 import { loadReceiptSigner, type ReceiptSigner } from '@tooltx/lifecycle';
-import { ConfigError, loadConfig, serviceConfigSchema } from './config.js';
+import { ConfigError, envInt, loadConfig, serviceConfigSchema } from './config.js';
 import { createLogger, installProcessHandlers, type Logger } from './logger.js';
 import { SecretFileError } from './secrets.js';
 import { exitWithParent, onShutdown } from './shutdown.js';
 import { announceReady, describeConnectError, describeError, displayUrl, failStartup, isNatsError, startupStep, StartupError, type StartupReporter } from './startup.js';
 import { loadImplementations, ToolsModuleError, type ImplementationRegistry } from './tools.js';
 
-const optMs = z.coerce.number().int().positive().optional();
+const optMs = envInt(1).optional();
 
 /** Stream settings read from the environment by the provisioner and every service (all ms). */
 export const topologyEnvSchema = z.object({
@@ -25,9 +25,9 @@ export const topologyEnvSchema = z.object({
   TOOLTX_PROJECTIONS_MAX_AGE_MS: optMs,
   TOOLTX_AUDITLOG_MAX_AGE_MS: optMs,
   TOOLTX_DUPLICATE_WINDOW_MS: optMs,
-  TOOLTX_REPLICAS: z.coerce.number().int().min(1).max(5).optional(),
+  TOOLTX_REPLICAS: envInt(1, 5).optional(),
   /** Deliveries of one message to a durable before the max-deliveries advisory (default 50). */
-  TOOLTX_MAX_DELIVER: z.coerce.number().int().min(1).optional(),
+  TOOLTX_MAX_DELIVER: envInt(1).optional(),
 });
 
 export function topologyOptionsFrom(env: z.infer<typeof topologyEnvSchema>): TopologyOptions {

@@ -17,7 +17,7 @@
  */
 import { z } from 'zod';
 import { openBucket, startConsumerLoop } from '@tooltx/nats';
-import { keyedDigest, readKeyFile, SecretFileError } from '@tooltx/runtime';
+import { envInt, keyedDigest, readKeyFile, SecretFileError } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { auditHandlers } from './apply.js';
@@ -46,7 +46,7 @@ const auditConfigSchema = z.object({
    * How long an in-flight operation's events wait to be written together with its next ones, ms
    * (default 1000; 0 = every event at once). A record shows an in-flight state up to this late.
    */
-  TOOLTX_AUDIT_BATCH_MS: z.coerce.number().int().min(0).max(60_000).default(1_000),
+  TOOLTX_AUDIT_BATCH_MS: envInt(0, 60_000).default(1_000),
 });
 
 await runService({

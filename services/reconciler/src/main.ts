@@ -11,7 +11,7 @@
 import { z } from 'zod';
 import type { KV } from '@nats-io/kv';
 import { FrozenTaskWatch, KvMirror, startConsumerLoop, openBucket } from '@tooltx/nats';
-import type { Logger } from '@tooltx/runtime';
+import { envInt, type Logger } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { advisoryHandler } from './advisories.js';
@@ -23,7 +23,7 @@ import { startTakeoverService } from './takeover.js';
 /** The reconciler's own settings (validated with the common ones; a bad value refuses to start, exit 2). */
 const reconcilerEnvSchema = z.object({
   /** Pause between two sweeps, ms (default 2000). */
-  TOOLTX_RECONCILE_INTERVAL_MS: z.coerce.number().int().min(1).max(3_600_000).default(2_000),
+  TOOLTX_RECONCILE_INTERVAL_MS: envInt(1, 3_600_000).default(2_000),
   /** `off` runs a projection-only instance: the index, no probing, no takeovers (default `on`). */
   TOOLTX_RECONCILE_SWEEP: z.enum(['on', 'off']).default('on'),
   /**
@@ -31,7 +31,7 @@ const reconcilerEnvSchema = z.object({
    * 1000; 0 = index every event at once). An operation that ends within it is never written to the
    * index (index-writer.ts). Keep it well below every contract's `runningBoundMs`.
    */
-  TOOLTX_RECONCILE_INDEX_DELAY_MS: z.coerce.number().int().min(0).max(60_000).default(1_000),
+  TOOLTX_RECONCILE_INDEX_DELAY_MS: envInt(0, 60_000).default(1_000),
 });
 
 /** A projection-only instance's view of the index (what a sweeper would watch), so its writer knows which entries exist. */
