@@ -232,6 +232,40 @@ describe('permissions the server withdraws later (its configuration reloaded)', 
   });
 });
 
+describe('a key the server no longer accepts (rotated: its configuration reloaded)', () => {
+  it('calls end at once with forbidden and next reauthorise, naming the seed, instead of burning their budget; nothing is stored', async () => {
+    // researcher: used by no other test of this file (the rotation stays in the configuration).
+    const seed = t.agentSeed('acme', 'researcher');
+    const agent = await createTools({ ...base(), actor: 'researcher', nkeyFile: seed, budgetMs: 60_000 });
+    try {
+      const conf = readFileSync(t.auth.configFile, 'utf8');
+      const mine = t.auth.users.find((u) => u.seedFile === seed)!.publicKey;
+      writeFileSync(t.auth.configFile, conf.replace(mine, createUser().getPublicKey()));
+      const child = t.server.process!;
+      const reloaded = new Promise<void>((resolve) => {
+        const on = (chunk: string) => {
+          if (!chunk.includes('Reloaded server configuration')) return;
+          child.stderr!.off('data', on);
+          resolve();
+        };
+        child.stderr!.on('data', on);
+      });
+      child.kill('SIGHUP');
+      await reloaded;
+      const before = await intentsStored();
+      let r = await agent.execute({ tool: 'kb.write_note', taskId: 'after-rotation', input: note('After') });
+      // The first call may race the server's disconnect of the old key (then unknown, reauthorise);
+      // once the refusal is known, a call is refused before anything is sent.
+      if (r.status !== 'rejected') r = await agent.execute({ tool: 'kb.write_note', taskId: 'after-rotation-2', input: note('After 2') });
+      expect(r).toMatchObject({ status: 'rejected', next: 'reauthorise', error: { class: 'forbidden', issues: [{ path: ['nkeyFile'], code: 'credentials_refused' }] } });
+      if (r.status === 'rejected') expect(r.error.issues![0]!.message).toContain(seed);
+      expect(await intentsStored()).toBe(before);
+    } finally {
+      await agent.close();
+    }
+  });
+});
+
 describe('npm run quickstart that cannot set up: one line on stderr, exit 2, no stack trace', () => {
   /** `npm run quickstart` as npm runs it, with only `env` (plus PATH). */
   const quickstart = (env: Record<string, string>) =>

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { jetstream } from '@nats-io/jetstream';
+import { errors } from '@nats-io/transport-node';
 import { z } from 'zod';
 import {
   digestOf,
@@ -272,6 +273,27 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     throw err;
   }
   const js = jetstream(nc);
+  // The server refusing this connection's credentials (a rotated or revoked key, an expired
+  // credential): nats.js keeps reconnecting and every publish would wait out its timeout until the
+  // budget ends, answered `unknown`/`observe` (fresh-user trial). Calls answer at once instead,
+  // `forbidden`/`reauthorise`, until the connection is back.
+  let credentialsRefused: Error | undefined;
+  void (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === 'error' && (s.error instanceof errors.AuthorizationError || s.error instanceof errors.UserAuthenticationExpiredError)) credentialsRefused = s.error;
+      else if (s.type === 'reconnect') credentialsRefused = undefined;
+    }
+  })().catch(() => undefined);
+  const refusedCredentials = (): ErrorInfo => ({
+    class: ErrorClass.Forbidden,
+    issues: [
+      {
+        path: [credentials],
+        code: 'credentials_refused',
+        message: `the server refuses this connection's credentials${opts.nkeyFile ? ` (seed ${opts.nkeyFile})` : opts.credsFile ? ` (creds ${opts.credsFile})` : ''}: ${credentialsRefused?.message ?? 'authorization violation'}; the key was rotated or revoked`,
+      },
+    ],
+  });
   const verify = (o: { operationKey: string; receipt: Receipt; result?: unknown }): ReceiptCheck => {
     const r = receiptSchema.safeParse(o.receipt);
     if (!r.success || !trusted.has(r.data.keyId)) return { valid: false, reason: 'untrusted_key' };
@@ -325,7 +347,8 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       }
     },
     async close() {
-      if (owned) await nc.drain();
+      // Closed already (e.g. the server refused its credentials twice and nats.js gave up): nothing to drain.
+      if (owned && !nc.isClosed()) await nc.drain();
     },
   };
 
@@ -365,6 +388,9 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       });
     }
 
+    // Nothing of this call was sent: refused, definitely not stored.
+    if (credentialsRefused) return refused(key, refusedCredentials());
+
     const submissionIds = track.submissionIds;
     let intentStored = false;
     let statusAnswered = false;
@@ -395,6 +421,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         } catch (err) {
           const denied = permissionViolationOf(err);
           if (denied) throw new PermissionDenied(denied, submissionIds.length === 1 && i === 0 && denied.operation === 'publish' && denied.subject === s.subject);
+          if (credentialsRefused) throw new TooltxError(ErrorClass.Forbidden, 'credentials refused', { issues: refusedCredentials().issues });
           if (!isTransient(err)) throw err;
           await sleep(Math.min(left(), 100 * 2 ** Math.min(i, 5)));
         }
@@ -424,6 +451,8 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         return undefined;
       } catch (err) {
         if (err instanceof PermissionDenied) return deniedOutcome(err);
+        // An earlier transmission of this call may be stored: unknown, reauthorise, at once.
+        if (err instanceof TooltxError && credentialsRefused) return deniedOutcome(err);
         throw err;
       }
     };
@@ -444,6 +473,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       } catch (err) {
         // Refused by the server's permissions: our intent is stored (or may be); only observing failed.
         if (err instanceof TooltxError && permissionViolationOf(err.cause)) return deniedOutcome(err);
+        if (credentialsRefused) return deniedOutcome(new TooltxError(ErrorClass.Forbidden, 'credentials refused', { issues: refusedCredentials().issues }));
         if (err instanceof TooltxError && err.class !== ErrorClass.DependencyUnavailable) return refused(key, err.toInfo());
         await sleep(Math.min(left(), 200 * 2 ** Math.min(failures++, 4)));
         continue;
