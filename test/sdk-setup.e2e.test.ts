@@ -178,25 +178,26 @@ describe('tools.execute: refusals at paths relative to the request', () => {
   });
 });
 
+/** Rewrites the server's configuration with `edit` and waits until the server says it reloaded it. */
+const reload = async (edit: (conf: string) => string) => {
+  const conf = readFileSync(t.auth.configFile, 'utf8');
+  const next = edit(conf);
+  expect(next).not.toBe(conf);
+  writeFileSync(t.auth.configFile, next);
+  const child = t.server.process!;
+  const reloaded = new Promise<void>((resolve) => {
+    const on = (chunk: string) => {
+      if (!chunk.includes('Reloaded server configuration')) return;
+      child.stderr!.off('data', on);
+      resolve();
+    };
+    child.stderr!.on('data', on);
+  });
+  child.kill('SIGHUP');
+  await reloaded;
+};
+
 describe('permissions the server withdraws later (its configuration reloaded)', () => {
-  /** Rewrites the server's configuration with `edit` and waits until the server says it reloaded it. */
-  const reload = async (edit: (conf: string) => string) => {
-    const conf = readFileSync(t.auth.configFile, 'utf8');
-    const next = edit(conf);
-    expect(next).not.toBe(conf);
-    writeFileSync(t.auth.configFile, next);
-    const child = t.server.process!;
-    const reloaded = new Promise<void>((resolve) => {
-      const on = (chunk: string) => {
-        if (!chunk.includes('Reloaded server configuration')) return;
-        child.stderr!.off('data', on);
-        resolve();
-      };
-      child.stderr!.on('data', on);
-    });
-    child.kill('SIGHUP');
-    await reloaded;
-  };
 
   it('a refused publish of the intent is rejected forbidden at once (never stored), with the server\'s reason', async () => {
     const agent = await createTools({ ...base(), budgetMs: 60_000 });
@@ -238,20 +239,8 @@ describe('a key the server no longer accepts (rotated: its configuration reloade
     const seed = t.agentSeed('acme', 'researcher');
     const agent = await createTools({ ...base(), actor: 'researcher', nkeyFile: seed, budgetMs: 60_000 });
     try {
-      const conf = readFileSync(t.auth.configFile, 'utf8');
       const mine = t.auth.users.find((u) => u.seedFile === seed)!.publicKey;
-      writeFileSync(t.auth.configFile, conf.replace(mine, createUser().getPublicKey()));
-      const child = t.server.process!;
-      const reloaded = new Promise<void>((resolve) => {
-        const on = (chunk: string) => {
-          if (!chunk.includes('Reloaded server configuration')) return;
-          child.stderr!.off('data', on);
-          resolve();
-        };
-        child.stderr!.on('data', on);
-      });
-      child.kill('SIGHUP');
-      await reloaded;
+      await reload((c) => c.replace(mine, createUser().getPublicKey()));
       const before = await intentsStored();
       let r = await agent.execute({ tool: 'kb.write_note', taskId: 'after-rotation', input: note('After') });
       // The first call may race the server's disconnect of the old key (then unknown, reauthorise);
