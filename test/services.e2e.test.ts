@@ -2,6 +2,8 @@
 import { describe, expect, it } from 'vitest';
 import { RetentionPolicy } from '@nats-io/jetstream';
 import { topology } from '@tooltx/streams';
+import { decodeRaw, encode } from '@tooltx/nats';
+import { sampleOperation } from './helpers/histories.js';
 import { provisioned, uniquePrefix } from './helpers/nats.js';
 import { startService, type ServiceName } from './helpers/services.js';
 
@@ -61,6 +63,27 @@ async function startHelp(name: ServiceName): Promise<{ code: number | null; out:
   const code = await new Promise<number | null>((r) => child.once('exit', r));
   return { code, out };
 }
+
+describe('shutdown with status long-polls waiting', () => {
+  it('SIGTERM answers a waiting long-poll with what is known now and exits 0, instead of waiting out its wait', async () => {
+    const t = await provisioned();
+    const authorizer = await startService('authorizer', t.env);
+    const agent = await t.connectAs({ kind: 'agent', tenant: 'acme', actor: 'alice' });
+    try {
+      // A key never registered: the request would wait its whole 30 s (the longest allowed) for a change,
+      // past the service's 15 s shutdown grace.
+      const { operationKey } = sampleOperation('committed', 7);
+      const asked = agent.request(t.subjects.status('acme', 'alice'), encode({ operationKey, waitMs: 30_000, untilFinal: true }), { timeout: 40_000 });
+      await new Promise((r) => setTimeout(r, 300)); // the request is in the authorizer's hands
+      const code = authorizer.stop();
+      expect(decodeRaw((await asked).data)).toMatchObject({ operationKey, state: 'not_seen' });
+      expect(await code).toBe(0);
+    } finally {
+      await agent.close();
+      await t.close();
+    }
+  });
+});
 
 describe('poison messages', () => {
   it('an agent\'s undecodable intents are terminated once, never redelivered: they hold no slot of the authorizer\'s consumer', async () => {

@@ -85,6 +85,8 @@ export class StatusService {
   #sub: Subscription | null = null;
   readonly #watches: { stop(): void }[] = [];
   readonly #inFlight = new Set<Promise<void>>();
+  /** Set by stop(): waiting requests are answered with what is known now instead of waiting on. */
+  #stopping = false;
 
   constructor(deps: StatusDeps) {
     this.#d = deps;
@@ -120,6 +122,7 @@ export class StatusService {
   /** Stops taking requests, answers the waiting ones with what is known now, stops the watches. */
   async stop(): Promise<void> {
     await this.#sub?.drain();
+    this.#stopping = true;
     for (const [subject, set] of this.#waiters) for (const w of set) w.notify(subject, undefined);
     await Promise.all(this.#inFlight);
     for (const w of this.#watches) w.stop();
@@ -198,8 +201,8 @@ export class StatusService {
       }
       while (wake && !this.#settled(answer, req)) {
         const woke = await wake.next(Math.max(0, until - this.#now()));
-        if (!woke) {
-          // Out of time: one fresh read, in case the watch lags behind the stream.
+        if (!woke || this.#stopping) {
+          // Out of time (or shutting down): one fresh read, in case the watch lags behind the stream.
           answer = await this.answer(who.tenant, who.actor, req);
           break;
         }
