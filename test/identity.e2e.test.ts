@@ -296,7 +296,7 @@ describe('FM-32: reply inboxes are private', () => {
 });
 
 describe('keys across generations', () => {
-  it('a user\'s seed is kept when the configuration is generated again (a restarted stack does not lock out a connected agent); a file that is not a user seed is replaced', () => {
+  it('a user\'s seed is kept when the configuration is generated again (a restarted stack does not lock out a connected agent); a file that is not a user seed is replaced; a user removed from the list loses its seed', () => {
     const s = new Subjects('tkeep');
     const outDir = mkdtempSync(join(tmpdir(), 'tooltx-keep-'));
     try {
@@ -316,6 +316,12 @@ describe('keys across generations', () => {
       expect(statSync(bob).mode & 0o777).toBe(0o600);
       // The configuration names the kept key.
       expect(readFileSync(second.configFile, 'utf8')).toContain(keyOf(first, alice));
+      // bob leaves the list: his seed goes; added back, he gets a new key, never the old one.
+      generateAuth({ tenants: [{ id: 'acme', actors: ['alice'] }] }, o);
+      expect(existsSync(bob)).toBe(false);
+      const back = generateAuth(list, o);
+      expect(keyOf(back, bob)).not.toBe(keyOf(second, bob));
+      expect(keyOf(back, alice)).toBe(keyOf(first, alice));
     } finally {
       rmSync(outDir, { recursive: true, force: true });
     }

@@ -1,4 +1,4 @@
-import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createUser, fromSeed, type KeyPair } from '@nats-io/nkeys';
 import { z } from 'zod';
@@ -440,7 +440,8 @@ function existingUserSeed(file: string): KeyPair | null {
 
 /**
  * Writes `<outDir>/nats-server.conf` and one nkey seed per user under `<outDir>/nkeys/` (mode 0600);
- * an existing user seed there is kept (delete its file to rotate it).
+ * an existing user seed there is kept (delete its file to rotate it), and the seed of a user no
+ * longer on the list is removed.
  * The config holds only public keys. Throws `z.ZodError` for a malformed identity list (an actor
  * named `>`, `*` or `b.c` never reaches the config) and `TooltxError` (`invalid_input`) for ids that
  * collide across roles or are reserved ({@link checkIdentityList}); nothing is written then.
@@ -475,6 +476,10 @@ export function generateAuth(
     chmodSync(seedFile, 0o600);
     return { role, publicKey: kp.getPublicKey(), seedFile, inboxPrefix: inboxPrefixOf(role) };
   });
+  // A user removed from the list loses its seed: re-adding the id later must not revive the old key
+  // (whoever still holds that file would be let in again).
+  const listed = new Set(users.map((u) => u.seedFile));
+  for (const f of readdirSync(keyDir)) if (f.endsWith('.nk') && !listed.has(join(keyDir, f))) rmSync(join(keyDir, f), { force: true });
   const q = (v: string) => JSON.stringify(v);
   const list2 = (xs: string[]) => `[${xs.map(q).join(', ')}]`;
   const userBlock = (u: GeneratedUser) => {

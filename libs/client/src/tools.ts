@@ -278,8 +278,9 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   // budget ends, answered `unknown`/`observe` (fresh-user trial). Calls answer at once instead,
   // `forbidden`/`reauthorise`, until the connection is back.
   let credentialsRefused: Error | undefined;
+  const statusEvents = nc.status();
   void (async () => {
-    for await (const s of nc.status()) {
+    for await (const s of statusEvents) {
       if (s.type === 'error' && (s.error instanceof errors.AuthorizationError || s.error instanceof errors.UserAuthenticationExpiredError)) credentialsRefused = s.error;
       else if (s.type === 'reconnect') credentialsRefused = undefined;
     }
@@ -347,6 +348,8 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       }
     },
     async close() {
+      // The listener of connection events ends with this object (a caller-supplied `nc` lives on).
+      (statusEvents as AsyncIterable<unknown> & { stop?: () => void }).stop?.();
       // Closed already (e.g. the server refused its credentials twice and nats.js gave up): nothing to drain.
       if (owned && !nc.isClosed()) await nc.drain();
     },

@@ -72,7 +72,13 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
   };
 
   const run = async (m: JsMsg) => {
-    const hb = setInterval(() => m.working(), heartbeatMs);
+    const hb = setInterval(() => {
+      try {
+        m.working();
+      } catch {
+        // The connection is closed: the message comes back after ack_wait; the loop is ending.
+      }
+    }, heartbeatMs);
     let outcome: Settlement;
     try {
       outcome = (await opts.handle(m)) ?? { kind: 'ack' };

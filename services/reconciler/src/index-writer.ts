@@ -88,7 +88,13 @@ export class IndexWriter {
     if (m.kind === 'term') return m;
     const { key, event } = m;
     const status = event.state.status;
-    if (this.#o.delayMs > 0 && !this.#flushing && (status === 'accepted' || status === 'running') && !event.state.takeover) {
+    const st = event.state;
+    // Held: a first attempt's accepted or running event with nothing unusual about it. A requeue, a
+    // later attempt, recovery evidence or a takeover is indexed at once: the sweep acts on those and
+    // must see them (a held requeue left the entry's old time in the index, and each sweep in the
+    // hold requeued again: review).
+    const plain = st.attempt === 1 && (st.requeues ?? 0) === 0 && st.evidence === undefined && st.takeover === undefined;
+    if (this.#o.delayMs > 0 && !this.#flushing && (status === 'accepted' || status === 'running') && plain) {
       return { kind: 'defer', settled: this.#hold(key, m.tenant, m.opId, msg.seq, event.type) };
     }
     await this.#applier.inOrder(key, async () => {
