@@ -1,4 +1,4 @@
-import type { Consumer, JetStreamClient, JsMsg } from '@nats-io/jetstream';
+import type { Consumer, JetStreamClient, JetStreamManager, JsMsg } from '@nats-io/jetstream';
 import type { Logger } from 'pino';
 import { CodecError } from './codec.js';
 import { ConcurrencyError, StoreUnavailableError, isTransient } from './store.js';
@@ -165,4 +165,15 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
 function classify(err: unknown, deliveryCount: number): Exclude<Settlement, Deferred> {
   if (err instanceof CodecError) return { kind: 'term', reason: 'undecodable' };
   return { kind: 'nak', delayMs: Math.min(30_000, 250 * 2 ** Math.min(7, deliveryCount - 1)) };
+}
+
+/**
+ * How many keys (operations) a deferring handler may hold at once on `durable` so that their unacked
+ * messages (`perKey` each) plus the loop's `concurrency` stay under the durable's `max_ack_pending`,
+ * beyond which the server stops delivering (NATS-NOTES "Consumers"). Per instance: several instances
+ * of one durable share the server's limit.
+ */
+export async function heldLimit(jsm: JetStreamManager, stream: string, durable: string, concurrency: number, perKey = 3): Promise<number> {
+  const { config } = await jsm.consumers.info(stream, durable);
+  return Math.max(1, Math.floor(((config.max_ack_pending ?? 1_000) - concurrency) / perKey));
 }

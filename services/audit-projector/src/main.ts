@@ -16,7 +16,7 @@
  * queries and pulling, finishes in-flight work, drains.
  */
 import { z } from 'zod';
-import { openBucket, startConsumerLoop } from '@tooltx/nats';
+import { heldLimit, openBucket, startConsumerLoop } from '@tooltx/nats';
 import { envInt, keyedDigest, readKeyFile, SecretFileError } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
@@ -62,8 +62,7 @@ await runService({
     const kv = await openBucket(nc, subjects.auditBucket);
     // Waiting operations are bounded so their unacked events (up to 3 each) stay under the durable's
     // max_ack_pending with the loop's own in-flight ones.
-    const { config: durable } = await jsm.consumers.info(subjects.eventsStream, Durables.auditProjector);
-    const maxHeld = Math.max(1, Math.floor(((durable.max_ack_pending ?? 1_000) - config.TOOLTX_CONCURRENCY) / 3));
+    const maxHeld = await heldLimit(jsm, subjects.eventsStream, Durables.auditProjector, config.TOOLTX_CONCURRENCY);
     const handlers = auditHandlers({ subjects, kv, hmac, log, batchMs: env.TOOLTX_AUDIT_BATCH_MS, maxHeld });
     const events = await startConsumerLoop({ js, stream: subjects.eventsStream, durable: Durables.auditProjector, concurrency: config.TOOLTX_CONCURRENCY, log, handle: handlers.events });
     const decisions = await startConsumerLoop({ js, stream: subjects.decisionsStream, durable: Durables.auditDecisions, concurrency: config.TOOLTX_CONCURRENCY, log, handle: handlers.decisions });

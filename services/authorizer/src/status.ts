@@ -1,10 +1,10 @@
-import { DeliverPolicy, type JetStreamClient } from '@nats-io/jetstream';
+import { DeliverPolicy, type JetStreamClient, type JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
 import { z } from 'zod';
 import { EMPTY_RESULT_DIGEST, ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
-import { operationEventSchema, statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
-import { decode, decodeRaw, encode, type LoadedOperation, type OperationStore, type Subjects } from '@tooltx/nats';
+import { statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
+import { decode, decodeRaw, encode, opEventOf, type LoadedOperation, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { isOwnReplyInbox } from '@tooltx/streams';
 
@@ -129,16 +129,15 @@ export class StatusService {
   }
 
   /** A watched message arrived: tells the requests waiting on its subject, with the event's state when it has one. */
-  #notify(subject: string, m: { seq: number; data: Uint8Array } | undefined): void {
+  #notify(subject: string, m: JsMsg | undefined): void {
     const set = this.#waiters.get(subject);
     if (!set) return;
     let update: LoadedOperation | undefined;
     if (m) {
       try {
-        const e = decode(operationEventSchema, m.data);
-        const where = this.#d.subjects.parseOpSubject('op', subject);
         // Only an event that belongs to its subject answers for it; anything else is read afresh.
-        if (where && e.state.tenant === where.tenant && operationIdOf(e.state.operationKey) === where.opId) update = { state: e.state, seq: m.seq };
+        const e = opEventOf(this.#d.subjects, m, this.#d.log);
+        if (e.kind === 'event') update = { state: e.event.state, seq: m.seq };
       } catch {
         update = undefined;
       }

@@ -10,7 +10,7 @@
  */
 import { z } from 'zod';
 import type { KV } from '@nats-io/kv';
-import { FrozenTaskWatch, KvMirror, startConsumerLoop, openBucket } from '@tooltx/nats';
+import { FrozenTaskWatch, heldLimit, KvMirror, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { envInt, type Logger } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
@@ -66,8 +66,7 @@ await runService({
     const takeover = startTakeoverService({ nc, store, subjects, results, tasks, tools, signer: signer!, log: log.child({ component: 'takeover' }), watched: sweeper.watched });
     // Held operations are bounded so their unacked messages (up to 3 each) stay under the durable's
     // max_ack_pending with the loop's own in-flight ones.
-    const { config: durable } = await jsm.consumers.info(subjects.eventsStream, Durables.reconciler);
-    const maxHeld = Math.max(1, Math.floor(((durable.max_ack_pending ?? 1_000) - config.TOOLTX_CONCURRENCY) / 3));
+    const maxHeld = await heldLimit(jsm, subjects.eventsStream, Durables.reconciler, config.TOOLTX_CONCURRENCY);
     const index = new IndexWriter({ subjects, kv, store, log, delayMs: env.TOOLTX_RECONCILE_INDEX_DELAY_MS, maxHeld, isIndexed: (key) => sweeper.watched.has(key) });
     const loop = await startConsumerLoop({ js, stream: subjects.eventsStream, durable: Durables.reconciler, concurrency: config.TOOLTX_CONCURRENCY, log, handle: index.handle });
     // The max-deliveries advisories of the event log (issue 7): an operation whose message a durable
