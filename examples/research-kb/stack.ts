@@ -286,14 +286,20 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     o.onPids(list);
   };
   reportPids();
-  /** SIGTERM, and SIGKILL for a process still running after 30 s (a drain never blocks the stop for good). */
-  const terminate = (group: { child: ChildProcess }[]) =>
+  /**
+   * SIGTERM, and SIGKILL for a process still running after {@link HARD_STOP_MS} (a drain never blocks
+   * the stop for good; a service gives itself 15 s), named on stderr: a killed process cannot say so.
+   */
+  const terminate = (group: { name?: string; child: ChildProcess }[]) =>
     Promise.all(
-      group.map(({ child }) =>
+      group.map(({ name, child }) =>
         child.exitCode !== null || child.signalCode !== null
           ? undefined
           : new Promise((r) => {
-              const hard = setTimeout(() => child.kill('SIGKILL'), 30_000);
+              const hard = setTimeout(() => {
+                process.stderr.write(`tooltx-stack: ${name ?? `pid ${child.pid}`} still running ${HARD_STOP_MS / 1000} s after SIGTERM (hung or stopped): SIGKILL\n`);
+                child.kill('SIGKILL');
+              }, HARD_STOP_MS);
               child.once('exit', () => {
                 clearTimeout(hard);
                 r(undefined);
@@ -461,6 +467,9 @@ const failedLineSchema = z.object({ msg: z.literal('failed to start'), setting: 
  * process exited how and where its own words are (`where`); a {@link StartupFailure} too after
  * `timeoutMs` without either.
  */
+/** How long the stack waits for a process to exit after SIGTERM before it kills it, ms: a service's own 15 s grace plus a margin. */
+const HARD_STOP_MS = 20_000;
+
 function waitForReady(child: ChildProcess, name: string, where: string, timeoutMs = 30_000): Promise<Omit<ReadyMessage, 'tooltx'>> {
   return new Promise((resolvePromise, reject) => {
     let buf = '';
