@@ -66,6 +66,7 @@ beforeAll(async () => {
       { tenant: 'acme', name: 'archive', members: [{ actor: 'alice', role: 'writer' }, { actor: 'bob', role: 'writer' }] },
       { tenant: 'acme', name: 'frozen-kb', members: [{ actor: 'alice', role: 'writer' }] },
       { tenant: 'acme', name: 'gone', members: [{ actor: 'alice', role: 'writer' }] },
+      { tenant: 'acme', name: 'shared', members: [{ actor: 'alice', role: 'writer' }, { actor: 'bob', role: 'reader' }] },
       { tenant: 'globex', name: 'secret', members: [{ actor: 'gina', role: 'writer' }] },
       { tenant: 'initech', name: 'research', defaultRole: 'writer' },
     ],
@@ -332,6 +333,21 @@ describe('the status endpoint uses the same resolver', () => {
     const outsider = await tools('acme', 'noread-eve').status({ operationKey: r.operationKey! });
     expect(outsider).toMatchObject({ state: 'not_seen', source: 'none', seq: 0 });
     expect(outsider.receipt).toBeUndefined();
+  });
+
+  it('a read allowed once is reused for at most KB_READ_POLICY_CACHE_MS (1 s here): a revoked reader is refused after it, a granted one at once', async () => {
+    const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'read-cache', input: note('shared', 'Shared notes') });
+    expect(r.status).toBe('committed');
+    const key = r.operationKey!;
+    expect(await tools('acme', 'bob').status({ operationKey: key })).toMatchObject({ state: 'committed', source: 'operation' });
+    await kb.admin.setMember(ids['acme/shared']!, { tenant: 'acme', actor: 'bob', role: null });
+    await new Promise((res) => setTimeout(res, 1_200));
+    const revoked = await tools('acme', 'bob').status({ operationKey: key });
+    expect(revoked).toMatchObject({ state: 'not_seen', source: 'none', seq: 0 });
+    expect(revoked.receipt).toBeUndefined();
+    // A refusal is never kept: the grant is seen by the very next read.
+    await kb.admin.setMember(ids['acme/shared']!, { tenant: 'acme', actor: 'bob', role: 'reader' });
+    expect(await tools('acme', 'bob').status({ operationKey: key })).toMatchObject({ state: 'committed', source: 'operation', receipt: { resourceId: r.status === 'committed' ? r.receipt.resourceId : '' } });
   });
 });
 

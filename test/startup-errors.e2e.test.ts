@@ -69,6 +69,7 @@ describe('a service that cannot start', () => {
       { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_TIMING_MS: '5000,abc' }, setting: 'KB_TIMING_MS', value: '5000,abc', says: 'three positive integers' },
       { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_DEDUP: 'maybe' }, setting: 'KB_DEDUP', value: 'maybe', says: 'expected "on" or "off"' },
       { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_KEEPALIVE: 'yes' }, setting: 'KB_KEEPALIVE', value: 'yes', says: 'expected "on" or "off"' },
+      { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_READ_POLICY_CACHE_MS: '1e3' }, setting: 'KB_READ_POLICY_CACHE_MS', value: '1e3', says: 'integer number of ms from 0 to 60000' },
     ];
     for (const c of cases) {
       const p = await startService('authorizer', { NATS_URL: `nats://127.0.0.1:${closedPort}`, ...c.env }, { wait: false });

@@ -22,6 +22,7 @@
  * errors, 5xx and aborts propagate as they are (outcome unknown).
  */
 import { fetch } from 'undici';
+import { LRUCache } from 'lru-cache';
 import { defineImplementation, ErrorClass, invalidInput, TooltxError, type AuthorizationContext, type AuthorizationResult, type ProbeResult, type ReadContext } from '@tooltx/contracts';
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
@@ -55,6 +56,21 @@ if (serviceTokenFile !== undefined) {
   }
 }
 const kb = new KbClient(setting('KB_URL', () => new URL(process.env.KB_URL ?? 'http://127.0.0.1:4280').href.replace(/\/$/, '')), { keepAlive, serviceToken });
+/**
+ * How long (ms) a reader's role seen by the status endpoint's read policy may be reused for the same
+ * tenant, actor and knowledge base: `KB_READ_POLICY_CACHE_MS`, an integer 0–60000, default 1000;
+ * 0 asks the KB on every read. Only a role that allowed the read is kept, so a grant takes effect at
+ * once and a revocation within this bound. Writes never use it: intake and the execution instant
+ * always ask the KB (FM-07, FM-08).
+ */
+const readPolicyCacheMs = setting('KB_READ_POLICY_CACHE_MS', () => {
+  const v = process.env.KB_READ_POLICY_CACHE_MS;
+  if (v === undefined || v === '') return 1_000;
+  if (!/^\d{1,5}$/.test(v) || Number(v) > 60_000) throw new TypeError('KB_READ_POLICY_CACHE_MS: expected an integer number of ms from 0 to 60000');
+  return Number(v);
+});
+/** tenant, actor, KB id → a role that allowed a read, kept {@link readPolicyCacheMs}; bounded so memory stays flat. */
+const readers = readPolicyCacheMs > 0 ? new LRUCache<string, true>({ max: 10_000, ttl: readPolicyCacheMs, ttlAutopurge: false }) : null;
 const allowedOrigins = new Set((process.env.WEB_ALLOWED_ORIGINS ?? '').split(',').map((s) => s.trim()).filter(Boolean));
 
 /** Policy version of the KB tools' authorisation rules (recorded with every decision). */
@@ -167,13 +183,17 @@ async function authorizeOneKb<I extends { kb: string }>(input: I, ctx: Authoriza
 
 /**
  * The status endpoint's read policy for KB operations: the reader must hold a role (reader, writer
- * or admin) on every knowledge base the operation touched, resolved now through the one resolver.
- * Anyone else gets the uniform answer of a never-registered key.
+ * or admin) on every knowledge base the operation touched, resolved through the one resolver — or
+ * seen allowed by it within `KB_READ_POLICY_CACHE_MS` (issue 10: that resolve was a third of a status
+ * answer's time). Anyone else gets the uniform answer of a never-registered key.
  */
 async function mayReadKbOperation(ctx: ReadContext): Promise<void> {
   for (const r of ctx.resources ?? []) {
+    const cacheKey = JSON.stringify([ctx.tenant, ctx.actor, r.id]);
+    if (readers?.get(cacheKey)) continue;
     const seen = await kb.resolve({ tenant: ctx.tenant, actor: ctx.actor, ref: r.id, signal: AbortSignal.timeout(5_000) }).catch(() => null);
     if (!seen?.role) throw new TooltxError(ErrorClass.Forbidden, 'no role on this knowledge base');
+    readers?.set(cacheKey, true);
   }
 }
 
