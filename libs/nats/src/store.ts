@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
-import { errors as coreErrors } from '@nats-io/transport-node';
+import { errors as coreErrors, headers as natsHeaders } from '@nats-io/transport-node';
 import {
   decisionRecordSchema,
   operationEventSchema,
@@ -86,10 +86,13 @@ export class OperationStore {
   async append(tenant: string, opId: string, event: OperationEvent, expectedSeq: number): Promise<number> {
     const subject = this.#subjects.op(tenant, opId);
     const data = encode(event);
+    const h = natsHeaders();
+    h.set(EVENT_TYPE_HEADER, event.type);
     let lastErr: unknown;
     for (let i = 0; i < PUBLISH_ATTEMPTS; i++) {
       try {
         const ack = await this.#js.publish(subject, data, {
+          headers: h,
           msgID: event.eventId,
           expect: { lastSubjectSequence: expectedSeq },
           timeout: this.#timeoutMs,
@@ -160,6 +163,20 @@ export class OperationStore {
       throw err;
     }
   }
+}
+
+/**
+ * The header every appended event carries with its `type` (`accepted`, `running`, …; the body's
+ * `type` is the truth): a reader that acts on some types only skips the others without decoding
+ * the body (issue 10: the executor acts on 1 of an operation's 3 events). Only services may publish
+ * on operation subjects (streams/identity.ts), so the header is as trusted as the body. An event
+ * without it (written before it existed) is decoded as before.
+ */
+export const EVENT_TYPE_HEADER = 'Tooltx-Event-Type';
+
+/** The event type named by {@link EVENT_TYPE_HEADER}, or undefined when the message has none. */
+export function eventTypeOf(msg: { headers?: { get(k: string): string } | undefined }): string | undefined {
+  return msg.headers?.get(EVENT_TYPE_HEADER) || undefined;
 }
 
 /** A fresh random event id (also the event's Nats-Msg-Id). */

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { decide, type AcceptCommand, type OperationEvent } from '@tooltx/lifecycle';
 import { RetentionPolicy } from '@nats-io/jetstream';
-import { ConcurrencyError, encode, newEventId, Subjects } from '@tooltx/nats';
+import { ConcurrencyError, encode, EVENT_TYPE_HEADER, eventTypeOf, newEventId, Subjects } from '@tooltx/nats';
 import { checkTopology, topology } from '@tooltx/streams';
 import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
 
@@ -62,6 +62,16 @@ describe('the JetStream event store (real nats-server)', () => {
     expect(await t.store.append('acme', opId, e, 0)).toBe(s1);
     const info = await t.jsm.streams.info(t.subjects.eventsStream, { subjects_filter: t.subjects.op('acme', opId) });
     expect(info.state.subjects?.[t.subjects.op('acme', opId)]).toBe(1);
+  });
+
+  it('stores every event with its type in the Tooltx-Event-Type header, which a reader can act on without decoding the body', async () => {
+    const opId = nextOpId();
+    const seq = await t.store.append('acme', opId, acceptedEvent(), 0);
+    const stored = await t.jsm.streams.getMessage(t.subjects.eventsStream, { seq });
+    expect(stored?.header.get(EVENT_TYPE_HEADER)).toBe('accepted');
+    expect(eventTypeOf({ headers: stored?.header })).toBe('accepted');
+    // A message without the header (written before it existed) names no type: the reader decodes it.
+    expect(eventTypeOf({ headers: undefined })).toBeUndefined();
   });
 
   it('refuses an append whose expected sequence is stale', async () => {

@@ -15,7 +15,7 @@ import {
   type Implementation,
 } from '@tooltx/contracts';
 import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
-import { ConcurrencyError, decode, decodeRaw, encode, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import { ConcurrencyError, decode, decodeRaw, encode, eventTypeOf, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
 
@@ -37,6 +37,8 @@ export interface ExecutorDeps {
 }
 
 const MAX_DECIDE_ROUNDS = 8;
+/** The event types the executor acts on; every other event of the log is acked unread. */
+const ACTS_ON = new Set(['accepted', 'requeued']);
 
 /**
  * The executor's handler for one event-log message. It acts only on an `accepted` event that is
@@ -80,8 +82,11 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
   return async (msg) => {
     const where = subjects.parseOpSubject('op', msg.subject);
     if (!where) return { kind: 'term', reason: 'not an operation subject' };
+    // Running, committed, rejected… are not this handler's: acked without decoding the body.
+    const type = eventTypeOf(msg);
+    if (type !== undefined && !ACTS_ON.has(type)) return;
     const event = decode(operationEventSchema, msg.data);
-    if (event.type !== 'accepted' && event.type !== 'requeued') return;
+    if (!ACTS_ON.has(event.type)) return;
     const { tenant, opId } = where;
     // On a first delivery the event is, as a rule, still the operation's last one: act on the state
     // it carries at its own sequence (the `running` append names that sequence, so if anything was
