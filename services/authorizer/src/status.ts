@@ -1,6 +1,7 @@
 import { DeliverPolicy, type JetStreamClient, type JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
+import { LRUCache } from 'lru-cache';
 import { z } from 'zod';
 import { EMPTY_RESULT_DIGEST, ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
 import { statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
@@ -85,6 +86,12 @@ export class StatusService {
   #sub: Subscription | null = null;
   readonly #watches: { stop(): void }[] = [];
   readonly #inFlight = new Set<Promise<void>>();
+  /**
+   * Committed operations' last state and sequence by `<tenant>/<opId>`, as read or delivered: a
+   * committed state never changes, so a repeated status request (a caller verifying before acting,
+   * issue 10's status query) is answered without a direct get. Bounded (1,000 entries, a few MB).
+   */
+  readonly #final = new LRUCache<string, LoadedOperation>({ max: 1_000 });
   /** Set by stop(): waiting requests are answered with what is known now instead of waiting on. */
   #stopping = false;
 
@@ -250,7 +257,10 @@ export class StatusService {
     const { store } = this.#d;
     const opId = operationIdOf(req.operationKey);
     const at = this.#now();
-    const { state, seq } = loaded ?? (await store.load(tenant, opId));
+    const { state, seq } = loaded ?? this.#final.get(`${tenant}/${opId}`) ?? (await store.load(tenant, opId));
+    // `committed` is final (DESIGN.md "What a key means over time"): nothing is appended after it, so
+    // its state answers every later request without a read. Who may see it is still checked below.
+    if (state.status === 'committed') this.#final.set(`${tenant}/${opId}`, { state, seq });
     if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req))) return this.#fromOperation(tenant, actor, req, opId, state, seq, at);
     // Never registered, or not readable by this caller (same answer): an alias of another key, the
     // caller's own refusal, or nothing.
