@@ -95,6 +95,19 @@ describe('FM-10: every reference to one knowledge base keys one operation', () =
     expect(await rowsIn(ids.research!)).toBe(before);
   });
 
+  it('FM-10: a status long-poll under an alias key that waits from before the alias is known is answered when the canonical operation commits, not when its wait runs out', async () => {
+    const input = note('Research-Notes', 'Late alias');
+    const aliasKey = keyOf('fm10-late', input);
+    // Sent before the intent exists: the alias decision and the canonical operation both arrive while it waits.
+    const poll = alice.status({ operationKey: aliasKey, waitMs: 30_000, untilFinal: true });
+    await new Promise((r) => setTimeout(r, 300)); // a head start for the request, not an assertion
+    const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm10-late', input });
+    expect(r.status).toBe('committed');
+    // Its wait is 30 s; the commit is the change that must end it (8 s is far more than the commit takes).
+    const first = await Promise.race([poll, new Promise((res) => setTimeout(() => res('still waiting after 8 s of a 30 s wait'), 8_000))]);
+    expect(first).toMatchObject({ state: 'committed', operationKey: aliasKey, canonicalKey: r.operationKey, receipt: r.status === 'committed' ? r.receipt : {} });
+  });
+
   it('FM-03 through an alias: the same key target with other parameters is an idempotency_conflict; the original is untouched', async () => {
     const first = await alice.execute({ tool: 'kb.write_note', taskId: 'fm10-conflict', input: note('research', 'Conflict note') });
     expect(first.status).toBe('committed');

@@ -195,16 +195,19 @@ export class StatusService {
     const wake = waitMs > 0 ? new Wake() : null;
     if (wake) for (const s of watched) this.#register(wake, s);
     try {
-      let answer = await this.answer(who.tenant, who.actor, req);
-      // An alias: wait on the operation it names too (registered, then read again).
-      if (wake && answer.canonicalKey) {
-        const s = subjects.op(who.tenant, operationIdOf(answer.canonicalKey));
-        if (!watched.includes(s)) {
-          watched.push(s);
-          this.#register(wake, s);
-          answer = await this.answer(who.tenant, who.actor, req);
-        }
-      }
+      // An alias (known now, or learnt from a decision while waiting): wait on the operation it
+      // names too — registered, then read again, so none of its changes is missed. Without this, a
+      // decision that arrived after the first read left the request deaf to the canonical
+      // operation until its time ran out (up to 30 s).
+      const followed = async (a: StatusAnswer): Promise<StatusAnswer> => {
+        if (!wake || !a.canonicalKey) return a;
+        const s = subjects.op(who.tenant, operationIdOf(a.canonicalKey));
+        if (watched.includes(s)) return a;
+        watched.push(s);
+        this.#register(wake, s);
+        return this.answer(who.tenant, who.actor, req);
+      };
+      let answer = await followed(await this.answer(who.tenant, who.actor, req));
       while (wake && !this.#settled(answer, req)) {
         const woke = await wake.next(Math.max(0, until - this.#now()));
         if (!woke || this.#stopping) {
@@ -215,7 +218,7 @@ export class StatusService {
         const update = wake.latest.get(own);
         if (wake.reload || answer.canonicalKey || !update) {
           wake.reload = false;
-          answer = await this.answer(who.tenant, who.actor, req);
+          answer = await followed(await this.answer(who.tenant, who.actor, req));
         } else if (update.seq > answer.seq) {
           answer = await this.answer(who.tenant, who.actor, req, update);
         } else continue; // an event we had already read: not a change
