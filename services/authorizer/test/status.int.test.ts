@@ -66,8 +66,8 @@ describe('status answers', () => {
       contractDigest: D('1'), effect: 'create', inputDigest: D('2'), targetDigest: D('3'), intentSeq: 1, submissionId: 's',
     };
     await step(() => accept);
-    const running = await tools.status({ operationKey: key });
-    expect(running).toMatchObject({ state: 'accepted', source: 'operation' });
+    const open = await tools.status({ operationKey: key });
+    expect(open).toMatchObject({ state: 'accepted', source: 'operation' });
     const runId = newEventId();
     await step(() => ({ type: 'start', eventId: runId, at: Date.now(), attempt: 1, executor: 'test', deadlineAt: Date.now() + 5_000 }));
     await step((prevSeq) => ({ type: 'commit', eventId: newEventId(), at: Date.now(), attempt: 1, prevSeq, runId, resourceId: 'value:x', resultDigest: EMPTY_RESULT_DIGEST }));
