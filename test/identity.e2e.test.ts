@@ -162,6 +162,24 @@ describe('FM-32: reply inboxes are private', () => {
     }
   });
 
+  it('refuses a subscription to another actor\'s pushed answers (issue 10), in its own tenant or another', async () => {
+    const bob = await t.connectAs(agent('acme', 'bob'));
+    try {
+      for (const [who, subject] of [
+        [mallory, t.subjects.pushesOf('acme', 'alice')],
+        [mallory, `${t.subjects.prefix}.push.>`],
+        [bob, t.subjects.pushesOf('acme', 'alice')],
+        [bob, `${t.subjects.prefix}.push.acme.>`],
+      ] as const) {
+        const err = await permissionError(who, () => who.subscribe(subject));
+        expect(err.operation).toBe('subscription');
+        expect(err.subject).toBe(subject);
+      }
+    } finally {
+      await bob.close().catch(() => undefined);
+    }
+  });
+
   it('an eavesdropper receives nothing of the victim\'s replies', async () => {
     const eve = await t.connectAs(agent('globex', 'gina'));
     const got: string[] = [];

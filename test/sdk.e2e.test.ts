@@ -2,14 +2,16 @@
  * The status endpoint and the SDK end to end: real nats-server, the services as processes, a real
  * HTTP sink that does not deduplicate. `tools.execute` never mistakes silence for failure.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
-import { provisioned, type TestNats } from './helpers/nats.js';
+import { provisioned, reloadConfig, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForOperation } from './helpers/ops.js';
 import { Sink } from './helpers/sink.js';
-import { contracts, sinkWrite } from './fixtures/sink-tools.js';
+import { contracts, sinkLookup, sinkWrite } from './fixtures/sink-tools.js';
+import { pushMessageSchema, type IntentEnvelope, type PushMessage, type Receipt } from '@tooltx/lifecycle';
+import { decode, jetStreamOf } from '@tooltx/nats';
 
 const TENANT = 'acme';
 let t: TestNats;
@@ -98,6 +100,86 @@ describe('tools.execute', () => {
     } finally {
       await eve.close();
     }
+  });
+
+  it('issue 10: the committed answer is pushed to the agent, so a call accepted before the status endpoint stopped still returns its verified receipt', async () => {
+    // A first call on this connection shows the SDK that answers are pushed here.
+    expect((await tools.execute({ tool: 'sink.write', taskId: 'push-warm', input: note('Warm') })).status).toBe('committed');
+    sink.delayMs = 1_500;
+    const input = note('Pushed');
+    const key = prepareCall(sinkWrite, 'push-1', input).operationKey;
+    try {
+      const call = tools.execute({ tool: 'sink.write', taskId: 'push-1', input }, { budgetMs: 15_000 });
+      await waitForOperation(t, TENANT, key, (x) => x.status === 'running');
+      // The authorizer also serves status: from here on no status request can be answered.
+      expect(await procs[0]!.stop()).toBe(0);
+      const r = await call;
+      expect(r).toMatchObject({ status: 'committed', operationKey: key });
+      if (r.status === 'committed') {
+        expect(tools.verify(r)).toEqual({ valid: true });
+        const stored = (await t.store.load(TENANT, operationIdOf(key))).state;
+        expect(stored.status === 'committed' && stored.receipt).toEqual(r.receipt);
+      }
+      expect(writesFor(key)).toHaveLength(1);
+    } finally {
+      sink.delayMs = 0;
+      procs[0] = await startService('authorizer', env);
+    }
+  });
+
+  it('issue 10: what is pushed to a submission\'s agent: the committed answer (executor), the original receipt and result for a resubmission (authorizer), "poll" for a refusal', async () => {
+    // The agent's own connection, listening where its answers are pushed.
+    const nc = await t.connectAs({ kind: 'agent', tenant: TENANT, actor: 'alice' });
+    const pushed = new Map<string, PushMessage>();
+    nc.subscribe(t.subjects.pushesOf(TENANT, 'alice'), { callback: (e, m) => void (e ? undefined : pushed.set(m.subject.split('.').at(-1)!, decode(pushMessageSchema, m.data))) });
+    const { js } = await jetStreamOf(nc);
+    const submit = async (envelope: IntentEnvelope) => {
+      const s = newSubmission(t.subjects, TENANT, 'alice', envelope);
+      await publishSubmission(js, s);
+      await vi.waitFor(() => expect(pushed.get(s.submissionId)).toBeDefined(), { timeout: 10_000, interval: 20 });
+      return pushed.get(s.submissionId)!;
+    };
+    try {
+      const lookup = { tool: 'sink.lookup', version: 1, taskId: 'push-what', input: { name: 'pushed-read' } };
+      const key = prepareCall(sinkLookup, 'push-what', lookup.input).operationKey;
+      const first = await submit(lookup);
+      expect(first).toMatchObject({ operationKey: key, state: 'committed', source: 'operation', ownAttempt: true, inputMatches: true, result: { value: 'v-pushed-read' } });
+      const again = await submit(lookup);
+      expect(again).toMatchObject({ operationKey: key, state: 'committed', ownAttempt: false, result: { value: 'v-pushed-read' } });
+      expect('receipt' in again && again.receipt).toEqual('receipt' in first && first.receipt);
+      expect(tools.verify({ operationKey: key, ...(first as { receipt: Receipt; result: unknown }) })).toEqual({ valid: true });
+      // A forged actorId is refused at intake: its answer is the status endpoint's (a decision), pushed as "poll".
+      expect(await submit({ ...lookup, taskId: 'push-forged', actorId: 'bob' })).toMatchObject({ poll: true });
+    } finally {
+      await nc.close();
+    }
+  });
+
+  it('issue 10: an agent whose identity may not subscribe to its push subject (an older auth configuration) still gets its answers, from the status endpoint', async () => {
+    const pushes = `"${t.subjects.pushesOf(TENANT, 'bob')}"`;
+    await reloadConfig(t, (c) => c.replace(pushes, `"${t.subjects.pushesOf(TENANT, 'nobody')}"`));
+    const bob = await createTools({ servers: t.url, tenant: TENANT, actor: 'bob', nkeyFile: t.agentSeed(TENANT, 'bob'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+    try {
+      for (const title of ['Unpushed 1', 'Unpushed 2']) {
+        const r = await bob.execute({ tool: 'sink.write', taskId: 'no-push', input: note(title) });
+        expect(r.status).toBe('committed');
+        if (r.status === 'committed') expect(bob.verify(r)).toEqual({ valid: true });
+      }
+    } finally {
+      await bob.close();
+      await reloadConfig(t, (c) => c.replace(`"${t.subjects.pushesOf(TENANT, 'nobody')}"`, pushes));
+    }
+  });
+
+  it('an executor with as many attempts in flight as its concurrency writes nothing to stderr (no listener warning outside the JSON logs)', async () => {
+    sink.delayMs = 300;
+    try {
+      const rs = await Promise.all(Array.from({ length: 20 }, (_, i) => tools.execute({ tool: 'sink.write', taskId: 'many-in-flight', input: note(`Many ${i}`) })));
+      expect(rs.map((r) => r.status)).toEqual(rs.map(() => 'committed'));
+    } finally {
+      sink.delayMs = 0;
+    }
+    expect(procs[1]!.stderr).toBe('');
   });
 
   it('resubmits a read rejected as dependency_unavailable and returns the committed later attempt', async () => {

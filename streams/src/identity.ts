@@ -284,7 +284,7 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
     case 'agent':
       return {
         publish: { allow: [s.intent(role.tenant, role.actor), s.status(role.tenant, role.actor)] },
-        subscribe: { allow: [inbox] },
+        subscribe: { allow: [inbox, s.pushesOf(role.tenant, role.actor)] },
       };
     case 'auditor':
       // Auditors reach audit records only through the audit service, on their own subject (issue 9):
@@ -316,8 +316,8 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ...ordered(events, s.allOps), ...ordered(decisions, s.allDecisions),
                 ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps, s.allDecisions,
-                // Status answers (issue 3).
-                answers,
+                // Status answers (issue 3), and "poll now" pushed to a submission's agent (issue 10).
+                answers, s.allPush,
               ],
               deny: [...durableGuard, ...durables.flatMap((d) => [`${api}.CONSUMER.MSG.NEXT.${events}.${d}`, `${api}.CONSUMER.MSG.NEXT.${decisions}.${d}`])],
             },
@@ -334,6 +334,8 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
                 ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
                 ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps,
+                // The answer pushed to the agent of each submission it ends (issue 10).
+                s.allPush,
               ],
               deny: durableGuard,
             },
@@ -500,14 +502,17 @@ export function generateAuth(
     name: 'TOOLTX',
     extra: [
       '      jetstream: enabled',
-      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}]`,
+      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
     ],
     users: users.filter((u) => u.role.kind === 'service' || u.role.kind === 'provisioner'),
   };
-  const imports = (subjects: string[]) => `      imports: [${subjects.map((x) => `{ service: { account: "TOOLTX", subject: ${q(x)} } }`).join(', ')}]`;
+  const imports = (subjects: string[], streams: string[] = []) =>
+    `      imports: [${[...subjects.map((x) => `{ service: { account: "TOOLTX", subject: ${q(x)} } }`), ...streams.map((x) => `{ stream: { account: "TOOLTX", subject: ${q(x)} } }`)].join(', ')}]`;
   const tenantAccounts = parsed.tenants.map((t) => ({
     name: `TENANT_${t.id}`,
-    extra: [imports([`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`])],
+    // Pushed answers (issue 10): a stream import of this tenant's push subjects only; each agent may
+    // subscribe to its own (permissionsFor).
+    extra: [imports([`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`], [o.subjects.pushesOfTenant(t.id)])],
     users: users.filter((u) => (u.role.kind === 'agent' || u.role.kind === 'auditor') && u.role.tenant === t.id),
   }));
   const operatorAccount = { name: 'OPERATORS', extra: [imports([`${p}.takeover.>`])], users: users.filter((u) => u.role.kind === 'operator') };

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connectNats, jetStreamOf, OperationStore, spawnNatsServer, Subjects, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
@@ -85,4 +85,26 @@ export async function provisioned(opts: TopologyOptions = {}, prefix = uniquePre
 
 export async function resultStore(t: TestNats) {
   return openBucket(t.nc, t.subjects.resultsBucket);
+}
+
+/**
+ * Rewrites the test server's configuration with `edit` (which must change it) and waits until the
+ * server says it reloaded it (SIGHUP): permissions withdrawn or restored while clients stay connected.
+ */
+export async function reloadConfig(t: TestNats, edit: (conf: string) => string): Promise<void> {
+  const conf = readFileSync(t.auth.configFile, 'utf8');
+  const next = edit(conf);
+  if (next === conf) throw new Error('reloadConfig: the edit changed nothing');
+  writeFileSync(t.auth.configFile, next);
+  const child = t.server.process!;
+  const reloaded = new Promise<void>((resolve) => {
+    const on = (chunk: string) => {
+      if (!chunk.includes('Reloaded server configuration')) return;
+      child.stderr!.off('data', on);
+      resolve();
+    };
+    child.stderr!.on('data', on);
+  });
+  child.kill('SIGHUP');
+  await reloaded;
 }

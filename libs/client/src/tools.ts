@@ -19,7 +19,7 @@ import {
   type FieldIssue,
   type PreparedCall,
 } from '@tooltx/contracts';
-import { MAX_STATUS_WAIT_MS, receiptSchema, statusReplySchema, trustedReceiptKeys, verifyReceipt, type Receipt, type ServerState, type TakeoverRecord, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
+import { MAX_STATUS_WAIT_MS, pushMessageSchema, receiptSchema, statusReplySchema, type PushMessage, trustedReceiptKeys, verifyReceipt, type Receipt, type ServerState, type TakeoverRecord, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
 import { connectNats, decode, displayUrl, encode, isTransient, permissionViolationOf, Subjects, type NatsConnection, type PermissionViolation } from '@tooltx/nats';
 import { newSubmission, publishSubmission, type Submission } from './intent.js';
 
@@ -202,12 +202,19 @@ const PUBACK_TIMEOUT_MS = 2_000;
  */
 const HEADER_ALLOWANCE_BYTES = 512;
 const STATUS_POLL_MS = 5_000;
+/**
+ * How long a call waits for its pushed answer (issue 10) before it asks the status endpoint, ms.
+ * Only once this connection has received a push (services that push are deployed); before that, a
+ * call asks the status endpoint at once and takes whichever answer comes first.
+ */
+const PUSH_WAIT_MS = 1_000;
 /** Read/compute attempts rejected as dependency_unavailable are resubmitted at most this often. */
 const MAX_RETRYABLE_ATTEMPTS = 5;
 
 /**
  * Creates the agent-side SDK (issue 3). It needs only: publish on its own intent subject,
- * request on its own status subject, and subscribe to its own inbox prefix — nothing else.
+ * request on its own status subject, and subscribe to its own inbox prefix and its own push subject
+ * (`<prefix>.push.<tenant>.<actor>.*`, issue 10; without that permission it polls) — nothing else.
  *
  * Before it returns it checks, with one status request (read-only), that the server lets this
  * connection act as `tenant`/`actor` under `prefix`: publish on its status subject and subscribe to
@@ -307,6 +314,83 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   for (const c of opts.contracts) byName.set(c.name, [...(byName.get(c.name) ?? []), c]);
   const statusSubject = subjects.status(opts.tenant, opts.actor);
 
+  // Pushed answers (issue 10): the executor pushes a committed receipt (and the authorizer and the
+  // executor a "poll now" for other outcomes) to `<p>.push.<tenant>.<actor>.<submissionId>`. One
+  // subscription; a waiter per submission in flight. Best effort: the status endpoint stays the
+  // truth, and a connection whose identity may not subscribe there (an older auth configuration)
+  // simply polls.
+  const pushWaiters = new Map<string, (m: PushMessage) => void>();
+  let pushSeen = false;
+  let pushRefused = false;
+  const refusePush = () => {
+    pushRefused = true;
+    for (const w of pushWaiters.values()) w({ poll: true, at: Date.now() });
+    pushWaiters.clear();
+  };
+  let pushSub: { unsubscribe(): void } | undefined;
+  try {
+    pushSub = nc.subscribe(subjects.pushesOf(opts.tenant, opts.actor), {
+      callback: (err, m) => {
+        if (err) return refusePush();
+        let body: PushMessage;
+        try {
+          body = decode(pushMessageSchema, m.data);
+        } catch {
+          return; // not a push this SDK understands: the call polls after its wait
+        }
+        pushSeen = true;
+        const id = m.subject.slice(m.subject.lastIndexOf('.') + 1);
+        const w = pushWaiters.get(id);
+        if (!w) return;
+        pushWaiters.delete(id);
+        w(body);
+      },
+    });
+  } catch {
+    refusePush();
+  }
+  /** A submission's push: the message once it comes, and its final answer (never settles on a "poll"). */
+  interface PushWait {
+    pushed: Promise<PushMessage>;
+    final: Promise<StatusAnswer>;
+    /** Whether the call has already waited {@link PUSH_WAIT_MS} for it. */
+    waited: boolean;
+    cancel(): void;
+  }
+  /** Registers the waiter of one submission's push (before the submission is published). */
+  const waitForPush = (submissionId: string): PushWait | null => {
+    if (pushRefused || subjects.push(opts.tenant, opts.actor, submissionId) === null) return null;
+    let resolve!: (m: PushMessage) => void;
+    const pushed = new Promise<PushMessage>((r) => (resolve = r));
+    pushWaiters.set(submissionId, resolve);
+    return {
+      pushed,
+      final: pushed.then((m) => ('poll' in m ? new Promise<StatusAnswer>(() => undefined) : m)),
+      waited: false,
+      cancel: () => void (pushWaiters.get(submissionId) === resolve && pushWaiters.delete(submissionId)),
+    };
+  };
+  /**
+   * The next answer of a call whose latest submission may still get a push: first (once) up to
+   * `waitMs` for the push alone — only once this connection has received a push, i.e. services that
+   * push are deployed; then the status endpoint's answer, raced by a push that lands meanwhile (so
+   * a status endpoint that is down does not hide a pushed receipt). A "poll now" ends the wait.
+   */
+  const answerOf = async (w: PushWait, ask: () => Promise<StatusAnswer>, waitMs: number): Promise<StatusAnswer> => {
+    if (!w.waited) {
+      w.waited = true;
+      if (pushSeen) {
+        let timer: NodeJS.Timeout | undefined;
+        const first = await Promise.race([w.pushed, new Promise<null>((r) => (timer = setTimeout(() => r(null), waitMs)))]);
+        clearTimeout(timer);
+        if (first && !('poll' in first)) return first;
+      }
+    }
+    const asked = ask();
+    asked.catch(() => undefined);
+    return Promise.race([asked, w.final]);
+  };
+
   const status = async (req: StatusRequest): Promise<StatusAnswer> => {
     let reply;
     try {
@@ -350,6 +434,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     async close() {
       // The listener of connection events ends with this object (a caller-supplied `nc` lives on).
       (statusEvents as AsyncIterable<unknown> & { stop?: () => void }).stop?.();
+      if (!nc.isClosed()) pushSub?.unsubscribe();
       // Closed already (e.g. the server refused its credentials twice and nats.js gave up): nothing to drain.
       if (owned && !nc.isClosed()) await nc.drain();
     },
@@ -404,10 +489,14 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     let invalidReceipt: string | undefined;
     let squatted = 0;
 
+    /** The push the latest submission waits for (cancelled when a newer submission is sent). */
+    let pending: PushWait | null = null;
     const submit = async (): Promise<void> => {
       const id = squatted === 0 && opts.submissionIdFactory ? opts.submissionIdFactory() : randomUUID();
       const s: Submission = newSubmission(subjects, opts.tenant, opts.actor, envelope, id, data);
       submissionIds.push(s.submissionId);
+      pending?.cancel();
+      pending = waitForPush(s.submissionId);
       for (let i = 0; left() > 0; i++) {
         try {
           const ack = await publishSubmission(js, s, Math.min(PUBACK_TIMEOUT_MS, Math.max(100, left())));
@@ -462,96 +551,107 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
 
     // The key of the operation that holds the effect: ours, or the canonical one ours is an alias of (FM-10).
     let opKey = key;
-    let outcome = await submitOrDenied();
-    if (outcome) return outcome;
-    let notSeenSince = Date.now();
-    let failures = 0;
-    while (left() > 0) {
-      let a: StatusAnswer;
-      try {
-        // One long-poll until a final answer (not one per intermediate state), at most STATUS_POLL_MS.
-        a = await status({ operationKey: key, waitMs: Math.max(0, Math.min(STATUS_POLL_MS, MAX_STATUS_WAIT_MS, left() - 2_100)), afterSeq: lastSeq, inputDigest: prepared.inputDigest, submissionIds, untilFinal: true });
-        statusAnswered = true;
-        failures = 0;
-      } catch (err) {
-        // Refused by the server's permissions: our intent is stored (or may be); only observing failed.
-        if (err instanceof TooltxError && permissionViolationOf(err.cause)) return deniedOutcome(err);
-        if (credentialsRefused) return deniedOutcome(new TooltxError(ErrorClass.Forbidden, 'credentials refused', { issues: refusedCredentials().issues }));
-        if (err instanceof TooltxError && err.class !== ErrorClass.DependencyUnavailable) return refused(key, err.toInfo());
-        await sleep(Math.min(left(), 200 * 2 ** Math.min(failures++, 4)));
-        continue;
-      }
-      if (a.canonicalKey) opKey = a.canonicalKey;
-      if (a.source === 'decision') return refused(key, withActorPath(a.error ?? { class: ErrorClass.Internal }, req.actorId !== undefined && req.actorId !== opts.actor));
-      if (a.source === 'operation' && a.inputMatches === false) {
-        return refused(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] });
-      }
-      if (a.state === 'not_seen') {
-        if (!intentStored || Date.now() - notSeenSince >= STATUS_POLL_MS) {
+    /** Submits, then observes until an answer, the budget or a refusal ends the call. */
+    const observe = async (): Promise<ExecuteResult<O>> => {
+      let outcome = await submitOrDenied();
+      if (outcome) return outcome;
+      let notSeenSince = Date.now();
+      let failures = 0;
+      while (left() > 0) {
+        let a: StatusAnswer;
+        try {
+          // One long-poll until a final answer (not one per intermediate state), at most STATUS_POLL_MS;
+          // after a submission, its pushed answer first (issue 10).
+          const ask = () => status({ operationKey: key, waitMs: Math.max(0, Math.min(STATUS_POLL_MS, MAX_STATUS_WAIT_MS, left() - 2_100)), afterSeq: lastSeq, inputDigest: prepared.inputDigest, submissionIds, untilFinal: true });
+          a = pending ? await answerOf(pending, ask, Math.max(0, Math.min(PUSH_WAIT_MS, left() - 2_100))) : await ask();
+          statusAnswered = true;
+          failures = 0;
+        } catch (err) {
+          // Refused by the server's permissions: our intent is stored (or may be); only observing failed.
+          if (err instanceof TooltxError && permissionViolationOf(err.cause)) return deniedOutcome(err);
+          if (credentialsRefused) return deniedOutcome(new TooltxError(ErrorClass.Forbidden, 'credentials refused', { issues: refusedCredentials().issues }));
+          if (err instanceof TooltxError && err.class !== ErrorClass.DependencyUnavailable) return refused(key, err.toInfo());
+          await sleep(Math.min(left(), 200 * 2 ** Math.min(failures++, 4)));
+          continue;
+        }
+        if (a.canonicalKey) opKey = a.canonicalKey;
+        if (a.source === 'decision') return refused(key, withActorPath(a.error ?? { class: ErrorClass.Internal }, req.actorId !== undefined && req.actorId !== opts.actor));
+        if (a.source === 'operation' && a.inputMatches === false) {
+          return refused(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] });
+        }
+        if (a.state === 'not_seen') {
+          if (!intentStored || Date.now() - notSeenSince >= STATUS_POLL_MS) {
+            if ((outcome = await submitOrDenied())) return outcome;
+            notSeenSince = Date.now();
+          }
+          continue;
+        }
+        lastState = a.state;
+        lastSeq = a.seq;
+        attempt = a.attempt;
+        if (a.state === 'unknown' && a.takeover) {
+          // Evidence ran out on the server side too: a person decides now, not the budget (FM-14).
+          return {
+            status: 'unknown',
+            operationKey: opKey,
+            lastServerState: 'unknown',
+            evidence: { operationKey: opKey, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, takeover: a.takeover },
+            next: NextAction.HandOver,
+          };
+        }
+        if (a.state === 'committed' && a.receipt) {
+          const check = verify({ operationKey: opKey, receipt: a.receipt });
+          if (!check.valid) {
+            // Not a receipt we can trust: never "done". A key we do not trust will not become one by
+            // waiting: hand over now; otherwise (a tampered answer) keep observing until the budget.
+            invalidReceipt = check.reason;
+            if (check.reason === 'untrusted_key') break;
+            await sleep(Math.min(left(), 500));
+            continue;
+          }
+          if (a.receipt.manual && a.result === undefined) {
+            // A person resolved it and no business result exists to hand on: the receipt is the outcome.
+            return { status: 'committed', operationKey: opKey, result: undefined as O, receipt: a.receipt, next: 'continue' };
+          }
+          if (a.result === undefined || digestOf(a.result) !== a.receipt.resultDigest) {
+            // Only a result matching the receipt's digest is handed on; wait for a readable one.
+            await sleep(Math.min(left(), 200));
+            continue;
+          }
+          return { status: 'committed', operationKey: opKey, result: a.result as O, receipt: a.receipt, next: 'continue' };
+        }
+        if (a.state === 'rejected' && a.ownAttempt === false) {
+          // An earlier attempt's refusal: our identical submission starts a new attempt; wait for it
+          // (and submit again if nothing happens, as for not_seen).
+          if (Date.now() - notSeenSince >= STATUS_POLL_MS) {
+            if ((outcome = await submitOrDenied())) return outcome;
+            notSeenSince = Date.now();
+          }
+          continue;
+        }
+        if (a.state === 'rejected') {
+          const error = a.error ?? { class: ErrorClass.Internal };
+          const retryable = !hasSideEffect(contract.effect) && error.class === ErrorClass.DependencyUnavailable && ++retryableRejections < MAX_RETRYABLE_ATTEMPTS;
+          if (!retryable) return { ...refused(key, error), ...(a.attempt ? { attempt: a.attempt } : {}) };
+          await sleep(Math.min(left(), 200 * 2 ** retryableRejections));
           if ((outcome = await submitOrDenied())) return outcome;
           notSeenSince = Date.now();
         }
-        continue;
       }
-      lastState = a.state;
-      lastSeq = a.seq;
-      attempt = a.attempt;
-      if (a.state === 'unknown' && a.takeover) {
-        // Evidence ran out on the server side too: a person decides now, not the budget (FM-14).
-        return {
-          status: 'unknown',
-          operationKey: opKey,
-          lastServerState: 'unknown',
-          evidence: { operationKey: opKey, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, takeover: a.takeover },
-          next: NextAction.HandOver,
-        };
-      }
-      if (a.state === 'committed' && a.receipt) {
-        const check = verify({ operationKey: opKey, receipt: a.receipt });
-        if (!check.valid) {
-          // Not a receipt we can trust: never "done". A key we do not trust will not become one by
-          // waiting: hand over now; otherwise (a tampered answer) keep observing until the budget.
-          invalidReceipt = check.reason;
-          if (check.reason === 'untrusted_key') break;
-          await sleep(Math.min(left(), 500));
-          continue;
-        }
-        if (a.receipt.manual && a.result === undefined) {
-          // A person resolved it and no business result exists to hand on: the receipt is the outcome.
-          return { status: 'committed', operationKey: opKey, result: undefined as O, receipt: a.receipt, next: 'continue' };
-        }
-        if (a.result === undefined || digestOf(a.result) !== a.receipt.resultDigest) {
-          // Only a result matching the receipt's digest is handed on; wait for a readable one.
-          await sleep(Math.min(left(), 200));
-          continue;
-        }
-        return { status: 'committed', operationKey: opKey, result: a.result as O, receipt: a.receipt, next: 'continue' };
-      }
-      if (a.state === 'rejected' && a.ownAttempt === false) {
-        // An earlier attempt's refusal: our identical submission starts a new attempt; wait for it
-        // (and submit again if nothing happens, as for not_seen).
-        if (Date.now() - notSeenSince >= STATUS_POLL_MS) {
-          if ((outcome = await submitOrDenied())) return outcome;
-          notSeenSince = Date.now();
-        }
-        continue;
-      }
-      if (a.state === 'rejected') {
-        const error = a.error ?? { class: ErrorClass.Internal };
-        const retryable = !hasSideEffect(contract.effect) && error.class === ErrorClass.DependencyUnavailable && ++retryableRejections < MAX_RETRYABLE_ATTEMPTS;
-        if (!retryable) return { ...refused(key, error), ...(a.attempt ? { attempt: a.attempt } : {}) };
-        await sleep(Math.min(left(), 200 * 2 ** retryableRejections));
-        if ((outcome = await submitOrDenied())) return outcome;
-        notSeenSince = Date.now();
-      }
-    }
-    return {
-      status: 'unknown',
-      operationKey: opKey,
-      lastServerState: lastState,
-      evidence: { operationKey: opKey, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, ...(invalidReceipt ? { invalidReceipt } : {}) },
-      next: lastState === 'unknown' || invalidReceipt ? NextAction.HandOver : NextAction.Observe,
+      return {
+        status: 'unknown',
+        operationKey: opKey,
+        lastServerState: lastState,
+        evidence: { operationKey: opKey, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, ...(invalidReceipt ? { invalidReceipt } : {}) },
+        next: lastState === 'unknown' || invalidReceipt ? NextAction.HandOver : NextAction.Observe,
+      };
     };
+    try {
+      return await observe();
+    } finally {
+      // A call that ends without its push leaves no waiter behind.
+      (pending as PushWait | null)?.cancel();
+    }
   }
 
   return tools;

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { OPERATION_KEY_PATTERN } from '@tooltx/contracts';
-import { errorInfoSchema, receiptSchema, takeoverRecordSchema } from './events.js';
+import { errorInfoSchema, receiptSchema, takeoverRecordSchema, type OperationRecord, type Receipt } from './events.js';
 
 /** Longest long-poll a status request may ask for, ms. */
 export const MAX_STATUS_WAIT_MS = 30_000;
@@ -76,3 +76,35 @@ export type StatusAnswer = z.infer<typeof statusAnswerSchema>;
 export const statusErrorSchema = z.object({ error: errorInfoSchema, at: z.number().int() });
 export const statusReplySchema = z.union([statusAnswerSchema, statusErrorSchema]);
 export type StatusReply = z.infer<typeof statusReplySchema>;
+
+/**
+ * What a service pushes to the agent of one submission (`Subjects.push`, issue 10): the committed
+ * answer as the status endpoint would give it to that agent (receipt, permitted result), or `poll`:
+ * "the outcome is not pushed — ask the status endpoint now" (a refusal, a replay, an unknown).
+ */
+export const pushMessageSchema = z.union([statusAnswerSchema, z.object({ poll: z.literal(true), at: z.number().int() })]);
+export type PushMessage = z.infer<typeof pushMessageSchema>;
+
+/**
+ * The committed answer pushed to the agent of `submissionId` (issue 10): what the status endpoint
+ * answers that agent for `submittedKey` — the key its submission derived, which names the
+ * operation through an alias when it differs from the registered one (FM-10). `state` must be
+ * committed with its receipt; `result` is the business result the agent may read (`{}` for a
+ * receipt-only result). Pure.
+ */
+export function committedAnswer(o: { submittedKey: string; state: OperationRecord & { receipt: Receipt }; seq: number; submissionId: string; result: unknown; at: number }): StatusAnswer {
+  const st = o.state;
+  return {
+    operationKey: o.submittedKey,
+    ...(o.submittedKey !== st.operationKey ? { canonicalKey: st.operationKey } : {}),
+    state: 'committed',
+    source: 'operation',
+    seq: o.seq,
+    attempt: st.attempt,
+    inputMatches: true,
+    ownAttempt: st.intent.submissionId === o.submissionId,
+    receipt: st.receipt,
+    result: o.result,
+    at: o.at,
+  };
+}

@@ -1,6 +1,7 @@
 import { ID_PATTERN } from '@tooltx/contracts';
 
 const OPID = /^[0-9a-f]{32}$/;
+const SUBMISSION_TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
 
 /**
  * Every subject and stream name tooltx uses, under one prefix (DESIGN.md "Where things live").
@@ -14,6 +15,7 @@ const OPID = /^[0-9a-f]{32}$/;
  * | `<p>.op.<tenant>.<opId>` | every lifecycle event of one operation (stream `<P>_EVENTS`) |
  * | `<p>.decision.<tenant>.<opId>.<actor>` | pre-acceptance outcomes, per actor (stream `<P>_DECISIONS`) |
  * | `<p>.status.<tenant>.<actor>` | status requests (request/reply, no stream) |
+ * | `<p>.push.<tenant>.<actor>.<submissionId>` | the final answer to one submission, pushed to its agent (core NATS, no stream) |
  * | KV `<p>_results`, key `<tenant>.<opId>` | business results (result store) |
  * | KV `<p>_reconcile`, key `<tenant>.<opId>` | the reconciler's index of non-terminal operations (projection) |
  * | KV `<p>_audit`, key `<tenant>.<opId>` | one audit record per operation (projection) |
@@ -50,6 +52,20 @@ export class Subjects {
    */
   decision(tenant: string, opId: string, actor: string): string { return `${this.prefix}.decision.${id(tenant)}.${opid(opId)}.${id(actor)}`; }
   status(tenant: string, actor: string): string { return `${this.prefix}.status.${id(tenant)}.${id(actor)}`; }
+  /**
+   * Where the answer to one submission is pushed to its agent (issue 10): the executor publishes the
+   * committed receipt there, the authorizer and the executor a "poll now" for other outcomes. Null
+   * when the submission id is not one subject token (`^[A-Za-z0-9_-]{1,128}$`): no push, the agent
+   * polls. Best effort (core NATS): the status endpoint stays the truth.
+   */
+  push(tenant: string, actor: string, submissionId: string): string | null {
+    return SUBMISSION_TOKEN.test(submissionId) ? `${this.prefix}.push.${id(tenant)}.${id(actor)}.${submissionId}` : null;
+  }
+  /** What one agent subscribes to for its pushed answers: `<p>.push.<tenant>.<actor>.*`. */
+  pushesOf(tenant: string, actor: string): string { return `${this.prefix}.push.${id(tenant)}.${id(actor)}.*`; }
+  /** Every pushed answer of one tenant (the tenant account's import). */
+  pushesOfTenant(tenant: string): string { return `${this.prefix}.push.${id(tenant)}.>`; }
+  get allPush(): string { return `${this.prefix}.push.>`; }
   resultKey(tenant: string, opId: string): string { return `${id(tenant)}.${opid(opId)}`; }
   /** Key of one operation in a projection bucket: `<tenant>.<opId>` (same form as {@link resultKey}). */
   projectionKey(tenant: string, opId: string): string { return `${id(tenant)}.${opid(opId)}`; }

@@ -1,6 +1,7 @@
 import type { JsMsg } from '@nats-io/jetstream';
-import { ErrorClass, hasSideEffect, operationIdOf, prepareCall, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
-import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision } from '@tooltx/lifecycle';
+import type { KV } from '@nats-io/kv';
+import { EMPTY_RESULT_DIGEST, ErrorClass, hasSideEffect, operationIdOf, prepareCall, toErrorInfo, type ErrorInfo, type Implementation } from '@tooltx/contracts';
+import { committedAnswer, decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision, type OperationState, type PushMessage } from '@tooltx/lifecycle';
 import { ConcurrencyError, decodeRaw, CodecError, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { checkIntake } from './intake.js';
@@ -14,6 +15,13 @@ export interface AuthorizerDeps {
   log: Logger;
   /** The frozen tasks (issue 8); absent = none is ever frozen (unit use only). */
   frozen?: Pick<FrozenTaskWatch, 'isFrozen'>;
+  /**
+   * Publishes "poll now" on a submission's push subject (`Subjects.push`, issue 10) for every
+   * outcome but a new registration (whose answer the executor pushes); absent = nothing is pushed.
+   */
+  push?: (subject: string, body: PushMessage) => void;
+  /** The result store, read for the pushed answer of a known committed key with a stored result. */
+  results?: KV;
   now?: () => number;
 }
 
@@ -30,6 +38,62 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const who = subjects.parseActorSubject('intent', msg.subject);
     if (!who) return { kind: 'term', reason: 'not an intent subject' };
     const submissionId = msg.headers?.get('Nats-Msg-Id') || `seq-${msg.seq}`;
+    let answerOnItsWay = false;
+    // A throw is retried (nak): the answer is still to come, so nothing is pushed for it yet.
+    const settled = await handle(msg, who, submissionId, () => (answerOnItsWay = true));
+    if (!answerOnItsWay) pushPoll(who, submissionId);
+    return settled;
+  };
+
+  /**
+   * Pushes the committed answer of a known key to the agent of `submissionId` (a resubmission,
+   * FM-01/FM-26), under the same read policy and with the same result as the status endpoint's
+   * answer. True when pushed; false leaves it to a "poll now".
+   */
+  async function pushCommitted(who: { tenant: string; actor: string }, submissionId: string, impl: Implementation, submittedKey: string, st: OperationState, seq: number): Promise<boolean> {
+    const subject = deps.push ? subjects.push(who.tenant, who.actor, submissionId) : null;
+    if (!subject || st.status !== 'committed' || !st.receipt) return false;
+    try {
+      const resources = st.authorization?.intake?.resources;
+      await impl.authorizeRead?.({ tenant: who.tenant, actor: who.actor, owner: st.actor, operationKey: st.operationKey, now: now(), ...(resources ? { resources } : {}) });
+    } catch {
+      return false;
+    }
+    let result: unknown = {};
+    if (st.receipt.resultDigest !== EMPTY_RESULT_DIGEST) {
+      const entry = deps.results ? await deps.results.get(subjects.resultKey(who.tenant, operationIdOf(st.operationKey))).catch(() => null) : null;
+      if (!entry || entry.operation !== 'PUT') return false;
+      let stored: { attempt?: unknown; resultDigest?: unknown; result?: unknown };
+      try {
+        stored = decodeRaw(entry.value) as typeof stored;
+      } catch {
+        return false;
+      }
+      if (stored.attempt !== st.attempt || stored.resultDigest !== st.receipt.resultDigest) return false;
+      result = stored.result;
+    }
+    const answer = committedAnswer({ submittedKey, state: { ...st, receipt: st.receipt }, seq, submissionId, result, at: now() });
+    try {
+      deps.push!(subject, answer);
+      return true;
+    } catch (err) {
+      log.debug({ err }, 'push not sent');
+      return false;
+    }
+  }
+
+  /** "Poll now" to the agent of `submissionId`: this outcome is the status endpoint's to tell. */
+  function pushPoll(who: { tenant: string; actor: string }, submissionId: string): void {
+    const subject = deps.push ? subjects.push(who.tenant, who.actor, submissionId) : null;
+    if (!subject) return;
+    try {
+      deps.push!(subject, { poll: true, at: now() });
+    } catch (err) {
+      log.debug({ err }, 'push not sent');
+    }
+  }
+
+  async function handle(msg: JsMsg, who: { tenant: string; actor: string }, submissionId: string, answerOnItsWay: () => void): Promise<Settlement | void> {
     const l = log.child({ tenant: who.tenant, actor: who.actor, intentSeq: msg.seq });
 
     let raw: unknown;
@@ -142,17 +206,20 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           }
           // Debug: one line per call is a synchronous write per call at info (issue 10); the audit record holds it.
           l.debug({ operationKey: registered.operationKey, ...(submitted ? { submittedKey: key } : {}), attempt: d.event.attempt, tool: contract.id }, 'accepted');
+          answerOnItsWay();
           return;
         case 'conflict':
           return void (await refuse(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] }, ids));
         case 'replay':
         case 'applied':
           l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
+          // A committed key's answer is final: pushed now, as the status endpoint would give it.
+          if (await pushCommitted(who, submissionId, impl, key, d.state, seq)) answerOnItsWay();
           return;
         case 'skip':
           return;
       }
     }
     throw new ConcurrencyError(subjects.op(who.tenant, opId), -1);
-  };
+  }
 }

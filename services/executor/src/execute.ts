@@ -14,7 +14,7 @@ import {
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
-import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
+import { committedAnswer, decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Decision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type PushMessage, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConcurrencyError, decode, decodeRaw, encode, eventTypeOf, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
@@ -33,6 +33,11 @@ export interface ExecutorDeps {
   shutdown: AbortSignal;
   /** The frozen tasks (issue 8), re-checked right before `running`; absent = none. */
   frozen?: Pick<FrozenTaskWatch, 'isFrozen'>;
+  /**
+   * Publishes a pushed answer (core NATS, best effort) on a submission's push subject
+   * (`Subjects.push`, issue 10); absent = nothing is pushed and agents poll.
+   */
+  push?: (subject: string, body: PushMessage) => void;
   now?: () => number;
 }
 
@@ -63,20 +68,53 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     opId: string,
     make: (seq: number) => OperationCommand,
     o: { known?: { state: OperationState; seq: number }; applies?: (s: OperationState) => boolean } = {},
-  ) => {
+  ): Promise<(Decision & { appendedSeq?: number }) | null> => {
     for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
       const { state, seq } = round === 0 && o.known ? o.known : await store.load(tenant, opId);
       if (o.applies && !o.applies(state)) return null;
       const d = decide(make(seq), state, { signer: deps.signer });
       if (d.kind !== 'append') return d;
       try {
-        await store.append(tenant, opId, d.event, seq);
-        return d;
+        const appended = await store.append(tenant, opId, d.event, seq);
+        return { ...d, appendedSeq: appended };
       } catch (err) {
         if (!(err instanceof ConcurrencyError)) throw err;
       }
     }
     throw new ConcurrencyError(subjects.op(tenant, opId), -1);
+  };
+
+  /**
+   * Pushes `body` to the agent of the submission that started `state`'s attempt (issue 10), when it
+   * has a push subject. Best effort: a lost push costs the agent one status poll, never an answer.
+   */
+  const pushTo = (tenant: string, state: OperationRecord, body: PushMessage) => {
+    const subject = deps.push ? subjects.push(tenant, state.actor, state.intent.submissionId) : null;
+    if (!subject) return;
+    try {
+      deps.push!(subject, body);
+    } catch (err) {
+      log.debug({ err }, 'push not sent');
+    }
+  };
+  const pushPoll = (tenant: string, state: OperationRecord) => pushTo(tenant, state, { poll: true, at: now() });
+
+  /**
+   * The committed answer the status endpoint would give the submitting agent (receipt and result),
+   * pushed once the read policy lets that agent read it; otherwise a "poll" (status then decides).
+   */
+  const pushCommitted = async (tenant: string, impl: Implementation, d: Decision & { appendedSeq?: number }, result: unknown) => {
+    if (d.kind !== 'append' || d.event.type !== 'committed' || d.appendedSeq === undefined) return;
+    const st = d.event.state;
+    if (st.status !== 'committed' || !st.receipt) return;
+    try {
+      const resources = st.authorization?.intake?.resources;
+      await impl.authorizeRead?.({ tenant, actor: st.actor, owner: st.actor, operationKey: st.operationKey, now: now(), ...(resources ? { resources } : {}) });
+    } catch {
+      return pushPoll(tenant, st);
+    }
+    // The submission that started this attempt, under the key it derived (an alias's, FM-10).
+    pushTo(tenant, st, committedAnswer({ submittedKey: st.intent.submitted?.operationKey ?? st.operationKey, state: { ...st, receipt: st.receipt }, seq: d.appendedSeq, submissionId: st.intent.submissionId, result, at: now() }));
   };
 
   return async (msg) => {
@@ -117,14 +155,21 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
      * A refusal before `running` applies only while the operation still waits to run (`accepted`,
      * this attempt): once another executor has moved it to `running`, that run is not ours to refuse.
      */
-    const rejectBeforeRun = (error: ErrorInfo, authorization?: AuthDecision) =>
-      transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }), {
+    // Every refusal is then pushed as "poll now": the status endpoint answers it under the read policy.
+    const rejectBeforeRun = async (error: ErrorInfo, authorization?: AuthDecision) => {
+      const d = await transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }), {
         known: { state, seq },
         // Still waiting to run (a stale-accepted requeue only moves its sequence): the verdict holds.
         applies: (s) => s.status === 'accepted' && s.attempt === state.attempt,
       });
-    const reject = (error: ErrorInfo, authorization?: AuthDecision, runId?: string) =>
-      transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}), ...(runId ? { runId } : {}) }));
+      pushPoll(tenant, state);
+      return d;
+    };
+    const reject = async (error: ErrorInfo, authorization?: AuthDecision, runId?: string) => {
+      const d = await transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}), ...(runId ? { runId } : {}) }));
+      pushPoll(tenant, state);
+      return d;
+    };
 
     // The input, read back from the intent the `accepted` event names, checked against its digest.
     const input = await loadInput(store, subjects, state, impl);
@@ -217,6 +262,8 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       // A receipt-only result ({}) is not stored: its digest says what it is (EMPTY_RESULT_DIGEST).
       if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
       const d = await transition(tenant, opId, (prevSeq) => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq, runId: runningId, resourceId: outcome.resourceId, resultDigest }), { known: afterStart });
+      if (d?.kind === 'append') await pushCommitted(tenant, impl, d, resultDigest === EMPTY_RESULT_DIGEST ? {} : result);
+      else pushPoll(tenant, state);
       // Debug: one line per call is a synchronous write per call at info (issue 10); the audit record holds it.
       l.debug({ resourceId: outcome.resourceId, outcome: d?.kind, elapsedMs: now() - startedAt }, 'committed');
       return;
@@ -238,6 +285,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     // the reconciler probes it (issue 7).
     const evidence: Evidence = { kind: signal.aborted ? 'timeout' : 'connection_lost', at: now(), elapsedMs: now() - startedAt };
     const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, evidence }));
+    pushPoll(tenant, state);
     l.warn({ err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d?.kind }, 'outcome unknown: recorded for the reconciler');
   };
 }

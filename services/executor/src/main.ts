@@ -5,8 +5,9 @@
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, lets in-flight attempts finish (bounded by their
  * contract's timeoutMs), drains.
  */
+import { setMaxListeners } from 'node:events';
 import { z } from 'zod';
-import { FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
+import { encode, FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { eventHandler } from './execute.js';
@@ -31,6 +32,10 @@ await runService({
   async start({ subjects, store, tools, log, js, nc, config, env, signer }) {
     const results = await openBucket(nc, subjects.resultsBucket);
     const shutdown = new AbortController();
+    // Each attempt in flight listens on it (and stops listening when it ends): up to
+    // TOOLTX_CONCURRENCY at once, which is not a leak — without this Node warns past 10 on stderr
+    // (fresh-user trial, session 5).
+    setMaxListeners(config.TOOLTX_CONCURRENCY + 10, shutdown.signal);
     const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
     await frozen.start();
     const loop = await startConsumerLoop({
@@ -39,7 +44,7 @@ await runService({
       durable: env.TOOLTX_EXECUTOR_DURABLE,
       concurrency: config.TOOLTX_CONCURRENCY,
       log,
-      handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen, signer: signer! }),
+      handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen, signer: signer!, push: (subject, body) => nc.publish(subject, encode(body)) }),
     });
     return async () => {
       await loop.stop();
