@@ -11,7 +11,8 @@ import { history, waitForOperation } from './helpers/ops.js';
 import { Sink } from './helpers/sink.js';
 import { contracts, sinkLookup, sinkWrite } from './fixtures/sink-tools.js';
 import { pushMessageSchema, type IntentEnvelope, type PushMessage, type Receipt } from '@tooltx/lifecycle';
-import { decode, jetStreamOf } from '@tooltx/nats';
+import { decode, encode, jetStreamOf } from '@tooltx/nats';
+import { hasReplyWildcardCrash } from '@tooltx/runtime/service';
 
 const TENANT = 'acme';
 let t: TestNats;
@@ -171,6 +172,52 @@ describe('tools.execute', () => {
     }
   });
 
+  it('FM-32: another agent of the tenant can make the status service answer onto an agent\'s push subject; the agent takes only a committed answer for its own key, so its call still returns its own receipt', async () => {
+    // What alice can relay: her own committed receipt, her own refusal (a forged actorId), a never-registered key.
+    const own = await tools.execute({ tool: 'sink.write', taskId: 'inject-own', input: note('Alice own') });
+    expect(own.status).toBe('committed');
+    const refused = await tools.execute({ tool: 'sink.write', taskId: 'inject-refused', actorId: 'bob', input: note('Alice refused') });
+    expect(refused.status).toBe('rejected');
+    const relayed = [own.operationKey!, refused.operationKey!, prepareCall(sinkWrite, 'inject-never', note('Never')).operationKey];
+    let n = 0;
+    const bob = await createTools({ servers: t.url, tenant: TENANT, actor: 'bob', nkeyFile: t.agentSeed(TENANT, 'bob'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, submissionIdFactory: () => `bob-sub-${n++}` });
+    const alice = await t.connectAs({ kind: 'agent', tenant: TENANT, actor: 'alice' });
+    let injecting = true;
+    let injected = 0;
+    try {
+      // A first call, so bob's connection has seen a push and waits for one first.
+      expect((await bob.execute({ tool: 'sink.write', taskId: 'inject-warm', input: note('Bob warm') })).status).toBe('committed');
+      // Its next submission's id is predictable (bob-sub-1): alice answers onto its push subject, over and over.
+      const target = t.subjects.push(TENANT, 'bob', 'bob-sub-1')!;
+      const injector = (async () => {
+        while (injecting) {
+          for (const k of relayed) alice.publish(t.subjects.status(TENANT, 'alice'), encode({ operationKey: k }), { reply: target });
+          injected += relayed.length;
+          await new Promise((r) => setTimeout(r, 5));
+        }
+      })();
+      await new Promise((r) => setTimeout(r, 200)); // the relays are flowing before bob's call starts
+      sink.delayMs = 300;
+      const input = note('Bob own');
+      const key = prepareCall(sinkWrite, 'inject-dst', input).operationKey;
+      const r = await bob.execute({ tool: 'sink.write', taskId: 'inject-dst', input }, { budgetMs: 15_000 });
+      injecting = false;
+      await injector;
+      expect(injected).toBeGreaterThan(0);
+      expect(r).toMatchObject({ status: 'committed', operationKey: key });
+      if (r.status === 'committed') {
+        expect(r.receipt.operationKey).toBe(key);
+        expect(bob.verify(r)).toEqual({ valid: true });
+      }
+      expect(writesFor(key)).toHaveLength(1);
+    } finally {
+      injecting = false;
+      sink.delayMs = 0;
+      await alice.close();
+      await bob.close();
+    }
+  });
+
   it('an executor with as many attempts in flight as its concurrency writes nothing to stderr (no listener warning outside the JSON logs)', async () => {
     sink.delayMs = 300;
     try {
@@ -180,6 +227,12 @@ describe('tools.execute', () => {
       sink.delayMs = 0;
     }
     expect(procs[1]!.stderr).toBe('');
+  });
+
+  it('a service on nats-server 2.9.10 warns, once, that any agent can stop that server (nats-server#3862, fixed in 2.9.15)', async () => {
+    const version = t.nc.info!.version;
+    const warned = procs[1]!.lines.filter((l) => String(l.msg ?? '').includes('any agent can send one'));
+    expect({ version, warned: warned.length }).toEqual({ version, warned: hasReplyWildcardCrash(version) ? 1 : 0 });
   });
 
   it('resubmits a read rejected as dependency_unavailable and returns the committed later attempt', async () => {

@@ -319,12 +319,20 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   // subscription; a waiter per submission in flight. Best effort: the status endpoint stays the
   // truth, and a connection whose identity may not subscribe there (an older auth configuration)
   // simply polls.
-  const pushWaiters = new Map<string, (m: PushMessage) => void>();
+  //
+  // A message on that subject is NOT trusted as such: any agent of the tenant can make the status
+  // service answer onto it (a request's reply subject is the requester's choice, and replies come
+  // back into the tenant's account; session 5 review). A push is taken as an answer only when it is
+  // `committed` for exactly this call's key, carries a receipt for that key (which `verify` then
+  // checks: signature, tenant, key, result digest — committed is final, so a genuine receipt for
+  // this key is the true answer whoever relayed it) and names no alias (an alias's canonical key
+  // comes only from the status endpoint). Anything else only ends the wait: the call asks status.
+  const pushWaiters = new Map<string, { key: string; resolve: (m: PushMessage) => void }>();
   let pushSeen = false;
   let pushRefused = false;
   const refusePush = () => {
     pushRefused = true;
-    for (const w of pushWaiters.values()) w({ poll: true, at: Date.now() });
+    for (const w of pushWaiters.values()) w.resolve({ poll: true, at: Date.now() });
     pushWaiters.clear();
   };
   let pushSub: { unsubscribe(): void } | undefined;
@@ -332,43 +340,50 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     pushSub = nc.subscribe(subjects.pushesOf(opts.tenant, opts.actor), {
       callback: (err, m) => {
         if (err) return refusePush();
+        const id = m.subject.slice(m.subject.lastIndexOf('.') + 1);
+        const w = pushWaiters.get(id);
+        if (!w) return;
         let body: PushMessage;
         try {
           body = decode(pushMessageSchema, m.data);
         } catch {
-          return; // not a push this SDK understands: the call polls after its wait
+          return; // not a push this SDK understands: the call asks status after its wait
         }
-        pushSeen = true;
-        const id = m.subject.slice(m.subject.lastIndexOf('.') + 1);
-        const w = pushWaiters.get(id);
-        if (!w) return;
         pushWaiters.delete(id);
-        w(body);
+        const answers =
+          !('poll' in body) && body.state === 'committed' && body.source === 'operation' && body.operationKey === w.key && body.canonicalKey === undefined && body.receipt?.operationKey === w.key;
+        if (answers) pushSeen = true;
+        w.resolve(answers ? body : { poll: true, at: Date.now() });
       },
     });
   } catch {
     refusePush();
   }
-  /** A submission's push: the message once it comes, and its final answer (never settles on a "poll"). */
+  /** A submission's push: the message once it comes, and its answer (never settles on a "poll"). */
   interface PushWait {
     pushed: Promise<PushMessage>;
     final: Promise<StatusAnswer>;
     /** Whether the call has already waited {@link PUSH_WAIT_MS} for it. */
     waited: boolean;
+    /** Whether its answer was handed to the call (a second look must not take it again). */
+    used: boolean;
     cancel(): void;
   }
-  /** Registers the waiter of one submission's push (before the submission is published). */
-  const waitForPush = (submissionId: string): PushWait | null => {
+  /** Registers the waiter of one submission's push for the call of `key` (before the submission is published). */
+  const waitForPush = (submissionId: string, key: string): PushWait | null => {
     if (pushRefused || subjects.push(opts.tenant, opts.actor, submissionId) === null) return null;
     let resolve!: (m: PushMessage) => void;
     const pushed = new Promise<PushMessage>((r) => (resolve = r));
-    pushWaiters.set(submissionId, resolve);
-    return {
+    const entry = { key, resolve };
+    pushWaiters.set(submissionId, entry);
+    const w: PushWait = {
       pushed,
       final: pushed.then((m) => ('poll' in m ? new Promise<StatusAnswer>(() => undefined) : m)),
       waited: false,
-      cancel: () => void (pushWaiters.get(submissionId) === resolve && pushWaiters.delete(submissionId)),
+      used: false,
+      cancel: () => void (pushWaiters.get(submissionId) === entry && pushWaiters.delete(submissionId)),
     };
+    return w;
   };
   /**
    * The next answer of a call whose latest submission may still get a push: first (once) up to
@@ -383,12 +398,14 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         let timer: NodeJS.Timeout | undefined;
         const first = await Promise.race([w.pushed, new Promise<null>((r) => (timer = setTimeout(() => r(null), waitMs)))]);
         clearTimeout(timer);
-        if (first && !('poll' in first)) return first;
+        if (first && !('poll' in first)) return (w.used = true), first;
       }
     }
     const asked = ask();
     asked.catch(() => undefined);
-    return Promise.race([asked, w.final]);
+    const r = await Promise.race([asked.then((a) => ({ a, pushed: false })), w.final.then((a) => ({ a, pushed: true }))]);
+    if (r.pushed) w.used = true;
+    return r.a;
   };
 
   const status = async (req: StatusRequest): Promise<StatusAnswer> => {
@@ -496,7 +513,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       const s: Submission = newSubmission(subjects, opts.tenant, opts.actor, envelope, id, data);
       submissionIds.push(s.submissionId);
       pending?.cancel();
-      pending = waitForPush(s.submissionId);
+      pending = waitForPush(s.submissionId, key);
       for (let i = 0; left() > 0; i++) {
         try {
           const ack = await publishSubmission(js, s, Math.min(PUBACK_TIMEOUT_MS, Math.max(100, left())));
@@ -557,13 +574,28 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       if (outcome) return outcome;
       let notSeenSince = Date.now();
       let failures = 0;
+      /** The wait of the last status request, ms: near the end of the budget it is too short to wait on the server. */
+      let askedWaitMs: number | undefined;
       while (left() > 0) {
+        // A request that could not wait (under 2.1 s of budget left) answered at once: pause before the
+        // next one instead of asking in a tight loop until the budget ends (session 5 review: ~950
+        // requests in the last 2 s of a call).
+        if (askedWaitMs !== undefined && askedWaitMs < 250) await sleep(Math.min(left(), 250));
+        if (left() <= 0) break;
         let a: StatusAnswer;
         try {
           // One long-poll until a final answer (not one per intermediate state), at most STATUS_POLL_MS;
           // after a submission, its pushed answer first (issue 10).
-          const ask = () => status({ operationKey: key, waitMs: Math.max(0, Math.min(STATUS_POLL_MS, MAX_STATUS_WAIT_MS, left() - 2_100)), afterSeq: lastSeq, inputDigest: prepared.inputDigest, submissionIds, untilFinal: true });
+          const ask = () => {
+            askedWaitMs = Math.max(0, Math.min(STATUS_POLL_MS, MAX_STATUS_WAIT_MS, left() - 2_100));
+            return status({ operationKey: key, waitMs: askedWaitMs, afterSeq: lastSeq, inputDigest: prepared.inputDigest, submissionIds, untilFinal: true });
+          };
           a = pending ? await answerOf(pending, ask, Math.max(0, Math.min(PUSH_WAIT_MS, left() - 2_100))) : await ask();
+          // A pushed answer is taken once; whatever follows (a result not readable yet…) asks status.
+          if (pending?.used) {
+            pending.cancel();
+            pending = null;
+          }
           statusAnswered = true;
           failures = 0;
         } catch (err) {

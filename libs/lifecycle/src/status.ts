@@ -90,7 +90,8 @@ export type PushMessage = z.infer<typeof pushMessageSchema>;
  * answers that agent for `submittedKey` — the key its submission derived, which names the
  * operation through an alias when it differs from the registered one (FM-10). `state` must be
  * committed with its receipt; `result` is the business result the agent may read (`{}` for a
- * receipt-only result). Pure.
+ * receipt-only result). `ownAttempt` is relative to this one submission (the status endpoint's
+ * compares every submission id the caller lists; the SDK does not use it for a committed answer). Pure.
  */
 export function committedAnswer(o: { submittedKey: string; state: OperationRecord & { receipt: Receipt }; seq: number; submissionId: string; result: unknown; at: number }): StatusAnswer {
   const st = o.state;

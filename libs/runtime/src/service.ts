@@ -176,6 +176,13 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
       await conn.drain();
     });
     log.info({ prefix: subjects.prefix, contracts: tools.contracts.all().map((c) => c.id) }, 'started');
+    const serverVersion = nc.info?.version;
+    if (serverVersion && hasReplyWildcardCrash(serverVersion)) {
+      log.warn(
+        { serverVersion, upstream: 'nats-io/nats-server#3862, fixed in 2.9.15' },
+        'this nats-server stops (stack overflow) on a request across a service import whose reply subject holds a wildcard: any agent can send one; run 2.9.15 or later where agents are not trusted',
+      );
+    }
     // A supervisor (npm start) learns it over IPC, whatever LOG_LEVEL hides.
     announceReady();
   } catch (err) {
@@ -236,4 +243,17 @@ function describeModuleError(path: string, err: unknown): string {
   }
   if (err instanceof SyntaxError) return 'the module does not compile (SyntaxError); run it with `node --import tsx` to see where';
   return `the module threw while loading: ${describeError(err)}`;
+}
+
+/**
+ * Whether nats-server `version` has the crash of nats-io/nats-server#3862 (fixed in 2.9.15): a
+ * request that crosses a service import with a wildcard in its reply subject recurses until the
+ * server dies. Agents reach tooltx only through service imports (streams/identity.ts), so on such a
+ * server any agent can stop the deployment. Verified on Debian's 2.9.10 (session 5 review).
+ */
+export function hasReplyWildcardCrash(version: string): boolean {
+  const m = /^v?(\d+)\.(\d+)\.(\d+)/.exec(version);
+  if (!m) return false;
+  const [maj, min, pat] = [Number(m[1]), Number(m[2]), Number(m[3])];
+  return maj === 2 && (min < 9 || (min === 9 && pat < 15));
 }

@@ -213,8 +213,15 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         case 'replay':
         case 'applied':
           l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
-          // A committed key's answer is final: pushed now, as the status endpoint would give it.
-          if (await pushCommitted(who, submissionId, impl, key, d.state, seq)) answerOnItsWay();
+          // A committed key's answer is final: pushed as the status endpoint would give it, after
+          // the ack (the read policy and a result read may take round trips); "poll now" otherwise.
+          if (d.state.status === 'committed' && deps.push) {
+            answerOnItsWay();
+            const st = d.state;
+            void pushCommitted(who, submissionId, impl, key, st, seq)
+              .catch(() => false)
+              .then((pushed) => void (pushed || pushPoll(who, submissionId)));
+          }
           return;
         case 'skip':
           return;

@@ -162,12 +162,13 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         // Still waiting to run (a stale-accepted requeue only moves its sequence): the verdict holds.
         applies: (s) => s.status === 'accepted' && s.attempt === state.attempt,
       });
-      pushPoll(tenant, state);
+      // Only a refusal this executor appended: otherwise the run is another's, and so is its answer.
+      if (d?.kind === 'append') pushPoll(tenant, state);
       return d;
     };
     const reject = async (error: ErrorInfo, authorization?: AuthDecision, runId?: string) => {
       const d = await transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}), ...(runId ? { runId } : {}) }));
-      pushPoll(tenant, state);
+      if (d?.kind === 'append') pushPoll(tenant, state);
       return d;
     };
 
@@ -262,8 +263,8 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       // A receipt-only result ({}) is not stored: its digest says what it is (EMPTY_RESULT_DIGEST).
       if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
       const d = await transition(tenant, opId, (prevSeq) => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq, runId: runningId, resourceId: outcome.resourceId, resultDigest }), { known: afterStart });
-      if (d?.kind === 'append') await pushCommitted(tenant, impl, d, resultDigest === EMPTY_RESULT_DIGEST ? {} : result);
-      else pushPoll(tenant, state);
+      // After the ack, not before it: the read policy may take a round trip (bounded by the policy's own timeout).
+      if (d?.kind === 'append') void pushCommitted(tenant, impl, d, resultDigest === EMPTY_RESULT_DIGEST ? {} : result).catch((err: unknown) => log.debug({ err }, 'push not sent'));
       // Debug: one line per call is a synchronous write per call at info (issue 10); the audit record holds it.
       l.debug({ resourceId: outcome.resourceId, outcome: d?.kind, elapsedMs: now() - startedAt }, 'committed');
       return;
@@ -285,7 +286,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     // the reconciler probes it (issue 7).
     const evidence: Evidence = { kind: signal.aborted ? 'timeout' : 'connection_lost', at: now(), elapsedMs: now() - startedAt };
     const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, evidence }));
-    pushPoll(tenant, state);
+    if (d?.kind === 'append') pushPoll(tenant, state);
     l.warn({ err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d?.kind }, 'outcome unknown: recorded for the reconciler');
   };
 }
