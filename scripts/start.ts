@@ -151,6 +151,14 @@ try {
 }
 takeLock();
 
+// SIGTERM/SIGINT are handled from here on, not only once the stack is up: a signal while it starts
+// is kept and acted on when it is up (the default action would kill this supervisor mid-start,
+// leaving its children to notice on their own; supervisor.e2e once saw it die by SIGTERM).
+let stopRequested = false;
+let onStopSignal: () => void = () => void (stopRequested = true);
+process.on('SIGINT', () => onStopSignal());
+process.on('SIGTERM', () => onStopSignal());
+
 let stack: Stack;
 try {
   stack = await startStack({
@@ -186,8 +194,8 @@ async function stop(code = 0): Promise<void> {
   log.info('stopped');
   process.exit(code);
 }
-process.on('SIGINT', () => void stop());
-process.on('SIGTERM', () => void stop());
+onStopSignal = () => void stop();
+if (stopRequested) void stop();
 // Whoever started us (npm, a shell) went away without passing a signal on: stop rather than orphan the stack.
 const parent = process.ppid;
 setInterval(() => {

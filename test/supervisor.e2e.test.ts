@@ -5,7 +5,7 @@
  * supervisor (scripts/start.ts), its nats-server, KB and services, `kill -KILL`.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -95,6 +95,24 @@ describe('npm start supervisor', () => {
       rmSync(dir, { recursive: true, force: true });
     }
   }, 240_000);
+
+  it('SIGTERM while the stack is still starting: the supervisor stops cleanly (exit 0, its lock removed) instead of dying by the signal', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tooltx-start-'));
+    const args = ['--port', String(await freePort()), '--kb-port', String(await freePort()), '--state-dir', dir];
+    const p = start(args);
+    try {
+      // The lock is written before the stack starts: from then on a signal must not kill it.
+      const until = Date.now() + 30_000;
+      while (!existsSync(join(dir, 'stack.pid')) && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
+      const code = await p.stop();
+      expect({ code, signal: p.child.signalCode }).toEqual({ code: 0, signal: null });
+      const lock = existsSync(join(dir, 'stack.pid')) ? (JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock) : null;
+      expect(lock).toBeNull();
+    } finally {
+      await p.kill();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }, 120_000);
 
   it('a new start refuses while a process recorded in the lock is still running, naming it, and leaves the lock as it was', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tooltx-start-'));
