@@ -210,11 +210,39 @@ describe('tools.execute', () => {
         expect(bob.verify(r)).toEqual({ valid: true });
       }
       expect(writesFor(key)).toHaveLength(1);
+
+      // The same key with another input (priority is outside the key) is a conflict: a relayed
+      // committed answer for that key — genuine receipt and all — must not turn it into a success.
+      const conflicting = note('Bob own', { priority: 'high' });
+      expect(prepareCall(sinkWrite, 'inject-dst', conflicting).operationKey).toBe(key);
+      const target2 = t.subjects.push(TENANT, 'bob', `bob-sub-${n}`)!;
+      injecting = true;
+      const injector2 = (async () => {
+        // Dense: a relayed answer must be on its way whenever bob's call starts waiting.
+        while (injecting) {
+          for (let i = 0; i < 20; i++) alice.publish(t.subjects.status(TENANT, 'alice'), encode({ operationKey: key, waitMs: 0 }), { reply: target2 });
+          await new Promise((r) => setTimeout(r, 1));
+        }
+      })();
+      await new Promise((r) => setTimeout(r, 100));
+      const c = await bob.execute({ tool: 'sink.write', taskId: 'inject-dst', input: conflicting }, { budgetMs: 15_000 });
+      injecting = false;
+      await injector2;
+      expect(c).toMatchObject({ status: 'rejected', error: { class: 'idempotency_conflict' } });
+      expect(writesFor(key)).toHaveLength(1);
     } finally {
       injecting = false;
       sink.delayMs = 0;
       await alice.close();
       await bob.close();
+    }
+  });
+
+  it('issue 10: calls with under 2.1 s of budget (no room for a status long-poll) commit with their verified receipts', async () => {
+    for (let i = 0; i < 5; i++) {
+      const r = await tools.execute({ tool: 'sink.write', taskId: 'short-budget', input: note(`Short ${i}`) }, { budgetMs: 1_500 });
+      expect(r.status).toBe('committed');
+      if (r.status === 'committed') expect(tools.verify(r)).toEqual({ valid: true });
     }
   });
 

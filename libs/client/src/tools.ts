@@ -323,11 +323,12 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   // A message on that subject is NOT trusted as such: any agent of the tenant can make the status
   // service answer onto it (a request's reply subject is the requester's choice, and replies come
   // back into the tenant's account; session 5 review). A push is taken as an answer only when it is
-  // `committed` for exactly this call's key, carries a receipt for that key (which `verify` then
-  // checks: signature, tenant, key, result digest — committed is final, so a genuine receipt for
-  // this key is the true answer whoever relayed it) and names no alias (an alias's canonical key
+  // a push a service made (`pushed`, a field the status endpoint never sends, so no relayed status
+  // answer parses as one), `committed` for exactly this call's key and input digest (a different
+  // input under the key is a conflict, FM-03), with a receipt for that key (which `verify` then
+  // checks: signature, tenant, key, result digest), and names no alias (an alias's canonical key
   // comes only from the status endpoint). Anything else only ends the wait: the call asks status.
-  const pushWaiters = new Map<string, { key: string; resolve: (m: PushMessage) => void }>();
+  const pushWaiters = new Map<string, { key: string; inputDigest: string; resolve: (m: PushMessage) => void }>();
   let pushSeen = false;
   let pushRefused = false;
   const refusePush = () => {
@@ -351,7 +352,13 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         }
         pushWaiters.delete(id);
         const answers =
-          !('poll' in body) && body.state === 'committed' && body.source === 'operation' && body.operationKey === w.key && body.canonicalKey === undefined && body.receipt?.operationKey === w.key;
+          !('poll' in body) &&
+          body.state === 'committed' &&
+          body.source === 'operation' &&
+          body.operationKey === w.key &&
+          body.canonicalKey === undefined &&
+          body.inputDigest === w.inputDigest &&
+          body.receipt?.operationKey === w.key;
         if (answers) pushSeen = true;
         w.resolve(answers ? body : { poll: true, at: Date.now() });
       },
@@ -370,11 +377,11 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     cancel(): void;
   }
   /** Registers the waiter of one submission's push for the call of `key` (before the submission is published). */
-  const waitForPush = (submissionId: string, key: string): PushWait | null => {
+  const waitForPush = (submissionId: string, key: string, inputDigest: string): PushWait | null => {
     if (pushRefused || subjects.push(opts.tenant, opts.actor, submissionId) === null) return null;
     let resolve!: (m: PushMessage) => void;
     const pushed = new Promise<PushMessage>((r) => (resolve = r));
-    const entry = { key, resolve };
+    const entry = { key, inputDigest, resolve };
     pushWaiters.set(submissionId, entry);
     const w: PushWait = {
       pushed,
@@ -513,7 +520,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       const s: Submission = newSubmission(subjects, opts.tenant, opts.actor, envelope, id, data);
       submissionIds.push(s.submissionId);
       pending?.cancel();
-      pending = waitForPush(s.submissionId, key);
+      pending = waitForPush(s.submissionId, key, prepared.inputDigest);
       for (let i = 0; left() > 0; i++) {
         try {
           const ack = await publishSubmission(js, s, Math.min(PUBACK_TIMEOUT_MS, Math.max(100, left())));
@@ -580,7 +587,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         // A request that could not wait (under 2.1 s of budget left) answered at once: pause before the
         // next one instead of asking in a tight loop until the budget ends (session 5 review: ~950
         // requests in the last 2 s of a call).
-        if (askedWaitMs !== undefined && askedWaitMs < 250) await sleep(Math.min(left(), 250));
+        if (askedWaitMs !== undefined && askedWaitMs < 250) await Promise.race([sleep(Math.min(left(), 250)), ...(pending ? [pending.final] : [])]);
         if (left() <= 0) break;
         let a: StatusAnswer;
         try {
@@ -590,7 +597,8 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
             askedWaitMs = Math.max(0, Math.min(STATUS_POLL_MS, MAX_STATUS_WAIT_MS, left() - 2_100));
             return status({ operationKey: key, waitMs: askedWaitMs, afterSeq: lastSeq, inputDigest: prepared.inputDigest, submissionIds, untilFinal: true });
           };
-          a = pending ? await answerOf(pending, ask, Math.max(0, Math.min(PUSH_WAIT_MS, left() - 2_100))) : await ask();
+          // The push wait needs no margin for a request's timeout (the status request's 2.1 s).
+          a = pending ? await answerOf(pending, ask, Math.max(0, Math.min(PUSH_WAIT_MS, left() - 100))) : await ask();
           // A pushed answer is taken once; whatever follows (a result not readable yet…) asks status.
           if (pending?.used) {
             pending.cancel();

@@ -82,7 +82,18 @@ export type StatusReply = z.infer<typeof statusReplySchema>;
  * answer as the status endpoint would give it to that agent (receipt, permitted result), or `poll`:
  * "the outcome is not pushed — ask the status endpoint now" (a refusal, a replay, an unknown).
  */
-export const pushMessageSchema = z.union([statusAnswerSchema, z.object({ poll: z.literal(true), at: z.number().int() })]);
+export const pushedAnswerSchema = statusAnswerSchema.extend({
+  /**
+   * Marks an answer a service pushed. The status endpoint never sends it, so an answer another
+   * agent made the status endpoint send onto this subject (its reply subject is its own choice)
+   * never parses as a push (second fresh-user trial, session 5).
+   */
+  pushed: z.literal(true),
+  /** The registered input's digest: the agent takes the answer only for its own input (FM-03). */
+  inputDigest: z.string(),
+});
+export type PushedAnswer = z.infer<typeof pushedAnswerSchema>;
+export const pushMessageSchema = z.union([pushedAnswerSchema, z.object({ poll: z.literal(true), at: z.number().int() })]);
 export type PushMessage = z.infer<typeof pushMessageSchema>;
 
 /**
@@ -93,9 +104,11 @@ export type PushMessage = z.infer<typeof pushMessageSchema>;
  * receipt-only result). `ownAttempt` is relative to this one submission (the status endpoint's
  * compares every submission id the caller lists; the SDK does not use it for a committed answer). Pure.
  */
-export function committedAnswer(o: { submittedKey: string; state: OperationRecord & { receipt: Receipt }; seq: number; submissionId: string; result: unknown; at: number }): StatusAnswer {
+export function committedAnswer(o: { submittedKey: string; state: OperationRecord & { receipt: Receipt }; seq: number; submissionId: string; result: unknown; at: number }): PushedAnswer {
   const st = o.state;
   return {
+    pushed: true,
+    inputDigest: st.inputDigest,
     operationKey: o.submittedKey,
     ...(o.submittedKey !== st.operationKey ? { canonicalKey: st.operationKey } : {}),
     state: 'committed',
