@@ -100,6 +100,15 @@ type Lock = z.infer<typeof lockSchema>;
 
 const who: StartupReporter = { program: 'tooltx-start', service: 'start', instance: String(process.pid) };
 
+// SIGTERM/SIGINT are handled from the first line on, before anything is written that tells another
+// process this one is there (the lock, the "up" line): a signal while the stack starts is kept and
+// acted on once it is up. Handlers installed after such a write leave a window in which a
+// preempted supervisor dies by the signal's default action (CI flakes, session 5).
+let stopRequested = false;
+let onStopSignal: () => void = () => void (stopRequested = true);
+process.on('SIGINT', () => onStopSignal());
+process.on('SIGTERM', () => onStopSignal());
+
 const port = z.coerce.number().int().min(1).max(65535);
 const settings = z
   .object({
@@ -150,14 +159,6 @@ try {
   failStartup(who, optionError('stateDir', `cannot create the state directory: ${describeError(err)}`, err));
 }
 takeLock();
-
-// SIGTERM/SIGINT are handled from here on, not only once the stack is up: a signal while it starts
-// is kept and acted on when it is up (the default action would kill this supervisor mid-start,
-// leaving its children to notice on their own; supervisor.e2e once saw it die by SIGTERM).
-let stopRequested = false;
-let onStopSignal: () => void = () => void (stopRequested = true);
-process.on('SIGINT', () => onStopSignal());
-process.on('SIGTERM', () => onStopSignal());
 
 let stack: Stack;
 try {

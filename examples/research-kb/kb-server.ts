@@ -694,10 +694,10 @@ server.on('error', (err) => {
   process.exit(1);
 });
 const address = server.address() as AddressInfo;
-log.info({ host: address.address, port: address.port, dedup: store.dedup }, 'listening');
-// A supervisor (npm start) learns the port over IPC, whatever LOG_LEVEL hides.
-announceReady({ port: address.port });
 
+// Installed before the "listening" line and the readiness message: whoever acts on them (a
+// supervisor, a test) may send SIGTERM at once, and a handler installed after them left a window in
+// which a preempted KB died by the signal's default action (CI flake, session 5).
 onShutdown(log, async () => {
   stopping = true;
   // Stop accepting; in-flight requests finish (their connections close after the answer); idle
@@ -709,3 +709,6 @@ onShutdown(log, async () => {
   }).finally(() => clearInterval(idle));
   store.close();
 });
+log.info({ host: address.address, port: address.port, dedup: store.dedup }, 'listening');
+// A supervisor (npm start) learns the port over IPC, whatever LOG_LEVEL hides.
+announceReady({ port: address.port });
