@@ -8,3 +8,4 @@ export * from './projection.js';
 export * from './tasks.js';
 export * from './kv-mirror.js';
 export { applyClientPatches, clientPatchesOf, type ClientPatches } from './client-patches.js';
+export * from './results.js';

@@ -2,7 +2,7 @@ import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { EMPTY_RESULT_DIGEST, ErrorClass, hasSideEffect, operationIdOf, prepareCall, toErrorInfo, type ErrorInfo, type Implementation } from '@tooltx/contracts';
 import { committedAnswer, decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision, type OperationState, type PushMessage } from '@tooltx/lifecycle';
-import { ConcurrencyError, decodeRaw, CodecError, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import { committedResult, ConcurrencyError, decodeRaw, CodecError, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { checkIntake } from './intake.js';
 
@@ -59,20 +59,12 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     } catch {
       return false;
     }
-    let result: unknown = {};
-    if (st.receipt.resultDigest !== EMPTY_RESULT_DIGEST) {
-      const entry = deps.results ? await deps.results.get(subjects.resultKey(who.tenant, operationIdOf(st.operationKey))).catch(() => null) : null;
-      if (!entry || entry.operation !== 'PUT') return false;
-      let stored: { attempt?: unknown; resultDigest?: unknown; result?: unknown };
-      try {
-        stored = decodeRaw(entry.value) as typeof stored;
-      } catch {
-        return false;
-      }
-      if (stored.attempt !== st.attempt || stored.resultDigest !== st.receipt.resultDigest) return false;
-      result = stored.result;
-    }
-    const answer = committedAnswer({ submittedKey, state: { ...st, receipt: st.receipt }, seq, submissionId, result, at: now() });
+    // The same result the status endpoint would return (none readable: "poll now" instead).
+    const readable = deps.results
+      ? await committedResult(deps.results, subjects, who.tenant, operationIdOf(st.operationKey), { attempt: st.attempt, resultDigest: st.receipt.resultDigest }).catch(() => null)
+      : st.receipt.resultDigest === EMPTY_RESULT_DIGEST ? { result: {} } : null;
+    if (!readable) return false;
+    const answer = committedAnswer({ submittedKey, state: { ...st, receipt: st.receipt }, seq, submissionId, result: readable.result, at: now() });
     try {
       deps.push!(subject, answer);
       return true;

@@ -2,10 +2,9 @@ import { DeliverPolicy, type JetStreamClient, type JsMsg } from '@nats-io/jetstr
 import type { KV } from '@nats-io/kv';
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
 import { LRUCache } from 'lru-cache';
-import { z } from 'zod';
-import { EMPTY_RESULT_DIGEST, ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
+import { ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
 import { statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
-import { decode, decodeRaw, encode, opEventOf, type LoadedOperation, type OperationStore, type Subjects } from '@tooltx/nats';
+import { committedResult, decodeRaw, encode, opEventOf, type LoadedOperation, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { isOwnReplyInbox } from '@tooltx/streams';
 
@@ -20,7 +19,6 @@ export interface StatusDeps {
   now?: () => number;
 }
 
-const resultEntrySchema = z.object({ operationKey: z.string(), attempt: z.number().int(), resultDigest: z.string(), result: z.unknown() });
 
 /**
  * What one waiting request has been told since it last looked: the newest operation state the
@@ -302,14 +300,9 @@ export class StatusService {
     }
     if (state.status === 'committed' && state.receipt) {
       a.receipt = state.receipt;
-      // A receipt-only result (`{}`, a write's: FM-19) is not stored; its digest says what it is.
-      if (a.inputMatches !== false && state.receipt.resultDigest === EMPTY_RESULT_DIGEST) a.result = {};
-      else if (a.inputMatches !== false) {
-        const entry = await results.get(subjects.resultKey(tenant, opId));
-        if (entry && entry.operation === 'PUT') {
-          const r = decode(resultEntrySchema, entry.value);
-          if (r.attempt === state.attempt && r.resultDigest === state.receipt.resultDigest) a.result = r.result;
-        }
+      if (a.inputMatches !== false) {
+        const r = await committedResult(results, subjects, tenant, opId, { attempt: state.attempt, resultDigest: state.receipt.resultDigest });
+        if (r) a.result = r.result;
       }
     }
     if (state.status === 'rejected' && state.error) a.error = state.error;
