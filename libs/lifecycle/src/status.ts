@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { OPERATION_KEY_PATTERN } from '@tooltx/contracts';
+import { OPERATION_KEY_PATTERN, type Implementation } from '@tooltx/contracts';
 import { errorInfoSchema, receiptSchema, takeoverRecordSchema, type OperationRecord, type Receipt } from './events.js';
 
 /** Longest long-poll a status request may ask for, ms. */
@@ -121,4 +121,21 @@ export function committedAnswer(o: { submittedKey: string; state: OperationRecor
     result: o.result,
     at: o.at,
   };
+}
+
+/**
+ * Whether `actor` of `tenant` may read operation `state` now, by its tool's read policy seam
+ * (`Implementation.authorizeRead`, with the owner and the canonical resources the intake decision
+ * saw); true when the tool has none. The one check behind every answer that reveals an outcome: the
+ * status endpoint's and each pushed answer (issue 10). Never throws: a refusal or a failing policy is false.
+ */
+export async function readAllowed(impl: Implementation | undefined, tenant: string, actor: string, state: OperationRecord, now: number): Promise<boolean> {
+  if (!impl?.authorizeRead) return true;
+  try {
+    const resources = state.authorization?.intake?.resources;
+    await impl.authorizeRead({ tenant, actor, owner: state.actor, operationKey: state.operationKey, now, ...(resources ? { resources } : {}) });
+    return true;
+  } catch {
+    return false;
+  }
 }

@@ -9,3 +9,4 @@ export * from './tasks.js';
 export * from './kv-mirror.js';
 export { applyClientPatches, clientPatchesOf, type ClientPatches } from './client-patches.js';
 export * from './results.js';
+export * from './push.js';

@@ -1,8 +1,8 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { EMPTY_RESULT_DIGEST, ErrorClass, hasSideEffect, operationIdOf, prepareCall, toErrorInfo, type ErrorInfo, type Implementation } from '@tooltx/contracts';
-import { committedAnswer, decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision, type OperationState, type PushMessage } from '@tooltx/lifecycle';
-import { committedResult, ConcurrencyError, decodeRaw, CodecError, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision, type OperationRecord, type Receipt } from '@tooltx/lifecycle';
+import { committedResult, ConcurrencyError, decodeRaw, CodecError, newEventId, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { checkIntake } from './intake.js';
 
@@ -16,10 +16,10 @@ export interface AuthorizerDeps {
   /** The frozen tasks (issue 8); absent = none is ever frozen (unit use only). */
   frozen?: Pick<FrozenTaskWatch, 'isFrozen'>;
   /**
-   * Publishes "poll now" on a submission's push subject (`Subjects.push`, issue 10) for every
-   * outcome but a new registration (whose answer the executor pushes); absent = nothing is pushed.
+   * Pushes "poll now" to a submission's agent for every outcome but a new registration (whose answer
+   * the executor pushes), and a known committed key's answer (issue 10); absent = nothing is pushed.
    */
-  push?: (subject: string, body: PushMessage) => void;
+  pusher?: AnswerPusher;
   /** The result store, read for the pushed answer of a known committed key with a stored result. */
   results?: KV;
   now?: () => number;
@@ -41,48 +41,21 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     let answerOnItsWay = false;
     // A throw is retried (nak): the answer is still to come, so nothing is pushed for it yet.
     const settled = await handle(msg, who, submissionId, () => (answerOnItsWay = true));
-    if (!answerOnItsWay) pushPoll(who, submissionId);
+    if (!answerOnItsWay) deps.pusher?.poll(who.tenant, who.actor, submissionId);
     return settled;
   };
 
   /**
-   * Pushes the committed answer of a known key to the agent of `submissionId` (a resubmission,
-   * FM-01/FM-26), under the same read policy and with the same result as the status endpoint's
-   * answer. True when pushed; false leaves it to a "poll now".
+   * The committed answer of a known key, pushed to the agent of `submissionId` (a resubmission,
+   * FM-01/FM-26) with the same result as the status endpoint's answer; "poll now" when no result
+   * is readable. The pusher applies the read policy.
    */
-  async function pushCommitted(who: { tenant: string; actor: string }, submissionId: string, impl: Implementation, submittedKey: string, st: OperationState, seq: number): Promise<boolean> {
-    const subject = deps.push ? subjects.push(who.tenant, who.actor, submissionId) : null;
-    if (!subject || st.status !== 'committed' || !st.receipt) return false;
-    try {
-      const resources = st.authorization?.intake?.resources;
-      await impl.authorizeRead?.({ tenant: who.tenant, actor: who.actor, owner: st.actor, operationKey: st.operationKey, now: now(), ...(resources ? { resources } : {}) });
-    } catch {
-      return false;
-    }
-    // The same result the status endpoint would return (none readable: "poll now" instead).
+  async function pushCommitted(pusher: AnswerPusher, who: { tenant: string; actor: string }, submissionId: string, impl: Implementation, submittedKey: string, st: OperationRecord & { receipt: Receipt }, seq: number): Promise<void> {
     const readable = deps.results
       ? await committedResult(deps.results, subjects, who.tenant, operationIdOf(st.operationKey), { attempt: st.attempt, resultDigest: st.receipt.resultDigest }).catch(() => null)
       : st.receipt.resultDigest === EMPTY_RESULT_DIGEST ? { result: {} } : null;
-    if (!readable) return false;
-    const answer = committedAnswer({ submittedKey, state: { ...st, receipt: st.receipt }, seq, submissionId, result: readable.result, at: now() });
-    try {
-      deps.push!(subject, answer);
-      return true;
-    } catch (err) {
-      log.debug({ err }, 'push not sent');
-      return false;
-    }
-  }
-
-  /** "Poll now" to the agent of `submissionId`: this outcome is the status endpoint's to tell. */
-  function pushPoll(who: { tenant: string; actor: string }, submissionId: string): void {
-    const subject = deps.push ? subjects.push(who.tenant, who.actor, submissionId) : null;
-    if (!subject) return;
-    try {
-      deps.push!(subject, { poll: true, at: now() });
-    } catch (err) {
-      log.debug({ err }, 'push not sent');
-    }
+    if (!readable) return pusher.poll(who.tenant, who.actor, submissionId);
+    await pusher.committed({ impl, tenant: who.tenant, actor: who.actor, submissionId, submittedKey, state: st, seq, result: readable.result });
   }
 
   async function handle(msg: JsMsg, who: { tenant: string; actor: string }, submissionId: string, answerOnItsWay: () => void): Promise<Settlement | void> {
@@ -207,12 +180,9 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
           // A committed key's answer is final: pushed as the status endpoint would give it, after
           // the ack (the read policy and a result read may take round trips); "poll now" otherwise.
-          if (d.state.status === 'committed' && deps.push) {
+          if (d.state.status === 'committed' && d.state.receipt && deps.pusher) {
             answerOnItsWay();
-            const st = d.state;
-            void pushCommitted(who, submissionId, impl, key, st, seq)
-              .catch(() => false)
-              .then((pushed) => void (pushed || pushPoll(who, submissionId)));
+            void pushCommitted(deps.pusher, who, submissionId, impl, key, { ...d.state, receipt: d.state.receipt }, seq);
           }
           return;
         case 'skip':

@@ -7,7 +7,7 @@
  * LOG_LEVEL, TOOLTX_INSTANCE_ID and the stream settings of `tooltx streams apply`.
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight intents, drains.
  */
-import { encode, FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
+import { AnswerPusher, FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { intentHandler } from './authorize.js';
@@ -28,7 +28,7 @@ await runService({
       durable: Durables.authorizer,
       concurrency: config.TOOLTX_CONCURRENCY,
       log,
-      handle: intentHandler({ subjects, store, tools, log, frozen, results, push: (subject, body) => nc.publish(subject, encode(body)) }),
+      handle: intentHandler({ subjects, store, tools, log, frozen, results, pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }) }),
     });
     return async () => {
       await loop.stop();

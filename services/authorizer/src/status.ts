@@ -3,7 +3,7 @@ import type { KV } from '@nats-io/kv';
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
 import { LRUCache } from 'lru-cache';
 import { ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
-import { statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
+import { readAllowed, statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
 import { committedResult, decodeRaw, encode, opEventOf, type LoadedOperation, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { isOwnReplyInbox } from '@tooltx/streams';
@@ -317,16 +317,8 @@ export class StatusService {
    * round trip to the system of record in the sample) is not asked again for each long-poll step.
    */
   async #mayRead(tenant: string, actor: string, state: OperationRecord, req: StatusRequest): Promise<boolean> {
-    const impl = this.#d.tools.get(state.tool, state.version);
-    if (!impl?.authorizeRead) return true;
     const inFlight = state.status === 'accepted' || state.status === 'running' || (state.status === 'unknown' && !state.takeover);
     if (inFlight && actor === state.actor && req.submissionIds?.includes(state.intent.submissionId)) return true;
-    try {
-      const resources = state.authorization?.intake?.resources;
-      await impl.authorizeRead({ tenant, actor, owner: state.actor, operationKey: state.operationKey, now: this.#now(), ...(resources ? { resources } : {}) });
-      return true;
-    } catch {
-      return false;
-    }
+    return readAllowed(this.#d.tools.get(state.tool, state.version), tenant, actor, state, this.#now());
   }
 }

@@ -14,8 +14,8 @@ import {
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
-import { committedAnswer, decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Decision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type PushMessage, type ReceiptSigner } from '@tooltx/lifecycle';
-import { ConcurrencyError, decode, decodeRaw, encode, eventTypeOf, newEventId, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Decision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
+import { ConcurrencyError, decode, decodeRaw, encode, eventTypeOf, newEventId, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
 
@@ -33,11 +33,8 @@ export interface ExecutorDeps {
   shutdown: AbortSignal;
   /** The frozen tasks (issue 8), re-checked right before `running`; absent = none. */
   frozen?: Pick<FrozenTaskWatch, 'isFrozen'>;
-  /**
-   * Publishes a pushed answer (core NATS, best effort) on a submission's push subject
-   * (`Subjects.push`, issue 10); absent = nothing is pushed and agents poll.
-   */
-  push?: (subject: string, body: PushMessage) => void;
+  /** Pushes each submission's answer to its agent (issue 10); absent = nothing is pushed and agents poll. */
+  pusher?: AnswerPusher;
   now?: () => number;
 }
 
@@ -84,38 +81,8 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     throw new ConcurrencyError(subjects.op(tenant, opId), -1);
   };
 
-  /**
-   * Pushes `body` to the agent of the submission that started `state`'s attempt (issue 10), when it
-   * has a push subject. Best effort: a lost push costs the agent one status poll, never an answer.
-   */
-  const pushTo = (tenant: string, state: OperationRecord, body: PushMessage) => {
-    const subject = deps.push ? subjects.push(tenant, state.actor, state.intent.submissionId) : null;
-    if (!subject) return;
-    try {
-      deps.push!(subject, body);
-    } catch (err) {
-      log.debug({ err }, 'push not sent');
-    }
-  };
-  const pushPoll = (tenant: string, state: OperationRecord) => pushTo(tenant, state, { poll: true, at: now() });
-
-  /**
-   * The committed answer the status endpoint would give the submitting agent (receipt and result),
-   * pushed once the read policy lets that agent read it; otherwise a "poll" (status then decides).
-   */
-  const pushCommitted = async (tenant: string, impl: Implementation, d: Decision & { appendedSeq?: number }, result: unknown) => {
-    if (d.kind !== 'append' || d.event.type !== 'committed' || d.appendedSeq === undefined) return;
-    const st = d.event.state;
-    if (st.status !== 'committed' || !st.receipt) return;
-    try {
-      const resources = st.authorization?.intake?.resources;
-      await impl.authorizeRead?.({ tenant, actor: st.actor, owner: st.actor, operationKey: st.operationKey, now: now(), ...(resources ? { resources } : {}) });
-    } catch {
-      return pushPoll(tenant, st);
-    }
-    // The submission that started this attempt, under the key it derived (an alias's, FM-10).
-    pushTo(tenant, st, committedAnswer({ submittedKey: st.intent.submitted?.operationKey ?? st.operationKey, state: { ...st, receipt: st.receipt }, seq: d.appendedSeq, submissionId: st.intent.submissionId, result, at: now() }));
-  };
+  /** "Poll now" to the agent of the submission that started `state`'s attempt (issue 10). */
+  const pushPoll = (tenant: string, state: OperationRecord) => deps.pusher?.poll(tenant, state.actor, state.intent.submissionId);
 
   return async (msg) => {
     const where = subjects.parseOpSubject('op', msg.subject);
@@ -264,7 +231,11 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
       const d = await transition(tenant, opId, (prevSeq) => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq, runId: runningId, resourceId: outcome.resourceId, resultDigest }), { known: afterStart });
       // After the ack, not before it: the read policy may take a round trip (bounded by the policy's own timeout).
-      if (d?.kind === 'append') void pushCommitted(tenant, impl, d, resultDigest === EMPTY_RESULT_DIGEST ? {} : result).catch((err: unknown) => log.debug({ err }, 'push not sent'));
+      const st = d?.kind === 'append' ? d.event.state : undefined;
+      if (d?.kind === 'append' && d.appendedSeq !== undefined && st?.status === 'committed' && st.receipt) {
+        // To the submission that started this attempt, under the key it derived (an alias's, FM-10).
+        void deps.pusher?.committed({ impl, tenant, actor: st.actor, submissionId: st.intent.submissionId, submittedKey: st.intent.submitted?.operationKey ?? st.operationKey, state: { ...st, receipt: st.receipt }, seq: d.appendedSeq, result: resultDigest === EMPTY_RESULT_DIGEST ? {} : result });
+      }
       // Debug: one line per call is a synchronous write per call at info (issue 10); the audit record holds it.
       l.debug({ resourceId: outcome.resourceId, outcome: d?.kind, elapsedMs: now() - startedAt }, 'committed');
       return;

@@ -7,7 +7,7 @@
  */
 import { setMaxListeners } from 'node:events';
 import { z } from 'zod';
-import { encode, FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
+import { AnswerPusher, FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';
 import { eventHandler } from './execute.js';
@@ -44,7 +44,7 @@ await runService({
       durable: env.TOOLTX_EXECUTOR_DURABLE,
       concurrency: config.TOOLTX_CONCURRENCY,
       log,
-      handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen, signer: signer!, push: (subject, body) => nc.publish(subject, encode(body)) }),
+      handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen, signer: signer!, pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }) }),
     });
     return async () => {
       await loop.stop();
