@@ -100,10 +100,12 @@ type Lock = z.infer<typeof lockSchema>;
 
 const who: StartupReporter = { program: 'tooltx-start', service: 'start', instance: String(process.pid) };
 
-// SIGTERM/SIGINT are handled from the first line on, before anything is written that tells another
-// process this one is there (the lock, the "up" line): a signal while the stack starts is kept and
-// acted on once it is up. Handlers installed after such a write leave a window in which a
-// preempted supervisor dies by the signal's default action (CI flakes, session 5).
+// SIGTERM/SIGINT are handled from the module's first statement on, before anything is written that
+// tells another process this one is there (the lock, the "up" line): a signal while the stack starts
+// is kept and acted on once it is up. Handlers installed after such a write leave a window in which
+// a preempted supervisor dies by the signal's default action (CI flakes, session 5). A signal while
+// the imports still load (the first ~0.5–1 s) ends the process by its default action (exit 143):
+// nothing exists yet then — no lock, no state, no process (fresh-user trial, session 5).
 let stopRequested = false;
 let onStopSignal: () => void = () => void (stopRequested = true);
 process.on('SIGINT', () => onStopSignal());
