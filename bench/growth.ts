@@ -16,12 +16,13 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { randomBytes } from 'node:crypto';
 import { Command } from 'commander';
+import { usageErrorsExitTwo } from '@tooltx/runtime';
 import { cpuMsOf, serverCounts } from './proc.js';
 import { freePort } from './server.js';
 import { startTooltx } from './tooltx.js';
 import { pool, round3 } from './workload.js';
 
-const program = new Command('tooltx-growth')
+const program = usageErrorsExitTwo(new Command('tooltx-growth'))
   .description('CPU per call of every process, window by window, over one long tooltx run')
   .option('--calls <n>', 'unique keys', '20000')
   .option('--window <n>', 'calls per measured window', '2000')

@@ -11,6 +11,7 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Command } from 'commander';
+import { usageErrorsExitTwo } from '@tooltx/runtime';
 
 interface CallFrame {
   functionName: string;
@@ -131,7 +132,7 @@ export function summarise(file: string, p: CpuProfile, top = 20): ProfileSummary
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const program = new Command('tooltx-bench-profile')
+  const program = usageErrorsExitTwo(new Command('tooltx-bench-profile'))
     .description('summarise the .cpuprofile files of `npm run bench -- --cpu-prof DIR`')
     .argument('<dir>', 'directory of .cpuprofile files')
     .option('--top <n>', 'functions listed per profile', '20')

@@ -20,13 +20,14 @@ import { join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { Command } from 'commander';
+import { usageErrorsExitTwo } from '@tooltx/runtime';
 import { startFloor } from './floor.js';
 import { benchReportSchema } from './report.js';
 import { natsServerVersion } from './server.js';
 import { CPU_PROFILE_PRELOAD, startTooltx } from './tooltx.js';
 import { PHASES, round3, runWorkload, type BenchSystem, type PhaseFigures, type PhaseName, type RoundResult, type WorkloadSizes } from './workload.js';
 
-const program = new Command('tooltx-bench')
+const program = usageErrorsExitTwo(new Command('tooltx-bench'))
   .description('tooltx end-to-end throughput, latency, CPU, NATS messages and memory against lower bounds measured in the same run')
   .option('--json', 'print one JSON object with the figures on the last line')
   .option('--quick', 'small sizes and one round (CI: proves the bench works; figures mean little)')

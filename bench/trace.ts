@@ -15,9 +15,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Command } from 'commander';
+import { usageErrorsExitTwo } from '@tooltx/runtime';
 import { startTooltx } from './tooltx.js';
 
-const program = new Command('tooltx-bench-trace')
+const program = usageErrorsExitTwo(new Command('tooltx-bench-trace'))
   .description('count the NATS messages of one tooltx call per connection and hop, from the nats-server trace')
   .option('--calls <n>', 'calls traced, one at a time', '20')
   .option('--warmup <n>', 'calls before tracing starts', '30')

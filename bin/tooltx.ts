@@ -15,8 +15,9 @@
  * 0 done, 1 failed or refused, 2 bad usage or configuration (a flag, a variable, a file).
  */
 import { Command } from 'commander';
+import { ErrorClass, TooltxError } from '@tooltx/contracts';
 import { decode, jetStreamOf, openBucket, Subjects } from '@tooltx/nats';
-import { baseConfigSchema, loadConfig, loadImplementations, ConfigError } from '@tooltx/runtime';
+import { baseConfigSchema, loadConfig, loadImplementations, ConfigError, usageErrorsExitTwo } from '@tooltx/runtime';
 import { topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
@@ -80,7 +81,7 @@ async function setup() {
   return { config, nc, jsm, subjects, topo: topology(subjects, topologyOptionsFrom(config)) };
 }
 
-const program = new Command('tooltx')
+const program = usageErrorsExitTwo(new Command('tooltx'))
   .description('tooltx operator CLI: transactional tool calls on NATS JetStream')
   .addHelpText('after', `
 Environment (each command's --help lists what it reads):
@@ -187,7 +188,15 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
     const parsed = identityListSchema.safeParse(raw);
     if (!parsed.success) throw new UsageError(`--identities: ${o.identities} is not an identity list:\n${z.prettifyError(parsed.error)}`);
     const list = raw as Parameters<typeof generateAuth>[0];
-    const g = generateAuth(list, { subjects, topology: topology(subjects, topologyOptionsFrom(config)), outDir: resolve(o.out), listen: o.listen, storeDir: resolve(o.storeDir) });
+    let g: ReturnType<typeof generateAuth>;
+    try {
+      g = generateAuth(list, { subjects, topology: topology(subjects, topologyOptionsFrom(config)), outDir: resolve(o.out), listen: o.listen, storeDir: resolve(o.storeDir) });
+    } catch (err) {
+      // The list's own rules (checkIdentityList: reserved ids, shared inboxes, durables) are bad
+      // input in the file the user named, like a schema error: exit 2.
+      if (err instanceof TooltxError && err.class === ErrorClass.InvalidInput) throw new UsageError(`--identities: ${o.identities}: ${err.message}`);
+      throw err;
+    }
     process.stdout.write(`${JSON.stringify({ config: g.configFile, users: g.users.map((u) => ({ role: u.role, seedFile: u.seedFile, inboxPrefix: u.inboxPrefix })) })}\n`);
   });
 

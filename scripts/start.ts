@@ -24,7 +24,7 @@ import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import { Command, Option } from 'commander';
 import { z } from 'zod';
-import { ConfigError, createLogger, describeError, failStartup, StartupError, stdoutDestination, type Logger, type StartupReporter } from '@tooltx/runtime';
+import { ConfigError, showValue, createLogger, describeError, failStartup, StartupError, stdoutDestination, type Logger, type StartupReporter, usageErrorsExitTwo } from '@tooltx/runtime';
 import { DEFAULT_KB_TENANTS, startStack, type Stack, type StackPid } from '../examples/research-kb/stack.js';
 
 const ENV_HELP = `
@@ -57,7 +57,11 @@ refuses while any of them runs.
 Exits 2 when it cannot start, naming the flag or variable and its value; 1 when a process of the
 running stack fails for good. On a terminal the log lines are pretty-printed; else JSON lines.`;
 
-const program = new Command('tooltx-start')
+// A variable set to the empty string counts as unset, here and in every process started from here
+// (README "Configuration"; commander's .env() took `NATS_PORT=` for the value '' — fresh-user trial).
+for (const [name, value] of Object.entries(process.env)) if (value === '') delete process.env[name];
+
+const program = usageErrorsExitTwo(new Command('tooltx-start'))
   .description('run tooltx locally: nats-server (unless NATS_URL), streams, the research KB, authorizer, executor, reconciler, audit-projector')
   .addOption(new Option('--port <port>', 'port of the embedded nats-server').env('NATS_PORT').default('4222'))
   .addOption(new Option('--kb-port <port>', 'port of the knowledge-base service').env('KB_PORT').default('4280'))
@@ -112,23 +116,27 @@ process.on('SIGINT', () => onStopSignal());
 process.on('SIGTERM', () => onStopSignal());
 
 const port = z.coerce.number().int().min(1).max(65535);
+/** A path: spaces alone are refused (README "Configuration"), never resolved as a directory named '  '. */
+const path = z.string().refine((v) => v.trim() !== '', 'spaces alone are not a value');
 const settings = z
   .object({
     port,
     kbPort: port,
-    stateDir: z.string().min(1),
-    kbTenants: z.string().min(1),
+    stateDir: path,
+    kbTenants: path,
     kbDedup: z.enum(['on', 'off']),
     prefix: z.string().regex(/^[a-z][a-z0-9_]{0,31}$/, 'must match ^[a-z][a-z0-9_]{0,31}$'),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
   })
-  .safeParse({ ...opts, prefix: process.env.TOOLTX_PREFIX || 'tooltx', logLevel: process.env.LOG_LEVEL || 'info' });
+  // The embedded nats-server and the KB cannot share a port; with NATS_URL there is no embedded one.
+  .refine((o) => process.env.NATS_URL || o.port !== o.kbPort, { path: ['kbPort'], message: 'the same port as --port (the embedded nats-server\'s): give the KB another one' })
+  .safeParse({ ...opts, prefix: process.env.TOOLTX_PREFIX ?? 'tooltx', logLevel: process.env.LOG_LEVEL ?? 'info' });
 if (!settings.success) {
   const problems = settings.error.issues.map((i) => {
     const key = String(i.path[0]);
     if (key in FLAGS) return optionError(key as Flag, i.message).message;
     const env = key === 'prefix' ? 'TOOLTX_PREFIX' : 'LOG_LEVEL';
-    return `${env}=${process.env[env]}: ${i.message}`;
+    return `${env}=${showValue(process.env[env] ?? '')}: ${i.message}`;
   });
   const names = settings.error.issues.map((i) => {
     const key = String(i.path[0]);
@@ -185,7 +193,7 @@ try {
 const announce = log.isLevelEnabled('info') ? log : log.child({}, { level: 'info' });
 announce.info(
   { NATS_URL: stack.natsUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds: join(stateDir, 'auth', 'nkeys') },
-  `tooltx is up — agents connect to ${stack.natsUrl} (prefix ${prefix}) with their nkey seed from ${join(stateDir, 'auth', 'nkeys')} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}; try \`NATS_URL=${stack.natsUrl} TOOLTX_STATE_DIR=${stateDir} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
+  `tooltx is up — agents connect to ${stack.natsUrl} (prefix ${prefix}) with their nkey seed from ${join(stateDir, 'auth', 'nkeys')} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}; try \`NATS_URL=${shellWord(stack.natsUrl)} TOOLTX_STATE_DIR=${shellWord(stateDir)} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
 );
 
 let stopping = false;
@@ -207,10 +215,15 @@ setInterval(() => {
     void stop();
   }
 }, 1_000).unref();
-void stack.crashed.then((name) => {
-  log.error({ process: name }, 'a process exited on its own: stopping everything');
+void stack.crashed.then(({ name, reason }) => {
+  log.error({ process: name, reason }, `${reason}: stopping everything`);
   void stop(1);
 });
+
+/** `word` as one shell word (POSIX single quotes when it holds anything but safe characters), for a command line to copy. */
+function shellWord(word: string): string {
+  return /^[A-Za-z0-9_\/.:,=@%+-]+$/.test(word) ? word : `'${word.replace(/'/g, `'\\''`)}'`;
+}
 
 /**
  * Exits 2 naming the option when `host:port` is taken (EADDRINUSE) or not ours to bind (EACCES): a

@@ -5,7 +5,7 @@
  * process against a real nats-server with auth on; the takeover service runs in a real reconciler.
  */
 import { execFile } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -152,6 +152,30 @@ describe('identities and files', () => {
     const port = await tooltx(['auth', 'generate', '--identities', empty, '--out', join(dir, 'auth'), '--listen', '0.0.0.0:99999'], {});
     expect(port.code).toBe(2);
     expect(port.stderr).toContain('--listen: expected <host>:<port> with a port 1-65535');
+  });
+
+  it('auth generate refuses an identity list whose ids share an inbox as bad input (exit 2, naming the file and the field), writing nothing', async () => {
+    const file = join(dir, 'dup-identities.json');
+    writeFileSync(file, JSON.stringify({ tenants: [{ id: 'acme', actors: ['alice', 'alice'], auditors: [] }], operators: [], executorDurables: [] }));
+    const out = join(dir, 'dup-auth');
+    const r = await tooltx(['auth', 'generate', '--identities', file, '--out', out], {});
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain(`--identities: ${file}: identity list: tenants.0.actors.1`);
+    expect(existsSync(out)).toBe(false);
+  });
+});
+
+describe('usage errors of commander itself exit 2 like every other bad usage', () => {
+  it('an unknown option, an unknown command, a missing required option: exit 2 with commander\'s message; --help exits 0', async () => {
+    const unknownOption = await tooltx(['--bogus'], {});
+    expect(unknownOption).toMatchObject({ code: 2, stderr: expect.stringContaining("unknown option '--bogus'") });
+    const unknownCommand = await tooltx(['nope'], {});
+    expect(unknownCommand).toMatchObject({ code: 2, stderr: expect.stringContaining("unknown command 'nope'") });
+    const missing = await tooltx(['auth', 'generate'], {});
+    expect(missing).toMatchObject({ code: 2, stderr: expect.stringContaining("required option '--identities <file>' not specified") });
+    const subOption = await tooltx(['streams', 'check', '--bogus'], {});
+    expect(subOption.code).toBe(2);
+    expect((await tooltx(['auth', 'generate', '--help'], {})).code).toBe(0);
   });
 });
 

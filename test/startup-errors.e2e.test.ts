@@ -10,7 +10,7 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, wri
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { RESEARCH_TOOLS, spawnKbProcess } from './helpers/kb.js';
@@ -50,8 +50,10 @@ async function failure(p: ServiceProcess): Promise<{ line: Record<string, unknow
   return { line: lines[0]!, stderr: p.stderr };
 }
 
-function run(script: string, args: string[], env: Record<string, string>): ServiceProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, script), ...args], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+/** Runs `script` with only `env` (plus PATH), in `cwd` (tsx is loaded by its path: it resolves from any directory). */
+function run(script: string, args: string[], env: Record<string, string>, cwd = ROOT): ServiceProcess {
+  const tsx = pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
+  const child = spawn(process.execPath, ['--import', tsx, join(ROOT, script), ...args], { cwd, env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   return new ServiceProcess(script, child);
 }
 
@@ -102,6 +104,29 @@ describe('a service that cannot start', () => {
     } finally {
       await t.close();
     }
+  });
+
+  it('every bad variable is named with its value, spaces alone are refused, and a variable set empty counts as unset (README "Configuration")', async () => {
+    const p = await startService(
+      'executor',
+      { NATS_URL: '  ', LOG_LEVEL: 'verbose', TOOLTX_CONCURRENCY: '0', TOOLTX_INSTANCE_ID: '', TOOLTX_PREFIX: '', TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS },
+      { wait: false },
+    );
+    const { line, stderr } = await failure(p);
+    // The empty TOOLTX_INSTANCE_ID and TOOLTX_PREFIX took their defaults: not among the problems.
+    expect(line.settings).toEqual(['NATS_URL', 'LOG_LEVEL', 'TOOLTX_CONCURRENCY']);
+    expect(line).toMatchObject({ setting: 'NATS_URL', value: '  ' });
+    expect(stderr.split('\n')).toEqual([
+      'tooltx-executor: invalid configuration:',
+      '  - NATS_URL="  ": spaces alone are not a value: unset it (or set it empty) for the default',
+      expect.stringMatching(/^  - LOG_LEVEL=verbose: Invalid option: expected one of "fatal"/),
+      expect.stringMatching(/^  - TOOLTX_CONCURRENCY=0: .*>=1$/),
+      '',
+    ]);
+    // A URL's user-info never shows, even in a configuration error next to it.
+    const q = await failure(await startService('executor', { NATS_URL: 'nats://alice:s3cret-pw@127.0.0.1:1', LOG_LEVEL: 'verbose', TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS }, { wait: false }));
+    expect(q.stderr).toContain('LOG_LEVEL=verbose: ');
+    expect(JSON.stringify(q.line) + q.stderr).not.toContain('s3cret-pw');
   });
 
   it('the reconciler\'s own settings are validated: an interval that is not a positive integer, a sweep that is not on|off (exit 2, each named)', async () => {
@@ -201,6 +226,36 @@ describe('npm start that cannot start', () => {
     expect(auth.stderr).toContain('required when NATS_URL is set');
   });
 
+  it('a variable set empty counts as unset; spaces alone, one port for both servers and an unknown flag are refused (exit 2, named, nothing created)', async () => {
+    const file = join(dir, 'not-a-dir');
+    writeFileSync(file, 'x');
+    // Every variable empty: the settings pass (their defaults apply) and the start gets as far as the state directory.
+    const empty = { NATS_PORT: '', KB_PORT: '', KB_DEDUP: '', KB_SEED_FILE: '', TOOLTX_PREFIX: '', LOG_LEVEL: '', TOOLTX_STATE_DIR: '', NATS_URL: '' };
+    const unset = await failure(start(['--state-dir', join(file, 'x'), '--port', String(await freePort()), '--kb-port', String(await freePort())], empty));
+    expect(unset.stderr).toBe(`tooltx-start: cannot start: --state-dir ${join(file, 'x')}: cannot create the state directory: a part of the path is not a directory (ENOTDIR)\n`);
+
+    const spaces = await failure(start(['--port', String(await freePort()), '--kb-port', String(await freePort())], { TOOLTX_STATE_DIR: '   ' }));
+    expect(spaces.stderr).toBe('tooltx-start: invalid configuration: TOOLTX_STATE_DIR="   ": spaces alone are not a value\n');
+    const flag = await failure(start(['--state-dir', ' ', '--port', String(await freePort()), '--kb-port', String(await freePort())]));
+    expect(flag.stderr).toBe('tooltx-start: invalid configuration: --state-dir " ": spaces alone are not a value\n');
+
+    const port = await freePort();
+    const stateDir = join(dir, 'same-port');
+    const same = await failure(start(['--state-dir', stateDir, '--port', String(port), '--kb-port', String(port)]));
+    expect(same.stderr).toBe(`tooltx-start: invalid configuration: --kb-port ${port}: the same port as --port (the embedded nats-server's): give the KB another one\n`);
+    expect(same.line).toMatchObject({ setting: '--kb-port', settings: ['--kb-port'] });
+    expect(existsSync(stateDir)).toBe(false);
+
+    // A binary that exits without a word is named, with why it is suspect (not an empty reason).
+    const notNats = await failure(start(['--state-dir', join(dir, 'not-nats'), '--port', String(await freePort()), '--kb-port', String(await freePort())], { NATS_SERVER_BIN: '/bin/false' }));
+    expect(notNats.stderr).toBe('tooltx-start: cannot start: NATS_SERVER_BIN=/bin/false: exited with 1 without a word on stderr: is it a nats-server?\n');
+    expect(existsSync(join(dir, 'not-nats'))).toBe(false);
+
+    const bogus = start(['--bogus']);
+    expect(await bogus.exited).toBe(2);
+    expect(bogus.stderr).toContain("unknown option '--bogus'");
+  });
+
   it('names --kb-port when the KB\'s port is taken, and leaves nothing running', async () => {
     const free = createServer();
     await new Promise<void>((r) => free.listen(0, '127.0.0.1', r));
@@ -239,6 +294,18 @@ describe('npm start that cannot start', () => {
     expect(p.stderr).not.toMatch(/\n\s+at /);
     // The keys, auth/, jetstream/ and kb.sqlite this start generated are gone; the operator's file stays.
     expect(readdirSync(stateDir)).toEqual(['mine.txt']);
+  });
+
+  it('the quickstart takes a variable set empty for unset and refuses spaces alone (exit 2, one line)', async () => {
+    // In an empty directory: the defaults (.state/…) name files that are not there.
+    const cwd = join(dir, 'quickstart');
+    mkdirSync(cwd);
+    const q = run('examples/research-kb/quickstart.ts', [], { NATS_URL: '', TOOLTX_PREFIX: '', TOOLTX_STATE_DIR: '', KB_DEDUP: '', NATS_NKEY_FILE: '' }, cwd);
+    expect(await q.exited).toBe(2);
+    expect(q.stderr).toBe('tooltx-quickstart: createTools: receiptKeys: cannot read receiptKeys file .state/auth/receipt-keys.json (ENOENT)\n');
+    const spaces = run('examples/research-kb/quickstart.ts', [], { NATS_URL: ' ' }, cwd);
+    expect(await spaces.exited).toBe(2);
+    expect(spaces.stderr).toBe('tooltx-quickstart: NATS_URL=" ": spaces alone are not a value: unset it for the default\n');
   });
 
   it('--help lists the environment it reads', async () => {

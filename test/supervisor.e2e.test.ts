@@ -96,6 +96,44 @@ describe('npm start supervisor', () => {
     }
   }, 240_000);
 
+  it('a service that dies a 6th time within a minute stops the stack (exit 1), and the supervisor says it was the restart limit; a state directory with a blank is quoted in the hint to copy', async () => {
+    const parent = mkdtempSync(join(tmpdir(), 'tooltx-start-'));
+    const dir = join(parent, 'state dir');
+    const p = start(['--port', String(await freePort()), '--kb-port', String(await freePort()), '--state-dir', dir]);
+    const leftovers: number[] = [];
+    try {
+      await up(p);
+      const upLine = p.lines.find((l) => typeof l.msg === 'string' && l.msg.startsWith('tooltx is up'));
+      expect(upLine!.msg).toContain(`TOOLTX_STATE_DIR='${dir}' `);
+      const executorPid = () => (JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock).processes.find((x) => x.name === 'executor-1')?.pid;
+      leftovers.push(...(JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock).processes.map((x) => x.pid));
+      for (let death = 1; death <= 6; death++) {
+        let pid = executorPid();
+        // The supervisor records the restarted executor's pid in its lock.
+        for (let i = 0; i < 100 && (pid === undefined || !alive(pid) || (death > 1 && leftovers.includes(pid))); i++) {
+          await new Promise((r) => setTimeout(r, 100));
+          pid = executorPid();
+        }
+        expect(pid !== undefined && alive(pid), `executor before death ${death}`).toBe(true);
+        leftovers.push(pid!);
+        process.kill(pid!, 'SIGKILL');
+        await allGone([pid!], 10_000);
+      }
+      expect(await p.exited).toBe(1);
+      const restarts = p.lines.filter((l) => l.msg === 'a service exited on its own: starting it again' && l.process === 'executor-1');
+      expect(restarts).toHaveLength(5);
+      expect(p.lines.find((l) => l.level === 50 && l.service === 'start')).toMatchObject({
+        process: 'executor-1',
+        msg: 'executor-1 exited (SIGKILL) a 6th time within a minute; a service is restarted at most 5 times a minute: stopping everything',
+      });
+      await allGone(leftovers, 20_000);
+    } finally {
+      for (const pid of leftovers) if (alive(pid)) process.kill(pid, 'SIGKILL');
+      if (p.child.exitCode === null) await p.kill();
+      rmSync(parent, { recursive: true, force: true });
+    }
+  }, 180_000);
+
   it('SIGTERM while the stack is still starting: the supervisor stops cleanly (exit 0, its lock removed) instead of dying by the signal', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tooltx-start-'));
     const args = ['--port', String(await freePort()), '--kb-port', String(await freePort()), '--state-dir', dir];

@@ -132,7 +132,7 @@ export function kbTimingFromEnv(env: NodeJS.ProcessEnv = process.env): KbTiming 
 
 /** The KB's dedup mode from the environment (`KB_DEDUP`: `on` (default) or `off`). Throws `TypeError` naming the variable otherwise. */
 export function kbDedupFromEnv(env: NodeJS.ProcessEnv = process.env): boolean {
-  const v = env.KB_DEDUP ?? 'on';
-  if (v !== 'on' && v !== 'off') throw new TypeError('KB_DEDUP: expected "on" or "off"');
+  const v = env.KB_DEDUP || 'on';
+  if (v !== 'on' && v !== 'off') throw new TypeError(`KB_DEDUP: expected "on" or "off" (or unset: on), got ${JSON.stringify(v)}`);
   return v === 'on';
 }

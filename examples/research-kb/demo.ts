@@ -38,6 +38,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Command, Option } from 'commander';
+import { usageErrorsExitTwo } from '@tooltx/runtime';
 import { z } from 'zod';
 import { createTools, newSubmission, publishSubmission, type ExecuteOptions, type ExecuteRequest, type ExecuteResult, type Tools } from '@tooltx/client';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
@@ -53,7 +54,7 @@ import { CanaryWeb, newCanaries, runFm16 } from './demo-fm16.js';
 const DEFAULT_PAGES = 250;
 const QUICK_PAGES = 20;
 const DEFAULT_WORKERS = 8;
-const program = new Command('tooltx-demo')
+const program = usageErrorsExitTwo(new Command('tooltx-demo'))
   .description('research agent demo: real pages, every write submitted twice, counted by the KB itself')
   .option('--json', 'print one JSON object with the figures on the last line')
   .option('--quick', `about ${QUICK_PAGES} pages (instead of --pages)`)

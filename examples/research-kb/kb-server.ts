@@ -100,6 +100,7 @@ import {
   StartupError,
   type Logger,
   type StartupReporter,
+  usageErrorsExitTwo,
 } from '@tooltx/runtime';
 import { applySeed, loadSeedFile, SeedError, seedPairsSchema, type KbSeed } from './kb-seed.js';
 import { KB_ID, KB_NAME, KB_ROLES, KB_STATES, KbStore, type AdminOutcome, type NoteInput } from './kb-store.js';
@@ -164,7 +165,7 @@ Exits 2 when it cannot start: a bad configuration or seed (every problem listed)
 it cannot open (KB_DB) or a port it cannot listen on (KB_PORT, KB_HOST) — named on stderr and in a
 "failed to start" log line. SIGTERM/SIGINT drain and exit 0.`;
 
-new Command('kb-server')
+usageErrorsExitTwo(new Command('kb-server'))
   .description('the research-KB sample storage service (HTTP + JSON over SQLite)')
   .addHelpText('after', ENV_HELP)
   .parse(process.argv);

@@ -14,8 +14,8 @@ import { fileURLToPath } from 'node:url';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
-import { connectNats, jetStreamOf, NatsServerUnavailableError, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
-import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, startupStep, StartupError, StartupFailure, type ReadyMessage } from '@tooltx/runtime';
+import { connectNats, jetStreamOf, natsServerBinary, NatsServerUnavailableError, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
+import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, showValue, startupStep, StartupError, StartupFailure, type ReadyMessage } from '@tooltx/runtime';
 import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 import { ensureStackBuild, StackBuildError, touchStackBuild, type StackEntry } from './compiled.js';
 import { loadSeedFile, SeedError } from './kb-seed.js';
@@ -136,6 +136,14 @@ export class StackProcessStartupError extends StartupError {
   }
 }
 
+/** Why the stack stops by itself ({@link Stack.crashed}). */
+export interface StackCrash {
+  /** `nats-server`, `kb` or a service's name. */
+  name: string;
+  /** What the supervisor says about it, one sentence without the process's own output. */
+  reason: string;
+}
+
 export interface Stack {
   natsUrl: string;
   prefix: string;
@@ -159,8 +167,12 @@ export interface Stack {
   processes: { name: string; child: ChildProcess }[];
   /** SIGTERM every process, wait, stop the nats-server we started (store kept). */
   stop(): Promise<void>;
-  /** Resolves with the name of the first process whose exit stops the stack (KB, nats-server, or a service crashing in a loop). */
-  readonly crashed: Promise<string>;
+  /**
+   * Resolves with the first process whose exit stops the stack and why: the KB or nats-server
+   * exited (they are not restarted), a service exited a 6th time within a minute (it is restarted
+   * at most 5 times a minute), or its restart could not be built.
+   */
+  readonly crashed: Promise<StackCrash>;
 }
 
 /**
@@ -271,10 +283,10 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const processes: { name: string; child: ChildProcess }[] = [];
   const restartsOf = new Map<string, number[]>();
   let stopping = false;
-  let onCrash!: (name: string) => void;
-  const crashed = new Promise<string>((r) => (onCrash = r));
-  server?.process?.once('exit', () => {
-    if (!stopping) onCrash('nats-server');
+  let onCrash!: (crash: StackCrash) => void;
+  const crashed = new Promise<StackCrash>((r) => (onCrash = r));
+  server?.process?.once('exit', (code, signal) => {
+    if (!stopping) onCrash({ name: 'nats-server', reason: `nats-server exited (${signal ?? `code ${code}`}); it is not restarted` });
     reportPids();
   });
   const reportPids = () => {
@@ -371,7 +383,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
                 build = await ensureStackBuild();
               } catch (err) {
                 process.stderr.write(`tooltx-stack: cannot restart ${name}: the build is gone and rebuilding failed: ${err instanceof Error ? err.message : String(err)}\n`);
-                if (!stopping) onCrash(name);
+                if (!stopping) onCrash({ name, reason: `${name} could not be restarted: the build is gone and rebuilding failed` });
                 return;
               }
             }
@@ -380,7 +392,11 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         }, 500);
         return;
       }
-      onCrash(name);
+      const how = signal ?? `code ${code}`;
+      onCrash({
+        name,
+        reason: name === 'kb' ? `the KB exited (${how}); it is not restarted` : `${name} exited (${how}) a 6th time within a minute; a service is restarted at most 5 times a minute`,
+      });
     });
     return child;
   };
@@ -509,8 +525,10 @@ function waitForReady(child: ChildProcess, name: string, where: string, timeoutM
       done();
       if (!failed) return reject(new StartupFailure(`${name} exited (${signal ?? `code ${code}`}) before it was ready; ${where} says why`));
       const { setting } = failed;
-      // A configuration error's problems each start with their setting: the first one's without it.
-      const problem = failed.problem ?? failed.problems?.map((p) => (p.startsWith(`${setting}: `) ? p.slice(setting.length + 2) : p)).join('; ') ?? 'invalid';
+      // A configuration error's problems each start with their setting (and value, `NAME=value: `):
+      // the first one's without them, since the error names them.
+      const named = [`${setting}: `, ...(failed.value !== undefined ? [`${setting}=${showValue(failed.value)}: `] : [])];
+      const problem = failed.problem ?? failed.problems?.map((p) => named.reduce((q, n) => (q.startsWith(n) ? q.slice(n.length) : q), p)).join('; ') ?? 'invalid';
       reject(new StackProcessStartupError(name, setting, failed.value, problem));
     };
     child.on('message', onMessage);
@@ -534,6 +552,7 @@ function seedProblem(err: unknown): string {
 function natsServerProblem(err: unknown, port: number | undefined): unknown {
   if (!(err instanceof NatsServerUnavailableError)) return err;
   if (/address already in use/i.test(err.message)) return new StartupError('NATS_PORT', String(port ?? -1), 'the port is already in use: another process listens on it (EADDRINUSE)', { cause: err });
+  if (/without a word on stderr/.test(err.message)) return new StartupError('NATS_SERVER_BIN', natsServerBinary() ?? undefined, err.message.replace(/^.* exited/, 'exited'), { cause: err });
   if (/not found/.test(err.message)) return new StartupError('NATS_SERVER_BIN', process.env.NATS_SERVER_BIN, 'no nats-server binary: install it (`scripts/ensure-nats-server`, or `apt-get install nats-server`), or name it in NATS_SERVER_BIN', { cause: err });
   // Its own log's last lines: the server's words about our generated configuration.
   return new StartupError('NATS_PORT', String(port ?? -1), `the nats-server did not start: ${err.message.slice(0, 400)}`, { cause: err });

@@ -110,7 +110,8 @@ export async function spawnNatsServer(
       });
       child.once('exit', (code) => {
         clearTimeout(timer);
-        reject(new NatsServerUnavailableError(`nats-server exited with ${code}: ${log.slice(-500)}`));
+        // A binary that says nothing before it exits is likely no nats-server at all (NATS_SERVER_BIN=/bin/false).
+        reject(new NatsServerUnavailableError(log.trim() ? `nats-server exited with ${code}: ${log.slice(-500)}` : `${bin} exited with ${code} without a word on stderr: is it a nats-server?`));
       });
     });
   let port = await start(opts.port ?? -1);

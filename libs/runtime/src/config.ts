@@ -1,5 +1,6 @@
 import { hostname } from 'node:os';
 import { z } from 'zod';
+import { displayUrl } from '@tooltx/nats';
 
 /**
  * Thrown at start-up when the environment is not a valid configuration; lists every problem
@@ -8,11 +9,14 @@ import { z } from 'zod';
 export class ConfigError extends Error {
   readonly problems: string[];
   readonly settings: string[];
-  constructor(problems: string[], settings: string[] = problems.map((p) => /^[^:\s]+/.exec(p)?.[0] ?? '')) {
+  /** Each problem's value as shown in it (no secrets, a URL without user-info), undefined when unset or not shown. */
+  readonly values: (string | undefined)[];
+  constructor(problems: string[], settings: string[] = problems.map((p) => /^[^:\s=]+/.exec(p)?.[0] ?? ''), values: (string | undefined)[] = []) {
     super(`invalid configuration:\n  - ${problems.join('\n  - ')}`);
     this.name = 'ConfigError';
     this.problems = problems;
     this.settings = settings;
+    this.values = values;
   }
 }
 
@@ -70,14 +74,43 @@ export function envInt(min: number, max = Number.MAX_SAFE_INTEGER) {
 
 /**
  * Parses `env` once with `schema`; throws {@link ConfigError} naming every bad or missing
- * variable. Empty strings count as unset.
+ * variable, each problem as `NAME=value: what is wrong` (README "Configuration": one line naming
+ * the setting and its value; the value shown by {@link showValue}, a URL without its user-info).
+ * A variable set to the empty string counts as unset (its default applies); one of spaces alone is
+ * refused, never read as a value (fresh-user trial: `NATS_URL='  '` was taken as a server).
  */
 export function loadConfig<S extends z.ZodObject<z.ZodRawShape>>(schema: S, env: NodeJS.ProcessEnv = process.env): z.infer<S> {
-  const cleaned = Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== ''));
+  const cleaned = Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== '')) as Record<string, string>;
+  const blank = Object.keys(schema.shape).filter((name) => cleaned[name] !== undefined && cleaned[name].trim() === '');
   const r = schema.safeParse(cleaned);
-  if (r.success) return r.data;
+  const issues = [
+    ...blank.map((name) => ({ name, message: 'spaces alone are not a value: unset it (or set it empty) for the default' })),
+    ...(r.success ? [] : r.error.issues.map((i) => ({ name: i.path.join('.'), message: i.message }))).filter((i) => !blank.includes(i.name)),
+  ];
+  if (!issues.length && r.success) return r.data;
+  // The value as shown: a URL without its user-info (a password may be in NATS_URL).
+  const shownOf = (name: string): string | undefined => {
+    const value = cleaned[name];
+    return value === undefined ? undefined : name === 'NATS_URL' && value.includes('@') ? displayUrl(value) : value;
+  };
   throw new ConfigError(
-    r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`),
-    r.error.issues.map((i) => i.path.join('.')),
+    issues.map(({ name, message }) => {
+      const value = shownOf(name);
+      // Unset, or a message that already quotes the value (a key file's path): not prefixed with it.
+      if (value === undefined || message.startsWith(`${value}:`)) return `${name}: ${message}`;
+      return `${name}=${showValue(value)}: ${message}`;
+    }),
+    issues.map((i) => i.name),
+    issues.map((i) => shownOf(i.name)),
   );
+}
+
+/**
+ * A setting's value as shown to the operator in one line: as it is when it is printable ASCII
+ * without blanks, else JSON-quoted (so `'  '` and a trailing blank are visible); at most 200
+ * characters. Only for values that are not secrets (paths, ports, URLs without user-info).
+ */
+export function showValue(value: string): string {
+  const cut = value.length > 200 ? `${value.slice(0, 200)}…` : value;
+  return /^[\x21-\x7e]+$/.test(cut) ? cut : JSON.stringify(cut);
 }

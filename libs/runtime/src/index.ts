@@ -4,3 +4,4 @@ export * from './shutdown.js';
 export * from './tools.js';
 export * from './secrets.js';
 export * from './startup.js';
+export * from './cli.js';

@@ -2,6 +2,7 @@ import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { isAbsolute, resolve } from 'node:path';
 import { Command } from 'commander';
+import { usageErrorsExitTwo } from './cli.js';
 import { z } from 'zod';
 import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
 import { connectNats, jetStreamOf, OperationStore, Subjects, type NatsConnection } from '@tooltx/nats';
@@ -88,7 +89,7 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
   /** This service appends `committed`: it needs TOOLTX_SIGNING_KEY_FILE (issue 9, FM-17). */
   signsReceipts?: boolean;
 }): Promise<void> {
-  new Command(`tooltx-${spec.name}`)
+  usageErrorsExitTwo(new Command(`tooltx-${spec.name}`))
     .description(`tooltx ${spec.name}: ${spec.summary}`)
     .addHelpText('after', serviceEnvHelp(spec))
     .parse(process.argv);

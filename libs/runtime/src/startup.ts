@@ -1,5 +1,5 @@
 import { createLogger, type Logger } from './logger.js';
-import { ConfigError } from './config.js';
+import { ConfigError, showValue } from './config.js';
 
 /**
  * Start-up failures named for the operator (fresh-user trial). Error messages are kept out of logs
@@ -74,7 +74,7 @@ export function announceReady(fields: Omit<ReadyMessage, 'tooltx'> = {}): void {
 
 /** `NAME=value`, or `--flag value (env NAME)` for a flag. */
 function showSetting(setting: string, value: string | undefined, env: string | undefined): string {
-  const shown = value === undefined ? setting : setting.startsWith('--') ? `${setting} ${value}` : `${setting}=${value}`;
+  const shown = value === undefined ? setting : setting.startsWith('--') ? `${setting} ${showValue(value)}` : `${setting}=${showValue(value)}`;
   return env ? `${shown} (or env ${env})` : shown;
 }
 
@@ -179,7 +179,7 @@ export function failStartup(who: StartupReporter, err: unknown): never {
     fields = { problem: err.message, err };
   } else if (err instanceof ConfigError) {
     text = err.problems.length === 1 ? `invalid configuration: ${err.problems[0]}` : err.message;
-    fields = { setting: err.settings[0], settings: err.settings, problems: err.problems };
+    fields = { setting: err.settings[0], ...(err.values[0] !== undefined ? { value: err.values[0] } : {}), settings: err.settings, problems: err.problems };
   } else {
     text = `failed to start: ${describeError(err)}`;
     fields = { err };

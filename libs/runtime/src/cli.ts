@@ -1,0 +1,15 @@
+import type { Command } from 'commander';
+
+/**
+ * Makes commander's own usage errors — an unknown option or command, a missing argument or
+ * required option, an invalid choice — exit 2 like every other bad-usage error of tooltx's CLIs
+ * (README: "2 bad usage or configuration"); commander exits 1 for them by default. `--help` and
+ * `--version` still exit 0. Commander prints its message before exiting, as without this.
+ *
+ * Call it on the program before adding subcommands: `.command()` copies the setting to each one
+ * (commander `copyInheritedSettings`). Returns `cmd`.
+ */
+export function usageErrorsExitTwo<C extends Command>(cmd: C): C {
+  cmd.exitOverride((err) => process.exit(err.exitCode === 0 ? 0 : 2));
+  return cmd;
+}
