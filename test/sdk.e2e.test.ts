@@ -3,7 +3,7 @@
  * HTTP sink that does not deduplicate. `tools.execute` never mistakes silence for failure.
  */
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
+import { defineContract, downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
 import { provisioned, reloadConfig, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
@@ -67,6 +67,36 @@ describe('tools.execute', () => {
     const r = await tools.execute({ tool: 'sink.write', taskId: 'sdk-forged', actorId: 'mallory', input: note('Forged') });
     expect(r).toMatchObject({ status: 'rejected', next: 'reauthorise', error: { class: 'forbidden' } });
     expect(await history(t, TENANT, prepareCall(sinkWrite, 'sdk-forged', note('Forged')).operationKey)).toEqual([]);
+  });
+
+  it('FM-25: a write made with a cached contract that differs from the server\'s (same name@version, another digest) is refused contract_mismatch and nothing runs; the server\'s contract commits it; a read with the stale contract still runs', async () => {
+    const { id: _w, digest: _wd, ...writeSpec } = sinkWrite;
+    const { id: _l, digest: _ld, ...lookupSpec } = sinkLookup;
+    const staleWrite = defineContract({ ...writeSpec, description: 'Write a note to the test sink (an older wording).' });
+    const staleLookup = defineContract({ ...lookupSpec, description: 'Read a value from the test sink (an older wording).' });
+    expect(staleWrite.interfaceDigest).not.toBe(sinkWrite.interfaceDigest);
+    const stale = await createTools({ servers: t.url, tenant: TENANT, actor: 'alice', nkeyFile: t.agentSeed(TENANT, 'alice'), contracts: [staleWrite, staleLookup], prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+    try {
+      const input = note('Stale contract');
+      const key = prepareCall(sinkWrite, 'fm25-write', input).operationKey;
+      const before = sink.requests.length;
+      const refused = await stale.execute({ tool: 'sink.write', taskId: 'fm25-write', input });
+      expect(refused).toMatchObject({ status: 'rejected', operationKey: key, next: 'refresh_contract', error: { class: 'contract_mismatch', issues: [{ path: ['interfaceDigest'], code: 'contract_mismatch' }] } });
+      // Refused at intake: no operation, no request to the sink.
+      expect(await history(t, TENANT, key)).toEqual([]);
+      expect(sink.requests.length).toBe(before);
+
+      // With the server's contract the same call is a new, valid submission: it commits once.
+      const done = await tools.execute({ tool: 'sink.write', taskId: 'fm25-write', input });
+      expect(done).toMatchObject({ status: 'committed', operationKey: key });
+      expect(writesFor(key)).toHaveLength(1);
+
+      // A read has no side effect to protect: it runs under the server's contract.
+      const read = await stale.execute({ tool: 'sink.lookup', taskId: 'fm25-read', input: { name: 'fm25' } });
+      expect(read).toMatchObject({ status: 'committed', result: { value: 'v-fm25' } });
+    } finally {
+      await stale.close();
+    }
   });
 
   it('precedence: a conflicting resubmission is told conflict, and the original caller still sees its committed receipt', async () => {

@@ -487,7 +487,9 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     if (req.operationKey !== undefined && req.operationKey !== key) {
       return refused(req.operationKey, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['operationKey'], code: 'key_mismatch', message: 'the operation key is derived from taskId, contract, target and intent' }] });
     }
-    const envelope = { tool: contract.name, version: contract.version, taskId: req.taskId, operationKey: key, input: req.input, ...(req.actorId !== undefined ? { actorId: req.actorId } : {}) };
+    // The contract's digest goes along: the authorizer refuses a write made with a contract that
+    // differs from its own under the same name@version (FM-25).
+    const envelope = { tool: contract.name, version: contract.version, taskId: req.taskId, operationKey: key, interfaceDigest: contract.interfaceDigest, input: req.input, ...(req.actorId !== undefined ? { actorId: req.actorId } : {}) };
     // The server drops a message over its max_payload without storing it (and the client refuses to
     // send one): a call that can never be stored is the caller's to shrink, not an unknown outcome.
     const maxPayload = nc.info?.max_payload;

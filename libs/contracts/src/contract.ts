@@ -81,8 +81,22 @@ export interface Contract<I extends AnyObjectSchema = AnyObjectSchema, O extends
   extends ContractSpec<I, O> {
   /** `name@version`. */
   readonly id: string;
-  /** `sha256:` digest over the canonical description, schemas, normaliser names, key, timing, downstream. */
+  /**
+   * `sha256:` digest over the canonical description, schemas, normaliser names, the source text of
+   * the target and intent functions, key, timing, downstream. Recorded in each operation's events;
+   * the executor runs an operation only with the contract of this exact digest.
+   */
   readonly digest: string;
+  /**
+   * `sha256:` digest of what a host (an agent's SDK) and the server must agree on for one
+   * `name@version`: {@link digest}'s content without the functions' source text, which differs
+   * between builds of the same source (tsx, vite and esbuild each print a function differently).
+   * The SDK sends it with every intent and the authorizer refuses a write whose digest differs
+   * from its own (`contract_mismatch`, DESIGN.md "Contract evolution", FM-25). A host whose target
+   * or intent function differs derives another operation key, which the authorizer refuses as
+   * `idempotency_conflict` at `operationKey` (FM-03).
+   */
+  readonly interfaceDigest: string;
 }
 
 const NAME = /^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/;
@@ -128,7 +142,8 @@ export function defineContract<I extends AnyObjectSchema, O extends z.ZodType>(
     timing: spec.timing,
     downstream: spec.downstream,
   };
-  return Object.freeze({ ...spec, id: `${spec.name}@${spec.version}`, digest: digestOf(described) });
+  const { target: _target, intent: _intent, ...sharedWithHosts } = described;
+  return Object.freeze({ ...spec, id: `${spec.name}@${spec.version}`, digest: digestOf(described), interfaceDigest: digestOf(sharedWithHosts) });
 }
 
 /** Field issues from a zod error: paths and codes only, never the received values. */

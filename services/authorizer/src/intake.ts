@@ -1,5 +1,6 @@
 import {
   ErrorClass,
+  hasSideEffect,
   OPERATION_KEY_PATTERN,
   TooltxError,
   parseStrict,
@@ -25,7 +26,8 @@ export type IntakeCheck =
 
 /**
  * Intake checks in the order DESIGN.md fixes ("Order of checks at intake"): identity from the
- * subject (an envelope `actorId` that disagrees is `forbidden`, FM-06) → contract exists and strict
+ * subject (an envelope `actorId` that disagrees is `forbidden`, FM-06) → contract exists, the
+ * caller's contract digest equals it for a write (`contract_mismatch`, FM-25) and strict
  * parse (field paths, FM-18) → derive the key and input digest (a supplied key that differs is an
  * `idempotency_conflict` at `operationKey`, FM-03). The policy seam and the lookup follow in the
  * shell. Pure: no I/O, no clock.
@@ -77,6 +79,21 @@ export function checkIntake(
     );
   }
   const ids = { tool: contract.name, version: contract.version };
+
+  // 2b. The caller's contract (DESIGN.md "Contract evolution", FM-25): a write made with a cached
+  // contract whose interface digest differs from this registry's under the same name@version is refused
+  // before its input is read by either — the caller's schema, key or authorisation fields may not
+  // be the server's. Recorded under the supplied key (the one the caller waits on). Reads and
+  // computations have no side effect to protect and go on.
+  if (envelope.interfaceDigest !== undefined && envelope.interfaceDigest !== contract.interfaceDigest && hasSideEffect(contract.effect)) {
+    return refuse(
+      new TooltxError(ErrorClass.ContractMismatch, 'the caller\'s contract differs from the registry\'s', {
+        issues: [{ path: ['interfaceDigest'], code: 'contract_mismatch', message: `the server's ${contract.id} has another digest: refresh the contract` }],
+      }),
+      supplied,
+      ids,
+    );
+  }
 
   // 1b. Identity named inside the input (FM-06, DESIGN.md "Identity": a payload field that disagrees
   // is a forged identity): a tenant or actor field the contract does not declare, with another value

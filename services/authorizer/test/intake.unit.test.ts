@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { ContractRegistry, prepareCall } from '@tooltx/contracts';
 import { checkIntake } from '../src/intake.js';
-import { contracts, sinkWrite } from '../../../test/fixtures/sink-tools.js';
+import { contracts, sinkLookup, sinkWrite } from '../../../test/fixtures/sink-tools.js';
 
 const registry = new ContractRegistry(contracts);
 const find = (t: string, v: number) => registry.get(t, v);
@@ -55,6 +55,26 @@ describe('intake checks, in DESIGN.md order', () => {
     expect(checkIntake(who, { ...envelope, tool: 'nope.tool' }, find)).toMatchObject({ kind: 'refuse', error: { class: 'invalid_input', issues: [{ path: ['tool'] }] } });
     expect(checkIntake(who, { ...envelope, input: { ...input, title: 42 } }, find)).toMatchObject({ error: { class: 'invalid_input', issues: [{ path: ['input', 'title'] }] } });
     expect(checkIntake(who, { ...envelope, extra: 1 }, find)).toMatchObject({ error: { class: 'invalid_input', issues: [{ path: ['extra'] }] } });
+  });
+
+  it('FM-25: a write made with a contract whose digest differs from the registry\'s is refused contract_mismatch before its input is read; the same digest, none, or a read goes on', () => {
+    const stale = `sha256:${'0'.repeat(64)}`;
+    expect(checkIntake(who, { ...envelope, interfaceDigest: stale }, find)).toEqual({
+      kind: 'refuse',
+      error: { class: 'contract_mismatch', issues: [{ path: ['interfaceDigest'], code: 'contract_mismatch', message: 'the server\'s sink.write@1 has another digest: refresh the contract' }] },
+      decisionKey: key,
+      tool: 'sink.write',
+      version: 1,
+    });
+    // Even an input the server's contract would refuse: the stale contract is the cause to report.
+    expect(checkIntake(who, { ...envelope, interfaceDigest: stale, input: { ...input, title: 42 } }, find)).toMatchObject({ error: { class: 'contract_mismatch' } });
+    expect(checkIntake(who, { ...envelope, interfaceDigest: sinkWrite.interfaceDigest }, find).kind).toBe('proceed');
+    expect(checkIntake(who, envelope, find).kind).toBe('proceed');
+    expect(checkIntake(who, { ...envelope, interfaceDigest: 'md5:abc' }, find)).toMatchObject({ error: { class: 'invalid_input', issues: [{ path: ['interfaceDigest'] }] } });
+    // A read has no side effect to protect: it goes on with the server's contract.
+    const readInput = { name: 'n' };
+    const read = { tool: sinkLookup.name, version: sinkLookup.version, taskId: 'task-1', interfaceDigest: stale, input: readInput };
+    expect(checkIntake(who, read, find).kind).toBe('proceed');
   });
 
   it('FM-03: a supplied key that does not match the request is an idempotency_conflict at operationKey', () => {
