@@ -188,6 +188,10 @@ export class ContractRegistry<C extends Contract = Contract> {
   get(name: string, version: number): C | undefined {
     return this.#byId.get(`${name}@${version}`);
   }
+  /** The versions registered under `name`, ascending (empty: no contract of that name). */
+  versionsOf(name: string): number[] {
+    return this.all().filter((c) => c.name === name).map((c) => c.version).sort((a, b) => a - b);
+  }
   all(): C[] {
     return [...this.#byId.values()];
   }

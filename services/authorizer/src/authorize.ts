@@ -70,7 +70,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       return { kind: 'term', reason: 'undecodable intent' };
     }
 
-    const check = checkIntake(who, raw, (t, v) => tools.contracts.get(t, v));
+    const check = checkIntake(who, raw, (t, v) => tools.contracts.get(t, v), (t) => tools.contracts.versionsOf(t));
     const refuse = async (key: string | null, error: ErrorInfo, ids: { tool?: string; version?: number }, authorization?: AuthDecision) => {
       if (!key) {
         l.info({ class: error.class }, 'intent refused before a key was known');

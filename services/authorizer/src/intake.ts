@@ -36,6 +36,8 @@ export function checkIntake(
   who: { tenant: string; actor: string },
   raw: unknown,
   findContract: (tool: string, version: number) => Contract | undefined,
+  /** The versions registered under a tool's name: an unknown version of a known tool is refused at `version`, an unknown tool at `tool`. */
+  versionsOf: (tool: string) => number[] = (tool) => (findContract(tool, 1) ? [1] : []),
 ): IntakeCheck {
   const rawObj = (raw && typeof raw === 'object' ? raw : {}) as Record<string, unknown>;
   const supplied = typeof rawObj.operationKey === 'string' && OPERATION_KEY_PATTERN.test(rawObj.operationKey) ? rawObj.operationKey : null;
@@ -69,10 +71,12 @@ export function checkIntake(
   }
   const contract = findContract(envelope.tool, envelope.version);
   if (!contract) {
-    const path = findContract(envelope.tool, 1) || envelope.version !== 1 ? 'version' : 'tool';
+    // A retired or future version of a known tool names `version` (and the versions there are); an unknown tool `tool`.
+    const known = versionsOf(envelope.tool);
+    const path = known.length || envelope.version !== 1 ? 'version' : 'tool';
     return refuse(
       new TooltxError(ErrorClass.InvalidInput, 'unknown contract', {
-        issues: [{ path: [path], code: 'unknown_contract', message: `no contract ${envelope.tool}@${envelope.version}` }],
+        issues: [{ path: [path], code: 'unknown_contract', message: `no contract ${envelope.tool}@${envelope.version}${known.length ? ` (registered: ${known.map((v) => `@${v}`).join(', ')})` : ''}` }],
       }),
       supplied,
       { tool: envelope.tool, version: envelope.version },

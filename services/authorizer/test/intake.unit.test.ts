@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { ContractRegistry, prepareCall } from '@tooltx/contracts';
 import { checkIntake } from '../src/intake.js';
+import { sinkWriteV2 } from '../../../test/fixtures/sink-tools-v2.js';
 import { contracts, sinkLookup, sinkWrite } from '../../../test/fixtures/sink-tools.js';
 
 const registry = new ContractRegistry(contracts);
@@ -75,6 +76,22 @@ describe('intake checks, in DESIGN.md order', () => {
     const readInput = { name: 'n' };
     const read = { tool: sinkLookup.name, version: sinkLookup.version, taskId: 'task-1', interfaceDigest: stale, input: readInput };
     expect(checkIntake(who, read, find).kind).toBe('proceed');
+  });
+
+  it('FM-24: an old (v1) request is never read as v2 with a default for v2\'s new required field: with v1 retired it is an unknown version, and a v2 request without the field is refused at its path', () => {
+    const onlyV2 = new ContractRegistry([sinkWriteV2]);
+    const findV2 = (t: string, v: number) => onlyV2.get(t, v);
+    const versions = (t: string) => onlyV2.versionsOf(t);
+    expect(checkIntake(who, envelope, findV2, versions)).toMatchObject({
+      kind: 'refuse',
+      error: { class: 'invalid_input', issues: [{ path: ['version'], code: 'unknown_contract', message: 'no contract sink.write@1 (registered: @2)' }] },
+    });
+    const { operationKey: _k, ...raw } = envelope;
+    expect(checkIntake(who, { ...raw, version: 2 }, findV2, versions)).toMatchObject({ kind: 'refuse', error: { class: 'invalid_input', issues: [{ path: ['input', 'approver'] }] } });
+    // Both registered: a v1 request stays v1.
+    const both = new ContractRegistry([sinkWrite, sinkWriteV2]);
+    const r = checkIntake(who, envelope, (t, v) => both.get(t, v));
+    expect(r.kind === 'proceed' && r.contract.version).toBe(1);
   });
 
   it('FM-03: a supplied key that does not match the request is an idempotency_conflict at operationKey', () => {
