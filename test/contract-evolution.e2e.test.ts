@@ -1,6 +1,7 @@
 /**
  * Contract evolution (DESIGN.md "Contract evolution"): a new version registered while a task runs
- * on the old one (FM-23), and a new version that adds a required authorisation field (FM-24). Real
+ * on the old one (FM-23), recorded histories replayed across it (FM-26), and a new version that
+ * adds a required authorisation field (FM-24). Real
  * nats-server, the authorizer and the executor as processes, first loading only `sink.write@1`
  * (test/fixtures/sink-tools.ts), then restarted with `sink.write@2` registered beside it
  * (test/fixtures/sink-tools-v2.ts); a real HTTP sink that records every request.
@@ -87,6 +88,45 @@ describe('contract evolution', () => {
     const v2 = await agentV2.execute({ tool: 'sink.write', version: 2, taskId: 'evo-v2', input: { ...note('V2 note'), approver: 'bob' } });
     expect(v2).toMatchObject({ status: 'committed', receipt: { version: 2 } });
     expect(sinkBodyOf(v2.operationKey!)).toEqual([expect.objectContaining({ contract: 'sink.write@2', approver: 'bob' })]);
+  }, 90_000);
+
+  it('FM-26: recorded committed, rejected and unknown histories, replayed after the services restart with v2 registered — each key\'s status and resubmission give its original receipt or outcome, and nothing runs again', async () => {
+    agentV2 ??= await connect(v2Contracts);
+    // Three histories under v1: a success, a refusal by the downstream (nothing applied), and a
+    // write whose outcome is not known (the sink never answers; no reconciler runs to probe it).
+    const ok = await agentV1.execute({ tool: 'sink.write', taskId: 'replay-ok', input: note('Replay ok') });
+    sink.refuseWritesWith = 403;
+    const refused = await agentV1.execute({ tool: 'sink.write', taskId: 'replay-refused', input: note('Replay refused') });
+    sink.refuseWritesWith = 0;
+    sink.hang = true;
+    const unknownInput = note('Replay unknown');
+    const unknownKey = prepareCall(sinkWrite, 'replay-unknown', unknownInput).operationKey;
+    await agentV1.execute({ tool: 'sink.write', taskId: 'replay-unknown', input: unknownInput }, { budgetMs: 1_000 });
+    await waitForOperation(t, TENANT, unknownKey, (s) => s.status === 'unknown', 20_000);
+    sink.hang = false;
+    expect(ok).toMatchObject({ status: 'committed' });
+    expect(refused).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
+    const keys = [ok.operationKey!, refused.operationKey!, unknownKey];
+    const recorded = await Promise.all(keys.map((k) => agentV1.status({ operationKey: k })));
+    expect(recorded.map((a) => a.state)).toEqual(['committed', 'rejected', 'unknown']);
+    const requestsBefore = sink.requests.length;
+
+    // Every cache gone: fresh processes, with v2 registered beside v1.
+    expect(await Promise.all([authorizer.stop(), executor!.stop()])).toEqual([0, 0]);
+    [authorizer, executor] = await Promise.all([startService('authorizer', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS }), startService('executor', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS })]);
+
+    for (const [i, key] of keys.entries()) {
+      const { at: _then, ...before } = recorded[i]!;
+      const { at: _now, ...after } = await agentV2.status({ operationKey: key });
+      expect(after, key).toEqual(before);
+    }
+    // Resubmitted as recorded: the committed call returns its original receipt and the unknown one
+    // stays unknown; the refused one is only queried (after `forbidden` a new attempt is the
+    // caller's choice, not a replay's). None reaches the sink again.
+    expect(await agentV1.execute({ tool: 'sink.write', taskId: 'replay-ok', input: note('Replay ok') })).toEqual(ok);
+    expect(await agentV1.status({ operationKey: refused.operationKey! })).toMatchObject({ state: 'rejected', error: { class: 'forbidden' } });
+    expect(await agentV1.execute({ tool: 'sink.write', taskId: 'replay-unknown', input: unknownInput }, { budgetMs: 1_500 })).toMatchObject({ status: 'unknown', lastServerState: 'unknown' });
+    expect(sink.requests.length).toBe(requestsBefore);
   }, 90_000);
 
   it('FM-24: v2\'s required authorisation field never gets a permissive default — a v2 intent without it is refused at its path and nothing runs; the field is checked, not assumed', async () => {
