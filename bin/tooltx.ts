@@ -18,8 +18,8 @@ import { Command } from 'commander';
 import { ErrorClass, TooltxError } from '@tooltx/contracts';
 import { decode, jetStreamOf, openBucket, Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig, loadImplementations, ConfigError, usageErrorsExitTwo } from '@tooltx/runtime';
-import { topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
-import { readFileSync } from 'node:fs';
+import { describeModuleError, topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { applyTopology, checkDurables, checkTopology, generateAuth, identityListSchema, inboxPrefixOf, topology } from '@tooltx/streams';
 import { z } from 'zod';
@@ -114,7 +114,15 @@ streams
   TOOLTX_TOOLS_MODULE  the trusted module (optional): the contracts' key retention and longest operation`)
   .action((o: { extraDurable: string[] }) =>
     withNats(async ({ jsm, topo, config }) => {
-      const tools = config.TOOLTX_TOOLS_MODULE ? await loadImplementations(config.TOOLTX_TOOLS_MODULE) : null;
+      const modulePath = config.TOOLTX_TOOLS_MODULE;
+      let tools: Awaited<ReturnType<typeof loadImplementations>> | null = null;
+      if (modulePath) {
+        try {
+          tools = await loadImplementations(modulePath);
+        } catch (err) {
+          throw new UsageError(`TOOLTX_TOOLS_MODULE=${modulePath}: ${describeModuleError(modulePath, err)}`);
+        }
+      }
       const v = await checkTopology(jsm, topo, {
         longestKeyRetentionMs: tools?.contracts.longestKeyRetentionMs() ?? 0,
         ...(tools ? { longestOperationMs: tools.longestOperationMs() } : {}),
@@ -167,6 +175,11 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
 (TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS, TOOLTX_MAX_DELIVER).`)
   .action((o: { identities: string; out: string; listen: string; storeDir: string }) => {
     const config = loadConfig(cliConfig);
+    // The seeds go where --out says: never into the current directory by an empty or blank value.
+    for (const [flag, dir] of [['--out', o.out], ['--store-dir', o.storeDir]] as const) {
+      if (dir.trim() === '') throw new UsageError(`${flag} ${JSON.stringify(dir)}: ${dir === '' ? 'empty' : 'spaces alone are not a value'}: name a directory`);
+      if (existsSync(dir) && !statSync(dir).isDirectory()) throw new UsageError(`${flag} ${dir}: exists and is not a directory`);
+    }
     const subjects = new Subjects(config.TOOLTX_PREFIX);
     const listen = /^(.+):(-?\d+)$/.exec(o.listen);
     const port = listen ? Number(listen[2]) : NaN;
@@ -182,8 +195,10 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
     let raw: unknown;
     try {
       raw = JSON.parse(text);
-    } catch (err) {
-      throw new UsageError(`--identities: ${o.identities} is not JSON (${(err as Error).message})`);
+    } catch {
+      // Not the parser's message: it quotes the file's first characters, and a seed file given by
+      // mistake would be printed (fresh-user trial).
+      throw new UsageError(`--identities: ${o.identities} is not JSON`);
     }
     const parsed = identityListSchema.safeParse(raw);
     if (!parsed.success) throw new UsageError(`--identities: ${o.identities} is not an identity list:\n${z.prettifyError(parsed.error)}`);
@@ -203,7 +218,11 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
-  const text = err instanceof z.ZodError ? z.prettifyError(err) : err instanceof UsageError || err instanceof CliRefusal ? err.message : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+  const text =
+    err instanceof z.ZodError ? z.prettifyError(err)
+      : err instanceof ConfigError ? (err.problems.length === 1 ? `invalid configuration: ${err.problems[0]}` : err.message)
+        : err instanceof UsageError || err instanceof CliRefusal ? err.message
+          : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
   process.stderr.write(`tooltx: ${text}\n`);
   process.exit(err instanceof ConfigError || err instanceof UsageError ? 2 : 1);
 }

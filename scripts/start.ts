@@ -19,12 +19,12 @@
  * Readiness does not depend on LOG_LEVEL: each process tells the supervisor over IPC when it is
  * ready (libs/runtime announceReady), and "tooltx is up — …" is printed at every level.
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { accessSync, constants as fsConstants, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { Command, Option } from 'commander';
 import { z } from 'zod';
-import { ConfigError, showValue, createLogger, describeError, failStartup, StartupError, stdoutDestination, type Logger, type StartupReporter, usageErrorsExitTwo } from '@tooltx/runtime';
+import { ConfigError, envInt, showValue, createLogger, describeError, displayUrl, failStartup, StartupError, stdoutDestination, type Logger, type StartupReporter, usageErrorsExitTwo } from '@tooltx/runtime';
 import { DEFAULT_KB_TENANTS, startStack, type Stack, type StackPid } from '../examples/research-kb/stack.js';
 
 const ENV_HELP = `
@@ -115,9 +115,11 @@ let onStopSignal: () => void = () => void (stopRequested = true);
 process.on('SIGINT', () => onStopSignal());
 process.on('SIGTERM', () => onStopSignal());
 
-const port = z.coerce.number().int().min(1).max(65535);
-/** A path: spaces alone are refused (README "Configuration"), never resolved as a directory named '  '. */
-const path = z.string().refine((v) => v.trim() !== '', 'spaces alone are not a value');
+/** Spaces alone are refused (README "Configuration"): never a directory named '  ', never port 0. */
+const nonBlank = z.string().refine((v) => v.trim() !== '', 'spaces alone are not a value');
+/** Decimal digits only: `0x10` and `1e3` are not ports (envInt; fresh-user trial). */
+const port = nonBlank.pipe(envInt(1, 65535));
+const path = nonBlank;
 const settings = z
   .object({
     port,
@@ -155,7 +157,9 @@ who.log = log;
 // rewrite its seeds under the running one (fresh-user trial).
 const stateDir = resolve(settings.data.stateDir);
 const lockFile = join(stateDir, 'stack.pid');
-// A port something else listens on refuses the start before anything is created or generated.
+// A nats-server binary named but not runnable, and a port something else listens on, refuse the
+// start before anything is created or generated.
+if (!process.env.NATS_URL && process.env.NATS_SERVER_BIN !== undefined) refuseNatsServerBin(process.env.NATS_SERVER_BIN);
 if (!process.env.NATS_URL) await refuseTakenPort('port', '127.0.0.1', settings.data.port, (e) => describeError(e));
 await refuseTakenPort('kbPort', process.env.KB_HOST || '127.0.0.1', settings.data.kbPort, (e, host, p) => `cannot listen on ${host}:${p}: ${describeError(e)}`);
 /** What this run created in the state directory (removed again when the stack does not start). */
@@ -191,9 +195,17 @@ try {
 }
 // Where to connect is printed at every LOG_LEVEL (an info line even when the level hides info).
 const announce = log.isLevelEnabled('info') ? log : log.child({}, { level: 'info' });
+// A NATS_URL given with a user and password is shown without them (the hint says where to put it back).
+const shownUrl = displayUrl(stack.natsUrl);
+// The seeds and receipt keys are in the state directory, or in TOOLTX_AUTH_DIR with an external server.
+const aliceSeed = stack.seedFile({ kind: 'agent', tenant: 'acme', actor: 'alice' });
+const agentSeeds = dirname(aliceSeed);
+const quickstartEnv = process.env.NATS_URL
+  ? `NATS_URL=${shellWord(shownUrl)} NATS_NKEY_FILE=${shellWord(aliceSeed)} TOOLTX_RECEIPT_KEYS_FILE=${shellWord(stack.receiptKeysFile)}`
+  : `NATS_URL=${shellWord(shownUrl)} TOOLTX_STATE_DIR=${shellWord(stateDir)}`;
 announce.info(
-  { NATS_URL: stack.natsUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds: join(stateDir, 'auth', 'nkeys') },
-  `tooltx is up — agents connect to ${stack.natsUrl} (prefix ${prefix}) with their nkey seed from ${join(stateDir, 'auth', 'nkeys')} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}; try \`NATS_URL=${shellWord(stack.natsUrl)} TOOLTX_STATE_DIR=${shellWord(stateDir)} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
+  { NATS_URL: shownUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds },
+  `tooltx is up — agents connect to ${shownUrl} (prefix ${prefix}) with their nkey seed from ${agentSeeds} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}; try \`${quickstartEnv} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
 );
 
 let stopping = false;
@@ -219,6 +231,21 @@ void stack.crashed.then(({ name, reason }) => {
   log.error({ process: name, reason }, `${reason}: stopping everything`);
   void stop(1);
 });
+
+/** Exits 2 naming NATS_SERVER_BIN when it is blank, missing, not a file or not executable. */
+function refuseNatsServerBin(bin: string): void {
+  const refuse = (problem: string): never => failStartup(who, new StartupError('NATS_SERVER_BIN', bin, problem));
+  if (bin.trim() === '') refuse('spaces alone are not a value');
+  try {
+    const st = statSync(bin);
+    if (!st.isFile()) refuse('not a file');
+    // The mode bits too: access(X_OK) succeeds for root on a file nobody may execute.
+    if ((st.mode & 0o111) === 0) refuse('not executable (chmod +x it, or name the nats-server binary)');
+    accessSync(bin, fsConstants.X_OK);
+  } catch (err) {
+    refuse(describeError(err));
+  }
+}
 
 /** `word` as one shell word (POSIX single quotes when it holds anything but safe characters), for a command line to copy. */
 function shellWord(word: string): string {

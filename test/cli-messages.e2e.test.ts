@@ -5,7 +5,7 @@
  * process against a real nats-server with auth on; the takeover service runs in a real reconciler.
  */
 import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -14,6 +14,7 @@ import { createTools, type Tools } from '@tooltx/client';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { Sink } from './helpers/sink.js';
+import { closedPort } from './helpers/net.js';
 import { contracts } from './fixtures/sink-tools.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -162,6 +163,50 @@ describe('identities and files', () => {
     expect(r.code).toBe(2);
     expect(r.stderr).toContain(`--identities: ${file}: identity list: tenants.0.actors.1`);
     expect(existsSync(out)).toBe(false);
+  });
+});
+
+describe('settings the CLI cannot use are named, exit 2, and never show a secret (fifth fresh-user trial)', () => {
+  it('a URL\'s password never shows: not in a refused connection, not in an authentication hint; a bad URL, a bad seed and a bad creds file are named', async () => {
+    const url = t.url.replace('nats://', 'nats://bob:s3cret-pw@');
+    const noSeed = await tooltx(['streams', 'check'], { ...server(), NATS_URL: url });
+    expect(noSeed.code).toBe(2);
+    expect(noSeed.stderr).toContain('requires authentication');
+    const refused = await tooltx(['ops', 'pending'], { NATS_URL: `nats://bob:s3cret-pw@127.0.0.1:${await closedPort()}` });
+    expect(refused).toMatchObject({ code: 2, stderr: expect.stringMatching(/^tooltx: NATS_URL=nats:\/\/\[redacted\]@127\.0\.0\.1:\d+: cannot connect: connection refused/) });
+    for (const r of [noSeed, refused]) expect(r.stderr + r.stdout).not.toContain('s3cret-pw');
+
+    const badUrl = await tooltx(['streams', 'check'], { NATS_URL: 'nats://127.0.0.1:99999' });
+    expect(badUrl).toMatchObject({ code: 2, stderr: 'tooltx: NATS_URL=nats://127.0.0.1:99999: not a valid server URL (nats://host:port, comma-separated)\n' });
+    const seed = join(dir, 'not-a-seed.nk');
+    writeFileSync(seed, 'SUAXXXXNOTASEEDXXXX\n');
+    const badSeed = await tooltx(['streams', 'check'], { ...server(), NATS_NKEY_FILE: seed });
+    expect(badSeed).toMatchObject({ code: 2, stderr: `tooltx: NATS_NKEY_FILE=${seed}: not an nkey seed (\`tooltx auth generate\` writes one per user)\n` });
+    const realSeed = t.auth.seedFile({ kind: 'provisioner' });
+    const badCreds = await tooltx(['streams', 'check'], { ...server(), NATS_CREDS_FILE: realSeed });
+    expect(badCreds).toMatchObject({ code: 2, stderr: `tooltx: NATS_CREDS_FILE=${realSeed}: not a .creds file (a JWT and an nkey seed)\n` });
+    const module = await tooltx(['streams', 'check'], { ...server(), NATS_NKEY_FILE: realSeed, TOOLTX_TOOLS_MODULE: join(dir, 'nope.ts') });
+    expect(module).toMatchObject({ code: 2, stderr: `tooltx: TOOLTX_TOOLS_MODULE=${join(dir, 'nope.ts')}: no such file (ERR_MODULE_NOT_FOUND)\n` });
+    const config = await tooltx(['streams', 'check'], { ...server(), LOG_LEVEL: 'verbose' });
+    expect(config).toMatchObject({ code: 2, stderr: expect.stringMatching(/^tooltx: invalid configuration: LOG_LEVEL=verbose: .*\n$/) });
+  });
+
+  it('auth generate refuses an empty or blank --out and a file as --out, writes no seed into the current directory, and quotes nothing of a seed given as the identity list', async () => {
+    const ids = join(dir, 'ok-identities.json');
+    writeFileSync(ids, JSON.stringify({ tenants: [{ id: 'acme', actors: ['alice'], auditors: [] }], operators: [], executorDurables: [] }));
+    const cwdBefore = readdirSync(ROOT).sort();
+    const empty = await tooltx(['auth', 'generate', '--identities', ids, '--out', ''], {});
+    expect(empty).toMatchObject({ code: 2, stderr: 'tooltx: --out "": empty: name a directory\n' });
+    const blank = await tooltx(['auth', 'generate', '--identities', ids, '--out', '  '], {});
+    expect(blank).toMatchObject({ code: 2, stderr: 'tooltx: --out "  ": spaces alone are not a value: name a directory\n' });
+    expect(readdirSync(ROOT).sort()).toEqual(cwdBefore);
+    const aFile = await tooltx(['auth', 'generate', '--identities', ids, '--out', ids], {});
+    expect(aFile).toMatchObject({ code: 2, stderr: `tooltx: --out ${ids}: exists and is not a directory\n` });
+    const seed = t.auth.seedFile({ kind: 'provisioner' });
+    const seedText = readFileSync(seed, 'utf8').trim();
+    const asList = await tooltx(['auth', 'generate', '--identities', seed, '--out', join(dir, 'never')], {});
+    expect(asList).toMatchObject({ code: 2, stderr: `tooltx: --identities: ${seed} is not JSON\n` });
+    expect(asList.stderr).not.toContain(seedText.slice(0, 6));
   });
 });
 

@@ -92,6 +92,15 @@ describe('a service that cannot start', () => {
       const p = await startService('authorizer', { ...t.env, NATS_NKEY_FILE: join(dir, 'not-a-seed.nk') }, { wait: false });
       const { line } = await failure(p);
       expect(line).toMatchObject({ setting: 'NATS_NKEY_FILE', value: join(dir, 'not-a-seed.nk'), problem: expect.stringContaining('not an nkey seed') });
+      // A seed file given as a creds file: named, its text never shown.
+      const creds = await failure(await startService('authorizer', { ...t.env, NATS_NKEY_FILE: '', NATS_CREDS_FILE: t.auth.seedFile({ kind: 'service', service: 'authorizer' }) }, { wait: false }));
+      expect(creds.line).toMatchObject({ setting: 'NATS_CREDS_FILE', problem: 'not a .creds file (a JWT and an nkey seed)' });
+      // Another service's seed: the identity is named, not the prefix.
+      const otherSeed = await failure(await startService('authorizer', { ...t.env, NATS_NKEY_FILE: t.auth.seedFile({ kind: 'service', service: 'reconciler' }) }, { wait: false }));
+      expect(otherSeed.line).toMatchObject({ setting: 'NATS_NKEY_FILE', problem: expect.stringContaining("this identity is not the authorizer service's") });
+      // A durable that is not there.
+      const durable = await failure(await startService('executor', { ...t.env, TOOLTX_EXECUTOR_DURABLE: 'nosuch' }, { wait: false }));
+      expect(durable.line).toMatchObject({ setting: 'TOOLTX_EXECUTOR_DURABLE', value: 'nosuch', problem: expect.stringContaining('no durable consumer of that name') });
       // Someone else's server: a valid seed of another deployment.
       const other: TestNats = await provisioned();
       try {
@@ -246,6 +255,14 @@ describe('npm start that cannot start', () => {
     expect(same.line).toMatchObject({ setting: '--kb-port', settings: ['--kb-port'] });
     expect(existsSync(stateDir)).toBe(false);
 
+    // A named binary is never replaced by another one, and is checked before anything is written.
+    for (const [bin, says] of [['/nonexistent/nats-server', 'no such file or directory (ENOENT)'], ['  ', 'spaces alone are not a value'], [dir, 'not a file']] as const) {
+      const r = await failure(start(['--state-dir', join(dir, 'not-nats'), '--port', String(await freePort()), '--kb-port', String(await freePort())], { NATS_SERVER_BIN: bin }));
+      expect(r.line, bin).toMatchObject({ setting: 'NATS_SERVER_BIN', problem: says });
+    }
+    // Decimal ports only: 0x10 is not port 16.
+    const hex = await failure(start(['--state-dir', join(dir, 'not-nats'), '--port', '0x10', '--kb-port', String(await freePort())]));
+    expect(hex.stderr).toBe('tooltx-start: invalid configuration: --port 0x10: expected an integer 1..65535 (decimal digits)\n');
     // A binary that exits without a word is named, with why it is suspect (not an empty reason).
     const notNats = await failure(start(['--state-dir', join(dir, 'not-nats'), '--port', String(await freePort()), '--kb-port', String(await freePort())], { NATS_SERVER_BIN: '/bin/false' }));
     expect(notNats.stderr).toBe('tooltx-start: cannot start: NATS_SERVER_BIN=/bin/false: exited with 1 without a word on stderr: is it a nats-server?\n');
@@ -303,6 +320,13 @@ describe('npm start that cannot start', () => {
     const q = run('examples/research-kb/quickstart.ts', [], { NATS_URL: '', TOOLTX_PREFIX: '', TOOLTX_STATE_DIR: '', KB_DEDUP: '', NATS_NKEY_FILE: '' }, cwd);
     expect(await q.exited).toBe(2);
     expect(q.stderr).toBe('tooltx-quickstart: createTools: receiptKeys: cannot read receiptKeys file .state/auth/receipt-keys.json (ENOENT)\n');
+    // A seed given as the receipt keys file: "not JSON", never the seed's first characters.
+    const seed = join(cwd, 'agent.nk');
+    writeFileSync(seed, 'SUAFHE7JHDSECRETSEEDTEXT\n');
+    const notJson = run('examples/research-kb/quickstart.ts', [], { TOOLTX_RECEIPT_KEYS_FILE: seed, NATS_NKEY_FILE: seed }, cwd);
+    expect(await notJson.exited).toBe(2);
+    expect(notJson.stderr).toContain(`receiptKeys file ${seed} is not JSON`);
+    expect(notJson.stderr).not.toContain('SUAFHE');
     const spaces = run('examples/research-kb/quickstart.ts', [], { NATS_URL: ' ' }, cwd);
     expect(await spaces.exited).toBe(2);
     expect(spaces.stderr).toBe('tooltx-quickstart: NATS_URL=" ": spaces alone are not a value: unset it for the default\n');

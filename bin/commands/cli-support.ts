@@ -5,7 +5,8 @@
  */
 import { readFileSync } from 'node:fs';
 import { errors, type NatsConnection } from '@nats-io/transport-node';
-import { connectNats, type ConnectOptions, type PermissionViolation } from '@tooltx/nats';
+import { connectNats, connectProblemOf, displayUrl, type ConnectOptions, type PermissionViolation } from '@tooltx/nats';
+import { describeConnectError } from '@tooltx/runtime';
 
 /** A bad flag, environment variable or file the user named. The CLI prints its message and exits 2. */
 export class UsageError extends Error {
@@ -59,13 +60,22 @@ export async function connectCli(o: Omit<ConnectOptions, 'nkeySeedFile' | 'creds
     }
   }
   const { as, nkeyFile, credsFile, ...rest } = o;
+  // The server list as it may be shown: never a URL's user and password.
+  const servers = displayUrl(o.servers);
+  const given = credsFile ? `NATS_CREDS_FILE=${credsFile}` : nkeyFile ? `NATS_NKEY_FILE=${nkeyFile}` : undefined;
   try {
     return await connectNats({ ...rest, nkeySeedFile: nkeyFile, credsFile });
   } catch (err) {
-    if (!isNatsError(err, errors.AuthorizationError)) throw err;
+    const problem = connectProblemOf(err);
+    if (problem?.about === 'identity' && given) throw new UsageError(`${given}: ${problem.problem}`);
+    if (problem?.about === 'url') throw new UsageError(`NATS_URL=${servers}: ${problem.problem}`);
+    if (!isNatsError(err, errors.AuthorizationError)) {
+      // No server there (refused, unreachable, unresolvable): named with the URL, as the services name it.
+      if (isNatsError(err, errors.ConnectionError) || (err as NodeJS.ErrnoException | undefined)?.code) throw new UsageError(`NATS_URL=${servers}: cannot connect: ${describeConnectError(err)}`);
+      throw err;
+    }
     const need = `${as.describe} (<out>/nkeys/${as.seedName}, written by \`tooltx auth generate\`)`;
-    if (!nkeyFile && !credsFile) throw new UsageError(`the server at ${o.servers} requires authentication: set NATS_NKEY_FILE to the seed of ${need}`);
-    const given = nkeyFile ? `NATS_NKEY_FILE=${nkeyFile}` : `NATS_CREDS_FILE=${credsFile}`;
-    throw new UsageError(`the server at ${o.servers} refused the identity in ${given}: it is not a user of this server; this command needs ${need}`);
+    if (!given) throw new UsageError(`the server at ${servers} requires authentication: set NATS_NKEY_FILE to the seed of ${need}`);
+    throw new UsageError(`the server at ${servers} refused the identity in ${given}: it is not a user of this server; this command needs ${need}`);
   }
 }

@@ -89,6 +89,7 @@ import {
   ConfigError,
   createLogger,
   describeError,
+  envInt,
   exitWithParent,
   failStartup,
   installProcessHandlers,
@@ -115,7 +116,7 @@ const MAX_REF = 512;
 
 /** The KB server's environment (see `--help`). */
 const kbConfigSchema = z.object({
-  KB_PORT: z.coerce.number().int().min(0).max(65_535).default(4280),
+  KB_PORT: envInt(0, 65_535).default(4280),
   KB_HOST: z.string().min(1).default('127.0.0.1'),
   KB_DB: z.string().min(1).default('.state/kb.sqlite'),
   KB_DEDUP: z.enum(['on', 'off']).default('on'),

@@ -819,8 +819,8 @@ function loadTrustedKeys(o: Record<string, string> | string | undefined) {
     }
     try {
       keys = JSON.parse(text);
-    } catch (err) {
-      throw fail(`${where} is not JSON (${(err as Error).message}); \`tooltx auth generate\` writes receipt-keys.json`);
+    } catch {
+      throw fail(`${where} is not JSON; \`tooltx auth generate\` writes receipt-keys.json`);
     }
   }
   const shape = receiptKeysFileSchema.safeParse(keys);

@@ -82,14 +82,28 @@ export function permissionViolationOf(err: unknown): PermissionViolation | null 
  * error or a log: each URL's user-info (a user and password, or a token) replaced by `[redacted]`.
  */
 export function displayUrl(urls: string): string {
-  return urls
-    .split(',')
-    .map((u) => {
-      const s = u.trim();
-      const at = s.lastIndexOf('@');
-      if (at < 0) return s;
-      const scheme = /^[a-z][a-z0-9+.-]*:\/\//i.exec(s)?.[0] ?? '';
-      return `${scheme}[redacted]${s.slice(at)}`;
-    })
-    .join(',');
+  return (
+    urls
+      // With a scheme: everything between `//` and the last `@` before the host (a password may
+      // hold `,` or `@`; the host part never holds `/`).
+      .replace(/([a-z][a-z0-9+.-]*:\/\/)[^/?#]*@/gi, '$1[redacted]@')
+      // Without one (`user:pw@host:4222`): up to the `@`, from the list's previous comma.
+      .replace(/(^|,)(\s*)(?![a-z][a-z0-9+.-]*:\/\/)[^,/]*@/gi, '$1$2[redacted]@')
+  );
+}
+
+/**
+ * Which setting a failed {@link connectNats} is about, and why, in words that quote nothing from
+ * the files (a seed's text never appears): `identity` — the seed is not an nkey seed or the creds
+ * file not a .creds file (nats.js `NKeysError`, "unable to parse credentials"); `url` — the server
+ * list is not a URL (`ERR_INVALID_URL`, "Invalid URL"); null for anything else (connection refused,
+ * authorisation), which the caller describes itself.
+ */
+export function connectProblemOf(err: unknown): { about: 'identity' | 'url'; problem: string } | null {
+  for (let e: unknown = err, depth = 0; e instanceof Error && depth < 4; e = e.cause, depth++) {
+    if (e.constructor.name === 'NKeysError' || /^nkeys: /.test(e.message)) return { about: 'identity', problem: 'not an nkey seed (`tooltx auth generate` writes one per user)' };
+    if (e.message === 'unable to parse credentials') return { about: 'identity', problem: 'not a .creds file (a JWT and an nkey seed)' };
+    if ((e as NodeJS.ErrnoException).code === 'ERR_INVALID_URL' || /^Invalid URL/.test(e.message)) return { about: 'url', problem: 'not a valid server URL (nats://host:port, comma-separated)' };
+  }
+  return null;
 }

@@ -31,9 +31,13 @@ export interface NatsServerHandle {
 const INSTALL_HINT =
   'install it with `sudo apt-get install nats-server` (Debian) or run `scripts/ensure-nats-server`, or set NATS_URL';
 
-/** Path of the `nats-server` binary: `NATS_SERVER_BIN`, else the first on PATH, else null. */
+/**
+ * Path of the `nats-server` binary: `NATS_SERVER_BIN` when set (as it is, even when missing: a
+ * named binary is never silently replaced by another one — fresh-user trial), else the first on
+ * PATH, else Debian's places, else null.
+ */
 export function natsServerBinary(env: NodeJS.ProcessEnv = process.env): string | null {
-  if (env.NATS_SERVER_BIN && existsSync(env.NATS_SERVER_BIN)) return env.NATS_SERVER_BIN;
+  if (env.NATS_SERVER_BIN) return env.NATS_SERVER_BIN;
   for (const dir of (env.PATH ?? '').split(delimiter)) {
     const p = join(dir, 'nats-server');
     if (dir && existsSync(p)) return p;

@@ -5,7 +5,7 @@ import { Command } from 'commander';
 import { usageErrorsExitTwo } from './cli.js';
 import { z } from 'zod';
 import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
-import { connectNats, jetStreamOf, OperationStore, Subjects, type NatsConnection } from '@tooltx/nats';
+import { connectNats, connectProblemOf, jetStreamOf, OperationStore, permissionViolationOf, Subjects, type NatsConnection } from '@tooltx/nats';
 import { assertTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
 import { loadReceiptSigner, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConfigError, envInt, loadConfig, serviceConfigSchema } from './config.js';
@@ -147,7 +147,9 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
           inboxPrefix: `_INBOX._svc.${spec.name}`,
         });
       } catch (err) {
-        if (err instanceof Error && err.constructor.name === 'NKeysError') throw new StartupError(identity[0], identity[1], 'not an nkey seed (`tooltx auth generate` writes one per user)', { cause: err });
+        const problem = connectProblemOf(err);
+        if (problem?.about === 'identity') throw new StartupError(identity[0], identity[1], problem.problem, { cause: err });
+        if (problem?.about === 'url') throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), problem.problem, { cause: err });
         if (err instanceof Error && err.name === 'AuthorizationError') throw new StartupError(identity[0], identity[1], `the server at ${displayUrl(config.NATS_URL)} refused this identity (${err.message})`, { cause: err });
         throw err;
       }
@@ -161,7 +163,12 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
         longestOperationMs: tools.longestOperationMs(),
       }),
       (err) => (err instanceof Error && (err.name === 'StreamConfigError' || isNatsError(err)) ? `the streams are not as this service needs them (\`tooltx streams apply\` provisions them): ${err.message}` : describeError(err)),
-    );
+    ).catch((err: unknown) => {
+      // Refused by the server's permissions: the seed is another identity's, not the prefix's fault.
+      const denied = permissionViolationOf(err) ?? permissionViolationOf((err as { cause?: unknown }).cause);
+      if (denied) throw new StartupError(identity[0], identity[1], `the server refused ${denied.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${denied.subject}: this identity is not the ${spec.name} service's (<out>/nkeys/service.${spec.name}.nk from \`tooltx auth generate\`)`, { cause: err });
+      throw err;
+    });
     const store = new OperationStore(js, jsm, subjects);
     const stop = await spec.start({ config, env: own, log, nc, js, jsm, subjects, topology: topo, store, tools, ...(signer ? { signer } : {}) });
     const conn = nc;
@@ -232,7 +239,8 @@ exits 2.`;
 }
 
 /** Why the tools module did not load: the file is missing, one of its imports is, or its own error's class and code. */
-function describeModuleError(path: string, err: unknown): string {
+/** Why the tools module at `path` could not be loaded, in words that quote no file content (used by the services and `tooltx streams check`). */
+export function describeModuleError(path: string, err: unknown): string {
   if (err instanceof ToolsModuleError) return err.problem;
   const code = (err as { code?: unknown }).code;
   if (code === 'ERR_MODULE_NOT_FOUND' || code === 'ERR_UNSUPPORTED_DIR_IMPORT' || code === 'ENOENT') {

@@ -9,6 +9,7 @@ import { setMaxListeners } from 'node:events';
 import { z } from 'zod';
 import { AnswerPusher, FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { runService } from '@tooltx/runtime/service';
+import { describeConnectError, startupStep } from '@tooltx/runtime';
 import { Durables } from '@tooltx/streams';
 import { eventHandler } from './execute.js';
 
@@ -38,14 +39,21 @@ await runService({
     setMaxListeners(config.TOOLTX_CONCURRENCY + 10, shutdown.signal);
     const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
     await frozen.start();
-    const loop = await startConsumerLoop({
-      js,
-      stream: subjects.eventsStream,
-      durable: env.TOOLTX_EXECUTOR_DURABLE,
-      concurrency: config.TOOLTX_CONCURRENCY,
-      log,
-      handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen, signer: signer!, pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }) }),
-    });
+    // A durable that does not exist, or that this identity may not read, is the operator's setting.
+    const loop = await startupStep(
+      'TOOLTX_EXECUTOR_DURABLE',
+      env.TOOLTX_EXECUTOR_DURABLE,
+      () =>
+        startConsumerLoop({
+          js,
+          stream: subjects.eventsStream,
+          durable: env.TOOLTX_EXECUTOR_DURABLE,
+          concurrency: config.TOOLTX_CONCURRENCY,
+          log,
+          handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen, signer: signer!, pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }) }),
+        }),
+      (err) => `no durable consumer of that name on ${subjects.eventsStream} that this identity may read (\`tooltx streams apply\` provisions the default; another is listed in the identity list's executorDurables and provisioned): ${describeConnectError(err)}`,
+    );
     return async () => {
       await loop.stop();
       await frozen.stop();
