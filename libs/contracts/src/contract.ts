@@ -89,8 +89,11 @@ export interface Contract<I extends AnyObjectSchema = AnyObjectSchema, O extends
   readonly digest: string;
   /**
    * `sha256:` digest of what a host (an agent's SDK) and the server must agree on for one
-   * `name@version`: {@link digest}'s content without the functions' source text, which differs
-   * between builds of the same source (tsx, vite and esbuild each print a function differently).
+   * `name@version`: name, version, description, effect class, input and output schemas (JSON
+   * Schema), normaliser names and key policy. Not the functions' source text, which differs
+   * between builds of the same source (tsx, vite and esbuild each print a function differently),
+   * nor timing and downstream guarantees, which describe the server's execution and are set per
+   * deployment.
    * The SDK sends it with every intent and the authorizer refuses a write whose digest differs
    * from its own (`contract_mismatch`, DESIGN.md "Contract evolution", FM-25). A host whose target
    * or intent function differs derives another operation key, which the authorizer refuses as
@@ -142,7 +145,10 @@ export function defineContract<I extends AnyObjectSchema, O extends z.ZodType>(
     timing: spec.timing,
     downstream: spec.downstream,
   };
-  const { target: _target, intent: _intent, ...sharedWithHosts } = described;
+  // What a caller's request is made against; not the functions' source text (each build prints it
+  // differently) nor how the server executes (timing, downstream guarantees: set per deployment,
+  // e.g. KB_TIMING_MS and KB_DEDUP of the sample).
+  const { target: _target, intent: _intent, timing: _timing, downstream: _downstream, ...sharedWithHosts } = described;
   return Object.freeze({ ...spec, id: `${spec.name}@${spec.version}`, digest: digestOf(described), interfaceDigest: digestOf(sharedWithHosts) });
 }
 
