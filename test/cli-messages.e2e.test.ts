@@ -210,6 +210,18 @@ describe('settings the CLI cannot use are named, exit 2, and never show a secret
   });
 });
 
+describe('arguments that are not what they name exit 2 before anything connects', () => {
+  it('an operation key that is not one (audit show, takeover show and resolve), a --limit in hex, a missing TOOLTX_OPERATOR', async () => {
+    const said = 'tooltx: <operationKey>: expected opk_ and 43 base64url characters, got "opk_nope"\n';
+    expect(await tooltx(['audit', 'show', 'opk_nope'], asAuditor())).toMatchObject({ code: 2, stderr: said });
+    expect(await tooltx(['takeover', 'show', 'opk_nope'], asOperator())).toMatchObject({ code: 2, stderr: said });
+    expect(await tooltx(['takeover', 'resolve', 'opk_nope', '--not-applied'], asOperator())).toMatchObject({ code: 2, stderr: said });
+    expect(await tooltx(['audit', 'list', '--limit', '0x10'], asAuditor())).toMatchObject({ code: 2, stderr: 'tooltx: --limit: a positive integer, got "0x10"\n' });
+    const { TOOLTX_OPERATOR: _o, ...noOperator } = asOperator();
+    expect(await tooltx(['takeover', 'list'], noOperator)).toMatchObject({ code: 2, stderr: expect.stringContaining("TOOLTX_OPERATOR: required: the operator's id") });
+  });
+});
+
 describe('usage errors of commander itself exit 2 like every other bad usage', () => {
   it('an unknown option, an unknown command, a missing required option: exit 2 with commander\'s message; --help exits 0', async () => {
     const unknownOption = await tooltx(['--bogus'], {});

@@ -16,6 +16,7 @@ import { decode, encode, Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig } from '@tooltx/runtime';
 import { inboxPrefixOf } from '@tooltx/streams';
 import { connectCli, permissionViolationOf, UsageError } from './cli-support.js';
+import { checkedKey } from './takeover.js';
 
 /** Thrown for an answer that is an error, a refusal by the server, or no answer; the CLI prints it and exits 1. */
 export class AuditCliError extends Error {
@@ -140,14 +141,15 @@ NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_TENANT, TOOLTX_AUDITOR.`);
 
   whoOptions(audit.command('show').argument('<operationKey>', 'the operation key (opk_…)'))
     .description('print the audit record of one operation (exit 1 when this tenant has none)')
-    .action((operationKey: string, o: Who) =>
-      withAuditor(o, async (nc, subject) => {
+    .action((given: string, o: Who) => {
+      const operationKey = checkedKey(given);
+      return withAuditor(o, async (nc, subject) => {
         const a = await ask(nc, subject, { kind: 'show', operationKey });
         if (a.kind !== 'show') throw new AuditCliError('unexpected answer');
         if (!a.record) throw new AuditCliError(`no audit record for ${operationKey} in tenant ${o.tenant ?? process.env.TOOLTX_TENANT}`);
         process.stdout.write(`${JSON.stringify(a.record, null, 2)}\n`);
-      }),
-    );
+      });
+    });
 
   whoOptions(audit.command('list'))
     .description('list audit records, one JSON object per line, oldest first')
@@ -158,7 +160,8 @@ NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_TENANT, TOOLTX_AUDITOR.`);
     .option('--limit <n>', 'at most this many records', '100')
     .action((o: Who & { since?: string; until?: string; state?: string; contract?: string; limit: string }) => {
       // Flags first: a bad one is the user's to fix (exit 2), before anything is connected.
-      const limit = z.coerce.number().int().min(1).max(Number.MAX_SAFE_INTEGER).safeParse(o.limit);
+      // Decimal digits only: 0x10 and 1e3 are not counts.
+      const limit = z.string().regex(/^\d+$/).transform(Number).pipe(z.number().int().min(1).max(Number.MAX_SAFE_INTEGER)).safeParse(o.limit);
       if (!limit.success) throw new UsageError(`--limit: a positive integer, got ${JSON.stringify(o.limit)}`);
       if (o.state !== undefined && !(AUDIT_STATES as readonly string[]).includes(o.state)) throw new UsageError(`--state: one of ${AUDIT_STATES.join(', ')}; got ${JSON.stringify(o.state)}`);
       if (o.contract !== undefined && !CONTRACT_REF.test(o.contract)) throw new UsageError(`--contract: name@version, e.g. kb.write_note@1; got ${JSON.stringify(o.contract)}`);

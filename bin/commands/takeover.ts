@@ -12,14 +12,14 @@
 import type { Command } from 'commander';
 import { z } from 'zod';
 import { errors, type NatsConnection } from '@nats-io/transport-node';
-import { ID_PATTERN } from '@tooltx/contracts';
+import { ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
 import { Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig } from '@tooltx/runtime';
 import { inboxPrefixOf } from '@tooltx/streams';
 import { CliRefusal, connectCli, isNatsError, notThatIdentity, permissionViolationOf, UsageError, type CliIdentity } from './cli-support.js';
 
 const operatorConfig = baseConfigSchema.extend({
-  TOOLTX_OPERATOR: z.string().regex(ID_PATTERN, 'an operator id of the identity list (^[a-z0-9_-]{1,64}$)'),
+  TOOLTX_OPERATOR: z.string({ error: 'required: the operator\'s id (an operator of the identity list), recorded as resolvedBy' }).regex(ID_PATTERN, 'an operator id of the identity list (^[a-z0-9_-]{1,64}$)'),
 });
 
 type Answer = { ok: boolean; error?: { class: string; issues?: { path: (string | number)[]; code: string; message: string }[] }; takeovers?: unknown[]; operation?: { status?: string; takeover?: unknown } };
@@ -97,6 +97,12 @@ async function ask(req: Record<string, unknown>, timeoutMs = 10_000): Promise<vo
   }
 }
 
+/** An operation key as the argument gave it; {@link UsageError} (exit 2) when it is not one (`opk_` + 43 base64url characters). */
+export function checkedKey(operationKey: string): string {
+  if (!OPERATION_KEY_PATTERN.test(operationKey)) throw new UsageError(`<operationKey>: expected opk_ and 43 base64url characters, got ${JSON.stringify(operationKey.slice(0, 60))}`);
+  return operationKey;
+}
+
 /** Registers `takeover` on the CLI. */
 export function registerTakeover(program: Command): void {
   const t = program
@@ -116,7 +122,7 @@ Exit codes: 0 done, 1 refused (its meaning on stderr), 2 bad usage or configurat
   t.command('show <operationKey>')
     .description('the operation\'s folded state: status, takeover record, evidence, times (no bodies)')
     .option('--tenant <id>', 'the tenant of the operation (needed once it is no longer watched)')
-    .action((operationKey: string, o: { tenant?: string }) => ask({ action: 'show', operationKey, ...(o.tenant ? { tenant: o.tenant } : {}) }));
+    .action((operationKey: string, o: { tenant?: string }) => ask({ action: 'show', operationKey: checkedKey(operationKey), ...(o.tenant ? { tenant: o.tenant } : {}) }));
   t.command('resolve <operationKey>')
     .description('record what you verified downstream: --committed <resourceId> or --not-applied; unfreezes the task')
     .option('--committed <resourceId>', 'the effect exists downstream under this resource id')
@@ -125,6 +131,6 @@ Exit codes: 0 done, 1 refused (its meaning on stderr), 2 bad usage or configurat
     .action((operationKey: string, o: { committed?: string; notApplied?: boolean; tenant?: string }) => {
       if (Boolean(o.committed) === Boolean(o.notApplied)) throw new UsageError('give exactly one of --committed <resourceId> or --not-applied');
       const outcome = o.committed ? { kind: 'committed', resourceId: o.committed } : { kind: 'not_applied' };
-      return ask({ action: 'resolve', operationKey, outcome, ...(o.tenant ? { tenant: o.tenant } : {}) });
+      return ask({ action: 'resolve', operationKey: checkedKey(operationKey), outcome, ...(o.tenant ? { tenant: o.tenant } : {}) });
     });
 }

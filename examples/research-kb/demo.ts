@@ -65,7 +65,8 @@ const program = usageErrorsExitTwo(new Command('tooltx-demo'))
 const opts = program.opts<{ json?: boolean; quick?: boolean; pages: string | number; workers: string | number; keep?: boolean }>();
 /** A whole-number option, checked before anything starts: a bad one exits 2 naming the flag. */
 const countOption = (flag: string, v: string | number, max: number): number => {
-  const r = z.coerce.number().int().min(1).max(max).safeParse(typeof v === 'string' && v.trim() === '' ? Number.NaN : v);
+  // Decimal digits only: 0x10 and 1e3 are not counts (fresh-user trial).
+  const r = z.string().regex(/^\d+$/).transform(Number).pipe(z.number().int().min(1).max(max)).safeParse(String(v));
   return r.success ? r.data : program.error(`error: ${flag}: expected a whole number from 1 to ${max}, got ${JSON.stringify(v)}`, { exitCode: 2, code: 'tooltx.demo.usage' });
 };
 const pagesOption = countOption('--pages', opts.pages, 100_000);
