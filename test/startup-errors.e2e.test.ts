@@ -129,7 +129,7 @@ describe('a service that cannot start', () => {
       'tooltx-executor: invalid configuration:',
       '  - NATS_URL="  ": spaces alone are not a value: unset it (or set it empty) for the default',
       expect.stringMatching(/^  - LOG_LEVEL=verbose: Invalid option: expected one of "fatal"/),
-      expect.stringMatching(/^  - TOOLTX_CONCURRENCY=0: .*>=1$/),
+      '  - TOOLTX_CONCURRENCY=0: expected an integer 1..1024',
       '',
     ]);
     // A URL's user-info never shows, even in a configuration error next to it.
@@ -223,7 +223,7 @@ describe('npm start that cannot start', () => {
     expect(notDir.line).toMatchObject({ setting: '--state-dir', value: join(file, 'x') });
 
     const flag = await failure(start(['--port', '70000', '--state-dir', join(dir, 'unused')]));
-    expect(flag.stderr).toMatch(/^tooltx-start: invalid configuration: --port 70000: .*65535\n$/);
+    expect(flag.stderr).toBe('tooltx-start: invalid configuration: --port 70000: expected an integer 1..65535\n');
     expect(flag.line).toMatchObject({ setting: '--port' });
     const env = await failure(start(['--state-dir', join(dir, 'unused')], { NATS_PORT: '70000', KB_DEDUP: 'maybe' }));
     expect(env.stderr).toContain('NATS_PORT=70000');

@@ -69,7 +69,9 @@ export function envInt(min: number, max = Number.MAX_SAFE_INTEGER) {
     .trim()
     .regex(/^\d+$/, { error: `expected an integer ${min}..${max} (decimal digits)` })
     .transform(Number)
-    .pipe(z.number().int().min(min).max(max));
+    // One problem per variable, whatever is wrong with the number (a huge one was both "not an
+    // integer" past 2^53 and "too big" — fresh-user trial).
+    .pipe(z.number().refine((n) => Number.isSafeInteger(n) && n >= min && n <= max, `expected an integer ${min}..${max}`));
 }
 
 /**
