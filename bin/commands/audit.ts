@@ -13,10 +13,9 @@ import { z } from 'zod';
 import { errors, type NatsConnection } from '@nats-io/transport-node';
 import { auditAnswerSchema, auditRequestSchema, MAX_AUDIT_PAGE, operationStatuses, type AuditAnswer, type AuditRequest } from '@tooltx/lifecycle';
 import { decode, encode, Subjects } from '@tooltx/nats';
-import { baseConfigSchema, loadConfig } from '@tooltx/runtime';
+import { baseConfigSchema, envInt, loadConfig } from '@tooltx/runtime';
 import { inboxPrefixOf } from '@tooltx/streams';
-import { connectCli, permissionViolationOf, UsageError } from './cli-support.js';
-import { checkedKey } from './takeover.js';
+import { checkedKey, connectCli, permissionViolationOf, UsageError } from './cli-support.js';
 
 /** Thrown for an answer that is an error, a refusal by the server, or no answer; the CLI prints it and exits 1. */
 export class AuditCliError extends Error {
@@ -160,8 +159,8 @@ NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_TENANT, TOOLTX_AUDITOR.`);
     .option('--limit <n>', 'at most this many records', '100')
     .action((o: Who & { since?: string; until?: string; state?: string; contract?: string; limit: string }) => {
       // Flags first: a bad one is the user's to fix (exit 2), before anything is connected.
-      // Decimal digits only: 0x10 and 1e3 are not counts.
-      const limit = z.string().regex(/^\d+$/).transform(Number).pipe(z.number().int().min(1).max(Number.MAX_SAFE_INTEGER)).safeParse(o.limit);
+      // Decimal digits only (envInt): 0x10 and 1e3 are not counts.
+      const limit = envInt(1).safeParse(o.limit);
       if (!limit.success) throw new UsageError(`--limit: a positive integer, got ${JSON.stringify(o.limit)}`);
       if (o.state !== undefined && !(AUDIT_STATES as readonly string[]).includes(o.state)) throw new UsageError(`--state: one of ${AUDIT_STATES.join(', ')}; got ${JSON.stringify(o.state)}`);
       if (o.contract !== undefined && !CONTRACT_REF.test(o.contract)) throw new UsageError(`--contract: name@version, e.g. kb.write_note@1; got ${JSON.stringify(o.contract)}`);

@@ -5,6 +5,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { errors, type NatsConnection } from '@nats-io/transport-node';
+import { OPERATION_KEY_PATTERN } from '@tooltx/contracts';
 import { connectNats, connectProblemOf, displayUrl, type ConnectOptions, type PermissionViolation } from '@tooltx/nats';
 import { describeConnectError } from '@tooltx/runtime';
 
@@ -78,4 +79,10 @@ export async function connectCli(o: Omit<ConnectOptions, 'nkeySeedFile' | 'creds
     if (!given) throw new UsageError(`the server at ${servers} requires authentication: set NATS_NKEY_FILE to the seed of ${need}`);
     throw new UsageError(`the server at ${servers} refused the identity in ${given}: it is not a user of this server; this command needs ${need}`);
   }
+}
+
+/** An operation key as the argument gave it; {@link UsageError} (exit 2) when it is not one (`opk_` + 43 base64url characters). */
+export function checkedKey(operationKey: string): string {
+  if (!OPERATION_KEY_PATTERN.test(operationKey)) throw new UsageError(`<operationKey>: expected opk_ and 43 base64url characters, got ${JSON.stringify(operationKey.slice(0, 60))}`);
+  return operationKey;
 }

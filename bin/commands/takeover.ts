@@ -12,11 +12,11 @@
 import type { Command } from 'commander';
 import { z } from 'zod';
 import { errors, type NatsConnection } from '@nats-io/transport-node';
-import { ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
+import { ID_PATTERN } from '@tooltx/contracts';
 import { Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig } from '@tooltx/runtime';
 import { inboxPrefixOf } from '@tooltx/streams';
-import { CliRefusal, connectCli, isNatsError, notThatIdentity, permissionViolationOf, UsageError, type CliIdentity } from './cli-support.js';
+import { checkedKey, CliRefusal, connectCli, isNatsError, notThatIdentity, permissionViolationOf, UsageError, type CliIdentity } from './cli-support.js';
 
 const operatorConfig = baseConfigSchema.extend({
   TOOLTX_OPERATOR: z.string({ error: 'required: the operator\'s id (an operator of the identity list), recorded as resolvedBy' }).regex(ID_PATTERN, 'an operator id of the identity list (^[a-z0-9_-]{1,64}$)'),
@@ -95,12 +95,6 @@ async function ask(req: Record<string, unknown>, timeoutMs = 10_000): Promise<vo
   } finally {
     await nc.drain();
   }
-}
-
-/** An operation key as the argument gave it; {@link UsageError} (exit 2) when it is not one (`opk_` + 43 base64url characters). */
-export function checkedKey(operationKey: string): string {
-  if (!OPERATION_KEY_PATTERN.test(operationKey)) throw new UsageError(`<operationKey>: expected opk_ and 43 base64url characters, got ${JSON.stringify(operationKey.slice(0, 60))}`);
-  return operationKey;
 }
 
 /** Registers `takeover` on the CLI. */

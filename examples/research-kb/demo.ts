@@ -38,8 +38,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Command, Option } from 'commander';
-import { usageErrorsExitTwo } from '@tooltx/runtime';
-import { z } from 'zod';
+import { envInt, usageErrorsExitTwo } from '@tooltx/runtime';
 import { createTools, newSubmission, publishSubmission, type ExecuteOptions, type ExecuteRequest, type ExecuteResult, type Tools } from '@tooltx/client';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/faults';
@@ -66,7 +65,7 @@ const opts = program.opts<{ json?: boolean; quick?: boolean; pages: string | num
 /** A whole-number option, checked before anything starts: a bad one exits 2 naming the flag. */
 const countOption = (flag: string, v: string | number, max: number): number => {
   // Decimal digits only: 0x10 and 1e3 are not counts (fresh-user trial).
-  const r = z.string().regex(/^\d+$/).transform(Number).pipe(z.number().int().min(1).max(max)).safeParse(String(v));
+  const r = envInt(1, max).safeParse(String(v));
   return r.success ? r.data : program.error(`error: ${flag}: expected a whole number from 1 to ${max}, got ${JSON.stringify(v)}`, { exitCode: 2, code: 'tooltx.demo.usage' });
 };
 const pagesOption = countOption('--pages', opts.pages, 100_000);

@@ -70,10 +70,15 @@ export async function openBucket(nc: NatsConnection, bucket: string): Promise<KV
 /** A permissions violation the server reported (publish or subscribe, and the subject). */
 export type PermissionViolation = InstanceType<typeof natsErrors.PermissionViolationError>;
 
-/** The server's permissions violation behind a client error (nats.js wraps it in a RequestError's `cause`), or null. */
+/**
+ * The server's permissions violation behind a client error, or null. nats.js wraps it in a
+ * RequestError's `cause`, and our own errors may wrap that again (a StartupError of a start-up
+ * step): the `cause` chain is followed up to 4 links.
+ */
 export function permissionViolationOf(err: unknown): PermissionViolation | null {
-  if (err instanceof natsErrors.PermissionViolationError) return err;
-  if (err instanceof Error && err.cause instanceof natsErrors.PermissionViolationError) return err.cause;
+  for (let e: unknown = err, depth = 0; e instanceof Error && depth < 4; e = e.cause, depth++) {
+    if (e instanceof natsErrors.PermissionViolationError) return e;
+  }
   return null;
 }
 

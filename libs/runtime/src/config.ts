@@ -93,7 +93,7 @@ export function loadConfig<S extends z.ZodObject<z.ZodRawShape>>(schema: S, env:
   // The value as shown: a URL without its user-info (a password may be in NATS_URL).
   const shownOf = (name: string): string | undefined => {
     const value = cleaned[name];
-    return value === undefined ? undefined : name === 'NATS_URL' && value.includes('@') ? displayUrl(value) : value;
+    return value === undefined ? undefined : name === 'NATS_URL' ? displayUrl(value) : value;
   };
   throw new ConfigError(
     issues.map(({ name, message }) => {

@@ -165,7 +165,7 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
       (err) => (err instanceof Error && (err.name === 'StreamConfigError' || isNatsError(err)) ? `the streams are not as this service needs them (\`tooltx streams apply\` provisions them): ${err.message}` : describeError(err)),
     ).catch((err: unknown) => {
       // Refused by the server's permissions: the seed is another identity's, not the prefix's fault.
-      const denied = permissionViolationOf(err) ?? permissionViolationOf((err as { cause?: unknown }).cause);
+      const denied = permissionViolationOf(err);
       if (denied) throw new StartupError(identity[0], identity[1], `the server refused ${denied.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${denied.subject}: this identity is not the ${spec.name} service's (<out>/nkeys/service.${spec.name}.nk from \`tooltx auth generate\`)`, { cause: err });
       throw err;
     });
