@@ -16,7 +16,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { connectNats, isWrongLastSequence, jetStreamOf, Subjects, type NatsConnection } from '@tooltx/nats';
+import { connectNats, isWrongLastSequence, jetStreamOf, Subjects, type Durability, type NatsConnection } from '@tooltx/nats';
 import { topology } from '@tooltx/streams';
 import { KbStore } from '../examples/research-kb/kb-store.js';
 import { startBenchServer, type BenchServer } from './server.js';
@@ -34,10 +34,12 @@ export interface FloorOptions {
   /** Bytes of each published event's payload (run.ts: a tooltx lifecycle event's mean size). */
   payloadBytes: number;
   runId: string;
+  /** What the server's acknowledgements promise (default `fsync`). */
+  durability?: Durability;
 }
 
 export async function startFloor(o: FloorOptions): Promise<BenchSystem> {
-  const server: BenchServer = await startBenchServer(join(o.dir, 'nats'), o.prefix);
+  const server: BenchServer = await startBenchServer(join(o.dir, 'nats'), o.prefix, { durability: o.durability ?? 'fsync' });
   let nc: NatsConnection | undefined;
   let store: KbStore | undefined;
   try {

@@ -12,7 +12,14 @@ const status = z.object({ p50_ms: n, p99_ms: n });
 const system = z.object({ main: phase, dup: phase, race: phase, seq: phase, status });
 const proc = z.object({ cpuMsPerCall: n, natsMsgsPerCall: n, rssPeakMB: n.nullable() });
 
+const durabilitySystem = z.object({ mainCallsPerSecond: n, mainP50_ms: n, mainP99_ms: n, seqP50_ms: n, dupP50_ms: n, statusP50_ms: n, cpuMsPerCall: n, natsServerCpuMsPerCall: n.nullable() });
+const durabilityFigures = z.object({ floorA: durabilitySystem, floorB: durabilitySystem, tooltx: durabilitySystem });
+
 export const benchReportSchema = z.object({
+  /** The server of the headline figures: its version and what its acknowledgements promise (docs/durability.md). */
+  natsServer: z.object({ version: z.string().min(1), durability: z.enum(['fsync', 'os']) }),
+  /** The same workload per durability measured in this run (`--durability`, default both). */
+  durability: z.object({ fsync: durabilityFigures.optional(), os: durabilityFigures.optional() }),
   lowerBound: z.object({ a: system, b: system }),
   tooltx: system,
   ratios: z.object({

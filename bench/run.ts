@@ -4,7 +4,9 @@
  *
  * One command, one run: rounds alternate A (lower bounds (a) and (b), bench/floor.ts) and B
  * (tooltx, bench/tooltx.ts), each on a fresh nats-server with the same settings (bench/server.ts:
- * file storage, R1, auth on); medians over the rounds are reported. Phases (bench/workload.ts):
+ * file storage, R1, auth on), once per durability (`--durability`, default `fsync,os`: the server
+ * fsyncs before every acknowledgement, or leaves it to the OS; docs/durability.md); medians over the
+ * rounds are reported, headline figures for the first durability listed. Phases (bench/workload.ts):
  * main, dup, race, seq, then the status query. After each run the KB's rows must equal the unique
  * keys, else the bench exits 1 naming the run (so do errors it cannot account for: a service
  * restart, a receipt naming another resource).
@@ -20,6 +22,7 @@ import { join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { Command } from 'commander';
+import { DURABILITIES, type Durability } from '@tooltx/nats';
 import { usageErrorsExitTwo } from '@tooltx/runtime';
 import { startFloor } from './floor.js';
 import { benchReportSchema } from './report.js';
@@ -37,8 +40,13 @@ const program = usageErrorsExitTwo(new Command('tooltx-bench'))
   .option('--rounds <n>', 'rounds of A (lower bounds) and B (tooltx), medians reported (default 3; --quick 1)')
   .option('--cpu-prof <dir>', 'the stack processes write V8 CPU profiles (.cpuprofile) into this directory')
   .option('--keep', 'keep the state directories (logs, stores)')
+  .option('--durability <list>', 'nats-server durabilities to measure, comma-separated: fsync (sync_interval: always, the default deployment) and os (docs/durability.md); the first is the headline', 'fsync,os')
   .parse(process.argv);
-const opts = program.opts<{ json?: boolean; quick?: boolean; sweep?: boolean; sweepCalls: string; sweepInFlight: string; rounds?: string; cpuProf?: string; keep?: boolean }>();
+const opts = program.opts<{ json?: boolean; quick?: boolean; sweep?: boolean; sweepCalls: string; sweepInFlight: string; rounds?: string; cpuProf?: string; keep?: boolean; durability: string }>();
+const durabilities = [...new Set(opts.durability.split(',').map((x) => x.trim()))];
+for (const d of durabilities) if (!(DURABILITIES as readonly string[]).includes(d)) program.error(`error: --durability: expected fsync and/or os, comma-separated, got ${JSON.stringify(d)}`, { exitCode: 2, code: 'tooltx.bench.usage' });
+/** The durability of the headline figures (the first listed), then the others. */
+const [headline, ...others] = durabilities as Durability[];
 const list = (s: string) => s.split(',').map((x) => Number(x.trim())).filter((x) => Number.isInteger(x) && x > 0);
 const say = (line: string) => process.stderr.write(`${line}\n`);
 
@@ -64,14 +72,16 @@ const load: number[][] = [loadavg()];
 
 type SystemName = 'a' | 'b' | 'tooltx';
 let runs = 0;
-async function once(which: SystemName, z: WorkloadSizes): Promise<RoundResult> {
+async function once(which: SystemName, z: WorkloadSizes, durability: Durability = headline!): Promise<RoundResult> {
   const runId = randomBytes(4).toString('hex');
-  const dir = join(root, `${++runs}-${which}`);
+  const dir = join(root, `${++runs}-${which}-${durability}`);
   const sys: BenchSystem & { restarts?: () => number } =
-    which === 'tooltx' ? await startTooltx({ dir, prefix: PREFIX, runId, ...(cpuProfDir ? { cpuProfDir } : {}) }) : await startFloor({ dir, prefix: PREFIX, sqlite: which === 'b', payloadBytes: PAYLOAD_BYTES, runId });
+    which === 'tooltx'
+      ? await startTooltx({ dir, prefix: PREFIX, runId, durability, ...(cpuProfDir ? { cpuProfDir } : {}) })
+      : await startFloor({ dir, prefix: PREFIX, sqlite: which === 'b', payloadBytes: PAYLOAD_BYTES, runId, durability });
   try {
     const r = await runWorkload(sys, z, say);
-    const label = `${sys.label} run ${runs}`;
+    const label = `${sys.label} (${durability}) run ${runs}`;
     if (r.rows && (r.rows.rows !== r.uniqueKeys || r.rows.duplicateRows !== 0)) failures.push(`${label}: KB rows ${r.rows.rows} (beyond one per key: ${r.rows.duplicateRows}) for ${r.uniqueKeys} unique keys`);
     if (r.receiptMismatches) failures.push(`${label}: ${r.receiptMismatches} second submissions got a receipt naming another resource`);
     const restarts = sys.restarts?.() ?? 0;
@@ -133,14 +143,35 @@ function table(rows: (string | number)[][]): string {
   return rows.map((r) => r.map((c, i) => (i === 0 ? String(c).padEnd(widths[i]!) : String(c).padStart(widths[i]!))).join('  ')).join('\n');
 }
 
+/** The few figures compared across durabilities, per system (medians over the rounds). */
+function durabilitySummary(results: Record<SystemName, RoundResult[]>) {
+  const pick = (rs: RoundResult[]) => {
+    const f = median(rs.map(systemFigures));
+    return {
+      mainCallsPerSecond: f.main.callsPerSecond,
+      mainP50_ms: f.main.p50_ms,
+      mainP99_ms: f.main.p99_ms,
+      seqP50_ms: f.seq.p50_ms,
+      dupP50_ms: f.dup.p50_ms,
+      statusP50_ms: f.status.p50_ms,
+      cpuMsPerCall: round3(Object.values(f.processes).reduce((sum, p) => sum + p.cpuMsPerCall, 0)),
+      natsServerCpuMsPerCall: f.processes['nats-server']?.cpuMsPerCall ?? null,
+    };
+  };
+  return { floorA: pick(results.a), floorB: pick(results.b), tooltx: pick(results.tooltx) };
+}
+
 async function standard() {
-  const results: Record<SystemName, RoundResult[]> = { a: [], b: [], tooltx: [] };
+  const byDurability = Object.fromEntries(durabilities.map((d) => [d, { a: [] as RoundResult[], b: [] as RoundResult[], tooltx: [] as RoundResult[] }])) as unknown as Record<Durability, Record<SystemName, RoundResult[]>>;
   for (let r = 1; r <= rounds; r++) {
-    say(`bench: round ${r}/${rounds} (load ${loadavg().map((x) => x.toFixed(2)).join(' ')})`);
-    results.a.push(await once('a', sizes));
-    results.b.push(await once('b', sizes));
-    results.tooltx.push(await once('tooltx', sizes));
+    for (const d of durabilities as Durability[]) {
+      say(`bench: round ${r}/${rounds}, durability ${d} (load ${loadavg().map((x) => x.toFixed(2)).join(' ')})`);
+      byDurability[d].a.push(await once('a', sizes, d));
+      byDurability[d].b.push(await once('b', sizes, d));
+      byDurability[d].tooltx.push(await once('tooltx', sizes, d));
+    }
   }
+  const results = byDurability[headline!];
   const fa = median(results.a.map(systemFigures));
   const fb = median(results.b.map(systemFigures));
   const ft = median(results.tooltx.map(systemFigures));
@@ -190,7 +221,14 @@ async function standard() {
   }
   const totalCpu = (f: typeof fa) => round3(Object.values(f.processes).reduce((s, p) => s + p.cpuMsPerCall, 0));
   procRows.push(['total cpu ms/call: floor (a) / floor (b) / tooltx', `${totalCpu(fa)} / ${totalCpu(fb)} / ${totalCpu(ft)}`, '', '', '', '', '', '', '']);
-  process.stdout.write(`\n${table(rowsOut)}\n\n${table(procRows)}\n\n`);
+  const durability = Object.fromEntries(durabilities.map((d) => [d, durabilitySummary(byDurability[d as Durability])])) as Record<Durability, ReturnType<typeof durabilitySummary>>;
+  const durRows: (string | number)[][] = [['durability (median of ' + rounds + ')', 'system', 'main calls/s', 'main p50 ms', 'main p99 ms', 'seq p50 ms', 'dup p50 ms', 'status p50 ms', 'cpu ms/call', 'nats-server cpu ms/call']];
+  for (const d of durabilities as Durability[]) {
+    for (const [label, f] of [['floor (a)', durability[d].floorA], ['floor (b)', durability[d].floorB], ['tooltx', durability[d].tooltx]] as const) {
+      durRows.push([d, label, f.mainCallsPerSecond, f.mainP50_ms, f.mainP99_ms, f.seqP50_ms, f.dupP50_ms, f.statusP50_ms, f.cpuMsPerCall, f.natsServerCpuMsPerCall ?? '']);
+    }
+  }
+  process.stdout.write(`\nheadline: durability ${headline}${others.length ? ` (also measured: ${others.join(', ')}, below)` : ''}\n\n${table(rowsOut)}\n\n${table(procRows)}\n\n${table(durRows)}\n\n`);
   process.stdout.write(`targets: ${Object.entries(targets).map(([k, v]) => `${k} ${v ? 'met' : 'NOT met'}`).join(', ')}\n`);
   process.stdout.write(`load average (1/5/15 min) at start ${load[0]!.map((x) => x.toFixed(2)).join(' ')}, at end ${load.at(-1)!.map((x) => x.toFixed(2)).join(' ')}\n`);
 
@@ -198,6 +236,8 @@ async function standard() {
     bench: 'tooltx',
     mode: opts.quick ? 'quick' : 'full',
     settings: settings(),
+    natsServer: { version: natsServerVersion(), durability: headline },
+    durability,
     lowerBound: { a: fa, b: fb },
     tooltx: ft,
     ratios,
@@ -220,6 +260,7 @@ async function standard() {
 function settings() {
   return {
     natsServer: natsServerVersion(),
+    durabilities,
     storage: 'file',
     replicas: 1,
     auth: 'nkeys with per-role allow-lists (tooltx auth generate)',
@@ -261,7 +302,7 @@ async function sweep() {
   const rowsOut: (string | number)[][] = [['calls', 'in flight', 'floor(a) calls/s', 'tooltx calls/s', 'ratio', 'floor(a) p99', 'tooltx p99', 'ratio', ...names.map((n) => `${n} RSS MB`)]];
   for (const p of ps) rowsOut.push([p.calls, p.inFlight, p.floorA.callsPerSecond, p.tooltx.callsPerSecond, p.ratioThroughput, p.floorA.p99_ms, p.tooltx.p99_ms, p.ratioP99, ...names.map((n) => p.rssPeakMB[n] ?? '')]);
   process.stdout.write(`\n${table(rowsOut)}\n\nload average at start ${load[0]!.map((x) => x.toFixed(2)).join(' ')}, at end ${load.at(-1)!.map((x) => x.toFixed(2)).join(' ')}\n`);
-  return { bench: 'tooltx', mode: 'sweep', settings: settings(), sweep: points, loadAverage: { start: load[0], end: load.at(-1) }, failures, ok: failures.length === 0 };
+  return { bench: 'tooltx', mode: 'sweep', settings: settings(), natsServer: { version: natsServerVersion(), durability: headline }, sweep: points, loadAverage: { start: load[0], end: load.at(-1) }, failures, ok: failures.length === 0 };
 }
 
 let report: Record<string, unknown>;

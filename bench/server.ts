@@ -1,14 +1,14 @@
 /**
- * The nats-server both systems run on, started the same way for each run (issue 10: same settings
- * for the lower bound and tooltx): Debian's `nats-server` binary, the configuration `tooltx auth
- * generate` writes for the sample's identity list (auth on, nkey users with allow-lists), JetStream
- * file storage in a fresh directory, streams R1, and the monitoring endpoint (`-m PORT`) on loopback
- * for `/connz` and `/varz`.
+ * The nats-server both systems run on, started the same way for each run (same settings for the
+ * lower bounds and tooltx): the project's nats-server (Debian 13's 2.10, from
+ * scripts/ensure-nats-server), the configuration `tooltx auth generate` writes for the sample's
+ * identity list (auth on, nkey users with allow-lists), JetStream file storage in a fresh directory
+ * with the run's durability (`fsync`: `sync_interval: always`, or `os`), streams R1, and the
+ * monitoring endpoint (`-m PORT`) on loopback for `/connz` and `/varz`.
  */
-import { execFileSync } from 'node:child_process';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
-import { natsServerBinary, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
+import { binaryVersion, natsServerBinary, spawnNatsServer, Subjects, type Durability, type NatsServerHandle } from '@tooltx/nats';
 import { generateAuth, topology, type Role } from '@tooltx/streams';
 import { DEFAULT_IDENTITIES } from '../examples/research-kb/stack.js';
 
@@ -36,18 +36,17 @@ export function freePort(): Promise<number> {
   });
 }
 
-/** `nats-server --version` of the binary the bench uses. */
+/** The version of the binary the bench uses (`2.10.27`), or `not found`. */
 export function natsServerVersion(): string {
   const bin = natsServerBinary();
-  if (!bin) return 'not found';
-  return execFileSync(bin, ['--version'], { encoding: 'utf8' }).trim();
+  return (bin && binaryVersion(bin)) ?? 'not found';
 }
 
 /** Starts a nats-server for `prefix` in `dir` (config, seeds, store); `extraArgs` e.g. `-V` (trace, bench/trace.ts). */
-export async function startBenchServer(dir: string, prefix: string, o: { extraArgs?: string[] } = {}): Promise<BenchServer> {
+export async function startBenchServer(dir: string, prefix: string, o: { extraArgs?: string[]; durability?: Durability } = {}): Promise<BenchServer> {
   const subjects = new Subjects(prefix);
   const storeDir = join(dir, 'jetstream');
-  const auth = generateAuth(DEFAULT_IDENTITIES, { subjects, topology: topology(subjects), outDir: join(dir, 'auth'), listen: '127.0.0.1:-1', storeDir });
+  const auth = generateAuth(DEFAULT_IDENTITIES, { subjects, topology: topology(subjects), outDir: join(dir, 'auth'), listen: '127.0.0.1:-1', storeDir, durability: o.durability ?? 'fsync' });
   const mport = await freePort();
   const handle = await spawnNatsServer({ extraArgs: ['-c', auth.configFile, '-m', String(mport), ...(o.extraArgs ?? [])], storeDir });
   const pid = handle.process?.pid;

@@ -7,6 +7,7 @@
  * 1,000,000 notes per UTC day, is counted on every insert and lies far above the 20,100 notes of a
  * `--sweep` point), and the receipt back at the client through the status endpoint.
  */
+import type { Durability } from '@tooltx/nats';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createTools, type Tools } from '@tooltx/client';
@@ -34,6 +35,8 @@ export interface TooltxOptions {
   cpuProfDir?: string;
   /** Extra nats-server arguments (bench/trace.ts: `-V`). */
   serverArgs?: string[];
+  /** What the server's acknowledgements promise (default `fsync`). */
+  durability?: Durability;
 }
 
 /** The note of call `k`: same `k`, same input, same operation key. */
@@ -48,7 +51,7 @@ export function noteOf(runId: string, k: number) {
 }
 
 export async function startTooltx(o: TooltxOptions): Promise<BenchSystem & { restarts: () => number; server: BenchServer }> {
-  const server: BenchServer = await startBenchServer(join(o.dir, 'nats'), o.prefix, { extraArgs: o.serverArgs ?? [] });
+  const server: BenchServer = await startBenchServer(join(o.dir, 'nats'), o.prefix, { extraArgs: o.serverArgs ?? [], durability: o.durability ?? 'fsync' });
   let stack: Stack | undefined;
   let tools: Tools | undefined;
   let restarts = 0;

@@ -14,7 +14,7 @@
  * `check` also reads TOOLTX_TOOLS_MODULE (optional) for the contracts' key retention. Exit codes:
  * 0 done, 1 failed or refused, 2 bad usage or configuration (a flag, a variable, a file).
  */
-import { Command } from 'commander';
+import { Command, Option } from 'commander';
 import { ErrorClass, TooltxError } from '@tooltx/contracts';
 import { decode, jetStreamOf, openBucket, Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig, loadImplementations, ConfigError, usageErrorsExitTwo } from '@tooltx/runtime';
@@ -169,11 +169,18 @@ auth
   .requiredOption('--identities <file>', 'JSON: { "tenants": [{ "id", "actors": [], "auditors": [] }], "operators": [], "executorDurables": [] }; also writes signing/<service>.pem (kept if present) and receipt-keys.json')
   .requiredOption('--out <dir>', 'output directory')
   .option('--listen <host:port>', 'client listen address', '127.0.0.1:4222')
-  .option('--store-dir <dir>', 'JetStream store directory', '.state/jetstream')
+  .option('--store-dir <dir>', 'JetStream store directory (with --cluster-node: each node\'s is <dir>/<name>)', '.state/jetstream')
+  .addOption(new Option('--durability <fsync|os>', 'fsync: the server fsyncs before every acknowledgement (sync_interval: always); os: it leaves that to the OS and can lose acknowledged writes on a power failure (docs/durability.md)').choices(['fsync', 'os']).default('fsync'))
+  .option(
+    '--cluster-node <name,listen,route>',
+    'one node of a cluster (repeat per node, 3 for R3): its server name, the host:port it listens on for clients, and the host:port the other nodes reach its routes at; writes <out>/nats-server-<name>.conf per node instead of <out>/nats-server.conf (docs/cluster.md)',
+    (v: string, acc: string[]) => [...acc, v],
+    [] as string[],
+  )
   .addHelpText('after', `
 Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology variables
 (TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS, TOOLTX_MAX_DELIVER).`)
-  .action((o: { identities: string; out: string; listen: string; storeDir: string }) => {
+  .action((o: { identities: string; out: string; listen: string; storeDir: string; durability: 'fsync' | 'os'; clusterNode: string[] }) => {
     const config = loadConfig(cliConfig);
     // The seeds go where --out says: never into the current directory by an empty or blank value.
     for (const [flag, dir] of [['--out', o.out], ['--store-dir', o.storeDir]] as const) {
@@ -185,6 +192,10 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
     const port = listen ? Number(listen[2]) : NaN;
     if (!listen || !((port >= 1 && port <= 65_535) || port === -1)) {
       throw new UsageError(`--listen: expected <host>:<port> with a port 1-65535 (or -1: any free port), got ${JSON.stringify(o.listen)}`);
+    }
+    const nodes = o.clusterNode.map((spec) => clusterNodeOf(spec, resolve(o.storeDir)));
+    if (nodes.length === 1 || new Set(nodes.map((n) => n.serverName)).size !== nodes.length) {
+      throw new UsageError(`--cluster-node: ${nodes.length === 1 ? 'a cluster needs at least two nodes (three for R3)' : 'two nodes with the same name'}`);
     }
     let text: string;
     try {
@@ -205,15 +216,33 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
     const list = raw as Parameters<typeof generateAuth>[0];
     let g: ReturnType<typeof generateAuth>;
     try {
-      g = generateAuth(list, { subjects, topology: topology(subjects, topologyOptionsFrom(config)), outDir: resolve(o.out), listen: o.listen, storeDir: resolve(o.storeDir) });
+      g = generateAuth(list, {
+        subjects,
+        topology: topology(subjects, topologyOptionsFrom(config)),
+        outDir: resolve(o.out),
+        listen: o.listen,
+        storeDir: resolve(o.storeDir),
+        durability: o.durability,
+        ...(nodes.length ? { cluster: { nodes } } : {}),
+      });
     } catch (err) {
       // The list's own rules (checkIdentityList: reserved ids, shared inboxes, durables) are bad
       // input in the file the user named, like a schema error: exit 2.
       if (err instanceof TooltxError && err.class === ErrorClass.InvalidInput) throw new UsageError(`--identities: ${o.identities}: ${err.message}`);
       throw err;
     }
-    process.stdout.write(`${JSON.stringify({ config: g.configFile, users: g.users.map((u) => ({ role: u.role, seedFile: u.seedFile, inboxPrefix: u.inboxPrefix })) })}\n`);
+    process.stdout.write(`${JSON.stringify({ config: g.configFile, ...(nodes.length ? { configs: g.configFiles } : {}), users: g.users.map((u) => ({ role: u.role, seedFile: u.seedFile, inboxPrefix: u.inboxPrefix })) })}\n`);
   });
+
+/** `name,host:port,routeHost:routePort` of `--cluster-node` as a node (routes listen on the client address's host); a usage error otherwise. */
+function clusterNodeOf(spec: string, storeDir: string) {
+  const m = /^([a-z0-9][a-z0-9_-]{0,31}),([^,:\s]+):(\d{1,5}),([^,:\s]+):(\d{1,5})$/i.exec(spec);
+  const ports = m ? [Number(m[3]), Number(m[5])] : [];
+  if (!m || ports.some((p) => p < 1 || p > 65_535)) {
+    throw new UsageError(`--cluster-node: expected <name>,<host>:<port>,<route host>:<route port> (ports 1-65535), got ${JSON.stringify(spec)}`);
+  }
+  return { serverName: m[1]!, listen: `${m[2]}:${m[3]}`, clusterListen: `${m[2]}:${m[5]}`, routeHost: m[4]!, storeDir: resolve(storeDir, m[1]!) };
+}
 
 try {
   await program.parseAsync(process.argv);

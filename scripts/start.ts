@@ -37,7 +37,9 @@ Environment (a flag given wins over its variable, shown above as "env:"):
                      configuration and nkeys are made from (default examples/research-kb/identities.json)
   KB_SEED            knowledge bases the KB creates if absent, tenant:kb[:actor+actor][,...]
                      (default acme:research,acme:archive,globex:research)
-  NATS_SERVER_BIN    the nats-server binary (default: nats-server on PATH, /usr/sbin/nats-server)
+  NATS_SERVER_BIN    the nats-server binary, 2.10 or later (default: the project's own from
+                     scripts/ensure-nats-server, .nats-server/trixie/; else one on PATH that is
+                     2.10 or later — an older one is never used)
   TOOLTX_STACK_RUNTIME
                      compiled (default): the KB and the services run as JavaScript bundled on demand
                      into node_modules/.cache/tooltx-stack; tsx: from their TypeScript sources
@@ -48,7 +50,7 @@ Environment (a flag given wins over its variable, shown above as "env:"):
   Every other variable reaches the KB and the services as it is (their --help lists what they
   read, e.g. TOOLTX_CONCURRENCY, TOOLTX_RECONCILE_INTERVAL_MS, KB_TIMING_MS, WEB_ALLOWED_ORIGINS).
 
-State directory: jetstream/ (the JetStream store), kb.sqlite, auth/ (nats-server.conf, nkeys/,
+State directory: jetstream/ (the JetStream store; jetstream-n1..n3/ with --cluster 3), kb.sqlite, auth/ (nats-server.conf or nats-server-n1..n3.conf, nkeys/,
 signing/, receipt-keys.json), audit-hmac.key, log-hmac.key, kb-admin.token, kb-service.token (the
 KB's service credential, given to the KB and the services that call it; KB_SERVICE_TOKEN_FILE
 names another), and stack.pid — the lock naming this process and the processes it started; a second start on the same directory
@@ -68,13 +70,19 @@ const program = usageErrorsExitTwo(new Command('tooltx-start'))
   .addOption(new Option('--state-dir <dir>', 'state directory (JetStream store, KB database, keys, lock)').env('TOOLTX_STATE_DIR').default('.state'))
   .addOption(new Option('--kb-dedup <on|off>', 'whether the KB deduplicates by key (honoursKey)').env('KB_DEDUP').default('on'))
   .addOption(
+    new Option('--durability <fsync|os>', 'fsync: the embedded nats-server fsyncs before every acknowledgement (sync_interval: always); os: it acknowledges what is in the OS\'s buffers and flushes every 2 minutes — a power failure or an OS crash can lose what was acknowledged since (docs/durability.md)')
+      .env('TOOLTX_DURABILITY')
+      .default('fsync'),
+  )
+  .addOption(new Option('--cluster <1|3>', 'nodes of the embedded nats-server: 3 = a cluster on loopback (ports --port to --port+2), every stream and bucket R3 (docs/cluster.md)').env('TOOLTX_CLUSTER').default('1'))
+  .addOption(
     new Option('--kb-tenants <file>', 'the KB\'s tenant list with each tenant\'s quota in notes per UTC day (KB_SEED_FILE format); every tenant of the identity list must be in it')
       .env('KB_SEED_FILE')
       .default(DEFAULT_KB_TENANTS),
   )
   .addHelpText('after', ENV_HELP)
   .parse(process.argv);
-const opts = program.opts<{ port: string; kbPort: string; stateDir: string; kbDedup: string; kbTenants: string }>();
+const opts = program.opts<{ port: string; kbPort: string; stateDir: string; kbDedup: string; kbTenants: string; durability: string; cluster: string }>();
 
 /** The flag of each option and the variable it falls back to. */
 const FLAGS = {
@@ -83,6 +91,8 @@ const FLAGS = {
   stateDir: ['--state-dir', 'TOOLTX_STATE_DIR'],
   kbDedup: ['--kb-dedup', 'KB_DEDUP'],
   kbTenants: ['--kb-tenants', 'KB_SEED_FILE'],
+  durability: ['--durability', 'TOOLTX_DURABILITY'],
+  cluster: ['--cluster', 'TOOLTX_CLUSTER'],
 } as const;
 type Flag = keyof typeof FLAGS;
 
@@ -127,11 +137,18 @@ const settings = z
     stateDir: path,
     kbTenants: path,
     kbDedup: z.enum(['on', 'off']),
+    durability: z.enum(['fsync', 'os']),
+    cluster: z.enum(['1', '3']).transform((v) => (v === '3' ? 3 : 1) as 1 | 3),
     prefix: z.string().regex(/^[a-z][a-z0-9_]{0,31}$/, 'must match ^[a-z][a-z0-9_]{0,31}$'),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
   })
   // The embedded nats-server and the KB cannot share a port; with NATS_URL there is no embedded one.
-  .refine((o) => process.env.NATS_URL || o.port !== o.kbPort, { path: ['kbPort'], message: 'the same port as --port (the embedded nats-server\'s): give the KB another one' })
+  .superRefine((o, ctx) => {
+    if (process.env.NATS_URL) return;
+    if (o.kbPort === o.port) ctx.addIssue({ code: 'custom', path: ['kbPort'], message: 'the same port as --port (the embedded nats-server\'s): give the KB another one' });
+    else if (o.cluster === 3 && o.kbPort > o.port && o.kbPort <= o.port + 2) ctx.addIssue({ code: 'custom', path: ['kbPort'], message: 'a port of the embedded cluster\'s nodes (--port to --port+2 with --cluster 3): give the KB another one' });
+    if (o.cluster === 3 && o.port > 65533) ctx.addIssue({ code: 'custom', path: ['port'], message: 'the cluster\'s nodes listen on --port to --port+2: at most 65533' });
+  })
   .safeParse({ ...opts, prefix: process.env.TOOLTX_PREFIX ?? 'tooltx', logLevel: process.env.LOG_LEVEL ?? 'info' });
 if (!settings.success) {
   const problems = settings.error.issues.map((i) => {
@@ -160,7 +177,11 @@ const lockFile = join(stateDir, 'stack.pid');
 // A nats-server binary named but not runnable, and a port something else listens on, refuse the
 // start before anything is created or generated.
 if (!process.env.NATS_URL && process.env.NATS_SERVER_BIN !== undefined) refuseNatsServerBin(process.env.NATS_SERVER_BIN);
-if (!process.env.NATS_URL) await refuseTakenPort('port', '127.0.0.1', settings.data.port, (e) => describeError(e));
+if (!process.env.NATS_URL) {
+  for (let i = 0; i < settings.data.cluster; i++) {
+    await refuseTakenPort('port', '127.0.0.1', settings.data.port + i, (e, host, p) => (i === 0 ? describeError(e) : `node ${i + 1} of the cluster listens on ${host}:${p}: ${describeError(e)}`));
+  }
+}
 await refuseTakenPort('kbPort', process.env.KB_HOST || '127.0.0.1', settings.data.kbPort, (e, host, p) => `cannot listen on ${host}:${p}: ${describeError(e)}`);
 /** What this run created in the state directory (removed again when the stack does not start). */
 let createdDir: string | undefined;
@@ -183,6 +204,8 @@ try {
     prefix,
     kbPort: settings.data.kbPort,
     kbDedup: settings.data.kbDedup !== 'off',
+    durability: settings.data.durability,
+    cluster: settings.data.cluster,
     kbSeed: process.env.KB_SEED ?? 'acme:research,acme:archive,globex:research',
     kbTenants: settings.data.kbTenants,
     logs: process.stdout.isTTY ? 'pretty' : 'inherit',
@@ -203,8 +226,14 @@ const agentSeeds = dirname(aliceSeed);
 const quickstartEnv = process.env.NATS_URL
   ? `NATS_URL=${shellWord(shownUrl)} NATS_NKEY_FILE=${shellWord(aliceSeed)} TOOLTX_RECEIPT_KEYS_FILE=${shellWord(stack.receiptKeysFile)}`
   : `NATS_URL=${shellWord(shownUrl)} TOOLTX_STATE_DIR=${shellWord(stateDir)}`;
+if (stack.natsServer.durability === 'os') {
+  announce.warn(
+    { durability: 'os' },
+    'durability os: nats-server acknowledges writes that are only in the OS\'s buffers (flushed every 2 minutes); a power failure or an OS crash can lose acknowledged operations, receipts included — use --durability fsync (the default) wherever that matters (docs/durability.md)',
+  );
+}
 announce.info(
-  { NATS_URL: shownUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds },
+  { NATS_URL: shownUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds, natsServer: stack.natsServer },
   `tooltx is up — agents connect to ${shownUrl} (prefix ${prefix}) with their nkey seed from ${agentSeeds} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}; try \`${quickstartEnv} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
 );
 
@@ -292,7 +321,7 @@ function removeWhatThisRunCreated(): void {
  */
 function asOption(err: unknown): unknown {
   if (!(err instanceof StartupError)) return err;
-  const keyOf: Record<string, Flag> = { NATS_PORT: 'port', KB_PORT: 'kbPort', TOOLTX_STATE_DIR: 'stateDir', KB_DB: 'stateDir', KB_SEED_FILE: 'kbTenants', KB_DEDUP: 'kbDedup' };
+  const keyOf: Record<string, Flag> = { NATS_PORT: 'port', KB_PORT: 'kbPort', TOOLTX_STATE_DIR: 'stateDir', KB_DB: 'stateDir', KB_SEED_FILE: 'kbTenants', KB_DEDUP: 'kbDedup', TOOLTX_DURABILITY: 'durability' };
   const key = keyOf[err.setting];
   if (!key) return err;
   return optionError(key, err.setting === 'KB_DB' ? `${err.value ?? 'the KB database'}: ${err.problem}` : err.problem, err);
@@ -375,7 +404,7 @@ function readLock(): Lock | null {
 
 /** What a recorded process's command line holds (a recycled pid runs something else). */
 function markerOf(name: string): string {
-  return name === 'nats-server' ? 'nats-server' : name === 'kb' ? 'kb-server.ts' : 'main.ts';
+  return name.startsWith('nats-server') ? 'nats-server' : name === 'kb' ? 'kb-server.ts' : 'main.ts';
 }
 
 /**

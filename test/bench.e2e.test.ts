@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { benchReportSchema } from '../bench/report.js';
 
 describe('npm run bench --quick', () => {
-  it('measures both lower bounds and tooltx in one run, prints the JSON fields of issue 10, and finds no duplicate side effect', async () => {
+  it('measures both lower bounds and tooltx in one run, with the server fsyncing and not, prints the guaranteed JSON fields, and finds no duplicate side effect', async () => {
     const child = spawn(process.execPath, ['--import', 'tsx', 'bench/run.ts', '--quick', '--json'], {
       env: { ...process.env, NATS_URL: '', LOG_LEVEL: 'info' },
       stdio: ['ignore', 'pipe', 'pipe'],
@@ -22,6 +22,13 @@ describe('npm run bench --quick', () => {
     const report = benchReportSchema.parse(JSON.parse(out.trim().split('\n').pop() ?? ''));
     expect(report.duplicates).toBe(0);
     expect(report.ok).toBe(true);
+    // The project's nats-server, both durabilities measured in the one run, the headline fsync'd.
+    expect(report.natsServer.durability).toBe('fsync');
+    expect(report.natsServer.version).toMatch(/^2\.(1\d|[2-9]\d)\.\d+$/);
+    for (const d of ['fsync', 'os'] as const) {
+      expect(report.durability[d]?.tooltx.mainCallsPerSecond, `tooltx ran with ${d}`).toBeGreaterThan(0);
+      expect(report.durability[d]?.floorA.mainCallsPerSecond, `floor (a) ran with ${d}`).toBeGreaterThan(0);
+    }
     for (const phase of ['main', 'dup', 'race', 'seq'] as const) {
       expect(report.tooltx[phase].errors, `tooltx ${phase} errors`).toBe(0);
       expect(report.tooltx[phase].callsPerSecond, `tooltx ${phase} ran`).toBeGreaterThan(0);

@@ -5,6 +5,7 @@
  * tenant's forgeries refused by the server and quotas from the tenant list (issue 6).
  */
 import { spawn } from 'node:child_process';
+import { serverVersionAtLeast } from '@tooltx/nats';
 import { describe, expect, it } from 'vitest';
 
 describe('npm run demo --quick', () => {
@@ -24,8 +25,12 @@ describe('npm run demo --quick', () => {
       forgedOutcomes: Record<string, string>;
       quotas: Record<string, { limit: number | null; used: number }>;
       gates: Record<string, boolean>;
+      natsServer: { version: string; durability: string };
     };
     expect({ code, err: code === 0 ? '' : err }).toEqual({ code: 0, err: '' });
+    // The project's own nats-server, 2.10.27 or later, fsyncing before every acknowledgement.
+    expect(serverVersionAtLeast(s.natsServer.version, '2.10.27')).toBe(true);
+    expect(s.natsServer.durability).toBe('fsync');
     expect(s.pages).toBeGreaterThanOrEqual(18);
     expect(s.writesSubmitted).toBe(2 * (s.pages as number));
     expect(s.writesCommitted).toBe(s.pages);

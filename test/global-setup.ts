@@ -6,6 +6,6 @@ import { natsServerBinary, NatsServerUnavailableError } from '@tooltx/nats';
  */
 export function setup(): void {
   if (!natsServerBinary()) {
-    throw new NatsServerUnavailableError('nats-server not found: run `scripts/ensure-nats-server` (apt-get install nats-server)');
+    throw new NatsServerUnavailableError('nats-server 2.10 or later not found: run `scripts/ensure-nats-server --test-servers` (it fetches Debian 13\'s into .nats-server/; an older one on PATH is never used)');
   }
 }

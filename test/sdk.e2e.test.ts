@@ -12,7 +12,6 @@ import { Sink } from './helpers/sink.js';
 import { contracts, sinkLookup, sinkWrite } from './fixtures/sink-tools.js';
 import { pushMessageSchema, type IntentEnvelope, type PushMessage, type Receipt } from '@tooltx/lifecycle';
 import { decode, encode, jetStreamOf } from '@tooltx/nats';
-import { hasReplyWildcardCrash } from '@tooltx/runtime/service';
 
 const TENANT = 'acme';
 let t: TestNats;
@@ -285,12 +284,6 @@ describe('tools.execute', () => {
       sink.delayMs = 0;
     }
     expect(procs[1]!.stderr).toBe('');
-  });
-
-  it('a service on nats-server 2.9.10 warns, once, that any agent can stop that server (nats-server#3862, fixed in 2.9.15)', async () => {
-    const version = t.nc.info!.version;
-    const warned = procs[1]!.lines.filter((l) => String(l.msg ?? '').includes('any agent can send one'));
-    expect({ version, warned: warned.length }).toEqual({ version, warned: hasReplyWildcardCrash(version) ? 1 : 0 });
   });
 
   it('resubmits a read rejected as dependency_unavailable and returns the committed later attempt', async () => {

@@ -439,6 +439,9 @@ const fm16 = await runFm16({
   taskId, logsDir: join(stateDir, 'logs'), since: started - 60_000, committed: firstCommitted?.key, conflictOf: firstCommitted?.request, unknownResolved: everUnknown.find((w) => terminal(w.key))?.key,
 });
 const summary = {
+  // The server of this run: its version, and what its acknowledgements promise (docs/durability.md);
+  // `unknown` for a server given by NATS_URL, whose configuration is not ours to read.
+  natsServer: { version: stack.natsServer.version, durability: stack.natsServer.durability },
   pages: c.pages,
   fetchFailures: c.fetchFailures,
   writesSubmitted: c.writesSubmitted,
@@ -501,6 +504,7 @@ await canaryWeb.stop();
 if (!opts.keep) rmSync(stateDir, { recursive: true, force: true });
 
 const rows: [string, string | number][] = [
+  ['nats-server (version, durability)', `${summary.natsServer.version}, ${summary.natsServer.durability}`],
   ['pages read (distinct documents)', summary.pages],
   ['writes submitted (2 per page)', summary.writesSubmitted],
   ['operations committed', summary.writesCommitted],

@@ -14,7 +14,8 @@ import { fileURLToPath } from 'node:url';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
-import { connectNats, jetStreamOf, natsServerBinary, NatsServerUnavailableError, spawnNatsServer, Subjects, type NatsServerHandle } from '@tooltx/nats';
+import { assertSupportedServer, connectNats, DURABILITIES, jetStreamOf, natsServerBinary, NatsServerUnavailableError, spawnNatsCluster, spawnNatsServer, Subjects, UnsupportedServerError, type Durability, type NatsServerHandle } from '@tooltx/nats';
+import { createServer } from 'node:net';
 import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, showValue, startupStep, StartupError, StartupFailure, type ReadyMessage } from '@tooltx/runtime';
 import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 import { ensureStackBuild, StackBuildError, touchStackBuild, type StackEntry } from './compiled.js';
@@ -77,8 +78,15 @@ export interface StackOptions {
   authDir?: string;
   /** Use this server instead of starting one. */
   natsUrl?: string;
-  /** Port of the started nats-server (-1 = a free port). */
+  /** Port of the started nats-server (-1 = a free port); a cluster's nodes listen on it and the next two. */
   natsPort?: number;
+  /**
+   * What an acknowledgement of the started nats-server promises (default `TOOLTX_DURABILITY`, else
+   * `fsync`: `sync_interval: always`; docs/durability.md). Unused with `natsUrl`.
+   */
+  durability?: Durability;
+  /** Nodes of the started nats-server: 1 (default), or 3 — a cluster on loopback, every stream and bucket R3 (docs/cluster.md). */
+  cluster?: 1 | 3;
   prefix: string;
   /** KB port (0 = a free port). */
   kbPort: number;
@@ -144,8 +152,20 @@ export interface StackCrash {
   reason: string;
 }
 
+/** The nats-server a stack runs on, as the demo's and the bench's `--json` report it. */
+export interface StackNatsServer {
+  /** The version the server announced (`2.10.27`). */
+  version: string;
+  /** What its acknowledgements promise; `unknown` for a server the stack did not start (`natsUrl`): its configuration is not ours to read. */
+  durability: Durability | 'unknown';
+  /** Its nodes (1, or 3 for a cluster); 0 = unknown (`natsUrl`). */
+  nodes: number;
+}
+
 export interface Stack {
+  /** Every node's client URL, comma-separated. */
   natsUrl: string;
+  natsServer: StackNatsServer;
   prefix: string;
   kbUrl: string;
   /** The KB's operator token (for its admin endpoints: roles, state, transfers). */
@@ -163,7 +183,10 @@ export interface Stack {
   receiptKeysFile: string;
   /** A role's inbox prefix (agents must use it: they may subscribe nowhere else). */
   inboxPrefix(role: Role): string;
+  /** The nats-server the stack started (a cluster's first node), or null with `natsUrl`. */
   server: NatsServerHandle | null;
+  /** Every nats-server node the stack started. */
+  servers: NatsServerHandle[];
   processes: { name: string; child: ChildProcess }[];
   /** SIGTERM every process, wait, stop the nats-server we started (store kept). */
   stop(): Promise<void>;
@@ -212,8 +235,13 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const kbTenants = resolve(o.kbTenants ?? DEFAULT_KB_TENANTS);
   const tenantList = await startupStep('KB_SEED_FILE', kbTenants, () => loadSeedFile(kbTenants), seedProblem);
   const subjects = new Subjects(o.prefix);
-  const topo = topology(subjects);
-  let server: NatsServerHandle | null = null;
+  const nodes = o.natsUrl ? 0 : (o.cluster ?? 1);
+  // On a cluster every stream and bucket has three replicas; the services check it (TOOLTX_REPLICAS).
+  const replicas = nodes === 3 ? 3 : 1;
+  const topo = topology(subjects, { replicas });
+  const durabilityEnv = process.env.TOOLTX_DURABILITY;
+  const durability: Durability = o.durability ?? (await startupStep('TOOLTX_DURABILITY', durabilityEnv, () => z.enum(DURABILITIES as [Durability, ...Durability[]]).parse(durabilityEnv ?? 'fsync'), () => 'expected "fsync" or "os"'));
+  let servers: NatsServerHandle[] = [];
   let natsUrl = o.natsUrl;
   let seedFile: (role: Role) => string;
   let authDir: string;
@@ -232,6 +260,10 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     if (missing.length) {
       throw new StartupError('KB_SEED_FILE', kbTenants, missing.map((t) => `tenant ${t.id} of the identity list has no entry (give it a quota, or "quota": null for none)`).join('; '));
     }
+    // A cluster's routes listen on free loopback ports, chosen now: every node's configuration lists the others'.
+    const routePorts = nodes === 3 ? await Promise.all([0, 1, 2].map(() => freeLoopbackPort())) : [];
+    const clientPort = (i: number) => (o.natsPort === undefined || o.natsPort === -1 ? -1 : o.natsPort + i);
+    const storeDirOf = (i: number) => (nodes === 3 ? join(o.stateDir, `jetstream-n${i + 1}`) : join(o.stateDir, 'jetstream'));
     const auth = await startupStep(
       'TOOLTX_IDENTITIES',
       identitiesFile,
@@ -241,15 +273,28 @@ export async function startStack(o: StackOptions): Promise<Stack> {
           topology: topo,
           outDir: join(o.stateDir, 'auth'),
           listen: `127.0.0.1:${o.natsPort ?? -1}`,
-          storeDir: join(o.stateDir, 'jetstream'),
+          storeDir: storeDirOf(0),
+          durability,
+          ...(nodes === 3
+            ? { cluster: { nodes: routePorts.map((p, i) => ({ serverName: `n${i + 1}`, listen: `127.0.0.1:${clientPort(i)}`, clusterListen: `127.0.0.1:${p}`, storeDir: storeDirOf(i) })) } }
+            : {}),
         }),
       // The identity checks' messages are tooltx's own (they name ids and field paths); a file error its code.
       (err) => (err instanceof Error && err.name === 'TooltxError' ? err.message : describeError(err)),
     );
-    server = await spawnNatsServer({ port: o.natsPort ?? -1, extraArgs: ['-c', auth.configFile], storeDir: join(o.stateDir, 'jetstream'), detached: true, exitWithParent: true }).catch((err: unknown) => {
-      throw natsServerProblem(err, o.natsPort);
-    });
-    natsUrl = server.url;
+    if (nodes === 3) {
+      const cluster = await spawnNatsCluster(auth.configFiles, [0, 1, 2].map(storeDirOf), { ports: [0, 1, 2].map(clientPort), detached: true, exitWithParent: true }).catch((err: unknown) => {
+        throw natsServerProblem(err, o.natsPort);
+      });
+      servers = cluster.nodes;
+      natsUrl = cluster.url;
+    } else {
+      const server = await spawnNatsServer({ port: o.natsPort ?? -1, extraArgs: ['-c', auth.configFile], storeDir: storeDirOf(0), detached: true, exitWithParent: true }).catch((err: unknown) => {
+        throw natsServerProblem(err, o.natsPort);
+      });
+      servers = [server];
+      natsUrl = server.url;
+    }
     seedFile = (role) => auth.seedFile(role);
     authDir = join(o.stateDir, 'auth');
   } else {
@@ -263,6 +308,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       return f;
     };
   }
+  let serverVersion = 'unknown';
+  const stopServers = () => Promise.all(servers.map((n) => n.stop({ removeStore: false })));
   try {
     const provisionerSeed = seedFile({ kind: 'provisioner' });
     const servers = natsUrl;
@@ -270,13 +317,16 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       connectNats({ servers, name: 'tooltx-provisioner', nkeySeedFile: provisionerSeed, inboxPrefix: inboxPrefixOf({ kind: 'provisioner' }), reconnectForever: false }),
       describeConnectError,
     );
+    serverVersion = nc.info?.version ?? 'unknown';
+    // 2.10 is the oldest server tooltx runs on (docs/nats-server.md); the services refuse it too.
+    await startupStep('NATS_URL', displayUrl(servers), () => assertSupportedServer(serverVersion, 'the server there'), (err) => (err instanceof Error ? err.message : describeError(err)));
     const { jsm } = await jetStreamOf(nc);
     await startupStep('NATS_URL', displayUrl(servers), () => applyTopology(nc, jsm, topo), (err) =>
       err instanceof Error && (isNatsError(err) || err.name === 'StreamConfigError') ? `cannot apply the streams as the provisioner: ${err.message}` : describeError(err),
     );
     await nc.drain();
   } catch (err) {
-    await server?.stop({ removeStore: false });
+    await stopServers();
     throw err;
   }
 
@@ -285,15 +335,18 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   let stopping = false;
   let onCrash!: (crash: StackCrash) => void;
   const crashed = new Promise<StackCrash>((r) => (onCrash = r));
-  server?.process?.once('exit', (code, signal) => {
-    if (!stopping) onCrash({ name: 'nats-server', reason: `nats-server exited (${signal ?? `code ${code}`}); it is not restarted` });
-    reportPids();
-  });
+  const serverName = (i: number) => (servers.length > 1 ? `nats-server-n${i + 1}` : 'nats-server');
+  servers.forEach((n, i) =>
+    n.process?.once('exit', (code, signal) => {
+      if (!stopping) onCrash({ name: serverName(i), reason: `${serverName(i)} exited (${signal ?? `code ${code}`}); it is not restarted` });
+      reportPids();
+    }),
+  );
   const reportPids = () => {
     if (!o.onPids) return;
     const running = (c: ChildProcess | undefined) => c?.pid !== undefined && c.exitCode === null && c.signalCode === null;
     const list: StackPid[] = [];
-    if (server?.process && running(server.process)) list.push({ name: 'nats-server', pid: server.process.pid! });
+    servers.forEach((n, i) => n.process && running(n.process) && list.push({ name: serverName(i), pid: n.process.pid! }));
     for (const p of processes) if (running(p.child)) list.push({ name: p.name, pid: p.child.pid! });
     o.onPids(list);
   };
@@ -325,7 +378,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     stopping = true;
     await terminate(processes.filter((p) => p.name !== 'kb'));
     await terminate(processes.filter((p) => p.name === 'kb'));
-    await server?.stop({ removeStore: false });
+    await stopServers();
   };
   /** Where a process's own words about a failure are (for a failure message). */
   const logsOf = (name: string) => (typeof o.logs === 'object' ? `its log ${join(o.logs.dir, `${name}.log`)}` : 'its output above');
@@ -432,6 +485,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const common = {
     NATS_URL: url,
     TOOLTX_PREFIX: o.prefix,
+    ...(replicas !== 1 ? { TOOLTX_REPLICAS: String(replicas) } : {}),
     // Compiled: the tools module of the same build, so it shares the service's @tooltx/* modules.
     TOOLTX_TOOLS_MODULE: build ? build.path('tools') : RESEARCH_TOOLS,
     KB_URL: o.kbHop ? await o.kbHop(kbUrl) : kbUrl,
@@ -456,6 +510,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
 
   return {
     natsUrl: url,
+    natsServer: { version: serverVersion, durability: o.natsUrl ? 'unknown' : durability, nodes },
     prefix: o.prefix,
     receiptKeysFile: join(authDir, 'receipt-keys.json'),
     kbUrl,
@@ -464,7 +519,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     kbDb: join(o.stateDir, 'kb.sqlite'),
     seedFile,
     inboxPrefix: inboxPrefixOf,
-    server,
+    server: servers[0] ?? null,
+    servers,
     processes,
     crashed,
     stop,
@@ -548,12 +604,25 @@ function seedProblem(err: unknown): string {
   return err instanceof SeedError ? err.problems.map((p) => p.replace(/^KB_SEED_FILE: /, '')).join('; ') : describeError(err);
 }
 
-/** Why the nats-server did not start, as a setting: its port in use, its binary missing. */
+/** A free TCP port on loopback (bound once to port 0, then closed): a cluster node's route port. */
+function freeLoopbackPort(): Promise<number> {
+  return new Promise((resolvePort, reject) => {
+    const probe = createServer();
+    probe.once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const a = probe.address();
+      probe.close(() => resolvePort(typeof a === 'object' && a ? a.port : 0));
+    });
+  });
+}
+
+/** Why the nats-server did not start, as a setting: its port in use, its binary missing or older than 2.10. */
 function natsServerProblem(err: unknown, port: number | undefined): unknown {
+  if (err instanceof UnsupportedServerError) return new StartupError('NATS_SERVER_BIN', natsServerBinary() ?? undefined, err.message.replace(/^.*? is nats-server/, 'nats-server'), { cause: err });
   if (!(err instanceof NatsServerUnavailableError)) return err;
   if (/address already in use/i.test(err.message)) return new StartupError('NATS_PORT', String(port ?? -1), 'the port is already in use: another process listens on it (EADDRINUSE)', { cause: err });
   if (/without a word on stderr/.test(err.message)) return new StartupError('NATS_SERVER_BIN', natsServerBinary() ?? undefined, err.message.replace(/^.* exited/, 'exited'), { cause: err });
-  if (/not found/.test(err.message)) return new StartupError('NATS_SERVER_BIN', process.env.NATS_SERVER_BIN, 'no nats-server binary: install it (`scripts/ensure-nats-server`, or `apt-get install nats-server`), or name it in NATS_SERVER_BIN', { cause: err });
+  if (/not found/.test(err.message)) return new StartupError('NATS_SERVER_BIN', process.env.NATS_SERVER_BIN, 'no nats-server 2.10 or later: `scripts/ensure-nats-server` fetches Debian 13\'s into .nats-server/, or name one in NATS_SERVER_BIN', { cause: err });
   // Its own log's last lines: the server's words about our generated configuration.
   return new StartupError('NATS_PORT', String(port ?? -1), `the nats-server did not start: ${err.message.slice(0, 400)}`, { cause: err });
 }

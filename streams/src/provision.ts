@@ -26,6 +26,7 @@ export interface ApplyReport {
  * (e.g. changing storage type).
  */
 export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t: Topology): Promise<ApplyReport> {
+  await waitForJetStream(jsm);
   const report: ApplyReport = { created: [], updated: [], unchanged: [] };
   for (const cfg of Object.values(t.streams)) {
     const cur = await streamInfo(jsm, cfg.name);
@@ -54,6 +55,34 @@ export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t
     (existed ? report.unchanged : report.created).push(`bucket ${b.bucket}`);
   }
   return report;
+}
+
+/**
+ * Resolves once the account's JetStream answers (`$JS.API.INFO`). A cluster that has just started
+ * has no meta leader for a few seconds (about 3–13 s on loopback here) and times out or answers
+ * 10008 "JetStream system temporarily unavailable" meanwhile; one server answers at once. Throws the
+ * last error after `timeoutMs` (default 60 000 ms).
+ */
+export async function waitForJetStream(jsm: JetStreamManager, timeoutMs = 60_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      await jsm.getAccountInfo();
+      return;
+    } catch (err) {
+      if (!electing(err) || Date.now() > deadline) throw err;
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  }
+}
+
+/** A timeout or 10008 (JetStream temporarily unavailable): what a cluster without a meta leader answers. */
+function electing(err: unknown): boolean {
+  for (let e: unknown = err, depth = 0; e instanceof Error && depth < 4; e = e.cause, depth++) {
+    if (e.name === 'TimeoutError' || /timeout|temporarily unavailable/i.test(e.message)) return true;
+    if (e instanceof JetStreamApiError && e.code === 10008) return true;
+  }
+  return false;
 }
 
 /**

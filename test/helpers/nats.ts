@@ -2,7 +2,8 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { connectNats, jetStreamOf, OperationStore, spawnNatsServer, Subjects, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
+import { connectNats, jetStreamOf, OperationStore, spawnNatsCluster, spawnNatsServer, Subjects, type Durability, type NatsClusterHandle, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
+import { closedPort as freePort } from './net.js';
 import { ensureKeyFile } from '@tooltx/runtime';
 import { applyTopology, generateAuth, inboxPrefixOf, topology, type GeneratedAuth, type IdentityList, type Role, type TopologyOptions } from '@tooltx/streams';
 
@@ -29,8 +30,14 @@ export interface TestNats {
   store: OperationStore;
   js: Awaited<ReturnType<typeof jetStreamOf>>['js'];
   jsm: Awaited<ReturnType<typeof jetStreamOf>>['jsm'];
+  /** Every server's client URL, comma-separated. */
   url: string;
+  /** The server (a cluster's first node). */
   server: NatsServerHandle;
+  /** The nodes, when started with `cluster`. */
+  cluster?: NatsClusterHandle;
+  /** Each node's monitoring endpoint (`/jsz`, `/varz`), when started with `cluster`. */
+  monitorUrls?: string[];
   auth: GeneratedAuth;
   /** Environment for a service process of this prefix; `startService` adds the service's own seed. */
   env: Record<string, string>;
@@ -45,14 +52,43 @@ export interface TestNats {
  * Starts a nats-server of its own with a generated auth configuration for a fresh prefix, connects
  * as the provisioner and applies the topology. Tests never use an unauthenticated server.
  */
-export async function provisioned(opts: TopologyOptions = {}, prefix = uniquePrefix(), o: { apply?: boolean } = {}): Promise<TestNats> {
+export async function provisioned(
+  opts: TopologyOptions = {},
+  prefix = uniquePrefix(),
+  o: {
+    apply?: boolean;
+    /** The nats-server binary (default: the project's, `natsServerBinary()`); e.g. `projectServerBinary('sid')`. */
+    binary?: string;
+    /** Start a server older than 2.10 anyway (the refusal tests). */
+    allowUnsupported?: boolean;
+    /** Three nodes on loopback, every stream and bucket R3 (docs/cluster.md); `server` is the first node. */
+    cluster?: 3;
+    durability?: Durability;
+  } = {},
+): Promise<TestNats> {
   const dir = mkdtempSync(join(tmpdir(), 'tooltx-test-'));
   const subjects = new Subjects(prefix);
-  const topo = topology(subjects, opts);
-  const auth = generateAuth(TEST_IDENTITIES, { subjects, topology: topo, outDir: join(dir, 'auth'), listen: '127.0.0.1:-1', storeDir: join(dir, 'js') });
-  const server = await spawnNatsServer({ extraArgs: ['-c', auth.configFile], storeDir: join(dir, 'js') });
+  const topo = topology(subjects, o.cluster ? { replicas: 3, ...opts } : opts);
+  let auth: GeneratedAuth;
+  let server: NatsServerHandle;
+  let cluster: NatsClusterHandle | undefined;
+  let monitorUrls: string[] = [];
+  const spawnOpts = { ...(o.binary ? { binary: o.binary } : {}), ...(o.allowUnsupported ? { allowUnsupported: true } : {}) };
+  if (o.cluster) {
+    const routePorts = await Promise.all(Array.from({ length: o.cluster }, () => freePort()));
+    const nodes = routePorts.map((p, i) => ({ serverName: `n${i + 1}`, listen: '127.0.0.1:-1', clusterListen: `127.0.0.1:${p}`, storeDir: join(dir, `js-n${i + 1}`) }));
+    auth = generateAuth(TEST_IDENTITIES, { subjects, topology: topo, outDir: join(dir, 'auth'), listen: '', storeDir: '', cluster: { nodes }, ...(o.durability ? { durability: o.durability } : {}) });
+    const monitorPorts = await Promise.all(nodes.map(() => freePort()));
+    cluster = await spawnNatsCluster(auth.configFiles, nodes.map((n) => n.storeDir), { ...spawnOpts, extraArgs: monitorPorts.map((p) => ['-m', String(p)]) });
+    monitorUrls = monitorPorts.map((p) => `http://127.0.0.1:${p}`);
+    server = cluster.nodes[0]!;
+  } else {
+    auth = generateAuth(TEST_IDENTITIES, { subjects, topology: topo, outDir: join(dir, 'auth'), listen: '127.0.0.1:-1', storeDir: join(dir, 'js'), ...(o.durability ? { durability: o.durability } : {}) });
+    server = await spawnNatsServer({ extraArgs: ['-c', auth.configFile], storeDir: join(dir, 'js'), ...spawnOpts });
+  }
+  const url = cluster ? cluster.url : server.url;
   const connectAs = (role: Role) =>
-    connectNats({ servers: server.url, name: `test-${prefix}-${role.kind}`, nkeySeedFile: auth.seedFile(role), inboxPrefix: inboxPrefixOf(role), reconnectForever: false });
+    connectNats({ servers: url, name: `test-${prefix}-${role.kind}`, nkeySeedFile: auth.seedFile(role), inboxPrefix: inboxPrefixOf(role), reconnectForever: false });
   const nc = await connectAs({ kind: 'provisioner' });
   const { js, jsm } = await jetStreamOf(nc);
   if (o.apply !== false) await applyTopology(nc, jsm, topo);
@@ -61,11 +97,12 @@ export async function provisioned(opts: TopologyOptions = {}, prefix = uniquePre
     js,
     jsm,
     subjects,
-    url: server.url,
+    url,
     server,
+    ...(cluster ? { cluster, monitorUrls } : {}),
     auth,
     env: {
-      NATS_URL: server.url,
+      NATS_URL: url,
       TOOLTX_PREFIX: prefix,
       TOOLTX_TEST_NKEYS_DIR: join(dir, 'auth', 'nkeys'),
       // Keys of the audit HMACs and of the HMAC of error messages in logs (issue 9), as `npm start` makes them.
@@ -77,7 +114,8 @@ export async function provisioned(opts: TopologyOptions = {}, prefix = uniquePre
     connectAs,
     async close() {
       await nc.drain().catch(() => undefined);
-      await server.stop({ removeStore: true });
+      if (cluster) await cluster.stop({ removeStore: true });
+      else await server.stop({ removeStore: true });
       rmSync(dir, { recursive: true, force: true });
     },
   };

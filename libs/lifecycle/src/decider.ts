@@ -101,7 +101,12 @@ export interface RequeueCommand {
   eventId: string;
   at: number;
   attempt: number;
-  reason: 'probe_not_found' | 'stale_accepted';
+  /**
+   * `stale_accepted`: accepted and never started (reconciler); `probe_not_found`: running or unknown
+   * and the probe found nothing where a repeat is safe (reconciler); `late_start`: running, stored
+   * too late to be sent, nothing sent (executor, decideSend).
+   */
+  reason: 'probe_not_found' | 'stale_accepted' | 'late_start';
 }
 /** Hand the operation over to a person (FM-14): only from `unknown`, once. */
 export interface OpenTakeoverCommand {
@@ -214,7 +219,7 @@ export function decide(cmd: OperationCommand, state: OperationState, ctx: Decide
     case 'requeue': {
       if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
       if (state.attempt !== cmd.attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
-      const from = cmd.reason === 'stale_accepted' ? ['accepted'] : ['running', 'unknown'];
+      const from = cmd.reason === 'stale_accepted' ? ['accepted'] : cmd.reason === 'late_start' ? ['running'] : ['running', 'unknown'];
       if (!from.includes(state.status)) return { kind: 'skip', reason: 'not_running', state };
       if (state.takeover) return { kind: 'skip', reason: 'taken_over', state };
       return append(state, { type: 'requeued', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, reason: cmd.reason });

@@ -205,13 +205,14 @@ export const rejectedEventSchema = z.object({
  * Back to `accepted` for the same attempt, so an executor runs it again under the SAME key. Only
  * after verifying (issue 7): the downstream was probed and holds nothing under the key, and either
  * it honours the key or the attempt's absolute deadline has passed (a late request is refused);
- * or `accepted` sat undispatched beyond its bound.
+ * or `accepted` sat undispatched beyond its bound; or the executor stored `running` too late to send
+ * the request and sent nothing (`late_start`, decideSend).
  */
 export const requeuedEventSchema = z.object({
   ...base,
   type: z.literal('requeued'),
   attempt: z.number().int().min(1),
-  reason: z.enum(['probe_not_found', 'stale_accepted']),
+  reason: z.enum(['probe_not_found', 'stale_accepted', 'late_start']),
 });
 export const unknownEventSchema = z.object({
   ...base,

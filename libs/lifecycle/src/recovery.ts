@@ -46,3 +46,29 @@ export function decideRecovery(state: OperationRecord, probe: ProbeOutcome, down
   }
   return state.status === 'unknown' ? { kind: 'keep' } : { kind: 'mark_unknown' };
 }
+
+/** What the executor does with an attempt whose `running` event is stored: see {@link decideSend}. */
+export type SendStep = { kind: 'send' } | { kind: 'requeue' } | { kind: 'reject' };
+
+/** Requeues of an operation after which a late start is rejected instead (not applied; the caller backs off, FM-15). */
+export const MAX_LATE_START_REQUEUES = 5;
+
+/**
+ * Whether an attempt still has time to be sent once its `running` event is stored. Pure.
+ *
+ * The attempt's absolute deadline is fixed before the append (the event carries it, and the
+ * reconciler judges by it). An append that took most of the attempt's time — a stream leader
+ * election while a cluster node dies or restarts (FM-29), a stalled server — leaves a request that a
+ * deadline-enforcing downstream refuses as late, or that times out at once and becomes `unknown`.
+ * Nothing has left yet, so the same attempt is requeued and starts again with a fresh deadline:
+ * - `send` while at least half of the attempt's time (`deadlineAt - startedAt`, ms) is left at `now`;
+ * - else `requeue` (the `late_start` reason), unless the operation was requeued
+ *   {@link MAX_LATE_START_REQUEUES} times already: then `reject` as `dependency_unavailable` —
+ *   nothing was sent, so it is definitively not applied.
+ * `startedAt` and `now` are the same process's clock: no other party's clock is involved.
+ */
+export function decideSend(a: { startedAt: number; deadlineAt: number; now: number; requeues: number }): SendStep {
+  const timeoutMs = a.deadlineAt - a.startedAt;
+  if (a.deadlineAt - a.now >= timeoutMs / 2) return { kind: 'send' };
+  return a.requeues < MAX_LATE_START_REQUEUES ? { kind: 'requeue' } : { kind: 'reject' };
+}

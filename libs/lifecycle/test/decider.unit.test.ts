@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { decide, decideRecovery, generateReceiptKey, initialState, receiptSigner, replay, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type Decision, type OperationEvent, type OperationState, type Receipt } from '@tooltx/lifecycle';
+import { decide, decideRecovery, decideSend, generateReceiptKey, MAX_LATE_START_REQUEUES, initialState, receiptSigner, replay, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type Decision, type OperationEvent, type OperationState, type Receipt } from '@tooltx/lifecycle';
 
 const KEYPAIR = generateReceiptKey();
 const signer = receiptSigner(KEYPAIR.privatePem);
@@ -149,6 +149,32 @@ describe('recovery (verify before acting)', () => {
     expect(decideRecovery(r, { kind: 'not_found' }, { honoursKey: false, enforcesDeadline: true }, 5_001)).toEqual({ kind: 'requeue' });
     expect(decideRecovery(r, { kind: 'unavailable' }, { honoursKey: true, enforcesDeadline: true }, 99_000)).toEqual({ kind: 'mark_unknown' });
     expect(decideRecovery(unknownOf().state, { kind: 'unavailable' }, none, 99_000)).toEqual({ kind: 'keep' });
+  });
+
+  it('FM-29: decideSend — an attempt stored with at least half its time left is sent; later, requeued (nothing sent), and rejected once requeued too often', () => {
+    // startedAt 2_000, deadlineAt 6_000: 4 s of attempt time.
+    const at = (now: number, requeues = 0) => decideSend({ startedAt: 2_000, deadlineAt: 6_000, now, requeues });
+    expect(at(2_010)).toEqual({ kind: 'send' });
+    expect(at(4_000)).toEqual({ kind: 'send' });
+    expect(at(4_001)).toEqual({ kind: 'requeue' });
+    expect(at(9_000)).toEqual({ kind: 'requeue' });
+    expect(at(9_000, MAX_LATE_START_REQUEUES - 1)).toEqual({ kind: 'requeue' });
+    expect(at(9_000, MAX_LATE_START_REQUEUES)).toEqual({ kind: 'reject' });
+    expect(at(2_010, MAX_LATE_START_REQUEUES)).toEqual({ kind: 'send' });
+  });
+
+  it('FM-29: given running, when requeued as a late start, then accepted again for the same attempt and key; never from unknown or accepted', () => {
+    const r = running();
+    const q = appended(given(r).when({ type: 'requeue', eventId: id(), at: 6_500, attempt: 1, reason: 'late_start' }));
+    expect(q).toMatchObject({ type: 'requeued', reason: 'late_start', state: { status: 'accepted', attempt: 1, requeues: 1, operationKey: KEY } });
+    expect(q.state).not.toHaveProperty('running');
+    // The next run starts with a fresh deadline.
+    const r2 = appended(given(q).when({ type: 'start', eventId: id(), at: 7_000, attempt: 1, executor: 'ex-1', deadlineAt: 11_000 }));
+    expect(r2.state).toMatchObject({ status: 'running', running: { deadlineAt: 11_000 } });
+    // A request may have left from unknown: a late start is only what `running` says before anything is sent.
+    expect(given(unknownOf()).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, reason: 'late_start' })).toMatchObject({ kind: 'skip', reason: 'not_running' });
+    expect(given(accepted()).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, reason: 'late_start' })).toMatchObject({ kind: 'skip', reason: 'not_running' });
+    expect(given(r).when({ type: 'requeue', eventId: id(), at: 1, attempt: 2, reason: 'late_start' })).toMatchObject({ kind: 'skip', reason: 'attempt_mismatch' });
   });
 });
 

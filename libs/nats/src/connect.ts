@@ -1,4 +1,6 @@
+import { appendFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { connect, credsAuthenticator, errors as natsErrors, nkeyAuthenticator, type NatsConnection } from '@nats-io/transport-node';
 import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
@@ -50,11 +52,28 @@ export async function connectNats(opts: ConnectOptions): Promise<NatsConnection>
   return nc;
 }
 
-/** The JetStream client and manager for a connection; the manager never calls `$JS.API.INFO`. */
+/**
+ * The JetStream client and manager for a connection; the manager never calls `$JS.API.INFO`.
+ * With `TOOLTX_TEST_PUBACK_DIR` set (tests only), every PubAck the client receives is appended to
+ * `<dir>/<pid>.jsonl` as `{ stream, subject, seq, duplicate, msgId }`, so a test can check that no
+ * acknowledged write is missing from the stream after a node died (FM-29).
+ */
 export async function jetStreamOf(nc: NatsConnection): Promise<{ js: JetStreamClient; jsm: JetStreamManager }> {
   const js = jetstream(nc);
+  const pubAckDir = process.env.TOOLTX_TEST_PUBACK_DIR;
+  if (pubAckDir) recordPubAcks(js, join(pubAckDir, `${process.pid}.jsonl`));
   const jsm = await jetstreamManager(nc, { checkAPI: false });
   return { js, jsm };
+}
+
+/** Wraps `js.publish` to append each PubAck to `file` (see {@link jetStreamOf}). */
+function recordPubAcks(js: JetStreamClient, file: string): void {
+  const publish = js.publish.bind(js);
+  js.publish = async (subject, payload, opts) => {
+    const ack = await publish(subject, payload, opts);
+    appendFileSync(file, `${JSON.stringify({ stream: ack.stream, subject, seq: ack.seq, duplicate: ack.duplicate, ...(opts?.msgID ? { msgId: opts.msgID } : {}) })}\n`);
+    return ack;
+  };
 }
 
 /**

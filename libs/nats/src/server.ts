@@ -1,7 +1,8 @@
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync, existsSync } from 'node:fs';
+import { mkdtempSync, rmSync, existsSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, delimiter } from 'node:path';
+import { dirname, join, delimiter } from 'node:path';
+import { fileURLToPath } from 'node:url';
 
 /** Thrown when no NATS server can be found or started; names the install command. */
 export class NatsServerUnavailableError extends Error {
@@ -22,27 +23,131 @@ export interface NatsServerHandle {
   source: 'env' | 'binary' | 'container';
   /** Stops a server this process started (SIGTERM, then SIGKILL after 5 s); no-op for `env`. */
   stop(opts?: { removeStore?: boolean }): Promise<void>;
-  /** Kills and restarts a spawned server on the same port and store (FM-28); throws for others. */
-  restart?(): Promise<void>;
+  /** Kills (SIGKILL unless told) and restarts a spawned server on the same port and store (FM-28); throws for others. */
+  restart?(signal?: NodeJS.Signals): Promise<void>;
+  /** Stops a spawned server with `signal` (default SIGKILL: a crash) and waits for its exit, keeping its store; {@link restart} starts it again. */
+  kill?(signal?: NodeJS.Signals): Promise<void>;
+  /** The binary's version (`2.10.27`), when this process started it. */
+  version?: string;
   /** The child process of a spawned server. */
   process?: ChildProcess;
 }
 
 const INSTALL_HINT =
-  'install it with `sudo apt-get install nats-server` (Debian) or run `scripts/ensure-nats-server`, or set NATS_URL';
+  'run `scripts/ensure-nats-server` (it fetches Debian 13\'s nats-server 2.10 into .nats-server/), name a nats-server 2.10 or later in NATS_SERVER_BIN, or set NATS_URL';
 
 /**
- * Path of the `nats-server` binary: `NATS_SERVER_BIN` when set (as it is, even when missing: a
- * named binary is never silently replaced by another one — fresh-user trial), else the first on
- * PATH, else Debian's places, else null.
+ * The oldest nats-server tooltx runs on (docs/nats-server.md): 2.9.x can be stopped by any agent
+ * (nats-io/nats-server#3862, fixed in 2.9.15), has no `sync_interval` to fsync before every
+ * acknowledgement, and its clustered expected-sequence check was racy before 2.9.21
+ * (nats-io/nats-server#4320).
  */
-export function natsServerBinary(env: NodeJS.ProcessEnv = process.env): string | null {
-  if (env.NATS_SERVER_BIN) return env.NATS_SERVER_BIN;
-  for (const dir of (env.PATH ?? '').split(delimiter)) {
-    const p = join(dir, 'nats-server');
-    if (dir && existsSync(p)) return p;
+export const MIN_SERVER_VERSION = '2.10.0';
+
+/** `[major, minor, patch]` of a server version (`2.10.27`, `v2.10.27`, `nats-server: v2.10.27`), or null. */
+export function parseServerVersion(version: string): [number, number, number] | null {
+  const m = /v?(\d+)\.(\d+)\.(\d+)/.exec(version);
+  return m ? [Number(m[1]), Number(m[2]), Number(m[3])] : null;
+}
+
+/** Whether server `version` is `min` or later (false when it is not a version). */
+export function serverVersionAtLeast(version: string, min: string): boolean {
+  const v = parseServerVersion(version);
+  const m = parseServerVersion(min);
+  if (!v || !m) return false;
+  for (let i = 0; i < 3; i++) if (v[i]! !== m[i]!) return v[i]! > m[i]!;
+  return true;
+}
+
+/** Thrown when a server older than {@link MIN_SERVER_VERSION} answers; names its version and where to get a newer one. */
+export class UnsupportedServerError extends Error {
+  readonly version: string;
+  constructor(version: string, where: string) {
+    super(
+      `${where} is nats-server ${version}; tooltx needs ${MIN_SERVER_VERSION} or later (2.9.x can be stopped by any agent, nats-io/nats-server#3862, and cannot fsync before every acknowledgement): ${INSTALL_HINT}`,
+    );
+    this.name = 'UnsupportedServerError';
+    this.version = version;
   }
-  for (const p of ['/usr/sbin/nats-server', '/usr/bin/nats-server']) if (existsSync(p)) return p;
+}
+
+/** Throws {@link UnsupportedServerError} when `version` (a connection's `info.version`) is older than {@link MIN_SERVER_VERSION}. */
+export function assertSupportedServer(version: string | undefined, where = 'the server'): void {
+  if (version === undefined || !serverVersionAtLeast(version, MIN_SERVER_VERSION)) throw new UnsupportedServerError(version ?? 'of unknown version', where);
+}
+
+/**
+ * What an acknowledgement of the server promises (docs/durability.md):
+ * - `fsync` (default): `jetstream { sync_interval: always }` — the server fsyncs before it acknowledges,
+ *   so an acknowledged write survives a power failure or an OS crash;
+ * - `os`: the server's own default — written to the OS's buffers and flushed every 2 minutes, so a
+ *   power failure or an OS crash can lose what was acknowledged in those minutes (Jepsen, NATS 2.12.1,
+ *   2025); a killed server process loses nothing.
+ */
+export type Durability = 'fsync' | 'os';
+export const DURABILITIES: readonly Durability[] = ['fsync', 'os'];
+
+/** The `jetstream { … }` block of a server configuration: file storage in `storeDir`, with `durability`. */
+export function jetstreamConfigBlock(storeDir: string, durability: Durability = 'fsync'): string {
+  return `jetstream { store_dir: ${JSON.stringify(storeDir)}${durability === 'fsync' ? ', sync_interval: always' : ''} }`;
+}
+
+/**
+ * The Debian suites whose `nats-server` package `scripts/ensure-nats-server` unpacks into
+ * `.nats-server/<suite>/`: `trixie` (2.10.27 or later, the default), `sid` (the current release,
+ * for the newer-server tests) and `bookworm` (2.9.10, only for the tests that show it refused).
+ */
+export type ServerSuite = 'trixie' | 'sid' | 'bookworm';
+
+/** The project's own binary of `suite`, found above this module or the working directory, or null. */
+export function projectServerBinary(suite: ServerSuite = 'trixie'): string | null {
+  const starts = [dirname(fileURLToPath(import.meta.url)), process.cwd()];
+  for (const start of starts) {
+    for (let dir = start, i = 0; i < 12; i++) {
+      const p = join(dir, '.nats-server', suite, 'usr', 'sbin', 'nats-server');
+      if (existsSync(p)) return p;
+      const up = dirname(dir);
+      if (up === dir) break;
+      dir = up;
+    }
+  }
+  return null;
+}
+
+const versionCache = new Map<string, string | null>();
+/** What `bin --version` prints (`2.10.27`), or null when it does not run or print one; cached per path. */
+export function binaryVersion(bin: string): string | null {
+  if (versionCache.has(bin)) return versionCache.get(bin)!;
+  let v: string | null = null;
+  try {
+    const out = execFileSync(bin, ['--version'], { encoding: 'utf8', timeout: 5_000, stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = parseServerVersion(out);
+    v = p ? p.join('.') : null;
+  } catch {
+    v = null;
+  }
+  versionCache.set(bin, v);
+  return v;
+}
+
+/**
+ * Path of the `nats-server` binary: `NATS_SERVER_BIN` when set (as it is, even when missing or
+ * old: a named binary is never silently replaced by another one, and {@link spawnNatsServer}
+ * refuses one older than {@link MIN_SERVER_VERSION}); else the project's own
+ * (`.nats-server/trixie/`, from `scripts/ensure-nats-server`); else the first on PATH or in
+ * Debian's places that is {@link MIN_SERVER_VERSION} or later — Debian 12's 2.9.10 is never picked.
+ * Null when there is none.
+ */
+export function natsServerBinary(env: NodeJS.ProcessEnv = process.env, o: { /** Look for the project's own (default true). */ project?: boolean } = {}): string | null {
+  if (env.NATS_SERVER_BIN) return env.NATS_SERVER_BIN;
+  const own = o.project === false ? null : projectServerBinary('trixie');
+  if (own) return own;
+  const candidates = [...(env.PATH ?? '').split(delimiter).filter(Boolean).map((dir) => join(dir, 'nats-server')), '/usr/sbin/nats-server', '/usr/bin/nats-server'];
+  for (const p of candidates) {
+    if (!existsSync(p)) continue;
+    const v = binaryVersion(p);
+    if (v && serverVersionAtLeast(v, MIN_SERVER_VERSION)) return p;
+  }
   return null;
 }
 
@@ -56,16 +161,18 @@ export function setprivBinary(): string | null {
   return null;
 }
 
-/**
- * Spawns `nats-server -a 127.0.0.1 -p <port|-1> -js -sd <dir>` (plus `extraArgs`, e.g. `-c FILE`)
- * and resolves once it logs its client port. Throws {@link NatsServerUnavailableError} when the
- * binary is missing or the server exits before listening (10 s).
- */
 const ownedServers = new Set<ChildProcess>();
 process.once('exit', () => {
   for (const c of ownedServers) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
 });
 
+/**
+ * Spawns `nats-server -p <port|-1> -c FILE` — the caller's `-c FILE` in `extraArgs`, else a configuration
+ * on loopback with JetStream in `storeDir` and `durability` (fsync by default) —
+ * and resolves once it logs its client port. Throws {@link NatsServerUnavailableError} when the
+ * binary is missing or the server exits before listening (10 s), and {@link UnsupportedServerError}
+ * for a binary older than {@link MIN_SERVER_VERSION} unless `allowUnsupported`.
+ */
 export async function spawnNatsServer(
   opts: {
     port?: number;
@@ -81,17 +188,28 @@ export async function spawnNatsServer(
      * it is missing, nothing is done and the caller must find an orphan itself (npm start's lock).
      */
     exitWithParent?: boolean;
+    /** Start a server older than {@link MIN_SERVER_VERSION} anyway (only the tests that show it refused do). */
+    allowUnsupported?: boolean;
+    /** Without `-c` in `extraArgs`: the durability of the configuration written for it (default `fsync`). */
+    durability?: Durability;
   } = {},
 ): Promise<NatsServerHandle> {
   const bin = opts.binary ?? natsServerBinary();
   if (!bin) throw new NatsServerUnavailableError(`nats-server not found: ${INSTALL_HINT}`);
+  const version = existsSync(bin) ? binaryVersion(bin) : null;
+  if (version && !opts.allowUnsupported && !serverVersionAtLeast(version, MIN_SERVER_VERSION)) throw new UnsupportedServerError(version, bin);
   const storeDir = opts.storeDir ?? mkdtempSync(join(tmpdir(), 'tooltx-js-'));
+  // Without a configuration of the caller's, one of ours: `sync_interval` has no command-line flag.
+  let extraArgs = opts.extraArgs ?? [];
+  if (!extraArgs.includes('-c')) {
+    const conf = `${storeDir.replace(/\/+$/, '')}.conf`;
+    writeFileSync(conf, `listen: "127.0.0.1:-1"\n${jetstreamConfigBlock(storeDir, opts.durability)}\n`, { mode: 0o600 });
+    extraArgs = ['-c', conf, ...extraArgs];
+  }
   let child!: ChildProcess;
   const start = (port: number) =>
     new Promise<number>((resolve, reject) => {
-      const args = opts.extraArgs?.some((a) => a === '-c')
-        ? ['-p', String(port), ...opts.extraArgs]
-        : ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', storeDir, ...(opts.extraArgs ?? [])];
+      const args = ['-p', String(port), ...extraArgs];
       const setpriv = opts.exitWithParent ? setprivBinary() : null;
       child = setpriv
         ? spawn(setpriv, ['--pdeathsig', 'TERM', '--', bin, ...args], { stdio: ['ignore', 'ignore', 'pipe'], detached: opts.detached ?? false })
@@ -137,12 +255,19 @@ export async function spawnNatsServer(
     },
     async stop({ removeStore = opts.storeDir === undefined } = {}) {
       await stopChild('SIGTERM');
-      if (removeStore) rmSync(storeDir, { recursive: true, force: true });
+      if (removeStore) {
+        rmSync(storeDir, { recursive: true, force: true });
+        if (!opts.extraArgs?.includes('-c')) rmSync(`${storeDir.replace(/\/+$/, '')}.conf`, { force: true });
+      }
     },
-    async restart() {
-      await stopChild('SIGKILL');
+    async restart(signal: NodeJS.Signals = 'SIGKILL') {
+      await stopChild(signal);
       port = await start(port);
     },
+    async kill(signal: NodeJS.Signals = 'SIGKILL') {
+      await stopChild(signal);
+    },
+    ...(version ? { version } : {}),
   };
   return handle;
 }
@@ -192,4 +317,51 @@ async function tryContainer(): Promise<NatsServerHandle | null> {
   } catch {
     return null;
   }
+}
+
+/** The nodes of a cluster this process started ({@link spawnNatsCluster}). */
+export interface NatsClusterHandle {
+  /** Every node's client URL, comma-separated (what `NATS_URL` and `createTools({ servers })` take). */
+  url: string;
+  nodes: NatsServerHandle[];
+  stop(opts?: { removeStore?: boolean }): Promise<void>;
+}
+
+/**
+ * Spawns one nats-server per configuration of a cluster (`generateAuth({ cluster })` writes them,
+ * docs/cluster.md) at once — a node waits for its routes, so one after the other would stall — with
+ * `storeDirs[i]` and client port `ports[i]` (default a free one each). Throws as
+ * {@link spawnNatsServer}; a node that fails stops the others.
+ */
+export async function spawnNatsCluster(
+  configFiles: string[],
+  storeDirs: string[],
+  opts: { ports?: number[]; binary?: string; detached?: boolean; exitWithParent?: boolean; allowUnsupported?: boolean; /** More arguments per node (e.g. `-m PORT`). */ extraArgs?: string[][] } = {},
+): Promise<NatsClusterHandle> {
+  const started = await Promise.allSettled(
+    configFiles.map((file, i) =>
+      spawnNatsServer({
+        extraArgs: ['-c', file, ...(opts.extraArgs?.[i] ?? [])],
+        storeDir: storeDirs[i]!,
+        ...(opts.ports?.[i] !== undefined ? { port: opts.ports[i] } : {}),
+        ...(opts.binary ? { binary: opts.binary } : {}),
+        ...(opts.detached !== undefined ? { detached: opts.detached } : {}),
+        ...(opts.exitWithParent !== undefined ? { exitWithParent: opts.exitWithParent } : {}),
+        ...(opts.allowUnsupported !== undefined ? { allowUnsupported: opts.allowUnsupported } : {}),
+      }),
+    ),
+  );
+  const nodes = started.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+  const failed = started.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (failed) {
+    await Promise.all(nodes.map((n) => n.stop({ removeStore: false })));
+    throw failed.reason;
+  }
+  return {
+    url: nodes.map((n) => n.url).join(','),
+    nodes,
+    async stop(o) {
+      await Promise.all(nodes.map((n) => n.stop(o)));
+    },
+  };
 }

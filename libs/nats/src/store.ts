@@ -98,6 +98,13 @@ export class OperationStore {
           timeout: this.#timeoutMs,
         });
         if (!ack.duplicate) return ack.seq;
+        if (ack.seq === 0) {
+          // On a cluster, a retransmission whose first copy is still being replicated is answered
+          // `duplicate` with sequence 0: nothing to read back yet. Ask again (FM-29).
+          lastErr = new StoreUnavailableError(`append to ${subject}: duplicate of a message still in flight`);
+          await sleep(100 * 2 ** i);
+          continue;
+        }
         const stored = await this.#direct(this.#subjects.eventsStream, { seq: ack.seq });
         if (stored && stored.subject === subject && decode(operationEventSchema, stored.data).eventId === event.eventId) return ack.seq;
         throw new ConcurrencyError(subject, expectedSeq);
@@ -145,6 +152,12 @@ export class OperationStore {
     for (let i = 0; i < PUBLISH_ATTEMPTS; i++) {
       try {
         const ack = await this.#js.publish(subject, data, { msgID, timeout: this.#timeoutMs });
+        // A duplicate of a first copy still being replicated (cluster): its sequence is not known yet.
+        if (ack.duplicate && ack.seq === 0) {
+          lastErr = new StoreUnavailableError(`publish to ${subject}: duplicate of a message still in flight`);
+          await sleep(100 * 2 ** i);
+          continue;
+        }
         return ack.seq;
       } catch (err) {
         if (!isTransient(err)) throw err;
@@ -191,6 +204,7 @@ export function isWrongLastSequence(err: unknown): boolean {
 /** Timeouts, no responders and connection loss: the request may be retried (by error class, never by message text). */
 export function isTransient(err: unknown): boolean {
   return (
+    isNoRespondersPublish(err) ||
     err instanceof coreErrors.TimeoutError ||
     err instanceof coreErrors.NoRespondersError ||
     err instanceof coreErrors.RequestError ||
@@ -198,6 +212,18 @@ export function isTransient(err: unknown): boolean {
     err instanceof coreErrors.DrainingConnectionError ||
     err instanceof coreErrors.ClosedConnectionError
   );
+}
+
+/**
+ * A JetStream publish that reached no stream: nats.js reports the request's no-responders as
+ * `JetStreamNotEnabled` once its own retries are spent. Nothing was stored, so the same publish may
+ * be sent again. On a cluster it happens for a moment after a node (re)starts, before the interest
+ * of a stream across a service import has reached the node the client is connected to (FM-29).
+ */
+export function isNoRespondersPublish(err: unknown): boolean {
+  if (!(err instanceof Error) || err.name !== 'JetStreamNotEnabled') return false;
+  const cause = err.cause;
+  return cause instanceof coreErrors.RequestError && cause.isNoResponders();
 }
 
 function sleep(ms: number): Promise<void> {

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { decide, type AcceptCommand, type OperationEvent } from '@tooltx/lifecycle';
 import { RetentionPolicy } from '@nats-io/jetstream';
-import { ConcurrencyError, encode, EVENT_TYPE_HEADER, eventTypeOf, newEventId, Subjects } from '@tooltx/nats';
+import { ConcurrencyError, encode, EVENT_TYPE_HEADER, eventTypeOf, isNoRespondersPublish, isTransient, newEventId, Subjects } from '@tooltx/nats';
 import { checkTopology, topology } from '@tooltx/streams';
 import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
 
@@ -26,6 +26,19 @@ describe('the JetStream event store (real nats-server)', () => {
     t = await provisioned({ duplicateWindowMs: 1_000 });
   });
   afterAll(() => t.close());
+
+  it('FM-29: a publish that reached no stream (nats.js: JetStreamNotEnabled from no responders) is transient — nothing was stored; a refused or wrong-sequence publish is not', async () => {
+    const err = await t.js.publish(`${t.subjects.prefix}.nostream.x`, new Uint8Array([1]), { timeout: 2_000 }).then(() => null, (e: unknown) => e);
+    expect(err).toBeInstanceOf(Error);
+    expect((err as Error).name).toBe('JetStreamNotEnabled');
+    expect(isNoRespondersPublish(err)).toBe(true);
+    expect(isTransient(err)).toBe(true);
+    const opId = nextOpId();
+    await t.store.append('acme', opId, acceptedEvent(), 0);
+    const wrongSeq = await t.js.publish(t.subjects.op('acme', opId), new Uint8Array([1]), { expect: { lastSubjectSequence: 0 } }).then(() => null, (e: unknown) => e);
+    expect(isNoRespondersPublish(wrongSeq)).toBe(false);
+    expect(isTransient(wrongSeq)).toBe(false);
+  });
 
   it('lets exactly one of ten concurrent first appends win; the others get a ConcurrencyError', async () => {
     const opId = nextOpId();

@@ -5,7 +5,7 @@ import { Command } from 'commander';
 import { usageErrorsExitTwo } from './cli.js';
 import { z } from 'zod';
 import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
-import { connectNats, connectProblemOf, jetStreamOf, OperationStore, permissionViolationOf, Subjects, type NatsConnection } from '@tooltx/nats';
+import { connectNats, connectProblemOf, jetStreamOf, MIN_SERVER_VERSION, OperationStore, serverVersionAtLeast, permissionViolationOf, Subjects, type NatsConnection } from '@tooltx/nats';
 import { assertTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
 import { loadReceiptSigner, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConfigError, envInt, loadConfig, serviceConfigSchema } from './config.js';
@@ -154,6 +154,11 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
         throw err;
       }
     }, describeConnectError);
+    // 2.10.0 is the oldest server tooltx runs on (docs/nats-server.md): refused before anything is read or written.
+    const serverVersion = nc.info?.version ?? 'unknown';
+    if (!serverVersionAtLeast(serverVersion, MIN_SERVER_VERSION)) {
+      throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), `nats-server ${serverVersion} answers there; tooltx needs ${MIN_SERVER_VERSION} or later (2.9.x can be stopped by any agent, nats-io/nats-server#3862, and cannot fsync before every acknowledgement): \`scripts/ensure-nats-server\` fetches Debian 13's 2.10 into .nats-server/, see docs/nats-server.md`);
+    }
     const { js, jsm } = await jetStreamOf(nc);
     const subjects = new Subjects(config.TOOLTX_PREFIX);
     const topo = topology(subjects, topologyOptionsFrom(config));
@@ -184,13 +189,6 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
       await conn.drain();
     });
     log.info({ prefix: subjects.prefix, contracts: tools.contracts.all().map((c) => c.id) }, 'started');
-    const serverVersion = nc.info?.version;
-    if (serverVersion && hasReplyWildcardCrash(serverVersion)) {
-      log.warn(
-        { serverVersion, upstream: 'nats-io/nats-server#3862, fixed in 2.9.15' },
-        'this nats-server stops (stack overflow) on a request across a service import whose reply subject holds a wildcard: any agent can send one; run 2.9.15 or later where agents are not trusted',
-      );
-    }
     // A supervisor (npm start) learns it over IPC, whatever LOG_LEVEL hides.
     announceReady();
   } catch (err) {
@@ -252,17 +250,4 @@ export function describeModuleError(path: string, err: unknown): string {
   }
   if (err instanceof SyntaxError) return 'the module does not compile (SyntaxError); run it with `node --import tsx` to see where';
   return `the module threw while loading: ${describeError(err)}`;
-}
-
-/**
- * Whether nats-server `version` has the crash of nats-io/nats-server#3862 (fixed in 2.9.15): a
- * request that crosses a service import with a wildcard in its reply subject recurses until the
- * server dies. Agents reach tooltx only through service imports (streams/identity.ts), so on such a
- * server any agent can stop the deployment. Verified on Debian's 2.9.10 (session 5 review).
- */
-export function hasReplyWildcardCrash(version: string): boolean {
-  const m = /^v?(\d+)\.(\d+)\.(\d+)/.exec(version);
-  if (!m) return false;
-  const [maj, min, pat] = [Number(m[1]), Number(m[2]), Number(m[3])];
-  return maj === 2 && (min < 9 || (min === 9 && pat < 15));
 }

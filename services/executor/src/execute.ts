@@ -14,7 +14,7 @@ import {
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
-import { decide, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Decision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
+import { decide, decideSend, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Decision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConcurrencyError, decode, decodeRaw, encode, eventTypeOf, newEventId, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
@@ -194,6 +194,19 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       throw err;
     }
     const afterStart = { state: start.event.state, seq: runningSeq };
+    // Stored too late to be sent (a stalled append, e.g. a cluster's leader election): nothing has
+    // left, so the attempt starts again with a fresh deadline rather than meet a refusal (FM-29).
+    const go = decideSend({ startedAt, deadlineAt, now: now(), requeues: state.requeues ?? 0 });
+    if (go.kind !== 'send') {
+      if (go.kind === 'requeue') {
+        const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'late_start' }), { known: afterStart });
+        l.warn({ elapsedMs: now() - startedAt, timeoutMs, outcome: d?.kind }, 'running stored too late to send: requeued, nothing sent');
+      } else {
+        await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
+        l.warn({ elapsedMs: now() - startedAt, timeoutMs, requeues: state.requeues }, 'running stored too late to send, again: rejected as dependency_unavailable, nothing sent');
+      }
+      return;
+    }
 
     // Aborted at the attempt's deadline or on shutdown. One controller per attempt whose listener on
     // the long-lived shutdown signal is removed afterwards (AbortSignal.any on Node 20 keeps every
