@@ -16,7 +16,7 @@
  */
 import { Command, Option } from 'commander';
 import { ErrorClass, TooltxError } from '@tooltx/contracts';
-import { decode, jetStreamOf, openBucket, Subjects } from '@tooltx/nats';
+import { assertSupportedServer, decode, jetStreamOf, openBucket, Subjects, UnsupportedServerError } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig, loadImplementations, ConfigError, usageErrorsExitTwo } from '@tooltx/runtime';
 import { describeModuleError, topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
 import { existsSync, readFileSync, statSync } from 'node:fs';
@@ -76,6 +76,14 @@ async function setup() {
     reconnectForever: false,
     as: PROVISIONER,
   });
+  // 2.10 is the oldest server tooltx runs on (docs/nats-server.md): no stream is applied or checked on an older one.
+  try {
+    assertSupportedServer(nc.info?.version);
+  } catch (err) {
+    await nc.close();
+    if (err instanceof UnsupportedServerError) throw new CliRefusal(`NATS_URL: the server there is ${err.problem}`, { cause: err });
+    throw err;
+  }
   const { jsm } = await jetStreamOf(nc);
   const subjects = new Subjects(config.TOOLTX_PREFIX);
   return { config, nc, jsm, subjects, topo: topology(subjects, topologyOptionsFrom(config)) };

@@ -20,11 +20,23 @@ function mirrorOf(files: Record<string, string>) {
   dirs.push(etc);
   mkdirSync(join(etc, 'sources.list.d'));
   for (const [path, text] of Object.entries(files)) writeFileSync(join(etc, path), text);
-  const r = spawnSync(join(ROOT, 'scripts', 'ensure-nats-server'), ['--print-mirror'], { env: { ...process.env, TOOLTX_APT_ETC: etc }, encoding: 'utf8' });
-  return { status: r.status, out: r.stdout.trim().split('\t'), stderr: r.stderr };
+  const r = spawnSync(join(ROOT, 'scripts', 'ensure-nats-server'), ['--print-mirror'], { env: { ...process.env, TOOLTX_APT_ETC: etc }, encoding: 'utf8', timeout: 10_000 });
+  const lines = r.stdout.trim().split('\n').filter(Boolean).map((l) => l.split('\t'));
+  return { status: r.status, out: lines[0] ?? [], mirrors: lines.map((l) => l[0]), keyrings: [...new Set(lines.map((l) => l[1]))], stderr: r.stderr };
 }
 
 describe('scripts/ensure-nats-server: the machine\'s Debian mirror', () => {
+  it('every candidate in order (sources.list, *.sources, *.list), each checked with Debian\'s archive keyring only — a third party naming a Debian suite cannot bring its own key; odd lines neither hang nor count', () => {
+    const r = mirrorOf({
+      'sources.list': ['deb cdrom:[Debian GNU/Linux 12]/ bookworm main', 'deb [arch=amd64 http://unterminated.example/debian bookworm main', 'deb http://one.example/debian bookworm main', ''].join('\n'),
+      'sources.list.d/grafana.list': 'deb [signed-by=/usr/share/keyrings/grafana.key] https://apt.grafana.com stable main\n',
+      'sources.list.d/debian.sources': 'types: deb\nuris: http://two.example/debian http://three.example/debian\nsuites: trixie\ncomponents: main\n\nTypes: deb\nURIs: http://off.example/debian\nSuites: bookworm\nEnabled: No\n',
+    });
+    expect(r.status).toBe(0);
+    expect(r.mirrors).toEqual(['http://one.example/debian', 'http://two.example/debian', 'http://three.example/debian', 'https://apt.grafana.com']);
+    expect(r.keyrings).toEqual(['/usr/share/keyrings/debian-archive-keyring.gpg']);
+  });
+
   it('deb822 (*.sources): the first enabled stanza of a Debian release suite, with its Signed-By keyring', () => {
     const r = mirrorOf({
       'sources.list.d/debian.sources': [

@@ -4,6 +4,7 @@
  * 2.9.10 refuses to start, naming it, and a 2.9.10 on PATH is never picked; newer servers (sid's
  * current release) keep working: FM-01 and FM-02 run on it here.
  */
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, symlinkSync, mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -18,6 +19,7 @@ import { Sink } from './helpers/sink.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { contracts, sinkWrite } from './fixtures/sink-tools.js';
 
+const ROOT = join(import.meta.dirname, '..');
 const BOOKWORM = projectServerBinary('bookworm');
 const SID = projectServerBinary('sid');
 
@@ -69,9 +71,12 @@ describe('servers older than 2.10 (Debian 12\'s 2.9.10)', () => {
       expect(t.nc.info!.version).toBe('2.9.10');
       const p = await startService('authorizer', t.env, { wait: false });
       expect(await p.exited).toBe(2);
-      expect(p.stderr).toContain(`cannot start: NATS_URL=${t.url}: nats-server 2.9.10 answers there; tooltx needs 2.10.0 or later`);
+      expect(p.stderr).toContain(`cannot start: NATS_URL=${t.url}: the server there is nats-server 2.9.10; tooltx needs 2.10.0 or later`);
       expect(p.stderr).toContain('scripts/ensure-nats-server');
       expect(p.lines.some((l) => l.msg === 'started')).toBe(false);
+      // The provisioner's CLI applies nothing to it either.
+      const cli = spawnSync(process.execPath, ['--import', 'tsx', 'bin/tooltx.ts', 'streams', 'apply'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', NATS_URL: t.url, TOOLTX_PREFIX: `${t.subjects.prefix}x`, NATS_NKEY_FILE: t.auth.seedFile({ kind: 'provisioner' }) }, encoding: 'utf8' });
+      expect({ status: cli.status, stderr: cli.stderr.trim() }).toMatchObject({ status: 1, stderr: expect.stringContaining('tooltx: NATS_URL: the server there is nats-server 2.9.10; tooltx needs 2.10.0 or later') });
     } finally {
       await t.close();
     }

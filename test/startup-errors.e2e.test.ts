@@ -273,6 +273,25 @@ describe('npm start that cannot start', () => {
     expect(bogus.stderr).toContain("unknown option '--bogus'");
   });
 
+  it('--cluster: only 1 or 3 nodes, ports that fit, a KB port outside the nodes\', and a state directory keeps its layout (exit 2, named, nothing added)', async () => {
+    const port = await freePort();
+    const two = await failure(start(['--cluster', '2', '--state-dir', join(dir, 'cluster-2'), '--port', String(port), '--kb-port', String(await freePort())]));
+    expect(two.line).toMatchObject({ setting: '--cluster' });
+    expect(two.stderr).toContain('tooltx-start: invalid configuration: --cluster 2: ');
+    const high = await failure(start(['--cluster', '3', '--port', '65534', '--kb-port', String(await freePort()), '--state-dir', join(dir, 'cluster-high')]));
+    expect(high.stderr).toBe('tooltx-start: invalid configuration: --port 65534: the cluster\'s nodes listen on --port to --port+2: at most 65533\n');
+    const kbInside = await failure(start(['--cluster', '3', '--port', String(port), '--kb-port', String(port + 2), '--state-dir', join(dir, 'cluster-kb')]));
+    expect(kbInside.stderr).toBe(`tooltx-start: invalid configuration: --kb-port ${port + 2}: a port of the embedded cluster's nodes (--port to --port+2 with --cluster 3): give the KB another one\n`);
+    for (const d of ['cluster-2', 'cluster-high', 'cluster-kb']) expect(existsSync(join(dir, d))).toBe(false);
+    // A single server's store: a cluster would start from empty streams beside it.
+    const single = join(dir, 'was-single');
+    mkdirSync(join(single, 'jetstream'), { recursive: true });
+    const layout = await failure(start(['--cluster', '3', '--state-dir', single, '--port', String(await freePort()), '--kb-port', String(await freePort())]));
+    expect(layout.line).toMatchObject({ setting: '--state-dir', value: single });
+    expect(layout.stderr).toContain('holds the JetStream store of a single server (jetstream/)');
+    expect(readdirSync(single)).toEqual(['jetstream']);
+  });
+
   it('names --kb-port when the KB\'s port is taken, and leaves nothing running', async () => {
     const free = createServer();
     await new Promise<void>((r) => free.listen(0, '127.0.0.1', r));

@@ -260,6 +260,12 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     if (missing.length) {
       throw new StartupError('KB_SEED_FILE', kbTenants, missing.map((t) => `tenant ${t.id} of the identity list has no entry (give it a quota, or "quota": null for none)`).join('; '));
     }
+    // A state directory keeps one layout: a cluster next to a single server's store (or the reverse)
+    // would start from empty streams while the KB still holds the old notes.
+    const otherLayout = nodes === 3 ? join(o.stateDir, 'jetstream') : join(o.stateDir, 'jetstream-n1');
+    if (existsSync(otherLayout)) {
+      throw new StartupError('TOOLTX_STATE_DIR', o.stateDir, `holds the JetStream store of ${nodes === 3 ? 'a single server (jetstream/)' : 'a three-node cluster (jetstream-n1/ …)'}: start it as before, or give this layout another state directory`);
+    }
     // A cluster's routes listen on free loopback ports, chosen now: every node's configuration lists the others'.
     const routePorts = nodes === 3 ? await Promise.all([0, 1, 2].map(() => freeLoopbackPort())) : [];
     const clientPort = (i: number) => (o.natsPort === undefined || o.natsPort === -1 ? -1 : o.natsPort + i);
@@ -319,7 +325,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     );
     serverVersion = nc.info?.version ?? 'unknown';
     // 2.10 is the oldest server tooltx runs on (docs/nats-server.md); the services refuse it too.
-    await startupStep('NATS_URL', displayUrl(servers), () => assertSupportedServer(serverVersion, 'the server there'), (err) => (err instanceof Error ? err.message : describeError(err)));
+    await startupStep('NATS_URL', displayUrl(servers), () => assertSupportedServer(serverVersion), (err) => (err instanceof UnsupportedServerError ? `the server there is ${err.problem}` : describeError(err)));
     const { jsm } = await jetStreamOf(nc);
     await startupStep('NATS_URL', displayUrl(servers), () => applyTopology(nc, jsm, topo), (err) =>
       err instanceof Error && (isNatsError(err) || err.name === 'StreamConfigError') ? `cannot apply the streams as the provisioner: ${err.message}` : describeError(err),
@@ -618,7 +624,7 @@ function freeLoopbackPort(): Promise<number> {
 
 /** Why the nats-server did not start, as a setting: its port in use, its binary missing or older than 2.10. */
 function natsServerProblem(err: unknown, port: number | undefined): unknown {
-  if (err instanceof UnsupportedServerError) return new StartupError('NATS_SERVER_BIN', natsServerBinary() ?? undefined, err.message.replace(/^.*? is nats-server/, 'nats-server'), { cause: err });
+  if (err instanceof UnsupportedServerError) return new StartupError('NATS_SERVER_BIN', natsServerBinary() ?? undefined, err.problem, { cause: err });
   if (!(err instanceof NatsServerUnavailableError)) return err;
   if (/address already in use/i.test(err.message)) return new StartupError('NATS_PORT', String(port ?? -1), 'the port is already in use: another process listens on it (EADDRINUSE)', { cause: err });
   if (/without a word on stderr/.test(err.message)) return new StartupError('NATS_SERVER_BIN', natsServerBinary() ?? undefined, err.message.replace(/^.* exited/, 'exited'), { cause: err });

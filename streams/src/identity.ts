@@ -1,4 +1,4 @@
-import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createUser, fromSeed, type KeyPair } from '@nats-io/nkeys';
@@ -260,7 +260,9 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
     `$JS.ACK.${stream}.${durable}.>`,
   ];
   const directLast = (stream: string) => [`${api}.DIRECT.GET.${stream}.>`];
-  const directSeq = (stream: string) => [`${api}.DIRECT.GET.${stream}`];
+  // A read by sequence that a lagging replica cannot serve (direct gets may be answered by any
+  // replica of an R3 stream) is asked again of the stream's leader (OperationStore, FM-29).
+  const directSeq = (stream: string) => [`${api}.DIRECT.GET.${stream}`, `${api}.STREAM.MSG.GET.${stream}`];
   const kvRead = (bucket: string) => [...directLast(kvStream(bucket)), ...directSeq(kvStream(bucket)), `${api}.STREAM.INFO.${kvStream(bucket)}`];
   const kvWrite = (bucket: string) => [`$KV.${bucket}.>`];
   // A KV watch, key listing or history: an ordered push consumer on the bucket's own stream, named
@@ -435,6 +437,18 @@ export interface GeneratedAuth {
   seedFile(role: Role): string;
 }
 
+/**
+ * Writes `text` to `file` with mode 0600 whatever the file's mode was (`writeFileSync`'s mode applies
+ * only to a file it creates), through a temporary file renamed into place: a crash never leaves it
+ * half written.
+ */
+function writePrivate(file: string, text: string): void {
+  const tmp = `${file}.${process.pid}.tmp`;
+  writeFileSync(tmp, text, { mode: 0o600 });
+  chmodSync(tmp, 0o600);
+  renameSync(tmp, file);
+}
+
 /** Stable file name of a role's seed. */
 function userName(role: Role): string {
   switch (role.kind) {
@@ -557,14 +571,17 @@ export function generateAuth(
   if (!o.cluster) {
     const config = [header, `server_name: ${q(o.serverName ?? 'tooltx')}`, `listen: ${q(o.listen)}`, jetstreamConfigBlock(o.storeDir, o.durability), accountsBlock, ''].join('\n');
     const configFile = join(o.outDir, 'nats-server.conf');
-    writeFileSync(configFile, config, { mode: 0o600 });
+    writePrivate(configFile, config);
     configFiles.push(configFile);
   } else {
     // Routes authenticate with a password of their own, kept across generations so that a node
     // whose configuration is written again still joins the others (a rolling restart).
+    // One that is not 48 hex characters (empty after a crash mid-write, edited by hand) is replaced:
+    // an empty password would let any peer join as a route.
     const routeSecretFile = join(o.outDir, 'cluster-route.secret');
-    const routePassword = existsSync(routeSecretFile) ? readFileSync(routeSecretFile, 'utf8').trim() : randomBytes(24).toString('hex');
-    writeFileSync(routeSecretFile, `${routePassword}\n`, { mode: 0o600 });
+    const kept = existsSync(routeSecretFile) ? readFileSync(routeSecretFile, 'utf8').trim() : '';
+    const routePassword = /^[0-9a-f]{48}$/.test(kept) ? kept : randomBytes(24).toString('hex');
+    writePrivate(routeSecretFile, `${routePassword}\n`);
     const nodes = o.cluster.nodes;
     for (const node of nodes) {
       const routes = nodes
@@ -589,7 +606,7 @@ export function generateAuth(
         '',
       ].join('\n');
       const file = join(o.outDir, `nats-server-${node.serverName}.conf`);
-      writeFileSync(file, config, { mode: 0o600 });
+      writePrivate(file, config);
       configFiles.push(file);
     }
   }

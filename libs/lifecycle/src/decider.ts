@@ -107,6 +107,12 @@ export interface RequeueCommand {
    * too late to be sent, nothing sent (executor, decideSend).
    */
   reason: 'probe_not_found' | 'stale_accepted' | 'late_start';
+  /**
+   * The run being requeued (its `running` event id): a requeue decided about one run never applies
+   * to a later run of the same attempt, which may already have sent its request. Required for
+   * `late_start`; the reconciler's `probe_not_found` names the run it probed.
+   */
+  runId?: string;
 }
 /** Hand the operation over to a person (FM-14): only from `unknown`, once. */
 export interface OpenTakeoverCommand {
@@ -219,6 +225,7 @@ export function decide(cmd: OperationCommand, state: OperationState, ctx: Decide
     case 'requeue': {
       if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
       if (state.attempt !== cmd.attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
+      if (cmd.reason === 'late_start' && cmd.runId === undefined) return { kind: 'skip', reason: 'stale_run', state };
       const from = cmd.reason === 'stale_accepted' ? ['accepted'] : cmd.reason === 'late_start' ? ['running'] : ['running', 'unknown'];
       if (!from.includes(state.status)) return { kind: 'skip', reason: 'not_running', state };
       if (state.takeover) return { kind: 'skip', reason: 'taken_over', state };

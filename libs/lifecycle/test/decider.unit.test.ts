@@ -163,18 +163,31 @@ describe('recovery (verify before acting)', () => {
     expect(at(2_010, MAX_LATE_START_REQUEUES)).toEqual({ kind: 'send' });
   });
 
-  it('FM-29: given running, when requeued as a late start, then accepted again for the same attempt and key; never from unknown or accepted', () => {
+  it('FM-29: given running, when requeued as a late start of that run, then accepted again for the same attempt and key; never from unknown or accepted', () => {
     const r = running();
-    const q = appended(given(r).when({ type: 'requeue', eventId: id(), at: 6_500, attempt: 1, reason: 'late_start' }));
+    const q = appended(given(r).when({ type: 'requeue', eventId: id(), at: 6_500, attempt: 1, runId: r.eventId, reason: 'late_start' }));
     expect(q).toMatchObject({ type: 'requeued', reason: 'late_start', state: { status: 'accepted', attempt: 1, requeues: 1, operationKey: KEY } });
     expect(q.state).not.toHaveProperty('running');
     // The next run starts with a fresh deadline.
     const r2 = appended(given(q).when({ type: 'start', eventId: id(), at: 7_000, attempt: 1, executor: 'ex-1', deadlineAt: 11_000 }));
     expect(r2.state).toMatchObject({ status: 'running', running: { deadlineAt: 11_000 } });
     // A request may have left from unknown: a late start is only what `running` says before anything is sent.
-    expect(given(unknownOf()).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, reason: 'late_start' })).toMatchObject({ kind: 'skip', reason: 'not_running' });
-    expect(given(accepted()).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, reason: 'late_start' })).toMatchObject({ kind: 'skip', reason: 'not_running' });
-    expect(given(r).when({ type: 'requeue', eventId: id(), at: 1, attempt: 2, reason: 'late_start' })).toMatchObject({ kind: 'skip', reason: 'attempt_mismatch' });
+    expect(given(unknownOf()).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, runId: r.eventId, reason: 'late_start' })).toMatchObject({ kind: 'skip' });
+    expect(given(accepted()).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, runId: r.eventId, reason: 'late_start' })).toMatchObject({ kind: 'skip' });
+    expect(given(r).when({ type: 'requeue', eventId: id(), at: 1, attempt: 2, runId: r.eventId, reason: 'late_start' })).toMatchObject({ kind: 'skip', reason: 'attempt_mismatch' });
+    // Unbound, it could requeue any run: refused.
+    expect(given(r).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, reason: 'late_start' })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
+  });
+
+  it('FM-29: a late-start requeue decided about one run never requeues a later run of the same attempt (which may have sent its request)', () => {
+    // Executor A's `running` stalls; meanwhile the reconciler requeues A's run and executor B starts run 2 and sends.
+    const rA = running();
+    const q = appended(given(rA).when({ type: 'requeue', eventId: id(), at: 6_000, attempt: 1, runId: rA.eventId, reason: 'probe_not_found' }));
+    const rB = appended(given(q).when({ type: 'start', eventId: id(), at: 6_100, attempt: 1, executor: 'ex-b', deadlineAt: 10_100 }));
+    // A's requeue, reloaded onto B's run, is skipped: B's request stands alone.
+    expect(given(rB).when({ type: 'requeue', eventId: id(), at: 6_200, attempt: 1, runId: rA.eventId, reason: 'late_start' })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
+    // And the reconciler's requeue of a probed run likewise.
+    expect(given(rB).when({ type: 'requeue', eventId: id(), at: 6_200, attempt: 1, runId: rA.eventId, reason: 'probe_not_found' })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
   });
 });
 

@@ -1,5 +1,5 @@
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync, existsSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, existsSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, delimiter } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -59,15 +59,19 @@ export function serverVersionAtLeast(version: string, min: string): boolean {
   return true;
 }
 
-/** Thrown when a server older than {@link MIN_SERVER_VERSION} answers; names its version and where to get a newer one. */
+/**
+ * Thrown when a server older than {@link MIN_SERVER_VERSION} answers or is named; `problem` names
+ * its version, why it is refused and how to get a newer one (`<where> is <problem>` is the message).
+ */
 export class UnsupportedServerError extends Error {
   readonly version: string;
+  readonly problem: string;
   constructor(version: string, where: string) {
-    super(
-      `${where} is nats-server ${version}; tooltx needs ${MIN_SERVER_VERSION} or later (2.9.x can be stopped by any agent, nats-io/nats-server#3862, and cannot fsync before every acknowledgement): ${INSTALL_HINT}`,
-    );
+    const problem = `nats-server ${version}; tooltx needs ${MIN_SERVER_VERSION} or later (2.9.x can be stopped by any agent, nats-io/nats-server#3862, and cannot fsync before every acknowledgement): ${INSTALL_HINT}`;
+    super(`${where} is ${problem}`);
     this.name = 'UnsupportedServerError';
     this.version = version;
+    this.problem = problem;
   }
 }
 
@@ -99,19 +103,40 @@ export function jetstreamConfigBlock(storeDir: string, durability: Durability = 
  */
 export type ServerSuite = 'trixie' | 'sid' | 'bookworm';
 
-/** The project's own binary of `suite`, found above this module or the working directory, or null. */
+/**
+ * The project's own binary of `suite`, or null: `.nats-server/<suite>/` in the root of the tooltx
+ * checkout this module (or the working directory) lies in ({@link packageRoot}). Never a directory
+ * further up: anyone may create `/tmp/.nats-server`.
+ */
 export function projectServerBinary(suite: ServerSuite = 'trixie'): string | null {
-  const starts = [dirname(fileURLToPath(import.meta.url)), process.cwd()];
-  for (const start of starts) {
-    for (let dir = start, i = 0; i < 12; i++) {
-      const p = join(dir, '.nats-server', suite, 'usr', 'sbin', 'nats-server');
-      if (existsSync(p)) return p;
-      const up = dirname(dir);
-      if (up === dir) break;
-      dir = up;
-    }
+  for (const start of [dirname(fileURLToPath(import.meta.url)), process.cwd()]) {
+    const root = packageRoot(start);
+    if (!root) continue;
+    const p = join(root, '.nats-server', suite, 'usr', 'sbin', 'nats-server');
+    if (existsSync(p)) return p;
   }
   return null;
+}
+
+/**
+ * The tooltx checkout `start` lies in: the nearest directory at or above it whose `package.json` is
+ * the `tooltx` package, passing only its own workspaces (`@tooltx/*`); null at any other package.
+ */
+function packageRoot(start: string): string | null {
+  for (let dir = start; ; dir = dirname(dir)) {
+    const pkg = join(dir, 'package.json');
+    if (existsSync(pkg)) {
+      let name: unknown;
+      try {
+        name = (JSON.parse(readFileSync(pkg, 'utf8')) as { name?: unknown }).name;
+      } catch {
+        return null;
+      }
+      if (name === 'tooltx') return dir;
+      if (typeof name !== 'string' || !name.startsWith('@tooltx/')) return null;
+    }
+    if (dirname(dir) === dir) return null;
+  }
 }
 
 const versionCache = new Map<string, string | null>();
@@ -196,7 +221,8 @@ export async function spawnNatsServer(
 ): Promise<NatsServerHandle> {
   const bin = opts.binary ?? natsServerBinary();
   if (!bin) throw new NatsServerUnavailableError(`nats-server not found: ${INSTALL_HINT}`);
-  const version = existsSync(bin) ? binaryVersion(bin) : null;
+  // A bare name is looked up on PATH by the same exec that runs it.
+  const version = binaryVersion(bin);
   if (version && !opts.allowUnsupported && !serverVersionAtLeast(version, MIN_SERVER_VERSION)) throw new UnsupportedServerError(version, bin);
   const storeDir = opts.storeDir ?? mkdtempSync(join(tmpdir(), 'tooltx-js-'));
   // Without a configuration of the caller's, one of ours: `sync_interval` has no command-line flag.

@@ -168,9 +168,19 @@ export class OperationStore {
     throw new StoreUnavailableError(`publish to ${subject} not confirmed`, { cause: lastErr });
   }
 
+  /**
+   * A direct get. On a replicated stream any replica may answer one, and a replica that has not yet
+   * caught up does not hold a message the leader stored (FM-29: an intent read back by the executor
+   * came back missing from a restarted node): a read by sequence that finds nothing is asked again
+   * of the leader (`STREAM.MSG.GET`) before "not there" is believed. A read of a subject's last
+   * message may be stale the same way; every append states its expected sequence, so a stale read
+   * costs a refused append and a reload, never a wrong event.
+   */
   async #direct(stream: string, query: { last_by_subj: string } | { seq: number }) {
     try {
-      return await this.#jsm.direct.getMessage(stream, query);
+      const m = await this.#jsm.direct.getMessage(stream, query);
+      if (m || !('seq' in query)) return m;
+      return await this.#jsm.streams.getMessage(stream, query);
     } catch (err) {
       if (isTransient(err)) throw new StoreUnavailableError(`direct get on ${stream} failed`, { cause: err });
       throw err;
@@ -205,6 +215,7 @@ export function isWrongLastSequence(err: unknown): boolean {
 export function isTransient(err: unknown): boolean {
   return (
     isNoRespondersPublish(err) ||
+    isInFlightDuplicate(err) ||
     err instanceof coreErrors.TimeoutError ||
     err instanceof coreErrors.NoRespondersError ||
     err instanceof coreErrors.RequestError ||
@@ -212,6 +223,16 @@ export function isTransient(err: unknown): boolean {
     err instanceof coreErrors.DrainingConnectionError ||
     err instanceof coreErrors.ClosedConnectionError
   );
+}
+
+/**
+ * nats-server 2.11+ answers a retransmission whose first copy is still being replicated with error
+ * 10158 (JSStreamDuplicateMessageConflict, "duplicate message id is in process"), where 2.10 answers
+ * `duplicate` with sequence 0: the first copy may yet land, so the same publish is asked again.
+ */
+export const IN_FLIGHT_DUPLICATE_CODE = 10158;
+export function isInFlightDuplicate(err: unknown): boolean {
+  return err instanceof JetStreamApiError && err.code === IN_FLIGHT_DUPLICATE_CODE;
 }
 
 /**

@@ -18,7 +18,7 @@ describe('supported nats-server versions (docs/nats-server.md)', () => {
 
   it('assertSupportedServer names the version it refuses and how to get a newer one', () => {
     expect(() => assertSupportedServer('2.9.10', 'the server at nats://127.0.0.1:4222')).toThrow(UnsupportedServerError);
-    expect(() => assertSupportedServer('2.9.10')).toThrow(/nats-server 2\.9\.10; tooltx needs 2\.10\.0 or later.*scripts\/ensure-nats-server/);
+    expect(() => assertSupportedServer('2.9.10')).toThrow(/^the server is nats-server 2\.9\.10; tooltx needs 2\.10\.0 or later.*scripts\/ensure-nats-server/);
     expect(() => assertSupportedServer(undefined)).toThrow(/unknown version/);
     expect(() => assertSupportedServer('2.10.27')).not.toThrow();
   });

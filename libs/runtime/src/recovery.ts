@@ -72,7 +72,7 @@ export async function recoverOperation(deps: {
       return d === 'appended' ? 'committed' : 'moved_on';
     }
     case 'requeue': {
-      const d = await append(deps, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'probe_not_found' }));
+      const d = await append(deps, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), reason: 'probe_not_found' }));
       l.info({ outcome: d }, 'recovered: nothing downstream, requeued under the same key');
       return d === 'appended' ? 'requeued' : 'moved_on';
     }

@@ -5,7 +5,7 @@ import { Command } from 'commander';
 import { usageErrorsExitTwo } from './cli.js';
 import { z } from 'zod';
 import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
-import { connectNats, connectProblemOf, jetStreamOf, MIN_SERVER_VERSION, OperationStore, serverVersionAtLeast, permissionViolationOf, Subjects, type NatsConnection } from '@tooltx/nats';
+import { assertSupportedServer, connectNats, connectProblemOf, jetStreamOf, OperationStore, UnsupportedServerError, permissionViolationOf, Subjects, type NatsConnection } from '@tooltx/nats';
 import { assertTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
 import { loadReceiptSigner, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConfigError, envInt, loadConfig, serviceConfigSchema } from './config.js';
@@ -155,9 +155,11 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
       }
     }, describeConnectError);
     // 2.10.0 is the oldest server tooltx runs on (docs/nats-server.md): refused before anything is read or written.
-    const serverVersion = nc.info?.version ?? 'unknown';
-    if (!serverVersionAtLeast(serverVersion, MIN_SERVER_VERSION)) {
-      throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), `nats-server ${serverVersion} answers there; tooltx needs ${MIN_SERVER_VERSION} or later (2.9.x can be stopped by any agent, nats-io/nats-server#3862, and cannot fsync before every acknowledgement): \`scripts/ensure-nats-server\` fetches Debian 13's 2.10 into .nats-server/, see docs/nats-server.md`);
+    try {
+      assertSupportedServer(nc.info?.version);
+    } catch (err) {
+      if (err instanceof UnsupportedServerError) throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), `the server there is ${err.problem}`, { cause: err });
+      throw err;
     }
     const { js, jsm } = await jetStreamOf(nc);
     const subjects = new Subjects(config.TOOLTX_PREFIX);

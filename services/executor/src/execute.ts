@@ -196,10 +196,12 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     const afterStart = { state: start.event.state, seq: runningSeq };
     // Stored too late to be sent (a stalled append, e.g. a cluster's leader election): nothing has
     // left, so the attempt starts again with a fresh deadline rather than meet a refusal (FM-29).
-    const go = decideSend({ startedAt, deadlineAt, now: now(), requeues: state.requeues ?? 0 });
+    // Reads and computations are sent anyway: a late one is refused or times out, and is retryable.
+    const go = hasSideEffect(impl.contract.effect) ? decideSend({ startedAt, deadlineAt, now: now(), requeues: state.requeues ?? 0 }) : { kind: 'send' as const };
     if (go.kind !== 'send') {
       if (go.kind === 'requeue') {
-        const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'late_start' }), { known: afterStart });
+        // Bound to this run: after a reload the operation may be running a later run that has sent.
+        const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, reason: 'late_start' }), { known: afterStart });
         l.warn({ elapsedMs: now() - startedAt, timeoutMs, outcome: d?.kind }, 'running stored too late to send: requeued, nothing sent');
       } else {
         await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
