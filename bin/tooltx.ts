@@ -202,9 +202,14 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
       throw new UsageError(`--listen: expected <host>:<port> with a port 1-65535 (or -1: any free port), got ${JSON.stringify(o.listen)}`);
     }
     const nodes = o.clusterNode.map((spec) => clusterNodeOf(spec, resolve(o.storeDir)));
-    if (nodes.length === 1 || new Set(nodes.map((n) => n.serverName)).size !== nodes.length) {
-      throw new UsageError(`--cluster-node: ${nodes.length === 1 ? 'a cluster needs at least two nodes (three for R3)' : 'two nodes with the same name'}`);
+    if (nodes.length > 0 && nodes.length !== 3 && nodes.length !== 5) {
+      throw new UsageError(`--cluster-node: ${nodes.length} nodes; a cluster here has 3 (R3) or 5, so that it keeps a majority when one node (two of five) is gone`);
     }
+    const twice = (key: (n: (typeof nodes)[number]) => string) => nodes.find((n, i) => nodes.findIndex((m) => key(m) === key(n)) !== i);
+    const sameName = twice((n) => n.serverName);
+    if (sameName) throw new UsageError(`--cluster-node: two nodes named ${sameName.serverName}`);
+    const sameRoute = twice((n) => `${n.routeHost}:${n.clusterListen.slice(n.clusterListen.lastIndexOf(':') + 1)}`);
+    if (sameRoute) throw new UsageError(`--cluster-node: two nodes with the route address ${sameRoute.routeHost}:${sameRoute.clusterListen.slice(sameRoute.clusterListen.lastIndexOf(':') + 1)}`);
     let text: string;
     try {
       text = readFileSync(o.identities, 'utf8');
@@ -242,14 +247,28 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
     process.stdout.write(`${JSON.stringify({ config: g.configFile, ...(nodes.length ? { configs: g.configFiles } : {}), users: g.users.map((u) => ({ role: u.role, seedFile: u.seedFile, inboxPrefix: u.inboxPrefix })) })}\n`);
   });
 
-/** `name,host:port,routeHost:routePort` of `--cluster-node` as a node (routes listen on the client address's host); a usage error otherwise. */
+/**
+ * `name,host:port,routeHost:routePort` of `--cluster-node` as a node (routes listen on the client
+ * address's host, on the route port); a usage error naming the part that is wrong otherwise.
+ */
 function clusterNodeOf(spec: string, storeDir: string) {
-  const m = /^([a-z0-9][a-z0-9_-]{0,31}),([^,:\s]+):(\d{1,5}),([^,:\s]+):(\d{1,5})$/i.exec(spec);
-  const ports = m ? [Number(m[3]), Number(m[5])] : [];
-  if (!m || ports.some((p) => p < 1 || p > 65_535)) {
-    throw new UsageError(`--cluster-node: expected <name>,<host>:<port>,<route host>:<route port> (ports 1-65535), got ${JSON.stringify(spec)}`);
-  }
-  return { serverName: m[1]!, listen: `${m[2]}:${m[3]}`, clusterListen: `${m[2]}:${m[5]}`, routeHost: m[4]!, storeDir: resolve(storeDir, m[1]!) };
+  const bad = (problem: string): never => {
+    throw new UsageError(`--cluster-node ${JSON.stringify(spec)}: ${problem} (expected <name>,<host>:<port>,<route host>:<route port>, e.g. n1,0.0.0.0:4222,nats-1:6222)`);
+  };
+  const parts = spec.split(',');
+  if (parts.length !== 3) bad(`${parts.length} comma-separated parts, not 3`);
+  const [name, listen, route] = parts as [string, string, string];
+  if (!/^[a-z0-9][a-z0-9_-]{0,31}$/i.test(name)) bad(`the name ${JSON.stringify(name)} is not 1-32 letters, digits, '_' or '-' (starting with a letter or digit)`);
+  const hostPort = (what: string, v: string) => {
+    const m = /^([^\s:[\]]+):(\d{1,5})$/.exec(v);
+    if (!m) return bad(`the ${what} ${JSON.stringify(v)} is not <host>:<port> (a host name or IPv4 address; IPv6 is not supported here)`);
+    const port = Number(m[2]);
+    if (port < 1 || port > 65_535) bad(`the ${what} port ${port} is not 1-65535`);
+    return { host: m[1]!, port };
+  };
+  const l = hostPort('client address', listen);
+  const r = hostPort('route address', route);
+  return { serverName: name, listen: `${l.host}:${l.port}`, clusterListen: `${l.host}:${r.port}`, routeHost: r.host, storeDir: resolve(storeDir, name) };
 }
 
 try {

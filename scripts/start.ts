@@ -137,8 +137,8 @@ const settings = z
     stateDir: path,
     kbTenants: path,
     kbDedup: z.enum(['on', 'off']),
-    durability: z.enum(['fsync', 'os']),
-    cluster: z.enum(['1', '3']).transform((v) => (v === '3' ? 3 : 1) as 1 | 3),
+    durability: z.enum(['fsync', 'os'], 'expected fsync or os'),
+    cluster: z.enum(['1', '3'], 'expected 1 (one server) or 3 (a cluster)').transform((v) => (v === '3' ? 3 : 1) as 1 | 3),
     prefix: z.string().regex(/^[a-z][a-z0-9_]{0,31}$/, 'must match ^[a-z][a-z0-9_]{0,31}$'),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
   })
@@ -226,6 +226,9 @@ const agentSeeds = dirname(aliceSeed);
 const quickstartEnv = process.env.NATS_URL
   ? `NATS_URL=${shellWord(shownUrl)} NATS_NKEY_FILE=${shellWord(aliceSeed)} TOOLTX_RECEIPT_KEYS_FILE=${shellWord(stack.receiptKeysFile)}`
   : `NATS_URL=${shellWord(shownUrl)} TOOLTX_STATE_DIR=${shellWord(stateDir)}`;
+if (process.env.NATS_URL && (program.getOptionValueSource('cluster') !== 'default' || program.getOptionValueSource('durability') !== 'default')) {
+  announce.warn({ NATS_URL: shownUrl }, '--cluster and --durability shape the embedded nats-server only: with NATS_URL they change nothing (that server\'s own configuration decides; docs/durability.md)');
+}
 if (stack.natsServer.durability === 'os') {
   announce.warn(
     { durability: 'os' },

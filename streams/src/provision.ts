@@ -25,8 +25,23 @@ export interface ApplyReport {
  * subjects); services only {@link checkTopology}. Throws the server's `JetStreamApiError` when an update is refused
  * (e.g. changing storage type).
  */
-export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t: Topology): Promise<ApplyReport> {
-  await waitForJetStream(jsm);
+export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t: Topology, opts: { timeoutMs?: number } = {}): Promise<ApplyReport> {
+  const deadline = Date.now() + (opts.timeoutMs ?? 60_000);
+  await waitForJetStream(jsm, opts.timeoutMs ?? 60_000);
+  // A cluster that has just (re)started answers the account's info before every stream has elected
+  // its leader and before the meta leader knows every peer: a step may time out or find "no suitable
+  // peers". Applying is idempotent, so the whole of it is tried again until the deadline.
+  for (;;) {
+    try {
+      return await applyOnce(nc, jsm, t);
+    } catch (err) {
+      if (!electing(err) || Date.now() > deadline) throw err;
+      await new Promise((r) => setTimeout(r, 500));
+    }
+  }
+}
+
+async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology): Promise<ApplyReport> {
   const report: ApplyReport = { created: [], updated: [], unchanged: [] };
   for (const cfg of Object.values(t.streams)) {
     const cur = await streamInfo(jsm, cfg.name);
@@ -76,10 +91,14 @@ export async function waitForJetStream(jsm: JetStreamManager, timeoutMs = 60_000
   }
 }
 
-/** A timeout or 10008 (JetStream temporarily unavailable): what a cluster without a meta leader answers. */
+/**
+ * What a cluster that is still electing answers: a timeout, 10008 (JetStream temporarily
+ * unavailable), or "no suitable peers for placement" while the meta leader does not yet know every
+ * node.
+ */
 function electing(err: unknown): boolean {
   for (let e: unknown = err, depth = 0; e instanceof Error && depth < 4; e = e.cause, depth++) {
-    if (e.name === 'TimeoutError' || /timeout|temporarily unavailable/i.test(e.message)) return true;
+    if (e.name === 'TimeoutError' || /timeout|temporarily unavailable|no suitable peers/i.test(e.message)) return true;
     if (e instanceof JetStreamApiError && e.code === 10008) return true;
   }
   return false;
