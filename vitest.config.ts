@@ -12,7 +12,7 @@ export default defineConfig({
         test: {
           name: 'main',
           include: ['test/**/*.test.ts', 'libs/*/test/**/*.test.ts', 'services/*/test/**/*.test.ts'],
-          exclude: ['test/cluster/**'],
+          exclude: ['test/cluster/**', 'test/matrix/**'],
           // Integration files spawn service processes; two machine cores.
           maxWorkers: 2,
         },
@@ -27,6 +27,18 @@ export default defineConfig({
           maxWorkers: 1,
           sequence: { groupOrder: 1 },
           testTimeout: 240_000,
+          hookTimeout: 120_000,
+        },
+      },
+      {
+        extends: true,
+        test: {
+          // Heavier end-to-end scenarios kept out of `npm test` (time budget): `npm run matrix`.
+          name: 'matrix',
+          include: ['test/matrix/**/*.test.ts'],
+          maxWorkers: 1,
+          sequence: { groupOrder: 2 },
+          testTimeout: 300_000,
           hookTimeout: 120_000,
         },
       },
