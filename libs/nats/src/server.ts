@@ -299,7 +299,7 @@ export async function spawnNatsServer(
 }
 
 /**
- * Finds a server for library code and tests (DESIGN.md "NATS server"): `NATS_URL` when set;
+ * Finds a server for library code and tests (docs/nats-server.md): `NATS_URL` when set;
  * else spawns the `nats-server` binary on a free loopback port with a temp store; else starts a
  * testcontainers NATS when a Docker engine answers and the Node version can load testcontainers;
  * else throws {@link NatsServerUnavailableError} naming the install command. Never installs.
@@ -317,7 +317,7 @@ export async function findOrStartNatsServer(env: NodeJS.ProcessEnv = process.env
 }
 
 async function tryContainer(): Promise<NatsServerHandle | null> {
-  // testcontainers 12 needs Node >= 22 and a Docker engine (NATS-NOTES "Client packages").
+  // testcontainers 12 needs Node >= 22 and a Docker engine (it crashes on require under Node 20).
   if (Number(process.versions.node.split('.')[0]) < 22) return null;
   try {
     execFileSync('docker', ['info'], { stdio: 'ignore', timeout: 5_000 });
