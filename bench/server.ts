@@ -6,9 +6,8 @@
  * with the run's durability (`fsync`: `sync_interval: always`, or `os`), streams R1, and the
  * monitoring endpoint (`-m PORT`) on loopback for `/connz` and `/varz`.
  */
-import { createServer } from 'node:net';
 import { join } from 'node:path';
-import { binaryVersion, natsServerBinary, spawnNatsServer, Subjects, type Durability, type NatsServerHandle } from '@tooltx/nats';
+import { binaryVersion, freeLoopbackPort, natsServerBinary, spawnNatsServer, Subjects, type Durability, type NatsServerHandle } from '@tooltx/nats';
 import { generateAuth, topology, type Role } from '@tooltx/streams';
 import { DEFAULT_IDENTITIES } from '../examples/research-kb/stack.js';
 
@@ -24,17 +23,7 @@ export interface BenchServer {
 }
 
 /** A free TCP port on loopback (for the monitoring endpoint). */
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const a = s.address();
-      const port = typeof a === 'object' && a ? a.port : 0;
-      s.close(() => resolve(port));
-    });
-  });
-}
+export const freePort = freeLoopbackPort;
 
 /** The version of the binary the bench uses (`2.10.27`), or `not found`. */
 export function natsServerVersion(): string {

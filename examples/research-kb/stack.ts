@@ -14,8 +14,7 @@ import { fileURLToPath } from 'node:url';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
-import { assertSupportedServer, connectNats, DURABILITIES, jetStreamOf, natsServerBinary, NatsServerUnavailableError, spawnNatsCluster, spawnNatsServer, Subjects, UnsupportedServerError, type Durability, type NatsServerHandle } from '@tooltx/nats';
-import { createServer } from 'node:net';
+import { assertSupportedServer, connectNats, DURABILITIES, freeLoopbackPort, jetStreamOf, natsServerBinary, NatsServerUnavailableError, spawnNatsCluster, spawnNatsServer, Subjects, UnsupportedServerError, type Durability, type NatsServerHandle } from '@tooltx/nats';
 import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, showValue, startupStep, StartupError, StartupFailure, type ReadyMessage } from '@tooltx/runtime';
 import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 import { ensureStackBuild, StackBuildError, touchStackBuild, type StackEntry } from './compiled.js';
@@ -608,18 +607,6 @@ function buildProblem(err: unknown): string {
 /** A seed file's problems (its own messages: field paths and rules, never a token). */
 function seedProblem(err: unknown): string {
   return err instanceof SeedError ? err.problems.map((p) => p.replace(/^KB_SEED_FILE: /, '')).join('; ') : describeError(err);
-}
-
-/** A free TCP port on loopback (bound once to port 0, then closed): a cluster node's route port. */
-function freeLoopbackPort(): Promise<number> {
-  return new Promise((resolvePort, reject) => {
-    const probe = createServer();
-    probe.once('error', reject);
-    probe.listen(0, '127.0.0.1', () => {
-      const a = probe.address();
-      probe.close(() => resolvePort(typeof a === 'object' && a ? a.port : 0));
-    });
-  });
 }
 
 /** Why the nats-server did not start, as a setting: its port in use, its binary missing or older than 2.10. */

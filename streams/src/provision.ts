@@ -27,10 +27,10 @@ export interface ApplyReport {
  */
 export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t: Topology, opts: { timeoutMs?: number } = {}): Promise<ApplyReport> {
   const deadline = Date.now() + (opts.timeoutMs ?? 60_000);
-  await waitForJetStream(jsm, opts.timeoutMs ?? 60_000);
-  // A cluster that has just (re)started answers the account's info before every stream has elected
-  // its leader and before the meta leader knows every peer: a step may time out or find "no suitable
-  // peers". Applying is idempotent, so the whole of it is tried again until the deadline.
+  // A cluster that has just (re)started has no meta leader for a few seconds (about 3–13 s on
+  // loopback here), and once it has one, its streams still elect their own and the meta leader may
+  // not know every peer yet: a step times out, answers 10008 or finds "no suitable peers". Applying
+  // is idempotent, so the whole of it is tried again until the deadline; one server answers at once.
   for (;;) {
     try {
       return await applyOnce(nc, jsm, t);
@@ -70,25 +70,6 @@ async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology)
     (existed ? report.unchanged : report.created).push(`bucket ${b.bucket}`);
   }
   return report;
-}
-
-/**
- * Resolves once the account's JetStream answers (`$JS.API.INFO`). A cluster that has just started
- * has no meta leader for a few seconds (about 3–13 s on loopback here) and times out or answers
- * 10008 "JetStream system temporarily unavailable" meanwhile; one server answers at once. Throws the
- * last error after `timeoutMs` (default 60 000 ms).
- */
-export async function waitForJetStream(jsm: JetStreamManager, timeoutMs = 60_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    try {
-      await jsm.getAccountInfo();
-      return;
-    } catch (err) {
-      if (!electing(err) || Date.now() > deadline) throw err;
-      await new Promise((r) => setTimeout(r, 250));
-    }
-  }
 }
 
 /**

@@ -102,7 +102,6 @@ async function checkNothingLost(calls: Call[]): Promise<{ calls: number; unknown
   expect(calls.length).toBeGreaterThanOrEqual(IN_FLIGHT);
   // No call is refused or lost: committed, or unknown (then it must converge below).
   const refused = calls.filter((c) => c.result.status !== 'committed' && c.result.status !== 'unknown');
-  if (refused.length && process.env.FM29_DEBUG) console.log('DEBUG refused', JSON.stringify(procs.flatMap((p) => p.lines.filter((l) => refused.some((c) => JSON.stringify(l).includes(c.key.slice(4, 20))))).slice(0, 20)));
   expect(refused.map((c) => ({ key: c.key, ...c.result }))).toEqual([]);
   const unknown = calls.filter((c) => c.result.status === 'unknown');
   for (const c of unknown) {
@@ -115,7 +114,6 @@ async function checkNothingLost(calls: Call[]): Promise<{ calls: number; unknown
       last = s;
       if (status === 'committed') break;
     }
-    if (status !== 'committed' && process.env.FM29_DEBUG) console.log('DEBUG unknown', JSON.stringify({ answered: c.result, last }), JSON.stringify(procs.flatMap((p) => p.lines.filter((l) => JSON.stringify(l).includes(c.key.slice(4, 20)))).slice(0, 20)));
     expect({ key: c.key, status, answered: c.result, last }).toMatchObject({ key: c.key, status: 'committed' });
   }
   // Rows at the sink: one per key, as many as the unique keys. The KB receives only this file's writes,

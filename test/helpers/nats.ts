@@ -2,8 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { connectNats, jetStreamOf, OperationStore, spawnNatsCluster, spawnNatsServer, Subjects, type Durability, type NatsClusterHandle, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
-import { closedPort as freePort } from './net.js';
+import { connectNats, freeLoopbackPort as freePort, jetStreamOf, OperationStore, spawnNatsCluster, spawnNatsServer, Subjects, type Durability, type NatsClusterHandle, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
 import { ensureKeyFile } from '@tooltx/runtime';
 import { applyTopology, generateAuth, inboxPrefixOf, topology, type GeneratedAuth, type IdentityList, type Role, type TopologyOptions } from '@tooltx/streams';
 

@@ -1,5 +1,6 @@
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, existsSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, delimiter } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -343,6 +344,21 @@ async function tryContainer(): Promise<NatsServerHandle | null> {
   } catch {
     return null;
   }
+}
+
+/**
+ * A TCP port on loopback that nothing listens on right now (bound once to port 0, then closed): for a
+ * cluster node's route port or a monitoring port, which must be known before the server starts.
+ */
+export function freeLoopbackPort(): Promise<number> {
+  return new Promise((resolvePort, reject) => {
+    const probe = createServer();
+    probe.once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const a = probe.address();
+      probe.close(() => resolvePort(typeof a === 'object' && a ? a.port : 0));
+    });
+  });
 }
 
 /** The nodes of a cluster this process started ({@link spawnNatsCluster}). */
