@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { jetstream } from '@nats-io/jetstream';
+import { jetstream, JetStreamApiError } from '@nats-io/jetstream';
 import { errors } from '@nats-io/transport-node';
 import { z } from 'zod';
 import {
@@ -99,6 +99,12 @@ export interface UnknownEvidence {
   takeover?: TakeoverRecord;
   /** Set when the server answered `committed` with a receipt this SDK cannot trust (FM-17): why. */
   invalidReceipt?: string;
+  /**
+   * Set when nats-server refused a publish of this call (that publish stored nothing: its JetStream
+   * API error code) after an earlier transmission that may have been stored: why the answer is
+   * `unknown` and not `rejected`.
+   */
+  refusal?: { jsApiCode: number; why: 'earlier_transmission_may_be_stored' };
 }
 
 /**
@@ -114,7 +120,10 @@ export interface UnknownEvidence {
  * `rejected` (`forbidden`, code `permission_violation`) when the server refused the first publish
  * of the intent (never stored); `unknown` with `error.class` `forbidden` and `next: "reauthorise"`
  * when the server refused a later publish or the reply inbox (an intent may be stored, and this
- * connection can no longer observe it).
+ * connection can no longer observe it); `rejected` (`dependency_unavailable`, next `backoff`) when
+ * JetStream refused to store the intent (a full intents stream, insufficient resources; see
+ * {@link classifyPublishRefusal}) and no earlier transmission of the call can have been stored —
+ * `unknown` with `evidence.refusal` when one may have been.
  */
 export type ExecuteResult<O = unknown> =
   | { status: 'committed'; operationKey: string; result: O; receipt: Receipt; next: 'continue' }
@@ -513,12 +522,34 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     let attempt: number | undefined;
     let retryableRejections = 0;
     let invalidReceipt: string | undefined;
-    let squatted = 0;
+    /** Submission ids given up (another publisher's, or a duplicate whose intent is gone): later ids are random. */
+    let burntIds = 0;
+    /** Whether a transmission of this call may have been stored (no answer, or a duplicate's): a later refusal then proves nothing. */
+    let mayBeStored = false;
 
     /** The push the latest submission waits for (cancelled when a newer submission is sent). */
     let pending: PushWait | null = null;
+    /**
+     * Whether a duplicate PubAck of a retransmission stands for an intent the server read: the
+     * status endpoint reports this call's operation started by one of its submissions, or a refusal
+     * of one of them. A duplicate alone proves only that the id was stored once: dedup is by msg id,
+     * stream-wide, and outlives the message, which a lowered per-subject limit or a max age may have
+     * evicted unread (FM-30). Agents may not read the intents stream (streams/src/identity.ts), so
+     * the status endpoint is the check; `not_seen`, no answer or the budget running out count as
+     * "not stored".
+     */
+    const duplicateRead = async (): Promise<boolean> => {
+      let timer: NodeJS.Timeout | undefined;
+      const ask = status({ operationKey: key, waitMs: 0, inputDigest: prepared.inputDigest, submissionIds }).then(
+        (a) => a.source === 'decision' || (a.source === 'operation' && a.ownAttempt === true),
+        () => false,
+      );
+      const answered = await Promise.race([ask, new Promise<false>((r) => (timer = setTimeout(() => r(false), Math.max(0, left()))))]);
+      clearTimeout(timer);
+      return answered;
+    };
     const submit = async (): Promise<void> => {
-      const id = squatted === 0 && opts.submissionIdFactory ? opts.submissionIdFactory() : randomUUID();
+      const id = burntIds === 0 && opts.submissionIdFactory ? opts.submissionIdFactory() : randomUUID();
       const s: Submission = newSubmission(subjects, opts.tenant, opts.actor, envelope, id, data);
       submissionIds.push(s.submissionId);
       pending?.cancel();
@@ -528,10 +559,21 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
           const ack = await publishSubmission(js, s, Math.min(PUBACK_TIMEOUT_MS, Math.max(100, left())));
           if (ack.duplicate && i === 0) {
             // A first transmission can only be a duplicate if someone else used this id (dedup is
-            // stream-wide, NATS-NOTES): our intent was NOT stored. Submit again under a new id;
-            // the operation key keeps it to one operation (FM-31).
-            squatted++;
+            // stream-wide): our intent was NOT stored. Submit again under a new id; the operation
+            // key keeps it to one operation (FM-31).
+            burntIds++;
             return void (await submit());
+          }
+          if (ack.duplicate) {
+            // Our earlier transmission was stored under this id, but it may be gone unread: verify
+            // before calling it stored, and if it is not, send again now under a new id rather than
+            // wait out a status poll (the operation key keeps it to one operation, FM-30).
+            mayBeStored = true;
+            if (!(await duplicateRead())) {
+              if (left() <= 0) return;
+              burntIds++;
+              return void (await submit());
+            }
           }
           intentStored = true;
           track.intentStored = true;
@@ -540,6 +582,12 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
           const denied = permissionViolationOf(err);
           if (denied) throw new PermissionDenied(denied, submissionIds.length === 1 && i === 0 && denied.operation === 'publish' && denied.subject === s.subject);
           if (credentialsRefused) throw new TooltxError(ErrorClass.Forbidden, 'credentials refused', { issues: refusedCredentials().issues });
+          if (err instanceof JetStreamApiError) {
+            const refusal = classifyPublishRefusal(err.code);
+            if (refusal) throw new PublishRefused(err.code, refusal, !mayBeStored && !intentStored);
+          }
+          // No answer: this transmission may have been stored.
+          mayBeStored = true;
           if (!isTransient(err)) throw err;
           await sleep(Math.min(left(), 100 * 2 ** Math.min(i, 5)));
         }
@@ -563,11 +611,27 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         error: info,
       };
     };
+    /**
+     * JetStream refused to store a publish of this call. Only when no transmission of the call can
+     * have been stored is that a definite answer (rejected); otherwise an earlier one may yet run.
+     */
+    const refusalOutcome = (e: PublishRefused): ExecuteResult<O> => {
+      if (e.neverStored) return refused(key, e.info);
+      return {
+        status: 'unknown',
+        operationKey: opKey,
+        lastServerState: lastState,
+        evidence: { operationKey: opKey, submissionIds, intentStored, statusAnswered, lastSeq, ...(attempt ? { attempt } : {}), elapsedMs: Date.now() - started, refusal: { jsApiCode: e.jsApiCode, why: 'earlier_transmission_may_be_stored' } },
+        next: NextAction.Observe,
+        error: e.info,
+      };
+    };
     const submitOrDenied = async (): Promise<ExecuteResult<O> | undefined> => {
       try {
         await submit();
         return undefined;
       } catch (err) {
+        if (err instanceof PublishRefused) return refusalOutcome(err);
         if (err instanceof PermissionDenied) return deniedOutcome(err);
         // An earlier transmission of this call may be stored: unknown, reauthorise, at once.
         if (err instanceof TooltxError && credentialsRefused) return deniedOutcome(err);
@@ -700,6 +764,55 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
 }
 
 
+
+/**
+ * JetStream API error codes with which nats-server answers a publish it did not store: it refused
+ * the message before or instead of writing it (codes of nats-server's `server/errors.json`, 2.10+).
+ * They say nothing about other transmissions of the same call.
+ */
+export const PublishRefusalCode = {
+  /** JSStreamStoreFailedF: a stream limit with discard new (max_msgs, max_bytes, max_msgs_per_subject) or a failed write. */
+  StoreFailed: 10077,
+  /** JSInsufficientResourcesErr: the server is over its JetStream storage or memory. */
+  InsufficientResources: 10023,
+  /** JSAccountResourcesExceededErr: the JetStream account of the streams (not the tenant's) is over its limits. */
+  AccountResourcesExceeded: 10002,
+  /** JSStreamMessageExceedsMaximumErr: the message is larger than the stream's max_msg_size or the server's max_payload. */
+  MessageExceedsMaximum: 10054,
+} as const;
+
+/**
+ * The answer for an intent publish nats-server refused with JetStream API error `jsApiCode`, or
+ * `null` when the code does not prove that nothing was stored (the outcome is then unknown). A
+ * limit of the deployment is `dependency_unavailable` (back off: it is not the caller's to fix); an
+ * intent larger than the stream takes is the caller's to split (`invalid_input`, as for one over
+ * `max_payload`). A bound that belongs to one tenant (its own intake stream or account, should
+ * tenants get one) is to map to `quota_exceeded` here, so that only its owner waits.
+ */
+export function classifyPublishRefusal(jsApiCode: number): ErrorInfo | null {
+  const code = 'intake_refused';
+  switch (jsApiCode) {
+    case PublishRefusalCode.StoreFailed:
+    case PublishRefusalCode.InsufficientResources:
+    case PublishRefusalCode.AccountResourcesExceeded:
+      return { class: ErrorClass.DependencyUnavailable, issues: [{ path: [], code, message: `the server refused to store the intent (JetStream API error ${jsApiCode}): nothing of it was stored; try again later` }] };
+    case PublishRefusalCode.MessageExceedsMaximum:
+      return { class: ErrorClass.InvalidInput, issues: [{ path: ['input'], code: 'too_large', message: `the encoded intent is larger than the intents stream takes (JetStream API error ${jsApiCode}): split the input into smaller calls` }] };
+    default:
+      return null;
+  }
+}
+
+/** Thrown inside `execute` when JetStream refused to store a publish; `neverStored`: no transmission of the call can have been stored. */
+class PublishRefused extends Error {
+  constructor(
+    readonly jsApiCode: number,
+    readonly info: ErrorInfo,
+    readonly neverStored: boolean,
+  ) {
+    super(`publish refused by JetStream (${jsApiCode})`);
+  }
+}
 
 /** Thrown inside `execute` when the server refused a submission; `neverStored`: the refused publish was the call's first transmission. */
 class PermissionDenied extends Error {
