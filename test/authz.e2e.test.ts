@@ -23,6 +23,7 @@ import { kbRowsFor, startKb, type TestKb } from './helpers/kb.js';
 import { DelayProxy } from './helpers/delay-proxy.js';
 import { LEAKED, leakyRead } from './fixtures/leaky-contract.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
+import { figure, rowsWhereRefused } from './helpers/figures.js';
 
 const contracts = researchContracts({ kbDedup: false });
 const TOOLS_MODULE = join(dirname(fileURLToPath(import.meta.url)), 'fixtures', 'research-plus-leaky-tools.ts');
@@ -100,7 +101,7 @@ afterAll(async () => {
 });
 
 describe('FM-07: role revoked between acceptance and execution', () => {
-  it('a revocation after acceptance is caught by the executor\'s re-check: rejected, nothing written', async () => {
+  it('a revocation after acceptance is caught by the executor\'s re-check: rejected, nothing written', async ({ task }) => {
     await executor.stop();
     const input = note('research', 'Revoked before execution');
     const key = prepareCall(contracts.writeNote, 'fm07-a', input).operationKey;
@@ -113,11 +114,13 @@ describe('FM-07: role revoked between acceptance and execution', () => {
     const s = (await waitForOperation(t, 'acme', key, (x) => x.status === 'rejected')) as OperationRecord;
     expect(s.error?.class).toBe('forbidden');
     expect(s.authorization?.execution).toMatchObject({ decision: 'deny', reason: 'forbidden', policyVersion: 'kb-policy@1' });
-    expect(await rowsIn(ids['acme/research']!)).toBe(before);
+    const after = await rowsIn(ids['acme/research']!);
+    figure(task, rowsWhereRefused(after - before));
+    expect(after).toBe(before);
     await kb.admin.setMember(ids['acme/research']!, { tenant: 'acme', actor: 'bob', role: 'writer' });
   });
 
-  it('a revocation after the executor\'s own re-check is caught by the version condition inside the KB: rejected, nothing written', async () => {
+  it('a revocation after the executor\'s own re-check is caught by the version condition inside the KB: rejected, nothing written', async ({ task }) => {
     const before = await rowsIn(ids['acme/research']!);
     proxy.hold = (req) => (req.method === 'POST' && req.url === '/v1/notes' ? 1_500 : 0);
     proxy.onHeld = () => void kb.admin.setMember(ids['acme/research']!, { tenant: 'acme', actor: 'bob', role: null });
@@ -130,7 +133,9 @@ describe('FM-07: role revoked between acceptance and execution', () => {
       expect(s).toMatchObject({ status: 'rejected', error: { class: 'version_conflict' } });
       // …and bob, no longer a member, may not read it: he is told he needs new authorisation.
       expect(r).toMatchObject({ status: 'rejected', next: 'reauthorise' });
-      expect(await rowsIn(ids['acme/research']!)).toBe(before);
+      const after = await rowsIn(ids['acme/research']!);
+      figure(task, rowsWhereRefused(after - before));
+      expect(after).toBe(before);
     } finally {
       proxy.hold = () => 0;
       proxy.onHeld = () => undefined;
@@ -140,7 +145,7 @@ describe('FM-07: role revoked between acceptance and execution', () => {
 });
 
 describe('FM-08: resource transferred or frozen between check and commit', () => {
-  it('frozen after the check: the version mismatch stops the commit', async () => {
+  it('frozen after the check: the version mismatch stops the commit', async ({ task }) => {
     const before = await rowsIn(ids['acme/frozen-kb']!);
     proxy.hold = (req) => (req.method === 'POST' && req.url === '/v1/notes' ? 1_500 : 0);
     proxy.onHeld = () => void kb.admin.setState(ids['acme/frozen-kb']!, 'frozen');
@@ -148,7 +153,9 @@ describe('FM-08: resource transferred or frozen between check and commit', () =>
       const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm08-freeze', input: note('frozen-kb', 'Frozen meanwhile') });
       expect(r.status).toBe('rejected');
       if (r.status === 'rejected') expect(['forbidden', 'version_conflict']).toContain(r.error.class);
-      expect(await rowsIn(ids['acme/frozen-kb']!)).toBe(before);
+      const after = await rowsIn(ids['acme/frozen-kb']!);
+      figure(task, rowsWhereRefused(after - before));
+      expect(after).toBe(before);
     } finally {
       proxy.hold = () => 0;
       proxy.onHeld = () => undefined;
@@ -158,7 +165,7 @@ describe('FM-08: resource transferred or frozen between check and commit', () =>
     expect(again).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
   });
 
-  it('transferred to another tenant after the check: the commit is stopped and the old tenant now sees not_found', async () => {
+  it('transferred to another tenant after the check: the commit is stopped and the old tenant now sees not_found', async ({ task }) => {
     const kbId = ids['acme/archive']!;
     const before = await rowsIn(kbId);
     proxy.hold = (req) => (req.method === 'POST' && req.url === '/v1/notes' ? 1_500 : 0);
@@ -166,7 +173,9 @@ describe('FM-08: resource transferred or frozen between check and commit', () =>
     try {
       const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm08-transfer', input: note('archive', 'Transferred meanwhile') });
       expect(r.status).toBe('rejected');
-      expect(await rowsIn(kbId)).toBe(before);
+      const after = await rowsIn(kbId);
+      figure(task, rowsWhereRefused(after - before));
+      expect(after).toBe(before);
     } finally {
       proxy.hold = () => 0;
       proxy.onHeld = () => undefined;
@@ -177,7 +186,7 @@ describe('FM-08: resource transferred or frozen between check and commit', () =>
 });
 
 describe('FM-09: a batch with one foreign item', () => {
-  it('rejects the whole batch at the foreign item\'s path; nothing is written', async () => {
+  it('rejects the whole batch at the foreign item\'s path; nothing is written', async ({ task }) => {
     const before = await rowsIn(ids['acme/research']!);
     const r = await tools('acme', 'alice').execute({
       tool: 'kb.write_notes',
@@ -185,8 +194,12 @@ describe('FM-09: a batch with one foreign item', () => {
       input: { items: [note('research', 'Batch 1'), note(ids['globex/secret']!, 'Smuggled'), note('research', 'Batch 3')] },
     });
     expect(r).toMatchObject({ status: 'rejected', error: { class: 'not_found', issues: [{ path: ['input', 'items', 1, 'kb'] }] } });
-    expect(await rowsIn(ids['acme/research']!)).toBe(before);
-    expect(await rowsIn(ids['globex/secret']!)).toBe(0);
+    const after = await rowsIn(ids['acme/research']!);
+    figure(task, rowsWhereRefused(after - before));
+    expect(after).toBe(before);
+    const foreign = await rowsIn(ids['globex/secret']!);
+    figure(task, rowsWhereRefused(foreign));
+    expect(foreign).toBe(0);
   });
 
   it('an all-legal batch commits every item under one receipt', async () => {

@@ -27,6 +27,7 @@ import { history } from './helpers/ops.js';
 import { permissionError } from './helpers/permissions.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { readStream } from './helpers/streams.js';
+import { figure } from './helpers/figures.js';
 
 const TIMING = { timeoutMs: 1_500, runningBoundMs: 1_000, unknownDeadlineMs: 60_000 };
 const contracts = researchContracts({ kbDedup: false, timing: TIMING });
@@ -111,13 +112,13 @@ afterAll(async () => {
 }, 120_000);
 
 describe('FM-16: planted secrets and content never leave their place', () => {
-  it('a workload through every service: commits, refusals at intake and at execution, a conflict, a retryable failure, an unknown the reconciler resolves', { timeout: 180_000 }, async () => {
+  it('a workload through every service: commits, refusals at intake and at execution, a conflict, a retryable failure, an unknown the reconciler resolves', { timeout: 180_000 }, async ({ task }) => {
     // The token (KB admin call), the cookie (the page sets it; a request to the KB carries it),
     // the page text, the downstream's error message (a 503 whose reason phrase carries it), a note body.
     planted = await plantCanaries({ canaries, web, kbUrl: kb.url, reader: agents.alice!, writer: agents.alice!, kb: 'research', taskId: 'fm16' });
     returned.push(...planted.returned);
     expect(planted.reached).toEqual({ token: true, cookie: true, noteBody: true, pageText: true, errorMessage: true });
-    expect(planted.planted).toBe(5);
+    expect(figure(task, { name: 'canaries planted', value: planted.planted })).toBe(5);
     expect(planted.returned[1]).toMatchObject({ status: 'rejected', error: { class: 'dependency_unavailable' } });
 
     expect((await write('alice', 'Committed')).status).toBe('committed');
@@ -199,7 +200,7 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     }
   });
 
-  it('zero occurrences in every log line of every process, the event log, decisions, advisories, the audit bucket and log, every audit record and export, and every error returned to the agent', { timeout: 180_000 }, async () => {
+  it('zero occurrences in every log line of every process, the event log, decisions, advisories, the audit bucket and log, every audit record and export, and every error returned to the agent', { timeout: 180_000 }, async ({ task }) => {
     // And the key material of this deployment: every nkey seed, receipt signing key and HMAC key.
     const scan = new LeakScanner(canaries, keyMaterial());
     expect(Object.keys(keyMaterial()).length).toBeGreaterThan(10);
@@ -235,6 +236,8 @@ describe('FM-16: planted secrets and content never leave their place', () => {
       scan.text(`${p.name} stderr`, p.stderr);
     }
     scan.text('nats-server log', natsLog);
+    figure(task, { name: 'canary hits', value: scan.leaks.length, leakedCanaries: scan.leaks.length });
+    figure(task, { name: 'places scanned', value: scan.scanned });
     expect(scan.leaks).toEqual([]);
     expect(scan.scanned).toBeGreaterThan(200);
     // The same scanner does find the canaries where they legitimately are (it is not blind).

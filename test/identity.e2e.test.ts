@@ -18,6 +18,7 @@ import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForDecision } from './helpers/ops.js';
 import { Sink } from './helpers/sink.js';
 import { contracts, sinkWrite } from './fixtures/sink-tools.js';
+import { beyondOne, figure, rowsWhereRefused } from './helpers/figures.js';
 
 let t: TestNats;
 let sink: Sink;
@@ -81,16 +82,18 @@ describe('FM-06: forged tenant or actor', () => {
     expect(err.subject).toBe(t.subjects.intent('acme', 'alice'));
   });
 
-  it('records a payload naming another actor as forbidden on the decision subject; nothing is written', async () => {
+  it('records a payload naming another actor as forbidden on the decision subject; nothing is written', async ({ task }) => {
     const r = await alice.execute({ tool: 'sink.write', taskId: 'fm06', actorId: 'bob', input: note('Forged actor') });
     expect(r).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
     const key = prepareCall(sinkWrite, 'fm06', note('Forged actor')).operationKey;
     expect((await waitForDecision(t, 'acme', key, 'alice')).error.class).toBe('forbidden');
     expect(await history(t, 'acme', key)).toEqual([]);
-    expect(sink.writesFor((b) => b.title === 'Forged actor')).toHaveLength(0);
+    const written = sink.writesFor((b) => b.title === 'Forged actor').length;
+    figure(task, rowsWhereRefused(written));
+    expect(written).toBe(0);
   });
 
-  it('records a raw intent naming another actor, sent without a key, as forbidden under the key its request derives to; nothing is written', async () => {
+  it('records a raw intent naming another actor, sent without a key, as forbidden under the key its request derives to; nothing is written', async ({ task }) => {
     const input = note('Forged raw');
     // No operationKey: the authorizer derives the key from the request itself, as for any intent.
     await publishSubmission(jetstream(mallory), newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'fm06-raw', actorId: 'gina', input }));
@@ -98,12 +101,14 @@ describe('FM-06: forged tenant or actor', () => {
     const d = await waitForDecision(t, 'globex', key, 'mallory');
     expect(d).toMatchObject({ operationKey: key, tenant: 'globex', actor: 'mallory', tool: 'sink.write', version: 1, error: { class: 'forbidden' } });
     expect(await history(t, 'globex', key)).toEqual([]);
-    expect(sink.writesFor((b) => b.title === 'Forged raw')).toHaveLength(0);
+    const written = sink.writesFor((b) => b.title === 'Forged raw').length;
+    figure(task, rowsWhereRefused(written));
+    expect(written).toBe(0);
   });
 });
 
 describe('FM-31: another tenant cannot suppress, hijack or read the victim\'s operation', () => {
-  it('a squatted submission id does not suppress the victim\'s call: it still runs, exactly once', async () => {
+  it('a squatted submission id does not suppress the victim\'s call: it still runs, exactly once', async ({ task }) => {
     const squatted = 'victim-submission-1';
     // The attacker publishes first, on its own subject, under the id the victim will use.
     const ack = await publishSubmission(jetstream(mallory), newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'x', input: {} }, squatted));
@@ -111,15 +116,17 @@ describe('FM-31: another tenant cannot suppress, hijack or read the victim\'s op
     const victim = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, submissionIdFactory: () => squatted });
     try {
       const r = await victim.execute({ tool: 'sink.write', taskId: 'fm31-squat', input: note('Squat') });
+      const requests = sink.writesFor((b) => b.key === downstreamKeyOf('acme', r.operationKey!)).length;
+      figure(task, { name: 'sink requests for the victim\'s call', value: requests, duplicates: beyondOne(requests) });
       expect(r.status).toBe('committed');
-      expect(sink.writesFor((b) => b.key === downstreamKeyOf('acme', r.operationKey!))).toHaveLength(1);
+      expect(requests).toBe(1);
       if (r.status === 'committed') expect(r.receipt.attempt).toBe(1);
     } finally {
       await victim.close();
     }
   });
 
-  it('sending the victim\'s derived key from another tenant touches nothing of the victim', async () => {
+  it('sending the victim\'s derived key from another tenant touches nothing of the victim', async ({ task }) => {
     const input = note('Victim note');
     const victim = await alice.execute({ tool: 'sink.write', taskId: 'fm31-key', input });
     expect(victim.status).toBe('committed');
@@ -132,7 +139,9 @@ describe('FM-31: another tenant cannot suppress, hijack or read the victim\'s op
     await publishSubmission(js, newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'fm31-key', operationKey: victim.operationKey!, input }));
     for (let i = 0; i < 100 && sink.writesFor((b) => b.key === downstreamKeyOf('globex', victim.operationKey!)).length === 0; i++) await new Promise((r) => setTimeout(r, 50));
     expect(await history(t, 'acme', victim.operationKey!)).toEqual(before);
-    expect(sink.writesFor((b) => b.key === downstreamKeyOf('acme', victim.operationKey!))).toHaveLength(1);
+    const underVictimKey = sink.writesFor((b) => b.key === downstreamKeyOf('acme', victim.operationKey!)).length;
+    figure(task, { name: 'sink writes under the victim\'s key beyond its own', value: underVictimKey - 1, unauthorisedWrites: beyondOne(underVictimKey) });
+    expect(underVictimKey).toBe(1);
     expect(sink.writesFor((b) => b.key === downstreamKeyOf('globex', victim.operationKey!))).toHaveLength(1);
     expect(downstreamKeyOf('globex', victim.operationKey!)).not.toBe(downstreamKeyOf('acme', victim.operationKey!));
   });

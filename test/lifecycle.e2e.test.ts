@@ -18,6 +18,7 @@ import { runScript, SINK_TOOLS, startService, type ServiceProcess } from './help
 import { history, waitForDecision, waitForOperation } from './helpers/ops.js';
 import { Sink } from './helpers/sink.js';
 import { contracts, sinkLookup, sinkWrite } from './fixtures/sink-tools.js';
+import { beyondOne, figure } from './helpers/figures.js';
 
 const TENANT = 'acme';
 let t: TestNats;
@@ -79,7 +80,7 @@ afterAll(async () => {
 });
 
 describe('one key, one execution', () => {
-  it('FM-01: the same intent submitted twice at the same moment gives one record, one sink request and one receipt', async () => {
+  it('FM-01: the same intent submitted twice at the same moment gives one record, one sink request and one receipt', async ({ task }) => {
     const rounds: { key: string; a: string; b: string }[] = [];
     for (let i = 0; i < 10; i++) {
       const input = note({ title: `Race ${i}` });
@@ -97,7 +98,9 @@ describe('one key, one execution', () => {
       expect(s.authorization?.intake).toMatchObject({ decision: 'allow', policyVersion: 'sink-policy@1', resources: [{ id: 'bucket:kb-main', version: 1 }] });
       expect(s.authorization?.execution).toMatchObject({ decision: 'allow', policyVersion: 'sink-policy@1' });
       expect(s.authorization!.execution!.at).toBeGreaterThanOrEqual(s.authorization!.intake!.at);
-      expect(sinkWritesFor(key)).toHaveLength(1);
+      const requests = sinkWritesFor(key).length;
+      figure(task, { name: 'sink requests per key', value: requests, duplicates: beyondOne(requests) });
+      expect(requests).toBe(1);
       expect(s.receipt?.resourceId).toBe(sinkWritesFor(key)[0]!.answeredId);
       // Each submitter, asking about its own submission, ends with the same committed receipt and result.
       const [fromA, fromB] = await Promise.all([alice.status({ operationKey: key, submissionIds: [a] }), bob.status({ operationKey: key, submissionIds: [b] })]);
@@ -118,12 +121,14 @@ describe('one key, one execution', () => {
     }
   });
 
-  it('FM-01: two SDK clients executing the same call at the same moment both return the identical committed receipt', async () => {
+  it('FM-01: two SDK clients executing the same call at the same moment both return the identical committed receipt', async ({ task }) => {
     const call = { tool: 'sink.write', taskId: 'race-sdk', input: note({ title: 'Race through the SDK' }) };
     const [fromA, fromB] = await Promise.all([alice.execute(call), bob.execute(call)]);
     expect(fromA.status).toBe('committed');
     expect(fromB).toEqual(fromA);
-    expect(sinkWritesFor(fromA.operationKey!)).toHaveLength(1);
+    const requests = sinkWritesFor(fromA.operationKey!).length;
+    figure(task, { name: 'sink requests per key', value: requests, duplicates: beyondOne(requests) });
+    expect(requests).toBe(1);
     expect((await history(t, TENANT, fromA.operationKey!)).map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
   });
 

@@ -31,6 +31,7 @@ import { history, waitForOperation, takeoverCli as takeoverCliOf } from './helpe
 import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { KbError } from '../examples/research-kb/kb-client.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
+import { beyondOne, convergence, figure, takeoverFigure } from './helpers/figures.js';
 
 // One attempt 1 s, running bound 0.5 s; unknown for 2 min before a deadline takeover — so any
 // takeover seen here comes from the probe, not from the deadline.
@@ -88,7 +89,7 @@ afterAll(async () => {
 }, 120_000);
 
 describe('FM-13 / FM-14: the probe finds another effect under our key', () => {
-  it('opens a takeover (probe_mismatch) with the probed resource id, never commits the foreign row, and freezes the task', async () => {
+  it('opens a takeover (probe_mismatch) with the probed resource id, never commits the foreign row, and freezes the task', async ({ task }) => {
     const key = keyOf('pm', 'Ours, held past the deadline');
     const dk = downstreamKeyOf('acme', key);
     // The reconciler is down while the write goes unknown and the foreign row lands: its first probe
@@ -112,6 +113,7 @@ describe('FM-13 / FM-14: the probe finds another effect under our key', () => {
     reconciler = await startService('reconciler', env);
     const state = (await waitForOperation(t, 'acme', key, (s) => s.status === 'unknown' && s.takeover !== undefined, 30_000)) as OperationRecord;
     const record = state.takeover as TakeoverRecord;
+    figure(task, takeoverFigure(record));
     expect(record).toMatchObject({
       operationKey: key,
       tenant: 'acme',
@@ -149,17 +151,20 @@ describe('FM-13 / FM-14: the probe finds another effect under our key', () => {
 });
 
 describe('FM-13: the probe finds our own effect', () => {
-  it('the KB committed our write and the answer was cut: the digest matches, committed with the KB row id', async () => {
+  it('the KB committed our write and the answer was cut: the digest matches, committed with the KB row id', async ({ task }) => {
     const key = keyOf('pm-ok', 'Committed, answer cut');
     const dk = downstreamKeyOf('acme', key);
     const cut = proxy.inject(dk, { kind: 'cut_response' });
     const r = await alice.execute({ tool: 'kb.write_note', taskId: 'pm-ok', input: note('Committed, answer cut') });
+    const types = (await history(t, 'acme', key)).map((e) => e.type);
+    const probe = await kb.client.probe({ tenant: 'acme', key: dk });
+    const rows = probe.found ? probe.count : 0;
+    figure(task, { name: 'final state', value: r.status });
+    figure(task, { name: 'kb rows for the key', value: rows, duplicates: beyondOne(rows), ...convergence(types) });
     expect((await cut.applied).status).toBe(201);
     expect(r.status).toBe('committed');
-    const types = (await history(t, 'acme', key)).map((e) => e.type);
     expect(types).toEqual(['accepted', 'running', 'unknown', 'committed']);
     const state = (await t.store.load('acme', operationIdOf(key))).state as OperationRecord;
-    const probe = await kb.client.probe({ tenant: 'acme', key: dk });
     // The KB recorded the operation's own input digest with the row.
     expect(probe).toMatchObject({ found: true, count: 1, inputDigest: state.inputDigest });
     if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);

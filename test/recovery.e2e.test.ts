@@ -18,6 +18,7 @@ import { history, waitForOperation } from './helpers/ops.js';
 import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { DelayProxy } from './helpers/delay-proxy.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
+import { beyondOne, convergence, figure } from './helpers/figures.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 
 // Short contract timing so recovery happens within seconds: timeout 1.5 s, running bound 1 s.
@@ -63,7 +64,7 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
   });
 
   describe('FM-27: executor killed mid-operation', () => {
-    it('killed before `running` (during its re-check): the operation stays accepted, is re-driven, commits once', async () => {
+    it('killed before `running` (during its re-check): the operation stays accepted, is re-driven, commits once', async ({ task }) => {
       const key = keyOf('fm27-0', 'Killed before running');
       let resolves = 0;
       // The first resolve is the authorizer's intake check; the second, the executor's re-check.
@@ -71,19 +72,22 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
       proxy.onHeld = () => void executor.kill().then(async () => (executor = await startService('executor', env)));
       try {
         const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm27-0', input: note('Killed before running') });
-        expect(r.status).toBe('committed');
         const types = (await history(t, 'acme', key)).map((e) => e.type);
+        const rows = await rowsFor(key);
+        figure(task, { name: 'final state', value: r.status });
+        figure(task, { name: 'kb rows for the key', value: rows, duplicates: beyondOne(rows), ...convergence(types) });
+        expect(r.status).toBe('committed');
         expect(types[0]).toBe('accepted');
         expect(types.filter((x) => x === 'running')).toHaveLength(1);
         expect(types.at(-1)).toBe('committed');
-        expect(await rowsFor(key)).toBe(1);
+        expect(rows).toBe(1);
       } finally {
         proxy.hold = () => 0;
         proxy.onHeld = () => undefined;
       }
     });
 
-    it('killed while its request was on the way; the KB committed it anyway: the reconciler probes and commits with the KB\'s row id, one row', async () => {
+    it('killed while its request was on the way; the KB committed it anyway: the reconciler probes and commits with the KB\'s row id, one row', async ({ task }) => {
       const key = keyOf('fm27-a', 'Killed in flight');
       let held = 0;
       proxy.hold = (req) => (isNotesPost(req) && held++ === 0 ? 800 : 0);
@@ -91,11 +95,14 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
       proxy.onHeld = () => void executor.kill().then(async () => (executor = await startService('executor', env)));
       try {
         const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm27-a', input: note('Killed in flight') });
-        expect(r.status).toBe('committed');
         const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
+        const types = (await history(t, 'acme', key)).map((e) => e.type);
+        const rows = probe.found ? probe.count : 0;
+        figure(task, { name: 'final state', value: r.status });
+        figure(task, { name: 'kb rows for the key', value: rows, duplicates: beyondOne(rows), ...convergence(types) });
+        expect(r.status).toBe('committed');
         expect(probe).toMatchObject({ found: true, count: 1 });
         if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
-        const types = (await history(t, 'acme', key)).map((e) => e.type);
         expect(types.slice(0, 2)).toEqual(['accepted', 'running']);
         expect(types.at(-1)).toBe('committed');
       } finally {
@@ -104,7 +111,7 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
       }
     });
 
-    it('killed after the KB committed but before `committed` was appended: the reconciler probes and commits with the KB\'s row id, one row', async () => {
+    it('killed after the KB committed but before `committed` was appended: the reconciler probes and commits with the KB\'s row id, one row', async ({ task }) => {
       // Forward the write, let the KB commit it, hold its answer; once the KB has answered, the
       // executor is SIGKILLed (and a new one comes up, as a supervisor would). Under heavy load the
       // write can reach the KB after its 1.5 s deadline and be refused: then that round did not
@@ -121,9 +128,12 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
         });
         const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm27-c', input: note(title) });
         const answered = await killed;
+        const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
+        const rows = probe.found ? probe.count : 0;
+        figure(task, { name: 'final state', value: r.status });
+        figure(task, { name: 'kb rows for the key', value: rows, duplicates: beyondOne(rows), ...convergence((await history(t, 'acme', key)).map((e) => e.type)) });
         expect(answered).toMatchObject({ kind: 'hold_response', method: 'POST' });
         expect(r.status).toBe('committed');
-        const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
         expect(probe).toMatchObject({ found: true, count: 1 });
         if (answered.status !== 201) continue;
         committedByKb = true;
@@ -140,7 +150,7 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
       expect(committedByKb).toBe(true);
     });
 
-    it('killed before its request reached the KB: nothing found after the deadline, requeued under the same key, committed once', async () => {
+    it('killed before its request reached the KB: nothing found after the deadline, requeued under the same key, committed once', async ({ task }) => {
       const key = keyOf('fm27-b', 'Never arrived');
       let cut = 0;
       proxy.hold = (req) => (isNotesPost(req) && cut === 0 ? 300 : 0);
@@ -148,9 +158,12 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
       proxy.onHeld = () => void executor.kill().then(async () => (executor = await startService('executor', env)));
       try {
         const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm27-b', input: note('Never arrived') });
-        expect(r.status).toBe('committed');
-        expect(await rowsFor(key)).toBe(1);
         const events = await history(t, 'acme', key);
+        const rows = await rowsFor(key);
+        figure(task, { name: 'final state', value: r.status });
+        figure(task, { name: 'kb rows for the key', value: rows, duplicates: beyondOne(rows), ...convergence(events.map((e) => e.type)) });
+        expect(r.status).toBe('committed');
+        expect(rows).toBe(1);
         expect(events.map((e) => e.type)).toContain('requeued');
         const s = (await t.store.load('acme', operationIdOf(key))).state as OperationRecord;
         // Requeued once after the probe; once more if the new executor came up slower than the
@@ -166,33 +179,40 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
   });
 
   describe('FM-12 / FM-13: timeouts around the commit', () => {
-    it('a request held past its deadline: the executor records unknown (never rejected), the KB refuses the late request, the reconciler re-drives it once', async () => {
+    it('a request held past its deadline: the executor records unknown (never rejected), the KB refuses the late request, the reconciler re-drives it once', async ({ task }) => {
       const key = keyOf('fm12', 'Held past the deadline');
       let held = 0;
       proxy.hold = (req) => (isNotesPost(req) && held++ === 0 ? TIMING.timeoutMs + 700 : 0);
       try {
         const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm12', input: note('Held past the deadline') });
-        expect(r.status).toBe('committed');
         const types = (await history(t, 'acme', key)).map((e) => e.type);
+        const rows = await rowsFor(key);
+        figure(task, { name: 'final state', value: r.status });
+        figure(task, { name: 'kb rows for the key', value: rows, duplicates: beyondOne(rows), ...convergence(types) });
+        expect(r.status).toBe('committed');
         if (!dedup) expect(types).toEqual(['accepted', 'running', 'unknown', 'requeued', 'running', 'committed']);
         else expect(types.slice(0, 3)).toEqual(['accepted', 'running', 'unknown']);
         expect(types.at(-1)).toBe('committed');
-        expect(await rowsFor(key)).toBe(1);
+        expect(rows).toBe(1);
       } finally {
         proxy.hold = () => 0;
       }
     });
 
-    it('a slow commit inside the deadline: the caller observes running, then committed, one row', async () => {
+    it('a slow commit inside the deadline: the caller observes running, then committed, one row', async ({ task }) => {
       const key = keyOf('fm12-slow', 'Slow but in time');
       proxy.hold = (req) => (isNotesPost(req) ? 900 : 0);
       try {
         const pending = alice.execute({ tool: 'kb.write_note', taskId: 'fm12-slow', input: note('Slow but in time') });
         await waitForOperation(t, 'acme', key, (s) => s.status === 'running');
         const r = await pending;
+        const types = (await history(t, 'acme', key)).map((e) => e.type);
+        const rows = await rowsFor(key);
+        figure(task, { name: 'states observed', value: types.join(' → ') });
+        figure(task, { name: 'kb rows for the key', value: rows, duplicates: beyondOne(rows) });
         expect(r.status).toBe('committed');
-        expect((await history(t, 'acme', key)).map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
-        expect(await rowsFor(key)).toBe(1);
+        expect(types).toEqual(['accepted', 'running', 'committed']);
+        expect(rows).toBe(1);
       } finally {
         proxy.hold = () => 0;
       }
@@ -200,17 +220,20 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
   });
 
   describe('FM-13: the downstream committed, the answer came too late', () => {
-    it('the executor times out after the KB committed: unknown, then the probe finds the row and the caller gets its receipt', async () => {
+    it('the executor times out after the KB committed: unknown, then the probe finds the row and the caller gets its receipt', async ({ task }) => {
       const key = keyOf('fm13', 'Answer too late');
       let held = 0;
       proxy.holdResponse = (req) => (isNotesPost(req) && held++ === 0 ? TIMING.timeoutMs + 1_000 : 0);
       try {
         const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm13', input: note('Answer too late') });
-        expect(r.status).toBe('committed');
         const types = (await history(t, 'acme', key)).map((e) => e.type);
+        const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
+        const rows = probe.found ? probe.count : 0;
+        figure(task, { name: 'final state', value: r.status });
+        figure(task, { name: 'kb rows for the key', value: rows, duplicates: beyondOne(rows), ...convergence(types) });
+        expect(r.status).toBe('committed');
         expect(types.slice(0, 3)).toEqual(['accepted', 'running', 'unknown']);
         expect(types.at(-1)).toBe('committed');
-        const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
         expect(probe).toMatchObject({ found: true, count: 1 });
         if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
       } finally {
@@ -220,7 +243,7 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
   });
 
   describe('FM-02: the server commits, the agent\'s connection is cut before the reply', () => {
-    it('status returns the original resource id and a retry writes nothing', async () => {
+    it('status returns the original resource id and a retry writes nothing', async ({ task }) => {
       const natsHop = await new TcpProxy(t.server.port).start();
       const agent = await createTools({ servers: natsHop.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 30_000 });
       const key = keyOf('fm02', 'Cut after commit');
@@ -234,8 +257,10 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
         const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
         if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
         const again = await agent.execute({ tool: 'kb.write_note', taskId: 'fm02', input: note('Cut after commit') });
+        const rows = await rowsFor(key);
+        figure(task, { name: 'kb rows after the retry', value: rows, duplicates: beyondOne(rows) });
         expect(again).toEqual(r);
-        expect(await rowsFor(key)).toBe(1);
+        expect(rows).toBe(1);
       } finally {
         proxy.holdResponse = () => 0;
         proxy.onAnswered = () => undefined;
@@ -246,7 +271,7 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
   });
 
   describe('FM-28: nats-server restarted mid-run', () => {
-    it('a burst of writes across a kill -9 and restart of nats-server (store intact): every one committed, exactly one row each', async () => {
+    it('a burst of writes across a kill -9 and restart of nats-server (store intact): every one committed, exactly one row each', async ({ task }) => {
       const titles = Array.from({ length: 12 }, (_, i) => `Restart ${i}`);
       proxy.hold = (req) => (isNotesPost(req) ? 150 : 0);
       try {
@@ -261,6 +286,9 @@ describe(`KB_DEDUP=${dedup ? 'on' : 'off'}`, () => {
           await new Promise((r) => setTimeout(r, 500));
           results = await Promise.all(titles.map((title, i) => (results[i]!.status === 'rejected' ? alice.execute({ tool: 'kb.write_note', taskId: 'fm28', input: note(title) }, { budgetMs: 60_000 }) : results[i]!)));
         }
+        const rowsPerKey = await Promise.all(titles.map((title) => rowsFor(keyOf('fm28', title))));
+        figure(task, { name: 'writes committed', value: `${results.filter((r) => r.status === 'committed').length}/${titles.length}` });
+        figure(task, { name: 'keys with one kb row', value: `${rowsPerKey.filter((n) => n === 1).length}/${titles.length}`, duplicates: rowsPerKey.reduce((n, rows) => n + beyondOne(rows), 0) });
         expect(results.map((r) => r.status)).toEqual(titles.map(() => 'committed'));
         for (const title of titles) {
           const key = keyOf('fm28', title);

@@ -15,6 +15,7 @@ import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForOperation, takeoverCli as takeoverCliOf } from './helpers/ops.js';
 import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
+import { beyondOne, figure, takeoverFigure } from './helpers/figures.js';
 
 // A short contract timing: one attempt 1 s, running bound 0.5 s, unknown for 3 s before takeover.
 const TIMING = { timeoutMs: 1_000, runningBoundMs: 500, unknownDeadlineMs: 3_000 };
@@ -79,7 +80,7 @@ afterAll(async () => {
 });
 
 describe('FM-14: unknown past the deadline', () => {
-  it('writes a complete takeover record, freezes the task at intake and at the execution instant, and a manual resolution unfreezes it', async () => {
+  it('writes a complete takeover record, freezes the task at intake and at the execution instant, and a manual resolution unfreezes it', async ({ task }) => {
     const keyA = keyOf('fm14', 'Never known');
     keepUnknown(keyA);
     // The reconciler is down while A goes unknown and C of the same task is accepted; the executor is
@@ -100,6 +101,9 @@ describe('FM-14: unknown past the deadline', () => {
     expect(a).toMatchObject({ status: 'unknown', lastServerState: 'unknown', next: 'hand_over' });
     const record = (a.status === 'unknown' ? a.evidence.takeover : undefined) as TakeoverRecord;
     const stateA = (await t.store.load('acme', operationIdOf(keyA))).state as OperationRecord;
+    // Unknown, then handed over: the takeover record is the operation's convergence.
+    figure(task, takeoverFigure(record));
+    if (record) figure(task, { name: 'unknown until the takeover', value: record.times.openedAt - (record.times.unknownSince ?? record.times.openedAt), unit: 'ms' });
     expect(record).toEqual(stateA.takeover);
     expect(record).toMatchObject({
       operationKey: keyA,
@@ -128,7 +132,7 @@ describe('FM-14: unknown past the deadline', () => {
     expect(typesC[0]).toBe('accepted');
     expect(typesC.at(-1)).toBe('rejected');
     expect(typesC).not.toContain('running');
-    expect(await rowsFor(keyC)).toBe(0);
+    expect(figure(task, { name: 'kb rows of the write refused while frozen', value: await rowsFor(keyC) })).toBe(0);
 
     // Refused at intake: a new write of the frozen task is never registered.
     const keyB = keyOf('fm14', 'Depends on the unknown one');
@@ -154,14 +158,18 @@ describe('FM-14: unknown past the deadline', () => {
     for (const [title, kbName] of [['Depends on the unknown one', 'research'], ['Accepted before the freeze', 'research'], ['Never known', 'research']] as const) {
       const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm14', input: note(title, kbName) });
       expect({ title, r }).toMatchObject({ title, r: { status: 'committed' } });
-      expect(await rowsFor(keyOf('fm14', title, kbName))).toBe(1);
+      const rows = await rowsFor(keyOf('fm14', title, kbName));
+      figure(task, { name: 'kb rows per key after the thaw', value: rows, duplicates: beyondOne(rows) });
+      expect(rows).toBe(1);
     }
   });
 
-  it('a person who verified the effect resolves it committed: the caller gets a manual receipt with the resource id', async () => {
+  it('a person who verified the effect resolves it committed: the caller gets a manual receipt with the resource id', async ({ task }) => {
     const key = keyOf('fm14-c', 'Verified by hand');
     keepUnknown(key);
     const first = await alice.execute({ tool: 'kb.write_note', taskId: 'fm14-c', input: note('Verified by hand') });
+    const record = first.status === 'unknown' ? first.evidence.takeover : undefined;
+    figure(task, takeoverFigure(record));
     expect(first).toMatchObject({ status: 'unknown', next: 'hand_over', evidence: { takeover: { operationKey: key } } });
     const [resolved] = await takeoverCli('resolve', key, '--committed', 'note-verified-by-oscar');
     expect(resolved).toMatchObject({ status: 'committed', receipt: { resourceId: 'note-verified-by-oscar', manual: true, resolvedBy: 'oscar' } });

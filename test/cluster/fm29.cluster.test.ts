@@ -17,7 +17,7 @@
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, type TaskMeta } from 'vitest';
 import { DeliverPolicy } from '@nats-io/jetstream';
 import { prepareCall } from '@tooltx/contracts';
 import { createTools, type ExecuteResult, type Tools } from '@tooltx/client';
@@ -27,6 +27,7 @@ import { provisioned, type TestNats } from '../helpers/nats.js';
 import { startService, type ServiceProcess } from '../helpers/services.js';
 import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from '../helpers/kb.js';
 import { researchContracts } from '../../examples/research-kb/contracts.js';
+import { figure } from '../helpers/figures.js';
 
 // Short timing, so a call cut by a node's death converges within seconds (the KB enforces the deadline).
 const TIMING = { timeoutMs: 4_000, runningBoundMs: 4_000, unknownDeadlineMs: 30_000 };
@@ -47,6 +48,8 @@ let procs: ServiceProcess[] = [];
 let agents: Tools[] = [];
 /** Unique keys written by the scenarios so far (each scenario's keys are its own). */
 let keysSoFar = 0;
+/** The KB's rows beyond one per key so far (its count is over the whole file). */
+let duplicateRowsSoFar = 0;
 
 const note = (title: string) => ({ kb: 'research', title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -97,13 +100,14 @@ async function underLoad(tag: string, fault: () => Promise<void>): Promise<Call[
   return Promise.all(calls);
 }
 
-/** Every check of FM-29 for the calls of one scenario; returns how many were unknown at first. */
-async function checkNothingLost(calls: Call[]): Promise<{ calls: number; unknownAtFirst: number }> {
+/** Every check of FM-29 for the calls of one scenario, reporting its figures on `task`; returns how many were unknown at first. */
+async function checkNothingLost(calls: Call[], task: { meta: TaskMeta }): Promise<{ calls: number; unknownAtFirst: number }> {
   expect(calls.length).toBeGreaterThanOrEqual(IN_FLIGHT);
   // No call is refused or lost: committed, or unknown (then it must converge below).
   const refused = calls.filter((c) => c.result.status !== 'committed' && c.result.status !== 'unknown');
   expect(refused.map((c) => ({ key: c.key, ...c.result }))).toEqual([]);
   const unknown = calls.filter((c) => c.result.status === 'unknown');
+  const outcomes: { key: string; status: string; answered: ExecuteResult; last: unknown }[] = [];
   for (const c of unknown) {
     const deadline = c.returnedAt + RECOVERY_WINDOW_MS;
     let status = 'unknown';
@@ -114,20 +118,27 @@ async function checkNothingLost(calls: Call[]): Promise<{ calls: number; unknown
       last = s;
       if (status === 'committed') break;
     }
-    expect({ key: c.key, status, answered: c.result, last }).toMatchObject({ key: c.key, status: 'committed' });
+    outcomes.push({ key: c.key, status, answered: c.result, last });
   }
+  const converged = outcomes.filter((o) => o.status === 'committed').length;
+  figure(task, { name: 'writes under load', value: calls.length });
+  figure(task, { name: 'unknown at first, then committed', value: `${converged}/${unknown.length}`, unknownTotal: unknown.length, unknownConverged: converged });
+  for (const o of outcomes) expect(o).toMatchObject({ key: o.key, status: 'committed' });
   // Rows at the sink: one per key, as many as the unique keys. The KB receives only this file's writes,
   // so its totals say it: as many distinct keys and rows as keys written so far, none beyond one per key.
   const keys = new Set(calls.map((c) => `${c.tenant} ${c.key}`));
   expect(keys.size).toBe(calls.length);
   keysSoFar += keys.size;
   const stats = await kb.client.stats();
+  figure(task, { name: 'kb rows beyond one per key', value: stats.duplicateRows - duplicateRowsSoFar, duplicates: Math.max(0, stats.duplicateRows - duplicateRowsSoFar) });
+  duplicateRowsSoFar = stats.duplicateRows;
   expect({ rows: stats.rows, distinctKeys: stats.distinctKeys, duplicateRows: stats.duplicateRows }).toEqual({ rows: keysSoFar, distinctKeys: keysSoFar, duplicateRows: 0 });
   // And one key of each scenario, by the KB's own probe.
   expect(await kbRowsFor(kb, calls[0]!.tenant, calls[0]!.key)).toBe(1);
   // No takeover anywhere, and every PubAck a service received names a stored message.
   const events = await retrying(() => streamContents(t.subjects.eventsStream));
   const takeovers = [...events.values()].filter((e) => e.type === 'takeover');
+  figure(task, { name: 'takeovers', value: takeovers.length });
   expect(takeovers).toEqual([]);
   const decisions = await retrying(() => streamContents(t.subjects.decisionsStream));
   const acks = pubAcks();
@@ -141,6 +152,7 @@ async function checkNothingLost(calls: Call[]): Promise<{ calls: number; unknown
     const stored = a.stream === t.subjects.eventsStream ? events.get(a.seq) : decisions.get(a.seq);
     return stored?.subject !== a.subject;
   });
+  figure(task, { name: 'acknowledged messages missing', value: missing.length });
   expect(missing).toEqual([]);
   const lateStarts = [...events.values()].filter((e) => e.type === 'requeued' && e.reason === 'late_start').length;
   const figures = { calls: calls.length, unknownAtFirst: unknown.length, kbRows: stats.rows, pubAcksChecked: acks.length, lateStartRequeuesSoFar: lateStarts };
@@ -300,34 +312,34 @@ afterAll(async () => {
 describe('FM-29: one node of a 3-node cluster killed', () => {
   let killed = -1;
 
-  it('FM-29: kill -9 of the node that leads the events stream, under load: every write committed once, nothing acknowledged lost', async () => {
+  it('FM-29: kill -9 of the node that leads the events stream, under load: every write committed once, nothing acknowledged lost', async ({ task }) => {
     const leader = (await retrying(() => t.jsm.streams.info(t.subjects.eventsStream))).cluster!.leader!;
     killed = nodeIndex(leader);
     const calls = await underLoad('leader-killed', () => t.cluster!.nodes[killed]!.kill!('SIGKILL'));
     const after = (await retrying(() => t.jsm.streams.info(t.subjects.eventsStream))).cluster!.leader!;
     expect(after).not.toBe(leader);
-    await checkNothingLost(calls);
+    await checkNothingLost(calls, task);
   });
 
-  it('FM-29: a killed node restarted under load catches up with every stream; nothing lost, no duplicate', async () => {
+  it('FM-29: a killed node restarted under load catches up with every stream; nothing lost, no duplicate', async ({ task }) => {
     expect(killed).toBeGreaterThanOrEqual(0);
     const calls = await underLoad('restarted', () => restartAndCatchUp(killed));
-    await checkNothingLost(calls);
+    await checkNothingLost(calls, task);
   });
 
-  it('FM-29: kill -9 of a node that leads nothing (no stream, consumer or meta leadership), under load', async () => {
+  it('FM-29: kill -9 of a node that leads nothing (no stream, consumer or meta leadership), under load', async ({ task }) => {
     const meta = (await retrying(() => jsz(0))).metaLeader;
     const follower = [0, 1, 2].find((i) => nodeName(i) !== meta)!;
     await leadNothing(follower);
     const calls = await underLoad('follower-killed', () => t.cluster!.nodes[follower]!.kill!('SIGKILL'));
-    await checkNothingLost(calls);
+    await checkNothingLost(calls, task);
     await restartAndCatchUp(follower);
   });
 
-  it('FM-29: a rolling restart of all three nodes, one at a time, under load', async () => {
+  it('FM-29: a rolling restart of all three nodes, one at a time, under load', async ({ task }) => {
     const calls = await underLoad('rolling', async () => {
       for (const i of [0, 1, 2]) await restartAndCatchUp(i, 'SIGTERM');
     });
-    await checkNothingLost(calls);
+    await checkNothingLost(calls, task);
   });
 });
