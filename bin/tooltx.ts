@@ -25,7 +25,7 @@ import { applyTopology, checkDurables, checkTopology, generateAuth, identityList
 import { z } from 'zod';
 import { registerTakeover } from './commands/takeover.js';
 import { registerAuditCommands } from './commands/audit.js';
-import { CliRefusal, connectCli, notThatIdentity, permissionViolationOf, UsageError, type CliIdentity } from './commands/cli-support.js';
+import { CliRefusal, connectCli, notThatIdentity, permissionViolationOf, shown, UsageError, type CliIdentity } from './commands/cli-support.js';
 
 /** The reconciler index entries `ops pending` reads (the projection's own schema lives in the service). */
 const reconcileEntrySchema = z.union([
@@ -150,7 +150,7 @@ ops
   .action((o: { olderThan: string }) =>
     withNats(async ({ nc, subjects }) => {
       const m = /^(\d+)(ms|s|m|h)$/.exec(o.olderThan);
-      if (!m) throw new UsageError(`--older-than: expected a duration like 30s, got ${JSON.stringify(o.olderThan)}`);
+      if (!m) throw new UsageError(`--older-than: expected a duration like 30s, got ${shown(o.olderThan)}`);
       const ms = Number(m[1]) * { ms: 1, s: 1_000, m: 60_000, h: 3_600_000 }[m[2] as 'ms' | 's' | 'm' | 'h'];
       const kv = await openBucket(nc, subjects.reconcileBucket);
       const now = Date.now();
@@ -192,14 +192,14 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
     const config = loadConfig(cliConfig);
     // The seeds go where --out says: never into the current directory by an empty or blank value.
     for (const [flag, dir] of [['--out', o.out], ['--store-dir', o.storeDir]] as const) {
-      if (dir.trim() === '') throw new UsageError(`${flag} ${JSON.stringify(dir)}: ${dir === '' ? 'empty' : 'spaces alone are not a value'}: name a directory`);
+      if (dir.trim() === '') throw new UsageError(`${flag} ${shown(dir)}: ${dir === '' ? 'empty' : 'spaces alone are not a value'}: name a directory`);
       if (existsSync(dir) && !statSync(dir).isDirectory()) throw new UsageError(`${flag} ${dir}: exists and is not a directory`);
     }
     const subjects = new Subjects(config.TOOLTX_PREFIX);
     const listen = /^(.+):(-?\d+)$/.exec(o.listen);
     const port = listen ? Number(listen[2]) : NaN;
     if (!listen || !((port >= 1 && port <= 65_535) || port === -1)) {
-      throw new UsageError(`--listen: expected <host>:<port> with a port 1-65535 (or -1: any free port), got ${JSON.stringify(o.listen)}`);
+      throw new UsageError(`--listen: expected <host>:<port> with a port 1-65535 (or -1: any free port), got ${shown(o.listen)}`);
     }
     const nodes = o.clusterNode.map((spec) => clusterNodeOf(spec, resolve(o.storeDir)));
     if (nodes.length > 0 && nodes.length !== 3 && nodes.length !== 5) {
@@ -253,15 +253,15 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
  */
 function clusterNodeOf(spec: string, storeDir: string) {
   const bad = (problem: string): never => {
-    throw new UsageError(`--cluster-node ${JSON.stringify(spec)}: ${problem} (expected <name>,<host>:<port>,<route host>:<route port>, e.g. n1,0.0.0.0:4222,nats-1:6222)`);
+    throw new UsageError(`--cluster-node ${shown(spec)}: ${problem} (expected <name>,<host>:<port>,<route host>:<route port>, e.g. n1,0.0.0.0:4222,nats-1:6222)`);
   };
   const parts = spec.split(',');
   if (parts.length !== 3) bad(`${parts.length} comma-separated parts, not 3`);
   const [name, listen, route] = parts as [string, string, string];
-  if (!/^[a-z0-9][a-z0-9_-]{0,31}$/i.test(name)) bad(`the name ${JSON.stringify(name)} is not 1-32 letters, digits, '_' or '-' (starting with a letter or digit)`);
+  if (!/^[a-z0-9][a-z0-9_-]{0,31}$/i.test(name)) bad(`the name ${shown(name)} is not 1-32 letters, digits, '_' or '-' (starting with a letter or digit)`);
   const hostPort = (what: string, v: string) => {
     const m = /^([^\s:[\]]+):(\d{1,5})$/.exec(v);
-    if (!m) return bad(`the ${what} ${JSON.stringify(v)} is not <host>:<port> (a host name or IPv4 address; IPv6 is not supported here)`);
+    if (!m) return bad(`the ${what} ${shown(v)} is not <host>:<port> (a host name or IPv4 address; IPv6 is not supported here)`);
     const port = Number(m[2]);
     if (port < 1 || port > 65_535) bad(`the ${what} port ${port} is not 1-65535`);
     return { host: m[1]!, port };
@@ -279,6 +279,7 @@ try {
       : err instanceof ConfigError ? (err.problems.length === 1 ? `invalid configuration: ${err.problems[0]}` : err.message)
         : err instanceof UsageError || err instanceof CliRefusal ? err.message
           : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
-  process.stderr.write(`tooltx: ${text}\n`);
+  // Bounded whatever a message quotes: the arguments and files it names are the user's input.
+  process.stderr.write(`tooltx: ${text.length > 4_000 ? `${text.slice(0, 4_000)}…` : text}\n`);
   process.exit(err instanceof ConfigError || err instanceof UsageError ? 2 : 1);
 }

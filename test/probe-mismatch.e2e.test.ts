@@ -136,7 +136,7 @@ describe('FM-13 / FM-14: the probe finds another effect under our key', () => {
     const dependent = keyOf('pm', 'Depends on it');
     expect(await alice.execute({ tool: 'kb.write_note', taskId: 'pm', input: note('Depends on it') })).toMatchObject({ status: 'rejected', error: { class: 'task_frozen' }, next: 'hand_over' });
     expect((await t.store.load('acme', operationIdOf(dependent))).state.status).toBe('none');
-    expect(await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', dependent) })).toEqual({ found: false });
+    expect(await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', dependent) })).toMatchObject({ found: false });
 
     // The operator sees what was asked and what the KB holds under the key.
     expect(await takeoverCli('list')).toContainEqual(expect.objectContaining({ operationKey: key, reason: 'probe_mismatch', status: 'unknown' }));
@@ -192,7 +192,7 @@ describe('the KB keeps the input digest', () => {
     const bad = await writeDirect(key, 'Bad digest', 'sha256:XYZ').catch((e: unknown) => e);
     expect(bad).toBeInstanceOf(KbError);
     expect(bad).toMatchObject({ status: 400, errorClass: 'invalid_input', issues: [expect.objectContaining({ path: ['headers', 'x-tooltx-input-digest'] })] });
-    expect(await kb.client.probe({ tenant: 'acme', key })).toEqual({ found: false });
+    expect(await kb.client.probe({ tenant: 'acme', key })).toMatchObject({ found: false });
 
     const { kbId, authVersion } = await kb.client.resolve({ tenant: 'acme', actor: 'mallory', ref: 'research' });
     const d = digestOf({ batch: key });

@@ -15,7 +15,7 @@ import { auditAnswerSchema, auditRequestSchema, MAX_AUDIT_PAGE, operationStatuse
 import { decode, encode, Subjects } from '@tooltx/nats';
 import { baseConfigSchema, envInt, loadConfig } from '@tooltx/runtime';
 import { inboxPrefixOf } from '@tooltx/streams';
-import { checkedKey, connectCli, permissionViolationOf, UsageError } from './cli-support.js';
+import { checkedKey, connectCli, permissionViolationOf, shown, UsageError } from './cli-support.js';
 
 /** Thrown for an answer that is an error, a refusal by the server, or no answer; the CLI prints it and exits 1. */
 export class AuditCliError extends Error {
@@ -43,7 +43,7 @@ export function parseTime(v: string, flag: string, now = Date.now()): number {
   }
   const parsed = z.iso.datetime({ offset: true }).safeParse(v);
   if (parsed.success && Date.parse(v) >= 0) return Date.parse(v);
-  throw new UsageError(`${flag}: expected an ISO-8601 time with an offset (from 1970 on) or a duration like 30m, 24h, 7d; got ${JSON.stringify(v)}`);
+  throw new UsageError(`${flag}: expected an ISO-8601 time with an offset (from 1970 on) or a duration like 30m, 24h, 7d; got ${shown(v)}`);
 }
 
 /** `--since`/`--until` as a range; throws {@link UsageError} when since is later than until. */
@@ -161,9 +161,9 @@ NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_TENANT, TOOLTX_AUDITOR.`);
       // Flags first: a bad one is the user's to fix (exit 2), before anything is connected.
       // Decimal digits only (envInt): 0x10 and 1e3 are not counts.
       const limit = envInt(1).safeParse(o.limit);
-      if (!limit.success) throw new UsageError(`--limit: a positive integer, got ${JSON.stringify(o.limit)}`);
-      if (o.state !== undefined && !(AUDIT_STATES as readonly string[]).includes(o.state)) throw new UsageError(`--state: one of ${AUDIT_STATES.join(', ')}; got ${JSON.stringify(o.state)}`);
-      if (o.contract !== undefined && !CONTRACT_REF.test(o.contract)) throw new UsageError(`--contract: name@version, e.g. kb.write_note@1; got ${JSON.stringify(o.contract)}`);
+      if (!limit.success) throw new UsageError(`--limit: a positive integer, got ${shown(String(o.limit))}`);
+      if (o.state !== undefined && !(AUDIT_STATES as readonly string[]).includes(o.state)) throw new UsageError(`--state: one of ${AUDIT_STATES.join(', ')}; got ${shown(o.state)}`);
+      if (o.contract !== undefined && !CONTRACT_REF.test(o.contract)) throw new UsageError(`--contract: name@version, e.g. kb.write_note@1; got ${shown(o.contract)}`);
       const base = { ...parseRange(o), ...(o.state ? { state: o.state } : {}), ...(o.contract ? { contract: o.contract } : {}) };
       return withAuditor(o, async (nc, subject) => {
         let printed = 0;
@@ -185,7 +185,7 @@ NATS_CREDS_FILE, TOOLTX_PREFIX, TOOLTX_TENANT, TOOLTX_AUDITOR.`);
     .option('--until <time>', 'operations first seen before this time')
     .requiredOption('--format <format>', 'jsonl (the only format)')
     .action((o: Who & { since: string; until?: string; format: string }) => {
-      if (o.format !== 'jsonl') throw new UsageError(`--format: only jsonl, got ${JSON.stringify(o.format)}`);
+      if (o.format !== 'jsonl') throw new UsageError(`--format: only jsonl, got ${shown(String(o.format))}`);
       const range = parseRange(o);
       return withAuditor(o, async (nc, subject) => {
         let exportId: string | undefined;

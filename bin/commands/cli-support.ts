@@ -81,8 +81,16 @@ export async function connectCli(o: Omit<ConnectOptions, 'nkeySeedFile' | 'creds
   }
 }
 
+/**
+ * A value the user gave, quoted for a message: at most `max` characters of it (a 100 kB argument is
+ * named, not echoed).
+ */
+export function shown(v: string, max = 80): string {
+  return JSON.stringify(v.length > max ? `${v.slice(0, max)}…` : v);
+}
+
 /** An operation key as the argument gave it; {@link UsageError} (exit 2) when it is not one (`opk_` + 43 base64url characters). */
 export function checkedKey(operationKey: string): string {
-  if (!OPERATION_KEY_PATTERN.test(operationKey)) throw new UsageError(`<operationKey>: expected opk_ and 43 base64url characters, got ${JSON.stringify(operationKey.slice(0, 60))}`);
+  if (!OPERATION_KEY_PATTERN.test(operationKey)) throw new UsageError(`<operationKey>: expected opk_ and 43 base64url characters, got ${shown(operationKey, 60)}`);
   return operationKey;
 }

@@ -61,7 +61,9 @@ export class KbError extends Error {
   readonly issues: KbIssue[] | undefined;
   readonly retryAfterMs: number | undefined;
   readonly index: number | undefined;
-  constructor(status: number, errorClass: KbErrorClass | 'unexpected', issues?: KbIssue[], extra: { retryAfterMs?: number | undefined; index?: number | undefined } = {}) {
+  /** The KB's clock when it answered (its `x-kb-now` header), ms since the epoch, when it sent one. */
+  readonly kbNow: number | undefined;
+  constructor(status: number, errorClass: KbErrorClass | 'unexpected', issues?: KbIssue[], extra: { retryAfterMs?: number | undefined; index?: number | undefined; kbNow?: number | undefined } = {}) {
     super(`kb answered ${status} ${errorClass}`);
     this.name = 'KbError';
     this.status = status;
@@ -69,6 +71,7 @@ export class KbError extends Error {
     this.issues = issues;
     this.retryAfterMs = extra.retryAfterMs;
     this.index = extra.index;
+    this.kbNow = extra.kbNow;
   }
 }
 
@@ -115,6 +118,8 @@ export interface KbNoteReceipt {
 /** A write's receipt: `created` false = an existing note of that key (dedup). */
 export interface KbWriteReceipt extends KbNoteReceipt {
   created: boolean;
+  /** The KB's clock when it answered, ms since the epoch (absent from a KB that does not send it). */
+  kbNow?: number;
 }
 
 /** A batch's receipt: the items in order; `created` false = the batch stored earlier under that key (dedup). */
@@ -131,7 +136,11 @@ export interface KbBatchReceipt {
  */
 export type KbProbeResult =
   | { found: true; id: string; kb: string; createdAt: number; count: number; inputDigest?: string; items?: { id: string; kb: string; createdAt: number }[] }
-  | { found: false };
+  /**
+   * `now`: the KB's clock at the lookup, ms since the epoch, which never goes back: a request whose
+   * deadline is before it can no longer be stored (absent from a KB that does not send it).
+   */
+  | { found: false; now?: number };
 
 /** The form of `x-tooltx-input-digest` (tooltx's `digestOf`: `sha256:` + 64 lower-case hex). */
 export const INPUT_DIGEST = /^sha256:[0-9a-f]{64}$/;
@@ -238,7 +247,7 @@ export class KbClient {
     });
     const r = noteReceipt(res.body);
     if (!r) throw new KbProtocolError(res.status, 'an unreadable receipt');
-    return { ...r, created: res.status === 201 };
+    return { ...r, created: res.status === 201, ...(res.kbNow !== undefined ? { kbNow: res.kbNow } : {}) };
   }
 
   /**
@@ -291,7 +300,11 @@ export class KbClient {
     const b = res.body;
     if (res.status === 404) {
       // Only the KB's own answer counts as "not found", never a 404 of something in between.
-      if (isRecord(b) && b.found === false) return { found: false };
+      if (isRecord(b) && b.found === false) {
+        if (b.now === undefined) return { found: false };
+        if (typeof b.now !== 'number' || !Number.isSafeInteger(b.now) || b.now < 0) throw new KbProtocolError(res.status, 'an unreadable probe result');
+        return { found: false, now: b.now };
+      }
       throw new KbError(404, isRecord(b) && b.error === 'not_found' ? 'not_found' : 'unexpected');
     }
     if (!isRecord(b) || b.found !== true || typeof b.id !== 'string' || typeof b.kb !== 'string' || typeof b.createdAt !== 'number' || typeof b.count !== 'number') {
@@ -395,7 +408,7 @@ export class KbClient {
     method: string,
     path: string,
     o: { headers?: Record<string, string>; body?: unknown; signal?: AbortSignal | undefined; notFoundOk?: boolean },
-  ): Promise<{ status: number; body: unknown }> {
+  ): Promise<{ status: number; body: unknown; kbNow?: number }> {
     // The service token unless the call names its own credential (the operator endpoints).
     const headers: Record<string, string> = { accept: 'application/json', ...this.#auth, ...o.headers };
     if (o.body !== undefined) headers['content-type'] = 'application/json';
@@ -408,6 +421,8 @@ export class KbClient {
       reset: !this.#keepAlive,
     });
     const text = await r.body.text(); // a cut connection rejects here: propagates (outcome unknown)
+    const nowHeader = r.headers['x-kb-now'];
+    const kbNow = typeof nowHeader === 'string' && /^\d{1,15}$/.test(nowHeader) ? Number(nowHeader) : undefined;
     const res = { status: r.statusCode };
     let body: unknown;
     try {
@@ -422,12 +437,12 @@ export class KbClient {
         : isRecord(body) && typeof body.retryAfterMs === 'number' ? body.retryAfterMs
           : retryAfterHeader(r.headers['retry-after']);
       const index = issues?.[0]?.path[0] === 'items' && typeof issues[0].path[1] === 'number' && cls !== 'invalid_input' ? issues[0].path[1] : undefined;
-      throw new KbError(res.status, cls, issues, { retryAfterMs, index });
+      throw new KbError(res.status, cls, issues, { retryAfterMs, index, kbNow });
     }
     if (res.status < 200 || res.status >= 300) {
       if (!(o.notFoundOk && res.status === 404)) throw new KbProtocolError(res.status, 'an unexpected status');
     }
-    return { status: res.status, body };
+    return { status: res.status, body, ...(kbNow !== undefined ? { kbNow } : {}) };
   }
 }
 

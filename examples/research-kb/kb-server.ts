@@ -43,9 +43,11 @@
  *   i], code: <class>, message }]`; quota needs room for every item. 201 `{ items: [{ id, kb, kbId,
  *   createdAt }] }`, or 200 with the stored batch when `KB_DEDUP=on` and the key was used.
  * - `GET /v1/notes/by-key/:key` (`x-tenant`) — read-only probe: 200 `{ found: true, id, kb,
- *   createdAt, count, inputDigest? }` (`inputDigest` only when the note was written with one; for
+ *   createdAt, count, inputDigest?, now }` (`inputDigest` only when the note was written with one; for
  *   a batch key also `items: [{ id, kb, createdAt }]` in index order; `id` etc. are item 0's) or
- *   404 `{ error: "not_found", found: false }`.
+ *   404 `{ error: "not_found", found: false, now }`. `now` is the KB's clock at the lookup (ms since
+ *   the epoch; it never goes back): a write whose `x-deadline` is before it can no longer be stored.
+ * - Every answer carries `x-kb-now`, the KB's clock when it answered (ms since the epoch).
  * - `DELETE /v1/notes/:id` (`x-tenant`, `x-actor`, `idempotency-key`, `if-match`) — soft delete of
  *   a note of a knowledge base the tenant owns, idempotent (an already deleted note answers 200
  *   `{ id, deleted: true }` again); 404 / 409 `frozen` / 412 / 403 as for a write.
@@ -83,6 +85,7 @@ import type { AddressInfo } from 'node:net';
 import { resolve } from 'node:path';
 import { Command } from 'commander';
 import { z } from 'zod';
+import { boundIssues } from '@tooltx/contracts';
 import {
   announceReady,
   baseConfigSchema,
@@ -275,12 +278,13 @@ class Reply {
 const notFound = () => new Reply(404, { error: 'not_found' });
 const invalid = (issues: Issue[]) => new Reply(400, { error: 'invalid_input', issues });
 
+/** The issues of a zod error, bounded (boundIssues): zod names every unknown field in one message. */
 function issuesOf(err: z.ZodError, prefix: (string | number)[] = []): Issue[] {
-  return err.issues.map((i) => ({
+  return boundIssues(err.issues.map((i) => ({
     path: [...prefix, ...i.path.map((p) => (typeof p === 'number' ? p : String(p)))],
     code: i.code,
     message: i.message,
-  }));
+  })));
 }
 
 const nameSchema = z.string().regex(KB_NAME, NAME_RULE);
@@ -497,7 +501,8 @@ function probe(req: IncomingMessage, rawKey: string): Reply {
   }
   if (issues.length || !h.data || key === undefined) return invalid(issues);
   const r = store.probe(h.data['x-tenant'], key);
-  return r.found ? new Reply(200, { ...r }) : new Reply(404, { error: 'not_found', found: false });
+  // `now`: the store's clock at the lookup — a caller may run a request again once it is past its deadline.
+  return r.found ? new Reply(200, { ...r }) : new Reply(404, { error: 'not_found', found: false, now: r.now });
 }
 
 function deleteNote(req: IncomingMessage, rawId: string): Reply {
@@ -644,6 +649,8 @@ function send(res: ServerResponse, reply: Reply, close = false): void {
     'content-type': 'application/json; charset=utf-8',
     'content-length': Buffer.byteLength(text),
     'cache-control': 'no-store',
+    // The KB's clock (ms since the epoch) on every answer: callers learn it to send deadlines on it.
+    'x-kb-now': String(store.now()),
     ...reply.headers,
     ...(close || stopping ? { connection: 'close' } : {}),
   });
@@ -652,7 +659,14 @@ function send(res: ServerResponse, reply: Reply, close = false): void {
 
 const server = createServer((req, res) => {
   const started = performance.now();
-  const url = new URL(req.url ?? '/', 'http://kb.invalid');
+  let url: URL;
+  try {
+    url = new URL(req.url ?? '/', 'http://kb.invalid');
+  } catch {
+    // An absolute-form target that is no URL (`GET http://[ HTTP/1.1`): thrown here, outside any
+    // handler, it ended the process.
+    return send(res, invalid([{ path: ['url'], code: 'invalid_format', message: 'the request target is not a URL' }]), true);
+  }
   route(req, url).then(
     ({ route: r, reply }) => {
       send(res, reply);

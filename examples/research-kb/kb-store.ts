@@ -135,8 +135,9 @@ export type DeleteOutcome =
  * `inputDigest`: the digest that row was written with (a batch: item 0's), absent when it has none.
  */
 export type ProbeOutcome =
-  | ({ found: true; count: number; inputDigest?: string; items?: { id: string; kb: string; createdAt: number }[] } & Omit<NoteReceipt, 'kbId'>)
-  | { found: false };
+  | ({ found: true; count: number; inputDigest?: string; items?: { id: string; kb: string; createdAt: number }[]; now: number } & Omit<NoteReceipt, 'kbId'>)
+  /** `now`: the store's clock at the lookup (see {@link KbStore.probe}). */
+  | { found: false; now: number };
 
 /** Counts over non-deleted notes; `duplicateRows` = rows beyond one per (tenant, key). */
 export interface KbStats {
@@ -490,7 +491,7 @@ export class KbStore {
 
   constructor(opts: KbStoreOptions) {
     this.dedup = opts.dedup;
-    this.#now = opts.now ?? Date.now;
+    this.#now = neverBack(opts.now ?? Date.now);
     this.#windowMs = opts.quotaWindowMs ?? 86_400_000;
     if (opts.path !== ':memory:') privateDatabaseFiles(opts.path);
     const db = new Database(opts.path);
@@ -685,16 +686,26 @@ export class KbStore {
     return { items, count };
   }
 
+  /** The store's clock, ms since the epoch: the one the deadline check reads, and it never goes back. */
+  now(): number {
+    return this.#now();
+  }
+
   /**
    * Read-only lookup by (tenant, key) over non-deleted notes: a note written under that key, else
    * a batch written under it (`items` in index order; `id`, `kb`, `createdAt` are item 0's), with
-   * the input digest it was written with when it has one (issue 7).
+   * the input digest it was written with when it has one, and `now`, the store's clock at the
+   * lookup: with `now` past a request's deadline, no request under the key can be stored any more
+   * (the deadline check reads the same clock), so a caller may run it again (docs/clocks.md).
    */
   probe(tenant: string, key: string): ProbeOutcome {
+    // Read with the lookup, in the same synchronous step: no insert can fall between them, and the
+    // clock never goes back, so every later insert checks its deadline against a time ≥ `now`.
+    const now = this.#now();
     const row = this.#stmts.liveByKey.get(tenant, key);
-    if (row) return { found: true, id: row.id, kb: row.kb, createdAt: row.createdAt, count: row.count, ...digestOf(row) };
+    if (row) return { found: true, id: row.id, kb: row.kb, createdAt: row.createdAt, count: row.count, ...digestOf(row), now };
     const batch = this.#batchRows(tenant, key);
-    if (!batch) return { found: false };
+    if (!batch) return { found: false, now };
     const first = batch.items[0]!;
     return {
       found: true,
@@ -704,6 +715,7 @@ export class KbStore {
       count: batch.count,
       ...digestOf(first),
       items: batch.items.map((r) => ({ id: r.id, kb: r.kb, createdAt: r.createdAt })),
+      now,
     };
   }
 
@@ -930,4 +942,13 @@ function receipt(r: NoteRow): NoteReceipt {
 /** `{ inputDigest }` when the row has one, else nothing (older rows, writers that sent none). */
 function digestOf(r: NoteRow): { inputDigest?: string } {
   return r.inputDigest === null ? {} : { inputDigest: r.inputDigest };
+}
+
+/**
+ * `clock`, never going back: a wall clock stepped back (NTP, an operator) must not let a request
+ * through the deadline check after a probe answered a later time.
+ */
+function neverBack(clock: () => number): () => number {
+  let last = -Infinity;
+  return () => (last = Math.max(last, clock()));
 }

@@ -23,7 +23,7 @@
  */
 import { fetch } from 'undici';
 import { LRUCache } from 'lru-cache';
-import { defineImplementation, ErrorClass, invalidInput, TooltxError, type AuthorizationContext, type AuthorizationResult, type ProbeResult, type ReadContext } from '@tooltx/contracts';
+import { DeadlinePassedError, defineImplementation, ErrorClass, invalidInput, TooltxError, type AuthorizationContext, type AuthorizationResult, type ProbeResult, type ReadContext } from '@tooltx/contracts';
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
@@ -102,6 +102,8 @@ export class PageError extends Error {
  * ours to decide — the reconciler's probe finds the foreign effect and hands it to a person (issue 7).
  */
 function definite(err: unknown): never {
+  // Refused as late by the KB's clock: not applied, and the executor learns that clock (docs/clocks.md).
+  if (err instanceof KbError && err.errorClass === 'deadline_passed') throw new DeadlinePassedError(err.kbNow, 'kb refused: deadline_passed');
   if (err instanceof KbError && err.status < 500 && err.errorClass !== 'key_reused') {
     const byClass: Record<string, ErrorClass> = {
       not_found: ErrorClass.NotFound,
@@ -109,7 +111,6 @@ function definite(err: unknown): never {
       frozen: ErrorClass.Forbidden,
       version_conflict: ErrorClass.VersionConflict,
       quota_exceeded: ErrorClass.QuotaExceeded,
-      deadline_passed: ErrorClass.DependencyUnavailable, // refused at the deadline: not applied
       invalid_input: ErrorClass.InvalidInput,
       conflict: ErrorClass.InvalidInput,
       // The KB refused this service's credential before reading the request: not applied; an
@@ -166,7 +167,8 @@ function versionOf(ctxAuth: { resources?: { id: string; version: number }[] } | 
  */
 async function probeByKey(ctx: { tenant: string; downstreamKey: string; signal: AbortSignal }): Promise<ProbeResult> {
   const r = await kb.probe({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
-  if (!r.found) return { found: false };
+  // The KB's clock at the lookup: recovery runs the attempt again only once it is past the deadline.
+  if (!r.found) return r.now === undefined ? { found: false } : { found: false, downstreamAt: r.now };
   return r.inputDigest === undefined ? { found: true, resourceId: r.id } : { found: true, resourceId: r.id, inputDigest: r.inputDigest };
 }
 
@@ -245,7 +247,7 @@ export const implementations = [
         // The operation's input digest goes with the write: the probe tells our effect from another (issue 7).
         const r = await kb.writeNote({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, ifMatch: version, inputDigest: ctx.inputDigest, note: { ...input, kb: kbId }, signal: ctx.signal });
         // FM-19: a write returns its receipt only (the resource id is in the receipt).
-        return { resourceId: r.id, result: {} };
+        return { resourceId: r.id, result: {}, ...(r.kbNow !== undefined ? { downstreamAt: r.kbNow } : {}) };
       } catch (err) {
         return definite(err);
       }

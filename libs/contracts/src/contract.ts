@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { digestOf } from './digest.js';
-import { ErrorClass, TooltxError, type FieldIssue } from './errors.js';
+import { boundIssues, ERROR_BOUNDS, ErrorClass, TooltxError, type FieldIssue } from './errors.js';
 import type { Normaliser } from './normalise.js';
 
 /**
@@ -152,18 +152,26 @@ export function defineContract<I extends AnyObjectSchema, O extends z.ZodType>(
   return Object.freeze({ ...spec, id: `${spec.name}@${spec.version}`, digest: digestOf(described), interfaceDigest: digestOf(sharedWithHosts) });
 }
 
-/** Field issues from a zod error: paths and codes only, never the received values. */
+/**
+ * Field issues from a zod error: paths and codes only, never the received values; bounded
+ * ({@link boundIssues}: the first ones, clipped, and how many more there were).
+ */
 export function fieldIssues(error: z.ZodError, prefix: (string | number)[] = []): FieldIssue[] {
   const out: FieldIssue[] = [];
+  let total = 0;
+  const add = (i: FieldIssue) => {
+    total++;
+    if (out.length < ERROR_BOUNDS.issues) out.push(i);
+  };
   for (const issue of error.issues) {
     const path = [...prefix, ...issue.path.map((p) => (typeof p === 'symbol' ? String(p) : p))];
     if (issue.code === 'unrecognized_keys') {
-      for (const key of issue.keys) out.push({ path: [...path, key], code: 'unrecognized_key', message: 'field not allowed' });
+      for (const key of issue.keys) add({ path: [...path, key], code: 'unrecognized_key', message: 'field not allowed' });
     } else {
-      out.push({ path, code: issue.code, message: issue.message });
+      add({ path, code: issue.code, message: issue.message });
     }
   }
-  return out;
+  return boundIssues(out, total);
 }
 
 /** Strict parse with a typed error: throws `TooltxError(invalid_input)` naming every field path. */

@@ -107,11 +107,43 @@ export class TooltxError extends Error {
   }
 }
 
+/**
+ * How much an error may carry across a boundary: a refusal is recorded (decision subject, event)
+ * and answered, so its size must not follow the size of the input that caused it — 100,000
+ * unknown fields, or one field name of 900 kB, still make a refusal of a few kB.
+ */
+export const ERROR_BOUNDS = {
+  /** Issues listed; beyond it one `more_issues` issue says how many more there were. */
+  issues: 20,
+  /** Segments of one path kept; a deeper path ends with a `…` segment. */
+  pathSegments: 16,
+  /** Characters of one path segment (a field name) kept. */
+  segmentChars: 64,
+  codeChars: 64,
+  messageChars: 300,
+} as const;
+
+const clip = (s: string, n: number) => (s.length > n ? `${s.slice(0, n)}…` : s);
+
+/** `issues` within {@link ERROR_BOUNDS}: the first ones, each path, code and message clipped. Pure. */
+export function boundIssues(issues: readonly FieldIssue[], total = issues.length): FieldIssue[] {
+  const b = ERROR_BOUNDS;
+  // Already bounded (its last issue counts the rest): kept as it is, so bounding twice changes nothing.
+  const bounded = issues.length === b.issues + 1 && issues.at(-1)?.code === 'more_issues';
+  const out = issues.slice(0, bounded ? issues.length : b.issues).map((i) => {
+    const path = i.path.slice(0, b.pathSegments).map((p) => (typeof p === 'string' ? clip(p, b.segmentChars) : p));
+    if (i.path.length > b.pathSegments) path.push('…');
+    return { path, code: clip(String(i.code), b.codeChars), message: clip(String(i.message), b.messageChars) };
+  });
+  if (total > out.length) out.push({ path: [], code: 'more_issues', message: `${total - out.length} more issue(s) not listed` });
+  return out;
+}
+
 /** Wire form of any error: unknown errors become `internal` and keep nothing of their text. */
 export function toErrorInfo(err: unknown): ErrorInfo {
   if (err instanceof TooltxError) {
     const info: ErrorInfo = { class: err.class };
-    if (err.issues?.length) info.issues = err.issues;
+    if (err.issues?.length) info.issues = boundIssues(err.issues);
     if (err.retryAfterMs !== undefined) info.retryAfterMs = err.retryAfterMs;
     return info;
   }

@@ -1,6 +1,7 @@
 import type { z } from 'zod';
 import { sha256B64u } from './digest.js';
 import type { Contract } from './contract.js';
+import { ErrorClass, TooltxError } from './errors.js';
 
 /**
  * What the trusted side hands an implementation for one attempt. Identity comes from the
@@ -19,7 +20,12 @@ export interface ExecutionContext {
    * downstream that records it with the effect lets a probe tell our effect from another (issue 7).
    */
   inputDigest?: string;
-  /** Absolute deadline of this attempt, ms since the epoch; sent downstream when it `enforcesDeadline`. */
+  /**
+   * Absolute deadline of this attempt, ms since the epoch, on the downstream's clock as far as the
+   * executor has learned it (from `downstreamAt` answers; the executor's own clock until then). Sent
+   * downstream when it `enforcesDeadline`. Any value is safe: the downstream judges it by its own
+   * clock, and recovery judges by the clock the downstream reports (docs/clocks.md).
+   */
   deadlineAt: number;
   /** Aborted when the attempt's `timeoutMs` elapses or the service shuts down. */
   signal: AbortSignal;
@@ -74,16 +80,45 @@ export interface ReadContext {
 export interface ExecutionResult<O = unknown> {
   resourceId: string;
   result: O;
+  /**
+   * The downstream's clock when it answered, ms since the epoch, when it says: the executor learns
+   * the downstream's clock offset from it, so the deadlines it sends hold whatever its own clock says.
+   */
+  downstreamAt?: number;
 }
 
 /** What a probe by downstream key found. */
 export type ProbeResult =
-  | { found: false }
+  /**
+   * `downstreamAt`: the downstream's clock, ms since the epoch, read together with the lookup (no
+   * write can fall between the two), on a clock that never goes back. With a downstream that
+   * `enforcesDeadline`, only a `downstreamAt` past the attempt's deadline proves that no request of
+   * that attempt can still land, so only then is a `not_found` attempt run again (docs/clocks.md).
+   * Absent = the probe cannot prove that: the attempt stays `unknown` for a person.
+   */
+  | { found: false; downstreamAt?: number }
   /**
    * `inputDigest`: the {@link ExecutionContext.inputDigest} the downstream recorded with the effect,
    * when it keeps one; recovery commits only when it equals the operation's (issue 7).
    */
   | { found: true; resourceId: string; resultDigest?: string; inputDigest?: string };
+
+/**
+ * Thrown by `execute` when the downstream refused the request because it arrived after the
+ * attempt's absolute deadline by the downstream's own clock: definitively not applied. The executor
+ * learns the downstream's clock from `downstreamAt` and runs the attempt again with a deadline on
+ * that clock (a bounded number of times), instead of failing every call of an executor whose clock
+ * runs behind (docs/clocks.md).
+ */
+export class DeadlinePassedError extends TooltxError {
+  /** The downstream's clock when it refused, ms since the epoch (absent when it did not say). */
+  readonly downstreamAt: number | undefined;
+  constructor(downstreamAt: number | undefined, message = 'the downstream refused the request as past its deadline') {
+    super(ErrorClass.DependencyUnavailable, message);
+    this.name = 'DeadlinePassedError';
+    this.downstreamAt = downstreamAt;
+  }
+}
 
 /**
  * The trusted side of a contract, loaded only by services (never by agents).

@@ -10,11 +10,14 @@ import {
   type TakeoverRecord,
 } from './events.js';
 import type { ReceiptSigner, UnsignedReceipt } from './signing.js';
+import { isAllowedTransition, TRANSITIONS, type Transition } from './transitions.js';
 
 /** What a decision may need besides the command and the state: the signer of receipts (issue 9). */
 export interface DecideContext {
   /** Required for `commit` and a committed `resolve`: signs the receipt the event carries. */
   signer?: ReceiptSigner;
+  /** The allowed transitions (default {@link TRANSITIONS}, the one table; a test may narrow it). */
+  transitions?: readonly Transition[];
 }
 
 /**
@@ -104,13 +107,15 @@ export interface RequeueCommand {
   /**
    * `stale_accepted`: accepted and never started (reconciler); `probe_not_found`: running or unknown
    * and the probe found nothing where a repeat is safe (reconciler); `late_start`: running, stored
-   * too late to be sent, nothing sent (executor, decideSend).
+   * too late to be sent, nothing sent (executor, decideSend); `refused_late`: running, and the
+   * downstream refused the run's request as past its deadline by its own clock — not applied
+   * (executor, `DeadlinePassedError`).
    */
-  reason: 'probe_not_found' | 'stale_accepted' | 'late_start';
+  reason: 'probe_not_found' | 'stale_accepted' | 'late_start' | 'refused_late';
   /**
    * The run being requeued (its `running` event id): a requeue decided about one run never applies
    * to a later run of the same attempt, which may already have sent its request. Required for
-   * `late_start`; the reconciler's `probe_not_found` names the run it probed.
+   * `late_start` and `refused_late`; the reconciler's `probe_not_found` names the run it probed.
    */
   runId?: string;
 }
@@ -152,7 +157,7 @@ export type Decision =
   /** The command does not apply to the current state (e.g. another executor already runs it). */
   | { kind: 'skip'; reason: SkipReason; state: OperationState };
 
-export type SkipReason = 'not_registered' | 'not_accepted' | 'attempt_mismatch' | 'not_running' | 'final' | 'stale_run' | 'not_unknown' | 'taken_over';
+export type SkipReason = 'not_registered' | 'not_accepted' | 'attempt_mismatch' | 'not_running' | 'final' | 'stale_run' | 'not_unknown' | 'taken_over' | 'not_allowed';
 
 export function initialState(): OperationState {
   return { status: 'none' };
@@ -160,9 +165,19 @@ export function initialState(): OperationState {
 
 /**
  * Decides `cmd` on `state`. Throws `Error` when a commit is decided without `ctx.signer` (a
- * receipt is never unsigned).
+ * receipt is never unsigned). An append whose `from → to` under its event type is not a row of the
+ * transition table (transitions.ts, docs/lifecycle.md) is refused here, in one place: `skip`
+ * with reason `not_allowed`, nothing appended.
  */
 export function decide(cmd: OperationCommand, state: OperationState, ctx: DecideContext = {}): Decision {
+  const d = decideCommand(cmd, state, ctx);
+  if (d.kind === 'append' && !isAllowedTransition(state.status, d.event.type, d.event.state.status, ctx.transitions ?? TRANSITIONS)) {
+    return { kind: 'skip', reason: 'not_allowed', state };
+  }
+  return d;
+}
+
+function decideCommand(cmd: OperationCommand, state: OperationState, ctx: DecideContext): Decision {
   if (state.status !== 'none' && state.lastEventId === cmd.eventId) return { kind: 'applied', state };
   if ('runId' in cmd && cmd.runId !== undefined && state.status !== 'none' && state.running?.eventId !== cmd.runId) {
     return { kind: 'skip', reason: 'stale_run', state };
@@ -225,8 +240,9 @@ export function decide(cmd: OperationCommand, state: OperationState, ctx: Decide
     case 'requeue': {
       if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
       if (state.attempt !== cmd.attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
-      if (cmd.reason === 'late_start' && cmd.runId === undefined) return { kind: 'skip', reason: 'stale_run', state };
-      const from = cmd.reason === 'stale_accepted' ? ['accepted'] : cmd.reason === 'late_start' ? ['running'] : ['running', 'unknown'];
+      const ofOneRun = cmd.reason === 'late_start' || cmd.reason === 'refused_late';
+      if (ofOneRun && cmd.runId === undefined) return { kind: 'skip', reason: 'stale_run', state };
+      const from = cmd.reason === 'stale_accepted' ? ['accepted'] : ofOneRun ? ['running'] : ['running', 'unknown'];
       if (!from.includes(state.status)) return { kind: 'skip', reason: 'not_running', state };
       if (state.takeover) return { kind: 'skip', reason: 'taken_over', state };
       return append(state, { type: 'requeued', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, reason: cmd.reason });

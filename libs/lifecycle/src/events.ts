@@ -206,13 +206,14 @@ export const rejectedEventSchema = z.object({
  * after verifying (issue 7): the downstream was probed and holds nothing under the key, and either
  * it honours the key or the attempt's absolute deadline has passed (a late request is refused);
  * or `accepted` sat undispatched beyond its bound; or the executor stored `running` too late to send
- * the request and sent nothing (`late_start`, decideSend).
+ * the request and sent nothing (`late_start`, decideSend); or the downstream refused the run's
+ * request as past its deadline by its own clock (`refused_late`).
  */
 export const requeuedEventSchema = z.object({
   ...base,
   type: z.literal('requeued'),
   attempt: z.number().int().min(1),
-  reason: z.enum(['probe_not_found', 'stale_accepted', 'late_start']),
+  reason: z.enum(['probe_not_found', 'stale_accepted', 'late_start', 'refused_late']),
 });
 export const unknownEventSchema = z.object({
   ...base,

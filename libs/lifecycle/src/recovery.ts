@@ -5,7 +5,11 @@ import type { OperationRecord } from './events.js';
 export type ProbeOutcome =
   /** `inputDigest`: the digest of the input the downstream recorded with the effect, when it keeps one. */
   | { kind: 'found'; resourceId: string; inputDigest?: string }
-  | { kind: 'not_found' }
+  /**
+   * `downstreamAt`: the downstream's clock when it looked (ms since the epoch), on a clock that never
+   * goes back; absent when the downstream does not report it.
+   */
+  | { kind: 'not_found'; downstreamAt?: number }
   /** The probe itself failed: nothing is known. */
   | { kind: 'unavailable' };
 
@@ -19,30 +23,47 @@ export type RecoveryStep =
   | { kind: 'mismatch'; resourceId: string; inputDigest: string }
   /** Run the attempt again under the same key: safe because nothing was found and no late request can land. */
   | { kind: 'requeue' }
+  /**
+   * Nothing found yet, but by the downstream's own clock the attempt's deadline has not passed: its
+   * request may still land. Leave the attempt as it is and probe again in `retryInMs` (a duration,
+   * so no other clock enters).
+   */
+  | { kind: 'wait'; retryInMs: number }
   /** Nothing proves either outcome: `unknown` with evidence, the reconciler keeps probing. */
   | { kind: 'mark_unknown' }
   /** Already `unknown` and still nothing new: keep observing. */
   | { kind: 'keep' };
 
+/** Margin added to a `wait`, ms: the next probe lands after the deadline, not on it. */
+export const WAIT_MARGIN_MS = 250;
+
 /**
- * Verify before acting (DESIGN.md "After a timeout, verify before acting", issue 7). Pure.
+ * Verify before acting (FM-12, FM-13, FM-27). Pure,
+ * and without a clock of its own: whether a request in flight can still land is decided by the
+ * clock of the party that enforces the deadline — the downstream's, as its probe reports it — never
+ * by the caller's clock (docs/clocks.md).
  *
  * - found → compared with what was asked: the same input digest (or none recorded) → `commit` with
  *   the downstream's resource id (FM-02, FM-13, FM-27); another digest → `mismatch` (takeover);
- * - not found → `requeue` only when the downstream honours our key (a repeat cannot make a second
- *   effect), or it enforces our absolute deadline and that deadline has passed (a request still in
- *   flight can no longer land); otherwise the attempt stays `unknown` (DESIGN.md "What the
- *   downstream promises");
- * - probe unavailable → nothing is known: `mark_unknown` (or `keep` when already unknown).
+ * - not found, and the downstream honours our key → `requeue` (a repeat cannot make a second effect);
+ * - not found, and the downstream enforces our absolute deadline: `requeue` once its own clock at the
+ *   probe (`downstreamAt`) is past the attempt's deadline (it refuses any later request of that
+ *   attempt, and any earlier one would have been found); before that, `wait` until it is; without
+ *   `downstreamAt`, nothing proves a late request cannot land: `unknown`;
+ * - otherwise (or probe unavailable) → `mark_unknown` (or `keep` when already unknown).
  */
-export function decideRecovery(state: OperationRecord, probe: ProbeOutcome, downstream: DownstreamGuarantees, now: number): RecoveryStep {
+export function decideRecovery(state: OperationRecord, probe: ProbeOutcome, downstream: DownstreamGuarantees): RecoveryStep {
   if (probe.kind === 'found') {
     if (probe.inputDigest !== undefined && probe.inputDigest !== state.inputDigest) return { kind: 'mismatch', resourceId: probe.resourceId, inputDigest: probe.inputDigest };
     return { kind: 'commit', resourceId: probe.resourceId };
   }
   if (probe.kind === 'not_found') {
-    const deadlinePassed = state.running !== undefined && now > state.running.deadlineAt;
-    if (downstream.honoursKey || (downstream.enforcesDeadline && deadlinePassed)) return { kind: 'requeue' };
+    if (downstream.honoursKey) return { kind: 'requeue' };
+    if (downstream.enforcesDeadline && state.running !== undefined && probe.downstreamAt !== undefined) {
+      const left = state.running.deadlineAt - probe.downstreamAt;
+      if (left < 0) return { kind: 'requeue' };
+      return { kind: 'wait', retryInMs: left + WAIT_MARGIN_MS };
+    }
   }
   return state.status === 'unknown' ? { kind: 'keep' } : { kind: 'mark_unknown' };
 }
@@ -50,7 +71,7 @@ export function decideRecovery(state: OperationRecord, probe: ProbeOutcome, down
 /** What the executor does with an attempt whose `running` event is stored: see {@link decideSend}. */
 export type SendStep = { kind: 'send' } | { kind: 'requeue' } | { kind: 'reject' };
 
-/** Requeues of an operation after which a late start is rejected instead (not applied; the caller backs off, FM-15). */
+/** Requeues of an operation after which a late start (or a late refusal) is rejected instead (not applied; the caller backs off, FM-15). */
 export const MAX_LATE_START_REQUEUES = 5;
 
 /**

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { decide, decideRecovery, decideSend, generateReceiptKey, MAX_LATE_START_REQUEUES, initialState, receiptSigner, replay, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type Decision, type OperationEvent, type OperationState, type Receipt } from '@tooltx/lifecycle';
+import { decide, decideRecovery, decideSend, generateReceiptKey, MAX_LATE_START_REQUEUES, WAIT_MARGIN_MS, initialState, receiptSigner, replay, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type Decision, type OperationEvent, type OperationState, type Receipt } from '@tooltx/lifecycle';
 
 const KEYPAIR = generateReceiptKey();
 const signer = receiptSigner(KEYPAIR.privatePem);
@@ -139,16 +139,37 @@ describe('recovery (verify before acting)', () => {
     expect(given(unknownOf()).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, reason: 'stale_accepted' })).toMatchObject({ kind: 'skip' });
   });
 
-  it('decideRecovery: found → commit; not found → requeue only if the key is honoured or the deadline passed; unavailable → unknown', () => {
+  it('decideRecovery: found → commit; not found → requeue only if the key is honoured or the downstream\'s own clock is past the deadline; unavailable → unknown', () => {
     const r = running().state; // deadlineAt 5_000
     const none = { honoursKey: false, enforcesDeadline: false };
-    expect(decideRecovery(r, { kind: 'found', resourceId: 'n1' }, none, 10_000)).toEqual({ kind: 'commit', resourceId: 'n1' });
-    expect(decideRecovery(r, { kind: 'not_found' }, none, 10_000)).toEqual({ kind: 'mark_unknown' });
-    expect(decideRecovery(r, { kind: 'not_found' }, { honoursKey: true, enforcesDeadline: false }, 1_000)).toEqual({ kind: 'requeue' });
-    expect(decideRecovery(r, { kind: 'not_found' }, { honoursKey: false, enforcesDeadline: true }, 4_000)).toEqual({ kind: 'mark_unknown' });
-    expect(decideRecovery(r, { kind: 'not_found' }, { honoursKey: false, enforcesDeadline: true }, 5_001)).toEqual({ kind: 'requeue' });
-    expect(decideRecovery(r, { kind: 'unavailable' }, { honoursKey: true, enforcesDeadline: true }, 99_000)).toEqual({ kind: 'mark_unknown' });
-    expect(decideRecovery(unknownOf().state, { kind: 'unavailable' }, none, 99_000)).toEqual({ kind: 'keep' });
+    expect(decideRecovery(r, { kind: 'found', resourceId: 'n1' }, none)).toEqual({ kind: 'commit', resourceId: 'n1' });
+    expect(decideRecovery(r, { kind: 'not_found', downstreamAt: 99_000 }, none)).toEqual({ kind: 'mark_unknown' });
+    expect(decideRecovery(r, { kind: 'not_found' }, { honoursKey: true, enforcesDeadline: false })).toEqual({ kind: 'requeue' });
+    expect(decideRecovery(r, { kind: 'unavailable' }, { honoursKey: true, enforcesDeadline: true })).toEqual({ kind: 'mark_unknown' });
+    expect(decideRecovery(unknownOf().state, { kind: 'unavailable' }, none)).toEqual({ kind: 'keep' });
+  });
+
+  it('clock-skew: decideRecovery judges the deadline by the downstream\'s clock in its probe answer, never by a local one', () => {
+    const r = running().state; // deadlineAt 5_000
+    const fence = { honoursKey: false, enforcesDeadline: true };
+    // Given a running attempt whose deadline is 5_000 on the downstream's clock,
+    // when the probe finds nothing and the downstream says it is 5_001 → no request of it can land: requeue.
+    expect(decideRecovery(r, { kind: 'not_found', downstreamAt: 5_001 }, fence)).toEqual({ kind: 'requeue' });
+    // … when it says 4_000 (whatever the caller's clock says) → the request may still land: wait 1 s and a margin.
+    expect(decideRecovery(r, { kind: 'not_found', downstreamAt: 4_000 }, fence)).toEqual({ kind: 'wait', retryInMs: 1_000 + WAIT_MARGIN_MS });
+    expect(decideRecovery(r, { kind: 'not_found', downstreamAt: 5_000 }, fence)).toEqual({ kind: 'wait', retryInMs: WAIT_MARGIN_MS });
+    expect(decideRecovery(unknownOf().state, { kind: 'not_found', downstreamAt: 1_000 }, fence)).toMatchObject({ kind: 'wait' });
+    // … when it does not say → nothing proves a late request cannot land: unknown, never a requeue.
+    expect(decideRecovery(r, { kind: 'not_found' }, fence)).toEqual({ kind: 'mark_unknown' });
+    expect(decideRecovery(unknownOf().state, { kind: 'not_found' }, fence)).toEqual({ kind: 'keep' });
+  });
+
+  it('clock-skew: a run the downstream refused as late is requeued for that run only (refused_late)', () => {
+    const r = running();
+    const q = appended(given(r).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, runId: r.eventId, reason: 'refused_late' }));
+    expect(q).toMatchObject({ type: 'requeued', reason: 'refused_late', state: { status: 'accepted', requeues: 1 } });
+    expect(given(r).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, reason: 'refused_late' })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
+    expect(given(unknownOf()).when({ type: 'requeue', eventId: id(), at: 1, attempt: 1, runId: r.eventId, reason: 'refused_late' })).toMatchObject({ kind: 'skip' });
   });
 
   it('FM-29: decideSend — an attempt stored with at least half its time left is sent; later, requeued (nothing sent), and rejected once requeued too often', () => {
@@ -251,9 +272,9 @@ describe('takeover and manual resolution (issue 8, FM-14)', () => {
     const u = unknownOf();
     const s = u.state as Extract<OperationState, { status: 'unknown' }>;
     const g = { honoursKey: true, enforcesDeadline: true };
-    expect(decideRecovery(s, { kind: 'found', resourceId: 'x', inputDigest: D2 }, g, 9_000)).toEqual({ kind: 'mismatch', resourceId: 'x', inputDigest: D2 });
-    expect(decideRecovery(s, { kind: 'found', resourceId: 'x', inputDigest: D1 }, g, 9_000)).toEqual({ kind: 'commit', resourceId: 'x' });
-    expect(decideRecovery(s, { kind: 'found', resourceId: 'x' }, g, 9_000)).toEqual({ kind: 'commit', resourceId: 'x' });
+    expect(decideRecovery(s, { kind: 'found', resourceId: 'x', inputDigest: D2 }, g)).toEqual({ kind: 'mismatch', resourceId: 'x', inputDigest: D2 });
+    expect(decideRecovery(s, { kind: 'found', resourceId: 'x', inputDigest: D1 }, g)).toEqual({ kind: 'commit', resourceId: 'x' });
+    expect(decideRecovery(s, { kind: 'found', resourceId: 'x' }, g)).toEqual({ kind: 'commit', resourceId: 'x' });
   });
 });
 

@@ -1,5 +1,6 @@
 import { Packr } from 'msgpackr';
 import type { z } from 'zod';
+import { checkMsgpack, MsgpackShapeError } from './msgpack-guard.js';
 
 // Plain maps and arrays only: no records/structures extension, so any msgpack reader can decode.
 const packr = new Packr({ useRecords: false, moreTypes: false, int64AsType: 'number' });
@@ -19,12 +20,7 @@ export function encode(value: unknown): Uint8Array {
 
 /** Decodes msgpack bytes and parses them with `schema`; throws {@link CodecError} on either failure. */
 export function decode<S extends z.ZodType>(schema: S, bytes: Uint8Array): z.infer<S> {
-  let raw: unknown;
-  try {
-    raw = packr.unpack(bytes);
-  } catch (err) {
-    throw new CodecError('not msgpack', { cause: err });
-  }
+  const raw = unpackChecked(bytes);
   const r = schema.safeParse(raw);
   if (!r.success) throw new CodecError(`does not match schema: ${r.error.issues.length} issue(s)`, { cause: r.error });
   return r.data;
@@ -32,19 +28,41 @@ export function decode<S extends z.ZodType>(schema: S, bytes: Uint8Array): z.inf
 
 /** Decodes msgpack without a schema (for envelopes whose parse errors must name field paths). */
 export function decodeRaw(bytes: Uint8Array): unknown {
+  return unpackChecked(bytes);
+}
+
+/**
+ * msgpackr's read of bytes that passed {@link checkMsgpack} (plain types only, bounded depth, no
+ * byte missing or left over: msgpack-guard.ts says why). Throws {@link CodecError} whose message
+ * and cause never quote the bytes (msgpackr's own errors can: they are not kept).
+ */
+function unpackChecked(bytes: Uint8Array): unknown {
+  try {
+    checkMsgpack(bytes);
+  } catch (err) {
+    if (err instanceof MsgpackShapeError) throw new CodecError(`not msgpack: ${err.message}`, { cause: err });
+    throw err;
+  }
   try {
     return packr.unpack(bytes);
-  } catch (err) {
-    throw new CodecError('not msgpack', { cause: err });
+  } catch {
+    throw new CodecError('not msgpack: unreadable');
   }
 }
 
 function dropUndefined(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(dropUndefined);
-  if (v && typeof v === 'object' && Object.getPrototypeOf(v) === Object.prototype) {
-    const out: Record<string, unknown> = {};
-    for (const [k, x] of Object.entries(v)) if (x !== undefined) out[k] = dropUndefined(x);
-    return out;
+  if (v && typeof v === 'object') {
+    const proto = Object.getPrototypeOf(v) as unknown;
+    if (proto === Object.prototype || proto === null) {
+      // Written as a Map, whose entries msgpackr writes as they are (a msgpack map either way).
+      // A plain object it writes only after reading `constructor`, `toJSON` and `hasOwnProperty` on
+      // the object itself: data with those field names (JSON.parse of a downstream's answer) made
+      // it throw, and an own `__proto__` field, copied by assignment, replaced the copy's prototype.
+      const out = new Map<string, unknown>();
+      for (const [k, x] of Object.entries(v)) if (x !== undefined) out.set(k, dropUndefined(x));
+      return out;
+    }
   }
   return v;
 }

@@ -1,5 +1,6 @@
 export * from './subjects.js';
 export * from './codec.js';
+export { checkMsgpack, MAX_MSGPACK_DEPTH, MsgpackShapeError } from './msgpack-guard.js';
 export * from './connect.js';
 export * from './store.js';
 export * from './consumer.js';

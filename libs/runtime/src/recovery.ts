@@ -4,8 +4,14 @@ import { ConcurrencyError, encode, newEventId, type OperationStore, type Subject
 import type { KV } from '@nats-io/kv';
 import type { Logger } from 'pino';
 
-/** What {@link recoverOperation} did. */
-export type RecoveryResult = 'committed' | 'requeued' | 'marked_unknown' | 'kept' | 'moved_on' | 'no_probe' | 'mismatch';
+/** What {@link recoverOperation} did. `waiting`: the downstream's clock says the attempt may still land. */
+export type RecoveryResult = 'committed' | 'requeued' | 'marked_unknown' | 'kept' | 'moved_on' | 'no_probe' | 'mismatch' | 'waiting';
+
+/** {@link RecoveryResult}, with when to probe again for `waiting` (a duration, ms). */
+export interface RecoveryOutcome {
+  result: RecoveryResult;
+  retryInMs?: number;
+}
 
 /**
  * The recovery shell shared by the executor (a redelivered operation whose executor died) and the
@@ -33,7 +39,12 @@ export async function recoverOperation(deps: {
    * digest): the reconciler opens a takeover. The attempt is first marked `unknown` if it was running.
    */
   onMismatch?: (probed: { resourceId: string; inputDigest: string }) => Promise<void>;
-}): Promise<RecoveryResult> {
+}): Promise<RecoveryOutcome> {
+  const r = await recover(deps);
+  return typeof r === 'string' ? { result: r } : r;
+}
+
+async function recover(deps: Parameters<typeof recoverOperation>[0]): Promise<RecoveryResult | RecoveryOutcome> {
   const { store, subjects, results, impl, tenant, opId, state, log } = deps;
   const now = deps.now ?? Date.now;
   if (!impl.probe) {
@@ -44,11 +55,13 @@ export async function recoverOperation(deps: {
   const startedAt = now();
   try {
     const r = await impl.probe({ tenant, actor: state.actor, operationKey: state.operationKey, downstreamKey: downstreamKeyOf(tenant, state.operationKey), attempt: state.attempt, inputDigest: state.inputDigest, signal: AbortSignal.timeout(impl.contract.timing.timeoutMs) });
-    probe = r.found ? { kind: 'found', resourceId: r.resourceId, ...(r.inputDigest ? { inputDigest: r.inputDigest } : {}) } : { kind: 'not_found' };
+    probe = r.found
+      ? { kind: 'found', resourceId: r.resourceId, ...(r.inputDigest ? { inputDigest: r.inputDigest } : {}) }
+      : { kind: 'not_found', ...(r.downstreamAt !== undefined ? { downstreamAt: r.downstreamAt } : {}) };
   } catch {
     probe = { kind: 'unavailable' };
   }
-  const step = decideRecovery(state, probe, impl.contract.downstream, now());
+  const step = decideRecovery(state, probe, impl.contract.downstream);
   const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, probe: probe.kind });
   switch (step.kind) {
     case 'mismatch': {
@@ -82,6 +95,9 @@ export async function recoverOperation(deps: {
       l.warn({ outcome: d }, 'outcome unknown: left to the reconciler');
       return d === 'appended' ? 'marked_unknown' : 'moved_on';
     }
+    case 'wait':
+      l.info({ retryInMs: step.retryInMs }, 'nothing found yet, and by the downstream\'s clock the attempt may still land: probed again later');
+      return { result: 'waiting', retryInMs: step.retryInMs };
     case 'keep':
       return 'kept';
   }

@@ -2,9 +2,9 @@ import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { EMPTY_RESULT_DIGEST, ErrorClass, hasSideEffect, operationIdOf, prepareCall, toErrorInfo, type ErrorInfo, type Implementation } from '@tooltx/contracts';
 import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision, type OperationRecord, type Receipt } from '@tooltx/lifecycle';
-import { committedResult, ConcurrencyError, decodeRaw, CodecError, newEventId, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import { committedResult, ConcurrencyError, newEventId, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
-import { checkIntake } from './intake.js';
+import { intakeOf, type IntakeOutcome } from './intake.js';
 
 const MAX_DECIDE_ROUNDS = 8;
 
@@ -35,12 +35,13 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
   const now = deps.now ?? Date.now;
 
   return async (msg) => {
-    const who = subjects.parseActorSubject('intent', msg.subject);
+    const intake = intakeOf(subjects, { subject: msg.subject, data: msg.data, msgId: msg.headers?.get('Nats-Msg-Id') || undefined, seq: msg.seq }, (t, v) => tools.contracts.get(t, v), (t) => tools.contracts.versionsOf(t));
+    const who = intake.who;
     if (!who) return { kind: 'term', reason: 'not an intent subject' };
-    const submissionId = msg.headers?.get('Nats-Msg-Id') || `seq-${msg.seq}`;
+    const submissionId = intake.submissionId;
     let answerOnItsWay = false;
     // A throw is retried (nak): the answer is still to come, so nothing is pushed for it yet.
-    const settled = await handle(msg, who, submissionId, () => (answerOnItsWay = true));
+    const settled = await handle(msg, intake, who, submissionId, () => (answerOnItsWay = true));
     if (!answerOnItsWay) deps.pusher?.poll(who.tenant, who.actor, submissionId);
     return settled;
   };
@@ -58,19 +59,15 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     await pusher.committed({ impl, tenant: who.tenant, actor: who.actor, submissionId, submittedKey, state: st, seq, result: readable.result });
   }
 
-  async function handle(msg: JsMsg, who: { tenant: string; actor: string }, submissionId: string, answerOnItsWay: () => void): Promise<Settlement | void> {
+  async function handle(msg: JsMsg, intake: IntakeOutcome, who: { tenant: string; actor: string }, submissionId: string, answerOnItsWay: () => void): Promise<Settlement | void> {
     const l = log.child({ tenant: who.tenant, actor: who.actor, intentSeq: msg.seq });
 
-    let raw: unknown;
-    try {
-      raw = decodeRaw(msg.data);
-    } catch (err) {
-      if (!(err instanceof CodecError)) throw err;
-      l.warn({ class: ErrorClass.InvalidInput }, 'intent is not msgpack: refused, no key known');
-      return { kind: 'term', reason: 'undecodable intent' };
+    if (intake.kind === 'term') {
+      l.warn({ class: intake.error.class, submissionId, bytes: msg.data.byteLength }, 'intent is not msgpack: refused, no key known');
+      return { kind: 'term', reason: intake.reason };
     }
 
-    const check = checkIntake(who, raw, (t, v) => tools.contracts.get(t, v), (t) => tools.contracts.versionsOf(t));
+    const check = intake.check;
     const refuse = async (key: string | null, error: ErrorInfo, ids: { tool?: string; version?: number }, authorization?: AuthDecision) => {
       if (!key) {
         l.info({ class: error.class }, 'intent refused before a key was known');

@@ -11,6 +11,7 @@ import {
   type PreparedCall,
 } from '@tooltx/contracts';
 import { intentEnvelopeSchema, type IntentEnvelope } from '@tooltx/lifecycle';
+import { CodecError, decodeRaw, type Subjects } from '@tooltx/nats';
 
 /** The outcome of the pure intake checks, before any lookup or registration. */
 export type IntakeCheck =
@@ -23,6 +24,44 @@ export type IntakeCheck =
       version?: number;
     }
   | { kind: 'proceed'; envelope: IntentEnvelope; contract: Contract; prepared: PreparedCall };
+
+/** A submission id as recorded: the agent's `Nats-Msg-Id`, else the intent's stream sequence. */
+const SUBMISSION_ID = /^[\x21-\x7e]{1,128}$/;
+
+/** What intake makes of one message of the intent stream ({@link intakeOf}). */
+export type IntakeOutcome =
+  | { kind: 'term'; reason: 'not an intent subject' | 'undecodable intent'; error: ErrorInfo; who: { tenant: string; actor: string } | null; submissionId: string }
+  | { kind: 'checked'; who: { tenant: string; actor: string }; submissionId: string; check: IntakeCheck };
+
+/**
+ * What intake makes of one message of the intent stream — its subject, bytes, `Nats-Msg-Id` and
+ * stream sequence — before any I/O: `term` when it can never be read (not an intent subject, not
+ * msgpack: no key is known, nothing can be recorded under one; the refusal it would be is in
+ * `error`), else the {@link checkIntake} outcome for the identity its subject names. The
+ * submission id is the `Nats-Msg-Id` when it is 1–128 printable ASCII characters (a UUID from the
+ * SDK), else `seq-<stream sequence>`: what a refusal records stays bounded whatever header an agent
+ * sends. Pure; never throws.
+ */
+export function intakeOf(
+  subjects: Subjects,
+  msg: { subject: string; data: Uint8Array; msgId: string | undefined; seq: number },
+  findContract: (tool: string, version: number) => Contract | undefined,
+  versionsOf?: (tool: string) => number[],
+): IntakeOutcome {
+  const submissionId = msg.msgId !== undefined && SUBMISSION_ID.test(msg.msgId) ? msg.msgId : `seq-${msg.seq}`;
+  const who = subjects.parseActorSubject('intent', msg.subject);
+  if (!who) {
+    return { kind: 'term', reason: 'not an intent subject', who: null, submissionId, error: { class: ErrorClass.InvalidInput, issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not an intent subject' }] } };
+  }
+  let raw: unknown;
+  try {
+    raw = decodeRaw(msg.data);
+  } catch (err) {
+    if (!(err instanceof CodecError)) throw err;
+    return { kind: 'term', reason: 'undecodable intent', who, submissionId, error: { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'invalid_encoding', message: err.message.slice(0, 200) }] } };
+  }
+  return { kind: 'checked', who, submissionId, check: checkIntake(who, raw, findContract, versionsOf) };
+}
 
 /**
  * Intake checks in the order DESIGN.md fixes ("Order of checks at intake"): identity from the

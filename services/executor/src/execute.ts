@@ -1,6 +1,7 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import {
+  DeadlinePassedError,
   digestOf,
   downstreamKeyOf,
   EMPTY_RESULT_DIGEST,
@@ -14,10 +15,11 @@ import {
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
-import { decide, decideSend, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Decision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
+import { decide, decideSend, intentEnvelopeSchema, MAX_LATE_START_REQUEUES, operationEventSchema, type AuthDecision, type Decision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConcurrencyError, decode, decodeRaw, encode, eventTypeOf, newEventId, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
+import { DownstreamClocks } from './downstream-clock.js';
 
 export interface ExecutorDeps {
   subjects: Subjects;
@@ -36,6 +38,8 @@ export interface ExecutorDeps {
   /** Pushes each submission's answer to its agent (issue 10); absent = nothing is pushed and agents poll. */
   pusher?: AnswerPusher;
   now?: () => number;
+  /** What it has learned of each downstream's clock (a fresh one per handler by default). */
+  clocks?: DownstreamClocks;
 }
 
 const MAX_DECIDE_ROUNDS = 8;
@@ -53,6 +57,7 @@ const ACTS_ON = new Set(['accepted', 'requeued']);
 export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settlement | void> {
   const { subjects, store, tools, log, results } = deps;
   const now = deps.now ?? Date.now;
+  const clocks = deps.clocks ?? new DownstreamClocks();
 
   /**
    * Load → decide → append until the command is appended, applied or no longer applies. `known`:
@@ -109,11 +114,13 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
 
     if (state.status === 'running' && msg.info.deliveryCount > 1 && state.running) {
       // Our earlier delivery of this operation died mid-attempt (FM-27). Verify before acting:
-      // wait out the attempt's deadline, then probe the downstream by our key.
-      const wait = state.running.deadlineAt - now();
+      // wait out the attempt's deadline (as far as we know the downstream's clock: only a schedule),
+      // then probe the downstream by our key; its answer says whether the request may still land.
+      const wait = state.running.deadlineAt - (now() + clocks.offsetMs(impl));
       if (wait > 0) return { kind: 'nak', delayMs: wait + 250 };
       const outcome = await recoverOperation({ store, subjects, results, impl, tenant, opId, state, seq, log: l, now, signer: deps.signer });
-      l.info({ outcome }, 'redelivered running operation recovered');
+      l.info({ outcome: outcome.result }, 'redelivered running operation recovered');
+      if (outcome.result === 'waiting') return { kind: 'nak', delayMs: outcome.retryInMs ?? 1_000 };
       return;
     }
     if (state.status !== 'accepted') return;
@@ -182,7 +189,9 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
 
     const { timeoutMs } = impl.contract.timing;
     const startedAt = now();
-    const deadlineAt = startedAt + timeoutMs;
+    // The deadline sent downstream is on the downstream's clock as far as we have learned it, so an
+    // executor whose clock is off still gives its requests their time (docs/clocks.md).
+    const deadlineAt = startedAt + timeoutMs + clocks.offsetMs(impl);
     const runningId = newEventId();
     const start = decide({ type: 'start', eventId: runningId, at: startedAt, attempt: state.attempt, executor: deps.executorId, deadlineAt, authorization }, state);
     if (start.kind !== 'append') return;
@@ -197,7 +206,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     // Stored too late to be sent (a stalled append, e.g. a cluster's leader election): nothing has
     // left, so the attempt starts again with a fresh deadline rather than meet a refusal (FM-29).
     // Reads and computations are sent anyway: a late one is refused or times out, and is retryable.
-    const go = hasSideEffect(impl.contract.effect) ? decideSend({ startedAt, deadlineAt, now: now(), requeues: state.requeues ?? 0 }) : { kind: 'send' as const };
+    const go = hasSideEffect(impl.contract.effect) ? decideSend({ startedAt, deadlineAt: startedAt + timeoutMs, now: now(), requeues: state.requeues ?? 0 }) : { kind: 'send' as const };
     if (go.kind !== 'send') {
       if (go.kind === 'requeue') {
         // Bound to this run: after a reload the operation may be running a later run that has sent.
@@ -219,6 +228,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     deps.shutdown.addEventListener('abort', onShutdown, { once: true });
     const signal = attempt.signal;
     let outcome: { ok: true; resourceId: string; result: unknown } | { ok: false; err: unknown };
+    const sentAt = now();
     try {
       const r = await impl.execute(input, {
         tenant,
@@ -231,8 +241,10 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         signal,
         ...(allowed ? { authorization: allowed } : {}),
       });
+      clocks.observe(impl, r.downstreamAt, sentAt, now());
       outcome = { ok: true, resourceId: r.resourceId, result: r.result };
     } catch (err) {
+      if (err instanceof DeadlinePassedError) clocks.observe(impl, err.downstreamAt, sentAt, now());
       outcome = { ok: false, err };
     } finally {
       clearTimeout(timer);
@@ -257,6 +269,18 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     }
 
     const err = outcome.err;
+    if (err instanceof DeadlinePassedError && hasSideEffect(impl.contract.effect)) {
+      // Refused as late by the downstream's own clock: not applied. Run again with a deadline on the
+      // clock just learned, a bounded number of times (then refused: the caller backs off, FM-15).
+      if ((state.requeues ?? 0) < MAX_LATE_START_REQUEUES) {
+        const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, reason: 'refused_late' }), { known: afterStart });
+        l.warn({ deadlineAt, downstreamAt: err.downstreamAt, offsetMs: clocks.offsetMs(impl), outcome: d?.kind }, 'the downstream refused the request as late by its clock: requeued with a deadline on its clock');
+      } else {
+        await reject(err.toInfo(), undefined, runningId);
+        l.warn({ deadlineAt, downstreamAt: err.downstreamAt, requeues: state.requeues }, 'the downstream refused the request as late, again: rejected as dependency_unavailable');
+      }
+      return;
+    }
     if (err instanceof TooltxError) {
       // The downstream definitively refused: not applied (by THIS run; a later run is not ours to judge).
       await reject(err.toInfo(), undefined, runningId);

@@ -22,7 +22,10 @@ export interface SweepDeps {
   signer: ReceiptSigner;
   /** Pause between two sweeps of the index, ms. */
   intervalMs: number;
+  /** Wall clock for the events it appends (ms since the epoch); never used to decide. */
   now?: () => number;
+  /** Monotonic clock for every wait it decides (ms, any origin): `performance.now` by default. */
+  elapsed?: () => number;
 }
 
 /** How long after a running attempt's deadline the sweep leaves it to its executor, ms. */
@@ -35,20 +38,28 @@ export function nextProbeDelayMs(failures: number, random: () => number = Math.r
 }
 
 /**
- * The reconciler's sweep over its index of non-terminal operations (issue 7):
+ * The reconciler's sweep over its index of non-terminal operations:
  * - `accepted` but not `running` beyond the contract's `runningBoundMs` → requeued (re-driven,
  *   whatever the dispatch path missed);
- * - `running` past its deadline and its `runningBoundMs` → verified by a probe (commit / requeue /
- *   unknown, {@link recoverOperation});
+ * - `running` beyond the attempt's `timeoutMs` (plus a grace) and its `runningBoundMs` → verified by
+ *   a probe (commit / requeue / wait / unknown, {@link recoverOperation});
  * - `unknown` → probed again with bounded exponential backoff and jitter; past the contract's
- *   `unknownDeadlineMs` (from its last evidence) → a takeover record, its task frozen (FM-14);
- * - a probe that finds another effect under our key → a takeover record at once (issue 7);
+ *   `unknownDeadlineMs` → a takeover record, its task frozen (FM-14);
+ * - a probe that finds another effect under our key → a takeover record at once;
  * - an operation under takeover is a person's: never probed again.
- * Safe with several instances: every write is an append under the expected subject sequence.
+ * Every wait is a duration on this process's monotonic clock, counted from when the sweep saw the
+ * entry in its current state — never a comparison of its clock with a time another process wrote
+ * (their clocks may disagree by any amount: docs/clocks.md). Whether an attempt may run again is
+ * the probe's verdict, on the downstream's clock. After a restart the waits start again (later,
+ * never sooner). Safe with several instances: every write is an append under the expected sequence.
  */
 export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: ReadonlyMap<string, IndexEntry> } {
   const now = d.now ?? Date.now;
+  const elapsed = d.elapsed ?? (() => performance.now());
+  /** Next probe of an operation, on the monotonic clock; `failures` probes found nothing new. */
   const backoff = new Map<string, { failures: number; nextAt: number }>();
+  /** When the sweep first saw each entry at its current sequence, on the monotonic clock. */
+  const seen = new Map<string, { seq: number; at: number }>();
   let stopping = false;
   let wake: (() => void) | null = null;
   // The non-terminal operations, fed by one long-lived watch of the index (never a full key
@@ -63,6 +74,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     // Every ~30 sweeps: thaw freezes no open takeover backs any more (a lost thaw).
     if (sweeps++ % 30 === 0) await repairFreezes(takeoverDeps, d.frozen).catch((err: unknown) => d.log.warn({ err }, 'freeze repair failed'));
     for (const key of [...backoff.keys()]) if (!watched.has(key)) backoff.delete(key);
+    for (const key of [...seen.keys()]) if (!watched.has(key)) seen.delete(key);
     for (const [key, v] of [...watched]) {
       if (stopping) return;
       await visit(key, v).catch((err: unknown) => d.log.warn({ err, key }, 'reconcile step failed; next sweep retries'));
@@ -73,13 +85,20 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     if (e.takeoverAt !== undefined) return; // a person's now
     const impl = d.tools.get(e.tool, e.version);
     if (!impl) return;
-    const { runningBoundMs, unknownDeadlineMs } = impl.contract.timing;
-    const t = now();
+    const { runningBoundMs, unknownDeadlineMs, timeoutMs } = impl.contract.timing;
+    const t = elapsed();
+    let since = seen.get(key);
+    if (!since || since.seq !== e.seq) {
+      since = { seq: e.seq, at: t };
+      seen.set(key, since);
+    }
+    const age = t - since.at;
+    const probeDue = t >= (backoff.get(key)?.nextAt ?? 0);
     const due =
-      (e.status === 'accepted' && t - e.updatedAt > runningBoundMs) ||
-      // Past its deadline (plus a grace, so the executor's own evidence lands first) and its bound.
-      (e.status === 'running' && t > Math.max((e.deadlineAt ?? 0) + RUNNING_GRACE_MS, (e.runningAt ?? e.updatedAt) + runningBoundMs)) ||
-      (e.status === 'unknown' && t >= (backoff.get(key)?.nextAt ?? 0));
+      (e.status === 'accepted' && age > runningBoundMs) ||
+      // Beyond its attempt's time (plus a grace, so the executor's own evidence lands first) and its bound.
+      (e.status === 'running' && age > Math.max(timeoutMs + RUNNING_GRACE_MS, runningBoundMs) && probeDue) ||
+      (e.status === 'unknown' && probeDue);
     if (!due) return;
     const [tenant, opId] = key.split('.') as [string, string];
     const { state, seq } = await d.store.load(tenant, opId);
@@ -94,11 +113,11 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     if (state.status !== e.status) return; // the index lags: next sweep
     const l = d.log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, status: state.status });
     if (state.status === 'accepted') {
-      const r = decide({ type: 'requeue', eventId: newEventId(), at: t, attempt: state.attempt, reason: 'stale_accepted' }, state);
+      const r = decide({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'stale_accepted' }, state);
       if (r.kind === 'append') {
         try {
           await d.store.append(tenant, opId, r.event, seq);
-          l.info({ waitedMs: t - e.updatedAt }, 'stale accepted operation re-driven');
+          l.info({ waitedMs: Math.round(age) }, 'stale accepted operation re-driven');
         } catch (err) {
           if (!(err instanceof ConcurrencyError)) throw err;
         }
@@ -111,12 +130,17 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
       store: d.store, subjects: d.subjects, results: d.results, impl, tenant, opId, state: state as OperationRecord, seq, log: l, now, signer: d.signer,
       onMismatch: async (probed) => void (await openTakeover(takeoverDeps, tenant, opId, { reason: 'probe_mismatch', probes: b.failures + 1, probed })),
     });
-    if (outcome === 'kept' || outcome === 'marked_unknown' || outcome === 'no_probe') {
+    if (outcome.result === 'waiting') {
+      // The downstream's clock says the request may still land: ask again when it says it cannot,
+      // or sooner on the usual backoff (a request that lands meanwhile is committed from the probe).
       b.failures++;
-      b.nextAt = now() + nextProbeDelayMs(b.failures);
+      b.nextAt = elapsed() + Math.min(outcome.retryInMs ?? 1_000, nextProbeDelayMs(b.failures));
       backoff.set(key, b);
-      const unknownSince = state.evidence?.at ?? state.updatedAt;
-      if (state.status === 'unknown' && now() - unknownSince > unknownDeadlineMs) {
+    } else if (outcome.result === 'kept' || outcome.result === 'marked_unknown' || outcome.result === 'no_probe') {
+      b.failures++;
+      b.nextAt = elapsed() + nextProbeDelayMs(b.failures);
+      backoff.set(key, b);
+      if (state.status === 'unknown' && elapsed() - since.at > unknownDeadlineMs) {
         if (await openTakeover(takeoverDeps, tenant, opId, { reason: 'unknown_past_deadline', probes: b.failures })) backoff.delete(key);
       }
     } else backoff.delete(key);

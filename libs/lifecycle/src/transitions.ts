@@ -1,0 +1,56 @@
+import type { OperationEventType, OperationStatus } from './events.js';
+
+/**
+ * The operation lifecycle's allowed transitions, written once, as data: every event the decider may
+ * append names the status it leaves (`none` before the first event) and the status it leaves the
+ * operation in. `decide` refuses any append whose `from → to` under its event type is not a row
+ * here (one guard, in decider.ts), and docs/lifecycle.md is generated from these rows
+ * ({@link transitionsMarkdown}; a test keeps the two equal).
+ *
+ * To extend it (e.g. the compensation states `compensation_requested`, `compensated`,
+ * `compensation_failed`): add the status to `operationStatuses` and the event to the event union in
+ * events.ts, then add its rows below — a row is the whole permission, nothing else needs editing
+ * for the guard to let the new event through.
+ */
+
+/** A status an operation can be in, and `none`: not registered. */
+export type LifecycleStatus = 'none' | OperationStatus;
+
+export interface Transition {
+  from: LifecycleStatus;
+  event: OperationEventType;
+  to: LifecycleStatus;
+  /** Which command appends it, and when (for the docs table). */
+  when: string;
+}
+
+export const TRANSITIONS: readonly Transition[] = [
+  { from: 'none', event: 'accepted', to: 'accepted', when: 'accept: a new key is registered (attempt 1)' },
+  { from: 'rejected', event: 'accepted', to: 'accepted', when: 'accept: the identical input after a rejection starts the next attempt' },
+  { from: 'accepted', event: 'running', to: 'running', when: 'start: an executor takes the attempt' },
+  { from: 'accepted', event: 'rejected', to: 'rejected', when: 'reject: the re-check at the execution instant refused' },
+  { from: 'accepted', event: 'requeued', to: 'accepted', when: 'requeue (stale_accepted): never started within its bound' },
+  { from: 'running', event: 'committed', to: 'committed', when: 'commit: the downstream applied it (signed receipt)' },
+  { from: 'running', event: 'rejected', to: 'rejected', when: 'reject: the downstream definitively refused it' },
+  { from: 'running', event: 'unknown', to: 'unknown', when: 'mark_unknown: the outcome is not known (timeout, lost connection)' },
+  { from: 'running', event: 'requeued', to: 'accepted', when: 'requeue: verified not applied, or never sent; a repeat under the same key is safe' },
+  { from: 'unknown', event: 'committed', to: 'committed', when: 'commit after a probe found the effect, or resolve (committed) by a person' },
+  { from: 'unknown', event: 'rejected', to: 'rejected', when: 'resolve (not_applied) by a person' },
+  { from: 'unknown', event: 'requeued', to: 'accepted', when: 'requeue (probe_not_found): verified not applied, a repeat is safe' },
+  { from: 'unknown', event: 'takeover', to: 'unknown', when: 'open_takeover: unknown past its deadline, handed to a person (FM-14)' },
+];
+
+/** True when `table` has the row `from --event--> to`. */
+export function isAllowedTransition(from: LifecycleStatus, event: string, to: LifecycleStatus, table: readonly Transition[] = TRANSITIONS): boolean {
+  return table.some((t) => t.from === from && t.event === event && t.to === to);
+}
+
+/** The rows as a Markdown table (docs/lifecycle.md holds exactly this text between its markers). */
+export function transitionsMarkdown(table: readonly Transition[] = TRANSITIONS): string {
+  const cell = (s: string) => s.replaceAll('|', '\\|');
+  return [
+    '| from | event | to | when |',
+    '| --- | --- | --- | --- |',
+    ...table.map((t) => `| \`${t.from}\` | \`${t.event}\` | \`${t.to}\` | ${cell(t.when)} |`),
+  ].join('\n');
+}
