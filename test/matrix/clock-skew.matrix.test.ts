@@ -27,16 +27,14 @@ describe('clock-skew grid', () => {
     for (const skewMs of skews) {
       const label = `${skewMs > 0 ? '+' : '-'}${Math.abs(skewMs) >= 60_000 ? `${Math.abs(skewMs) / 60_000} min` : `${Math.abs(skewMs) / 1000} s`}`;
       it(`clock-skew: ${role} ${label}, restarted with it — every call committed, one KB row per key`, { timeout: 120_000 }, async ({ task }) => {
-        const c = await bench.run(role, skewMs, { mode: 'restart', writes: 2 });
+        const c = await bench.run(role, skewMs, { mode: 'restart', writes: 4 });
         const keys = c.calls.length;
         const rows = c.calls.reduce((n, x) => n + x.rows, 0);
         figure(task, { row: 'FM-12', name: `${role} ${label}: KB rows / keys`, value: `${rows}/${keys}`, duplicates: c.duplicates });
         figure(task, { row: 'FM-12', name: `${role} ${label}: committed`, value: `${c.calls.filter((x) => x.status === 'committed').length}/${keys}` });
         expect(c.duplicates).toBe(0);
-        expect(c.calls.map((x) => ({ flavour: x.flavour, status: x.status, rows: x.rows }))).toEqual([
-          { flavour: 'slow', status: 'committed', rows: 1 },
-          { flavour: 'held', status: 'committed', rows: 1 },
-        ]);
+        expect(c.calls.map((x) => ({ status: x.status, rows: x.rows }))).toEqual(c.calls.map(() => ({ status: 'committed', rows: 1 })));
+        expect(c.calls.map((x) => x.flavour)).toEqual(['slow', 'held', 'slow', 'held']);
       });
     }
   }
