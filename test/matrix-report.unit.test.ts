@@ -104,6 +104,16 @@ describe('rows from test outcomes', () => {
     expect(aggregateFigures([{ name: 'final state', value: 'committed' }, { name: 'final state', value: 'unknown' }])).toBe('final state: committed, unknown');
   });
 
+  it('a grid test whose figure names a row counts for that row too, and its failure fails it', () => {
+    const cell = (state: TestOutcome['state']): TestOutcome => ({ project: 'matrix', file: 'test/matrix/clock-skew.matrix.test.ts', names: ['clock-skew grid', 'executor +2 s'], state, figures: [{ row: fm(12), name: 'kb rows / keys', value: '4/4', duplicates: 0 }] });
+    const files = [file('test/matrix/clock-skew.matrix.test.ts', [], [], 'clock-skew')];
+    const report = buildReport({ tests: [...gateReporters(), passed([`${fm(12)}: held`]), cell('passed')], files, wallMs: 1 });
+    expect(report.rows.find((r) => r.id === fm(12))).toMatchObject({ status: 'pass', observed: 'kb rows / keys: 4/4', tests: { total: 2 } });
+    expect(report.grids[0]).toMatchObject({ id: 'clock-skew', observed: 'kb rows / keys: 4/4', status: 'pass' });
+    const failing = buildReport({ tests: [...gateReporters(), cell('failed')], files, wallMs: 1 });
+    expect(failing.rows.find((r) => r.id === fm(12))!.status).toBe('fail');
+  });
+
   it('a grid is every test of its matrix file: its describe is the situation, its one test what must hold', () => {
     const grid = passed(['npm start -- --cluster 3', 'comes up on three nodes'], undefined, 'test/matrix/start-cluster.matrix.test.ts');
     const report = buildReport({ tests: [...gateReporters(), grid], files: [file(grid.file, [], [], 'start-cluster')], wallMs: 1 });

@@ -19,7 +19,10 @@ import { GATE_COUNT_NAMES, type GateCounts } from '../matrix/fault-matrix.js';
 export { GATE_COUNT_NAMES, type GateCounts };
 
 export interface Figure extends GateCounts {
-  /** The row the figure belongs to (`FM-27`); without it, every row the test's name names. */
+  /**
+   * The row the figure belongs to (`FM-27`), even for a test whose name names no row (a grid's):
+   * the test then counts for that row too. Without it, every row the test's name names.
+   */
   row?: string;
   /** What was measured, as a reader would say it: `kb rows for the key`. */
   name: string;

@@ -154,9 +154,12 @@ function entry(id: string, kind: 'row' | 'grid', situation: string, mustHold: st
 /** The rows a test belongs to: the ids its names name. */
 const rowsOf = (t: TestOutcome): string[] => rowIdsIn(t.names.join(' '));
 
-/** The entry of a fault-matrix row: every test naming it, from any project. */
+/**
+ * The entry of a fault-matrix row: every test naming it, from any project, and every test that
+ * reported a figure for it (a grid's test names no row, yet may measure one).
+ */
 export function rowEntry(row: FaultRow, tests: readonly TestOutcome[], files: readonly FileOutcome[]): EntryReport {
-  const mine = tests.filter((t) => rowsOf(t).includes(row.id));
+  const mine = tests.filter((t) => rowsOf(t).includes(row.id) || (t.figures ?? []).some((f) => f.row === row.id));
   // A file that stopped outside its tests counts against every row its source names.
   const broken = files.filter((f) => f.errors.length > 0 && f.rows.includes(row.id));
   return entry(row.id, 'row', row.situation, row.mustHold, mine, broken, (f) => (f.row === undefined ? true : f.row === row.id));
