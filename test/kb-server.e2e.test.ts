@@ -272,6 +272,31 @@ describe('kb-server with KB_DEDUP=on', () => {
     }
   });
 
+  it('clock-skew: a probe\'s clock reading holds across a restart on a clock that went back — a request past that deadline is never stored', () => {
+    const path = freshDb();
+    let clock = 1_000_000;
+    const open = () => new KbStore({ path, dedup: false, now: () => clock });
+    const a = open();
+    const kbId = a.ensureKnowledgeBase('acme', 'research').id;
+    const ctx = { tenant: 'acme', actor: 'alice', key: 'tx_late', ifMatch: 1 };
+    // The probe finds nothing at 1_000_000: a request with an earlier deadline may be run again.
+    expect(a.probe('acme', 'tx_late')).toEqual({ found: false, now: 1_000_000 });
+    a.close();
+    // The KB comes back on a machine whose clock is 10 min behind; the first run's request lands.
+    clock = 400_000;
+    const b = open();
+    try {
+      expect(b.now()).toBe(1_000_000);
+      expect(b.writeNote({ ...ctx, deadlineAt: 999_999 }, { kb: kbId, title: 't', body: 'b', sourceUrl: 'https://example.org/', fetchedAt: '2026-11-30T06:00:00Z' })).toEqual({ kind: 'deadline_passed' });
+      expect(b.probe('acme', 'tx_late')).toMatchObject({ found: false });
+      // Once the machine's clock is past the floor again, it is read as it is.
+      clock = 1_000_500;
+      expect(b.now()).toBe(1_000_500);
+    } finally {
+      b.close();
+    }
+  });
+
   it('unknown routes and methods are a uniform 404', async () => {
     expect(await raw(`${kb.url}/v1/nope`)).toMatchObject({ status: 404, text: '{"error":"not_found"}' });
     expect(await raw(`${kb.url}/v1/notes`, { method: 'GET' })).toMatchObject({ status: 404, text: '{"error":"not_found"}' });

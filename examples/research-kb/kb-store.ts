@@ -261,7 +261,13 @@ const MIGRATION_1_COLUMNS: [string, string][] = [
 ];
 /** Schema version 2 (issue 7): the caller's input digest with each note (NULL for older rows). */
 const MIGRATION_2_COLUMNS: [string, string][] = [['input_digest', 'input_digest TEXT NULL']];
-export const SCHEMA_VERSION = 2;
+/**
+ * Schema version 3: the latest clock reading a probe answered (ms since the epoch). The store's clock
+ * starts from it, so a KB restarted on a machine whose clock went back never stores a request whose
+ * deadline a probe already declared passed (docs/clocks.md).
+ */
+const MIGRATION_3_TABLES = `CREATE TABLE IF NOT EXISTS clock_floor (id INTEGER PRIMARY KEY CHECK (id = 1), at INTEGER NOT NULL);`;
+export const SCHEMA_VERSION = 3;
 
 /**
  * Every non-deleted note row in the KB file `file` — its downstream key (a batch item's is
@@ -452,6 +458,12 @@ function migrate(db: Database.Database): void {
       db.pragma('user_version = 2');
     }).immediate();
   }
+  if (version < 3) {
+    db.transaction(() => {
+      db.exec(MIGRATION_3_TABLES);
+      db.pragma('user_version = 3');
+    }).immediate();
+  }
 }
 
 /**
@@ -486,12 +498,15 @@ export class KbStore {
   readonly dedup: boolean;
   readonly #db: Database.Database;
   readonly #now: () => number;
+  /** The latest clock reading a probe answered, as stored (the clock never starts below it). */
+  #floor: number;
   readonly #windowMs: number;
   readonly #stmts: Statements;
 
   constructor(opts: KbStoreOptions) {
     this.dedup = opts.dedup;
-    this.#now = neverBack(opts.now ?? Date.now);
+    this.#floor = 0;
+    this.#now = Date.now;
     this.#windowMs = opts.quotaWindowMs ?? 86_400_000;
     if (opts.path !== ':memory:') privateDatabaseFiles(opts.path);
     const db = new Database(opts.path);
@@ -508,6 +523,8 @@ export class KbStore {
       throw err;
     }
     this.#stmts = prepare(db);
+    this.#floor = (db.prepare('SELECT at FROM clock_floor WHERE id = 1').get() as { at: number } | undefined)?.at ?? 0;
+    this.#now = neverBack(opts.now ?? Date.now, this.#floor);
   }
 
   /** Runs `fn` in one IMMEDIATE transaction (the write lock is taken before the first read). */
@@ -700,8 +717,13 @@ export class KbStore {
    */
   probe(tenant: string, key: string): ProbeOutcome {
     // Read with the lookup, in the same synchronous step: no insert can fall between them, and the
-    // clock never goes back, so every later insert checks its deadline against a time ≥ `now`.
+    // clock never goes back, so every later insert checks its deadline against a time ≥ `now` —
+    // across a restart too: the reading is stored before it is answered.
     const now = this.#now();
+    if (now > this.#floor) {
+      this.#db.prepare('INSERT INTO clock_floor (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at').run(now);
+      this.#floor = now;
+    }
     const row = this.#stmts.liveByKey.get(tenant, key);
     if (row) return { found: true, id: row.id, kb: row.kb, createdAt: row.createdAt, count: row.count, ...digestOf(row), now };
     const batch = this.#batchRows(tenant, key);
@@ -945,10 +967,11 @@ function digestOf(r: NoteRow): { inputDigest?: string } {
 }
 
 /**
- * `clock`, never going back: a wall clock stepped back (NTP, an operator) must not let a request
- * through the deadline check after a probe answered a later time.
+ * `clock`, never going back and never below `floor`: a wall clock stepped back (NTP, an operator, a
+ * restart on a machine whose clock is behind) must not let a request through the deadline check
+ * after a probe answered a later time.
  */
-function neverBack(clock: () => number): () => number {
-  let last = -Infinity;
+function neverBack(clock: () => number, floor: number): () => number {
+  let last = floor;
   return () => (last = Math.max(last, clock()));
 }
