@@ -96,7 +96,7 @@ describe('KB_SERVICE_TOKEN_FILE set: only the trusted side may call the KB', () 
     }
     // Nothing was written or deleted: the same rows, the note still there, none of the refused keys.
     expect(allRows()).toEqual(before);
-    expect(await kb.client.probe({ tenant: 'acme', key: refusedKeys[0]! })).toEqual({ found: false });
+    expect(await kb.client.probe({ tenant: 'acme', key: refusedKeys[0]! })).toMatchObject({ found: false });
     expect(await kb.client.rowsPerKb({ kbId: mine.kbId })).toMatchObject([{ rows: 1 }]);
 
     // With the service token the same requests work.

@@ -30,8 +30,8 @@ describe('clock-skew grid', () => {
         const c = await bench.run(role, skewMs, { mode: 'restart', writes: 4 });
         const keys = c.calls.length;
         const rows = c.calls.reduce((n, x) => n + x.rows, 0);
-        figure(task, { row: 'FM-12', name: `${role} ${label}: KB rows / keys`, value: `${rows}/${keys}`, duplicates: c.duplicates });
-        figure(task, { row: 'FM-12', name: `${role} ${label}: committed`, value: `${c.calls.filter((x) => x.status === 'committed').length}/${keys}` });
+        figure(task, { row: 'FM-12', name: 'clock-skew: KB rows / keys', value: `${rows}/${keys}`, duplicates: c.duplicates });
+        figure(task, { row: 'FM-12', name: 'clock-skew: committed / calls', value: `${c.calls.filter((x) => x.status === 'committed').length}/${keys}` });
         expect(c.duplicates).toBe(0);
         expect(c.calls.map((x) => ({ status: x.status, rows: x.rows }))).toEqual(c.calls.map(() => ({ status: 'committed', rows: 1 })));
         expect(c.calls.map((x) => x.flavour)).toEqual(['slow', 'held', 'slow', 'held']);
