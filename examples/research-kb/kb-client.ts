@@ -135,7 +135,8 @@ export interface KbBatchReceipt {
  * when it was written without one (issue 7).
  */
 export type KbProbeResult =
-  | { found: true; id: string; kb: string; createdAt: number; count: number; inputDigest?: string; items?: { id: string; kb: string; createdAt: number }[] }
+  /** `deleted`: the note written under the key was deleted since (the write still happened); `count` counts deleted rows too. */
+  | { found: true; id: string; kb: string; createdAt: number; count: number; inputDigest?: string; deleted?: true; items?: { id: string; kb: string; createdAt: number }[] }
   /**
    * `now`: the KB's clock at the lookup, ms since the epoch, which never goes back: a request whose
    * deadline is before it can no longer be stored (absent from a KB that does not send it).
@@ -310,7 +311,7 @@ export class KbClient {
     if (!isRecord(b) || b.found !== true || typeof b.id !== 'string' || typeof b.kb !== 'string' || typeof b.createdAt !== 'number' || typeof b.count !== 'number') {
       throw new KbProtocolError(res.status, 'an unreadable probe result');
     }
-    const out: KbProbeResult = { found: true, id: b.id, kb: b.kb, createdAt: b.createdAt, count: b.count };
+    const out: KbProbeResult = { found: true, id: b.id, kb: b.kb, createdAt: b.createdAt, count: b.count, ...(b.deleted === true ? { deleted: true as const } : {}) };
     if (b.inputDigest !== undefined) {
       if (typeof b.inputDigest !== 'string' || !INPUT_DIGEST.test(b.inputDigest)) throw new KbProtocolError(res.status, 'an unreadable probe result');
       out.inputDigest = b.inputDigest;
@@ -395,6 +396,18 @@ export class KbClient {
       addAlias: (kbId, alias) => change(kbId, 'aliases', { alias }),
       removeAlias: (kbId, alias) => change(kbId, 'aliases', { alias, remove: true }),
     };
+  }
+
+  /**
+   * The KB's clock (ms since the epoch): the `x-kb-now` of a `GET /healthz`. Throws
+   * {@link KbProtocolError} when the answer carries none; network errors propagate.
+   */
+  async now(signal?: AbortSignal): Promise<number> {
+    const res = await request(`${this.baseUrl}/healthz`, { dispatcher: this.#agent, signal, reset: !this.#keepAlive });
+    await res.body.dump();
+    const h = res.headers['x-kb-now'];
+    if (res.statusCode !== 200 || typeof h !== 'string' || !/^\d{1,15}$/.test(h)) throw new KbProtocolError(res.statusCode, 'no clock reading');
+    return Number(h);
   }
 
   /** `GET /healthz` — true when the KB answers 200. Network errors propagate. */

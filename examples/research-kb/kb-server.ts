@@ -45,7 +45,8 @@
  * - `GET /v1/notes/by-key/:key` (`x-tenant`) — read-only probe: 200 `{ found: true, id, kb,
  *   createdAt, count, inputDigest?, now }` (`inputDigest` only when the note was written with one; for
  *   a batch key also `items: [{ id, kb, createdAt }]` in index order; `id` etc. are item 0's) or
- *   404 `{ error: "not_found", found: false, now }`. `now` is the KB's clock at the lookup (ms since
+ *   404 `{ error: "not_found", found: false, now }`. Deleted notes are found too (`deleted: true`;
+ *   `count` counts every row ever written under the key). `now` is the KB's clock at the lookup (ms since
  *   the epoch; it never goes back): a write whose `x-deadline` is before it can no longer be stored.
  * - Every answer carries `x-kb-now`, the KB's clock when it answered (ms since the epoch).
  * - `DELETE /v1/notes/:id` (`x-tenant`, `x-actor`, `idempotency-key`, `if-match`) — soft delete of

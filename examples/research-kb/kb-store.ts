@@ -131,11 +131,11 @@ export type DeleteOutcome =
   | { kind: 'not_found' | 'frozen' | 'version_conflict' | 'forbidden' };
 
 /**
- * The read-only probe by key: the oldest non-deleted row with that key and how many there are.
+ * The read-only probe by key: the oldest row with that key (deleted ones too) and how many there are.
  * `inputDigest`: the digest that row was written with (a batch: item 0's), absent when it has none.
  */
 export type ProbeOutcome =
-  | ({ found: true; count: number; inputDigest?: string; items?: { id: string; kb: string; createdAt: number }[]; now: number } & Omit<NoteReceipt, 'kbId'>)
+  | ({ found: true; count: number; inputDigest?: string; deleted?: true; items?: { id: string; kb: string; createdAt: number }[]; now: number } & Omit<NoteReceipt, 'kbId'>)
   /** `now`: the store's clock at the lookup (see {@link KbStore.probe}). */
   | { found: false; now: number };
 
@@ -355,6 +355,8 @@ interface NoteRow {
   createdAt: number;
   key: string;
   inputDigest: string | null;
+  /** When the note was soft-deleted (ms), `null` while it is live. */
+  deletedAt: number | null;
 }
 
 const KB_COLS = 'k.id AS id, k.tenant AS tenant, k.name AS name, k.state AS state, k.auth_version AS authVersion, k.default_role AS defaultRole';
@@ -405,18 +407,20 @@ function prepare(db: Database.Database) {
        ON CONFLICT (id) DO UPDATE SET quota_used = excluded.quota_used, quota_window_start = excluded.quota_window_start`,
     ),
 
-    liveByKey: db.prepare<[string, string], NoteRow & { count: number }>(
-      `SELECT n.id AS id, k.name AS kb, n.kb_id AS kbId, n.created_at AS createdAt, n.downstream_key AS key, n.input_digest AS inputDigest,
-              (SELECT COUNT(*) FROM notes c WHERE c.tenant = n.tenant AND c.downstream_key = n.downstream_key AND c.deleted_at IS NULL) AS count
+    // Deleted rows included: a write made under a key stays made when its note is deleted later —
+    // the probe must still find it (or recovery would write it again) and dedup must replay it.
+    byKey: db.prepare<[string, string], NoteRow & { count: number }>(
+      `SELECT n.id AS id, k.name AS kb, n.kb_id AS kbId, n.created_at AS createdAt, n.downstream_key AS key, n.input_digest AS inputDigest, n.deleted_at AS deletedAt,
+              (SELECT COUNT(*) FROM notes c WHERE c.tenant = n.tenant AND c.downstream_key = n.downstream_key) AS count
          FROM notes n JOIN knowledge_bases k ON k.id = n.kb_id
-        WHERE n.tenant = ? AND n.downstream_key = ? AND n.deleted_at IS NULL
+        WHERE n.tenant = ? AND n.downstream_key = ?
         ORDER BY n.created_at, n.rowid LIMIT 1`,
     ),
-    // Every non-deleted row whose key lies in [lo, hi): a batch's item keys `<key>#<index>`.
-    liveInKeyRange: db.prepare<[string, string, string], NoteRow>(
-      `SELECT n.id AS id, k.name AS kb, n.kb_id AS kbId, n.created_at AS createdAt, n.downstream_key AS key, n.input_digest AS inputDigest
+    // Every row (deleted ones too) whose key lies in [lo, hi): a batch's item keys `<key>#<index>`.
+    inKeyRange: db.prepare<[string, string, string], NoteRow>(
+      `SELECT n.id AS id, k.name AS kb, n.kb_id AS kbId, n.created_at AS createdAt, n.downstream_key AS key, n.input_digest AS inputDigest, n.deleted_at AS deletedAt
          FROM notes n JOIN knowledge_bases k ON k.id = n.kb_id
-        WHERE n.tenant = ? AND n.downstream_key >= ? AND n.downstream_key < ? AND n.deleted_at IS NULL
+        WHERE n.tenant = ? AND n.downstream_key >= ? AND n.downstream_key < ?
         ORDER BY n.created_at, n.rowid`,
     ),
     insertNote: db.prepare<[string, string, string, string, string, string, string, string, string | null, number, string | null]>(
@@ -596,7 +600,7 @@ export class KbStore {
       const kb = this.resolve(ctx.tenant, note.kb);
       if (!kb) return { kind: 'not_found' };
       if (this.dedup) {
-        const prior = this.#stmts.liveByKey.get(ctx.tenant, ctx.key);
+        const prior = this.#stmts.byKey.get(ctx.tenant, ctx.key);
         if (prior && prior.inputDigest && ctx.inputDigest && prior.inputDigest !== ctx.inputDigest) return { kind: 'key_reused' };
         if (prior) return { kind: 'existing', note: receipt(prior) };
       }
@@ -684,10 +688,10 @@ export class KbStore {
   // -------------------------------------------------------------------------------------------
   // Reads
 
-  /** A batch stored under `key`: the oldest live row of each item key `<key>#<i>`, by index; count = rows of item 0. */
+  /** A batch stored under `key`: the oldest row of each item key `<key>#<i>` (deleted or not), by index; count = rows of item 0. */
   #batchRows(tenant: string, key: string): { items: NoteRow[]; count: number } | null {
     // '$' is the character after '#': [key#, key$) holds exactly the keys starting with `key#`.
-    const rows = this.#stmts.liveInKeyRange.all(tenant, `${key}#`, `${key}$`);
+    const rows = this.#stmts.inKeyRange.all(tenant, `${key}#`, `${key}$`);
     const byIndex = new Map<number, NoteRow>();
     let count = 0;
     for (const r of rows) {
@@ -709,7 +713,8 @@ export class KbStore {
   }
 
   /**
-   * Read-only lookup by (tenant, key) over non-deleted notes: a note written under that key, else
+   * Read-only lookup by (tenant, key) over every note ever written, deleted ones too (`deleted:
+   * true` when the oldest is; `count` counts them all): a note written under that key, else
    * a batch written under it (`items` in index order; `id`, `kb`, `createdAt` are item 0's), with
    * the input digest it was written with when it has one, and `now`, the store's clock at the
    * lookup: with `now` past a request's deadline, no request under the key can be stored any more
@@ -724,8 +729,8 @@ export class KbStore {
       this.#db.prepare('INSERT INTO clock_floor (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at').run(now);
       this.#floor = now;
     }
-    const row = this.#stmts.liveByKey.get(tenant, key);
-    if (row) return { found: true, id: row.id, kb: row.kb, createdAt: row.createdAt, count: row.count, ...digestOf(row), now };
+    const row = this.#stmts.byKey.get(tenant, key);
+    if (row) return { found: true, id: row.id, kb: row.kb, createdAt: row.createdAt, count: row.count, ...digestOf(row), ...(row.deletedAt !== null ? { deleted: true } : {}), now };
     const batch = this.#batchRows(tenant, key);
     if (!batch) return { found: false, now };
     const first = batch.items[0]!;
@@ -736,6 +741,7 @@ export class KbStore {
       createdAt: first.createdAt,
       count: batch.count,
       ...digestOf(first),
+      ...(first.deletedAt !== null ? { deleted: true } : {}),
       items: batch.items.map((r) => ({ id: r.id, kb: r.kb, createdAt: r.createdAt })),
       now,
     };
@@ -969,9 +975,17 @@ function digestOf(r: NoteRow): { inputDigest?: string } {
 /**
  * `clock`, never going back and never below `floor`: a wall clock stepped back (NTP, an operator, a
  * restart on a machine whose clock is behind) must not let a request through the deadline check
- * after a probe answered a later time.
+ * after a probe answered a later time. Whole ms.
  */
 function neverBack(clock: () => number, floor: number): () => number {
   let last = floor;
-  return () => (last = Math.max(last, clock()));
+  let lastMono = performance.now();
+  return () => {
+    // Behind its last reading, the clock keeps going at the monotonic clock's pace from there rather
+    // than stand still: a deadline beyond that reading still passes in its time.
+    const mono = performance.now();
+    last = Math.max(clock(), last + (mono - lastMono));
+    lastMono = mono;
+    return Math.floor(last);
+  };
 }

@@ -159,6 +159,9 @@ function versionOf(ctxAuth: { resources?: { id: string; version: number }[] } | 
   return r;
 }
 
+/** The KB's clock, for the executor's first deadline on it (docs/clocks.md). */
+const kbClock = (signal: AbortSignal): Promise<number> => kb.now(signal);
+
 /**
  * The KB's read-only probe by downstream key (recovery, FM-02, FM-13, FM-27), with the input digest
  * the KB recorded with the effect when it has one: recovery commits only when it is ours, and opens
@@ -253,6 +256,7 @@ export const implementations = [
       }
     },
     probe: probeByKey,
+    clock: kbClock,
   }),
   defineImplementation({
     contract: writeNotes,
@@ -285,6 +289,7 @@ export const implementations = [
       }
     },
     probe: probeByKey,
+    clock: kbClock,
   }),
   defineImplementation({
     contract: deleteNote,

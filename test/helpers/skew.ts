@@ -42,7 +42,8 @@ export interface SkewCase {
 
 export interface SkewBench {
   /** One case: `role`'s clock shifted by `skewMs`, `writes` writes (alternately slow and held), then the shift undone. */
-  run(role: SkewedRole, skewMs: number, o?: { writes?: number; mode?: 'step' | 'restart' }): Promise<SkewCase>;
+  /** `stepAfterMs`: step the clock that long after the writes were sent instead of before (mode `step`): mid-attempt. */
+  run(role: SkewedRole, skewMs: number, o?: { writes?: number; mode?: 'step' | 'restart'; stepAfterMs?: number }): Promise<SkewCase>;
   close(): Promise<(number | null)[]>;
 }
 
@@ -94,9 +95,10 @@ export async function startSkewBench(): Promise<SkewBench> {
   };
 
   return {
-    async run(role, skewMs, { writes = 2, mode = 'step' } = {}) {
+    async run(role, skewMs, { writes = 2, mode = 'step', stepAfterMs } = {}) {
       const n = cases++;
-      await shift(role, skewMs, mode);
+      if (stepAfterMs === undefined) await shift(role, skewMs, mode);
+      else setTimeout(() => void shift(role, skewMs, 'step'), stepAfterMs);
       try {
         const calls = await Promise.all(
           Array.from({ length: writes }, async (_, i) => {

@@ -153,6 +153,12 @@ export interface Implementation<C extends Contract = Contract> {
    * Absent = any actor of the operation's tenant may read it.
    */
   authorizeRead?(ctx: ReadContext): Promise<void>;
+  /**
+   * The downstream's clock now, ms since the epoch (a cheap read, such as a health check's answer):
+   * asked once before the first attempt, so that attempt's deadline is already on the downstream's
+   * clock (docs/clocks.md). Absent = learned from the answers only.
+   */
+  clock?(signal: AbortSignal): Promise<number>;
   /** Read-only lookup by `ctx.downstreamKey`; used by recovery (FM-02, FM-27). */
   probe?(ctx: Omit<ExecutionContext, 'signal' | 'deadlineAt'> & { signal: AbortSignal }): Promise<ProbeResult>;
 }

@@ -24,18 +24,16 @@ export type RecoveryStep =
   /** Run the attempt again under the same key: safe because nothing was found and no late request can land. */
   | { kind: 'requeue' }
   /**
-   * Nothing found yet, but by the downstream's own clock the attempt's deadline has not passed: its
-   * request may still land. Leave the attempt as it is and probe again in `retryInMs` (a duration,
-   * so no other clock enters).
+   * Nothing proves either outcome: `unknown` with evidence, the reconciler keeps probing.
+   * `retryInMs`: when the downstream's clock says the attempt's request can no longer land — a
+   * duration, so no other clock enters; probing sooner is fine.
    */
-  | { kind: 'wait'; retryInMs: number }
-  /** Nothing proves either outcome: `unknown` with evidence, the reconciler keeps probing. */
-  | { kind: 'mark_unknown' }
-  /** Already `unknown` and still nothing new: keep observing. */
-  | { kind: 'keep' };
+  | { kind: 'mark_unknown'; retryInMs?: number }
+  /** Already `unknown` and still nothing new: keep observing (`retryInMs` as for `mark_unknown`). */
+  | { kind: 'keep'; retryInMs?: number };
 
-/** Margin added to a `wait`, ms: the next probe lands after the deadline, not on it. */
-export const WAIT_MARGIN_MS = 250;
+/** Margin added to a `retryInMs`, ms: the next probe lands after the deadline, not on it. */
+export const RETRY_MARGIN_MS = 250;
 
 /**
  * Verify before acting (FM-12, FM-13, FM-27). Pure,
@@ -48,8 +46,11 @@ export const WAIT_MARGIN_MS = 250;
  * - not found, and the downstream honours our key → `requeue` (a repeat cannot make a second effect);
  * - not found, and the downstream enforces our absolute deadline: `requeue` once its own clock at the
  *   probe (`downstreamAt`) is past the attempt's deadline (it refuses any later request of that
- *   attempt, and any earlier one would have been found); before that, `wait` until it is; without
- *   `downstreamAt`, nothing proves a late request cannot land: `unknown`;
+ *   attempt, and any earlier one would have been found); before that, the request may still land:
+ *   `unknown` (the executor that sent it is gone or late), probed again once the downstream's clock
+ *   will have passed the deadline (`retryInMs`), handed to a person past the contract's
+ *   `unknownDeadlineMs` like any `unknown`; without `downstreamAt`, nothing proves a late request
+ *   cannot land: `unknown`;
  * - otherwise (or probe unavailable) → `mark_unknown` (or `keep` when already unknown).
  */
 export function decideRecovery(state: OperationRecord, probe: ProbeOutcome, downstream: DownstreamGuarantees): RecoveryStep {
@@ -62,7 +63,8 @@ export function decideRecovery(state: OperationRecord, probe: ProbeOutcome, down
     if (downstream.enforcesDeadline && state.running !== undefined && probe.downstreamAt !== undefined) {
       const left = state.running.deadlineAt - probe.downstreamAt;
       if (left < 0) return { kind: 'requeue' };
-      return { kind: 'wait', retryInMs: left + WAIT_MARGIN_MS };
+      const retryInMs = left + RETRY_MARGIN_MS;
+      return state.status === 'unknown' ? { kind: 'keep', retryInMs } : { kind: 'mark_unknown', retryInMs };
     }
   }
   return state.status === 'unknown' ? { kind: 'keep' } : { kind: 'mark_unknown' };

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { decide, decideRecovery, decideSend, generateReceiptKey, MAX_LATE_START_REQUEUES, WAIT_MARGIN_MS, initialState, receiptSigner, replay, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type Decision, type OperationEvent, type OperationState, type Receipt } from '@tooltx/lifecycle';
+import { decide, decideRecovery, decideSend, generateReceiptKey, MAX_LATE_START_REQUEUES, RETRY_MARGIN_MS, initialState, receiptSigner, replay, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type Decision, type OperationEvent, type OperationState, type Receipt } from '@tooltx/lifecycle';
 
 const KEYPAIR = generateReceiptKey();
 const signer = receiptSigner(KEYPAIR.privatePem);
@@ -155,10 +155,11 @@ describe('recovery (verify before acting)', () => {
     // Given a running attempt whose deadline is 5_000 on the downstream's clock,
     // when the probe finds nothing and the downstream says it is 5_001 → no request of it can land: requeue.
     expect(decideRecovery(r, { kind: 'not_found', downstreamAt: 5_001 }, fence)).toEqual({ kind: 'requeue' });
-    // … when it says 4_000 (whatever the caller's clock says) → the request may still land: wait 1 s and a margin.
-    expect(decideRecovery(r, { kind: 'not_found', downstreamAt: 4_000 }, fence)).toEqual({ kind: 'wait', retryInMs: 1_000 + WAIT_MARGIN_MS });
-    expect(decideRecovery(r, { kind: 'not_found', downstreamAt: 5_000 }, fence)).toEqual({ kind: 'wait', retryInMs: WAIT_MARGIN_MS });
-    expect(decideRecovery(unknownOf().state, { kind: 'not_found', downstreamAt: 1_000 }, fence)).toMatchObject({ kind: 'wait' });
+    // … when it says 4_000 (whatever the caller's clock says) → the request may still land: unknown,
+    // probed again in 1 s and a margin (a person's past the contract's unknown deadline).
+    expect(decideRecovery(r, { kind: 'not_found', downstreamAt: 4_000 }, fence)).toEqual({ kind: 'mark_unknown', retryInMs: 1_000 + RETRY_MARGIN_MS });
+    expect(decideRecovery(r, { kind: 'not_found', downstreamAt: 5_000 }, fence)).toEqual({ kind: 'mark_unknown', retryInMs: RETRY_MARGIN_MS });
+    expect(decideRecovery(unknownOf().state, { kind: 'not_found', downstreamAt: 1_000 }, fence)).toEqual({ kind: 'keep', retryInMs: 4_000 + RETRY_MARGIN_MS });
     // … when it does not say → nothing proves a late request cannot land: unknown, never a requeue.
     expect(decideRecovery(r, { kind: 'not_found' }, fence)).toEqual({ kind: 'mark_unknown' });
     expect(decideRecovery(unknownOf().state, { kind: 'not_found' }, fence)).toEqual({ kind: 'keep' });

@@ -81,11 +81,13 @@ export class OperationStore {
    * Returns the stored sequence. Retries a publish whose answer was lost with the same msg id
    * and expectation. A `duplicate: true` answer is believed only after reading the stored message
    * back and finding this event's id (NATS-NOTES "Deduplication"). Throws {@link ConcurrencyError}
-   * when another writer won, {@link StoreUnavailableError} when JetStream does not answer.
+   * when another writer won, {@link StoreUnavailableError} when JetStream does not answer, and
+   * zod's error for an event {@link OperationStore.load} could not read back (checked before
+   * anything is sent: one unreadable event would make its operation unreadable for good).
    */
   async append(tenant: string, opId: string, event: OperationEvent, expectedSeq: number): Promise<number> {
     const subject = this.#subjects.op(tenant, opId);
-    const data = encode(event);
+    const data = encode(operationEventSchema.parse(event));
     const h = natsHeaders();
     h.set(EVENT_TYPE_HEADER, event.type);
     let lastErr: unknown;

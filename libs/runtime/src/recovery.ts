@@ -4,10 +4,13 @@ import { ConcurrencyError, encode, newEventId, type OperationStore, type Subject
 import type { KV } from '@nats-io/kv';
 import type { Logger } from 'pino';
 
-/** What {@link recoverOperation} did. `waiting`: the downstream's clock says the attempt may still land. */
-export type RecoveryResult = 'committed' | 'requeued' | 'marked_unknown' | 'kept' | 'moved_on' | 'no_probe' | 'mismatch' | 'waiting';
+/** What {@link recoverOperation} did. */
+export type RecoveryResult = 'committed' | 'requeued' | 'marked_unknown' | 'kept' | 'moved_on' | 'no_probe' | 'mismatch';
 
-/** {@link RecoveryResult}, with when to probe again for `waiting` (a duration, ms). */
+/**
+ * {@link RecoveryResult}, with `retryInMs` when the downstream's clock said when the attempt's
+ * request can no longer land (a duration, ms: probe again then, or sooner).
+ */
 export interface RecoveryOutcome {
   result: RecoveryResult;
   retryInMs?: number;
@@ -52,7 +55,10 @@ async function recover(deps: Parameters<typeof recoverOperation>[0]): Promise<Re
     return 'no_probe';
   }
   let probe: ProbeOutcome;
-  const startedAt = now();
+  // The probe's duration on the monotonic clock: a wall clock stepped back meanwhile must not make
+  // it negative (an event that could not be read back, docs/clocks.md).
+  const startedMono = performance.now();
+  const took = () => Math.max(0, Math.round(performance.now() - startedMono));
   try {
     const r = await impl.probe({ tenant, actor: state.actor, operationKey: state.operationKey, downstreamKey: downstreamKeyOf(tenant, state.operationKey), attempt: state.attempt, inputDigest: state.inputDigest, signal: AbortSignal.timeout(impl.contract.timing.timeoutMs) });
     probe = r.found
@@ -65,7 +71,7 @@ async function recover(deps: Parameters<typeof recoverOperation>[0]): Promise<Re
   const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, probe: probe.kind });
   switch (step.kind) {
     case 'mismatch': {
-      if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence('probe', now(), now() - startedAt) }));
+      if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence('probe', now(), took()) }));
       l.error({ resourceId: step.resourceId }, 'probe found another effect under our key: left for a person');
       await deps.onMismatch?.({ resourceId: step.resourceId, inputDigest: step.inputDigest });
       return 'mismatch';
@@ -73,7 +79,7 @@ async function recover(deps: Parameters<typeof recoverOperation>[0]): Promise<Re
     case 'commit': {
       const empty = impl.contract.output.safeParse({});
       if (!empty.success) {
-        if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('probe', now(), now() - startedAt) }));
+        if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('probe', now(), took()) }));
         l.warn('probe found the effect but cannot recover its result: left for a person');
         return 'marked_unknown';
       }
@@ -91,15 +97,13 @@ async function recover(deps: Parameters<typeof recoverOperation>[0]): Promise<Re
     }
     case 'mark_unknown': {
       const kind: Evidence['kind'] = probe.kind === 'unavailable' ? 'probe' : 'executor_lost';
-      const d = await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence(kind, now(), now() - startedAt) }));
-      l.warn({ outcome: d }, 'outcome unknown: left to the reconciler');
-      return d === 'appended' ? 'marked_unknown' : 'moved_on';
+      const d = await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence(kind, now(), took()) }));
+      l.warn({ outcome: d, ...(step.retryInMs !== undefined ? { retryInMs: step.retryInMs } : {}) }, 'outcome unknown: left to the reconciler');
+      if (d !== 'appended') return 'moved_on';
+      return step.retryInMs === undefined ? 'marked_unknown' : { result: 'marked_unknown', retryInMs: step.retryInMs };
     }
-    case 'wait':
-      l.info({ retryInMs: step.retryInMs }, 'nothing found yet, and by the downstream\'s clock the attempt may still land: probed again later');
-      return { result: 'waiting', retryInMs: step.retryInMs };
     case 'keep':
-      return 'kept';
+      return step.retryInMs === undefined ? 'kept' : { result: 'kept', retryInMs: step.retryInMs };
   }
 }
 

@@ -18,6 +18,11 @@ export class DownstreamClocks {
     this.#elapsed = elapsed;
   }
 
+  /** Whether anything was learned of `downstream`'s clock. */
+  knows(downstream: unknown): boolean {
+    return this.#byDownstream.has(downstream);
+  }
+
   /** The offset to add to the local wall clock for `downstream`'s, ms (0 until something was learned). */
   offsetMs(downstream: unknown): number {
     return this.#byDownstream.get(downstream)?.offsetMs ?? 0;

@@ -120,7 +120,6 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       if (wait > 0) return { kind: 'nak', delayMs: wait + 250 };
       const outcome = await recoverOperation({ store, subjects, results, impl, tenant, opId, state, seq, log: l, now, signer: deps.signer });
       l.info({ outcome: outcome.result }, 'redelivered running operation recovered');
-      if (outcome.result === 'waiting') return { kind: 'nak', delayMs: outcome.retryInMs ?? 1_000 };
       return;
     }
     if (state.status !== 'accepted') return;
@@ -188,7 +187,17 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     }
 
     const { timeoutMs } = impl.contract.timing;
+    if (impl.clock && !clocks.knows(impl)) {
+      // Nothing learned of this downstream's clock yet: ask it, so even the first deadline is on it.
+      const askedAt = now();
+      const at = await impl.clock(AbortSignal.timeout(timeoutMs)).catch(() => undefined);
+      clocks.observe(impl, at, askedAt, now());
+    }
     const startedAt = now();
+    // Durations on the monotonic clock: a wall clock stepped meanwhile must neither make an elapsed
+    // time negative (an event that could not be read back) nor decide whether to send (docs/clocks.md).
+    const startedMono = performance.now();
+    const elapsed = () => Math.max(0, Math.round(performance.now() - startedMono));
     // The deadline sent downstream is on the downstream's clock as far as we have learned it, so an
     // executor whose clock is off still gives its requests their time (docs/clocks.md).
     const deadlineAt = startedAt + timeoutMs + clocks.offsetMs(impl);
@@ -206,15 +215,15 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     // Stored too late to be sent (a stalled append, e.g. a cluster's leader election): nothing has
     // left, so the attempt starts again with a fresh deadline rather than meet a refusal (FM-29).
     // Reads and computations are sent anyway: a late one is refused or times out, and is retryable.
-    const go = hasSideEffect(impl.contract.effect) ? decideSend({ startedAt, deadlineAt: startedAt + timeoutMs, now: now(), requeues: state.requeues ?? 0 }) : { kind: 'send' as const };
+    const go = hasSideEffect(impl.contract.effect) ? decideSend({ startedAt: 0, deadlineAt: timeoutMs, now: elapsed(), requeues: state.requeues ?? 0 }) : { kind: 'send' as const };
     if (go.kind !== 'send') {
       if (go.kind === 'requeue') {
         // Bound to this run: after a reload the operation may be running a later run that has sent.
         const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, reason: 'late_start' }), { known: afterStart });
-        l.warn({ elapsedMs: now() - startedAt, timeoutMs, outcome: d?.kind }, 'running stored too late to send: requeued, nothing sent');
+        l.warn({ elapsedMs: elapsed(), timeoutMs, outcome: d?.kind }, 'running stored too late to send: requeued, nothing sent');
       } else {
         await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
-        l.warn({ elapsedMs: now() - startedAt, timeoutMs, requeues: state.requeues }, 'running stored too late to send, again: rejected as dependency_unavailable, nothing sent');
+        l.warn({ elapsedMs: elapsed(), timeoutMs, requeues: state.requeues }, 'running stored too late to send, again: rejected as dependency_unavailable, nothing sent');
       }
       return;
     }
@@ -264,7 +273,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         void deps.pusher?.committed({ impl, tenant, actor: st.actor, submissionId: st.intent.submissionId, submittedKey: st.intent.submitted?.operationKey ?? st.operationKey, state: { ...st, receipt: st.receipt }, seq: d.appendedSeq, result: resultDigest === EMPTY_RESULT_DIGEST ? {} : result });
       }
       // Debug: one line per call is a synchronous write per call at info (issue 10); the audit record holds it.
-      l.debug({ resourceId: outcome.resourceId, outcome: d?.kind, elapsedMs: now() - startedAt }, 'committed');
+      l.debug({ resourceId: outcome.resourceId, outcome: d?.kind, elapsedMs: elapsed() }, 'committed');
       return;
     }
 
@@ -289,12 +298,12 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     }
     if (!hasSideEffect(impl.contract.effect)) {
       await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
-      l.warn({ err, elapsedMs: now() - startedAt }, 'read/compute attempt failed: rejected as dependency_unavailable (retryable)');
+      l.warn({ err, elapsedMs: elapsed() }, 'read/compute attempt failed: rejected as dependency_unavailable (retryable)');
       return;
     }
     // The request may have left: never `rejected`, never a blind retry. `unknown` with evidence;
     // the reconciler probes it (issue 7).
-    const evidence: Evidence = { kind: signal.aborted ? 'timeout' : 'connection_lost', at: now(), elapsedMs: now() - startedAt };
+    const evidence: Evidence = { kind: signal.aborted ? 'timeout' : 'connection_lost', at: now(), elapsedMs: elapsed() };
     const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, evidence }));
     if (d?.kind === 'append') pushPoll(tenant, state);
     l.warn({ err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d?.kind }, 'outcome unknown: recorded for the reconciler');

@@ -130,15 +130,11 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
       store: d.store, subjects: d.subjects, results: d.results, impl, tenant, opId, state: state as OperationRecord, seq, log: l, now, signer: d.signer,
       onMismatch: async (probed) => void (await openTakeover(takeoverDeps, tenant, opId, { reason: 'probe_mismatch', probes: b.failures + 1, probed })),
     });
-    if (outcome.result === 'waiting') {
-      // The downstream's clock says the request may still land: ask again when it says it cannot,
-      // or sooner on the usual backoff (a request that lands meanwhile is committed from the probe).
+    if (outcome.result === 'kept' || outcome.result === 'marked_unknown' || outcome.result === 'no_probe') {
       b.failures++;
-      b.nextAt = elapsed() + Math.min(outcome.retryInMs ?? 1_000, nextProbeDelayMs(b.failures));
-      backoff.set(key, b);
-    } else if (outcome.result === 'kept' || outcome.result === 'marked_unknown' || outcome.result === 'no_probe') {
-      b.failures++;
-      b.nextAt = elapsed() + nextProbeDelayMs(b.failures);
+      // When the downstream's clock said the request can no longer land, ask again then — or sooner,
+      // on the usual backoff (a request that lands meanwhile is committed from the probe).
+      b.nextAt = elapsed() + Math.min(outcome.retryInMs ?? Infinity, nextProbeDelayMs(b.failures));
       backoff.set(key, b);
       if (state.status === 'unknown' && elapsed() - since.at > unknownDeadlineMs) {
         if (await openTakeover(takeoverDeps, tenant, opId, { reason: 'unknown_past_deadline', probes: b.failures })) backoff.delete(key);
