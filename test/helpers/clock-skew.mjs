@@ -17,15 +17,20 @@ const parse = (raw, what) => {
 let skew = parse(process.env.TOOLTX_TEST_CLOCK_SKEW_MS ?? '0', 'TOOLTX_TEST_CLOCK_SKEW_MS');
 const file = process.env.TOOLTX_TEST_CLOCK_SKEW_FILE;
 if (file) {
-  const read = () => {
+  const read = (initial) => {
+    let text;
     try {
-      skew = parse(readFileSync(file, 'utf8'), file);
+      text = readFileSync(file, 'utf8');
     } catch (err) {
-      if (err?.code !== 'ENOENT') throw err;
+      if (err?.code === 'ENOENT') return;
+      throw err;
     }
+    // A file caught half-written (empty) keeps the current shift; the next poll sees the whole one.
+    if (!initial && text.trim() === '') return;
+    skew = parse(text, file);
   };
-  read();
-  watchFile(file, { interval: 50, persistent: false }, read);
+  read(true);
+  watchFile(file, { interval: 50, persistent: false }, () => read(false));
 }
 
 const RealDate = Date;

@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { downstreamKeyOf, prepareCall } from '@tooltx/contracts';
 import { createTools, type ExecuteResult, type Tools } from '@tooltx/client';
 import { freeLoopbackPort } from '@tooltx/nats';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, renameSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { provisioned, type TestNats } from './nats.js';
@@ -54,7 +54,11 @@ export async function startSkewBench(): Promise<SkewBench> {
   const t: TestNats = await provisioned();
   const dir = mkdtempSync(join(tmpdir(), 'tooltx-skew-'));
   const skewFile = (role: SkewedRole) => join(dir, `${role}.skew`);
-  const step = (role: SkewedRole, skewMs: number) => writeFileSync(skewFile(role), String(skewMs));
+  // Written whole through a rename: the preload never reads a half-written shift.
+  const step = (role: SkewedRole, skewMs: number) => {
+    writeFileSync(`${skewFile(role)}.tmp`, String(skewMs));
+    renameSync(`${skewFile(role)}.tmp`, skewFile(role));
+  };
   // The KB keeps its port and file across restarts (a skewed KB is the same KB with another clock).
   const kbPort = await freeLoopbackPort();
   const kbDb = join(dir, 'kb.sqlite');
