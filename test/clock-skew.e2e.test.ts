@@ -42,13 +42,4 @@ describe('clock-skew', () => {
       expect(c.duplicates).toBe(0);
     });
   }
-
-  it('clock-skew: executor stepped back 30 s while its requests are out — the unknown it records still reads back, every call committed, one KB row per key', async ({ task }) => {
-    const c = await bench.run('executor', -30_000, { stepAfterMs: 500 });
-    figure(task, { row: 'FM-12', name: 'clock-skew: KB rows / keys', value: `${c.calls.reduce((n, x) => n + x.rows, 0)}/${c.calls.length}`, duplicates: c.duplicates });
-    expect(c.calls.map((x) => ({ status: x.status, rows: x.rows }))).toEqual([
-      { status: 'committed', rows: 1 },
-      { status: 'committed', rows: 1 },
-    ]);
-  });
 });

@@ -4,7 +4,7 @@
  * that does not deduplicate (one write slow inside its attempt's time, one held past it). Always 0
  * duplicate side effects; within the tolerance docs/clocks.md states (any skew for each of these),
  * every call committed with one KB row per key. nats-server is not in the grid: libfaketime cannot
- * shift a Go program's clock (docs/clocks.md).
+ * shift a Go program's clock (docs/clocks.md). Last, the executor's clock stepped back 30 s mid-attempt.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startSkewBench, type SkewBench, type SkewedRole } from '../helpers/skew.js';
@@ -38,4 +38,13 @@ describe('clock-skew grid', () => {
       });
     }
   }
+
+  it('clock-skew: executor stepped back 30 s while its requests are out — the unknown it records still reads back, every call committed, one KB row per key', async ({ task }) => {
+    const c = await bench.run('executor', -30_000, { stepAfterMs: 500 });
+    figure(task, { row: 'FM-12', name: 'clock-skew: KB rows / keys', value: `${c.calls.reduce((n, x) => n + x.rows, 0)}/${c.calls.length}`, duplicates: c.duplicates });
+    expect(c.calls.map((x) => ({ status: x.status, rows: x.rows }))).toEqual([
+      { status: 'committed', rows: 1 },
+      { status: 'committed', rows: 1 },
+    ]);
+  });
 });

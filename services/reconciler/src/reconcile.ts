@@ -94,10 +94,15 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     }
     const age = t - since.at;
     const probeDue = t >= (backoff.get(key)?.nextAt ?? 0);
+    // By the times the events carry (other processes' clocks) or by how long this sweep has seen the
+    // entry, whichever says so first: either only schedules a look. A clock ahead looks sooner and
+    // the probe decides (on the downstream's clock); a clock behind is caught by the local duration.
+    const wall = now();
     const due =
-      (e.status === 'accepted' && age > runningBoundMs) ||
+      (e.status === 'accepted' && (age > runningBoundMs || wall - e.updatedAt > runningBoundMs)) ||
       // Beyond its attempt's time (plus a grace, so the executor's own evidence lands first) and its bound.
-      (e.status === 'running' && age > Math.max(timeoutMs + RUNNING_GRACE_MS, runningBoundMs) && probeDue) ||
+      (e.status === 'running' && probeDue &&
+        (age > Math.max(timeoutMs + RUNNING_GRACE_MS, runningBoundMs) || wall > Math.max((e.deadlineAt ?? 0) + RUNNING_GRACE_MS, (e.runningAt ?? e.updatedAt) + runningBoundMs))) ||
       (e.status === 'unknown' && probeDue);
     if (!due) return;
     const [tenant, opId] = key.split('.') as [string, string];
