@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { downstreamKeyOf, prepareCall } from '@tooltx/contracts';
 import { createTools, type ExecuteResult, type Tools } from '@tooltx/client';
 import { freeLoopbackPort } from '@tooltx/nats';
-import { mkdtempSync, renameSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { provisioned, type TestNats } from './nats.js';
@@ -130,6 +130,7 @@ export async function startSkewBench(): Promise<SkewBench> {
       await proxy.stop();
       codes.push(await kb.stop());
       await t.close();
+      rmSync(dir, { recursive: true, force: true });
       return codes;
     },
   };
