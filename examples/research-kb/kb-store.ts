@@ -430,6 +430,8 @@ function prepare(db: Database.Database) {
     noteById: db.prepare<[string], { id: string; kbId: string; deletedAt: number | null }>(
       'SELECT id, kb_id AS kbId, deleted_at AS deletedAt FROM notes WHERE id = ?',
     ),
+    clockFloor: db.prepare<[], { at: number }>('SELECT at FROM clock_floor WHERE id = 1'),
+    setClockFloor: db.prepare<[number]>('INSERT INTO clock_floor (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at'),
     softDelete: db.prepare<[number, string]>('UPDATE notes SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL'),
   };
 }
@@ -527,7 +529,7 @@ export class KbStore {
       throw err;
     }
     this.#stmts = prepare(db);
-    this.#floor = (db.prepare('SELECT at FROM clock_floor WHERE id = 1').get() as { at: number } | undefined)?.at ?? 0;
+    this.#floor = this.#stmts.clockFloor.get()?.at ?? 0;
     this.#now = neverBack(opts.now ?? Date.now, this.#floor);
   }
 
@@ -726,7 +728,7 @@ export class KbStore {
     // across a restart too: the reading is stored before it is answered.
     const now = this.#now();
     if (now > this.#floor) {
-      this.#db.prepare('INSERT INTO clock_floor (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at').run(now);
+      this.#stmts.setClockFloor.run(now);
       this.#floor = now;
     }
     const row = this.#stmts.byKey.get(tenant, key);

@@ -93,5 +93,15 @@ export const MAX_LATE_START_REQUEUES = 5;
 export function decideSend(a: { startedAt: number; deadlineAt: number; now: number; requeues: number }): SendStep {
   const timeoutMs = a.deadlineAt - a.startedAt;
   if (a.deadlineAt - a.now >= timeoutMs / 2) return { kind: 'send' };
-  return a.requeues < MAX_LATE_START_REQUEUES ? { kind: 'requeue' } : { kind: 'reject' };
+  return decideRunAgain(a.requeues);
+}
+
+/**
+ * A run of which nothing was applied — stored too late to send (`late_start`), or refused by the
+ * downstream as past its deadline (`refused_late`): `requeue` the same attempt, unless it was
+ * requeued {@link MAX_LATE_START_REQUEUES} times already; then `reject` as `dependency_unavailable`
+ * (definitively not applied; the caller backs off, FM-15). Pure.
+ */
+export function decideRunAgain(requeues: number): { kind: 'requeue' } | { kind: 'reject' } {
+  return requeues < MAX_LATE_START_REQUEUES ? { kind: 'requeue' } : { kind: 'reject' };
 }

@@ -43,16 +43,11 @@ export async function recoverOperation(deps: {
    */
   onMismatch?: (probed: { resourceId: string; inputDigest: string }) => Promise<void>;
 }): Promise<RecoveryOutcome> {
-  const r = await recover(deps);
-  return typeof r === 'string' ? { result: r } : r;
-}
-
-async function recover(deps: Parameters<typeof recoverOperation>[0]): Promise<RecoveryResult | RecoveryOutcome> {
   const { store, subjects, results, impl, tenant, opId, state, log } = deps;
   const now = deps.now ?? Date.now;
   if (!impl.probe) {
     if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('executor_lost', now()) }));
-    return 'no_probe';
+    return { result: 'no_probe' };
   }
   let probe: ProbeOutcome;
   // The probe's duration on the monotonic clock: a wall clock stepped back meanwhile must not make
@@ -74,37 +69,40 @@ async function recover(deps: Parameters<typeof recoverOperation>[0]): Promise<Re
       if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence('probe', now(), took()) }));
       l.error({ resourceId: step.resourceId }, 'probe found another effect under our key: left for a person');
       await deps.onMismatch?.({ resourceId: step.resourceId, inputDigest: step.inputDigest });
-      return 'mismatch';
+      return { result: 'mismatch' };
     }
     case 'commit': {
       const empty = impl.contract.output.safeParse({});
       if (!empty.success) {
         if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('probe', now(), took()) }));
         l.warn('probe found the effect but cannot recover its result: left for a person');
-        return 'marked_unknown';
+        return { result: 'marked_unknown' };
       }
       const result = empty.data;
       const resultDigest = digestOf(result);
       if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
       const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq: deps.seq, ...run(state), resourceId: step.resourceId, resultDigest }));
       l.info({ resourceId: step.resourceId, outcome: d }, 'recovered: committed from the probe');
-      return d === 'appended' ? 'committed' : 'moved_on';
+      return { result: d === 'appended' ? 'committed' : 'moved_on' };
     }
     case 'requeue': {
       const d = await append(deps, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), reason: 'probe_not_found' }));
       l.info({ outcome: d }, 'recovered: nothing downstream, requeued under the same key');
-      return d === 'appended' ? 'requeued' : 'moved_on';
+      return { result: d === 'appended' ? 'requeued' : 'moved_on' };
     }
     case 'mark_unknown': {
       const kind: Evidence['kind'] = probe.kind === 'unavailable' ? 'probe' : 'executor_lost';
       const d = await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence(kind, now(), took()) }));
-      l.warn({ outcome: d, ...(step.retryInMs !== undefined ? { retryInMs: step.retryInMs } : {}) }, 'outcome unknown: left to the reconciler');
-      if (d !== 'appended') return 'moved_on';
-      return step.retryInMs === undefined ? 'marked_unknown' : { result: 'marked_unknown', retryInMs: step.retryInMs };
+      l.warn({ outcome: d, ...retry(step) }, 'outcome unknown: left to the reconciler');
+      return d === 'appended' ? { result: 'marked_unknown', ...retry(step) } : { result: 'moved_on' };
     }
     case 'keep':
-      return step.retryInMs === undefined ? 'kept' : { result: 'kept', retryInMs: step.retryInMs };
+      return { result: 'kept', ...retry(step) };
   }
+}
+
+function retry(step: { retryInMs?: number }): { retryInMs?: number } {
+  return step.retryInMs === undefined ? {} : { retryInMs: step.retryInMs };
 }
 
 function evidence(kind: Evidence['kind'], at: number, elapsedMs?: number): Evidence {

@@ -15,7 +15,7 @@ import {
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
-import { decide, decideSend, intentEnvelopeSchema, MAX_LATE_START_REQUEUES, operationEventSchema, type AuthDecision, type Decision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
+import { decide, decideRunAgain, decideSend, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Decision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConcurrencyError, decode, decodeRaw, encode, eventTypeOf, newEventId, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
@@ -212,19 +212,26 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       throw err;
     }
     const afterStart = { state: start.event.state, seq: runningSeq };
+    /**
+     * Nothing of this run was applied: the same attempt runs again (bound to this run: after a
+     * reload the operation may be running a later run that has sent), or, requeued too often, is
+     * rejected (decideRunAgain).
+     */
+    const runAgainOrReject = async (reason: 'late_start' | 'refused_late', fields: Record<string, unknown>) => {
+      if (decideRunAgain(state.requeues ?? 0).kind === 'requeue') {
+        const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, reason }), { known: afterStart });
+        l.warn({ ...fields, reason, outcome: d?.kind }, 'nothing of this run was applied: requeued');
+      } else {
+        await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
+        l.warn({ ...fields, reason, requeues: state.requeues }, 'nothing of this run was applied, again: rejected as dependency_unavailable');
+      }
+    };
     // Stored too late to be sent (a stalled append, e.g. a cluster's leader election): nothing has
     // left, so the attempt starts again with a fresh deadline rather than meet a refusal (FM-29).
     // Reads and computations are sent anyway: a late one is refused or times out, and is retryable.
     const go = hasSideEffect(impl.contract.effect) ? decideSend({ startedAt: 0, deadlineAt: timeoutMs, now: elapsed(), requeues: state.requeues ?? 0 }) : { kind: 'send' as const };
     if (go.kind !== 'send') {
-      if (go.kind === 'requeue') {
-        // Bound to this run: after a reload the operation may be running a later run that has sent.
-        const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, reason: 'late_start' }), { known: afterStart });
-        l.warn({ elapsedMs: elapsed(), timeoutMs, outcome: d?.kind }, 'running stored too late to send: requeued, nothing sent');
-      } else {
-        await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
-        l.warn({ elapsedMs: elapsed(), timeoutMs, requeues: state.requeues }, 'running stored too late to send, again: rejected as dependency_unavailable, nothing sent');
-      }
+      await runAgainOrReject('late_start', { elapsedMs: elapsed(), timeoutMs });
       return;
     }
 
@@ -279,15 +286,9 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
 
     const err = outcome.err;
     if (err instanceof DeadlinePassedError && hasSideEffect(impl.contract.effect)) {
-      // Refused as late by the downstream's own clock: not applied. Run again with a deadline on the
-      // clock just learned, a bounded number of times (then refused: the caller backs off, FM-15).
-      if ((state.requeues ?? 0) < MAX_LATE_START_REQUEUES) {
-        const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, reason: 'refused_late' }), { known: afterStart });
-        l.warn({ deadlineAt, downstreamAt: err.downstreamAt, offsetMs: clocks.offsetMs(impl), outcome: d?.kind }, 'the downstream refused the request as late by its clock: requeued with a deadline on its clock');
-      } else {
-        await reject(err.toInfo(), undefined, runningId);
-        l.warn({ deadlineAt, downstreamAt: err.downstreamAt, requeues: state.requeues }, 'the downstream refused the request as late, again: rejected as dependency_unavailable');
-      }
+      // Refused as late by the downstream's own clock: not applied. The next run's deadline is on
+      // the clock just learned.
+      await runAgainOrReject('refused_late', { deadlineAt, downstreamAt: err.downstreamAt, offsetMs: clocks.offsetMs(impl) });
       return;
     }
     if (err instanceof TooltxError) {

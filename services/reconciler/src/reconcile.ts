@@ -22,7 +22,7 @@ export interface SweepDeps {
   signer: ReceiptSigner;
   /** Pause between two sweeps of the index, ms. */
   intervalMs: number;
-  /** Wall clock for the events it appends (ms since the epoch); never used to decide. */
+  /** Wall clock (ms since the epoch): the times of the events it appends, and with the events' own times a schedule of looks; never a verdict. */
   now?: () => number;
   /** Monotonic clock for every wait it decides (ms, any origin): `performance.now` by default. */
   elapsed?: () => number;
@@ -42,16 +42,18 @@ export function nextProbeDelayMs(failures: number, random: () => number = Math.r
  * - `accepted` but not `running` beyond the contract's `runningBoundMs` → requeued (re-driven,
  *   whatever the dispatch path missed);
  * - `running` beyond the attempt's `timeoutMs` (plus a grace) and its `runningBoundMs` → verified by
- *   a probe (commit / requeue / wait / unknown, {@link recoverOperation});
+ *   a probe (commit / requeue / unknown, {@link recoverOperation});
  * - `unknown` → probed again with bounded exponential backoff and jitter; past the contract's
  *   `unknownDeadlineMs` → a takeover record, its task frozen (FM-14);
  * - a probe that finds another effect under our key → a takeover record at once;
  * - an operation under takeover is a person's: never probed again.
- * Every wait is a duration on this process's monotonic clock, counted from when the sweep saw the
- * entry in its current state — never a comparison of its clock with a time another process wrote
- * (their clocks may disagree by any amount: docs/clocks.md). Whether an attempt may run again is
- * the probe's verdict, on the downstream's clock. After a restart the waits start again (later,
- * never sooner). Safe with several instances: every write is an append under the expected sequence.
+ * Whether an attempt may run again is the probe's verdict, on the downstream's clock — never a
+ * comparison of this process's clock with a time another process wrote (their clocks may disagree
+ * by any amount: docs/clocks.md). When to look is scheduled by the events' own times or, whichever
+ * comes first, by a duration on this process's monotonic clock from when it saw the entry in its
+ * current state; the probe backoff and the takeover past `unknownDeadlineMs` only by the latter (a
+ * clock ahead never calls a person early; after a restart that wait starts again). Safe with
+ * several instances: every write is an append under the expected subject sequence.
  */
 export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: ReadonlyMap<string, IndexEntry> } {
   const now = d.now ?? Date.now;
