@@ -88,9 +88,19 @@ export async function provisioned(
   const url = cluster ? cluster.url : server.url;
   const connectAs = (role: Role) =>
     connectNats({ servers: url, name: `test-${prefix}-${role.kind}`, nkeySeedFile: auth.seedFile(role), inboxPrefix: inboxPrefixOf(role), reconnectForever: false });
-  const nc = await connectAs({ kind: 'provisioner' });
+  let nc: Awaited<ReturnType<typeof connectAs>> | undefined;
+  try {
+    nc = await connectAs({ kind: 'provisioner' });
+    if (o.apply !== false) await applyTopology(nc, (await jetStreamOf(nc)).jsm, topo);
+  } catch (err) {
+    // A set-up that fails half way stops what it started: a cluster left running outlived its test.
+    await nc?.close().catch(() => undefined);
+    if (cluster) await cluster.stop({ removeStore: true });
+    else await server.stop({ removeStore: true });
+    rmSync(dir, { recursive: true, force: true });
+    throw err;
+  }
   const { js, jsm } = await jetStreamOf(nc);
-  if (o.apply !== false) await applyTopology(nc, jsm, topo);
   return {
     nc,
     js,
