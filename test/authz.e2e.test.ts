@@ -289,7 +289,7 @@ describe('FM-18 / FM-19: errors and output', () => {
     expect(r.status).toBe('committed');
     if (r.status === 'committed') {
       expect(r.result).toEqual({});
-      expect(Object.keys(r.receipt).sort()).toEqual(['attempt', 'committedAt', 'keyId', 'operationKey', 'prevSeq', 'resourceId', 'resultDigest', 'signature', 'state', 'tenant', 'tool', 'version']);
+      expect(Object.keys(r.receipt).sort()).toEqual(['attempt', 'committedAt', 'keyId', 'operationKey', 'prevEventCount', 'resourceId', 'resultDigest', 'schema', 'signature', 'state', 'tenant', 'tool', 'version']);
       expect(await kbRowsFor(kb, 'acme', r.operationKey)).toBe(1);
     }
     expect(await rowsIn(kbId)).toBe(before + 1);

@@ -110,7 +110,7 @@ describe('projection writes', () => {
     // The slow operation ends: its known entry becomes a tombstone.
     const { state, seq } = await t.store.load(slow.tenant, slow.opId);
     if (state.status !== 'running') throw new Error(`expected running, got ${state.status}`);
-    const cmd: OperationCommand = { type: 'commit', eventId: 'evt-slow-commit', at: state.updatedAt + 100, attempt: state.attempt, prevSeq: seq, resourceId: 'note-slow', resultDigest: `sha256:${'e'.repeat(64)}` };
+    const cmd: OperationCommand = { type: 'commit', eventId: 'evt-slow-commit', at: state.updatedAt + 100, attempt: state.attempt, resourceId: 'note-slow', resultDigest: `sha256:${'e'.repeat(64)}` };
     const d = decide(cmd, state, { signer: TEST_SIGNER });
     if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
     const committedSeq = await t.store.append(slow.tenant, slow.opId, d.event, seq);

@@ -50,10 +50,10 @@ async function append(o: SampleOperation, event: OperationEvent, expectedSeq: nu
 }
 
 /** Decides `cmd` on the operation's current state and appends it (the way a service would). */
-async function transition(o: SampleOperation, make: (attempt: number, at: number, seq: number) => OperationCommand): Promise<void> {
+async function transition(o: SampleOperation, make: (attempt: number, at: number) => OperationCommand): Promise<void> {
   const { state, seq } = await t.store.load(o.tenant, o.opId);
   if (state.status === 'none') throw new Error('operation not registered');
-  const d = decide(make(state.attempt, state.updatedAt + 100, seq), state, { signer: TEST_SIGNER });
+  const d = decide(make(state.attempt, state.updatedAt + 100), state, { signer: TEST_SIGNER });
   if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
   await append(o, d.event, seq);
 }
@@ -201,7 +201,7 @@ describe('projections of the event log (two instances of each projector)', () =>
       await transition(o, (attempt, at) => ({ type: 'start', eventId: `${o.opId.slice(0, 12)}-start`, at, attempt, executor: 'ex-9', deadlineAt: at + 5_000 }));
     }
     for (const o of ops.filter((x) => x.kind === 'accepted' || x.kind === 'running')) {
-      await transition(o, (attempt, at, prevSeq) => ({ type: 'commit', eventId: `${o.opId.slice(0, 12)}-commit`, at, attempt, prevSeq, resourceId: `note-${o.opId.slice(0, 6)}`, resultDigest: `sha256:${'f'.repeat(64)}` }));
+      await transition(o, (attempt, at) => ({ type: 'commit', eventId: `${o.opId.slice(0, 12)}-commit`, at, attempt, resourceId: `note-${o.opId.slice(0, 6)}`, resultDigest: `sha256:${'f'.repeat(64)}` }));
     }
     const index = fold(log, applyToIndex);
     await untilIndexMatches(index);

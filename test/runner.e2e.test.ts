@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, prepareCall } from '@tooltx/contracts';
 import { createTools, runTask, type Tools } from '@tooltx/client';
-import { generateReceiptKey, receiptSigner, type Receipt, type StatusAnswer } from '@tooltx/lifecycle';
+import { generateReceiptKey, loadReceiptSigner, receiptSigner, type Receipt, type ReceiptV2, type StatusAnswer } from '@tooltx/lifecycle';
 import { encode } from '@tooltx/nats';
 import { HttpFaultProxy } from '@tooltx/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
@@ -166,6 +166,17 @@ describe('FM-17: only a valid server receipt counts', () => {
       answer = (rc) => ({ ...tampered(rc), receipt: rc });
       const ok = await alice.execute({ tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') }, { budgetMs: 2_500 });
       expect(ok).toMatchObject({ status: 'committed', receipt: first.receipt });
+      // A receipt of format 1 (the events stream's prevSeq; docs/lifecycle.md "Receipt formats"), as
+      // stored operations still carry: genuine, it counts; tampered, it never does.
+      expect(first.receipt).toMatchObject({ schema: 2 });
+      const executorKey = loadReceiptSigner(t.auth.signingKeyFile('executor'));
+      const { schema: _schema, prevEventCount: _count, signature: _signature, ...common } = first.receipt as ReceiptV2;
+      const unsignedV1 = { ...common, prevSeq: 4711, keyId: executorKey.keyId };
+      const v1: Receipt = { ...unsignedV1, signature: executorKey.sign(unsignedV1) };
+      answer = (rc) => ({ ...tampered(rc), receipt: v1 });
+      expect(await alice.execute({ tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') }, { budgetMs: 2_500 })).toMatchObject({ status: 'committed', receipt: v1 });
+      answer = (rc) => ({ ...tampered(rc), receipt: { ...v1, prevSeq: 4712 } });
+      expect(await alice.execute({ tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') }, { budgetMs: 2_500 })).toMatchObject({ status: 'unknown', evidence: { invalidReceipt: 'bad_signature' } });
     } finally {
       sub.unsubscribe();
       await impostor.close();

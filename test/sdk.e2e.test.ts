@@ -10,7 +10,7 @@ import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForOperation } from './helpers/ops.js';
 import { Sink } from './helpers/sink.js';
 import { contracts, sinkLookup, sinkWrite } from './fixtures/sink-tools.js';
-import { pushMessageSchema, type IntentEnvelope, type PushMessage, type Receipt } from '@tooltx/lifecycle';
+import { eventCountOf, pushMessageSchema, type IntentEnvelope, type PushMessage, type Receipt } from '@tooltx/lifecycle';
 import { decode, encode, jetStreamOf } from '@tooltx/nats';
 
 const TENANT = 'acme';
@@ -307,7 +307,9 @@ describe('tools.execute', () => {
       const send = () => publishSubmission(t.js, newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'sdk-slow', input }));
       await send();
       await waitForOperation(t, TENANT, key, (x) => x.status === 'running');
-      const runningSeq = (await t.store.load(TENANT, operationIdOf(key))).seq;
+      // What the caller saw: the operation's own event count at `running` (the answer's `seq`).
+      const runningSeq = eventCountOf((await t.store.load(TENANT, operationIdOf(key))).state);
+      expect(runningSeq).toBe(2);
       const poll = tools.status({ operationKey: key, waitMs: 30_000, afterSeq: runningSeq });
       await waitForOperation(t, TENANT, key, (x) => x.status === 'rejected');
       sink.delayMs = 0;

@@ -63,7 +63,7 @@ export function sampleOperation(kind: HistoryKind, i: number, tenant = 'acme'): 
   switch (kind) {
     case 'committed':
       start();
-      next((at) => ({ type: 'commit', eventId: eventId(), at, attempt: attempt(), prevSeq: events.length, resourceId: `note-${i}`, resultDigest: D('e') }));
+      next((at) => ({ type: 'commit', eventId: eventId(), at, attempt: attempt(), resourceId: `note-${i}`, resultDigest: D('e') }));
       break;
     case 'retried_unknown':
       reject({ class: 'quota_exceeded', retryAfterMs: 60_000 });

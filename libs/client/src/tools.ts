@@ -91,7 +91,10 @@ export interface UnknownEvidence {
   intentStored: boolean;
   /** Whether any status request was answered. */
   statusAnswered: boolean;
-  /** The operation subject's last sequence seen (0 = never registered as far as we saw). */
+  /**
+   * The last status answer's `seq`: the operation's own event count (0 = never registered as far as
+   * we saw). Per operation, never a stream sequence, so it says nothing of other tenants' traffic.
+   */
   lastSeq: number;
   attempt?: number;
   elapsedMs: number;

@@ -1,6 +1,8 @@
 import type { EffectClass, ErrorInfo } from '@tooltx/contracts';
 import {
   EVENT_SCHEMA_VERSION,
+  eventCountOf,
+  RECEIPT_SCHEMA_VERSION,
   type AuthDecision,
   type Evidence,
   type OperationEvent,
@@ -74,8 +76,12 @@ export interface CommitCommand {
   eventId: string;
   at: number;
   attempt: number;
-  /** The operation subject's sequence the append will expect (signed into the receipt). */
-  prevSeq: number;
+  /**
+   * @deprecated Ignored: the receipt binds the operation's own event count (format 2,
+   * docs/lifecycle.md "Receipt formats"), never a stream sequence. Accepted so callers that still
+   * pass it compile; leave it out.
+   */
+  prevSeq?: number;
   runId?: string;
   resourceId: string;
   resultDigest: string;
@@ -137,8 +143,8 @@ export interface ResolveCommand {
   eventId: string;
   at: number;
   attempt: number;
-  /** The operation subject's sequence the append will expect (signed into a committed receipt). */
-  prevSeq: number;
+  /** @deprecated Ignored, as {@link CommitCommand.prevSeq}. */
+  prevSeq?: number;
   resolvedBy: string;
   outcome: { kind: 'committed'; resourceId: string; resultDigest: string } | { kind: 'not_applied' };
 }
@@ -212,7 +218,7 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
       if (cmd.outcome.kind === 'not_applied') {
         return append(s.state, { type: 'rejected', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, error: { class: 'not_applied' }, ...manual });
       }
-      const receipt = signedReceipt(ctx, s.state, { ...cmd, ...cmd.outcome }, manual);
+      const receipt = signedReceipt(ctx, s.state, { at: cmd.at, attempt: cmd.attempt, ...cmd.outcome }, manual);
       return append(s.state, { type: 'committed', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, receipt, ...manual });
     }
     case 'commit': {
@@ -250,15 +256,21 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
   }
 }
 
-/** The receipt of a commit, signed by `ctx.signer` (issue 9): what is known before the append. */
+/**
+ * The receipt of a commit, signed by `ctx.signer` (issue 9): what is known before the append, in
+ * the current format (docs/lifecycle.md "Receipt formats"). `prevEventCount` is the event count of
+ * the state the commit is decided on, so the receipt names the place in the operation's own history
+ * it extends without any stream sequence.
+ */
 function signedReceipt(
   ctx: DecideContext,
   state: OperationRecord,
-  c: { at: number; attempt: number; prevSeq: number; resourceId: string; resultDigest: string },
+  c: { at: number; attempt: number; resourceId: string; resultDigest: string },
   manual: { manual?: true; resolvedBy?: string } = {},
 ): Receipt {
   if (!ctx.signer) throw new Error('a commit needs a receipt signer (DecideContext.signer)');
   const unsigned: UnsignedReceipt = {
+    schema: RECEIPT_SCHEMA_VERSION,
     tenant: state.tenant,
     operationKey: state.operationKey,
     tool: state.tool,
@@ -268,7 +280,7 @@ function signedReceipt(
     resultDigest: c.resultDigest,
     committedAt: c.at,
     attempt: c.attempt,
-    prevSeq: c.prevSeq,
+    prevEventCount: eventCountOf(state),
     ...manual,
     keyId: ctx.signer.keyId,
   };
@@ -330,10 +342,12 @@ function append(prev: OperationRecord | null, body: EventBody, accept?: AcceptCo
 
 /**
  * Folds one event onto the previous state. The first `accepted` of an operation needs the accept
- * command's identity fields; every later event derives its state from the previous one.
+ * command's identity fields; every later event derives its state from the previous one. Every
+ * event counts one more (`eventCount`; a previous state without a count counts as 1, see
+ * {@link eventCountOf}).
  */
 function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, accept?: AcceptCommand): OperationRecord {
-  const common = { lastEventId: e.eventId, updatedAt: e.at };
+  const common = { lastEventId: e.eventId, updatedAt: e.at, eventCount: (prev ? eventCountOf(prev) : 0) + 1 };
   switch (e.type) {
     case 'accepted': {
       const a = e as Extract<OperationEvent, { type: 'accepted' }>;
@@ -418,7 +432,9 @@ export function evolve(_state: OperationState, event: OperationEvent): Operation
 
 /**
  * Folds a full history from scratch and checks that each event's carried state equals the fold.
- * Throws `Error` naming the first event whose carried state disagrees.
+ * Throws `Error` naming the first event whose carried state disagrees. An event written before
+ * events were counted carries no `eventCount`: its count is not compared, and the next event folds
+ * on from it as a live decision did ({@link eventCountOf}).
  */
 export function replay(events: OperationEvent[]): OperationState {
   let state: OperationState = initialState();
@@ -428,7 +444,8 @@ export function replay(events: OperationEvent[]): OperationState {
     const accept = prev === null && e.type === 'accepted'
       ? ({ ...carried, type: 'accept', intentSeq: carried.intent.seq, submissionId: carried.intent.submissionId } as unknown as AcceptCommand)
       : undefined;
-    const folded = fold(prev, rest, accept);
+    const { eventCount, ...uncounted } = fold(prev, rest, accept);
+    const folded = carried.eventCount === undefined ? uncounted : { ...uncounted, eventCount };
     if (JSON.stringify(sortKeys(folded)) !== JSON.stringify(sortKeys(carried))) {
       throw new Error(`event ${e.eventId} (${e.type}) carries a state that does not follow from its history`);
     }

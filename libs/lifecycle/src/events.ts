@@ -48,13 +48,11 @@ export const authDecisionSchema = z.object({
 });
 export type AuthDecision = z.infer<typeof authDecisionSchema>;
 
-/**
- * The server-side proof that an operation committed (DESIGN.md "Five observable states"; issue 9,
- * FM-17): what was known before the append — tenant, key, attempt, the operation subject's expected
- * previous sequence, resource id, result digest, the signer's clock, `manual` / `resolvedBy` for a
- * person's resolution — signed with Ed25519 over its RFC 8785 bytes (see `signing.ts`).
- */
-export const receiptSchema = z.object({
+/** The receipt format the signers write now (docs/lifecycle.md "Receipt formats"). */
+export const RECEIPT_SCHEMA_VERSION = 2;
+
+/** Fields every receipt format carries. */
+const receiptFields = {
   tenant: id,
   operationKey: z.string().regex(OPERATION_KEY_PATTERN),
   tool: z.string(),
@@ -69,13 +67,43 @@ export const receiptSchema = z.object({
   /** Set when a person resolved the operation (issue 8): `resolvedBy` is their operator id. */
   manual: z.literal(true).optional(),
   resolvedBy: id.optional(),
-  /** The operation subject's last sequence the `committed` append expected (the chain it extends). */
-  prevSeq: z.number().int().min(1),
   /** The signer's key id (`ed25519:…`) and its base64url signature over every other field. */
   keyId: z.string().regex(/^ed25519:[A-Za-z0-9_-]{22}$/),
   signature: z.string().regex(/^[A-Za-z0-9_-]{86}$/),
+};
+
+/**
+ * Receipt format 2 (`schema: 2`), what every signer writes: the chain position it binds is the
+ * operation's own event count before the commit (`prevEventCount`, the `eventCount` of the state
+ * the commit was decided on), which no other tenant's traffic moves.
+ */
+export const receiptV2Schema = z.object({
+  schema: z.literal(RECEIPT_SCHEMA_VERSION),
+  ...receiptFields,
+  prevEventCount: z.number().int().min(1),
 });
+
+/**
+ * Receipt format 1 (no `schema` field), read and verified only: stored `committed` events and
+ * receipts agents kept still carry it. `prevSeq` is the shared event log's sequence the `committed`
+ * append expected, which other tenants' traffic moves (no signer writes this format).
+ */
+export const receiptV1Schema = z.object({
+  ...receiptFields,
+  prevSeq: z.number().int().min(1),
+});
+
+/**
+ * The server-side proof that an operation committed (DESIGN.md "Five observable states"; issue 9,
+ * FM-17): what was known before the append — tenant, key, attempt, the operation's position before
+ * the commit, resource id, result digest, the signer's clock, `manual` / `resolvedBy` for a
+ * person's resolution — signed with Ed25519 over its RFC 8785 bytes (see `signing.ts`). Either
+ * format (docs/lifecycle.md "Receipt formats"); both verify the same way.
+ */
+export const receiptSchema = z.union([receiptV2Schema, receiptV1Schema]);
 export type Receipt = z.infer<typeof receiptSchema>;
+export type ReceiptV1 = z.infer<typeof receiptV1Schema>;
+export type ReceiptV2 = z.infer<typeof receiptV2Schema>;
 
 /**
  * A takeover record (DESIGN.md "After a timeout, verify before acting", FM-14): written when an
@@ -160,9 +188,28 @@ export const operationRecordSchema = z.object({
   resolution: resolutionSchema.optional(),
   lastEventId: eventId,
   updatedAt: epochMs,
+  /**
+   * The operation's own event count: 1 after its first event, +1 per event of any type (across
+   * attempts), so it only grows. What agents are told of an operation's position (the status
+   * answer's `seq`, a receipt's `prevEventCount`) is this, never a stream sequence: those count
+   * every tenant's events. Absent from events written before it was counted; read those with
+   * {@link eventCountOf}.
+   */
+  eventCount: z.number().int().min(1).optional(),
 });
 export type OperationRecord = z.infer<typeof operationRecordSchema>;
 export type OperationState = { status: 'none' } | OperationRecord;
+
+/**
+ * The operation's event count (see `eventCount`), 0 for `none`. A state written before events were
+ * counted has none: it counts as 1 — its true count is unknown, and 1 is the least any registered
+ * operation has. Counting goes on from there, so the count still grows with every later event; it
+ * is then a lower bound of the true count, not the count itself.
+ */
+export function eventCountOf(state: OperationState): number {
+  if (state.status === 'none') return 0;
+  return state.eventCount ?? 1;
+}
 
 const base = { schema: z.literal(EVENT_SCHEMA_VERSION), eventId, at: epochMs, state: operationRecordSchema };
 

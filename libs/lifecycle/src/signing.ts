@@ -1,7 +1,7 @@
 import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, sign, verify, type KeyObject } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
 import { canonicalJson } from '@tooltx/contracts';
-import type { Receipt } from './events.js';
+import { receiptSchema, type Receipt } from './events.js';
 
 /**
  * Signed receipts (issue 9, FM-17; DESIGN.md "Five observable states"): every appender of
@@ -12,10 +12,16 @@ import type { Receipt } from './events.js';
  *
  * Key id: `ed25519:` + the first 16 bytes of SHA-256 over the public key's SPKI DER, base64url —
  * derived from the key itself, so a key id can never name another key.
+ *
+ * Formats (docs/lifecycle.md "Receipt formats"): signers write format 2 (`schema: 2`, the
+ * operation's own `prevEventCount`); format 1 (no `schema`, the shared event log's `prevSeq`) is
+ * still verified, so receipts already handed out keep counting. Both are signed over the same
+ * canonical bytes, and the `schema` field is among them: a receipt cannot be moved from one format
+ * to the other without breaking its signature.
  */
 
-/** The receipt before it is signed. */
-export type UnsignedReceipt = Omit<Receipt, 'signature'>;
+/** The receipt before it is signed (either format; signers build format 2). */
+export type UnsignedReceipt = Receipt extends infer R ? (R extends unknown ? Omit<R, 'signature'> : never) : never;
 
 /** Signs receipts with one private key. */
 export interface ReceiptSigner {
@@ -103,10 +109,14 @@ export function trustedReceiptKeys(keys: Record<string, string>): ReadonlyMap<st
   return out;
 }
 
-/** True only when `receipt.keyId` is trusted and its signature verifies over the receipt's canonical bytes. */
+/**
+ * True only when `receipt` is a receipt of a known format (2 or 1), its `keyId` is trusted and its
+ * signature verifies over the receipt's canonical bytes.
+ */
 export function verifyReceipt(receipt: Receipt, trusted: ReadonlyMap<string, KeyObject>): boolean {
   const key = trusted.get(receipt.keyId);
   if (!key) return false;
+  if (!receiptSchema.safeParse(receipt).success) return false;
   try {
     return verify(null, bytesOf(receipt), key, Buffer.from(receipt.signature, 'base64url'));
   } catch {

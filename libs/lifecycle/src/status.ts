@@ -1,14 +1,15 @@
 import { z } from 'zod';
 import { OPERATION_KEY_PATTERN, type Implementation } from '@tooltx/contracts';
-import { errorInfoSchema, receiptSchema, takeoverRecordSchema, type OperationRecord, type Receipt } from './events.js';
+import { errorInfoSchema, eventCountOf, receiptSchema, takeoverRecordSchema, type OperationRecord, type Receipt } from './events.js';
 
 /** Longest long-poll a status request may ask for, ms. */
 export const MAX_STATUS_WAIT_MS = 30_000;
 
 /**
  * A status request on `<prefix>.status.<tenant>.<actor>` (request/reply). Read-only and
- * repeatable. `afterSeq`: the operation sequence the caller already saw — the answer comes at once
- * when the operation has moved past it or is final, otherwise after the next change or `waitMs`.
+ * repeatable. `afterSeq`: the answer's `seq` the caller already saw (the operation's own event
+ * count) — the answer comes at once when the operation has moved past it or is final, otherwise
+ * after the next change or `waitMs`.
  * `inputDigest`: the caller's own input digest, so the answer can say whether the registered
  * operation is the caller's or a conflict, without revealing the registered digest.
  * `submissionIds`: the caller's submissions, so a refusal of one of them can be reported.
@@ -48,7 +49,12 @@ export const statusAnswerSchema = z.object({
   state: z.enum(serverStates),
   /** `operation`: the registered operation; `decision`: a refusal of the caller's submission; `none`. */
   source: z.enum(['operation', 'decision', 'none']),
-  /** The operation subject's last sequence (0 when not registered). */
+  /**
+   * The operation's own event count (`eventCount` of its state: 1 after its first event, +1 per
+   * event; 0 when not registered or answered from a decision): where the operation is in its own
+   * history, to be sent back as `afterSeq`. Never a stream sequence, which would count other
+   * tenants' events. An operation whose last event predates counting answers 1 (see `eventCountOf`).
+   */
   seq: z.number().int().min(0),
   attempt: z.number().int().min(1).optional(),
   /** Whether the registered input is the caller's (`inputDigest` given): false = idempotency conflict. */
@@ -104,7 +110,7 @@ export type PushMessage = z.infer<typeof pushMessageSchema>;
  * receipt-only result). `ownAttempt` is relative to this one submission (the status endpoint's
  * compares every submission id the caller lists; the SDK does not use it for a committed answer). Pure.
  */
-export function committedAnswer(o: { submittedKey: string; state: OperationRecord & { receipt: Receipt }; seq: number; submissionId: string; result: unknown; at: number }): PushedAnswer {
+export function committedAnswer(o: { submittedKey: string; state: OperationRecord & { receipt: Receipt }; submissionId: string; result: unknown; at: number }): PushedAnswer {
   const st = o.state;
   return {
     pushed: true,
@@ -113,7 +119,7 @@ export function committedAnswer(o: { submittedKey: string; state: OperationRecor
     ...(o.submittedKey !== st.operationKey ? { canonicalKey: st.operationKey } : {}),
     state: 'committed',
     source: 'operation',
-    seq: o.seq,
+    seq: eventCountOf(st),
     attempt: st.attempt,
     inputMatches: true,
     ownAttempt: st.intent.submissionId === o.submissionId,

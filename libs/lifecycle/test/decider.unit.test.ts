@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { decide, decideRecovery, decideSend, generateReceiptKey, MAX_LATE_START_REQUEUES, RETRY_MARGIN_MS, initialState, receiptSigner, replay, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type Decision, type OperationEvent, type OperationState, type Receipt } from '@tooltx/lifecycle';
+import { committedAnswer, decide, decideRecovery, decideSend, eventCountOf, generateReceiptKey, MAX_LATE_START_REQUEUES, operationEventSchema, RETRY_MARGIN_MS, initialState, receiptSchema, receiptSigner, replay, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type Decision, type OperationEvent, type OperationRecord, type OperationState, type Receipt } from '@tooltx/lifecycle';
 
 const KEYPAIR = generateReceiptKey();
 const signer = receiptSigner(KEYPAIR.privatePem);
@@ -31,7 +31,7 @@ function appended(d: Decision): OperationEvent {
 
 const accepted = () => appended(given().when(accept()));
 const running = (a = accepted()) => appended(given(a).when({ type: 'start', eventId: id(), at: 2_000, attempt: 1, executor: 'ex-1', deadlineAt: 5_000 }));
-const committed = (r = running()) => appended(given(r).when({ type: 'commit', eventId: id(), at: 3_000, attempt: 1, prevSeq: 3, resourceId: 'note-1', resultDigest: D2 }));
+const committed = (r = running()) => appended(given(r).when({ type: 'commit', eventId: id(), at: 3_000, attempt: 1, resourceId: 'note-1', resultDigest: D2 }));
 const rejected = (a = accepted()) => appended(given(a).when({ type: 'reject', eventId: id(), at: 2_500, attempt: 1, error: { class: 'forbidden' } }));
 
 describe('operation decider', () => {
@@ -96,14 +96,14 @@ describe('operation decider', () => {
   it('commits only a running attempt, with resource id, result digest and server time in the receipt', () => {
     const c = committed();
     expect(c.state.status).toBe('committed');
-    expect(c.state.receipt).toEqual({ tenant: 'acme', operationKey: KEY, tool: 'kb.write_note', version: 1, state: 'committed', resourceId: 'note-1', resultDigest: D2, committedAt: 3_000, attempt: 1, prevSeq: 3, keyId: signer.keyId, signature: expect.stringMatching(/^[A-Za-z0-9_-]{86}$/) });
-    expect(given(accepted()).when({ type: 'commit', eventId: id(), at: 3_000, attempt: 1, prevSeq: 3, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'not_running' });
+    expect(c.state.receipt).toEqual({ schema: 2, tenant: 'acme', operationKey: KEY, tool: 'kb.write_note', version: 1, state: 'committed', resourceId: 'note-1', resultDigest: D2, committedAt: 3_000, attempt: 1, prevEventCount: 2, keyId: signer.keyId, signature: expect.stringMatching(/^[A-Za-z0-9_-]{86}$/) });
+    expect(given(accepted()).when({ type: 'commit', eventId: id(), at: 3_000, attempt: 1, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'not_running' });
   });
 
   it('never rejects or commits a final state, and ignores commands for another attempt', () => {
     const c = committed();
     expect(given(c).when({ type: 'reject', eventId: id(), at: 9, attempt: 1, error: { class: 'internal' } })).toMatchObject({ kind: 'skip', reason: 'final' });
-    expect(given(running()).when({ type: 'commit', eventId: id(), at: 9, attempt: 2, prevSeq: 3, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'attempt_mismatch' });
+    expect(given(running()).when({ type: 'commit', eventId: id(), at: 9, attempt: 2, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'attempt_mismatch' });
     expect(given().when({ type: 'start', eventId: id(), at: 9, attempt: 1, executor: 'x', deadlineAt: 10 })).toMatchObject({ kind: 'skip', reason: 'not_registered' });
   });
 
@@ -129,7 +129,7 @@ describe('recovery (verify before acting)', () => {
 
   it('commits from unknown once a probe found the effect, and requeues the same attempt under the same key', () => {
     const u = unknownOf();
-    const c = appended(given(u).when({ type: 'commit', eventId: id(), at: 7_000, attempt: 1, prevSeq: 3, resourceId: 'note-9', resultDigest: D2 }));
+    const c = appended(given(u).when({ type: 'commit', eventId: id(), at: 7_000, attempt: 1, resourceId: 'note-9', resultDigest: D2 }));
     expect(c.state).toMatchObject({ status: 'committed', attempt: 1, receipt: { resourceId: 'note-9' } });
     const q = appended(given(u).when({ type: 'requeue', eventId: id(), at: 7_000, attempt: 1, reason: 'probe_not_found' }));
     expect(q.state).toMatchObject({ status: 'accepted', attempt: 1, requeues: 1, operationKey: KEY });
@@ -221,8 +221,8 @@ describe('outcomes are bound to their run', () => {
     const r2 = appended(given(q).when({ type: 'start', eventId: id(), at: 8_000, attempt: 1, executor: 'ex-2', deadlineAt: 9_500 }));
     // The first run's downstream answers late with a refusal: not applied to the second run.
     expect(given(r2).when({ type: 'reject', eventId: id(), at: 8_100, attempt: 1, runId: r1.eventId, error: { class: 'dependency_unavailable' } })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
-    expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_100, attempt: 1, prevSeq: 3, runId: r1.eventId, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
-    expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_200, attempt: 1, prevSeq: 3, runId: r2.eventId, resourceId: 'note-2', resultDigest: D2 }).kind).toBe('append');
+    expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_100, attempt: 1, runId: r1.eventId, resourceId: 'x', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'stale_run' });
+    expect(given(r2).when({ type: 'commit', eventId: id(), at: 8_200, attempt: 1, runId: r2.eventId, resourceId: 'note-2', resultDigest: D2 }).kind).toBe('append');
   });
 });
 
@@ -241,7 +241,7 @@ describe('takeover and manual resolution (issue 8, FM-14)', () => {
     expect(t.type).toBe('takeover');
     expect(t.state).toMatchObject({ status: 'unknown', takeover: record(u) });
     expect(given(t).when({ type: 'open_takeover', eventId: id(), at: 9_500, attempt: 1, takeover: record(u) })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
-    expect(given(t).when({ type: 'commit', eventId: id(), at: 9_600, attempt: 1, prevSeq: 3, resourceId: 'n', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
+    expect(given(t).when({ type: 'commit', eventId: id(), at: 9_600, attempt: 1, resourceId: 'n', resultDigest: D2 })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
     expect(given(t).when({ type: 'requeue', eventId: id(), at: 9_600, attempt: 1, reason: 'probe_not_found' })).toMatchObject({ kind: 'skip', reason: 'taken_over' });
     expect(given(t).when(accept({ intentSeq: 99 })).kind).toBe('replay');
   });
@@ -249,10 +249,10 @@ describe('takeover and manual resolution (issue 8, FM-14)', () => {
   it('FM-14: a person resolves committed (a receipt with manual and resolvedBy) or not applied (rejected, then a new attempt may start)', () => {
     const u = unknownOf();
     const t = appended(given(u).when({ type: 'open_takeover', eventId: id(), at: 9_000, attempt: 1, takeover: record(u) }));
-    const c = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, prevSeq: 4, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
+    const c = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
     expect(c).toMatchObject({ type: 'committed', manual: true, resolvedBy: 'oscar', receipt: { resourceId: 'note-7', manual: true, resolvedBy: 'oscar', committedAt: 10_000 } });
     expect(c.state).toMatchObject({ status: 'committed', resolution: { by: 'oscar', at: 10_000, outcome: 'committed' } });
-    const n = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, prevSeq: 4, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }));
+    const n = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }));
     expect(n).toMatchObject({ type: 'rejected', manual: true, resolvedBy: 'oscar', error: { class: 'not_applied' } });
     const again = appended(given(n).when(accept({ intentSeq: 99 })));
     expect(again.state).toMatchObject({ status: 'accepted', attempt: 2 });
@@ -263,10 +263,10 @@ describe('takeover and manual resolution (issue 8, FM-14)', () => {
     const r0 = running(a0);
     const u0 = appended(given(r0).when({ type: 'mark_unknown', eventId: id(), at: 4_000, attempt: 1, evidence: { kind: 'timeout', at: 4_000 } }));
     const t0 = appended(given(u0).when({ type: 'open_takeover', eventId: id(), at: 9_000, attempt: 1, takeover: record(u0) }));
-    const c0 = appended(given(t0).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, prevSeq: 4, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
+    const c0 = appended(given(t0).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
     expect(replay([a0, r0, u0, t0, c0])).toEqual(c0.state);
     // Nothing but unknown can be resolved by a person.
-    expect(given(committed()).when({ type: 'resolve', eventId: id(), at: 1, attempt: 1, prevSeq: 4, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }).kind).toBe('skip');
+    expect(given(committed()).when({ type: 'resolve', eventId: id(), at: 1, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }).kind).toBe('skip');
   });
 
   it('decideRecovery: a probe that finds another input digest under our key is a mismatch, never a commit', () => {
@@ -284,10 +284,19 @@ describe('signed receipts (issue 9, FM-17)', () => {
     const c = committed();
     if (c.type !== 'committed') throw new Error('expected committed');
     const r = c.receipt;
-    expect(r).toMatchObject({ tenant: 'acme', operationKey: KEY, attempt: 1, prevSeq: 3, keyId: signer.keyId, committedAt: 3_000 });
+    expect(r).toMatchObject({ schema: 2, tenant: 'acme', operationKey: KEY, attempt: 1, prevEventCount: 2, keyId: signer.keyId, committedAt: 3_000 });
+    expect(r).not.toHaveProperty('prevSeq');
     const trusted = trustedReceiptKeys({ [KEYPAIR.keyId]: KEYPAIR.publicPem });
     expect(verifyReceipt(r, trusted)).toBe(true);
-    for (const forged of [{ ...r, resourceId: 'note-2' }, { ...r, tenant: 'globex' }, { ...r, resultDigest: D1 }, { ...r, prevSeq: 4 }, { ...r, manual: true as const }]) {
+    expect(verifyReceipt(receiptSchema.parse(r), trusted)).toBe(true);
+    const { schema: _schema, prevEventCount, ...common } = r as Extract<Receipt, { schema: 2 }>;
+    for (const forged of [
+      { ...r, resourceId: 'note-2' }, { ...r, tenant: 'globex' }, { ...r, resultDigest: D1 }, { ...r, prevEventCount: 3 }, { ...r, manual: true as const },
+      // Moved to the other format, with the same position as a stream sequence: not what was signed.
+      { ...common, prevSeq: prevEventCount },
+      // A format 2 receipt with a stream sequence added to it: not a receipt of either format.
+      { ...r, prevSeq: 4 },
+    ]) {
       expect(verifyReceipt(forged as Receipt, trusted)).toBe(false);
     }
     // Another key, even a valid one, is not trusted unless configured.
@@ -297,6 +306,149 @@ describe('signed receipts (issue 9, FM-17)', () => {
     expect(verifyReceipt(resigned, trustedReceiptKeys({ [other.keyId]: other.publicPem }))).toBe(true);
     expect(() => trustedReceiptKeys({ [KEYPAIR.keyId]: other.publicPem })).toThrow(/does not match/);
     // No signer, no commit.
-    expect(() => decide({ type: 'commit', eventId: id(), at: 1, attempt: 1, prevSeq: 2, resourceId: 'x', resultDigest: D2 }, running().state)).toThrow(/signer/);
+    expect(() => decide({ type: 'commit', eventId: id(), at: 1, attempt: 1, resourceId: 'x', resultDigest: D2 }, running().state)).toThrow(/signer/);
+  });
+});
+
+describe('receipt formats (docs/lifecycle.md "Receipt formats", FM-17)', () => {
+  /**
+   * A format 1 receipt byte for byte as a format 1 signer wrote it: the decider that signed format 1,
+   * a commit with `prevSeq: 4711`, under a key made for this test (only its public half is here).
+   */
+  const V1 = {
+    publicPem: '-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA79ohmB9HWd7zzLMiEJTsxeat+zvnFuHe9z8Xm3kieWA=\n-----END PUBLIC KEY-----\n',
+    keyId: 'ed25519:ODJqs7l_1Bntyv2eT-f4bw',
+    receipt: {
+      tenant: 'acme', operationKey: KEY, tool: 'kb.write_note', version: 1, state: 'committed' as const, resourceId: 'note-1', resultDigest: D2,
+      committedAt: 3_000, attempt: 1, prevSeq: 4711, keyId: 'ed25519:ODJqs7l_1Bntyv2eT-f4bw',
+      signature: '6bnaYhr5GDN-MMNffG8La_-zfCokNwOzPVScyv3i0CC51AqqaDw62vO3yn515NTwjDHsH0p5F-c7s_lxOTEIAg',
+    },
+  };
+  const trustedV1 = trustedReceiptKeys({ [V1.keyId]: V1.publicPem });
+
+  it('a receipt signed in format 1 (with the event log\'s prevSeq) still parses and verifies, as stored and as an agent receives it', () => {
+    expect(verifyReceipt(V1.receipt, trustedV1)).toBe(true);
+    const parsed = receiptSchema.parse(V1.receipt);
+    expect(parsed).toEqual(V1.receipt);
+    expect(verifyReceipt(parsed, trustedV1)).toBe(true);
+    // A committed event of the time, carrying it, still reads (its state has no event count).
+    const c = committed();
+    const { eventCount: _n, ...uncountedState } = c.state;
+    const stored = { ...c, receipt: V1.receipt, state: { ...uncountedState, receipt: V1.receipt } };
+    expect(operationEventSchema.parse(stored)).toMatchObject({ receipt: V1.receipt, state: { receipt: V1.receipt } });
+    // Only under its own key.
+    expect(verifyReceipt(V1.receipt, trustedReceiptKeys({ [KEYPAIR.keyId]: KEYPAIR.publicPem }))).toBe(false);
+  });
+
+  it('tampering with a format 1 receipt fails: any field, the sequence, the signature, or dressing it up as format 2', () => {
+    const r = V1.receipt;
+    const { prevSeq, ...common } = r;
+    for (const forged of [
+      { ...r, resourceId: 'note-2' }, { ...r, tenant: 'globex' }, { ...r, resultDigest: D1 }, { ...r, attempt: 2 }, { ...r, committedAt: 3_001 },
+      { ...r, prevSeq: 4712 }, { ...r, manual: true as const }, { ...r, resolvedBy: 'oscar' },
+      { ...r, signature: `${r.signature.slice(0, 85)}${r.signature.endsWith('A') ? 'B' : 'A'}` },
+      { schema: 2, ...common, prevEventCount: prevSeq },
+      { ...r, schema: 2 },
+    ]) {
+      expect(verifyReceipt(forged as Receipt, trustedV1)).toBe(false);
+    }
+  });
+
+  it('a signer writes format 2; both formats pass the same verification, an unknown format none', () => {
+    const v2 = committed().state.receipt!;
+    const trusted = new Map([...trustedV1, ...trustedReceiptKeys({ [KEYPAIR.keyId]: KEYPAIR.publicPem })]);
+    expect([v2, V1.receipt].map((r) => verifyReceipt(r, trusted))).toEqual([true, true]);
+    expect(receiptSchema.safeParse({ ...v2, schema: 3 }).success).toBe(false);
+    expect(verifyReceipt({ ...v2, schema: 3 } as unknown as Receipt, trusted)).toBe(false);
+  });
+});
+
+describe('the operation\'s own event count (tenant isolation: no stream sequence reaches an agent)', () => {
+  const unknownAfter = (r: OperationEvent) => appended(given(r).when({ type: 'mark_unknown', eventId: id(), at: 4_000, attempt: r.state.attempt, evidence: { kind: 'timeout', at: 4_000 } }));
+  /** The event as written before events were counted: its state has no `eventCount`. */
+  const uncounted = (e: OperationEvent): OperationEvent => {
+    const { eventCount: _n, ...state } = e.state;
+    return { ...e, state } as OperationEvent;
+  };
+
+  it('given no event, when accepted, then the count is 1; each later event counts one more', () => {
+    expect(eventCountOf(initialState())).toBe(0);
+    const a = accepted();
+    const r = running(a);
+    const c = committed(r);
+    expect([a, r, c].map((e) => e.state.eventCount)).toEqual([1, 2, 3]);
+    expect(replay([a, r, c])).toEqual(c.state);
+  });
+
+  it('given running, when committed, then the receipt binds the count before the commit (prevEventCount), not any stream sequence', () => {
+    const r = running();
+    const c = committed(r);
+    expect(c.state.receipt).toMatchObject({ schema: 2, prevEventCount: r.state.eventCount });
+    expect(c.state.receipt).not.toHaveProperty('prevSeq');
+    expect(c.state.eventCount).toBe(3);
+  });
+
+  it('given a rejection, when the identical input starts the next attempt, then the count goes on across attempts', () => {
+    const a = accepted();
+    const rej = rejected(a);
+    const a2 = appended(given(rej).when(accept({ intentSeq: 11, submissionId: 'sub-2' })));
+    const r2 = appended(given(a2).when({ type: 'start', eventId: id(), at: 3_000, attempt: 2, executor: 'ex-1', deadlineAt: 6_000 }));
+    expect([a, rej, a2, r2].map((e) => [e.state.attempt, e.state.eventCount])).toEqual([[1, 1], [1, 2], [2, 3], [2, 4]]);
+    expect(replay([a, rej, a2, r2])).toEqual(r2.state);
+  });
+
+  it('given unknown, when requeued, run again, taken over and resolved, then every event counts, whatever its type', () => {
+    const u = unknownAfter(running());
+    const q = appended(given(u).when({ type: 'requeue', eventId: id(), at: 5_000, attempt: 1, reason: 'probe_not_found' }));
+    const r2 = appended(given(q).when({ type: 'start', eventId: id(), at: 6_000, attempt: 1, executor: 'ex-2', deadlineAt: 9_000 }));
+    const u2 = unknownAfter(r2);
+    const takeover = {
+      operationKey: KEY, tenant: 'acme', taskId: 'task-1', tool: 'kb.write_note', version: 1, targetDigest: D2, inputDigest: D1, reason: 'unknown_past_deadline' as const,
+      attempts: { attempt: 1, requeues: 1, probes: 2 }, times: { acceptedAt: 1_000, openedAt: 9_000 },
+    };
+    const t = appended(given(u2).when({ type: 'open_takeover', eventId: id(), at: 9_000, attempt: 1, takeover }));
+    const res = appended(given(t).when({ type: 'resolve', eventId: id(), at: 10_000, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'committed', resourceId: 'note-7', resultDigest: D2 } }));
+    expect([u, q, r2, u2, t, res].map((e) => e.state.eventCount)).toEqual([3, 4, 5, 6, 7, 8]);
+    expect(res.state.receipt).toMatchObject({ schema: 2, manual: true, resolvedBy: 'oscar', prevEventCount: 7 });
+  });
+
+  it('given a state, when a command is replayed, conflicts, is skipped or was already applied, then nothing is appended and the count stays', () => {
+    const r = running();
+    const c = committed(r);
+    const cases: [Decision, number][] = [
+      [given(c).when(accept({ intentSeq: 99 })), 3],
+      [given(c).when(accept({ inputDigest: D2, intentSeq: 99 })), 3],
+      [given(r).when({ type: 'start', eventId: id(), at: 2_100, attempt: 1, executor: 'ex-2', deadlineAt: 5_100 }), 2],
+      [given(r).when({ type: 'start', eventId: r.eventId, at: 2_000, attempt: 1, executor: 'ex-1', deadlineAt: 5_000 }), 2],
+    ];
+    for (const [d, count] of cases) {
+      expect(d.kind).not.toBe('append');
+      expect(d.kind !== 'append' && eventCountOf(d.state)).toBe(count);
+    }
+  });
+
+  it('given events written before counting (no eventCount), then they parse, the last counts as 1, the next event counts 2 — also in its receipt — and the history replays', () => {
+    const a = uncounted(accepted());
+    const r = uncounted(running(a));
+    expect(operationEventSchema.parse(r).state.eventCount).toBeUndefined();
+    expect(eventCountOf(r.state)).toBe(1);
+    const c = committed(r);
+    expect(c.state.eventCount).toBe(2);
+    expect(c.state.receipt).toMatchObject({ schema: 2, prevEventCount: 1 });
+    expect(verifyReceipt(c.state.receipt!, trustedReceiptKeys({ [KEYPAIR.keyId]: KEYPAIR.publicPem }))).toBe(true);
+    // The history folds as it was decided: the uncounted events are not compared on their count…
+    expect(replay([a, r, c])).toEqual(c.state);
+    // … but a count that does not follow is refused.
+    expect(() => replay([a, r, { ...c, state: { ...c.state, eventCount: 3 } }])).toThrow(/does not follow/);
+    const a2 = accepted();
+    const r2 = running(a2);
+    expect(() => replay([a2, { ...r2, state: { ...r2.state, eventCount: 5 } }])).toThrow(/does not follow/);
+  });
+
+  it('the committed answer pushed to an agent carries the operation\'s event count as its seq', () => {
+    const st = committed().state as OperationRecord & { receipt: Receipt };
+    expect(committedAnswer({ submittedKey: KEY, state: st, submissionId: 'sub-1', result: {}, at: 5 })).toMatchObject({ seq: 3, state: 'committed', receipt: st.receipt });
+    const { eventCount: _n, ...legacy } = st;
+    expect(committedAnswer({ submittedKey: KEY, state: legacy, submissionId: 'sub-1', result: {}, at: 5 }).seq).toBe(1);
   });
 });

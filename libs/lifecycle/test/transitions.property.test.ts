@@ -7,6 +7,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import {
   decide,
+  eventCountOf,
   evolve,
   generateReceiptKey,
   initialState,
@@ -68,7 +69,6 @@ function commandOf(step: Step, state: OperationState, nextId: () => string, at: 
   const eventId = step.replayLast && rec ? rec.lastEventId : nextId();
   const runId = step.run === 'current' ? rec?.running?.eventId : step.run === 'other' ? 'evt-another-run' : undefined;
   const withRun = runId === undefined ? {} : { runId };
-  const prevSeq = Math.max(1, at);
   switch (step.type) {
     case 'accept':
       return {
@@ -79,7 +79,7 @@ function commandOf(step: Step, state: OperationState, nextId: () => string, at: 
     case 'start':
       return { type: 'start', eventId, at, attempt, executor: 'ex-1', deadlineAt: at + 1_000 };
     case 'commit':
-      return { type: 'commit', eventId, at, attempt, prevSeq, ...withRun, resourceId: `note-${at}`, resultDigest: D2 };
+      return { type: 'commit', eventId, at, attempt, ...withRun, resourceId: `note-${at}`, resultDigest: D2 };
     case 'reject':
       return { type: 'reject', eventId, at, attempt, ...withRun, error: { class: 'forbidden' } };
     case 'mark_unknown':
@@ -96,7 +96,7 @@ function commandOf(step: Step, state: OperationState, nextId: () => string, at: 
       };
     case 'resolve':
       return {
-        type: 'resolve', eventId, at, attempt, prevSeq, resolvedBy: 'oscar',
+        type: 'resolve', eventId, at, attempt, resolvedBy: 'oscar',
         outcome: step.outcome === 'committed' ? { kind: 'committed', resourceId: `note-${at}`, resultDigest: D2 } : { kind: 'not_applied' },
       };
     default:
@@ -121,11 +121,14 @@ describe('lifecycle property: decide + evolve stays inside the transition table'
           const row = `${state.status}|${d.event.type}|${d.event.state.status}`;
           expect(isAllowedTransition(state.status, d.event.type, d.event.state.status), row).toBe(true);
           expect(operationEventSchema.safeParse(d.event).success, row).toBe(true);
+          // Every appended event counts exactly one more than the state it was decided on.
+          expect(d.event.state.eventCount, row).toBe(eventCountOf(state) + 1);
           covered.add(row);
           history.push(d.event);
           state = evolve(state, d.event);
         });
         expect(replay(history)).toEqual(state);
+        expect(eventCountOf(state)).toBe(history.length);
       }),
       { seed: SEED, numRuns: 400, examples: EXAMPLES.map((e) => [e]) },
     );

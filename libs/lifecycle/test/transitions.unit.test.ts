@@ -78,7 +78,7 @@ describe('the lifecycle transition table', () => {
     const a = appended(decide(accept(), initialState(), { signer }));
     const start = { type: 'start' as const, eventId: 'evt-00000002', at: 2_000, attempt: 1, executor: 'ex-1', deadlineAt: 9_000 };
     const r = appended(decide(start, a.state, { signer }));
-    const commit = { type: 'commit' as const, eventId: 'evt-00000003', at: 3_000, attempt: 1, prevSeq: 2, resourceId: 'n1', resultDigest: D1 };
+    const commit = { type: 'commit' as const, eventId: 'evt-00000003', at: 3_000, attempt: 1, resourceId: 'n1', resultDigest: D1 };
     expect(decide(commit, r.state, { signer })).toMatchObject({ kind: 'append', event: { type: 'committed' } });
     // The same command against a table without running --committed--> committed.
     const narrowed = TRANSITIONS.filter((t) => !(t.from === 'running' && t.event === 'committed'));

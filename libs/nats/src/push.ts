@@ -26,12 +26,13 @@ export class AnswerPusher {
    * The committed answer the status endpoint would give `actor` (the submission's agent) for
    * `submittedKey`: under the same read policy ({@link readAllowed}), with `result` (the business
    * result it may read, `{}` when receipt-only). A "poll now" instead when the policy refuses.
-   * `seq`: the committed event's stream sequence.
+   * The answer's `seq` is the operation's own event count, from `state` (never a stream sequence).
+   * `seq`: deprecated and ignored, accepted so callers that still pass a stream sequence compile.
    */
-  async committed(o: { impl: Implementation | undefined; tenant: string; actor: string; submissionId: string; submittedKey: string; state: OperationRecord & { receipt: Receipt }; seq: number; result: unknown }): Promise<void> {
+  async committed(o: { impl: Implementation | undefined; tenant: string; actor: string; submissionId: string; submittedKey: string; state: OperationRecord & { receipt: Receipt }; seq?: number; result: unknown }): Promise<void> {
     const { now } = this.#o;
     if (!(await readAllowed(o.impl, o.tenant, o.actor, o.state, now()))) return this.poll(o.tenant, o.actor, o.submissionId);
-    this.#send(o.tenant, o.actor, o.submissionId, committedAnswer({ submittedKey: o.submittedKey, state: o.state, seq: o.seq, submissionId: o.submissionId, result: o.result, at: now() }));
+    this.#send(o.tenant, o.actor, o.submissionId, committedAnswer({ submittedKey: o.submittedKey, state: o.state, submissionId: o.submissionId, result: o.result, at: now() }));
   }
 
   #send(tenant: string, actor: string, submissionId: string, body: PushMessage): void {

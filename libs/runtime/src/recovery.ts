@@ -81,7 +81,7 @@ export async function recoverOperation(deps: {
       const result = empty.data;
       const resultDigest = digestOf(result);
       if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq: deps.seq, ...run(state), resourceId: step.resourceId, resultDigest }));
+      const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), resourceId: step.resourceId, resultDigest }));
       l.info({ resourceId: step.resourceId, outcome: d }, 'recovered: committed from the probe');
       return { result: d === 'appended' ? 'committed' : 'moved_on' };
     }

@@ -3,7 +3,7 @@ import type { KV } from '@nats-io/kv';
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
 import { LRUCache } from 'lru-cache';
 import { ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
-import { readAllowed, statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
+import { eventCountOf, readAllowed, statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
 import { committedResult, decodeRaw, encode, opEventOf, type LoadedOperation, type OperationStore, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { isOwnReplyInbox } from '@tooltx/streams';
@@ -61,6 +61,17 @@ class Wake {
       };
     });
   }
+}
+
+/**
+ * An answer with the events-stream sequence of the operation event it was read from (0 when it was
+ * not read from the asked key's own operation). The sequence stays here: it only tells whether an
+ * event the watch delivers is newer than what was answered. What the caller gets as `seq` is the
+ * operation's own event count.
+ */
+interface Answered {
+  answer: StatusAnswer;
+  streamSeq: number;
 }
 
 /** Queue group shared by every status responder, so several authorizer instances split requests. */
@@ -197,34 +208,34 @@ export class StatusService {
       // names too — registered, then read again, so none of its changes is missed. Without this, a
       // decision that arrived after the first read left the request deaf to the canonical
       // operation until its time ran out (up to 30 s).
-      const followed = async (a: StatusAnswer): Promise<StatusAnswer> => {
-        if (!wake || !a.canonicalKey) return a;
-        const s = subjects.op(who.tenant, operationIdOf(a.canonicalKey));
-        if (watched.includes(s)) return a;
+      const followed = async (r: Answered): Promise<Answered> => {
+        if (!wake || !r.answer.canonicalKey) return r;
+        const s = subjects.op(who.tenant, operationIdOf(r.answer.canonicalKey));
+        if (watched.includes(s)) return r;
         watched.push(s);
         this.#register(wake, s);
-        return this.answer(who.tenant, who.actor, req);
+        return this.#answer(who.tenant, who.actor, req);
       };
-      let answer = await followed(await this.answer(who.tenant, who.actor, req));
-      while (wake && !this.#settled(answer, req)) {
+      let r = await followed(await this.#answer(who.tenant, who.actor, req));
+      while (wake && !this.#settled(r.answer, req)) {
         const woke = await wake.next(Math.max(0, until - this.#now()));
         if (!woke || this.#stopping) {
           // Out of time (or shutting down): one fresh read, in case the watch lags behind the stream.
-          answer = await this.answer(who.tenant, who.actor, req);
+          r = await this.#answer(who.tenant, who.actor, req);
           break;
         }
         const update = wake.latest.get(own);
-        if (wake.reload || answer.canonicalKey || !update) {
+        if (wake.reload || r.answer.canonicalKey || !update) {
           wake.reload = false;
-          answer = await followed(await this.answer(who.tenant, who.actor, req));
-        } else if (update.seq > answer.seq) {
-          answer = await this.answer(who.tenant, who.actor, req, update);
+          r = await followed(await this.#answer(who.tenant, who.actor, req));
+        } else if (update.seq > r.streamSeq) {
+          r = await this.#answer(who.tenant, who.actor, req, update);
         } else continue; // an event we had already read: not a change
         // Without `untilFinal` the first change is the answer; with it, wait through intermediate
         // states while time is left.
         if (!req.untilFinal || until - this.#now() <= 0) break;
       }
-      reply(answer);
+      reply(r.answer);
     } catch (err) {
       reply({ error: toErrorInfo(err).class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : toErrorInfo(err), at: this.#now() });
       throw err;
@@ -233,7 +244,10 @@ export class StatusService {
     }
   }
 
-  /** True when the answer should go back at once rather than wait for a change. */
+  /**
+   * True when the answer should go back at once rather than wait for a change. `a.seq` and
+   * `afterSeq` are both the operation's own event count.
+   */
   #settled(a: StatusAnswer, req: StatusRequest): boolean {
     if (a.source === 'decision') return true;
     const after = req.afterSeq ?? 0;
@@ -255,6 +269,11 @@ export class StatusService {
    * event the watch just delivered); read with one direct get otherwise.
    */
   async answer(tenant: string, actor: string, req: StatusRequest, loaded?: LoadedOperation): Promise<StatusAnswer> {
+    return (await this.#answer(tenant, actor, req, loaded)).answer;
+  }
+
+  /** {@link answer} with the stream sequence it was read at (see {@link Answered}). */
+  async #answer(tenant: string, actor: string, req: StatusRequest, loaded?: LoadedOperation): Promise<Answered> {
     const { store } = this.#d;
     const opId = operationIdOf(req.operationKey);
     const at = this.#now();
@@ -262,9 +281,16 @@ export class StatusService {
     // `committed` is final (DESIGN.md "What a key means over time"): nothing is appended after it, so
     // its state answers every later request without a read. Who may see it is still checked below.
     if (state.status === 'committed') this.#final.set(`${tenant}/${opId}`, { state, seq });
-    if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req))) return this.#fromOperation(tenant, actor, req, opId, state, seq, at);
-    // Never registered, or not readable by this caller (same answer): an alias of another key, the
-    // caller's own refusal, or nothing.
+    if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req))) return { answer: await this.#fromOperation(tenant, actor, req, opId, state, at), streamSeq: seq };
+    return { answer: await this.#notFromOperation(tenant, actor, req, opId, at), streamSeq: 0 };
+  }
+
+  /**
+   * The answer when the asked key's operation was never registered or is not readable by this
+   * caller (the same answer for both): an alias of another key, the caller's own refusal, or nothing.
+   */
+  async #notFromOperation(tenant: string, actor: string, req: StatusRequest, opId: string, at: number): Promise<StatusAnswer> {
+    const { store } = this.#d;
     const d = await store.lastDecision(tenant, opId, actor);
     if (d?.outcome === 'aliased') {
       const canonicalOpId = operationIdOf(d.canonicalKey);
@@ -272,7 +298,7 @@ export class StatusService {
       // The caller's digest is its own input's: the same as the alias's means the canonical one.
       const asked = req.inputDigest === undefined ? req : { ...req, inputDigest: req.inputDigest === d.inputDigest ? d.canonicalInputDigest : req.inputDigest };
       if (c.state.status !== 'none' && (await this.#mayRead(tenant, actor, c.state, asked))) {
-        return { ...(await this.#fromOperation(tenant, actor, asked, canonicalOpId, c.state, c.seq, at)), operationKey: req.operationKey, canonicalKey: d.canonicalKey };
+        return { ...(await this.#fromOperation(tenant, actor, asked, canonicalOpId, c.state, at)), operationKey: req.operationKey, canonicalKey: d.canonicalKey };
       }
       return { operationKey: req.operationKey, canonicalKey: d.canonicalKey, state: 'not_seen', source: 'none', seq: 0, at };
     }
@@ -282,10 +308,14 @@ export class StatusService {
     return { operationKey: req.operationKey, state: 'not_seen', source: 'none', seq: 0, at };
   }
 
-  /** The answer from a registered operation the caller may read (state, receipt, permitted result). */
-  async #fromOperation(tenant: string, actor: string, req: StatusRequest, opId: string, state: OperationRecord, seq: number, at: number): Promise<StatusAnswer> {
+  /**
+   * The answer from a registered operation the caller may read (state, receipt, permitted result).
+   * Its `seq` is the operation's own event count, never the events stream's sequence: that one
+   * counts every tenant's events.
+   */
+  async #fromOperation(tenant: string, actor: string, req: StatusRequest, opId: string, state: OperationRecord, at: number): Promise<StatusAnswer> {
     const { store, results, subjects } = this.#d;
-    const a: StatusAnswer = { operationKey: req.operationKey, state: state.status, source: 'operation', seq, attempt: state.attempt, at };
+    const a: StatusAnswer = { operationKey: req.operationKey, state: state.status, source: 'operation', seq: eventCountOf(state), attempt: state.attempt, at };
     if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === state.inputDigest;
     if (req.submissionIds !== undefined) {
       a.ownAttempt = req.submissionIds.includes(state.intent.submissionId);

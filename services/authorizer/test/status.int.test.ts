@@ -33,13 +33,18 @@ const key = `opk_${'S'.repeat(43)}`;
 const signer = receiptSigner(generateReceiptKey().privatePem);
 
 /** Appends `cmd` to the operation's subject under its last sequence, as a service would. */
-async function step(cmd: (seq: number) => OperationCommand): Promise<void> {
-  const opId = operationIdOf(key);
-  const { state, seq } = (await t.store.load('acme', opId)) as { state: OperationState; seq: number };
-  const d = decide(cmd(seq), state, { signer });
+async function step(cmd: () => OperationCommand, tenant = 'acme', operationKey = key): Promise<void> {
+  const opId = operationIdOf(operationKey);
+  const { state, seq } = (await t.store.load(tenant, opId)) as { state: OperationState; seq: number };
+  const d = decide(cmd(), state, { signer });
   if (d.kind !== 'append') throw new Error(`expected an append, got ${d.kind}`);
-  await t.store.append('acme', opId, d.event, seq);
+  await t.store.append(tenant, opId, d.event, seq);
 }
+
+const acceptOf = (tenant: string, operationKey: string, actor: string): AcceptCommand => ({
+  type: 'accept', eventId: newEventId(), at: Date.now(), operationKey, tenant, actor, taskId: 't', tool: 'sink.write', version: 1,
+  contractDigest: D('1'), effect: 'create', inputDigest: D('2'), targetDigest: D('3'), intentSeq: 1, submissionId: `s-${operationKey.slice(4, 8)}`,
+});
 
 beforeAll(async () => {
   t = await provisioned();
@@ -70,7 +75,7 @@ describe('status answers', () => {
     expect(open).toMatchObject({ state: 'accepted', source: 'operation' });
     const runId = newEventId();
     await step(() => ({ type: 'start', eventId: runId, at: Date.now(), attempt: 1, executor: 'test', deadlineAt: Date.now() + 5_000 }));
-    await step((prevSeq) => ({ type: 'commit', eventId: newEventId(), at: Date.now(), attempt: 1, prevSeq, runId, resourceId: 'value:x', resultDigest: EMPTY_RESULT_DIGEST }));
+    await step(() => ({ type: 'commit', eventId: newEventId(), at: Date.now(), attempt: 1, runId, resourceId: 'value:x', resultDigest: EMPTY_RESULT_DIGEST }));
 
     const before = store.loads;
     const answers = [];
@@ -88,5 +93,40 @@ describe('status answers', () => {
     } finally {
       await eve.close();
     }
+  });
+
+  it('seq is the operation\'s own event count: another tenant\'s events between two of ours move neither the answers nor the long-poll', async () => {
+    const ours = `opk_${'T'.repeat(43)}`;
+    let n = 0;
+    /** Another tenant's traffic on the shared event log: a whole operation of globex's. */
+    const traffic = async () => {
+      const theirs = `opk_${'G'.repeat(42)}${n++}`;
+      await step(() => acceptOf('globex', theirs, 'gina'), 'globex', theirs);
+      const run = newEventId();
+      await step(() => ({ type: 'start', eventId: run, at: Date.now(), attempt: 1, executor: 'test', deadlineAt: Date.now() + 5_000 }), 'globex', theirs);
+      await step(() => ({ type: 'reject', eventId: newEventId(), at: Date.now(), attempt: 1, runId: run, error: { class: 'forbidden' } }), 'globex', theirs);
+    };
+    await traffic();
+    await step(() => acceptOf('acme', ours, 'alice'), 'acme', ours);
+    const submissionIds = [acceptOf('acme', ours, 'alice').submissionId];
+    expect(await tools.status({ operationKey: ours, submissionIds })).toMatchObject({ state: 'accepted', seq: 1 });
+    const runId = newEventId();
+    await step(() => ({ type: 'start', eventId: runId, at: Date.now(), attempt: 1, executor: 'test', deadlineAt: Date.now() + 5_000 }), 'acme', ours);
+    expect(await tools.status({ operationKey: ours, submissionIds })).toMatchObject({ state: 'running', seq: 2 });
+    // A long-poll past `running` waits through the other tenant's events and wakes at our next one.
+    const poll = tools.status({ operationKey: ours, submissionIds, afterSeq: 2, waitMs: 10_000 });
+    await new Promise((r) => setTimeout(r, 200));
+    for (let i = 0; i < 3; i++) await traffic();
+    await step(() => ({ type: 'commit', eventId: newEventId(), at: Date.now(), attempt: 1, runId, resourceId: 'value:y', resultDigest: EMPTY_RESULT_DIGEST }), 'acme', ours);
+    const committed = await poll;
+    expect(committed).toMatchObject({ state: 'committed', seq: 3, receipt: { schema: 2, prevEventCount: 2 } });
+    expect(committed.receipt).not.toHaveProperty('prevSeq');
+    // The events stream's own sequence of that commit is far past 3: that is what an answer must not carry.
+    expect((await t.store.load('acme', operationIdOf(ours))).seq).toBeGreaterThan(3);
+    // A final answer the caller already saw waits (for a new attempt); one it has not, answers at once.
+    const started = Date.now();
+    expect(await tools.status({ operationKey: ours, submissionIds, afterSeq: 3, waitMs: 300 })).toMatchObject({ state: 'committed', seq: 3 });
+    expect(Date.now() - started).toBeGreaterThanOrEqual(250);
+    expect(await tools.status({ operationKey: ours, submissionIds, afterSeq: 2, waitMs: 10_000 })).toMatchObject({ state: 'committed', seq: 3 });
   });
 });

@@ -68,17 +68,17 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
   const transition = async (
     tenant: string,
     opId: string,
-    make: (seq: number) => OperationCommand,
+    make: () => OperationCommand,
     o: { known?: { state: OperationState; seq: number }; applies?: (s: OperationState) => boolean } = {},
-  ): Promise<(Decision & { appendedSeq?: number }) | null> => {
+  ): Promise<Decision | null> => {
     for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
       const { state, seq } = round === 0 && o.known ? o.known : await store.load(tenant, opId);
       if (o.applies && !o.applies(state)) return null;
-      const d = decide(make(seq), state, { signer: deps.signer });
+      const d = decide(make(), state, { signer: deps.signer });
       if (d.kind !== 'append') return d;
       try {
-        const appended = await store.append(tenant, opId, d.event, seq);
-        return { ...d, appendedSeq: appended };
+        await store.append(tenant, opId, d.event, seq);
+        return d;
       } catch (err) {
         if (!(err instanceof ConcurrencyError)) throw err;
       }
@@ -272,12 +272,12 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       const resultDigest = digestOf(result);
       // A receipt-only result ({}) is not stored: its digest says what it is (EMPTY_RESULT_DIGEST).
       if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await transition(tenant, opId, (prevSeq) => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, prevSeq, runId: runningId, resourceId: outcome.resourceId, resultDigest }), { known: afterStart });
+      const d = await transition(tenant, opId, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, resourceId: outcome.resourceId, resultDigest }), { known: afterStart });
       // After the ack, not before it: the read policy may take a round trip (bounded by the policy's own timeout).
       const st = d?.kind === 'append' ? d.event.state : undefined;
-      if (d?.kind === 'append' && d.appendedSeq !== undefined && st?.status === 'committed' && st.receipt) {
+      if (d?.kind === 'append' && st?.status === 'committed' && st.receipt) {
         // To the submission that started this attempt, under the key it derived (an alias's, FM-10).
-        void deps.pusher?.committed({ impl, tenant, actor: st.actor, submissionId: st.intent.submissionId, submittedKey: st.intent.submitted?.operationKey ?? st.operationKey, state: { ...st, receipt: st.receipt }, seq: d.appendedSeq, result: resultDigest === EMPTY_RESULT_DIGEST ? {} : result });
+        void deps.pusher?.committed({ impl, tenant, actor: st.actor, submissionId: st.intent.submissionId, submittedKey: st.intent.submitted?.operationKey ?? st.operationKey, state: { ...st, receipt: st.receipt }, result: resultDigest === EMPTY_RESULT_DIGEST ? {} : result });
       }
       // Debug: one line per call is a synchronous write per call at info (issue 10); the audit record holds it.
       l.debug({ resourceId: outcome.resourceId, outcome: d?.kind, elapsedMs: elapsed() }, 'committed');

@@ -180,7 +180,6 @@ export function startTakeoverService(
         eventId: newEventId(),
         at: now(),
         attempt: state.attempt,
-        prevSeq: seq,
         resolvedBy: operator,
         outcome: o.kind === 'committed' ? { kind: 'committed', resourceId: o.resourceId, resultDigest } : { kind: 'not_applied' },
       };
