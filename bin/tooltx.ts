@@ -21,7 +21,8 @@ import { baseConfigSchema, loadConfig, loadImplementations, ConfigError, usageEr
 import { describeModuleError, topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { applyTopology, checkDurables, checkTopology, generateAuth, identityListSchema, inboxPrefixOf, topology } from '@tooltx/streams';
+import { applyTopology, checkDurables, checkTopology, generateAuth, identityListSchema, inboxPrefixOf, tenantEntrySchema, tenantsOf, topology, type IdentityList, type TenantSpec } from '@tooltx/streams';
+import type { NatsConnection } from '@tooltx/nats';
 import { z } from 'zod';
 import { registerTakeover } from './commands/takeover.js';
 import { registerAuditCommands } from './commands/audit.js';
@@ -106,14 +107,18 @@ Exit codes: 0 done, 1 failed or refused, 2 bad usage or configuration.`);
 const streams = program.command('streams').description('the JetStream streams, consumers and buckets of one prefix').addHelpText('after', PROVISIONER_ENV + TOPOLOGY_ENV);
 streams
   .command('apply')
-  .description('create or update the streams, durable consumers and the result bucket (the provisioner)')
+  .description('create or update the streams, durable consumers and buckets (the provisioner), with each tenant\'s own intake and decision streams')
+  .option('--identities <file>', 'the identity list (JSON, as given to `auth generate`): its tenants and their limits (docs/tenancy.md) become the tenants served; without it, the tenants already provisioned are applied again')
   .addHelpText('after', PROVISIONER_ENV + TOPOLOGY_ENV)
-  .action(() =>
-    withNats(async ({ nc, jsm, topo, subjects }) => {
-      const report = await applyTopology(nc, jsm, topo);
-      process.stdout.write(`${JSON.stringify({ prefix: subjects.prefix, ...report })}\n`);
-    }),
-  );
+  .action((o: { identities?: string }) => {
+    const list = o.identities === undefined ? undefined : readIdentityList(o.identities);
+    return withNats(async ({ nc, jsm, subjects, config }) => {
+      const tenants = list ? tenantsOf(list) : await provisionedTenants(nc, subjects);
+      if (tenants.length === 0) process.stderr.write('no tenant: give --identities <file> to provision each tenant\'s streams (agents cannot submit until then)\n');
+      const report = await applyTopology(nc, jsm, topology(subjects, { ...topologyOptionsFrom(config), tenants }));
+      process.stdout.write(`${JSON.stringify({ prefix: subjects.prefix, tenants: tenants.map((t) => t.id), ...report })}\n`);
+    });
+  });
 streams
   .command('check')
   .description('list every setting that breaks a tooltx guarantee, and every durable consumer the topology does not define (run as the provisioner); exit code 1 when there is any')
@@ -121,7 +126,8 @@ streams
   .addHelpText('after', `${PROVISIONER_ENV}${TOPOLOGY_ENV}
   TOOLTX_TOOLS_MODULE  the trusted module (optional): the contracts' key retention and longest operation`)
   .action((o: { extraDurable: string[] }) =>
-    withNats(async ({ jsm, topo, config }) => {
+    withNats(async ({ nc, jsm, config, subjects }) => {
+      const topo = topology(subjects, { ...topologyOptionsFrom(config), tenants: await provisionedTenants(nc, subjects) });
       const modulePath = config.TOOLTX_TOOLS_MODULE;
       let tools: Awaited<ReturnType<typeof loadImplementations>> | null = null;
       if (modulePath) {
@@ -210,23 +216,7 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
     if (sameName) throw new UsageError(`--cluster-node: two nodes named ${sameName.serverName}`);
     const sameRoute = twice((n) => `${n.routeHost}:${n.clusterListen.slice(n.clusterListen.lastIndexOf(':') + 1)}`);
     if (sameRoute) throw new UsageError(`--cluster-node: two nodes with the route address ${sameRoute.routeHost}:${sameRoute.clusterListen.slice(sameRoute.clusterListen.lastIndexOf(':') + 1)}`);
-    let text: string;
-    try {
-      text = readFileSync(o.identities, 'utf8');
-    } catch (err) {
-      throw new UsageError(`--identities: cannot read ${o.identities} (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
-    }
-    let raw: unknown;
-    try {
-      raw = JSON.parse(text);
-    } catch {
-      // Not the parser's message: it quotes the file's first characters, and a seed file given by
-      // mistake would be printed (fresh-user trial).
-      throw new UsageError(`--identities: ${o.identities} is not JSON`);
-    }
-    const parsed = identityListSchema.safeParse(raw);
-    if (!parsed.success) throw new UsageError(`--identities: ${o.identities} is not an identity list:\n${z.prettifyError(parsed.error)}`);
-    const list = raw as Parameters<typeof generateAuth>[0];
+    const list = readIdentityList(o.identities);
     let g: ReturnType<typeof generateAuth>;
     try {
       g = generateAuth(list, {
@@ -246,6 +236,43 @@ Environment: TOOLTX_PREFIX (subject prefix, default tooltx) and the topology var
     }
     process.stdout.write(`${JSON.stringify({ config: g.configFile, ...(nodes.length ? { configs: g.configFiles } : {}), users: g.users.map((u) => ({ role: u.role, seedFile: u.seedFile, inboxPrefix: u.inboxPrefix })) })}\n`);
   });
+
+/** The identity list in `file`, or a usage error (exit 2) saying what is wrong with it. */
+function readIdentityList(file: string): IdentityList {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (err) {
+    throw new UsageError(`--identities: cannot read ${file} (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch {
+    // Not the parser's message: it quotes the file's first characters, and a seed file given by
+    // mistake would be printed.
+    throw new UsageError(`--identities: ${file} is not JSON`);
+  }
+  const parsed = identityListSchema.safeParse(raw);
+  if (!parsed.success) throw new UsageError(`--identities: ${file} is not an identity list:\n${z.prettifyError(parsed.error)}`);
+  return raw as IdentityList;
+}
+
+/** The tenants in the deployment's tenants bucket (what the last `streams apply --identities` listed); none when it does not exist. */
+async function provisionedTenants(nc: NatsConnection, subjects: Subjects): Promise<TenantSpec[]> {
+  let kv;
+  try {
+    kv = await openBucket(nc, subjects.tenantsBucket);
+  } catch {
+    return [];
+  }
+  const out: TenantSpec[] = [];
+  for await (const key of await kv.keys()) {
+    const e = await kv.get(key);
+    if (e?.operation === 'PUT' && e.length > 0) out.push({ id: key, ...decode(tenantEntrySchema, e.value) });
+  }
+  return out.sort((a, b) => a.id.localeCompare(b.id));
+}
 
 /**
  * `name,host:port,routeHost:routePort` of `--cluster-node` as a node (routes listen on the client

@@ -69,7 +69,7 @@ async function untilDrained(stream: string, durable: string): Promise<void> {
 /** Replays the event log and the decision stream, read raw, through the pure rules: the projection rebuilt in memory. */
 async function replay(): Promise<Map<string, AuditRecord>> {
   const out = new Map<string, AuditRecord>();
-  for (const [stream, kind] of [[t.subjects.eventsStream, 'op'], [t.subjects.decisionsStream, 'decision']] as const) {
+  for (const [stream, kind] of [[t.subjects.eventsStream, 'op'] as const, ...t.tenants.map((x) => [t.subjects.decisionsStream(x), 'decision'] as const)]) {
     for (const m of await readStream(t, stream)) {
       const where = t.subjects.parseOpSubject(kind, m.subject)!;
       const key = t.subjects.projectionKey(where.tenant, where.opId);
@@ -261,13 +261,13 @@ describe('rebuildable, idempotent, several instances', { timeout: 180_000 }, () 
     expect(await Promise.all(projectors.map((p) => p.stop()))).toEqual([0, 0]);
     await t.jsm.streams.delete(`KV_${t.subjects.auditBucket}`);
     await t.jsm.consumers.delete(t.subjects.eventsStream, Durables.auditProjector);
-    await t.jsm.consumers.delete(t.subjects.decisionsStream, Durables.auditDecisions);
-    await applyTopology(t.nc, t.jsm, topology(t.subjects));
+    for (const x of t.tenants) await t.jsm.consumers.delete(t.subjects.decisionsStream(x), Durables.auditDecisions);
+    await applyTopology(t.nc, t.jsm, t.topo);
     kv = await new Kvm(t.nc).open(t.subjects.auditBucket);
     expect((await readBucket()).size).toBe(0);
     projectors = await startProjectors();
     await untilDrained(t.subjects.eventsStream, Durables.auditProjector);
-    await untilDrained(t.subjects.decisionsStream, Durables.auditDecisions);
+    for (const x of t.tenants) await untilDrained(t.subjects.decisionsStream(x), Durables.auditDecisions);
     expect(await readBucket()).toEqual(live);
   });
 
@@ -275,11 +275,11 @@ describe('rebuildable, idempotent, several instances', { timeout: 180_000 }, () 
     const before = (await t.jsm.streams.info(`KV_${t.subjects.auditBucket}`)).state.last_seq;
     expect(await Promise.all(projectors.map((p) => p.stop()))).toEqual([0, 0]);
     await t.jsm.consumers.delete(t.subjects.eventsStream, Durables.auditProjector);
-    await t.jsm.consumers.delete(t.subjects.decisionsStream, Durables.auditDecisions);
-    await applyTopology(t.nc, t.jsm, topology(t.subjects));
+    for (const x of t.tenants) await t.jsm.consumers.delete(t.subjects.decisionsStream(x), Durables.auditDecisions);
+    await applyTopology(t.nc, t.jsm, t.topo);
     projectors = await startProjectors();
     await untilDrained(t.subjects.eventsStream, Durables.auditProjector);
-    await untilDrained(t.subjects.decisionsStream, Durables.auditDecisions);
+    for (const x of t.tenants) await untilDrained(t.subjects.decisionsStream(x), Durables.auditDecisions);
     expect((await t.jsm.streams.info(`KV_${t.subjects.auditBucket}`)).state.last_seq).toBe(before);
   });
 });
@@ -321,10 +321,10 @@ describe('who may reach the audit service, and what auditors may not read (refus
     const opId = operationIdOf(keyOf('audit', 'First'));
     const api = '$JS.API';
     const publishes = [
-      `${api}.DIRECT.GET.${t.subjects.intentsStream}`,
-      `${api}.STREAM.MSG.GET.${t.subjects.intentsStream}`,
+      `${api}.DIRECT.GET.${t.subjects.intentsStream('acme')}`,
+      `${api}.STREAM.MSG.GET.${t.subjects.intentsStream('acme')}`,
       `${api}.DIRECT.GET.${t.subjects.eventsStream}.${t.subjects.op('acme', opId)}`,
-      `${api}.DIRECT.GET.${t.subjects.decisionsStream}.${t.subjects.decision('acme', opId, 'alice')}`,
+      `${api}.DIRECT.GET.${t.subjects.decisionsStream('acme')}.${t.subjects.decision('acme', opId, 'alice')}`,
       `${api}.DIRECT.GET.KV_${t.subjects.resultsBucket}.$KV.${t.subjects.resultsBucket}.acme.${opId}`,
       `${api}.DIRECT.GET.KV_${t.subjects.auditBucket}.$KV.${t.subjects.auditBucket}.acme.${opId}`,
       `${api}.DIRECT.GET.${t.subjects.auditLogStream}`,

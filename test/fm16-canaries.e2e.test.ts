@@ -153,7 +153,7 @@ describe('FM-16: planted secrets and content never leave their place', () => {
   });
 
   it('the canaries did reach their places: the KB, the intent stream, the result store, and the executor\'s logger (as an HMAC)', async () => {
-    const intents = await readStream(t, t.subjects.intentsStream);
+    const intents = await readStream(t, t.subjects.intentsStream('acme'));
     expect(intents.some((m) => Buffer.from(m.data).includes(canaries.noteBody))).toBe(true);
     const results = await readStream(t, `KV_${t.subjects.resultsBucket}`);
     expect(results.some((m) => Buffer.from(m.data).includes(canaries.pageText))).toBe(true);
@@ -174,21 +174,21 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     try {
       for (const [who, nc] of readers) {
         for (const subject of [
-          `${api}.DIRECT.GET.${t.subjects.intentsStream}`,
-          `${api}.STREAM.MSG.GET.${t.subjects.intentsStream}`,
+          `${api}.DIRECT.GET.${t.subjects.intentsStream('acme')}`,
+          `${api}.STREAM.MSG.GET.${t.subjects.intentsStream('acme')}`,
           `${api}.DIRECT.GET.KV_${t.subjects.resultsBucket}.$KV.${t.subjects.resultsBucket}.acme.${opId}`,
           `${api}.STREAM.MSG.GET.KV_${t.subjects.resultsBucket}`,
           // A consumer on either store, or even its info.
-          `${api}.CONSUMER.CREATE.${t.subjects.intentsStream}`,
+          `${api}.CONSUMER.CREATE.${t.subjects.intentsStream('acme')}`,
           `${api}.CONSUMER.CREATE.KV_${t.subjects.resultsBucket}`,
-          `${api}.STREAM.INFO.${t.subjects.intentsStream}`,
+          `${api}.STREAM.INFO.${t.subjects.intentsStream('acme')}`,
           `${api}.STREAM.INFO.KV_${t.subjects.resultsBucket}`,
         ]) {
           const err = await permissionError(nc, () => nc.request(subject, encode({ seq: 1 }), { timeout: 2_000 }));
           expect([who, err.operation, err.subject]).toEqual([who, 'publish', subject]);
         }
         // What the client library does for an ordered read of the intent stream: refused at its first request.
-        const err = await permissionError(nc, async () => (await jetstream(nc).consumers.get(t.subjects.intentsStream)).info());
+        const err = await permissionError(nc, async () => (await jetstream(nc).consumers.get(t.subjects.intentsStream('acme'))).info());
         expect(err.subject.startsWith(`${api}.`), `${who}: ${err.subject}`).toBe(true);
         for (const subject of [t.subjects.allIntents, `$KV.${t.subjects.resultsBucket}.>`]) {
           const err = await permissionError(nc, () => nc.subscribe(subject));
@@ -225,7 +225,7 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     expect((heldRecord.states as { event: string }[]).map((s) => s.event)).toContain('unknown');
     // Every stream but the two that hold business data, raw and decoded.
     const scannedStreams = await scan.streams(t.js, t.jsm, t.subjects);
-    for (const s of [t.subjects.eventsStream, t.subjects.decisionsStream, t.subjects.auditLogStream, `KV_${t.subjects.auditBucket}`, `KV_${t.subjects.reconcileBucket}`]) expect(scannedStreams).toContain(s);
+    for (const s of [t.subjects.eventsStream, t.subjects.decisionsStream('acme'), t.subjects.auditLogStream, `KV_${t.subjects.auditBucket}`, `KV_${t.subjects.reconcileBucket}`]) expect(scannedStreams).toContain(s);
     // Every result and status answer the agents got back (a committed result's business fields apart).
     scan.returned('returned to an agent', returned);
     scan.text('status answers to another tenant', JSON.stringify(statusAnswers));
@@ -242,7 +242,7 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     expect(scan.scanned).toBeGreaterThan(200);
     // The same scanner does find the canaries where they legitimately are (it is not blind).
     const control = new LeakScanner(canaries);
-    for (const m of await readStream(t, t.subjects.intentsStream)) control.bytes('intents', m.data);
+    for (const m of await readStream(t, t.subjects.intentsStream('acme'))) control.bytes('intents', m.data);
     for (const m of await readStream(t, `KV_${t.subjects.resultsBucket}`)) control.bytes('results', m.data);
     control.returned('a committed page fetch, with its result', [{ ...planted.returned[0]!, status: 'unknown' } as ExecuteResult]);
     expect(new Set(control.leaks.map((l) => l.kind))).toEqual(new Set(['noteBody', 'pageText']));

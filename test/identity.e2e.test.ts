@@ -210,7 +210,7 @@ describe('FM-32: reply inboxes are private', () => {
         const jsm = await jetstreamManager(nc, { checkAPI: false, timeout: 1_000 });
         const s = await permissionError(nc, () => jsm.streams.add({ name: 'SPY', subjects: ['_INBOX.>'] }));
         expect(s.subject).toBe('$JS.API.STREAM.CREATE.SPY');
-        const c = await permissionError(nc, () => jsm.consumers.add(t.subjects.intentsStream, { durable_name: 'spy', filter_subject: t.subjects.allIntents, ack_policy: 'explicit' as never }));
+        const c = await permissionError(nc, () => jsm.consumers.add(t.subjects.intentsStream('acme'), { durable_name: 'spy', filter_subject: t.subjects.allIntents, ack_policy: 'explicit' as never }));
         expect(c.subject).toMatch(/^\$JS\.API\.CONSUMER\.(CREATE|DURABLE\.CREATE)\./);
       } finally {
         await nc.close();
@@ -243,7 +243,7 @@ describe('FM-32: reply inboxes are private', () => {
         // A new durable: on the intents stream, and under a durable name the deployment knows but
         // has not created here (an extra executor durable of the identity list).
         for (const [stream, durable, filter] of [
-          [t.subjects.intentsStream, 'rogue', t.subjects.allIntents],
+          [t.subjects.intentsStream('acme'), 'rogue', t.subjects.allIntents],
           [events, 'executor-b', t.subjects.allOps],
         ] as const) {
           const c = await permissionError(nc, () => jsm.consumers.add(stream, { durable_name: durable, filter_subject: filter, ack_policy: AckPolicy.Explicit }));
@@ -264,14 +264,14 @@ describe('FM-32: reply inboxes are private', () => {
     const after = await t.jsm.consumers.info(events, 'executor');
     expect(after.config).toEqual(before.config);
     expect(after.config).toMatchObject({ durable_name: 'executor', max_deliver: 50, ack_wait: nanos(30_000) });
-    await expect(t.jsm.consumers.info(t.subjects.intentsStream, 'rogue')).rejects.toThrow(/not found/);
+    await expect(t.jsm.consumers.info(t.subjects.intentsStream('acme'), 'rogue')).rejects.toThrow(/not found/);
     await expect(t.jsm.consumers.info(events, 'rogue')).rejects.toThrow(/not found/);
     await expect(t.jsm.consumers.info(events, 'executor-b')).rejects.toThrow(/not found/);
   });
 
   it('FM-32: a durable under a new name that the server cannot refuse (the authorizer, on a stream and filter it reads) is reported by the provisioner\'s check', async () => {
     const events = t.subjects.eventsStream;
-    const topo = topology(t.subjects);
+    const topo = t.topo;
     expect(await checkDurables(t.jsm, topo, ['executor-b'])).toEqual([]);
     const nc = await t.connectAs({ kind: 'service', service: 'authorizer' });
     try {
@@ -289,9 +289,9 @@ describe('FM-32: reply inboxes are private', () => {
   });
 
   it('the generated permissions give nobody but the provisioner a subject that creates, updates or deletes a known durable, or the legacy name-in-body create', () => {
-    const topo = topology(t.subjects);
+    const topo = t.topo;
     const durables = knownDurables(topo, ['executor-b']);
-    const streams = [...Object.values(topo.streams).map((x) => x.name), ...[t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket].map((b) => `KV_${b}`)];
+    const streams = [...Object.values(topo.streams).map((x) => x.name), ...topo.tenants!.flatMap((x) => [x.intents.name, x.decisions.name]), ...[t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket].map((b) => `KV_${b}`)];
     const attempts = streams.flatMap((st) => [
       `$JS.API.CONSUMER.CREATE.${st}`,
       ...durables.flatMap((d) => [

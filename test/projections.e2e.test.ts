@@ -183,7 +183,7 @@ describe('projections of the event log (two instances of each projector)', () =>
     expect(await Promise.all(procs.map((p) => p.stop()))).toEqual(PROJECTORS.map(() => 0));
     // Recreate the durables (as an operator rebuilding a projection would): they deliver from sequence 1.
     for (const d of [Durables.reconciler, Durables.auditProjector]) await t.jsm.consumers.delete(t.subjects.eventsStream, d);
-    await applyTopology(t.nc, t.jsm, topology(t.subjects));
+    await applyTopology(t.nc, t.jsm, t.topo);
     procs = await startProjectors();
     await Promise.all([untilDrained(Durables.reconciler), untilDrained(Durables.auditProjector)]);
 

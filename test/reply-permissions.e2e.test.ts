@@ -104,7 +104,7 @@ describe('FM-32: services answer only into their requesters\' inboxes', () => {
     const opId = operationIdOf(victimKey);
     await publishSubmission(t.js, newSubmission(t.subjects, 'acme', 'alice', { tool: 'sink.write', version: 1, taskId: 'fm31-ack', operationKey: victimKey, input }));
     await waitForOperation(t, 'acme', victimKey, (s) => s.status === 'accepted');
-    const intentsBefore = (await t.jsm.streams.info(t.subjects.intentsStream)).state.messages;
+    const intentsBefore = (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).state.messages;
     const targets = [
       t.subjects.op('acme', opId),
       t.subjects.decision('acme', opId, 'alice'),
@@ -121,9 +121,9 @@ describe('FM-32: services answer only into their requesters\' inboxes', () => {
     for (const b of [t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket]) {
       await expect(t.jsm.direct.getMessage(`KV_${b}`, { last_by_subj: `$KV.${b}.acme.${opId}` })).resolves.toBeNull();
     }
-    // Only mallory's own junk intents were stored (on mallory's subject), none on acme's.
-    const intents = await t.jsm.streams.info(t.subjects.intentsStream, { subjects_filter: t.subjects.intent('acme', 'alice') });
+    // Mallory's junk went to its own tenant's intake (refused there); nothing landed in acme's.
+    const intents = await t.jsm.streams.info(t.subjects.intentsStream('acme'), { subjects_filter: t.subjects.intent('acme', 'alice') });
     expect(intents.state.subjects?.[t.subjects.intent('acme', 'alice')]).toBe(1);
-    expect((await t.jsm.streams.info(t.subjects.intentsStream)).state.messages).toBe(intentsBefore + targets.length);
+    expect((await t.jsm.streams.info(t.subjects.intentsStream('acme'))).state.messages).toBe(intentsBefore);
   });
 });

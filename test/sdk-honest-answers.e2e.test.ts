@@ -42,14 +42,14 @@ const stopAuthorizer = async () => {
   authorizer = undefined;
 };
 /** The intents stream's limits as the provisioner set them, restored after a test that changed them. */
-const intentsConfig = async (): Promise<StreamConfig> => (await t.jsm.streams.info(t.subjects.intentsStream)).config;
+const intentsConfig = async (): Promise<StreamConfig> => (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).config;
 const setIntentsLimits = async (limits: Partial<StreamConfig>) => {
   const cfg = await intentsConfig();
-  await t.jsm.streams.update(t.subjects.intentsStream, { ...cfg, ...limits });
+  await t.jsm.streams.update(t.subjects.intentsStream('acme'), { ...cfg, ...limits });
 };
 /** The operation keys of the intents the intents stream holds now, with their msg ids. */
 const storedIntents = async () =>
-  (await readStream(t, t.subjects.intentsStream)).map((m) => ({
+  (await readStream(t, t.subjects.intentsStream('acme'))).map((m) => ({
     seq: m.seq,
     msgId: /^Nats-Msg-Id: (.*)$/m.exec(m.headers)?.[1],
     operationKey: (() => {
@@ -88,7 +88,7 @@ describe('tools.execute: honest answers at the intake boundary', () => {
       const input = note('Evicted intent');
       const key = prepareCall(sinkWrite, 'dup-ack', input).operationKey;
       const subject = t.subjects.intent(TENANT, ACTOR);
-      const lastBefore = (await t.jsm.streams.info(t.subjects.intentsStream)).state.last_seq;
+      const lastBefore = (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).state.last_seq;
       // The authorizer is down, so intents wait in the stream.
       await stopAuthorizer();
       // The PubAck of the first transmission comes back after the SDK's PubAck timeout (2 s): the
@@ -101,7 +101,7 @@ describe('tools.execute: honest answers at the intake boundary', () => {
       // The first transmission is stored…
       let first: { seq: number; msgId: string } | undefined;
       for (let i = 0; i < 200 && !first; i++) {
-        const m = await t.jsm.direct.getMessage(t.subjects.intentsStream, { last_by_subj: subject }).catch(() => null);
+        const m = await t.jsm.direct.getMessage(t.subjects.intentsStream('acme'), { last_by_subj: subject }).catch(() => null);
         if (m && m.seq > lastBefore) first = { seq: m.seq, msgId: m.header.get('Nats-Msg-Id') };
         else await new Promise((r) => setTimeout(r, 10));
       }
@@ -111,13 +111,13 @@ describe('tools.execute: honest answers at the intake boundary', () => {
       // the stream's duplicate window (2 minutes).
       await setIntentsLimits({ max_msgs_per_subject: 1 });
       const laterCall = later.execute({ tool: 'sink.write', taskId: 'dup-ack-later', input: note('Later intent') }, { budgetMs: 15_000 });
-      const stored = () => t.jsm.streams.getMessage(t.subjects.intentsStream, { seq: first!.seq }).then((m) => m !== null);
+      const stored = () => t.jsm.streams.getMessage(t.subjects.intentsStream('acme'), { seq: first!.seq }).then((m) => m !== null);
       for (let i = 0; i < 200 && (await stored()); i++) await new Promise((r) => setTimeout(r, 10));
       expect(await stored()).toBe(false);
       hop.delay(0, 'down');
       // The limit is put back (the authorizer refuses to start under it) and the authorizer comes
       // back; the evicted intent is not there for it to read.
-      await t.jsm.streams.update(t.subjects.intentsStream, original);
+      await t.jsm.streams.update(t.subjects.intentsStream('acme'), original);
       await startAuthorizer();
 
       const r = await call;
@@ -134,7 +134,7 @@ describe('tools.execute: honest answers at the intake boundary', () => {
       if (l.status === 'committed') expect(writesFor(l.operationKey)).toHaveLength(1);
       expect(writesFor(key)).toHaveLength(1);
     } finally {
-      await t.jsm.streams.update(t.subjects.intentsStream, original);
+      await t.jsm.streams.update(t.subjects.intentsStream('acme'), original);
       await startAuthorizer();
       await agent.close();
       await later.close();
@@ -142,7 +142,7 @@ describe('tools.execute: honest answers at the intake boundary', () => {
     }
   });
 
-  it('refusal-not-unknown: a publish the server refused under a stream limit is rejected dependency_unavailable / backoff, nothing stored or run; the same call commits once the limit is lifted', async () => {
+  it('refusal-not-unknown: a publish the server refused under the tenant\'s intake bound is rejected quota_exceeded with a retry-after, nothing stored or run; the same call commits once there is room', async () => {
     await startAuthorizer();
     const original = await intentsConfig();
     // An honest call first, so the stream holds at least one intent.
@@ -152,16 +152,16 @@ describe('tools.execute: honest answers at the intake boundary', () => {
     const key = prepareCall(sinkWrite, 'refusal', input).operationKey;
     try {
       // The operator bounds the intents stream at what it holds, refusing new messages.
-      const held = (await t.jsm.streams.info(t.subjects.intentsStream)).state.messages;
+      const held = (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).state.messages;
       await setIntentsLimits({ max_msgs: held, discard: DiscardPolicy.New });
       const r = await tools.execute({ tool: 'sink.write', taskId: 'refusal', input }, { budgetMs: 4_000 });
-      expect(r, JSON.stringify(r)).toMatchObject({ status: 'rejected', operationKey: key, next: 'backoff', error: { class: 'dependency_unavailable' } });
+      expect(r, JSON.stringify(r)).toMatchObject({ status: 'rejected', operationKey: key, next: 'wait_or_stop', error: { class: 'quota_exceeded', retryAfterMs: 1_000 } });
       // Nothing was stored, nothing ran, nothing is registered under the key.
       expect((await storedIntents()).filter((m) => m.operationKey === key)).toEqual([]);
       expect(writesFor(key)).toHaveLength(0);
       expect((await tools.status({ operationKey: key })).state).toBe('not_seen');
     } finally {
-      await t.jsm.streams.update(t.subjects.intentsStream, original);
+      await t.jsm.streams.update(t.subjects.intentsStream('acme'), original);
     }
     // `rejected` means not applied: the identical call, once the stream takes intents again, runs once.
     const again = await tools.execute({ tool: 'sink.write', taskId: 'refusal', input }, { budgetMs: 10_000 });
@@ -182,7 +182,7 @@ describe('tools.execute: honest answers at the intake boundary', () => {
       // it may have been stored. By the time it (and the retransmission) arrive, the stream is full.
       hop.delay(2_500, 'up');
       const call = agent.execute({ tool: 'sink.write', taskId: 'refusal-after-silence', input }, { budgetMs: 5_000 });
-      const held = (await t.jsm.streams.info(t.subjects.intentsStream)).state.messages;
+      const held = (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).state.messages;
       expect(held).toBeGreaterThan(0);
       await setIntentsLimits({ max_msgs: held, discard: DiscardPolicy.New });
       hop.delay(0, 'up');
@@ -191,13 +191,13 @@ describe('tools.execute: honest answers at the intake boundary', () => {
         status: 'unknown',
         operationKey: key,
         next: 'observe',
-        error: { class: 'dependency_unavailable' },
+        error: { class: 'quota_exceeded' },
         evidence: { intentStored: false, refusal: { jsApiCode: 10077, why: 'earlier_transmission_may_be_stored' } },
       });
       expect((await storedIntents()).filter((m) => m.operationKey === key)).toEqual([]);
       expect(writesFor(key)).toHaveLength(0);
     } finally {
-      await t.jsm.streams.update(t.subjects.intentsStream, original);
+      await t.jsm.streams.update(t.subjects.intentsStream('acme'), original);
       await agent.close();
       await proxy.stop();
     }

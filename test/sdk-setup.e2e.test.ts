@@ -30,7 +30,7 @@ let alice: Tools;
 let dir: string;
 const base = (): CreateToolsOptions => ({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 15_000 });
 const note = (title: string) => ({ kb: 'research', title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
-const intentsStored = async () => (await t.jsm.streams.info(t.subjects.intentsStream)).state.messages;
+const intentsStored = async () => (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).state.messages;
 
 beforeAll(async () => {
   t = await provisioned();

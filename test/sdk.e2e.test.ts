@@ -349,7 +349,7 @@ describe('tools.execute', () => {
     expect(ack2.seq).toBeGreaterThan(ack1.seq);
     // Wait until the authorizer has consumed the retransmission.
     for (let i = 0; i < 100; i++) {
-      const c = await t.jsm.consumers.info(t.subjects.intentsStream, 'authorizer');
+      const c = await t.jsm.consumers.info(t.subjects.intentsStream('acme'), 'authorizer');
       if (c.ack_floor.stream_seq >= ack2.seq) break;
       await new Promise((r) => setTimeout(r, 50));
     }

@@ -31,7 +31,7 @@ describe('service processes', () => {
       expect(await p.exited).toBe(2);
       const fatal = p.lines.find((l) => l.msg === 'failed to start') as { err?: { message?: string } } | undefined;
       expect(fatal?.err?.message).toContain(`stream ${bad.eventsStream} retention is interest, must be limits`);
-      expect(fatal?.err?.message).toContain(`stream ${bad.intentsStream} does not exist`);
+      expect(fatal?.err?.message).toContain(`stream ${bad.auditLogStream} does not exist`);
     } finally {
       await t.close();
     }
@@ -94,10 +94,10 @@ describe('poison messages', () => {
       for (let i = 0; i < 30; i++) agent.publish(t.subjects.intent('acme', 'alice'), new TextEncoder().encode('{"not":"msgpack"'));
       await agent.flush();
       // Terminated (a bare +TERM, which 2.9.10 understands): nothing left pending, nothing redelivered.
-      let info = await t.jsm.consumers.info(t.subjects.intentsStream, 'authorizer');
+      let info = await t.jsm.consumers.info(t.subjects.intentsStream('acme'), 'authorizer');
       for (let i = 0; i < 100 && (info.num_ack_pending > 0 || info.delivered.stream_seq < 30); i++) {
         await new Promise((r) => setTimeout(r, 100));
-        info = await t.jsm.consumers.info(t.subjects.intentsStream, 'authorizer');
+        info = await t.jsm.consumers.info(t.subjects.intentsStream('acme'), 'authorizer');
       }
       expect(info).toMatchObject({ num_ack_pending: 0, num_redelivered: 0 });
       expect(info.delivered.stream_seq).toBe(30);

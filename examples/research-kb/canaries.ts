@@ -197,9 +197,10 @@ export class LeakScanner {
    */
   async streams(js: JetStreamClient, jsm: JetStreamManager, subjects: Subjects): Promise<string[]> {
     const P = subjects.prefix.toUpperCase();
-    const legit = new Set([subjects.intentsStream, `KV_${subjects.resultsBucket}`]);
+    // Each tenant's intake stream and the result store hold inputs and results by design.
+    const legit = (name: string) => name.startsWith(`${P}_INTENTS_`) || name === `KV_${subjects.resultsBucket}`;
     const names: string[] = [];
-    for await (const name of jsm.streams.names()) if ((name.startsWith(`${P}_`) || name.startsWith(`KV_${subjects.prefix}_`)) && !legit.has(name)) names.push(name);
+    for await (const name of jsm.streams.names()) if ((name.startsWith(`${P}_`) || name.startsWith(`KV_${subjects.prefix}_`)) && !legit(name)) names.push(name);
     for (const name of names.sort()) {
       const info = await jsm.streams.info(name);
       if (info.state.messages === 0) continue;

@@ -16,7 +16,7 @@ import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { assertSupportedServer, connectNats, DURABILITIES, freeLoopbackPort, jetStreamOf, natsServerBinary, NatsServerUnavailableError, spawnNatsCluster, spawnNatsServer, Subjects, UnsupportedServerError, type Durability, type NatsServerHandle } from '@tooltx/nats';
 import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, showValue, startupStep, StartupError, StartupFailure, type ReadyMessage } from '@tooltx/runtime';
-import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, topology, type IdentityList, type Role } from '@tooltx/streams';
+import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, tenantsOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 import { ensureStackBuild, StackBuildError, touchStackBuild, type StackEntry } from './compiled.js';
 import { loadSeedFile, SeedError } from './kb-seed.js';
 
@@ -237,7 +237,16 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const nodes = o.natsUrl ? 0 : (o.cluster ?? 1);
   // On a cluster every stream and bucket has three replicas; the services check it (TOOLTX_REPLICAS).
   const replicas = nodes === 3 ? 3 : 1;
-  const topo = topology(subjects, { replicas });
+  const identitiesFile = process.env.TOOLTX_IDENTITIES;
+  const identities: IdentityList =
+    o.identities ??
+    (identitiesFile
+      ? await startupStep('TOOLTX_IDENTITIES', identitiesFile, () => JSON.parse(readFileSync(identitiesFile, 'utf8')) as IdentityList, (err) => (err instanceof SyntaxError ? 'not JSON' : describeError(err)))
+      : DEFAULT_IDENTITIES);
+  const parsedIdentities = identityListSchema.safeParse(identities);
+  if (!parsedIdentities.success) throw new StartupError('TOOLTX_IDENTITIES', identitiesFile, `not an identity list: ${parsedIdentities.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`);
+  // Each tenant of the list gets its own intake and decision streams (docs/tenancy.md).
+  const topo = topology(subjects, { replicas, tenants: tenantsOf(identities) });
   const durabilityEnv = process.env.TOOLTX_DURABILITY;
   const durability: Durability = o.durability ?? (await startupStep('TOOLTX_DURABILITY', durabilityEnv, () => z.enum(DURABILITIES as [Durability, ...Durability[]]).parse(durabilityEnv ?? 'fsync'), () => 'expected "fsync" or "os"'));
   let servers: NatsServerHandle[] = [];
@@ -246,15 +255,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   let authDir: string;
   if (!natsUrl) {
     // Auth is always on: a fresh nkey per user for this run, the config holding public keys only.
-    const identitiesFile = process.env.TOOLTX_IDENTITIES;
-    const identities: IdentityList =
-      o.identities ??
-      (identitiesFile
-        ? await startupStep('TOOLTX_IDENTITIES', identitiesFile, () => JSON.parse(readFileSync(identitiesFile, 'utf8')) as IdentityList, (err) => (err instanceof SyntaxError ? 'not JSON' : describeError(err)))
-        : DEFAULT_IDENTITIES);
     const listed = new Set(tenantList.tenants.map((t) => t.id));
-    const parsed = identityListSchema.safeParse(identities);
-    if (!parsed.success) throw new StartupError('TOOLTX_IDENTITIES', identitiesFile, `not an identity list: ${parsed.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`);
+    const parsed = parsedIdentities;
     const missing = parsed.data.tenants.filter((t) => !listed.has(t.id));
     if (missing.length) {
       throw new StartupError('KB_SEED_FILE', kbTenants, missing.map((t) => `tenant ${t.id} of the identity list has no entry (give it a quota, or "quota": null for none)`).join('; '));

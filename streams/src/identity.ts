@@ -6,6 +6,7 @@ import { z } from 'zod';
 import { ErrorClass, ID_PATTERN, TooltxError, type FieldIssue } from '@tooltx/contracts';
 import { generateReceiptKey, receiptKeyOf } from '@tooltx/lifecycle';
 import { jetstreamConfigBlock, type Durability, type Subjects } from '@tooltx/nats';
+import { partialTenantLimitsSchema, resolveLimits, type TenantSpec } from './tenancy.js';
 import { Durables, type Topology } from './topology.js';
 
 /**
@@ -21,7 +22,7 @@ const id = z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$ (one subj
 
 export const identityListSchema = z.strictObject({
   tenants: z
-    .array(z.strictObject({ id, actors: z.array(id).default([]), auditors: z.array(id).default([]) }))
+    .array(z.strictObject({ id, actors: z.array(id).default([]), auditors: z.array(id).default([]), limits: partialTenantLimitsSchema.optional() }))
     .min(1)
     .refine((ts) => new Set(ts.map((t) => t.id)).size === ts.length, 'tenant ids must be unique'),
   /** Extra durable names the executor may pull from (e.g. a second executor group during a migration). */
@@ -31,8 +32,16 @@ export const identityListSchema = z.strictObject({
    * records their id (from the subject the server pinned them to) in the resolution event.
    */
   operators: z.array(id).default([]),
+  /** Every tenant's limits unless its own entry says otherwise (docs/tenancy.md); unset ones take the defaults. */
+  limits: partialTenantLimitsSchema.optional(),
 });
 export type IdentityList = z.input<typeof identityListSchema>;
+
+/** The tenants of an identity list with their resolved limits (docs/tenancy.md). */
+export function tenantsOf(list: IdentityList): TenantSpec[] {
+  const parsed = identityListSchema.parse(list);
+  return parsed.tenants.map((t) => ({ id: t.id, limits: resolveLimits(parsed.limits, t.limits) }));
+}
 
 export type Role =
   | { kind: 'agent'; tenant: string; actor: string }
@@ -203,7 +212,7 @@ export function checkIdentityList(list: IdentityList, topo?: Topology): void {
  * consumer of one of these names, on any stream ({@link permissionsFor}).
  */
 export function knownDurables(topo: Topology, executorDurables: string[] = []): string[] {
-  return [...new Set([...topo.consumers.map((c) => c.config.durable_name), ...executorDurables])];
+  return [...new Set([...Object.values(Durables), ...topo.consumers.map((c) => c.config.durable_name), ...executorDurables])];
 }
 
 /**
@@ -236,7 +245,14 @@ export function knownDurables(topo: Topology, executorDurables: string[] = []): 
  * own) or delete a durable of the deployment. Agents, auditors and operators get no JetStream API
  * subject at all.
  */
-export function permissionsFor(role: Role, s: Subjects, topo: Topology, executorDurables: string[] = []): Permissions {
+export function permissionsFor(
+  role: Role,
+  s: Subjects,
+  topo: Topology,
+  executorDurables: string[] = [],
+  /** The deployment's tenants: each has its own intake and decision streams (docs/tenancy.md). */
+  tenants: string[] = topo.tenants?.map((t) => t.id) ?? [],
+): Permissions {
   const api = '$JS.API';
   const inbox = `${inboxPrefixOf(role)}.>`;
   // Where a request/reply service (status, audit, takeover) answers: agents, auditors and operators
@@ -247,13 +263,16 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
   const answers = RESPONSE_SUBJECTS;
   const streams = Object.values(topo.streams).map((st) => st.name);
   const kvStream = (bucket: string) => `KV_${bucket}`;
-  const buckets = [topo.results.bucket, topo.projections.reconcile.bucket, topo.projections.audit.bucket, topo.tasks.bucket];
+  const buckets = [topo.results.bucket, topo.projections.reconcile.bucket, topo.projections.audit.bucket, topo.tasks.bucket, topo.tenantsBucket.bucket];
+  const intentsStreams = tenants.map((t) => s.intentsStream(t));
+  const decisionsStreams = tenants.map((t) => s.decisionsStream(t));
   // What every service's start-up check reads (never writes).
   const check = [
-    ...streams.map((n) => `${api}.STREAM.INFO.${n}`),
+    ...[...streams, ...intentsStreams, ...decisionsStreams].map((n) => `${api}.STREAM.INFO.${n}`),
     ...buckets.map((b) => `${api}.STREAM.INFO.${kvStream(b)}`),
     ...topo.consumers.map((c) => `${api}.CONSUMER.INFO.${c.stream}.${c.config.durable_name}`),
   ];
+
   const pull = (stream: string, durable: string) => [
     `${api}.CONSUMER.MSG.NEXT.${stream}.${durable}`,
     `${api}.CONSUMER.INFO.${stream}.${durable}`,
@@ -280,8 +299,8 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
   ]);
   const tasks = topo.tasks.bucket;
   const events = topo.streams.events.name;
-  const intents = topo.streams.intents.name;
-  const decisions = topo.streams.decisions.name;
+  // The tenants and their limits: the authorizer and the audit-projector serve each listed one.
+  const tenantsRead = [...kvRead(topo.tenantsBucket.bucket), ...kvWatch(topo.tenantsBucket.bucket)];
 
   switch (role.kind) {
     case 'agent':
@@ -313,16 +332,21 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
             publish: {
               allow: [
                 ...check,
-                ...pull(intents, Durables.authorizer),
-                ...directLast(events), ...directSeq(events), ...directLast(decisions),
+                ...tenantsRead,
+                // Each tenant's intents; an intent that registered nothing is deleted once its
+                // decision is recorded (docs/tenancy.md).
+                ...intentsStreams.flatMap((n) => [...pull(n, Durables.authorizer), `${api}.STREAM.MSG.DELETE.${n}`]),
+                ...directLast(events), ...directSeq(events),
+                ...decisionsStreams.flatMap((n) => directLast(n)),
                 ...kvRead(topo.results.bucket),
-                ...ordered(events, s.allOps), ...ordered(decisions, s.allDecisions),
+                ...ordered(events, s.allOps),
+                ...tenants.flatMap((t) => ordered(s.decisionsStream(t), s.decisionsOf(t))),
                 ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps, s.allDecisions,
                 // Status answers (issue 3), and "poll now" pushed to a submission's agent (issue 10).
                 answers, s.allPush,
               ],
-              deny: [...durableGuard, ...durables.flatMap((d) => [`${api}.CONSUMER.MSG.NEXT.${events}.${d}`, `${api}.CONSUMER.MSG.NEXT.${decisions}.${d}`])],
+              deny: [...durableGuard, ...durables.flatMap((d) => [events, ...decisionsStreams].map((n) => `${api}.CONSUMER.MSG.NEXT.${n}.${d}`))],
             },
             subscribe: { allow: [inbox, s.allStatus] },
           };
@@ -333,7 +357,7 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
               allow: [
                 ...check,
                 ...[Durables.executor, ...executorDurables].flatMap((d) => pull(events, d)),
-                ...directLast(events), ...directSeq(events), ...directSeq(intents),
+                ...directLast(events), ...directSeq(events), ...intentsStreams.flatMap((n) => directSeq(n)),
                 ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
                 ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps,
@@ -349,7 +373,8 @@ export function permissionsFor(role: Role, s: Subjects, topo: Topology, executor
             publish: {
               allow: [
                 ...check,
-                ...pull(events, Durables.auditProjector), ...pull(decisions, Durables.auditDecisions),
+                ...tenantsRead,
+                ...pull(events, Durables.auditProjector), ...decisionsStreams.flatMap((n) => pull(n, Durables.auditDecisions)),
                 ...kvRead(topo.projections.audit.bucket), ...kvWrite(topo.projections.audit.bucket),
                 // The audit service lists a tenant's records through an ordered push consumer on the
                 // bucket's own stream, and records every query and export before it answers.
@@ -533,7 +558,7 @@ export function generateAuth(
   const q = (v: string) => JSON.stringify(v);
   const list2 = (xs: string[]) => `[${xs.map(q).join(', ')}]`;
   const userBlock = (u: GeneratedUser) => {
-    const p = permissionsFor(u.role, o.subjects, o.topology, parsed.executorDurables);
+    const p = permissionsFor(u.role, o.subjects, o.topology, parsed.executorDurables, parsed.tenants.map((t) => t.id));
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
     const resp = p.allow_responses ? ', allow_responses: true' : '';

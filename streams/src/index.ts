@@ -1,3 +1,4 @@
 export * from './topology.js';
 export * from './provision.js';
 export * from './identity.js';
+export * from './tenancy.js';

@@ -1,7 +1,9 @@
 import { JetStreamApiError, type JetStreamManager, type StreamConfig, type StreamInfo } from '@nats-io/jetstream';
 import { Kvm } from '@nats-io/kv';
 import { millis, type NatsConnection } from '@nats-io/transport-node';
-import type { BucketDef, Topology } from './topology.js';
+import { decodeRaw, encode } from '@tooltx/nats';
+import type { TenantEntry } from './tenancy.js';
+import type { BucketDef, ConsumerDef, Topology } from './topology.js';
 
 /** Thrown when a stream, consumer or bucket breaks a guarantee; lists every violated setting. */
 export class StreamConfigError extends Error {
@@ -17,6 +19,8 @@ export interface ApplyReport {
   created: string[];
   updated: string[];
   unchanged: string[];
+  /** Tenants taken out of the tenants bucket (no longer listed): their streams are kept, with their data. */
+  unlisted?: string[];
 }
 
 /**
@@ -43,7 +47,7 @@ export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t
 
 async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology): Promise<ApplyReport> {
   const report: ApplyReport = { created: [], updated: [], unchanged: [] };
-  for (const cfg of Object.values(t.streams)) {
+  for (const cfg of [...Object.values(t.streams), ...(t.tenants ?? []).flatMap((x) => [x.intents, x.decisions])]) {
     const cur = await streamInfo(jsm, cfg.name);
     if (!cur) {
       await jsm.streams.add(cfg);
@@ -53,7 +57,7 @@ async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology)
       report.updated.push(`stream ${cfg.name}`);
     } else report.unchanged.push(`stream ${cfg.name}`);
   }
-  for (const c of t.consumers) {
+  for (const c of allConsumers(t)) {
     const name = `consumer ${c.stream}/${c.config.durable_name}`;
     const cur = await jsm.consumers.info(c.stream, c.config.durable_name).catch((e: unknown) => (isNotFound(e) ? null : Promise.reject(e)));
     if (!cur) {
@@ -69,7 +73,29 @@ async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology)
     await new Kvm(nc).create(b.bucket, { history: 1, ttl: b.ttlMs, replicas: b.replicas, storage: 'file', allow_direct: true });
     (existed ? report.unchanged : report.created).push(`bucket ${b.bucket}`);
   }
+  if (t.tenants) {
+    // The tenants bucket is the list the services serve: every listed tenant's limits, written after
+    // its streams exist; a tenant no longer listed is taken out (its streams and data are kept).
+    const kv = await new Kvm(nc).open(t.tenantsBucket.bucket);
+    const listed = new Set(t.tenants.map((x) => x.id));
+    for (const x of t.tenants) {
+      const entry: TenantEntry = { limits: x.limits };
+      const cur = await kv.get(x.id);
+      if (cur?.operation === 'PUT' && cur.length > 0 && JSON.stringify(decodeRaw(cur.value)) === JSON.stringify(entry)) continue;
+      await kv.put(x.id, encode(entry));
+    }
+    for await (const key of await kv.keys()) {
+      if (listed.has(key)) continue;
+      await kv.delete(key);
+      (report.unlisted ??= []).push(key);
+    }
+  }
   return report;
+}
+
+/** Every durable of a topology: the shared ones and each tenant's. */
+export function allConsumers(t: Topology): ConsumerDef[] {
+  return [...t.consumers, ...(t.tenants ?? []).flatMap((x) => x.consumers)];
 }
 
 /**
@@ -98,7 +124,11 @@ export async function checkTopology(
 ): Promise<string[]> {
   const v: string[] = [];
   const infos: Record<string, StreamInfo | null> = {};
-  for (const [role, want] of Object.entries(t.streams)) {
+  const wanted: [string, Partial<StreamConfig> & { name: string }][] = [
+    ...Object.entries(t.streams),
+    ...(t.tenants ?? []).flatMap((x) => [[`intents:${x.id}`, x.intents], [`decisions:${x.id}`, x.decisions]] as [string, Partial<StreamConfig> & { name: string }][]),
+  ];
+  for (const [role, want] of wanted) {
     const cur = await streamInfo(jsm, want.name);
     infos[role] = cur;
     if (!cur) {
@@ -107,18 +137,34 @@ export async function checkTopology(
     }
     const c = cur.config;
     const at = (k: string) => `stream ${want.name} ${k}`;
-    if (JSON.stringify([...(c.subjects ?? [])].sort()) !== JSON.stringify([...(want.subjects ?? [])].sort())) v.push(`${at('subjects')} is ${JSON.stringify(c.subjects)}, expected ${JSON.stringify(want.subjects)}`);
+    const have = new Set(c.subjects ?? []);
+    // The advisories stream also lists each tenant's streams, which a service does not know: it
+    // must hold at least the shared ones.
+    const subjectsOk = role === 'advisories' && !t.tenants ? (want.subjects ?? []).every((x) => have.has(x)) : JSON.stringify([...have].sort()) === JSON.stringify([...(want.subjects ?? [])].sort());
+    if (!subjectsOk) v.push(`${at('subjects')} is ${JSON.stringify(c.subjects)}, expected ${JSON.stringify(want.subjects)}`);
     if (c.retention !== 'limits') v.push(`${at('retention')} is ${c.retention}, must be limits`);
     if (c.storage !== 'file') v.push(`${at('storage')} is ${c.storage}, must be file`);
-    if (!c.deny_delete) v.push(`${at('deny_delete')} is false, must be true`);
+    if (want.deny_delete && !c.deny_delete) v.push(`${at('deny_delete')} is false, must be true`);
     if (!c.deny_purge) v.push(`${at('deny_purge')} is false, must be true`);
     if (!c.allow_direct) v.push(`${at('allow_direct')} is false, must be true`);
+    if (role.startsWith('intents:')) {
+      // A tenant's intake bound must refuse new intents, never drop stored ones (docs/tenancy.md).
+      if (c.discard !== 'new') v.push(`${at('discard')} is ${c.discard}, must be new (a full intake stream would drop stored intents)`);
+      for (const k of ['max_bytes', 'max_msgs', 'max_msg_size'] as const) {
+        if (c[k] !== want[k]) v.push(`${at(k)} is ${c[k]}, the tenant's limit is ${want[k]}`);
+      }
+      if ((c.max_msgs_per_subject ?? -1) > 0) v.push(`${at('max_msgs_per_subject')} is ${c.max_msgs_per_subject}, must be -1`);
+      continue;
+    }
+    if (role.startsWith('decisions:')) {
+      if (c.max_bytes !== want.max_bytes) v.push(`${at('max_bytes')} is ${c.max_bytes}, the tenant's limit is ${want.max_bytes}`);
+      continue;
+    }
     for (const k of ['max_msgs', 'max_bytes', 'max_msgs_per_subject'] as const) {
       if ((c[k] ?? -1) > 0) v.push(`${at(k)} is ${c[k]}, must be -1 (a limit could evict a registration)`);
     }
   }
   const events = infos.events?.config;
-  const intents = infos.intents?.config;
   const age = (c: StreamConfig | undefined) => (c ? (c.max_age ? millis(c.max_age) : Infinity) : NaN);
   if (events && age(events) < opts.longestKeyRetentionMs) v.push(`stream ${events.name} max_age ${age(events)} ms is shorter than the longest contract key retention ${opts.longestKeyRetentionMs} ms`);
   // The result store must outlive the registrations; a projection's entries (tombstones included)
@@ -128,12 +174,15 @@ export async function checkTopology(
     if (!kv) v.push(`bucket ${b.bucket} does not exist`);
     else if (!kv.config.allow_direct) v.push(`bucket ${b.bucket} allow_direct is false, must be true (services read it by direct get)`);
     else if (events && age(kv.config) < age(events)) v.push(`bucket ${b.bucket} max_age ${age(kv.config)} ms is shorter than the event log's ${age(events)} ms`);
-    else if (b === t.tasks && age(kv.config) !== Infinity) v.push(`bucket ${b.bucket} max_age is ${age(kv.config)} ms, must be unlimited (a frozen task must never thaw by itself)`);
+    else if ((b === t.tasks || b === t.tenantsBucket) && age(kv.config) !== Infinity) v.push(`bucket ${b.bucket} max_age is ${age(kv.config)} ms, must be unlimited (${b === t.tasks ? 'a frozen task must never thaw by itself' : 'a tenant must never be forgotten by itself'})`);
   }
-  if (intents && opts.longestOperationMs !== undefined && age(intents) < opts.longestOperationMs) {
-    v.push(`stream ${intents.name} max_age ${age(intents)} ms is shorter than the longest operation lifetime ${opts.longestOperationMs} ms (inputs must stay readable)`);
+  for (const x of t.tenants ?? []) {
+    const intents = infos[`intents:${x.id}`]?.config;
+    if (intents && opts.longestOperationMs !== undefined && age(intents) < opts.longestOperationMs) {
+      v.push(`stream ${intents.name} max_age ${age(intents)} ms is shorter than the longest operation lifetime ${opts.longestOperationMs} ms (inputs must stay readable)`);
+    }
   }
-  for (const c of t.consumers) {
+  for (const c of allConsumers(t)) {
     const cur = await jsm.consumers.info(c.stream, c.config.durable_name).catch((e: unknown) => (isNotFound(e) ? null : Promise.reject(e)));
     if (!cur) v.push(`consumer ${c.stream}/${c.config.durable_name} does not exist`);
     else {
@@ -155,8 +204,8 @@ export async function checkTopology(
  * Returns one violation per unknown durable.
  */
 export async function checkDurables(jsm: JetStreamManager, t: Topology, extraDurables: string[] = []): Promise<string[]> {
-  const known = new Set([...t.consumers.map((c) => `${c.stream}/${c.config.durable_name}`)]);
-  const names = [...Object.values(t.streams).map((s) => s.name), ...buckets(t).map((b) => `KV_${b.bucket}`)];
+  const known = new Set([...allConsumers(t).map((c) => `${c.stream}/${c.config.durable_name}`)]);
+  const names = [...Object.values(t.streams).map((s) => s.name), ...(t.tenants ?? []).flatMap((x) => [x.intents.name, x.decisions.name]), ...buckets(t).map((b) => `KV_${b.bucket}`)];
   const v: string[] = [];
   for (const stream of names) {
     if (!(await streamInfo(jsm, stream))) continue;
@@ -175,9 +224,9 @@ export async function assertTopology(...args: Parameters<typeof checkTopology>):
   if (v.length) throw new StreamConfigError(v);
 }
 
-/** Every KV bucket of a topology: the result store, the projections, the frozen tasks. */
+/** Every KV bucket of a topology: the result store, the projections, the frozen tasks, the tenants. */
 function buckets(t: Topology): BucketDef[] {
-  return [t.results, t.projections.reconcile, t.projections.audit, t.tasks];
+  return [t.results, t.projections.reconcile, t.projections.audit, t.tasks, t.tenantsBucket];
 }
 
 async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamInfo | null> {

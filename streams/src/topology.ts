@@ -1,6 +1,7 @@
 import { AckPolicy, DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, type ConsumerConfig, type StreamConfig } from '@nats-io/jetstream';
 import { nanos } from '@nats-io/transport-node';
 import type { Subjects } from '@tooltx/nats';
+import type { TenantLimits, TenantSpec } from './tenancy.js';
 
 const MINUTE = 60_000;
 /** Deliveries of one message before the server gives up on it and raises an advisory. */
@@ -34,6 +35,12 @@ export interface TopologyOptions {
    * the max-deliveries advisory (default {@link MAX_DELIVER}; tests make it small to force one).
    */
   maxDeliver?: number;
+  /**
+   * The tenants, each with its own intake and decision streams (docs/tenancy.md). Given to the
+   * provisioner (from the identity list); absent in a service, which learns them from the tenants
+   * bucket and checks each tenant's streams when it starts serving it.
+   */
+  tenants?: TenantSpec[];
 }
 
 export interface ConsumerDef {
@@ -49,17 +56,30 @@ export interface BucketDef {
 }
 
 /** The streams, durable consumers and KV buckets of one prefix, in the server's own field names. */
+/** One tenant's streams and their durables (docs/tenancy.md). */
+export interface TenantTopology {
+  id: string;
+  limits: TenantLimits;
+  /** Its intents: bounded, discard new (a bound refuses new messages, never drops stored ones). */
+  intents: Partial<StreamConfig> & { name: string };
+  /** Its refusal and alias records: bounded, discard old (only its own oldest go). */
+  decisions: Partial<StreamConfig> & { name: string };
+  consumers: ConsumerDef[];
+}
+
 export interface Topology {
   streams: {
-    intents: Partial<StreamConfig> & { name: string };
     events: Partial<StreamConfig> & { name: string };
-    decisions: Partial<StreamConfig> & { name: string };
     /** The max-deliveries advisories of our consumers: no message dies silently (issue 7). */
     advisories: Partial<StreamConfig> & { name: string };
     /** Every auditor query and export, recorded by the audit service before it answers (issue 9). */
     auditLog: Partial<StreamConfig> & { name: string };
   };
   consumers: ConsumerDef[];
+  /** The tenants' own streams; undefined when the topology was built without the tenant list (a service). */
+  tenants: TenantTopology[] | undefined;
+  /** The tenants and their limits (KV, key = tenant id): the provisioner writes it, the services watch it. */
+  tenantsBucket: BucketDef;
   results: BucketDef;
   /**
    * KV projections of the event log, one entry per operation under `<tenant>.<opId>` (issue 3):
@@ -89,8 +109,10 @@ export const Durables = {
 
 /**
  * The topology for `subjects.prefix`. Every stream: file storage, limits retention (a work-queue
- * stream would forget registrations once acked, NATS-NOTES "First writer wins"), no msg/byte or
- * per-subject limits that could evict a registration, delete and purge denied, direct get allowed.
+ * stream would forget registrations once acked: docs/lifecycle.md), purge denied, direct get
+ * allowed. The shared streams have no msg/byte or per-subject limit that could evict a
+ * registration, and deny delete; each tenant's intake and decision streams are bounded by its
+ * limits (docs/tenancy.md).
  */
 export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topology {
   const replicas = opts.replicas ?? 1;
@@ -132,34 +154,65 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       max_deliver: maxDeliver,
     },
   });
+  const tenants = opts.tenants?.map((t): TenantTopology => {
+    const intents = {
+      ...durable(subjects.intentsStream(t.id), [subjects.intentsOf(t.id)], opts.intentsMaxAgeMs ?? 7 * DAY),
+      // The tenant's own bounds (docs/tenancy.md): past them a publish is refused (10077, 10054)
+      // and nothing stored is dropped. An intent that registered nothing (a refusal) is deleted by
+      // the authorizer once its decision is recorded, so a flood of refused intents does not hold
+      // the tenant's quota for the stream's max_age.
+      discard: DiscardPolicy.New,
+      max_bytes: t.limits.intentBytes,
+      max_msgs: t.limits.intentMessages,
+      max_msg_size: t.limits.maxIntentBytes,
+      deny_delete: false,
+    };
+    const decisions = {
+      ...durable(subjects.decisionsStream(t.id), [subjects.decisionsOf(t.id)], opts.decisionsMaxAgeMs ?? 30 * DAY),
+      // Past its bound the tenant's own oldest records go (their audit records stay in the audit
+      // projection); a refusal is never itself refused for want of room.
+      discard: DiscardPolicy.Old,
+      max_bytes: t.limits.decisionBytes,
+    };
+    return {
+      id: t.id,
+      limits: t.limits,
+      intents,
+      decisions,
+      consumers: [
+        {
+          stream: intents.name,
+          config: {
+            durable_name: Durables.authorizer,
+            filter_subject: subjects.intentsOf(t.id),
+            ack_policy: AckPolicy.Explicit,
+            deliver_policy: DeliverPolicy.All,
+            ack_wait: nanos(30_000),
+            // Per tenant: one tenant's unacked intents never hold another's (docs/tenancy.md).
+            max_ack_pending: 256,
+            // Finite: a message that keeps failing stops being redelivered, and the server's
+            // max-deliveries advisory is kept in the advisories stream.
+            max_deliver: maxDeliver,
+          },
+        },
+        // Pre-acceptance outcomes (refusals at intake, idempotency conflicts) for the audit records.
+        { stream: decisions.name, config: { ...eventLogConsumer(Durables.auditDecisions).config, filter_subject: subjects.decisionsOf(t.id), max_ack_pending: 256 } },
+      ],
+    };
+  });
   return {
     streams: {
-      intents: durable(subjects.intentsStream, [subjects.allIntents], opts.intentsMaxAgeMs ?? 7 * DAY),
       events: durable(subjects.eventsStream, [subjects.allOps], eventsMaxAgeMs),
-      decisions: durable(subjects.decisionsStream, [subjects.allDecisions], opts.decisionsMaxAgeMs ?? 30 * DAY),
       advisories: durable(
         `${subjects.prefix.toUpperCase()}_ADVISORIES`,
-        [subjects.intentsStream, subjects.eventsStream, subjects.decisionsStream].map((s) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${s}.*`),
+        [subjects.eventsStream, ...(tenants ?? []).flatMap((t) => [t.intents.name, t.decisions.name])].map((s) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${s}.*`),
         opts.eventsMaxAgeMs ?? 30 * DAY,
       ),
       auditLog: durable(subjects.auditLogStream, [subjects.allAuditLog], opts.auditLogMaxAgeMs ?? 365 * DAY),
     },
+    tenants,
+    tenantsBucket: { bucket: subjects.tenantsBucket, ttlMs: 0, replicas },
     consumers: [
-      {
-        stream: subjects.intentsStream,
-        config: {
-          durable_name: Durables.authorizer,
-          filter_subject: subjects.allIntents,
-          ack_policy: AckPolicy.Explicit,
-          deliver_policy: DeliverPolicy.All,
-          ack_wait: nanos(30_000),
-          max_ack_pending: 1_000,
-      // Finite: a message that keeps failing stops being redelivered, and the server's
-      // max-deliveries advisory is kept in the advisories stream (the reconciler's sweep still
-      // finds the operation by its state).
-      max_deliver: maxDeliver,
-        },
-      },
       eventLogConsumer(Durables.executor),
       // The projections: each reads every event of the log once per service (any number of instances).
       eventLogConsumer(Durables.reconciler),
@@ -178,8 +231,6 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
           max_ack_pending: 1_000,
         },
       },
-      // Pre-acceptance outcomes (refusals at intake, idempotency conflicts) for the audit records.
-      { stream: subjects.decisionsStream, config: { ...eventLogConsumer(Durables.auditDecisions).config, filter_subject: subjects.allDecisions } },
     ],
     results: { bucket: subjects.resultsBucket, ttlMs: opts.resultsMaxAgeMs ?? 31 * DAY, replicas },
     projections: {

@@ -140,12 +140,12 @@ async function checkNothingLost(calls: Call[], task: { meta: TaskMeta }): Promis
   const takeovers = [...events.values()].filter((e) => e.type === 'takeover');
   figure(task, { name: 'takeovers', value: takeovers.length });
   expect(takeovers).toEqual([]);
-  const decisions = await retrying(() => streamContents(t.subjects.decisionsStream));
+  const decisions = await retrying(() => streamContents(t.subjects.decisionsStream('acme')));
   const acks = pubAcks();
   expect(acks.filter((a) => a.stream === t.subjects.eventsStream).length).toBeGreaterThan(0);
   const byMsgId = new Map([...events.values(), ...decisions.values()].filter((m) => m.msgId).map((m) => [m.msgId!, m.subject]));
   const missing = acks.filter((a) => {
-    if (a.stream !== t.subjects.eventsStream && a.stream !== t.subjects.decisionsStream) return false;
+    if (a.stream !== t.subjects.eventsStream && a.stream !== t.subjects.decisionsStream('acme')) return false;
     // A duplicate of a first copy still being replicated is acknowledged with sequence 0: it names
     // the message by its id only.
     if (a.duplicate && a.seq === 0) return a.msgId === undefined || byMsgId.get(a.msgId) !== a.subject;

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connectNats, freeLoopbackPort as freePort, jetStreamOf, OperationStore, spawnNatsCluster, spawnNatsServer, Subjects, type Durability, type NatsClusterHandle, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
 import { ensureKeyFile } from '@tooltx/runtime';
-import { applyTopology, generateAuth, inboxPrefixOf, topology, type GeneratedAuth, type IdentityList, type Role, type TopologyOptions } from '@tooltx/streams';
+import { applyTopology, generateAuth, inboxPrefixOf, tenantsOf, topology, type GeneratedAuth, type IdentityList, type Role, type Topology, type TopologyOptions } from '@tooltx/streams';
 
 /** A unique subject prefix per test, so tests never see each other's streams. */
 export function uniquePrefix(): string {
@@ -26,6 +26,10 @@ export interface TestNats {
   /** The provisioner's connection (full JetStream API): what tests read and assert with. */
   nc: NatsConnection;
   subjects: Subjects;
+  /** The topology applied, with the tenants' own streams (docs/tenancy.md). */
+  topo: Topology;
+  /** The tenants of the identity list. */
+  tenants: string[];
   store: OperationStore;
   js: Awaited<ReturnType<typeof jetStreamOf>>['js'];
   jsm: Awaited<ReturnType<typeof jetStreamOf>>['jsm'];
@@ -63,11 +67,16 @@ export async function provisioned(
     /** Three nodes on loopback, every stream and bucket R3 (docs/cluster.md); `server` is the first node. */
     cluster?: 3;
     durability?: Durability;
+    /** The identity list (default {@link TEST_IDENTITIES}). */
+    identities?: IdentityList;
+    /** Extra lines of the server's `jetstream {}` block, e.g. `max_file_store: 64MB` (one server only). */
+    jetstreamExtra?: string;
   } = {},
 ): Promise<TestNats> {
   const dir = mkdtempSync(join(tmpdir(), 'tooltx-test-'));
   const subjects = new Subjects(prefix);
-  const topo = topology(subjects, o.cluster ? { replicas: 3, ...opts } : opts);
+  const identities = o.identities ?? TEST_IDENTITIES;
+  const topo = topology(subjects, { ...(o.cluster ? { replicas: 3 } : {}), tenants: tenantsOf(identities), ...opts });
   let auth: GeneratedAuth;
   let server: NatsServerHandle;
   let cluster: NatsClusterHandle | undefined;
@@ -76,13 +85,14 @@ export async function provisioned(
   if (o.cluster) {
     const routePorts = await Promise.all(Array.from({ length: o.cluster }, () => freePort()));
     const nodes = routePorts.map((p, i) => ({ serverName: `n${i + 1}`, listen: '127.0.0.1:-1', clusterListen: `127.0.0.1:${p}`, storeDir: join(dir, `js-n${i + 1}`) }));
-    auth = generateAuth(TEST_IDENTITIES, { subjects, topology: topo, outDir: join(dir, 'auth'), listen: '', storeDir: '', cluster: { nodes }, ...(o.durability ? { durability: o.durability } : {}) });
+    auth = generateAuth(identities, { subjects, topology: topo, outDir: join(dir, 'auth'), listen: '', storeDir: '', cluster: { nodes }, ...(o.durability ? { durability: o.durability } : {}) });
     const monitorPorts = await Promise.all(nodes.map(() => freePort()));
     cluster = await spawnNatsCluster(auth.configFiles, nodes.map((n) => n.storeDir), { ...spawnOpts, extraArgs: monitorPorts.map((p) => ['-m', String(p)]) });
     monitorUrls = monitorPorts.map((p) => `http://127.0.0.1:${p}`);
     server = cluster.nodes[0]!;
   } else {
-    auth = generateAuth(TEST_IDENTITIES, { subjects, topology: topo, outDir: join(dir, 'auth'), listen: '127.0.0.1:-1', storeDir: join(dir, 'js'), ...(o.durability ? { durability: o.durability } : {}) });
+    auth = generateAuth(identities, { subjects, topology: topo, outDir: join(dir, 'auth'), listen: '127.0.0.1:-1', storeDir: join(dir, 'js'), ...(o.durability ? { durability: o.durability } : {}) });
+    if (o.jetstreamExtra) writeFileSync(auth.configFile, readFileSync(auth.configFile, 'utf8').replace(/^jetstream \{ /m, `jetstream { ${o.jetstreamExtra}, `));
     server = await spawnNatsServer({ extraArgs: ['-c', auth.configFile], storeDir: join(dir, 'js'), ...spawnOpts });
   }
   const url = cluster ? cluster.url : server.url;
@@ -106,6 +116,8 @@ export async function provisioned(
     js,
     jsm,
     subjects,
+    topo,
+    tenants: topo.tenants!.map((x) => x.id),
     url,
     server,
     ...(cluster ? { cluster, monitorUrls } : {}),

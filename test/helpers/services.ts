@@ -4,7 +4,7 @@ import { dirname, join } from 'node:path';
 import { SERVICE_NODE_FLAGS } from '../../examples/research-kb/stack.js';
 import { kbServiceToken } from './kb-service-token.js';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const SINK_TOOLS = join(ROOT, 'test', 'fixtures', 'sink-tools.ts');
 
 export type ServiceName = 'authorizer' | 'executor' | 'reconciler' | 'audit-projector';

@@ -774,7 +774,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
  * They say nothing about other transmissions of the same call.
  */
 export const PublishRefusalCode = {
-  /** JSStreamStoreFailedF: a stream limit with discard new (max_msgs, max_bytes, max_msgs_per_subject) or a failed write. */
+  /** JSStreamStoreFailedF: a limit of the tenant's own intake stream (max_msgs, max_bytes: its quota, docs/tenancy.md) or a failed write. */
   StoreFailed: 10077,
   /** JSInsufficientResourcesErr: the server is over its JetStream storage or memory. */
   InsufficientResources: 10023,
@@ -785,17 +785,26 @@ export const PublishRefusalCode = {
 } as const;
 
 /**
+ * How long a caller refused `quota_exceeded` at intake waits before it tries again, ms: the tenant's
+ * intake stream drains at the tenant's rate (docs/tenancy.md), so about a second frees room for a
+ * hundred intents at the default rate.
+ */
+export const QUOTA_RETRY_AFTER_MS = 1_000;
+
+/**
  * The answer for an intent publish nats-server refused with JetStream API error `jsApiCode`, or
- * `null` when the code does not prove that nothing was stored (the outcome is then unknown). A
- * limit of the deployment is `dependency_unavailable` (back off: it is not the caller's to fix); an
- * intent larger than the stream takes is the caller's to split (`invalid_input`, as for one over
- * `max_payload`). A bound that belongs to one tenant (its own intake stream or account, should
- * tenants get one) is to map to `quota_exceeded` here, so that only its owner waits.
+ * `null` when the code does not prove that nothing was stored (the outcome is then unknown). The
+ * intake stream is the tenant's own (docs/tenancy.md): its full bound is the tenant's
+ * `quota_exceeded` (with a retry-after), which only its own callers meet. A limit of the deployment
+ * (the server's store, the account) is `dependency_unavailable` (back off: it is not the caller's to
+ * fix); an intent larger than the stream takes is the caller's to split (`invalid_input`, as for one
+ * over `max_payload`).
  */
 export function classifyPublishRefusal(jsApiCode: number): ErrorInfo | null {
   const code = 'intake_refused';
   switch (jsApiCode) {
     case PublishRefusalCode.StoreFailed:
+      return { class: ErrorClass.QuotaExceeded, retryAfterMs: QUOTA_RETRY_AFTER_MS, issues: [{ path: [], code: 'intake_full', message: `the tenant's intake is full (JetStream API error ${jsApiCode}): nothing of this intent was stored; try again after retryAfterMs` }] };
     case PublishRefusalCode.InsufficientResources:
     case PublishRefusalCode.AccountResourcesExceeded:
       return { class: ErrorClass.DependencyUnavailable, issues: [{ path: [], code, message: `the server refused to store the intent (JetStream API error ${jsApiCode}): nothing of it was stored; try again later` }] };

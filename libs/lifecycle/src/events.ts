@@ -312,6 +312,12 @@ export const rejectionRecordSchema = z.object({
   error: errorInfoSchema,
   /** Set when the policy seam decided (a denial with its policy version). */
   authorization: authDecisionSchema.optional(),
+  /**
+   * Set when the intent gave no key and none could be derived (bytes that are not msgpack, an
+   * envelope that does not parse): `operationKey` is then derived from the tenant and the
+   * submission id (docs/tenancy.md), so that the refusal has an audit record.
+   */
+  keyless: z.literal(true).optional(),
 });
 /**
  * The submission named its target through an alias: `operationKey` is the key it derived, and the

@@ -26,9 +26,13 @@ export function decode<S extends z.ZodType>(schema: S, bytes: Uint8Array): z.inf
   return r.data;
 }
 
-/** Decodes msgpack without a schema (for envelopes whose parse errors must name field paths). */
-export function decodeRaw(bytes: Uint8Array): unknown {
-  return unpackChecked(bytes);
+/**
+ * Decodes msgpack without a schema (for envelopes whose parse errors must name field paths).
+ * `maxItems`: at most this many values in all maps and lists, refused before any is read
+ * ({@link checkMsgpack}); what an agent sends is bounded so (docs/tenancy.md).
+ */
+export function decodeRaw(bytes: Uint8Array, opts: { maxItems?: number; captureKey?: string } = {}): unknown {
+  return unpackChecked(bytes, opts.maxItems, opts.captureKey);
 }
 
 /**
@@ -36,11 +40,11 @@ export function decodeRaw(bytes: Uint8Array): unknown {
  * byte missing or left over: msgpack-guard.ts says why). Throws {@link CodecError} whose message
  * and cause never quote the bytes (msgpackr's own errors can: they are not kept).
  */
-function unpackChecked(bytes: Uint8Array): unknown {
+function unpackChecked(bytes: Uint8Array, maxItems?: number, captureKey?: string): unknown {
   try {
-    checkMsgpack(bytes);
+    checkMsgpack(bytes, undefined, maxItems, captureKey);
   } catch (err) {
-    if (err instanceof MsgpackShapeError) throw new CodecError(`not msgpack: ${err.message}`, { cause: err });
+    if (err instanceof MsgpackShapeError) throw new CodecError(err.tooMany ? err.message : `not msgpack: ${err.message}`, { cause: err });
     throw err;
   }
   try {

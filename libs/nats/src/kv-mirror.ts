@@ -18,12 +18,15 @@ export class KvMirror<T> {
   readonly #keep: (v: T) => boolean;
   readonly #log: Logger;
   readonly #what: string;
+  readonly #onChange: ((key: string, value: T | null) => void) | undefined;
   readonly #map = new Map<string, T>();
   #it: { stop(): void } | null = null;
   #stopped = false;
   #done: Promise<void> = Promise.resolve();
 
-  constructor(kv: KV, schema: z.ZodType<T>, opts: { log: Logger; what: string; keep?: (v: T) => boolean }) {
+  /** `onChange`: called after each change of the mirror (a value set, or null: the key removed). */
+  constructor(kv: KV, schema: z.ZodType<T>, opts: { log: Logger; what: string; keep?: (v: T) => boolean; onChange?: (key: string, value: T | null) => void }) {
+    this.#onChange = opts.onChange;
     this.#kv = kv;
     this.#schema = schema;
     this.#keep = opts.keep ?? (() => true);
@@ -50,7 +53,7 @@ export class KvMirror<T> {
           const load = () => {
             if (loaded) return;
             loaded = true;
-            for (const k of [...this.#map.keys()]) if (!seen.has(k)) this.#map.delete(k);
+            for (const k of [...this.#map.keys()]) if (!seen.has(k)) this.#remove(k);
             markReady();
           };
           if (values === 0) load();
@@ -76,8 +79,12 @@ export class KvMirror<T> {
     clearTimeout(fallback);
   }
 
+  #remove(key: string): void {
+    if (this.#map.delete(key)) this.#onChange?.(key, null);
+  }
+
   #apply(key: string, bytes: Uint8Array | null): void {
-    if (bytes === null) return void this.#map.delete(key);
+    if (bytes === null) return void this.#remove(key);
     let v: T;
     try {
       v = decode(this.#schema, bytes);
@@ -85,8 +92,10 @@ export class KvMirror<T> {
       this.#log.error({ err, key }, `undecodable ${this.#what} entry skipped`);
       return;
     }
-    if (this.#keep(v)) this.#map.set(key, v);
-    else this.#map.delete(key);
+    if (this.#keep(v)) {
+      this.#map.set(key, v);
+      this.#onChange?.(key, v);
+    } else this.#remove(key);
   }
 
   async stop(): Promise<void> {

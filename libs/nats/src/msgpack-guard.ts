@@ -21,9 +21,19 @@ export const MAX_MSGPACK_DEPTH = 64;
 
 /** Why bytes are not a message tooltx reads; the message never quotes the bytes. */
 export class MsgpackShapeError extends Error {
-  constructor(message: string) {
+  /**
+   * For a message refused only for holding more values than allowed (otherwise well formed): the
+   * string value of the top-level map's `captureKey` field, when it has one (e.g. the operation key
+   * the refusal is recorded under).
+   */
+  readonly captured: string | undefined;
+  /** Well formed, refused only for holding more values than allowed. */
+  readonly tooMany: boolean;
+  constructor(message: string, opts: { tooMany?: boolean; captured?: string } = {}) {
     super(message);
     this.name = 'MsgpackShapeError';
+    this.tooMany = opts.tooMany ?? false;
+    this.captured = opts.captured;
   }
 }
 
@@ -35,10 +45,19 @@ function extAllowed(type: number, length: number): boolean {
 
 /**
  * Throws {@link MsgpackShapeError} unless `b` is exactly one msgpack value made of the accepted
- * types, with string map keys, at most `maxDepth` levels deep, with no byte missing or left over.
- * Iterative (no recursion), one pass, no allocation per value.
+ * types, with string map keys, at most `maxDepth` levels deep, with at most `maxItems` values in
+ * all its maps and arrays (a map entry counts 2: key and value; checked from the container headers,
+ * before any of their items is read), with no byte missing or left over. Iterative (no recursion),
+ * one pass, no allocation per value.
  */
-export function checkMsgpack(b: Uint8Array, maxDepth = MAX_MSGPACK_DEPTH): void {
+export function checkMsgpack(b: Uint8Array, maxDepth = MAX_MSGPACK_DEPTH, maxItems = Infinity, captureKey?: string): void {
+  let items = 0;
+  // Past maxItems the walk goes on (one cheap pass, nothing decoded) so that a message refused for
+  // its size alone can still name the key it was sent under.
+  let over = false;
+  const want = captureKey === undefined ? null : new TextEncoder().encode(captureKey);
+  let wantedNext = false;
+  let captured: string | undefined;
   const dv = new DataView(b.buffer, b.byteOffset, b.byteLength);
   const len = b.byteLength;
   /** Items still to read at each open level (a map of n pairs has 2n), and whether it is a map. */
@@ -110,8 +129,17 @@ export function checkMsgpack(b: Uint8Array, maxDepth = MAX_MSGPACK_DEPTH): void 
       }
     }
     if (expectKey && !isString) throw new MsgpackShapeError(`a map key at byte ${at} is not a string`);
+    if (want && top === 0 && isMap[0]) {
+      if (expectKey) wantedNext = isString && sameBytes(b, at, pos, want);
+      else {
+        if (wantedNext && isString && captured === undefined) captured = new TextDecoder().decode(b.subarray(pos - stringLength(b, at), pos));
+        wantedNext = false;
+      }
+    }
     if (top >= 0) remaining[top]!--;
     if (container && container.items > 0) {
+      items += container.items;
+      if (items > maxItems) over = true;
       // Every item takes at least one byte: a count beyond the bytes left is a truncation.
       if (container.items > len - pos) throw new MsgpackShapeError(`truncated: a ${container.map ? 'map' : 'list'} of ${container.map ? container.items / 2 : container.items} at byte ${at} cannot fit in ${len} bytes`);
       if (remaining.length >= maxDepth) throw new MsgpackShapeError(`nested deeper than ${maxDepth} levels`);
@@ -127,4 +155,22 @@ export function checkMsgpack(b: Uint8Array, maxDepth = MAX_MSGPACK_DEPTH): void 
     if (remaining.length === 0) break;
   }
   if (pos !== len) throw new MsgpackShapeError(`${len - pos} byte(s) after the value`);
+  if (over) throw new MsgpackShapeError(`more than ${maxItems} values in its maps and lists`, { tooMany: true, captured });
+}
+
+/** The byte length of the string whose header starts at `at`. */
+function stringLength(b: Uint8Array, at: number): number {
+  const t = b[at]!;
+  if (t >= 0xa0 && t <= 0xbf) return t & 0x1f;
+  if (t === 0xd9) return b[at + 1]!;
+  if (t === 0xda) return (b[at + 1]! << 8) | b[at + 2]!;
+  return ((b[at + 1]! << 24) >>> 0) + ((b[at + 2]! << 16) | (b[at + 3]! << 8) | b[at + 4]!);
+}
+
+/** Whether the string value between `at` (its header) and `end` is exactly `want`. */
+function sameBytes(b: Uint8Array, at: number, end: number, want: Uint8Array): boolean {
+  const n = stringLength(b, at);
+  if (n !== want.length) return false;
+  for (let i = 0; i < n; i++) if (b[end - n + i] !== want[i]) return false;
+  return true;
 }

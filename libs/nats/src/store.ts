@@ -138,15 +138,31 @@ export class OperationStore {
 
   /** The last decision recorded for an operation about `actor`'s own requests, or null. */
   async lastDecision(tenant: string, opId: string, actor: string): Promise<DecisionRecord | null> {
-    const m = await this.#direct(this.#subjects.decisionsStream, { last_by_subj: this.#subjects.decision(tenant, opId, actor) });
+    const m = await this.#direct(this.#subjects.decisionsStream(tenant), { last_by_subj: this.#subjects.decision(tenant, opId, actor) });
     return m ? decode(decisionRecordSchema, m.data) : null;
   }
 
-  /** Reads a stored intent by its stream sequence (the `accepted` event names it), or null. */
-  async readIntent(seq: number): Promise<StoredIntent | null> {
-    const m = await this.#direct(this.#subjects.intentsStream, { seq });
+  /** Reads a stored intent by its sequence in the tenant's intake stream (the `accepted` event names it), or null. */
+  async readIntent(tenant: string, seq: number): Promise<StoredIntent | null> {
+    const m = await this.#direct(this.#subjects.intentsStream(tenant), { seq });
     if (!m) return null;
     return { seq: m.seq, subject: m.subject, data: m.data, submissionId: m.header?.get('Nats-Msg-Id') || undefined };
+  }
+
+  /**
+   * Deletes an intent that registered nothing (a refusal, an unreadable message) from the tenant's
+   * intake stream, so that it stops counting against the tenant's bound (docs/tenancy.md). An intent
+   * already gone is fine. Never called for an intent an operation names: its input is read from it.
+   */
+  async deleteIntent(tenant: string, seq: number): Promise<void> {
+    try {
+      await this.#jsm.streams.deleteMessage(this.#subjects.intentsStream(tenant), seq, false);
+    } catch (err) {
+      // 10057: no message at that sequence (deleted by an earlier delivery of the same intent).
+      if (err instanceof JetStreamApiError && err.code === 10057) return;
+      if (isTransient(err)) throw new StoreUnavailableError(`delete of intent ${seq} failed`, { cause: err });
+      throw err;
+    }
   }
 
   async #publishWithRetry(subject: string, data: Uint8Array, msgID: string): Promise<number> {

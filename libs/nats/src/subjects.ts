@@ -11,11 +11,12 @@ const SUBMISSION_TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
  *
  * | subject | holds |
  * | --- | --- |
- * | `<p>.intent.<tenant>.<actor>` | intent envelopes (stream `<P>_INTENTS`) |
+ * | `<p>.intent.<tenant>.<actor>` | intent envelopes (the tenant's own stream `<P>_INTENTS_<tenant>`) |
  * | `<p>.op.<tenant>.<opId>` | every lifecycle event of one operation (stream `<P>_EVENTS`) |
- * | `<p>.decision.<tenant>.<opId>.<actor>` | pre-acceptance outcomes, per actor (stream `<P>_DECISIONS`) |
+ * | `<p>.decision.<tenant>.<opId>.<actor>` | pre-acceptance outcomes, per actor (the tenant's own stream `<P>_DECISIONS_<tenant>`) |
  * | `<p>.status.<tenant>.<actor>` | status requests (request/reply, no stream) |
  * | `<p>.push.<tenant>.<actor>.<submissionId>` | the final answer to one submission, pushed to its agent (core NATS, no stream) |
+ * | KV `<p>_tenants`, key `<tenant>` | the tenants of the deployment and their limits (docs/tenancy.md) |
  * | KV `<p>_results`, key `<tenant>.<opId>` | business results (result store) |
  * | KV `<p>_reconcile`, key `<tenant>.<opId>` | the reconciler's index of non-terminal operations (projection) |
  * | KV `<p>_audit`, key `<tenant>.<opId>` | one audit record per operation (projection) |
@@ -29,9 +30,16 @@ export class Subjects {
     this.prefix = prefix;
   }
 
-  get intentsStream(): string { return `${this.prefix.toUpperCase()}_INTENTS`; }
+  /**
+   * One tenant's intake stream: its intents alone, so that its bounds, its backlog and the
+   * sequence numbers its agents see are its own (docs/tenancy.md).
+   */
+  intentsStream(tenant: string): string { return `${this.prefix.toUpperCase()}_INTENTS_${id(tenant)}`; }
   get eventsStream(): string { return `${this.prefix.toUpperCase()}_EVENTS`; }
-  get decisionsStream(): string { return `${this.prefix.toUpperCase()}_DECISIONS`; }
+  /** One tenant's refusal and alias records (docs/tenancy.md). */
+  decisionsStream(tenant: string): string { return `${this.prefix.toUpperCase()}_DECISIONS_${id(tenant)}`; }
+  /** KV bucket of the deployment's tenants and their limits, written by the provisioner (docs/tenancy.md). */
+  get tenantsBucket(): string { return `${this.prefix}_tenants`; }
   get resultsBucket(): string { return `${this.prefix}_results`; }
   /** KV bucket of the reconciler's projection (issue 3). */
   get reconcileBucket(): string { return `${this.prefix}_reconcile`; }
@@ -71,6 +79,10 @@ export class Subjects {
   projectionKey(tenant: string, opId: string): string { return `${id(tenant)}.${opid(opId)}`; }
 
   get allIntents(): string { return `${this.prefix}.intent.>`; }
+  /** Every intent of one tenant: `<p>.intent.<tenant>.*` (its intake stream's subjects). */
+  intentsOf(tenant: string): string { return `${this.prefix}.intent.${id(tenant)}.*`; }
+  /** Every decision record of one tenant: `<p>.decision.<tenant>.*.*`. */
+  decisionsOf(tenant: string): string { return `${this.prefix}.decision.${id(tenant)}.*.*`; }
   get allOps(): string { return `${this.prefix}.op.>`; }
   get allDecisions(): string { return `${this.prefix}.decision.>`; }
   get allStatus(): string { return `${this.prefix}.status.*.*`; }

@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { decide, type AcceptCommand, type OperationEvent } from '@tooltx/lifecycle';
-import { RetentionPolicy } from '@nats-io/jetstream';
+import { DiscardPolicy, RetentionPolicy } from '@nats-io/jetstream';
 import { ConcurrencyError, encode, EVENT_TYPE_HEADER, eventTypeOf, isNoRespondersPublish, isTransient, newEventId, Subjects } from '@tooltx/nats';
-import { checkTopology, topology } from '@tooltx/streams';
-import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
+import { checkTopology, tenantsOf, topology } from '@tooltx/streams';
+import { provisioned, TEST_IDENTITIES, type TestNats } from '../../../test/helpers/nats.js';
 
 const D = (c: string) => `sha256:${c.repeat(64)}`;
 let opSeq = 0;
@@ -107,17 +107,19 @@ describe('stream checks', () => {
       // A careless operator creates another prefix's streams by hand (the server refuses to turn
       // deny_purge off later, so a bad stream can only be born bad).
       const bad = new Subjects(`${t.subjects.prefix}x`);
-      const topo = topology(bad);
+      const topo = topology(bad, { tenants: tenantsOf(TEST_IDENTITIES) });
       await t.jsm.streams.add({ ...topo.streams.events, deny_purge: false, max_msgs_per_subject: 1 });
-      await t.jsm.streams.add({ ...topo.streams.intents, retention: RetentionPolicy.Workqueue });
+      await t.jsm.streams.add({ ...topo.tenants![0]!.intents, retention: RetentionPolicy.Workqueue, discard: DiscardPolicy.Old });
       const v = await checkTopology(t.jsm, topo, { longestKeyRetentionMs: 365 * 24 * 3600_000 });
       expect(v).toEqual(
         expect.arrayContaining([
           expect.stringContaining(`stream ${bad.eventsStream} deny_purge`),
           expect.stringContaining(`stream ${bad.eventsStream} max_msgs_per_subject`),
-          expect.stringContaining(`stream ${bad.intentsStream} retention`),
+          expect.stringContaining(`stream ${bad.intentsStream('acme')} retention`),
+          expect.stringContaining(`stream ${bad.intentsStream('acme')} discard is old, must be new`),
           expect.stringContaining('shorter than the longest contract key retention'),
-          expect.stringContaining(`stream ${bad.decisionsStream} does not exist`),
+          expect.stringContaining(`stream ${bad.decisionsStream('acme')} does not exist`),
+          expect.stringContaining(`consumer ${bad.intentsStream('acme')}/authorizer does not exist`),
           expect.stringContaining(`bucket ${bad.resultsBucket} does not exist`),
           expect.stringContaining(`bucket ${bad.reconcileBucket} does not exist`),
           expect.stringContaining(`bucket ${bad.auditBucket} does not exist`),
@@ -125,6 +127,8 @@ describe('stream checks', () => {
           expect.stringContaining(`consumer ${bad.eventsStream}/audit-projector does not exist`),
         ]),
       );
+      expect(await checkTopology(t.jsm, t.topo, { longestKeyRetentionMs: 1 })).toEqual([]);
+      // A service knows no tenant: it checks the shared streams only.
       expect(await checkTopology(t.jsm, topology(t.subjects), { longestKeyRetentionMs: 1 })).toEqual([]);
     } finally {
       await t.close();

@@ -19,6 +19,7 @@ import { z } from 'zod';
 import { heldLimit, openBucket, startConsumerLoop } from '@tooltx/nats';
 import { envInt, keyedDigest, readKeyFile, SecretFileError } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
+import { TenantWatch } from '@tooltx/runtime/tenants';
 import { Durables } from '@tooltx/streams';
 import { auditHandlers } from './apply.js';
 import type { AuditHmac } from './projection.js';
@@ -65,7 +66,12 @@ await runService({
     const maxHeld = await heldLimit(jsm, subjects.eventsStream, Durables.auditProjector, config.TOOLTX_CONCURRENCY);
     const handlers = auditHandlers({ subjects, kv, hmac, log, batchMs: env.TOOLTX_AUDIT_BATCH_MS, maxHeld });
     const events = await startConsumerLoop({ js, stream: subjects.eventsStream, durable: Durables.auditProjector, concurrency: config.TOOLTX_CONCURRENCY, log, handle: handlers.events });
-    const decisions = await startConsumerLoop({ js, stream: subjects.decisionsStream, durable: Durables.auditDecisions, concurrency: config.TOOLTX_CONCURRENCY, log, handle: handlers.decisions });
+    // Each tenant's decision records, from its own stream (docs/tenancy.md).
+    const decisions = new TenantWatch(await openBucket(nc, subjects.tenantsBucket), log.child({ component: 'tenants' }), (tenant) =>
+      startConsumerLoop({ js, stream: subjects.decisionsStream(tenant), durable: Durables.auditDecisions, concurrency: config.TOOLTX_CONCURRENCY, log: log.child({ tenant }), handle: handlers.decisions }),
+    );
+    await decisions.start();
+    await Promise.race([decisions.ready(), new Promise((r) => setTimeout(r, 10_000).unref())]);
     const service = new AuditService({ nc, js, kv, subjects, log: log.child({ component: 'audit-query' }), instance: config.TOOLTX_INSTANCE_ID });
     service.start();
     return async () => {

@@ -2,9 +2,14 @@ import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { EMPTY_RESULT_DIGEST, ErrorClass, hasSideEffect, operationIdOf, prepareCall, toErrorInfo, type ErrorInfo, type Implementation } from '@tooltx/contracts';
 import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision, type OperationRecord, type Receipt } from '@tooltx/lifecycle';
-import { committedResult, ConcurrencyError, newEventId, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import { committedResult, ConcurrencyError, isTransient, newEventId, StoreUnavailableError, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
-import { intakeOf, type IntakeOutcome } from './intake.js';
+import { intakeOf, keylessRefusalKey, type IntakeOutcome } from './intake.js';
+
+/** An error a later delivery may not meet: the store or the server did not answer (nak, retried). */
+function retryable(err: unknown): boolean {
+  return err instanceof StoreUnavailableError || err instanceof ConcurrencyError || isTransient(err);
+}
 
 const MAX_DECIDE_ROUNDS = 8;
 
@@ -23,6 +28,11 @@ export interface AuthorizerDeps {
   /** The result store, read for the pushed answer of a known committed key with a stored result. */
   results?: KV;
   now?: () => number;
+  /**
+   * Told how long the pure intake checks of one intent took, ms of this process's time: intake is
+   * paced per tenant by what it costs, not only by count (docs/tenancy.md).
+   */
+  onIntakeCost?: (tenant: string, ms: number) => void;
 }
 
 /**
@@ -35,8 +45,10 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
   const now = deps.now ?? Date.now;
 
   return async (msg) => {
+    const started = performance.now();
     const intake = intakeOf(subjects, { subject: msg.subject, data: msg.data, msgId: msg.headers?.get('Nats-Msg-Id') || undefined, seq: msg.seq }, (t, v) => tools.contracts.get(t, v), (t) => tools.contracts.versionsOf(t));
     const who = intake.who;
+    if (who) deps.onIntakeCost?.(who.tenant, performance.now() - started);
     if (!who) return { kind: 'term', reason: 'not an intent subject' };
     const submissionId = intake.submissionId;
     let answerOnItsWay = false;
@@ -62,24 +74,48 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
   async function handle(msg: JsMsg, intake: IntakeOutcome, who: { tenant: string; actor: string }, submissionId: string, answerOnItsWay: () => void): Promise<Settlement | void> {
     const l = log.child({ tenant: who.tenant, actor: who.actor, intentSeq: msg.seq });
 
+    /**
+     * Records a refusal and deletes the intent, which registered nothing, from the tenant's intake
+     * stream (docs/tenancy.md: refused intents stop counting against the tenant's bound). A refusal
+     * before any key is known is recorded under the key {@link keylessRefusalKey} derives from the
+     * submission, so that the audit has it. A record the store refuses for good (e.g. larger than it
+     * takes) is replaced by a bounded one naming the class only; if even that is refused, the
+     * intent is terminated: never redelivered (a failure that will fail again).
+     */
+    const refuse = async (key: string | null, error: ErrorInfo, ids: { tool?: string; version?: number }, authorization?: AuthDecision): Promise<Settlement | void> => {
+      const recordKey = key ?? keylessRefusalKey(who.tenant, submissionId);
+      const record = (e: ErrorInfo) =>
+        store.recordDecision(
+          { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: recordKey, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error: e, ...ids, ...(authorization ? { authorization } : {}), ...(key ? {} : { keyless: true }) },
+          operationIdOf(recordKey),
+        );
+      let settlement: Settlement | void = undefined;
+      try {
+        await record(error);
+      } catch (err) {
+        if (retryable(err)) throw err;
+        l.error({ err, operationKey: recordKey, class: error.class }, 'refusal record not stored: storing a bounded one');
+        try {
+          await record({ class: error.class, issues: [{ path: [], code: 'record_not_stored', message: 'the refusal\'s details could not be stored' }] });
+        } catch (again) {
+          if (retryable(again)) throw again;
+          l.error({ err: again, operationKey: recordKey }, 'no refusal record can be stored: intent terminated');
+          settlement = { kind: 'term', reason: 'refusal not recordable' };
+        }
+      }
+      await store.deleteIntent(who.tenant, msg.seq).catch((err: unknown) => l.warn({ err }, 'refused intent not deleted: it counts against the tenant\'s bound until its max age'));
+      l.info({ operationKey: recordKey, class: error.class, ...(key ? {} : { keyless: true }) }, 'intent refused');
+      return settlement;
+    };
+
     if (intake.kind === 'term') {
-      l.warn({ class: intake.error.class, submissionId, bytes: msg.data.byteLength }, 'intent is not msgpack: refused, no key known');
-      return { kind: 'term', reason: intake.reason };
+      // Bytes that are not msgpack: refused with no key known, recorded under the submission's.
+      l.warn({ class: intake.error.class, submissionId, bytes: msg.data.byteLength }, 'intent is not msgpack: refused');
+      return (await refuse(null, intake.error, {})) ?? { kind: 'term', reason: intake.reason };
     }
 
     const check = intake.check;
-    const refuse = async (key: string | null, error: ErrorInfo, ids: { tool?: string; version?: number }, authorization?: AuthDecision) => {
-      if (!key) {
-        l.info({ class: error.class }, 'intent refused before a key was known');
-        return;
-      }
-      await store.recordDecision(
-        { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: key, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error, ...ids, ...(authorization ? { authorization } : {}) },
-        operationIdOf(key),
-      );
-      l.info({ operationKey: key, class: error.class }, 'intent refused');
-    };
-    if (check.kind === 'refuse') return void (await refuse(check.decisionKey, check.error, { tool: check.tool, version: check.version }));
+    if (check.kind === 'refuse') return refuse(check.decisionKey, check.error, { tool: check.tool, version: check.version });
 
     const { contract, prepared, envelope } = check;
     const key = prepared.operationKey;
@@ -101,13 +137,13 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       // A dependency of the policy being down is not a refusal: the intent is retried later.
       if (info.class === ErrorClass.Internal || info.class === ErrorClass.DependencyUnavailable) throw err;
       const denial: AuthDecision | undefined = info.class === ErrorClass.InvalidInput ? undefined : { decision: 'deny', policyVersion, reason: info.class, at: now() };
-      return void (await refuse(key, info, ids, denial));
+      return refuse(key, info, ids, denial);
     }
 
     // A task with an operation under takeover takes no new side effect until a person resolves it
     // (FM-14). Before the lookup, so nothing about the key is revealed or registered.
     if (hasSideEffect(contract.effect) && deps.frozen?.isFrozen(who.tenant, envelope.taskId)) {
-      return void (await refuse(key, { class: ErrorClass.TaskFrozen }, ids));
+      return refuse(key, { class: ErrorClass.TaskFrozen }, ids);
     }
 
     // Two references to one resource are one operation (FM-10): a submission that named its target
@@ -171,7 +207,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           answerOnItsWay();
           return;
         case 'conflict':
-          return void (await refuse(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] }, ids));
+          return refuse(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] }, ids);
         case 'replay':
         case 'applied':
           l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');

@@ -10,8 +10,9 @@ import {
   type ErrorInfo,
   type PreparedCall,
 } from '@tooltx/contracts';
+import { createHash } from 'node:crypto';
 import { intentEnvelopeSchema, type IntentEnvelope } from '@tooltx/lifecycle';
-import { CodecError, decodeRaw, type Subjects } from '@tooltx/nats';
+import { CodecError, decodeRaw, MsgpackShapeError, type Subjects } from '@tooltx/nats';
 
 /** The outcome of the pure intake checks, before any lookup or registration. */
 export type IntakeCheck =
@@ -24,6 +25,23 @@ export type IntakeCheck =
       version?: number;
     }
   | { kind: 'proceed'; envelope: IntentEnvelope; contract: Contract; prepared: PreparedCall };
+
+/**
+ * The key a refusal is recorded under when the intent gave none and none can be derived (bytes that
+ * are not msgpack, an envelope that does not parse): `opk_` + base64url(SHA-256) of the tenant and
+ * the submission id, so that every refusal has an audit record and a repeat of the same submission
+ * lands on the same subject. Never a key any contract derives: those hash other inputs. Pure.
+ */
+export function keylessRefusalKey(tenant: string, submissionId: string): string {
+  return `opk_${createHash('sha256').update(`tooltx-keyless-refusal\0${tenant}\0${submissionId}`).digest('base64url')}`;
+}
+
+/**
+ * Values an intent may carry in all its maps and lists (a map entry counts 2), far beyond any tool
+ * input: checked on the container headers before anything is read, so an intent built to make
+ * intake work (thousands of unknown fields) costs a few microseconds to refuse (docs/tenancy.md).
+ */
+export const MAX_INTENT_ITEMS = 4_096;
 
 /** A submission id as recorded: the agent's `Nats-Msg-Id`, else the intent's stream sequence. */
 const SUBMISSION_ID = /^[\x21-\x7e]{1,128}$/;
@@ -55,9 +73,15 @@ export function intakeOf(
   }
   let raw: unknown;
   try {
-    raw = decodeRaw(msg.data);
+    raw = decodeRaw(msg.data, { maxItems: MAX_INTENT_ITEMS, captureKey: 'operationKey' });
   } catch (err) {
     if (!(err instanceof CodecError)) throw err;
+    if (err.cause instanceof MsgpackShapeError && err.cause.tooMany) {
+      // Well formed but larger than any tool input: refused unread, under the key it was sent with.
+      const supplied = err.cause.captured !== undefined && OPERATION_KEY_PATTERN.test(err.cause.captured) ? err.cause.captured : null;
+      const error: ErrorInfo = { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'too_many_values', message: `more than ${MAX_INTENT_ITEMS} values in the intent's maps and lists` }] };
+      return { kind: 'checked', who, submissionId, check: { kind: 'refuse', error, decisionKey: supplied } };
+    }
     return { kind: 'term', reason: 'undecodable intent', who, submissionId, error: { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'invalid_encoding', message: err.message.slice(0, 200) }] } };
   }
   return { kind: 'checked', who, submissionId, check: checkIntake(who, raw, findContract, versionsOf) };

@@ -110,20 +110,10 @@ export class StatusService {
   }
 
   async start(): Promise<void> {
-    const { js, subjects } = this.#d;
-    // Events with their bodies (a waiter is answered from the state the event carries); decisions
-    // headers only (a waiter on one reads afresh).
-    for (const [stream, filter, headersOnly] of [
-      [subjects.eventsStream, subjects.allOps, false],
-      [subjects.decisionsStream, subjects.allDecisions, true],
-    ] as const) {
-      const c = await js.consumers.get(stream, { filter_subjects: filter, deliver_policy: DeliverPolicy.New, headers_only: headersOnly });
-      const it = await c.consume({ max_messages: 256 });
-      this.#watches.push(it);
-      void (async () => {
-        for await (const m of it) this.#notify(m.subject, headersOnly ? undefined : m);
-      })().catch((err: unknown) => this.#d.log.error({ err, stream }, 'status watch ended'));
-    }
+    const { subjects } = this.#d;
+    // Events with their bodies (a waiter is answered from the state the event carries); each
+    // tenant's decisions are watched by watchDecisions, from the tenant watch.
+    this.#watches.push(await this.#watch(subjects.eventsStream, subjects.allOps, false));
     this.#sub = this.#d.nc.subscribe(subjects.allStatus, {
       queue: STATUS_QUEUE,
       callback: (err, msg) => {
@@ -133,6 +123,24 @@ export class StatusService {
         void p.finally(() => this.#inFlight.delete(p));
       },
     });
+  }
+
+  /**
+   * Watches one tenant's decision records (headers only: a waiter on one reads afresh), one
+   * ordered consumer per tenant stream (docs/tenancy.md). Returns what stops it.
+   */
+  async watchDecisions(tenant: string): Promise<{ stop(): void }> {
+    const { subjects } = this.#d;
+    return this.#watch(subjects.decisionsStream(tenant), subjects.decisionsOf(tenant), true);
+  }
+
+  async #watch(stream: string, filter: string, headersOnly: boolean): Promise<{ stop(): void }> {
+    const c = await this.#d.js.consumers.get(stream, { filter_subjects: filter, deliver_policy: DeliverPolicy.New, headers_only: headersOnly });
+    const it = await c.consume({ max_messages: 256 });
+    void (async () => {
+      for await (const m of it) this.#notify(m.subject, headersOnly ? undefined : m);
+    })().catch((err: unknown) => this.#d.log.error({ err, stream }, 'status watch ended'));
+    return it;
   }
 
   /** Stops taking requests, answers the waiting ones with what is known now, stops the watches. */

@@ -312,7 +312,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
 }
 
 async function loadInput(store: OperationStore, subjects: Subjects, state: OperationRecord, impl: Implementation): Promise<Record<string, unknown> | null> {
-  const stored = await store.readIntent(state.intent.seq);
+  const stored = await store.readIntent(state.tenant, state.intent.seq);
   if (!stored) return null;
   const who = subjects.parseActorSubject('intent', stored.subject);
   if (!who || who.tenant !== state.tenant) return null;

@@ -1,0 +1,62 @@
+import { z } from 'zod';
+
+const KiB = 1024;
+const MiB = 1024 * KiB;
+
+/**
+ * What one tenant may use of a deployment (docs/tenancy.md). Each bound belongs to that tenant
+ * alone: a tenant over one is refused `quota_exceeded` on its own calls and nobody else notices.
+ *
+ * - `intentBytes`, `intentMessages`: the tenant's intake stream (`<P>_INTENTS_<tenant>`), as
+ *   `max_bytes` / `max_msgs` with discard new: a publish past them is refused (JetStream 10077) and
+ *   nothing stored is ever dropped. nats-server reserves `max_bytes` of its store for the stream
+ *   when it is created, so the sum over tenants must fit `max_file_store`.
+ * - `maxIntentBytes`: the largest intent the stream takes (`max_msg_size`, JetStream 10054).
+ * - `decisionBytes`: the tenant's refusal and alias records (`<P>_DECISIONS_<tenant>`, `max_bytes`
+ *   with discard old: past it, the tenant's own oldest records go, never another tenant's).
+ * - `intentsPerSecond`, `intentBurst`: how fast one authorizer instance takes the tenant's intents
+ *   (a token bucket); the rest waits in the tenant's own stream.
+ */
+export const tenantLimitsSchema = z.strictObject({
+  intentBytes: z.number().int().min(64 * KiB).max(2 ** 50),
+  intentMessages: z.number().int().min(16).max(2 ** 50),
+  maxIntentBytes: z.number().int().min(1 * KiB).max(64 * MiB),
+  decisionBytes: z.number().int().min(64 * KiB).max(2 ** 50),
+  intentsPerSecond: z.number().positive().max(1_000_000),
+  intentBurst: z.number().int().min(1).max(1_000_000),
+});
+export type TenantLimits = z.infer<typeof tenantLimitsSchema>;
+
+/**
+ * The defaults of every tenant (docs/tenancy.md "Defaults"): 64 MiB and 100,000 intents of intake
+ * (a day of 1 KB calls at about 1/s; 1,000 s of backlog at the default pace), 1 MiB per intent (nats-server's
+ * default `max_payload`), 16 MiB of refusal records (about 30,000), 100 intents/s with bursts of 200
+ * per authorizer instance (the default per-account rate of the large payment APIs).
+ */
+export const DEFAULT_TENANT_LIMITS: TenantLimits = {
+  intentBytes: 64 * MiB,
+  intentMessages: 100_000,
+  maxIntentBytes: 1 * MiB,
+  decisionBytes: 16 * MiB,
+  intentsPerSecond: 100,
+  intentBurst: 200,
+};
+
+/** Limits as written in an identity list: any subset; the rest comes from the list's `limits`, then the defaults. */
+export const partialTenantLimitsSchema = tenantLimitsSchema.partial();
+export type PartialTenantLimits = z.infer<typeof partialTenantLimitsSchema>;
+
+/** One tenant of a deployment with its resolved limits: what the provisioner creates streams for. */
+export interface TenantSpec {
+  id: string;
+  limits: TenantLimits;
+}
+
+/** The limits of a tenant: its own, over the list's, over {@link DEFAULT_TENANT_LIMITS}. */
+export function resolveLimits(listDefaults: PartialTenantLimits | undefined, own: PartialTenantLimits | undefined): TenantLimits {
+  return tenantLimitsSchema.parse({ ...DEFAULT_TENANT_LIMITS, ...listDefaults, ...own });
+}
+
+/** What the tenants bucket holds per tenant (`<p>_tenants`, key = tenant id): written by the provisioner, watched by the services. */
+export const tenantEntrySchema = z.strictObject({ limits: tenantLimitsSchema });
+export type TenantEntry = z.infer<typeof tenantEntrySchema>;

@@ -1,0 +1,134 @@
+/**
+ * tenancy, full size (docs/tenancy.md): one tenant floods or poisons its own intake while six
+ * others call, on a 400 MB store. For each flood — amplifiers, 1 MB junk intents, valid calls —
+ * published as fast as one connection can for 30 s, the six others call for the same 30 s; the
+ * baseline is the same 30 s of calls without the flood, in the same run. Reported: their failed
+ * calls (asserted 0), their p99 with and without the flood and the ratio (a report, not an
+ * assertion), and the bytes each tenant holds. Then the full-size cases: 1,000 amplifiers, and a
+ * 1 GB junk flood on the 400 MB store.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Tools } from '@tooltx/client';
+import { figure } from '../helpers/figures.js';
+import { provisioned, type TestNats } from '../helpers/nats.js';
+import { startService, type ServiceProcess } from '../helpers/services.js';
+import { Sink } from '../helpers/sink.js';
+import { floodProcess, manyTenants, note, quantile, toolsOf, type CallRun } from '../helpers/tenancy.js';
+
+const MiB = 1024 * 1024;
+const OTHERS = 6;
+/** 7 tenants × 40 MiB reserved of the 400 MB store. */
+const LIMITS = { intentBytes: 32 * MiB, decisionBytes: 8 * MiB };
+const WINDOW_MS = 30_000;
+
+let t: TestNats;
+let sink: Sink;
+let services: ServiceProcess[] = [];
+const agents: { tenant: string; tools: Tools }[] = [];
+
+beforeAll(async () => {
+  t = await provisioned({}, undefined, { identities: manyTenants(OTHERS, LIMITS), jetstreamExtra: 'max_file_store: 400MB' });
+  sink = await new Sink().start();
+  const env = { ...t.env, SINK_URL: sink.url, LOG_LEVEL: 'info' };
+  services = await Promise.all((['authorizer', 'executor', 'reconciler', 'audit-projector'] as const).map((n) => startService(n, env)));
+  for (let i = 1; i <= OTHERS; i++) {
+    const tenant = `t${String(i).padStart(2, '0')}`;
+    agents.push({ tenant, tools: await toolsOf(t, tenant, 'agent') });
+  }
+}, 120_000);
+
+afterAll(async () => {
+  await Promise.all(agents.map((a) => a.tools.close()));
+  expect(await Promise.all(services.map((s) => s.stop()))).toEqual(services.map(() => 0));
+  await sink?.stop();
+  await t?.close();
+});
+
+/** Every other tenant's agent calls one after another for `ms`; every call's latency and failure. */
+async function callFor(ms: number, label: string): Promise<CallRun> {
+  const run: CallRun = { calls: 0, failed: 0, failures: [], latenciesMs: [] };
+  const end = performance.now() + ms;
+  await Promise.all(
+    agents.map(async ({ tenant, tools }) => {
+      for (let i = 0; performance.now() < end; i++) {
+        const started = performance.now();
+        const r = await tools.execute({ tool: 'sink.write', taskId: `${label}-${tenant}-${i}`, input: note(`${label} ${tenant} ${i}`) }, { budgetMs: 30_000 });
+        run.calls++;
+        run.latenciesMs.push(performance.now() - started);
+        if (r.status !== 'committed') {
+          run.failed++;
+          if (run.failures.length < 10) run.failures.push(`${tenant}: ${r.status}`);
+        }
+      }
+    }),
+  );
+  return run;
+}
+
+/** Bytes each tenant holds in its intake and decision streams now. */
+async function storedBytes(): Promise<string> {
+  const out: string[] = [];
+  for (const id of t.tenants) {
+    const [i, d] = await Promise.all([t.jsm.streams.info(t.subjects.intentsStream(id)), t.jsm.streams.info(t.subjects.decisionsStream(id))]);
+    if (i.state.bytes + d.state.bytes > 0) out.push(`${id} ${(i.state.bytes / MiB).toFixed(1)}+${(d.state.bytes / MiB).toFixed(1)} MiB`);
+  }
+  return out.join(', ') || 'none';
+}
+
+const AMPLIFIER_BYTES = 189_083;
+const floods: [string, 'amplifiers' | 'junk' | 'valid', number][] = [
+  ['amplifiers (25,000 unknown fields, 189 KB)', 'amplifiers', 16],
+  ['1 MB junk intents', 'junk', 8],
+  ['valid calls', 'valid', 64],
+];
+
+describe('tenancy grid', () => {
+  for (const [what, kind, window] of floods) {
+    it(`tenant-flood: ${what} for 30 s — the other tenants' calls all commit; their p99 with and without it`, { timeout: 180_000 }, async ({ task }) => {
+      const base = await callFor(WINDOW_MS, `base-${kind}`);
+      // The flooder is a process of its own: its publishing does not slow this one, which measures.
+      const flooding = floodProcess(t, 'flood', 'mallory', kind, { ms: WINDOW_MS, window });
+      const during = await callFor(WINDOW_MS, `flood-${kind}`);
+      const sent = await flooding;
+      const p99 = (r: CallRun) => quantile(r.latenciesMs, 0.99);
+      figure(task, { name: 'flood: publishes sent / stored, MB sent', value: `${sent.sent} / ${sent.stored}, ${(sent.bytesSent / 1e6).toFixed(0)} MB${Object.keys(sent.refused).length ? `; refused ${JSON.stringify(sent.refused)}` : ''}` });
+      figure(task, { name: 'other tenants: calls without / with the flood', value: `${base.calls} / ${during.calls}` });
+      figure(task, { name: 'other tenants: failed calls with the flood', value: during.failed });
+      figure(task, { name: 'other tenants: p50 without / with the flood', value: `${quantile(base.latenciesMs, 0.5).toFixed(1)} / ${quantile(during.latenciesMs, 0.5).toFixed(1)}`, unit: 'ms' });
+      figure(task, { name: 'other tenants: p99 without / with the flood', value: `${p99(base).toFixed(1)} / ${p99(during).toFixed(1)}`, unit: 'ms' });
+      figure(task, { name: 'other tenants: p99 ratio (must be ≤ 2)', value: Number((p99(during) / p99(base)).toFixed(2)) });
+      figure(task, { name: 'stored per tenant (intents + decisions)', value: await storedBytes() });
+      expect(during.failures).toEqual([]);
+      expect(base.failures).toEqual([]);
+      expect(during.calls).toBeGreaterThanOrEqual(200);
+    });
+  }
+
+  it('poison-intake: 1,000 amplifiers — the other tenants\' calls all commit, the flooding tenant\'s intake is worked through with nothing redelivered', { timeout: 300_000 }, async ({ task }) => {
+    const poison = floodProcess(t, 'flood', 'mallory', 'amplifiers', { maxBytes: 1_000 * AMPLIFIER_BYTES, window: 16 });
+    const during = await callFor(10_000, 'poison');
+    const sent = await poison;
+    const c = await t.jsm.consumers.info(t.subjects.intentsStream('flood'), 'authorizer');
+    figure(task, { name: 'amplifiers sent / stored', value: `${sent.sent} / ${sent.stored}` });
+    figure(task, { name: 'other tenants: failed calls', value: during.failed });
+    figure(task, { name: 'flooding tenant: redelivered intents', value: c.num_redelivered });
+    expect(during.failures).toEqual([]);
+    expect(sent.sent).toBe(1_000);
+    expect(c.num_redelivered).toBe(0);
+  });
+
+  it('tenant-flood: 1 GB of 1 MB junk intents on a 400 MB store — the other tenants\' writes all commit; the flooding tenant holds at most its own bound', { timeout: 600_000 }, async ({ task }) => {
+    const flooded = floodProcess(t, 'flood', 'mallory', 'junk', { maxBytes: 1_000 * 1_000_000, window: 8 });
+    const during = await callFor(10_000, 'gb');
+    const sent = await flooded;
+    const after = await callFor(2_000, 'gb-after');
+    const intake = await t.jsm.streams.info(t.subjects.intentsStream('flood'));
+    figure(task, { name: 'junk sent / stored, MB', value: `${(sent.bytesSent / 1e6).toFixed(0)} / ${sent.stored}; refused ${JSON.stringify(sent.refused)}` });
+    figure(task, { name: 'other tenants: failed calls during / after', value: `${during.failed} / ${after.failed}` });
+    figure(task, { name: 'flooding tenant: intake bytes (bound 32 MiB)', value: intake.state.bytes, unit: 'bytes' });
+    figure(task, { name: 'stored per tenant (intents + decisions)', value: await storedBytes() });
+    expect(during.failures).toEqual([]);
+    expect(after.failures).toEqual([]);
+    expect(intake.state.bytes).toBeLessThanOrEqual(LIMITS.intentBytes);
+  });
+});
