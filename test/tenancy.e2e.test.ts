@@ -1,6 +1,6 @@
 /**
  * No tenant can stall, fill or watch the system for another (docs/tenancy.md), on real processes:
- * a nats-server with a bounded store (`max_file_store`), the authorizer, the executor and the
+ * a nats-server with a 48 MB store (`max_file_store`), the authorizer, the executor and the
  * audit-projector as processes, a sink that does not deduplicate, 50 tenants. While the `flood`
  * tenant poisons or floods its own intake, every other tenant's calls commit: 0 failed calls. Their
  * latency with and without each flood is measured by `npm run matrix` (test/matrix/tenancy.matrix.test.ts),
@@ -19,8 +19,11 @@ import { Sink } from './helpers/sink.js';
 import { amplifier, callRun, flood, manyTenants, note, toolsOf, validIntent } from './helpers/tenancy.js';
 
 const MiB = 1024 * 1024;
-/** Small bounds, so that the scaled-down floods meet them: 50 tenants reserve 50 × 1.25 MiB of the 128 MB store. */
-const LIMITS = { intentBytes: 1 * MiB, intentMessages: 2_000, decisionBytes: 256 * 1024 };
+/**
+ * Small bounds, so that the scaled-down floods meet them: 50 tenants reserve 50 × 576 KiB of the
+ * 48 MB store, which a 50 MB flood would fill were it not bounded.
+ */
+const LIMITS = { intentBytes: 512 * 1024, intentMessages: 2_000, decisionBytes: 64 * 1024 };
 const OTHERS = 49;
 
 let t: TestNats;
@@ -31,7 +34,7 @@ const agents: { tenant: string; tools: Tools }[] = [];
 const others = (n: number) => agents.slice(0, n);
 
 beforeAll(async () => {
-  t = await provisioned({}, undefined, { identities: manyTenants(OTHERS, LIMITS), jetstreamExtra: 'max_file_store: 128MB' });
+  t = await provisioned({}, undefined, { identities: manyTenants(OTHERS, LIMITS), jetstreamExtra: 'max_file_store: 48MB' });
   sink = await new Sink().start();
   const env = { ...t.env, SINK_URL: sink.url };
   services = await Promise.all((['authorizer', 'executor', 'audit-projector'] as const).map((n) => startService(n, env)));
@@ -76,7 +79,7 @@ describe('tenant isolation (docs/tenancy.md)', () => {
     figure(task, { name: 'other tenants\' failed calls during 100 amplifiers', value: run.failed });
     expect(run.failures).toEqual([]);
     expect(sent.sent).toBe(100);
-    // Past the tenant's 1 MiB intake bound a publish is refused; what was stored is worked through.
+    // Past the tenant's 512 KiB intake bound a publish is refused; what was stored is worked through.
     expect(sent.stored).toBeGreaterThan(0);
 
     // Worked through, never redelivered, nothing left counting against the tenant's bound.
@@ -96,7 +99,7 @@ describe('tenant isolation (docs/tenancy.md)', () => {
     expect(audited?.operation).toBe('PUT');
   });
 
-  it('tenant-flood: 50 MB of 1 MB junk intents stay inside the flooding tenant\'s own 1 MiB bound (refused quota_exceeded past it); no other tenant\'s write fails', async ({ task }) => {
+  it('tenant-flood: 50 MB of 1 MB junk intents stay inside the flooding tenant\'s own 512 KiB bound (refused quota_exceeded past it); no other tenant\'s write fails', async ({ task }) => {
     let done = false;
     const junk = new Uint8Array(1_000_000).fill(0xc1); // 0xc1 is never msgpack
     const flooded = flood(t, 'flood', 'mallory', () => junk, { until: () => done, maxBytes: 50 * 1_000_000, window: 8 });
@@ -106,7 +109,7 @@ describe('tenant isolation (docs/tenancy.md)', () => {
     // The flooding tenant's own SDK call while its intake is full is refused quota_exceeded, or commits once room is made.
     const own = await (await toolsOf(t, 'flood', 'mallory')).execute({ tool: 'sink.write', taskId: 'own', input: note('own call') }, { budgetMs: 10_000 });
     figure(task, { name: 'other tenants\' failed calls during a 50 MB junk flood', value: run.failed });
-    figure(task, { name: 'bytes the flooding tenant holds in its intake stream (bound 1 MiB)', value: (await floodIntake()).bytes });
+    figure(task, { name: 'bytes the flooding tenant holds in its intake stream (bound 512 KiB)', value: (await floodIntake()).bytes });
     expect(run.failures).toEqual([]);
     expect(sent.refused['10077'] ?? 0, JSON.stringify(sent)).toBeGreaterThan(0);
     expect(['committed', 'rejected']).toContain(own.status);

@@ -112,6 +112,17 @@ export const auditRecordSchema = z.object({
 export type AuditRecord = z.infer<typeof auditRecordSchema>;
 
 /**
+ * An audit record as an auditor receives it: the positions in the event log all tenants share
+ * become the operation's own (`seq` = how many of its states the record holds, each state's `seq`
+ * its 1-based place among them), so nothing an auditor reads counts another tenant's calls
+ * (docs/tenancy.md). Decision sequences are the tenant's own stream's already. Pure.
+ */
+export function auditRecordForAuditor(r: AuditRecord): AuditRecord {
+  const states = [...r.states].sort((a, b) => a.seq - b.seq).map((st, i) => ({ ...st, seq: i + 1 }));
+  return { ...r, seq: states.length, states };
+}
+
+/**
  * Counts of one contract version, computed from audit records:
  * - `operations` — records (operation keys) of this contract version;
  * - `accepted` — attempts accepted (`accepted` events; requeues are not new attempts);

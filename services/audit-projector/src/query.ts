@@ -3,7 +3,7 @@ import type { JetStreamClient } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
 import { ErrorClass, fieldIssues, operationIdOf, type ErrorInfo } from '@tooltx/contracts';
-import { auditRecordSchema, auditRequestSchema, MAX_AUDIT_PAGE, type AuditAnswer, type AuditQueryRecord, type AuditRecord, type AuditRequest, type ContractCounts } from '@tooltx/lifecycle';
+import { auditRecordForAuditor, auditRecordSchema, auditRequestSchema, MAX_AUDIT_PAGE, type AuditAnswer, type AuditQueryRecord, type AuditRecord, type AuditRequest, type ContractCounts } from '@tooltx/lifecycle';
 import { decode, decodeRaw, encode, isTransient, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
 import { isOwnReplyInbox } from '@tooltx/streams';
@@ -155,7 +155,7 @@ export class AuditService {
       const e = await this.#d.kv.get(this.#d.subjects.projectionKey(who.tenant, operationIdOf(req.operationKey)));
       const record = e && e.operation === 'PUT' ? decode(auditRecordSchema, e.value) : null;
       // An operation key of another tenant is never under this tenant's keys: the same `null`.
-      return { kind: 'show', queryId, record: record && record.operationKey === req.operationKey ? record : null };
+      return { kind: 'show', queryId, record: record && record.operationKey === req.operationKey ? auditRecordForAuditor(record) : null };
     }
     const inRange = (r: AuditRecord) => (req.since === undefined || r.lastAt >= req.since) && (req.until === undefined || r.firstAt < req.until);
     const all = (await this.#tenantRecords(who.tenant)).filter(inRange);
@@ -174,8 +174,9 @@ export class AuditService {
       bytes += size;
     }
     const next = page.length < selected.length && page.length > 0 ? cursorOf(page.at(-1)!) : undefined;
-    if (req.kind === 'list') return { kind: 'list', queryId, records: page, ...(next ? { next } : {}) };
-    return { kind: 'export', queryId, exportId: req.exportId ?? randomUUID(), records: page, ...(next ? { next } : {}) };
+    const answered = page.map(auditRecordForAuditor);
+    if (req.kind === 'list') return { kind: 'list', queryId, records: answered, ...(next ? { next } : {}) };
+    return { kind: 'export', queryId, exportId: req.exportId ?? randomUUID(), records: answered, ...(next ? { next } : {}) };
   }
 
   /**
