@@ -180,7 +180,7 @@ const auth = program.command('auth').description('identity the server enforces: 
 auth
   .command('generate')
   .description('write <out>/nats-server.conf and <out>/nkeys/*.nk (mode 0600) from an identity list (JSON)')
-  .requiredOption('--identities <file>', 'JSON: { "tenants": [{ "id", "actors": [], "auditors": [] }], "operators": [], "executorDurables": [] }; also writes signing/<service>.pem (kept if present) and receipt-keys.json')
+  .requiredOption('--identities <file>', 'JSON: { "tenants": [{ "id", "actors": [], "auditors": [], "limits": {} }], "operators": [], "executorDurables": [], "limits": {} } (limits: docs/tenancy.md); also writes signing/<service>.pem (kept if present) and receipt-keys.json')
   .requiredOption('--out <dir>', 'output directory')
   .option('--listen <host:port>', 'client listen address', '127.0.0.1:4222')
   .option('--store-dir <dir>', 'JetStream store directory (with --cluster-node: each node\'s is <dir>/<name>)', '.state/jetstream')

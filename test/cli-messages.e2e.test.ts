@@ -11,7 +11,9 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createTools, type Tools } from '@tooltx/client';
-import { provisioned, type TestNats } from './helpers/nats.js';
+import { decodeRaw, openBucket } from '@tooltx/nats';
+import { applyTopology } from '@tooltx/streams';
+import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { Sink } from './helpers/sink.js';
 import { closedPort } from './helpers/net.js';
@@ -244,5 +246,45 @@ describe('--help lists the environment each command reads', () => {
       for (const v of ['NATS_URL', 'NATS_NKEY_FILE', 'NATS_CREDS_FILE', 'TOOLTX_PREFIX']) expect(r.stdout, `${args.join(' ')}: ${v}`).toContain(v);
     }
     expect((await tooltx(['streams', 'check', '--help'], {})).stdout).toContain('TOOLTX_TOOLS_MODULE');
+  });
+});
+
+describe('tooltx streams apply --identities (docs/tenancy.md)', () => {
+  it('provisions each listed tenant\'s streams with its limits, takes an unlisted tenant out of service, and applies the provisioned tenants again without --identities', async () => {
+    const asProvisioner = { ...server(), NATS_NKEY_FILE: t.auth.seedFile({ kind: 'provisioner' }) };
+    const file = join(dir, 'identities.json');
+    const limits = (tenant: string) => t.jsm.streams.info(t.subjects.intentsStream(tenant)).then((i) => ({ maxBytes: i.config.max_bytes, discard: i.config.discard }));
+    const tenantsBucket = async () => {
+      const kv = await openBucket(t.nc, t.subjects.tenantsBucket);
+      const out: Record<string, unknown> = {};
+      for await (const k of await kv.keys()) out[k] = decodeRaw((await kv.get(k))!.value);
+      return out;
+    };
+    try {
+      // globex gets a bound of its own; initech leaves the list.
+      writeFileSync(file, JSON.stringify({ ...TEST_IDENTITIES, tenants: TEST_IDENTITIES.tenants.filter((x) => x.id !== 'initech').map((x) => (x.id === 'globex' ? { ...x, limits: { intentBytes: 2_097_152 } } : x)) }));
+      const r = await tooltx(['streams', 'apply', '--identities', file], asProvisioner);
+      expect(r.code, r.stderr).toBe(0);
+      expect(JSON.parse(r.stdout)).toMatchObject({ tenants: ['acme', 'globex'], unlisted: ['initech'], updated: [`stream ${t.subjects.intentsStream('globex')}`] });
+      expect(await limits('globex')).toEqual({ maxBytes: 2_097_152, discard: 'new' });
+      expect(Object.keys(await tenantsBucket()).sort()).toEqual(['acme', 'globex']);
+      // The authorizer stops serving the tenant taken out; its streams and data are kept.
+      await procs[0]!.waitForLog('tenant no longer listed: not served');
+      expect((await t.jsm.streams.info(t.subjects.intentsStream('initech'))).config.name).toBe(t.subjects.intentsStream('initech'));
+      // Without --identities: the tenants already provisioned, unchanged.
+      const again = await tooltx(['streams', 'apply'], asProvisioner);
+      expect(again.code, again.stderr).toBe(0);
+      expect(JSON.parse(again.stdout)).toMatchObject({ tenants: ['acme', 'globex'], updated: [] });
+      const check = await tooltx(['streams', 'check'], asProvisioner);
+      expect(JSON.parse(check.stdout)).toEqual({ ok: true, violations: [] });
+      // A bad list is refused before anything is connected (exit 2), naming the file.
+      writeFileSync(file, JSON.stringify({ tenants: [{ id: 'acme', limits: { intentsPerSecond: -1 } }] }));
+      const bad = await tooltx(['streams', 'apply', '--identities', file], asProvisioner);
+      expect(bad.code).toBe(2);
+      expect(bad.stderr).toContain(`--identities: ${file} is not an identity list`);
+      expect(bad.stderr).toContain('intentsPerSecond');
+    } finally {
+      await applyTopology(t.nc, t.jsm, t.topo);
+    }
   });
 });

@@ -28,18 +28,20 @@ export const tenantLimitsSchema = z.strictObject({
 export type TenantLimits = z.infer<typeof tenantLimitsSchema>;
 
 /**
- * The defaults of every tenant (docs/tenancy.md "Defaults"): 64 MiB and 100,000 intents of intake
- * (a day of 1 KB calls at about 1/s; 1,000 s of backlog at the default pace), 1 MiB per intent (nats-server's
- * default `max_payload`), 16 MiB of refusal records (about 30,000), 100 intents/s with bursts of 200
- * per authorizer instance (the default per-account rate of the large payment APIs).
+ * The defaults of every tenant (docs/tenancy.md "The limits and their defaults"): 64 MiB and 10,000
+ * intents of intake (100 s of backlog at the default pace: past it, a tenant's publishes are refused
+ * without being written), 1 MiB per intent (nats-server's default `max_payload`), 16 MiB of refusal
+ * records (about 30,000), 100 intents/s with bursts of 20 per authorizer instance (the default
+ * per-account rate of the large payment APIs; a burst small enough that the calls it lets through
+ * at once do not queue another tenant's behind them in the shared event log).
  */
 export const DEFAULT_TENANT_LIMITS: TenantLimits = {
   intentBytes: 64 * MiB,
-  intentMessages: 100_000,
+  intentMessages: 10_000,
   maxIntentBytes: 1 * MiB,
   decisionBytes: 16 * MiB,
   intentsPerSecond: 100,
-  intentBurst: 200,
+  intentBurst: 20,
 };
 
 /** Limits as written in an identity list: any subset; the rest comes from the list's `limits`, then the defaults. */

@@ -140,16 +140,17 @@ async function checkNothingLost(calls: Call[], task: { meta: TaskMeta }): Promis
   const takeovers = [...events.values()].filter((e) => e.type === 'takeover');
   figure(task, { name: 'takeovers', value: takeovers.length });
   expect(takeovers).toEqual([]);
-  const decisions = await retrying(() => streamContents(t.subjects.decisionsStream('acme')));
+  // Each tenant's decision records live in its own stream (docs/tenancy.md).
+  const decisionStreams = new Map(await Promise.all(t.tenants.map(async (x) => [t.subjects.decisionsStream(x), await retrying(() => streamContents(t.subjects.decisionsStream(x)))] as const)));
   const acks = pubAcks();
   expect(acks.filter((a) => a.stream === t.subjects.eventsStream).length).toBeGreaterThan(0);
-  const byMsgId = new Map([...events.values(), ...decisions.values()].filter((m) => m.msgId).map((m) => [m.msgId!, m.subject]));
+  const byMsgId = new Map([...events.values(), ...[...decisionStreams.values()].flatMap((d) => [...d.values()])].filter((m) => m.msgId).map((m) => [m.msgId!, m.subject]));
   const missing = acks.filter((a) => {
-    if (a.stream !== t.subjects.eventsStream && a.stream !== t.subjects.decisionsStream('acme')) return false;
+    if (a.stream !== t.subjects.eventsStream && !decisionStreams.has(a.stream)) return false;
     // A duplicate of a first copy still being replicated is acknowledged with sequence 0: it names
     // the message by its id only.
     if (a.duplicate && a.seq === 0) return a.msgId === undefined || byMsgId.get(a.msgId) !== a.subject;
-    const stored = a.stream === t.subjects.eventsStream ? events.get(a.seq) : decisions.get(a.seq);
+    const stored = a.stream === t.subjects.eventsStream ? events.get(a.seq) : decisionStreams.get(a.stream)!.get(a.seq);
     return stored?.subject !== a.subject;
   });
   figure(task, { name: 'acknowledged messages missing', value: missing.length });

@@ -109,4 +109,31 @@ describe('msgpack read guard', () => {
     expect(Number.isSafeInteger(big.n)).toBe(false);
     expect(z.object({ n: z.number().int() }).safeParse(big).success).toBe(false);
   });
+
+  it('refuses more values than allowed in all maps and lists, and still names the top-level key it was sent under, wherever it stands', () => {
+    const wide = (n: number) => Object.fromEntries(Array.from({ length: n }, (_, i) => [`f${i}`, i]));
+    const key = `opk_${'k'.repeat(43)}`;
+    expect(decodeRaw(encode({ input: wide(2_000), operationKey: key }), { maxItems: 4_096, captureKey: 'operationKey' })).toMatchObject({ operationKey: key });
+    for (const env of [{ operationKey: key, input: wide(2_100) }, { input: wide(2_100), operationKey: key }, { input: [wide(1_000), wide(1_100)], operationKey: key }]) {
+      let caught: unknown;
+      try {
+        decodeRaw(encode(env), { maxItems: 4_096, captureKey: 'operationKey' });
+      } catch (err) {
+        caught = err;
+      }
+      expect(caught).toBeInstanceOf(CodecError);
+      expect((caught as Error).message).toBe('more than 4096 values in its maps and lists');
+      expect(((caught as Error).cause as { tooMany: boolean; captured?: string })).toMatchObject({ tooMany: true, captured: key });
+    }
+    // A nested `operationKey` is not the envelope's; one that is not a string is not captured.
+    for (const env of [{ input: { operationKey: key, ...wide(2_100) } }, { operationKey: 7, input: wide(2_100) }]) {
+      try {
+        decodeRaw(encode(env), { maxItems: 4_096, captureKey: 'operationKey' });
+      } catch (err) {
+        expect(((err as Error).cause as { captured?: string }).captured).toBeUndefined();
+      }
+    }
+    // Malformed bytes stay malformed: too many values is only said of well-formed ones.
+    expect(codecError(() => decodeRaw(encode({ input: wide(2_100) }).subarray(0, 100), { maxItems: 4_096 }))).toMatch(/^not msgpack: truncated/);
+  });
 });

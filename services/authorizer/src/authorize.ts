@@ -29,10 +29,10 @@ export interface AuthorizerDeps {
   results?: KV;
   now?: () => number;
   /**
-   * Told how long the pure intake checks of one intent took, ms of this process's time: intake is
-   * paced per tenant by what it costs, not only by count (docs/tenancy.md).
+   * Told what one intent cost: how long its pure intake checks took (ms of this process's time) and
+   * its size (bytes): intake is paced per tenant by what it costs, not only by count (docs/tenancy.md).
    */
-  onIntakeCost?: (tenant: string, ms: number) => void;
+  onIntakeCost?: (tenant: string, ms: number, bytes: number) => void;
 }
 
 /**
@@ -48,7 +48,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const started = performance.now();
     const intake = intakeOf(subjects, { subject: msg.subject, data: msg.data, msgId: msg.headers?.get('Nats-Msg-Id') || undefined, seq: msg.seq }, (t, v) => tools.contracts.get(t, v), (t) => tools.contracts.versionsOf(t));
     const who = intake.who;
-    if (who) deps.onIntakeCost?.(who.tenant, performance.now() - started);
+    if (who) deps.onIntakeCost?.(who.tenant, performance.now() - started, msg.data.byteLength);
     if (!who) return { kind: 'term', reason: 'not an intent subject' };
     const submissionId = intake.submissionId;
     let answerOnItsWay = false;

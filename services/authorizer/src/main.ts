@@ -19,6 +19,9 @@ import { intentHandler } from './authorize.js';
 import { TokenBucket } from './rate.js';
 import { StatusService } from './status.js';
 
+/** The bytes of intent one intake token pays for (docs/tenancy.md). */
+const INTAKE_TOKEN_BYTES = 16 * 1024;
+
 await runService({
   name: 'authorizer',
   summary: 'consumes intents, checks identity, contract, key and policy, registers operations, and answers status requests',
@@ -28,13 +31,15 @@ await runService({
     await status.start();
     const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
     await frozen.start();
-    // Each tenant's pace: one token per intent, and one per millisecond its intake checks took
-    // beyond the first (docs/tenancy.md), so an intent built to be costly is paced by its cost.
+    // Each tenant's pace (docs/tenancy.md): one token per intent, one more per millisecond its intake
+    // checks took beyond the first and per 16 KiB beyond the first, so that an intent built to be
+    // costly (thousands of fields, a megabyte of junk) is paced by its cost: the flood waits in the
+    // tenant's own stream, which then refuses at its bound, storing nothing.
     const paces = new Map<string, TokenBucket>();
     const handle = intentHandler({
       subjects, store, tools, log, frozen, results,
       pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }),
-      onIntakeCost: (tenant, ms) => paces.get(tenant)?.charge(ms - 1),
+      onIntakeCost: (tenant, ms, bytes) => paces.get(tenant)?.charge(Math.max(0, ms - 1) + Math.max(0, Math.ceil(bytes / INTAKE_TOKEN_BYTES) - 1)),
     });
     const tenants = new TenantWatch(await openBucket(nc, subjects.tenantsBucket), log.child({ component: 'tenants' }), async (tenant, limits) => {
       const decisions = await status.watchDecisions(tenant);

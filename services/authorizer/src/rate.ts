@@ -25,6 +25,9 @@ export class TokenBucket {
     this.#rate = ratePerSecond;
     this.#burst = burst;
     this.#tokens = Math.min(this.#tokens, burst);
+    // The waiters' wake-up was timed at the old rate.
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#timer = null;
     this.#schedule();
   }
 
