@@ -265,7 +265,7 @@ describe('tooltx streams apply --identities (docs/tenancy.md)', () => {
       writeFileSync(file, JSON.stringify({ ...TEST_IDENTITIES, tenants: TEST_IDENTITIES.tenants.filter((x) => x.id !== 'initech').map((x) => (x.id === 'globex' ? { ...x, limits: { intentBytes: 2_097_152 } } : x)) }));
       const r = await tooltx(['streams', 'apply', '--identities', file], asProvisioner);
       expect(r.code, r.stderr).toBe(0);
-      expect(JSON.parse(r.stdout)).toMatchObject({ tenants: ['acme', 'globex'], unlisted: ['initech'], updated: [`stream ${t.subjects.intentsStream('globex')}`] });
+      expect(JSON.parse(r.stdout)).toMatchObject({ tenants: ['acme', 'globex'], unlisted: ['initech'], updated: expect.arrayContaining([`stream ${t.subjects.intentsStream('globex')}`]) });
       expect(await limits('globex')).toEqual({ maxBytes: 2_097_152, discard: 'new' });
       expect(Object.keys(await tenantsBucket()).sort()).toEqual(['acme', 'globex']);
       // The authorizer stops serving the tenant taken out; its streams and data are kept.

@@ -166,4 +166,13 @@ describe('tenant isolation (docs/tenancy.md)', () => {
     // The flooding tenant's backlog stays in its own bounded stream.
     expect((await floodIntake()).bytes).toBeLessThanOrEqual(LIMITS.intentBytes);
   });
+
+  it('an intent that fails for good is recorded as internal and terminated after a few deliveries, never redelivered for minutes; the tenant\'s next call commits', async () => {
+    const [a] = others(1) as [{ tenant: string; tools: Tools }];
+    const r = await a.tools.execute({ tool: 'sink.write', taskId: 'policy-bug', input: { ...note('policy bug'), bucket: 'policy-bug' } }, { budgetMs: 15_000 });
+    expect(r).toMatchObject({ status: 'rejected', error: { class: 'internal' } });
+    const c = await t.jsm.consumers.info(t.subjects.intentsStream(a.tenant), 'authorizer');
+    expect({ pending: c.num_pending, ackPending: c.num_ack_pending, redelivered: c.num_redelivered }).toEqual({ pending: 0, ackPending: 0, redelivered: 0 });
+    expect((await a.tools.execute({ tool: 'sink.write', taskId: 'after-bug', input: note('after the bug') }, { budgetMs: 15_000 })).status).toBe('committed');
+  });
 });

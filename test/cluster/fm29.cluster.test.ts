@@ -211,6 +211,8 @@ async function retrying<T>(fn: () => Promise<T>, timeoutMs = 30_000): Promise<T>
 }
 
 const nodeName = (i: number) => `n${i + 1}`;
+/** Nodes restarted a second time because their catch-up stalled (a figure of the run). */
+let restartsAgain = 0;
 const nodeIndex = (name: string) => Number(name.slice(1)) - 1;
 
 /** The replicated streams and buckets of the deployment, with their leaders and replicas. */
@@ -232,8 +234,17 @@ async function restartAndCatchUp(i: number, signal: NodeJS.Signals = 'SIGKILL', 
   await t.cluster!.nodes[i]!.restart!(signal);
   const since = new Map((await streams()).map((s) => [s.config.name, s.state.last_seq]));
   const deadline = Date.now() + timeoutMs;
+  // A replica whose catch-up stalls stays a few messages behind while reporting itself current
+  // (nats-server#4875, #8320); what an operator does (docs/cluster.md) is restart that node once more.
+  let restartedAgain = false;
   let why = '';
   while (Date.now() < deadline) {
+    if (!restartedAgain && Date.now() > deadline - timeoutMs / 2 && why.includes('behind')) {
+      restartedAgain = true;
+      restartsAgain++;
+      console.log(`${nodeName(i)} stalled catching up (${why}): restarted once more`);
+      await t.cluster!.nodes[i]!.restart!('SIGTERM');
+    }
     try {
       const all = await streams();
       const unhealthy = all.filter((s) => !s.cluster?.leader || (s.cluster.replicas ?? []).length !== 2 || (s.cluster.replicas ?? []).some((r) => r.offline));
@@ -341,6 +352,7 @@ describe('FM-29: one node of a 3-node cluster killed', () => {
     const calls = await underLoad('rolling', async () => {
       for (const i of [0, 1, 2]) await restartAndCatchUp(i, 'SIGTERM');
     });
+    figure(task, { name: 'nodes restarted once more after a stalled catch-up (whole file)', value: restartsAgain });
     await checkNothingLost(calls, task);
   });
 });

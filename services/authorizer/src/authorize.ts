@@ -1,6 +1,6 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
-import { EMPTY_RESULT_DIGEST, ErrorClass, hasSideEffect, operationIdOf, prepareCall, toErrorInfo, type ErrorInfo, type Implementation } from '@tooltx/contracts';
+import { EMPTY_RESULT_DIGEST, ErrorClass, TooltxError, hasSideEffect, operationIdOf, prepareCall, toErrorInfo, type ErrorInfo, type Implementation } from '@tooltx/contracts';
 import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision, type OperationRecord, type Receipt } from '@tooltx/lifecycle';
 import { committedResult, ConcurrencyError, isTransient, newEventId, StoreUnavailableError, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
@@ -9,6 +9,15 @@ import { intakeOf, keylessRefusalKey, type IntakeOutcome } from './intake.js';
 /** An error a later delivery may not meet: the store or the server did not answer (nak, retried). */
 function retryable(err: unknown): boolean {
   return err instanceof StoreUnavailableError || err instanceof ConcurrencyError || isTransient(err);
+}
+
+/** Deliveries of an intent that fails for good before it is recorded as `internal` and terminated. */
+const TERMINAL_AFTER_DELIVERIES = 3;
+
+/** A failure a later delivery will meet again: neither {@link retryable} nor a dependency of the policy being away. */
+function permanent(err: unknown): boolean {
+  if (retryable(err)) return false;
+  return !(err instanceof TooltxError && err.class === ErrorClass.DependencyUnavailable);
 }
 
 const MAX_DECIDE_ROUNDS = 8;
@@ -52,11 +61,34 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     if (!who) return { kind: 'term', reason: 'not an intent subject' };
     const submissionId = intake.submissionId;
     let answerOnItsWay = false;
-    // A throw is retried (nak): the answer is still to come, so nothing is pushed for it yet.
-    const settled = await handle(msg, intake, who, submissionId, () => (answerOnItsWay = true));
+    let settled: Settlement | void;
+    try {
+      settled = await handle(msg, intake, who, submissionId, () => (answerOnItsWay = true));
+    } catch (err) {
+      // A throw is retried (nak): the answer is still to come, so nothing is pushed for it yet.
+      // A failure that will fail again (not the store, the server or a dependency of the policy
+      // being away) is terminal after a few deliveries: recorded as `internal` and terminated, never
+      // redelivered for minutes (docs/tenancy.md).
+      if (!permanent(err) || msg.info.deliveryCount < TERMINAL_AFTER_DELIVERIES) throw err;
+      settled = await terminal(msg, intake, who, submissionId, err);
+    }
     if (!answerOnItsWay) deps.pusher?.poll(who.tenant, who.actor, submissionId);
     return settled;
   };
+
+  /** Records an intent's permanent failure as an `internal` refusal under its key, deletes the intent, and terminates it. */
+  async function terminal(msg: JsMsg, intake: IntakeOutcome, who: { tenant: string; actor: string }, submissionId: string, err: unknown): Promise<Settlement> {
+    const check = intake.kind === 'checked' ? intake.check : null;
+    const key = check?.kind === 'proceed' ? check.prepared.operationKey : check?.kind === 'refuse' ? check.decisionKey : null;
+    const recordKey = key ?? keylessRefusalKey(who.tenant, submissionId);
+    log.error({ err, tenant: who.tenant, actor: who.actor, intentSeq: msg.seq, operationKey: recordKey, deliveryCount: msg.info.deliveryCount }, 'intent failed for good: recorded as internal and terminated');
+    await store.recordDecision(
+      { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: recordKey, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error: { class: ErrorClass.Internal }, ...(key ? {} : { keyless: true as const }) },
+      operationIdOf(recordKey),
+    ).catch((e: unknown) => log.error({ err: e, operationKey: recordKey }, 'its record was not stored either'));
+    await store.deleteIntent(who.tenant, msg.seq).catch(() => undefined);
+    return { kind: 'term', reason: 'failed for good' };
+  }
 
   /**
    * The committed answer of a known key, pushed to the agent of `submissionId` (a resubmission,
