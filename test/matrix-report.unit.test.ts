@@ -24,6 +24,7 @@ const gateReporters = (): TestOutcome[] => [
   passed([`${fm(6)}: forged`, 'nothing written'], [rowsWhereRefused(0)]),
   passed([`${fm(16)}: canaries`, 'zero hits'], [{ name: 'canary hits', value: 0, leakedCanaries: 0 }]),
   passed([`${fm(14)}: unknown past the deadline`, 'record'], [{ name: 'takeover record complete', value: true, takeoverTotal: 1, takeoverComplete: 1 }]),
+  passed(['tenant-flood: junk for 30 s'], [{ name: 'other tenants: p99 ratio', value: 1.5, floodsMeasured: 1, floodsWithin2x: 1 }], 'test/matrix/tenancy.matrix.test.ts'),
 ];
 
 describe('the fault-matrix data', () => {
@@ -71,7 +72,7 @@ describe('rows from test outcomes', () => {
     expect(row(fm(4))).toMatchObject({ status: 'pass', observed: '2/2 tests' });
     for (const id of [fm(20), fm(21), fm(22)]) expect(row(id)).toMatchObject({ status: 'no test', observed: 'no test' });
     expect(report.rows).toHaveLength(32);
-    expect(report.summary).toMatchObject({ ok: true, rows: { pass: 5, fail: 0, noTest: 27 }, gates: { pass: 5, fail: 0 } });
+    expect(report.summary).toMatchObject({ ok: true, rows: { pass: 5, fail: 0, noTest: 27 }, gates: { pass: 6, fail: 0 } });
   });
 
   it('a failed test fails its rows with its first error; its figures still show', () => {
@@ -141,6 +142,7 @@ describe('gates', () => {
       ['unauthorised', 'pass', '0 (1 report)'],
       ['canaries', 'pass', '0 (1 report)'],
       ['takeover', 'pass', '1/1 = 100 % (1 report)'],
+      ['tenant-p99', 'pass', '1/1 = 100 % (1 report)'],
     ]);
   });
 
@@ -153,12 +155,13 @@ describe('gates', () => {
     expect(report.summary).toMatchObject({ ok: false, gates: { notMeasured: 2 } });
   });
 
-  it('an unknown that never converged, an incomplete takeover record, a leaked canary and an unauthorised row each fail their gate', () => {
+  it('an unknown that never converged, an incomplete takeover record, a leaked canary, an unauthorised row and a flood past 2× each fail their gate', () => {
     const tests = [
       passed([`${fm(12)}: held`], [{ name: 'final state', value: 'unknown', duplicates: 0, ...convergence(['accepted', 'running', 'unknown']) }]),
       passed([`${fm(14)}: record`], [takeoverFigure({ operationKey: 'x' })]),
       passed([`${fm(16)}: canaries`], [{ name: 'canary hits', value: 2, leakedCanaries: 2 }]),
       passed([`${fm(9)}: batch`], [rowsWhereRefused(1)]),
+      passed(['tenant-flood: junk for 30 s'], [{ name: 'other tenants: p99 ratio', value: 2.4, floodsMeasured: 1, floodsWithin2x: 0 }], 'test/matrix/tenancy.matrix.test.ts'),
     ];
     expect(computeGates(tests, false).map((g) => [g.id, g.status])).toEqual([
       ['duplicates', 'pass'],
@@ -166,6 +169,7 @@ describe('gates', () => {
       ['unauthorised', 'fail'],
       ['canaries', 'fail'],
       ['takeover', 'fail'],
+      ['tenant-p99', 'fail'],
     ]);
   });
 });
@@ -224,6 +228,6 @@ describe('rendering', () => {
     expect(Math.max(...table.split('\n').map((l) => l.length))).toBeLessThanOrEqual(140);
     expect(table).toMatch(new RegExp(`${fm(20)}.*no test`));
     expect(renderGates(report)).toMatch(/duplicate side effects\s+│ 0\s+│ 0 \(1 report\)\s+│ pass/);
-    expect(renderSummary(report)).toBe('PASS: rows 4 pass, 0 fail, 28 no test · grids 0 pass, 0 fail · gates 5/5 pass · tests 4 passed, 0 failed · 2 min 5 s');
+    expect(renderSummary(report)).toBe('PASS: rows 4 pass, 0 fail, 28 no test · grids 0 pass, 0 fail · gates 6/6 pass · tests 5 passed, 0 failed · 2 min 5 s');
   });
 });

@@ -101,7 +101,8 @@ export interface FloodRun {
 /** Who floods: the agent's server, seed, prefix and identity. */
 export interface Flooder {
   url: string;
-  seedFile: string;
+  /** The agent's seed; absent: a server without auth (the control flood of the matrix). */
+  seedFile?: string;
   prefix: string;
   tenant: string;
   actor: string;
@@ -116,10 +117,13 @@ export function flood(t: TestNats, tenant: string, actor: string, next: (i: numb
   return floodWith({ url: t.url, seedFile: t.agentSeed(tenant, actor), prefix: t.subjects.prefix, tenant, actor }, next, o);
 }
 
-/** {@link flood} from a process of its own (test/helpers/flood-agent.ts), for `ms` or `maxBytes`. */
-export async function floodProcess(t: TestNats, tenant: string, actor: string, kind: 'amplifiers' | 'junk' | 'valid', o: { ms?: number; maxBytes?: number; window?: number }): Promise<FloodRun> {
+/**
+ * {@link flood} from a process of its own (test/helpers/flood-agent.ts), for `ms` or `maxBytes`.
+ * `to`: another server (no auth) and subject prefix instead of the deployment's (a control run).
+ */
+export async function floodProcess(t: TestNats, tenant: string, actor: string, kind: 'amplifiers' | 'junk' | 'valid', o: { ms?: number; maxBytes?: number; window?: number; to?: { url: string; prefix: string } }): Promise<FloodRun> {
   const p = runScript(join(ROOT, 'test', 'helpers', 'flood-agent.ts'), {
-    FLOOD_URL: t.url, FLOOD_SEED: t.agentSeed(tenant, actor), FLOOD_PREFIX: t.subjects.prefix, FLOOD_TENANT: tenant, FLOOD_ACTOR: actor, FLOOD_KIND: kind,
+    FLOOD_URL: o.to?.url ?? t.url, ...(o.to ? {} : { FLOOD_SEED: t.agentSeed(tenant, actor) }), FLOOD_PREFIX: o.to?.prefix ?? t.subjects.prefix, FLOOD_TENANT: tenant, FLOOD_ACTOR: actor, FLOOD_KIND: kind,
     ...(o.ms !== undefined ? { FLOOD_MS: String(o.ms) } : {}), ...(o.maxBytes !== undefined ? { FLOOD_MAX_BYTES: String(o.maxBytes) } : {}), FLOOD_WINDOW: String(o.window ?? 64),
   });
   const code = await p.exited;
@@ -129,7 +133,7 @@ export async function floodProcess(t: TestNats, tenant: string, actor: string, k
 }
 
 export async function floodWith(f: Flooder, next: (i: number) => Uint8Array, o: { until: () => boolean; maxBytes?: number; window?: number }): Promise<FloodRun> {
-  const nc = await connectNats({ servers: f.url, name: `flood-${f.tenant}`, nkeySeedFile: f.seedFile, inboxPrefix: inboxPrefixOf({ kind: 'agent', tenant: f.tenant, actor: f.actor }), reconnectForever: false });
+  const nc = await connectNats({ servers: f.url, name: `flood-${f.tenant}`, ...(f.seedFile ? { nkeySeedFile: f.seedFile } : {}), inboxPrefix: inboxPrefixOf({ kind: 'agent', tenant: f.tenant, actor: f.actor }), reconnectForever: false });
   const js = jetstream(nc, { timeout: 10_000 });
   const subject = new Subjects(f.prefix).intent(f.tenant, f.actor);
   const run: FloodRun = { sent: 0, stored: 0, refused: {}, bytesSent: 0, ms: 0 };

@@ -71,9 +71,12 @@ export interface GateCounts {
   leakedCanaries?: number;
   takeoverTotal?: number;
   takeoverComplete?: number;
+  /** Floods of one tenant measured for the other tenants' p99 (docs/tenancy.md), and how many kept it within 2× of without. */
+  floodsMeasured?: number;
+  floodsWithin2x?: number;
 }
 
-export const GATE_COUNT_NAMES = ['duplicates', 'unknownTotal', 'unknownConverged', 'unauthorisedWrites', 'leakedCanaries', 'takeoverTotal', 'takeoverComplete'] as const satisfies readonly (keyof GateCounts)[];
+export const GATE_COUNT_NAMES = ['duplicates', 'unknownTotal', 'unknownConverged', 'unauthorisedWrites', 'leakedCanaries', 'takeoverTotal', 'takeoverComplete', 'floodsMeasured', 'floodsWithin2x'] as const satisfies readonly (keyof GateCounts)[];
 
 /**
  * The gates of the whole matrix, each computed from the gate counts the tests report with
@@ -95,4 +98,5 @@ export const GATES: readonly GateDefinition[] = [
   { id: 'unauthorised', title: 'unauthorised writes', mustHold: '0', kind: 'zero', count: 'unauthorisedWrites' },
   { id: 'canaries', title: 'leaked canaries', mustHold: '0', kind: 'zero', count: 'leakedCanaries' },
   { id: 'takeover', title: 'takeover records complete', mustHold: '100 %', kind: 'all', count: 'takeoverComplete', of: 'takeoverTotal' },
+  { id: 'tenant-p99', title: "other tenants' p99 under a flood ≤ 2× without", mustHold: '100 %', kind: 'all', count: 'floodsWithin2x', of: 'floodsMeasured' },
 ];
