@@ -38,7 +38,7 @@ export interface AuthorizerDeps {
   results?: KV;
   now?: () => number;
   /**
-   * Told what one intent cost: how long its pure intake checks took (ms of this process's time) and
+   * Told what one intent cost: how long its pure intake checks took (ms of this process's CPU) and
    * its size (bytes): intake is paced per tenant by what it costs, not only by count (docs/tenancy.md).
    */
   onIntakeCost?: (tenant: string, ms: number, bytes: number) => void;
@@ -54,10 +54,15 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
   const now = deps.now ?? Date.now;
 
   return async (msg) => {
-    const started = performance.now();
+    // CPU time, not wall time: a pause of this process (a GC, another process on the core) is not
+    // the intent's cost.
+    const started = process.cpuUsage();
     const intake = intakeOf(subjects, { subject: msg.subject, data: msg.data, msgId: msg.headers?.get('Nats-Msg-Id') || undefined, seq: msg.seq }, (t, v) => tools.contracts.get(t, v), (t) => tools.contracts.versionsOf(t));
     const who = intake.who;
-    if (who) deps.onIntakeCost?.(who.tenant, performance.now() - started, msg.data.byteLength);
+    if (who) {
+      const used = process.cpuUsage(started);
+      deps.onIntakeCost?.(who.tenant, (used.user + used.system) / 1_000, msg.data.byteLength);
+    }
     if (!who) return { kind: 'term', reason: 'not an intent subject' };
     const submissionId = intake.submissionId;
     let answerOnItsWay = false;

@@ -21,6 +21,8 @@ import { StatusService } from './status.js';
 
 /** The bytes of intent one intake token pays for (docs/tenancy.md). */
 const INTAKE_TOKEN_BYTES = 16 * 1024;
+/** The most one intent is charged beyond its own token: what its size and its bounded checks can cost (docs/tenancy.md). */
+const MAX_INTAKE_CHARGE = 100;
 
 await runService({
   name: 'authorizer',
@@ -39,7 +41,7 @@ await runService({
     const handle = intentHandler({
       subjects, store, tools, log, frozen, results,
       pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }),
-      onIntakeCost: (tenant, ms, bytes) => paces.get(tenant)?.charge(Math.max(0, ms - 1) + Math.max(0, Math.ceil(bytes / INTAKE_TOKEN_BYTES) - 1)),
+      onIntakeCost: (tenant, ms, bytes) => paces.get(tenant)?.charge(Math.min(MAX_INTAKE_CHARGE, Math.max(0, ms - 1) + Math.max(0, Math.ceil(bytes / INTAKE_TOKEN_BYTES) - 1))),
     });
     const tenants = new TenantWatch(await openBucket(nc, subjects.tenantsBucket), log.child({ component: 'tenants' }), async (tenant, limits) => {
       const decisions = await status.watchDecisions(tenant);
