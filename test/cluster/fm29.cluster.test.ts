@@ -145,11 +145,15 @@ async function checkNothingLost(calls: Call[], task: { meta: TaskMeta }): Promis
   const acks = pubAcks();
   expect(acks.filter((a) => a.stream === t.subjects.eventsStream).length).toBeGreaterThan(0);
   const byMsgId = new Map([...events.values(), ...[...decisionStreams.values()].flatMap((d) => [...d.values()])].filter((m) => m.msgId).map((m) => [m.msgId!, m.subject]));
+  // A duplicate answered with sequence 0 (its first copy still being replicated) acknowledges
+  // nothing: the store asks again and never takes it as stored (OperationStore.append). When that
+  // first copy is lost with its leader (a node restarted), the next attempt appends under a new
+  // event id, so its id may never be stored. Counted, not required.
+  const pendingDuplicates = acks.filter((a) => a.duplicate && a.seq === 0);
+  figure(task, { name: 'duplicate answers with sequence 0 whose id was never stored (not acknowledgements)', value: pendingDuplicates.filter((a) => a.msgId === undefined || byMsgId.get(a.msgId) !== a.subject).length });
   const missing = acks.filter((a) => {
     if (a.stream !== t.subjects.eventsStream && !decisionStreams.has(a.stream)) return false;
-    // A duplicate of a first copy still being replicated is acknowledged with sequence 0: it names
-    // the message by its id only.
-    if (a.duplicate && a.seq === 0) return a.msgId === undefined || byMsgId.get(a.msgId) !== a.subject;
+    if (a.duplicate && a.seq === 0) return false;
     const stored = a.stream === t.subjects.eventsStream ? events.get(a.seq) : decisionStreams.get(a.stream)!.get(a.seq);
     return stored?.subject !== a.subject;
   });

@@ -104,7 +104,10 @@ export const auditRecordSchema = z.object({
   /** Set once the operation was handed over to a person. */
   takeover: z.object({ reason: token }).optional(),
   states: z.array(auditStateSchema),
+  /** The newest pre-acceptance decisions (at most 64: docs/tenancy.md). */
   decisions: z.array(auditDecisionSchema),
+  /** Older decisions not kept in the record (at least this many): a key refused again and again. */
+  decisionsDropped: z.number().int().positive().optional(),
   /** Earliest and latest time of any state or decision, ms since the epoch. */
   firstAt: epochMs,
   lastAt: epochMs,

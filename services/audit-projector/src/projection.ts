@@ -145,7 +145,7 @@ function pickHead(r: AuditRecord): Head {
   return out as Head;
 }
 
-function assemble(operationKey: string, tenant: string, head: Head, states: AuditState[], decisions: AuditDecision[]): AuditRecord {
+function assemble(operationKey: string, tenant: string, head: Head, states: AuditState[], decisions: AuditDecision[], decisionsDropped = 0): AuditRecord {
   const times = [...states.map((s) => s.at), ...decisions.map((d) => d.at)];
   const { seq: headSeq, ...rest } = head;
   return {
@@ -156,10 +156,18 @@ function assemble(operationKey: string, tenant: string, head: Head, states: Audi
     ...rest,
     states,
     decisions,
+    ...(decisionsDropped > 0 ? { decisionsDropped } : {}),
     firstAt: Math.min(...times),
     lastAt: Math.max(...times),
   };
 }
+
+/**
+ * Decisions one audit record keeps: the newest; older ones are counted in `decisionsDropped`. A
+ * tenant refused again and again under one key (its own choice of key) would otherwise grow one
+ * record without bound, and every refusal would rewrite all of it (docs/tenancy.md).
+ */
+export const MAX_AUDIT_DECISIONS = 64;
 
 /**
  * The projection rule for an event stored at event-log sequence `at`: the record after it, or `null`
@@ -182,7 +190,7 @@ export function applyEventToAudit(current: AuditRecord | null, e: AuditedEvent, 
   };
   const states = [...(current?.states ?? []), state].sort((a, b) => a.seq - b.seq);
   const head = !current || current.seq < at ? headOfEvent(e, at, h) : pickHead(current);
-  return assemble(s.operationKey, s.tenant, head, states, current?.decisions ?? []);
+  return assemble(s.operationKey, s.tenant, head, states, current?.decisions ?? [], current?.decisionsDropped);
 }
 
 /**
@@ -191,6 +199,12 @@ export function applyEventToAudit(current: AuditRecord | null, e: AuditedEvent, 
  */
 export function applyDecisionToAudit(current: AuditRecord | null, d: AuditedDecision, at: number): AuditRecord | null {
   if (current?.decisions.some((x) => x.seq === at)) return null;
+  let dropped = current?.decisionsDropped ?? 0;
+  // Older than every decision a full record keeps: counted, not kept (a redelivery of one already
+  // dropped counts again: the count is "at least").
+  if (current && current.decisions.length >= MAX_AUDIT_DECISIONS && at < current.decisions[0]!.seq) {
+    return assemble(d.operationKey, d.tenant, current.seq > 0 ? pickHead(current) : headOfDecision(current.decisions.at(-1)!), current.states, current.decisions, dropped + 1);
+  }
   const entry: AuditDecision = {
     seq: at,
     at: d.at,
@@ -200,9 +214,11 @@ export function applyDecisionToAudit(current: AuditRecord | null, d: AuditedDeci
     conflict: d.error.class === 'idempotency_conflict',
     ...(d.authorization?.decision === 'deny' ? { policyVersion: d.authorization.policyVersion } : {}),
   };
-  const decisions = [...(current?.decisions ?? []), entry].sort((a, b) => a.seq - b.seq);
+  const all = [...(current?.decisions ?? []), entry].sort((a, b) => a.seq - b.seq);
+  dropped += Math.max(0, all.length - MAX_AUDIT_DECISIONS);
+  const decisions = all.slice(-MAX_AUDIT_DECISIONS);
   const head = current && current.seq > 0 ? pickHead(current) : headOfDecision(decisions.at(-1)!);
-  return assemble(d.operationKey, d.tenant, head, current?.states ?? [], decisions);
+  return assemble(d.operationKey, d.tenant, head, current?.states ?? [], decisions, dropped);
 }
 
 /**

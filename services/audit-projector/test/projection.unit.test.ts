@@ -4,6 +4,7 @@ import { keyedDigest } from '@tooltx/runtime';
 import { decode, encode } from '@tooltx/nats';
 import { interleave, PLANTED_ERROR_TEXT, sampleOperation, sampleOperations, shuffled } from '../../../test/helpers/histories.js';
 import {
+  MAX_AUDIT_DECISIONS,
   applyDecisionToAudit,
   applyEventToAudit,
   auditRecordSchema,
@@ -203,5 +204,20 @@ describe('audit projection: one record per operation', () => {
 
   it('stores records that survive msgpack and the schema unchanged', () => {
     for (const r of inOrder.values()) expect(decode(auditRecordSchema, encode(r))).toEqual(r);
+  });
+});
+
+describe('a key refused again and again (docs/tenancy.md)', () => {
+  it('given more refusals under one key than a record keeps, when projected, then the record keeps the newest and counts the rest, in any order', () => {
+    const o = ops[1]!;
+    const n = MAX_AUDIT_DECISIONS + 40;
+    const apply = (seqs: number[]) => seqs.reduce<AuditRecord | null>((cur, seq) => applyDecisionToAudit(cur, decisionOf(o, seq, 'invalid_input'), seq) ?? cur, null)!;
+    const inOrder = apply(Array.from({ length: n }, (_, i) => i + 1));
+    expect(inOrder.decisions.map((d) => d.seq)).toEqual(Array.from({ length: MAX_AUDIT_DECISIONS }, (_, i) => n - MAX_AUDIT_DECISIONS + i + 1));
+    expect(inOrder.decisionsDropped).toBe(40);
+    // Delivered out of order: the same record.
+    expect(apply(shuffled(Array.from({ length: n }, (_, i) => i + 1), 7))).toEqual(inOrder);
+    // A redelivery of a decision it keeps changes nothing.
+    expect(applyDecisionToAudit(inOrder, decisionOf(o, n, 'invalid_input'), n)).toBeNull();
   });
 });

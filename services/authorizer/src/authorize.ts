@@ -11,6 +11,16 @@ function retryable(err: unknown): boolean {
   return err instanceof StoreUnavailableError || err instanceof ConcurrencyError || isTransient(err);
 }
 
+/**
+ * Whether an intent that registered nothing in this delivery may be deleted: only on its first
+ * delivery. A redelivered intent may have registered an operation in a delivery whose ack was lost
+ * (the policy or the registry may refuse it now), and the executor reads that operation's input from
+ * it; it stays until its max age (docs/tenancy.md).
+ */
+function mayDelete(msg: JsMsg): boolean {
+  return msg.info.deliveryCount === 1;
+}
+
 /** Deliveries of an intent that fails for good before it is recorded as `internal` and terminated. */
 const TERMINAL_AFTER_DELIVERIES = 3;
 
@@ -91,7 +101,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: recordKey, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error: { class: ErrorClass.Internal }, ...(key ? {} : { keyless: true as const }) },
       operationIdOf(recordKey),
     ).catch((e: unknown) => log.error({ err: e, operationKey: recordKey }, 'its record was not stored either'));
-    await store.deleteIntent(who.tenant, msg.seq).catch(() => undefined);
+    if (mayDelete(msg)) await store.deleteIntent(who.tenant, msg.seq).catch(() => undefined);
     return { kind: 'term', reason: 'failed for good' };
   }
 
@@ -140,7 +150,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           settlement = { kind: 'term', reason: 'refusal not recordable' };
         }
       }
-      await store.deleteIntent(who.tenant, msg.seq).catch((err: unknown) => l.warn({ err }, 'refused intent not deleted: it counts against the tenant\'s bound until its max age'));
+      if (mayDelete(msg)) await store.deleteIntent(who.tenant, msg.seq).catch((err: unknown) => l.warn({ err }, 'refused intent not deleted: it counts against the tenant\'s bound until its max age'));
       l.info({ operationKey: recordKey, class: error.class, ...(key ? {} : { keyless: true }) }, 'intent refused');
       return settlement;
     };
