@@ -12,7 +12,7 @@ import { AckPolicy, jetstream, jetstreamManager } from '@nats-io/jetstream';
 import { downstreamKeyOf, prepareCall, TooltxError } from '@tooltx/contracts';
 import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
 import { Subjects, encode } from '@tooltx/nats';
-import { checkDurables, checkIdentityList, generateAuth, inboxPrefixOf, knownDurables, permissionsFor, SERVICE_NAMES, topology, type IdentityList, type Role } from '@tooltx/streams';
+import { allStreams, checkDurables, checkIdentityList, generateAuth, inboxPrefixOf, knownDurables, permissionsFor, SERVICE_NAMES, topology, type IdentityList, type Role } from '@tooltx/streams';
 import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForDecision } from './helpers/ops.js';
@@ -291,7 +291,7 @@ describe('FM-32: reply inboxes are private', () => {
   it('the generated permissions give nobody but the provisioner a subject that creates, updates or deletes a known durable, or the legacy name-in-body create', () => {
     const topo = t.topo;
     const durables = knownDurables(topo, ['executor-b']);
-    const streams = [...Object.values(topo.streams).map((x) => x.name), ...topo.tenants!.flatMap((x) => [x.intents.name, x.decisions.name]), ...[t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket].map((b) => `KV_${b}`)];
+    const streams = [...allStreams(topo).map((x) => x.name), ...[t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket].map((b) => `KV_${b}`)];
     const attempts = streams.flatMap((st) => [
       `$JS.API.CONSUMER.CREATE.${st}`,
       ...durables.flatMap((d) => [

@@ -47,7 +47,7 @@ export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t
 
 async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology): Promise<ApplyReport> {
   const report: ApplyReport = { created: [], updated: [], unchanged: [] };
-  for (const cfg of [...Object.values(t.streams), ...(t.tenants ?? []).flatMap((x) => [x.intents, x.decisions])]) {
+  for (const cfg of allStreams(t)) {
     const cur = await streamInfo(jsm, cfg.name);
     if (!cur) {
       await jsm.streams.add(cfg);
@@ -91,6 +91,11 @@ async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology)
     }
   }
   return report;
+}
+
+/** Every stream of a topology: the shared ones and each tenant's intake and decision streams. */
+export function allStreams(t: Topology): (Partial<StreamConfig> & { name: string })[] {
+  return [...Object.values(t.streams), ...(t.tenants ?? []).flatMap((x) => [x.intents, x.decisions])];
 }
 
 /** Every durable of a topology: the shared ones and each tenant's. */
@@ -205,7 +210,7 @@ export async function checkTopology(
  */
 export async function checkDurables(jsm: JetStreamManager, t: Topology, extraDurables: string[] = []): Promise<string[]> {
   const known = new Set([...allConsumers(t).map((c) => `${c.stream}/${c.config.durable_name}`)]);
-  const names = [...Object.values(t.streams).map((s) => s.name), ...(t.tenants ?? []).flatMap((x) => [x.intents.name, x.decisions.name]), ...buckets(t).map((b) => `KV_${b.bucket}`)];
+  const names = [...allStreams(t).map((s) => s.name), ...buckets(t).map((b) => `KV_${b.bucket}`)];
   const v: string[] = [];
   for (const stream of names) {
     if (!(await streamInfo(jsm, stream))) continue;

@@ -39,11 +39,6 @@ export class TenantWatch {
     await Promise.all([...this.#tenants.values()].map((t) => t.started));
   }
 
-  /** The tenants served now. */
-  get tenants(): string[] {
-    return [...this.#tenants.keys()];
-  }
-
   #changed(tenant: string, entry: TenantEntry | null): void {
     if (this.#stopped) return;
     const cur = this.#tenants.get(tenant);

@@ -91,18 +91,57 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     return settled;
   };
 
-  /** Records an intent's permanent failure as an `internal` refusal under its key, deletes the intent, and terminates it. */
+  /** Records an intent's permanent failure as an `internal` refusal under its key ({@link recordRefusal}) and terminates it. */
   async function terminal(msg: JsMsg, intake: IntakeOutcome, who: { tenant: string; actor: string }, submissionId: string, err: unknown): Promise<Settlement> {
     const check = intake.kind === 'checked' ? intake.check : null;
     const key = check?.kind === 'proceed' ? check.prepared.operationKey : check?.kind === 'refuse' ? check.decisionKey : null;
-    const recordKey = key ?? keylessRefusalKey(who.tenant, submissionId);
-    log.error({ err, tenant: who.tenant, actor: who.actor, intentSeq: msg.seq, operationKey: recordKey, deliveryCount: msg.info.deliveryCount }, 'intent failed for good: recorded as internal and terminated');
-    await store.recordDecision(
-      { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: recordKey, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error: { class: ErrorClass.Internal }, ...(key ? {} : { keyless: true as const }) },
-      operationIdOf(recordKey),
-    ).catch((e: unknown) => log.error({ err: e, operationKey: recordKey }, 'its record was not stored either'));
-    if (mayDelete(msg)) await store.deleteIntent(who.tenant, msg.seq).catch(() => undefined);
+    const l = log.child({ tenant: who.tenant, actor: who.actor, intentSeq: msg.seq });
+    l.error({ err, deliveryCount: msg.info.deliveryCount }, 'intent failed for good: recorded as internal and terminated');
+    await recordRefusal(msg, who, submissionId, l, key, { class: ErrorClass.Internal }, {}).catch((e: unknown) => l.error({ err: e }, 'its record was not stored either'));
     return { kind: 'term', reason: 'failed for good' };
+  }
+
+  /**
+   * Records a refusal and deletes the intent, which registered nothing, from the tenant's intake
+   * stream (docs/tenancy.md: refused intents stop counting against the tenant's bound). A refusal
+   * before any key is known is recorded under the key {@link keylessRefusalKey} derives from the
+   * submission, so that the audit has it. A record the store refuses for good (e.g. larger than it
+   * takes) is replaced by a bounded one naming the class only; if even that is refused, the
+   * intent is terminated: never redelivered (a failure that will fail again).
+   */
+  async function recordRefusal(
+    msg: JsMsg,
+    who: { tenant: string; actor: string },
+    submissionId: string,
+    l: Logger,
+    key: string | null,
+    error: ErrorInfo,
+    ids: { tool?: string; version?: number },
+    authorization?: AuthDecision,
+  ): Promise<Settlement | void> {
+    const recordKey = key ?? keylessRefusalKey(who.tenant, submissionId);
+    const record = (e: ErrorInfo) =>
+      store.recordDecision(
+        { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: recordKey, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error: e, ...ids, ...(authorization ? { authorization } : {}), ...(key ? {} : { keyless: true as const }) },
+        operationIdOf(recordKey),
+      );
+    let settlement: Settlement | void = undefined;
+    try {
+      await record(error);
+    } catch (err) {
+      if (retryable(err)) throw err;
+      l.error({ err, operationKey: recordKey, class: error.class }, 'refusal record not stored: storing a bounded one');
+      try {
+        await record({ class: error.class, issues: [{ path: [], code: 'record_not_stored', message: 'the refusal\'s details could not be stored' }] });
+      } catch (again) {
+        if (retryable(again)) throw again;
+        l.error({ err: again, operationKey: recordKey }, 'no refusal record can be stored: intent terminated');
+        settlement = { kind: 'term', reason: 'refusal not recordable' };
+      }
+    }
+    if (mayDelete(msg)) await store.deleteIntent(who.tenant, msg.seq).catch((err: unknown) => l.warn({ err }, 'refused intent not deleted: it counts against the tenant\'s bound until its max age'));
+    l.info({ operationKey: recordKey, class: error.class, ...(key ? {} : { keyless: true }) }, 'intent refused');
+    return settlement;
   }
 
   /**
@@ -121,39 +160,8 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
   async function handle(msg: JsMsg, intake: IntakeOutcome, who: { tenant: string; actor: string }, submissionId: string, answerOnItsWay: () => void): Promise<Settlement | void> {
     const l = log.child({ tenant: who.tenant, actor: who.actor, intentSeq: msg.seq });
 
-    /**
-     * Records a refusal and deletes the intent, which registered nothing, from the tenant's intake
-     * stream (docs/tenancy.md: refused intents stop counting against the tenant's bound). A refusal
-     * before any key is known is recorded under the key {@link keylessRefusalKey} derives from the
-     * submission, so that the audit has it. A record the store refuses for good (e.g. larger than it
-     * takes) is replaced by a bounded one naming the class only; if even that is refused, the
-     * intent is terminated: never redelivered (a failure that will fail again).
-     */
-    const refuse = async (key: string | null, error: ErrorInfo, ids: { tool?: string; version?: number }, authorization?: AuthDecision): Promise<Settlement | void> => {
-      const recordKey = key ?? keylessRefusalKey(who.tenant, submissionId);
-      const record = (e: ErrorInfo) =>
-        store.recordDecision(
-          { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: recordKey, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error: e, ...ids, ...(authorization ? { authorization } : {}), ...(key ? {} : { keyless: true }) },
-          operationIdOf(recordKey),
-        );
-      let settlement: Settlement | void = undefined;
-      try {
-        await record(error);
-      } catch (err) {
-        if (retryable(err)) throw err;
-        l.error({ err, operationKey: recordKey, class: error.class }, 'refusal record not stored: storing a bounded one');
-        try {
-          await record({ class: error.class, issues: [{ path: [], code: 'record_not_stored', message: 'the refusal\'s details could not be stored' }] });
-        } catch (again) {
-          if (retryable(again)) throw again;
-          l.error({ err: again, operationKey: recordKey }, 'no refusal record can be stored: intent terminated');
-          settlement = { kind: 'term', reason: 'refusal not recordable' };
-        }
-      }
-      if (mayDelete(msg)) await store.deleteIntent(who.tenant, msg.seq).catch((err: unknown) => l.warn({ err }, 'refused intent not deleted: it counts against the tenant\'s bound until its max age'));
-      l.info({ operationKey: recordKey, class: error.class, ...(key ? {} : { keyless: true }) }, 'intent refused');
-      return settlement;
-    };
+    const refuse = (key: string | null, error: ErrorInfo, ids: { tool?: string; version?: number }, authorization?: AuthDecision) =>
+      recordRefusal(msg, who, submissionId, l, key, error, ids, authorization);
 
     if (intake.kind === 'term') {
       // Bytes that are not msgpack: refused with no key known, recorded under the submission's.
