@@ -1,5 +1,5 @@
 /**
- * The lower bounds of issue 10, in the bench's own process, no services:
+ * The lower bounds of a call, in the bench's own process, no services:
  * - (a) per call, three sequential JetStream publishes on one per-operation subject
  *   (`<p>.op.<tenant>.<opId>` of a stream configured exactly like tooltx's event log), each with a
  *   msg id and the expected last subject sequence (0, then the seq of the previous publish) —

@@ -1,5 +1,5 @@
 /**
- * The guaranteed fields of `npm run bench -- --json` (issue 10), as a zod schema: the bench checks
+ * The guaranteed fields of `npm run bench -- --json`, as a zod schema: the bench checks
  * its own output against it before printing, and the CI test (test/bench.e2e.test.ts) parses the
  * last line with it. Times in ms, throughput in calls per second, memory in MB (VmHWM), CPU in ms
  * per call, NATS messages (in + out, as the server counts them for the process's connection) per call.

@@ -1,6 +1,6 @@
 /**
  * `npm run bench` — throughput, latency, CPU, NATS messages and memory of tooltx against lower
- * bounds measured in the same run (issue 10). See docs/performance.md for what the figures mean.
+ * bounds measured in the same run. See docs/performance.md for what the figures mean.
  *
  * One command, one run: rounds alternate A (lower bounds (a) and (b), bench/floor.ts) and B
  * (tooltx, bench/tooltx.ts), each on a fresh nats-server with the same settings (bench/server.ts:

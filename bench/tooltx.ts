@@ -1,5 +1,5 @@
 /**
- * tooltx's real path for the bench (issue 10): the SDK (libs/client) in the bench's process
+ * tooltx's real path for the bench: the SDK (libs/client) in the bench's process
  * publishing intents for `kb.write_note`, the four services as separate processes
  * (examples/research-kb/stack.ts, auth on, one instance each, default settings), the KB storage
  * service with `KB_DEDUP=off` (it inserts a row for every write that reaches it, so its row count

@@ -1,5 +1,5 @@
 /**
- * The workload of `npm run bench` (issue 10), the same for the lower bounds and for tooltx:
+ * The workload of `npm run bench`, the same for the lower bounds and for tooltx:
  * warm-up (not reported), main (unique keys, N in flight), dup (20 % of main's keys submitted again
  * after completion), race (new keys, each submitted twice at the same moment), seq (one call at a
  * time), status (one committed key queried one request at a time). Between phases it snapshots

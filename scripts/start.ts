@@ -4,7 +4,7 @@
  * the four tooltx services as separate processes. Prints where to connect; Ctrl-C (SIGINT) or
  * SIGTERM stops everything cleanly.
  *
- * No orphans (fresh-user trial): every process it starts stops by itself when this one is gone,
+ * No orphans: every process it starts stops by itself when this one is gone,
  * even after a SIGKILL (the KB and the services watch their parent, TOOLTX_EXIT_WITH_PARENT; the
  * nats-server gets SIGTERM through setpriv's parent-death signal where util-linux has it). The lock
  * `<state dir>/stack.pid` records this process and the pids of what it started, and a new start
@@ -60,7 +60,7 @@ Exits 2 when it cannot start, naming the flag or variable and its value; 1 when 
 running stack fails for good. On a terminal the log lines are pretty-printed; else JSON lines.`;
 
 // A variable set to the empty string counts as unset, here and in every process started from here
-// (README "Configuration"; commander's .env() took `NATS_PORT=` for the value '' — fresh-user trial).
+// (README "Configuration"; commander's .env() took `NATS_PORT=` for the value '').
 for (const [name, value] of Object.entries(process.env)) if (value === '') delete process.env[name];
 
 const program = usageErrorsExitTwo(new Command('tooltx-start'))
@@ -119,7 +119,7 @@ const who: StartupReporter = { program: 'tooltx-start', service: 'start', instan
 // is kept and acted on once it is up. Handlers installed after such a write leave a window in which
 // a preempted supervisor dies by the signal's default action (CI flakes, session 5). A signal while
 // the imports still load (the first ~0.5–1 s) ends the process by its default action (exit 143):
-// nothing exists yet then — no lock, no state, no process (fresh-user trial, session 5).
+// nothing exists yet then — no lock, no state, no process (session 5).
 let stopRequested = false;
 let onStopSignal: () => void = () => void (stopRequested = true);
 process.on('SIGINT', () => onStopSignal());
@@ -127,7 +127,7 @@ process.on('SIGTERM', () => onStopSignal());
 
 /** Spaces alone are refused (README "Configuration"): never a directory named '  ', never port 0. */
 const nonBlank = z.string().refine((v) => v.trim() !== '', 'spaces alone are not a value');
-/** Decimal digits only: `0x10` and `1e3` are not ports (envInt; fresh-user trial). */
+/** Decimal digits only: `0x10` and `1e3` are not ports (envInt). */
 const port = nonBlank.pipe(envInt(1, 65535));
 const path = nonBlank;
 const settings = z
@@ -171,7 +171,7 @@ const log: Logger = createLogger({ service: 'start', instance: String(process.pi
 who.log = log;
 
 // One stack per state directory: a second one would share its JetStream store and SQLite file and
-// rewrite its seeds under the running one (fresh-user trial).
+// rewrite its seeds under the running one.
 const stateDir = resolve(settings.data.stateDir);
 const lockFile = join(stateDir, 'stack.pid');
 // A nats-server binary named but not runnable, and a port something else listens on, refuse the
@@ -286,7 +286,7 @@ function shellWord(word: string): string {
 
 /**
  * Exits 2 naming the option when `host:port` is taken (EADDRINUSE) or not ours to bind (EACCES): a
- * refused start must leave no state directory or keys behind (fresh-user trial). Port 0 (any free
+ * refused start must leave no state directory or keys behind. Port 0 (any free
  * one) and other errors are left to the process that listens there, which names them itself.
  */
 async function refuseTakenPort(key: 'port' | 'kbPort', host: string, p: number, problem: (err: unknown, host: string, port: number) => string): Promise<void> {
@@ -303,7 +303,7 @@ async function refuseTakenPort(key: 'port' | 'kbPort', host: string, p: number, 
 /**
  * After a start that failed (the stack stopped everything it started): removes the state directory
  * when this run created it, else the entries this run added to it (keys, auth/, jetstream/,
- * kb.sqlite) — a refused start leaves nothing behind (fresh-user trial). Runs only while this
+ * kb.sqlite) — a refused start leaves nothing behind. Runs only while this
  * process holds the lock, so nothing of another start is touched.
  */
 function removeWhatThisRunCreated(): void {

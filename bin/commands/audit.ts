@@ -1,5 +1,5 @@
 /**
- * `tooltx audit show|list|export|counts` — auditors' access to audit records (issue 9), only ever
+ * `tooltx audit show|list|export|counts` — auditors' access to audit records, only ever
  * through the audit service: a request on `<prefix>.audit.<tenant>.<auditor>` as the auditor's own
  * identity (`NATS_NKEY_FILE`). The server lets an auditor publish only there and read nothing else
  * (no intents, inputs, results, events, buckets); the service records every query and export page

@@ -1,6 +1,6 @@
 /**
  * `tooltx takeover list | show <key> | resolve <key> --committed <resourceId> | --not-applied`
- * (issue 8, FM-14): an operator's view of the operations handed over to a person, through the
+ * (FM-14): an operator's view of the operations handed over to a person, through the
  * takeover service of the reconciler (request/reply on `<prefix>.takeover.<operator>`). The
  * operator's id is the subject token the server pins their nkey to; it is recorded as
  * `resolvedBy` with `manual: true`. Output: JSON, one object per line.

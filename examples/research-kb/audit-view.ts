@@ -1,5 +1,5 @@
 /**
- * The audit view of the demo (issue 9): a few operations as an auditor sees them through the
+ * The audit view of the demo: a few operations as an auditor sees them through the
  * audit service (never the bucket itself), and an export of the whole run — every query recorded
  * by the service before it answered.
  */

@@ -1,5 +1,5 @@
 /**
- * FM-16 (issue 9): unique canaries planted where secrets and content live — a credential (the KB's
+ * FM-16: unique canaries planted where secrets and content live — a credential (the KB's
  * operator token), a cookie, a note body, a page's text and a downstream's error message — and a
  * scanner that looks for them in everything tooltx produced. Used by the demo and the FM-16 test.
  *

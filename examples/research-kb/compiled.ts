@@ -3,7 +3,7 @@
  * service and the trusted tools module, bundled by esbuild into one directory and run by plain
  * `node` (stack.ts; `npm start`, `npm run demo`, `npm run bench` and the tests that start a stack).
  *
- * Why (issue 10, each service ≤ 120 MB peak RSS; docs/performance.md "Memory: compiled services
+ * Why (each service ≤ 120 MB peak RSS; docs/performance.md "Memory: compiled services
  * and V8 flags"): under `node --import tsx` every process also carries tsx's loader — on Node 20
  * `module.register` runs the hooks in a second V8 isolate on a worker thread, plus esbuild's
  * transforms and inline source maps — 125–134 MB RSS after start-up, against 79–82 MB for the same

@@ -1,5 +1,5 @@
 /**
- * The demo's FM-16 part (issue 9), kept apart from the demo's own flow: plants the five canary kinds
+ * The demo's FM-16 part, kept apart from the demo's own flow: plants the five canary kinds
  * in the run, prints the audit view of a few operations through the audit service (as the tenant's
  * auditor), and scans everything the run produced — every log file, every stream but the intent
  * and result stores (raw and decoded), the audit export, every result the agents got back.

@@ -10,14 +10,14 @@
  * The KB inserts a row for every request that reaches it (KB_DEDUP=off), so its own count of rows
  * beyond one per key is the number of duplicate side effects tooltx let through.
  *
- * Under a fault mix (issue 8), injected with the shared harness (`@tooltx/faults`): 10 % of the
+ * Under a fault mix, injected with the shared harness (`@tooltx/faults`): 10 % of the
  * writes have the executor–KB connection cut after the KB committed, 5 % have the KB's answer held
  * past the SDK's budget (the SDK returns unknown; the demo then observes status until it
  * converges), the agent's NATS connection is cut once (a TCP hop between the agent and
  * nats-server), and the executor is SIGKILLed once midway (the stack starts it again). Every one of
  * these is resolvable by probing the KB by key, so none may end in a takeover or a second row.
  *
- * The adversary (issue 6): globex/mallory, authenticated as itself, tries a forged actorId, a tenant
+ * The adversary: globex/mallory, authenticated as itself, tries a forged actorId, a tenant
  * field in the input (a raw intent on its own intent subject: the SDK would refuse it locally), a
  * guessed id of acme's knowledge base and acme's intent subject. An attempt counts as rejected only
  * when the server says so: its status endpoint answers `rejected` for the attempt's key (or the
@@ -25,7 +25,7 @@
  * of which tenant submitted which write: a row whose knowledge base is owned by another tenant than
  * the one the demo submitted it as — or whose key the demo never submitted — is unauthorised.
  *
- * FM-16 (issue 9, `demo-fm16.ts`): five canaries are planted in the run (the KB's operator token, a
+ * FM-16 (`demo-fm16.ts`): five canaries are planted in the run (the KB's operator token, a
  * page's cookie and text, a downstream's error message, a note body); the demo prints the audit view
  * of a few operations through the audit service and scans everything the run produced for them.
  *
@@ -64,7 +64,7 @@ const program = usageErrorsExitTwo(new Command('tooltx-demo'))
 const opts = program.opts<{ json?: boolean; quick?: boolean; pages: string | number; workers: string | number; keep?: boolean }>();
 /** A whole-number option, checked before anything starts: a bad one exits 2 naming the flag. */
 const countOption = (flag: string, v: string | number, max: number): number => {
-  // Decimal digits only: 0x10 and 1e3 are not counts (fresh-user trial).
+  // Decimal digits only: 0x10 and 1e3 are not counts.
   const r = envInt(1, max).safeParse(String(v));
   return r.success ? r.data : program.error(`error: ${flag}: expected a whole number from 1 to ${max}, got ${JSON.stringify(v)}`, { exitCode: 2, code: 'tooltx.demo.usage' });
 };
@@ -99,7 +99,7 @@ const OBSERVE_MS = 180_000;
 const roots = nodeModulesRoots();
 const docs = await new DocsServer(roots, wantPages).start();
 say(`demo: ${docs.pages.length} distinct Markdown pages from node_modules (${roots.map((r) => `${docs.pages.filter((p) => p.root === r).length} from ${r}`).join(', ')}) served at ${docs.url}`);
-// FM-16 (issue 9): this run's canaries, and the small web that carries two of them.
+// FM-16: this run's canaries, and the small web that carries two of them.
 const canaries = newCanaries();
 const canaryWeb = await new CanaryWeb(canaries).start();
 // The executor → KB hop: faults keyed on a write's downstream key; the tools run with keep-alive off
@@ -395,7 +395,7 @@ await Promise.all(
 );
 
 // The event log, read as the operator: which operations went through `unknown` and which ended in
-// a takeover (issue 8: none may here — every injected fault is resolvable by probing).
+// a takeover (none may here — every injected fault is resolvable by probing).
 const log = await histories();
 const typesOf = (key: string) => log.get(new Subjects(prefix).op(TENANT, operationIdOf(key))) ?? [];
 const terminal = (key: string) => ['committed', 'rejected'].includes(typesOf(key).at(-1) ?? '');
@@ -432,7 +432,7 @@ const faultsByKind = {
   agentConnectionCut: natsHop.injected.length,
   executorKilled: machineFaults.executorKilled,
 };
-// FM-16 (issue 9): plant the five canaries, take the audit view, scan everything the run produced.
+// FM-16: plant the five canaries, take the audit view, scan everything the run produced.
 const firstCommitted = writes.find((w) => w.copies.some((r) => r.status === 'committed'));
 const fm16 = await runFm16({
   stack, prefix, canaries, web: canaryWeb, agent: tools, contracts: contracts.all, tenant: TENANT, auditor: 'audrey', rival: RIVAL, rivalActor: 'gina', kb: KB,

@@ -2,7 +2,7 @@
  * A small typed HTTP client of the research-KB storage service (./kb-server.ts), for the trusted
  * tool implementations, the demo and tests. HTTP via undici with one connection pool per client;
  * `keepAlive: false` closes the connection after every request, so a fault proxy that cuts one
- * connection touches exactly one request (issue 7).
+ * connection touches exactly one request.
  *
  * Error convention: an HTTP answer of 4xx/5xx throws {@link KbError} (the KB answered, with a
  * class); network errors, aborts (the caller's `signal`) and a reply that cannot be read propagate
@@ -13,7 +13,7 @@
  * send the operator token instead) carries `authorization: Bearer <serviceToken>`; a KB that
  * requires it answers 401 `unauthorized` without it.
  *
- * Authorisation (issue 6): resolve a reference first ({@link KbClient.resolve}: the canonical
+ * Authorisation: resolve a reference first ({@link KbClient.resolve}: the canonical
  * `kbId`, the `authVersion` and the actor's role), then write with `actor` and `ifMatch` =
  * that `authVersion`; the KB re-checks version, state, role and quota in the insert's transaction.
  */
@@ -132,7 +132,7 @@ export interface KbBatchReceipt {
  * The probe by key: `count` = non-deleted notes with that key (> 1 only with dedup off). For a
  * batch key, `items` lists the batch's notes in order (`id`, `kb`, `createdAt` are item 0's).
  * `inputDigest`: what the note (a batch: item 0) was written with (`x-tooltx-input-digest`), absent
- * when it was written without one (issue 7).
+ * when it was written without one.
  */
 export type KbProbeResult =
   /** `deleted`: the note written under the key was deleted since (the write still happened); `count` counts deleted rows too. */
@@ -168,7 +168,7 @@ export interface KbAdmin {
 /**
  * The caller's digest of what it asked, sent as `x-tooltx-input-digest` (must match
  * {@link INPUT_DIGEST}; the KB answers 400 `invalid_input` otherwise) and stored with the note(s) so
- * the probe can tell this write's effect from another under the same key (issue 7). Absent = none
+ * the probe can tell this write's effect from another under the same key. Absent = none
  * stored.
  */
 interface Digest {

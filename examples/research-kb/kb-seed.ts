@@ -16,7 +16,7 @@
  *   `null` — nobody — so a file never grants more than it says.
  * - `KB_SEED`: comma-separated `tenant:kb` or `tenant:kb:actor1+actor2` entries. With actors, each
  *   listed actor is a `writer` member and nobody else has a role; WITHOUT actors, every actor of the
- *   owner tenant is a writer (default role `writer`) — the behaviour before issue 6. Tenants named
+ *   owner tenant is a writer (default role `writer`) — the behaviour of knowledge bases made before roles existed. Tenants named
  *   only here have no quota.
  *
  * The sample's tenant list is `examples/research-kb/tenants.json` (a `KB_SEED_FILE` with tenants

@@ -2,7 +2,7 @@
  * The research-KB sample's storage service: a separate process, the system of record that tooltx's
  * executor writes notes to, and the sample domain's system of record for AUTHORISATION (DESIGN.md
  * "Sample domain, real parts", "Authorisation is recomputed at the execution instant", "Canonical
- * resource ids"; issue 6). HTTP + JSON over a SQLite store (./kb-store.ts), seeded by
+ * resource ids"). HTTP + JSON over a SQLite store (./kb-store.ts), seeded by
  * ./kb-seed.ts; `tsx examples/research-kb/kb-server.ts --help` lists its settings.
  *
  * Identity headers (set by the trusted executor from the authenticated context, never by a model):
@@ -25,7 +25,7 @@
  *   printable ASCII characters), `x-deadline` (absolute deadline), `if-match` (the `authVersion`
  *   the caller checked: `7` or `"7"`), optionally `x-tooltx-input-digest` (`sha256:` + 64 lower-case
  *   hex: the caller's digest of what it asked — tooltx sends the operation's input digest — stored
- *   with the note and answered by the probe, issue 7); body `{ kb, title, body, sourceUrl, fetchedAt, publishAt? }`
+ *   with the note and answered by the probe); body `{ kb, title, body, sourceUrl, fetchedAt, publishAt? }`
  *   (strict; `kb` any reference). In ONE transaction, in this order: resolve → 404 `not_found`;
  *   with `KB_DEDUP=on` an existing note of the key → 200 with it (422 `key_reused` when it was written
  *   with another `x-tooltx-input-digest`); frozen → 409 `frozen`; version ≠

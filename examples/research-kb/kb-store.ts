@@ -3,7 +3,7 @@
  * bases, their aliases and members, and notes, used by `kb-server.ts` (no HTTP here).
  *
  * DESIGN.md "Sample domain, real parts", "What the downstream promises", "Authorisation is
- * recomputed at the execution instant" and "Canonical resource ids" (issue 6):
+ * recomputed at the execution instant" and "Canonical resource ids":
  * - with dedup on it honours the downstream key (`honoursKey`), and it always refuses a write whose
  *   absolute deadline has passed, checked inside the insert transaction (`enforcesDeadline`);
  * - ONE resolver ({@link KbStore.resolve}, over {@link canonicalRef}) turns any reference — name,
@@ -29,7 +29,7 @@
  * The note body itself is never stored: only `body_digest` = `sha256:` + hex SHA-256 of its UTF-8
  * bytes. A write may carry the caller's `input_digest` (tooltx's RFC 8785 digest of the operation's
  * normalised input, `sha256:` + 64 hex): it is stored with the row and answered by the probe, so
- * recovery can tell its own effect from another under the same key (issue 7); rows written without
+ * recovery can tell its own effect from another under the same key; rows written without
  * one (and rows from before schema version 2) have NULL. Timestamps are milliseconds since the epoch unless named `*_at TEXT` (ISO-8601, UTC).
  */
 import { createHash, randomUUID } from 'node:crypto';
@@ -204,7 +204,7 @@ export interface KbStoreOptions {
   quotaWindowMs?: number;
 }
 
-/** The schema before issue 6 (user_version 0); kept as the base every migration starts from. */
+/** The schema before roles (user_version 0); kept as the base every migration starts from. */
 const BASE_SCHEMA = `
 CREATE TABLE IF NOT EXISTS knowledge_bases (
   id TEXT PRIMARY KEY,
@@ -230,7 +230,7 @@ CREATE TABLE IF NOT EXISTS notes (
 CREATE INDEX IF NOT EXISTS notes_tenant_key ON notes (tenant, downstream_key);
 `;
 
-/** Schema version 1 (issue 6): authorisation state. Applied once, in one transaction. */
+/** Schema version 1: authorisation state. Applied once, in one transaction. */
 const MIGRATION_1_TABLES = `
 CREATE TABLE IF NOT EXISTS tenants (
   id TEXT PRIMARY KEY,
@@ -259,7 +259,7 @@ const MIGRATION_1_COLUMNS: [string, string][] = [
   ['auth_version', 'auth_version INTEGER NOT NULL DEFAULT 1'],
   ['default_role', `default_role TEXT NULL CHECK (default_role IN ('reader', 'writer', 'admin'))`],
 ];
-/** Schema version 2 (issue 7): the caller's input digest with each note (NULL for older rows). */
+/** Schema version 2: the caller's input digest with each note (NULL for older rows). */
 const MIGRATION_2_COLUMNS: [string, string][] = [['input_digest', 'input_digest TEXT NULL']];
 /**
  * Schema version 3: the latest clock reading a probe answered (ms since the epoch). The store's clock
@@ -451,14 +451,14 @@ function migrate(db: Database.Database): void {
     db.transaction(() => {
       addMissingColumns(db, 'knowledge_bases', MIGRATION_1_COLUMNS);
       db.exec(MIGRATION_1_TABLES);
-      // Knowledge bases from before issue 6 were writable by every actor of their tenant: keep that.
+      // Knowledge bases from before roles were writable by every actor of their tenant: keep that.
       db.exec(`UPDATE knowledge_bases SET default_role = 'writer' WHERE default_role IS NULL`);
       db.exec('INSERT OR IGNORE INTO tenants (id) SELECT DISTINCT tenant FROM knowledge_bases');
       db.pragma('user_version = 1');
     }).immediate();
   }
   if (version < 2) {
-    // Existing notes keep NULL: no digest recorded, so recovery commits them as before (issue 7).
+    // Existing notes keep NULL: no digest recorded, so recovery commits them as before.
     db.transaction(() => {
       addMissingColumns(db, 'notes', MIGRATION_2_COLUMNS);
       db.pragma('user_version = 2');
@@ -473,7 +473,7 @@ function migrate(db: Database.Database): void {
 }
 
 /**
- * The database holds every tenant's notes: its files are the KB's own (fresh-user trial: kb.sqlite
+ * The database holds every tenant's notes: its files are the KB's own (kb.sqlite
  * was 0644 beside keys that are 0600). Directories this creates are 0700; the database file is
  * created 0600 before SQLite opens it, and SQLite gives its -wal and -shm files the database file's
  * permissions (unix VFS). A database file, -wal or -shm from an earlier run readable by others is

@@ -1,8 +1,8 @@
 /**
  * Where `web.fetch_page` may connect: public unicast addresses only (a fetch tool must not be a way
- * into the trusted network — the KB, nats-server's monitoring, a cloud metadata endpoint). Found by
- * a fresh-user trial: the check compared the URL's host as text, so a name resolving to 127.0.0.1
- * (the machine's own hostname) and the spellings `[::]`, `[0:0:0:0:0:0:0:0]` reached local servers.
+ * into the trusted network — the KB, nats-server's monitoring, a cloud metadata endpoint). Why
+ * both checks: a check that compares the URL's host as text lets a name resolving to 127.0.0.1
+ * (the machine's own hostname) and the spellings `[::]`, `[0:0:0:0:0:0:0:0]` reach local servers.
  *
  * Two checks, one rule ({@link isPublicAddress}):
  * - {@link checkLiteralHost} before the request, without DNS: a local name (`localhost`, …) or an

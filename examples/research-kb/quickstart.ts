@@ -20,7 +20,7 @@ usageErrorsExitTwo(new Command('tooltx-quickstart'))
   .parse(process.argv);
 
 /**
- * A failure before or instead of an answer, as one line (fresh-user trial: a wrong prefix or port
+ * A failure before or instead of an answer, as one line (a wrong prefix or port
  * printed a stack trace): tooltx's typed errors say which option and why in their message; anything
  * else by its class and message. Exit 2.
  */

@@ -35,7 +35,7 @@ export type StackRuntime = 'compiled' | 'tsx';
 const stackRuntimeSchema = z.enum(['compiled', 'tsx']);
 
 /**
- * V8 flags of every KB and service process, whatever the runtime (issue 10: each ≤ 120 MB peak
+ * V8 flags of every KB and service process, whatever the runtime (each ≤ 120 MB peak
  * RSS; the figures are in docs/performance.md, "Memory: compiled services and V8 flags"). None caps
  * the heap — `--max-old-space-size` would turn a burst of live data into an out-of-memory crash —
  * they make V8 collect earlier and keep one compiler out:
@@ -61,7 +61,7 @@ export const DEFAULT_IDENTITIES: IdentityList = JSON.parse(readFileSync(join(ROO
 /**
  * The sample's tenant list for the KB (its `KB_SEED_FILE`, schema in ./kb-seed.ts): every tenant of
  * `identities.json` with its quota — notes per UTC day, counted by the KB per tenant in the insert's
- * transaction (issue 6). Set well above what the demo (~250 notes for acme, a few for globex) and the
+ * transaction. Set well above what the demo (~250 notes for acme, a few for globex) and the
  * bench (20,100 notes per stack in `--sweep`) write, so only a runaway writer meets it.
  */
 export const DEFAULT_KB_TENANTS = join(ROOT, 'examples', 'research-kb', 'tenants.json');
@@ -178,7 +178,7 @@ export interface Stack {
   kbDb: string;
   /** The seed file of a role (agents: `{ kind: 'agent', tenant, actor }`). */
   seedFile(role: Role): string;
-  /** The receipt keys agents trust (`receipt-keys.json` of the auth directory; issue 9). */
+  /** The receipt keys agents trust (`receipt-keys.json` of the auth directory). */
   receiptKeysFile: string;
   /** A role's inbox prefix (agents must use it: they may subscribe nowhere else). */
   inboxPrefix(role: Role): string;
@@ -214,7 +214,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   let build = runtime === 'compiled' ? await startupStep('TOOLTX_STACK_RUNTIME', 'compiled', () => ensureStackBuild(), buildProblem) : undefined;
   // 0700: it holds keys, seeds and every tenant's notes (kb.sqlite).
   await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => mkdirSync(o.stateDir, { recursive: true, mode: 0o700 }));
-  // Development HMAC keys (issue 9), kept in the state directory (0600) so audit records rebuilt
+  // Development HMAC keys, kept in the state directory (0600) so audit records rebuilt
   // after a restart equal the ones they replace; a key file named in the environment wins.
   const keys = await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => ({
     TOOLTX_AUDIT_HMAC_KEY_FILE: process.env.TOOLTX_AUDIT_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'audit-hmac.key')),
@@ -505,7 +505,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
           ...common,
           TOOLTX_INSTANCE_ID: `${name}-${i + 1}`,
           NATS_NKEY_FILE: seedFile({ kind: 'service', service: name }),
-          // The services that append `committed` sign their receipts (issue 9).
+          // The services that append `committed` sign their receipts.
           ...(name === 'executor' || name === 'reconciler' ? { TOOLTX_SIGNING_KEY_FILE: join(authDir, 'signing', `${name}.pem`) } : {}),
           // The services whose tools module calls the KB (resolve, write, probe) carry its service token.
           ...(name !== 'audit-projector' ? { KB_SERVICE_TOKEN_FILE: kbServiceTokenFile } : {}),

@@ -99,7 +99,7 @@ export class PageError extends Error {
 /**
  * A KB answer as a tooltx error class, by the KB's own class; 5xx and the unknown stay "outcome
  * unknown". `key_reused` too: something else is stored under our key, so this call's outcome is not
- * ours to decide — the reconciler's probe finds the foreign effect and hands it to a person (issue 7).
+ * ours to decide — the reconciler's probe finds the foreign effect and hands it to a person.
  */
 function definite(err: unknown): never {
   // Refused as late by the KB's clock: not applied, and the executor learns that clock (docs/clocks.md).
@@ -165,7 +165,7 @@ const kbClock = (signal: AbortSignal): Promise<number> => kb.now(signal);
 /**
  * The KB's read-only probe by downstream key (recovery, FM-02, FM-13, FM-27), with the input digest
  * the KB recorded with the effect when it has one: recovery commits only when it is ours, and opens
- * a takeover when another effect holds our key (issue 7). A note written without a digest (before
+ * a takeover when another effect holds our key. A note written without a digest (before
  * the KB kept one) answers none, and recovery commits it as before.
  */
 async function probeByKey(ctx: { tenant: string; downstreamKey: string; signal: AbortSignal }): Promise<ProbeResult> {
@@ -189,7 +189,7 @@ async function authorizeOneKb<I extends { kb: string }>(input: I, ctx: Authoriza
 /**
  * The status endpoint's read policy for KB operations: the reader must hold a role (reader, writer
  * or admin) on every knowledge base the operation touched, resolved through the one resolver — or
- * seen allowed by it within `KB_READ_POLICY_CACHE_MS` (issue 10: that resolve was a third of a status
+ * seen allowed by it within `KB_READ_POLICY_CACHE_MS` (that resolve was a third of a status
  * answer's time). Anyone else gets the uniform answer of a never-registered key.
  */
 async function mayReadKbOperation(ctx: ReadContext): Promise<void> {
@@ -247,7 +247,7 @@ export const implementations = [
     async execute(input, ctx) {
       const { id: kbId, version } = versionOf(ctx.authorization);
       try {
-        // The operation's input digest goes with the write: the probe tells our effect from another (issue 7).
+        // The operation's input digest goes with the write: the probe tells our effect from another.
         const r = await kb.writeNote({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, ifMatch: version, inputDigest: ctx.inputDigest, note: { ...input, kb: kbId }, signal: ctx.signal });
         // FM-19: a write returns its receipt only (the resource id is in the receipt).
         return { resourceId: r.id, result: {}, ...(r.kbNow !== undefined ? { downstreamAt: r.kbNow } : {}) };

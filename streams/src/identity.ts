@@ -10,7 +10,7 @@ import { partialTenantLimitsSchema, resolveLimits, type TenantSpec } from './ten
 import { Durables, type Topology } from './topology.js';
 
 /**
- * Identity the server enforces (DESIGN.md "Identity", issue 5): one declarative list of tenants,
+ * Identity the server enforces (DESIGN.md "Identity"): one declarative list of tenants,
  * actors, auditors, services and the provisioner becomes a nats-server configuration in which
  * every user is an nkey with publish/subscribe allow-lists. Agents may publish only their own
  * intent subject, request only their own status subject and subscribe only to their own inbox
@@ -28,7 +28,7 @@ export const identityListSchema = z.strictObject({
   /** Extra durable names the executor may pull from (e.g. a second executor group during a migration). */
   executorDurables: z.array(id).default([]),
   /**
-   * Operators: people who resolve takeovers (issue 8). They reach only the takeover service, which
+   * Operators: people who resolve takeovers. They reach only the takeover service, which
    * records their id (from the subject the server pinned them to) in the resolution event.
    */
   operators: z.array(id).default([]),
@@ -120,7 +120,7 @@ const describeEntry = (e: ListedIdentity): string => (e.path.length ? `${e.path.
  * Refuses an identity list in which two identities would share a reply inbox, or one user's inbox
  * would lie inside another's (FM-32: a user subscribes to `<its inbox prefix>.>`, so either would
  * let one read the other's replies), and extra executor durables that name another service's
- * durable. Rules (issue 5, the id-collision cases):
+ * durable. Rules (the id-collision cases):
  * - ids starting with `_` are reserved for tooltx's own inbox namespaces (`_INBOX._svc.<service>`,
  *   `_INBOX._op.<operator>`, `_INBOX._provisioner`): a tenant `_svc` with an actor `executor` would
  *   otherwise receive the executor service's replies. Code `reserved_id`, for tenant, actor,
@@ -219,7 +219,7 @@ export function knownDurables(topo: Topology, executorDurables: string[] = []): 
  * The permissions of one role under `subjects`' prefix. Pure: a test reads them directly.
  * JetStream API subjects follow the NATS docs ("JetStream wire API reference").
  *
- * Consumers (issue 5: only the provisioner creates, updates or deletes durable consumers). What
+ * Consumers (only the provisioner creates, updates or deletes durable consumers). What
  * nats-server 2.9.10 does with each create subject, observed on the real server
  * (test/identity.e2e.test.ts, FM-32):
  * - `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`, the create API of 2.9.0+ and what the nats.js
@@ -309,7 +309,7 @@ export function permissionsFor(
         subscribe: { allow: [inbox, s.pushesOf(role.tenant, role.actor)] },
       };
     case 'auditor':
-      // Auditors reach audit records only through the audit service, on their own subject (issue 9):
+      // Auditors reach audit records only through the audit service, on their own subject:
       // no stream, bucket or JetStream API subject — not intents, inputs, results, events or the KV.
       return { publish: { allow: [s.audit(role.tenant, role.actor)] }, subscribe: { allow: [inbox] } };
     case 'operator':
@@ -343,7 +343,7 @@ export function permissionsFor(
                 ...tenants.flatMap((t) => ordered(s.decisionsStream(t), s.decisionsOf(t))),
                 ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps, s.allDecisions,
-                // Status answers (issue 3), and "poll now" pushed to a submission's agent (issue 10).
+                // Status answers, and "poll now" pushed to a submission's agent.
                 answers, s.allPush,
               ],
               deny: [...durableGuard, ...durables.flatMap((d) => [events, ...decisionsStreams].map((n) => `${api}.CONSUMER.MSG.NEXT.${n}.${d}`))],
@@ -361,7 +361,7 @@ export function permissionsFor(
                 ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
                 ...kvRead(tasks), ...kvWatch(tasks),
                 s.allOps,
-                // The answer pushed to the agent of each submission it ends (issue 10).
+                // The answer pushed to the agent of each submission it ends.
                 s.allPush,
               ],
               deny: durableGuard,
@@ -380,7 +380,7 @@ export function permissionsFor(
                 // bucket's own stream, and records every query and export before it answers.
                 ...kvWatch(topo.projections.audit.bucket),
                 s.allAuditLog,
-                // Query answers (issue 9).
+                // Query answers.
                 answers,
               ],
               deny: durableGuard,
@@ -397,13 +397,13 @@ export function permissionsFor(
             role.service === 'reconciler'
               ? [
                   s.allOps,
-                  // The max-deliveries advisories of the event log's durables (issue 7).
+                  // The max-deliveries advisories of the event log's durables.
                   ...pull(topo.streams.advisories.name, Durables.reconcilerAdvisories),
                   ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
                   ...kvWatch(bucket),
-                  // Frozen tasks (issue 8): it freezes and thaws them, and lists them for operators.
+                  // Frozen tasks: it freezes and thaws them, and lists them for operators.
                   ...kvRead(tasks), ...kvWrite(tasks), ...kvWatch(tasks),
-                  // Takeover answers (issue 8).
+                  // Takeover answers.
                   answers,
                 ]
               : [];
@@ -426,7 +426,7 @@ export interface GeneratedUser {
   inboxPrefix: string;
 }
 
-/** The services that append `committed` and so sign receipts (issue 9). */
+/** The services that append `committed` and so sign receipts. */
 export const RECEIPT_SIGNERS = ['executor', 'reconciler'] as const;
 
 /** One node of a cluster (docs/cluster.md): its name, client address, route address and store. */
@@ -583,7 +583,7 @@ export function generateAuth(
     `      imports: [${[...subjects.map((x) => `{ service: { account: "TOOLTX", subject: ${q(x)} } }`), ...streams.map((x) => `{ stream: { account: "TOOLTX", subject: ${q(x)} } }`)].join(', ')}]`;
   const tenantAccounts = parsed.tenants.map((t) => ({
     name: `TENANT_${t.id}`,
-    // Pushed answers (issue 10): a stream import of this tenant's push subjects only; each agent may
+    // Pushed answers: a stream import of this tenant's push subjects only; each agent may
     // subscribe to its own (permissionsFor).
     extra: [imports([`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`], [o.subjects.pushesOfTenant(t.id)])],
     users: users.filter((u) => (u.role.kind === 'agent' || u.role.kind === 'auditor') && u.role.tenant === t.id),
@@ -635,7 +635,7 @@ export function generateAuth(
       configFiles.push(file);
     }
   }
-  // The receipt signing keys of the services that append `committed` (issue 9, FM-17): one Ed25519
+  // The receipt signing keys of the services that append `committed` (FM-17): one Ed25519
   // key each, and the public keys clients trust, by key id.
   const signingDir = join(o.outDir, 'signing');
   mkdirSync(signingDir, { recursive: true, mode: 0o700 });

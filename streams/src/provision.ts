@@ -25,7 +25,7 @@ export interface ApplyReport {
 
 /**
  * The provisioner: creates or updates the streams, durable consumers and KV buckets (result store,
- * projections) of a topology. Only the provisioner may do this (issue 5 gives nobody else the API
+ * projections) of a topology. Only the provisioner may do this (nobody else gets the API
  * subjects); services only {@link checkTopology}. Throws the server's `JetStreamApiError` when an update is refused
  * (e.g. changing storage type).
  */
@@ -118,7 +118,7 @@ function electing(err: unknown): boolean {
 
 /**
  * What a service runs at start-up: reads the configuration and lists every setting that breaks a
- * guarantee (DESIGN.md "Message-ID dedup is only the first layer"; issue 2 "Streams, and who may
+ * guarantee (DESIGN.md "Message-ID dedup is only the first layer"; "Streams, and who may
  * change them"). `longestKeyRetentionMs` comes from the loaded contracts. Returns the violations;
  * {@link assertTopology} throws them.
  */
@@ -200,7 +200,7 @@ export async function checkTopology(
 }
 
 /**
- * The provisioner's audit of durable consumers (issue 5: only the provisioner creates durables).
+ * The provisioner's audit of durable consumers (only the provisioner creates durables).
  * nats-server 2.9.10 cannot stop a service from creating a durable under a NEW name on a stream and
  * filter it already reads (the durable name travels in the request body; generated permissions
  * deny every known durable's name): this lists, on every stream and bucket of the topology, each

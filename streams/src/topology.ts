@@ -24,7 +24,7 @@ export interface TopologyOptions {
    * terminal operation back into the reconciler's index. Default the event log's max_age + 1 day.
    */
   projectionsMaxAgeMs?: number;
-  /** The audit service's record of queries and exports (issue 9). Default 365 days. */
+  /** The audit service's record of queries and exports. Default 365 days. */
   auditLogMaxAgeMs?: number;
   /** Nats-Msg-Id dedup window of every stream. Default 2 minutes (the server default). */
   duplicateWindowMs?: number;
@@ -70,9 +70,9 @@ export interface TenantTopology {
 export interface Topology {
   streams: {
     events: Partial<StreamConfig> & { name: string };
-    /** The max-deliveries advisories of our consumers: no message dies silently (issue 7). */
+    /** The max-deliveries advisories of our consumers: no message dies silently. */
     advisories: Partial<StreamConfig> & { name: string };
-    /** Every auditor query and export, recorded by the audit service before it answers (issue 9). */
+    /** Every auditor query and export, recorded by the audit service before it answers. */
     auditLog: Partial<StreamConfig> & { name: string };
   };
   consumers: ConsumerDef[];
@@ -82,13 +82,13 @@ export interface Topology {
   tenantsBucket: BucketDef;
   results: BucketDef;
   /**
-   * KV projections of the event log, one entry per operation under `<tenant>.<opId>` (issue 3):
+   * KV projections of the event log, one entry per operation under `<tenant>.<opId>`:
    * `reconcile` = the reconciler's index of non-terminal operations, `audit` = one audit record per
    * operation. Written only by their service, with compare-and-set on the entry's revision.
    */
   projections: { reconcile: BucketDef; audit: BucketDef };
   /**
-   * Frozen tasks (issue 8, FM-14): one entry per task with an operation under takeover, written by
+   * Frozen tasks (FM-14): one entry per task with an operation under takeover, written by
    * the reconciler, watched by the authorizer and the executor. No max age: a task stays frozen
    * until a person resolves it.
    */
@@ -100,10 +100,10 @@ export const Durables = {
   authorizer: 'authorizer',
   executor: 'executor',
   reconciler: 'reconciler',
-  /** The reconciler's durable on the advisories stream: event-log messages a durable gave up on (issue 7). */
+  /** The reconciler's durable on the advisories stream: event-log messages a durable gave up on. */
   reconcilerAdvisories: 'reconciler-advisories',
   auditProjector: 'audit-projector',
-  /** The audit-projector's durable on the decision stream: refusals and conflicts (issue 9). */
+  /** The audit-projector's durable on the decision stream: refusals and conflicts. */
   auditDecisions: 'audit-decisions',
 } as const;
 
@@ -219,7 +219,7 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       eventLogConsumer(Durables.auditProjector),
       {
         // The reconciler reads the advisories of the event log's durables: each names a message
-        // a service gave up on; the reconciler puts its operation back in its watch (issue 7).
+        // a service gave up on; the reconciler puts its operation back in its watch.
         // No max_deliver: an advisory is the last trace of that message and is never given up on.
         stream: advisories,
         config: {

@@ -4,7 +4,7 @@ import type { Receipt, TakeoverRecord } from '@tooltx/lifecycle';
 import type { ExecuteResult, Next, ReceiptCheck, Tools, UnknownEvidence } from './tools.js';
 
 /**
- * A small task runner (issue 8, FM-14, FM-15, FM-17): the steps of one task, each a tool call,
+ * A small task runner (FM-14, FM-15, FM-17): the steps of one task, each a tool call,
  * with dependencies. It never treats "no error received" as done:
  * - a step counts as done only when `committed` with a receipt the SDK verifies (trusted key id,
  *   this tenant, this operation key, the result's digest) — a forged or unverifiable "success"

@@ -48,7 +48,7 @@ export interface CreateToolsOptions {
    */
   submissionIdFactory?: () => string;
   /**
-   * The receipt keys this agent trusts (issue 9, FM-17): `{ "<keyId>": "<SPKI PEM>" }`, or the path
+   * The receipt keys this agent trusts (FM-17): `{ "<keyId>": "<SPKI PEM>" }`, or the path
    * of such a JSON file (`tooltx auth generate` writes `receipt-keys.json`); default the file named
    * by `TOOLTX_RECEIPT_KEYS_FILE`. Required: a committed answer counts only with a receipt signed
    * under exactly one of these key ids.
@@ -215,7 +215,7 @@ const PUBACK_TIMEOUT_MS = 2_000;
 const HEADER_ALLOWANCE_BYTES = 512;
 const STATUS_POLL_MS = 5_000;
 /**
- * How long a call waits for its pushed answer (issue 10) before it asks the status endpoint, ms.
+ * How long a call waits for its pushed answer before it asks the status endpoint, ms.
  * Only once this connection has received a push (services that push are deployed); before that, a
  * call asks the status endpoint at once and takes whichever answer comes first.
  */
@@ -224,9 +224,9 @@ const PUSH_WAIT_MS = 1_000;
 const MAX_RETRYABLE_ATTEMPTS = 5;
 
 /**
- * Creates the agent-side SDK (issue 3). It needs only: publish on its own intent subject,
+ * Creates the agent-side SDK. It needs only: publish on its own intent subject,
  * request on its own status subject, and subscribe to its own inbox prefix and its own push subject
- * (`<prefix>.push.<tenant>.<actor>.*`, issue 10; without that permission it polls) — nothing else.
+ * (`<prefix>.push.<tenant>.<actor>.*`; without that permission it polls) — nothing else.
  *
  * Before it returns it checks, with one status request (read-only), that the server lets this
  * connection act as `tenant`/`actor` under `prefix`: publish on its status subject and subscribe to
@@ -294,7 +294,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   const js = jetstream(nc);
   // The server refusing this connection's credentials (a rotated or revoked key, an expired
   // credential): nats.js keeps reconnecting and every publish would wait out its timeout until the
-  // budget ends, answered `unknown`/`observe` (fresh-user trial). Calls answer at once instead,
+  // budget ends, answered `unknown`/`observe`. Calls answer at once instead,
   // `forbidden`/`reauthorise`, until the connection is back.
   let credentialsRefused: Error | undefined;
   const statusEvents = nc.status();
@@ -326,7 +326,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   for (const c of opts.contracts) byName.set(c.name, [...(byName.get(c.name) ?? []), c]);
   const statusSubject = subjects.status(opts.tenant, opts.actor);
 
-  // Pushed answers (issue 10): the executor pushes a committed receipt (and the authorizer and the
+  // Pushed answers: the executor pushes a committed receipt (and the authorizer and the
   // executor a "poll now" for other outcomes) to `<p>.push.<tenant>.<actor>.<submissionId>`. One
   // subscription; a waiter per submission in flight. Best effort: the status endpoint stays the
   // truth, and a connection whose identity may not subscribe there (an older auth configuration)
@@ -661,7 +661,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         let a: StatusAnswer;
         try {
           // One long-poll until a final answer (not one per intermediate state), at most STATUS_POLL_MS;
-          // after a submission, its pushed answer first (issue 10).
+          // after a submission, its pushed answer first.
           const ask = () => {
             askedWaitMs = Math.max(0, Math.min(STATUS_POLL_MS, MAX_STATUS_WAIT_MS, left() - 2_100));
             return status({ operationKey: key, waitMs: askedWaitMs, afterSeq: lastSeq, inputDigest: prepared.inputDigest, submissionIds, untilFinal: true });
@@ -863,7 +863,7 @@ function withActorPath(error: ErrorInfo, forgedActor: boolean): ErrorInfo {
 
 
 /**
- * The typed error for a connection {@link createTools} could not open (fresh-user trial: the NATS
+ * The typed error for a connection {@link createTools} could not open (the NATS
  * client's raw `AuthorizationError` and `ConnectionError` reached the caller). The message is ours:
  * the servers (without user-info), the credential option, and the reason from the error's class or code.
  */

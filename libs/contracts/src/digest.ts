@@ -29,6 +29,6 @@ export function sha256B64u(data: string): string {
 
 /**
  * Digest of the empty business result `{}` — a write's result is its receipt only (FM-19). Such a
- * result is never stored in the result store: its digest alone says what it is (issue 10).
+ * result is never stored in the result store: its digest alone says what it is.
  */
 export const EMPTY_RESULT_DIGEST = digestOf({});

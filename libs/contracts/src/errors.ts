@@ -27,7 +27,7 @@ export const ErrorClass = {
   /** The task is frozen behind an unresolved operation; a person must take over. */
   TaskFrozen: 'task_frozen',
   /**
-   * A person resolved an operation under takeover as not applied (issue 8): definitively nothing
+   * A person resolved an operation under takeover as not applied: definitively nothing
    * happened, and the identical input may be submitted again (a new attempt under the same key).
    */
   NotApplied: 'not_applied',

@@ -17,7 +17,7 @@ export interface ExecutionContext {
   attempt: number;
   /**
    * `sha256:` digest of the normalised input this operation registered (RFC 8785 bytes). A
-   * downstream that records it with the effect lets a probe tell our effect from another (issue 7).
+   * downstream that records it with the effect lets a probe tell our effect from another.
    */
   inputDigest?: string;
   /**
@@ -99,7 +99,7 @@ export type ProbeResult =
   | { found: false; downstreamAt?: number }
   /**
    * `inputDigest`: the {@link ExecutionContext.inputDigest} the downstream recorded with the effect,
-   * when it keeps one; recovery commits only when it equals the operation's (issue 7).
+   * when it keeps one; recovery commits only when it equals the operation's.
    */
   | { found: true; resourceId: string; resultDigest?: string; inputDigest?: string };
 

@@ -2,7 +2,7 @@ import { createServer, request as httpRequest, type IncomingHttpHeaders, type In
 import type { AddressInfo } from 'node:net';
 
 /**
- * One fault for requests carrying a given key (issue 7, the executor → KB hop):
+ * One fault for requests carrying a given key (the executor → KB hop):
  * - `delay`: hold the request `ms` before forwarding it (it still reaches the target, even when the
  *   caller has gone meanwhile — a request already on the wire);
  * - `drop`: cut the caller's connection instead of forwarding (the target never saw the request);

@@ -1,5 +1,5 @@
 /**
- * The fault-injection harness shared by the tests and the demo (issue 7 "Real faults"): real
+ * The fault-injection harness shared by the tests and the demo: real
  * sockets, no mocks. {@link TcpFaultProxy} sits between agents and nats-server and is programmable
  * per connection; {@link HttpFaultProxy} sits between the executor and an HTTP downstream (the KB)
  * and is programmable per request key header.

@@ -175,7 +175,7 @@ class Conn implements TcpConnection {
 
 /**
  * A real TCP hop between clients (agents) and a target (nats-server), programmable per connection
- * (issue 7 "Real faults"): delay each way or back only, cut now, cut after N more bytes back to the
+ * : delay each way or back only, cut now, cut after N more bytes back to the
  * client. A connection is addressed by its accept order or by its NATS client name, either live
  * ({@link TcpFaultProxy.connections}, {@link TcpFaultProxy.waitForConnection}) or ahead of time
  * ({@link TcpFaultProxy.program}). Flow control is not modelled (the test traffic is small).

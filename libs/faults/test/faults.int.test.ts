@@ -1,6 +1,6 @@
 /**
  * The fault harness itself, on real sockets: a TCP echo target and a real nats-server with auth
- * on (issue 5: every test) for the per-connection hop, a small HTTP target that counts what it "committed" for the keyed hop.
+ * on (every test) for the per-connection hop, a small HTTP target that counts what it "committed" for the keyed hop.
  * Behaviour only (what arrived, what was cut), never how long anything took.
  */
 import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';

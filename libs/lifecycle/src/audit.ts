@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
 
 /**
- * Audit evidence as data (issue 9; DESIGN.md "Audit evidence is not a copy of sensitive content"):
+ * Audit evidence as data (DESIGN.md "Audit evidence is not a copy of sensitive content"):
  * the audit record the audit-projector keeps per operation, and the request/answer shapes of the
  * auditors' query service (`<prefix>.audit.<tenant>.<auditor>`, msgpack). Shared by the service
  * and its clients (`tooltx audit`, the demo); the projection rules live in the service.
@@ -48,7 +48,7 @@ export const auditStateSchema = z.object({
   actor: id,
   /** The error class of a `rejected` event. */
   errorClass: token.optional(),
-  /** The operator who decided this outcome by hand (issue 8). */
+  /** The operator who decided this outcome by hand. */
   resolvedBy: id.optional(),
 });
 export type AuditState = z.infer<typeof auditStateSchema>;

@@ -14,7 +14,7 @@ import {
 import type { ReceiptSigner, UnsignedReceipt } from './signing.js';
 import { isAllowedTransition, TRANSITIONS, type Transition } from './transitions.js';
 
-/** What a decision may need besides the command and the state: the signer of receipts (issue 9). */
+/** What a decision may need besides the command and the state: the signer of receipts. */
 export interface DecideContext {
   /** Required for `commit` and a committed `resolve`: signs the receipt the event carries. */
   signer?: ReceiptSigner;
@@ -134,7 +134,7 @@ export interface OpenTakeoverCommand {
   takeover: TakeoverRecord;
 }
 /**
- * A person's resolution (issue 8): `committed` with the resource id they verified, or
+ * A person's resolution: `committed` with the resource id they verified, or
  * `not_applied`. Only from `unknown` (with or without an open takeover); the event carries
  * `manual: true` and `resolvedBy`.
  */
@@ -222,7 +222,7 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
       return append(s.state, { type: 'committed', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, receipt, ...manual });
     }
     case 'commit': {
-      // From `running`, or from `unknown` once a probe found the effect (issue 7) — never once a
+      // From `running`, or from `unknown` once a probe found the effect — never once a
       // person has taken it over (their resolution decides).
       const s = requireRunning(state, cmd.attempt, ['running', 'unknown']);
       if (s.kind === 'skip') return s;
@@ -257,7 +257,7 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
 }
 
 /**
- * The receipt of a commit, signed by `ctx.signer` (issue 9): what is known before the append, in
+ * The receipt of a commit, signed by `ctx.signer`: what is known before the append, in
  * the current format (docs/lifecycle.md "Receipt formats"). `prevEventCount` is the event count of
  * the state the commit is decided on, so the receipt names the place in the operation's own history
  * it extends without any stream sequence.

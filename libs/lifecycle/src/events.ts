@@ -64,7 +64,7 @@ const receiptFields = {
   /** Server time of the commit, ms since the epoch. */
   committedAt: epochMs,
   attempt: z.number().int().min(1),
-  /** Set when a person resolved the operation (issue 8): `resolvedBy` is their operator id. */
+  /** Set when a person resolved the operation: `resolvedBy` is their operator id. */
   manual: z.literal(true).optional(),
   resolvedBy: id.optional(),
   /** The signer's key id (`ed25519:…`) and its base64url signature over every other field. */
@@ -94,7 +94,7 @@ export const receiptV1Schema = z.object({
 });
 
 /**
- * The server-side proof that an operation committed (DESIGN.md "Five observable states"; issue 9,
+ * The server-side proof that an operation committed (DESIGN.md "Five observable states",
  * FM-17): what was known before the append — tenant, key, attempt, the operation's position before
  * the commit, resource id, result digest, the signer's clock, `manual` / `resolvedBy` for a
  * person's resolution — signed with Ed25519 over its RFC 8785 bytes (see `signing.ts`). Either
@@ -127,7 +127,7 @@ export const takeoverRecordSchema = z.object({
   /**
    * What a probe found under our key when it did not match what was asked (`probe_mismatch`): the
    * downstream's resource id and the input digest it recorded with that effect (compare with
-   * `inputDigest` above; issue 7).
+   * `inputDigest` above).
    */
   probed: z.object({ resourceId: z.string().max(200), inputDigest: digest.optional() }).optional(),
   attempts: z.object({ attempt: z.number().int().min(1), requeues: z.number().int().min(0), probes: z.number().int().min(0) }),
@@ -135,7 +135,7 @@ export const takeoverRecordSchema = z.object({
 });
 export type TakeoverRecord = z.infer<typeof takeoverRecordSchema>;
 
-/** A person's resolution of an operation under takeover (issue 8): who, when, which outcome. */
+/** A person's resolution of an operation under takeover: who, when, which outcome. */
 export const resolutionSchema = z.object({
   by: id,
   at: epochMs,
@@ -231,7 +231,7 @@ export const runningEventSchema = z.object({
   deadlineAt: epochMs,
   authorization: authDecisionSchema.optional(),
 });
-/** Fields of an outcome a person decided (issue 8): `manual: true` and the operator's id. */
+/** Fields of an outcome a person decided: `manual: true` and the operator's id. */
 const manual = { manual: z.literal(true).optional(), resolvedBy: id.optional() };
 export const committedEventSchema = z.object({
   ...base,
@@ -250,7 +250,7 @@ export const rejectedEventSchema = z.object({
 });
 /**
  * Back to `accepted` for the same attempt, so an executor runs it again under the SAME key. Only
- * after verifying (issue 7): the downstream was probed and holds nothing under the key, and either
+ * after verifying: the downstream was probed and holds nothing under the key, and either
  * it honours the key or the attempt's absolute deadline has passed (a late request is refused);
  * or `accepted` sat undispatched beyond its bound; or the executor stored `running` too late to send
  * the request and sent nothing (`late_start`, decideSend); or the downstream refused the run's

@@ -23,7 +23,7 @@ export const statusRequestSchema = z.strictObject({
   /**
    * Long-poll until the answer is final — committed, rejected, a refusal of the caller's submission,
    * or a takeover — instead of answering at the first change (saves the SDK a round trip per
-   * intermediate state; issue 10). `waitMs` still bounds the wait.
+   * intermediate state). `waitMs` still bounds the wait.
    */
   untilFinal: z.boolean().optional(),
 });
@@ -33,7 +33,7 @@ export const serverStates = ['not_seen', 'accepted', 'running', 'committed', 're
 export type ServerState = (typeof serverStates)[number];
 
 /**
- * A status answer. Precedence (issue 3): a registered operation the caller may read is answered from
+ * A status answer. Precedence: a registered operation the caller may read is answered from
  * its own subject (state, receipt, permitted result fields); otherwise — never registered, or not
  * readable by this caller, which gets the same uniform answer — from the decision subject when one
  * of the caller's own submissions was refused (`source: 'decision'`), else `not_seen`.
@@ -69,7 +69,7 @@ export const statusAnswerSchema = z.object({
   /** The business result the caller may read (committed only). */
   result: z.unknown().optional(),
   error: errorInfoSchema.optional(),
-  /** The takeover record when the operation was handed over to a person (issue 8, FM-14). */
+  /** The takeover record when the operation was handed over to a person (FM-14). */
   takeover: takeoverRecordSchema.optional(),
   /** Which of the caller's submissions a `decision` answer is about. */
   submissionId: z.string().optional(),
@@ -84,7 +84,7 @@ export const statusReplySchema = z.union([statusAnswerSchema, statusErrorSchema]
 export type StatusReply = z.infer<typeof statusReplySchema>;
 
 /**
- * What a service pushes to the agent of one submission (`Subjects.push`, issue 10): the committed
+ * What a service pushes to the agent of one submission (`Subjects.push`): the committed
  * answer as the status endpoint would give it to that agent (receipt, permitted result), or `poll`:
  * "the outcome is not pushed — ask the status endpoint now" (a refusal, a replay, an unknown).
  */
@@ -92,7 +92,7 @@ export const pushedAnswerSchema = statusAnswerSchema.extend({
   /**
    * Marks an answer a service pushed. The status endpoint never sends it, so an answer another
    * agent made the status endpoint send onto this subject (its reply subject is its own choice)
-   * never parses as a push (second fresh-user trial, session 5).
+   * never parses as a push.
    */
   pushed: z.literal(true),
   /** The registered input's digest: the agent takes the answer only for its own input (FM-03). */
@@ -103,7 +103,7 @@ export const pushMessageSchema = z.union([pushedAnswerSchema, z.object({ poll: z
 export type PushMessage = z.infer<typeof pushMessageSchema>;
 
 /**
- * The committed answer pushed to the agent of `submissionId` (issue 10): what the status endpoint
+ * The committed answer pushed to the agent of `submissionId`: what the status endpoint
  * answers that agent for `submittedKey` — the key its submission derived, which names the
  * operation through an alias when it differs from the registered one (FM-10). `state` must be
  * committed with its receipt; `result` is the business result the agent may read (`{}` for a
@@ -133,7 +133,7 @@ export function committedAnswer(o: { submittedKey: string; state: OperationRecor
  * Whether `actor` of `tenant` may read operation `state` now, by its tool's read policy seam
  * (`Implementation.authorizeRead`, with the owner and the canonical resources the intake decision
  * saw); true when the tool has none. The one check behind every answer that reveals an outcome: the
- * status endpoint's and each pushed answer (issue 10). Never throws: a refusal or a failing policy is false.
+ * status endpoint's and each pushed answer. Never throws: a refusal or a failing policy is false.
  */
 export async function readAllowed(impl: Implementation | undefined, tenant: string, actor: string, state: OperationRecord, now: number): Promise<boolean> {
   if (!impl?.authorizeRead) return true;

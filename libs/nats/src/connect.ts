@@ -84,7 +84,7 @@ function recordPubAcks(js: JetStreamClient, file: string): void {
  * Opens a KV bucket the provisioner created. `Kvm.open` binds without reading the stream's
  * configuration and would fall back to `$JS.API.STREAM.MSG.GET`; our buckets are created with
  * `allow_direct` (checked at start-up), so reads use direct get, which the generated permissions
- * allow per bucket (issue 5).
+ * allow per bucket.
  */
 export async function openBucket(nc: NatsConnection, bucket: string): Promise<KV> {
   return new Kvm(nc).open(bucket, { allow_direct: true });

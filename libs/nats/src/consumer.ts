@@ -111,7 +111,7 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
     else if (settlement.kind === 'nak') m.nak(settlement.delayMs);
     // A bare +TERM: nats-server 2.9.10 does not recognise `+TERM <reason>` (added in 2.10), so a
     // reasoned term would be redelivered until max_deliver — a poison message holding a slot of
-    // max_ack_pending all that time (found by a fresh-user trial: 1,000 garbage intents stalled
+    // max_ack_pending all that time (1,000 garbage intents stalled
     // every tenant's intake for 25 minutes). The reason is in the handler's log line instead.
     else m.term();
   };

@@ -6,7 +6,7 @@ import { decode } from './codec.js';
 /**
  * An in-memory mirror of a KV bucket, fed by ONE long-lived watch (an ordered consumer that resumes
  * after a reconnect; started again from the last values if it ever ends) — never a key listing or
- * a read per lookup (issue 7: a listing per sweep hung across a server restart; issue 10: no round
+ * a read per lookup (a listing per sweep hung across a server restart; no round
  * trip a watch can replace). Values are msgpack parsed with `schema`; an undecodable one is logged
  * and skipped; `keep` drops values the mirror should not hold (e.g. tombstones). After a restart
  * of the watch, keys the replay did not deliver are removed once it has loaded — the mirror never

@@ -10,7 +10,7 @@ import { ConcurrencyError, isWrongLastSequence } from './store.js';
 import type { Subjects } from './subjects.js';
 
 /**
- * KV projections of the event log (issue 3): one entry per operation, written with compare-and-set
+ * KV projections of the event log: one entry per operation, written with compare-and-set
  * on the entry's KV revision, so any number of projector instances and any redelivery order can
  * never move an entry backwards. The rule itself ("is this event newer than the entry?") is a pure
  * function of the service; this file is the shell around it: read → apply → create/update under
@@ -43,7 +43,7 @@ const MAX_CAS_ROUNDS = 16;
 
 /**
  * The last entry this process wrote or read per key (value and KV revision), so the next event of
- * the same operation is applied without a read (issue 10: a read per event was 2 of the ~93 NATS
+ * the same operation is applied without a read (a read per event was 2 of the ~93 NATS
  * messages of a call, per projection). Bounded, oldest first out. A stale entry costs nothing but
  * a CAS conflict: the write names the cached revision, the server refuses it, we read and retry.
  */
@@ -127,7 +127,7 @@ export async function projectEntry<T>(opts: {
  * the applies of one key run one after another here (so the events of one operation, delivered
  * concurrently to this instance, never race each other into CAS conflicts; other instances still
  * can, which the CAS resolves). With the cache, an operation's entry costs one KV write per event
- * and no read (issue 10).
+ * and no read.
  */
 export class ProjectionApplier<T> {
   readonly #kv: KV;
@@ -190,7 +190,7 @@ export function opEventOf(subjects: Subjects, msg: JsMsg, log: Logger): { kind: 
 }
 
 /**
- * Batches one projection's writes per key (issue 10): the applies of an operation's in-flight
+ * Batches one projection's writes per key: the applies of an operation's in-flight
  * events wait, unacked, until its final event (or `delayMs`), then go to the store as ONE
  * compare-and-set write — one KV write per operation instead of one per event. The entry after a
  * batch equals the entry after the same applies one by one (they are folded in arrival order; the

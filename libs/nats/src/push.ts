@@ -5,7 +5,7 @@ import { encode } from './codec.js';
 import type { Subjects } from './subjects.js';
 
 /**
- * Pushes the answer to one submission to its agent on `Subjects.push` (issue 10; core NATS, best
+ * Pushes the answer to one submission to its agent on `Subjects.push` (core NATS, best
  * effort: a lost push costs the agent one status request, never an answer). Used by the executor
  * (the answer of the attempt it ran) and the authorizer (a resubmission of a committed key).
  * Never throws.

@@ -209,7 +209,7 @@ export async function spawnNatsServer(
     detached?: boolean;
     /**
      * The server gets SIGTERM when this process dies, even by SIGKILL, so a supervisor's crash
-     * leaves no server holding the port and the store (fresh-user trial: `kill -9` of `npm start`).
+     * leaves no server holding the port and the store (`kill -9` of `npm start`).
      * Linux only, through util-linux `setpriv --pdeathsig` (found as {@link setprivBinary}); where
      * it is missing, nothing is done and the caller must find an orphan itself (npm start's lock).
      */

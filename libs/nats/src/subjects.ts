@@ -41,13 +41,13 @@ export class Subjects {
   /** KV bucket of the deployment's tenants and their limits, written by the provisioner (docs/tenancy.md). */
   get tenantsBucket(): string { return `${this.prefix}_tenants`; }
   get resultsBucket(): string { return `${this.prefix}_results`; }
-  /** KV bucket of the reconciler's projection (issue 3). */
+  /** KV bucket of the reconciler's projection. */
   get reconcileBucket(): string { return `${this.prefix}_reconcile`; }
-  /** KV bucket of the audit-projector's projection (issue 3). */
+  /** KV bucket of the audit-projector's projection. */
   get auditBucket(): string { return `${this.prefix}_audit`; }
-  /** KV bucket of frozen tasks (issue 8): `<tenant>.<taskToken>` → the operations under takeover. */
+  /** KV bucket of frozen tasks: `<tenant>.<taskToken>` → the operations under takeover. */
   get tasksBucket(): string { return `${this.prefix}_tasks`; }
-  /** Requests of operators to the takeover service: `<prefix>.takeover.<operator>` (issue 8). */
+  /** Requests of operators to the takeover service: `<prefix>.takeover.<operator>`. */
   takeover(operator: string): string { return `${this.prefix}.takeover.${id(operator)}`; }
   get allTakeover(): string { return `${this.prefix}.takeover.*`; }
 
@@ -55,13 +55,13 @@ export class Subjects {
   op(tenant: string, opId: string): string { return `${this.prefix}.op.${id(tenant)}.${opid(opId)}`; }
   /**
    * One actor's decision records about one operation key: each actor's refusals and aliases live on
-   * their own subject, so another actor's request on the same key can never hide them (issue 3
+   * their own subject, so another actor's request on the same key can never hide them (status
    * precedence; the last record of the caller's own subject is what status reads).
    */
   decision(tenant: string, opId: string, actor: string): string { return `${this.prefix}.decision.${id(tenant)}.${opid(opId)}.${id(actor)}`; }
   status(tenant: string, actor: string): string { return `${this.prefix}.status.${id(tenant)}.${id(actor)}`; }
   /**
-   * Where the answer to one submission is pushed to its agent (issue 10): the executor publishes the
+   * Where the answer to one submission is pushed to its agent: the executor publishes the
    * committed receipt there, the authorizer and the executor a "poll now" for other outcomes. Null
    * when the submission id is not one subject token (`^[A-Za-z0-9_-]{1,128}$`): no push, the agent
    * polls. Best effort (core NATS): the status endpoint stays the truth.
@@ -87,9 +87,9 @@ export class Subjects {
   get allDecisions(): string { return `${this.prefix}.decision.>`; }
   get allStatus(): string { return `${this.prefix}.status.*.*`; }
 
-  /** Stream of the audit service's record of every query and export, written before it answers (issue 9). */
+  /** Stream of the audit service's record of every query and export, written before it answers. */
   get auditLogStream(): string { return `${this.prefix.toUpperCase()}_AUDITLOG`; }
-  /** An auditor's requests to the audit service; only that auditor may publish here (issue 9). */
+  /** An auditor's requests to the audit service; only that auditor may publish here. */
   audit(tenant: string, auditor: string): string { return `${this.prefix}.audit.${id(tenant)}.${id(auditor)}`; }
   /** Where the audit service records a query of `auditor` before answering it. */
   auditLog(tenant: string, auditor: string): string { return `${this.prefix}.auditlog.${id(tenant)}.${id(auditor)}`; }

@@ -7,7 +7,7 @@ import { decode, encode } from './codec.js';
 import { KvMirror } from './kv-mirror.js';
 
 /**
- * Frozen tasks (issue 8, FM-14; DESIGN.md "After a timeout, verify before acting": "still unknown
+ * Frozen tasks (FM-14; DESIGN.md "After a timeout, verify before acting": "still unknown
  * past the deadline → freeze the dependent writes"). A task is frozen while at least one of its
  * operations is under takeover; every side-effecting intent of a frozen task is refused with
  * `task_frozen` at the authorizer and again by the executor right before `running`.

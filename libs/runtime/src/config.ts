@@ -30,8 +30,8 @@ const PREFIX = /^[a-z][a-z0-9_]{0,31}$/;
  * - `TOOLTX_PREFIX` — subject prefix, one token `^[a-z][a-z0-9_]{0,31}$` (default `tooltx`).
  * - `LOG_LEVEL` — pino level (default `info`).
  * - `TOOLTX_INSTANCE_ID` — this process in logs and events (default `<host>-<pid>`).
- * - `TOOLTX_LOG_HMAC_KEY_FILE` — optional key file for the HMAC of error messages in logs (issue 9;
- *   without it each process uses a random key, so the HMACs are comparable only within it).
+ * - `TOOLTX_LOG_HMAC_KEY_FILE` — optional key file for the HMAC of error messages in logs;
+ *   without it each process uses a random key, so the HMACs are comparable only within it.
  */
 export const baseConfigSchema = z.object({
   NATS_URL: z.string().min(1).default('nats://127.0.0.1:4222'),
@@ -49,7 +49,7 @@ export const serviceConfigSchema = baseConfigSchema.extend({
   TOOLTX_TOOLS_MODULE: z.string({ error: 'required: the path of the trusted module exporting `implementations`' }).min(1),
   /** Operations handled at once by this process (default 16). */
   TOOLTX_CONCURRENCY: envInt(1, 1024).default(16),
-  /** Ed25519 private key file (PKCS#8 PEM) that signs receipts; required by the services that commit (issue 9). */
+  /** Ed25519 private key file (PKCS#8 PEM) that signs receipts; required by the services that commit. */
   TOOLTX_SIGNING_KEY_FILE: z.string().min(1).optional(),
   /**
    * Set by a supervisor (`npm start`, the demo, the bench) to its own pid: the process stops when
@@ -61,7 +61,7 @@ export const serviceConfigSchema = baseConfigSchema.extend({
 /**
  * An integer setting read from the environment, `min`..`max`: decimal digits only, surrounding
  * blanks ignored. `z.coerce.number()` took a blank value for 0 (which silently turned a hold or a
- * batch off) and `0x10` or `1e3` for numbers (fresh-user trial).
+ * batch off) and `0x10` or `1e3` for numbers.
  */
 export function envInt(min: number, max = Number.MAX_SAFE_INTEGER) {
   return z
@@ -70,7 +70,7 @@ export function envInt(min: number, max = Number.MAX_SAFE_INTEGER) {
     .regex(/^\d+$/, { error: `expected an integer ${min}..${max} (decimal digits)` })
     .transform(Number)
     // One problem per variable, whatever is wrong with the number (a huge one was both "not an
-    // integer" past 2^53 and "too big" — fresh-user trial).
+    // integer" past 2^53 and "too big").
     .pipe(z.number().refine((n) => Number.isSafeInteger(n) && n >= min && n <= max, `expected an integer ${min}..${max}`));
 }
 
@@ -79,7 +79,7 @@ export function envInt(min: number, max = Number.MAX_SAFE_INTEGER) {
  * variable, each problem as `NAME=value: what is wrong` (README "Configuration": one line naming
  * the setting and its value; the value shown by {@link showValue}, a URL without its user-info).
  * A variable set to the empty string counts as unset (its default applies); one of spaces alone is
- * refused, never read as a value (fresh-user trial: `NATS_URL='  '` was taken as a server).
+ * refused, never read as a value (`NATS_URL='  '` was taken as a server).
  */
 export function loadConfig<S extends z.ZodObject<z.ZodRawShape>>(schema: S, env: NodeJS.ProcessEnv = process.env): z.infer<S> {
   const cleaned = Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== '')) as Record<string, string>;

@@ -8,7 +8,7 @@ export type { Logger } from 'pino';
 
 /**
  * The one pino set-up of every tooltx process — services, the KB storage service, `npm start`, the
- * demo (DESIGN.md "Audit evidence is not a copy of sensitive content", FM-16, issue 9).
+ * demo (DESIGN.md "Audit evidence is not a copy of sensitive content", FM-16).
  *
  * What never reaches a log line:
  * - a value under a key named like a credential, cookie, authorisation header, body, page text,
@@ -93,7 +93,7 @@ const BLOCKED_WRITE_MS = 2_000;
 const MAX_QUEUED_BYTES = 16 * 1024 * 1024;
 
 /**
- * stdout (fd 1) as a log destination that never keeps a process from stopping (fresh-user trial:
+ * stdout (fd 1) as a log destination that never keeps a process from stopping (why:
  * an orphaned KB whose supervisor had been killed ignored SIGTERM for good).
  *
  * pino's default destination writes asynchronously and registers a synchronous flush for process

@@ -34,7 +34,7 @@ export async function recoverOperation(deps: {
   state: OperationRecord;
   seq: number;
   log: Logger;
-  /** Signs the receipt of a commit found by the probe (issue 9). */
+  /** Signs the receipt of a commit found by the probe. */
   signer: ReceiptSigner;
   now?: () => number;
   /**

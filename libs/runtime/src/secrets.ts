@@ -6,7 +6,7 @@ import { chmodSync, existsSync, readFileSync, statSync, writeFileSync } from 'no
  * secrets come from files named in the environment; `npm start` generates development ones).
  *
  * Why keyed: a plain SHA-256 of a guessable value (a knowledge-base id, a short note, a status
- * phrase) is reversed by hashing the guesses; an HMAC without the key is not (issue 9).
+ * phrase) is reversed by hashing the guesses; an HMAC without the key is not.
  */
 
 /** Shortest accepted key, in characters of the file (a generated key is 64 hex characters = 32 bytes). */

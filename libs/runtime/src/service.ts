@@ -86,7 +86,7 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
   /** The service's own settings, parsed from the environment with the common ones (problems listed together, exit 2). */
   env?: z.ZodObject<E>;
   start: (ctx: ServiceContext & { env: z.infer<z.ZodObject<E>> }) => Promise<() => Promise<void>>;
-  /** This service appends `committed`: it needs TOOLTX_SIGNING_KEY_FILE (issue 9, FM-17). */
+  /** This service appends `committed`: it needs TOOLTX_SIGNING_KEY_FILE (FM-17). */
   signsReceipts?: boolean;
 }): Promise<void> {
   usageErrorsExitTwo(new Command(`tooltx-${spec.name}`))
@@ -143,7 +143,7 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
           name: `${spec.name}@${config.TOOLTX_INSTANCE_ID}`,
           credsFile: config.NATS_CREDS_FILE,
           nkeySeedFile: config.NATS_NKEY_FILE,
-          // Replies to this service arrive only under its own inbox prefix (issue 5).
+          // Replies to this service arrive only under its own inbox prefix.
           inboxPrefix: `_INBOX._svc.${spec.name}`,
         });
       } catch (err) {

@@ -7,7 +7,7 @@ import type { Logger } from 'pino';
 export function onShutdown(log: Logger, stop: () => Promise<void>, graceMs = 15_000): void {
   let stopping = false;
   // Logging must never keep a process from stopping: with its parent gone, stdout may be a broken
-  // pipe and a write can throw (an orphaned KB ignored SIGTERM that way: found by a fresh-user trial).
+  // pipe and a write can throw (an orphaned KB ignored SIGTERM that way).
   const say = (write: () => void) => {
     try {
       write();

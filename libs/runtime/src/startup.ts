@@ -2,8 +2,8 @@ import { createLogger, type Logger } from './logger.js';
 import { ConfigError, showValue } from './config.js';
 
 /**
- * Start-up failures named for the operator (fresh-user trial). Error messages are kept out of logs
- * on purpose (logger.ts, FM-16, issue 9), so a process that could not start used to log only
+ * Start-up failures named for the operator. Error messages are kept out of logs
+ * on purpose (logger.ts, FM-16), so a process that could not start used to log only
  * `ENOENT` and an HMAC. A failure to START is the operator's own configuration: the process says
  * which setting (environment variable or flag), its value and the problem — on stderr in one line,
  * and in one structured `fatal` line (`msg: "failed to start"`, `setting`, `value`, `problem`).
@@ -56,7 +56,7 @@ export interface ReadyMessage {
 /**
  * Tells the supervisor that started this process with an IPC channel (`npm start`, the demo:
  * examples/research-kb/stack.ts) that it is ready, then closes the channel. Readiness travels apart
- * from the logs, so it does not depend on LOG_LEVEL (fresh-user trial: at `LOG_LEVEL=warn` the
+ * from the logs, so it does not depend on LOG_LEVEL (at `LOG_LEVEL=warn` the
  * `started` and `listening` lines a supervisor waited for never came). No channel: nothing happens.
  */
 export function announceReady(fields: Omit<ReadyMessage, 'tooltx'> = {}): void {

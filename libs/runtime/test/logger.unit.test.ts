@@ -1,6 +1,6 @@
 /**
  * FM-16 at the source: the one logger of every process never writes a credential, cookie, body,
- * page text or an error's message (issue 9). Lines are captured from a real pino destination.
+ * page text or an error's message. Lines are captured from a real pino destination.
  */
 import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';

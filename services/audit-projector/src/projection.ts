@@ -5,7 +5,7 @@ import { sideEffects, type AuditAuthorization, type AuditDecision, type AuditRec
 export { auditRecordSchema, type AuditRecord, type ContractCounts } from '@tooltx/lifecycle';
 
 /**
- * The audit-projector's projection (issues 3 and 9): one audit record per operation, in KV
+ * The audit-projector's projection: one audit record per operation, in KV
  * `<prefix>_audit` under `<tenant>.<opId>`, fed by the event log and the decision stream. It is
  * evidence, not a copy of content (DESIGN.md "Audit evidence is not a copy of sensitive content"):
  * who (the internal actor id the server authenticated), when (every state with its time), which
@@ -48,7 +48,7 @@ const authSeen = z.object({
 export const auditedEventSchema = z.object({
   type: token,
   at: epochMs,
-  /** Set on an outcome a person decided (issue 8), with their operator id. */
+  /** Set on an outcome a person decided, with their operator id. */
   manual: z.boolean().optional(),
   resolvedBy: id.optional(),
   state: z.object({

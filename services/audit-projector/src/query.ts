@@ -10,7 +10,7 @@ import { isOwnReplyInbox } from '@tooltx/streams';
 import { countsOf } from './projection.js';
 
 /**
- * The auditors' query service (issue 9; DESIGN.md "Audit and business results have separate access;
+ * The auditors' query service (DESIGN.md "Audit and business results have separate access;
  * exports are themselves audited"). Request/reply on `<prefix>.audit.<tenant>.<auditor>` (queue
  * group `tooltx-audit`, any number of instances): the server lets only that auditor publish there,
  * so the tenant and the auditor come from the subject. Requests and answers are msgpack.

@@ -37,11 +37,11 @@ export interface AuthorizerDeps {
   store: OperationStore;
   tools: ImplementationRegistry;
   log: Logger;
-  /** The frozen tasks (issue 8); absent = none is ever frozen (unit use only). */
+  /** The frozen tasks; absent = none is ever frozen (unit use only). */
   frozen?: Pick<FrozenTaskWatch, 'isFrozen'>;
   /**
    * Pushes "poll now" to a submission's agent for every outcome but a new registration (whose answer
-   * the executor pushes), and a known committed key's answer (issue 10); absent = nothing is pushed.
+   * the executor pushes), and a known committed key's answer; absent = nothing is pushed.
    */
   pusher?: AnswerPusher;
   /** The result store, read for the pushed answer of a known committed key with a stored result. */
@@ -257,7 +257,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
             if (err instanceof ConcurrencyError) continue;
             throw err;
           }
-          // Debug: one line per call is a synchronous write per call at info (issue 10); the audit record holds it.
+          // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
           l.debug({ operationKey: registered.operationKey, ...(submitted ? { submittedKey: key } : {}), attempt: d.event.attempt, tool: contract.id }, 'accepted');
           answerOnItsWay();
           return;

@@ -82,9 +82,9 @@ export const STATUS_QUEUE = 'tooltx-status';
  * subject). Read-only, repeatable, cheap: the first answer is one direct get of the operation's
  * last event; long-polls wait on ONE watch of the event log and one of the decision stream
  * (ordered consumers, new messages only) shared by every waiting request — never a consumer or a
- * poll per request (issue 3). A waiting request is answered from the event the watch delivered
+ * poll per request. A waiting request is answered from the event the watch delivered
  * (every event carries the operation's folded state), decoded only when someone waits on its
- * subject: no direct get per wake-up (issue 10: they were ~8 of a call's 68 NATS messages). A
+ * subject: no direct get per wake-up (they were ~8 of a call's 68 NATS messages). A
  * decision, an alias or a timeout is answered by a fresh read.
  */
 export class StatusService {
@@ -98,7 +98,7 @@ export class StatusService {
   /**
    * Committed operations' last state and sequence by `<tenant>/<opId>`, as read or delivered: a
    * committed state never changes, so a repeated status request (a caller verifying before acting,
-   * issue 10's status query) is answered without a direct get. Bounded (1,000 entries, a few MB).
+   * a status query) is answered without a direct get. Bounded (1,000 entries, a few MB).
    */
   readonly #final = new LRUCache<string, LoadedOperation>({ max: 1_000 });
   /** Set by stop(): waiting requests are answered with what is known now instead of waiting on. */

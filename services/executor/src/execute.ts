@@ -29,13 +29,13 @@ export interface ExecutorDeps {
   log: Logger;
   /** This executor's name in `running` events. */
   executorId: string;
-  /** Signs the receipts of what it commits (issue 9, FM-17). */
+  /** Signs the receipts of what it commits (FM-17). */
   signer: ReceiptSigner;
   /** Aborted on shutdown: in-flight attempts are abandoned as their contract says. */
   shutdown: AbortSignal;
-  /** The frozen tasks (issue 8), re-checked right before `running`; absent = none. */
+  /** The frozen tasks, re-checked right before `running`; absent = none. */
   frozen?: Pick<FrozenTaskWatch, 'isFrozen'>;
-  /** Pushes each submission's answer to its agent (issue 10); absent = nothing is pushed and agents poll. */
+  /** Pushes each submission's answer to its agent; absent = nothing is pushed and agents poll. */
   pusher?: AnswerPusher;
   now?: () => number;
   /** What it has learned of each downstream's clock (a fresh one per handler by default). */
@@ -52,7 +52,7 @@ const ACTS_ON = new Set(['accepted', 'requeued']);
  * sequence (only one executor wins) → `execute` with the tenant-scoped downstream key and an
  * absolute deadline → result store → `committed`. Read/compute timeouts become
  * `rejected: dependency_unavailable` (retryable); a side-effecting attempt whose request may have
- * left is never `rejected` — it stays `running` for recovery (issue 7).
+ * left is never `rejected` — it stays `running` for recovery.
  */
 export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settlement | void> {
   const { subjects, store, tools, log, results } = deps;
@@ -86,7 +86,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     throw new ConcurrencyError(subjects.op(tenant, opId), -1);
   };
 
-  /** "Poll now" to the agent of the submission that started `state`'s attempt (issue 10). */
+  /** "Poll now" to the agent of the submission that started `state`'s attempt. */
   const pushPoll = (tenant: string, state: OperationRecord) => deps.pusher?.poll(tenant, state.actor, state.intent.submissionId);
 
   return async (msg) => {
@@ -279,7 +279,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         // To the submission that started this attempt, under the key it derived (an alias's, FM-10).
         void deps.pusher?.committed({ impl, tenant, actor: st.actor, submissionId: st.intent.submissionId, submittedKey: st.intent.submitted?.operationKey ?? st.operationKey, state: { ...st, receipt: st.receipt }, result: resultDigest === EMPTY_RESULT_DIGEST ? {} : result });
       }
-      // Debug: one line per call is a synchronous write per call at info (issue 10); the audit record holds it.
+      // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
       l.debug({ resourceId: outcome.resourceId, outcome: d?.kind, elapsedMs: elapsed() }, 'committed');
       return;
     }
@@ -303,7 +303,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       return;
     }
     // The request may have left: never `rejected`, never a blind retry. `unknown` with evidence;
-    // the reconciler probes it (issue 7).
+    // the reconciler probes it.
     const evidence: Evidence = { kind: signal.aborted ? 'timeout' : 'connection_lost', at: now(), elapsedMs: elapsed() };
     const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, evidence }));
     if (d?.kind === 'append') pushPoll(tenant, state);

@@ -21,7 +21,7 @@ export const maxDeliveriesAdvisorySchema = z.object({
 export type MaxDeliveriesAdvisory = z.infer<typeof maxDeliveriesAdvisorySchema>;
 
 /**
- * The reconciler's handler of the advisories stream (issue 7: "no message dies silently, even while
+ * The reconciler's handler of the advisories stream ("no message dies silently, even while
  * the reconciler is down"). For each advisory naming a message of the event log: read that message
  * (its subject names the operation), read the operation's LAST event, and put the operation back in
  * the reconciler's index from it, with the projection's own rule and compare-and-set — so the sweep

@@ -40,7 +40,7 @@ interface Hold {
 const TERMINAL = new Set(['committed', 'rejected']);
 
 /**
- * The reconciler's projection writer (issue 10): the index of non-terminal operations
+ * The reconciler's projection writer: the index of non-terminal operations
  * (`projection.ts`) without an index write for an operation that ends quickly.
  *
  * Most operations go accepted → running → committed within milliseconds; writing each into the

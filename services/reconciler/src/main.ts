@@ -1,5 +1,5 @@
 /**
- * tooltx reconciler — for now, its projection (issue 3): consumes the event log on its own durable
+ * tooltx reconciler — for now, its projection: consumes the event log on its own durable
  * (`reconciler`, filter `<prefix>.op.>`) and keeps the index of non-terminal operations in KV
  * `<prefix>_reconcile`, one entry per operation under `<tenant>.<opId>` (see `projection.ts`).
  * Any number of instances may run: entries are written with compare-and-set and ordered by stream
@@ -62,14 +62,14 @@ await runService({
       env.TOOLTX_RECONCILE_SWEEP === 'off'
         ? projectionOnly(kv, log)
         : startSweeper({ index: kv, results, tasks, frozen, store, subjects, tools, signer: signer!, log: log.child({ component: 'sweep' }), intervalMs: env.TOOLTX_RECONCILE_INTERVAL_MS });
-    // Operators' takeover requests (issue 8): list, show, resolve.
+    // Operators' takeover requests: list, show, resolve.
     const takeover = startTakeoverService({ nc, store, subjects, results, tasks, tools, signer: signer!, log: log.child({ component: 'takeover' }), watched: sweeper.watched });
     // Held operations are bounded so their unacked messages (up to 3 each) stay under the durable's
     // max_ack_pending with the loop's own in-flight ones.
     const maxHeld = await heldLimit(jsm, subjects.eventsStream, Durables.reconciler, config.TOOLTX_CONCURRENCY);
     const index = new IndexWriter({ subjects, kv, store, log, delayMs: env.TOOLTX_RECONCILE_INDEX_DELAY_MS, maxHeld, isIndexed: (key) => sweeper.watched.has(key) });
     const loop = await startConsumerLoop({ js, stream: subjects.eventsStream, durable: Durables.reconciler, concurrency: config.TOOLTX_CONCURRENCY, log, handle: index.handle });
-    // The max-deliveries advisories of the event log (issue 7): an operation whose message a durable
+    // The max-deliveries advisories of the event log: an operation whose message a durable
     // gave up on goes back into the index, where the sweep finds it — even if this was down then.
     const advisories = await startConsumerLoop({
       js,

@@ -3,7 +3,7 @@ import { effectClasses, idSchema, operationKeySchema } from '@tooltx/contracts';
 import type { OperationEvent, OperationRecord } from '@tooltx/lifecycle';
 
 /**
- * The reconciler's projection (issue 3): an index of the operations that are NOT yet terminal, in
+ * The reconciler's projection: an index of the operations that are NOT yet terminal, in
  * KV `<prefix>_reconcile` under `<tenant>.<opId>`. It is what the reconciler will scan for
  * `running` past its contract's `runningBoundMs` and `unknown` until `unknownDeadlineMs` (DESIGN.md
  * "Contract timing", "After a timeout, verify before acting"); probing and redriving come later.
@@ -41,7 +41,7 @@ export const indexEntrySchema = z.object({
   deadlineAt: epochMs.optional(),
   /** Time of the event this entry reflects. */
   updatedAt: epochMs,
-  /** Set once the operation is under takeover (issue 8): a person's, no longer probed. */
+  /** Set once the operation is under takeover: a person's, no longer probed. */
   takeoverAt: epochMs.optional(),
 });
 export type IndexEntry = z.infer<typeof indexEntrySchema>;

@@ -11,14 +11,14 @@ import type { ReceiptSigner } from '@tooltx/lifecycle';
 export interface SweepDeps {
   index: KV;
   results: KV;
-  /** The frozen-task bucket (issue 8) and a watch of it (for the thaw repair). */
+  /** The frozen-task bucket and a watch of it (for the thaw repair). */
   tasks: KV;
   frozen: Pick<FrozenTaskWatch, 'entries'>;
   store: OperationStore;
   subjects: Subjects;
   tools: ImplementationRegistry;
   log: Logger;
-  /** Signs the receipts of commits found by probing (issue 9). */
+  /** Signs the receipts of commits found by probing. */
   signer: ReceiptSigner;
   /** Pause between two sweeps of the index, ms. */
   intervalMs: number;

@@ -9,7 +9,7 @@ import { isOwnReplyInbox } from '@tooltx/streams';
 import type { IndexEntry } from './projection.js';
 
 /**
- * Takeover (issue 8, FM-14; DESIGN.md "After a timeout, verify before acting"): when evidence runs
+ * Takeover (FM-14; DESIGN.md "After a timeout, verify before acting"): when evidence runs
  * out, the operation becomes a person's. Order of writes: the task is frozen FIRST, then the
  * takeover record is appended — so nobody can see a takeover whose task still takes side effects.
  * A resolution is appended first and the task thawed after; a thaw lost to a crash is repaired by
@@ -22,7 +22,7 @@ export interface TakeoverDeps {
   tasks: KV;
   tools: ImplementationRegistry;
   log: Logger;
-  /** Signs the receipt of a person's committed resolution (issue 9). */
+  /** Signs the receipt of a person's committed resolution. */
   signer: ReceiptSigner;
   now?: () => number;
 }
