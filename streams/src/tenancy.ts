@@ -8,8 +8,9 @@ const MiB = 1024 * KiB;
  * alone: a tenant over one is refused `quota_exceeded` on its own calls and nobody else notices.
  *
  * - `intentBytes`, `intentMessages`: the tenant's intake stream (`<P>_INTENTS_<tenant>`), as
- *   `max_bytes` / `max_msgs` with discard new: a publish past them is refused (JetStream 10077) and
- *   nothing stored is ever dropped. nats-server reserves `max_bytes` of its store for the stream
+ *   `max_bytes` / `max_msgs` (-1: none) with discard new: a publish past them is refused (JetStream
+ *   10077) and nothing stored is ever dropped. They count every intent stored within the stream's
+ *   max age, accepted ones included. nats-server reserves `max_bytes` of its store for the stream
  *   when it is created, so the sum over tenants must fit `max_file_store`.
  * - `maxIntentBytes`: the largest intent the stream takes (`max_msg_size`, JetStream 10054).
  * - `decisionBytes`: the tenant's refusal and alias records (`<P>_DECISIONS_<tenant>`, `max_bytes`
@@ -19,7 +20,7 @@ const MiB = 1024 * KiB;
  */
 export const tenantLimitsSchema = z.strictObject({
   intentBytes: z.number().int().min(64 * KiB).max(2 ** 50),
-  intentMessages: z.number().int().min(16).max(2 ** 50),
+  intentMessages: z.number().int().max(2 ** 50).refine((n) => n === -1 || n >= 16, 'at least 16, or -1 for no count bound'),
   maxIntentBytes: z.number().int().min(1 * KiB).max(64 * MiB),
   decisionBytes: z.number().int().min(64 * KiB).max(2 ** 50),
   intentsPerSecond: z.number().positive().max(1_000_000),
@@ -28,16 +29,17 @@ export const tenantLimitsSchema = z.strictObject({
 export type TenantLimits = z.infer<typeof tenantLimitsSchema>;
 
 /**
- * The defaults of every tenant (docs/tenancy.md "The limits and their defaults"): 64 MiB and 10,000
- * intents of intake (100 s of backlog at the default pace: past it, a tenant's publishes are refused
- * without being written), 1 MiB per intent (nats-server's default `max_payload`), 16 MiB of refusal
+ * The defaults of every tenant (docs/tenancy.md "The limits and their defaults"). The intake bound
+ * counts every intent the tenant stored within the intents' max age (7 days by default), the
+ * accepted ones included (their inputs are read from it): 1 GiB, no count bound, is a week of about
+ * 6,000 1 KB calls an hour. 1 MiB per intent (nats-server's default `max_payload`), 16 MiB of refusal
  * records (about 30,000), 100 intents/s with bursts of 20 per authorizer instance (the default
- * per-account rate of the large payment APIs; a burst small enough that the calls it lets through
- * at once do not queue another tenant's behind them in the shared event log).
+ * per-account rate of the large payment APIs; a burst small enough that the calls it lets through at
+ * once do not queue another tenant's behind them in the shared event log).
  */
 export const DEFAULT_TENANT_LIMITS: TenantLimits = {
-  intentBytes: 64 * MiB,
-  intentMessages: 10_000,
+  intentBytes: 1024 * MiB,
+  intentMessages: -1,
   maxIntentBytes: 1 * MiB,
   decisionBytes: 16 * MiB,
   intentsPerSecond: 100,

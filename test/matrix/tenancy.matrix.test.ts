@@ -20,7 +20,7 @@ import { floodProcess, manyTenants, note, quantile, toolsOf, type CallRun } from
 const MiB = 1024 * 1024;
 const OTHERS = 6;
 /** 7 tenants × 40 MiB reserved of the 400 MB store. */
-const LIMITS = { intentBytes: 32 * MiB, decisionBytes: 8 * MiB };
+const LIMITS = { intentBytes: 32 * MiB, intentMessages: 10_000, decisionBytes: 8 * MiB };
 const WINDOW_MS = 30_000;
 /** Each other tenant calls every 500 ms: 6 tenants, 360 calls in a window. */
 const CALL_INTERVAL_MS = 500;
