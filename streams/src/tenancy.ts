@@ -33,16 +33,17 @@ export type TenantLimits = z.infer<typeof tenantLimitsSchema>;
  * counts every intent the tenant stored within the intents' max age (7 days by default), the
  * accepted ones included (their inputs are read from it): 1 GiB, no count bound, is a week of about
  * 6,000 1 KB calls an hour. 1 MiB per intent (nats-server's default `max_payload`), 16 MiB of refusal
- * records (about 30,000), 100 intents/s with bursts of 20 per authorizer instance (the default
- * per-account rate of the large payment APIs; a burst small enough that the calls it lets through at
- * once do not queue another tenant's behind them in the shared event log).
+ * records (about 30,000), 20 intents/s with bursts of 20 per authorizer instance: one tenant at its
+ * pace takes about a tenth of what a 2-core deployment completes (at 100/s one tenant saturated it
+ * and the others waited seconds), and a burst small enough that the calls it lets through at once do
+ * not queue another tenant's behind them in the shared event log.
  */
 export const DEFAULT_TENANT_LIMITS: TenantLimits = {
   intentBytes: 1024 * MiB,
   intentMessages: -1,
   maxIntentBytes: 1 * MiB,
   decisionBytes: 16 * MiB,
-  intentsPerSecond: 100,
+  intentsPerSecond: 20,
   intentBurst: 20,
 };
 

@@ -109,8 +109,12 @@ export async function startAll(specs: [ServiceName, Record<string, string>][]): 
   return { procs, stopAll: () => Promise.all(procs.map((p) => p.stop())) };
 }
 
-/** Runs a TypeScript script under tsx, as the services run, with `env`; its JSON stdout lines are collected. */
-export function runScript(path: string, env: Record<string, string>): ServiceProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', path], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+/**
+ * Runs a TypeScript script under tsx, as the services run, with only `env` (and PATH); its JSON
+ * stdout lines are collected. `nice`: its scheduling priority (nice(1), 0 to 19).
+ */
+export function runScript(path: string, env: Record<string, string>, nice?: number): ServiceProcess {
+  const [cmd, args] = nice === undefined ? [process.execPath, ['--import', 'tsx', path]] : ['nice', ['-n', String(nice), process.execPath, '--import', 'tsx', path]];
+  const child = spawn(cmd, args, { cwd: ROOT, env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   return new ServiceProcess(path, child);
 }

@@ -118,6 +118,14 @@ export function flood(t: TestNats, tenant: string, actor: string, next: (i: numb
 }
 
 /**
+ * The flooding agent's scheduling priority (nice 19, the lowest). The deployment and the flooder
+ * share this machine's two cores; an agent of a deployment runs on a machine of its own, so the
+ * flooder takes the cores only when the deployment leaves them idle. It still publishes as fast as
+ * its connection goes: what the flood costs nats-server and the services is what is measured.
+ */
+const FLOODER_NICE = 19;
+
+/**
  * {@link flood} from a process of its own (test/helpers/flood-agent.ts), for `ms` or `maxBytes`.
  * `to`: another server (no auth) and subject prefix instead of the deployment's (a control run).
  */
@@ -125,7 +133,7 @@ export async function floodProcess(t: TestNats, tenant: string, actor: string, k
   const p = runScript(join(ROOT, 'test', 'helpers', 'flood-agent.ts'), {
     FLOOD_URL: o.to?.url ?? t.url, ...(o.to ? {} : { FLOOD_SEED: t.agentSeed(tenant, actor) }), FLOOD_PREFIX: o.to?.prefix ?? t.subjects.prefix, FLOOD_TENANT: tenant, FLOOD_ACTOR: actor, FLOOD_KIND: kind,
     ...(o.ms !== undefined ? { FLOOD_MS: String(o.ms) } : {}), ...(o.maxBytes !== undefined ? { FLOOD_MAX_BYTES: String(o.maxBytes) } : {}), FLOOD_WINDOW: String(o.window ?? 64),
-  });
+  }, FLOODER_NICE);
   const code = await p.exited;
   const line = p.lines.find((l) => typeof l.sent === 'number');
   if (code !== 0 || !line) throw new Error(`flood agent exited ${code}: ${p.stderr.slice(0, 2_000)}`);

@@ -2,7 +2,7 @@
  * tenancy, full size (docs/tenancy.md): one tenant floods or poisons its own intake while six
  * others call, on a 400 MB store. For each flood — amplifiers, 1 MB junk intents, valid calls —
  * published as fast as one connection can for 30 s, the six others call for the same 30 s; the
- * baseline is the same 30 s of calls without the flood, in the same run. Reported: their failed
+ * baseline is the same 30 s of calls without the flood, in the same run (15 s before it, 15 s after). Reported: their failed
  * calls (asserted 0), their p99 with and without the flood and the ratio (a report, not an
  * assertion), and the bytes each tenant holds. Then the full-size cases: 1,000 amplifiers, and a
  * 1 GB junk flood on the 400 MB store.
@@ -88,8 +88,18 @@ async function callFor(ms: number, label: string, intervalMs = CALL_INTERVAL_MS)
   return run;
 }
 
-/** Waits until the flooding tenant's intake is worked through (at its own pace), up to 2 minutes. */
+/**
+ * Starts the next case from an empty intake of the flooding tenant: what the last flood left there
+ * is deleted (at its own pace it could take minutes to work through, and the next baseline must not
+ * run beside it; intake streams deny purge, not delete), then waits until its consumer has nothing
+ * in hand, up to 2 minutes.
+ */
 async function floodDrained(): Promise<void> {
+  const stream = t.subjects.intentsStream('flood');
+  const { state } = await t.jsm.streams.info(stream);
+  for (let seq = state.first_seq; state.messages > 0 && seq <= state.last_seq; seq++) {
+    await t.jsm.streams.deleteMessage(stream, seq, false).catch(() => undefined); // 10057: already gone
+  }
   for (let i = 0; i < 600; i++) {
     const c = await t.jsm.consumers.info(t.subjects.intentsStream('flood'), 'authorizer');
     if (c.num_pending === 0 && c.num_ack_pending === 0) return;
@@ -122,11 +132,17 @@ const floods: [string, 'amplifiers' | 'junk' | 'valid', number][] = [
 function floodCase(what: string, kind: 'amplifiers' | 'junk' | 'valid', window: number, control = false): void {
   it(`tenant-flood: ${what} for 30 s${control ? ', sent to another nats-server on this machine (control)' : ''} — the other tenants' calls all commit; their p99 with and without it`, { timeout: 180_000 }, async ({ task }) => {
     await floodDrained();
-    const base = await callFor(WINDOW_MS, `base-${kind}`);
+    const before = await callFor(WINDOW_MS / 2, `before-${kind}`);
     // The flooder is a process of its own: its publishing does not slow this one, which measures.
     const flooding = floodProcess(t, 'flood', 'mallory', kind, { ms: WINDOW_MS, window, ...(control ? { to: { url: other!.url, prefix: 'control' } } : {}) });
     const during = await callFor(WINDOW_MS, `flood-${kind}`);
     const sent = await flooding;
+    await floodDrained();
+    // The baseline is taken half before and half after the flood: this machine's own latency drifts
+    // (its disk's fsync above all) by as much as 3× between two windows without any flood, and a
+    // baseline on one side only would measure that drift.
+    const after = await callFor(WINDOW_MS / 2, `after-${kind}`);
+    const base: CallRun = { calls: before.calls + after.calls, failed: before.failed + after.failed, failures: [...before.failures, ...after.failures], latenciesMs: [...before.latenciesMs, ...after.latenciesMs] };
     const p99 = (r: CallRun) => quantile(r.latenciesMs, 0.99);
     figure(task, { name: 'flood: publishes sent / stored, MB sent', value: `${sent.sent} / ${sent.stored}, ${(sent.bytesSent / 1e6).toFixed(0)} MB${Object.keys(sent.refused).length ? `; refused ${JSON.stringify(sent.refused)}` : ''}` });
     figure(task, { name: 'other tenants: calls without / with the flood', value: `${base.calls} / ${during.calls}` });
