@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { connectNats, freeLoopbackPort as freePort, jetStreamOf, OperationStore, spawnNatsCluster, spawnNatsServer, Subjects, type Durability, type NatsClusterHandle, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
+import { connectNats, freeLoopbackPort as freePort, jetStreamOf, JetStreamStore, spawnNatsCluster, spawnNatsServer, Subjects, type Durability, type NatsClusterHandle, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
 import { ensureKeyFile } from '@tooltx/runtime';
 import { applyTopology, generateAuth, inboxPrefixOf, tenantsOf, topology, type GeneratedAuth, type IdentityList, type Role, type Topology, type TopologyOptions } from '@tooltx/streams';
 
@@ -33,7 +33,7 @@ export interface TestNats {
   topo: Topology;
   /** The tenants of the identity list. */
   tenants: string[];
-  store: OperationStore;
+  store: JetStreamStore;
   js: Awaited<ReturnType<typeof jetStreamOf>>['js'];
   jsm: Awaited<ReturnType<typeof jetStreamOf>>['jsm'];
   /** Every server's client URL, comma-separated. */
@@ -133,7 +133,7 @@ export async function provisioned(
       TOOLTX_AUDIT_HMAC_KEY_FILE: ensureKeyFile(join(dir, 'audit-hmac.key')),
       TOOLTX_LOG_HMAC_KEY_FILE: ensureKeyFile(join(dir, 'log-hmac.key')),
     },
-    store: new OperationStore(js, jsm, subjects),
+    store: new JetStreamStore(js, jsm, subjects),
     agentSeed: (tenant, actor) => auth.seedFile({ kind: 'agent', tenant, actor }),
     connectAs,
     async close() {

@@ -1,5 +1,5 @@
 import type { DownstreamGuarantees } from '@tooltx/contracts';
-import type { OperationRecord } from './events.js';
+import type { OperationRecord, TakeoverRecord } from './events.js';
 
 /** What a read-only probe of the downstream by our key found. */
 export type ProbeOutcome =
@@ -104,4 +104,75 @@ export function decideSend(a: { startedAt: number; deadlineAt: number; now: numb
  */
 export function decideRunAgain(requeues: number): { kind: 'requeue' } | { kind: 'reject' } {
   return requeues < MAX_LATE_START_REQUEUES ? { kind: 'requeue' } : { kind: 'reject' };
+}
+
+/** How long after a running attempt's deadline the reconciler leaves it to its executor, ms (so the executor's own evidence lands first). */
+export const RUNNING_GRACE_MS = 1_000;
+
+/** Probing backoff of `unknown` operations: exponential from 1 s, capped at 60 s, with ±50 % jitter (ms). */
+export function nextProbeDelayMs(failures: number, random: () => number = Math.random): number {
+  const base = Math.min(60_000, 1_000 * 2 ** Math.min(failures, 6));
+  return Math.round(base * (0.5 + random()));
+}
+
+/** What the reconciler's index says of a non-terminal operation (times are other processes' wall clocks, ms). */
+export interface WatchedOperation {
+  status: 'accepted' | 'running' | 'unknown';
+  updatedAt: number;
+  runningAt?: number;
+  deadlineAt?: number;
+}
+
+/**
+ * Whether the reconciler looks at an operation now (docs/clocks.md). A look only schedules: what
+ * is done is decided on the operation's state and, for a running or unknown one, on a probe's
+ * verdict on the downstream's clock. Due when either says so:
+ * - the events' own times (other processes' clocks, against `wallNow`): a clock ahead looks sooner,
+ *   which is harmless;
+ * - how long this process has seen the entry in its current state (`seenForMs`, monotonic): a clock
+ *   behind is caught by it.
+ * `accepted` beyond `runningBoundMs` (never started: requeue); `running` beyond its attempt's time
+ * plus {@link RUNNING_GRACE_MS} and its `runningBoundMs`, when a probe is due; `unknown` when a
+ * probe is due. Pure.
+ */
+export function lookDue(e: WatchedOperation, timing: { timeoutMs: number; runningBoundMs: number }, o: { seenForMs: number; wallNow: number; probeDue: boolean }): boolean {
+  const { timeoutMs, runningBoundMs } = timing;
+  switch (e.status) {
+    case 'accepted':
+      return o.seenForMs > runningBoundMs || o.wallNow - e.updatedAt > runningBoundMs;
+    case 'running':
+      return o.probeDue && (o.seenForMs > Math.max(timeoutMs + RUNNING_GRACE_MS, runningBoundMs) || o.wallNow > Math.max((e.deadlineAt ?? 0) + RUNNING_GRACE_MS, (e.runningAt ?? e.updatedAt) + runningBoundMs));
+    case 'unknown':
+      return o.probeDue;
+  }
+}
+
+/**
+ * Whether an `unknown` operation goes to a person (FM-14): still unknown after this process has
+ * seen it so for longer than the contract's `unknownDeadlineMs` (monotonic: a clock ahead never
+ * calls a person early; after a restart the wait starts again). Pure.
+ */
+export function takeoverDue(status: OperationRecord['status'], seenForMs: number, unknownDeadlineMs: number): boolean {
+  return status === 'unknown' && seenForMs > unknownDeadlineMs;
+}
+
+/**
+ * The takeover record of an `unknown` operation handed to a person (FM-14): what is known of it —
+ * its target, its last evidence, what a probe found under our key, its attempts and times. Pure.
+ */
+export function takeoverRecordOf(state: OperationRecord, why: { reason: TakeoverRecord['reason']; probes: number; probed?: TakeoverRecord['probed'] }, openedAt: number): TakeoverRecord {
+  return {
+    operationKey: state.operationKey,
+    tenant: state.tenant,
+    taskId: state.taskId,
+    tool: state.tool,
+    version: state.version,
+    targetDigest: state.targetDigest,
+    inputDigest: state.inputDigest,
+    reason: why.reason,
+    ...(state.evidence ? { lastEvidence: state.evidence } : {}),
+    ...(why.probed ? { probed: why.probed } : {}),
+    attempts: { attempt: state.attempt, requeues: state.requeues ?? 0, probes: why.probes },
+    times: { acceptedAt: state.acceptedAt, ...(state.running ? { runningAt: state.running.at } : {}), ...(state.evidence ? { unknownSince: state.evidence.at } : {}), openedAt },
+  };
 }

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { OPERATION_KEY_PATTERN, type Implementation } from '@tooltx/contracts';
-import { errorInfoSchema, eventCountOf, receiptSchema, takeoverRecordSchema, type OperationRecord, type Receipt } from './events.js';
+import { errorInfoSchema, eventCountOf, receiptSchema, takeoverRecordSchema, type DecisionRecord, type OperationRecord, type Receipt } from './events.js';
 
 /** Longest long-poll a status request may ask for, ms. */
 export const MAX_STATUS_WAIT_MS = 30_000;
@@ -144,4 +144,49 @@ export async function readAllowed(impl: Implementation | undefined, tenant: stri
   } catch {
     return false;
   }
+}
+
+/**
+ * Whether a status answer goes back at once rather than wait for a change (a long-poll). `a.seq`
+ * and `req.afterSeq` are both the operation's own event count. Pure.
+ * - A refusal of the caller's submission is an answer at once.
+ * - With `untilFinal`: committed or rejected (not an earlier attempt's refusal: the caller's
+ *   resubmission is coming), or a takeover — each unless the caller already saw exactly it.
+ * - Otherwise: a final state the caller has not seen, or any move past `afterSeq`.
+ */
+export function statusSettled(a: StatusAnswer, req: StatusRequest): boolean {
+  if (a.source === 'decision') return true;
+  const after = req.afterSeq ?? 0;
+  if (req.untilFinal) {
+    if (a.state === 'unknown' && a.takeover) return a.seq !== after;
+    if (a.state === 'rejected' && a.ownAttempt === false) return false;
+    return (a.state === 'committed' || a.state === 'rejected') && a.seq !== after;
+  }
+  if ((a.state === 'committed' || a.state === 'rejected') && a.seq !== after) return true;
+  return a.seq > after;
+}
+
+/**
+ * Whether the read policy may be skipped: the submitting actor asking, with its submission id,
+ * about its own operation while it is still in flight learns only its state — nothing final is
+ * revealed — so the policy (a round trip to the system of record) is not asked at each long-poll
+ * step. Pure.
+ */
+export function ownCallInFlight(state: OperationRecord, actor: string, req: StatusRequest): boolean {
+  const inFlight = state.status === 'accepted' || state.status === 'running' || (state.status === 'unknown' && !state.takeover);
+  return inFlight && actor === state.actor && req.submissionIds?.includes(state.intent.submissionId) === true;
+}
+
+/**
+ * Status precedence for an operation rejected in an attempt the caller did not start: when the
+ * caller's own resubmission was refused at intake since (e.g. `task_frozen`), that refusal — not
+ * the earlier attempt's — is the caller's answer. Pure.
+ */
+export function ownRefusalSupersedes(state: OperationRecord, actor: string, req: StatusRequest, decision: DecisionRecord | null): decision is DecisionRecord & { outcome: 'rejected' } {
+  return (
+    decision?.outcome === 'rejected' &&
+    decision.actor === actor &&
+    req.submissionIds?.includes(decision.submissionId) === true &&
+    decision.at >= state.updatedAt
+  );
 }

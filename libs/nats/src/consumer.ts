@@ -1,7 +1,8 @@
 import type { Consumer, JetStreamClient, JetStreamManager, JsMsg } from '@nats-io/jetstream';
 import type { Logger } from 'pino';
 import { CodecError } from './codec.js';
-import { ConcurrencyError, StoreUnavailableError, isTransient } from './store.js';
+import { ConcurrencyError, StoreUnavailableError } from '@tooltx/lifecycle';
+import { isTransient } from './store.js';
 
 /**
  * What a handler asks the loop to do with its message. Handlers normally just return; the loop

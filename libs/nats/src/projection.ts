@@ -6,7 +6,8 @@ import { operationIdOf } from '@tooltx/contracts';
 import { operationEventSchema, type OperationEvent } from '@tooltx/lifecycle';
 import { CodecError, decode, encode } from './codec.js';
 import type { Settlement } from './consumer.js';
-import { ConcurrencyError, isWrongLastSequence } from './store.js';
+import { ConcurrencyError } from '@tooltx/lifecycle';
+import { isWrongLastSequence } from './store.js';
 import type { Subjects } from './subjects.js';
 
 /**

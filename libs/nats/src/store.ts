@@ -2,60 +2,28 @@ import { randomUUID } from 'node:crypto';
 import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { errors as coreErrors, headers as natsHeaders } from '@nats-io/transport-node';
 import {
+  ConcurrencyError,
   decisionRecordSchema,
   operationEventSchema,
+  StoreUnavailableError,
   type DecisionRecord,
+  type LoadedOperation,
   type OperationEvent,
-  type OperationState,
+  type OperationStore,
+  type StoredIntent,
 } from '@tooltx/lifecycle';
 import { decode, encode } from './codec.js';
 import type { Subjects } from './subjects.js';
 
-/**
- * Another writer appended to the operation's subject first (JetStream error 10071,
- * `StreamWrongLastSequence`). Reload and decide again. The domain never sees the NATS error.
- */
-export class ConcurrencyError extends Error {
-  readonly subject: string;
-  readonly expectedSeq: number;
-  constructor(subject: string, expectedSeq: number) {
-    super(`another writer appended to ${subject} after sequence ${expectedSeq}`);
-    this.name = 'ConcurrencyError';
-    this.subject = subject;
-    this.expectedSeq = expectedSeq;
-  }
-}
-
-/** JetStream did not answer in time or refused transiently; the append may or may not be stored. */
-export class StoreUnavailableError extends Error {
-  constructor(message: string, opts?: ErrorOptions) {
-    super(message, opts);
-    this.name = 'StoreUnavailableError';
-  }
-}
-
-/** An operation as loaded: its folded state and the subject sequence of its last event (0 = none). */
-export interface LoadedOperation {
-  state: OperationState;
-  seq: number;
-}
-
-/** A stored intent: the subject it was published on (identity), its bytes and submission id. */
-export interface StoredIntent {
-  seq: number;
-  subject: string;
-  data: Uint8Array;
-  submissionId: string | undefined;
-}
-
 const PUBLISH_ATTEMPTS = 4;
 
 /**
- * The JetStream event store of operations: one subject per operation, appends under the expected
- * last subject sequence (first writer wins with no time window, NATS-NOTES "First writer wins"),
- * loads by one direct get of the last message on the subject.
+ * The JetStream store of operations ({@link OperationStore}): one subject per operation, appends
+ * under the expected last subject sequence (first writer wins with no time window: JetStream's
+ * `Nats-Expected-Last-Subject-Sequence`), loads by one direct get of the last message on the
+ * subject. Passes the event store contract (test/contracts/event-store.ts).
  */
-export class OperationStore {
+export class JetStreamStore implements OperationStore {
   readonly #js: JetStreamClient;
   readonly #jsm: JetStreamManager;
   readonly #subjects: Subjects;
@@ -80,9 +48,10 @@ export class OperationStore {
    * Appends `event` to the operation's subject if its last sequence is still `expectedSeq`.
    * Returns the stored sequence. Retries a publish whose answer was lost with the same msg id
    * and expectation. A `duplicate: true` answer is believed only after reading the stored message
-   * back and finding this event's id (NATS-NOTES "Deduplication"). Throws {@link ConcurrencyError}
+   * back and finding this event's id (a duplicate answer names the first copy's sequence even when
+   * that message is gone, or another subject's message squatted the id). Throws {@link ConcurrencyError}
    * when another writer won, {@link StoreUnavailableError} when JetStream does not answer, and
-   * zod's error for an event {@link OperationStore.load} could not read back (checked before
+   * zod's error for an event {@link JetStreamStore.load} could not read back (checked before
    * anything is sent: one unreadable event would make its operation unreadable for good).
    */
   async append(tenant: string, opId: string, event: OperationEvent, expectedSeq: number): Promise<number> {

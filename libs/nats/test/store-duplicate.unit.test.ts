@@ -6,8 +6,8 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { JetStreamClient, JetStreamManager, PubAck } from '@nats-io/jetstream';
-import { decide, type AcceptCommand } from '@tooltx/lifecycle';
-import { encode, newEventId, OperationStore, StoreUnavailableError, Subjects } from '@tooltx/nats';
+import { decide, StoreUnavailableError, type AcceptCommand } from '@tooltx/lifecycle';
+import { encode, JetStreamStore, newEventId, Subjects } from '@tooltx/nats';
 
 const D = (c: string) => `sha256:${c.repeat(64)}`;
 const subjects = new Subjects('tdup');
@@ -31,12 +31,12 @@ function fakeStream(acks: Partial<PubAck>[], stored: { subject: string; data: Ui
   return { js, jsm, publishes: () => publishes };
 }
 
-describe('OperationStore.append and a duplicate answered with sequence 0', () => {
+describe('JetStreamStore.append and a duplicate answered with sequence 0', () => {
   it('asks again until the stream names the message, reads it back and returns its sequence', async () => {
     const event = acceptedEvent();
     const subject = subjects.op('acme', 'a'.repeat(32));
     const f = fakeStream([{ duplicate: true, seq: 0 }, { duplicate: true, seq: 0 }, { duplicate: true, seq: 7 }], { subject, data: encode(event) });
-    const store = new OperationStore(f.js, f.jsm, subjects);
+    const store = new JetStreamStore(f.js, f.jsm, subjects);
     await expect(store.append('acme', 'a'.repeat(32), event, 0)).resolves.toBe(7);
     expect(f.publishes()).toBe(3);
   });
@@ -44,7 +44,7 @@ describe('OperationStore.append and a duplicate answered with sequence 0', () =>
   it('still unconfirmed after every attempt: StoreUnavailableError (the caller retries the message), never a ConcurrencyError', async () => {
     const event = acceptedEvent();
     const f = fakeStream([{ duplicate: true, seq: 0 }], { subject: 'x', data: new Uint8Array() });
-    const store = new OperationStore(f.js, f.jsm, subjects);
+    const store = new JetStreamStore(f.js, f.jsm, subjects);
     await expect(store.append('acme', 'b'.repeat(32), event, 0)).rejects.toBeInstanceOf(StoreUnavailableError);
   });
 });

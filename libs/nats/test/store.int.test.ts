@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { decide, type AcceptCommand, type OperationEvent } from '@tooltx/lifecycle';
+import { ConcurrencyError, decide, type AcceptCommand, type OperationEvent } from '@tooltx/lifecycle';
 import { DiscardPolicy, RetentionPolicy } from '@nats-io/jetstream';
-import { ConcurrencyError, encode, EVENT_TYPE_HEADER, eventTypeOf, isNoRespondersPublish, isTransient, newEventId, Subjects } from '@tooltx/nats';
+import { encode, EVENT_TYPE_HEADER, eventTypeOf, isNoRespondersPublish, isTransient, newEventId, Subjects } from '@tooltx/nats';
 import { checkTopology, tenantsOf, topology } from '@tooltx/streams';
 import { provisioned, TEST_IDENTITIES, type TestNats } from '../../../test/helpers/nats.js';
 

@@ -1,6 +1,6 @@
 import { digestOf, downstreamKeyOf, EMPTY_RESULT_DIGEST, type Implementation } from '@tooltx/contracts';
-import { decide, decideRecovery, type Evidence, type OperationCommand, type OperationRecord, type ProbeOutcome, type ReceiptSigner } from '@tooltx/lifecycle';
-import { ConcurrencyError, encode, newEventId, type OperationStore, type Subjects } from '@tooltx/nats';
+import { decideRecovery, handleCommand, type Evidence, type OperationCommand, type OperationRecord, type OperationStore, type ProbeOutcome, type ReceiptSigner } from '@tooltx/lifecycle';
+import { encode, newEventId, type Subjects } from '@tooltx/nats';
 import type { KV } from '@nats-io/kv';
 import type { Logger } from 'pino';
 
@@ -114,15 +114,11 @@ function run(state: OperationRecord): { runId?: string } {
   return state.running ? { runId: state.running.eventId } : {};
 }
 
-/** Append one command decided on the state it was loaded with; `moved_on` when another writer won. */
+/**
+ * Appends one command decided on the state the probe was about: a probe's verdict holds for that
+ * state only, so a lost race is `moved_on`, never decided again on a newer state.
+ */
 async function append(d: { store: OperationStore; tenant: string; opId: string; state: OperationRecord; seq: number; signer: ReceiptSigner }, make: () => OperationCommand): Promise<'appended' | 'moved_on'> {
-  const decision = decide(make(), d.state, { signer: d.signer });
-  if (decision.kind !== 'append') return 'moved_on';
-  try {
-    await d.store.append(d.tenant, d.opId, decision.event, d.seq);
-    return 'appended';
-  } catch (err) {
-    if (err instanceof ConcurrencyError) return 'moved_on';
-    throw err;
-  }
+  const h = await handleCommand(d.store, d.tenant, d.opId, make, { known: { state: d.state, seq: d.seq }, retry: false, signer: d.signer });
+  return h.kind === 'appended' ? 'appended' : 'moved_on';
 }

@@ -5,7 +5,7 @@ import { Command } from 'commander';
 import { usageErrorsExitTwo } from './cli.js';
 import { z } from 'zod';
 import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
-import { assertSupportedServer, connectNats, connectProblemOf, jetStreamOf, OperationStore, UnsupportedServerError, permissionViolationOf, Subjects, type NatsConnection } from '@tooltx/nats';
+import { assertSupportedServer, connectNats, connectProblemOf, jetStreamOf, JetStreamStore, UnsupportedServerError, permissionViolationOf, Subjects, type NatsConnection } from '@tooltx/nats';
 import { assertTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
 import { loadReceiptSigner, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConfigError, envInt, loadConfig, serviceConfigSchema } from './config.js';
@@ -57,7 +57,7 @@ export interface ServiceContext {
   jsm: JetStreamManager;
   subjects: Subjects;
   topology: Topology;
-  store: OperationStore;
+  store: JetStreamStore;
   tools: ImplementationRegistry;
   /** The receipt signer (TOOLTX_SIGNING_KEY_FILE); set for services whose spec says `signsReceipts`. */
   signer?: ReceiptSigner;
@@ -176,7 +176,7 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
       if (denied) throw new StartupError(identity[0], identity[1], `the server refused ${denied.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${denied.subject}: this identity is not the ${spec.name} service's (<out>/nkeys/service.${spec.name}.nk from \`tooltx auth generate\`)`, { cause: err });
       throw err;
     });
-    const store = new OperationStore(js, jsm, subjects);
+    const store = new JetStreamStore(js, jsm, subjects);
     const stop = await spec.start({ config, env: own, log, nc, js, jsm, subjects, topology: topo, store, tools, ...(signer ? { signer } : {}) });
     const conn = nc;
     let closing = false;

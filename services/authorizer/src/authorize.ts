@@ -1,8 +1,23 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
-import { EMPTY_RESULT_DIGEST, ErrorClass, TooltxError, hasSideEffect, operationIdOf, prepareCall, toErrorInfo, type ErrorInfo, type Implementation } from '@tooltx/contracts';
-import { decide, EVENT_SCHEMA_VERSION, type AcceptCommand, type AuthDecision, type OperationRecord, type Receipt } from '@tooltx/lifecycle';
-import { committedResult, ConcurrencyError, isTransient, newEventId, StoreUnavailableError, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import { EMPTY_RESULT_DIGEST, ErrorClass, TooltxError, operationIdOf, prepareCall, toErrorInfo, type AuthorizationResult, type ErrorInfo, type Implementation } from '@tooltx/contracts';
+import {
+  aliasRecord,
+  boundedRefusal,
+  ConcurrencyError,
+  frozenTaskRefusal,
+  handleCommand,
+  IDEMPOTENCY_CONFLICT,
+  policyVerdict,
+  refusalRecord,
+  StoreUnavailableError,
+  type AcceptCommand,
+  type AuthDecision,
+  type OperationRecord,
+  type OperationStore,
+  type Receipt,
+} from '@tooltx/lifecycle';
+import { committedResult, isTransient, newEventId, type AnswerPusher, type FrozenTaskWatch, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { intakeOf, keylessRefusalKey, type IntakeOutcome } from './intake.js';
 
@@ -29,8 +44,6 @@ function permanent(err: unknown): boolean {
   if (retryable(err)) return false;
   return !(err instanceof TooltxError && err.class === ErrorClass.DependencyUnavailable);
 }
-
-const MAX_DECIDE_ROUNDS = 8;
 
 export interface AuthorizerDeps {
   subjects: Subjects;
@@ -121,10 +134,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
   ): Promise<Settlement | void> {
     const recordKey = key ?? keylessRefusalKey(who.tenant, submissionId);
     const record = (e: ErrorInfo) =>
-      store.recordDecision(
-        { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: recordKey, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'rejected', error: e, ...ids, ...(authorization ? { authorization } : {}), ...(key ? {} : { keyless: true as const }) },
-        operationIdOf(recordKey),
-      );
+      store.recordDecision(refusalRecord({ ...who, submissionId }, { eventId: newEventId(), at: now(), key, keylessKey: recordKey, error: e, ...ids, ...(authorization ? { authorization } : {}) }), operationIdOf(recordKey));
     let settlement: Settlement | void = undefined;
     try {
       await record(error);
@@ -132,7 +142,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       if (retryable(err)) throw err;
       l.error({ err, operationKey: recordKey, class: error.class }, 'refusal record not stored: storing a bounded one');
       try {
-        await record({ class: error.class, issues: [{ path: [], code: 'record_not_stored', message: 'the refusal\'s details could not be stored' }] });
+        await record(boundedRefusal(error));
       } catch (again) {
         if (retryable(again)) throw again;
         l.error({ err: again, operationKey: recordKey }, 'no refusal record can be stored: intent terminated');
@@ -179,27 +189,26 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
 
     // Policy seam, then the business invariants: before anything about the key is looked up or revealed.
     const policyVersion = impl.policyVersion ?? 'none';
-    let authorization: AuthDecision;
-    let canonicalInput: Record<string, unknown> | undefined;
+    let allowed: AuthorizationResult | void = undefined;
+    let failure: { err: unknown } | undefined;
     try {
       const authCtx = { tenant: who.tenant, actor: who.actor, operationKey: key, phase: 'intake' as const, now: now() };
-      const allowed = await impl.authorize?.(prepared.input, authCtx);
-      authorization = { decision: 'allow', policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) };
-      canonicalInput = allowed?.input;
+      allowed = await impl.authorize?.(prepared.input, authCtx);
       await impl.invariants?.(prepared.input, authCtx);
     } catch (err) {
-      const info = toErrorInfo(err);
-      // A dependency of the policy being down is not a refusal: the intent is retried later.
-      if (info.class === ErrorClass.Internal || info.class === ErrorClass.DependencyUnavailable) throw err;
-      const denial: AuthDecision | undefined = info.class === ErrorClass.InvalidInput ? undefined : { decision: 'deny', policyVersion, reason: info.class, at: now() };
-      return refuse(key, info, ids, denial);
+      failure = { err };
     }
+    const verdict = policyVerdict(failure && toErrorInfo(failure.err), { policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) });
+    // A dependency of the policy being down is not a refusal: the intent is retried later.
+    if (verdict.kind === 'retry') throw failure!.err;
+    if (verdict.kind === 'refuse') return refuse(key, verdict.error, ids, verdict.authorization);
+    const authorization = verdict.authorization;
+    const canonicalInput = allowed?.input;
 
     // A task with an operation under takeover takes no new side effect until a person resolves it
     // (FM-14). Before the lookup, so nothing about the key is revealed or registered.
-    if (hasSideEffect(contract.effect) && deps.frozen?.isFrozen(who.tenant, envelope.taskId)) {
-      return refuse(key, { class: ErrorClass.TaskFrozen }, ids);
-    }
+    const frozen = frozenTaskRefusal(contract.effect, deps.frozen?.isFrozen(who.tenant, envelope.taskId) ?? false);
+    if (frozen) return refuse(key, frozen, ids);
 
     // Two references to one resource are one operation (FM-10): a submission that named its target
     // through an alias is registered under the canonical input's key, and its own key is recorded
@@ -218,65 +227,57 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         registered = { operationKey: canonical.operationKey, inputDigest: canonical.inputDigest, targetDigest: canonical.targetDigest };
         submitted = { operationKey: key, inputDigest: prepared.inputDigest };
         await store.recordDecision(
-          { schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: newEventId(), at: now(), operationKey: key, tenant: who.tenant, actor: who.actor, submissionId, outcome: 'aliased', canonicalKey: canonical.operationKey, inputDigest: prepared.inputDigest, canonicalInputDigest: canonical.inputDigest, ...ids },
+          aliasRecord({ ...who, submissionId }, { eventId: newEventId(), at: now(), key, inputDigest: prepared.inputDigest, canonicalKey: canonical.operationKey, canonicalInputDigest: canonical.inputDigest, ...ids }),
           operationIdOf(key),
         );
       }
     }
 
     const opId = operationIdOf(registered.operationKey);
-    for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
-      // Most keys are new: register optimistically at expected sequence 0 (a known key refuses the
-      // append, and the next round reads it and replays or reports the conflict as usual).
-      const { state, seq } = round === 0 ? { state: { status: 'none' as const }, seq: 0 } : await store.load(who.tenant, opId);
-      const cmd: AcceptCommand = {
-        type: 'accept',
-        eventId: newEventId(),
-        at: now(),
-        operationKey: registered.operationKey,
-        tenant: who.tenant,
-        actor: who.actor,
-        taskId: envelope.taskId,
-        tool: contract.name,
-        version: contract.version,
-        contractDigest: contract.digest,
-        effect: contract.effect,
-        inputDigest: registered.inputDigest,
-        targetDigest: registered.targetDigest,
-        intentSeq: msg.seq,
-        submissionId,
-        ...(submitted ? { submitted } : {}),
-        authorization,
-      };
-      const d = decide(cmd, state);
-      switch (d.kind) {
-        case 'append':
-          try {
-            await store.append(who.tenant, opId, d.event, seq);
-          } catch (err) {
-            if (err instanceof ConcurrencyError) continue;
-            throw err;
-          }
-          // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
-          l.debug({ operationKey: registered.operationKey, ...(submitted ? { submittedKey: key } : {}), attempt: d.event.attempt, tool: contract.id }, 'accepted');
-          answerOnItsWay();
-          return;
-        case 'conflict':
-          return refuse(key, { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }] }, ids);
-        case 'replay':
-        case 'applied':
-          l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
-          // A committed key's answer is final: pushed as the status endpoint would give it, after
-          // the ack (the read policy and a result read may take round trips); "poll now" otherwise.
-          if (d.state.status === 'committed' && d.state.receipt && deps.pusher) {
-            answerOnItsWay();
-            void pushCommitted(deps.pusher, who, submissionId, impl, key, { ...d.state, receipt: d.state.receipt }, seq);
-          }
-          return;
-        case 'skip':
-          return;
-      }
+    // Most keys are new: registered optimistically at sequence 0 (a known key refuses the append,
+    // and the handler reads it and replays or reports the conflict as usual).
+    const h = await handleCommand(store, who.tenant, opId, (): AcceptCommand => ({
+      type: 'accept',
+      eventId: newEventId(),
+      at: now(),
+      operationKey: registered.operationKey,
+      tenant: who.tenant,
+      actor: who.actor,
+      taskId: envelope.taskId,
+      tool: contract.name,
+      version: contract.version,
+      contractDigest: contract.digest,
+      effect: contract.effect,
+      inputDigest: registered.inputDigest,
+      targetDigest: registered.targetDigest,
+      intentSeq: msg.seq,
+      submissionId,
+      ...(submitted ? { submitted } : {}),
+      authorization,
+    }), { known: { state: { status: 'none' }, seq: 0 } });
+    if (h.kind === 'appended') {
+      // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
+      l.debug({ operationKey: registered.operationKey, ...(submitted ? { submittedKey: key } : {}), attempt: h.event.attempt, tool: contract.id }, 'accepted');
+      answerOnItsWay();
+      return;
     }
-    throw new ConcurrencyError(subjects.op(who.tenant, opId), -1);
+    if (h.kind === 'moved_on') return;
+    const d = h.decision;
+    switch (d.kind) {
+      case 'conflict':
+        return refuse(key, IDEMPOTENCY_CONFLICT, ids);
+      case 'replay':
+      case 'applied':
+        l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
+        // A committed key's answer is final: pushed as the status endpoint would give it, after
+        // the ack (the read policy and a result read may take round trips); "poll now" otherwise.
+        if (d.state.status === 'committed' && d.state.receipt && deps.pusher) {
+          answerOnItsWay();
+          void pushCommitted(deps.pusher, who, submissionId, impl, key, { ...d.state, receipt: d.state.receipt }, h.seq);
+        }
+        return;
+      case 'skip':
+        return;
+    }
   }
 }

@@ -3,8 +3,20 @@ import type { KV } from '@nats-io/kv';
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
 import { LRUCache } from 'lru-cache';
 import { ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
-import { eventCountOf, readAllowed, statusRequestSchema, type StatusAnswer, type StatusRequest, type OperationRecord } from '@tooltx/lifecycle';
-import { committedResult, decodeRaw, encode, opEventOf, type LoadedOperation, type OperationStore, type Subjects } from '@tooltx/nats';
+import {
+  eventCountOf,
+  ownCallInFlight,
+  ownRefusalSupersedes,
+  readAllowed,
+  statusRequestSchema,
+  statusSettled,
+  type LoadedOperation,
+  type OperationRecord,
+  type OperationStore,
+  type StatusAnswer,
+  type StatusRequest,
+} from '@tooltx/lifecycle';
+import { committedResult, decodeRaw, encode, opEventOf, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { isOwnReplyInbox } from '@tooltx/streams';
 
@@ -225,7 +237,7 @@ export class StatusService {
         return this.#answer(who.tenant, who.actor, req);
       };
       let r = await followed(await this.#answer(who.tenant, who.actor, req));
-      while (wake && !this.#settled(r.answer, req)) {
+      while (wake && !statusSettled(r.answer, req)) {
         const woke = await wake.next(Math.max(0, until - this.#now()));
         if (!woke || this.#stopping) {
           // Out of time (or shutting down): one fresh read, in case the watch lags behind the stream.
@@ -250,25 +262,6 @@ export class StatusService {
     } finally {
       if (wake) this.#unregister(wake, watched);
     }
-  }
-
-  /**
-   * True when the answer should go back at once rather than wait for a change. `a.seq` and
-   * `afterSeq` are both the operation's own event count.
-   */
-  #settled(a: StatusAnswer, req: StatusRequest): boolean {
-    if (a.source === 'decision') return true;
-    const after = req.afterSeq ?? 0;
-    if (req.untilFinal) {
-      if (a.state === 'unknown' && a.takeover) return a.seq !== after;
-      // An earlier attempt's refusal is not the caller's final answer: its resubmission is coming.
-      if (a.state === 'rejected' && a.ownAttempt === false) return false;
-      return (a.state === 'committed' || a.state === 'rejected') && a.seq !== after;
-    }
-    // A final state answers at once unless the caller already saw exactly it (it then waits for a
-    // new attempt, e.g. after resubmitting a retryable rejection).
-    if ((a.state === 'committed' || a.state === 'rejected') && a.seq !== after) return true;
-    return a.seq > after;
   }
 
   /**
@@ -331,7 +324,7 @@ export class StatusService {
         // An earlier attempt's refusal: if the caller's own resubmission was refused at intake
         // (e.g. task_frozen), that refusal is the answer it waits for.
         const d = await store.lastDecision(tenant, opId, actor);
-        if (d?.outcome === 'rejected' && d.actor === actor && req.submissionIds.includes(d.submissionId) && d.at >= state.updatedAt) {
+        if (ownRefusalSupersedes(state, actor, req, d)) {
           return { operationKey: req.operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
         }
       }
@@ -355,8 +348,7 @@ export class StatusService {
    * round trip to the system of record in the sample) is not asked again for each long-poll step.
    */
   async #mayRead(tenant: string, actor: string, state: OperationRecord, req: StatusRequest): Promise<boolean> {
-    const inFlight = state.status === 'accepted' || state.status === 'running' || (state.status === 'unknown' && !state.takeover);
-    if (inFlight && actor === state.actor && req.submissionIds?.includes(state.intent.submissionId)) return true;
+    if (ownCallInFlight(state, actor, req)) return true;
     return readAllowed(this.#d.tools.get(state.tool, state.version), tenant, actor, state, this.#now());
   }
 }

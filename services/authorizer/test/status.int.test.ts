@@ -7,7 +7,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { EMPTY_RESULT_DIGEST, operationIdOf } from '@tooltx/contracts';
 import { createTools, type Tools } from '@tooltx/client';
 import { decide, generateReceiptKey, receiptSigner, type AcceptCommand, type OperationCommand, type OperationState } from '@tooltx/lifecycle';
-import { jetStreamOf, newEventId, openBucket, OperationStore, type LoadedOperation, type NatsConnection } from '@tooltx/nats';
+import type { LoadedOperation } from '@tooltx/lifecycle';
+import { jetStreamOf, newEventId, openBucket, JetStreamStore, type NatsConnection } from '@tooltx/nats';
 import { createLogger, ImplementationRegistry } from '@tooltx/runtime';
 import { StatusService } from '../src/status.js';
 import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
@@ -16,7 +17,7 @@ import { contracts, implementations } from '../../../test/fixtures/sink-tools.js
 const D = (c: string) => `sha256:${c.repeat(64)}`;
 
 /** The real store, counting the operation loads (direct gets) it is asked for. */
-class ObservedStore extends OperationStore {
+class ObservedStore extends JetStreamStore {
   loads = 0;
   override async load(tenant: string, opId: string): Promise<LoadedOperation> {
     this.loads++;

@@ -15,8 +15,25 @@ import {
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
-import { decide, decideRunAgain, decideSend, intentEnvelopeSchema, operationEventSchema, type AuthDecision, type Decision, type Evidence, type OperationCommand, type OperationRecord, type OperationState, type ReceiptSigner } from '@tooltx/lifecycle';
-import { ConcurrencyError, decode, decodeRaw, encode, eventTypeOf, newEventId, type AnswerPusher, type FrozenTaskWatch, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import {
+  decideAfterRun,
+  decideSend,
+  frozenTaskRefusal,
+  handleCommand,
+  intentEnvelopeSchema,
+  operationEventSchema,
+  policyVerdict,
+  type AuthDecision,
+  type Evidence,
+  type HandleOptions,
+  type Handled,
+  type OperationCommand,
+  type OperationRecord,
+  type OperationStore,
+  type ReceiptSigner,
+  type RunOutcome,
+} from '@tooltx/lifecycle';
+import { decode, decodeRaw, encode, eventTypeOf, newEventId, type AnswerPusher, type FrozenTaskWatch, type Settlement, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
 import { DownstreamClocks } from './downstream-clock.js';
@@ -42,7 +59,6 @@ export interface ExecutorDeps {
   clocks?: DownstreamClocks;
 }
 
-const MAX_DECIDE_ROUNDS = 8;
 /** The event types the executor acts on; every other event of the log is acked unread. */
 const ACTS_ON = new Set(['accepted', 'requeued']);
 
@@ -59,32 +75,9 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
   const now = deps.now ?? Date.now;
   const clocks = deps.clocks ?? new DownstreamClocks();
 
-  /**
-   * Load → decide → append until the command is appended, applied or no longer applies. `known`:
-   * a state and sequence to try first without a read (the append names that sequence, so a stale
-   * guess costs one refused publish, never a wrong event). `applies`: a precondition checked on
-   * every state the command is decided on (null when it no longer holds).
-   */
-  const transition = async (
-    tenant: string,
-    opId: string,
-    make: () => OperationCommand,
-    o: { known?: { state: OperationState; seq: number }; applies?: (s: OperationState) => boolean } = {},
-  ): Promise<Decision | null> => {
-    for (let round = 0; round < MAX_DECIDE_ROUNDS; round++) {
-      const { state, seq } = round === 0 && o.known ? o.known : await store.load(tenant, opId);
-      if (o.applies && !o.applies(state)) return null;
-      const d = decide(make(), state, { signer: deps.signer });
-      if (d.kind !== 'append') return d;
-      try {
-        await store.append(tenant, opId, d.event, seq);
-        return d;
-      } catch (err) {
-        if (!(err instanceof ConcurrencyError)) throw err;
-      }
-    }
-    throw new ConcurrencyError(subjects.op(tenant, opId), -1);
-  };
+  /** The one command handler, with this executor's receipt signer. */
+  const transition = (tenant: string, opId: string, make: () => OperationCommand, o: HandleOptions = {}): Promise<Handled> =>
+    handleCommand(store, tenant, opId, make, { ...o, signer: deps.signer });
 
   /** "Poll now" to the agent of the submission that started `state`'s attempt. */
   const pushPoll = (tenant: string, state: OperationRecord) => deps.pusher?.poll(tenant, state.actor, state.intent.submissionId);
@@ -136,12 +129,12 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         applies: (s) => s.status === 'accepted' && s.attempt === state.attempt,
       });
       // Only a refusal this executor appended: otherwise the run is another's, and so is its answer.
-      if (d?.kind === 'append') pushPoll(tenant, state);
+      if (d.kind === 'appended') pushPoll(tenant, state);
       return d;
     };
     const reject = async (error: ErrorInfo, authorization?: AuthDecision, runId?: string) => {
       const d = await transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}), ...(runId ? { runId } : {}) }));
-      if (d?.kind === 'append') pushPoll(tenant, state);
+      if (d.kind === 'appended') pushPoll(tenant, state);
       return d;
     };
 
@@ -156,19 +149,23 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     // Authorisation recomputed at the execution instant, from the authenticated identity recorded
     // at intake (the subject's actor) — never from the authorizer's earlier answer (FM-07, FM-08).
     const policyVersion = impl.policyVersion ?? 'none';
-    let allowed: AuthorizationResult | void;
+    let allowed: AuthorizationResult | void = undefined;
+    let failure: { err: unknown } | undefined;
     try {
       const authCtx = { tenant, actor: state.actor, operationKey: state.operationKey, phase: 'execution' as const, now: now() };
       allowed = await impl.authorize?.(input, authCtx);
       await impl.invariants?.(input, authCtx);
     } catch (err) {
-      const info = toErrorInfo(err);
-      if (info.class === ErrorClass.Internal || info.class === ErrorClass.DependencyUnavailable) throw err;
-      await rejectBeforeRun(info, info.class === ErrorClass.InvalidInput ? undefined : { decision: 'deny', policyVersion, reason: info.class, at: now() });
-      l.info({ class: info.class }, 'rejected at execution');
+      failure = { err };
+    }
+    const verdict = policyVerdict(failure && toErrorInfo(failure.err), { policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) });
+    if (verdict.kind === 'retry') throw failure!.err;
+    if (verdict.kind === 'refuse') {
+      await rejectBeforeRun(verdict.error, verdict.authorization);
+      l.info({ class: verdict.error.class }, 'rejected at execution');
       return;
     }
-    const authorization: AuthDecision = { decision: 'allow', policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) };
+    const authorization = verdict.authorization;
 
     // The references must still name what the operation was registered for: an alias moved to
     // another resource since intake would write somewhere the key does not bind (FM-10).
@@ -180,8 +177,9 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
 
     // The task may have been frozen since intake (an operation of it went to takeover): an
     // accepted side effect stops here, definitively not applied (FM-14).
-    if (hasSideEffect(impl.contract.effect) && deps.frozen?.isFrozen(tenant, state.taskId)) {
-      await rejectBeforeRun({ class: ErrorClass.TaskFrozen });
+    const frozen = frozenTaskRefusal(impl.contract.effect, deps.frozen?.isFrozen(tenant, state.taskId) ?? false);
+    if (frozen) {
+      await rejectBeforeRun(frozen);
       l.info('rejected at execution: task frozen');
       return;
     }
@@ -202,36 +200,30 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     // executor whose clock is off still gives its requests their time (docs/clocks.md).
     const deadlineAt = startedAt + timeoutMs + clocks.offsetMs(impl);
     const runningId = newEventId();
-    const start = decide({ type: 'start', eventId: runningId, at: startedAt, attempt: state.attempt, executor: deps.executorId, deadlineAt, authorization }, state);
-    if (start.kind !== 'append') return;
-    let runningSeq: number;
-    try {
-      runningSeq = await store.append(tenant, opId, start.event, seq);
-    } catch (err) {
-      if (err instanceof ConcurrencyError) return; // another executor won `running`, or a newer event drives it
-      throw err;
-    }
+    // Only one executor wins `running` (or a newer event drives the operation): a lost race is not ours.
+    const start = await transition(tenant, opId, () => ({ type: 'start', eventId: runningId, at: startedAt, attempt: state.attempt, executor: deps.executorId, deadlineAt, authorization }), { known: { state, seq }, retry: false });
+    if (start.kind !== 'appended') return;
+    const runningSeq = start.seq;
     const afterStart = { state: start.event.state, seq: runningSeq };
     /**
-     * Nothing of this run was applied: the same attempt runs again (bound to this run: after a
-     * reload the operation may be running a later run that has sent), or, requeued too often, is
-     * rejected (decideRunAgain).
+     * Nothing of this run was applied: the same attempt runs again, bound to this run (after a
+     * reload the operation may be running a later run that has sent).
      */
-    const runAgainOrReject = async (reason: 'late_start' | 'refused_late', fields: Record<string, unknown>) => {
-      if (decideRunAgain(state.requeues ?? 0).kind === 'requeue') {
-        const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, reason }), { known: afterStart });
-        l.warn({ ...fields, reason, outcome: d?.kind }, 'nothing of this run was applied: requeued');
-      } else {
-        await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
-        l.warn({ ...fields, reason, requeues: state.requeues }, 'nothing of this run was applied, again: rejected as dependency_unavailable');
-      }
+    const runAgain = async (reason: 'late_start' | 'refused_late', fields: Record<string, unknown>) => {
+      const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, reason }), { known: afterStart });
+      l.warn({ ...fields, reason, outcome: d.kind }, 'nothing of this run was applied: requeued');
+    };
+    /** Nothing of this run was applied, and it was requeued too often already (decideRunAgain): rejected, the caller backs off. */
+    const rejectNotApplied = async (reason: 'late_start' | 'refused_late', fields: Record<string, unknown>) => {
+      await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
+      l.warn({ ...fields, reason, requeues: state.requeues }, 'nothing of this run was applied, again: rejected as dependency_unavailable');
     };
     // Stored too late to be sent (a stalled append, e.g. a cluster's leader election): nothing has
     // left, so the attempt starts again with a fresh deadline rather than meet a refusal (FM-29).
     // Reads and computations are sent anyway: a late one is refused or times out, and is retryable.
     const go = hasSideEffect(impl.contract.effect) ? decideSend({ startedAt: 0, deadlineAt: timeoutMs, now: elapsed(), requeues: state.requeues ?? 0 }) : { kind: 'send' as const };
     if (go.kind !== 'send') {
-      await runAgainOrReject('late_start', { elapsedMs: elapsed(), timeoutMs });
+      await (go.kind === 'requeue' ? runAgain : rejectNotApplied)('late_start', { elapsedMs: elapsed(), timeoutMs });
       return;
     }
 
@@ -243,7 +235,9 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     const onShutdown = () => attempt.abort(deps.shutdown.reason);
     deps.shutdown.addEventListener('abort', onShutdown, { once: true });
     const signal = attempt.signal;
-    let outcome: { ok: true; resourceId: string; result: unknown } | { ok: false; err: unknown };
+    let done: { resourceId: string; result: unknown } | undefined;
+    let err: unknown;
+    let outcome: RunOutcome;
     const sentAt = now();
     try {
       const r = await impl.execute(input, {
@@ -258,56 +252,62 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         ...(allowed ? { authorization: allowed } : {}),
       });
       clocks.observe(impl, r.downstreamAt, sentAt, now());
-      outcome = { ok: true, resourceId: r.resourceId, result: r.result };
-    } catch (err) {
-      if (err instanceof DeadlinePassedError) clocks.observe(impl, err.downstreamAt, sentAt, now());
-      outcome = { ok: false, err };
+      done = { resourceId: r.resourceId, result: r.result };
+      outcome = { kind: 'ok' };
+    } catch (e) {
+      err = e;
+      if (e instanceof DeadlinePassedError) clocks.observe(impl, e.downstreamAt, sentAt, now());
+      outcome = e instanceof DeadlinePassedError ? { kind: 'late', error: e.toInfo() } : e instanceof TooltxError ? { kind: 'refused', error: e.toInfo() } : { kind: 'failed', aborted: signal.aborted };
     } finally {
       clearTimeout(timer);
       deps.shutdown.removeEventListener('abort', onShutdown);
     }
 
-    if (outcome.ok) {
-      const result = impl.contract.output.parse(outcome.result);
-      const resultDigest = digestOf(result);
-      // A receipt-only result ({}) is not stored: its digest says what it is (EMPTY_RESULT_DIGEST).
-      if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await transition(tenant, opId, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, resourceId: outcome.resourceId, resultDigest }), { known: afterStart });
-      // After the ack, not before it: the read policy may take a round trip (bounded by the policy's own timeout).
-      const st = d?.kind === 'append' ? d.event.state : undefined;
-      if (d?.kind === 'append' && st?.status === 'committed' && st.receipt) {
-        // To the submission that started this attempt, under the key it derived (an alias's, FM-10).
-        void deps.pusher?.committed({ impl, tenant, actor: st.actor, submissionId: st.intent.submissionId, submittedKey: st.intent.submitted?.operationKey ?? st.operationKey, state: { ...st, receipt: st.receipt }, result: resultDigest === EMPTY_RESULT_DIGEST ? {} : result });
+    // The effect-class failure mapping is the lifecycle's (decideAfterRun).
+    const next = decideAfterRun(impl.contract.effect, outcome, state.requeues ?? 0);
+    switch (next.kind) {
+      case 'commit': {
+        const { resourceId } = done!;
+        const result = impl.contract.output.parse(done!.result);
+        const resultDigest = digestOf(result);
+        // A receipt-only result ({}) is not stored: its digest says what it is (EMPTY_RESULT_DIGEST).
+        if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
+        const d = await transition(tenant, opId, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, resourceId, resultDigest }), { known: afterStart });
+        // After the ack, not before it: the read policy may take a round trip (bounded by the policy's own timeout).
+        const st = d.kind === 'appended' ? d.event.state : undefined;
+        if (st?.status === 'committed' && st.receipt) {
+          // To the submission that started this attempt, under the key it derived (an alias's, FM-10).
+          void deps.pusher?.committed({ impl, tenant, actor: st.actor, submissionId: st.intent.submissionId, submittedKey: st.intent.submitted?.operationKey ?? st.operationKey, state: { ...st, receipt: st.receipt }, result: resultDigest === EMPTY_RESULT_DIGEST ? {} : result });
+        }
+        // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
+        l.debug({ resourceId, outcome: d.kind, elapsedMs: elapsed() }, 'committed');
+        return;
       }
-      // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
-      l.debug({ resourceId: outcome.resourceId, outcome: d?.kind, elapsedMs: elapsed() }, 'committed');
-      return;
+      case 'requeue':
+        // Refused as late by the downstream's own clock: not applied. The next run's deadline is on
+        // the clock just learned.
+        await runAgain('refused_late', { deadlineAt, downstreamAt: (err as DeadlinePassedError).downstreamAt, offsetMs: clocks.offsetMs(impl) });
+        return;
+      case 'reject':
+        if (outcome.kind === 'late' && hasSideEffect(impl.contract.effect)) {
+          await rejectNotApplied('refused_late', { deadlineAt, downstreamAt: (err as DeadlinePassedError).downstreamAt });
+          return;
+        }
+        // Not applied by THIS run (a later run is not ours to judge).
+        await reject(next.error, undefined, runningId);
+        if (outcome.kind === 'failed') l.warn({ err, elapsedMs: elapsed() }, 'read/compute attempt failed: rejected as dependency_unavailable (retryable)');
+        else l.info({ class: next.error.class }, 'rejected by the downstream');
+        return;
+      case 'mark_unknown': {
+        // The request may have left: never `rejected`, never a blind retry. `unknown` with evidence;
+        // the reconciler probes it.
+        const evidence: Evidence = { kind: next.evidence, at: now(), elapsedMs: elapsed() };
+        const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, evidence }));
+        if (d.kind === 'appended') pushPoll(tenant, state);
+        l.warn({ err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d.kind }, 'outcome unknown: recorded for the reconciler');
+        return;
+      }
     }
-
-    const err = outcome.err;
-    if (err instanceof DeadlinePassedError && hasSideEffect(impl.contract.effect)) {
-      // Refused as late by the downstream's own clock: not applied. The next run's deadline is on
-      // the clock just learned.
-      await runAgainOrReject('refused_late', { deadlineAt, downstreamAt: err.downstreamAt, offsetMs: clocks.offsetMs(impl) });
-      return;
-    }
-    if (err instanceof TooltxError) {
-      // The downstream definitively refused: not applied (by THIS run; a later run is not ours to judge).
-      await reject(err.toInfo(), undefined, runningId);
-      l.info({ class: err.class }, 'rejected by the downstream');
-      return;
-    }
-    if (!hasSideEffect(impl.contract.effect)) {
-      await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
-      l.warn({ err, elapsedMs: elapsed() }, 'read/compute attempt failed: rejected as dependency_unavailable (retryable)');
-      return;
-    }
-    // The request may have left: never `rejected`, never a blind retry. `unknown` with evidence;
-    // the reconciler probes it.
-    const evidence: Evidence = { kind: signal.aborted ? 'timeout' : 'connection_lost', at: now(), elapsedMs: elapsed() };
-    const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, evidence }));
-    if (d?.kind === 'append') pushPoll(tenant, state);
-    l.warn({ err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d?.kind }, 'outcome unknown: recorded for the reconciler');
   };
 }
 

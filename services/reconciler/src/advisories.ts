@@ -2,7 +2,8 @@ import type { JetStreamManager, JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
 import { operationEventSchema } from '@tooltx/lifecycle';
-import { decode, projectEntry, StoreUnavailableError, isTransient, type Settlement, type Subjects } from '@tooltx/nats';
+import { StoreUnavailableError } from '@tooltx/lifecycle';
+import { decode, projectEntry, isTransient, type Settlement, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
 import { applyToIndex, reconcileValueSchema } from './projection.js';
 

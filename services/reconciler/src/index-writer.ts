@@ -1,7 +1,8 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import type { OperationRecord } from '@tooltx/lifecycle';
-import { opEventOf, ProjectionApplier, type OperationStore, type Settlement, type Subjects } from '@tooltx/nats';
+import type { OperationStore } from '@tooltx/lifecycle';
+import { opEventOf, ProjectionApplier, type Settlement, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
 import { applyStateToIndex, applyToIndex, reconcileValueSchema, type ReconcileValue } from './projection.js';
 

@@ -1,12 +1,10 @@
 import type { KV } from '@nats-io/kv';
-import { decide, type OperationRecord } from '@tooltx/lifecycle';
-import { ConcurrencyError, KvMirror, newEventId, projectEntry, type OperationStore, type Subjects } from '@tooltx/nats';
+import { handleCommand, lookDue, nextProbeDelayMs, takeoverDue, type OperationRecord, type OperationStore, type ReceiptSigner } from '@tooltx/lifecycle';
+import { KvMirror, newEventId, projectEntry, type FrozenTaskWatch, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
 import { applyStateToIndex, reconcileValueSchema, type IndexEntry } from './projection.js';
 import { openTakeover, repairFreezes } from './takeover.js';
-import type { FrozenTaskWatch } from '@tooltx/nats';
-import type { ReceiptSigner } from '@tooltx/lifecycle';
 
 export interface SweepDeps {
   index: KV;
@@ -26,15 +24,6 @@ export interface SweepDeps {
   now?: () => number;
   /** Monotonic clock for every wait it decides (ms, any origin): `performance.now` by default. */
   elapsed?: () => number;
-}
-
-/** How long after a running attempt's deadline the sweep leaves it to its executor, ms. */
-const RUNNING_GRACE_MS = 1_000;
-
-/** Probing backoff of `unknown` operations: exponential from 1 s, capped at 60 s, with ±50 % jitter. */
-export function nextProbeDelayMs(failures: number, random: () => number = Math.random): number {
-  const base = Math.min(60_000, 1_000 * 2 ** Math.min(failures, 6));
-  return Math.round(base * (0.5 + random()));
 }
 
 /**
@@ -87,7 +76,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     if (e.takeoverAt !== undefined) return; // a person's now
     const impl = d.tools.get(e.tool, e.version);
     if (!impl) return;
-    const { runningBoundMs, unknownDeadlineMs, timeoutMs } = impl.contract.timing;
+    const { unknownDeadlineMs } = impl.contract.timing;
     const t = elapsed();
     let since = seen.get(key);
     if (!since || since.seq !== e.seq) {
@@ -95,17 +84,8 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
       seen.set(key, since);
     }
     const age = t - since.at;
-    const probeDue = t >= (backoff.get(key)?.nextAt ?? 0);
-    // By the times the events carry (other processes' clocks) or by how long this sweep has seen the
-    // entry, whichever says so first: either only schedules a look. A clock ahead looks sooner and
-    // the probe decides (on the downstream's clock); a clock behind is caught by the local duration.
-    const wall = now();
-    const due =
-      (e.status === 'accepted' && (age > runningBoundMs || wall - e.updatedAt > runningBoundMs)) ||
-      // Beyond its attempt's time (plus a grace, so the executor's own evidence lands first) and its bound.
-      (e.status === 'running' && probeDue &&
-        (age > Math.max(timeoutMs + RUNNING_GRACE_MS, runningBoundMs) || wall > Math.max((e.deadlineAt ?? 0) + RUNNING_GRACE_MS, (e.runningAt ?? e.updatedAt) + runningBoundMs))) ||
-      (e.status === 'unknown' && probeDue);
+    const due = (e.status === 'accepted' || e.status === 'running' || e.status === 'unknown') &&
+      lookDue({ ...e, status: e.status }, impl.contract.timing, { seenForMs: age, wallNow: now(), probeDue: t >= (backoff.get(key)?.nextAt ?? 0) });
     if (!due) return;
     const [tenant, opId] = key.split('.') as [string, string];
     const { state, seq } = await d.store.load(tenant, opId);
@@ -120,15 +100,8 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     if (state.status !== e.status) return; // the index lags: next sweep
     const l = d.log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, status: state.status });
     if (state.status === 'accepted') {
-      const r = decide({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'stale_accepted' }, state);
-      if (r.kind === 'append') {
-        try {
-          await d.store.append(tenant, opId, r.event, seq);
-          l.info({ waitedMs: Math.round(age) }, 'stale accepted operation re-driven');
-        } catch (err) {
-          if (!(err instanceof ConcurrencyError)) throw err;
-        }
-      }
+      const h = await handleCommand(d.store, tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'stale_accepted' }), { known: { state, seq }, retry: false });
+      if (h.kind === 'appended') l.info({ waitedMs: Math.round(age) }, 'stale accepted operation re-driven');
       return;
     }
     if (state.takeover) return;
@@ -143,7 +116,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
       // on the usual backoff (a request that lands meanwhile is committed from the probe).
       b.nextAt = elapsed() + Math.min(outcome.retryInMs ?? Infinity, nextProbeDelayMs(b.failures));
       backoff.set(key, b);
-      if (state.status === 'unknown' && elapsed() - since.at > unknownDeadlineMs) {
+      if (takeoverDue(state.status, elapsed() - since.at, unknownDeadlineMs)) {
         if (await openTakeover(takeoverDeps, tenant, opId, { reason: 'unknown_past_deadline', probes: b.failures })) backoff.delete(key);
       }
     } else backoff.delete(key);

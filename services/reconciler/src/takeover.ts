@@ -2,8 +2,8 @@ import type { NatsConnection, Msg } from '@nats-io/transport-node';
 import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
 import { digestOf, EMPTY_RESULT_DIGEST, ErrorClass, idSchema, fieldIssues, invalidInput, operationIdOf, operationKeySchema, TooltxError, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
-import { decide, type OperationCommand, type OperationRecord, type ReceiptSigner, type TakeoverRecord } from '@tooltx/lifecycle';
-import { ConcurrencyError, encode, freezeTask, newEventId, thawTask, type FrozenTaskWatch, type OperationStore, type Subjects } from '@tooltx/nats';
+import { handleCommand, takeoverRecordOf, type OperationRecord, type OperationStore, type ReceiptSigner, type TakeoverRecord } from '@tooltx/lifecycle';
+import { encode, freezeTask, newEventId, thawTask, type FrozenTaskWatch, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { isOwnReplyInbox } from '@tooltx/streams';
 import type { IndexEntry } from './projection.js';
@@ -45,29 +45,10 @@ export async function openTakeover(
   if (state.status !== 'unknown') return false;
   if (state.takeover) return true;
   const openedAt = now();
-  const takeover: TakeoverRecord = {
-    operationKey: state.operationKey,
-    tenant,
-    taskId: state.taskId,
-    tool: state.tool,
-    version: state.version,
-    targetDigest: state.targetDigest,
-    inputDigest: state.inputDigest,
-    reason: why.reason,
-    ...(state.evidence ? { lastEvidence: state.evidence } : {}),
-    ...(why.probed ? { probed: why.probed } : {}),
-    attempts: { attempt: state.attempt, requeues: state.requeues ?? 0, probes: why.probes },
-    times: { acceptedAt: state.acceptedAt, ...(state.running ? { runningAt: state.running.at } : {}), ...(state.evidence ? { unknownSince: state.evidence.at } : {}), openedAt },
-  };
+  const takeover = takeoverRecordOf(state, why, openedAt);
   await freezeTask(d.tasks, tenant, state.taskId, state.operationKey, openedAt);
-  const r = decide({ type: 'open_takeover', eventId: newEventId(), at: openedAt, attempt: state.attempt, takeover }, state);
-  if (r.kind !== 'append') return false;
-  try {
-    await d.store.append(tenant, opId, r.event, seq);
-  } catch (err) {
-    if (err instanceof ConcurrencyError) return false;
-    throw err;
-  }
+  const h = await handleCommand(d.store, tenant, opId, () => ({ type: 'open_takeover', eventId: newEventId(), at: openedAt, attempt: state.attempt, takeover }), { known: { state, seq }, retry: false });
+  if (h.kind !== 'appended') return false;
   d.log.error({ tenant, operationKey: state.operationKey, taskId: state.taskId, reason: why.reason, probes: why.probes, ...(why.probed ? { probedResourceId: why.probed.resourceId } : {}) }, 'takeover opened: the task is frozen until a person resolves it');
   return true;
 }
@@ -174,18 +155,19 @@ export function startTakeoverService(
           if (resultDigest !== EMPTY_RESULT_DIGEST) await d.results.put(d.subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result: empty.data }));
         }
       }
-      const { state: fresh, seq } = await d.store.load(tenant, opId);
-      const cmd: OperationCommand = {
-        type: 'resolve',
-        eventId: newEventId(),
-        at: now(),
-        attempt: state.attempt,
-        resolvedBy: operator,
-        outcome: o.kind === 'committed' ? { kind: 'committed', resourceId: o.resourceId, resultDigest } : { kind: 'not_applied' },
-      };
-      const r = decide(cmd, fresh, { signer: d.signer });
-      if (r.kind !== 'append') throw new TooltxError(ErrorClass.IdempotencyConflict, 'the operation moved on meanwhile; show it again');
-      await d.store.append(tenant, opId, r.event, seq);
+      const h = await handleCommand(
+        d.store, tenant, opId,
+        () => ({
+          type: 'resolve',
+          eventId: newEventId(),
+          at: now(),
+          attempt: state.attempt,
+          resolvedBy: operator,
+          outcome: o.kind === 'committed' ? { kind: 'committed', resourceId: o.resourceId, resultDigest } : { kind: 'not_applied' },
+        }),
+        { signer: d.signer, retry: false },
+      );
+      if (h.kind !== 'appended') throw new TooltxError(ErrorClass.IdempotencyConflict, 'the operation moved on meanwhile; show it again');
       d.log.warn({ tenant, operationKey: state.operationKey, resolvedBy: operator, outcome: o.kind }, 'takeover resolved by a person');
     }
     await thawTask(d.tasks, tenant, state.taskId, state.operationKey);

@@ -1,0 +1,151 @@
+import { ErrorClass, hasSideEffect, type EffectClass, type ErrorInfo } from '@tooltx/contracts';
+import { EVENT_SCHEMA_VERSION, type AuthDecision, type DecisionRecord, type Evidence } from './events.js';
+import { decideRunAgain } from './recovery.js';
+
+/**
+ * The rules a call meets at intake (authorizer) and again at the execution instant (executor),
+ * written once: what the policy seam's answer means, when a frozen task refuses, what an
+ * idempotency conflict says, what a refusal or an alias records, and what a run's outcome becomes.
+ * Pure: no clock, no I/O (times come in as arguments).
+ */
+
+/** What the policy seam's answer (`authorize` and `invariants`) means for the call. */
+export type PolicyVerdict =
+  | { kind: 'allow'; authorization: AuthDecision }
+  /** Refused: `authorization` is the denial to record, absent when the input itself was invalid (not a policy decision). */
+  | { kind: 'refuse'; error: ErrorInfo; authorization?: AuthDecision }
+  /** The policy could not decide (its dependency is away, or it failed): not a refusal, the message is retried. */
+  | { kind: 'retry' };
+
+/**
+ * The verdict of the policy seam (docs/lifecycle.md "Order of checks"): `failure` is what it threw
+ * (as error info), undefined when it allowed. An allow records the policy version and the resources
+ * the policy named.
+ */
+export function policyVerdict(failure: ErrorInfo | undefined, o: { policyVersion: string; at: number; resources?: AuthDecision['resources'] }): PolicyVerdict {
+  if (!failure) return { kind: 'allow', authorization: { decision: 'allow', policyVersion: o.policyVersion, at: o.at, ...(o.resources ? { resources: o.resources } : {}) } };
+  if (failure.class === ErrorClass.Internal || failure.class === ErrorClass.DependencyUnavailable) return { kind: 'retry' };
+  if (failure.class === ErrorClass.InvalidInput) return { kind: 'refuse', error: failure };
+  return { kind: 'refuse', error: failure, authorization: { decision: 'deny', policyVersion: o.policyVersion, reason: failure.class, at: o.at } };
+}
+
+/**
+ * A task with an operation under takeover takes no new side effect until a person resolves it
+ * (FM-14): the refusal of a side-effecting call on a frozen task, or null. Reads and computations
+ * go on.
+ */
+export function frozenTaskRefusal(effect: EffectClass, frozen: boolean): ErrorInfo | null {
+  return frozen && hasSideEffect(effect) ? { class: ErrorClass.TaskFrozen } : null;
+}
+
+/** The refusal of a known key submitted with another input (FM-26): the registered input is never revealed. */
+export const IDEMPOTENCY_CONFLICT: ErrorInfo = {
+  class: ErrorClass.IdempotencyConflict,
+  issues: [{ path: ['input'], code: 'input_differs', message: 'this operation key is registered with another input' }],
+};
+
+/** The bounded record that replaces a refusal whose details the store would not take. */
+export function boundedRefusal(error: ErrorInfo): ErrorInfo {
+  return { class: error.class, issues: [{ path: [], code: 'record_not_stored', message: 'the refusal\'s details could not be stored' }] };
+}
+
+/** Who submitted, and which submission: the identity every decision record carries. */
+export interface Submitter {
+  tenant: string;
+  actor: string;
+  submissionId: string;
+}
+
+/**
+ * The record of a refusal before anything was registered, under `key` — or, when no key could be
+ * derived (bytes that are not an intent), under `keylessKey` with `keyless: true`.
+ */
+export function refusalRecord(
+  who: Submitter,
+  o: { eventId: string; at: number; key: string | null; keylessKey: string; error: ErrorInfo; tool?: string; version?: number; authorization?: AuthDecision },
+): DecisionRecord {
+  return {
+    schema: EVENT_SCHEMA_VERSION,
+    type: 'decision',
+    eventId: o.eventId,
+    at: o.at,
+    operationKey: o.key ?? o.keylessKey,
+    tenant: who.tenant,
+    actor: who.actor,
+    submissionId: who.submissionId,
+    outcome: 'rejected',
+    error: o.error,
+    ...(o.tool !== undefined ? { tool: o.tool } : {}),
+    ...(o.version !== undefined ? { version: o.version } : {}),
+    ...(o.authorization ? { authorization: o.authorization } : {}),
+    ...(o.key ? {} : { keyless: true as const }),
+  };
+}
+
+/**
+ * The record that a submission named its target through an alias (FM-10): its own key and digest,
+ * and the canonical key and digest it is registered under.
+ */
+export function aliasRecord(
+  who: Submitter,
+  o: { eventId: string; at: number; key: string; inputDigest: string; canonicalKey: string; canonicalInputDigest: string; tool: string; version: number },
+): DecisionRecord {
+  return {
+    schema: EVENT_SCHEMA_VERSION,
+    type: 'decision',
+    eventId: o.eventId,
+    at: o.at,
+    operationKey: o.key,
+    tenant: who.tenant,
+    actor: who.actor,
+    submissionId: who.submissionId,
+    outcome: 'aliased',
+    canonicalKey: o.canonicalKey,
+    inputDigest: o.inputDigest,
+    canonicalInputDigest: o.canonicalInputDigest,
+    tool: o.tool,
+    version: o.version,
+  };
+}
+
+/** How a run ended, as the executor saw it. */
+export type RunOutcome =
+  | { kind: 'ok' }
+  /** The downstream refused the request as past its deadline, by its own clock (`error`): not applied. */
+  | { kind: 'late'; error: ErrorInfo }
+  /** The downstream definitively refused (a typed error): not applied. */
+  | { kind: 'refused'; error: ErrorInfo }
+  /** Anything else: a timeout (`aborted`) or a lost connection — the request may have left. */
+  | { kind: 'failed'; aborted: boolean };
+
+/** What a run's outcome becomes. */
+export type AfterRun =
+  | { kind: 'commit' }
+  /** Nothing of this run was applied: the same attempt runs again. */
+  | { kind: 'requeue'; reason: 'refused_late' }
+  | { kind: 'reject'; error: ErrorInfo }
+  /** The request may have been applied: `unknown` with this evidence, for the reconciler to verify. */
+  | { kind: 'mark_unknown'; evidence: Evidence['kind'] };
+
+/**
+ * The effect-class failure mapping (FM-12, FM-13, FM-15): a side-effecting run refused as late is
+ * run again (rejected as `dependency_unavailable` once requeued too often, {@link decideRunAgain});
+ * a typed refusal is a rejection; a read or computation that failed is rejected as
+ * `dependency_unavailable` (retryable: a repeat has no effect); a side effect whose request may have
+ * left is never rejected and never blindly retried: `unknown`.
+ */
+export function decideAfterRun(effect: EffectClass, outcome: RunOutcome, requeues: number): AfterRun {
+  const sideEffect = hasSideEffect(effect);
+  switch (outcome.kind) {
+    case 'ok':
+      return { kind: 'commit' };
+    case 'late':
+      if (sideEffect) return decideRunAgain(requeues).kind === 'requeue' ? { kind: 'requeue', reason: 'refused_late' } : { kind: 'reject', error: { class: ErrorClass.DependencyUnavailable } };
+      return { kind: 'reject', error: outcome.error };
+    case 'refused':
+      return { kind: 'reject', error: outcome.error };
+    case 'failed':
+      if (!sideEffect) return { kind: 'reject', error: { class: ErrorClass.DependencyUnavailable } };
+      return { kind: 'mark_unknown', evidence: outcome.aborted ? 'timeout' : 'connection_lost' };
+  }
+}

@@ -1,0 +1,200 @@
+/**
+ * The state rules outside the operation decider, each as given/when/then: the policy verdict and
+ * the frozen-task refusal (intake and execution instant), the effect-class failure mapping of a
+ * run's outcome, the decision records, status precedence, the reconciler's look and takeover
+ * timing, and the takeover record.
+ */
+import { describe, expect, it } from 'vitest';
+import {
+  aliasRecord,
+  boundedRefusal,
+  decide,
+  decideAfterRun,
+  decisionRecordSchema,
+  frozenTaskRefusal,
+  IDEMPOTENCY_CONFLICT,
+  lookDue,
+  MAX_LATE_START_REQUEUES,
+  nextProbeDelayMs,
+  ownCallInFlight,
+  ownRefusalSupersedes,
+  policyVerdict,
+  refusalRecord,
+  RUNNING_GRACE_MS,
+  statusSettled,
+  takeoverDue,
+  takeoverRecordOf,
+  takeoverRecordSchema,
+  type AcceptCommand,
+  type DecisionRecord,
+  type OperationEvent,
+  type OperationRecord,
+  type StatusAnswer,
+} from '@tooltx/lifecycle';
+
+const D1 = `sha256:${'1'.repeat(64)}`;
+const D2 = `sha256:${'2'.repeat(64)}`;
+const KEY = `opk_${'A'.repeat(43)}`;
+const who = { tenant: 'acme', actor: 'alice', submissionId: 'sub-1' };
+
+function appended(cmd: Parameters<typeof decide>[0], on: OperationRecord | null): OperationEvent {
+  const d = decide(cmd, on ?? { status: 'none' });
+  if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
+  return d.event;
+}
+const accept: AcceptCommand = {
+  type: 'accept', eventId: 'evt-e1-0000000', at: 1_000, operationKey: KEY, tenant: 'acme', actor: 'alice', taskId: 'task-1', tool: 'kb.write_note',
+  version: 1, contractDigest: D1, effect: 'create', inputDigest: D1, targetDigest: D2, intentSeq: 10, submissionId: 'sub-1',
+};
+const acceptedState = () => appended(accept, null).state;
+const runningState = () => appended({ type: 'start', eventId: 'evt-e2-0000000', at: 2_000, attempt: 1, executor: 'x', deadlineAt: 5_000 }, acceptedState()).state;
+const unknownState = () => appended({ type: 'mark_unknown', eventId: 'evt-e3-0000000', at: 6_000, attempt: 1, evidence: { kind: 'timeout', at: 6_000, elapsedMs: 4_000 } }, runningState()).state;
+
+describe('policy verdict (intake and execution instant)', () => {
+  it('given an allow, then the decision records the policy version, the time and the resources', () => {
+    expect(policyVerdict(undefined, { policyVersion: 'p1', at: 5, resources: [{ id: 'kb-1', version: 3 }] })).toEqual({
+      kind: 'allow', authorization: { decision: 'allow', policyVersion: 'p1', at: 5, resources: [{ id: 'kb-1', version: 3 }] },
+    });
+  });
+  it('given a denial, then a refusal with the denial recorded under the policy version', () => {
+    expect(policyVerdict({ class: 'forbidden' }, { policyVersion: 'p1', at: 5 })).toEqual({
+      kind: 'refuse', error: { class: 'forbidden' }, authorization: { decision: 'deny', policyVersion: 'p1', reason: 'forbidden', at: 5 },
+    });
+  });
+  it('given invalid input, then a refusal with no denial: the input, not the policy, refused', () => {
+    expect(policyVerdict({ class: 'invalid_input', issues: [] }, { policyVersion: 'p1', at: 5 })).toEqual({ kind: 'refuse', error: { class: 'invalid_input', issues: [] } });
+  });
+  it('given the policy\'s dependency away or a failure of its own, then no refusal: the message is retried', () => {
+    expect(policyVerdict({ class: 'dependency_unavailable' }, { policyVersion: 'p1', at: 5 })).toEqual({ kind: 'retry' });
+    expect(policyVerdict({ class: 'internal' }, { policyVersion: 'p1', at: 5 })).toEqual({ kind: 'retry' });
+  });
+});
+
+describe('FM-14: a frozen task', () => {
+  it('refuses side effects (task_frozen) and lets reads and computations through', () => {
+    for (const effect of ['create', 'update', 'delete', 'external'] as const) expect(frozenTaskRefusal(effect, true)).toEqual({ class: 'task_frozen' });
+    for (const effect of ['read', 'compute'] as const) expect(frozenTaskRefusal(effect, true)).toBeNull();
+    expect(frozenTaskRefusal('create', false)).toBeNull();
+  });
+});
+
+describe('a run\'s outcome (effect-class failure mapping)', () => {
+  it('given the downstream applied it, then commit', () => {
+    expect(decideAfterRun('create', { kind: 'ok' }, 0)).toEqual({ kind: 'commit' });
+  });
+  it('FM-15: given a side effect refused as late, then the same attempt runs again — rejected as dependency_unavailable once requeued too often', () => {
+    const late = { kind: 'late' as const, error: { class: 'dependency_unavailable' } };
+    expect(decideAfterRun('create', late, 0)).toEqual({ kind: 'requeue', reason: 'refused_late' });
+    expect(decideAfterRun('create', late, MAX_LATE_START_REQUEUES)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
+    expect(decideAfterRun('read', late, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
+  });
+  it('given a typed refusal of the downstream, then reject with its error, whatever the effect', () => {
+    expect(decideAfterRun('create', { kind: 'refused', error: { class: 'quota_exceeded' } }, 0)).toEqual({ kind: 'reject', error: { class: 'quota_exceeded' } });
+  });
+  it('FM-12, FM-13: given a timeout or a lost connection, then a side effect is unknown with that evidence, never rejected; a read is rejected as dependency_unavailable', () => {
+    expect(decideAfterRun('create', { kind: 'failed', aborted: true }, 0)).toEqual({ kind: 'mark_unknown', evidence: 'timeout' });
+    expect(decideAfterRun('external', { kind: 'failed', aborted: false }, 0)).toEqual({ kind: 'mark_unknown', evidence: 'connection_lost' });
+    expect(decideAfterRun('read', { kind: 'failed', aborted: true }, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
+    expect(decideAfterRun('compute', { kind: 'failed', aborted: false }, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
+  });
+});
+
+describe('decision records', () => {
+  it('a refusal under the submission\'s key carries the tool, the denial and no keyless mark; a readable record', () => {
+    const r = refusalRecord(who, { eventId: 'evt-d1-0000000', at: 7, key: KEY, keylessKey: 'unused', error: IDEMPOTENCY_CONFLICT, tool: 'kb.write_note', version: 1 });
+    expect(decisionRecordSchema.parse(r)).toEqual(r);
+    expect(r).toMatchObject({ operationKey: KEY, outcome: 'rejected', error: { class: 'idempotency_conflict' }, tool: 'kb.write_note', version: 1, submissionId: 'sub-1' });
+    expect(r).not.toHaveProperty('keyless');
+  });
+  it('a refusal before any key is known goes under the keyless key, marked keyless', () => {
+    const r = refusalRecord(who, { eventId: 'evt-d1-0000000', at: 7, key: null, keylessKey: `opk_${'K'.repeat(43)}`, error: { class: 'invalid_input' } });
+    expect(decisionRecordSchema.parse(r)).toMatchObject({ operationKey: `opk_${'K'.repeat(43)}`, keyless: true });
+  });
+  it('a bounded refusal keeps only the class and says the details were not stored', () => {
+    const big = { class: 'invalid_input', issues: Array.from({ length: 500 }, (_, i) => ({ path: [`f${i}`], code: 'unrecognized_keys', message: 'x' })) };
+    expect(boundedRefusal(big)).toEqual({ class: 'invalid_input', issues: [{ path: [], code: 'record_not_stored', message: 'the refusal\'s details could not be stored' }] });
+  });
+  it('FM-10: an alias record names the submission\'s key and digest and the canonical ones', () => {
+    const r = aliasRecord(who, { eventId: 'evt-d2-0000000', at: 8, key: KEY, inputDigest: D1, canonicalKey: `opk_${'C'.repeat(43)}`, canonicalInputDigest: D2, tool: 'kb.write_note', version: 1 });
+    expect(decisionRecordSchema.parse(r)).toMatchObject({ outcome: 'aliased', operationKey: KEY, canonicalKey: `opk_${'C'.repeat(43)}`, inputDigest: D1, canonicalInputDigest: D2 });
+  });
+});
+
+describe('status precedence', () => {
+  const answer = (a: Partial<StatusAnswer>): StatusAnswer => ({ operationKey: KEY, state: 'accepted', source: 'operation', seq: 1, at: 1, ...a });
+  it('given a refusal of the caller\'s submission, then it answers at once', () => {
+    expect(statusSettled(answer({ source: 'decision', state: 'rejected', seq: 0 }), { operationKey: KEY, afterSeq: 0 })).toBe(true);
+  });
+  it('given a final state the caller has not seen, then at once; one it has seen, then it waits', () => {
+    expect(statusSettled(answer({ state: 'committed', seq: 3 }), { operationKey: KEY, afterSeq: 2 })).toBe(true);
+    expect(statusSettled(answer({ state: 'committed', seq: 3 }), { operationKey: KEY, afterSeq: 3 })).toBe(false);
+  });
+  it('given untilFinal, then an intermediate move waits, an earlier attempt\'s refusal waits, a takeover answers', () => {
+    expect(statusSettled(answer({ state: 'running', seq: 2 }), { operationKey: KEY, afterSeq: 1, untilFinal: true })).toBe(false);
+    expect(statusSettled(answer({ state: 'rejected', seq: 2, ownAttempt: false }), { operationKey: KEY, untilFinal: true })).toBe(false);
+    expect(statusSettled(answer({ state: 'unknown', seq: 4, takeover: takeoverRecordOf(unknownState() as OperationRecord, { reason: 'unknown_past_deadline', probes: 3 }, 9_000) }), { operationKey: KEY, afterSeq: 3, untilFinal: true })).toBe(true);
+  });
+  it('given no untilFinal, then any move past afterSeq answers', () => {
+    expect(statusSettled(answer({ state: 'running', seq: 2 }), { operationKey: KEY, afterSeq: 1 })).toBe(true);
+    expect(statusSettled(answer({ state: 'running', seq: 2 }), { operationKey: KEY, afterSeq: 2 })).toBe(false);
+  });
+  it('the submitting actor, naming its submission, skips the read policy only while its call is in flight', () => {
+    const req = { operationKey: KEY, submissionIds: ['sub-1'] };
+    expect(ownCallInFlight(acceptedState() as OperationRecord, 'alice', req)).toBe(true);
+    expect(ownCallInFlight(unknownState() as OperationRecord, 'alice', req)).toBe(true);
+    expect(ownCallInFlight(acceptedState() as OperationRecord, 'bob', req)).toBe(false);
+    expect(ownCallInFlight(acceptedState() as OperationRecord, 'alice', { operationKey: KEY })).toBe(false);
+    const rejected = appended({ type: 'reject', eventId: 'evt-e9-0000000', at: 3_000, attempt: 1, error: { class: 'forbidden' } }, runningState()).state as OperationRecord;
+    expect(ownCallInFlight(rejected, 'alice', req)).toBe(false);
+  });
+  it('given an earlier attempt\'s refusal and the caller\'s own resubmission refused since, then the caller\'s refusal answers', () => {
+    const rejected = appended({ type: 'reject', eventId: 'evt-e4-0000000', at: 2_500, attempt: 1, error: { class: 'forbidden' } }, acceptedState()).state as OperationRecord;
+    const mine: DecisionRecord = refusalRecord({ tenant: 'acme', actor: 'bob', submissionId: 'sub-9' }, { eventId: 'evt-d-0000000', at: 3_000, key: KEY, keylessKey: '', error: { class: 'task_frozen' } });
+    expect(ownRefusalSupersedes(rejected, 'bob', { operationKey: KEY, submissionIds: ['sub-9'] }, mine)).toBe(true);
+    expect(ownRefusalSupersedes(rejected, 'bob', { operationKey: KEY, submissionIds: ['sub-8'] }, mine)).toBe(false);
+    expect(ownRefusalSupersedes(rejected, 'bob', { operationKey: KEY, submissionIds: ['sub-9'] }, { ...mine, at: 2_000 })).toBe(false);
+    expect(ownRefusalSupersedes(rejected, 'bob', { operationKey: KEY, submissionIds: ['sub-9'] }, null)).toBe(false);
+  });
+});
+
+describe('the reconciler\'s look and takeover timing (docs/clocks.md)', () => {
+  const timing = { timeoutMs: 2_000, runningBoundMs: 10_000 };
+  it('an accepted operation is looked at past runningBoundMs by either clock', () => {
+    expect(lookDue({ status: 'accepted', updatedAt: 0 }, timing, { seenForMs: 10_001, wallNow: 0, probeDue: false })).toBe(true);
+    expect(lookDue({ status: 'accepted', updatedAt: 0 }, timing, { seenForMs: 0, wallNow: 10_001, probeDue: false })).toBe(true);
+    expect(lookDue({ status: 'accepted', updatedAt: 0 }, timing, { seenForMs: 9_000, wallNow: 9_000, probeDue: false })).toBe(false);
+  });
+  it('a running operation is looked at past its deadline plus the grace and its bound, only when a probe is due', () => {
+    const e = { status: 'running' as const, updatedAt: 0, runningAt: 0, deadlineAt: 2_000 };
+    expect(lookDue(e, timing, { seenForMs: 10_001, wallNow: 0, probeDue: true })).toBe(true);
+    expect(lookDue(e, timing, { seenForMs: 0, wallNow: 10_001, probeDue: true })).toBe(true);
+    expect(lookDue(e, timing, { seenForMs: 0, wallNow: 2_000 + RUNNING_GRACE_MS + 1, probeDue: true })).toBe(false);
+    expect(lookDue(e, timing, { seenForMs: 99_999, wallNow: 99_999, probeDue: false })).toBe(false);
+  });
+  it('an unknown operation is looked at whenever a probe is due; it goes to a person past unknownDeadlineMs of this process\'s own clock', () => {
+    expect(lookDue({ status: 'unknown', updatedAt: 0 }, timing, { seenForMs: 0, wallNow: 0, probeDue: true })).toBe(true);
+    expect(takeoverDue('unknown', 60_001, 60_000)).toBe(true);
+    expect(takeoverDue('unknown', 60_000, 60_000)).toBe(false);
+    expect(takeoverDue('running', 99_999, 60_000)).toBe(false);
+  });
+  it('the probe backoff doubles from 1 s to a 60 s cap, with ±50 % jitter', () => {
+    expect(nextProbeDelayMs(0, () => 0.5)).toBe(1_000);
+    expect(nextProbeDelayMs(3, () => 0.5)).toBe(8_000);
+    expect(nextProbeDelayMs(20, () => 0.5)).toBe(60_000);
+    expect(nextProbeDelayMs(20, () => 0)).toBe(30_000);
+    expect(nextProbeDelayMs(20, () => 0.999)).toBeLessThan(90_000);
+  });
+});
+
+describe('FM-14: the takeover record', () => {
+  it('names the target, the last evidence, what a probe found, the attempts and the times', () => {
+    const u = unknownState() as OperationRecord;
+    const t = takeoverRecordOf(u, { reason: 'probe_mismatch', probes: 2, probed: { resourceId: 'r-9', inputDigest: D2 } }, 9_000);
+    expect(takeoverRecordSchema.parse(t)).toEqual(t);
+    expect(t).toMatchObject({
+      operationKey: KEY, tenant: 'acme', taskId: 'task-1', targetDigest: D2, inputDigest: D1, reason: 'probe_mismatch',
+      lastEvidence: { kind: 'timeout', at: 6_000 }, probed: { resourceId: 'r-9', inputDigest: D2 },
+      attempts: { attempt: 1, requeues: 0, probes: 2 }, times: { acceptedAt: 1_000, runningAt: 2_000, unknownSince: 6_000, openedAt: 9_000 },
+    });
+  });
+});
