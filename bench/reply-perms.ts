@@ -16,7 +16,7 @@ import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connect } from '@nats-io/transport-node';
 import { jetstream, jetstreamManager } from '@nats-io/jetstream';
-import { spawnNatsServer } from '@tooltx/nats';
+import { spawnNatsServer } from '@tooltx/dev/nats-server';
 import { cpuMsOf } from './proc.js';
 import { round3 } from './workload.js';
 

@@ -7,9 +7,10 @@
  * monitoring endpoint (`-m PORT`) on loopback for `/connz` and `/varz`.
  */
 import { join } from 'node:path';
-import { binaryVersion, freeLoopbackPort, natsServerBinary, spawnNatsServer, Subjects, type Durability, type NatsServerHandle } from '@tooltx/nats';
+import { Subjects, type Durability } from '@tooltx/nats';
+import { binaryVersion, freeLoopbackPort, natsServerBinary, spawnNatsServer, type NatsServerHandle } from '@tooltx/dev/nats-server';
 import { generateAuth, topology, type Role } from '@tooltx/streams';
-import { DEFAULT_IDENTITIES } from '../examples/research-kb/stack.js';
+import { DEFAULT_IDENTITIES } from '@tooltx/dev/stack';
 
 export interface BenchServer {
   url: string;

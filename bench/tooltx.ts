@@ -1,7 +1,7 @@
 /**
  * tooltx's real path for the bench: the SDK (libs/client) in the bench's process
  * publishing intents for `kb.write_note`, the four services as separate processes
- * (examples/research-kb/stack.ts, auth on, one instance each, default settings), the KB storage
+ * (dev/src/stack.ts, auth on, one instance each, default settings), the KB storage
  * service with `KB_DEDUP=off` (it inserts a row for every write that reaches it, so its row count
  * tells duplicates) and the sample's tenant list (examples/research-kb/tenants.json: acme's quota,
  * 1,000,000 notes per UTC day, is counted on every insert and lies far above the 20,100 notes of a
@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { createTools, type Tools } from '@tooltx/client';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 import { KbClient } from '../examples/research-kb/kb-client.js';
-import { DEFAULT_KB_TENANTS, SERVICES, startStack, type Stack } from '../examples/research-kb/stack.js';
+import { DEFAULT_KB_TENANTS, SERVICES, startStack, type Stack } from '@tooltx/dev/stack';
 import { startBenchServer, type BenchServer } from './server.js';
 import type { BenchProcess, BenchSystem, Outcome } from './workload.js';
 

@@ -25,7 +25,7 @@ import { dirname, join, resolve } from 'node:path';
 import { Command, Option } from 'commander';
 import { z } from 'zod';
 import { ConfigError, envInt, showValue, createLogger, describeError, displayUrl, failStartup, StartupError, stdoutDestination, type Logger, type StartupReporter, usageErrorsExitTwo } from '@tooltx/runtime';
-import { DEFAULT_KB_TENANTS, startStack, type Stack, type StackPid } from '../examples/research-kb/stack.js';
+import { DEFAULT_KB_TENANTS, startStack, type Stack, type StackPid } from '@tooltx/dev/stack';
 
 const ENV_HELP = `
 Environment (a flag given wins over its variable, shown above as "env:"):

@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
-import { natsServerBinary } from '@tooltx/nats';
+import { natsServerBinary } from '@tooltx/dev/nats-server';
 
 const ROOT = join(import.meta.dirname, '..');
 const compose = parse(readFileSync(join(ROOT, 'docker-compose.yml'), 'utf8'), { merge: true }) as {

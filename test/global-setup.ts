@@ -1,4 +1,4 @@
-import { natsServerBinary, NatsServerUnavailableError } from '@tooltx/nats';
+import { natsServerBinary, NatsServerUnavailableError } from '@tooltx/dev/nats-server';
 
 /**
  * Every test file starts its own nats-server with a generated auth configuration (issue 5), so

@@ -24,7 +24,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { digestOf, downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, type Tools } from '@tooltx/client';
 import type { OperationRecord, TakeoverRecord } from '@tooltx/lifecycle';
-import { HttpFaultProxy } from '@tooltx/faults';
+import { HttpFaultProxy } from '@tooltx/dev/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForOperation, takeoverCli as takeoverCliOf } from './helpers/ops.js';

@@ -9,7 +9,7 @@ import { downstreamKeyOf, prepareCall } from '@tooltx/contracts';
 import { createTools, runTask, type Tools } from '@tooltx/client';
 import { generateReceiptKey, loadReceiptSigner, receiptSigner, type Receipt, type ReceiptV2, type StatusAnswer } from '@tooltx/lifecycle';
 import { encode } from '@tooltx/nats';
-import { HttpFaultProxy } from '@tooltx/faults';
+import { HttpFaultProxy } from '@tooltx/dev/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';

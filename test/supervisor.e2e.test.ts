@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { spawnNatsServer } from '@tooltx/nats';
+import { spawnNatsServer } from '@tooltx/dev/nats-server';
 import { spawnKbProcess } from './helpers/kb.js';
 import { ServiceProcess } from './helpers/services.js';
 import { closedPort as freePort } from './helpers/net.js';

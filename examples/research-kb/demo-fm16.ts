@@ -11,7 +11,7 @@ import type { Contract } from '@tooltx/contracts';
 import { connectNats, jetStreamOf, Subjects } from '@tooltx/nats';
 import { auditView } from './audit-view.js';
 import { CanaryWeb, LeakScanner, newCanaries, plantCanaries, type Canaries, type Leak } from './canaries.js';
-import type { Stack } from './stack.js';
+import type { Stack } from '@tooltx/dev/stack';
 
 export { CanaryWeb, newCanaries, type Canaries };
 

@@ -41,13 +41,13 @@ import { Command, Option } from 'commander';
 import { envInt, usageErrorsExitTwo } from '@tooltx/runtime';
 import { createTools, newSubmission, publishSubmission, type ExecuteOptions, type ExecuteRequest, type ExecuteResult, type Tools } from '@tooltx/client';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
-import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/faults';
+import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/dev/faults';
 import { connectNats, decodeRaw, jetStreamOf, Subjects } from '@tooltx/nats';
 import { DEFAULT_KB_TIMING, researchContracts } from './contracts.js';
 import { DocsServer, nodeModulesRoots } from './docs-server.js';
 import { KbClient } from './kb-client.js';
 import { readLiveRows } from './kb-store.js';
-import { startStack } from './stack.js';
+import { startStack } from '@tooltx/dev/stack';
 import { CanaryWeb, newCanaries, runFm16 } from './demo-fm16.js';
 
 const DEFAULT_PAGES = 250;

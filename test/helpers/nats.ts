@@ -2,7 +2,8 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { connectNats, freeLoopbackPort as freePort, jetStreamOf, JetStreamStore, spawnNatsCluster, spawnNatsServer, Subjects, type Durability, type NatsClusterHandle, type NatsConnection, type NatsServerHandle, openBucket } from '@tooltx/nats';
+import { connectNats, jetStreamOf, JetStreamStore, Subjects, type Durability, type NatsConnection, openBucket } from '@tooltx/nats';
+import { freeLoopbackPort as freePort, spawnNatsCluster, spawnNatsServer, type NatsClusterHandle, type NatsServerHandle } from '@tooltx/dev/nats-server';
 import { ensureKeyFile } from '@tooltx/runtime';
 import { applyTopology, generateAuth, inboxPrefixOf, tenantsOf, topology, type GeneratedAuth, type IdentityList, type Role, type Topology, type TopologyOptions } from '@tooltx/streams';
 

@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
-import { SERVICE_NODE_FLAGS } from '../../examples/research-kb/stack.js';
+import { SERVICE_NODE_FLAGS } from '@tooltx/dev/stack';
 import { kbServiceToken } from './kb-service-token.js';
 
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -83,7 +83,7 @@ export class ServiceProcess {
 /**
  * Spawns `services/<name>/src/main.ts` under tsx with `env`, and waits for its "started" line. The
  * V8 flags are the stack's ({@link SERVICE_NODE_FLAGS}); the runtime stays tsx, not the stack's
- * compiled build (examples/research-kb/compiled.ts): the tests' tools modules are TypeScript
+ * compiled build (dev/src/compiled.ts): the tests' tools modules are TypeScript
  * fixtures, which must share one `@tooltx/contracts` with the service they are loaded into.
  */
 export async function startService(name: ServiceName, env: Record<string, string>, opts: { wait?: boolean } = {}): Promise<ServiceProcess> {

@@ -9,7 +9,7 @@
 import { fileURLToPath } from 'node:url';
 import { downstreamKeyOf, prepareCall } from '@tooltx/contracts';
 import { createTools, type ExecuteResult, type Tools } from '@tooltx/client';
-import { freeLoopbackPort } from '@tooltx/nats';
+import { freeLoopbackPort } from '@tooltx/dev/nats-server';
 import { mkdtempSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';

@@ -10,7 +10,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Tools } from '@tooltx/client';
 import { DiscardPolicy, StorageType } from '@nats-io/jetstream';
-import { connectNats, jetStreamOf, spawnNatsServer, type NatsServerHandle } from '@tooltx/nats';
+import { connectNats, jetStreamOf } from '@tooltx/nats';
+import { spawnNatsServer, type NatsServerHandle } from '@tooltx/dev/nats-server';
 import { figure } from '../helpers/figures.js';
 import { provisioned, type TestNats } from '../helpers/nats.js';
 import { startService, type ServiceProcess } from '../helpers/services.js';

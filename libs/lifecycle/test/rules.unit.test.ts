@@ -5,6 +5,7 @@
  * timing, and the takeover record.
  */
 import { describe, expect, it } from 'vitest';
+import { ErrorClass } from '@tooltx/contracts';
 import {
   aliasRecord,
   boundedRefusal,
@@ -72,7 +73,7 @@ describe('policy verdict (intake and execution instant)', () => {
 
 describe('FM-14: a frozen task', () => {
   it('refuses side effects (task_frozen) and lets reads and computations through', () => {
-    for (const effect of ['create', 'update', 'delete', 'external'] as const) expect(frozenTaskRefusal(effect, true)).toEqual({ class: 'task_frozen' });
+    for (const effect of ['create', 'update', 'delete', 'send', 'charge'] as const) expect(frozenTaskRefusal(effect, true)).toEqual({ class: 'task_frozen' });
     for (const effect of ['read', 'compute'] as const) expect(frozenTaskRefusal(effect, true)).toBeNull();
     expect(frozenTaskRefusal('create', false)).toBeNull();
   });
@@ -83,7 +84,7 @@ describe('a run\'s outcome (effect-class failure mapping)', () => {
     expect(decideAfterRun('create', { kind: 'ok' }, 0)).toEqual({ kind: 'commit' });
   });
   it('FM-15: given a side effect refused as late, then the same attempt runs again — rejected as dependency_unavailable once requeued too often', () => {
-    const late = { kind: 'late' as const, error: { class: 'dependency_unavailable' } };
+    const late = { kind: 'late' as const, error: { class: ErrorClass.DependencyUnavailable } };
     expect(decideAfterRun('create', late, 0)).toEqual({ kind: 'requeue', reason: 'refused_late' });
     expect(decideAfterRun('create', late, MAX_LATE_START_REQUEUES)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
     expect(decideAfterRun('read', late, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
@@ -93,7 +94,7 @@ describe('a run\'s outcome (effect-class failure mapping)', () => {
   });
   it('FM-12, FM-13: given a timeout or a lost connection, then a side effect is unknown with that evidence, never rejected; a read is rejected as dependency_unavailable', () => {
     expect(decideAfterRun('create', { kind: 'failed', aborted: true }, 0)).toEqual({ kind: 'mark_unknown', evidence: 'timeout' });
-    expect(decideAfterRun('external', { kind: 'failed', aborted: false }, 0)).toEqual({ kind: 'mark_unknown', evidence: 'connection_lost' });
+    expect(decideAfterRun('charge', { kind: 'failed', aborted: false }, 0)).toEqual({ kind: 'mark_unknown', evidence: 'connection_lost' });
     expect(decideAfterRun('read', { kind: 'failed', aborted: true }, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
     expect(decideAfterRun('compute', { kind: 'failed', aborted: false }, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
   });
@@ -111,7 +112,7 @@ describe('decision records', () => {
     expect(decisionRecordSchema.parse(r)).toMatchObject({ operationKey: `opk_${'K'.repeat(43)}`, keyless: true });
   });
   it('a bounded refusal keeps only the class and says the details were not stored', () => {
-    const big = { class: 'invalid_input', issues: Array.from({ length: 500 }, (_, i) => ({ path: [`f${i}`], code: 'unrecognized_keys', message: 'x' })) };
+    const big = { class: ErrorClass.InvalidInput, issues: Array.from({ length: 500 }, (_, i) => ({ path: [`f${i}`], code: 'unrecognized_keys', message: 'x' })) };
     expect(boundedRefusal(big)).toEqual({ class: 'invalid_input', issues: [{ path: [], code: 'record_not_stored', message: 'the refusal\'s details could not be stored' }] });
   });
   it('FM-10: an alias record names the submission\'s key and digest and the canonical ones', () => {

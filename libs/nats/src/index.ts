@@ -4,10 +4,8 @@ export { checkMsgpack, MAX_MSGPACK_DEPTH, MsgpackShapeError } from './msgpack-gu
 export * from './connect.js';
 export * from './store.js';
 export * from './consumer.js';
-export * from './server.js';
-export * from './projection.js';
-export * from './tasks.js';
+export * from './server-version.js';
+export * from './op-event.js';
 export * from './kv-mirror.js';
 export { applyClientPatches, clientPatchesOf, type ClientPatches } from './client-patches.js';
 export * from './results.js';
-export * from './push.js';

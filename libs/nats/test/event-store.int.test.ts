@@ -5,7 +5,8 @@
  */
 import { afterAll, beforeAll } from 'vitest';
 import { nanos } from '@nats-io/nats-core';
-import { JetStreamStore, jetStreamOf, connectNats, spawnNatsServer, Subjects, type NatsConnection, type NatsServerHandle } from '@tooltx/nats';
+import { JetStreamStore, jetStreamOf, connectNats, Subjects, type NatsConnection } from '@tooltx/nats';
+import { spawnNatsServer, type NatsServerHandle } from '@tooltx/dev/nats-server';
 import { topology } from '@tooltx/streams';
 import type { JetStreamManager } from '@nats-io/jetstream';
 import { eventStoreContract } from '../../../test/contracts/event-store.js';

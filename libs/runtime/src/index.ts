@@ -5,3 +5,5 @@ export * from './tools.js';
 export * from './secrets.js';
 export * from './startup.js';
 export * from './cli.js';
+export * from './frozen-tasks.js';
+export * from './projection-writer.js';

@@ -55,7 +55,7 @@ export interface ReadyMessage {
 
 /**
  * Tells the supervisor that started this process with an IPC channel (`npm start`, the demo:
- * examples/research-kb/stack.ts) that it is ready, then closes the channel. Readiness travels apart
+ * dev/src/stack.ts) that it is ready, then closes the channel. Readiness travels apart
  * from the logs, so it does not depend on LOG_LEVEL (at `LOG_LEVEL=warn` the
  * `started` and `listening` lines a supervisor waited for never came). No channel: nothing happens.
  */

@@ -1,7 +1,8 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { operationIdOf } from '@tooltx/contracts';
-import { decode, ProjectionApplier, ProjectionBatcher, type Settlement, type Subjects } from '@tooltx/nats';
+import { decode, type Settlement, type Subjects } from '@tooltx/nats';
+import { ProjectionApplier, ProjectionBatcher } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
 import { z } from 'zod';
 import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, auditRecordSchema, type AuditHmac } from './projection.js';

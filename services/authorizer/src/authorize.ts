@@ -17,7 +17,9 @@ import {
   type OperationStore,
   type Receipt,
 } from '@tooltx/lifecycle';
-import { committedResult, isTransient, newEventId, type AnswerPusher, type FrozenTaskWatch, type Settlement, type Subjects } from '@tooltx/nats';
+import { committedResult, isTransient, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
+import { type FrozenTaskWatch } from '@tooltx/runtime';
+import { type AnswerPusher } from '@tooltx/readside';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { intakeOf, keylessRefusalKey, type IntakeOutcome } from './intake.js';
 

@@ -11,7 +11,9 @@
  * tenant's backlog never delays another's.
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, finishes in-flight intents, drains.
  */
-import { AnswerPusher, FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
+import { startConsumerLoop, openBucket } from '@tooltx/nats';
+import { FrozenTaskWatch } from '@tooltx/runtime';
+import { AnswerPusher } from '@tooltx/readside';
 import { runService } from '@tooltx/runtime/service';
 import { TenantWatch } from '@tooltx/runtime/tenants';
 import { Durables } from '@tooltx/streams';

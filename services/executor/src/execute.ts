@@ -33,7 +33,9 @@ import {
   type ReceiptSigner,
   type RunOutcome,
 } from '@tooltx/lifecycle';
-import { decode, decodeRaw, encode, eventTypeOf, newEventId, type AnswerPusher, type FrozenTaskWatch, type Settlement, type Subjects } from '@tooltx/nats';
+import { decode, decodeRaw, encode, eventTypeOf, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
+import { type FrozenTaskWatch } from '@tooltx/runtime';
+import { type AnswerPusher } from '@tooltx/readside';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
 import { DownstreamClocks } from './downstream-clock.js';

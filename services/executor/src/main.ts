@@ -7,7 +7,9 @@
  */
 import { setMaxListeners } from 'node:events';
 import { z } from 'zod';
-import { AnswerPusher, FrozenTaskWatch, startConsumerLoop, openBucket } from '@tooltx/nats';
+import { startConsumerLoop, openBucket } from '@tooltx/nats';
+import { FrozenTaskWatch } from '@tooltx/runtime';
+import { AnswerPusher } from '@tooltx/readside';
 import { runService } from '@tooltx/runtime/service';
 import { describeConnectError, startupStep } from '@tooltx/runtime';
 import { Durables } from '@tooltx/streams';

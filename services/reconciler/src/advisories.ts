@@ -3,7 +3,8 @@ import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
 import { operationEventSchema } from '@tooltx/lifecycle';
 import { StoreUnavailableError } from '@tooltx/lifecycle';
-import { decode, projectEntry, isTransient, type Settlement, type Subjects } from '@tooltx/nats';
+import { decode, isTransient, type Settlement, type Subjects } from '@tooltx/nats';
+import { projectEntry } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
 import { applyToIndex, reconcileValueSchema } from './projection.js';
 

@@ -2,7 +2,8 @@ import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import type { OperationRecord } from '@tooltx/lifecycle';
 import type { OperationStore } from '@tooltx/lifecycle';
-import { opEventOf, ProjectionApplier, type Settlement, type Subjects } from '@tooltx/nats';
+import { opEventOf, type Settlement, type Subjects } from '@tooltx/nats';
+import { ProjectionApplier } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
 import { applyStateToIndex, applyToIndex, reconcileValueSchema, type ReconcileValue } from './projection.js';
 

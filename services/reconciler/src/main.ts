@@ -10,7 +10,8 @@
  */
 import { z } from 'zod';
 import type { KV } from '@nats-io/kv';
-import { FrozenTaskWatch, heldLimit, KvMirror, startConsumerLoop, openBucket } from '@tooltx/nats';
+import { heldLimit, KvMirror, startConsumerLoop, openBucket } from '@tooltx/nats';
+import { FrozenTaskWatch } from '@tooltx/runtime';
 import { envInt, type Logger } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
 import { Durables } from '@tooltx/streams';

@@ -1,6 +1,7 @@
 import type { KV } from '@nats-io/kv';
 import { handleCommand, lookDue, nextProbeDelayMs, takeoverDue, type OperationRecord, type OperationStore, type ReceiptSigner } from '@tooltx/lifecycle';
-import { KvMirror, newEventId, projectEntry, type FrozenTaskWatch, type Subjects } from '@tooltx/nats';
+import { KvMirror, newEventId, type Subjects } from '@tooltx/nats';
+import { projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recovery';
 import { applyStateToIndex, reconcileValueSchema, type IndexEntry } from './projection.js';

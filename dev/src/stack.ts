@@ -14,11 +14,12 @@ import { fileURLToPath } from 'node:url';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
-import { assertSupportedServer, connectNats, DURABILITIES, freeLoopbackPort, jetStreamOf, natsServerBinary, NatsServerUnavailableError, spawnNatsCluster, spawnNatsServer, Subjects, UnsupportedServerError, type Durability, type NatsServerHandle } from '@tooltx/nats';
+import { assertSupportedServer, connectNats, DURABILITIES, jetStreamOf, Subjects, UnsupportedServerError, type Durability } from '@tooltx/nats';
+import { freeLoopbackPort, natsServerBinary, NatsServerUnavailableError, spawnNatsCluster, spawnNatsServer, type NatsServerHandle } from '@tooltx/dev/nats-server';
 import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, showValue, startupStep, StartupError, StartupFailure, type ReadyMessage } from '@tooltx/runtime';
 import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, tenantsOf, topology, type IdentityList, type Role } from '@tooltx/streams';
 import { ensureStackBuild, StackBuildError, touchStackBuild, type StackEntry } from './compiled.js';
-import { loadSeedFile, SeedError } from './kb-seed.js';
+import { loadSeedFile, SeedError } from '../../examples/research-kb/kb-seed.js';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const RESEARCH_TOOLS = join(ROOT, 'examples', 'research-kb', 'tools.ts');

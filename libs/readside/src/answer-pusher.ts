@@ -1,8 +1,7 @@
 import type { Implementation } from '@tooltx/contracts';
 import { committedAnswer, readAllowed, type OperationRecord, type PushMessage, type Receipt } from '@tooltx/lifecycle';
 import type { Logger } from 'pino';
-import { encode } from './codec.js';
-import type { Subjects } from './subjects.js';
+import { encode, type Subjects } from '@tooltx/nats';
 
 /**
  * Pushes the answer to one submission to its agent on `Subjects.push` (core NATS, best

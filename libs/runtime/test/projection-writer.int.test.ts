@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
-import { decode, encode, projectEntry, ProjectionCorruptError, type NatsConnection, openBucket } from '@tooltx/nats';
+import { decode, encode, type NatsConnection, openBucket } from '@tooltx/nats';
+import { projectEntry, ProjectionCorruptError } from '@tooltx/runtime';
 import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
 import { shuffled } from '../../../test/helpers/histories.js';
 

@@ -166,9 +166,9 @@ export async function ensureStackBuild(opts: { root?: string; cacheDir?: string 
       });
     const hashed = new Set(files.map((f) => f.split(sep).join('/')));
     const unhashed = Object.keys(r.metafile.inputs).filter((f) => !hashed.has(f));
-    if (unhashed.length) throw new StackBuildError(`the bundle reads files its cache key does not cover (add their directory to SOURCE_DIRS in examples/research-kb/compiled.ts): ${unhashed.join(', ')}`);
+    if (unhashed.length) throw new StackBuildError(`the bundle reads files its cache key does not cover (add their directory to SOURCE_DIRS in dev/src/compiled.ts): ${unhashed.join(', ')}`);
     // ES modules by their package scope, whatever node_modules/.cache/ holds around them.
-    writeFileSync(join(tmp, 'package.json'), `${JSON.stringify({ type: 'module', private: true, description: 'tooltx stack build (examples/research-kb/compiled.ts)' })}\n`);
+    writeFileSync(join(tmp, 'package.json'), `${JSON.stringify({ type: 'module', private: true, description: 'tooltx stack build (dev/src/compiled.ts)' })}\n`);
     try {
       renameSync(tmp, dir);
     } catch (err) {

@@ -10,8 +10,8 @@ import { request } from 'undici';
 import { readFileSync } from 'node:fs';
 import { connect as natsConnect, nkeyAuthenticator } from '@nats-io/transport-node';
 import { inboxPrefixOf } from '@tooltx/streams';
-import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
-import { HttpFaultProxy, TcpFaultProxy } from '../src/index.js';
+import { provisioned, type TestNats } from '../../test/helpers/nats.js';
+import { HttpFaultProxy, TcpFaultProxy } from '../src/faults/index.js';
 
 /** A client of the proxy that collects every byte it gets back and notes when it is closed. */
 function client(port: number): Promise<{ sock: Socket; got: () => string; closed: Promise<void> }> {

@@ -3,8 +3,7 @@ import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
 import { OPERATION_KEY_PATTERN } from '@tooltx/contracts';
 import type { Logger } from 'pino';
-import { decode, encode } from './codec.js';
-import { KvMirror } from './kv-mirror.js';
+import { decode, encode, KvMirror } from '@tooltx/nats';
 
 /**
  * Frozen tasks (FM-14; DESIGN.md "After a timeout, verify before acting": "still unknown

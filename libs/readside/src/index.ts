@@ -1,0 +1,1 @@
+export { AnswerPusher } from './answer-pusher.js';
