@@ -9,7 +9,9 @@
 import { join } from 'node:path';
 import { Subjects, type Durability } from '@tooltx/nats';
 import { binaryVersion, freeLoopbackPort, natsServerBinary, spawnNatsServer, type NatsServerHandle } from '@tooltx/dev/nats-server';
-import { generateAuth, topology, type Role } from '@tooltx/streams';
+import { topology } from '@tooltx/streams';
+import { generateAuth } from '@tooltx/auth';
+import { type Role } from '@tooltx/nats';
 import { DEFAULT_IDENTITIES } from '@tooltx/dev/stack';
 
 export interface BenchServer {

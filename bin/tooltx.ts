@@ -21,7 +21,9 @@ import { baseConfigSchema, loadConfig, loadImplementations, ConfigError, usageEr
 import { describeModuleError, topologyEnvSchema, topologyOptionsFrom } from '@tooltx/runtime/service';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { applyTopology, checkDurables, checkTopology, generateAuth, identityListSchema, inboxPrefixOf, tenantEntrySchema, tenantsOf, topology, type IdentityList, type TenantSpec } from '@tooltx/streams';
+import { applyTopology, checkDurables, checkTopology, tenantEntrySchema, topology, type TenantSpec } from '@tooltx/streams';
+import { generateAuth, identityListSchema, tenantsOf, type IdentityList } from '@tooltx/auth';
+import { inboxPrefixOf } from '@tooltx/nats';
 import type { NatsConnection } from '@tooltx/nats';
 import { z } from 'zod';
 import { registerTakeover } from './commands/takeover.js';

@@ -11,7 +11,7 @@ import type { Tools } from '@tooltx/client';
 import { operationIdOf } from '@tooltx/contracts';
 import { connectNats, decodeRaw, openBucket } from '@tooltx/nats';
 import { jetstream } from '@nats-io/jetstream';
-import { inboxPrefixOf } from '@tooltx/streams';
+import { inboxPrefixOf } from '@tooltx/nats';
 import { figure } from './helpers/figures.js';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';

@@ -14,7 +14,7 @@ import { errors, type NatsConnection } from '@nats-io/transport-node';
 import { auditAnswerSchema, auditRequestSchema, MAX_AUDIT_PAGE, operationStatuses, type AuditAnswer, type AuditRequest } from '@tooltx/lifecycle';
 import { decode, encode, Subjects } from '@tooltx/nats';
 import { baseConfigSchema, envInt, loadConfig } from '@tooltx/runtime';
-import { inboxPrefixOf } from '@tooltx/streams';
+import { inboxPrefixOf } from '@tooltx/nats';
 import { checkedKey, connectCli, permissionViolationOf, shown, UsageError } from './cli-support.js';
 
 /** Thrown for an answer that is an error, a refusal by the server, or no answer; the CLI prints it and exits 1. */

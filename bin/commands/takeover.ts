@@ -15,7 +15,7 @@ import { errors, type NatsConnection } from '@nats-io/transport-node';
 import { ID_PATTERN } from '@tooltx/contracts';
 import { Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig } from '@tooltx/runtime';
-import { inboxPrefixOf } from '@tooltx/streams';
+import { inboxPrefixOf } from '@tooltx/nats';
 import { checkedKey, CliRefusal, connectCli, isNatsError, notThatIdentity, permissionViolationOf, UsageError, type CliIdentity } from './cli-support.js';
 
 const operatorConfig = baseConfigSchema.extend({

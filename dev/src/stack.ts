@@ -17,7 +17,9 @@ import { z } from 'zod';
 import { assertSupportedServer, connectNats, DURABILITIES, jetStreamOf, Subjects, UnsupportedServerError, type Durability } from '@tooltx/nats';
 import { freeLoopbackPort, natsServerBinary, NatsServerUnavailableError, spawnNatsCluster, spawnNatsServer, type NatsServerHandle } from '@tooltx/dev/nats-server';
 import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, showValue, startupStep, StartupError, StartupFailure, type ReadyMessage } from '@tooltx/runtime';
-import { applyTopology, generateAuth, identityListSchema, inboxPrefixOf, tenantsOf, topology, type IdentityList, type Role } from '@tooltx/streams';
+import { applyTopology, topology } from '@tooltx/streams';
+import { generateAuth, identityListSchema, tenantsOf, type IdentityList } from '@tooltx/auth';
+import { inboxPrefixOf, type Role } from '@tooltx/nats';
 import { ensureStackBuild, StackBuildError, touchStackBuild, type StackEntry } from './compiled.js';
 import { loadSeedFile, SeedError } from '../../examples/research-kb/kb-seed.js';
 

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { request } from 'undici';
 import { readFileSync } from 'node:fs';
 import { connect as natsConnect, nkeyAuthenticator } from '@nats-io/transport-node';
-import { inboxPrefixOf } from '@tooltx/streams';
+import { inboxPrefixOf } from '@tooltx/nats';
 import { provisioned, type TestNats } from '../../test/helpers/nats.js';
 import { HttpFaultProxy, TcpFaultProxy } from '../src/faults/index.js';
 

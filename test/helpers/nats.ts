@@ -5,7 +5,9 @@ import { join } from 'node:path';
 import { connectNats, jetStreamOf, JetStreamStore, Subjects, type Durability, type NatsConnection, openBucket } from '@tooltx/nats';
 import { freeLoopbackPort as freePort, spawnNatsCluster, spawnNatsServer, type NatsClusterHandle, type NatsServerHandle } from '@tooltx/dev/nats-server';
 import { ensureKeyFile } from '@tooltx/runtime';
-import { applyTopology, generateAuth, inboxPrefixOf, tenantsOf, topology, type GeneratedAuth, type IdentityList, type Role, type Topology, type TopologyOptions } from '@tooltx/streams';
+import { applyTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
+import { generateAuth, tenantsOf, type GeneratedAuth, type IdentityList } from '@tooltx/auth';
+import { inboxPrefixOf, type Role } from '@tooltx/nats';
 
 /** A unique subject prefix per test, so tests never see each other's streams. */
 export function uniquePrefix(): string {

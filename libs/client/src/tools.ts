@@ -537,7 +537,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
      * status endpoint reports this call's operation started by one of its submissions, or a refusal
      * of one of them. A duplicate alone proves only that the id was stored once: dedup is by msg id,
      * stream-wide, and outlives the message, which a lowered per-subject limit or a max age may have
-     * evicted unread (FM-30). Agents may not read the intents stream (streams/src/identity.ts), so
+     * evicted unread (FM-30). Agents may not read the intents stream (libs/auth/src/permissions.ts), so
      * the status endpoint is the check; `not_seen`, no answer or the budget running out count as
      * "not stored".
      */

@@ -9,3 +9,4 @@ export * from './op-event.js';
 export * from './kv-mirror.js';
 export { applyClientPatches, clientPatchesOf, type ClientPatches } from './client-patches.js';
 export * from './results.js';
+export * from './inboxes.js';

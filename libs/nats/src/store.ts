@@ -179,7 +179,7 @@ export class JetStreamStore implements OperationStore {
  * The header every appended event carries with its `type` (`accepted`, `running`, …; the body's
  * `type` is the truth): a reader that acts on some types only skips the others without decoding
  * the body (the executor acts on 1 of an operation's 3 events). Only services may publish
- * on operation subjects (streams/identity.ts), so the header is as trusted as the body. An event
+ * on operation subjects (libs/auth/src/permissions.ts), so the header is as trusted as the body. An event
  * without it (written before it existed) is decoded as before.
  */
 export const EVENT_TYPE_HEADER = 'Tooltx-Event-Type';

@@ -2,7 +2,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConcurrencyError, decide, type AcceptCommand, type OperationEvent } from '@tooltx/lifecycle';
 import { DiscardPolicy, RetentionPolicy } from '@nats-io/jetstream';
 import { encode, EVENT_TYPE_HEADER, eventTypeOf, isNoRespondersPublish, isTransient, newEventId, Subjects } from '@tooltx/nats';
-import { checkTopology, tenantsOf, topology } from '@tooltx/streams';
+import { checkTopology, topology } from '@tooltx/streams';
+import { tenantsOf } from '@tooltx/auth';
 import { provisioned, TEST_IDENTITIES, type TestNats } from '../../../test/helpers/nats.js';
 
 const D = (c: string) => `sha256:${c.repeat(64)}`;

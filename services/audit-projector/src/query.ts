@@ -6,7 +6,7 @@ import { ErrorClass, fieldIssues, operationIdOf, type ErrorInfo } from '@tooltx/
 import { auditRecordForAuditor, auditRecordSchema, auditRequestSchema, MAX_AUDIT_PAGE, type AuditAnswer, type AuditQueryRecord, type AuditRecord, type AuditRequest, type ContractCounts } from '@tooltx/lifecycle';
 import { decode, decodeRaw, encode, isTransient, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
-import { isOwnReplyInbox } from '@tooltx/streams';
+import { isOwnReplyInbox } from '@tooltx/nats';
 import { countsOf } from './projection.js';
 
 /**

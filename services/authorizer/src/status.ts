@@ -18,7 +18,7 @@ import {
 } from '@tooltx/lifecycle';
 import { committedResult, decodeRaw, encode, opEventOf, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
-import { isOwnReplyInbox } from '@tooltx/streams';
+import { isOwnReplyInbox } from '@tooltx/nats';
 
 export interface StatusDeps {
   nc: NatsConnection;

@@ -6,7 +6,7 @@ import { handleCommand, takeoverRecordOf, type OperationRecord, type OperationSt
 import { encode, newEventId, type Subjects } from '@tooltx/nats';
 import { freezeTask, thawTask, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
-import { isOwnReplyInbox } from '@tooltx/streams';
+import { isOwnReplyInbox } from '@tooltx/nats';
 import type { IndexEntry } from './projection.js';
 
 /**

@@ -1,0 +1,142 @@
+import { z } from 'zod';
+import { ErrorClass, ID_PATTERN, TooltxError, type FieldIssue } from '@tooltx/contracts';
+import { inboxPrefixOf, SERVICE_NAMES, type Role } from '@tooltx/nats';
+import { partialTenantLimitsSchema, resolveLimits, type TenantSpec, type Topology } from '@tooltx/streams';
+
+/**
+ * Identity the server enforces (DESIGN.md "Identity"): one declarative list of tenants,
+ * actors, auditors, services and the provisioner becomes a nats-server configuration in which
+ * every user is an nkey with publish/subscribe allow-lists. Agents may publish only their own
+ * intent subject, request only their own status subject and subscribe only to their own inbox
+ * prefix; each service gets only the JetStream API subjects it uses; only the provisioner may
+ * create, update, delete or purge streams and durable consumers.
+ */
+
+const id = z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$ (one subject token, no wildcard)');
+
+export const identityListSchema = z.strictObject({
+  tenants: z
+    .array(z.strictObject({ id, actors: z.array(id).default([]), auditors: z.array(id).default([]), limits: partialTenantLimitsSchema.optional() }))
+    .min(1)
+    .refine((ts) => new Set(ts.map((t) => t.id)).size === ts.length, 'tenant ids must be unique'),
+  /** Extra durable names the executor may pull from (e.g. a second executor group during a migration). */
+  executorDurables: z.array(id).default([]),
+  /**
+   * Operators: people who resolve takeovers. They reach only the takeover service, which
+   * records their id (from the subject the server pinned them to) in the resolution event.
+   */
+  operators: z.array(id).default([]),
+  /** Every tenant's limits unless its own entry says otherwise (docs/tenancy.md); unset ones take the defaults. */
+  limits: partialTenantLimitsSchema.optional(),
+});
+export type IdentityList = z.input<typeof identityListSchema>;
+
+/** The tenants of an identity list with their resolved limits (docs/tenancy.md). */
+export function tenantsOf(list: IdentityList): TenantSpec[] {
+  const parsed = identityListSchema.parse(list);
+  return parsed.tenants.map((t) => ({ id: t.id, limits: resolveLimits(parsed.limits, t.limits) }));
+}
+
+/** Where an identity of the list is (the field path of its entry) and what it is, for errors. */
+interface ListedIdentity {
+  role: Role;
+  path: (string | number)[];
+}
+
+const describeRole = (r: Role): string =>
+  r.kind === 'agent' ? `actor ${r.tenant}/${r.actor}`
+    : r.kind === 'auditor' ? `auditor ${r.tenant}/${r.actor}`
+      : r.kind === 'operator' ? `operator ${r.operator}`
+        : r.kind === 'service' ? `service ${r.service}`
+          : 'the provisioner';
+const describeEntry = (e: ListedIdentity): string => (e.path.length ? `${e.path.join('.')} (${describeRole(e.role)})` : describeRole(e.role));
+
+/**
+ * Refuses an identity list in which two identities would share a reply inbox, or one user's inbox
+ * would lie inside another's (FM-32: a user subscribes to `<its inbox prefix>.>`, so either would
+ * let one read the other's replies), and extra executor durables that name another service's
+ * durable. Rules (the id-collision cases):
+ * - ids starting with `_` are reserved for tooltx's own inbox namespaces (`_INBOX._svc.<service>`,
+ *   `_INBOX._op.<operator>`, `_INBOX._provisioner`): a tenant `_svc` with an actor `executor` would
+ *   otherwise receive the executor service's replies. Code `reserved_id`, for tenant, actor,
+ *   auditor and operator ids.
+ * - no two identities have equal inbox prefixes, and none is a token prefix of another (an actor
+ *   and an auditor of one tenant with the same id, an id listed twice). Code `inbox_collision`.
+ * - `executorDurables` never names a durable of the topology (the executor would pull another
+ *   service's messages). Code `durable_collision`.
+ * Throws `TooltxError` (`invalid_input`) whose message names the offending entry by its field path
+ * and what it collides with; `issues` carries that path. The inbox rule holds for any list that
+ * passes these checks, by construction of {@link inboxPrefixOf}: agents and auditors take 3 tokens
+ * under a tenant that never starts with `_`; services, operators and the provisioner live under
+ * `_svc`, `_op`, `_provisioner`.
+ */
+export function checkIdentityList(list: IdentityList, topo?: Topology): void {
+  const parsed = identityListSchema.parse(list);
+  const refuse = (issue: FieldIssue, detail: string): never => {
+    throw new TooltxError(ErrorClass.InvalidInput, `identity list: ${detail}`, { issues: [issue] });
+  };
+  const reserved = (id: string, path: (string | number)[], what: string) => {
+    if (id.startsWith('_')) {
+      refuse(
+        { path, code: 'reserved_id', message: 'ids starting with _ are reserved for tooltx (_svc, _op, _provisioner)' },
+        `${path.join('.')}: ${what} ${JSON.stringify(id)} starts with "_": ids starting with _ are reserved for tooltx's own inbox namespaces (_svc, _op, _provisioner)`,
+      );
+    }
+  };
+  const entries: ListedIdentity[] = [
+    { role: { kind: 'provisioner' }, path: [] },
+    ...SERVICE_NAMES.map((service) => ({ role: { kind: 'service' as const, service }, path: [] })),
+  ];
+  parsed.tenants.forEach((t, i) => {
+    reserved(t.id, ['tenants', i, 'id'], 'tenant');
+    t.actors.forEach((actor, j) => {
+      reserved(actor, ['tenants', i, 'actors', j], 'actor');
+      entries.push({ role: { kind: 'agent', tenant: t.id, actor }, path: ['tenants', i, 'actors', j] });
+    });
+    t.auditors.forEach((actor, j) => {
+      reserved(actor, ['tenants', i, 'auditors', j], 'auditor');
+      entries.push({ role: { kind: 'auditor', tenant: t.id, actor }, path: ['tenants', i, 'auditors', j] });
+    });
+  });
+  parsed.operators.forEach((operator, k) => {
+    reserved(operator, ['operators', k], 'operator');
+    entries.push({ role: { kind: 'operator', operator }, path: ['operators', k] });
+  });
+  // Equal prefixes, then a prefix that lies inside another (its token ancestors).
+  const byPrefix = new Map<string, ListedIdentity>();
+  for (const e of entries) {
+    const prefix = inboxPrefixOf(e.role);
+    const other = byPrefix.get(prefix);
+    if (other) {
+      refuse(
+        { path: e.path, code: 'inbox_collision', message: `same reply inbox as ${describeEntry(other)}` },
+        `${describeEntry(e)} would have the reply inbox ${prefix} of ${describeEntry(other)}: two identities may not share an inbox (FM-32); give one another id`,
+      );
+    }
+    byPrefix.set(prefix, e);
+  }
+  for (const [prefix, e] of byPrefix) {
+    const tokens = prefix.split('.');
+    for (let n = 2; n < tokens.length; n++) {
+      const outer = byPrefix.get(tokens.slice(0, n).join('.'));
+      if (outer) {
+        refuse(
+          { path: e.path, code: 'inbox_collision', message: `reply inbox inside that of ${describeEntry(outer)}` },
+          `${describeEntry(e)} would have the reply inbox ${prefix}, inside ${describeEntry(outer)}'s: it could read these replies (FM-32); give one another id`,
+        );
+      }
+    }
+  }
+  if (topo) {
+    const owners = new Map(topo.consumers.map((c) => [c.config.durable_name, c.stream]));
+    parsed.executorDurables.forEach((d, k) => {
+      const stream = owners.get(d);
+      if (stream) {
+        refuse(
+          { path: ['executorDurables', k], code: 'durable_collision', message: `${d} is a durable of the topology (${stream})` },
+          `executorDurables.${k}: extra executor durable ${JSON.stringify(d)} is already a durable of the topology (stream ${stream}); name the executor's extra durable otherwise`,
+        );
+      }
+    });
+  }
+}
