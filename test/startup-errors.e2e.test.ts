@@ -175,14 +175,21 @@ describe('a service that cannot start', () => {
 
   it('--help lists every variable the service reads, the tools module\'s among them', async () => {
     for (const name of ALL) {
-      const p = run(`services/${name}/src/main.ts`, ['--help'], {});
+      const p = run(`services/${name}/src/main.ts`, ['--help'], { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS });
       expect(await p.exited).toBe(0);
       const out = p.lines.map((l) => String(l.raw ?? '')).join('\n');
       for (const v of ['NATS_URL', 'NATS_NKEY_FILE', 'NATS_CREDS_FILE', 'TOOLTX_PREFIX', 'TOOLTX_TOOLS_MODULE', 'TOOLTX_CONCURRENCY', 'TOOLTX_INSTANCE_ID', 'LOG_LEVEL', 'TOOLTX_LOG_HMAC_KEY_FILE', 'TOOLTX_EXIT_WITH_PARENT', 'TOOLTX_MAX_DELIVER', 'TOOLTX_REPLICAS', 'TOOLTX_EVENTS_MAX_AGE_MS', 'KB_URL', 'KB_DEDUP', 'KB_TIMING_MS', 'KB_KEEPALIVE', 'WEB_ALLOWED_ORIGINS']) {
         expect(out, `${name} --help`).toContain(v);
       }
-      expect(out).toContain('tools module');
+      // The sample's settings come from its own module, not from tooltx's text.
+      expect(out).toContain(`Read by the tools module (${RESEARCH_TOOLS}) — settings of that module, not of tooltx:`);
     }
+    // Without a tools module named, --help says where its settings would appear, and names none of the sample's.
+    const bare = run('services/executor/src/main.ts', ['--help'], {});
+    expect(await bare.exited).toBe(0);
+    const bareOut = bare.lines.map((l) => String(l.raw ?? '')).join('\n');
+    expect(bareOut).toContain('The tools module\'s own settings are listed here when TOOLTX_TOOLS_MODULE names it.');
+    expect(bareOut).not.toContain('KB_URL');
     const help = async (name: ServiceName) => {
       const p = run(`services/${name}/src/main.ts`, ['--help'], {});
       await p.exited;

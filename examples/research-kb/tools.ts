@@ -202,6 +202,18 @@ async function mayReadKbOperation(ctx: ReadContext): Promise<void> {
   }
 }
 
+/**
+ * This module's own settings, as the services' `--help` lists them when TOOLTX_TOOLS_MODULE names
+ * this module (settings of the sample, not of tooltx).
+ */
+export const settingsHelp = `  KB_URL                   the KB storage service (default http://127.0.0.1:4280)
+  KB_DEDUP                 on|off: whether the KB deduplicates by key (default on)
+  KB_TIMING_MS             timeout,runningBound,unknownDeadline of the KB writes, ms
+  KB_KEEPALIVE             off = a new connection per KB request (default: kept alive)
+  KB_SERVICE_TOKEN_FILE    the KB's service token file (mode 0600; the KB's own KB_SERVICE_TOKEN_FILE),
+                           sent on every KB request (unset = none sent)
+  WEB_ALLOWED_ORIGINS      origins on loopback/private hosts web.fetch_page may fetch, comma-separated`;
+
 export const implementations = [
   defineImplementation({
     contract: fetchPage,

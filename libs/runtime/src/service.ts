@@ -1,6 +1,7 @@
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { isAbsolute, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { Command } from 'commander';
 import { usageErrorsExitTwo } from './cli.js';
 import { z } from 'zod';
@@ -89,9 +90,10 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
   /** This service appends `committed`: it needs TOOLTX_SIGNING_KEY_FILE (FM-17). */
   signsReceipts?: boolean;
 }): Promise<void> {
+  const asksHelp = process.argv.slice(2).some((a) => a === '--help' || a === '-h');
   usageErrorsExitTwo(new Command(`tooltx-${spec.name}`))
     .description(`tooltx ${spec.name}: ${spec.summary}`)
-    .addHelpText('after', serviceEnvHelp(spec))
+    .addHelpText('after', serviceEnvHelp(spec, asksHelp ? await toolsModuleHelp(process.env.TOOLTX_TOOLS_MODULE) : ''))
     .parse(process.argv);
 
   const who: StartupReporter = { program: `tooltx-${spec.name}`, service: spec.name, instance: `${spec.name}-${process.pid}` };
@@ -200,7 +202,7 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
 }
 
 /** The `--help` text after the options: every variable a service reads. */
-function serviceEnvHelp(spec: { name: string; envHelp?: string; signsReceipts?: boolean }): string {
+function serviceEnvHelp(spec: { name: string; envHelp?: string; signsReceipts?: boolean }, toolsHelp: string): string {
   return `
 Environment:
   NATS_URL                 server URLs, comma-separated (default nats://127.0.0.1:4222)
@@ -222,23 +224,28 @@ ${spec.signsReceipts ? `  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 P
   TOOLTX_DUPLICATE_WINDOW_MS   retention and duplicate window, ms
   TOOLTX_REPLICAS          stream replicas (1-5)
   TOOLTX_MAX_DELIVER       deliveries of one message to a durable before its max-deliveries advisory
-                           (default 50)${spec.envHelp ? `\n${spec.envHelp}` : ''}
-
-Read by the research-KB sample's tools module (examples/research-kb/tools.ts), when
-TOOLTX_TOOLS_MODULE names it — settings of that module, not of tooltx:
-  KB_URL                   the KB storage service (default http://127.0.0.1:4280)
-  KB_DEDUP                 on|off: whether the KB deduplicates by key (default on)
-  KB_TIMING_MS             timeout,runningBound,unknownDeadline of the KB writes, ms
-  KB_KEEPALIVE             off = a new connection per KB request (default: kept alive)
-  KB_SERVICE_TOKEN_FILE    the KB's service token file (mode 0600; the KB's own KB_SERVICE_TOKEN_FILE),
-                           sent on every KB request (unset = none sent)
-  WEB_ALLOWED_ORIGINS      origins on loopback/private hosts web.fetch_page may fetch, comma-separated
+                           (default 50)${spec.envHelp ? `\n${spec.envHelp}` : ''}${toolsHelp}
 
 A failure to start names the setting and its value on stderr and in a "failed to start" log line;
 exits 2.`;
 }
 
-/** Why the tools module did not load: the file is missing, one of its imports is, or its own error's class and code. */
+/**
+ * The tools module's own settings for `--help`: the `settingsHelp` string the module exports
+ * (settings of that module, not of tooltx), or how to see them when TOOLTX_TOOLS_MODULE is unset
+ * or the module does not load.
+ */
+async function toolsModuleHelp(path: string | undefined): Promise<string> {
+  if (!path?.trim()) return '\n\nThe tools module\'s own settings are listed here when TOOLTX_TOOLS_MODULE names it.';
+  try {
+    const m = (await import(pathToFileURL(isAbsolute(path) ? path : resolve(process.cwd(), path)).href)) as { settingsHelp?: unknown };
+    if (typeof m.settingsHelp !== 'string' || !m.settingsHelp.trim()) return `\n\nThe tools module (${path}) lists no settings of its own.`;
+    return `\n\nRead by the tools module (${path}) — settings of that module, not of tooltx:\n${m.settingsHelp.replace(/\n+$/, '')}`;
+  } catch (err) {
+    return `\n\nThe tools module (${path}) could not be loaded to list its settings: ${describeModuleError(path, err)}`;
+  }
+}
+
 /** Why the tools module at `path` could not be loaded, in words that quote no file content (used by the services and `tooltx streams check`). */
 export function describeModuleError(path: string, err: unknown): string {
   if (err instanceof ToolsModuleError) return err.problem;
