@@ -153,6 +153,40 @@ export const contractCountsSchema = z.object({
 });
 export type ContractCounts = z.infer<typeof contractCountsSchema>;
 
+/**
+ * {@link ContractCounts} per contract version, from audit records (the schema's doc says what each
+ * count means). Conflicts are counted from the decision stream: one per `idempotency_conflict`
+ * decision record, under the contract the refused request named. Refusals that named no known
+ * contract count under `(none)`. Sorted by contract. Pure.
+ */
+export function countsOf(records: Iterable<AuditRecord>): ContractCounts[] {
+  const by = new Map<string, ContractCounts>();
+  const get = (contract: string) => {
+    let c = by.get(contract);
+    if (!c) by.set(contract, (c = { contract, operations: 0, accepted: 0, committed: 0, rejected: {}, refused: {}, conflicts: 0, unknown: 0, unresolved: 0, takeovers: 0, manual: 0 }));
+    return c;
+  };
+  const inc = (m: Record<string, number>, k: string) => (m[k] = (m[k] ?? 0) + 1);
+  for (const r of records) {
+    const c = get(r.contract ?? '(none)');
+    c.operations++;
+    for (const s of r.states) {
+      if (s.event === 'accepted') c.accepted++;
+      if (s.status === 'rejected' && s.errorClass) inc(c.rejected, s.errorClass);
+    }
+    for (const d of r.decisions) {
+      if (d.conflict) get(d.contract ?? r.contract ?? '(none)').conflicts++;
+      else inc(get(d.contract ?? r.contract ?? '(none)').refused, d.errorClass);
+    }
+    if (r.status === 'committed') c.committed++;
+    if (r.states.some((s) => s.status === 'unknown')) c.unknown++;
+    if (r.status === 'unknown') c.unresolved++;
+    if (r.states.some((s) => s.event === 'takeover') || r.takeover) c.takeovers++;
+    if (r.states.some((s) => s.resolvedBy)) c.manual++;
+  }
+  return [...by.values()].sort((a, b) => a.contract.localeCompare(b.contract));
+}
+
 /** Most records in one answer of the audit service. */
 export const MAX_AUDIT_PAGE = 500;
 

@@ -8,8 +8,9 @@
  * compare-and-set and are the same whatever order the messages arrive in, so any number of
  * instances may run and a rebuild from the streams gives the same records.
  *
- * Also serves the auditors' query service (`query.ts`): `<prefix>.audit.<tenant>.<auditor>`,
- * queue group `tooltx-audit`; each query is recorded in `<P>_AUDITLOG` before it is answered.
+ * Also serves the auditors' query service (`AuditService` of `@tooltx/readside`):
+ * `<prefix>.audit.<tenant>.<auditor>`, queue group `tooltx-audit`; each query is recorded in
+ * `<P>_AUDITLOG` before it is answered.
  *
  * Usage: `tsx services/audit-projector/src/main.ts [--help]`. Same environment as the executor,
  * plus TOOLTX_AUDIT_HMAC_KEY_FILE (required). Stops cleanly on SIGTERM/SIGINT: stops taking
@@ -20,10 +21,10 @@ import { heldLimit, openBucket, startConsumerLoop } from '@tooltx/nats';
 import { envInt, keyedDigest, readKeyFile, SecretFileError } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
 import { TenantWatch } from '@tooltx/runtime/tenants';
+import { AuditService } from '@tooltx/readside';
 import { Durables } from '@tooltx/streams';
 import { auditHandlers } from './apply.js';
 import type { AuditHmac } from './projection.js';
-import { AuditService } from './query.js';
 
 const auditConfigSchema = z.object({
   /**

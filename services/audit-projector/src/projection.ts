@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
-import { sideEffects, type AuditAuthorization, type AuditDecision, type AuditRecord, type AuditState, type ContractCounts } from '@tooltx/lifecycle';
+import { sideEffects, type AuditAuthorization, type AuditDecision, type AuditRecord, type AuditState } from '@tooltx/lifecycle';
 
 export { auditRecordSchema, type AuditRecord, type ContractCounts } from '@tooltx/lifecycle';
 
@@ -219,38 +219,4 @@ export function applyDecisionToAudit(current: AuditRecord | null, d: AuditedDeci
   const decisions = all.slice(-MAX_AUDIT_DECISIONS);
   const head = current && current.seq > 0 ? pickHead(current) : headOfDecision(decisions.at(-1)!);
   return assemble(d.operationKey, d.tenant, head, current?.states ?? [], decisions, dropped);
-}
-
-/**
- * {@link ContractCounts} per contract version, from audit records (see the schema's doc for what each
- * count means). Conflicts are counted from the decision stream: one per `idempotency_conflict`
- * decision record, under the contract the refused request named.
- */
-/* `(none)` for refusals that named no known contract; sorted by contract. */
-export function countsOf(records: Iterable<AuditRecord>): ContractCounts[] {
-  const by = new Map<string, ContractCounts>();
-  const get = (contract: string) => {
-    let c = by.get(contract);
-    if (!c) by.set(contract, (c = { contract, operations: 0, accepted: 0, committed: 0, rejected: {}, refused: {}, conflicts: 0, unknown: 0, unresolved: 0, takeovers: 0, manual: 0 }));
-    return c;
-  };
-  const inc = (m: Record<string, number>, k: string) => (m[k] = (m[k] ?? 0) + 1);
-  for (const r of records) {
-    const c = get(r.contract ?? '(none)');
-    c.operations++;
-    for (const s of r.states) {
-      if (s.event === 'accepted') c.accepted++;
-      if (s.status === 'rejected' && s.errorClass) inc(c.rejected, s.errorClass);
-    }
-    for (const d of r.decisions) {
-      if (d.conflict) get(d.contract ?? r.contract ?? '(none)').conflicts++;
-      else inc(get(d.contract ?? r.contract ?? '(none)').refused, d.errorClass);
-    }
-    if (r.status === 'committed') c.committed++;
-    if (r.states.some((s) => s.status === 'unknown')) c.unknown++;
-    if (r.status === 'unknown') c.unresolved++;
-    if (r.states.some((s) => s.event === 'takeover') || r.takeover) c.takeovers++;
-    if (r.states.some((s) => s.resolvedBy)) c.manual++;
-  }
-  return [...by.values()].sort((a, b) => a.contract.localeCompare(b.contract));
 }

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { decide, type OperationCommand, type OperationEvent, type OperationRecord } from '@tooltx/lifecycle';
+import { countsOf, decide, type OperationCommand, type OperationEvent, type OperationRecord } from '@tooltx/lifecycle';
 import { keyedDigest } from '@tooltx/runtime';
 import { decode, encode } from '@tooltx/nats';
 import { interleave, PLANTED_ERROR_TEXT, sampleOperation, sampleOperations, shuffled } from '../../../test/helpers/histories.js';
@@ -8,7 +8,6 @@ import {
   applyDecisionToAudit,
   applyEventToAudit,
   auditRecordSchema,
-  countsOf,
   type AuditedDecision,
   type AuditedEvent,
   type AuditHmac,

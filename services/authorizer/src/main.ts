@@ -13,13 +13,12 @@
  */
 import { startConsumerLoop, openBucket } from '@tooltx/nats';
 import { FrozenTaskWatch } from '@tooltx/runtime';
-import { AnswerPusher } from '@tooltx/readside';
+import { AnswerPusher, StatusService } from '@tooltx/readside';
 import { runService } from '@tooltx/runtime/service';
 import { TenantWatch } from '@tooltx/runtime/tenants';
 import { Durables } from '@tooltx/streams';
 import { intentHandler } from './authorize.js';
 import { TokenBucket } from './rate.js';
-import { StatusService } from './status.js';
 
 /** The bytes of intent one intake token pays for (docs/tenancy.md). */
 const INTAKE_TOKEN_BYTES = 16 * 1024;

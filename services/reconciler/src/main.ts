@@ -14,12 +14,12 @@ import { heldLimit, KvMirror, startConsumerLoop, openBucket } from '@tooltx/nats
 import { FrozenTaskWatch } from '@tooltx/runtime';
 import { envInt, type Logger } from '@tooltx/runtime';
 import { runService } from '@tooltx/runtime/service';
+import { startTakeoverService } from '@tooltx/readside';
 import { Durables } from '@tooltx/streams';
 import { advisoryHandler } from './advisories.js';
 import { IndexWriter } from './index-writer.js';
 import { reconcileValueSchema, type IndexEntry } from './projection.js';
 import { startSweeper } from './reconcile.js';
-import { startTakeoverService } from './takeover.js';
 
 /** The reconciler's own settings (validated with the common ones; a bad value refuses to start, exit 2). */
 const reconcilerEnvSchema = z.object({

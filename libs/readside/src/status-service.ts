@@ -1,8 +1,8 @@
 import { DeliverPolicy, type JetStreamClient, type JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
-import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
+import type { NatsConnection } from '@nats-io/transport-node';
 import { LRUCache } from 'lru-cache';
-import { ErrorClass, fieldIssues, operationIdOf, toErrorInfo, type ErrorInfo } from '@tooltx/contracts';
+import { ErrorClass, operationIdOf } from '@tooltx/contracts';
 import {
   eventCountOf,
   ownCallInFlight,
@@ -16,9 +16,9 @@ import {
   type StatusAnswer,
   type StatusRequest,
 } from '@tooltx/lifecycle';
-import { committedResult, decodeRaw, encode, opEventOf, type Subjects } from '@tooltx/nats';
+import { committedResult, opEventOf, type Subjects } from '@tooltx/nats';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
-import { isOwnReplyInbox } from '@tooltx/nats';
+import { msgpackCodec, startResponder, type Responder } from './responder.js';
 
 export interface StatusDeps {
   nc: NatsConnection;
@@ -30,7 +30,6 @@ export interface StatusDeps {
   log: Logger;
   now?: () => number;
 }
-
 
 /**
  * What one waiting request has been told since it last looked: the newest operation state the
@@ -98,15 +97,20 @@ export const STATUS_QUEUE = 'tooltx-status';
  * (every event carries the operation's folded state), decoded only when someone waits on its
  * subject: no direct get per wake-up (they were ~8 of a call's 68 NATS messages). A
  * decision, an alias or a timeout is answered by a fresh read.
+ *
+ * Wire format (msgpack, through the read side's responder): a {@link StatusAnswer}, or
+ * `{ error: ErrorInfo, at }` (`at` in ms since the epoch) — `invalid_input` for a subject that
+ * names no agent, bytes that are not msgpack or a request the schema refuses;
+ * `dependency_unavailable` when the store could not be read. Answered only into the requesting
+ * agent's own inbox (FM-31).
  */
 export class StatusService {
   readonly #d: StatusDeps;
   readonly #now: () => number;
   /** subject → waiting requests. */
   readonly #waiters = new Map<string, Set<Wake>>();
-  #sub: Subscription | null = null;
+  #responder: Responder | null = null;
   readonly #watches: { stop(): void }[] = [];
-  readonly #inFlight = new Set<Promise<void>>();
   /**
    * Committed operations' last state and sequence by `<tenant>/<opId>`, as read or delivered: a
    * committed state never changes, so a repeated status request (a caller verifying before acting,
@@ -126,13 +130,23 @@ export class StatusService {
     // Events with their bodies (a waiter is answered from the state the event carries); each
     // tenant's decisions are watched by watchDecisions, from the tenant watch.
     this.#watches.push(await this.#watch(subjects.eventsStream, subjects.allOps, false));
-    this.#sub = this.#d.nc.subscribe(subjects.allStatus, {
+    this.#responder = startResponder(this.#d.nc, this.#d.log, {
+      name: 'status',
+      subject: subjects.allStatus,
       queue: STATUS_QUEUE,
-      callback: (err, msg) => {
-        if (err) return void this.#d.log.warn({ err }, 'status subscription error');
-        const p = this.#handle(msg).catch((e: unknown) => this.#d.log.error({ err: e }, 'status request failed'));
-        this.#inFlight.add(p);
-        void p.finally(() => this.#inFlight.delete(p));
+      identify: (subject) => {
+        const who = subjects.parseActorSubject('status', subject);
+        return who && { who, role: { kind: 'agent', tenant: who.tenant, actor: who.actor } };
+      },
+      unidentified: { class: ErrorClass.InvalidInput, issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not a status subject' }] },
+      codec: msgpackCodec,
+      schema: statusRequestSchema,
+      handle: (req, who) => this.#handle(req, who),
+      // What failed inside (the store, the results bucket) is not the caller's business: it may retry.
+      errorBody: (info) => ({ error: info.class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : info, at: this.#now() }),
+      onDrained: () => {
+        this.#stopping = true;
+        for (const [subject, set] of this.#waiters) for (const w of set) w.notify(subject, undefined);
       },
     });
   }
@@ -157,10 +171,7 @@ export class StatusService {
 
   /** Stops taking requests, answers the waiting ones with what is known now, stops the watches. */
   async stop(): Promise<void> {
-    await this.#sub?.drain();
-    this.#stopping = true;
-    for (const [subject, set] of this.#waiters) for (const w of set) w.notify(subject, undefined);
-    await Promise.all(this.#inFlight);
+    await this.#responder?.stop();
     for (const w of this.#watches) w.stop();
   }
 
@@ -195,25 +206,13 @@ export class StatusService {
     }
   }
 
-  async #handle(msg: Msg): Promise<void> {
+  /**
+   * The answer to one valid request of `who`: at once without `waitMs`, else after the first
+   * change (with `untilFinal`, a settled answer) or when `waitMs` ran out. Throws the store's
+   * errors (answered `dependency_unavailable` by the responder).
+   */
+  async #handle(req: StatusRequest, who: { tenant: string; actor: string }): Promise<StatusAnswer> {
     const { subjects } = this.#d;
-    const who = subjects.parseActorSubject('status', msg.subject);
-    // Answers go only to the requester's own inbox: the reply subject is the requester's choice,
-    // and this service may publish on operation subjects (FM-31).
-    if (who && !isOwnReplyInbox({ kind: 'agent', tenant: who.tenant, actor: who.actor }, msg.reply)) {
-      this.#d.log.warn({ subject: msg.subject }, 'status request with a reply subject outside the requester\'s inbox: not answered');
-      return;
-    }
-    const reply = (body: unknown) => msg.respond(encode(body));
-    if (!who) return void reply({ error: { class: ErrorClass.InvalidInput, issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not a status subject' }] }, at: this.#now() });
-    let req: StatusRequest;
-    try {
-      const r = statusRequestSchema.safeParse(decodeRaw(msg.data));
-      if (!r.success) return void reply({ error: { class: ErrorClass.InvalidInput, issues: fieldIssues(r.error) } satisfies ErrorInfo, at: this.#now() });
-      req = r.data;
-    } catch {
-      return void reply({ error: { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'invalid_encoding', message: 'not msgpack' }] }, at: this.#now() });
-    }
     const opId = operationIdOf(req.operationKey);
     const own = subjects.op(who.tenant, opId);
     const watched = [own, subjects.decision(who.tenant, opId, who.actor)];
@@ -255,17 +254,15 @@ export class StatusService {
         // states while time is left.
         if (!req.untilFinal || until - this.#now() <= 0) break;
       }
-      reply(r.answer);
-    } catch (err) {
-      reply({ error: toErrorInfo(err).class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : toErrorInfo(err), at: this.#now() });
-      throw err;
+      return r.answer;
     } finally {
       if (wake) this.#unregister(wake, watched);
     }
   }
 
   /**
-   * The answer for `actor` of `tenant` now, with DESIGN.md's precedence and the read policy.
+   * The answer for `actor` of `tenant` now, with the status precedence (aliases, the caller's own
+   * refusal: `ownRefusalSupersedes`) and the read policy.
    * `loaded`: the operation's last state and stream sequence when the caller already has them (an
    * event the watch just delivered); read with one direct get otherwise.
    */
@@ -279,7 +276,7 @@ export class StatusService {
     const opId = operationIdOf(req.operationKey);
     const at = this.#now();
     const { state, seq } = loaded ?? this.#final.get(`${tenant}/${opId}`) ?? (await store.load(tenant, opId));
-    // `committed` is final (DESIGN.md "What a key means over time"): nothing is appended after it, so
+    // `committed` is final (docs/lifecycle.md: no transition leaves it): nothing is appended after it, so
     // its state answers every later request without a read. Who may see it is still checked below.
     if (state.status === 'committed') this.#final.set(`${tenant}/${opId}`, { state, seq });
     if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req))) return { answer: await this.#fromOperation(tenant, actor, req, opId, state, at), streamSeq: seq };

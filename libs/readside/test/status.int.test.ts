@@ -10,7 +10,7 @@ import { decide, generateReceiptKey, receiptSigner, type AcceptCommand, type Ope
 import type { LoadedOperation } from '@tooltx/lifecycle';
 import { jetStreamOf, newEventId, openBucket, JetStreamStore, type NatsConnection } from '@tooltx/nats';
 import { createLogger, ImplementationRegistry } from '@tooltx/runtime';
-import { StatusService } from '../src/status.js';
+import { StatusService } from '../src/status-service.js';
 import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
 import { contracts, implementations } from '../../../test/fixtures/sink-tools.js';
 

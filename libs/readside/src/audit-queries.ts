@@ -1,24 +1,30 @@
 import { randomUUID } from 'node:crypto';
 import type { JetStreamClient } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
-import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
-import { ErrorClass, fieldIssues, operationIdOf, type ErrorInfo } from '@tooltx/contracts';
-import { auditRecordForAuditor, auditRecordSchema, auditRequestSchema, MAX_AUDIT_PAGE, type AuditAnswer, type AuditQueryRecord, type AuditRecord, type AuditRequest, type ContractCounts } from '@tooltx/lifecycle';
-import { decode, decodeRaw, encode, isTransient, type Subjects } from '@tooltx/nats';
+import type { NatsConnection } from '@nats-io/transport-node';
+import { ErrorClass, operationIdOf, TooltxError } from '@tooltx/contracts';
+import { auditRecordForAuditor, auditRecordSchema, auditRequestSchema, countsOf, MAX_AUDIT_PAGE, type AuditAnswer, type AuditQueryRecord, type AuditRecord, type AuditRequest, type ContractCounts } from '@tooltx/lifecycle';
+import { decode, encode, isTransient, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
-import { isOwnReplyInbox } from '@tooltx/nats';
-import { countsOf } from './projection.js';
+import { msgpackCodec, startResponder, type Responder } from './responder.js';
 
 /**
- * The auditors' query service (DESIGN.md "Audit and business results have separate access;
- * exports are themselves audited"). Request/reply on `<prefix>.audit.<tenant>.<auditor>` (queue
- * group `tooltx-audit`, any number of instances): the server lets only that auditor publish there,
- * so the tenant and the auditor come from the subject. Requests and answers are msgpack.
+ * The auditors' query service: audit evidence is read by auditors, who may not read business
+ * results, and what they read is itself audited (exports included). Request/reply on
+ * `<prefix>.audit.<tenant>.<auditor>` (queue group `tooltx-audit`, any number of instances): the
+ * server lets only that auditor publish there, so the tenant and the auditor come from the
+ * subject. Requests and answers are msgpack, through the read side's responder; answers go only
+ * into the auditor's own inbox (FM-31).
  *
  * Every query and every export page is recorded — who, when, what, which range, how many records —
  * in the stream `<P>_AUDITLOG` (subject `<prefix>.auditlog.<tenant>.<auditor>`, readable by no
  * auditor) and only answered once the server confirmed storing that record. No record, no answer:
- * the auditor gets `dependency_unavailable` and no data.
+ * the auditor gets `dependency_unavailable` and no data. A query the schema refuses is recorded
+ * (`kind: 'invalid'`) under the same rule before its `invalid_input` answer; bytes that are not
+ * msgpack are recorded when the log takes the record, and answered `invalid_input` either way.
+ *
+ * Error answers are `{ error: ErrorInfo }`: `invalid_input` (with field issues, none for a subject
+ * that names no auditor) or `dependency_unavailable` (the projection or the query log failed).
  *
  * Ranges: an operation is in `[since, until)` when any of its states or decisions falls in it
  * (`lastAt >= since` and `firstAt < until`), times in ms since the epoch.
@@ -48,12 +54,16 @@ const afterCursor = (r: AuditRecord, c: string) => {
   return r.firstAt > at || (r.firstAt === at && r.operationKey > key);
 };
 
+type Auditor = { tenant: string; auditor: string };
+
+/** What the auditor is told when the projection or the query log failed; the cause stays in the log. */
+const unavailable = (cause: unknown) => new TooltxError(ErrorClass.DependencyUnavailable, 'audit query not answered', { cause });
+
 /** The audit query service; `start()` subscribes, `stop()` drains and waits for in-flight answers. */
 export class AuditService {
   readonly #d: AuditServiceDeps;
   readonly #now: () => number;
-  #sub: Subscription | null = null;
-  readonly #inFlight = new Set<Promise<void>>();
+  #responder: Responder | null = null;
 
   constructor(deps: AuditServiceDeps) {
     this.#d = deps;
@@ -61,51 +71,51 @@ export class AuditService {
   }
 
   start(): void {
-    this.#sub = this.#d.nc.subscribe(this.#d.subjects.allAudit, {
+    const { subjects, log } = this.#d;
+    this.#responder = startResponder(this.#d.nc, log, {
+      name: 'audit',
+      subject: subjects.allAudit,
       queue: AUDIT_QUEUE,
-      callback: (err, msg) => {
-        if (err) return void this.#d.log.warn({ err }, 'audit subscription error');
-        const p = this.#handle(msg).catch((e: unknown) => this.#d.log.error({ err: e }, 'audit request failed'));
-        this.#inFlight.add(p);
-        void p.finally(() => this.#inFlight.delete(p));
+      identify: (subject) => {
+        const who = subjects.parseAuditSubject(subject);
+        return who && { who, role: { kind: 'auditor', tenant: who.tenant, actor: who.auditor } };
+      },
+      unidentified: { class: ErrorClass.InvalidInput },
+      codec: msgpackCodec,
+      schema: auditRequestSchema,
+      handle: (req, who) => this.#handle(req, who),
+      // Auditors get `invalid_input` or `dependency_unavailable` only: an unforeseen throw is the
+      // dependency's, never `internal` (the responder logs it).
+      errorBody: (info) => ({ error: info.class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : info }),
+      beforeInvalidAnswer: async (who, cause) => {
+        const recorded = this.#record(who, { kind: 'invalid', count: 0 });
+        if (cause === 'encoding') return void (await recorded.catch(() => undefined));
+        try {
+          await recorded;
+        } catch (err) {
+          log.child({ tenant: who.tenant, auditor: who.auditor }).error({ err, kind: 'invalid' }, 'query not recorded: not answered');
+          throw unavailable(err);
+        }
       },
     });
   }
 
   async stop(): Promise<void> {
-    await this.#sub?.drain();
-    await Promise.all(this.#inFlight);
+    await this.#responder?.stop();
   }
 
-  async #handle(msg: Msg): Promise<void> {
-    const { subjects, log } = this.#d;
-    const who = subjects.parseAuditSubject(msg.subject);
-    // Answers go only to the auditor's own inbox (the reply subject is the requester's choice).
-    if (who && !isOwnReplyInbox({ kind: 'auditor', tenant: who.tenant, actor: who.auditor }, msg.reply)) {
-      log.warn({ subject: msg.subject }, 'audit request with a reply subject outside the auditor\'s inbox: not answered');
-      return;
-    }
-    const reply = (body: unknown) => msg.respond(encode(body));
-    if (!who) return void reply({ error: { class: ErrorClass.InvalidInput } });
-    const l = log.child({ tenant: who.tenant, auditor: who.auditor });
-    let req: AuditRequest;
-    try {
-      const r = auditRequestSchema.safeParse(decodeRaw(msg.data));
-      if (!r.success) {
-        await this.#record(who, { kind: 'invalid', count: 0 });
-        return void reply({ error: { class: ErrorClass.InvalidInput, issues: fieldIssues(r.error) } satisfies ErrorInfo });
-      }
-      req = r.data;
-    } catch {
-      await this.#record(who, { kind: 'invalid', count: 0 }).catch(() => undefined);
-      return void reply({ error: { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'invalid_encoding', message: 'not msgpack' }] } });
-    }
+  /**
+   * The answer to one valid query of `who`, once its record is stored. Throws `dependency_unavailable`
+   * when the projection could not be read or the record could not be stored (logged here).
+   */
+  async #handle(req: AuditRequest, who: Auditor): Promise<Exclude<AuditAnswer, { error: unknown }>> {
+    const l = this.#d.log.child({ tenant: who.tenant, auditor: who.auditor });
     let answer: Exclude<AuditAnswer, { error: unknown }>;
     try {
       answer = await this.#answer(who, req);
     } catch (err) {
       l.error({ err, kind: req.kind }, 'audit query failed');
-      return void reply({ error: { class: ErrorClass.DependencyUnavailable } });
+      throw unavailable(err);
     }
     const count = 'records' in answer ? (typeof answer.records === 'number' ? answer.records : answer.records.length) : answer.record ? 1 : 0;
     try {
@@ -124,14 +134,14 @@ export class AuditService {
       });
     } catch (err) {
       l.error({ err, kind: req.kind }, 'query not recorded: not answered');
-      return void reply({ error: { class: ErrorClass.DependencyUnavailable } });
+      throw unavailable(err);
     }
     l.info({ kind: req.kind, queryId: answer.queryId, count }, 'audit query answered');
-    reply(answer);
+    return answer;
   }
 
   /** Publishes the query record to the audit log stream and waits for the server's acknowledgement. */
-  async #record(who: { tenant: string; auditor: string }, q: Omit<AuditQueryRecord, 'schema' | 'queryId' | 'at' | 'tenant' | 'auditor' | 'instance'> & { queryId?: string }): Promise<void> {
+  async #record(who: Auditor, q: Omit<AuditQueryRecord, 'schema' | 'queryId' | 'at' | 'tenant' | 'auditor' | 'instance'> & { queryId?: string }): Promise<void> {
     const record: AuditQueryRecord = { schema: 1, queryId: q.queryId ?? randomUUID(), at: this.#now(), tenant: who.tenant, auditor: who.auditor, instance: this.#d.instance, ...q } as AuditQueryRecord;
     const subject = this.#d.subjects.auditLog(who.tenant, who.auditor);
     let lastErr: unknown;
@@ -149,7 +159,7 @@ export class AuditService {
     throw lastErr;
   }
 
-  async #answer(who: { tenant: string; auditor: string }, req: AuditRequest): Promise<Exclude<AuditAnswer, { error: unknown }>> {
+  async #answer(who: Auditor, req: AuditRequest): Promise<Exclude<AuditAnswer, { error: unknown }>> {
     const queryId = randomUUID();
     if (req.kind === 'show') {
       const e = await this.#d.kv.get(this.#d.subjects.projectionKey(who.tenant, operationIdOf(req.operationKey)));
