@@ -4,5 +4,18 @@
  * per connection; {@link HttpFaultProxy} sits between the executor and an HTTP downstream (the KB)
  * and is programmable per request key header.
  */
-export * from './tcp-proxy.js';
-export * from './http-proxy.js';
+export {
+  type ConnectionMatch,
+  type Direction,
+  type TcpConnection,
+  type TcpFault,
+  TcpFaultProxy,
+  type TcpInjectedFault,
+} from './tcp-proxy.js';
+export {
+  type HttpFault,
+  HttpFaultProxy,
+  type InjectedFault,
+  type Injection,
+  type InjectOptions,
+} from './http-proxy.js';

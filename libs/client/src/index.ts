@@ -1,3 +1,27 @@
-export * from './intent.js';
-export * from './tools.js';
-export * from './runner.js';
+export {
+  newSubmission,
+  publishSubmission,
+  type Submission,
+} from './submission.js';
+export {
+  classifyPublishRefusal,
+  createTools,
+  type CreateToolsOptions,
+  type ExecuteOptions,
+  type ExecuteRequest,
+  type ExecuteResult,
+  type Next,
+  PublishRefusalCode,
+  QUOTA_RETRY_AFTER_MS,
+  type ReceiptCheck,
+  type Tools,
+  ToolsOptionError,
+  type UnknownEvidence,
+} from './client.js';
+export {
+  runTask,
+  type StepOutcome,
+  type TaskRun,
+  type TaskSpec,
+  type TaskStep,
+} from './runner.js';

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { ErrorClass, fieldIssues, NextAction, TooltxError, type ErrorInfo } from '@tooltx/contracts';
 import type { Receipt, TakeoverRecord } from '@tooltx/lifecycle';
-import type { ExecuteResult, Next, ReceiptCheck, Tools, UnknownEvidence } from './tools.js';
+import type { ExecuteResult, Next, ReceiptCheck, Tools, UnknownEvidence } from './client.js';
 
 /**
  * A small task runner (FM-14, FM-15, FM-17): the steps of one task, each a tool call,

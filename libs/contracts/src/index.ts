@@ -1,8 +1,64 @@
-export * from './errors.js';
-export * from './digest.js';
-export * from './ids.js';
+export {
+  boundIssues,
+  ERROR_BOUNDS,
+  ErrorClass,
+  errorClasses,
+  type ErrorInfo,
+  type FieldIssue,
+  invalidInput,
+  NextAction,
+  nextActionFor,
+  toErrorInfo,
+  TooltxError,
+} from './errors.js';
+export {
+  canonicalJson,
+  digestOf,
+  EMPTY_RESULT_DIGEST,
+  sha256B64u,
+  sha256Hex,
+} from './digest.js';
+export {
+  type ActorId,
+  ID_PATTERN,
+  idSchema,
+  isValidId,
+  OPERATION_KEY_PATTERN,
+  operationIdOf,
+  operationKeySchema,
+  type TenantId,
+} from './ids.js';
 export * as normalise from './normalise.js';
 export type { Normaliser } from './normalise.js';
-export * from './contract.js';
-export * from './keys.js';
-export * from './implementation.js';
+export {
+  type Contract,
+  ContractRegistry,
+  type ContractSpec,
+  type ContractTiming,
+  defineContract,
+  type DownstreamGuarantees,
+  EffectClass,
+  effectClasses,
+  fieldIssues,
+  hasSideEffect,
+  type KeyPolicy,
+  parseStrict,
+} from './contract.js';
+export {
+  deriveOperationKey,
+  type KeyMaterial,
+  prepareCall,
+  type PreparedCall,
+} from './keys.js';
+export {
+  type AuthorizationContext,
+  type AuthorizationResult,
+  DeadlinePassedError,
+  defineImplementation,
+  downstreamKeyOf,
+  type ExecutionContext,
+  type ExecutionResult,
+  type Implementation,
+  type ProbeResult,
+  type ReadContext,
+} from './implementation.js';

@@ -149,3 +149,28 @@ export function decideAfterRun(effect: EffectClass, outcome: RunOutcome, requeue
       return { kind: 'mark_unknown', evidence: outcome.aborted ? 'timeout' : 'connection_lost' };
   }
 }
+
+/** Deliveries of an intent that fails for good before it is recorded as `internal` and terminated. */
+export const TERMINAL_AFTER_DELIVERIES = 3;
+
+/**
+ * What becomes of an intent whose handling threw. `retryable`: the store or the server did not
+ * answer, or another writer won (a later delivery may not meet it); `dependencyAway`: the policy's
+ * own dependency is away. Either is retried for as long as the consumer redelivers. Any other
+ * failure will fail again: it is retried a few times ({@link TERMINAL_AFTER_DELIVERIES}), then
+ * recorded as `internal` and terminated — never redelivered for minutes (docs/tenancy.md). Pure.
+ */
+export function decideIntakeFailure(f: { retryable: boolean; dependencyAway: boolean; deliveryCount: number }): 'retry' | 'terminal' {
+  if (f.retryable || f.dependencyAway) return 'retry';
+  return f.deliveryCount < TERMINAL_AFTER_DELIVERIES ? 'retry' : 'terminal';
+}
+
+/**
+ * Whether an intent that registered nothing in this delivery may be deleted from the tenant's
+ * intake (docs/tenancy.md: refused intents stop counting against the tenant's bound): only on its
+ * first delivery. A redelivered intent may have registered an operation in a delivery whose ack was
+ * lost, and the executor reads that operation's input from it. Pure.
+ */
+export function refusedIntentDeletable(deliveryCount: number): boolean {
+  return deliveryCount === 1;
+}

@@ -11,6 +11,7 @@ import {
   boundedRefusal,
   decide,
   decideAfterRun,
+  decideIntakeFailure,
   decisionRecordSchema,
   frozenTaskRefusal,
   IDEMPOTENCY_CONFLICT,
@@ -21,11 +22,13 @@ import {
   ownRefusalSupersedes,
   policyVerdict,
   refusalRecord,
+  refusedIntentDeletable,
   RUNNING_GRACE_MS,
   statusSettled,
   takeoverDue,
   takeoverRecordOf,
   takeoverRecordSchema,
+  TERMINAL_AFTER_DELIVERIES,
   type AcceptCommand,
   type DecisionRecord,
   type OperationEvent,
@@ -197,5 +200,23 @@ describe('FM-14: the takeover record', () => {
       lastEvidence: { kind: 'timeout', at: 6_000 }, probed: { resourceId: 'r-9', inputDigest: D2 },
       attempts: { attempt: 1, requeues: 0, probes: 2 }, times: { acceptedAt: 1_000, runningAt: 2_000, unknownSince: 6_000, openedAt: 9_000 },
     });
+  });
+});
+
+describe('an intent whose handling threw', () => {
+  it('given the store, the server or a lost race, or the policy\'s dependency away, then it is retried on every delivery', () => {
+    for (const deliveryCount of [1, 3, 40]) {
+      expect(decideIntakeFailure({ retryable: true, dependencyAway: false, deliveryCount })).toBe('retry');
+      expect(decideIntakeFailure({ retryable: false, dependencyAway: true, deliveryCount })).toBe('retry');
+    }
+  });
+  it('given a failure that will fail again, then it is retried a few times and then terminal (recorded as internal, never redelivered for minutes)', () => {
+    expect(decideIntakeFailure({ retryable: false, dependencyAway: false, deliveryCount: 1 })).toBe('retry');
+    expect(decideIntakeFailure({ retryable: false, dependencyAway: false, deliveryCount: TERMINAL_AFTER_DELIVERIES - 1 })).toBe('retry');
+    expect(decideIntakeFailure({ retryable: false, dependencyAway: false, deliveryCount: TERMINAL_AFTER_DELIVERIES })).toBe('terminal');
+  });
+  it('a refused intent is deleted from the tenant\'s intake only on its first delivery (a redelivered one may have registered an operation whose ack was lost)', () => {
+    expect(refusedIntentDeletable(1)).toBe(true);
+    expect(refusedIntentDeletable(2)).toBe(false);
   });
 });

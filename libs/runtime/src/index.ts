@@ -1,9 +1,70 @@
-export * from './config.js';
-export * from './logger.js';
-export * from './shutdown.js';
-export * from './tools.js';
-export * from './secrets.js';
-export * from './startup.js';
-export * from './cli.js';
-export * from './frozen-tasks.js';
-export * from './projection-writer.js';
+export {
+  baseConfigSchema,
+  ConfigError,
+  envInt,
+  loadConfig,
+  serviceConfigSchema,
+  showValue,
+} from './config.js';
+export {
+  CENSOR,
+  createLogger,
+  installProcessHandlers,
+  type Logger,
+  type LoggerSetup,
+  safeError,
+  scrubber,
+  SENSITIVE_KEY,
+  stdoutDestination,
+} from './logger.js';
+export {
+  exitWithParent,
+  onShutdown,
+} from './shutdown.js';
+export {
+  ImplementationRegistry,
+  loadImplementations,
+  ToolsModuleError,
+} from './implementations.js';
+export {
+  ensureKeyFile,
+  KEYED_DIGEST_PATTERN,
+  keyedDigest,
+  MIN_KEY_CHARS,
+  readKeyFile,
+  SecretFileError,
+} from './secrets.js';
+export {
+  announceReady,
+  describeConnectError,
+  describeError,
+  displayUrl,
+  failStartup,
+  isNatsError,
+  type ReadyMessage,
+  StartupError,
+  StartupFailure,
+  type StartupReporter,
+  startupStep,
+} from './startup.js';
+export {
+  usageErrorsExitTwo,
+} from './cli.js';
+export {
+  freezeTask,
+  type FrozenTask,
+  frozenTaskSchema,
+  FrozenTaskWatch,
+  listFrozenTasks,
+  taskKeyOf,
+  thawTask,
+} from './frozen-tasks.js';
+export {
+  projectEntry,
+  ProjectionApplier,
+  ProjectionBatcher,
+  ProjectionCache,
+  ProjectionCorruptError,
+  type ProjectionOutcome,
+  type ProjectionRule,
+} from './projection-writer.js';

@@ -14,7 +14,7 @@ import { createLogger, installProcessHandlers, type Logger } from './logger.js';
 import { SecretFileError } from './secrets.js';
 import { exitWithParent, onShutdown } from './shutdown.js';
 import { announceReady, describeConnectError, describeError, displayUrl, failStartup, isNatsError, startupStep, StartupError, type StartupReporter } from './startup.js';
-import { loadImplementations, ToolsModuleError, type ImplementationRegistry } from './tools.js';
+import { loadImplementations, ToolsModuleError, type ImplementationRegistry } from './implementations.js';
 
 const optMs = envInt(1).optional();
 

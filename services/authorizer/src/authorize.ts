@@ -5,11 +5,13 @@ import {
   aliasRecord,
   boundedRefusal,
   ConcurrencyError,
+  decideIntakeFailure,
   frozenTaskRefusal,
   handleCommand,
   IDEMPOTENCY_CONFLICT,
   policyVerdict,
   refusalRecord,
+  refusedIntentDeletable,
   StoreUnavailableError,
   type AcceptCommand,
   type AuthDecision,
@@ -26,25 +28,6 @@ import { intakeOf, keylessRefusalKey, type IntakeOutcome } from './intake.js';
 /** An error a later delivery may not meet: the store or the server did not answer (nak, retried). */
 function retryable(err: unknown): boolean {
   return err instanceof StoreUnavailableError || err instanceof ConcurrencyError || isTransient(err);
-}
-
-/**
- * Whether an intent that registered nothing in this delivery may be deleted: only on its first
- * delivery. A redelivered intent may have registered an operation in a delivery whose ack was lost
- * (the policy or the registry may refuse it now), and the executor reads that operation's input from
- * it; it stays until its max age (docs/tenancy.md).
- */
-function mayDelete(msg: JsMsg): boolean {
-  return msg.info.deliveryCount === 1;
-}
-
-/** Deliveries of an intent that fails for good before it is recorded as `internal` and terminated. */
-const TERMINAL_AFTER_DELIVERIES = 3;
-
-/** A failure a later delivery will meet again: neither {@link retryable} nor a dependency of the policy being away. */
-function permanent(err: unknown): boolean {
-  if (retryable(err)) return false;
-  return !(err instanceof TooltxError && err.class === ErrorClass.DependencyUnavailable);
 }
 
 export interface AuthorizerDeps {
@@ -99,7 +82,8 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       // A failure that will fail again (not the store, the server or a dependency of the policy
       // being away) is terminal after a few deliveries: recorded as `internal` and terminated, never
       // redelivered for minutes (docs/tenancy.md).
-      if (!permanent(err) || msg.info.deliveryCount < TERMINAL_AFTER_DELIVERIES) throw err;
+      const dependencyAway = err instanceof TooltxError && err.class === ErrorClass.DependencyUnavailable;
+      if (decideIntakeFailure({ retryable: retryable(err), dependencyAway, deliveryCount: msg.info.deliveryCount }) === 'retry') throw err;
       settled = await terminal(msg, intake, who, submissionId, err);
     }
     if (!answerOnItsWay) deps.pusher?.poll(who.tenant, who.actor, submissionId);
@@ -151,7 +135,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         settlement = { kind: 'term', reason: 'refusal not recordable' };
       }
     }
-    if (mayDelete(msg)) await store.deleteIntent(who.tenant, msg.seq).catch((err: unknown) => l.warn({ err }, 'refused intent not deleted: it counts against the tenant\'s bound until its max age'));
+    if (refusedIntentDeletable(msg.info.deliveryCount)) await store.deleteIntent(who.tenant, msg.seq).catch((err: unknown) => l.warn({ err }, 'refused intent not deleted: it counts against the tenant\'s bound until its max age'));
     l.info({ operationKey: recordKey, class: error.class, ...(key ? {} : { keyless: true }) }, 'intent refused');
     return settlement;
   }

@@ -37,7 +37,7 @@ import { decode, decodeRaw, encode, eventTypeOf, newEventId, type Settlement, ty
 import { type FrozenTaskWatch } from '@tooltx/runtime';
 import { type AnswerPusher } from '@tooltx/readside';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
-import { recoverOperation } from '@tooltx/runtime/recovery';
+import { recoverOperation } from '@tooltx/runtime/recover-operation';
 import { DownstreamClocks } from './downstream-clock.js';
 
 export interface ExecutorDeps {

@@ -3,7 +3,7 @@ import { handleCommand, lookDue, nextProbeDelayMs, takeoverDue, type OperationRe
 import { KvMirror, newEventId, type Subjects } from '@tooltx/nats';
 import { projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
-import { recoverOperation } from '@tooltx/runtime/recovery';
+import { recoverOperation } from '@tooltx/runtime/recover-operation';
 import { applyStateToIndex, reconcileValueSchema, type IndexEntry } from './projection.js';
 import { openTakeover, repairFreezes } from './takeover.js';
 

@@ -21,7 +21,7 @@ import {
 } from '@tooltx/contracts';
 import { MAX_STATUS_WAIT_MS, pushMessageSchema, receiptSchema, statusReplySchema, type PushMessage, trustedReceiptKeys, verifyReceipt, type Receipt, type ServerState, type TakeoverRecord, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
 import { connectNats, decode, displayUrl, encode, isTransient, permissionViolationOf, Subjects, type NatsConnection, type PermissionViolation } from '@tooltx/nats';
-import { newSubmission, publishSubmission, type Submission } from './intent.js';
+import { newSubmission, publishSubmission, type Submission } from './submission.js';
 
 /** Options of {@link createTools}. Give `servers` (the SDK connects and owns the connection) or `nc`. */
 export interface CreateToolsOptions {
