@@ -12,7 +12,7 @@ import { createTools, type ExecuteResult, type Tools } from '@tooltx/client';
 import { auditAnswerSchema, auditRecordForAuditor, auditQueryRecordSchema, auditRecordSchema, type AuditRecord } from '@tooltx/lifecycle';
 import { decode, encode, openBucket } from '@tooltx/nats';
 import { applyTopology, Durables, topology } from '@tooltx/streams';
-import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, type AuditHmac } from '../services/audit-projector/src/projection.js';
+import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, type AuditHmac } from '../services/audit-projector/src/audit-record.js';
 import { auditCli } from './helpers/audit-cli.js';
 import { auditHmacFrom } from './helpers/audit.js';
 import { provisioned, type TestNats } from './helpers/nats.js';

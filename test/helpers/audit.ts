@@ -1,6 +1,6 @@
 import type { OperationEvent } from '@tooltx/lifecycle';
 import { keyedDigest, readKeyFile } from '@tooltx/runtime';
-import { applyEventToAudit, type AuditHmac, type AuditRecord } from '../../services/audit-projector/src/projection.js';
+import { applyEventToAudit, type AuditHmac, type AuditRecord } from '../../services/audit-projector/src/audit-record.js';
 
 /** The audit HMAC under the key file a test's services use (`TOOLTX_AUDIT_HMAC_KEY_FILE` of `provisioned()`). */
 export function auditHmacFrom(keyFile: string): AuditHmac {

@@ -65,6 +65,30 @@ export interface ServiceContext {
 }
 
 /**
+ * One role of a deployment (authorizer, executor, reconciler, audit-projector): its name, its own
+ * settings and how it starts on a connection the runtime made. A role knows nothing of the process
+ * it runs in: {@link runService} runs one role as a process of its own, and one process may start
+ * several roles' `start` on one connection (each gets the same context and returns its own stop).
+ */
+export interface RoleSpec<E extends z.ZodRawShape = Record<never, never>> {
+  name: string;
+  summary: string;
+  /** Extra lines for `--help` under "Environment:" (the role's own variables). */
+  envHelp?: string;
+  /** The role's own settings, parsed from the environment with the common ones (problems listed together, exit 2). */
+  env?: z.ZodObject<E>;
+  /** Starts the role; resolves to what stops it (stop pulling, finish what is in flight). */
+  start: (ctx: ServiceContext & { env: z.infer<z.ZodObject<E>> }) => Promise<() => Promise<void>>;
+  /** This role appends `committed`: it needs TOOLTX_SIGNING_KEY_FILE (FM-17). */
+  signsReceipts?: boolean;
+}
+
+/** Declares a role ({@link RoleSpec}); typed so its `start` sees its own settings. */
+export function defineRole<E extends z.ZodRawShape = Record<never, never>>(spec: RoleSpec<E>): RoleSpec<E> {
+  return spec;
+}
+
+/**
  * The composition root every service shares (shared/STYLE.md item 7): `--help` → config (fails fast
  * listing every problem, exit 2) → logger → trusted tools module → connect → check the streams
  * (refuses to start naming each broken setting, exit 2; never "ensures") → start → on SIGTERM or
@@ -79,17 +103,7 @@ export interface ServiceContext {
  * Started by a supervisor with `TOOLTX_EXIT_WITH_PARENT=<its pid>`, the service stops when that
  * supervisor is gone (shutdown.ts `exitWithParent`).
  */
-export async function runService<E extends z.ZodRawShape = Record<never, never>>(spec: {
-  name: string;
-  summary: string;
-  /** Extra lines for `--help` under "Environment:" (the service's own variables). */
-  envHelp?: string;
-  /** The service's own settings, parsed from the environment with the common ones (problems listed together, exit 2). */
-  env?: z.ZodObject<E>;
-  start: (ctx: ServiceContext & { env: z.infer<z.ZodObject<E>> }) => Promise<() => Promise<void>>;
-  /** This service appends `committed`: it needs TOOLTX_SIGNING_KEY_FILE (FM-17). */
-  signsReceipts?: boolean;
-}): Promise<void> {
+export async function runService<E extends z.ZodRawShape = Record<never, never>>(spec: RoleSpec<E>): Promise<void> {
   const asksHelp = process.argv.slice(2).some((a) => a === '--help' || a === '-h');
   usageErrorsExitTwo(new Command(`tooltx-${spec.name}`))
     .description(`tooltx ${spec.name}: ${spec.summary}`)

@@ -5,7 +5,7 @@ import { decode, type Settlement, type Subjects } from '@tooltx/nats';
 import { ProjectionApplier, ProjectionBatcher } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
 import { z } from 'zod';
-import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, auditRecordSchema, type AuditHmac } from './projection.js';
+import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, auditRecordSchema, type AuditHmac } from './audit-record.js';
 
 /** Only the outcome of a decision-stream record: a refusal is projected, an alias is not. */
 const decisionOutcomeSchema = z.object({ outcome: z.string().optional() });

@@ -5,60 +5,7 @@
  * Stops cleanly on SIGTERM/SIGINT: stops pulling, lets in-flight attempts finish (bounded by their
  * contract's timeoutMs), drains.
  */
-import { setMaxListeners } from 'node:events';
-import { z } from 'zod';
-import { startConsumerLoop, openBucket } from '@tooltx/nats';
-import { FrozenTaskWatch } from '@tooltx/runtime';
-import { AnswerPusher } from '@tooltx/readside';
 import { runService } from '@tooltx/runtime/service';
-import { describeConnectError, startupStep } from '@tooltx/runtime';
-import { Durables } from '@tooltx/streams';
-import { eventHandler } from './execute.js';
+import { executorRole } from './role.js';
 
-const executorEnvSchema = z.object({
-  /**
-   * Which durable consumer to pull from (default `executor`). A second durable makes two executor
-   * groups compete for every accepted operation — safe, since only one `running` append can win,
-   * and how the race tests force it; otherwise only for migrations. It must exist (the provisioner
-   * creates the ones the identity list's `executorDurables` names).
-   */
-  TOOLTX_EXECUTOR_DURABLE: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'a durable name: ^[A-Za-z0-9_-]{1,64}$').default(Durables.executor),
-});
-
-await runService({
-  name: 'executor',
-  summary: 'consumes the event log and runs each accepted operation once',
-  signsReceipts: true,
-  env: executorEnvSchema,
-  envHelp: `  TOOLTX_EXECUTOR_DURABLE  the durable consumer to pull from (default ${Durables.executor}); another one (provisioned
-                           from the identity list's executorDurables) makes a competing executor group`,
-  async start({ subjects, store, tools, log, js, nc, config, env, signer }) {
-    const results = await openBucket(nc, subjects.resultsBucket);
-    const shutdown = new AbortController();
-    // Each attempt in flight listens on it (and stops listening when it ends): up to
-    // TOOLTX_CONCURRENCY at once, which is not a leak — without this Node warns past 10 on stderr
-    // (session 5).
-    setMaxListeners(config.TOOLTX_CONCURRENCY + 10, shutdown.signal);
-    const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
-    await frozen.start();
-    // A durable that does not exist, or that this identity may not read, is the operator's setting.
-    const loop = await startupStep(
-      'TOOLTX_EXECUTOR_DURABLE',
-      env.TOOLTX_EXECUTOR_DURABLE,
-      () =>
-        startConsumerLoop({
-          js,
-          stream: subjects.eventsStream,
-          durable: env.TOOLTX_EXECUTOR_DURABLE,
-          concurrency: config.TOOLTX_CONCURRENCY,
-          log,
-          handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen, signer: signer!, pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }) }),
-        }),
-      (err) => `no durable consumer of that name on ${subjects.eventsStream} that this identity may read (\`tooltx streams apply\` provisions the default; another is listed in the identity list's executorDurables and provisioned): ${describeConnectError(err)}`,
-    );
-    return async () => {
-      await loop.stop();
-      await frozen.stop();
-    };
-  },
-});
+await runService(executorRole);

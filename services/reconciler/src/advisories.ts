@@ -6,7 +6,7 @@ import { StoreUnavailableError } from '@tooltx/lifecycle';
 import { decode, isTransient, type Settlement, type Subjects } from '@tooltx/nats';
 import { projectEntry } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
-import { applyToIndex, reconcileValueSchema } from './projection.js';
+import { applyToIndex, reconcileValueSchema } from './reconcile-index.js';
 
 /**
  * The server's max-deliveries advisory (NATS docs, "Monitoring JetStream: advisories",

@@ -5,7 +5,7 @@ import type { OperationStore } from '@tooltx/lifecycle';
 import { opEventOf, type Settlement, type Subjects } from '@tooltx/nats';
 import { ProjectionApplier } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
-import { applyStateToIndex, applyToIndex, reconcileValueSchema, type ReconcileValue } from './projection.js';
+import { applyStateToIndex, applyToIndex, reconcileValueSchema, type ReconcileValue } from './reconcile-index.js';
 
 export interface IndexWriterOptions {
   subjects: Subjects;

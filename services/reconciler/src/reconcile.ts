@@ -4,7 +4,7 @@ import { KvMirror, newEventId, type Subjects } from '@tooltx/nats';
 import { projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recover-operation';
-import { applyStateToIndex, reconcileValueSchema, type IndexEntry } from './projection.js';
+import { applyStateToIndex, reconcileValueSchema, type IndexEntry } from './reconcile-index.js';
 import { openTakeover, repairFreezes } from './takeover.js';
 
 export interface SweepDeps {
@@ -60,7 +60,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
   void mirror.start();
   const watched = mirror.map as ReadonlyMap<string, IndexEntry>;
 
-  const takeoverDeps = { store: d.store, subjects: d.subjects, results: d.results, tasks: d.tasks, tools: d.tools, log: d.log, signer: d.signer, now };
+  const takeoverDeps = { store: d.store, tasks: d.tasks, log: d.log, now };
   let sweeps = 0;
   const sweepOnce = async () => {
     // Every ~30 sweeps: thaw freezes no open takeover backs any more (a lost thaw).

@@ -1,9 +1,9 @@
 import type { KV } from '@nats-io/kv';
 import { operationIdOf } from '@tooltx/contracts';
-import { handleCommand, takeoverRecordOf, type OperationStore, type ReceiptSigner, type TakeoverRecord } from '@tooltx/lifecycle';
-import { newEventId, type Subjects } from '@tooltx/nats';
+import { handleCommand, takeoverRecordOf, type OperationStore, type TakeoverRecord } from '@tooltx/lifecycle';
+import { newEventId } from '@tooltx/nats';
 import { freezeTask, thawTask, type FrozenTaskWatch } from '@tooltx/runtime';
-import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
+import type { Logger } from '@tooltx/runtime';
 
 /**
  * Takeover (FM-14): after a timeout the outcome is verified before acting; when evidence runs
@@ -14,13 +14,9 @@ import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
  */
 export interface TakeoverDeps {
   store: OperationStore;
-  subjects: Subjects;
-  results: KV;
+  /** The frozen-task bucket. */
   tasks: KV;
-  tools: ImplementationRegistry;
   log: Logger;
-  /** Signs the receipt of a person's committed resolution. */
-  signer: ReceiptSigner;
   now?: () => number;
 }
 

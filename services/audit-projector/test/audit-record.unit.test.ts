@@ -12,7 +12,7 @@ import {
   type AuditedEvent,
   type AuditHmac,
   type AuditRecord,
-} from '../src/projection.js';
+} from '../src/audit-record.js';
 
 const KEY = Buffer.from('k'.repeat(64));
 const h: AuditHmac = (purpose, value) => keyedDigest(KEY, `audit-${purpose}`, value);

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { decode, encode } from '@tooltx/nats';
 import { fold, interleave, sampleOperation, sampleOperations, shuffled, type LogEntry } from '../../../test/helpers/histories.js';
-import { applyToIndex, reconcileValueSchema, type ReconcileValue } from '../src/projection.js';
+import { applyToIndex, reconcileValueSchema, type ReconcileValue } from '../src/reconcile-index.js';
 
 const ops = sampleOperations(2);
 const log = interleave(ops);
