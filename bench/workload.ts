@@ -40,7 +40,7 @@ export interface BenchSystem {
   stop(): Promise<void>;
 }
 
-/** Figures of one phase, as the issue names them. */
+/** Figures of one phase, as the bench's JSON line names them (bench/report.ts). */
 export interface PhaseFigures {
   calls: number;
   callsPerSecond: number;

@@ -117,9 +117,9 @@ const who: StartupReporter = { program: 'tooltx-start', service: 'start', instan
 // SIGTERM/SIGINT are handled from the module's first statement on, before anything is written that
 // tells another process this one is there (the lock, the "up" line): a signal while the stack starts
 // is kept and acted on once it is up. Handlers installed after such a write leave a window in which
-// a preempted supervisor dies by the signal's default action (CI flakes, session 5). A signal while
+// a preempted supervisor dies by the signal's default action (seen as CI flakes). A signal while
 // the imports still load (the first ~0.5–1 s) ends the process by its default action (exit 143):
-// nothing exists yet then — no lock, no state, no process (session 5).
+// nothing exists yet then — no lock, no state, no process.
 let stopRequested = false;
 let onStopSignal: () => void = () => void (stopRequested = true);
 process.on('SIGINT', () => onStopSignal());

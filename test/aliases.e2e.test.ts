@@ -1,12 +1,11 @@
 /**
- * FM-10, idempotency across references (DESIGN.md "Canonical resource ids", "Idempotency keys bind
- * the business intent"): the same note sent to one knowledge base under its name, another case, a
- * percent-encoding, an alias or its internal id is ONE operation — one KB row, one receipt — even
- * though the SDK derives a different key for each spelling (it cannot resolve references; only the
- * trusted side can). The authorizer registers the operation under the key of the canonical input
- * and records each other key as an alias of it; status follows the alias. Auth on, the authorizer
- * and executor as processes, the real research KB with KB_DEDUP=off (a second execution would be a
- * second row).
+ * FM-10, idempotency across references: the same note sent to one knowledge base under its name,
+ * another case, a percent-encoding, an alias or its internal id is ONE operation — one KB row, one
+ * receipt — even though the SDK derives a different key for each spelling (it cannot resolve
+ * references; only the trusted side can). The authorizer registers the operation under the key of
+ * the canonical input and records each other key as an alias of it; status follows the alias. Auth
+ * on, the authorizer and executor as processes, the real research KB with KB_DEDUP=off (a second
+ * execution would be a second row).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { operationIdOf, prepareCall } from '@tooltx/contracts';

@@ -1,5 +1,5 @@
 /**
- * The audit projection and the auditors' query service (issue 9) end to end: a real nats-server
+ * The audit projection and the auditors' query service end to end: a real nats-server
  * with auth on, the authorizer, executor and two audit-projector instances as processes, a workload
  * with commits, an idempotency conflict, a refusal at intake and an unknown; auditors use
  * `tooltx audit` as their own identity. Every refusal is the server's (permission violations).

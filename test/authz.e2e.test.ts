@@ -1,5 +1,5 @@
 /**
- * Authorisation at the execution instant (issue 6) through tooltx end to end: auth on, the
+ * Authorisation at the execution instant through tooltx end to end: auth on, the
  * authorizer and executor as processes, the real research KB (SQLite, KB_DEDUP=off) as the system of
  * record, a real HTTP hop in between that can hold a write, and a real HTTP server of web pages.
  * Every test asserts the KB's own rows. FM-07, FM-08, FM-09, FM-10, FM-18, FM-19, the quota race and

@@ -1,6 +1,7 @@
 /**
- * `npm run bench -- --quick --json` works end to end (issue 10): both lower bounds and tooltx run,
- * the JSON line has every field the issue lists, and no phase produced a duplicate side effect.
+ * `npm run bench -- --quick --json` works end to end: both lower bounds and tooltx run,
+ * the JSON line has every field bench/report.ts guarantees, and no phase produced a duplicate side
+ * effect.
  * No timing assertion: the bench reports figures, it does not judge them here.
  */
 import { spawn } from 'node:child_process';

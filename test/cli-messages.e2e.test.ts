@@ -1,5 +1,5 @@
 /**
- * `tooltx` tells the user what is wrong and which flag, variable or file to fix (fresh-user trial):
+ * `tooltx` tells the user what is wrong and which flag, variable or file to fix:
  * bad flags exit 2 naming the flag before anything is connected; a missing or wrong seed says which
  * identity is needed; a refusal by the takeover service says what it means. The CLI runs as a real
  * process against a real nats-server with auth on; the takeover service runs in a real reconciler.
@@ -168,7 +168,7 @@ describe('identities and files', () => {
   });
 });
 
-describe('settings the CLI cannot use are named, exit 2, and never show a secret (fifth fresh-user trial)', () => {
+describe('settings the CLI cannot use are named, exit 2, and never show a secret', () => {
   it('a URL\'s password never shows: not in a refused connection, not in an authentication hint; a bad URL, a bad seed and a bad creds file are named', async () => {
     const url = t.url.replace('nats://', 'nats://bob:s3cret-pw@');
     const noSeed = await tooltx(['streams', 'check'], { ...server(), NATS_URL: url });

@@ -1,5 +1,5 @@
 /**
- * Contract evolution (DESIGN.md "Contract evolution"): a new version registered while a task runs
+ * Contract evolution: a new version registered while a task runs
  * on the old one (FM-23), recorded histories replayed across it (FM-26), and a new version that
  * adds a required authorisation field (FM-24). Real
  * nats-server, the authorizer and the executor as processes, first loading only `sink.write@1`

@@ -1,8 +1,8 @@
 /**
- * The main job in quick mode: `npm run demo -- --quick --json` must meet its gates (issue 4), under
- * the fault mix of issue 8 (writes cut after the KB's commit, answers held past the SDK's budget,
+ * The main job in quick mode: `npm run demo -- --quick --json` must meet its gates, under
+ * its fault mix (writes cut after the KB's commit, answers held past the SDK's budget,
  * the agent's NATS connection cut once, the executor SIGKILLed once and restarted), with another
- * tenant's forgeries refused by the server and quotas from the tenant list (issue 6).
+ * tenant's forgeries refused by the server and quotas from the tenant list.
  */
 import { spawn } from 'node:child_process';
 import { serverVersionAtLeast } from '@tooltx/nats';
@@ -54,10 +54,10 @@ describe('npm run demo --quick', () => {
     expect(s.unknownResolved).toBeGreaterThanOrEqual(s.faultsByKind.heldPastBudget);
     expect(s.unknownUnresolved).toBe(0);
     expect(s.takeovers).toBe(0);
-    // FM-16 (issue 9): the five canary kinds were planted in this run; none is anywhere it must not be.
+    // FM-16: the five canary kinds were planted in this run; none is anywhere it must not be.
     expect(s.canariesPlanted).toBe(5);
     expect(s.leakedSecrets).toBe(0);
-    // Issue 6: every forgery of the other tenant reached the server and the SERVER refused it — the
+    // Every forgery of the other tenant reached the server and the SERVER refused it — the
     // tenant field went out as a raw intent (the SDK would have refused it locally) and came back as
     // the server's invalid_input; the KB holds no row in a knowledge base whose owner is not the
     // tenant the demo submitted it as (from the demo's own record of its writes).

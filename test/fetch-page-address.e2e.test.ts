@@ -1,5 +1,5 @@
 /**
- * `web.fetch_page` connects to public addresses only (fresh-user trial: SSRF into the trusted
+ * `web.fetch_page` connects to public addresses only (anything else would be SSRF into the trusted
  * network). The URL's host is resolved and refused when ANY address it resolves to is loopback,
  * private, link-local, unspecified, multicast or IPv4-mapped non-public — not only when its text
  * spells one — and the connection is made only to an address the same check passed at connect time

@@ -1,5 +1,5 @@
 /**
- * FM-16 (issue 9): logs and everything else tooltx writes are scanned for planted credentials,
+ * FM-16: logs and everything else tooltx writes are scanned for planted credentials,
  * cookies, bodies, page text and a downstream's error message — zero hits. Real processes (the four
  * services and the research KB, debug logs on), the real sample tools, a real HTTP page server, a
  * real HTTP hop that holds a write past its deadline (unknown → the reconciler). The intent and

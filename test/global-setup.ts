@@ -1,7 +1,7 @@
 import { natsServerBinary, NatsServerUnavailableError } from '@tooltx/dev/nats-server';
 
 /**
- * Every test file starts its own nats-server with a generated auth configuration (issue 5), so
+ * Every test file starts its own nats-server with a generated auth configuration, so
  * the run only checks once that the binary is there, failing with the install command if not.
  */
 export function setup(): void {

@@ -1,5 +1,5 @@
 /**
- * Identity the server enforces (issue 5): generated nkey users with allow-lists, on a real
+ * Identity the server enforces: generated nkey users with allow-lists, on a real
  * nats-server with auth on. FM-06 (forged identity), FM-31 (squatted ids, guessed keys, cross-tenant
  * status), FM-32 (other users' reply inboxes), plus the id-collision and wildcard cases.
  */
@@ -173,7 +173,7 @@ describe('FM-32: reply inboxes are private', () => {
     }
   });
 
-  it('refuses a subscription to another actor\'s pushed answers (issue 10), in its own tenant or another', async () => {
+  it('refuses a subscription to another actor\'s pushed answers, in its own tenant or another', async () => {
     const bob = await t.connectAs(agent('acme', 'bob'));
     try {
       for (const [who, subject] of [

@@ -1,7 +1,7 @@
 /**
- * The research-KB service as the sample domain's system of record for authorisation (issue 6, the
- * KB side): one resolver, writes under a version condition, roles, state, transfer, quotas,
- * all-or-nothing batches, operator endpoints, seeding and the migration of a pre-issue-6 file.
+ * The research-KB service as the sample domain's system of record for authorisation (the KB
+ * side): one resolver, writes under a version condition, roles, state, transfer, quotas,
+ * all-or-nothing batches, operator endpoints, seeding and the migration of a file from before roles.
  * A real server process (examples/research-kb/kb-server.ts) on a free loopback port with a temp
  * SQLite file, `KB_DEDUP=off`; every refusal is checked against the KB's own rows. No mocks.
  */
@@ -586,7 +586,7 @@ describe('kb-server with KB_DEDUP=on and no operator token', () => {
 });
 
 describe('kb-server migration and seeding', () => {
-  it('migrates a pre-issue-6 file in place (idempotently): old knowledge bases stay writable by every actor of their tenant, old notes keep their keys', async () => {
+  it('migrates a file from before roles in place (idempotently): old knowledge bases stay writable by every actor of their tenant, old notes keep their keys', async () => {
     const db = freshDb();
     mkdirSync(dirname(db), { recursive: true });
     const old = new Database(db);
@@ -607,7 +607,7 @@ describe('kb-server migration and seeding', () => {
       try {
         expect(await kb.proc.waitForLog('store opened')).toMatchObject({ knowledgeBases: 2, created: round === 0 ? 1 : 0 });
         expect(await kb.client.resolve({ tenant: 'acme', actor: 'anyone', ref: 'Research' })).toEqual({ kbId, name: 'research', state: 'active', authVersion: 1, role: 'writer' });
-        // An old note has no input digest (issue 7): the probe answers none, and recovery commits it as before.
+        // An old note has no input digest: the probe answers none, and recovery commits it as before.
         const old = await kb.client.probe({ tenant: 'acme', key: 'old-key' });
         expect(old).toMatchObject({ found: true, id: 'note_old', kb: 'research', count: 1 });
         expect(old).not.toHaveProperty('inputDigest');

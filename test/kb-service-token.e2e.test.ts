@@ -1,6 +1,6 @@
 /**
  * The KB's service credential (examples/research-kb/kb-server.ts `KB_SERVICE_TOKEN_FILE`): the
- * identity headers and the role checks built on them (issue 6) mean something only when nobody but
+ * identity headers and the role checks built on them mean something only when nobody but
  * tooltx's trusted side — the tools module in the authorizer, executor and reconciler — can call the
  * KB. With the token configured every endpoint but `/healthz` and the operator's answers a request
  * without it, or with another token (the operator's included), 401 `{ error: "unauthorized" }`,

@@ -1,5 +1,5 @@
 /**
- * No message dies silently (issue 7): a finite max_deliver on every durable, the server's
+ * No message dies silently: a finite max_deliver on every durable, the server's
  * max-deliveries advisories kept in `<P>_ADVISORIES`, and the reconciler reading them on its own
  * durable. Real processes, the real KB with KB_DEDUP=off (every request that reaches it is a row).
  * The topology of this file's prefix has max_deliver 2, so a test can exhaust a message quickly.

@@ -1,7 +1,7 @@
 /**
- * Verify before acting, by comparing what the probe found with what was asked (issue 7, DESIGN.md
- * "After a timeout, verify before acting"): the research KB keeps the operation's input digest
- * (`x-tooltx-input-digest`) with each note and its probe by key answers it.
+ * Verify before acting, by comparing what the probe found with what was asked: the research KB
+ * keeps the operation's input digest (`x-tooltx-input-digest`) with each note and its probe by key
+ * answers it.
  *
  * - FM-13 / FM-14: the write is held past its deadline (unknown) while ANOTHER effect lands under
  *   our downstream key with another digest (a foreign writer that reused the key, written straight
@@ -93,7 +93,7 @@ describe('FM-13 / FM-14: the probe finds another effect under our key', () => {
     const key = keyOf('pm', 'Ours, held past the deadline');
     const dk = downstreamKeyOf('acme', key);
     // The reconciler is down while the write goes unknown and the foreign row lands: its first probe
-    // comes after both (the order the issue describes, without a race against the sweep).
+    // comes after both (in that order, without a race against the sweep).
     await reconciler.stop();
     // Our write is held past the attempt's deadline: the executor gives up (unknown); the KB refuses it when it lands.
     const held = proxy.inject(dk, { kind: 'delay', ms: TIMING.timeoutMs + 1_500 });

@@ -1,5 +1,5 @@
 /**
- * How often the projections write (issue 10), end to end: the reconciler's index writer
+ * How often the projections write, end to end: the reconciler's index writer
  * (services/reconciler/src/index-writer.ts) holds an accepted or running event for
  * TOOLTX_RECONCILE_INDEX_DELAY_MS before its operation is indexed, so an operation that ends sooner
  * costs the index nothing; the audit-projector (ProjectionBatcher) writes an operation's in-flight

@@ -1,5 +1,5 @@
 /**
- * The reconciler's and the audit-projector's projections end to end (issue 3): two instances of
+ * The reconciler's and the audit-projector's projections end to end: two instances of
  * each as OS processes on a real nats-server, fed a log of real events (built with the decider,
  * appended with the event store's expected-sequence appends), then fed the whole log a second time
  * — every event arriving after a newer one of its operation was applied — then new events. The KV

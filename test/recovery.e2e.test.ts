@@ -1,5 +1,5 @@
 /**
- * Verify before acting (issue 7, first part): real processes, the real KB in both dedup modes (with off, every
+ * Verify before acting: real processes, the real KB in both dedup modes (with off, every
  * request that reaches its insert path makes a row), a real HTTP hop that can hold or cut a request,
  * SIGKILL of the executor. Each test asserts the KB's own rows for the key: exactly one.
  * FM-12 / FM-13 (a timeout around the commit), FM-27 (executor killed mid-operation).

@@ -1,5 +1,5 @@
 /**
- * The task runner (issue 8) and receipts the workflow can trust (issue 9): FM-14 (the runner stops
+ * The task runner and receipts the workflow can trust: FM-14 (the runner stops
  * at an unknown write, freezes what depends on it and returns the takeover evidence), FM-17 (a
  * forged "success" — a model's claim or a tampered status answer — without a valid receipt never
  * counts as done). Real nats-server with auth, services as processes, the KB behind a real hop.

@@ -1,5 +1,5 @@
 /**
- * The SDK's answers for calls it knows were never stored, and its set-up errors (fresh-user trial):
+ * The SDK's answers for calls it knows were never stored, and its set-up errors:
  * a real nats-server with auth on (its own: one test reloads its permissions), the authorizer and
  * executor as processes with the research sample's trusted module. Every answer here is definite
  * and comes at once: `rejected` with a field path when nothing was (or could be) stored, a thrown

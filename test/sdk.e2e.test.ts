@@ -132,7 +132,7 @@ describe('tools.execute', () => {
     }
   });
 
-  it('issue 10: the committed answer is pushed to the agent, so a call accepted before the status endpoint stopped still returns its verified receipt', async () => {
+  it('the committed answer is pushed to the agent, so a call accepted before the status endpoint stopped still returns its verified receipt', async () => {
     // A first call on this connection shows the SDK that answers are pushed here.
     expect((await tools.execute({ tool: 'sink.write', taskId: 'push-warm', input: note('Warm') })).status).toBe('committed');
     sink.delayMs = 1_500;
@@ -157,7 +157,7 @@ describe('tools.execute', () => {
     }
   });
 
-  it('issue 10: what is pushed to a submission\'s agent: the committed answer (executor), the original receipt and result for a resubmission (authorizer), "poll" for a refusal', async () => {
+  it('what is pushed to a submission\'s agent: the committed answer (executor), the original receipt and result for a resubmission (authorizer), "poll" for a refusal', async () => {
     // The agent's own connection, listening where its answers are pushed.
     const nc = await t.connectAs({ kind: 'agent', tenant: TENANT, actor: 'alice' });
     const pushed = new Map<string, PushMessage>();
@@ -185,7 +185,7 @@ describe('tools.execute', () => {
     }
   });
 
-  it('issue 10: an agent whose identity may not subscribe to its push subject (an older auth configuration) still gets its answers, from the status endpoint', async () => {
+  it('an agent whose identity may not subscribe to its push subject (an older auth configuration) still gets its answers, from the status endpoint', async () => {
     const pushes = `"${t.subjects.pushesOf(TENANT, 'bob')}"`;
     await reloadConfig(t, (c) => c.replace(pushes, `"${t.subjects.pushesOf(TENANT, 'nobody')}"`));
     const bob = await createTools({ servers: t.url, tenant: TENANT, actor: 'bob', nkeyFile: t.agentSeed(TENANT, 'bob'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
@@ -267,7 +267,7 @@ describe('tools.execute', () => {
     }
   });
 
-  it('issue 10: calls with under 2.1 s of budget (no room for a status long-poll) commit with their verified receipts', async () => {
+  it('calls with under 2.1 s of budget (no room for a status long-poll) commit with their verified receipts', async () => {
     for (let i = 0; i < 5; i++) {
       const r = await tools.execute({ tool: 'sink.write', taskId: 'short-budget', input: note(`Short ${i}`) }, { budgetMs: 1_500 });
       expect(r.status).toBe('committed');

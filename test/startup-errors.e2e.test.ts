@@ -1,5 +1,5 @@
 /**
- * A process that cannot start says which setting and which value (fresh-user trial): error
+ * A process that cannot start says which setting and which value: error
  * messages are redacted from logs at run time (FM-16), but a failure to START is the operator's own
  * configuration — one line on stderr naming the variable or flag and its value (never a secret: a
  * URL's password, a seed), and a `failed to start` log line with `setting`. Real processes: the
@@ -224,7 +224,7 @@ describe('npm start that cannot start', () => {
     const file = join(dir, 'hostname');
     writeFileSync(file, 'x');
     // Ports of its own: the defaults (4222, the KB's) may be taken by any other stack on the
-    // machine, which is refused first (a CI run collided with a trial's `npm start`).
+    // machine (another `npm start`, say), which is refused first.
     const notDir = await failure(start(['--state-dir', join(file, 'x'), '--port', String(await freePort()), '--kb-port', String(await freePort())]));
     expect(notDir.stderr).toBe(`tooltx-start: cannot start: --state-dir ${join(file, 'x')}: cannot create the state directory: a part of the path is not a directory (ENOTDIR)\n`);
     expect(notDir.line).toMatchObject({ setting: '--state-dir', value: join(file, 'x') });
@@ -310,7 +310,7 @@ describe('npm start that cannot start', () => {
     const line = p.lines.find((l) => l.msg === 'failed to start' && l.service === 'start');
     expect(line).toMatchObject({ setting: '--kb-port', value: String(takenPort), problem: expect.stringContaining('EADDRINUSE') });
     expect(p.stderr).toContain(`tooltx-start: cannot start: --kb-port ${takenPort}: `);
-    // Refused before anything was written: no state directory, no generated keys (fresh-user trial).
+    // Refused before anything was written: no state directory, no generated keys.
     expect(existsSync(stateDir)).toBe(false);
     const nats = await failure(start(['--state-dir', stateDir, '--port', String(takenPort), '--kb-port', String(natsPort)]));
     expect(nats.line).toMatchObject({ setting: '--port', value: String(takenPort), problem: expect.stringContaining('EADDRINUSE') });

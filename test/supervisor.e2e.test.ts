@@ -1,5 +1,5 @@
 /**
- * `npm start` as a supervisor (fresh-user trial): a `kill -9` of it leaves nothing running, its lock
+ * `npm start` as a supervisor: a `kill -9` of it leaves nothing running, its lock
  * names the processes it started and a new start refuses while one of them is alive, and no process
  * of the stack hangs in a log write to a pipe nobody reads. Real processes throughout: the
  * supervisor (scripts/start.ts), its nats-server, KB and services, `kill -KILL`.
@@ -184,7 +184,7 @@ describe('npm start supervisor', () => {
       closeReader(kb.child);
       kb.child.kill('SIGTERM');
       const code = await kb.exited;
-      // On failure, say how it ended (a signal leaves code null; seen once in CI, session 5, signal unknown).
+      // On failure, say how it ended (a signal leaves code null; seen in CI, signal unknown).
       expect({ code, signal: kb.child.signalCode, said: code === 0 ? '' : kb.stderr.slice(-800) }).toEqual({ code: 0, signal: null, said: '' });
     } finally {
       await kb.kill();
@@ -205,8 +205,8 @@ describe('npm start at LOG_LEVEL=error: readiness is not a log line', () => {
 
   beforeAll(async () => {
     dir = join(mkdtempSync(join(tmpdir(), 'tooltx-quiet-')), 'state');
-    // The trial's command: before, the supervisor waited 30 s for the KB's info-level "listening"
-    // line and failed with a bare "Error".
+    // A user's command. Readiness must not wait for the KB's info-level "listening" line, which
+    // LOG_LEVEL=error hides: that wait took 30 s and ended in a bare "Error".
     stack = start(['--port', String(await freePort()), '--kb-port', String(await freePort()), '--state-dir', dir], { LOG_LEVEL: 'error' });
     await up(stack);
     lock = JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock;

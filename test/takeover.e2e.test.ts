@@ -1,5 +1,5 @@
 /**
- * When evidence runs out (issue 8): FM-14 (unknown past the deadline → a complete takeover record,
+ * When evidence runs out: FM-14 (unknown past the deadline → a complete takeover record,
  * the task frozen at intake and at the execution instant, a person's resolution unfreezes it),
  * FM-11 (nats or the authorizer unreachable before acceptance: the SDK redelivers under the same
  * key, one row), FM-15 (each failure class leads to its next action). Real nats-server with auth,

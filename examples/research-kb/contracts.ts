@@ -39,7 +39,7 @@ const noteNormalisers = {
   publishAt: normalise.instant,
 };
 
-/** Timing of the KB write contracts, ms (DESIGN.md "Contract timing"); tests shorten it. */
+/** Timing of the KB write contracts, ms; tests shorten it. */
 export interface KbTiming {
   timeoutMs: number;
   runningBoundMs: number;

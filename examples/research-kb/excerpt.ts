@@ -1,6 +1,6 @@
 /**
  * Turns a Markdown page into what `web.fetch_page` may return: a title and a short excerpt of its
- * prose — never the whole page (DESIGN.md "Tool output is filtered per field").
+ * prose — never the whole page (tool output is filtered per field, FM-19).
  */
 
 /** Longest excerpt, in characters. */

@@ -1,8 +1,7 @@
 /**
  * The research-KB sample's storage service: a separate process, the system of record that tooltx's
- * executor writes notes to, and the sample domain's system of record for AUTHORISATION (DESIGN.md
- * "Sample domain, real parts", "Authorisation is recomputed at the execution instant", "Canonical
- * resource ids"). HTTP + JSON over a SQLite store (./kb-store.ts), seeded by
+ * executor writes notes to, and the sample domain's system of record for AUTHORISATION (FM-07,
+ * FM-08, FM-10). HTTP + JSON over a SQLite store (./kb-store.ts), seeded by
  * ./kb-seed.ts; `tsx examples/research-kb/kb-server.ts --help` lists its settings.
  *
  * Identity headers (set by the trusted executor from the authenticated context, never by a model):
@@ -714,7 +713,7 @@ const address = server.address() as AddressInfo;
 
 // Installed before the "listening" line and the readiness message: whoever acts on them (a
 // supervisor, a test) may send SIGTERM at once, and a handler installed after them left a window in
-// which a preempted KB died by the signal's default action (CI flake, session 5).
+// which a preempted KB died by the signal's default action (seen as a CI flake).
 onShutdown(log, async () => {
   stopping = true;
   // Stop accepting; in-flight requests finish (their connections close after the answer); idle

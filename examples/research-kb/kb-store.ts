@@ -2,8 +2,8 @@
  * The research-KB sample's system of record: a SQLite store (better-sqlite3) of tenants, knowledge
  * bases, their aliases and members, and notes, used by `kb-server.ts` (no HTTP here).
  *
- * DESIGN.md "Sample domain, real parts", "What the downstream promises", "Authorisation is
- * recomputed at the execution instant" and "Canonical resource ids":
+ * What the downstream promises (docs/clocks.md), authorisation recomputed at the execution instant
+ * (FM-07, FM-08) and canonical resource ids (FM-10):
  * - with dedup on it honours the downstream key (`honoursKey`), and it always refuses a write whose
  *   absolute deadline has passed, checked inside the insert transaction (`enforcesDeadline`);
  * - ONE resolver ({@link KbStore.resolve}, over {@link canonicalRef}) turns any reference — name,

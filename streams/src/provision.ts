@@ -118,8 +118,8 @@ function electing(err: unknown): boolean {
 
 /**
  * What a service runs at start-up: reads the configuration and lists every setting that breaks a
- * guarantee (DESIGN.md "Message-ID dedup is only the first layer"; "Streams, and who may
- * change them"). `longestKeyRetentionMs` comes from the loaded contracts. Returns the violations;
+ * guarantee (Message-ID dedup is only the first layer: the registrations behind it must outlive
+ * it, FM-30). `longestKeyRetentionMs` comes from the loaded contracts. Returns the violations;
  * {@link assertTopology} throws them.
  */
 export async function checkTopology(

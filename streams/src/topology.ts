@@ -28,7 +28,7 @@ export interface TopologyOptions {
   auditLogMaxAgeMs?: number;
   /** Nats-Msg-Id dedup window of every stream. Default 2 minutes (the server default). */
   duplicateWindowMs?: number;
-  /** Stream replicas: 1 on one server, 3 on a cluster (2.9.21+, DESIGN.md "Scale-out"). */
+  /** Stream replicas: 1 on one server, 3 on a cluster (2.9.21+, docs/cluster.md). */
   replicas?: number;
   /**
    * Deliveries of one message to a service's durable before the server gives up on it and raises

@@ -14,7 +14,7 @@ export function uniquePrefix(): string {
   return `t${randomBytes(5).toString('hex')}`;
 }
 
-/** The identities every test server knows (issue 5: every test runs with auth on). */
+/** The identities every test server knows (every test runs with auth on). */
 export const TEST_IDENTITIES: IdentityList = {
   tenants: [
     { id: 'acme', actors: ['alice', 'bob', 'blocked-bob', 'noread-eve', 'researcher', 'mallory'], auditors: ['audrey'] },
@@ -132,7 +132,7 @@ export async function provisioned(
       NATS_URL: url,
       TOOLTX_PREFIX: prefix,
       TOOLTX_TEST_NKEYS_DIR: join(dir, 'auth', 'nkeys'),
-      // Keys of the audit HMACs and of the HMAC of error messages in logs (issue 9), as `npm start` makes them.
+      // Keys of the audit HMACs and of the HMAC of error messages in logs, as `npm start` makes them.
       TOOLTX_AUDIT_HMAC_KEY_FILE: ensureKeyFile(join(dir, 'audit-hmac.key')),
       TOOLTX_LOG_HMAC_KEY_FILE: ensureKeyFile(join(dir, 'log-hmac.key')),
     },

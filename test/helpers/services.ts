@@ -87,9 +87,9 @@ export class ServiceProcess {
  * fixtures, which must share one `@tooltx/contracts` with the service they are loaded into.
  */
 export async function startService(name: ServiceName, env: Record<string, string>, opts: { wait?: boolean } = {}): Promise<ServiceProcess> {
-  // The service's own identity: its seed from the test server's generated auth (issue 5).
+  // The service's own identity: its seed from the test server's generated auth.
   const seed = env.TOOLTX_TEST_NKEYS_DIR ? { NATS_NKEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, `service.${name}.nk`) } : {};
-  // The services that append `committed` sign receipts with their own key (issue 9).
+  // The services that append `committed` sign receipts with their own key (FM-17).
   const signing = env.TOOLTX_TEST_NKEYS_DIR && (name === 'executor' || name === 'reconciler') ? { TOOLTX_SIGNING_KEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, '..', 'signing', `${name}.pem`) } : {};
   // A service that talks to a KB carries the KB service token startKb gave that KB (helpers/kb.ts).
   const kbToken = env.KB_URL !== undefined ? { KB_SERVICE_TOKEN_FILE: kbServiceToken().file } : {};

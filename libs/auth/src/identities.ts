@@ -4,7 +4,7 @@ import { inboxPrefixOf, SERVICE_NAMES, type Role } from '@tooltx/nats';
 import { partialTenantLimitsSchema, resolveLimits, type TenantSpec, type Topology } from '@tooltx/streams';
 
 /**
- * Identity the server enforces (DESIGN.md "Identity"): one declarative list of tenants,
+ * Identity the server enforces (FM-06, FM-32): one declarative list of tenants,
  * actors, auditors, services and the provisioner becomes a nats-server configuration in which
  * every user is an nkey with publish/subscribe allow-lists. Agents may publish only their own
  * intent subject, request only their own status subject and subscribe only to their own inbox

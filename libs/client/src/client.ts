@@ -116,7 +116,7 @@ export interface UnknownEvidence {
  * `operationKey` of a committed or unknown outcome is the operation that holds the effect: the key
  * the SDK derived, or — when the input named its target through an alias (another name, case or
  * encoding of the same resource) — the key of the canonical input, which the receipt carries
- * (DESIGN.md "Canonical resource ids", FM-10). A rejection names the derived key.
+ * (FM-10). A rejection names the derived key.
  *
  * Answered at once, without spending the budget: `rejected` (`invalid_input` at `["input"]`, code
  * `too_large`) for an intent larger than the server's `max_payload` — checked before publishing;
@@ -334,7 +334,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   //
   // A message on that subject is NOT trusted as such: any agent of the tenant can make the status
   // service answer onto it (a request's reply subject is the requester's choice, and replies come
-  // back into the tenant's account; session 5 review). A push is taken as an answer only when it is
+  // back into the tenant's account). A push is taken as an answer only when it is
   // a push a service made (`pushed`, a field the status endpoint never sends, so no relayed status
   // answer parses as one), `committed` for exactly this call's key and input digest (a different
   // input under the key is a conflict, FM-03), with a receipt for that key (which `verify` then
@@ -654,8 +654,8 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       let askedWaitMs: number | undefined;
       while (left() > 0) {
         // A request that could not wait (under 2.1 s of budget left) answered at once: pause before the
-        // next one instead of asking in a tight loop until the budget ends (session 5 review: ~950
-        // requests in the last 2 s of a call).
+        // next one instead of asking in a tight loop until the budget ends (without the pause:
+        // ~950 requests in the last 2 s of a call).
         if (askedWaitMs !== undefined && askedWaitMs < 250) await Promise.race([sleep(Math.min(left(), 250)), ...(pending ? [pending.final] : [])]);
         if (left() <= 0) break;
         let a: StatusAnswer;

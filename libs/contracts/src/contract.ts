@@ -4,7 +4,7 @@ import { boundIssues, ERROR_BOUNDS, ErrorClass, TooltxError, type FieldIssue } f
 import type { Normaliser } from './normalise.js';
 
 /**
- * Effect classes decide control flow after a timeout (DESIGN.md "Effect classes"): `read` and
+ * Effect classes decide control flow after a timeout: `read` and
  * `compute` are safe to retry; the others have side effects and need a status query, a
  * compensation or a human.
  */
@@ -28,7 +28,7 @@ export function hasSideEffect(effect: EffectClass): boolean {
 type JsonValue = string | number | boolean | null | JsonValue[] | { [k: string]: JsonValue };
 type AnyObjectSchema = z.ZodObject<z.ZodRawShape>;
 
-/** Timing of one contract, all in milliseconds (DESIGN.md "Contract timing"). */
+/** Timing of one contract, all in milliseconds. */
 export interface ContractTiming {
   /** One attempt at the downstream; the absolute deadline sent downstream is start + timeoutMs. */
   timeoutMs: number;
@@ -38,7 +38,7 @@ export interface ContractTiming {
   unknownDeadlineMs: number;
 }
 
-/** What the downstream promises (DESIGN.md "What the downstream promises is part of the contract"). */
+/** What the downstream promises, as part of the contract (docs/clocks.md "The rule"). */
 export interface DownstreamGuarantees {
   /** The downstream deduplicates by the key we send: a repeat returns the original effect. */
   honoursKey: boolean;
@@ -46,7 +46,7 @@ export interface DownstreamGuarantees {
   enforcesDeadline: boolean;
 }
 
-/** Key scope and retention (DESIGN.md "Idempotency keys"): the scope is always the tenant. */
+/** Key scope and retention: the scope is always the tenant. */
 export interface KeyPolicy {
   scope: 'tenant';
   /** How long a registration is kept and honoured, ms. Must not exceed the event log's max_age. */
@@ -95,7 +95,7 @@ export interface Contract<I extends AnyObjectSchema = AnyObjectSchema, O extends
    * nor timing and downstream guarantees, which describe the server's execution and are set per
    * deployment.
    * The SDK sends it with every intent and the authorizer refuses a write whose digest differs
-   * from its own (`contract_mismatch`, DESIGN.md "Contract evolution", FM-25). A host whose target
+   * from its own (`contract_mismatch`, FM-25). A host whose target
    * or intent function differs derives another operation key, which the authorizer refuses as
    * `idempotency_conflict` at `operationKey` (FM-03).
    */

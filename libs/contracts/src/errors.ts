@@ -1,6 +1,6 @@
 /**
  * One error taxonomy for tooltx, classified by what the caller should do next
- * (DESIGN.md "After a timeout, verify before acting", FM-15, FM-18).
+ * (FM-15, FM-18).
  *
  * Every error that crosses a boundary (decision subject, event, status answer, SDK result)
  * carries only a {@link ErrorClass}, optional field paths for fixable input, and an optional

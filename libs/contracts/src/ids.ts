@@ -3,7 +3,7 @@ import { sha256Hex } from './digest.js';
 
 /**
  * Tenant, actor and service ids. One subject token each, so a tenant `a` with actor `b.c` can never
- * collide with tenant `a.b` and actor `c`; `*` and `>` are impossible (DESIGN.md "Identity").
+ * collide with tenant `a.b` and actor `c`; `*` and `>` are impossible.
  */
 export const ID_PATTERN = /^[a-z0-9_-]{1,64}$/;
 export const idSchema = z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$');

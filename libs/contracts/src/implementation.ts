@@ -5,7 +5,7 @@ import { ErrorClass, TooltxError } from './errors.js';
 
 /**
  * What the trusted side hands an implementation for one attempt. Identity comes from the
- * authenticated subject, never from the input (DESIGN.md "Identity").
+ * authenticated subject, never from the input (FM-06).
  */
 export interface ExecutionContext {
   tenant: string;
@@ -47,9 +47,9 @@ export interface AuthorizationResult {
    * from the submitted one, the authorizer registers the operation under the canonical key and
    * input digest and records the submitted key as an alias of it (status follows it), so two
    * references to one resource are one operation; the executor refuses `version_conflict` when the
-   * references resolve to another key at the execution instant (DESIGN.md "Canonical resource
-   * ids", FM-10). Must satisfy the contract's input schema; absent = the input is already canonical
-   * (return it only when a reference changed: the authorizer then derives the key again).
+   * references resolve to another key at the execution instant (FM-10). Must satisfy the
+   * contract's input schema; absent = the input is already canonical (return it only when a
+   * reference changed: the authorizer then derives the key again).
    */
   input?: Record<string, unknown>;
 }
@@ -131,7 +131,7 @@ export interface Implementation<C extends Contract = Contract> {
   contract: C;
   execute(input: z.infer<C['input']>, ctx: ExecutionContext): Promise<ExecutionResult<z.infer<C['output']>>>;
   /**
-   * The policy seam (DESIGN.md "Authorisation is recomputed at the execution instant"): called by
+   * The policy seam (authorisation is recomputed at the execution instant, FM-07, FM-08): called by
    * the authorizer at intake and again by the executor right before `running`, with the identity
    * from the authenticated subject. Throw `TooltxError(forbidden | not_found | quota_exceeded)` to
    * refuse; return the canonical resources it checked (with their authorisation versions). The

@@ -4,7 +4,7 @@ import { parseStrict, type Contract } from './contract.js';
 import { ErrorClass, TooltxError } from './errors.js';
 
 /**
- * Inputs of an operation key (DESIGN.md "Idempotency keys bind the business intent"): the task,
+ * Inputs of an operation key, which binds the business intent (FM-04, FM-05): the task,
  * the contract name@version, the normalised target and the normalised intent. Never a
  * per-attempt id (a model's tool-call id, a request id).
  */

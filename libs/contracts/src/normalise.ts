@@ -1,8 +1,7 @@
 /**
  * Per-field normalisers: each turns equivalent spellings of one value into one form, so that
- * insignificant differences never produce a new operation key (DESIGN.md "Idempotency keys bind
- * the business intent", FM-05). They are deliberately per field — a title and a Markdown body have
- * different notions of "insignificant whitespace".
+ * insignificant differences never produce a new operation key (FM-05). They are deliberately per
+ * field — a title and a Markdown body have different notions of "insignificant whitespace".
  *
  * Each normaliser is total over the values its field's schema accepts and idempotent
  * (`n(n(x)) === n(x)`).

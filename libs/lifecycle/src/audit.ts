@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
 
 /**
- * Audit evidence as data (DESIGN.md "Audit evidence is not a copy of sensitive content"):
+ * Audit evidence as data — evidence, not a copy of sensitive content (FM-16):
  * the audit record the audit-projector keeps per operation, and the request/answer shapes of the
  * auditors' query service (`<prefix>.audit.<tenant>.<auditor>`, msgpack). Shared by the service
  * and its clients (`tooltx audit`, the demo); the projection rules live in the service.

@@ -26,9 +26,9 @@ export interface DecideContext {
  * The operation aggregate as a pure decider (decide / evolve / initialState): no clock, no I/O.
  * Times and event ids come in with the command. The services are thin shells around it:
  * load the last event of the operation's subject → decide → append with the expected subject
- * sequence → ack (shared/STYLE.md).
+ * sequence → ack.
  *
- * Rules (DESIGN.md "What a key means over time"):
+ * Rules (docs/lifecycle.md):
  * - `committed` is final; every replay of the key returns the original receipt.
  * - `rejected` is definitively not applied: the identical input may start a new attempt.
  * - `unknown` is never re-executed by a resubmission.

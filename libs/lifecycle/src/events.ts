@@ -5,7 +5,7 @@ import { effectClasses, errorClasses, ID_PATTERN, OPERATION_KEY_PATTERN } from '
  * The operation lifecycle as data: one zod schema per event, a discriminated union over them, and
  * the folded state every event carries (so loading an operation is one read of the last message on
  * its subject). Events hold metadata and digests only — never inputs, results, bodies or raw error
- * text (DESIGN.md "Events carry metadata and digests, not bodies").
+ * text (FM-16).
  */
 export const EVENT_SCHEMA_VERSION = 1;
 
@@ -35,9 +35,9 @@ export const evidenceSchema = z.object({
 export type Evidence = z.infer<typeof evidenceSchema>;
 
 /**
- * An authorisation decision bound to the operation key (DESIGN.md "Authorisation is recomputed at
- * the execution instant"): allow/deny, the reason class of a denial, the policy version that
- * decided, the time, and the canonical resources (internal id + authorisation version) it saw.
+ * An authorisation decision bound to the operation key (authorisation is recomputed at the
+ * execution instant, FM-07, FM-08): allow/deny, the reason class of a denial, the policy version
+ * that decided, the time, and the canonical resources (internal id + authorisation version) it saw.
  */
 export const authDecisionSchema = z.object({
   decision: z.enum(['allow', 'deny']),
@@ -94,11 +94,11 @@ export const receiptV1Schema = z.object({
 });
 
 /**
- * The server-side proof that an operation committed (DESIGN.md "Five observable states",
- * FM-17): what was known before the append — tenant, key, attempt, the operation's position before
- * the commit, resource id, result digest, the signer's clock, `manual` / `resolvedBy` for a
- * person's resolution — signed with Ed25519 over its RFC 8785 bytes (see `signing.ts`). Either
- * format (docs/lifecycle.md "Receipt formats"); both verify the same way.
+ * The server-side proof that an operation committed (FM-17): what was known before the append —
+ * tenant, key, attempt, the operation's position before the commit, resource id, result digest, the
+ * signer's clock, `manual` / `resolvedBy` for a person's resolution — signed with Ed25519 over its
+ * RFC 8785 bytes (see `signing.ts`). Either format (docs/lifecycle.md "Receipt formats"); both
+ * verify the same way.
  */
 export const receiptSchema = z.union([receiptV2Schema, receiptV1Schema]);
 export type Receipt = z.infer<typeof receiptSchema>;
@@ -106,7 +106,7 @@ export type ReceiptV1 = z.infer<typeof receiptV1Schema>;
 export type ReceiptV2 = z.infer<typeof receiptV2Schema>;
 
 /**
- * A takeover record (DESIGN.md "After a timeout, verify before acting", FM-14): written when an
+ * A takeover record (FM-14): written when an
  * operation is still `unknown` past its contract's `unknownDeadlineMs`, or when a probe found
  * something else under our key. From then on the operation is a person's, and every side-effecting
  * intent of its task is refused with `task_frozen` until the takeover is resolved.
@@ -149,7 +149,7 @@ export type OperationStatus = (typeof operationStatuses)[number];
  * The key and input digest a submission derived itself, when it named its target through an alias
  * (another case, encoding or name of the same resource): the operation is registered under the
  * canonical input's key and digest, and this submission's own are kept to check its stored input
- * against (DESIGN.md "Canonical resource ids", FM-10).
+ * against (FM-10).
  */
 export const submittedSchema = z.object({ operationKey: z.string().regex(OPERATION_KEY_PATTERN), inputDigest: digest });
 

@@ -5,7 +5,7 @@ import { ID_PATTERN } from '@tooltx/contracts';
  * The intent envelope an agent publishes to `<prefix>.intent.<tenant>.<actor>`:
  * `{ tool, version, taskId, operationKey?, actorId?, interfaceDigest?, input }`. Strict: an unknown envelope field
  * is `invalid_input`. Identity is never read from here — `actorId`, when present, must equal the
- * actor the subject names (DESIGN.md "Who the caller is, in the intent").
+ * actor the subject names (FM-06).
  */
 export const intentEnvelopeSchema = z.strictObject({
   tool: z.string().min(1).max(100),
@@ -18,7 +18,7 @@ export const intentEnvelopeSchema = z.strictObject({
   /**
    * The `interfaceDigest` (`sha256:` + 64 hex) of the contract the caller holds for
    * `tool@version`: a write whose digest differs from the server's contract is refused
-   * `contract_mismatch` (DESIGN.md "Contract evolution", FM-25). The SDK always sends it; a raw
+   * `contract_mismatch` (FM-25). The SDK always sends it; a raw
    * intent may leave it out.
    */
   interfaceDigest: z.string().regex(/^sha256:[0-9a-f]{64}$/, 'expected sha256: and 64 lowercase hex digits').optional(),

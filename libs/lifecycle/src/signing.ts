@@ -4,7 +4,7 @@ import { canonicalJson } from '@tooltx/contracts';
 import { receiptSchema, type Receipt } from './events.js';
 
 /**
- * Signed receipts (FM-17; DESIGN.md "Five observable states"): every appender of
+ * Signed receipts (FM-17): every appender of
  * `committed` — the executor, the reconciler, a person's resolution — signs the RFC 8785 canonical
  * bytes of the receipt (every field but `signature`) with Ed25519 (RFC 8032) through Node's
  * built-in `crypto`, under its own key id. A client accepts a receipt only when its key id is one

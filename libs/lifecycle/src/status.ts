@@ -43,7 +43,7 @@ export const statusAnswerSchema = z.object({
   /**
    * Set when `operationKey` named its target through an alias: the key of the operation that holds
    * it (registered under the canonical input), whose state this answer reports and whose key the
-   * receipt carries (DESIGN.md "Canonical resource ids", FM-10).
+   * receipt carries (FM-10).
    */
   canonicalKey: z.string().optional(),
   state: z.enum(serverStates),

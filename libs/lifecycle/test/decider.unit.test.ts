@@ -226,7 +226,7 @@ describe('outcomes are bound to their run', () => {
   });
 });
 
-describe('takeover and manual resolution (issue 8, FM-14)', () => {
+describe('takeover and manual resolution (FM-14)', () => {
   const unknownOf = () => appended(given(running()).when({ type: 'mark_unknown', eventId: id(), at: 4_000, attempt: 1, evidence: { kind: 'timeout', at: 4_000 } }));
   const record = (u: OperationEvent) => ({
     operationKey: KEY, tenant: 'acme', taskId: 'task-1', tool: 'kb.write_note', version: 1, targetDigest: D2, inputDigest: D1,
@@ -279,7 +279,7 @@ describe('takeover and manual resolution (issue 8, FM-14)', () => {
   });
 });
 
-describe('signed receipts (issue 9, FM-17)', () => {
+describe('signed receipts (FM-17)', () => {
   it('a commit carries a receipt signed under the signer\'s key id; any change to it breaks the signature', () => {
     const c = committed();
     if (c.type !== 'committed') throw new Error('expected committed');

@@ -1,7 +1,7 @@
 /**
  * Two CPU cuts on nats.js 3.4.0 (`@nats-io/nats-core`, `@nats-io/transport-node`, pinned exactly in
  * package.json), applied by `connectNats` (./connect.ts) to every connection tooltx makes (services,
- * SDK, CLI, bench). Issue 10.
+ * SDK, CLI, bench); measured in docs/performance.md.
  *
  * 1. **One socket write per event-loop turn** (per connection). nats-core's
  *    `ProtocolHandler.sendCommand` (lib/protocol.js) appends each PUB/HPUB/SUB/UNSUB to the

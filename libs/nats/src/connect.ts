@@ -14,11 +14,11 @@ export interface ConnectOptions {
   servers: string;
   /** Connection name shown by the server (`service@instance`). */
   name: string;
-  /** Path of a `.creds` file (DESIGN.md: secrets come from files named in the environment). */
+  /** Path of a `.creds` file (secrets come from files named in the environment). */
   credsFile?: string | undefined;
   /** Path of a file holding an nkey seed (`SU…`), as written by `tooltx auth generate`. */
   nkeySeedFile?: string | undefined;
-  /** Per-user inbox prefix; restricted users may subscribe only there (NATS-NOTES "Identity"). */
+  /** Per-user inbox prefix; restricted users may subscribe only there (FM-32). */
   inboxPrefix?: string | undefined;
   /** Keep reconnecting forever (services) or fail after the default attempts (CLIs). Default true. */
   reconnectForever?: boolean;

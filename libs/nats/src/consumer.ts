@@ -6,7 +6,7 @@ import { isTransient } from './store.js';
 
 /**
  * What a handler asks the loop to do with its message. Handlers normally just return; the loop
- * maps thrown errors once (shared/STYLE.md "mapped once to ack / nak(delay) / term"):
+ * maps thrown errors once, to ack / nak(delay) / term:
  * - `CodecError` (bytes that can never parse) → `term`;
  * - `StoreUnavailableError`, `ConcurrencyError`, transient NATS errors → `nak` with backoff;
  * - anything else → `nak` with backoff, logged as an error.
@@ -47,7 +47,8 @@ export interface ConsumerLoop {
 /**
  * Runs a durable pull consumer with bounded concurrency. Each fetch asks for at most the free
  * slots, so no message waits in a prefetch buffer while its ack timer runs; a handler running
- * longer than a third of `ack_wait` sends `working()` heartbeats (NATS-NOTES "Consumers").
+ * longer than a third of `ack_wait` sends `working()` heartbeats (a message not acked within
+ * `ack_wait` is redelivered: NATS docs, JetStream "Consumers").
  * Each message is acked on its own; a handler may defer its message's settlement ({@link Deferred}).
  */
 export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<ConsumerLoop> {
@@ -171,8 +172,8 @@ function classify(err: unknown, deliveryCount: number): Exclude<Settlement, Defe
 /**
  * How many keys (operations) a deferring handler may hold at once on `durable` so that their unacked
  * messages (`perKey` each) plus the loop's `concurrency` stay under the durable's `max_ack_pending`,
- * beyond which the server stops delivering (NATS-NOTES "Consumers"). Per instance: several instances
- * of one durable share the server's limit.
+ * beyond which the server stops delivering (NATS docs, JetStream "Consumers"). Per instance:
+ * several instances of one durable share the server's limit.
  */
 export async function heldLimit(jsm: JetStreamManager, stream: string, durable: string, concurrency: number, perKey = 3): Promise<number> {
   const { config } = await jsm.consumers.info(stream, durable);

@@ -4,7 +4,7 @@ const OPID = /^[0-9a-f]{32}$/;
 const SUBMISSION_TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
 
 /**
- * Every subject and stream name tooltx uses, under one prefix (DESIGN.md "Where things live").
+ * Every subject and stream name tooltx uses, under one prefix.
  * Subjects are built and parsed with an exact token count, and every id token must match
  * `^[a-z0-9_-]{1,64}$`, so `tenant a + actor b.c` can never equal `tenant a.b + actor c` and a
  * wildcard can never be an id.

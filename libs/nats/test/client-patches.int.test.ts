@@ -184,7 +184,7 @@ describe('nats.js write coalescing and request hooks (client-patches.ts, real na
     const burst3 = stored.filter((i) => i >= 10_000);
     expect(stored).toEqual([...burst1, ...burst2, ...burst3]);
     expect(burst1).toEqual([...burst1].sort((a, b) => a - b));
-    // Nothing acknowledged was lost (the server was killed, not the machine: NATS-NOTES "Durability").
+    // Nothing acknowledged was lost (the server was killed, not the machine: docs/durability.md).
     expect(ackedBefore.every((i) => burst1.includes(i))).toBe(true);
     expect(burst2).toEqual(order2);
     expect(burst3).toEqual([...Array(1_000).keys()].map((i) => 10_000 + i));

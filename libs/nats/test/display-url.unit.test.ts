@@ -4,7 +4,7 @@ import { connectProblemOf, displayUrl } from '../src/connect.js';
 describe('displayUrl: a server list as it may be shown in errors and logs', () => {
   it('replaces every URL\'s user-info, even a password holding "," or "@", and keeps hosts and ports', () => {
     expect(displayUrl('nats://bob:s3cretPW@127.0.0.1:15222')).toBe('nats://[redacted]@127.0.0.1:15222');
-    // Fresh-user trial: splitting on "," first showed `nats://bob:pa,[redacted]@…`.
+    // Splitting on "," first would show `nats://bob:pa,[redacted]@…`.
     expect(displayUrl('nats://bob:pa,ss@h:1')).toBe('nats://[redacted]@h:1');
     expect(displayUrl('nats://u:p@ss@h:1')).toBe('nats://[redacted]@h:1');
     expect(displayUrl('nats://a:b@h1:1,tls://token@h2:2')).toBe('nats://[redacted]@h1:1,tls://[redacted]@h2:2');

@@ -23,7 +23,7 @@ export class ConfigError extends Error {
 const PREFIX = /^[a-z][a-z0-9_]{0,31}$/;
 
 /**
- * Settings every tooltx process reads from the environment (DESIGN.md "Where things live"):
+ * Settings every tooltx process reads from the environment:
  * - `NATS_URL` — comma-separated server URLs (default `nats://127.0.0.1:4222`).
  * - `NATS_CREDS_FILE` — optional credentials file (never the secret itself in the env).
  * - `NATS_NKEY_FILE` — optional nkey seed file (`tooltx auth generate` writes one per user).

@@ -6,8 +6,8 @@ import type { Logger } from 'pino';
 import { decode, encode, KvMirror } from '@tooltx/nats';
 
 /**
- * Frozen tasks (FM-14; DESIGN.md "After a timeout, verify before acting": "still unknown
- * past the deadline → freeze the dependent writes"). A task is frozen while at least one of its
+ * Frozen tasks (FM-14: still unknown past the deadline → a takeover record, and the dependent
+ * writes frozen). A task is frozen while at least one of its
  * operations is under takeover; every side-effecting intent of a frozen task is refused with
  * `task_frozen` at the authorizer and again by the executor right before `running`.
  *

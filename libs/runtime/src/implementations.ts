@@ -31,8 +31,8 @@ export class ToolsModuleError extends TypeError {
 }
 
 /**
- * Loads the trusted module named by `TOOLTX_TOOLS_MODULE` (DESIGN.md: the trusted side is never
- * loaded by agents). The module must export `implementations: Implementation[]`. Throws
+ * Loads the trusted module named by `TOOLTX_TOOLS_MODULE` (the trusted side is never loaded
+ * by agents). The module must export `implementations: Implementation[]`. Throws
  * {@link ToolsModuleError} (a `TypeError`) when the export is missing or malformed, and the import's
  * own error when the module cannot be loaded.
  */

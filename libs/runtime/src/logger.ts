@@ -8,7 +8,7 @@ export type { Logger } from 'pino';
 
 /**
  * The one pino set-up of every tooltx process — services, the KB storage service, `npm start`, the
- * demo (DESIGN.md "Audit evidence is not a copy of sensitive content", FM-16).
+ * demo (FM-16: no planted credential or body in any log).
  *
  * What never reaches a log line:
  * - a value under a key named like a credential, cookie, authorisation header, body, page text,

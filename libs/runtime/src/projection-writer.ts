@@ -178,7 +178,7 @@ export class ProjectionApplier<T> {
  * an in-flight event, `await batch.add(key, apply, true)` for a final one. A final batch's entry
  * leaves the cache once written (memory stays flat with the number of operations). At most `maxHeld` keys
  * wait at once (beyond it the oldest batch is written early): keep `maxHeld × events per key +
- * concurrency` below the durable's `max_ack_pending` (NATS-NOTES "Consumers").
+ * concurrency` below the durable's `max_ack_pending` (NATS docs, JetStream "Consumers").
  */
 export class ProjectionBatcher<T> {
   readonly #applier: ProjectionApplier<T>;

@@ -2,8 +2,8 @@ import { createHmac, randomBytes } from 'node:crypto';
 import { chmodSync, existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 
 /**
- * Keys for keyed digests (HMAC-SHA256) and the files they live in (DESIGN.md "Contract timing":
- * secrets come from files named in the environment; `npm start` generates development ones).
+ * Keys for keyed digests (HMAC-SHA256) and the files they live in (secrets come from files named
+ * in the environment; `npm start` generates development ones).
  *
  * Why keyed: a plain SHA-256 of a guessable value (a knowledge-base id, a short note, a status
  * phrase) is reversed by hashing the guesses; an HMAC without the key is not.

@@ -89,7 +89,7 @@ export function defineRole<E extends z.ZodRawShape = Record<never, never>>(spec:
 }
 
 /**
- * The composition root every service shares (shared/STYLE.md item 7): `--help` → config (fails fast
+ * The composition root every service shares: `--help` → config (fails fast
  * listing every problem, exit 2) → logger → trusted tools module → connect → check the streams
  * (refuses to start naming each broken setting, exit 2; never "ensures") → start → on SIGTERM or
  * SIGINT: stop, drain the connection, exit 0.

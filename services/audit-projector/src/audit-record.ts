@@ -7,7 +7,7 @@ export { auditRecordSchema, type AuditRecord, type ContractCounts } from '@toolt
 /**
  * The audit-projector's projection: one audit record per operation, in KV
  * `<prefix>_audit` under `<tenant>.<opId>`, fed by the event log and the decision stream. It is
- * evidence, not a copy of content (DESIGN.md "Audit evidence is not a copy of sensitive content"):
+ * evidence, not a copy of content (FM-16):
  * who (the internal actor id the server authenticated), when (every state with its time), which
  * contract (`name@version` and its digest), which target (a KEYED HMAC — a plain digest of a
  * guessable id is reversed by hashing guesses), the authorisation decisions with their policy
@@ -91,7 +91,7 @@ const HEAD_KEYS = ['seq', 'actor', 'status', 'tool', 'contract', 'contractDigest
 
 const NO_SIDE_EFFECT = new Set(['read', 'compute']);
 
-/** Whether the effect of an operation whose head is `status` happened (DESIGN.md "What a key means over time"). */
+/** Whether the effect of an operation whose head is `status` happened (docs/lifecycle.md). */
 export function sideEffectOf(effect: string, status: string): (typeof sideEffects)[number] {
   if (NO_SIDE_EFFECT.has(effect)) return 'none';
   if (status === 'committed') return 'applied';

@@ -55,7 +55,7 @@ export interface AuthorizerDeps {
 /**
  * The authorizer's handler for one intent message: intake checks → policy seam → frozen task
  * (side effects only) → tenant-scoped lookup → `accepted` under the expected subject sequence, or a decision record. Nothing is written
- * on the operation's subject by a refused or conflicting request (DESIGN.md "Order of checks").
+ * on the operation's subject by a refused or conflicting request (FM-03, FM-06).
  */
 export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Settlement | void> {
   const { subjects, store, tools, log } = deps;

@@ -88,7 +88,7 @@ export function intakeOf(
 }
 
 /**
- * Intake checks in the order DESIGN.md fixes ("Order of checks at intake"): identity from the
+ * Intake checks, in this order: identity from the
  * subject (an envelope `actorId` that disagrees is `forbidden`, FM-06) → contract exists, the
  * caller's contract digest equals it for a write (`contract_mismatch`, FM-25) and strict
  * parse (field paths, FM-18) → derive the key and input digest (a supplied key that differs is an
@@ -147,7 +147,7 @@ export function checkIntake(
   }
   const ids = { tool: contract.name, version: contract.version };
 
-  // 2b. The caller's contract (DESIGN.md "Contract evolution", FM-25): a write made with a cached
+  // 2b. The caller's contract (FM-25): a write made with a cached
   // contract whose interface digest differs from this registry's under the same name@version is refused
   // before its input is read by either — the caller's schema, key or authorisation fields may not
   // be the server's. Recorded under the supplied key (the one the caller waits on). Reads and
@@ -162,8 +162,8 @@ export function checkIntake(
     );
   }
 
-  // 1b. Identity named inside the input (FM-06, DESIGN.md "Identity": a payload field that disagrees
-  // is a forged identity): a tenant or actor field the contract does not declare, with another value
+  // 1b. Identity named inside the input (FM-06: a payload field that disagrees is a forged
+  // identity): a tenant or actor field the contract does not declare, with another value
   // than the subject's, is forbidden — not merely an unknown field. Recorded under the supplied key,
   // else under the key the input derives to without that field.
   const forgedField = forgedIdentityField(who, envelope.input, contract);
@@ -224,7 +224,7 @@ function forgedIdentityField(who: { tenant: string; actor: string }, input: unkn
 
 /**
  * The operation key `raw` derives to when it is a well-formed envelope of a known contract whose
- * input parses (the same derivation as for any intent, DESIGN.md "Order of checks at intake"), with
+ * input parses (the same derivation as for any intent), with
  * its contract's name and version; null otherwise. Pure; never throws.
  */
 function derivedKeyOf(

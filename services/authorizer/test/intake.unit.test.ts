@@ -12,7 +12,7 @@ const input = { bucket: 'kb', title: 'T', body: 'B', at: '2026-11-30T06:00:00Z' 
 const key = prepareCall(sinkWrite, 'task-1', input).operationKey;
 const envelope = { tool: 'sink.write', version: 1, taskId: 'task-1', operationKey: key, input };
 
-describe('intake checks, in DESIGN.md order', () => {
+describe('intake checks, in order', () => {
   it('proceeds with the server-derived key and digests for a well-formed intent', () => {
     const r = checkIntake(who, envelope, find);
     expect(r.kind).toBe('proceed');

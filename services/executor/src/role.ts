@@ -33,8 +33,7 @@ export const executorRole = defineRole({
     const results = await openBucket(nc, subjects.resultsBucket);
     const shutdown = new AbortController();
     // Each attempt in flight listens on it (and stops listening when it ends): up to
-    // TOOLTX_CONCURRENCY at once, which is not a leak — without this Node warns past 10 on stderr
-    // (session 5).
+    // TOOLTX_CONCURRENCY at once, which is not a leak — without this Node warns past 10 on stderr.
     setMaxListeners(config.TOOLTX_CONCURRENCY + 10, shutdown.signal);
     const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
     await frozen.start();

@@ -24,7 +24,7 @@ export interface IndexWriterOptions {
   /**
    * Most operations held at once; beyond it the oldest hold ends early (it is indexed). Keep
    * `maxHeld × 3 + concurrency` below the durable's `max_ack_pending`, or the server stops
-   * delivering (NATS-NOTES "Consumers").
+   * delivering (NATS docs, JetStream "Consumers").
    */
   maxHeld: number;
   /** True when the index holds a non-terminal entry for the key (the sweep's mirror of the bucket). */
@@ -94,7 +94,7 @@ export class IndexWriter {
     // Held: a first attempt's accepted or running event with nothing unusual about it. A requeue, a
     // later attempt, recovery evidence or a takeover is indexed at once: the sweep acts on those and
     // must see them (a held requeue left the entry's old time in the index, and each sweep in the
-    // hold requeued again: review).
+    // hold requeued again).
     const plain = st.attempt === 1 && (st.requeues ?? 0) === 0 && st.evidence === undefined && st.takeover === undefined;
     if (this.#o.delayMs > 0 && !this.#flushing && (status === 'accepted' || status === 'running') && plain) {
       return { kind: 'defer', settled: this.#hold(key, m.tenant, m.opId, msg.seq, event.type) };

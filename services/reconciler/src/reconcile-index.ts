@@ -5,8 +5,8 @@ import type { OperationEvent, OperationRecord } from '@tooltx/lifecycle';
 /**
  * The reconciler's projection: an index of the operations that are NOT yet terminal, in
  * KV `<prefix>_reconcile` under `<tenant>.<opId>`. It is what the reconciler will scan for
- * `running` past its contract's `runningBoundMs` and `unknown` until `unknownDeadlineMs` (DESIGN.md
- * "Contract timing", "After a timeout, verify before acting"); probing and redriving come later.
+ * `running` past its contract's `runningBoundMs` and `unknown` until `unknownDeadlineMs` (FM-27,
+ * FM-14); probing and redriving come later.
  *
  * Ordering: an event is applied only when its stream sequence is newer than the entry's `seq`.
  * A terminal operation keeps a tombstone instead of losing its key, so an older event redelivered
