@@ -174,3 +174,47 @@ export function decideIntakeFailure(f: { retryable: boolean; dependencyAway: boo
 export function refusedIntentDeletable(deliveryCount: number): boolean {
   return deliveryCount === 1;
 }
+
+/** A call as derived from an input: its operation key and digests. */
+export interface DerivedCall {
+  operationKey: string;
+  inputDigest: string;
+  targetDigest: string;
+}
+
+/**
+ * Two references to one resource are one operation (FM-10). `own`: the call as the submission
+ * derived it; `canonical`: as derived from the policy seam's canonical input (null when the seam
+ * gave none). When the two keys differ, the operation is registered under the canonical one and
+ * the submission's own key and digest are kept with the attempt (`submitted`) and recorded as an
+ * alias. Pure.
+ */
+export function registrationOf(own: DerivedCall, canonical: DerivedCall | null): { registered: DerivedCall; submitted?: { operationKey: string; inputDigest: string } } {
+  if (!canonical || canonical.operationKey === own.operationKey) return { registered: own };
+  return { registered: canonical, submitted: { operationKey: own.operationKey, inputDigest: own.inputDigest } };
+}
+
+/**
+ * At the execution instant the canonical input must still key the operation being run: a reference
+ * (an alias) that names another resource since intake would write where the key does not bind
+ * (FM-10). `canonicalKey`: the key derived from the policy seam's canonical input now (null when it
+ * no longer parses). Returns the refusal — `version_conflict`, recorded as a denial — or null. Pure.
+ */
+export function referenceMovedRefusal(operationKey: string, canonicalKey: string | null, o: { policyVersion: string; at: number }): { error: ErrorInfo; authorization: AuthDecision } | null {
+  if (canonicalKey === operationKey) return null;
+  return { error: { class: ErrorClass.VersionConflict }, authorization: { decision: 'deny', policyVersion: o.policyVersion, reason: ErrorClass.VersionConflict, at: o.at } };
+}
+
+/**
+ * A `running` operation redelivered to an executor (its earlier executor died mid-attempt, FM-27):
+ * how long to wait before verifying it, ms — until the attempt's deadline has passed on the
+ * downstream's clock as far as it is known (`offsetMs`: the downstream's clock minus this one's),
+ * plus a margin; 0: verify now (probe). Only a schedule: the probe decides. Pure.
+ */
+export function redeliveredRunWaitMs(deadlineAt: number, now: number, offsetMs: number): number {
+  const wait = deadlineAt - (now + offsetMs);
+  return wait > 0 ? wait + REDELIVERED_RUN_MARGIN_MS : 0;
+}
+
+/** Margin past an attempt's deadline before a redelivered running operation is probed, ms. */
+export const REDELIVERED_RUN_MARGIN_MS = 250;

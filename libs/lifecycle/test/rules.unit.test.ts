@@ -21,6 +21,10 @@ import {
   ownCallInFlight,
   ownRefusalSupersedes,
   policyVerdict,
+  redeliveredRunWaitMs,
+  REDELIVERED_RUN_MARGIN_MS,
+  referenceMovedRefusal,
+  registrationOf,
   refusalRecord,
   refusedIntentDeletable,
   RUNNING_GRACE_MS,
@@ -218,5 +222,31 @@ describe('an intent whose handling threw', () => {
   it('a refused intent is deleted from the tenant\'s intake only on its first delivery (a redelivered one may have registered an operation whose ack was lost)', () => {
     expect(refusedIntentDeletable(1)).toBe(true);
     expect(refusedIntentDeletable(2)).toBe(false);
+  });
+});
+
+describe('FM-10: references', () => {
+  const own = { operationKey: 'opk_own', inputDigest: D1, targetDigest: D2 };
+  it('given a canonical input with another key, then the operation is registered under the canonical key and the submission\'s own is kept', () => {
+    const canonical = { operationKey: 'opk_canonical', inputDigest: D2, targetDigest: D2 };
+    expect(registrationOf(own, canonical)).toEqual({ registered: canonical, submitted: { operationKey: 'opk_own', inputDigest: D1 } });
+  });
+  it('given no canonical input, or one with the same key, then the submission\'s own call is registered', () => {
+    expect(registrationOf(own, null)).toEqual({ registered: own });
+    expect(registrationOf(own, { ...own })).toEqual({ registered: own });
+  });
+  it('at the execution instant, a reference that now names another resource (or no longer parses) is refused version_conflict with a denial', () => {
+    expect(referenceMovedRefusal('opk_a', 'opk_a', { policyVersion: 'p', at: 1 })).toBeNull();
+    expect(referenceMovedRefusal('opk_a', 'opk_b', { policyVersion: 'p', at: 1 })).toEqual({ error: { class: 'version_conflict' }, authorization: { decision: 'deny', policyVersion: 'p', reason: 'version_conflict', at: 1 } });
+    expect(referenceMovedRefusal('opk_a', null, { policyVersion: 'p', at: 1 })?.error.class).toBe('version_conflict');
+  });
+});
+
+describe('FM-27: a running operation redelivered to another executor', () => {
+  it('waits until the attempt\'s deadline has passed on the downstream\'s clock as far as known, plus a margin; then verifies', () => {
+    expect(redeliveredRunWaitMs(10_000, 9_000, 0)).toBe(1_000 + REDELIVERED_RUN_MARGIN_MS);
+    expect(redeliveredRunWaitMs(10_000, 9_000, 500)).toBe(500 + REDELIVERED_RUN_MARGIN_MS);
+    expect(redeliveredRunWaitMs(10_000, 10_000, 0)).toBe(0);
+    expect(redeliveredRunWaitMs(10_000, 12_000, -1_000)).toBe(0);
   });
 });

@@ -12,6 +12,7 @@ import {
   policyVerdict,
   refusalRecord,
   refusedIntentDeletable,
+  registrationOf,
   StoreUnavailableError,
   type AcceptCommand,
   type AuthDecision,
@@ -199,24 +200,21 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     // Two references to one resource are one operation (FM-10): a submission that named its target
     // through an alias is registered under the canonical input's key, and its own key is recorded
     // as an alias of that one (before the registration, so status can always follow it).
-    let registered = { operationKey: key, inputDigest: prepared.inputDigest, targetDigest: prepared.targetDigest };
-    let submitted: AcceptCommand['submitted'];
+    let canonical: ReturnType<typeof prepareCall> | null = null;
     if (canonicalInput) {
-      let canonical;
       try {
         canonical = prepareCall(contract, envelope.taskId, canonicalInput);
       } catch (err) {
         l.error({ err }, 'the policy seam returned a canonical input the contract refuses');
         throw err;
       }
-      if (canonical.operationKey !== key) {
-        registered = { operationKey: canonical.operationKey, inputDigest: canonical.inputDigest, targetDigest: canonical.targetDigest };
-        submitted = { operationKey: key, inputDigest: prepared.inputDigest };
-        await store.recordDecision(
-          aliasRecord({ ...who, submissionId }, { eventId: newEventId(), at: now(), key, inputDigest: prepared.inputDigest, canonicalKey: canonical.operationKey, canonicalInputDigest: canonical.inputDigest, ...ids }),
-          operationIdOf(key),
-        );
-      }
+    }
+    const { registered, submitted } = registrationOf(prepared, canonical);
+    if (submitted && canonical) {
+      await store.recordDecision(
+        aliasRecord({ ...who, submissionId }, { eventId: newEventId(), at: now(), key, inputDigest: prepared.inputDigest, canonicalKey: canonical.operationKey, canonicalInputDigest: canonical.inputDigest, ...ids }),
+        operationIdOf(key),
+      );
     }
 
     const opId = operationIdOf(registered.operationKey);

@@ -23,6 +23,8 @@ import {
   intentEnvelopeSchema,
   operationEventSchema,
   policyVerdict,
+  redeliveredRunWaitMs,
+  referenceMovedRefusal,
   type AuthDecision,
   type Evidence,
   type HandleOptions,
@@ -111,8 +113,8 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       // Our earlier delivery of this operation died mid-attempt (FM-27). Verify before acting:
       // wait out the attempt's deadline (as far as we know the downstream's clock: only a schedule),
       // then probe the downstream by our key; its answer says whether the request may still land.
-      const wait = state.running.deadlineAt - (now() + clocks.offsetMs(impl));
-      if (wait > 0) return { kind: 'nak', delayMs: wait + 250 };
+      const wait = redeliveredRunWaitMs(state.running.deadlineAt, now(), clocks.offsetMs(impl));
+      if (wait > 0) return { kind: 'nak', delayMs: wait };
       const outcome = await recoverOperation({ store, subjects, results, impl, tenant, opId, state, seq, log: l, now, signer: deps.signer });
       l.info({ outcome: outcome.result }, 'redelivered running operation recovered');
       return;
@@ -171,8 +173,9 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
 
     // The references must still name what the operation was registered for: an alias moved to
     // another resource since intake would write somewhere the key does not bind (FM-10).
-    if (allowed?.input && !canonicalMatches(impl, state, allowed.input)) {
-      await rejectBeforeRun({ class: ErrorClass.VersionConflict }, { decision: 'deny', policyVersion, reason: ErrorClass.VersionConflict, at: now() });
+    const moved = allowed?.input ? referenceMovedRefusal(state.operationKey, canonicalKeyOf(impl, state.taskId, allowed.input), { policyVersion, at: now() }) : null;
+    if (moved) {
+      await rejectBeforeRun(moved.error, moved.authorization);
       l.info('rejected at execution: a reference now names another resource');
       return;
     }
@@ -330,14 +333,11 @@ async function loadInput(store: OperationStore, subjects: Subjects, state: Opera
   }
 }
 
-/**
- * Whether the policy seam's canonical input at the execution instant keys the operation being run:
- * its references still name the resources the key binds (the target is part of the key).
- */
-function canonicalMatches(impl: Implementation, state: OperationRecord, canonicalInput: Record<string, unknown>): boolean {
+/** The key the policy seam's canonical input derives at the execution instant, or null when the contract refuses it. */
+function canonicalKeyOf(impl: Implementation, taskId: string, canonicalInput: Record<string, unknown>): string | null {
   try {
-    return prepareCall(impl.contract, state.taskId, canonicalInput).operationKey === state.operationKey;
+    return prepareCall(impl.contract, taskId, canonicalInput).operationKey;
   } catch {
-    return false;
+    return null;
   }
 }
