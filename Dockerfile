@@ -5,6 +5,7 @@ WORKDIR /app
 COPY package.json package-lock.json ./
 COPY libs ./libs
 COPY streams ./streams
+COPY dev ./dev
 RUN npm ci --no-audit --no-fund
 COPY . .
 ENV NODE_ENV=production

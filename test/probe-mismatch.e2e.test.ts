@@ -14,7 +14,7 @@
  * - The KB side: the header is validated, a batch keeps it, and a schema-1 file is migrated in place.
  *
  * Real nats-server with auth, the services as processes, the KB as a process behind a real HTTP
- * fault hop (`@tooltx/faults`), KB_DEDUP=off (nothing else dedups), the operator CLI.
+ * fault hop (`@tooltx/dev/faults`), KB_DEDUP=off (nothing else dedups), the operator CLI.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';

@@ -3,7 +3,7 @@
  * request that reaches its insert path makes a row), a real HTTP hop that can hold or cut a request,
  * SIGKILL of the executor. Each test asserts the KB's own rows for the key: exactly one.
  * FM-12 / FM-13 (a timeout around the commit), FM-27 (executor killed mid-operation).
- * The hop is `@tooltx/faults`' HTTP proxy (keyed faults by the write's downstream key, or predicates
+ * The hop is `@tooltx/dev/faults`' HTTP proxy (keyed faults by the write's downstream key, or predicates
  * for requests without one); the tools run with keep-alive off, so one cut touches one request.
  */
 import { execFile } from 'node:child_process';

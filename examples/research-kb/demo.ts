@@ -10,7 +10,7 @@
  * The KB inserts a row for every request that reaches it (KB_DEDUP=off), so its own count of rows
  * beyond one per key is the number of duplicate side effects tooltx let through.
  *
- * Under a fault mix, injected with the shared harness (`@tooltx/faults`): 10 % of the
+ * Under a fault mix, injected with the shared harness (`@tooltx/dev/faults`): 10 % of the
  * writes have the executor–KB connection cut after the KB committed, 5 % have the KB's answer held
  * past the SDK's budget (the SDK returns unknown; the demo then observes status until it
  * converges), the agent's NATS connection is cut once (a TCP hop between the agent and

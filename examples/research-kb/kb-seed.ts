@@ -20,7 +20,7 @@
  *   only here have no quota.
  *
  * The sample's tenant list is `examples/research-kb/tenants.json` (a `KB_SEED_FILE` with tenants
- * only): `npm start`, the demo, the bench (all through ./stack.ts, which refuses to start when a
+ * only): `npm start`, the demo, the bench (all through dev/src/stack.ts, which refuses to start when a
  * tenant of the identity list is missing from it) and docker-compose.yml give it to the KB, so their
  * knowledge bases come from `KB_SEED` and their quotas from that list.
  */

@@ -24,9 +24,10 @@ export interface DecideContext {
 
 /**
  * The operation aggregate as a pure decider (decide / evolve / initialState): no clock, no I/O.
- * Times and event ids come in with the command. The services are thin shells around it:
- * load the last event of the operation's subject → decide → append with the expected subject
- * sequence → ack.
+ * Times and event ids come in with the command. Every write goes through the one command handler
+ * (handler.ts, `handleCommand`): load the operation's last event → decide → append under the
+ * sequence it was decided on → on a lost race, again; the services consume, build a command, hand
+ * it to the handler and settle the message.
  *
  * Rules (docs/lifecycle.md):
  * - `committed` is final; every replay of the key returns the original receipt.

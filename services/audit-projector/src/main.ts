@@ -1,6 +1,6 @@
 /**
  * tooltx audit-projector — keeps one audit record per operation in KV `<prefix>_audit` under
- * `<tenant>.<opId>` (see `projection.ts`), fed by the event log (durable
+ * `<tenant>.<opId>` (see `audit-record.ts`), fed by the event log (durable
  * `audit-projector`) and the decision stream (durable `audit-decisions`): who, which contract,
  * a keyed HMAC of the target, the authorisation decisions and policy versions, side effect or
  * not, every state with its time, error class, a keyed HMAC of the result digest, who resolved it

@@ -43,7 +43,7 @@ const TERMINAL = new Set(['committed', 'rejected']);
 
 /**
  * The reconciler's projection writer: the index of non-terminal operations
- * (`projection.ts`) without an index write for an operation that ends quickly.
+ * (`reconcile-index.ts`) without an index write for an operation that ends quickly.
  *
  * Most operations go accepted → running → committed within milliseconds; writing each into the
  * index (and then a tombstone) cost 6 NATS messages per call plus 3 deliveries of the sweep's watch

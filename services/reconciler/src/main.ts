@@ -1,7 +1,8 @@
 /**
- * tooltx reconciler — for now, its projection: consumes the event log on its own durable
+ * tooltx reconciler — the index of operations still in flight, the sweep that re-drives and
+ * verifies them, and the takeover service. Consumes the event log on its own durable
  * (`reconciler`, filter `<prefix>.op.>`) and keeps the index of non-terminal operations in KV
- * `<prefix>_reconcile`, one entry per operation under `<tenant>.<opId>` (see `projection.ts`).
+ * `<prefix>_reconcile`, one entry per operation under `<tenant>.<opId>` (see `reconcile-index.ts`).
  * Any number of instances may run: entries are written with compare-and-set and ordered by stream
  * sequence. A sweep (reconcile.ts) verifies stale and unknown operations by probing the downstream.
  *
