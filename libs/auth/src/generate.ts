@@ -2,15 +2,11 @@ import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createUser, fromSeed, type KeyPair } from '@nats-io/nkeys';
-import { z } from 'zod';
-import { ErrorClass, ID_PATTERN, TooltxError, type FieldIssue } from '@tooltx/contracts';
 import { generateReceiptKey, receiptKeyOf } from '@tooltx/lifecycle';
-import { jetstreamConfigBlock, type Durability, type Subjects } from '@tooltx/nats';
-import { partialTenantLimitsSchema, resolveLimits, type TenantSpec } from '@tooltx/streams';
-import { Durables, type Topology } from '@tooltx/streams';
+import { inboxPrefixOf, jetstreamConfigBlock, SERVICE_NAMES, type Durability, type Role, type Subjects } from '@tooltx/nats';
+import type { Topology } from '@tooltx/streams';
 import { identityListSchema, checkIdentityList, type IdentityList } from './identities.js';
-import { permissionsFor, knownDurables, type Permissions } from './permissions.js';
-import { inboxPrefixOf, SERVICE_NAMES, type Role, type ServiceName } from '@tooltx/nats';
+import { permissionsFor } from './permissions.js';
 
 /** One generated user: its role, public nkey, and where its seed file was written. */
 export interface GeneratedUser {

@@ -92,7 +92,7 @@ export function permissionsFor(
   ];
   const directLast = (stream: string) => [`${api}.DIRECT.GET.${stream}.>`];
   // A read by sequence that a lagging replica cannot serve (direct gets may be answered by any
-  // replica of an R3 stream) is asked again of the stream's leader (OperationStore, FM-29).
+  // replica of an R3 stream) is asked again of the stream's leader (JetStreamStore, FM-29).
   const directSeq = (stream: string) => [`${api}.DIRECT.GET.${stream}`, `${api}.STREAM.MSG.GET.${stream}`];
   const kvRead = (bucket: string) => [...directLast(kvStream(bucket)), ...directSeq(kvStream(bucket)), `${api}.STREAM.INFO.${kvStream(bucket)}`];
   const kvWrite = (bucket: string) => [`$KV.${bucket}.>`];

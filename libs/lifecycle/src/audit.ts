@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
+import { hasSideEffect, ID_PATTERN, OPERATION_KEY_PATTERN, type EffectClass } from '@tooltx/contracts';
 
 /**
  * Audit evidence as data — evidence, not a copy of sensitive content (FM-16):
@@ -71,6 +71,20 @@ export type AuditDecision = z.infer<typeof auditDecisionSchema>;
 
 /** Whether a side effect happened: never (read/compute, refused, not applied), maybe (running, unknown), yes (committed). */
 export const sideEffects = ['none', 'possible', 'applied'] as const;
+
+/**
+ * Whether the effect of an operation whose current status is `status` happened (docs/lifecycle.md):
+ * `none` for a read or a computation, or when rejected (definitively not applied) or accepted (not
+ * started, or requeued after a probe found nothing); `applied` when committed; `possible` while it
+ * runs or its outcome is unknown. Pure.
+ */
+export function sideEffectOf(effect: string, status: string): (typeof sideEffects)[number] {
+  // As read from an event: a value this version does not know is taken as a side effect (never as none).
+  if (!hasSideEffect(effect as EffectClass)) return 'none';
+  if (status === 'committed') return 'applied';
+  if (status === 'rejected' || status === 'accepted') return 'none';
+  return 'possible';
+}
 
 /** The value stored under `<tenant>.<opId>` in KV `<prefix>_audit` (msgpack). */
 export const auditRecordSchema = z.object({

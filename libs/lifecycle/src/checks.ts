@@ -1,4 +1,4 @@
-import { ErrorClass, hasSideEffect, type EffectClass, type ErrorInfo } from '@tooltx/contracts';
+import { digestOf, ErrorClass, hasSideEffect, type Contract, type EffectClass, type ErrorInfo } from '@tooltx/contracts';
 import { EVENT_SCHEMA_VERSION, type AuthDecision, type DecisionRecord, type Evidence } from './events.js';
 import { decideRunAgain } from './recovery.js';
 
@@ -218,3 +218,16 @@ export function redeliveredRunWaitMs(deadlineAt: number, now: number, offsetMs: 
 
 /** Margin past an attempt's deadline before a redelivered running operation is probed, ms. */
 export const REDELIVERED_RUN_MARGIN_MS = 250;
+
+/**
+ * A write's result is its receipt (FM-19): the result to store for a commit that no run returned —
+ * found by a probe, or resolved by a person — when the contract's output takes an empty object;
+ * null when it does not (a business result cannot be recovered: the operation stays for a person).
+ * `digest` is the result's digest for the receipt. Pure.
+ */
+export function receiptOnlyResult(contract: Pick<Contract, 'output'>): { result: Record<string, unknown>; digest: string } | null {
+  const empty = contract.output.safeParse({});
+  if (!empty.success) return null;
+  const result = empty.data as Record<string, unknown>;
+  return { result, digest: digestOf(result) };
+}

@@ -24,7 +24,8 @@ export interface HandleOptions {
   /**
    * A state and its sequence to decide on first, without a read (the event a consumer just
    * delivered, or `none` at 0 for a key that is most likely new): the append names that sequence,
-   * so a stale guess costs one refused append, never a wrong event.
+   * so a stale guess costs one refused append, never a wrong event; a decision that appends nothing
+   * (or a precondition that fails) on the guess is decided again on a read before it is answered.
    */
   known?: LoadedOperation;
   /** A precondition checked on every state the command is decided on: false → `moved_on`, nothing appended. */
@@ -54,11 +55,28 @@ export async function handleCommand(
   o: HandleOptions = {},
 ): Promise<Handled> {
   const rounds = o.retry === false ? 1 : MAX_DECIDE_ROUNDS;
+  // An answer that appends nothing, decided on a guessed state, is checked once on a read: the
+  // guess may be stale, and unlike an append nothing else would refuse it.
+  let guess = o.known;
   for (let round = 0; round < rounds; round++) {
-    const { state, seq } = round === 0 && o.known ? o.known : await store.load(tenant, opId);
-    if (o.applies && !o.applies(state)) return { kind: 'moved_on' };
+    const fromGuess = guess !== undefined;
+    const { state, seq } = guess ?? (await store.load(tenant, opId));
+    guess = undefined;
+    if (o.applies && !o.applies(state)) {
+      if (fromGuess) {
+        round--;
+        continue;
+      }
+      return { kind: 'moved_on' };
+    }
     const d = decide(make(state), state, { ...(o.signer ? { signer: o.signer } : {}), ...(o.transitions ? { transitions: o.transitions } : {}) });
-    if (d.kind !== 'append') return { kind: 'decided', decision: d, seq };
+    if (d.kind !== 'append') {
+      if (fromGuess) {
+        round--;
+        continue;
+      }
+      return { kind: 'decided', decision: d, seq };
+    }
     try {
       return { kind: 'appended', event: d.event, seq: await store.append(tenant, opId, d.event, seq) };
     } catch (err) {

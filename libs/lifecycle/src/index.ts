@@ -62,6 +62,7 @@ export {
   type StartCommand,
 } from './decider.js';
 export {
+  attemptEnded,
   isAllowedTransition,
   type LifecycleStatus,
   type Transition,
@@ -91,8 +92,9 @@ export {
   type DerivedCall,
   frozenTaskRefusal,
   IDEMPOTENCY_CONFLICT,
-  policyVerdict,
   type PolicyVerdict,
+  policyVerdict,
+  receiptOnlyResult,
   REDELIVERED_RUN_MARGIN_MS,
   redeliveredRunWaitMs,
   referenceMovedRefusal,
@@ -128,15 +130,19 @@ export {
   decideRecovery,
   decideRunAgain,
   decideSend,
+  freezeBacked,
   lookDue,
   MAX_LATE_START_REQUEUES,
   nextProbeDelayMs,
   type ProbeOutcome,
   type RecoveryStep,
+  type ResolutionOutcome,
+  resolutionVerdict,
   RETRY_MARGIN_MS,
   RUNNING_GRACE_MS,
   type SendStep,
   takeoverDue,
+  takeoverOpenable,
   takeoverRecordOf,
   type WatchedOperation,
 } from './recovery.js';
@@ -162,6 +168,7 @@ export {
   contractCountsSchema,
   countsOf,
   MAX_AUDIT_PAGE,
+  sideEffectOf,
   sideEffects,
 } from './audit.js';
 export {

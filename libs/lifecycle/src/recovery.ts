@@ -1,5 +1,5 @@
 import type { DownstreamGuarantees } from '@tooltx/contracts';
-import type { OperationRecord, TakeoverRecord } from './events.js';
+import type { OperationRecord, OperationState, TakeoverRecord } from './events.js';
 
 /** What a read-only probe of the downstream by our key found. */
 export type ProbeOutcome =
@@ -175,4 +175,32 @@ export function takeoverRecordOf(state: OperationRecord, why: { reason: Takeover
     attempts: { attempt: state.attempt, requeues: state.requeues ?? 0, probes: why.probes },
     times: { acceptedAt: state.acceptedAt, ...(state.running ? { runningAt: state.running.at } : {}), ...(state.evidence ? { unknownSince: state.evidence.at } : {}), openedAt },
   };
+}
+
+/**
+ * Whether a takeover can be opened on `state` (FM-14): `open` when it is `unknown` with none open,
+ * `already` when one is open, `not_unknown` otherwise (only an unknown outcome goes to a person). The
+ * task is frozen before the takeover is appended, so this is asked before anything is written. Pure.
+ */
+export function takeoverOpenable(state: OperationState): 'open' | 'already' | 'not_unknown' {
+  if (state.status !== 'unknown') return 'not_unknown';
+  return state.takeover ? 'already' : 'open';
+}
+
+/** Whether an open takeover backs a freeze of the operation's task: it is `unknown` and handed to a person (FM-14). Pure. */
+export function freezeBacked(state: OperationState): boolean {
+  return state.status === 'unknown' && state.takeover !== undefined;
+}
+
+/** A person's resolution of a takeover: what the operator asked (FM-14). */
+export type ResolutionOutcome = { kind: 'committed'; resourceId: string } | { kind: 'not_applied' };
+
+/**
+ * What a person's resolution does to `state` (FM-14): `already` when the same resolution was
+ * recorded (a repeat answers the state), `resolve` when the operation is `unknown`, else
+ * `not_unknown` (nothing to resolve: refused as an idempotency conflict). Pure.
+ */
+export function resolutionVerdict(state: OperationState, outcome: ResolutionOutcome): 'already' | 'resolve' | 'not_unknown' {
+  if (state.status !== 'none' && state.resolution?.outcome === outcome.kind && (outcome.kind !== 'committed' || state.receipt?.resourceId === outcome.resourceId)) return 'already';
+  return state.status === 'unknown' ? 'resolve' : 'not_unknown';
 }

@@ -54,3 +54,12 @@ export function transitionsMarkdown(table: readonly Transition[] = TRANSITIONS):
     ...table.map((t) => `| \`${t.from}\` | \`${t.event}\` | \`${t.to}\` | ${cell(t.when)} |`),
   ].join('\n');
 }
+
+/**
+ * Whether an operation in `status` has ended its current attempt: `committed` (final: every replay
+ * returns its receipt) or `rejected` (definitively not applied; only the identical input may start a
+ * new attempt). Nothing runs, waits or is verified for it any more (docs/lifecycle.md). Pure.
+ */
+export function attemptEnded(status: LifecycleStatus | string): status is 'committed' | 'rejected' {
+  return status === 'committed' || status === 'rejected';
+}

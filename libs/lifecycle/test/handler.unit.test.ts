@@ -50,6 +50,17 @@ describe('the command handler', () => {
     expect(store.history('acme', 'op3').map((e) => e.type)).toEqual(['accepted', 'running']);
   });
 
+  it('given a stale guess on which the command appends nothing, then it is decided again on a read before it is answered', async () => {
+    const store = new MemoryStore();
+    const a = await handleCommand(store, 'acme', 'op7', () => accept());
+    if (a.kind !== 'appended') throw new Error('not registered');
+    // A guess that the operation already runs (stale: it is accepted): on it, `start` would be skipped.
+    const guessedRunning = { state: { ...a.event.state, status: 'running' as const }, seq: a.seq };
+    const h = await handleCommand(store, 'acme', 'op7', () => start('x'), { known: guessedRunning, retry: false });
+    expect(h.kind).toBe('appended');
+    expect(store.history('acme', 'op7').map((e) => e.type)).toEqual(['accepted', 'running']);
+  });
+
   it('given a precondition that no longer holds, then nothing is appended', async () => {
     const store = new MemoryStore();
     await handleCommand(store, 'acme', 'op4', () => accept());

@@ -6,8 +6,15 @@
  */
 import { describe, expect, it } from 'vitest';
 import { ErrorClass } from '@tooltx/contracts';
+import { z } from 'zod';
 import {
   aliasRecord,
+  attemptEnded,
+  freezeBacked,
+  receiptOnlyResult,
+  resolutionVerdict,
+  sideEffectOf,
+  takeoverOpenable,
   boundedRefusal,
   decide,
   decideAfterRun,
@@ -248,5 +255,53 @@ describe('FM-27: a running operation redelivered to another executor', () => {
     expect(redeliveredRunWaitMs(10_000, 9_000, 500)).toBe(500 + REDELIVERED_RUN_MARGIN_MS);
     expect(redeliveredRunWaitMs(10_000, 10_000, 0)).toBe(0);
     expect(redeliveredRunWaitMs(10_000, 12_000, -1_000)).toBe(0);
+  });
+});
+
+describe('FM-14: takeover and resolution', () => {
+  it('a takeover opens only on an unknown operation, once; an open takeover backs its task\'s freeze', () => {
+    const u = unknownState() as OperationRecord;
+    expect(takeoverOpenable(u)).toBe('open');
+    expect(takeoverOpenable(runningState())).toBe('not_unknown');
+    expect(takeoverOpenable({ status: 'none' })).toBe('not_unknown');
+    const taken = appended({ type: 'open_takeover', eventId: 'evt-t-0000000', at: 9_000, attempt: 1, takeover: takeoverRecordOf(u, { reason: 'unknown_past_deadline', probes: 1 }, 9_000) }, u).state;
+    expect(takeoverOpenable(taken)).toBe('already');
+    expect(freezeBacked(taken)).toBe(true);
+    expect(freezeBacked(u)).toBe(false);
+    const resolved = appended({ type: 'resolve', eventId: 'evt-r-0000000', at: 9_500, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }, taken as OperationRecord).state;
+    expect(freezeBacked(resolved)).toBe(false);
+  });
+  it('a resolution applies to an unknown operation; the same one again answers the state; anything else is refused', () => {
+    const u = unknownState() as OperationRecord;
+    expect(resolutionVerdict(u, { kind: 'not_applied' })).toBe('resolve');
+    const resolved = appended({ type: 'resolve', eventId: 'evt-r-0000001', at: 9_500, attempt: 1, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } }, u).state;
+    expect(resolutionVerdict(resolved, { kind: 'not_applied' })).toBe('already');
+    expect(resolutionVerdict(resolved, { kind: 'committed', resourceId: 'r-1' })).toBe('not_unknown');
+    expect(resolutionVerdict(runningState(), { kind: 'not_applied' })).toBe('not_unknown');
+  });
+});
+
+describe('FM-19: a write\'s result is its receipt', () => {
+  it('a commit no run returned stores the empty result when the contract\'s output takes one, and nothing else', () => {
+    expect(receiptOnlyResult({ output: z.object({}) })).toEqual({ result: {}, digest: expect.stringMatching(/^sha256:/) });
+    expect(receiptOnlyResult({ output: z.object({ noteId: z.string() }) })).toBeNull();
+  });
+});
+
+describe('audit: whether the effect happened', () => {
+  it('none for reads and computations, and when rejected or accepted; applied when committed; possible while running or unknown', () => {
+    expect(sideEffectOf('read', 'committed')).toBe('none');
+    expect(sideEffectOf('compute', 'running')).toBe('none');
+    expect(sideEffectOf('create', 'committed')).toBe('applied');
+    expect(sideEffectOf('charge', 'rejected')).toBe('none');
+    expect(sideEffectOf('send', 'accepted')).toBe('none');
+    expect(sideEffectOf('update', 'running')).toBe('possible');
+    expect(sideEffectOf('delete', 'unknown')).toBe('possible');
+    // An effect class this version does not know is never taken for "none".
+    expect(sideEffectOf('teleport', 'unknown')).toBe('possible');
+  });
+  it('an attempt has ended when committed or rejected', () => {
+    expect(['committed', 'rejected'].every((s) => attemptEnded(s))).toBe(true);
+    expect(['none', 'accepted', 'running', 'unknown'].some((s) => attemptEnded(s))).toBe(false);
   });
 });

@@ -84,8 +84,10 @@ export class JetStreamStore implements OperationStore {
         if (isWrongLastSequence(err)) {
           // Our own earlier publish may have landed after its answer was lost (and after the
           // dedup window): then the last event on the subject is ours.
-          const cur = await this.load(tenant, opId);
-          if (cur.state.status !== 'none' && cur.state.lastEventId === event.eventId) return cur.seq;
+          // Read from the stream's leader: a replica that has not caught up would answer an older
+          // last event, and our own landed append would be taken for another writer's (FM-29).
+          const cur = await this.#leaderLast(subject);
+          if (cur && decode(operationEventSchema, cur.data).eventId === event.eventId) return cur.seq;
           throw new ConcurrencyError(subject, expectedSeq);
         }
         if (!isTransient(err)) throw err;
@@ -153,6 +155,16 @@ export class JetStreamStore implements OperationStore {
       }
     }
     throw new StoreUnavailableError(`publish to ${subject} not confirmed`, { cause: lastErr });
+  }
+
+  /** The last message on `subject` as the events stream's leader holds it (`STREAM.MSG.GET`), or null. */
+  async #leaderLast(subject: string) {
+    try {
+      return await this.#jsm.streams.getMessage(this.#subjects.eventsStream, { last_by_subj: subject });
+    } catch (err) {
+      if (isTransient(err)) throw new StoreUnavailableError(`read of the last event on ${subject} failed`, { cause: err });
+      throw err;
+    }
   }
 
   /**

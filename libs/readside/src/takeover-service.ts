@@ -2,7 +2,7 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
 import { digestOf, EMPTY_RESULT_DIGEST, ErrorClass, idSchema, operationIdOf, operationKeySchema, TooltxError, type ErrorInfo } from '@tooltx/contracts';
-import { handleCommand, type OperationRecord, type OperationStore, type ReceiptSigner, type TakeoverRecord } from '@tooltx/lifecycle';
+import { handleCommand, receiptOnlyResult, resolutionVerdict, type OperationRecord, type OperationStore, type ReceiptSigner, type TakeoverRecord } from '@tooltx/lifecycle';
 import { encode, newEventId, type Subjects } from '@tooltx/nats';
 import { thawTask, type ImplementationRegistry, type Logger } from '@tooltx/runtime';
 import { jsonCodec, startResponder, type Responder } from './responder.js';
@@ -96,18 +96,15 @@ export function startTakeoverService(d: TakeoverServiceDeps): Responder {
 
     // resolve: only an `unknown` operation; a repeat of the same resolution answers the state.
     const o = req.outcome;
-    const already = state.resolution && state.resolution.outcome === o.kind && (o.kind !== 'committed' || state.receipt?.resourceId === o.resourceId);
-    if (!already) {
-      if (state.status !== 'unknown') throw new TooltxError(ErrorClass.IdempotencyConflict, `the operation is ${state.status}, not unknown: nothing to resolve`);
+    const verdict = resolutionVerdict(state, o);
+    if (verdict === 'not_unknown') throw new TooltxError(ErrorClass.IdempotencyConflict, `the operation is ${state.status}, not unknown: nothing to resolve`);
+    if (verdict === 'resolve') {
       const impl = d.tools.get(state.tool, state.version);
       let resultDigest = digestOf({});
-      if (o.kind === 'committed') {
-        // A write's result is its receipt (FM-19): store the empty result when the contract's output allows it.
-        const empty = impl?.contract.output.safeParse({});
-        if (empty?.success) {
-          resultDigest = digestOf(empty.data);
-          if (resultDigest !== EMPTY_RESULT_DIGEST) await d.results.put(d.subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result: empty.data }));
-        }
+      const receiptOnly = o.kind === 'committed' && impl ? receiptOnlyResult(impl.contract) : null;
+      if (receiptOnly) {
+        resultDigest = receiptOnly.digest;
+        if (resultDigest !== EMPTY_RESULT_DIGEST) await d.results.put(d.subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result: receiptOnly.result }));
       }
       const h = await handleCommand(
         d.store, tenant, opId,

@@ -1,5 +1,4 @@
 import type { KV } from '@nats-io/kv';
-import type { Logger } from 'pino';
 import type { z } from 'zod';
 import { ConcurrencyError, type OperationEvent } from '@tooltx/lifecycle';
 import { CodecError, decode, encode, isWrongLastSequence } from '@tooltx/nats';

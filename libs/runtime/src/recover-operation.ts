@@ -1,5 +1,5 @@
-import { digestOf, downstreamKeyOf, EMPTY_RESULT_DIGEST, type Implementation } from '@tooltx/contracts';
-import { decideRecovery, handleCommand, type Evidence, type OperationCommand, type OperationRecord, type OperationStore, type ProbeOutcome, type ReceiptSigner } from '@tooltx/lifecycle';
+import { downstreamKeyOf, EMPTY_RESULT_DIGEST, type Implementation } from '@tooltx/contracts';
+import { decideRecovery, handleCommand, receiptOnlyResult, type Evidence, type OperationCommand, type OperationRecord, type OperationStore, type ProbeOutcome, type ReceiptSigner } from '@tooltx/lifecycle';
 import { encode, newEventId, type Subjects } from '@tooltx/nats';
 import type { KV } from '@nats-io/kv';
 import type { Logger } from 'pino';
@@ -43,7 +43,7 @@ export async function recoverOperation(deps: {
    */
   onMismatch?: (probed: { resourceId: string; inputDigest: string }) => Promise<void>;
 }): Promise<RecoveryOutcome> {
-  const { store, subjects, results, impl, tenant, opId, state, log } = deps;
+  const { subjects, results, impl, tenant, opId, state, log } = deps;
   const now = deps.now ?? Date.now;
   if (!impl.probe) {
     if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('executor_lost', now()) }));
@@ -72,14 +72,13 @@ export async function recoverOperation(deps: {
       return { result: 'mismatch' };
     }
     case 'commit': {
-      const empty = impl.contract.output.safeParse({});
-      if (!empty.success) {
+      const receiptOnly = receiptOnlyResult(impl.contract);
+      if (!receiptOnly) {
         if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('probe', now(), took()) }));
         l.warn('probe found the effect but cannot recover its result: left for a person');
         return { result: 'marked_unknown' };
       }
-      const result = empty.data;
-      const resultDigest = digestOf(result);
+      const { result, digest: resultDigest } = receiptOnly;
       if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
       const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), resourceId: step.resourceId, resultDigest }));
       l.info({ resourceId: step.resourceId, outcome: d }, 'recovered: committed from the probe');

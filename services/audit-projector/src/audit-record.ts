@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
-import { sideEffects, type AuditAuthorization, type AuditDecision, type AuditRecord, type AuditState } from '@tooltx/lifecycle';
+import { sideEffectOf, sideEffects, type AuditAuthorization, type AuditDecision, type AuditRecord, type AuditState } from '@tooltx/lifecycle';
 
 export { auditRecordSchema, type AuditRecord, type ContractCounts } from '@tooltx/lifecycle';
 
@@ -88,17 +88,6 @@ export type AuditedDecision = z.infer<typeof auditedDecisionSchema>;
 /** Fields of a record that come from its head (replaced together when the head moves). */
 type Head = Omit<AuditRecord, 'operationKey' | 'tenant' | 'decisionSeq' | 'states' | 'decisions' | 'firstAt' | 'lastAt'>;
 const HEAD_KEYS = ['seq', 'actor', 'status', 'tool', 'contract', 'contractDigest', 'effect', 'targetHmac', 'attempt', 'authorization', 'sideEffect', 'errorClass', 'resultHmac', 'resolvedBy', 'takeover'] as const;
-
-const NO_SIDE_EFFECT = new Set(['read', 'compute']);
-
-/** Whether the effect of an operation whose head is `status` happened (docs/lifecycle.md). */
-export function sideEffectOf(effect: string, status: string): (typeof sideEffects)[number] {
-  if (NO_SIDE_EFFECT.has(effect)) return 'none';
-  if (status === 'committed') return 'applied';
-  // Rejected = definitively not applied; accepted again only after a probe found nothing.
-  if (status === 'rejected' || status === 'accepted') return 'none';
-  return 'possible';
-}
 
 function authView(a: z.infer<typeof authSeen> | undefined, h: AuditHmac): AuditAuthorization | undefined {
   if (!a) return undefined;

@@ -7,7 +7,6 @@ import {
   EMPTY_RESULT_DIGEST,
   ErrorClass,
   hasSideEffect,
-  operationIdOf,
   prepareCall,
   toErrorInfo,
   TooltxError,

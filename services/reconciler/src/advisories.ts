@@ -1,8 +1,7 @@
 import type { JetStreamManager, JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
-import { operationEventSchema } from '@tooltx/lifecycle';
-import { StoreUnavailableError } from '@tooltx/lifecycle';
+import { attemptEnded, operationEventSchema, StoreUnavailableError } from '@tooltx/lifecycle';
 import { decode, isTransient, type Settlement, type Subjects } from '@tooltx/nats';
 import { projectEntry } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
@@ -38,9 +37,16 @@ export type MaxDeliveriesAdvisory = z.infer<typeof maxDeliveriesAdvisorySchema>;
 export function advisoryHandler(deps: { jsm: JetStreamManager; subjects: Subjects; index: KV; log: Logger }): (msg: JsMsg) => Promise<Settlement | void> {
   const { jsm, subjects, index, log } = deps;
   const events = subjects.eventsStream;
+  /**
+   * A direct get; a read by sequence that finds nothing is asked again of the stream's leader: on a
+   * replicated stream a replica that has not caught up does not hold a message the leader stored
+   * (FM-29), and an advisory acked on such an answer would leave its operation out of the index.
+   */
   const direct = async (query: { seq: number } | { last_by_subj: string }) => {
     try {
-      return await jsm.direct.getMessage(events, query);
+      const m = await jsm.direct.getMessage(events, query);
+      if (m || !('seq' in query)) return m;
+      return await jsm.streams.getMessage(events, query);
     } catch (err) {
       if (isTransient(err)) throw new StoreUnavailableError(`direct get on ${events} failed`, { cause: err });
       throw err;
@@ -71,7 +77,7 @@ export function advisoryHandler(deps: { jsm: JetStreamManager; subjects: Subject
     });
     l.warn(
       { tenant: where.tenant, operationKey: event.state.operationKey, status: event.state.status, index: outcome.kind },
-      event.state.status === 'committed' || event.state.status === 'rejected'
+      attemptEnded(event.state.status)
         ? 'max-deliveries advisory: operation already settled'
         : 'max-deliveries advisory: operation back in the reconciler\'s watch',
     );

@@ -1,7 +1,6 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
-import type { OperationRecord } from '@tooltx/lifecycle';
-import type { OperationStore } from '@tooltx/lifecycle';
+import { attemptEnded, type OperationRecord, type OperationStore } from '@tooltx/lifecycle';
 import { opEventOf, type Settlement, type Subjects } from '@tooltx/nats';
 import { ProjectionApplier } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
@@ -39,7 +38,6 @@ interface Hold {
   held: { seq: number; type: string; resolve: () => void; reject: (err: unknown) => void }[];
 }
 
-const TERMINAL = new Set(['committed', 'rejected']);
 
 /**
  * The reconciler's projection writer: the index of non-terminal operations
@@ -102,7 +100,7 @@ export class IndexWriter {
     await this.#applier.inOrder(key, async () => {
       const h = this.#holds.get(key);
       let written = false;
-      if (TERMINAL.has(status) && !this.#mayBeIndexed(key, event.state)) {
+      if (attemptEnded(status) && !this.#mayBeIndexed(key, event.state)) {
         // Never indexed as open: nothing to take out of the index.
       } else {
         written = (await this.#applier.applyNow(key, (cur) => applyToIndex(cur, event, msg.seq))).kind === 'written';
@@ -154,7 +152,7 @@ export class IndexWriter {
       try {
         const { state, seq } = await this.#o.store.load(h.tenant, h.opId);
         let written = false;
-        if (state.status !== 'none' && !(TERMINAL.has(state.status) && !this.#mayBeIndexed(key, state))) {
+        if (state.status !== 'none' && !(attemptEnded(state.status) && !this.#mayBeIndexed(key, state))) {
           written = (await this.#applier.applyNow(key, (cur) => applyStateToIndex(cur, state, seq))).kind === 'written';
         }
         this.#release(key, h, written);

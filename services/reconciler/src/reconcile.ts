@@ -1,5 +1,5 @@
 import type { KV } from '@nats-io/kv';
-import { handleCommand, lookDue, nextProbeDelayMs, takeoverDue, type OperationRecord, type OperationStore, type ReceiptSigner } from '@tooltx/lifecycle';
+import { attemptEnded, handleCommand, lookDue, nextProbeDelayMs, takeoverDue, type OperationRecord, type OperationStore, type ReceiptSigner } from '@tooltx/lifecycle';
 import { KvMirror, newEventId, type Subjects } from '@tooltx/nats';
 import { projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
@@ -61,10 +61,12 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
   const watched = mirror.map as ReadonlyMap<string, IndexEntry>;
 
   const takeoverDeps = { store: d.store, tasks: d.tasks, log: d.log, now };
+  /** When this sweep first saw each freeze, on the monotonic clock (repairFreezes). */
+  const freezesSeen = new Map<string, number>();
   let sweeps = 0;
   const sweepOnce = async () => {
     // Every ~30 sweeps: thaw freezes no open takeover backs any more (a lost thaw).
-    if (sweeps++ % 30 === 0) await repairFreezes(takeoverDeps, d.frozen).catch((err: unknown) => d.log.warn({ err }, 'freeze repair failed'));
+    if (sweeps++ % 30 === 0) await repairFreezes(takeoverDeps, d.frozen, freezesSeen, { elapsed }).catch((err: unknown) => d.log.warn({ err }, 'freeze repair failed'));
     for (const key of [...backoff.keys()]) if (!watched.has(key)) backoff.delete(key);
     for (const key of [...seen.keys()]) if (!watched.has(key)) seen.delete(key);
     for (const [key, v] of [...watched]) {
@@ -91,7 +93,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     const [tenant, opId] = key.split('.') as [string, string];
     const { state, seq } = await d.store.load(tenant, opId);
     if (state.status === 'none') return;
-    if ((state.status === 'committed' || state.status === 'rejected') && seq > e.seq) {
+    if (attemptEnded(state.status) && seq > e.seq) {
       // The operation ended but its entry stayed open (its terminal event was applied where the
       // entry was not yet known: index-writer.ts): take it out of the index.
       await projectEntry({ kv: d.index, key, schema: reconcileValueSchema, apply: (cur) => applyStateToIndex(cur, state, seq) });

@@ -1,6 +1,6 @@
 import type { KV } from '@nats-io/kv';
 import { operationIdOf } from '@tooltx/contracts';
-import { handleCommand, takeoverRecordOf, type OperationStore, type TakeoverRecord } from '@tooltx/lifecycle';
+import { freezeBacked, handleCommand, takeoverOpenable, takeoverRecordOf, type OperationStore, type TakeoverRecord } from '@tooltx/lifecycle';
 import { newEventId } from '@tooltx/nats';
 import { freezeTask, thawTask, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
@@ -35,8 +35,8 @@ export async function openTakeover(
 ): Promise<boolean> {
   const now = d.now ?? Date.now;
   const { state, seq } = await d.store.load(tenant, opId);
-  if (state.status !== 'unknown') return false;
-  if (state.takeover) return true;
+  const openable = takeoverOpenable(state);
+  if (openable !== 'open' || state.status === 'none') return openable === 'already';
   const openedAt = now();
   const takeover = takeoverRecordOf(state, why, openedAt);
   await freezeTask(d.tasks, tenant, state.taskId, state.operationKey, openedAt);
@@ -48,21 +48,36 @@ export async function openTakeover(
 
 /**
  * Thaws freezes that no open takeover backs any more (a resolution whose thaw was lost, or a
- * takeover append that lost its race). A freeze younger than `graceMs` is left alone: its takeover
- * append may still be on its way.
+ * takeover append that lost its race). A freeze is thawed only once this process has seen it for
+ * `graceMs` on its own monotonic clock (`seen`, kept by the caller across sweeps): its takeover
+ * append may still be on its way, and the time the freeze carries was written by another process,
+ * whose clock may disagree with this one by any amount (docs/clocks.md).
  */
-export async function repairFreezes(d: TakeoverDeps, frozen: Pick<FrozenTaskWatch, 'entries'>, graceMs = 60_000): Promise<number> {
-  const now = d.now ?? Date.now;
+export async function repairFreezes(
+  d: TakeoverDeps,
+  frozen: Pick<FrozenTaskWatch, 'entries'>,
+  seen: Map<string, number>,
+  o: { graceMs?: number; elapsed?: () => number } = {},
+): Promise<number> {
+  const graceMs = o.graceMs ?? 60_000;
+  const elapsed = o.elapsed ?? (() => performance.now());
+  const current = new Set<string>();
   let thawed = 0;
   for (const task of frozen.entries()) {
-    for (const [key, openedAt] of Object.entries(task.frozenBy)) {
-      if (now() - openedAt < graceMs) continue;
+    for (const key of Object.keys(task.frozenBy)) {
+      const id = `${task.tenant}/${task.taskId}/${key}`;
+      current.add(id);
+      const since = seen.get(id) ?? elapsed();
+      seen.set(id, since);
+      if (elapsed() - since < graceMs) continue;
       const { state } = await d.store.load(task.tenant, operationIdOf(key));
-      if (state.status === 'unknown' && state.takeover) continue;
+      if (freezeBacked(state)) continue;
       await thawTask(d.tasks, task.tenant, task.taskId, key);
+      seen.delete(id);
       thawed++;
       d.log.info({ tenant: task.tenant, operationKey: key, taskId: task.taskId }, 'freeze without an open takeover thawed');
     }
   }
+  for (const id of [...seen.keys()]) if (!current.has(id)) seen.delete(id);
   return thawed;
 }
