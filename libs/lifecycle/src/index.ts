@@ -44,6 +44,11 @@ export {
   intentEnvelopeSchema,
 } from './intent.js';
 export {
+  checkIntake,
+  type IntakeCheck,
+  keylessRefusalKey,
+} from './intake-checks.js';
+export {
   type AcceptCommand,
   type CommitCommand,
   decide,
@@ -120,11 +125,14 @@ export {
   type StatusAnswer,
   statusAnswerSchema,
   statusErrorSchema,
+  type StatusReads,
   type StatusReply,
   statusReplySchema,
   type StatusRequest,
   statusRequestSchema,
   statusSettled,
+  statusStep,
+  type StatusStep,
 } from './status.js';
 export {
   decideRecovery,

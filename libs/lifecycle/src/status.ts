@@ -190,3 +190,132 @@ export function ownRefusalSupersedes(state: OperationRecord, actor: string, req:
     decision.at >= state.updatedAt
   );
 }
+
+/**
+ * What the status endpoint has read so far for one request of `actor` ({@link statusStep}).
+ * - `operation`: the operation the asked key names — or, following an alias, its canonical key —
+ *   when it is registered AND the caller may read it (`ownCallInFlight`, else the read policy
+ *   `readAllowed`, both asked by the caller of this function); null when never registered or not
+ *   readable: the same answer for both, so an unreadable operation is not told apart from none
+ *   (FM-10, FM-31).
+ * - `decision`: the caller's last decision record on that operation's decision subject; undefined =
+ *   not read yet, null = none.
+ * - `result`: the committed result the caller may read (as `committedResult` reads it); undefined
+ *   = not read yet, null = none readable.
+ * - `alias`: set once an alias was followed: the key the caller asked about and the canonical key
+ *   whose operation `operation` is (FM-10).
+ * - `at`: the answer's server time, ms since the epoch.
+ */
+export interface StatusReads {
+  req: StatusRequest;
+  actor: string;
+  at: number;
+  operation: OperationRecord | null;
+  decision?: DecisionRecord | null;
+  result?: { result: unknown } | null;
+  alias?: { submittedKey: string; canonicalKey: string };
+}
+
+/**
+ * The next step of a status answer ({@link statusStep}):
+ * - `answer`: the answer, to be sent as is.
+ * - `read_decision`: read the caller's last decision record on `operationKey`'s decision subject
+ *   (null when none), then ask again with it as `decision`.
+ * - `read_result`: read the committed result of `operationKey` for this receipt's `attempt` and
+ *   `resultDigest` (null when none is readable), then ask again with it as `result`.
+ * - `follow_alias`: the asked key is an alias (FM-10): load the operation of `alias.canonicalKey`,
+ *   apply the read policy to it for `asked` (the request with the caller's digest mapped to the
+ *   canonical input's), then ask again with a fresh {@link StatusReads} of `asked`, that operation
+ *   (or null) and `alias`.
+ */
+export type StatusStep =
+  | { kind: 'answer'; answer: StatusAnswer }
+  | { kind: 'read_decision'; operationKey: string }
+  | { kind: 'read_result'; operationKey: string; attempt: number; resultDigest: string }
+  | { kind: 'follow_alias'; asked: StatusRequest; alias: { submittedKey: string; canonicalKey: string } };
+
+/**
+ * Status precedence, one step at a time: what to answer from what was read, or what to read next.
+ * Pure: the caller does the reads (the operation's last state, the decision record, the result)
+ * and the read policy, and asks again until it gets an `answer`.
+ *
+ * 1. A registered operation the caller may read answers from its own subject (`source:
+ *    'operation'`): its state, `attempt` and `seq` = its own event count (`eventCountOf`, never a
+ *    stream sequence); `inputMatches` when the caller gave its `inputDigest` (false = an
+ *    idempotency conflict, FM-03: the registered digest itself is never revealed); `ownAttempt`
+ *    when it gave `submissionIds`. Then, by state:
+ *    - `rejected` in an attempt the caller did not start: its own later refusal at intake answers
+ *      instead when there is one (`ownRefusalSupersedes`; needs the decision record);
+ *    - `committed`: the receipt, and the result only when the input is not known to differ (FM-03:
+ *      a conflicting caller learns that the key is taken, not what it returned; needs the result);
+ *    - `rejected`: its error; `unknown` under takeover: the takeover record (FM-14).
+ * 2. Otherwise (never registered, or not readable by this caller — the same answer), from the
+ *    caller's last decision record on the key (needs it):
+ *    - an alias (FM-10): the answer of the canonical operation, under the asked key with
+ *      `canonicalKey` set, the caller's digest mapped to the canonical input's when it is the
+ *      alias's own (so `inputMatches` compares like with like); `not_seen` with `canonicalKey` when
+ *      that operation is not readable either;
+ *    - a refusal of one of the caller's submissions (any, when it lists none): `rejected` from
+ *      `decision` with its error and submission id;
+ *    - else `not_seen`: another actor's decision, or a refusal of a submission the caller does not
+ *      list, is never revealed.
+ */
+export function statusStep(r: StatusReads): StatusStep {
+  const { req, at, alias } = r;
+  if (r.operation) {
+    const st = r.operation;
+    const key = alias?.canonicalKey ?? req.operationKey;
+    const fromOperation = operationAnswer(r, st);
+    if (fromOperation.kind !== 'answer') return fromOperation.kind === 'read_decision' ? { kind: 'read_decision', operationKey: key } : { ...fromOperation, operationKey: key };
+    return { kind: 'answer', answer: alias ? { ...fromOperation.answer, operationKey: alias.submittedKey, canonicalKey: alias.canonicalKey } : fromOperation.answer };
+  }
+  if (alias) return { kind: 'answer', answer: { operationKey: alias.submittedKey, canonicalKey: alias.canonicalKey, state: 'not_seen', source: 'none', seq: 0, at } };
+  if (r.decision === undefined) return { kind: 'read_decision', operationKey: req.operationKey };
+  // Only the caller's own decisions answer (the store reads them from the caller's own decision
+  // subject; checked here too, so the rule holds whatever it is given).
+  const d = r.decision?.actor === r.actor ? r.decision : null;
+  if (d?.outcome === 'aliased') {
+    // The caller's digest is its own input's: the same as the alias's means the canonical one.
+    const asked = req.inputDigest === undefined ? req : { ...req, inputDigest: req.inputDigest === d.inputDigest ? d.canonicalInputDigest : req.inputDigest };
+    return { kind: 'follow_alias', asked, alias: { submittedKey: req.operationKey, canonicalKey: d.canonicalKey } };
+  }
+  if (d && (req.submissionIds === undefined || req.submissionIds.includes(d.submissionId))) return { kind: 'answer', answer: decisionAnswer(req.operationKey, d, at) };
+  return { kind: 'answer', answer: { operationKey: req.operationKey, state: 'not_seen', source: 'none', seq: 0, at } };
+}
+
+/** The caller's own refusal at intake as its answer (`source: 'decision'`, `seq` 0). Pure. */
+function decisionAnswer(operationKey: string, d: DecisionRecord & { outcome: 'rejected' }, at: number): StatusAnswer {
+  return { operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
+}
+
+/**
+ * Step 1 of {@link statusStep}: the answer from readable operation `st` under the asked key (the
+ * alias's keys are set by the caller), or the read it still needs. Pure.
+ */
+function operationAnswer(
+  r: StatusReads,
+  st: OperationRecord,
+): { kind: 'answer'; answer: StatusAnswer } | { kind: 'read_decision' } | { kind: 'read_result'; attempt: number; resultDigest: string } {
+  const { req, actor, at } = r;
+  const a: StatusAnswer = { operationKey: req.operationKey, state: st.status, source: 'operation', seq: eventCountOf(st), attempt: st.attempt, at };
+  if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === st.inputDigest;
+  if (req.submissionIds !== undefined) {
+    a.ownAttempt = req.submissionIds.includes(st.intent.submissionId);
+    if (st.status === 'rejected' && !a.ownAttempt) {
+      // An earlier attempt's refusal: if the caller's own resubmission was refused at intake
+      // (e.g. task_frozen), that refusal is the answer it waits for.
+      if (r.decision === undefined) return { kind: 'read_decision' };
+      if (ownRefusalSupersedes(st, actor, req, r.decision)) return { kind: 'answer', answer: decisionAnswer(req.operationKey, r.decision, at) };
+    }
+  }
+  if (st.status === 'committed' && st.receipt) {
+    a.receipt = st.receipt;
+    if (a.inputMatches !== false) {
+      if (r.result === undefined) return { kind: 'read_result', attempt: st.attempt, resultDigest: st.receipt.resultDigest };
+      if (r.result) a.result = r.result.result;
+    }
+  }
+  if (st.status === 'rejected' && st.error) a.error = st.error;
+  if (st.status === 'unknown' && st.takeover) a.takeover = st.takeover;
+  return { kind: 'answer', answer: a };
+}

@@ -4,16 +4,16 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import { LRUCache } from 'lru-cache';
 import { ErrorClass, operationIdOf } from '@tooltx/contracts';
 import {
-  eventCountOf,
   ownCallInFlight,
-  ownRefusalSupersedes,
   readAllowed,
   statusRequestSchema,
   statusSettled,
+  statusStep,
   type LoadedOperation,
   type OperationRecord,
   type OperationStore,
   type StatusAnswer,
+  type StatusReads,
   type StatusRequest,
 } from '@tooltx/lifecycle';
 import { committedResult, opEventOf, type Subjects } from '@tooltx/nats';
@@ -261,8 +261,8 @@ export class StatusService {
   }
 
   /**
-   * The answer for `actor` of `tenant` now, with the status precedence (aliases, the caller's own
-   * refusal: `ownRefusalSupersedes`) and the read policy.
+   * The answer for `actor` of `tenant` now, with the status precedence (`statusStep`: aliases, the
+   * caller's own refusal, the fields each state reveals) and the read policy.
    * `loaded`: the operation's last state and stream sequence when the caller already has them (an
    * event the watch just delivered); read with one direct get otherwise.
    */
@@ -270,72 +270,43 @@ export class StatusService {
     return (await this.#answer(tenant, actor, req, loaded)).answer;
   }
 
-  /** {@link answer} with the stream sequence it was read at (see {@link Answered}). */
+  /**
+   * {@link answer} with the stream sequence it was read at (see {@link Answered}). Does the reads
+   * the precedence rule `statusStep` asks for — the operation's last state (one direct get, or the
+   * committed cache), the caller's decision record, the result, an alias's canonical operation —
+   * and the read policy ({@link mayRead}); the rule decides what they answer.
+   */
   async #answer(tenant: string, actor: string, req: StatusRequest, loaded?: LoadedOperation): Promise<Answered> {
-    const { store } = this.#d;
+    const { store, results, subjects } = this.#d;
     const opId = operationIdOf(req.operationKey);
     const at = this.#now();
     const { state, seq } = loaded ?? this.#final.get(`${tenant}/${opId}`) ?? (await store.load(tenant, opId));
     // `committed` is final (docs/lifecycle.md: no transition leaves it): nothing is appended after it, so
     // its state answers every later request without a read. Who may see it is still checked below.
     if (state.status === 'committed') this.#final.set(`${tenant}/${opId}`, { state, seq });
-    if (state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req))) return { answer: await this.#fromOperation(tenant, actor, req, opId, state, at), streamSeq: seq };
-    return { answer: await this.#notFromOperation(tenant, actor, req, opId, at), streamSeq: 0 };
-  }
-
-  /**
-   * The answer when the asked key's operation was never registered or is not readable by this
-   * caller (the same answer for both): an alias of another key, the caller's own refusal, or nothing.
-   */
-  async #notFromOperation(tenant: string, actor: string, req: StatusRequest, opId: string, at: number): Promise<StatusAnswer> {
-    const { store } = this.#d;
-    const d = await store.lastDecision(tenant, opId, actor);
-    if (d?.outcome === 'aliased') {
-      const canonicalOpId = operationIdOf(d.canonicalKey);
-      const c = await store.load(tenant, canonicalOpId);
-      // The caller's digest is its own input's: the same as the alias's means the canonical one.
-      const asked = req.inputDigest === undefined ? req : { ...req, inputDigest: req.inputDigest === d.inputDigest ? d.canonicalInputDigest : req.inputDigest };
-      if (c.state.status !== 'none' && (await this.#mayRead(tenant, actor, c.state, asked))) {
-        return { ...(await this.#fromOperation(tenant, actor, asked, canonicalOpId, c.state, at)), operationKey: req.operationKey, canonicalKey: d.canonicalKey };
-      }
-      return { operationKey: req.operationKey, canonicalKey: d.canonicalKey, state: 'not_seen', source: 'none', seq: 0, at };
-    }
-    if (d && (req.submissionIds === undefined || req.submissionIds.includes(d.submissionId))) {
-      return { operationKey: req.operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
-    }
-    return { operationKey: req.operationKey, state: 'not_seen', source: 'none', seq: 0, at };
-  }
-
-  /**
-   * The answer from a registered operation the caller may read (state, receipt, permitted result).
-   * Its `seq` is the operation's own event count, never the events stream's sequence: that one
-   * counts every tenant's events.
-   */
-  async #fromOperation(tenant: string, actor: string, req: StatusRequest, opId: string, state: OperationRecord, at: number): Promise<StatusAnswer> {
-    const { store, results, subjects } = this.#d;
-    const a: StatusAnswer = { operationKey: req.operationKey, state: state.status, source: 'operation', seq: eventCountOf(state), attempt: state.attempt, at };
-    if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === state.inputDigest;
-    if (req.submissionIds !== undefined) {
-      a.ownAttempt = req.submissionIds.includes(state.intent.submissionId);
-      if (state.status === 'rejected' && !a.ownAttempt) {
-        // An earlier attempt's refusal: if the caller's own resubmission was refused at intake
-        // (e.g. task_frozen), that refusal is the answer it waits for.
-        const d = await store.lastDecision(tenant, opId, actor);
-        if (ownRefusalSupersedes(state, actor, req, d)) {
-          return { operationKey: req.operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
+    const readable = state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req)) ? state : null;
+    // Answered from the asked key's own operation: its stream sequence tells a later event apart.
+    const streamSeq = readable ? seq : 0;
+    let reads: StatusReads = { req, actor, at, operation: readable };
+    for (;;) {
+      const step = statusStep(reads);
+      switch (step.kind) {
+        case 'answer':
+          return { answer: step.answer, streamSeq };
+        case 'read_decision':
+          reads = { ...reads, decision: (await store.lastDecision(tenant, operationIdOf(step.operationKey), actor)) ?? null };
+          break;
+        case 'read_result':
+          reads = { ...reads, result: (await committedResult(results, subjects, tenant, operationIdOf(step.operationKey), { attempt: step.attempt, resultDigest: step.resultDigest })) ?? null };
+          break;
+        case 'follow_alias': {
+          const c = await store.load(tenant, operationIdOf(step.alias.canonicalKey));
+          const operation = c.state.status !== 'none' && (await this.#mayRead(tenant, actor, c.state, step.asked)) ? c.state : null;
+          reads = { req: step.asked, actor, at, operation, alias: step.alias };
+          break;
         }
       }
     }
-    if (state.status === 'committed' && state.receipt) {
-      a.receipt = state.receipt;
-      if (a.inputMatches !== false) {
-        const r = await committedResult(results, subjects, tenant, opId, { attempt: state.attempt, resultDigest: state.receipt.resultDigest });
-        if (r) a.result = r.result;
-      }
-    }
-    if (state.status === 'rejected' && state.error) a.error = state.error;
-    if (state.status === 'unknown' && state.takeover) a.takeover = state.takeover;
-    return a;
   }
 
   /**

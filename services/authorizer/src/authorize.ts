@@ -9,6 +9,7 @@ import {
   frozenTaskRefusal,
   handleCommand,
   IDEMPOTENCY_CONFLICT,
+  keylessRefusalKey,
   policyVerdict,
   refusalRecord,
   refusedIntentDeletable,
@@ -24,7 +25,7 @@ import { committedResult, isTransient, newEventId, type Settlement, type Subject
 import { type FrozenTaskWatch } from '@tooltx/runtime';
 import { type AnswerPusher } from '@tooltx/readside';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
-import { intakeOf, keylessRefusalKey, type IntakeOutcome } from './intake.js';
+import { intakeOf, type IntakeOutcome } from './intake.js';
 
 /** An error a later delivery may not meet: the store or the server did not answer (nak, retried). */
 function retryable(err: unknown): boolean {
