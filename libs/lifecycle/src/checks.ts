@@ -1,6 +1,7 @@
-import { digestOf, ErrorClass, hasSideEffect, type Contract, type EffectClass, type ErrorInfo } from '@tooltx/contracts';
+import { DeadlinePassedError, digestOf, ErrorClass, hasSideEffect, TooltxError, type Contract, type EffectClass, type ErrorInfo } from '@tooltx/contracts';
 import { EVENT_SCHEMA_VERSION, type AuthDecision, type DecisionRecord, type Evidence } from './events.js';
-import { decideRunAgain } from './recovery.js';
+import { decideRunAgain, decideSend, type SendStep } from './recovery.js';
+import type { OperationState } from './events.js';
 
 /**
  * The rules a call meets at intake (authorizer) and again at the execution instant (executor),
@@ -123,7 +124,11 @@ export type AfterRun =
   | { kind: 'commit' }
   /** Nothing of this run was applied: the same attempt runs again. */
   | { kind: 'requeue'; reason: 'refused_late' }
-  | { kind: 'reject'; error: ErrorInfo }
+  /**
+   * Not applied: `refused` (the downstream's typed refusal), `read_failed` (a read or computation
+   * failed; a repeat is harmless, the caller may retry), `late_again` (refused as late once too often).
+   */
+  | { kind: 'reject'; error: ErrorInfo; reason: 'refused' | 'read_failed' | 'late_again' }
   /** The request may have been applied: `unknown` with this evidence, for the reconciler to verify. */
   | { kind: 'mark_unknown'; evidence: Evidence['kind'] };
 
@@ -140,12 +145,12 @@ export function decideAfterRun(effect: EffectClass, outcome: RunOutcome, requeue
     case 'ok':
       return { kind: 'commit' };
     case 'late':
-      if (sideEffect) return decideRunAgain(requeues).kind === 'requeue' ? { kind: 'requeue', reason: 'refused_late' } : { kind: 'reject', error: { class: ErrorClass.DependencyUnavailable } };
-      return { kind: 'reject', error: outcome.error };
+      if (sideEffect) return decideRunAgain(requeues).kind === 'requeue' ? { kind: 'requeue', reason: 'refused_late' } : { kind: 'reject', error: { class: ErrorClass.DependencyUnavailable }, reason: 'late_again' };
+      return { kind: 'reject', error: outcome.error, reason: 'read_failed' };
     case 'refused':
-      return { kind: 'reject', error: outcome.error };
+      return { kind: 'reject', error: outcome.error, reason: 'refused' };
     case 'failed':
-      if (!sideEffect) return { kind: 'reject', error: { class: ErrorClass.DependencyUnavailable } };
+      if (!sideEffect) return { kind: 'reject', error: { class: ErrorClass.DependencyUnavailable }, reason: 'read_failed' };
       return { kind: 'mark_unknown', evidence: outcome.aborted ? 'timeout' : 'connection_lost' };
   }
 }
@@ -230,4 +235,49 @@ export function receiptOnlyResult(contract: Pick<Contract, 'output'>): { result:
   if (!empty.success) return null;
   const result = empty.data as Record<string, unknown>;
   return { result, digest: digestOf(result) };
+}
+
+/**
+ * How a run ended, from what the downstream call threw (`err`; undefined when it returned) and
+ * whether the attempt's own signal was aborted (its deadline, or shutdown): a refusal as late by the
+ * downstream's clock (`DeadlinePassedError`), a typed refusal (`TooltxError`), or anything else — a
+ * timeout or a lost connection, after which the request may have been applied. Pure.
+ */
+export function runOutcomeOf(err: unknown, aborted: boolean): RunOutcome {
+  if (err === undefined) return { kind: 'ok' };
+  if (err instanceof DeadlinePassedError) return { kind: 'late', error: err.toInfo() };
+  if (err instanceof TooltxError) return { kind: 'refused', error: err.toInfo() };
+  return { kind: 'failed', aborted };
+}
+
+/**
+ * What the executor does with an operation an event of attempt `attempt` was delivered for, read as
+ * `state` (`deliveryCount`: how often the event was delivered): `run` it when it waits to run
+ * (`accepted`, this attempt); `recover` it when it is `running` and the event comes again — the
+ * executor that took it died mid-attempt (FM-27): verify before acting; otherwise `ignore` (another
+ * attempt, or another executor drives it). Pure.
+ */
+export function executorAction(state: OperationState, attempt: number, deliveryCount: number): 'run' | 'recover' | 'ignore' {
+  if (state.status === 'none' || state.attempt !== attempt) return 'ignore';
+  if (state.status === 'running' && deliveryCount > 1 && state.running) return 'recover';
+  return state.status === 'accepted' ? 'run' : 'ignore';
+}
+
+/**
+ * Whether a verdict reached before `running` (a refusal at the execution instant) still applies:
+ * the operation still waits to run, in the same attempt. Once another executor has moved it on,
+ * that run is not ours to refuse. Pure.
+ */
+export function waitingToRun(state: OperationState, attempt: number): boolean {
+  return state.status === 'accepted' && state.attempt === attempt;
+}
+
+/**
+ * Whether a run whose `running` event is stored may still be sent ({@link decideSend}):
+ * `elapsedMs` since the executor fixed the attempt's deadline, `timeoutMs` the attempt's time. Reads
+ * and computations are always sent (a late one is refused or times out, and is retryable). Pure.
+ */
+export function sendAfterStart(a: { effect: EffectClass; timeoutMs: number; elapsedMs: number; requeues: number }): SendStep {
+  if (!hasSideEffect(a.effect)) return { kind: 'send' };
+  return decideSend({ startedAt: 0, deadlineAt: a.timeoutMs, now: a.elapsedMs, requeues: a.requeues });
 }

@@ -1,5 +1,5 @@
 import type { DownstreamGuarantees } from '@tooltx/contracts';
-import type { OperationRecord, OperationState, TakeoverRecord } from './events.js';
+import type { Evidence, OperationRecord, OperationState, TakeoverRecord } from './events.js';
 
 /** What a read-only probe of the downstream by our key found. */
 export type ProbeOutcome =
@@ -203,4 +203,87 @@ export type ResolutionOutcome = { kind: 'committed'; resourceId: string } | { ki
 export function resolutionVerdict(state: OperationState, outcome: ResolutionOutcome): 'already' | 'resolve' | 'not_unknown' {
   if (state.status !== 'none' && state.resolution?.outcome === outcome.kind && (outcome.kind !== 'committed' || state.receipt?.resourceId === outcome.resourceId)) return 'already';
   return state.status === 'unknown' ? 'resolve' : 'not_unknown';
+}
+
+/** What a recovery may learn of the downstream: a probe's outcome, or that the contract has no probe. */
+export type RecoveryInput = ProbeOutcome | { kind: 'no_probe' };
+
+/**
+ * What recovery does with an operation whose attempt may or may not have reached the downstream
+ * (FM-12, FM-13, FM-19, FM-27): the whole verdict, so the shell only carries it out.
+ * - `commit` with the resource id the probe found (only for a receipt-only result: a probe cannot
+ *   recover a business result);
+ * - `requeue`: run the same attempt again under the same key;
+ * - `unknown`: nothing proves the outcome. `markEvidence` is set when the operation is still
+ *   `running`: append `mark_unknown` with that evidence; otherwise it stays `unknown`. `reason`:
+ *   `unresolved` (the probe proved nothing yet; `retryInMs` as in {@link decideRecovery}),
+ *   `no_probe` (the contract has none: a person decides), `result_not_recoverable` (the effect is
+ *   there but its result cannot be rebuilt: a person decides), `mismatch` (another effect under
+ *   our key: a person takes over at once, `probed` names it).
+ */
+export type RecoveryPlan =
+  | { kind: 'commit'; resourceId: string }
+  | { kind: 'requeue' }
+  | {
+      kind: 'unknown';
+      reason: 'unresolved' | 'no_probe' | 'result_not_recoverable' | 'mismatch';
+      markEvidence?: Evidence['kind'];
+      retryInMs?: number;
+      probed?: { resourceId: string; inputDigest: string };
+    };
+
+/**
+ * The recovery verdict ({@link RecoveryPlan}) for `state` from what was learned of the downstream.
+ * `receiptOnly`: whether the contract's result is its receipt (FM-19, {@link receiptOnlyResult}). Pure.
+ */
+export function planRecovery(state: OperationRecord, input: RecoveryInput, c: { downstream: DownstreamGuarantees; receiptOnly: boolean }): RecoveryPlan {
+  const running = state.status === 'running';
+  const mark = (kind: Evidence['kind']) => (running ? { markEvidence: kind } : {});
+  if (input.kind === 'no_probe') return { kind: 'unknown', reason: 'no_probe', ...mark('executor_lost') };
+  const step = decideRecovery(state, input, c.downstream);
+  switch (step.kind) {
+    case 'mismatch':
+      return { kind: 'unknown', reason: 'mismatch', ...mark('probe'), probed: { resourceId: step.resourceId, inputDigest: step.inputDigest } };
+    case 'commit':
+      return c.receiptOnly ? { kind: 'commit', resourceId: step.resourceId } : { kind: 'unknown', reason: 'result_not_recoverable', ...mark('probe') };
+    case 'requeue':
+      return { kind: 'requeue' };
+    case 'mark_unknown':
+    case 'keep':
+      return { kind: 'unknown', reason: 'unresolved', ...mark(input.kind === 'unavailable' ? 'probe' : 'executor_lost'), ...(step.retryInMs !== undefined ? { retryInMs: step.retryInMs } : {}) };
+  }
+}
+
+/** What the reconciler's sweep does with a watched operation once it has read it ({@link sweepAction}). */
+export type SweepAction =
+  /** Nothing: not registered, a person's (under takeover), or the index lags (the next sweep looks again). */
+  | 'skip'
+  /** The operation ended but its index entry stayed open: close the entry. */
+  | 'close_entry'
+  /** Accepted and never started within its bound: requeue it (`stale_accepted`). */
+  | 'requeue_stale'
+  /** Running past its time or unknown: verify it (probe, {@link planRecovery}). */
+  | 'verify';
+
+/**
+ * The sweep's action for an index entry (`entry`: its status and the sequence it was written at)
+ * and the operation as read now (`state` at `seq`). Pure.
+ */
+export function sweepAction(entry: { status: string; seq: number }, state: OperationState, seq: number): SweepAction {
+  if (state.status === 'none') return 'skip';
+  if ((state.status === 'committed' || state.status === 'rejected') && seq > entry.seq) return 'close_entry';
+  if (state.status !== entry.status) return 'skip';
+  if (state.status === 'accepted') return 'requeue_stale';
+  if (state.takeover) return 'skip';
+  return state.status === 'running' || state.status === 'unknown' ? 'verify' : 'skip';
+}
+
+/**
+ * The next probe of an operation a verification left unresolved, ms from now: the exponential
+ * backoff ({@link nextProbeDelayMs}) after `failures` unresolved probes — or sooner, when the
+ * downstream's clock said when the attempt's request can no longer land (`retryInMs`). Pure but for
+ * the jitter's `random`.
+ */
+export function nextProbeInMs(failures: number, retryInMs: number | undefined, random: () => number = Math.random): number {
+  return Math.min(retryInMs ?? Infinity, nextProbeDelayMs(failures, random));
 }

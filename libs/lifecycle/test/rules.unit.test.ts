@@ -5,7 +5,7 @@
  * timing, and the takeover record.
  */
 import { describe, expect, it } from 'vitest';
-import { ErrorClass } from '@tooltx/contracts';
+import { DeadlinePassedError, ErrorClass, TooltxError } from '@tooltx/contracts';
 import { z } from 'zod';
 import {
   aliasRecord,
@@ -13,20 +13,26 @@ import {
   freezeBacked,
   receiptOnlyResult,
   resolutionVerdict,
+  runOutcomeOf,
+  sendAfterStart,
+  waitingToRun,
   sideEffectOf,
   takeoverOpenable,
   boundedRefusal,
   decide,
   decideAfterRun,
   decideIntakeFailure,
+  executorAction,
   decisionRecordSchema,
   frozenTaskRefusal,
   IDEMPOTENCY_CONFLICT,
   lookDue,
   MAX_LATE_START_REQUEUES,
   nextProbeDelayMs,
+  nextProbeInMs,
   ownCallInFlight,
   ownRefusalSupersedes,
+  planRecovery,
   policyVerdict,
   redeliveredRunWaitMs,
   REDELIVERED_RUN_MARGIN_MS,
@@ -36,6 +42,7 @@ import {
   refusedIntentDeletable,
   RUNNING_GRACE_MS,
   statusSettled,
+  sweepAction,
   takeoverDue,
   takeoverRecordOf,
   takeoverRecordSchema,
@@ -100,17 +107,17 @@ describe('a run\'s outcome (effect-class failure mapping)', () => {
   it('FM-15: given a side effect refused as late, then the same attempt runs again — rejected as dependency_unavailable once requeued too often', () => {
     const late = { kind: 'late' as const, error: { class: ErrorClass.DependencyUnavailable } };
     expect(decideAfterRun('create', late, 0)).toEqual({ kind: 'requeue', reason: 'refused_late' });
-    expect(decideAfterRun('create', late, MAX_LATE_START_REQUEUES)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
-    expect(decideAfterRun('read', late, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
+    expect(decideAfterRun('create', late, MAX_LATE_START_REQUEUES)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' }, reason: 'late_again' });
+    expect(decideAfterRun('read', late, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' }, reason: 'read_failed' });
   });
   it('given a typed refusal of the downstream, then reject with its error, whatever the effect', () => {
-    expect(decideAfterRun('create', { kind: 'refused', error: { class: 'quota_exceeded' } }, 0)).toEqual({ kind: 'reject', error: { class: 'quota_exceeded' } });
+    expect(decideAfterRun('create', { kind: 'refused', error: { class: ErrorClass.QuotaExceeded } }, 0)).toEqual({ kind: 'reject', error: { class: 'quota_exceeded' }, reason: 'refused' });
   });
   it('FM-12, FM-13: given a timeout or a lost connection, then a side effect is unknown with that evidence, never rejected; a read is rejected as dependency_unavailable', () => {
     expect(decideAfterRun('create', { kind: 'failed', aborted: true }, 0)).toEqual({ kind: 'mark_unknown', evidence: 'timeout' });
     expect(decideAfterRun('charge', { kind: 'failed', aborted: false }, 0)).toEqual({ kind: 'mark_unknown', evidence: 'connection_lost' });
-    expect(decideAfterRun('read', { kind: 'failed', aborted: true }, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
-    expect(decideAfterRun('compute', { kind: 'failed', aborted: false }, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' } });
+    expect(decideAfterRun('read', { kind: 'failed', aborted: true }, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' }, reason: 'read_failed' });
+    expect(decideAfterRun('compute', { kind: 'failed', aborted: false }, 0)).toEqual({ kind: 'reject', error: { class: 'dependency_unavailable' }, reason: 'read_failed' });
   });
 });
 
@@ -303,5 +310,78 @@ describe('audit: whether the effect happened', () => {
   it('an attempt has ended when committed or rejected', () => {
     expect(['committed', 'rejected'].every((s) => attemptEnded(s))).toBe(true);
     expect(['none', 'accepted', 'running', 'unknown'].some((s) => attemptEnded(s))).toBe(false);
+  });
+});
+
+describe('FM-12, FM-13, FM-19, FM-27: the recovery verdict', () => {
+  const keyed = { honoursKey: true, enforcesDeadline: false };
+  const plain = { honoursKey: false, enforcesDeadline: false };
+  it('found under our key with the same input: commit when the result is the receipt; else unknown for a person (marked if running)', () => {
+    const r = runningState() as OperationRecord;
+    expect(planRecovery(r, { kind: 'found', resourceId: 'n-1' }, { downstream: plain, receiptOnly: true })).toEqual({ kind: 'commit', resourceId: 'n-1' });
+    expect(planRecovery(r, { kind: 'found', resourceId: 'n-1' }, { downstream: plain, receiptOnly: false })).toEqual({ kind: 'unknown', reason: 'result_not_recoverable', markEvidence: 'probe' });
+    expect(planRecovery(unknownState() as OperationRecord, { kind: 'found', resourceId: 'n-1' }, { downstream: plain, receiptOnly: false })).toEqual({ kind: 'unknown', reason: 'result_not_recoverable' });
+  });
+  it('another effect under our key: a person takes over, with what the probe found', () => {
+    expect(planRecovery(runningState() as OperationRecord, { kind: 'found', resourceId: 'n-9', inputDigest: D2 }, { downstream: plain, receiptOnly: true })).toEqual({ kind: 'unknown', reason: 'mismatch', markEvidence: 'probe', probed: { resourceId: 'n-9', inputDigest: D2 } });
+  });
+  it('nothing found where a repeat is safe: requeue; where it is not: unknown (probe again)', () => {
+    expect(planRecovery(runningState() as OperationRecord, { kind: 'not_found' }, { downstream: keyed, receiptOnly: true })).toEqual({ kind: 'requeue' });
+    expect(planRecovery(runningState() as OperationRecord, { kind: 'not_found' }, { downstream: plain, receiptOnly: true })).toEqual({ kind: 'unknown', reason: 'unresolved', markEvidence: 'executor_lost' });
+    expect(planRecovery(unknownState() as OperationRecord, { kind: 'unavailable' }, { downstream: keyed, receiptOnly: true })).toEqual({ kind: 'unknown', reason: 'unresolved' });
+    expect(planRecovery(runningState() as OperationRecord, { kind: 'unavailable' }, { downstream: keyed, receiptOnly: true })).toEqual({ kind: 'unknown', reason: 'unresolved', markEvidence: 'probe' });
+  });
+  it('a contract with no probe: a running attempt whose executor is gone is unknown for a person', () => {
+    expect(planRecovery(runningState() as OperationRecord, { kind: 'no_probe' }, { downstream: keyed, receiptOnly: true })).toEqual({ kind: 'unknown', reason: 'no_probe', markEvidence: 'executor_lost' });
+    expect(planRecovery(unknownState() as OperationRecord, { kind: 'no_probe' }, { downstream: keyed, receiptOnly: true })).toEqual({ kind: 'unknown', reason: 'no_probe' });
+  });
+});
+
+describe('the reconciler\'s sweep action', () => {
+  it('closes the entry of an ended operation, skips a lagging index or a person\'s operation, requeues a stale accepted one, verifies a running or unknown one', () => {
+    const a = acceptedState() as OperationRecord;
+    const r = runningState() as OperationRecord;
+    const u = unknownState() as OperationRecord;
+    const rejected = appended({ type: 'reject', eventId: 'evt-x-0000000', at: 3_000, attempt: 1, error: { class: 'forbidden' } }, r).state;
+    expect(sweepAction({ status: 'running', seq: 5 }, { status: 'none' }, 0)).toBe('skip');
+    expect(sweepAction({ status: 'running', seq: 5 }, rejected, 6)).toBe('close_entry');
+    expect(sweepAction({ status: 'running', seq: 5 }, r, 7)).toBe('verify');
+    expect(sweepAction({ status: 'accepted', seq: 5 }, r, 7)).toBe('skip');
+    expect(sweepAction({ status: 'accepted', seq: 5 }, a, 5)).toBe('requeue_stale');
+    expect(sweepAction({ status: 'unknown', seq: 5 }, u, 5)).toBe('verify');
+    const taken = appended({ type: 'open_takeover', eventId: 'evt-t-0000009', at: 9_000, attempt: 1, takeover: takeoverRecordOf(u, { reason: 'unknown_past_deadline', probes: 1 }, 9_000) }, u).state;
+    expect(sweepAction({ status: 'unknown', seq: 5 }, taken, 6)).toBe('skip');
+  });
+  it('probes again on the backoff, or sooner when the downstream\'s clock said when a late request can no longer land', () => {
+    expect(nextProbeInMs(1, undefined, () => 0.5)).toBe(2_000);
+    expect(nextProbeInMs(1, 300, () => 0.5)).toBe(300);
+    expect(nextProbeInMs(1, 9_000, () => 0.5)).toBe(2_000);
+  });
+});
+
+describe('the executor\'s verdicts around a run', () => {
+  it('runs an accepted operation of this attempt, recovers a running one delivered again (FM-27), ignores the rest', () => {
+    expect(executorAction(acceptedState(), 1, 1)).toBe('run');
+    expect(executorAction(acceptedState(), 2, 1)).toBe('ignore');
+    expect(executorAction(runningState(), 1, 2)).toBe('recover');
+    expect(executorAction(runningState(), 1, 1)).toBe('ignore');
+    expect(executorAction(unknownState(), 1, 3)).toBe('ignore');
+    expect(executorAction({ status: 'none' }, 1, 1)).toBe('ignore');
+  });
+  it('a refusal before running holds only while the operation waits to run in the same attempt', () => {
+    expect(waitingToRun(acceptedState(), 1)).toBe(true);
+    expect(waitingToRun(acceptedState(), 2)).toBe(false);
+    expect(waitingToRun(runningState(), 1)).toBe(false);
+  });
+  it('what the downstream threw becomes the run\'s outcome', () => {
+    expect(runOutcomeOf(undefined, false)).toEqual({ kind: 'ok' });
+    expect(runOutcomeOf(new DeadlinePassedError(5), false)).toMatchObject({ kind: 'late', error: { class: 'dependency_unavailable' } });
+    expect(runOutcomeOf(new TooltxError(ErrorClass.Forbidden, 'no'), false)).toMatchObject({ kind: 'refused', error: { class: 'forbidden' } });
+    expect(runOutcomeOf(new Error('socket hang up'), true)).toEqual({ kind: 'failed', aborted: true });
+  });
+  it('a side effect stored too late is not sent (FM-29); a read always is', () => {
+    expect(sendAfterStart({ effect: 'create', timeoutMs: 1_000, elapsedMs: 100, requeues: 0 })).toEqual({ kind: 'send' });
+    expect(sendAfterStart({ effect: 'create', timeoutMs: 1_000, elapsedMs: 900, requeues: 0 })).toEqual({ kind: 'requeue' });
+    expect(sendAfterStart({ effect: 'read', timeoutMs: 1_000, elapsedMs: 900, requeues: 0 })).toEqual({ kind: 'send' });
   });
 });

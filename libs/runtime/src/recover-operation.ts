@@ -1,5 +1,5 @@
 import { downstreamKeyOf, EMPTY_RESULT_DIGEST, type Implementation } from '@tooltx/contracts';
-import { decideRecovery, handleCommand, receiptOnlyResult, type Evidence, type OperationCommand, type OperationRecord, type OperationStore, type ProbeOutcome, type ReceiptSigner } from '@tooltx/lifecycle';
+import { handleCommand, planRecovery, receiptOnlyResult, type Evidence, type OperationCommand, type OperationRecord, type OperationStore, type ReceiptSigner, type RecoveryInput } from '@tooltx/lifecycle';
 import { encode, newEventId, type Subjects } from '@tooltx/nats';
 import type { KV } from '@nats-io/kv';
 import type { Logger } from 'pino';
@@ -45,43 +45,30 @@ export async function recoverOperation(deps: {
 }): Promise<RecoveryOutcome> {
   const { subjects, results, impl, tenant, opId, state, log } = deps;
   const now = deps.now ?? Date.now;
-  if (!impl.probe) {
-    if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('executor_lost', now()) }));
-    return { result: 'no_probe' };
-  }
-  let probe: ProbeOutcome;
   // The probe's duration on the monotonic clock: a wall clock stepped back meanwhile must not make
   // it negative (an event that could not be read back, docs/clocks.md).
   const startedMono = performance.now();
   const took = () => Math.max(0, Math.round(performance.now() - startedMono));
-  try {
-    const r = await impl.probe({ tenant, actor: state.actor, operationKey: state.operationKey, downstreamKey: downstreamKeyOf(tenant, state.operationKey), attempt: state.attempt, inputDigest: state.inputDigest, signal: AbortSignal.timeout(impl.contract.timing.timeoutMs) });
-    probe = r.found
-      ? { kind: 'found', resourceId: r.resourceId, ...(r.inputDigest ? { inputDigest: r.inputDigest } : {}) }
-      : { kind: 'not_found', ...(r.downstreamAt !== undefined ? { downstreamAt: r.downstreamAt } : {}) };
-  } catch {
-    probe = { kind: 'unavailable' };
-  }
-  const step = decideRecovery(state, probe, impl.contract.downstream);
-  const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, probe: probe.kind });
-  switch (step.kind) {
-    case 'mismatch': {
-      if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence('probe', now(), took()) }));
-      l.error({ resourceId: step.resourceId }, 'probe found another effect under our key: left for a person');
-      await deps.onMismatch?.({ resourceId: step.resourceId, inputDigest: step.inputDigest });
-      return { result: 'mismatch' };
+  let input: RecoveryInput = { kind: 'no_probe' };
+  if (impl.probe) {
+    try {
+      const r = await impl.probe({ tenant, actor: state.actor, operationKey: state.operationKey, downstreamKey: downstreamKeyOf(tenant, state.operationKey), attempt: state.attempt, inputDigest: state.inputDigest, signal: AbortSignal.timeout(impl.contract.timing.timeoutMs) });
+      input = r.found
+        ? { kind: 'found', resourceId: r.resourceId, ...(r.inputDigest ? { inputDigest: r.inputDigest } : {}) }
+        : { kind: 'not_found', ...(r.downstreamAt !== undefined ? { downstreamAt: r.downstreamAt } : {}) };
+    } catch {
+      input = { kind: 'unavailable' };
     }
+  }
+  const receiptOnly = receiptOnlyResult(impl.contract);
+  const plan = planRecovery(state, input, { downstream: impl.contract.downstream, receiptOnly: receiptOnly !== null });
+  const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, probe: input.kind });
+  switch (plan.kind) {
     case 'commit': {
-      const receiptOnly = receiptOnlyResult(impl.contract);
-      if (!receiptOnly) {
-        if (state.status === 'running') await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, evidence: evidence('probe', now(), took()) }));
-        l.warn('probe found the effect but cannot recover its result: left for a person');
-        return { result: 'marked_unknown' };
-      }
-      const { result, digest: resultDigest } = receiptOnly;
+      const { result, digest: resultDigest } = receiptOnly!;
       if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), resourceId: step.resourceId, resultDigest }));
-      l.info({ resourceId: step.resourceId, outcome: d }, 'recovered: committed from the probe');
+      const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), resourceId: plan.resourceId, resultDigest }));
+      l.info({ resourceId: plan.resourceId, outcome: d }, 'recovered: committed from the probe');
       return { result: d === 'appended' ? 'committed' : 'moved_on' };
     }
     case 'requeue': {
@@ -89,14 +76,27 @@ export async function recoverOperation(deps: {
       l.info({ outcome: d }, 'recovered: nothing downstream, requeued under the same key');
       return { result: d === 'appended' ? 'requeued' : 'moved_on' };
     }
-    case 'mark_unknown': {
-      const kind: Evidence['kind'] = probe.kind === 'unavailable' ? 'probe' : 'executor_lost';
-      const d = await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence(kind, now(), took()) }));
-      l.warn({ outcome: d, ...retry(step) }, 'outcome unknown: left to the reconciler');
-      return d === 'appended' ? { result: 'marked_unknown', ...retry(step) } : { result: 'moved_on' };
+    case 'unknown': {
+      const evidenceKind = plan.markEvidence;
+      const d = evidenceKind
+        ? await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence(evidenceKind, now(), input.kind === 'no_probe' ? undefined : took()) }))
+        : undefined;
+      switch (plan.reason) {
+        case 'no_probe':
+          return { result: 'no_probe' };
+        case 'mismatch':
+          l.error({ resourceId: plan.probed?.resourceId }, 'probe found another effect under our key: left for a person');
+          if (plan.probed) await deps.onMismatch?.(plan.probed);
+          return { result: 'mismatch' };
+        case 'result_not_recoverable':
+          l.warn('probe found the effect but cannot recover its result: left for a person');
+          return { result: 'marked_unknown' };
+        case 'unresolved':
+          if (d === undefined) return { result: 'kept', ...retry(plan) };
+          l.warn({ outcome: d, ...retry(plan) }, 'outcome unknown: left to the reconciler');
+          return d === 'appended' ? { result: 'marked_unknown', ...retry(plan) } : { result: 'moved_on' };
+      }
     }
-    case 'keep':
-      return { result: 'kept', ...retry(step) };
   }
 }
 

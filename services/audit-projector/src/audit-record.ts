@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
-import { sideEffectOf, sideEffects, type AuditAuthorization, type AuditDecision, type AuditRecord, type AuditState } from '@tooltx/lifecycle';
+import { sideEffectOf, type AuditAuthorization, type AuditDecision, type AuditRecord, type AuditState } from '@tooltx/lifecycle';
 
 export { auditRecordSchema, type AuditRecord, type ContractCounts } from '@tooltx/lifecycle';
 

@@ -6,17 +6,15 @@ import {
   downstreamKeyOf,
   EMPTY_RESULT_DIGEST,
   ErrorClass,
-  hasSideEffect,
   prepareCall,
   toErrorInfo,
-  TooltxError,
   type AuthorizationResult,
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
 import {
   decideAfterRun,
-  decideSend,
+  executorAction,
   frozenTaskRefusal,
   handleCommand,
   intentEnvelopeSchema,
@@ -24,6 +22,9 @@ import {
   policyVerdict,
   redeliveredRunWaitMs,
   referenceMovedRefusal,
+  runOutcomeOf,
+  sendAfterStart,
+  waitingToRun,
   type AuthDecision,
   type Evidence,
   type HandleOptions,
@@ -98,7 +99,8 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     // it carries at its own sequence (the `running` append names that sequence, so if anything was
     // appended since, it is refused and the newer event drives the operation). A redelivery reads.
     const { state, seq } = msg.info.deliveryCount === 1 ? { state: event.state, seq: msg.seq } : await store.load(tenant, opId);
-    if (state.status === 'none' || state.attempt !== event.attempt) return;
+    const action = executorAction(state, event.attempt, msg.info.deliveryCount);
+    if (action === 'ignore' || state.status === 'none') return;
     const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, tool: `${state.tool}@${state.version}` });
 
     const impl = tools.get(state.tool, state.version);
@@ -108,7 +110,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       return { kind: 'nak', delayMs: 5_000 };
     }
 
-    if (state.status === 'running' && msg.info.deliveryCount > 1 && state.running) {
+    if (action === 'recover' && state.running) {
       // Our earlier delivery of this operation died mid-attempt (FM-27). Verify before acting:
       // wait out the attempt's deadline (as far as we know the downstream's clock: only a schedule),
       // then probe the downstream by our key; its answer says whether the request may still land.
@@ -118,7 +120,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       l.info({ outcome: outcome.result }, 'redelivered running operation recovered');
       return;
     }
-    if (state.status !== 'accepted') return;
+    if (action !== 'run') return;
 
     /**
      * A refusal before `running` applies only while the operation still waits to run (`accepted`,
@@ -129,7 +131,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       const d = await transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }), {
         known: { state, seq },
         // Still waiting to run (a stale-accepted requeue only moves its sequence): the verdict holds.
-        applies: (s) => s.status === 'accepted' && s.attempt === state.attempt,
+        applies: (s) => waitingToRun(s, state.attempt),
       });
       // Only a refusal this executor appended: otherwise the run is another's, and so is its answer.
       if (d.kind === 'appended') pushPoll(tenant, state);
@@ -225,7 +227,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     // Stored too late to be sent (a stalled append, e.g. a cluster's leader election): nothing has
     // left, so the attempt starts again with a fresh deadline rather than meet a refusal (FM-29).
     // Reads and computations are sent anyway: a late one is refused or times out, and is retryable.
-    const go = hasSideEffect(impl.contract.effect) ? decideSend({ startedAt: 0, deadlineAt: timeoutMs, now: elapsed(), requeues: state.requeues ?? 0 }) : { kind: 'send' as const };
+    const go = sendAfterStart({ effect: impl.contract.effect, timeoutMs, elapsedMs: elapsed(), requeues: state.requeues ?? 0 });
     if (go.kind !== 'send') {
       await (go.kind === 'requeue' ? runAgain : rejectNotApplied)('late_start', { elapsedMs: elapsed(), timeoutMs });
       return;
@@ -261,7 +263,7 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     } catch (e) {
       err = e;
       if (e instanceof DeadlinePassedError) clocks.observe(impl, e.downstreamAt, sentAt, now());
-      outcome = e instanceof DeadlinePassedError ? { kind: 'late', error: e.toInfo() } : e instanceof TooltxError ? { kind: 'refused', error: e.toInfo() } : { kind: 'failed', aborted: signal.aborted };
+      outcome = runOutcomeOf(e, signal.aborted);
     } finally {
       clearTimeout(timer);
       deps.shutdown.removeEventListener('abort', onShutdown);
@@ -293,13 +295,13 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         await runAgain('refused_late', { deadlineAt, downstreamAt: (err as DeadlinePassedError).downstreamAt, offsetMs: clocks.offsetMs(impl) });
         return;
       case 'reject':
-        if (outcome.kind === 'late' && hasSideEffect(impl.contract.effect)) {
+        if (next.reason === 'late_again') {
           await rejectNotApplied('refused_late', { deadlineAt, downstreamAt: (err as DeadlinePassedError).downstreamAt });
           return;
         }
         // Not applied by THIS run (a later run is not ours to judge).
         await reject(next.error, undefined, runningId);
-        if (outcome.kind === 'failed') l.warn({ err, elapsedMs: elapsed() }, 'read/compute attempt failed: rejected as dependency_unavailable (retryable)');
+        if (next.reason === 'read_failed') l.warn({ err, elapsedMs: elapsed() }, 'read/compute attempt failed: rejected as dependency_unavailable (retryable)');
         else l.info({ class: next.error.class }, 'rejected by the downstream');
         return;
       case 'mark_unknown': {

@@ -1,5 +1,5 @@
 import type { KV } from '@nats-io/kv';
-import { attemptEnded, handleCommand, lookDue, nextProbeDelayMs, takeoverDue, type OperationRecord, type OperationStore, type ReceiptSigner } from '@tooltx/lifecycle';
+import { handleCommand, lookDue, nextProbeInMs, sweepAction, takeoverDue, type OperationRecord, type OperationStore, type ReceiptSigner } from '@tooltx/lifecycle';
 import { KvMirror, newEventId, type Subjects } from '@tooltx/nats';
 import { projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
@@ -92,22 +92,21 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     if (!due) return;
     const [tenant, opId] = key.split('.') as [string, string];
     const { state, seq } = await d.store.load(tenant, opId);
-    if (state.status === 'none') return;
-    if (attemptEnded(state.status) && seq > e.seq) {
+    const action = sweepAction(e, state, seq);
+    if (action === 'skip' || state.status === 'none') return;
+    if (action === 'close_entry') {
       // The operation ended but its entry stayed open (its terminal event was applied where the
       // entry was not yet known: index-writer.ts): take it out of the index.
       await projectEntry({ kv: d.index, key, schema: reconcileValueSchema, apply: (cur) => applyStateToIndex(cur, state, seq) });
       d.log.info({ key, status: state.status }, 'stale index entry of an ended operation closed');
       return;
     }
-    if (state.status !== e.status) return; // the index lags: next sweep
     const l = d.log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, status: state.status });
-    if (state.status === 'accepted') {
+    if (action === 'requeue_stale') {
       const h = await handleCommand(d.store, tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'stale_accepted' }), { known: { state, seq }, retry: false });
       if (h.kind === 'appended') l.info({ waitedMs: Math.round(age) }, 'stale accepted operation re-driven');
       return;
     }
-    if (state.takeover) return;
     const b = backoff.get(key) ?? { failures: 0, nextAt: 0 };
     const outcome = await recoverOperation({
       store: d.store, subjects: d.subjects, results: d.results, impl, tenant, opId, state: state as OperationRecord, seq, log: l, now, signer: d.signer,
@@ -115,9 +114,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     });
     if (outcome.result === 'kept' || outcome.result === 'marked_unknown' || outcome.result === 'no_probe') {
       b.failures++;
-      // When the downstream's clock said the request can no longer land, ask again then — or sooner,
-      // on the usual backoff (a request that lands meanwhile is committed from the probe).
-      b.nextAt = elapsed() + Math.min(outcome.retryInMs ?? Infinity, nextProbeDelayMs(b.failures));
+      b.nextAt = elapsed() + nextProbeInMs(b.failures, outcome.retryInMs);
       backoff.set(key, b);
       if (takeoverDue(state.status, elapsed() - since.at, unknownDeadlineMs)) {
         if (await openTakeover(takeoverDeps, tenant, opId, { reason: 'unknown_past_deadline', probes: b.failures })) backoff.delete(key);
