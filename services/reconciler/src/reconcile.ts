@@ -5,7 +5,7 @@ import { projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recover-operation';
 import { applyStateToIndex, reconcileValueSchema, type IndexEntry } from './reconcile-index.js';
-import { openTakeover, repairFreezes } from './takeover.js';
+import { openTakeover, repairFreezes } from './open-takeover.js';
 
 export interface SweepDeps {
   index: KV;
