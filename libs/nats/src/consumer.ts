@@ -2,7 +2,7 @@ import type { Consumer, JetStreamClient, JetStreamManager, JsMsg } from '@nats-i
 import type { Logger } from 'pino';
 import { CodecError } from './codec.js';
 import { ConcurrencyError, StoreUnavailableError } from '@tooltx/lifecycle';
-import { isTransient } from './store.js';
+import { isTransient } from './jetstream-store.js';
 
 /**
  * What a handler asks the loop to do with its message. Handlers normally just return; the loop

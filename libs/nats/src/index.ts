@@ -29,7 +29,7 @@ export {
   isWrongLastSequence,
   JetStreamStore,
   newEventId,
-} from './store.js';
+} from './jetstream-store.js';
 export {
   type ConsumerLoop,
   type ConsumerLoopOptions,
