@@ -129,8 +129,9 @@ export class JetStreamStore implements OperationStore {
     try {
       await this.#jsm.streams.deleteMessage(this.#subjects.intentsStream(tenant), seq, false);
     } catch (err) {
-      // 10057: no message at that sequence (deleted by an earlier delivery of the same intent).
-      if (err instanceof JetStreamApiError && err.code === 10057) return;
+      // Already gone: 10043 (no message at that sequence: deleted by an earlier delivery of the same
+      // intent, or a retried delete whose answer was lost) or 10057 (a sequence past the stream's end).
+      if (err instanceof JetStreamApiError && (err.code === 10043 || err.code === 10057)) return;
       if (isTransient(err)) throw new StoreUnavailableError(`delete of intent ${seq} failed`, { cause: err });
       throw err;
     }
