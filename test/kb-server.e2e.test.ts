@@ -201,6 +201,14 @@ describe('kb-server with KB_DEDUP=on', () => {
       body: JSON.stringify(note({ body: 'x'.repeat(2 * 1024 * 1024) })),
     });
     expect(tooBig).toMatchObject({ status: 400, json: { error: 'invalid_input', issues: [{ code: 'too_big' }] } });
+    // Twenty at once, each still writing when the answer goes: every client reads its answer (the
+    // server drains, within a bound, before it closes: closing at once reset 39 of 40 of them).
+    const many = await Promise.all(Array.from({ length: 20 }, () => raw(`${kb.url}/v1/notes`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': key(), 'x-deadline': String(soon()) },
+      body: JSON.stringify(note({ body: 'x'.repeat(3 * 1024 * 1024) })),
+    })));
+    expect(many.map((r) => r.status)).toEqual(many.map(() => 400));
 
     expect(await kb.client.stats()).toEqual(before);
   });

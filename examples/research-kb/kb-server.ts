@@ -353,6 +353,28 @@ function parseHeaders<S extends z.ZodRawShape>(req: IncomingMessage, shape: S): 
 
 class BodyTooLarge extends Error {}
 
+/** What a refused request may still send before its connection is closed, bytes and ms. */
+const LINGER_BYTES = 8 * MAX_BODY_BYTES;
+const LINGER_MS = 2_000;
+
+/**
+ * Reads and discards the rest of a refused request's body — at most {@link LINGER_BYTES} or
+ * {@link LINGER_MS}, then the socket is destroyed — so the answer reaches a client still writing.
+ */
+function lingerThenClose(req: IncomingMessage): void {
+  let drained = 0;
+  const stop = () => req.socket.destroy();
+  const timer = setTimeout(stop, LINGER_MS);
+  timer.unref();
+  req.on('data', (chunk: Buffer) => {
+    drained += chunk.length;
+    if (drained > LINGER_BYTES) stop();
+  });
+  req.once('end', () => clearTimeout(timer));
+  req.once('close', () => clearTimeout(timer));
+  req.resume();
+}
+
 /** The raw request body; rejects with {@link BodyTooLarge} past {@link MAX_BODY_BYTES}. */
 function readBody(req: IncomingMessage): Promise<Buffer> {
   return new Promise((resolvePromise, reject) => {
@@ -674,8 +696,12 @@ const server = createServer((req, res) => {
     },
     (err: unknown) => {
       if (err instanceof BodyTooLarge) {
-        // Stop reading: answer and close the connection.
-        send(res, invalid([{ path: [], code: 'too_big', message: `the request body exceeds ${MAX_BODY_BYTES} bytes` }]), true);
+        // Answer, then drain what the client is still sending, within a bound, before the
+        // connection closes ("lingering close", as HTTP servers do): closing at once resets a
+        // connection the client is still writing to, and it never reads the answer (EPIPE).
+        lingerThenClose(req);
+        // Not `connection: close`: the server would close right after the answer, mid-drain.
+        send(res, invalid([{ path: [], code: 'too_big', message: `the request body exceeds ${MAX_BODY_BYTES} bytes` }]));
         log.debug({ route: req.method, status: 400, ms: Math.round(performance.now() - started) }, 'request');
         return;
       }
