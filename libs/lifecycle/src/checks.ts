@@ -57,6 +57,11 @@ export interface Submitter {
   submissionId: string;
 }
 
+/** What every decision record starts with: its id and time, the key it is recorded under, and who submitted. */
+function decisionHead(who: Submitter, eventId: string, at: number, operationKey: string) {
+  return { schema: EVENT_SCHEMA_VERSION as typeof EVENT_SCHEMA_VERSION, type: 'decision' as const, eventId, at, operationKey, tenant: who.tenant, actor: who.actor, submissionId: who.submissionId };
+}
+
 /**
  * The record of a refusal before anything was registered, under `key` — or, when no key could be
  * derived (bytes that are not an intent), under `keylessKey` with `keyless: true`.
@@ -66,14 +71,7 @@ export function refusalRecord(
   o: { eventId: string; at: number; key: string | null; keylessKey: string; error: ErrorInfo; tool?: string; version?: number; authorization?: AuthDecision },
 ): DecisionRecord {
   return {
-    schema: EVENT_SCHEMA_VERSION,
-    type: 'decision',
-    eventId: o.eventId,
-    at: o.at,
-    operationKey: o.key ?? o.keylessKey,
-    tenant: who.tenant,
-    actor: who.actor,
-    submissionId: who.submissionId,
+    ...decisionHead(who, o.eventId, o.at, o.key ?? o.keylessKey),
     outcome: 'rejected',
     error: o.error,
     ...(o.tool !== undefined ? { tool: o.tool } : {}),
@@ -92,14 +90,7 @@ export function aliasRecord(
   o: { eventId: string; at: number; key: string; inputDigest: string; canonicalKey: string; canonicalInputDigest: string; tool: string; version: number },
 ): DecisionRecord {
   return {
-    schema: EVENT_SCHEMA_VERSION,
-    type: 'decision',
-    eventId: o.eventId,
-    at: o.at,
-    operationKey: o.key,
-    tenant: who.tenant,
-    actor: who.actor,
-    submissionId: who.submissionId,
+    ...decisionHead(who, o.eventId, o.at, o.key),
     outcome: 'aliased',
     canonicalKey: o.canonicalKey,
     inputDigest: o.inputDigest,

@@ -55,28 +55,21 @@ export async function handleCommand(
   o: HandleOptions = {},
 ): Promise<Handled> {
   const rounds = o.retry === false ? 1 : MAX_DECIDE_ROUNDS;
-  // An answer that appends nothing, decided on a guessed state, is checked once on a read: the
-  // guess may be stale, and unlike an append nothing else would refuse it.
+  const ctx = { ...(o.signer ? { signer: o.signer } : {}), ...(o.transitions ? { transitions: o.transitions } : {}) };
+  // A guessed state only ever leads to an append (which names its sequence, so a stale guess is
+  // refused by the store). Anything else decided on a guess is decided again on a read: the guess
+  // may be stale, and nothing else would refuse the answer.
   let guess = o.known;
-  for (let round = 0; round < rounds; round++) {
+  for (let round = 0; round < rounds; ) {
     const fromGuess = guess !== undefined;
     const { state, seq } = guess ?? (await store.load(tenant, opId));
     guess = undefined;
-    if (o.applies && !o.applies(state)) {
-      if (fromGuess) {
-        round--;
-        continue;
-      }
-      return { kind: 'moved_on' };
+    const d = o.applies && !o.applies(state) ? null : decide(make(state), state, ctx);
+    if (d?.kind !== 'append') {
+      if (fromGuess) continue;
+      return d ? { kind: 'decided', decision: d, seq } : { kind: 'moved_on' };
     }
-    const d = decide(make(state), state, { ...(o.signer ? { signer: o.signer } : {}), ...(o.transitions ? { transitions: o.transitions } : {}) });
-    if (d.kind !== 'append') {
-      if (fromGuess) {
-        round--;
-        continue;
-      }
-      return { kind: 'decided', decision: d, seq };
-    }
+    round++;
     try {
       return { kind: 'appended', event: d.event, seq: await store.append(tenant, opId, d.event, seq) };
     } catch (err) {

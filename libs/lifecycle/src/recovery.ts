@@ -117,7 +117,8 @@ export function nextProbeDelayMs(failures: number, random: () => number = Math.r
 
 /** What the reconciler's index says of a non-terminal operation (times are other processes' wall clocks, ms). */
 export interface WatchedOperation {
-  status: 'accepted' | 'running' | 'unknown';
+  /** `accepted`, `running` or `unknown`; any other status is never due. */
+  status: string;
   updatedAt: number;
   runningAt?: number;
   deadlineAt?: number;
@@ -144,6 +145,8 @@ export function lookDue(e: WatchedOperation, timing: { timeoutMs: number; runnin
       return o.probeDue && (o.seenForMs > Math.max(timeoutMs + RUNNING_GRACE_MS, runningBoundMs) || o.wallNow > Math.max((e.deadlineAt ?? 0) + RUNNING_GRACE_MS, (e.runningAt ?? e.updatedAt) + runningBoundMs));
     case 'unknown':
       return o.probeDue;
+    default:
+      return false;
   }
 }
 

@@ -99,6 +99,15 @@ export class JetStreamStore implements OperationStore {
   }
 
   /**
+   * The subject of the event-log message at stream sequence `seq`, or null when none is stored
+   * there (read like every load: a replica that lags is asked again of the leader, FM-29). For a
+   * reader that learns of a message by its sequence only (a max-deliveries advisory).
+   */
+  async subjectAt(seq: number): Promise<string | null> {
+    return (await this.#direct(this.#subjects.eventsStream, { seq }))?.subject ?? null;
+  }
+
+  /**
    * Records a pre-acceptance outcome on the operation's decision subject (its own stream). The
    * operation's subject is never touched by it. Msg id = the record's random event id.
    */

@@ -6,38 +6,23 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { JsMsg } from '@nats-io/jetstream';
-import { z } from 'zod';
-import { defineContract, defineImplementation, ErrorClass, operationIdOf, prepareCall, TooltxError, type Implementation } from '@tooltx/contracts';
+import { defineImplementation, ErrorClass, operationIdOf, prepareCall, type Implementation } from '@tooltx/contracts';
 import { encode, Subjects } from '@tooltx/nats';
 import { ImplementationRegistry, createLogger } from '@tooltx/runtime';
 import { MemoryStore } from '@tooltx/store-memory';
+import { authorizeNote, noteWrite, NOTES_POLICY } from '../../../test/fixtures/note-contract.js';
 import { intentHandler } from '../src/authorize.js';
 
 const subjects = new Subjects('tunit');
 const log = createLogger({ service: 'authorizer', instance: 'unit', level: 'silent' });
 
-const noteWrite = defineContract({
-  name: 'note.write',
-  version: 1,
-  description: 'Write a note.',
-  effect: 'create',
-  input: z.strictObject({ title: z.string().min(1), body: z.string(), priority: z.enum(['low', 'high']).optional() }),
-  output: z.object({}),
-  target: () => ({}),
-  intent: (i) => ({ title: i.title, body: i.body }),
-  key: { scope: 'tenant', retentionMs: 24 * 3600_000 },
-  timing: { timeoutMs: 1_000, runningBoundMs: 5_000, unknownDeadlineMs: 60_000 },
-  downstream: { honoursKey: false, enforcesDeadline: false },
-});
 const impl = defineImplementation({
   contract: noteWrite,
-  policyVersion: 'notes@1',
+  policyVersion: NOTES_POLICY,
   async execute() {
     return { resourceId: 'unused', result: {} };
   },
-  async authorize(_input, ctx) {
-    if (ctx.actor === 'blocked') throw new TooltxError(ErrorClass.Forbidden, 'not allowed');
-  },
+  authorize: authorizeNote,
 }) as unknown as Implementation;
 
 let sub = 0;
@@ -97,7 +82,7 @@ describe('the authorizer on the in-memory store', () => {
     await authorizer(store)(a.msg);
     expect(store.history('acme', operationIdOf(a.key))).toEqual([]);
     const d = await store.lastDecision('acme', operationIdOf(a.key), 'blocked');
-    expect(d).toMatchObject({ outcome: 'rejected', error: { class: 'forbidden' }, authorization: { decision: 'deny', policyVersion: 'notes@1', reason: 'forbidden' } });
+    expect(d).toMatchObject({ outcome: 'rejected', error: { class: 'forbidden' }, authorization: { decision: 'deny', policyVersion: NOTES_POLICY, reason: 'forbidden' } });
     expect(await store.readIntent('acme', a.seq)).toBeNull();
   });
 

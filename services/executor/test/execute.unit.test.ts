@@ -7,12 +7,12 @@
 import { describe, expect, it } from 'vitest';
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
-import { z } from 'zod';
-import { defineContract, defineImplementation, ErrorClass, operationIdOf, prepareCall, TooltxError, type Implementation } from '@tooltx/contracts';
+import { defineImplementation, operationIdOf, prepareCall, type Implementation } from '@tooltx/contracts';
 import { generateReceiptKey, handleCommand, receiptSigner, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type OperationEvent } from '@tooltx/lifecycle';
 import { encode, EVENT_TYPE_HEADER, Subjects } from '@tooltx/nats';
 import { ImplementationRegistry, createLogger } from '@tooltx/runtime';
 import { MemoryStore } from '@tooltx/store-memory';
+import { authorizeNote, noteWrite } from '../../../test/fixtures/note-contract.js';
 import { eventHandler } from '../src/execute.js';
 
 const subjects = new Subjects('tunit');
@@ -20,19 +20,6 @@ const key = generateReceiptKey();
 const signer = receiptSigner(key.privatePem);
 const log = createLogger({ service: 'executor', instance: 'unit', level: 'silent' });
 
-const noteWrite = defineContract({
-  name: 'note.write',
-  version: 1,
-  description: 'Write a note.',
-  effect: 'create',
-  input: z.strictObject({ title: z.string().min(1), body: z.string() }),
-  output: z.object({}),
-  target: () => ({}),
-  intent: (i) => ({ title: i.title, body: i.body }),
-  key: { scope: 'tenant', retentionMs: 24 * 3600_000 },
-  timing: { timeoutMs: 1_000, runningBoundMs: 5_000, unknownDeadlineMs: 60_000 },
-  downstream: { honoursKey: false, enforcesDeadline: false },
-});
 
 /** A downstream in this process: what it was asked, and how it answers. */
 function downstream(answer: (n: number) => Promise<{ resourceId: string }>) {
@@ -44,9 +31,7 @@ function downstream(answer: (n: number) => Promise<{ resourceId: string }>) {
       const r = await answer(requests.length);
       return { resourceId: r.resourceId, result: {} };
     },
-    async authorize(_input, ctx) {
-      if (ctx.actor === 'blocked') throw new TooltxError(ErrorClass.Forbidden, 'not allowed');
-    },
+    authorize: authorizeNote,
   }) as unknown as Implementation;
   return { impl, requests };
 }

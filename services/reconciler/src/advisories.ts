@@ -1,11 +1,11 @@
-import type { JetStreamManager, JsMsg } from '@nats-io/jetstream';
+import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
-import { attemptEnded, operationEventSchema, StoreUnavailableError } from '@tooltx/lifecycle';
-import { decode, isTransient, type Settlement, type Subjects } from '@tooltx/nats';
+import { attemptEnded } from '@tooltx/lifecycle';
+import type { JetStreamStore, Settlement, Subjects } from '@tooltx/nats';
 import { projectEntry } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
-import { applyToIndex, reconcileValueSchema } from './reconcile-index.js';
+import { applyStateToIndex, reconcileValueSchema } from './reconcile-index.js';
 
 /**
  * The server's max-deliveries advisory (NATS docs, "Monitoring JetStream: advisories",
@@ -34,24 +34,9 @@ export type MaxDeliveriesAdvisory = z.infer<typeof maxDeliveriesAdvisorySchema>;
  * a store or NATS failure is thrown (the consumer loop naks with backoff, the advisory is never
  * given up on: its durable has no max_deliver).
  */
-export function advisoryHandler(deps: { jsm: JetStreamManager; subjects: Subjects; index: KV; log: Logger }): (msg: JsMsg) => Promise<Settlement | void> {
-  const { jsm, subjects, index, log } = deps;
+export function advisoryHandler(deps: { store: Pick<JetStreamStore, 'subjectAt' | 'load'>; subjects: Subjects; index: KV; log: Logger }): (msg: JsMsg) => Promise<Settlement | void> {
+  const { store, subjects, index, log } = deps;
   const events = subjects.eventsStream;
-  /**
-   * A direct get; a read by sequence that finds nothing is asked again of the stream's leader: on a
-   * replicated stream a replica that has not caught up does not hold a message the leader stored
-   * (FM-29), and an advisory acked on such an answer would leave its operation out of the index.
-   */
-  const direct = async (query: { seq: number } | { last_by_subj: string }) => {
-    try {
-      const m = await jsm.direct.getMessage(events, query);
-      if (m || !('seq' in query)) return m;
-      return await jsm.streams.getMessage(events, query);
-    } catch (err) {
-      if (isTransient(err)) throw new StoreUnavailableError(`direct get on ${events} failed`, { cause: err });
-      throw err;
-    }
-  };
   return async (msg) => {
     let a: MaxDeliveriesAdvisory;
     try {
@@ -62,22 +47,21 @@ export function advisoryHandler(deps: { jsm: JetStreamManager; subjects: Subject
     }
     const l = log.child({ consumer: a.consumer, streamSeq: a.stream_seq, deliveries: a.deliveries });
     if (a.stream !== events) return void l.warn({ stream: a.stream }, 'max-deliveries advisory of another stream: nothing to do');
-    const m = await direct({ seq: a.stream_seq });
-    if (!m) return void l.error('max-deliveries advisory names a message no longer stored');
-    const where = subjects.parseOpSubject('op', m.subject);
-    if (!where) return void l.error({ subject: m.subject }, 'max-deliveries advisory names a message that is not an operation event');
-    const last = await direct({ last_by_subj: m.subject });
-    if (!last) return void l.error({ subject: m.subject }, 'operation has no event any more');
-    const event = decode(operationEventSchema, last.data);
+    const subject = await store.subjectAt(a.stream_seq);
+    if (!subject) return void l.error('max-deliveries advisory names a message no longer stored');
+    const where = subjects.parseOpSubject('op', subject);
+    if (!where) return void l.error({ subject }, 'max-deliveries advisory names a message that is not an operation event');
+    const { state, seq } = await store.load(where.tenant, where.opId);
+    if (state.status === 'none') return void l.error({ subject }, 'operation has no event any more');
     const outcome = await projectEntry({
       kv: index,
       key: subjects.projectionKey(where.tenant, where.opId),
       schema: reconcileValueSchema,
-      apply: (current) => applyToIndex(current, event, last.seq),
+      apply: (current) => applyStateToIndex(current, state, seq),
     });
     l.warn(
-      { tenant: where.tenant, operationKey: event.state.operationKey, status: event.state.status, index: outcome.kind },
-      attemptEnded(event.state.status)
+      { tenant: where.tenant, operationKey: state.operationKey, status: state.status, index: outcome.kind },
+      attemptEnded(state.status)
         ? 'max-deliveries advisory: operation already settled'
         : 'max-deliveries advisory: operation back in the reconciler\'s watch',
     );

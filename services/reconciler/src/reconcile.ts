@@ -87,8 +87,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
       seen.set(key, since);
     }
     const age = t - since.at;
-    const due = (e.status === 'accepted' || e.status === 'running' || e.status === 'unknown') &&
-      lookDue({ ...e, status: e.status }, impl.contract.timing, { seenForMs: age, wallNow: now(), probeDue: t >= (backoff.get(key)?.nextAt ?? 0) });
+    const due = lookDue(e, impl.contract.timing, { seenForMs: age, wallNow: now(), probeDue: t >= (backoff.get(key)?.nextAt ?? 0) });
     if (!due) return;
     const [tenant, opId] = key.split('.') as [string, string];
     const { state, seq } = await d.store.load(tenant, opId);

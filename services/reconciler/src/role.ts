@@ -72,7 +72,7 @@ export const reconcilerRole = defineRole({
       durable: Durables.reconcilerAdvisories,
       concurrency: 1,
       log,
-      handle: advisoryHandler({ jsm, subjects, index: kv, log: log.child({ component: 'advisories' }) }),
+      handle: advisoryHandler({ store, subjects, index: kv, log: log.child({ component: 'advisories' }) }),
     });
     return async () => {
       await advisories.stop();
