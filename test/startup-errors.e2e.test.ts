@@ -178,7 +178,7 @@ describe('a service that cannot start', () => {
       const p = run(`services/${name}/src/main.ts`, ['--help'], { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS });
       expect(await p.exited).toBe(0);
       const out = p.lines.map((l) => String(l.raw ?? '')).join('\n');
-      for (const v of ['NATS_URL', 'NATS_NKEY_FILE', 'NATS_CREDS_FILE', 'TOOLTX_PREFIX', 'TOOLTX_TOOLS_MODULE', 'TOOLTX_CONCURRENCY', 'TOOLTX_INSTANCE_ID', 'LOG_LEVEL', 'TOOLTX_LOG_HMAC_KEY_FILE', 'TOOLTX_EXIT_WITH_PARENT', 'TOOLTX_MAX_DELIVER', 'TOOLTX_REPLICAS', 'TOOLTX_EVENTS_MAX_AGE_MS', 'KB_URL', 'KB_DEDUP', 'KB_TIMING_MS', 'KB_KEEPALIVE', 'WEB_ALLOWED_ORIGINS']) {
+      for (const v of ['NATS_URL', 'NATS_NKEY_FILE', 'NATS_CREDS_FILE', 'TOOLTX_PREFIX', 'TOOLTX_TOOLS_MODULE', 'TOOLTX_CONCURRENCY', 'TOOLTX_INSTANCE_ID', 'LOG_LEVEL', 'TOOLTX_LOG_HMAC_KEY_FILE', 'TOOLTX_EXIT_WITH_PARENT', 'TOOLTX_MAX_DELIVER', 'TOOLTX_REPLICAS', 'TOOLTX_EVENTS_MAX_AGE_MS', 'KB_URL', 'KB_DEDUP', 'KB_TIMING_MS', 'KB_KEEPALIVE', 'KB_READ_POLICY_CACHE_MS', 'WEB_ALLOWED_ORIGINS']) {
         expect(out, `${name} --help`).toContain(v);
       }
       // The sample's settings come from its own module, not from tooltx's text.

@@ -212,6 +212,8 @@ export const settingsHelp = `  KB_URL                   the KB storage service (
   KB_KEEPALIVE             off = a new connection per KB request (default: kept alive)
   KB_SERVICE_TOKEN_FILE    the KB's service token file (mode 0600; the KB's own KB_SERVICE_TOKEN_FILE),
                            sent on every KB request (unset = none sent)
+  KB_READ_POLICY_CACHE_MS  how long an allowed read of a tenant/actor/knowledge base is remembered, ms (0-60000,
+                           default 1000; 0 = ask the KB every time)
   WEB_ALLOWED_ORIGINS      origins on loopback/private hosts web.fetch_page may fetch, comma-separated`;
 
 export const implementations = [
