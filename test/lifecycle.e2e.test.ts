@@ -296,7 +296,7 @@ describe('two executors racing', () => {
       await r.jsm.consumers.add(r.subjects.eventsStream, {
         durable_name: 'executor-b', filter_subject: r.subjects.allOps, ack_policy: AckPolicy.Explicit, deliver_policy: DeliverPolicy.All, ack_wait: nanos(30_000),
       });
-      authorizer = await startService('authorizer', { ...r.env, SINK_URL: sink.url });
+      authorizer = await startService('authorizer', { ...r.env, SINK_URL: sink.url }, { runtime: 'tsx' });
       const input = note({ title: 'Raced by two executors' });
       const key = prepareCall(sinkWrite, 'race-direct', input).operationKey;
       await publishSubmission(r.js, newSubmission(r.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'race-direct', input }));

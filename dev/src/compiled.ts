@@ -69,7 +69,8 @@ export interface StackBuild {
   dir: string;
   /** Whether this call built it (false: reused from the cache). */
   built: boolean;
-  path(entry: StackEntry): string;
+  /** The JavaScript of a stack entry, or of an extra entry the build was asked for by name. */
+  path(entry: StackEntry | (string & {})): string;
 }
 
 /** The build failed: esbuild's errors (file:line: text, about our own sources), or an input the hash misses. */
@@ -98,8 +99,8 @@ function loadEsbuild(): Esbuild {
   return createRequire(fromHere.resolve('tsx/package.json'))('esbuild') as Esbuild;
 }
 
-/** The repository-relative paths of every hashed input, sorted. */
-function sourceFiles(root: string): string[] {
+/** The repository-relative paths of every hashed input (`extraDirs` walked as well), sorted. */
+function sourceFiles(root: string, extraDirs: readonly string[] = []): string[] {
   const out: string[] = [];
   const walk = (dir: string) => {
     for (const e of readdirSync(join(root, dir), { withFileTypes: true })) {
@@ -110,8 +111,8 @@ function sourceFiles(root: string): string[] {
       } else if (e.isFile()) out.push(rel);
     }
   };
-  for (const d of SOURCE_DIRS) walk(d);
-  return [...out, ...SOURCE_FILES].sort();
+  for (const d of [...SOURCE_DIRS, ...extraDirs]) walk(d);
+  return [...new Set([...out, ...SOURCE_FILES])].sort();
 }
 
 /**
@@ -119,13 +120,21 @@ function sourceFiles(root: string): string[] {
  * header). `cacheDir` defaults to `<repo>/node_modules/.cache/tooltx-stack`. Throws
  * {@link StackBuildError} when esbuild reports errors or reads a file outside the hashed inputs, and
  * the file system's error (`EACCES`, `EROFS`, …) when the cache directory cannot be written.
+ *
+ * `extraEntries` (name → repository-relative `.ts` path) adds entry points to the same build, so
+ * that they share its chunks (one `@tooltx/contracts` with the services that load them): the tests'
+ * TypeScript tools fixtures. Each extra entry's directory is hashed too, and names its own build.
  */
-export async function ensureStackBuild(opts: { root?: string; cacheDir?: string } = {}): Promise<StackBuild> {
+export async function ensureStackBuild(opts: { root?: string; cacheDir?: string; extraEntries?: Readonly<Record<string, string>> } = {}): Promise<StackBuild> {
   const root = opts.root ?? ROOT;
   const cacheDir = opts.cacheDir ?? join(root, 'node_modules', '.cache', 'tooltx-stack');
   const esbuild = loadEsbuild();
-  const files = sourceFiles(root);
+  const extra = opts.extraEntries ?? {};
+  const clash = Object.keys(extra).find((name) => name in STACK_ENTRIES || !/^[a-z0-9][a-z0-9-]*$/.test(name));
+  if (clash !== undefined) throw new StackBuildError(`extra entry name ${JSON.stringify(clash)} is a stack entry's or not of [a-z0-9-]`);
+  const files = sourceFiles(root, [...new Set(Object.values(extra).map((f) => dirname(f)))]);
   const h = createHash('sha256').update(`${RECIPE}\0esbuild ${esbuild.version}\0`);
+  for (const [name, f] of Object.entries(extra).sort(([a], [b]) => a.localeCompare(b))) h.update(`entry ${name}=${f.split(sep).join('/')}\0`);
   for (const f of files) h.update(`${f.split(sep).join('/')}\0`).update(readFileSync(join(root, f))).update('\0');
   const dir = join(cacheDir, h.digest('hex').slice(0, 16));
   const result = (built: boolean): StackBuild => ({ dir, built, path: (entry) => join(dir, `${entry}.js`) });
@@ -137,7 +146,7 @@ export async function ensureStackBuild(opts: { root?: string; cacheDir?: string 
     const r = await esbuild
       .build({
         absWorkingDir: root,
-        entryPoints: Object.fromEntries(Object.entries(STACK_ENTRIES)),
+        entryPoints: { ...STACK_ENTRIES, ...extra },
         outdir: tmp,
         bundle: true,
         splitting: true,

@@ -1,11 +1,41 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
+import { ensureStackBuild, type StackBuild } from '@tooltx/dev/compiled';
 import { SERVICE_NODE_FLAGS } from '@tooltx/dev/stack';
 import { kbServiceToken } from './kb-service-token.js';
 
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 export const SINK_TOOLS = join(ROOT, 'test', 'fixtures', 'sink-tools.ts');
+
+/**
+ * The tools modules the tests load, by the name of their entry in the tests' compiled build: the
+ * stack's build (dev/src/compiled.ts) plus these fixtures, so a fixture and the service that loads
+ * it share one `@tooltx/contracts`.
+ */
+const TEST_TOOLS_ENTRIES: Readonly<Record<string, string>> = {
+  'sink-tools': 'test/fixtures/sink-tools.ts',
+  'sink-tools-v2': 'test/fixtures/sink-tools-v2.ts',
+  'research-plus-leaky-tools': 'test/fixtures/research-plus-leaky-tools.ts',
+};
+let testBuild: Promise<StackBuild> | undefined;
+/** The tests' compiled build, built once per worker (cached on disk across runs by its inputs' hash). */
+export const compiledTestBuild = (): Promise<StackBuild> => (testBuild ??= ensureStackBuild({ extraEntries: TEST_TOOLS_ENTRIES }));
+
+/**
+ * How a test process runs: `TOOLTX_TEST_RUNTIME=tsx` runs every spawned service under tsx (the
+ * development path); by default a service whose tools module is in the compiled build runs compiled,
+ * as `npm start` runs it (a process starts in ~0.35 s of CPU instead of ~0.7 s), and any other under tsx.
+ */
+async function serviceCommand(main: string, entry: ServiceName | 'kb-server', toolsModule: string | undefined, runtime: 'tsx' | undefined): Promise<{ args: string[]; toolsModule: string | undefined }> {
+  const tsx = { args: [...SERVICE_NODE_FLAGS, '--import', 'tsx', main], toolsModule };
+  if (runtime === 'tsx' || process.env.TOOLTX_TEST_RUNTIME === 'tsx') return tsx;
+  const byPath = new Map<string, string>([[join(ROOT, 'examples', 'research-kb', 'tools.ts'), 'tools'], ...Object.entries(TEST_TOOLS_ENTRIES).map(([name, rel]) => [join(ROOT, rel), name] as [string, string])]);
+  const toolsEntry = toolsModule === undefined || toolsModule === '' ? undefined : byPath.get(toolsModule);
+  if (toolsModule !== undefined && toolsModule !== '' && toolsEntry === undefined) return tsx;
+  const build = await compiledTestBuild();
+  return { args: [...SERVICE_NODE_FLAGS, '--enable-source-maps', build.path(entry)], toolsModule: toolsEntry === undefined ? toolsModule : build.path(toolsEntry) };
+}
 
 export type ServiceName = 'authorizer' | 'executor' | 'reconciler' | 'audit-projector';
 
@@ -81,23 +111,22 @@ export class ServiceProcess {
 }
 
 /**
- * Spawns `services/<name>/src/main.ts` under tsx with `env`, and waits for its "started" line. The
- * V8 flags are the stack's ({@link SERVICE_NODE_FLAGS}); the runtime stays tsx, not the stack's
- * compiled build (dev/src/compiled.ts): the tests' tools modules are TypeScript
- * fixtures, which must share one `@tooltx/contracts` with the service they are loaded into.
+ * Spawns the service `name` with `env`, and waits for its "started" line. The V8 flags are the
+ * stack's ({@link SERVICE_NODE_FLAGS}); compiled or under tsx as {@link serviceCommand} says.
+ * `runtime: 'tsx'` when a test's own tsx-run code shares the deployment with it: a contract's full
+ * digest covers its functions' source text, which tsx and esbuild print differently.
  */
-export async function startService(name: ServiceName, env: Record<string, string>, opts: { wait?: boolean } = {}): Promise<ServiceProcess> {
+export async function startService(name: ServiceName, env: Record<string, string>, opts: { wait?: boolean; runtime?: 'tsx' } = {}): Promise<ServiceProcess> {
   // The service's own identity: its seed from the test server's generated auth.
   const seed = env.TOOLTX_TEST_NKEYS_DIR ? { NATS_NKEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, `service.${name}.nk`) } : {};
   // The services that append `committed` sign receipts with their own key (FM-17).
   const signing = env.TOOLTX_TEST_NKEYS_DIR && (name === 'executor' || name === 'reconciler') ? { TOOLTX_SIGNING_KEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, '..', 'signing', `${name}.pem`) } : {};
   // A service that talks to a KB carries the KB service token startKb gave that KB (helpers/kb.ts).
   const kbToken = env.KB_URL !== undefined ? { KB_SERVICE_TOKEN_FILE: kbServiceToken().file } : {};
-  const child = spawn(process.execPath, [...SERVICE_NODE_FLAGS, '--import', 'tsx', join(ROOT, 'services', name, 'src', 'main.ts')], {
-    cwd: ROOT,
-    env: { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', TOOLTX_TOOLS_MODULE: SINK_TOOLS, TOOLTX_INSTANCE_ID: `${name}-${Math.random().toString(36).slice(2, 8)}`, ...seed, ...signing, ...kbToken, ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const fullEnv: Record<string, string | undefined> = { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', TOOLTX_TOOLS_MODULE: SINK_TOOLS, TOOLTX_INSTANCE_ID: `${name}-${Math.random().toString(36).slice(2, 8)}`, ...seed, ...signing, ...kbToken, ...env };
+  const cmd = await serviceCommand(join(ROOT, 'services', name, 'src', 'main.ts'), name, fullEnv.TOOLTX_TOOLS_MODULE, opts.runtime);
+  if (cmd.toolsModule !== undefined) fullEnv.TOOLTX_TOOLS_MODULE = cmd.toolsModule;
+  const child = spawn(process.execPath, cmd.args, { cwd: ROOT, env: fullEnv as NodeJS.ProcessEnv, stdio: ['ignore', 'pipe', 'pipe'] });
   const p = new ServiceProcess(name, child);
   if (opts.wait !== false) await p.waitForLog('started');
   return p;
