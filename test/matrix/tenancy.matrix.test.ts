@@ -162,8 +162,9 @@ function floodCase(what: string, kind: 'amplifiers' | 'junk' | 'valid', window: 
 
 describe('tenancy grid', () => {
   for (const [what, kind, window] of floods.filter((f) => f[1] !== 'valid')) floodCase(what, kind, window);
-  // The same amplifier flood, refused the same way (a full bounded stream), by a server tooltx does not use.
+  // The same floods, refused the same way (a full bounded stream), by a server tooltx does not use.
   floodCase(floods[0]![0], 'amplifiers', 16, true);
+  floodCase(floods[1]![0], 'junk', 8, true);
 
   it('poison-intake: 1,000 amplifiers — the other tenants\' calls all commit, the flooding tenant\'s intake is worked through with nothing redelivered', { timeout: 300_000 }, async ({ task }) => {
     await floodDrained();

@@ -35,6 +35,13 @@ export interface ConsumerLoopOptions {
   fetchExpiresMs?: number;
   log: Logger;
   handle: (msg: JsMsg) => Promise<Settlement | void>;
+  /**
+   * Admission before each pull: `take(free)` resolves with how many messages the loop may pull now
+   * (at most `free`, its free slots; 0 = pull nothing and look again), and `unused(n)` gets back
+   * what a pull admitted but did not bring. What is not admitted stays in the stream — not in this
+   * process's memory, nor on its connection ahead of other consumers' messages (docs/tenancy.md).
+   */
+  admit?: { take(free: number): Promise<number>; unused(n: number): void };
 }
 
 /** A running consumer loop; `stop()` stops pulling, waits for in-flight handlers, then resolves. */
@@ -125,10 +132,20 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
         await idle();
         continue;
       }
+      let admitted = opts.concurrency - inFlight;
+      if (opts.admit) {
+        admitted = await opts.admit.take(admitted);
+        if (stopping || admitted < 1) {
+          if (admitted > 0) opts.admit.unused(admitted);
+          continue;
+        }
+      }
+      let brought = 0;
       try {
-        const batch = await consumer.fetch({ max_messages: opts.concurrency - inFlight, expires });
+        const batch = await consumer.fetch({ max_messages: admitted, expires });
         currentBatch = batch;
         for await (const m of batch) {
+          brought++;
           inFlight++;
           void run(m).finally(() => {
             inFlight--;
@@ -145,6 +162,7 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
         await new Promise((r) => setTimeout(r, Math.min(5_000, 100 * 2 ** failures)));
       } finally {
         currentBatch = null;
+        if (opts.admit && brought < admitted) opts.admit.unused(admitted - brought);
       }
     }
     while (inFlight > 0 || deferred > 0) await idle();

@@ -4,12 +4,19 @@
  * one tenant's intents; the rest waits in the tenant's own stream). Clock: `performance.now()`
  * (monotonic: a wall-clock step neither floods nor stalls intake).
  */
+/** One waiter: `grant(n)` once `n` ≥ 1 tokens are taken for it, or `grant(0)` when released. */
+interface Waiter {
+  /** Most tokens it takes at once. */
+  max: number;
+  grant(n: number): void;
+}
+
 export class TokenBucket {
   #rate: number;
   #burst: number;
   #tokens: number;
   #at: number;
-  #queue: (() => void)[] = [];
+  #queue: Waiter[] = [];
   #timer: NodeJS.Timeout | null = null;
 
   constructor(ratePerSecond: number, burst: number) {
@@ -31,17 +38,32 @@ export class TokenBucket {
     this.#schedule();
   }
 
-  /** Resolves once a token is taken. */
-  take(): Promise<void> {
+  /** Resolves once a token is taken (or the bucket is released). */
+  async take(): Promise<void> {
+    await this.takeUpTo(1);
+  }
+
+  /**
+   * Resolves once at least one whole token is available, with as many as are taken at once, at most
+   * `max`; 0 when {@link release}d first (or `max` < 1). For a taker that batches: a consumer asks
+   * the server for that many messages, so what is not admitted yet waits in the stream.
+   */
+  takeUpTo(max: number): Promise<number> {
+    if (!(max >= 1)) return Promise.resolve(0);
     this.#refill();
-    if (this.#queue.length === 0 && this.#tokens >= 1) {
-      this.#tokens -= 1;
-      return Promise.resolve();
-    }
+    if (this.#queue.length === 0 && this.#tokens >= 1) return Promise.resolve(this.#grant(max));
     return new Promise((resolve) => {
-      this.#queue.push(resolve);
+      this.#queue.push({ max, grant: resolve });
       this.#schedule();
     });
+  }
+
+  /** Returns tokens taken but not used (a pull that brought fewer messages than admitted), up to the burst. */
+  giveBack(tokens: number): void {
+    if (!(tokens > 0)) return;
+    this.#refill();
+    this.#tokens = Math.min(this.#burst, this.#tokens + tokens);
+    this.#wake();
   }
 
   /**
@@ -54,11 +76,25 @@ export class TokenBucket {
     this.#tokens -= tokens;
   }
 
-  /** Lets every waiter through at once (the service is stopping: in-flight intents finish). */
+  /** Lets every waiter through at once, with no token (the service is stopping: in-flight intents finish). */
   release(): void {
     if (this.#timer) clearTimeout(this.#timer);
     this.#timer = null;
-    for (const r of this.#queue.splice(0)) r();
+    for (const w of this.#queue.splice(0)) w.grant(0);
+  }
+
+  /** Takes up to `max` whole tokens (at least one is there). */
+  #grant(max: number): number {
+    const n = Math.min(max, Math.floor(this.#tokens));
+    this.#tokens -= n;
+    return n;
+  }
+
+  #wake(): void {
+    while (this.#queue.length > 0 && this.#tokens >= 1) {
+      const w = this.#queue.shift()!;
+      w.grant(this.#grant(w.max));
+    }
   }
 
   #refill(): void {
@@ -73,10 +109,7 @@ export class TokenBucket {
     this.#timer = setTimeout(() => {
       this.#timer = null;
       this.#refill();
-      while (this.#queue.length > 0 && this.#tokens >= 1) {
-        this.#tokens -= 1;
-        this.#queue.shift()!();
-      }
+      this.#wake();
       this.#schedule();
     }, waitMs);
   }

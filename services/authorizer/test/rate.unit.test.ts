@@ -49,4 +49,41 @@ describe('a tenant\'s intake pace (docs/tenancy.md)', () => {
     await vi.advanceTimersByTimeAsync(0);
     expect(done).toBe(5);
   });
+
+  it('given a batching taker, when tokens are saved up, then it gets them all at once, at most what it asked', async () => {
+    const b = new TokenBucket(10, 8);
+    expect(await b.takeUpTo(5)).toBe(5);
+    expect(await b.takeUpTo(64)).toBe(3);
+  });
+
+  it('given an empty bucket, when a batching taker waits, then it gets the first whole token and whatever else has come by then', async () => {
+    const b = new TokenBucket(10, 8);
+    await b.takeUpTo(8);
+    let got = -1;
+    void b.takeUpTo(64).then((n) => (got = n));
+    await vi.advanceTimersByTimeAsync(99);
+    expect(got).toBe(-1);
+    await vi.advanceTimersByTimeAsync(1);
+    expect(got).toBe(1);
+  });
+
+  it('given tokens taken for a pull that brought fewer messages, when given back, then the next taker has them, never beyond the burst', async () => {
+    const b = new TokenBucket(10, 8);
+    expect(await b.takeUpTo(8)).toBe(8);
+    b.giveBack(6);
+    expect(await b.takeUpTo(64)).toBe(6);
+    b.giveBack(100);
+    expect(await b.takeUpTo(64)).toBe(8);
+  });
+
+  it('given a batching taker waiting on a charged balance, when released, then it goes with no token', async () => {
+    const b = new TokenBucket(10, 1);
+    await b.take();
+    b.charge(60);
+    let got = -1;
+    void b.takeUpTo(16).then((n) => (got = n));
+    b.release();
+    await vi.advanceTimersByTimeAsync(0);
+    expect(got).toBe(0);
+  });
 });
