@@ -71,7 +71,9 @@ const countOption = (flag: string, v: string | number, max: number): number => {
 const pagesOption = countOption('--pages', opts.pages, 100_000);
 const workers = countOption('--workers', opts.workers, 64);
 const wantPages = opts.quick ? QUICK_PAGES : pagesOption;
-const say = (line: string) => process.stderr.write(`${line}\n`);
+const demoStart = Date.now();
+/** A progress line on stderr, stamped with the seconds since the demo started. */
+const say = (line: string) => process.stderr.write(`${line.replace(/^demo:/, `demo [${((Date.now() - demoStart) / 1000).toFixed(1).padStart(5)} s]:`)}\n`);
 
 const stateDir = mkdtempSync(join(tmpdir(), 'tooltx-demo-'));
 const runId = randomBytes(4).toString('hex');
@@ -138,6 +140,8 @@ const taskId = `research-${runId}`;
 const c = {
   pages: 0,
   fetchFailures: 0,
+  /** Pages whose fetch and both writes have ended (fetched or not): the progress line's count. */
+  pagesDone: 0,
   writesSubmitted: 0,
   calls: 0,
   resubmittedAfterBackoff: 0,
@@ -358,19 +362,25 @@ async function histories(): Promise<Map<string, string[]>> {
 const queue = docs.pages.map((p, index) => ({ url: p.url, index }));
 const unknownNow = () => writes.filter((w) => w.copies.some((r) => r.status === 'unknown')).length;
 const faultsNow = () => (kbHop?.injected.length ?? 0) + natsHop.injected.length + machineFaults.executorKilled;
-const progress = setInterval(
-  () => say(`demo: pages ${c.pages}/${docs.pages.length}  writes submitted ${c.writesSubmitted}  faults injected ${faultsNow()}  unknown ${unknownNow()}  executor restarts ${restarts.filter((n) => n.startsWith('executor')).length}`),
-  2_000,
-);
+const progressLine = () =>
+  `demo: pages done ${c.pagesDone}/${docs.pages.length}${c.fetchFailures ? ` (${c.fetchFailures} not fetched)` : ''}  writes submitted ${c.writesSubmitted}  faults injected ${faultsNow()}  unknown ${unknownNow()}  executor restarts ${restarts.filter((n) => n.startsWith('executor')).length}`;
+let lastProgress = '';
+// A line only when something moved, so a slow last write does not repeat the same line.
+const progress = setInterval(() => {
+  const line = progressLine();
+  if (line !== lastProgress) say((lastProgress = line));
+}, 2_000);
 await Promise.all(
   Array.from({ length: workers }, async () => {
     for (let p = queue.shift(); p !== undefined; p = queue.shift()) {
       await onePage(p.url, p.index);
+      c.pagesDone++;
       onPageDone();
     }
   }),
 );
 clearInterval(progress);
+say(progressLine());
 const elapsedS = (Date.now() - started) / 1000;
 
 // An adversary of another tenant (globex/mallory) tries forged identities and a guessed foreign id.

@@ -149,6 +149,8 @@ function floodCase(what: string, kind: 'amplifiers' | 'junk' | 'valid', window: 
     figure(task, { name: 'other tenants: calls without / with the flood', value: `${base.calls} / ${during.calls}` });
     figure(task, { name: 'other tenants: failed calls with the flood', value: during.failed });
     figure(task, { name: 'other tenants: p50 without / with the flood', value: `${quantile(base.latenciesMs, 0.5).toFixed(1)} / ${quantile(during.latenciesMs, 0.5).toFixed(1)}`, unit: 'ms' });
+    // Each half of the baseline on its own: whether the flood leaves the stack slower after it ends.
+    figure(task, { name: 'other tenants: p50 / p99 in the window before / after the flood', value: `${quantile(before.latenciesMs, 0.5).toFixed(1)} / ${p99(before).toFixed(1)}, ${quantile(after.latenciesMs, 0.5).toFixed(1)} / ${p99(after).toFixed(1)}`, unit: 'ms' });
     figure(task, { name: 'other tenants: p99 without / with the flood', value: `${p99(base).toFixed(1)} / ${p99(during).toFixed(1)}`, unit: 'ms' });
     const ratio = p99(during) / p99(base);
     // The control flood does not count for the gate: it says what the flooder's own share of this machine costs.
