@@ -62,3 +62,19 @@ export {
   type ProbeResult,
   type ReadContext,
 } from './implementation.js';
+export {
+  EFFECT_DEFAULTS,
+  type EffectDefaults,
+  type FailureMapping,
+  type FailureOutcome,
+  failureOutcomeOf,
+  failureOutcomes,
+} from './defaults.js';
+export {
+  defineTool,
+  HttpStatusError,
+  mappedFailure,
+  type Tool,
+  type ToolImplementation,
+  type ToolSpec,
+} from './tool.js';
