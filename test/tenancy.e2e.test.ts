@@ -9,6 +9,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Tools } from '@tooltx/client';
 import { operationIdOf } from '@tooltx/contracts';
+import { createConnection } from 'node:net';
+import { readFileSync } from 'node:fs';
+import { fromSeed } from '@nats-io/nkeys';
 import { connectNats, decodeRaw, openBucket } from '@tooltx/nats';
 import { jetstream } from '@nats-io/jetstream';
 import { inboxPrefixOf } from '@tooltx/nats';
@@ -23,7 +26,7 @@ const MiB = 1024 * 1024;
  * Small bounds, so that the scaled-down floods meet them: 50 tenants reserve 50 × 576 KiB of the
  * 48 MB store, which a 50 MB flood would fill were it not bounded.
  */
-const LIMITS = { intentBytes: 512 * 1024, intentMessages: 2_000, decisionBytes: 64 * 1024 };
+const LIMITS = { intentBytes: 512 * 1024, intentMessages: 2_000, decisionBytes: 64 * 1024, maxIntentBytes: 256 * 1024, connections: 4 };
 const OTHERS = 49;
 
 let t: TestNats;
@@ -99,15 +102,18 @@ describe('tenant isolation (docs/tenancy.md)', () => {
     expect(audited?.operation).toBe('PUT');
   });
 
-  it('tenant-flood: 50 MB of 1 MB junk intents stay inside the flooding tenant\'s own 512 KiB bound (refused quota_exceeded past it); no other tenant\'s write fails', async ({ task }) => {
+  it('tenant-flood: 50 MB of 200 KB junk intents stay inside the flooding tenant\'s own 512 KiB bound (refused quota_exceeded past it); no other tenant\'s write fails', async ({ task }) => {
     let done = false;
-    const junk = new Uint8Array(1_000_000).fill(0xc1); // 0xc1 is never msgpack
-    const flooded = flood(t, 'flood', 'mallory', () => junk, { until: () => done, maxBytes: 50 * 1_000_000, window: 8 });
+    // Under the tenant's largest intent (a larger one never leaves the agent's client: below).
+    const junk = new Uint8Array(200_000).fill(0xc1); // 0xc1 is never msgpack
+    const flooded = flood(t, 'flood', 'mallory', () => junk, { until: () => done, maxBytes: 250 * 200_000, window: 8 });
     const run = await callRun(others(6), 3, 20_000, 'junk');
     const sent = await flooded;
     done = true;
     // The flooding tenant's own SDK call while its intake is full is refused quota_exceeded, or commits once room is made.
-    const own = await (await toolsOf(t, 'flood', 'mallory')).execute({ tool: 'sink.write', taskId: 'own', input: note('own call') }, { budgetMs: 10_000 });
+    const ownTools = await toolsOf(t, 'flood', 'mallory');
+    const own = await ownTools.execute({ tool: 'sink.write', taskId: 'own', input: note('own call') }, { budgetMs: 10_000 });
+    await ownTools.close();
     figure(task, { name: 'other tenants\' failed calls during a 50 MB junk flood', value: run.failed });
     figure(task, { name: 'bytes the flooding tenant holds in its intake stream (bound 512 KiB)', value: (await floodIntake()).bytes });
     expect(run.failures).toEqual([]);
@@ -176,5 +182,43 @@ describe('tenant isolation (docs/tenancy.md)', () => {
     const c = await t.jsm.consumers.info(t.subjects.intentsStream(a.tenant), 'authorizer');
     expect({ pending: c.num_pending, ackPending: c.num_ack_pending, redelivered: c.num_redelivered }).toEqual({ pending: 0, ackPending: 0, redelivered: 0 });
     expect((await a.tools.execute({ tool: 'sink.write', taskId: 'after-bug', input: note('after the bug') }, { budgetMs: 15_000 })).status).toBe('committed');
+  });
+
+  it('tenant-flood: admission at the connection — a message over the tenant\'s largest intent is refused before the server reads it (a raw client is disconnected), and the tenant\'s connections are bounded', async () => {
+    const before = await floodIntake();
+    // A raw client, authenticated as the flooding tenant's agent, announces a publish over its
+    // account's max_payload (maxIntentBytes): the server refuses it at the header and closes.
+    const seed = readFileSync(t.agentSeed('flood', 'mallory'), 'utf8').trim();
+    const kp = fromSeed(new TextEncoder().encode(seed));
+    const sock = createConnection(t.server.port, '127.0.0.1');
+    let got = '';
+    const closed = new Promise<void>((r) => sock.once('close', () => r()));
+    sock.on('data', (d: Buffer) => {
+      const first = got === '';
+      got += d.toString();
+      if (!first) return;
+      const info = JSON.parse(got.slice(5, got.indexOf('\r\n'))) as { nonce: string };
+      const sig = Buffer.from(kp.sign(new TextEncoder().encode(info.nonce))).toString('base64url');
+      sock.write(`CONNECT ${JSON.stringify({ nkey: kp.getPublicKey(), sig, verbose: false, pedantic: false, headers: true })}\r\nPUB ${t.subjects.prefix}.intent.flood.mallory.x ${LIMITS.maxIntentBytes + 1}\r\n`);
+    });
+    sock.on('error', () => undefined);
+    await closed;
+    expect(got).toContain("-ERR 'Maximum Payload Violation'");
+    expect(await floodIntake()).toMatchObject({ messages: before.messages, bytes: before.bytes });
+
+    // Connections: at most the tenant's bound at once; one more is refused at connect, and only
+    // that tenant's (another tenant's next call still commits).
+    const held = [];
+    try {
+      for (let i = 0; i < LIMITS.connections; i++) held.push(await connectNats({ servers: t.url, name: `held-${i}`, nkeySeedFile: t.agentSeed('flood', 'mallory'), inboxPrefix: inboxPrefixOf({ kind: 'agent', tenant: 'flood', actor: 'mallory' }), reconnectForever: false }));
+      // An authenticated connection is told the tenant's limit, not the server's 1 MiB: the SDK refuses
+      // a larger intent before sending it (invalid_input, too_large).
+      expect(held[0]!.info?.max_payload).toBe(LIMITS.maxIntentBytes);
+      await expect(connectNats({ servers: t.url, name: 'one-too-many', nkeySeedFile: t.agentSeed('flood', 'mallory'), inboxPrefix: inboxPrefixOf({ kind: 'agent', tenant: 'flood', actor: 'mallory' }), reconnectForever: false })).rejects.toThrow();
+      const [a] = others(1) as [{ tenant: string; tools: Tools }];
+      expect((await a.tools.execute({ tool: 'sink.write', taskId: 'while-held', input: note('while connections are held') }, { budgetMs: 15_000 })).status).toBe('committed');
+    } finally {
+      await Promise.all(held.map((nc) => nc.close()));
+    }
   });
 });

@@ -17,6 +17,11 @@ const MiB = 1024 * KiB;
  *   with discard old: past it, the tenant's own oldest records go, never another tenant's).
  * - `intentsPerSecond`, `intentBurst`: how fast one authorizer instance takes the tenant's intents
  *   (a token bucket); the rest waits in the tenant's own stream.
+ * - `connections`: connections the tenant's account holds at once, agents and auditors together
+ *   (the account's `max_connections`; one more is refused at connect). The account's `max_payload`
+ *   is `maxIntentBytes`: a larger message is refused on the connection before any of it is read
+ *   (nats.js refuses it before sending; a raw client is disconnected), never reaching a stream.
+ *   Optional in the tenants bucket: the services do not read it (nats-server enforces it).
  */
 export const tenantLimitsSchema = z.strictObject({
   intentBytes: z.number().int().min(64 * KiB).max(2 ** 50),
@@ -25,6 +30,7 @@ export const tenantLimitsSchema = z.strictObject({
   decisionBytes: z.number().int().min(64 * KiB).max(2 ** 50),
   intentsPerSecond: z.number().positive().max(1_000_000),
   intentBurst: z.number().int().min(1).max(1_000_000),
+  connections: z.number().int().min(1).max(1_000_000).optional(),
 });
 export type TenantLimits = z.infer<typeof tenantLimitsSchema>;
 
@@ -36,7 +42,7 @@ export type TenantLimits = z.infer<typeof tenantLimitsSchema>;
  * records (about 30,000), 20 intents/s with bursts of 20 per authorizer instance: one tenant at its
  * pace takes about a tenth of what a 2-core deployment completes (at 100/s one tenant saturated it
  * and the others waited seconds), and a burst small enough that the calls it lets through at once do
- * not queue another tenant's behind them in the shared event log.
+ * not queue another tenant's behind them in the shared event log; 256 connections (an SDK holds one).
  */
 export const DEFAULT_TENANT_LIMITS: TenantLimits = {
   intentBytes: 1024 * MiB,
@@ -45,6 +51,7 @@ export const DEFAULT_TENANT_LIMITS: TenantLimits = {
   decisionBytes: 16 * MiB,
   intentsPerSecond: 20,
   intentBurst: 20,
+  connections: 256,
 };
 
 /** Limits as written in an identity list: any subset; the rest comes from the list's `limits`, then the defaults. */

@@ -4,7 +4,7 @@ import { randomBytes } from 'node:crypto';
 import { createUser, fromSeed, type KeyPair } from '@nats-io/nkeys';
 import { generateReceiptKey, receiptKeyOf } from '@tooltx/lifecycle';
 import { inboxPrefixOf, jetstreamConfigBlock, SERVICE_NAMES, type Durability, type Role, type Subjects } from '@tooltx/nats';
-import type { Topology } from '@tooltx/streams';
+import { DEFAULT_TENANT_LIMITS, resolveLimits, type Topology } from '@tooltx/streams';
 import { identityListSchema, checkIdentityList, type IdentityList } from './identities.js';
 import { permissionsFor } from './permissions.js';
 
@@ -171,11 +171,16 @@ export function generateAuth(
   };
   const imports = (subjects: string[], streams: string[] = []) =>
     `      imports: [${[...subjects.map((x) => `{ service: { account: "TOOLTX", subject: ${q(x)} } }`), ...streams.map((x) => `{ stream: { account: "TOOLTX", subject: ${q(x)} } }`)].join(', ')}]`;
-  const tenantAccounts = parsed.tenants.map((t) => ({
+  const tenantAccounts = parsed.tenants.map((t) => ({ id: t.id, limits: resolveLimits(parsed.limits, t.limits) })).map((t) => ({
     name: `TENANT_${t.id}`,
     // Pushed answers: a stream import of this tenant's push subjects only; each agent may
     // subscribe to its own (permissionsFor).
-    extra: [imports([`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`], [o.subjects.pushesOfTenant(t.id)])],
+    // Admission at the connection (docs/tenancy.md): a message over the tenant's largest intent is
+    // refused before nats-server reads it, and the tenant's connections are bounded.
+    extra: [
+      `      limits: { max_payload: ${t.limits.maxIntentBytes}, max_connections: ${t.limits.connections ?? DEFAULT_TENANT_LIMITS.connections} }`,
+      imports([`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`], [o.subjects.pushesOfTenant(t.id)]),
+    ],
     users: users.filter((u) => (u.role.kind === 'agent' || u.role.kind === 'auditor') && u.role.tenant === t.id),
   }));
   const operatorAccount = { name: 'OPERATORS', extra: [imports([`${p}.takeover.>`])], users: users.filter((u) => u.role.kind === 'operator') };
