@@ -190,6 +190,26 @@ export {
   sideEffects,
 } from './audit.js';
 export {
+  type AwaitCall,
+  type AwaitContext,
+  type AwaitDecision,
+  type AwaitEvent,
+  type AwaitOutcome,
+  type AwaitState,
+  type AwaitStep,
+  initialAwait,
+  type PublishResult,
+  type ReceiptCheck,
+  type UnknownEvidence,
+} from './await-state.js';
+export {
+  checkReceipt,
+  decideAwait,
+  MAX_RETRYABLE_ATTEMPTS,
+  PUSH_WAIT_MS,
+  STATUS_POLL_MS,
+} from './await-outcome.js';
+export {
   generateReceiptKey,
   keyIdOf,
   loadReceiptSigner,
