@@ -17,6 +17,7 @@ const TEST_TOOLS_ENTRIES: Readonly<Record<string, string>> = {
   'sink-tools': 'test/fixtures/sink-tools.ts',
   'sink-tools-v2': 'test/fixtures/sink-tools-v2.ts',
   'research-plus-leaky-tools': 'test/fixtures/research-plus-leaky-tools.ts',
+  'ledger-tools': 'examples/ledger/tools.ts',
 };
 let testBuild: Promise<StackBuild> | undefined;
 /** The tests' compiled build, built once per worker (cached on disk across runs by its inputs' hash). */
