@@ -60,7 +60,7 @@ Exits 2 when it cannot start, naming the flag or variable and its value; 1 when 
 running stack fails for good. On a terminal the log lines are pretty-printed; else JSON lines.`;
 
 // A variable set to the empty string counts as unset, here and in every process started from here
-// (README "Configuration"; commander's .env() took `NATS_PORT=` for the value '').
+// (docs/operating.md "Configuration"; commander's .env() took `NATS_PORT=` for the value '').
 for (const [name, value] of Object.entries(process.env)) if (value === '') delete process.env[name];
 
 const program = usageErrorsExitTwo(new Command('tooltx-start'))
@@ -125,7 +125,7 @@ let onStopSignal: () => void = () => void (stopRequested = true);
 process.on('SIGINT', () => onStopSignal());
 process.on('SIGTERM', () => onStopSignal());
 
-/** Spaces alone are refused (README "Configuration"): never a directory named '  ', never port 0. */
+/** Spaces alone are refused (docs/operating.md "Configuration"): never a directory named '  ', never port 0. */
 const nonBlank = z.string().refine((v) => v.trim() !== '', 'spaces alone are not a value');
 /** Decimal digits only: `0x10` and `1e3` are not ports (envInt). */
 const port = nonBlank.pipe(envInt(1, 65535));

@@ -115,7 +115,7 @@ describe('a service that cannot start', () => {
     }
   });
 
-  it('every bad variable is named with its value, spaces alone are refused, and a variable set empty counts as unset (README "Configuration")', async () => {
+  it('every bad variable is named with its value, spaces alone are refused, and a variable set empty counts as unset (docs/operating.md "Configuration")', async () => {
     const p = await startService(
       'executor',
       { NATS_URL: '  ', LOG_LEVEL: 'verbose', TOOLTX_CONCURRENCY: '0', TOOLTX_INSTANCE_ID: '', TOOLTX_PREFIX: '', TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS },

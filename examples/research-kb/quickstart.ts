@@ -31,7 +31,7 @@ function fail(err: unknown): never {
 }
 
 /**
- * The variable `name`: unset when set to the empty string (README "Configuration"); spaces alone
+ * The variable `name`: unset when set to the empty string (docs/operating.md "Configuration"); spaces alone
  * are refused, never used as a server, prefix or directory.
  */
 function setting(name: string): string | undefined {

@@ -3,7 +3,7 @@ import type { Command } from 'commander';
 /**
  * Makes commander's own usage errors — an unknown option or command, a missing argument or
  * required option, an invalid choice — exit 2 like every other bad-usage error of tooltx's CLIs
- * (README: "2 bad usage or configuration"); commander exits 1 for them by default. `--help` and
+ * (docs/operating.md "The tooltx CLI": "2 bad usage or configuration"); commander exits 1 for them by default. `--help` and
  * `--version` still exit 0. Commander prints its message before exiting, as without this.
  *
  * Call it on the program before adding subcommands: `.command()` copies the setting to each one

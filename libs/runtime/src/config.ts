@@ -76,7 +76,7 @@ export function envInt(min: number, max = Number.MAX_SAFE_INTEGER) {
 
 /**
  * Parses `env` once with `schema`; throws {@link ConfigError} naming every bad or missing
- * variable, each problem as `NAME=value: what is wrong` (README "Configuration": one line naming
+ * variable, each problem as `NAME=value: what is wrong` (docs/operating.md "Configuration": one line naming
  * the setting and its value; the value shown by {@link showValue}, a URL without its user-info).
  * A variable set to the empty string counts as unset (its default applies); one of spaces alone is
  * refused, never read as a value (`NATS_URL='  '` was taken as a server).
