@@ -25,3 +25,5 @@ export {
   type TaskSpec,
   type TaskStep,
 } from './runner.js';
+// The shapes an agent reads from outcomes and status, by name (they travel inside ExecuteResult).
+export type { Receipt, ServerState, StatusAnswer, StatusRequest } from '@tooltx/lifecycle';
