@@ -11,7 +11,12 @@ export default defineConfig({
         extends: true,
         test: {
           name: 'main',
-          include: ['test/**/*.test.ts', 'libs/*/test/**/*.test.ts', 'services/*/test/**/*.test.ts', 'dev/test/**/*.test.ts'],
+          include: [
+            'test/**/*.test.ts',
+            'libs/*/test/**/*.test.ts',
+            'services/*/test/**/*.test.ts',
+            'dev/test/**/*.test.ts',
+          ],
           exclude: ['test/cluster/**', 'test/matrix/**'],
           // Integration files spawn service processes; two machine cores.
           maxWorkers: 2,

@@ -24,7 +24,12 @@ if (dir) {
   let n = 0;
   const name = () => {
     const script = process.argv[1] || 'node';
-    return process.env.TOOLTX_INSTANCE_ID || (basename(script) === 'main.ts' ? basename(dirname(dirname(script))) : basename(script).replace(/\.[cm]?[jt]s$/, ''));
+    return (
+      process.env.TOOLTX_INSTANCE_ID ||
+      (basename(script) === 'main.ts'
+        ? basename(dirname(dirname(script)))
+        : basename(script).replace(/\.[cm]?[jt]s$/, ''))
+    );
   };
   const start = () => {
     session.post('Profiler.start');

@@ -16,7 +16,14 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { connectNats, isWrongLastSequence, jetStreamOf, Subjects, type Durability, type NatsConnection } from '@tooltx/nats';
+import {
+  connectNats,
+  isWrongLastSequence,
+  jetStreamOf,
+  Subjects,
+  type Durability,
+  type NatsConnection,
+} from '@tooltx/nats';
 import { topology } from '@tooltx/streams';
 import { KbStore } from '../examples/research-kb/kb-store.js';
 import { startBenchServer, type BenchServer } from './server.js';
@@ -39,12 +46,20 @@ export interface FloorOptions {
 }
 
 export async function startFloor(o: FloorOptions): Promise<BenchSystem> {
-  const server: BenchServer = await startBenchServer(join(o.dir, 'nats'), o.prefix, { durability: o.durability ?? 'fsync' });
+  const server: BenchServer = await startBenchServer(join(o.dir, 'nats'), o.prefix, {
+    durability: o.durability ?? 'fsync',
+  });
   let nc: NatsConnection | undefined;
   let store: KbStore | undefined;
   try {
     const subjects = new Subjects(o.prefix);
-    nc = await connectNats({ servers: server.url, name: FLOOR_CONNECTION, nkeySeedFile: server.seedFile({ kind: 'provisioner' }), inboxPrefix: '_INBOX._provisioner', reconnectForever: false });
+    nc = await connectNats({
+      servers: server.url,
+      name: FLOOR_CONNECTION,
+      nkeySeedFile: server.seedFile({ kind: 'provisioner' }),
+      inboxPrefix: '_INBOX._provisioner',
+      reconnectForever: false,
+    });
     const { js, jsm } = await jetStreamOf(nc);
     const events = topology(subjects).streams.events;
     await jsm.streams.add(events);
@@ -60,7 +75,8 @@ export async function startFloor(o: FloorOptions): Promise<BenchSystem> {
       authVersion = r.authVersion;
     }
     const payload = randomBytes(o.payloadBytes);
-    const subjectOf = (k: number) => subjects.op(TENANT, createHash('sha256').update(`${o.runId}:${k}`).digest('hex').slice(0, 32));
+    const subjectOf = (k: number) =>
+      subjects.op(TENANT, createHash('sha256').update(`${o.runId}:${k}`).digest('hex').slice(0, 32));
     const conn = nc;
     const kb = store;
 
@@ -80,8 +96,20 @@ export async function startFloor(o: FloorOptions): Promise<BenchSystem> {
       let resourceId = subject;
       if (kb) {
         const w = kb.writeNote(
-          { tenant: TENANT, actor: ACTOR, key: `${TENANT}:${id}`, deadlineAt: Date.now() + 5_000, ifMatch: authVersion },
-          { kb: kbId, title: `bench note ${k}`, body: `Body of bench note ${k}.`, sourceUrl: `https://example.org/bench/${k}`, fetchedAt: new Date().toISOString() },
+          {
+            tenant: TENANT,
+            actor: ACTOR,
+            key: `${TENANT}:${id}`,
+            deadlineAt: Date.now() + 5_000,
+            ifMatch: authVersion,
+          },
+          {
+            kb: kbId,
+            title: `bench note ${k}`,
+            body: `Body of bench note ${k}.`,
+            sourceUrl: `https://example.org/bench/${k}`,
+            fetchedAt: new Date().toISOString(),
+          },
         );
         if (w.kind !== 'created') return { ok: false, error: `kb ${w.kind}` };
         resourceId = w.note.id;

@@ -32,17 +32,23 @@ try {
   let next = 0;
   const drive = async (n: number) => {
     const end = next + n;
-    await Promise.all(Array.from({ length: inFlight }, async () => {
-      for (let k = next++; k < end; k = next++) {
-        const r = await sys.call(k);
-        if (!r.ok) throw new Error(`call ${k}: ${r.error}`);
-      }
-    }));
+    await Promise.all(
+      Array.from({ length: inFlight }, async () => {
+        for (let k = next++; k < end; k = next++) {
+          const r = await sys.call(k);
+          if (!r.ok) throw new Error(`call ${k}: ${r.error}`);
+        }
+      }),
+    );
     next = end;
   };
   say(`fsyncs: warm-up ${o.warmup} calls`);
   await drive(Number(o.warmup));
-  const trace = spawn('strace', ['-f', '-y', '-qq', '-e', 'trace=fsync,fdatasync,sync_file_range,msync', '-p', String(sys.server.pid)], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const trace = spawn(
+    'strace',
+    ['-f', '-y', '-qq', '-e', 'trace=fsync,fdatasync,sync_file_range,msync', '-p', String(sys.server.pid)],
+    { stdio: ['ignore', 'ignore', 'pipe'] },
+  );
   let out = '';
   trace.stderr.on('data', (c: Buffer) => (out += c.toString()));
   await new Promise((r) => setTimeout(r, 1_000));
@@ -65,7 +71,15 @@ try {
   const rows = [...byFile.entries()].sort((a, b) => b[1] - a[1]);
   for (const [what, n] of rows) console.log(`${(n / calls).toFixed(2).padStart(6)}  ${what}`);
   console.log(`${(total / calls).toFixed(2).padStart(6)}  total per call (${total} fsyncs over ${calls} calls)`);
-  if (o.json) console.log(JSON.stringify({ calls, inFlight, fsyncsPerCall: total / calls, byFile: Object.fromEntries(rows.map(([k, n]) => [k, n / calls])) }));
+  if (o.json)
+    console.log(
+      JSON.stringify({
+        calls,
+        inFlight,
+        fsyncsPerCall: total / calls,
+        byFile: Object.fromEntries(rows.map(([k, n]) => [k, n / calls])),
+      }),
+    );
 } finally {
   await sys.stop();
   rmSync(dir, { recursive: true, force: true });

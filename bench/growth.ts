@@ -32,7 +32,15 @@ const program = usageErrorsExitTwo(new Command('tooltx-growth'))
   .option('--pprof-seconds <n>', 'length of each profile, s', '20')
   .option('--keep', 'keep the state directory')
   .parse(process.argv);
-const o = program.opts<{ calls: string; window: string; inFlight: string; pprof?: string; pprofWindows: string; pprofSeconds: string; keep?: boolean }>();
+const o = program.opts<{
+  calls: string;
+  window: string;
+  inFlight: string;
+  pprof?: string;
+  pprofWindows: string;
+  pprofSeconds: string;
+  keep?: boolean;
+}>();
 const say = (s: string) => process.stderr.write(`${s}\n`);
 const calls = Number(o.calls);
 const win = Number(o.window);
@@ -42,12 +50,21 @@ const pprofWindows = new Set(o.pprofWindows.split(',').map(Number));
 const root = mkdtempSync(join(tmpdir(), 'tooltx-growth-'));
 const profPort = o.pprof ? await freePort() : 0;
 if (o.pprof) mkdirSync(resolve(o.pprof), { recursive: true });
-const sys = await startTooltx({ dir: root, prefix: 'tooltx', runId: randomBytes(4).toString('hex'), serverArgs: o.pprof ? ['--profile', String(profPort)] : [] });
+const sys = await startTooltx({
+  dir: root,
+  prefix: 'tooltx',
+  runId: randomBytes(4).toString('hex'),
+  serverArgs: o.pprof ? ['--profile', String(profPort)] : [],
+});
 const windows: Record<string, unknown>[] = [];
 const loads: number[][] = [loadavg()];
 try {
   // Warm-up, not measured.
-  await pool(Array.from({ length: 100 }, (_, i) => i), inFlight, async (k) => void (await sys.call(k)));
+  await pool(
+    Array.from({ length: 100 }, (_, i) => i),
+    inFlight,
+    async (k) => void (await sys.call(k)),
+  );
   let next = 100;
   for (let w = 1; next < 100 + calls; w++) {
     const keys = Array.from({ length: Math.min(win, 100 + calls - next) }, (_, i) => next + i);
@@ -57,7 +74,9 @@ try {
     const prof =
       o.pprof && pprofWindows.has(w)
         ? fetch(`http://127.0.0.1:${profPort}/debug/pprof/profile?seconds=${o.pprofSeconds}`)
-            .then(async (r) => writeFileSync(join(resolve(o.pprof!), `w${w}.pprof`), Buffer.from(await r.arrayBuffer())))
+            .then(async (r) =>
+              writeFileSync(join(resolve(o.pprof!), `w${w}.pprof`), Buffer.from(await r.arrayBuffer())),
+            )
             .catch((err: unknown) => say(`profile of window ${w} failed: ${String(err)}`))
         : null;
     let errors = 0;
@@ -68,7 +87,9 @@ try {
     });
     const secs = (performance.now() - t0) / 1000;
     const s1 = await serverCounts(sys.monitorUrl);
-    const cpu = Object.fromEntries(sys.processes.map((p) => [p.name, round3((cpuMsOf(p.pid) - cpu0.get(p.name)!) / keys.length)]));
+    const cpu = Object.fromEntries(
+      sys.processes.map((p) => [p.name, round3((cpuMsOf(p.pid) - cpu0.get(p.name)!) / keys.length)]),
+    );
     const row = {
       window: w,
       callsBefore: next - keys.length - 100,
@@ -80,7 +101,9 @@ try {
       load1: round3(loadavg()[0]!),
     };
     windows.push(row);
-    say(`window ${w} (${row.callsBefore}+${keys.length}): ${row.callsPerSecond} calls/s, nats-server ${cpu['nats-server']} ms/call, msgs/call ${row.serverMsgsPerCall}, load ${row.load1}, cpu ${JSON.stringify(cpu)}`);
+    say(
+      `window ${w} (${row.callsBefore}+${keys.length}): ${row.callsPerSecond} calls/s, nats-server ${cpu['nats-server']} ms/call, msgs/call ${row.serverMsgsPerCall}, load ${row.load1}, cpu ${JSON.stringify(cpu)}`,
+    );
     await prof;
   }
 } finally {
@@ -88,4 +111,6 @@ try {
   await sys.stop();
   if (!o.keep) rmSync(root, { recursive: true, force: true });
 }
-process.stdout.write(`${JSON.stringify({ calls, window: win, inFlight, loadStart: loads[0], loadEnd: loads.at(-1), windows })}\n`);
+process.stdout.write(
+  `${JSON.stringify({ calls, window: win, inFlight, loadStart: loads[0], loadEnd: loads.at(-1), windows })}\n`,
+);

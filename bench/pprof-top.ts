@@ -109,7 +109,11 @@ for (const s of samples) {
 }
 const ms = (v: number) => (v / 1e6).toFixed(0);
 const pct = (v: number) => ((100 * v) / total).toFixed(1);
-process.stdout.write(`${file}: ${ms(total)} ms of CPU in ${samples.length} samples${focus ? ` (focus ${focus})` : ''}\n\nflat:\n`);
-for (const [k, v] of [...flat].sort((a, b) => b[1] - a[1]).slice(0, n)) process.stdout.write(`${ms(v).padStart(8)} ms ${pct(v).padStart(5)} %  ${k}\n`);
+process.stdout.write(
+  `${file}: ${ms(total)} ms of CPU in ${samples.length} samples${focus ? ` (focus ${focus})` : ''}\n\nflat:\n`,
+);
+for (const [k, v] of [...flat].sort((a, b) => b[1] - a[1]).slice(0, n))
+  process.stdout.write(`${ms(v).padStart(8)} ms ${pct(v).padStart(5)} %  ${k}\n`);
 process.stdout.write('\ncumulative:\n');
-for (const [k, v] of [...cum].sort((a, b) => b[1] - a[1]).slice(0, n)) process.stdout.write(`${ms(v).padStart(8)} ms ${pct(v).padStart(5)} %  ${k}\n`);
+for (const [k, v] of [...cum].sort((a, b) => b[1] - a[1]).slice(0, n))
+  process.stdout.write(`${ms(v).padStart(8)} ms ${pct(v).padStart(5)} %  ${k}\n`);

@@ -82,7 +82,11 @@ export function summarise(file: string, p: CpuProfile, top = 20): ProfileSummary
     const n = byId.get(id)!;
     const area = areaOf(n.callFrame);
     let owner: string;
-    if (n.callFrame.url.includes('@nats-io/nats-core') && /^(RequestError|TimeoutError)$/.test(n.callFrame.functionName)) owner = 'nats.js per-request Error objects';
+    if (
+      n.callFrame.url.includes('@nats-io/nats-core') &&
+      /^(RequestError|TimeoutError)$/.test(n.callFrame.functionName)
+    )
+      owner = 'nats.js per-request Error objects';
     else if (area === '(gc)' || area === '(idle)' || area === '(program)') owner = area;
     else if (!isRuntime(area)) owner = area;
     else {
@@ -125,9 +129,19 @@ export function summarise(file: string, p: CpuProfile, top = 20): ProfileSummary
     file,
     sampledMs: ms(total),
     busyMs: ms(busy),
-    areas: [...areas].filter(([a]) => a !== '(idle)').sort((a, b) => b[1] - a[1]).map(([area, us]) => ({ area, ms: ms(us), share: share(us) })),
-    owners: [...owners].filter(([a]) => a !== '(idle)').sort((a, b) => b[1] - a[1]).map(([owner, us]) => ({ owner, ms: ms(us), share: share(us) })),
-    functions: [...fns].filter(([, v]) => v.area !== '(idle)').sort((a, b) => b[1].us - a[1].us).slice(0, top).map(([fn, v]) => ({ fn, area: v.area, ms: ms(v.us), share: share(v.us) })),
+    areas: [...areas]
+      .filter(([a]) => a !== '(idle)')
+      .sort((a, b) => b[1] - a[1])
+      .map(([area, us]) => ({ area, ms: ms(us), share: share(us) })),
+    owners: [...owners]
+      .filter(([a]) => a !== '(idle)')
+      .sort((a, b) => b[1] - a[1])
+      .map(([owner, us]) => ({ owner, ms: ms(us), share: share(us) })),
+    functions: [...fns]
+      .filter(([, v]) => v.area !== '(idle)')
+      .sort((a, b) => b[1].us - a[1].us)
+      .slice(0, top)
+      .map(([fn, v]) => ({ fn, area: v.area, ms: ms(v.us), share: share(v.us) })),
   };
 }
 
@@ -140,15 +154,31 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     .parse(process.argv);
   const dir = program.args[0]!;
   const o = program.opts<{ top: string; json?: boolean }>();
-  const files = readdirSync(dir).filter((f) => f.endsWith('.cpuprofile')).sort();
-  const out = files.map((f) => summarise(f, JSON.parse(readFileSync(join(dir, f), 'utf8')) as CpuProfile, Number(o.top)));
+  const files = readdirSync(dir)
+    .filter((f) => f.endsWith('.cpuprofile'))
+    .sort();
+  const out = files.map((f) =>
+    summarise(f, JSON.parse(readFileSync(join(dir, f), 'utf8')) as CpuProfile, Number(o.top)),
+  );
   if (o.json) process.stdout.write(`${JSON.stringify(out)}\n`);
   else {
     for (const s of out) {
       process.stdout.write(`\n== ${s.file}: ${s.busyMs} ms busy of ${s.sampledMs} ms sampled\n`);
-      process.stdout.write(`  by owner (self time charged to the nearest package on the stack):\n${s.owners.slice(0, 15).map((a) => `    ${a.owner.padEnd(28)} ${String(a.ms).padStart(9)} ms  ${String(a.share).padStart(5)} %`).join('\n')}\n`);
-      process.stdout.write(`  by area (self time):\n${s.areas.slice(0, 15).map((a) => `    ${a.area.padEnd(28)} ${String(a.ms).padStart(9)} ms  ${String(a.share).padStart(5)} %`).join('\n')}\n`);
-      process.stdout.write(`  heaviest functions (self time):\n${s.functions.map((f) => `    ${String(f.ms).padStart(8)} ms ${String(f.share).padStart(5)} %  ${f.fn}`).join('\n')}\n`);
+      process.stdout.write(
+        `  by owner (self time charged to the nearest package on the stack):\n${s.owners
+          .slice(0, 15)
+          .map((a) => `    ${a.owner.padEnd(28)} ${String(a.ms).padStart(9)} ms  ${String(a.share).padStart(5)} %`)
+          .join('\n')}\n`,
+      );
+      process.stdout.write(
+        `  by area (self time):\n${s.areas
+          .slice(0, 15)
+          .map((a) => `    ${a.area.padEnd(28)} ${String(a.ms).padStart(9)} ms  ${String(a.share).padStart(5)} %`)
+          .join('\n')}\n`,
+      );
+      process.stdout.write(
+        `  heaviest functions (self time):\n${s.functions.map((f) => `    ${String(f.ms).padStart(8)} ms ${String(f.share).padStart(5)} %  ${f.fn}`).join('\n')}\n`,
+      );
     }
   }
 }

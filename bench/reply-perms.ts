@@ -76,7 +76,9 @@ async function run(allowResponses: boolean): Promise<{ t: number; usPerMsg: numb
       const msgs = received - r0;
       const usPerMsg = round3(((cpuMsOf(pid) - cpu0) * 1000) / Math.max(1, msgs));
       out.push({ t, usPerMsg, msgs });
-      say(`  allow_responses ${allowResponses ? 'on ' : 'off'} t=${t}s: ${msgs} msgs, nats-server ${usPerMsg} µs/msg, load ${loadavg()[0]!.toFixed(2)}`);
+      say(
+        `  allow_responses ${allowResponses ? 'on ' : 'off'} t=${t}s: ${msgs} msgs, nats-server ${usPerMsg} µs/msg, load ${loadavg()[0]!.toFixed(2)}`,
+      );
     }
     stop = true;
     await publisher;
@@ -98,6 +100,11 @@ const on = await run(true);
 const off = off0 ?? (await run(false));
 const load1 = loadavg();
 process.stdout.write(`\nt (s)  allow_responses on µs/msg  off µs/msg\n`);
-for (let i = 0; i < on.length; i++) process.stdout.write(`${String(on[i]!.t).padStart(5)}  ${String(on[i]!.usPerMsg).padStart(24)}  ${String(off[i]?.usPerMsg ?? '').padStart(10)}\n`);
-process.stdout.write(`load average at start ${load0.map((x) => x.toFixed(2)).join(' ')}, at end ${load1.map((x) => x.toFixed(2)).join(' ')}\n`);
+for (let i = 0; i < on.length; i++)
+  process.stdout.write(
+    `${String(on[i]!.t).padStart(5)}  ${String(on[i]!.usPerMsg).padStart(24)}  ${String(off[i]?.usPerMsg ?? '').padStart(10)}\n`,
+  );
+process.stdout.write(
+  `load average at start ${load0.map((x) => x.toFixed(2)).join(' ')}, at end ${load1.map((x) => x.toFixed(2)).join(' ')}\n`,
+);
 process.stdout.write(`${JSON.stringify({ rate, seconds, windowS, load0, load1, on, off })}\n`);

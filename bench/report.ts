@@ -12,7 +12,16 @@ const status = z.object({ p50_ms: n, p99_ms: n });
 const system = z.object({ main: phase, dup: phase, race: phase, seq: phase, status });
 const proc = z.object({ cpuMsPerCall: n, natsMsgsPerCall: n, rssPeakMB: n.nullable() });
 
-const durabilitySystem = z.object({ mainCallsPerSecond: n, mainP50_ms: n, mainP99_ms: n, seqP50_ms: n, dupP50_ms: n, statusP50_ms: n, cpuMsPerCall: n, natsServerCpuMsPerCall: n.nullable() });
+const durabilitySystem = z.object({
+  mainCallsPerSecond: n,
+  mainP50_ms: n,
+  mainP99_ms: n,
+  seqP50_ms: n,
+  dupP50_ms: n,
+  statusP50_ms: n,
+  cpuMsPerCall: n,
+  natsServerCpuMsPerCall: n.nullable(),
+});
 const durabilityFigures = z.object({ floorA: durabilitySystem, floorB: durabilitySystem, tooltx: durabilitySystem });
 
 export const benchReportSchema = z.object({

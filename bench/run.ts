@@ -28,10 +28,21 @@ import { startFloor } from './floor.js';
 import { benchReportSchema } from './report.js';
 import { natsServerVersion } from './server.js';
 import { CPU_PROFILE_PRELOAD, startTooltx } from './tooltx.js';
-import { PHASES, round3, runWorkload, type BenchSystem, type PhaseFigures, type PhaseName, type RoundResult, type WorkloadSizes } from './workload.js';
+import {
+  PHASES,
+  round3,
+  runWorkload,
+  type BenchSystem,
+  type PhaseFigures,
+  type PhaseName,
+  type RoundResult,
+  type WorkloadSizes,
+} from './workload.js';
 
 const program = usageErrorsExitTwo(new Command('tooltx-bench'))
-  .description('tooltx end-to-end throughput, latency, CPU, NATS messages and memory against lower bounds measured in the same run')
+  .description(
+    'tooltx end-to-end throughput, latency, CPU, NATS messages and memory against lower bounds measured in the same run',
+  )
   .option('--json', 'print one JSON object with the figures on the last line')
   .option('--quick', 'small sizes and one round (CI: proves the bench works; figures mean little)')
   .option('--sweep', 'main phase only, at 1, 4, 16 and 64 in flight and at 2,000 and 20,000 calls (one round each)')
@@ -40,17 +51,48 @@ const program = usageErrorsExitTwo(new Command('tooltx-bench'))
   .option('--rounds <n>', 'rounds of A (lower bounds) and B (tooltx), medians reported (default 3; --quick 1)')
   .option('--cpu-prof <dir>', 'the stack processes write V8 CPU profiles (.cpuprofile) into this directory')
   .option('--keep', 'keep the state directories (logs, stores)')
-  .option('--durability <list>', 'nats-server durabilities to measure, comma-separated: fsync (sync_interval: always, the default deployment) and os (docs/durability.md); the first is the headline', 'fsync,os')
+  .option(
+    '--durability <list>',
+    'nats-server durabilities to measure, comma-separated: fsync (sync_interval: always, the default deployment) and os (docs/durability.md); the first is the headline',
+    'fsync,os',
+  )
   .parse(process.argv);
-const opts = program.opts<{ json?: boolean; quick?: boolean; sweep?: boolean; sweepCalls: string; sweepInFlight: string; rounds?: string; cpuProf?: string; keep?: boolean; durability: string }>();
+const opts = program.opts<{
+  json?: boolean;
+  quick?: boolean;
+  sweep?: boolean;
+  sweepCalls: string;
+  sweepInFlight: string;
+  rounds?: string;
+  cpuProf?: string;
+  keep?: boolean;
+  durability: string;
+}>();
 const durabilities = [...new Set(opts.durability.split(',').map((x) => x.trim()))];
-for (const d of durabilities) if (!(DURABILITIES as readonly string[]).includes(d)) program.error(`error: --durability: expected fsync and/or os, comma-separated, got ${JSON.stringify(d)}`, { exitCode: 2, code: 'tooltx.bench.usage' });
+for (const d of durabilities)
+  if (!(DURABILITIES as readonly string[]).includes(d))
+    program.error(`error: --durability: expected fsync and/or os, comma-separated, got ${JSON.stringify(d)}`, {
+      exitCode: 2,
+      code: 'tooltx.bench.usage',
+    });
 /** The durability of the headline figures (the first listed), then the others. */
 const [headline, ...others] = durabilities as Durability[];
-const list = (s: string) => s.split(',').map((x) => Number(x.trim())).filter((x) => Number.isInteger(x) && x > 0);
+const list = (s: string) =>
+  s
+    .split(',')
+    .map((x) => Number(x.trim()))
+    .filter((x) => Number.isInteger(x) && x > 0);
 const say = (line: string) => process.stderr.write(`${line}\n`);
 
-const FULL: WorkloadSizes = { warmup: 100, main: 2_000, inFlight: 16, dupFraction: 0.2, race: 400, seq: 300, status: 300 };
+const FULL: WorkloadSizes = {
+  warmup: 100,
+  main: 2_000,
+  inFlight: 16,
+  dupFraction: 0.2,
+  race: 400,
+  seq: 300,
+  status: 300,
+};
 const QUICK: WorkloadSizes = { warmup: 20, main: 200, inFlight: 16, dupFraction: 0.2, race: 40, seq: 30, status: 50 };
 const sizes = opts.quick ? QUICK : FULL;
 const rounds = Math.max(1, Number(opts.rounds ?? (opts.quick ? 1 : 3)));
@@ -78,12 +120,23 @@ async function once(which: SystemName, z: WorkloadSizes, durability: Durability 
   const sys: BenchSystem & { restarts?: () => number } =
     which === 'tooltx'
       ? await startTooltx({ dir, prefix: PREFIX, runId, durability, ...(cpuProfDir ? { cpuProfDir } : {}) })
-      : await startFloor({ dir, prefix: PREFIX, sqlite: which === 'b', payloadBytes: PAYLOAD_BYTES, runId, durability });
+      : await startFloor({
+          dir,
+          prefix: PREFIX,
+          sqlite: which === 'b',
+          payloadBytes: PAYLOAD_BYTES,
+          runId,
+          durability,
+        });
   try {
     const r = await runWorkload(sys, z, say);
     const label = `${sys.label} (${durability}) run ${runs}`;
-    if (r.rows && (r.rows.rows !== r.uniqueKeys || r.rows.duplicateRows !== 0)) failures.push(`${label}: KB rows ${r.rows.rows} (beyond one per key: ${r.rows.duplicateRows}) for ${r.uniqueKeys} unique keys`);
-    if (r.receiptMismatches) failures.push(`${label}: ${r.receiptMismatches} second submissions got a receipt naming another resource`);
+    if (r.rows && (r.rows.rows !== r.uniqueKeys || r.rows.duplicateRows !== 0))
+      failures.push(
+        `${label}: KB rows ${r.rows.rows} (beyond one per key: ${r.rows.duplicateRows}) for ${r.uniqueKeys} unique keys`,
+      );
+    if (r.receiptMismatches)
+      failures.push(`${label}: ${r.receiptMismatches} second submissions got a receipt naming another resource`);
     const restarts = sys.restarts?.() ?? 0;
     if (restarts) failures.push(`${label}: ${restarts} service restarts`);
     if (r.errorSamples.length) say(`  ${sys.label} errors (samples): ${r.errorSamples.join(' | ')}`);
@@ -105,7 +158,8 @@ function median<T>(xs: T[]): T {
   }
   if (first && typeof first === 'object' && !Array.isArray(first)) {
     const out: Record<string, unknown> = {};
-    for (const k of Object.keys(first)) out[k] = median(xs.map((x) => (x as Record<string, unknown>)[k]).filter((v) => v !== undefined && v !== null));
+    for (const k of Object.keys(first))
+      out[k] = median(xs.map((x) => (x as Record<string, unknown>)[k]).filter((v) => v !== undefined && v !== null));
     return out as T;
   }
   return first as T;
@@ -116,7 +170,14 @@ const ratio = (x: number, y: number) => (y ? round3(x / y) : 0);
 // ---------------------------------------------------------------------------------------------
 
 function systemFigures(r: RoundResult) {
-  const pick = (p: PhaseFigures) => ({ callsPerSecond: p.callsPerSecond, p50_ms: p.p50_ms, p90_ms: p.p90_ms, p99_ms: p.p99_ms, errors: p.errors, calls: p.calls });
+  const pick = (p: PhaseFigures) => ({
+    callsPerSecond: p.callsPerSecond,
+    p50_ms: p.p50_ms,
+    p90_ms: p.p90_ms,
+    p99_ms: p.p99_ms,
+    errors: p.errors,
+    calls: p.calls,
+  });
   return {
     ...(Object.fromEntries(PHASES.map((ph) => [ph, pick(r.phases[ph])])) as Record<PhaseName, ReturnType<typeof pick>>),
     status: r.status,
@@ -131,7 +192,12 @@ function systemFigures(r: RoundResult) {
           natsOutPerCall: p.phases.main.natsOutPerCall,
           rssPeakMB: p.rssPeakMB,
           rssStartMB: p.rssStartMB,
-          seq: { cpuMsPerCall: p.phases.seq.cpuMsPerCall, natsMsgsPerCall: p.phases.seq.natsMsgsPerCall, natsInPerCall: p.phases.seq.natsInPerCall, natsOutPerCall: p.phases.seq.natsOutPerCall },
+          seq: {
+            cpuMsPerCall: p.phases.seq.cpuMsPerCall,
+            natsMsgsPerCall: p.phases.seq.natsMsgsPerCall,
+            natsInPerCall: p.phases.seq.natsInPerCall,
+            natsOutPerCall: p.phases.seq.natsOutPerCall,
+          },
         },
       ]),
     ),
@@ -140,7 +206,9 @@ function systemFigures(r: RoundResult) {
 
 function table(rows: (string | number)[][]): string {
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => String(r[i] ?? '').length)));
-  return rows.map((r) => r.map((c, i) => (i === 0 ? String(c).padEnd(widths[i]!) : String(c).padStart(widths[i]!))).join('  ')).join('\n');
+  return rows
+    .map((r) => r.map((c, i) => (i === 0 ? String(c).padEnd(widths[i]!) : String(c).padStart(widths[i]!))).join('  '))
+    .join('\n');
 }
 
 /** The few figures compared across durabilities, per system (medians over the rounds). */
@@ -162,10 +230,16 @@ function durabilitySummary(results: Record<SystemName, RoundResult[]>) {
 }
 
 async function standard() {
-  const byDurability = Object.fromEntries(durabilities.map((d) => [d, { a: [] as RoundResult[], b: [] as RoundResult[], tooltx: [] as RoundResult[] }])) as unknown as Record<Durability, Record<SystemName, RoundResult[]>>;
+  const byDurability = Object.fromEntries(
+    durabilities.map((d) => [d, { a: [] as RoundResult[], b: [] as RoundResult[], tooltx: [] as RoundResult[] }]),
+  ) as unknown as Record<Durability, Record<SystemName, RoundResult[]>>;
   for (let r = 1; r <= rounds; r++) {
     for (const d of durabilities as Durability[]) {
-      say(`bench: round ${r}/${rounds}, durability ${d} (load ${loadavg().map((x) => x.toFixed(2)).join(' ')})`);
+      say(
+        `bench: round ${r}/${rounds}, durability ${d} (load ${loadavg()
+          .map((x) => x.toFixed(2))
+          .join(' ')})`,
+      );
       byDurability[d].a.push(await once('a', sizes, d));
       byDurability[d].b.push(await once('b', sizes, d));
       byDurability[d].tooltx.push(await once('tooltx', sizes, d));
@@ -175,7 +249,12 @@ async function standard() {
   const fa = median(results.a.map(systemFigures));
   const fb = median(results.b.map(systemFigures));
   const ft = median(results.tooltx.map(systemFigures));
-  const duplicates = Math.max(...results.tooltx.map((r) => (r.rows ? r.rows.duplicateRows + Math.max(0, r.rows.rows - r.uniqueKeys - r.rows.duplicateRows) : 0)), ...results.b.map((r) => r.rows?.duplicateRows ?? 0));
+  const duplicates = Math.max(
+    ...results.tooltx.map((r) =>
+      r.rows ? r.rows.duplicateRows + Math.max(0, r.rows.rows - r.uniqueKeys - r.rows.duplicateRows) : 0,
+    ),
+    ...results.b.map((r) => r.rows?.duplicateRows ?? 0),
+  );
   const perFigure = (f: typeof fa) =>
     Object.fromEntries([
       ...PHASES.flatMap((ph) => [
@@ -190,11 +269,16 @@ async function standard() {
   const ratios = {
     mainThroughput: ratio(ft.main.callsPerSecond, fa.main.callsPerSecond),
     seqP50: ratio(ft.seq.p50_ms, fa.seq.p50_ms),
-    floorB: { mainThroughput: ratio(ft.main.callsPerSecond, fb.main.callsPerSecond), seqP50: ratio(ft.seq.p50_ms, fb.seq.p50_ms) },
+    floorB: {
+      mainThroughput: ratio(ft.main.callsPerSecond, fb.main.callsPerSecond),
+      seqP50: ratio(ft.seq.p50_ms, fb.seq.p50_ms),
+    },
     perFigure: { a: perFigure(fa), b: perFigure(fb) },
   };
   const processes = ft.processes;
-  const serviceRss = Object.entries(processes).filter(([n]) => !['client', 'nats-server'].includes(n)).map(([, p]) => p.rssPeakMB ?? 0);
+  const serviceRss = Object.entries(processes)
+    .filter(([n]) => !['client', 'nats-server'].includes(n))
+    .map(([, p]) => p.rssPeakMB ?? 0);
   const targets = {
     mainThroughputAtLeast04xFloorA: ratios.mainThroughput >= 0.4,
     mainThroughputAtLeast1200: ft.main.callsPerSecond >= 1_200,
@@ -205,32 +289,150 @@ async function standard() {
   };
 
   // The readable table: every figure for both lower bounds and tooltx, with the ratios.
-  const rowsOut: (string | number)[][] = [['figure (median of ' + rounds + ')', 'floor (a)', 'floor (b)', 'tooltx', 'tooltx÷a', 'tooltx÷b']];
+  const rowsOut: (string | number)[][] = [
+    [`figure (median of ${rounds})`, 'floor (a)', 'floor (b)', 'tooltx', 'tooltx÷a', 'tooltx÷b'],
+  ];
   for (const ph of PHASES) {
     for (const f of ['callsPerSecond', 'p50_ms', 'p90_ms', 'p99_ms', 'errors'] as const) {
-      rowsOut.push([`${ph} ${f}`, fa[ph][f], fb[ph][f], ft[ph][f], f === 'errors' ? '' : ratio(ft[ph][f], fa[ph][f]), f === 'errors' ? '' : ratio(ft[ph][f], fb[ph][f])]);
+      rowsOut.push([
+        `${ph} ${f}`,
+        fa[ph][f],
+        fb[ph][f],
+        ft[ph][f],
+        f === 'errors' ? '' : ratio(ft[ph][f], fa[ph][f]),
+        f === 'errors' ? '' : ratio(ft[ph][f], fb[ph][f]),
+      ]);
     }
   }
-  rowsOut.push(['status p50_ms', fa.status.p50_ms, fb.status.p50_ms, ft.status.p50_ms, ratio(ft.status.p50_ms, fa.status.p50_ms), ratio(ft.status.p50_ms, fb.status.p50_ms)]);
-  rowsOut.push(['status p99_ms', fa.status.p99_ms, fb.status.p99_ms, ft.status.p99_ms, ratio(ft.status.p99_ms, fa.status.p99_ms), ratio(ft.status.p99_ms, fb.status.p99_ms)]);
-  rowsOut.push(['nats-server msgs/call (main)', fa.natsServerMsgsPerCall.main, fb.natsServerMsgsPerCall.main, ft.natsServerMsgsPerCall.main, ratio(ft.natsServerMsgsPerCall.main, fa.natsServerMsgsPerCall.main), '']);
-  const procRows: (string | number)[][] = [['process (tooltx)', 'cpu ms/call main', 'nats msgs/call main', 'in', 'out', 'cpu ms/call seq', 'nats msgs/call seq', 'peak RSS MB', 'after start-up']];
-  for (const [name, p] of Object.entries(processes)) procRows.push([name, p.cpuMsPerCall, p.natsMsgsPerCall, p.natsInPerCall, p.natsOutPerCall, p.seq.cpuMsPerCall, p.seq.natsMsgsPerCall, p.rssPeakMB ?? '', p.rssStartMB ?? '']);
-  for (const [label, f] of [['floor (a)', fa], ['floor (b)', fb]] as const) {
-    for (const [name, p] of Object.entries(f.processes)) procRows.push([`${label} ${name}`, p.cpuMsPerCall, p.natsMsgsPerCall, p.natsInPerCall, p.natsOutPerCall, p.seq.cpuMsPerCall, p.seq.natsMsgsPerCall, p.rssPeakMB ?? '', p.rssStartMB ?? '']);
+  rowsOut.push([
+    'status p50_ms',
+    fa.status.p50_ms,
+    fb.status.p50_ms,
+    ft.status.p50_ms,
+    ratio(ft.status.p50_ms, fa.status.p50_ms),
+    ratio(ft.status.p50_ms, fb.status.p50_ms),
+  ]);
+  rowsOut.push([
+    'status p99_ms',
+    fa.status.p99_ms,
+    fb.status.p99_ms,
+    ft.status.p99_ms,
+    ratio(ft.status.p99_ms, fa.status.p99_ms),
+    ratio(ft.status.p99_ms, fb.status.p99_ms),
+  ]);
+  rowsOut.push([
+    'nats-server msgs/call (main)',
+    fa.natsServerMsgsPerCall.main,
+    fb.natsServerMsgsPerCall.main,
+    ft.natsServerMsgsPerCall.main,
+    ratio(ft.natsServerMsgsPerCall.main, fa.natsServerMsgsPerCall.main),
+    '',
+  ]);
+  const procRows: (string | number)[][] = [
+    [
+      'process (tooltx)',
+      'cpu ms/call main',
+      'nats msgs/call main',
+      'in',
+      'out',
+      'cpu ms/call seq',
+      'nats msgs/call seq',
+      'peak RSS MB',
+      'after start-up',
+    ],
+  ];
+  for (const [name, p] of Object.entries(processes))
+    procRows.push([
+      name,
+      p.cpuMsPerCall,
+      p.natsMsgsPerCall,
+      p.natsInPerCall,
+      p.natsOutPerCall,
+      p.seq.cpuMsPerCall,
+      p.seq.natsMsgsPerCall,
+      p.rssPeakMB ?? '',
+      p.rssStartMB ?? '',
+    ]);
+  for (const [label, f] of [
+    ['floor (a)', fa],
+    ['floor (b)', fb],
+  ] as const) {
+    for (const [name, p] of Object.entries(f.processes))
+      procRows.push([
+        `${label} ${name}`,
+        p.cpuMsPerCall,
+        p.natsMsgsPerCall,
+        p.natsInPerCall,
+        p.natsOutPerCall,
+        p.seq.cpuMsPerCall,
+        p.seq.natsMsgsPerCall,
+        p.rssPeakMB ?? '',
+        p.rssStartMB ?? '',
+      ]);
   }
   const totalCpu = (f: typeof fa) => round3(Object.values(f.processes).reduce((s, p) => s + p.cpuMsPerCall, 0));
-  procRows.push(['total cpu ms/call: floor (a) / floor (b) / tooltx', `${totalCpu(fa)} / ${totalCpu(fb)} / ${totalCpu(ft)}`, '', '', '', '', '', '', '']);
-  const durability = Object.fromEntries(durabilities.map((d) => [d, durabilitySummary(byDurability[d as Durability])])) as Record<Durability, ReturnType<typeof durabilitySummary>>;
-  const durRows: (string | number)[][] = [['durability (median of ' + rounds + ')', 'system', 'main calls/s', 'main p50 ms', 'main p99 ms', 'seq p50 ms', 'dup p50 ms', 'status p50 ms', 'cpu ms/call', 'nats-server cpu ms/call']];
+  procRows.push([
+    'total cpu ms/call: floor (a) / floor (b) / tooltx',
+    `${totalCpu(fa)} / ${totalCpu(fb)} / ${totalCpu(ft)}`,
+    '',
+    '',
+    '',
+    '',
+    '',
+    '',
+    '',
+  ]);
+  const durability = Object.fromEntries(
+    durabilities.map((d) => [d, durabilitySummary(byDurability[d as Durability])]),
+  ) as Record<Durability, ReturnType<typeof durabilitySummary>>;
+  const durRows: (string | number)[][] = [
+    [
+      `durability (median of ${rounds})`,
+      'system',
+      'main calls/s',
+      'main p50 ms',
+      'main p99 ms',
+      'seq p50 ms',
+      'dup p50 ms',
+      'status p50 ms',
+      'cpu ms/call',
+      'nats-server cpu ms/call',
+    ],
+  ];
   for (const d of durabilities as Durability[]) {
-    for (const [label, f] of [['floor (a)', durability[d].floorA], ['floor (b)', durability[d].floorB], ['tooltx', durability[d].tooltx]] as const) {
-      durRows.push([d, label, f.mainCallsPerSecond, f.mainP50_ms, f.mainP99_ms, f.seqP50_ms, f.dupP50_ms, f.statusP50_ms, f.cpuMsPerCall, f.natsServerCpuMsPerCall ?? '']);
+    for (const [label, f] of [
+      ['floor (a)', durability[d].floorA],
+      ['floor (b)', durability[d].floorB],
+      ['tooltx', durability[d].tooltx],
+    ] as const) {
+      durRows.push([
+        d,
+        label,
+        f.mainCallsPerSecond,
+        f.mainP50_ms,
+        f.mainP99_ms,
+        f.seqP50_ms,
+        f.dupP50_ms,
+        f.statusP50_ms,
+        f.cpuMsPerCall,
+        f.natsServerCpuMsPerCall ?? '',
+      ]);
     }
   }
-  process.stdout.write(`\nheadline: durability ${headline}${others.length ? ` (also measured: ${others.join(', ')}, below)` : ''}\n\n${table(rowsOut)}\n\n${table(procRows)}\n\n${table(durRows)}\n\n`);
-  process.stdout.write(`targets: ${Object.entries(targets).map(([k, v]) => `${k} ${v ? 'met' : 'NOT met'}`).join(', ')}\n`);
-  process.stdout.write(`load average (1/5/15 min) at start ${load[0]!.map((x) => x.toFixed(2)).join(' ')}, at end ${load.at(-1)!.map((x) => x.toFixed(2)).join(' ')}\n`);
+  process.stdout.write(
+    `\nheadline: durability ${headline}${others.length ? ` (also measured: ${others.join(', ')}, below)` : ''}\n\n${table(rowsOut)}\n\n${table(procRows)}\n\n${table(durRows)}\n\n`,
+  );
+  process.stdout.write(
+    `targets: ${Object.entries(targets)
+      .map(([k, v]) => `${k} ${v ? 'met' : 'NOT met'}`)
+      .join(', ')}\n`,
+  );
+  process.stdout.write(
+    `load average (1/5/15 min) at start ${load[0]!.map((x) => x.toFixed(2)).join(' ')}, at end ${load
+      .at(-1)!
+      .map((x) => x.toFixed(2))
+      .join(' ')}\n`,
+  );
 
   const report = {
     bench: 'tooltx',
@@ -245,8 +447,16 @@ async function standard() {
     rows: results.tooltx.map((r) => ({ expected: r.uniqueKeys, actual: r.rows?.rows ?? null })),
     processes: Object.fromEntries(Object.entries(processes).map(([n, p]) => [n, p])),
     perRound: {
-      mainCallsPerSecond: { a: results.a.map((r) => r.phases.main.callsPerSecond), b: results.b.map((r) => r.phases.main.callsPerSecond), tooltx: results.tooltx.map((r) => r.phases.main.callsPerSecond) },
-      seqP50: { a: results.a.map((r) => r.phases.seq.p50_ms), b: results.b.map((r) => r.phases.seq.p50_ms), tooltx: results.tooltx.map((r) => r.phases.seq.p50_ms) },
+      mainCallsPerSecond: {
+        a: results.a.map((r) => r.phases.main.callsPerSecond),
+        b: results.b.map((r) => r.phases.main.callsPerSecond),
+        tooltx: results.tooltx.map((r) => r.phases.main.callsPerSecond),
+      },
+      seqP50: {
+        a: results.a.map((r) => r.phases.seq.p50_ms),
+        b: results.b.map((r) => r.phases.seq.p50_ms),
+        tooltx: results.tooltx.map((r) => r.phases.seq.p50_ms),
+      },
     },
     targets,
     loadAverage: { start: load[0], end: load.at(-1) },
@@ -280,7 +490,11 @@ async function sweep() {
   for (const calls of list(opts.sweepCalls)) {
     for (const inFlight of list(opts.sweepInFlight)) {
       const z: WorkloadSizes = { warmup: 100, main: calls, inFlight, dupFraction: 0, race: 0, seq: 0, status: 0 };
-      say(`bench sweep: ${calls} calls, ${inFlight} in flight (load ${loadavg().map((x) => x.toFixed(2)).join(' ')})`);
+      say(
+        `bench sweep: ${calls} calls, ${inFlight} in flight (load ${loadavg()
+          .map((x) => x.toFixed(2))
+          .join(' ')})`,
+      );
       const a = await once('a', z);
       const t = await once('tooltx', z);
       points.push({
@@ -296,13 +510,58 @@ async function sweep() {
       });
     }
   }
-  type P = { calls: number; inFlight: number; floorA: PhaseFigures; tooltx: PhaseFigures; ratioThroughput: number; ratioP99: number; rssPeakMB: Record<string, number | null> };
+  type P = {
+    calls: number;
+    inFlight: number;
+    floorA: PhaseFigures;
+    tooltx: PhaseFigures;
+    ratioThroughput: number;
+    ratioP99: number;
+    rssPeakMB: Record<string, number | null>;
+  };
   const ps = points as unknown as P[];
   const names = Object.keys(ps[0]!.rssPeakMB);
-  const rowsOut: (string | number)[][] = [['calls', 'in flight', 'floor(a) calls/s', 'tooltx calls/s', 'ratio', 'floor(a) p99', 'tooltx p99', 'ratio', ...names.map((n) => `${n} RSS MB`)]];
-  for (const p of ps) rowsOut.push([p.calls, p.inFlight, p.floorA.callsPerSecond, p.tooltx.callsPerSecond, p.ratioThroughput, p.floorA.p99_ms, p.tooltx.p99_ms, p.ratioP99, ...names.map((n) => p.rssPeakMB[n] ?? '')]);
-  process.stdout.write(`\n${table(rowsOut)}\n\nload average at start ${load[0]!.map((x) => x.toFixed(2)).join(' ')}, at end ${load.at(-1)!.map((x) => x.toFixed(2)).join(' ')}\n`);
-  return { bench: 'tooltx', mode: 'sweep', settings: settings(), natsServer: { version: natsServerVersion(), durability: headline }, sweep: points, loadAverage: { start: load[0], end: load.at(-1) }, failures, ok: failures.length === 0 };
+  const rowsOut: (string | number)[][] = [
+    [
+      'calls',
+      'in flight',
+      'floor(a) calls/s',
+      'tooltx calls/s',
+      'ratio',
+      'floor(a) p99',
+      'tooltx p99',
+      'ratio',
+      ...names.map((n) => `${n} RSS MB`),
+    ],
+  ];
+  for (const p of ps)
+    rowsOut.push([
+      p.calls,
+      p.inFlight,
+      p.floorA.callsPerSecond,
+      p.tooltx.callsPerSecond,
+      p.ratioThroughput,
+      p.floorA.p99_ms,
+      p.tooltx.p99_ms,
+      p.ratioP99,
+      ...names.map((n) => p.rssPeakMB[n] ?? ''),
+    ]);
+  process.stdout.write(
+    `\n${table(rowsOut)}\n\nload average at start ${load[0]!.map((x) => x.toFixed(2)).join(' ')}, at end ${load
+      .at(-1)!
+      .map((x) => x.toFixed(2))
+      .join(' ')}\n`,
+  );
+  return {
+    bench: 'tooltx',
+    mode: 'sweep',
+    settings: settings(),
+    natsServer: { version: natsServerVersion(), durability: headline },
+    sweep: points,
+    loadAverage: { start: load[0], end: load.at(-1) },
+    failures,
+    ok: failures.length === 0,
+  };
 }
 
 let report: Record<string, unknown>;

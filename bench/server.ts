@@ -8,10 +8,16 @@
  */
 import { join } from 'node:path';
 import { Subjects, type Durability } from '@tooltx/nats';
-import { binaryVersion, freeLoopbackPort, natsServerBinary, spawnNatsServer, type NatsServerHandle } from '@tooltx/dev/nats-server';
+import {
+  binaryVersion,
+  freeLoopbackPort,
+  natsServerBinary,
+  spawnNatsServer,
+  type NatsServerHandle,
+} from '@tooltx/dev/nats-server';
 import { topology } from '@tooltx/streams';
 import { generateAuth } from '@tooltx/auth';
-import { type Role } from '@tooltx/nats';
+import type { Role } from '@tooltx/nats';
 import { DEFAULT_IDENTITIES } from '@tooltx/dev/stack';
 
 export interface BenchServer {
@@ -35,12 +41,26 @@ export function natsServerVersion(): string {
 }
 
 /** Starts a nats-server for `prefix` in `dir` (config, seeds, store); `extraArgs` e.g. `-V` (trace, bench/trace.ts). */
-export async function startBenchServer(dir: string, prefix: string, o: { extraArgs?: string[]; durability?: Durability } = {}): Promise<BenchServer> {
+export async function startBenchServer(
+  dir: string,
+  prefix: string,
+  o: { extraArgs?: string[]; durability?: Durability } = {},
+): Promise<BenchServer> {
   const subjects = new Subjects(prefix);
   const storeDir = join(dir, 'jetstream');
-  const auth = generateAuth(DEFAULT_IDENTITIES, { subjects, topology: topology(subjects), outDir: join(dir, 'auth'), listen: '127.0.0.1:-1', storeDir, durability: o.durability ?? 'fsync' });
+  const auth = generateAuth(DEFAULT_IDENTITIES, {
+    subjects,
+    topology: topology(subjects),
+    outDir: join(dir, 'auth'),
+    listen: '127.0.0.1:-1',
+    storeDir,
+    durability: o.durability ?? 'fsync',
+  });
   const mport = await freePort();
-  const handle = await spawnNatsServer({ extraArgs: ['-c', auth.configFile, '-m', String(mport), ...(o.extraArgs ?? [])], storeDir });
+  const handle = await spawnNatsServer({
+    extraArgs: ['-c', auth.configFile, '-m', String(mport), ...(o.extraArgs ?? [])],
+    storeDir,
+  });
   const pid = handle.process?.pid;
   if (!pid) throw new Error('nats-server has no pid');
   return {

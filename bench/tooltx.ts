@@ -50,8 +50,13 @@ export function noteOf(runId: string, k: number) {
   };
 }
 
-export async function startTooltx(o: TooltxOptions): Promise<BenchSystem & { restarts: () => number; server: BenchServer }> {
-  const server: BenchServer = await startBenchServer(join(o.dir, 'nats'), o.prefix, { extraArgs: o.serverArgs ?? [], durability: o.durability ?? 'fsync' });
+export async function startTooltx(
+  o: TooltxOptions,
+): Promise<BenchSystem & { restarts: () => number; server: BenchServer }> {
+  const server: BenchServer = await startBenchServer(join(o.dir, 'nats'), o.prefix, {
+    extraArgs: o.serverArgs ?? [],
+    durability: o.durability ?? 'fsync',
+  });
   let stack: Stack | undefined;
   let tools: Tools | undefined;
   let restarts = 0;
@@ -68,7 +73,13 @@ export async function startTooltx(o: TooltxOptions): Promise<BenchSystem & { res
       logs: { dir: join(o.dir, 'logs') },
       env: {
         LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
-        ...(o.cpuProfDir ? { NODE_OPTIONS: `--require ${CPU_PROFILE_PRELOAD}`, BENCH_CPU_PROF_DIR: o.cpuProfDir, BENCH_CPU_PROF_MODE: 'signal' } : {}),
+        ...(o.cpuProfDir
+          ? {
+              NODE_OPTIONS: `--require ${CPU_PROFILE_PRELOAD}`,
+              BENCH_CPU_PROF_DIR: o.cpuProfDir,
+              BENCH_CPU_PROF_MODE: 'signal',
+            }
+          : {}),
         ...o.env,
       },
       onRestart: () => void restarts++,
@@ -126,7 +137,13 @@ export async function startTooltx(o: TooltxOptions): Promise<BenchSystem & { res
         keys.set(k, r.operationKey);
         return { ok: true, resourceId: r.receipt.resourceId };
       }
-      return { ok: false, error: r.status === 'rejected' ? `rejected: ${r.error.class}` : `unknown: last state ${r.lastServerState}${r.error ? ` (${r.error.class})` : ''}` };
+      return {
+        ok: false,
+        error:
+          r.status === 'rejected'
+            ? `rejected: ${r.error.class}`
+            : `unknown: last state ${r.lastServerState}${r.error ? ` (${r.error.class})` : ''}`,
+      };
     },
     async status(k) {
       const key = keys.get(k);

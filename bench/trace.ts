@@ -41,7 +41,8 @@ interface TraceLine {
   bytes: number;
 }
 
-const LINE = /^\[\d+\] (\d{4})\/(\d\d)\/(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) \[TRC\] \S+ - cid:\d+ - "[^"]*:nats\.js:([^"]*)" - (<<-|->>) \[(PUB|HPUB|MSG|HMSG) ([^\]]*)\]/;
+const LINE =
+  /^\[\d+\] (\d{4})\/(\d\d)\/(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) \[TRC\] \S+ - cid:\d+ - "[^"]*:nats\.js:([^"]*)" - (<<-|->>) \[(PUB|HPUB|MSG|HMSG) ([^\]]*)\]/;
 
 export function parseTrace(text: string): TraceLine[] {
   const out: TraceLine[] = [];
@@ -55,7 +56,15 @@ export function parseTrace(text: string): TraceLine[] {
     // PUB subj [reply] size | HPUB subj [reply] hdr total | MSG subj sid [reply] size | HMSG subj sid [reply] hdr total
     const fixed = v === 'PUB' ? 2 : v === 'HPUB' ? 3 : v === 'MSG' ? 3 : 4;
     const reply = a.length > fixed ? (v === 'PUB' || v === 'HPUB' ? a[1]! : a[2]!) : null;
-    out.push({ atUs, conn: conn!, dir: arrow === '<<-' ? 'in' : 'out', verb: v, subject: a[0]!, reply, bytes: Number(a.at(-1)) });
+    out.push({
+      atUs,
+      conn: conn!,
+      dir: arrow === '<<-' ? 'in' : 'out',
+      verb: v,
+      subject: a[0]!,
+      reply,
+      bytes: Number(a.at(-1)),
+    });
   }
   return out;
 }
@@ -75,7 +84,10 @@ function hopOf(t: TraceLine, requests: Map<string, string>, durables: Set<string
     } else if (s.startsWith('$JS.API.DIRECT.GET.')) {
       const parts = s.split('.');
       const st = parts[4]!;
-      what = parts.length > 5 ? `direct get last ${st.startsWith('KV_') ? `KV ${st.slice(3)}` : stream(st)}` : `direct get by seq ${stream(st)}`;
+      what =
+        parts.length > 5
+          ? `direct get last ${st.startsWith('KV_') ? `KV ${st.slice(3)}` : stream(st)}`
+          : `direct get by seq ${stream(st)}`;
     } else if (s.startsWith('$KV.')) what = `KV write ${s.split('.')[1]}`;
     else if (s.startsWith(`${PREFIX}.op.`)) what = 'append event';
     else if (s.startsWith(`${PREFIX}.intent.`)) what = 'publish intent';
@@ -147,7 +159,9 @@ for (const t of lines) {
 
 // Timeline of each call: the first time each step shows at the server, from the intent's publish.
 const sdk = [...counts.keys()].find((c) => c.startsWith('tooltx-sdk')) ?? '';
-const starts = lines.map((t, i) => ({ t, i })).filter(({ t }) => t.conn === sdk && t.dir === 'in' && t.subject.startsWith(`${PREFIX}.intent.`));
+const starts = lines
+  .map((t, i) => ({ t, i }))
+  .filter(({ t }) => t.conn === sdk && t.dir === 'in' && t.subject.startsWith(`${PREFIX}.intent.`));
 const steps: Record<string, number[]> = {};
 const add = (k: string, v: number) => (steps[k] ??= []).push(v / 1000);
 for (let c = 0; c < starts.length; c++) {
@@ -159,12 +173,30 @@ for (let c = 0; c < starts.length; c++) {
   const nth = (f: (t: TraceLine) => boolean, n: number) => seg.filter(f)[n]?.atUs;
   const points: [string, number | undefined][] = [
     ['intent PubAck at client', first((t) => t.conn === sdk && t.dir === 'out' && t.subject.startsWith('_INBOX.'))],
-    ['intent delivered to authorizer', first((t) => t.conn.startsWith('authorizer') && t.dir === 'out' && t.subject.startsWith(`${PREFIX}.intent.`))],
-    ['accepted appended (authorizer)', first((t) => t.conn.startsWith('authorizer') && t.dir === 'in' && t.subject.startsWith(`${PREFIX}.op.`))],
-    ['accepted delivered to executor', first((t) => t.conn.startsWith('executor') && t.dir === 'out' && t.subject.startsWith(`${PREFIX}.op.`))],
-    ['running appended (executor)', nth((t) => t.conn.startsWith('executor') && t.dir === 'in' && t.subject.startsWith(`${PREFIX}.op.`), 0)],
-    ['result stored (executor, KV)', first((t) => t.conn.startsWith('executor') && t.dir === 'in' && t.subject.startsWith('$KV.'))],
-    ['committed appended (executor)', nth((t) => t.conn.startsWith('executor') && t.dir === 'in' && t.subject.startsWith(`${PREFIX}.op.`), 1)],
+    [
+      'intent delivered to authorizer',
+      first((t) => t.conn.startsWith('authorizer') && t.dir === 'out' && t.subject.startsWith(`${PREFIX}.intent.`)),
+    ],
+    [
+      'accepted appended (authorizer)',
+      first((t) => t.conn.startsWith('authorizer') && t.dir === 'in' && t.subject.startsWith(`${PREFIX}.op.`)),
+    ],
+    [
+      'accepted delivered to executor',
+      first((t) => t.conn.startsWith('executor') && t.dir === 'out' && t.subject.startsWith(`${PREFIX}.op.`)),
+    ],
+    [
+      'running appended (executor)',
+      nth((t) => t.conn.startsWith('executor') && t.dir === 'in' && t.subject.startsWith(`${PREFIX}.op.`), 0),
+    ],
+    [
+      'result stored (executor, KV)',
+      first((t) => t.conn.startsWith('executor') && t.dir === 'in' && t.subject.startsWith('$KV.')),
+    ],
+    [
+      'committed appended (executor)',
+      nth((t) => t.conn.startsWith('executor') && t.dir === 'in' && t.subject.startsWith(`${PREFIX}.op.`), 1),
+    ],
     ['final status answer at client', [...seg].reverse().find((t) => t.conn === sdk && t.dir === 'out')?.atUs],
   ];
   for (const [k, at] of points) if (at !== undefined) add(k, at - t0);
@@ -175,7 +207,9 @@ const perCall = Object.fromEntries(
     conn,
     {
       total: Math.round(([...byHop.values()].reduce((a, b) => a + b, 0) / calls) * 100) / 100,
-      hops: Object.fromEntries([...byHop].sort((a, b) => b[1] - a[1]).map(([h, n]) => [h, Math.round((n / calls) * 100) / 100])),
+      hops: Object.fromEntries(
+        [...byHop].sort((a, b) => b[1] - a[1]).map(([h, n]) => [h, Math.round((n / calls) * 100) / 100]),
+      ),
     },
   ]),
 );
@@ -189,7 +223,10 @@ const total = Object.values(perCall).reduce((a, f) => a + f.total, 0);
 // Sizes of what is stored per call: intents, lifecycle events, KV entries (headers + payload).
 const stored = (f: (t: TraceLine) => boolean) => {
   const xs = lines.filter((t) => t.dir === 'in' && f(t)).map((t) => t.bytes);
-  return { perCall: Math.round((xs.length / calls) * 100) / 100, meanBytes: xs.length ? Math.round(xs.reduce((a, b) => a + b, 0) / xs.length) : 0 };
+  return {
+    perCall: Math.round((xs.length / calls) * 100) / 100,
+    meanBytes: xs.length ? Math.round(xs.reduce((a, b) => a + b, 0) / xs.length) : 0,
+  };
 };
 const sizes = {
   intent: stored((t) => t.subject.startsWith(`${PREFIX}.intent.`)),
@@ -198,8 +235,16 @@ const sizes = {
   kvReconcile: stored((t) => t.subject.startsWith(`$KV.${PREFIX}_reconcile.`)),
   kvAudit: stored((t) => t.subject.startsWith(`$KV.${PREFIX}_audit.`)),
 };
-process.stdout.write(`\nall connections: ${Math.round(total * 100) / 100} messages per call (${calls} calls traced, one at a time)\n`);
-process.stdout.write(`\npublished to streams per call (count, mean bytes with headers): ${Object.entries(sizes).map(([k, v]) => `${k} ${v.perCall} × ${v.meanBytes} B`).join(', ')}\n`);
-process.stdout.write(`\ntimeline of a call at the server (median ms after the intent's publish; tracing slows every step):\n`);
+process.stdout.write(
+  `\nall connections: ${Math.round(total * 100) / 100} messages per call (${calls} calls traced, one at a time)\n`,
+);
+process.stdout.write(
+  `\npublished to streams per call (count, mean bytes with headers): ${Object.entries(sizes)
+    .map(([k, v]) => `${k} ${v.perCall} × ${v.meanBytes} B`)
+    .join(', ')}\n`,
+);
+process.stdout.write(
+  `\ntimeline of a call at the server (median ms after the intent's publish; tracing slows every step):\n`,
+);
 for (const [k, v] of Object.entries(timeline)) process.stdout.write(`  ${String(v).padStart(8)}  ${k}\n`);
 if (o.json) process.stdout.write(`${JSON.stringify({ calls, perCall, total, sizes, timeline })}\n`);

@@ -76,7 +76,10 @@ export interface RoundResult {
   phases: Record<PhaseName, PhaseFigures>;
   status: { p50_ms: number; p99_ms: number; errors: number };
   /** Per process name: per phase figures and its peak RSS over the round. */
-  processes: Record<string, { phases: Record<PhaseName, ProcessPhase>; rssPeakMB: number | null; rssStartMB: number | null }>;
+  processes: Record<
+    string,
+    { phases: Record<PhaseName, ProcessPhase>; rssPeakMB: number | null; rssStartMB: number | null }
+  >;
   /** All NATS messages the server handled per call (varz in + out), per phase. */
   serverMsgsPerCall: Record<PhaseName, number>;
   /** Keys whose side effect should exist exactly once. */
@@ -144,7 +147,11 @@ function perProcess(sys: BenchSystem, a: Snapshot, b: Snapshot, calls: number): 
 }
 
 /** Runs one phase: `calls` thunks (each returns its latencies), `inFlight` at once. */
-async function timed(units: (() => Promise<{ ms: number; ok: boolean; error?: string }[]>)[], inFlight: number, errors: string[]): Promise<PhaseFigures> {
+async function timed(
+  units: (() => Promise<{ ms: number; ok: boolean; error?: string }[]>)[],
+  inFlight: number,
+  errors: string[],
+): Promise<PhaseFigures> {
   const lat: number[] = [];
   let failed = 0;
   const started = performance.now();
@@ -177,23 +184,25 @@ export async function runWorkload(sys: BenchSystem, z: WorkloadSizes, say: (s: s
   const errorSamples: string[] = [];
   const first = new Map<number, string>();
   let receiptMismatches = 0;
-  const one = (k: number, check = false) => async () => {
-    const t0 = performance.now();
-    let o: Outcome;
-    try {
-      o = await sys.call(k);
-    } catch (err) {
-      o = { ok: false, error: err instanceof Error ? `${err.name}: ${err.message}` : String(err) };
-    }
-    const ms = performance.now() - t0;
-    // A resubmission must name the resource the first call created (the floors' known-key answers
-    // name none: they stop at the first publish).
-    if (o.ok && o.resourceId !== undefined) {
-      if (check && first.has(k) && first.get(k) !== o.resourceId) receiptMismatches++;
-      if (!first.has(k)) first.set(k, o.resourceId);
-    }
-    return [{ ms, ok: o.ok, ...(o.error ? { error: o.error } : {}) }];
-  };
+  const one =
+    (k: number, check = false) =>
+    async () => {
+      const t0 = performance.now();
+      let o: Outcome;
+      try {
+        o = await sys.call(k);
+      } catch (err) {
+        o = { ok: false, error: err instanceof Error ? `${err.name}: ${err.message}` : String(err) };
+      }
+      const ms = performance.now() - t0;
+      // A resubmission must name the resource the first call created (the floors' known-key answers
+      // name none: they stop at the first publish).
+      if (o.ok && o.resourceId !== undefined) {
+        if (check && first.has(k) && first.get(k) !== o.resourceId) receiptMismatches++;
+        if (!first.has(k)) first.set(k, o.resourceId);
+      }
+      return [{ ms, ok: o.ok, ...(o.error ? { error: o.error } : {}) }];
+    };
   const range = (from: number, n: number) => Array.from({ length: n }, (_, i) => from + i);
 
   let k = 0;
@@ -210,11 +219,19 @@ export async function runWorkload(sys: BenchSystem, z: WorkloadSizes, say: (s: s
 
   // Peak RSS after start-up, before any call: what the process costs before it handles work.
   const rssStart = new Map(sys.processes.map((p) => [p.name, rssPeakMbOf(p.pid)]));
-  if (warm.length) await timed(warm.map((x) => one(x)), z.inFlight, errorSamples);
+  if (warm.length)
+    await timed(
+      warm.map((x) => one(x)),
+      z.inFlight,
+      errorSamples,
+    );
   const phases = {} as Record<PhaseName, PhaseFigures>;
   const procPhases = {} as Record<PhaseName, Record<string, ProcessPhase>>;
   const serverMsgsPerCall = {} as Record<PhaseName, number>;
-  const plan: Record<PhaseName, { units: (() => Promise<{ ms: number; ok: boolean; error?: string }[]>)[]; inFlight: number }> = {
+  const plan: Record<
+    PhaseName,
+    { units: (() => Promise<{ ms: number; ok: boolean; error?: string }[]>)[]; inFlight: number }
+  > = {
     main: { units: mainKeys.map((x) => one(x)), inFlight: z.inFlight },
     dup: { units: dupKeys.map((x) => one(x, true)), inFlight: z.inFlight },
     // Both copies at the same moment; in flight counts calls, so half as many pairs.
@@ -240,7 +257,9 @@ export async function runWorkload(sys: BenchSystem, z: WorkloadSizes, say: (s: s
     const b = await snapshot(sys);
     procPhases[name] = perProcess(sys, a, b, phases[name].calls);
     serverMsgsPerCall[name] = round3((b.server.in - a.server.in + b.server.out - a.server.out) / phases[name].calls);
-    say(`  ${sys.label} ${name.padEnd(4)} ${phases[name].calls} calls  ${phases[name].callsPerSecond} calls/s  p50 ${phases[name].p50_ms} ms  p99 ${phases[name].p99_ms} ms  errors ${phases[name].errors}`);
+    say(
+      `  ${sys.label} ${name.padEnd(4)} ${phases[name].calls} calls  ${phases[name].callsPerSecond} calls/s  p50 ${phases[name].p50_ms} ms  p99 ${phases[name].p99_ms} ms  errors ${phases[name].errors}`,
+    );
   }
 
   // Status: one committed key (the first main key), one query at a time.
@@ -259,7 +278,12 @@ export async function runWorkload(sys: BenchSystem, z: WorkloadSizes, say: (s: s
   const processes: RoundResult['processes'] = {};
   for (const p of sys.processes) {
     processes[p.name] = {
-      phases: Object.fromEntries(PHASES.map((ph) => [ph, procPhases[ph][p.name] ?? { cpuMsPerCall: 0, natsMsgsPerCall: 0, natsInPerCall: 0, natsOutPerCall: 0 }])) as Record<PhaseName, ProcessPhase>,
+      phases: Object.fromEntries(
+        PHASES.map((ph) => [
+          ph,
+          procPhases[ph][p.name] ?? { cpuMsPerCall: 0, natsMsgsPerCall: 0, natsInPerCall: 0, natsOutPerCall: 0 },
+        ]),
+      ) as Record<PhaseName, ProcessPhase>,
       rssPeakMB: rssPeakMbOf(p.pid) === null ? null : round3(rssPeakMbOf(p.pid)!),
       rssStartMB: rssStart.get(p.name) == null ? null : round3(rssStart.get(p.name)!),
     };

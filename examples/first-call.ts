@@ -16,16 +16,18 @@ const tools = await createTools({
 });
 
 const taskId = `first-call-${randomUUID()}`; // a new task on every run
-const note = { kb: 'research', title: 'Tides', body: 'High water at 06:12.', sourceUrl: 'https://example.org/tides', fetchedAt: '2026-12-01T06:00:00Z' };
+const source = { sourceUrl: 'https://example.org/tides', fetchedAt: '2026-12-01T06:00:00Z' };
+const note = { kb: 'research', title: 'Tides', body: 'High water at 06:12.', ...source };
 const call = { tool: 'kb.write_note', taskId, actorId: 'alice', input: note };
 
 const first = await tools.execute(call);
 console.log('1. write:', first.status, first.status === 'committed' ? first.receipt : first);
 
 const again = await tools.execute(call); // the identical call: same operation key
-const same = first.status === 'committed' && again.status === 'committed' && JSON.stringify(again.receipt) === JSON.stringify(first.receipt);
+const same = 'receipt' in first && 'receipt' in again && again.receipt.signature === first.receipt.signature;
 console.log('2. repeat:', again.status, same ? 'with the same receipt' : 'with ANOTHER receipt');
 
 const changed = await tools.execute({ ...call, input: { ...note, fetchedAt: '2026-12-01T07:00:00Z' } });
-console.log('3. same task, other fetchedAt:', changed.status, changed.status === 'rejected' ? changed.error.class : '', `next: ${changed.next}`);
+const why = changed.status === 'rejected' ? changed.error.class : '';
+console.log('3. same task, other fetchedAt:', changed.status, why, `next: ${changed.next}`);
 await tools.close();

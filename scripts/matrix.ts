@@ -40,11 +40,26 @@ function columns(v: string): number {
 }
 
 const program = new Command('npm run matrix --')
-  .description('Run every fault-matrix row that has a test (FM-01…FM-32: the FM-named tests of the main and cluster projects) and every grid of test/matrix/, against real processes; print a table of the rows with what each test measured, and the gates.')
-  .option('--json', 'print one JSON document (rows, grids, gates, summary) as the last line of stdout; progress goes to stderr')
-  .option('--rows <ids>', 'only these rows and grids, comma-separated (FM-27,FM-13,start-cluster); gates no selected test measures print "not run"')
+  .description(
+    'Run every fault-matrix row that has a test (FM-01…FM-32: the FM-named tests of the main and cluster projects) and every grid of test/matrix/, against real processes; print a table of the rows with what each test measured, and the gates.',
+  )
+  .option(
+    '--json',
+    'print one JSON document (rows, grids, gates, summary) as the last line of stdout; progress goes to stderr',
+  )
+  .option(
+    '--rows <ids>',
+    'only these rows and grids, comma-separated (FM-27,FM-13,start-cluster); gates no selected test measures print "not run"',
+  )
   .option('--list', 'list the rows and grids with the test files that name them, and exit without running anything')
-  .addOption(new Option('--width <columns>', 'width of the table').argParser(columns).default(process.stdout.columns && process.stdout.columns > 80 ? process.stdout.columns : 160, 'the terminal\'s, or 160'))
+  .addOption(
+    new Option('--width <columns>', 'width of the table')
+      .argParser(columns)
+      .default(
+        process.stdout.columns && process.stdout.columns > 80 ? process.stdout.columns : 160,
+        "the terminal's, or 160",
+      ),
+  )
   .addHelpText(
     'after',
     `
@@ -122,7 +137,9 @@ class MatrixReporter implements Reporter {
   onTestRunStart(): void {
     const count = (project: string) => this.planned.filter((p) => p.c.project === project).length;
     const rows = [...this.rowsLeft.keys()].sort();
-    say(`fault matrix: ${this.planned.length} files (main ${count('main')}, cluster ${count('cluster')}, matrix ${count(MATRIX_PROJECT)}); rows named by a test file: ${rows.length}${this.selection ? ` of the ${this.selection.rows.length} selected` : ` of ${FAULT_MATRIX.length}`}`);
+    say(
+      `fault matrix: ${this.planned.length} files (main ${count('main')}, cluster ${count('cluster')}, matrix ${count(MATRIX_PROJECT)}); rows named by a test file: ${rows.length}${this.selection ? ` of the ${this.selection.rows.length} selected` : ` of ${FAULT_MATRIX.length}`}`,
+    );
   }
 
   onTestModuleCollected(m: TestModule): void {
@@ -143,7 +160,9 @@ class MatrixReporter implements Reporter {
     const figures = aggregateFigures(t.meta().figures ?? []);
     const ms = t.diagnostic()?.duration;
     const total = this.collected === this.planned.length ? String(this.testsPlanned) : `${this.testsPlanned}+`;
-    say(`  ${mark} [${this.testsDone}/${total}] ${fullName({ names: namesOf(t) })}${ms !== undefined ? ` (${duration(ms)})` : ''}${figures ? ` · ${figures}` : ''}`);
+    say(
+      `  ${mark} [${this.testsDone}/${total}] ${fullName({ names: namesOf(t) })}${ms !== undefined ? ` (${duration(ms)})` : ''}${figures ? ` · ${figures}` : ''}`,
+    );
     if (r.state === 'failed') for (const e of r.errors.slice(0, 1)) say(`      ${firstLine(e.message ?? String(e))}`);
     if (r.state === 'skipped' && r.note) say(`      skipped: ${r.note}`);
   }
@@ -151,7 +170,9 @@ class MatrixReporter implements Reporter {
   onTestModuleEnd(m: TestModule): void {
     const p = this.byModule.get(m.moduleId);
     const file = relative(ROOT, m.moduleId);
-    const errors = [...m.errors(), ...[...m.children.allSuites()].flatMap((s) => s.errors())].map((e) => firstLine(e.message ?? String(e)));
+    const errors = [...m.errors(), ...[...m.children.allSuites()].flatMap((s) => s.errors())].map((e) =>
+      firstLine(e.message ?? String(e)),
+    );
     const mine: TestOutcome[] = [];
     for (const t of m.children.allTests()) {
       if (!this.wanted(t)) continue;
@@ -167,7 +188,13 @@ class MatrixReporter implements Reporter {
       });
     }
     this.tests.push(...mine);
-    this.files.push({ project: m.project.name, file, rows: p ? this.rowsOf(p.c) : [], ...(p?.c.grid ? { grid: p.c.grid } : {}), errors });
+    this.files.push({
+      project: m.project.name,
+      file,
+      rows: p ? this.rowsOf(p.c) : [],
+      ...(p?.c.grid ? { grid: p.c.grid } : {}),
+      errors,
+    });
     this.filesDone++;
     const finished: string[] = [];
     for (const r of p ? this.rowsOf(p.c) : []) {
@@ -189,7 +216,12 @@ class MatrixReporter implements Reporter {
 const startedAt = Date.now();
 const reporter = new MatrixReporter();
 // The only reporter: vitest's own would print every test again, on stdout.
-const vitest = await createVitest('test', { root: ROOT, watch: false, reporters: [reporter] }, {}, { stdout: out, stderr: process.stderr });
+const vitest = await createVitest(
+  'test',
+  { root: ROOT, watch: false, reporters: [reporter] },
+  {},
+  { stdout: out, stderr: process.stderr },
+);
 
 const candidates: Candidate[] = [];
 for (const name of [...ROW_PROJECTS, MATRIX_PROJECT]) {
@@ -205,10 +237,16 @@ for (const name of [...ROW_PROJECTS, MATRIX_PROJECT]) {
 
 let selection: Selection | undefined;
 if (opts.rows !== undefined) {
-  const asked = opts.rows.split(',').map((s) => s.trim()).filter(Boolean);
+  const asked = opts.rows
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   const grids = candidates.flatMap((c) => (c.grid ? [c.grid] : []));
   const unknown = asked.filter((a) => !FAULT_MATRIX.some((r) => r.id === a) && !grids.includes(a));
-  if (asked.length === 0 || unknown.length > 0) usage(`--rows: not a row or grid: ${unknown.join(', ') || '(none given)'}; rows are FM-01…FM-32, grids ${grids.join(', ') || '(none)'}`);
+  if (asked.length === 0 || unknown.length > 0)
+    usage(
+      `--rows: not a row or grid: ${unknown.join(', ') || '(none given)'}; rows are FM-01…FM-32, grids ${grids.join(', ') || '(none)'}`,
+    );
   selection = { rows: asked.filter((a) => a.startsWith('FM-')), grids: asked.filter((a) => !a.startsWith('FM-')) };
 }
 
@@ -235,7 +273,11 @@ const planned: Planned[] = candidates.flatMap((c) => {
   return pattern === null ? [] : [{ c, pattern }];
 });
 if (planned.length === 0) usage('nothing to run');
-const specs: TestSpecification[] = planned.map(({ c, pattern }) => vitest.getProjectByName(c.project).createSpecification(c.moduleId, pattern ? { testNamePattern: pattern } : undefined));
+const specs: TestSpecification[] = planned.map(({ c, pattern }) =>
+  vitest
+    .getProjectByName(c.project)
+    .createSpecification(c.moduleId, pattern ? { testNamePattern: pattern } : undefined),
+);
 
 function namesOf(t: TestCase): string[] {
   const names = [t.name];
@@ -252,7 +294,13 @@ const result = await vitest.runTestSpecifications(specs, true);
 const unhandled = result.unhandledErrors.map((e) => firstLine((e as { message?: string }).message ?? String(e)));
 await vitest.close();
 
-const report = buildReport({ tests: reporter.tests, files: reporter.files, ...(selection ? { selection } : {}), unhandledErrors: unhandled, wallMs: Date.now() - startedAt });
+const report = buildReport({
+  tests: reporter.tests,
+  files: reporter.files,
+  ...(selection ? { selection } : {}),
+  unhandledErrors: unhandled,
+  wallMs: Date.now() - startedAt,
+});
 say();
 say(renderTable(report, opts.width));
 say();

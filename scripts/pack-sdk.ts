@@ -68,10 +68,18 @@ interface EsbuildMessage {
   location: { file: string; line: number; column: number } | null;
 }
 interface EsbuildPluginBuild {
-  onResolve(options: { filter: RegExp }, callback: (args: { path: string; kind: string }) => { path: string; external: true } | undefined): void;
+  onResolve(
+    options: { filter: RegExp },
+    callback: (args: { path: string; kind: string }) => { path: string; external: true } | undefined,
+  ): void;
 }
 interface Esbuild {
-  build(options: Record<string, unknown>): Promise<{ metafile: { inputs: Record<string, unknown>; outputs: Record<string, { imports: { path: string; external?: boolean }[] }> } }>;
+  build(options: Record<string, unknown>): Promise<{
+    metafile: {
+      inputs: Record<string, unknown>;
+      outputs: Record<string, { imports: { path: string; external?: boolean }[] }>;
+    };
+  }>;
 }
 
 /** The esbuild tsx depends on, as dev/src/compiled.ts loads it: nothing beyond the pinned tsx. */
@@ -113,18 +121,33 @@ async function buildJs(dist: string): Promise<Set<string>> {
         {
           name: 'external-packages',
           setup(b: EsbuildPluginBuild) {
-            b.onResolve({ filter: /^[^./]/ }, (args) => (args.path.startsWith('@tooltx/') || args.kind === 'entry-point' ? undefined : { path: args.path, external: true }));
+            b.onResolve({ filter: /^[^./]/ }, (args) =>
+              args.path.startsWith('@tooltx/') || args.kind === 'entry-point'
+                ? undefined
+                : { path: args.path, external: true },
+            );
           },
         },
       ],
     })
     .catch((err: unknown) => {
       const errors = (err as { errors?: EsbuildMessage[] }).errors ?? [];
-      throw new SdkPackError(`esbuild: ${errors.slice(0, 5).map((m) => (m.location ? `${m.location.file}:${m.location.line}:${m.location.column}: ${m.text}` : m.text)).join('; ') || String(err)}`, { cause: err });
+      throw new SdkPackError(
+        `esbuild: ${
+          errors
+            .slice(0, 5)
+            .map((m) => (m.location ? `${m.location.file}:${m.location.line}:${m.location.column}: ${m.text}` : m.text))
+            .join('; ') || String(err)
+        }`,
+        { cause: err },
+      );
     });
   const allowed = BUNDLED.map((l) => `libs/${l}/src/`);
   const strays = Object.keys(r.metafile.inputs).filter((f) => !allowed.some((a) => f.startsWith(a)));
-  if (strays.length) throw new SdkPackError(`the SDK's bundle reads sources outside ${BUNDLED.map((l) => `libs/${l}`).join(', ')}: ${strays.join(', ')}`);
+  if (strays.length)
+    throw new SdkPackError(
+      `the SDK's bundle reads sources outside ${BUNDLED.map((l) => `libs/${l}`).join(', ')}: ${strays.join(', ')}`,
+    );
   const packages = new Set<string>();
   for (const out of Object.values(r.metafile.outputs)) {
     for (const i of out.imports) if (i.external && !isBuiltin(i.path)) packages.add(packageOf(i.path));
@@ -165,14 +188,21 @@ async function buildTypes(work: string, dist: string): Promise<Set<string>> {
   const tsc = join(dirname(createRequire(import.meta.url).resolve('typescript/package.json')), 'bin', 'tsc');
   // --noCheck: `npm run typecheck` checks these sources; emitting without checking takes ~2.4 s
   // here instead of ~4.3 s.
-  await run(process.execPath, [tsc, '-p', tsconfig, '--noCheck'], { cwd: ROOT, maxBuffer: 16 << 20 }).catch((err: { stdout?: string; message: string }) => {
-    throw new SdkPackError(`tsc (declarations): ${err.stdout?.trim() || err.message}`, { cause: err });
-  });
+  await run(process.execPath, [tsc, '-p', tsconfig, '--noCheck'], { cwd: ROOT, maxBuffer: 16 << 20 }).catch(
+    (err: { stdout?: string; message: string }) => {
+      throw new SdkPackError(`tsc (declarations): ${err.stdout?.trim() || err.message}`, { cause: err });
+    },
+  );
 
   const { rollup } = await import('rollup');
   const { dts } = await import('rollup-plugin-dts');
   const bundle = await rollup({
-    input: Object.fromEntries(Object.entries(ENTRIES).map(([name, e]) => [name, join(typesDir, relative('libs', e.source).replace(/\.ts$/, '.d.ts'))])),
+    input: Object.fromEntries(
+      Object.entries(ENTRIES).map(([name, e]) => [
+        name,
+        join(typesDir, relative('libs', e.source).replace(/\.ts$/, '.d.ts')),
+      ]),
+    ),
     // npm packages (and Node's modules) stay imports; the workspace libraries are bundled. Said
     // here (respectExternal) rather than left to the dts plugin, which takes any file under a
     // node_modules/ directory for a library's, and so this build's own under node_modules/.cache/.
@@ -183,7 +213,8 @@ async function buildTypes(work: string, dist: string): Promise<Set<string>> {
         resolveId(id: string) {
           const m = /^@tooltx\/([^/]+)(\/.*)?$/.exec(id);
           if (!m) return null;
-          if (!BUNDLED.includes(m[1]!) || m[2] !== undefined) throw new SdkPackError(`the SDK's declarations import ${id}, which is not a bundled library's entry point`);
+          if (!BUNDLED.includes(m[1]!) || m[2] !== undefined)
+            throw new SdkPackError(`the SDK's declarations import ${id}, which is not a bundled library's entry point`);
           return join(typesDir, m[1]!, 'src', 'index.d.ts');
         },
       },
@@ -193,14 +224,20 @@ async function buildTypes(work: string, dist: string): Promise<Set<string>> {
       throw new SdkPackError(`rollup-plugin-dts: ${w.message}`);
     },
   });
-  const { output } = await bundle.write({ dir: dist, format: 'es', entryFileNames: '[name].d.ts', chunkFileNames: (c) => `chunks/${c.name.replace(/\.d$/, '')}-[hash].d.ts` });
+  const { output } = await bundle.write({
+    dir: dist,
+    format: 'es',
+    entryFileNames: '[name].d.ts',
+    chunkFileNames: (c) => `chunks/${c.name.replace(/\.d$/, '')}-[hash].d.ts`,
+  });
   await bundle.close();
   // What the declarations import besides their own files: the external modules.
   const own = new Set(output.map((o) => o.fileName));
   const packages = new Set<string>();
   for (const o of output) {
     if (o.type !== 'chunk') continue;
-    for (const id of [...o.imports, ...o.dynamicImports]) if (!own.has(id) && !isBuiltin(id)) packages.add(packageOf(id));
+    for (const id of [...o.imports, ...o.dynamicImports])
+      if (!own.has(id) && !isBuiltin(id)) packages.add(packageOf(id));
   }
   return packages;
 }
@@ -221,25 +258,37 @@ export async function packSdk(opts: { destination?: string } = {}): Promise<SdkP
     const dist = join(pkgDir, 'dist');
     const [jsPackages, typePackages] = await Promise.all([buildJs(dist), buildTypes(work, dist)]);
 
-    const root = readJson<{ engines?: Record<string, string>; dependencies: Record<string, string>; devDependencies?: Record<string, string> }>(join(ROOT, 'package.json'));
+    const root = readJson<{
+      engines?: Record<string, string>;
+      dependencies: Record<string, string>;
+      devDependencies?: Record<string, string>;
+    }>(join(ROOT, 'package.json'));
     const client = readJson<{ name: string; version: string }>(join(ROOT, 'libs', 'client', 'package.json'));
     const dependencies: Record<string, string> = {};
     for (const name of [...new Set([...jsPackages, ...typePackages])].sort()) {
       if (name.startsWith('@tooltx/')) throw new SdkPackError(`the SDK's bundle still imports ${name}`);
       const version = root.dependencies[name];
       if (version === undefined || !/^\d+\.\d+\.\d+$/.test(version)) {
-        throw new SdkPackError(`the SDK imports ${name}, which the root package.json does not pin in "dependencies" (found ${JSON.stringify(version ?? root.devDependencies?.[name] ?? null)})`);
+        throw new SdkPackError(
+          `the SDK imports ${name}, which the root package.json does not pin in "dependencies" (found ${JSON.stringify(version ?? root.devDependencies?.[name] ?? null)})`,
+        );
       }
       dependencies[name] = version;
     }
     const manifest = {
       name: client.name,
       version: client.version,
-      description: 'tooltx SDK: transactional tool calls for AI agents on NATS JetStream (createTools, tools.execute / status / verify, runTask) and the contracts they are made against',
+      description:
+        'tooltx SDK: transactional tool calls for AI agents on NATS JetStream (createTools, tools.execute / status / verify, runTask) and the contracts they are made against',
       type: 'module',
       engines: root.engines,
       exports: {
-        ...Object.fromEntries(Object.entries(ENTRIES).map(([name, e]) => [e.subpath, { types: `./dist/${name}.d.ts`, default: `./dist/${name}.js` }])),
+        ...Object.fromEntries(
+          Object.entries(ENTRIES).map(([name, e]) => [
+            e.subpath,
+            { types: `./dist/${name}.d.ts`, default: `./dist/${name}.js` },
+          ]),
+        ),
         './package.json': './package.json',
       },
       main: './dist/index.js',
@@ -250,10 +299,19 @@ export async function packSdk(opts: { destination?: string } = {}): Promise<SdkP
     writeFileSync(join(pkgDir, 'package.json'), `${JSON.stringify(manifest, null, 2)}\n`);
     writeFileSync(join(pkgDir, 'README.md'), readFileSync(join(ROOT, 'docs', 'sdk.md'), 'utf8'));
 
-    const { stdout } = await run('npm', ['pack', '--json', '--ignore-scripts', '--pack-destination', destination], { cwd: pkgDir, env: npmEnv(), maxBuffer: 16 << 20 }).catch((err: { stderr?: string; message: string }) => {
+    const { stdout } = await run('npm', ['pack', '--json', '--ignore-scripts', '--pack-destination', destination], {
+      cwd: pkgDir,
+      env: npmEnv(),
+      maxBuffer: 16 << 20,
+    }).catch((err: { stderr?: string; message: string }) => {
       throw new SdkPackError(`npm pack: ${err.stderr?.trim() || err.message}`, { cause: err });
     });
-    const [packed] = JSON.parse(stdout) as { filename: string; size: number; unpackedSize: number; files: { path: string }[] }[];
+    const [packed] = JSON.parse(stdout) as {
+      filename: string;
+      size: number;
+      unpackedSize: number;
+      files: { path: string }[];
+    }[];
     if (!packed) throw new SdkPackError(`npm pack printed no package: ${stdout}`);
     return {
       tarball: join(destination, packed.filename),
@@ -276,7 +334,9 @@ export async function packSdk(opts: { destination?: string } = {}): Promise<SdkP
  */
 export function npmEnv(): NodeJS.ProcessEnv {
   const keep = new Set(['npm_config_cache', 'npm_config_userconfig', 'npm_config_globalconfig', 'npm_config_registry']);
-  return Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.toLowerCase().startsWith('npm_') || keep.has(k.toLowerCase())));
+  return Object.fromEntries(
+    Object.entries(process.env).filter(([k]) => !k.toLowerCase().startsWith('npm_') || keep.has(k.toLowerCase())),
+  );
 }
 
 /** Every file under `dir`, relative to it with `/` separators, sorted. */
@@ -296,7 +356,9 @@ export function filesUnder(dir: string): string[] {
 if (process.argv[1] !== undefined && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   packSdk({ ...(process.argv[2] ? { destination: process.argv[2] } : {}) }).then(
     (p) => {
-      process.stderr.write(`${p.name}@${p.version}: ${p.files.length} files, ${(p.size / 1024).toFixed(1)} kB packed, ${(p.unpackedSize / 1024).toFixed(1)} kB unpacked\n`);
+      process.stderr.write(
+        `${p.name}@${p.version}: ${p.files.length} files, ${(p.size / 1024).toFixed(1)} kB packed, ${(p.unpackedSize / 1024).toFixed(1)} kB unpacked\n`,
+      );
       process.stdout.write(`${p.tarball}\n`);
     },
     (err: unknown) => {

@@ -19,12 +19,36 @@
  * Readiness does not depend on LOG_LEVEL: each process tells the supervisor over IPC when it is
  * ready (libs/runtime announceReady), and "tooltx is up — …" is printed at every level.
  */
-import { accessSync, constants as fsConstants, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  accessSync,
+  constants as fsConstants,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { createServer } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { Command, Option } from 'commander';
 import { z } from 'zod';
-import { ConfigError, envInt, showValue, createLogger, describeError, displayUrl, failStartup, StartupError, stdoutDestination, type Logger, type StartupReporter, usageErrorsExitTwo } from '@tooltx/runtime';
+import {
+  ConfigError,
+  envInt,
+  showValue,
+  createLogger,
+  describeError,
+  displayUrl,
+  failStartup,
+  StartupError,
+  stdoutDestination,
+  type Logger,
+  type StartupReporter,
+  usageErrorsExitTwo,
+} from '@tooltx/runtime';
 import { DEFAULT_KB_TENANTS, startStack, type Stack, type StackPid } from '@tooltx/dev/stack';
 
 const ENV_HELP = `
@@ -64,25 +88,54 @@ running stack fails for good. On a terminal the log lines are pretty-printed; el
 for (const [name, value] of Object.entries(process.env)) if (value === '') delete process.env[name];
 
 const program = usageErrorsExitTwo(new Command('tooltx-start'))
-  .description('run tooltx locally: nats-server (unless NATS_URL), streams, the research KB, authorizer, executor, reconciler, audit-projector')
+  .description(
+    'run tooltx locally: nats-server (unless NATS_URL), streams, the research KB, authorizer, executor, reconciler, audit-projector',
+  )
   .addOption(new Option('--port <port>', 'port of the embedded nats-server').env('NATS_PORT').default('4222'))
   .addOption(new Option('--kb-port <port>', 'port of the knowledge-base service').env('KB_PORT').default('4280'))
-  .addOption(new Option('--state-dir <dir>', 'state directory (JetStream store, KB database, keys, lock)').env('TOOLTX_STATE_DIR').default('.state'))
-  .addOption(new Option('--kb-dedup <on|off>', 'whether the KB deduplicates by key (honoursKey)').env('KB_DEDUP').default('on'))
   .addOption(
-    new Option('--durability <fsync|os>', 'fsync: the embedded nats-server fsyncs before every acknowledgement (sync_interval: always); os: it acknowledges what is in the OS\'s buffers and flushes every 2 minutes — a power failure or an OS crash can lose what was acknowledged since (docs/durability.md)')
+    new Option('--state-dir <dir>', 'state directory (JetStream store, KB database, keys, lock)')
+      .env('TOOLTX_STATE_DIR')
+      .default('.state'),
+  )
+  .addOption(
+    new Option('--kb-dedup <on|off>', 'whether the KB deduplicates by key (honoursKey)').env('KB_DEDUP').default('on'),
+  )
+  .addOption(
+    new Option(
+      '--durability <fsync|os>',
+      "fsync: the embedded nats-server fsyncs before every acknowledgement (sync_interval: always); os: it acknowledges what is in the OS's buffers and flushes every 2 minutes — a power failure or an OS crash can lose what was acknowledged since (docs/durability.md)",
+    )
       .env('TOOLTX_DURABILITY')
       .default('fsync'),
   )
-  .addOption(new Option('--cluster <1|3>', 'nodes of the embedded nats-server: 3 = a cluster on loopback (ports --port to --port+2), every stream and bucket R3 (docs/cluster.md)').env('TOOLTX_CLUSTER').default('1'))
   .addOption(
-    new Option('--kb-tenants <file>', 'the KB\'s tenant list with each tenant\'s quota in notes per UTC day (KB_SEED_FILE format); every tenant of the identity list must be in it')
+    new Option(
+      '--cluster <1|3>',
+      'nodes of the embedded nats-server: 3 = a cluster on loopback (ports --port to --port+2), every stream and bucket R3 (docs/cluster.md)',
+    )
+      .env('TOOLTX_CLUSTER')
+      .default('1'),
+  )
+  .addOption(
+    new Option(
+      '--kb-tenants <file>',
+      "the KB's tenant list with each tenant's quota in notes per UTC day (KB_SEED_FILE format); every tenant of the identity list must be in it",
+    )
       .env('KB_SEED_FILE')
       .default(DEFAULT_KB_TENANTS),
   )
   .addHelpText('after', ENV_HELP)
   .parse(process.argv);
-const opts = program.opts<{ port: string; kbPort: string; stateDir: string; kbDedup: string; kbTenants: string; durability: string; cluster: string }>();
+const opts = program.opts<{
+  port: string;
+  kbPort: string;
+  stateDir: string;
+  kbDedup: string;
+  kbTenants: string;
+  durability: string;
+  cluster: string;
+}>();
 
 /** The flag of each option and the variable it falls back to. */
 const FLAGS = {
@@ -109,7 +162,10 @@ function optionError(key: Flag, problem: string, cause?: unknown): StartupError 
 }
 
 /** The lock's content: this process and the processes of its stack. */
-const lockSchema = z.object({ pid: z.number().int().positive(), processes: z.array(z.object({ name: z.string(), pid: z.number().int().positive() })).default([]) });
+const lockSchema = z.object({
+  pid: z.number().int().positive(),
+  processes: z.array(z.object({ name: z.string(), pid: z.number().int().positive() })).default([]),
+});
 type Lock = z.infer<typeof lockSchema>;
 
 const who: StartupReporter = { program: 'tooltx-start', service: 'start', instance: String(process.pid) };
@@ -138,16 +194,34 @@ const settings = z
     kbTenants: path,
     kbDedup: z.enum(['on', 'off']),
     durability: z.enum(['fsync', 'os'], 'expected fsync or os'),
-    cluster: z.enum(['1', '3'], 'expected 1 (one server) or 3 (a cluster)').transform((v) => (v === '3' ? 3 : 1) as 1 | 3),
+    cluster: z
+      .enum(['1', '3'], 'expected 1 (one server) or 3 (a cluster)')
+      .transform((v) => (v === '3' ? 3 : 1) as 1 | 3),
     prefix: z.string().regex(/^[a-z][a-z0-9_]{0,31}$/, 'must match ^[a-z][a-z0-9_]{0,31}$'),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
   })
   // The embedded nats-server and the KB cannot share a port; with NATS_URL there is no embedded one.
   .superRefine((o, ctx) => {
     if (process.env.NATS_URL) return;
-    if (o.kbPort === o.port) ctx.addIssue({ code: 'custom', path: ['kbPort'], message: 'the same port as --port (the embedded nats-server\'s): give the KB another one' });
-    else if (o.cluster === 3 && o.kbPort > o.port && o.kbPort <= o.port + 2) ctx.addIssue({ code: 'custom', path: ['kbPort'], message: 'a port of the embedded cluster\'s nodes (--port to --port+2 with --cluster 3): give the KB another one' });
-    if (o.cluster === 3 && o.port > 65533) ctx.addIssue({ code: 'custom', path: ['port'], message: 'the cluster\'s nodes listen on --port to --port+2: at most 65533' });
+    if (o.kbPort === o.port)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['kbPort'],
+        message: "the same port as --port (the embedded nats-server's): give the KB another one",
+      });
+    else if (o.cluster === 3 && o.kbPort > o.port && o.kbPort <= o.port + 2)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['kbPort'],
+        message:
+          "a port of the embedded cluster's nodes (--port to --port+2 with --cluster 3): give the KB another one",
+      });
+    if (o.cluster === 3 && o.port > 65533)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['port'],
+        message: "the cluster's nodes listen on --port to --port+2: at most 65533",
+      });
   })
   .safeParse({ ...opts, prefix: process.env.TOOLTX_PREFIX ?? 'tooltx', logLevel: process.env.LOG_LEVEL ?? 'info' });
 if (!settings.success) {
@@ -167,7 +241,12 @@ const { prefix } = settings.data;
 
 // On a terminal, the supervisor's own lines are pretty like the services' (pino-pretty, a
 // devDependency: JSON lines where it is not installed).
-const log: Logger = createLogger({ service: 'start', instance: String(process.pid), level: settings.data.logLevel, ...(process.stdout.isTTY ? await prettyStdout() : {}) });
+const log: Logger = createLogger({
+  service: 'start',
+  instance: String(process.pid),
+  level: settings.data.logLevel,
+  ...(process.stdout.isTTY ? await prettyStdout() : {}),
+});
 who.log = log;
 
 // One stack per state directory: a second one would share its JetStream store and SQLite file and
@@ -176,13 +255,21 @@ const stateDir = resolve(settings.data.stateDir);
 const lockFile = join(stateDir, 'stack.pid');
 // A nats-server binary named but not runnable, and a port something else listens on, refuse the
 // start before anything is created or generated.
-if (!process.env.NATS_URL && process.env.NATS_SERVER_BIN !== undefined) refuseNatsServerBin(process.env.NATS_SERVER_BIN);
+if (!process.env.NATS_URL && process.env.NATS_SERVER_BIN !== undefined)
+  refuseNatsServerBin(process.env.NATS_SERVER_BIN);
 if (!process.env.NATS_URL) {
   for (let i = 0; i < settings.data.cluster; i++) {
-    await refuseTakenPort('port', '127.0.0.1', settings.data.port + i, (e, host, p) => (i === 0 ? describeError(e) : `node ${i + 1} of the cluster listens on ${host}:${p}: ${describeError(e)}`));
+    await refuseTakenPort('port', '127.0.0.1', settings.data.port + i, (e, host, p) =>
+      i === 0 ? describeError(e) : `node ${i + 1} of the cluster listens on ${host}:${p}: ${describeError(e)}`,
+    );
   }
 }
-await refuseTakenPort('kbPort', process.env.KB_HOST || '127.0.0.1', settings.data.kbPort, (e, host, p) => `cannot listen on ${host}:${p}: ${describeError(e)}`);
+await refuseTakenPort(
+  'kbPort',
+  process.env.KB_HOST || '127.0.0.1',
+  settings.data.kbPort,
+  (e, host, p) => `cannot listen on ${host}:${p}: ${describeError(e)}`,
+);
 /** What this run created in the state directory (removed again when the stack does not start). */
 let createdDir: string | undefined;
 let entriesBefore: Set<string>;
@@ -209,7 +296,8 @@ try {
     kbSeed: process.env.KB_SEED ?? 'acme:research,acme:archive,globex:research',
     kbTenants: settings.data.kbTenants,
     logs: process.stdout.isTTY ? 'pretty' : 'inherit',
-    onRestart: (name, code, signal) => log.warn({ process: name, code, signal }, 'a service exited on its own: starting it again'),
+    onRestart: (name, code, signal) =>
+      log.warn({ process: name, code, signal }, 'a service exited on its own: starting it again'),
     onPids: writeLock,
   });
 } catch (err) {
@@ -226,13 +314,19 @@ const agentSeeds = dirname(aliceSeed);
 const quickstartEnv = process.env.NATS_URL
   ? `NATS_URL=${shellWord(shownUrl)} NATS_NKEY_FILE=${shellWord(aliceSeed)} TOOLTX_RECEIPT_KEYS_FILE=${shellWord(stack.receiptKeysFile)}`
   : `NATS_URL=${shellWord(shownUrl)} TOOLTX_STATE_DIR=${shellWord(stateDir)}`;
-if (process.env.NATS_URL && (program.getOptionValueSource('cluster') !== 'default' || program.getOptionValueSource('durability') !== 'default')) {
-  announce.warn({ NATS_URL: shownUrl }, '--cluster and --durability shape the embedded nats-server only: with NATS_URL they change nothing (that server\'s own configuration decides; docs/durability.md)');
+if (
+  process.env.NATS_URL &&
+  (program.getOptionValueSource('cluster') !== 'default' || program.getOptionValueSource('durability') !== 'default')
+) {
+  announce.warn(
+    { NATS_URL: shownUrl },
+    "--cluster and --durability shape the embedded nats-server only: with NATS_URL they change nothing (that server's own configuration decides; docs/durability.md)",
+  );
 }
 if (stack.natsServer.durability === 'os') {
   announce.warn(
     { durability: 'os' },
-    'durability os: nats-server acknowledges writes that are only in the OS\'s buffers (flushed every 2 minutes); a power failure or an OS crash can lose acknowledged operations, receipts included — use --durability fsync (the default) wherever that matters (docs/durability.md)',
+    "durability os: nats-server acknowledges writes that are only in the OS's buffers (flushed every 2 minutes); a power failure or an OS crash can lose acknowledged operations, receipts included — use --durability fsync (the default) wherever that matters (docs/durability.md)",
   );
 }
 announce.info(
@@ -281,7 +375,7 @@ function refuseNatsServerBin(bin: string): void {
 
 /** `word` as one shell word (POSIX single quotes when it holds anything but safe characters), for a command line to copy. */
 function shellWord(word: string): string {
-  return /^[A-Za-z0-9_\/.:,=@%+-]+$/.test(word) ? word : `'${word.replace(/'/g, `'\\''`)}'`;
+  return /^[A-Za-z0-9_/.:,=@%+-]+$/.test(word) ? word : `'${word.replace(/'/g, `'\\''`)}'`;
 }
 
 /**
@@ -289,7 +383,12 @@ function shellWord(word: string): string {
  * refused start must leave no state directory or keys behind. Port 0 (any free
  * one) and other errors are left to the process that listens there, which names them itself.
  */
-async function refuseTakenPort(key: 'port' | 'kbPort', host: string, p: number, problem: (err: unknown, host: string, port: number) => string): Promise<void> {
+async function refuseTakenPort(
+  key: 'port' | 'kbPort',
+  host: string,
+  p: number,
+  problem: (err: unknown, host: string, port: number) => string,
+): Promise<void> {
   if (p === 0) return;
   const err = await new Promise<unknown>((done) => {
     const probe = createServer();
@@ -312,7 +411,9 @@ function removeWhatThisRunCreated(): void {
       rmSync(createdDir, { recursive: true, force: true });
       return;
     }
-    for (const entry of readdirSync(stateDir)) if (!entriesBefore.has(entry) && entry !== 'stack.pid') rmSync(join(stateDir, entry), { recursive: true, force: true });
+    for (const entry of readdirSync(stateDir))
+      if (!entriesBefore.has(entry) && entry !== 'stack.pid')
+        rmSync(join(stateDir, entry), { recursive: true, force: true });
   } catch (err) {
     log.warn({ err, stateDir }, 'could not remove what the failed start created');
   }
@@ -324,10 +425,22 @@ function removeWhatThisRunCreated(): void {
  */
 function asOption(err: unknown): unknown {
   if (!(err instanceof StartupError)) return err;
-  const keyOf: Record<string, Flag> = { NATS_PORT: 'port', KB_PORT: 'kbPort', TOOLTX_STATE_DIR: 'stateDir', KB_DB: 'stateDir', KB_SEED_FILE: 'kbTenants', KB_DEDUP: 'kbDedup', TOOLTX_DURABILITY: 'durability' };
+  const keyOf: Record<string, Flag> = {
+    NATS_PORT: 'port',
+    KB_PORT: 'kbPort',
+    TOOLTX_STATE_DIR: 'stateDir',
+    KB_DB: 'stateDir',
+    KB_SEED_FILE: 'kbTenants',
+    KB_DEDUP: 'kbDedup',
+    TOOLTX_DURABILITY: 'durability',
+  };
   const key = keyOf[err.setting];
   if (!key) return err;
-  return optionError(key, err.setting === 'KB_DB' ? `${err.value ?? 'the KB database'}: ${err.problem}` : err.problem, err);
+  return optionError(
+    key,
+    err.setting === 'KB_DB' ? `${err.value ?? 'the KB database'}: ${err.problem}` : err.problem,
+    err,
+  );
 }
 
 /**
@@ -349,11 +462,18 @@ function takeLock(): void {
       });
       return;
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') failStartup(who, optionError('stateDir', `cannot write the lock ${lockFile}: ${describeError(err)}`, err));
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST')
+        failStartup(who, optionError('stateDir', `cannot write the lock ${lockFile}: ${describeError(err)}`, err));
     }
     const held = readLock();
     if (held && held.pid !== process.pid && ours(held.pid, 'start.ts')) {
-      failStartup(who, optionError('stateDir', `another npm start (pid ${held.pid}) uses this state directory: stop it (kill ${held.pid}), or give --state-dir another directory`));
+      failStartup(
+        who,
+        optionError(
+          'stateDir',
+          `another npm start (pid ${held.pid}) uses this state directory: stop it (kill ${held.pid}), or give --state-dir another directory`,
+        ),
+      );
     }
     const alive = (held?.processes ?? []).filter((p) => ours(p.pid, markerOf(p.name)));
     if (alive.length) {
@@ -369,7 +489,10 @@ function takeLock(): void {
     // Stale: nobody of that stack runs any more.
     rmSync(lockFile, { force: true });
   }
-  failStartup(who, optionError('stateDir', `cannot take the lock ${lockFile}: another start takes it at the same time`));
+  failStartup(
+    who,
+    optionError('stateDir', `cannot take the lock ${lockFile}: another start takes it at the same time`),
+  );
 }
 
 function lockText(processes: StackPid[]): string {
@@ -384,7 +507,7 @@ function writeLock(processes: StackPid[]): void {
     writeFileSync(tmp, lockText(processes));
     renameSync(tmp, lockFile);
   } catch (err) {
-    log.warn({ err, lockFile }, 'could not record the stack\'s processes in the lock');
+    log.warn({ err, lockFile }, "could not record the stack's processes in the lock");
   }
 }
 

@@ -27,9 +27,15 @@ let env: Record<string, string>;
 const ids: Record<string, string> = {};
 
 const note = (kbRef: string, title: string, over: Record<string, unknown> = {}) => ({
-  kb: kbRef, title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z', ...over,
+  kb: kbRef,
+  title,
+  body: `Notes on ${title}.`,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-11-30T06:00:00Z',
+  ...over,
 });
-const keyOf = (taskId: string, input: Record<string, unknown>) => prepareCall(contracts.writeNote, taskId, input).operationKey;
+const keyOf = (taskId: string, input: Record<string, unknown>) =>
+  prepareCall(contracts.writeNote, taskId, input).operationKey;
 const rowsIn = async (kbId: string) => (await kb.client.rowsPerKb({ kbId })).reduce((n, k) => n + k.rows, 0);
 
 beforeAll(async () => {
@@ -44,7 +50,16 @@ beforeAll(async () => {
   for (const k of await kb.admin.list()) ids[k.name] = k.kbId;
   env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: kb.url, KB_DEDUP: 'off' };
   [authorizer, executor] = await Promise.all([startService('authorizer', env), startService('executor', env)]);
-  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 20_000 });
+  alice = await createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts: contracts.all,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+    budgetMs: 20_000,
+  });
 });
 
 afterAll(async () => {
@@ -63,7 +78,9 @@ describe('FM-10: every reference to one knowledge base keys one operation', () =
     expect(new Set(keys).size).toBe(4);
     const before = await rowsIn(ids.research!);
 
-    const results = await Promise.all(refs.map((ref) => alice.execute({ tool: 'kb.write_note', taskId: 'fm10-same', input: note(ref, 'One note') })));
+    const results = await Promise.all(
+      refs.map((ref) => alice.execute({ tool: 'kb.write_note', taskId: 'fm10-same', input: note(ref, 'One note') })),
+    );
 
     expect(results.map((r) => r.status)).toEqual(refs.map(() => 'committed'));
     const committed = results as Extract<ExecuteResult, { status: 'committed' }>[];
@@ -85,10 +102,18 @@ describe('FM-10: every reference to one knowledge base keys one operation', () =
   });
 
   it('FM-10: a later resubmission through an alias gets the original receipt and writes nothing', async () => {
-    const first = await alice.execute({ tool: 'kb.write_note', taskId: 'fm10-later', input: note('research', 'Later note') });
+    const first = await alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'fm10-later',
+      input: note('research', 'Later note'),
+    });
     expect(first.status).toBe('committed');
     const before = await rowsIn(ids.research!);
-    const again = await alice.execute({ tool: 'kb.write_note', taskId: 'fm10-later', input: note(ids.research!, 'Later note') });
+    const again = await alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'fm10-later',
+      input: note(ids.research!, 'Later note'),
+    });
     expect(again).toMatchObject({ status: 'committed', operationKey: first.operationKey });
     expect((again as { receipt: unknown }).receipt).toEqual((first as { receipt: unknown }).receipt);
     expect(await rowsIn(ids.research!)).toBe(before);
@@ -103,24 +128,52 @@ describe('FM-10: every reference to one knowledge base keys one operation', () =
     const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm10-late', input });
     expect(r.status).toBe('committed');
     // Its wait is 30 s; the commit is the change that must end it (8 s is far more than the commit takes).
-    const first = await Promise.race([poll, new Promise((res) => setTimeout(() => res('still waiting after 8 s of a 30 s wait'), 8_000))]);
-    expect(first).toMatchObject({ state: 'committed', operationKey: aliasKey, canonicalKey: r.operationKey, receipt: r.status === 'committed' ? r.receipt : {} });
+    const first = await Promise.race([
+      poll,
+      new Promise((res) => setTimeout(() => res('still waiting after 8 s of a 30 s wait'), 8_000)),
+    ]);
+    expect(first).toMatchObject({
+      state: 'committed',
+      operationKey: aliasKey,
+      canonicalKey: r.operationKey,
+      receipt: r.status === 'committed' ? r.receipt : {},
+    });
   });
 
   it('FM-03 through an alias: the same key target with other parameters is an idempotency_conflict; the original is untouched', async () => {
-    const first = await alice.execute({ tool: 'kb.write_note', taskId: 'fm10-conflict', input: note('research', 'Conflict note') });
+    const first = await alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'fm10-conflict',
+      input: note('research', 'Conflict note'),
+    });
     expect(first.status).toBe('committed');
     const before = await rowsIn(ids.research!);
     // fetchedAt is outside the key's intent: another value under the same (canonical) key conflicts.
-    const other = await alice.execute({ tool: 'kb.write_note', taskId: 'fm10-conflict', input: note('Research-Notes', 'Conflict note', { fetchedAt: '2026-11-29T06:00:00Z' }) });
+    const other = await alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'fm10-conflict',
+      input: note('Research-Notes', 'Conflict note', { fetchedAt: '2026-11-29T06:00:00Z' }),
+    });
     expect(other).toMatchObject({ status: 'rejected', error: { class: 'idempotency_conflict' } });
     expect(await rowsIn(ids.research!)).toBe(before);
-    expect((await history(t, 'acme', first.operationKey!)).map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
+    expect((await history(t, 'acme', first.operationKey!)).map((e) => e.type)).toEqual([
+      'accepted',
+      'running',
+      'committed',
+    ]);
   });
 
   it('FM-10: two knowledge bases are two operations, whatever the spelling', async () => {
-    const a = await alice.execute({ tool: 'kb.write_note', taskId: 'fm10-two', input: note('Research-Notes', 'Two places') });
-    const b = await alice.execute({ tool: 'kb.write_note', taskId: 'fm10-two', input: note(ids.archive!, 'Two places') });
+    const a = await alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'fm10-two',
+      input: note('Research-Notes', 'Two places'),
+    });
+    const b = await alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'fm10-two',
+      input: note(ids.archive!, 'Two places'),
+    });
     expect([a.status, b.status]).toEqual(['committed', 'committed']);
     expect(a.operationKey).not.toBe(b.operationKey);
     expect(await kbRowsFor(kb, 'acme', a.operationKey!)).toBe(1);

@@ -9,10 +9,22 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import { Kvm, type KV } from '@nats-io/kv';
 import { operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, type ExecuteResult, type Tools } from '@tooltx/client';
-import { auditAnswerSchema, auditRecordForAuditor, auditQueryRecordSchema, auditRecordSchema, type AuditRecord } from '@tooltx/lifecycle';
+import {
+  auditAnswerSchema,
+  auditRecordForAuditor,
+  auditQueryRecordSchema,
+  auditRecordSchema,
+  type AuditRecord,
+} from '@tooltx/lifecycle';
 import { decode, encode, openBucket } from '@tooltx/nats';
-import { applyTopology, Durables, topology } from '@tooltx/streams';
-import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, type AuditHmac } from '../services/audit-projector/src/audit-record.js';
+import { applyTopology, Durables } from '@tooltx/streams';
+import {
+  applyDecisionToAudit,
+  applyEventToAudit,
+  auditedDecisionSchema,
+  auditedEventSchema,
+  type AuditHmac,
+} from '../services/audit-projector/src/audit-record.js';
 import { auditCli } from './helpers/audit-cli.js';
 import { auditHmacFrom } from './helpers/audit.js';
 import { provisioned, type TestNats } from './helpers/nats.js';
@@ -36,7 +48,13 @@ let startedAt: number;
 const results: Record<string, ExecuteResult> = {};
 
 const BODY_CANARY = 'CANARY-audit-body-7c1d2e';
-const note = (title: string, over: Record<string, unknown> = {}) => ({ bucket: 'kb-main', title, body: `${BODY_CANARY} ${title}`, at: '2026-11-30T06:00:00Z', ...over });
+const note = (title: string, over: Record<string, unknown> = {}) => ({
+  bucket: 'kb-main',
+  title,
+  body: `${BODY_CANARY} ${title}`,
+  at: '2026-11-30T06:00:00Z',
+  ...over,
+});
 const keyOf = (taskId: string, title: string) => prepareCall(sinkWrite, taskId, note(title)).operationKey;
 const auditor = (...args: string[]) => auditCli(t, 'acme', 'audrey', args);
 
@@ -69,12 +87,18 @@ async function untilDrained(stream: string, durable: string): Promise<void> {
 /** Replays the event log and the decision stream, read raw, through the pure rules: the projection rebuilt in memory. */
 async function replay(): Promise<Map<string, AuditRecord>> {
   const out = new Map<string, AuditRecord>();
-  for (const [stream, kind] of [[t.subjects.eventsStream, 'op'] as const, ...t.tenants.map((x) => [t.subjects.decisionsStream(x), 'decision'] as const)]) {
+  for (const [stream, kind] of [
+    [t.subjects.eventsStream, 'op'] as const,
+    ...t.tenants.map((x) => [t.subjects.decisionsStream(x), 'decision'] as const),
+  ]) {
     for (const m of await readStream(t, stream)) {
       const where = t.subjects.parseOpSubject(kind, m.subject)!;
       const key = t.subjects.projectionKey(where.tenant, where.opId);
       const cur = out.get(key) ?? null;
-      const next = kind === 'op' ? applyEventToAudit(cur, decode(auditedEventSchema, m.data), m.seq, hmac) : applyDecisionToAudit(cur, decode(auditedDecisionSchema, m.data), m.seq);
+      const next =
+        kind === 'op'
+          ? applyEventToAudit(cur, decode(auditedEventSchema, m.data), m.seq, hmac)
+          : applyDecisionToAudit(cur, decode(auditedDecisionSchema, m.data), m.seq);
       if (next) out.set(key, next);
     }
   }
@@ -82,7 +106,10 @@ async function replay(): Promise<Map<string, AuditRecord>> {
 }
 
 /** Two instances, one after the other (several tsx start-ups at once can starve each other on a loaded 2-core machine). */
-const startProjectors = async () => [await startService('audit-projector', env), await startService('audit-projector', env)];
+const startProjectors = async () => [
+  await startService('audit-projector', env),
+  await startService('audit-projector', env),
+];
 
 beforeAll(async () => {
   t = await provisioned();
@@ -92,13 +119,28 @@ beforeAll(async () => {
   kv = await openBucket(t.nc, t.subjects.auditBucket);
   procs = [await startService('authorizer', env), await startService('executor', env)];
   projectors = await startProjectors();
-  const open = (actor: string) => createTools({ servers: t.url, tenant: 'acme', actor, nkeyFile: t.agentSeed('acme', actor), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 20_000 });
+  const open = (actor: string) =>
+    createTools({
+      servers: t.url,
+      tenant: 'acme',
+      actor,
+      nkeyFile: t.agentSeed('acme', actor),
+      contracts,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+      budgetMs: 20_000,
+    });
   [alice, blockedBob] = await Promise.all([open('alice'), open('blocked-bob')]);
   startedAt = Date.now();
 
-  for (const title of ['First', 'Second', 'Third']) results[title] = await alice.execute({ tool: 'sink.write', taskId: 'audit', input: note(title) });
+  for (const title of ['First', 'Second', 'Third'])
+    results[title] = await alice.execute({ tool: 'sink.write', taskId: 'audit', input: note(title) });
   // The same key with another field outside target and intent: an idempotency conflict (FM-03).
-  results.conflict = await alice.execute({ tool: 'sink.write', taskId: 'audit', input: note('First', { priority: 'high' }) });
+  results.conflict = await alice.execute({
+    tool: 'sink.write',
+    taskId: 'audit',
+    input: note('First', { priority: 'high' }),
+  });
   // Refused at intake by the policy seam: a decision, no operation.
   results.blocked = await blockedBob.execute({ tool: 'sink.write', taskId: 'audit', input: note('Blocked') });
   // The downstream never answers: the attempt times out after its request left — unknown.
@@ -110,7 +152,12 @@ beforeAll(async () => {
     const b = await readBucket();
     const first = b.get(t.subjects.projectionKey('acme', operationIdOf(keyOf('audit', 'First'))));
     const hung = b.get(t.subjects.projectionKey('acme', operationIdOf(keyOf('audit', 'Hung'))));
-    return b.size === 5 && first?.decisions.length === 1 && hung?.status === 'unknown' && [...b.values()].filter((r) => r.status === 'committed').length === 3 ? b : undefined;
+    return b.size === 5 &&
+      first?.decisions.length === 1 &&
+      hung?.status === 'unknown' &&
+      [...b.values()].filter((r) => r.status === 'committed').length === 3
+      ? b
+      : undefined;
   });
 }, 240_000);
 
@@ -119,7 +166,15 @@ afterAll(async () => {
   await blockedBob?.close();
   const all = [...procs, ...projectors];
   const codes = await Promise.all(all.map((p) => p.stop()));
-  all.forEach((p, i) => codes[i] !== 0 && console.log(p.name, codes[i], p.stderr, JSON.stringify(p.lines.filter((l) => Number(l.level) >= 40).slice(-20), null, 1)));
+  all.forEach((p, i) => {
+    if (codes[i] !== 0)
+      console.log(
+        p.name,
+        codes[i],
+        p.stderr,
+        JSON.stringify(p.lines.filter((l) => Number(l.level) >= 40).slice(-20), null, 1),
+      );
+  });
   await sink?.stop();
   await t?.close();
   expect(codes).toEqual(all.map(() => 0));
@@ -127,7 +182,11 @@ afterAll(async () => {
 
 describe('the audit record of an operation', { timeout: 180_000 }, () => {
   it('the workload ran as expected', () => {
-    expect(['First', 'Second', 'Third'].map((k) => results[k]!.status)).toEqual(['committed', 'committed', 'committed']);
+    expect(['First', 'Second', 'Third'].map((k) => results[k]!.status)).toEqual([
+      'committed',
+      'committed',
+      'committed',
+    ]);
     expect(results.conflict).toMatchObject({ status: 'rejected', error: { class: 'idempotency_conflict' } });
     expect(results.blocked).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
     expect(results.hung!.status).toBe('unknown');
@@ -141,17 +200,42 @@ describe('the audit record of an operation', { timeout: 180_000 }, () => {
     const last = (await t.store.load('acme', operationIdOf(key))).state;
     if (last.status !== 'committed') throw new Error('expected committed');
     expect(r).toMatchObject({
-      operationKey: key, tenant: 'acme', actor: 'alice', status: 'committed', tool: 'sink.write', contract: 'sink.write@1', contractDigest: last.contractDigest, effect: 'create',
-      targetHmac: hmac('target', last.targetDigest), resultHmac: hmac('result', last.receipt!.resultDigest), sideEffect: 'applied', attempt: 1,
+      operationKey: key,
+      tenant: 'acme',
+      actor: 'alice',
+      status: 'committed',
+      tool: 'sink.write',
+      contract: 'sink.write@1',
+      contractDigest: last.contractDigest,
+      effect: 'create',
+      targetHmac: hmac('target', last.targetDigest),
+      resultHmac: hmac('result', last.receipt!.resultDigest),
+      sideEffect: 'applied',
+      attempt: 1,
       authorization: {
-        intake: { decision: 'allow', policyVersion: 'sink-policy@1', resources: [{ idHmac: hmac('resource', 'bucket:kb-main'), version: 1 }] },
+        intake: {
+          decision: 'allow',
+          policyVersion: 'sink-policy@1',
+          resources: [{ idHmac: hmac('resource', 'bucket:kb-main'), version: 1 }],
+        },
         execution: { decision: 'allow', policyVersion: 'sink-policy@1' },
       },
     });
-    expect(r.states.map((s) => [s.event, s.actor])).toEqual([['accepted', 'alice'], ['running', 'alice'], ['committed', 'alice']]);
+    expect(r.states.map((s) => [s.event, s.actor])).toEqual([
+      ['accepted', 'alice'],
+      ['running', 'alice'],
+      ['committed', 'alice'],
+    ]);
     for (const s of r.states) expect(s.at).toBeGreaterThanOrEqual(startedAt - 1_000);
     // The conflicting request is evidence on the same record: who, when, which class.
-    expect(r.decisions).toEqual([expect.objectContaining({ actor: 'alice', errorClass: 'idempotency_conflict', conflict: true, contract: 'sink.write@1' })]);
+    expect(r.decisions).toEqual([
+      expect.objectContaining({
+        actor: 'alice',
+        errorClass: 'idempotency_conflict',
+        conflict: true,
+        contract: 'sink.write@1',
+      }),
+    ]);
     expect(run.stdout).not.toContain(BODY_CANARY);
     expect(run.stdout).not.toContain(last.targetDigest);
     expect(run.stdout).not.toContain('bucket:kb-main');
@@ -162,8 +246,19 @@ describe('the audit record of an operation', { timeout: 180_000 }, () => {
     expect(all.code, all.stderr).toBe(0);
     expect(all.json).toHaveLength(5);
     const blocked = all.json.find((r) => r.operationKey === keyOf('audit', 'Blocked'));
-    expect(blocked).toMatchObject({ status: 'refused', actor: 'blocked-bob', sideEffect: 'none', states: [], decisions: [expect.objectContaining({ errorClass: 'forbidden', policyVersion: 'sink-policy@1', conflict: false })] });
-    expect(all.json.find((r) => r.operationKey === keyOf('audit', 'Hung'))).toMatchObject({ status: 'unknown', sideEffect: 'possible' });
+    expect(blocked).toMatchObject({
+      status: 'refused',
+      actor: 'blocked-bob',
+      sideEffect: 'none',
+      states: [],
+      decisions: [
+        expect.objectContaining({ errorClass: 'forbidden', policyVersion: 'sink-policy@1', conflict: false }),
+      ],
+    });
+    expect(all.json.find((r) => r.operationKey === keyOf('audit', 'Hung'))).toMatchObject({
+      status: 'unknown',
+      sideEffect: 'possible',
+    });
     // Oldest first.
     const firsts = all.json.map((r) => r.firstAt as number);
     expect(firsts).toEqual([...firsts].sort((a, b) => a - b));
@@ -177,7 +272,19 @@ describe('the audit record of an operation', { timeout: 180_000 }, () => {
     const counts = await auditor('counts', '--since', '1h');
     expect(counts.code, counts.stderr).toBe(0);
     expect(counts.json).toEqual([
-      { contract: 'sink.write@1', operations: 5, accepted: 4, committed: 3, rejected: {}, refused: { forbidden: 1 }, conflicts: 1, unknown: 1, unresolved: 1, takeovers: 0, manual: 0 },
+      {
+        contract: 'sink.write@1',
+        operations: 5,
+        accepted: 4,
+        committed: 3,
+        rejected: {},
+        refused: { forbidden: 1 },
+        conflicts: 1,
+        unknown: 1,
+        unresolved: 1,
+        takeovers: 0,
+        manual: 0,
+      },
     ]);
   });
 
@@ -187,9 +294,22 @@ describe('the audit record of an operation', { timeout: 180_000 }, () => {
     expect(run.stderr).toMatch(/exported 5 record\(s\) in 1 page\(s\), export id [0-9a-f-]{36}/);
     const bucket = await readBucket();
     // As stored, with the shared event log's positions made the operation's own (docs/tenancy.md).
-    expect(new Map(run.json.map((r) => [t.subjects.projectionKey('acme', operationIdOf(r.operationKey as string)), auditRecordSchema.parse(r)]))).toEqual(new Map([...bucket].map(([k, v]) => [k, auditRecordForAuditor(v)])));
+    expect(
+      new Map(
+        run.json.map((r) => [
+          t.subjects.projectionKey('acme', operationIdOf(r.operationKey as string)),
+          auditRecordSchema.parse(r),
+        ]),
+      ),
+    ).toEqual(new Map([...bucket].map(([k, v]) => [k, auditRecordForAuditor(v)])));
     expect(run.stdout).not.toContain(BODY_CANARY);
-    const none = await auditor('export', '--since', new Date(Date.now() + 3_600_000).toISOString(), '--format', 'jsonl');
+    const none = await auditor(
+      'export',
+      '--since',
+      new Date(Date.now() + 3_600_000).toISOString(),
+      '--format',
+      'jsonl',
+    );
     expect(none.json).toEqual([]);
     const bad = await auditor('export', '--since', 'yesterday', '--format', 'jsonl');
     expect(bad.code).toBe(2); // a bad flag: usage error
@@ -208,7 +328,10 @@ describe('every query is recorded before it is answered', { timeout: 180_000 }, 
     const before = (await readStream(t, t.subjects.auditLogStream)).length;
     const run = await auditor('list', '--since', '1h', '--state', 'unknown');
     expect(run.json).toHaveLength(1);
-    const log = (await readStream(t, t.subjects.auditLogStream)).map((m) => ({ subject: m.subject, r: decode(auditQueryRecordSchema, m.data) }));
+    const log = (await readStream(t, t.subjects.auditLogStream)).map((m) => ({
+      subject: m.subject,
+      r: decode(auditQueryRecordSchema, m.data),
+    }));
     expect(log.length).toBe(before + 1);
     const last = log.at(-1)!;
     expect(last.subject).toBe(t.subjects.auditLog('acme', 'audrey'));
@@ -225,7 +348,11 @@ describe('every query is recorded before it is answered', { timeout: 180_000 }, 
     const audrey = await t.connectAs({ kind: 'auditor', tenant: 'acme', actor: 'audrey' });
     try {
       // The stream refuses every new message for a moment (as a full or broken stream would).
-      await t.jsm.streams.update(t.subjects.auditLogStream, { ...info.config, max_msgs: info.state.messages, discard: 'new' as never });
+      await t.jsm.streams.update(t.subjects.auditLogStream, {
+        ...info.config,
+        max_msgs: info.state.messages,
+        discard: 'new' as never,
+      });
       const m = await audrey.request(t.subjects.audit('acme', 'audrey'), encode({ kind: 'list' }), { timeout: 20_000 });
       const a = decode(auditAnswerSchema, m.data);
       expect(a).toEqual({ error: { class: 'dependency_unavailable' } });
@@ -242,12 +369,18 @@ describe('every query is recorded before it is answered', { timeout: 180_000 }, 
   it('an invalid query is recorded and refused with field paths', async () => {
     const audrey = await t.connectAs({ kind: 'auditor', tenant: 'acme', actor: 'audrey' });
     try {
-      const m = await audrey.request(t.subjects.audit('acme', 'audrey'), encode({ kind: 'list', tenant: 'globex' }), { timeout: 20_000 });
-      expect(decode(auditAnswerSchema, m.data)).toMatchObject({ error: { class: 'invalid_input', issues: [{ path: ['tenant'], code: 'unrecognized_key' }] } });
+      const m = await audrey.request(t.subjects.audit('acme', 'audrey'), encode({ kind: 'list', tenant: 'globex' }), {
+        timeout: 20_000,
+      });
+      expect(decode(auditAnswerSchema, m.data)).toMatchObject({
+        error: { class: 'invalid_input', issues: [{ path: ['tenant'], code: 'unrecognized_key' }] },
+      });
     } finally {
       await audrey.close();
     }
-    const last = (await readStream(t, t.subjects.auditLogStream)).map((x) => decode(auditQueryRecordSchema, x.data)).at(-1)!;
+    const last = (await readStream(t, t.subjects.auditLogStream))
+      .map((x) => decode(auditQueryRecordSchema, x.data))
+      .at(-1)!;
     expect(last).toMatchObject({ kind: 'invalid', auditor: 'audrey', count: 0 });
   });
 });
@@ -285,7 +418,9 @@ describe('rebuildable, idempotent, several instances', { timeout: 180_000 }, () 
   });
 });
 
-describe('who may reach the audit service, and what auditors may not read (refused by the server)', { timeout: 180_000 }, () => {
+describe('who may reach the audit service, and what auditors may not read (refused by the server)', {
+  timeout: 180_000,
+}, () => {
   let aliceNc: NatsConnection;
   let audrey: NatsConnection;
   beforeAll(async () => {
@@ -299,21 +434,30 @@ describe('who may reach the audit service, and what auditors may not read (refus
 
   it('an agent cannot request any audit subject, its own-named one included', async () => {
     for (const subject of [t.subjects.audit('acme', 'audrey'), t.subjects.audit('acme', 'alice')]) {
-      const err = await permissionError(aliceNc, () => aliceNc.request(subject, encode({ kind: 'list' }), { timeout: 2_000 }));
+      const err = await permissionError(aliceNc, () =>
+        aliceNc.request(subject, encode({ kind: 'list' }), { timeout: 2_000 }),
+      );
       expect(err.operation).toBe('publish');
       expect(err.subject).toBe(subject);
     }
-    const run = await auditCli(t, 'acme', 'audrey', ['list'], { NATS_NKEY_FILE: t.agentSeed('acme', 'alice'), TOOLTX_AUDITOR: 'audrey' });
+    const run = await auditCli(t, 'acme', 'audrey', ['list'], {
+      NATS_NKEY_FILE: t.agentSeed('acme', 'alice'),
+      TOOLTX_AUDITOR: 'audrey',
+    });
     expect(run.code).toBe(1);
     expect(run.stdout).toBe('');
   });
 
-  it('an auditor can request only its own subject: not another auditor\'s, not another tenant\'s', async () => {
+  it("an auditor can request only its own subject: not another auditor's, not another tenant's", async () => {
     for (const subject of [t.subjects.audit('acme', 'someone'), t.subjects.audit('globex', 'audrey')]) {
-      const err = await permissionError(audrey, () => audrey.request(subject, encode({ kind: 'list' }), { timeout: 2_000 }));
+      const err = await permissionError(audrey, () =>
+        audrey.request(subject, encode({ kind: 'list' }), { timeout: 2_000 }),
+      );
       expect(err.subject).toBe(subject);
     }
-    const run = await auditCli(t, 'globex', 'audrey', ['list'], { NATS_NKEY_FILE: t.auth.seedFile({ kind: 'auditor', tenant: 'acme', actor: 'audrey' }) });
+    const run = await auditCli(t, 'globex', 'audrey', ['list'], {
+      NATS_NKEY_FILE: t.auth.seedFile({ kind: 'auditor', tenant: 'acme', actor: 'audrey' }),
+    });
     expect(run.code).toBe(1);
     expect(run.stderr).toContain('refused');
   });
@@ -337,7 +481,14 @@ describe('who may reach the audit service, and what auditors may not read (refus
       expect(err.operation, subject).toBe('publish');
       expect(err.subject).toBe(subject);
     }
-    for (const subject of [t.subjects.allAudit, `${t.subjects.prefix}.auditlog.>`, t.subjects.allIntents, t.subjects.allOps, '_INBOX.>', `$KV.${t.subjects.resultsBucket}.>`]) {
+    for (const subject of [
+      t.subjects.allAudit,
+      `${t.subjects.prefix}.auditlog.>`,
+      t.subjects.allIntents,
+      t.subjects.allOps,
+      '_INBOX.>',
+      `$KV.${t.subjects.resultsBucket}.>`,
+    ]) {
       const err = await permissionError(audrey, () => audrey.subscribe(subject));
       expect(err.operation, subject).toBe('subscription');
     }

@@ -34,14 +34,20 @@ let env: Record<string, string>;
 let authorizer: ServiceProcess;
 let executor: ServiceProcess;
 const agents: Record<string, Tools> = {};
-let ids: Record<string, string> = {};
+const ids: Record<string, string> = {};
 
 const note = (kbRef: string, title: string, over: Record<string, unknown> = {}) => ({
-  kb: kbRef, title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z', ...over,
+  kb: kbRef,
+  title,
+  body: `Notes on ${title}.`,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-11-30T06:00:00Z',
+  ...over,
 });
 const rowsIn = async (kbId: string) => (await kb.client.rowsPerKb({ kbId })).reduce((n, k) => n + k.rows, 0);
 const allRows = async () => (await kb.client.rowsPerKb()).reduce((n, k) => n + k.rows, 0);
-const keyOf = (taskId: string, input: Record<string, unknown>) => prepareCall(contracts.writeNote, taskId, input).operationKey;
+const keyOf = (taskId: string, input: Record<string, unknown>) =>
+  prepareCall(contracts.writeNote, taskId, input).operationKey;
 
 /**
  * A web page much longer than any excerpt: a title, many paragraphs of prose, and a marker deep in
@@ -51,7 +57,11 @@ const keyOf = (taskId: string, input: Record<string, unknown>) => prepareCall(co
 const PAGE_MARKER = 'DEEP-IN-THE-PAGE-7731';
 const PAGE = [
   '# Tide tables of the northern coast',
-  ...Array.from({ length: 40 }, (_, i) => `Paragraph ${i + 1}: the high and low waters of the harbour follow the moon, and the survey recorded each of them with the time, the height above chart datum and the weather of the day.${i === 35 ? ` ${PAGE_MARKER}` : ''}`),
+  ...Array.from(
+    { length: 40 },
+    (_, i) =>
+      `Paragraph ${i + 1}: the high and low waters of the harbour follow the moon, and the survey recorded each of them with the time, the height above chart datum and the weather of the day.${i === 35 ? ` ${PAGE_MARKER}` : ''}`,
+  ),
 ].join('\n\n');
 let pages: Server;
 let pagesUrl: string;
@@ -61,13 +71,39 @@ const tools = (tenant: string, actor: string) => agents[`${tenant}/${actor}`]!;
 beforeAll(async () => {
   t = await provisioned();
   kb = await startKb({
-    tenants: [{ id: 'acme', quota: 10_000 }, { id: 'globex', quota: 10_000 }, { id: 'initech', quota: 3 }],
+    tenants: [
+      { id: 'acme', quota: 10_000 },
+      { id: 'globex', quota: 10_000 },
+      { id: 'initech', quota: 3 },
+    ],
     knowledgeBases: [
-      { tenant: 'acme', name: 'research', aliases: ['Research-Notes'], members: [{ actor: 'alice', role: 'writer' }, { actor: 'bob', role: 'writer' }] },
-      { tenant: 'acme', name: 'archive', members: [{ actor: 'alice', role: 'writer' }, { actor: 'bob', role: 'writer' }] },
+      {
+        tenant: 'acme',
+        name: 'research',
+        aliases: ['Research-Notes'],
+        members: [
+          { actor: 'alice', role: 'writer' },
+          { actor: 'bob', role: 'writer' },
+        ],
+      },
+      {
+        tenant: 'acme',
+        name: 'archive',
+        members: [
+          { actor: 'alice', role: 'writer' },
+          { actor: 'bob', role: 'writer' },
+        ],
+      },
       { tenant: 'acme', name: 'frozen-kb', members: [{ actor: 'alice', role: 'writer' }] },
       { tenant: 'acme', name: 'gone', members: [{ actor: 'alice', role: 'writer' }] },
-      { tenant: 'acme', name: 'shared', members: [{ actor: 'alice', role: 'writer' }, { actor: 'bob', role: 'reader' }] },
+      {
+        tenant: 'acme',
+        name: 'shared',
+        members: [
+          { actor: 'alice', role: 'writer' },
+          { actor: 'bob', role: 'reader' },
+        ],
+      },
       { tenant: 'globex', name: 'secret', members: [{ actor: 'gina', role: 'writer' }] },
       { tenant: 'initech', name: 'research', defaultRole: 'writer' },
     ],
@@ -82,10 +118,31 @@ beforeAll(async () => {
   });
   await new Promise<void>((r) => pages.listen(0, '127.0.0.1', r));
   pagesUrl = `http://127.0.0.1:${(pages.address() as AddressInfo).port}`;
-  env = { ...t.env, TOOLTX_TOOLS_MODULE: TOOLS_MODULE, KB_URL: proxy.url, KB_DEDUP: 'off', WEB_ALLOWED_ORIGINS: pagesUrl };
+  env = {
+    ...t.env,
+    TOOLTX_TOOLS_MODULE: TOOLS_MODULE,
+    KB_URL: proxy.url,
+    KB_DEDUP: 'off',
+    WEB_ALLOWED_ORIGINS: pagesUrl,
+  };
   [authorizer, executor] = await Promise.all([startService('authorizer', env), startService('executor', env)]);
-  for (const [tenant, actor] of [['acme', 'alice'], ['acme', 'bob'], ['acme', 'noread-eve'], ['globex', 'gina'], ['initech', 'ivan']] as const) {
-    agents[`${tenant}/${actor}`] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: [...contracts.all, leakyRead], prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 20_000 });
+  for (const [tenant, actor] of [
+    ['acme', 'alice'],
+    ['acme', 'bob'],
+    ['acme', 'noread-eve'],
+    ['globex', 'gina'],
+    ['initech', 'ivan'],
+  ] as const) {
+    agents[`${tenant}/${actor}`] = await createTools({
+      servers: t.url,
+      tenant,
+      actor,
+      nkeyFile: t.agentSeed(tenant, actor),
+      contracts: [...contracts.all, leakyRead],
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+      budgetMs: 20_000,
+    });
   }
 });
 
@@ -101,26 +158,41 @@ afterAll(async () => {
 });
 
 describe('FM-07: role revoked between acceptance and execution', () => {
-  it('a revocation after acceptance is caught by the executor\'s re-check: rejected, nothing written', async ({ task }) => {
+  it("a revocation after acceptance is caught by the executor's re-check: rejected, nothing written", async ({
+    task,
+  }) => {
     await executor.stop();
     const input = note('research', 'Revoked before execution');
     const key = prepareCall(contracts.writeNote, 'fm07-a', input).operationKey;
-    await publishSubmission(t.js, newSubmission(t.subjects, 'acme', 'bob', { tool: 'kb.write_note', version: 1, taskId: 'fm07-a', input }));
+    await publishSubmission(
+      t.js,
+      newSubmission(t.subjects, 'acme', 'bob', { tool: 'kb.write_note', version: 1, taskId: 'fm07-a', input }),
+    );
     const accepted = (await waitForOperation(t, 'acme', key, (s) => s.status === 'accepted')) as OperationRecord;
-    expect(accepted.authorization?.intake).toMatchObject({ decision: 'allow', policyVersion: 'kb-policy@1', resources: [{ id: ids['acme/research'] }] });
+    expect(accepted.authorization?.intake).toMatchObject({
+      decision: 'allow',
+      policyVersion: 'kb-policy@1',
+      resources: [{ id: ids['acme/research'] }],
+    });
     const before = await rowsIn(ids['acme/research']!);
     await kb.admin.setMember(ids['acme/research']!, { tenant: 'acme', actor: 'bob', role: null });
     executor = await startService('executor', env);
     const s = (await waitForOperation(t, 'acme', key, (x) => x.status === 'rejected')) as OperationRecord;
     expect(s.error?.class).toBe('forbidden');
-    expect(s.authorization?.execution).toMatchObject({ decision: 'deny', reason: 'forbidden', policyVersion: 'kb-policy@1' });
+    expect(s.authorization?.execution).toMatchObject({
+      decision: 'deny',
+      reason: 'forbidden',
+      policyVersion: 'kb-policy@1',
+    });
     const after = await rowsIn(ids['acme/research']!);
     figure(task, rowsWhereRefused(after - before));
     expect(after).toBe(before);
     await kb.admin.setMember(ids['acme/research']!, { tenant: 'acme', actor: 'bob', role: 'writer' });
   });
 
-  it('a revocation after the executor\'s own re-check is caught by the version condition inside the KB: rejected, nothing written', async ({ task }) => {
+  it("a revocation after the executor's own re-check is caught by the version condition inside the KB: rejected, nothing written", async ({
+    task,
+  }) => {
     const before = await rowsIn(ids['acme/research']!);
     proxy.hold = (req) => (req.method === 'POST' && req.url === '/v1/notes' ? 1_500 : 0);
     proxy.onHeld = () => void kb.admin.setMember(ids['acme/research']!, { tenant: 'acme', actor: 'bob', role: null });
@@ -150,7 +222,11 @@ describe('FM-08: resource transferred or frozen between check and commit', () =>
     proxy.hold = (req) => (req.method === 'POST' && req.url === '/v1/notes' ? 1_500 : 0);
     proxy.onHeld = () => void kb.admin.setState(ids['acme/frozen-kb']!, 'frozen');
     try {
-      const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm08-freeze', input: note('frozen-kb', 'Frozen meanwhile') });
+      const r = await tools('acme', 'alice').execute({
+        tool: 'kb.write_note',
+        taskId: 'fm08-freeze',
+        input: note('frozen-kb', 'Frozen meanwhile'),
+      });
       expect(r.status).toBe('rejected');
       if (r.status === 'rejected') expect(['forbidden', 'version_conflict']).toContain(r.error.class);
       const after = await rowsIn(ids['acme/frozen-kb']!);
@@ -161,17 +237,27 @@ describe('FM-08: resource transferred or frozen between check and commit', () =>
       proxy.onHeld = () => undefined;
     }
     // Frozen at intake: refused before acceptance, uniform class.
-    const again = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm08-freeze-2', input: note('frozen-kb', 'Still frozen') });
+    const again = await tools('acme', 'alice').execute({
+      tool: 'kb.write_note',
+      taskId: 'fm08-freeze-2',
+      input: note('frozen-kb', 'Still frozen'),
+    });
     expect(again).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
   });
 
-  it('transferred to another tenant after the check: the commit is stopped and the old tenant now sees not_found', async ({ task }) => {
+  it('transferred to another tenant after the check: the commit is stopped and the old tenant now sees not_found', async ({
+    task,
+  }) => {
     const kbId = ids['acme/archive']!;
     const before = await rowsIn(kbId);
     proxy.hold = (req) => (req.method === 'POST' && req.url === '/v1/notes' ? 1_500 : 0);
     proxy.onHeld = () => void kb.admin.transferOwner(kbId, 'globex');
     try {
-      const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm08-transfer', input: note('archive', 'Transferred meanwhile') });
+      const r = await tools('acme', 'alice').execute({
+        tool: 'kb.write_note',
+        taskId: 'fm08-transfer',
+        input: note('archive', 'Transferred meanwhile'),
+      });
       expect(r.status).toBe('rejected');
       const after = await rowsIn(kbId);
       figure(task, rowsWhereRefused(after - before));
@@ -180,20 +266,29 @@ describe('FM-08: resource transferred or frozen between check and commit', () =>
       proxy.hold = () => 0;
       proxy.onHeld = () => undefined;
     }
-    const later = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm08-transfer-2', input: note('archive', 'After transfer') });
+    const later = await tools('acme', 'alice').execute({
+      tool: 'kb.write_note',
+      taskId: 'fm08-transfer-2',
+      input: note('archive', 'After transfer'),
+    });
     expect(later).toMatchObject({ status: 'rejected', error: { class: 'not_found' } });
   });
 });
 
 describe('FM-09: a batch with one foreign item', () => {
-  it('rejects the whole batch at the foreign item\'s path; nothing is written', async ({ task }) => {
+  it("rejects the whole batch at the foreign item's path; nothing is written", async ({ task }) => {
     const before = await rowsIn(ids['acme/research']!);
     const r = await tools('acme', 'alice').execute({
       tool: 'kb.write_notes',
       taskId: 'fm09',
-      input: { items: [note('research', 'Batch 1'), note(ids['globex/secret']!, 'Smuggled'), note('research', 'Batch 3')] },
+      input: {
+        items: [note('research', 'Batch 1'), note(ids['globex/secret']!, 'Smuggled'), note('research', 'Batch 3')],
+      },
     });
-    expect(r).toMatchObject({ status: 'rejected', error: { class: 'not_found', issues: [{ path: ['input', 'items', 1, 'kb'] }] } });
+    expect(r).toMatchObject({
+      status: 'rejected',
+      error: { class: 'not_found', issues: [{ path: ['input', 'items', 1, 'kb'] }] },
+    });
     const after = await rowsIn(ids['acme/research']!);
     figure(task, rowsWhereRefused(after - before));
     expect(after).toBe(before);
@@ -204,7 +299,11 @@ describe('FM-09: a batch with one foreign item', () => {
 
   it('an all-legal batch commits every item under one receipt', async () => {
     const before = await rowsIn(ids['acme/research']!);
-    const r = await tools('acme', 'alice').execute({ tool: 'kb.write_notes', taskId: 'fm09-ok', input: { items: [note('research', 'Ok 1'), note('Research-Notes', 'Ok 2')] } });
+    const r = await tools('acme', 'alice').execute({
+      tool: 'kb.write_notes',
+      taskId: 'fm09-ok',
+      input: { items: [note('research', 'Ok 1'), note('Research-Notes', 'Ok 2')] },
+    });
     expect(r.status).toBe('committed');
     expect(await rowsIn(ids['acme/research']!)).toBe(before + 2);
   });
@@ -216,7 +315,14 @@ describe('FM-10: one canonical id for every alias kind; uniform not-found', () =
     const before = await rowsIn(kbId);
     const refs = ['research', 'RESEARCH', 'Research-Notes', 'research%2Dnotes', kbId];
     const results: ExecuteResult[] = [];
-    for (const [i, ref] of refs.entries()) results.push(await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm10', input: note(ref, `Alias kind ${i}`) }));
+    for (const [i, ref] of refs.entries())
+      results.push(
+        await tools('acme', 'alice').execute({
+          tool: 'kb.write_note',
+          taskId: 'fm10',
+          input: note(ref, `Alias kind ${i}`),
+        }),
+      );
     expect(results.map((r) => r.status)).toEqual(refs.map(() => 'committed'));
     for (const r of results) {
       const s = (await t.store.load('acme', operationIdOf(r.operationKey!))).state as OperationRecord;
@@ -227,13 +333,28 @@ describe('FM-10: one canonical id for every alias kind; uniform not-found', () =
 
   it('a soft-deleted knowledge base, a guessed foreign id and a missing name give one identical answer', async () => {
     const answers = [];
-    for (const [i, ref] of [ids['acme/gone']!, ids['globex/secret']!, 'no-such-kb', 'kb_00000000-0000-4000-8000-000000000000'].entries()) {
-      const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm10-nf', input: note(ref, `Nowhere ${i}`) });
+    for (const [i, ref] of [
+      ids['acme/gone']!,
+      ids['globex/secret']!,
+      'no-such-kb',
+      'kb_00000000-0000-4000-8000-000000000000',
+    ].entries()) {
+      const r = await tools('acme', 'alice').execute({
+        tool: 'kb.write_note',
+        taskId: 'fm10-nf',
+        input: note(ref, `Nowhere ${i}`),
+      });
       expect(r.status).toBe('rejected');
       answers.push(r.status === 'rejected' ? { error: r.error, next: r.next } : null);
     }
     expect(new Set(answers.map((a) => JSON.stringify(a))).size).toBe(1);
-    expect(answers[0]).toEqual({ error: { class: 'not_found', issues: [{ path: ['input', 'kb'], code: 'not_found', message: 'no such knowledge base' }] }, next: 'replan' });
+    expect(answers[0]).toEqual({
+      error: {
+        class: 'not_found',
+        issues: [{ path: ['input', 'kb'], code: 'not_found', message: 'no such knowledge base' }],
+      },
+      next: 'replan',
+    });
     expect(await rowsIn(ids['globex/secret']!)).toBe(0);
   });
 });
@@ -243,7 +364,11 @@ describe('the publishAt window', () => {
     const now = Date.now();
     const kbId = ids['acme/research']!;
     const before = await rowsIn(kbId);
-    for (const [publishAt, ok] of [[new Date(now - 3_600_000).toISOString(), false], [new Date(now + 400 * 86_400_000).toISOString(), false], [new Date(now + 86_400_000).toISOString(), true]] as const) {
+    for (const [publishAt, ok] of [
+      [new Date(now - 3_600_000).toISOString(), false],
+      [new Date(now + 400 * 86_400_000).toISOString(), false],
+      [new Date(now + 86_400_000).toISOString(), true],
+    ] as const) {
       const taskId = `window-${publishAt}`;
       const input = note('research', `Window ${publishAt}`, { publishAt });
       const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId, input });
@@ -251,7 +376,11 @@ describe('the publishAt window', () => {
         expect(r.status).toBe('committed');
         expect(await kbRowsFor(kb, 'acme', r.operationKey!)).toBe(1);
       } else {
-        expect(r).toMatchObject({ status: 'rejected', next: 'replan', error: { class: 'invalid_input', issues: [{ path: ['input', 'publishAt'], code: 'out_of_window' }] } });
+        expect(r).toMatchObject({
+          status: 'rejected',
+          next: 'replan',
+          error: { class: 'invalid_input', issues: [{ path: ['input', 'publishAt'], code: 'out_of_window' }] },
+        });
         expect(await kbRowsFor(kb, 'acme', keyOf(taskId, input))).toBe(0);
       }
     }
@@ -266,7 +395,10 @@ describe('FM-18 / FM-19: errors and output', () => {
     const before = await rowsIn(kbId);
     const input = note('research', '   ');
     const blank = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'blank', input });
-    expect(blank).toMatchObject({ status: 'rejected', error: { class: 'invalid_input', issues: [{ path: ['input', 'title'] }] } });
+    expect(blank).toMatchObject({
+      status: 'rejected',
+      error: { class: 'invalid_input', issues: [{ path: ['input', 'title'] }] },
+    });
     expect(await rowsIn(kbId)).toBe(before);
   });
 
@@ -276,7 +408,8 @@ describe('FM-18 / FM-19: errors and output', () => {
     const r = await tools('globex', 'gina').execute({ tool: 'kb.write_note', taskId: 'leak', input });
     const text = JSON.stringify(r);
     expect(r).toMatchObject({ status: 'rejected', error: { class: 'not_found' } });
-    for (const leak of ['SECRET-BODY-42', 'SQLITE', 'at ', 'Error', ids['acme/research']!, 'acme']) expect(text).not.toContain(leak);
+    for (const leak of ['SECRET-BODY-42', 'SQLITE', 'at ', 'Error', ids['acme/research']!, 'acme'])
+      expect(text).not.toContain(leak);
     expect(await kbRowsFor(kb, 'globex', keyOf('leak', input))).toBe(0);
     expect(await rowsIn(ids['acme/research']!)).toBe(before.target);
     expect(await allRows()).toBe(before.all);
@@ -285,11 +418,29 @@ describe('FM-18 / FM-19: errors and output', () => {
   it('FM-19: a write returns its receipt only, and exactly one row is written', async () => {
     const kbId = ids['acme/research']!;
     const before = await rowsIn(kbId);
-    const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'fm19', input: note('research', 'Receipt only') });
+    const r = await tools('acme', 'alice').execute({
+      tool: 'kb.write_note',
+      taskId: 'fm19',
+      input: note('research', 'Receipt only'),
+    });
     expect(r.status).toBe('committed');
     if (r.status === 'committed') {
       expect(r.result).toEqual({});
-      expect(Object.keys(r.receipt).sort()).toEqual(['attempt', 'committedAt', 'keyId', 'operationKey', 'prevEventCount', 'resourceId', 'resultDigest', 'schema', 'signature', 'state', 'tenant', 'tool', 'version']);
+      expect(Object.keys(r.receipt).sort()).toEqual([
+        'attempt',
+        'committedAt',
+        'keyId',
+        'operationKey',
+        'prevEventCount',
+        'resourceId',
+        'resultDigest',
+        'schema',
+        'signature',
+        'state',
+        'tenant',
+        'tool',
+        'version',
+      ]);
       expect(await kbRowsFor(kb, 'acme', r.operationKey)).toBe(1);
     }
     expect(await rowsIn(kbId)).toBe(before + 1);
@@ -299,7 +450,11 @@ describe('FM-18 / FM-19: errors and output', () => {
     const before = await allRows();
     const url = `${pagesUrl}/tides`;
     const fetched = pageRequests.length;
-    const r = await tools('acme', 'alice').execute<{ url: string; title: string; excerpt: string }>({ tool: 'web.fetch_page', taskId: 'fm19-read', input: { url } });
+    const r = await tools('acme', 'alice').execute<{ url: string; title: string; excerpt: string }>({
+      tool: 'web.fetch_page',
+      taskId: 'fm19-read',
+      input: { url },
+    });
     expect(r.status).toBe('committed');
     if (r.status !== 'committed') return;
     expect(Object.keys(r.result as object).sort()).toEqual(['excerpt', 'title', 'url']);
@@ -315,9 +470,13 @@ describe('FM-18 / FM-19: errors and output', () => {
     expect(await allRows()).toBe(before);
   });
 
-  it('FM-19: output is filtered by the contract\'s output schema — fields the implementation added never reach the caller or the result store', async () => {
+  it("FM-19: output is filtered by the contract's output schema — fields the implementation added never reach the caller or the result store", async () => {
     const before = await allRows();
-    const r = await tools('acme', 'alice').execute<{ topic: string; summary: string }>({ tool: 'test.summary', taskId: 'fm19-filter', input: { topic: 'tides' } });
+    const r = await tools('acme', 'alice').execute<{ topic: string; summary: string }>({
+      tool: 'test.summary',
+      taskId: 'fm19-filter',
+      input: { topic: 'tides' },
+    });
     expect(r.status).toBe('committed');
     if (r.status !== 'committed') return;
     expect(r.result).toEqual({ topic: 'tides', summary: 'A short summary of tides.' });
@@ -339,7 +498,11 @@ describe('FM-18 / FM-19: errors and output', () => {
 
 describe('the status endpoint uses the same resolver', () => {
   it('an actor of the tenant without a role on the knowledge base gets the answer of a never-registered key', async () => {
-    const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'read-policy', input: note('research', 'Members only') });
+    const r = await tools('acme', 'alice').execute({
+      tool: 'kb.write_note',
+      taskId: 'read-policy',
+      input: note('research', 'Members only'),
+    });
     expect(r.status).toBe('committed');
     const member = await tools('acme', 'bob').status({ operationKey: r.operationKey! });
     expect(member).toMatchObject({ state: 'committed', source: 'operation' });
@@ -349,10 +512,17 @@ describe('the status endpoint uses the same resolver', () => {
   });
 
   it('a read allowed once is reused for at most KB_READ_POLICY_CACHE_MS (1 s here): a revoked reader is refused after it, a granted one at once', async () => {
-    const r = await tools('acme', 'alice').execute({ tool: 'kb.write_note', taskId: 'read-cache', input: note('shared', 'Shared notes') });
+    const r = await tools('acme', 'alice').execute({
+      tool: 'kb.write_note',
+      taskId: 'read-cache',
+      input: note('shared', 'Shared notes'),
+    });
     expect(r.status).toBe('committed');
     const key = r.operationKey!;
-    expect(await tools('acme', 'bob').status({ operationKey: key })).toMatchObject({ state: 'committed', source: 'operation' });
+    expect(await tools('acme', 'bob').status({ operationKey: key })).toMatchObject({
+      state: 'committed',
+      source: 'operation',
+    });
     await kb.admin.setMember(ids['acme/shared']!, { tenant: 'acme', actor: 'bob', role: null });
     await new Promise((res) => setTimeout(res, 1_200));
     const revoked = await tools('acme', 'bob').status({ operationKey: key });
@@ -360,7 +530,11 @@ describe('the status endpoint uses the same resolver', () => {
     expect(revoked.receipt).toBeUndefined();
     // A refusal is never kept: the grant is seen by the very next read.
     await kb.admin.setMember(ids['acme/shared']!, { tenant: 'acme', actor: 'bob', role: 'reader' });
-    expect(await tools('acme', 'bob').status({ operationKey: key })).toMatchObject({ state: 'committed', source: 'operation', receipt: { resourceId: r.status === 'committed' ? r.receipt.resourceId : '' } });
+    expect(await tools('acme', 'bob').status({ operationKey: key })).toMatchObject({
+      state: 'committed',
+      source: 'operation',
+      receipt: { resourceId: r.status === 'committed' ? r.receipt.resourceId : '' },
+    });
   });
 });
 
@@ -368,7 +542,13 @@ describe('quotas', () => {
   it('8 concurrent writers with 3 notes of quota left give exactly 3 rows and 5 quota_exceeded with a retry-after', async () => {
     const kbId = ids['initech/research']!;
     const results = await Promise.all(
-      Array.from({ length: 8 }, (_, i) => tools('initech', 'ivan').execute({ tool: 'kb.write_note', taskId: 'quota', input: note('research', `Quota ${i}`) })),
+      Array.from({ length: 8 }, (_, i) =>
+        tools('initech', 'ivan').execute({
+          tool: 'kb.write_note',
+          taskId: 'quota',
+          input: note('research', `Quota ${i}`),
+        }),
+      ),
     );
     const committed = results.filter((r) => r.status === 'committed');
     const refused = results.filter((r) => r.status === 'rejected');

@@ -32,9 +32,16 @@ describe('clock-skew', () => {
     ['executor', -30_000],
   ];
   for (const [role, skewMs] of grid) {
-    it(`clock-skew: ${role} ${skewMs > 0 ? '+' : ''}${skewMs / 1000} s — every call committed, one KB row per key`, async ({ task }) => {
+    it(`clock-skew: ${role} ${skewMs > 0 ? '+' : ''}${skewMs / 1000} s — every call committed, one KB row per key`, async ({
+      task,
+    }) => {
       const c = await bench.run(role, skewMs);
-      figure(task, { row: 'FM-12', name: 'clock-skew: KB rows / keys', value: `${c.calls.reduce((n, x) => n + x.rows, 0)}/${c.calls.length}`, duplicates: c.duplicates });
+      figure(task, {
+        row: 'FM-12',
+        name: 'clock-skew: KB rows / keys',
+        value: `${c.calls.reduce((n, x) => n + x.rows, 0)}/${c.calls.length}`,
+        duplicates: c.duplicates,
+      });
       expect(c.calls.map((x) => ({ flavour: x.flavour, status: x.status, rows: x.rows }))).toEqual([
         { flavour: 'slow', status: 'committed', rows: 1 },
         { flavour: 'held', status: 'committed', rows: 1 },

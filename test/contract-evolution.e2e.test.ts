@@ -32,7 +32,15 @@ let agentV2: Tools;
 const note = (title: string) => ({ bucket: 'kb-evo', title, body: `Body of ${title}.`, at: '2026-12-01T06:00:00Z' });
 const sinkBodyOf = (key: string) => sink.writesFor((b) => b.key === downstreamKeyOf(TENANT, key)).map((r) => r.body);
 const connect = (contracts: typeof v1Contracts) =>
-  createTools({ servers: t.url, tenant: TENANT, actor: 'alice', nkeyFile: t.agentSeed(TENANT, 'alice'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+  createTools({
+    servers: t.url,
+    tenant: TENANT,
+    actor: 'alice',
+    nkeyFile: t.agentSeed(TENANT, 'alice'),
+    contracts,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+  });
 
 beforeAll(async () => {
   t = await provisioned();
@@ -52,7 +60,7 @@ afterAll(async () => {
 });
 
 describe('contract evolution', () => {
-  it('FM-23: v2 registered while a task runs on v1 — the operation accepted under v1 runs on v1, and the task\'s next step stays on v1', async () => {
+  it("FM-23: v2 registered while a task runs on v1 — the operation accepted under v1 runs on v1, and the task's next step stays on v1", async () => {
     const task = 'evo-task';
     const first = await agentV1.execute({ tool: 'sink.write', taskId: task, input: note('Step 1') });
     expect(first).toMatchObject({ status: 'committed', receipt: { version: 1 } });
@@ -69,14 +77,21 @@ describe('contract evolution', () => {
 
     // v2 is registered: both services restart with a module holding sink.write@1 and @2.
     expect(await authorizer.stop()).toBe(0);
-    [authorizer, executor] = await Promise.all([startService('authorizer', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS }), startService('executor', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS })]);
+    [authorizer, executor] = await Promise.all([
+      startService('authorizer', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS }),
+      startService('executor', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS }),
+    ]);
 
     // The accepted operation runs on the contract it was accepted under: v1, by v1's implementation.
     const done = await waitForOperation(t, TENANT, key2, (s) => s.status === 'committed');
     expect(done).toMatchObject({ status: 'committed', version: 1, contractDigest: v1Digest });
     expect(done.status === 'committed' && done.receipt?.version).toBe(1);
     expect(sinkBodyOf(key2)).toEqual([expect.not.objectContaining({ contract: expect.anything() })]);
-    expect(await agentV1.execute({ tool: 'sink.write', taskId: task, input: step2 })).toMatchObject({ status: 'committed', operationKey: key2, receipt: { version: 1 } });
+    expect(await agentV1.execute({ tool: 'sink.write', taskId: task, input: step2 })).toMatchObject({
+      status: 'committed',
+      operationKey: key2,
+      receipt: { version: 1 },
+    });
 
     // The task's next step, from the agent that knows only v1, is still v1 — not upgraded to v2.
     const third = await agentV1.execute({ tool: 'sink.write', taskId: task, input: note('Step 3') });
@@ -85,18 +100,29 @@ describe('contract evolution', () => {
 
     // A new caller asks for v2 explicitly and gets it.
     agentV2 = await connect(v2Contracts);
-    const v2 = await agentV2.execute({ tool: 'sink.write', version: 2, taskId: 'evo-v2', input: { ...note('V2 note'), approver: 'bob' } });
+    const v2 = await agentV2.execute({
+      tool: 'sink.write',
+      version: 2,
+      taskId: 'evo-v2',
+      input: { ...note('V2 note'), approver: 'bob' },
+    });
     expect(v2).toMatchObject({ status: 'committed', receipt: { version: 2 } });
-    expect(sinkBodyOf(v2.operationKey!)).toEqual([expect.objectContaining({ contract: 'sink.write@2', approver: 'bob' })]);
+    expect(sinkBodyOf(v2.operationKey!)).toEqual([
+      expect.objectContaining({ contract: 'sink.write@2', approver: 'bob' }),
+    ]);
   }, 90_000);
 
-  it('FM-26: recorded committed, rejected and unknown histories, replayed after the services restart with v2 registered — each key\'s status and resubmission give its original receipt or outcome, and nothing runs again', async () => {
+  it("FM-26: recorded committed, rejected and unknown histories, replayed after the services restart with v2 registered — each key's status and resubmission give its original receipt or outcome, and nothing runs again", async () => {
     agentV2 ??= await connect(v2Contracts);
     // Three histories under v1: a success, a refusal by the downstream (nothing applied), and a
     // write whose outcome is not known (the sink never answers; no reconciler runs to probe it).
     const ok = await agentV1.execute({ tool: 'sink.write', taskId: 'replay-ok', input: note('Replay ok') });
     sink.refuseWritesWith = 403;
-    const refused = await agentV1.execute({ tool: 'sink.write', taskId: 'replay-refused', input: note('Replay refused') });
+    const refused = await agentV1.execute({
+      tool: 'sink.write',
+      taskId: 'replay-refused',
+      input: note('Replay refused'),
+    });
     sink.refuseWritesWith = 0;
     sink.hang = true;
     const unknownInput = note('Replay unknown');
@@ -113,7 +139,10 @@ describe('contract evolution', () => {
 
     // Every cache gone: fresh processes, with v2 registered beside v1.
     expect(await Promise.all([authorizer.stop(), executor!.stop()])).toEqual([0, 0]);
-    [authorizer, executor] = await Promise.all([startService('authorizer', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS }), startService('executor', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS })]);
+    [authorizer, executor] = await Promise.all([
+      startService('authorizer', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS }),
+      startService('executor', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS }),
+    ]);
 
     for (const [i, key] of keys.entries()) {
       const { at: _then, ...before } = recorded[i]!;
@@ -124,12 +153,17 @@ describe('contract evolution', () => {
     // stays unknown; the refused one is only queried (after `forbidden` a new attempt is the
     // caller's choice, not a replay's). None reaches the sink again.
     expect(await agentV1.execute({ tool: 'sink.write', taskId: 'replay-ok', input: note('Replay ok') })).toEqual(ok);
-    expect(await agentV1.status({ operationKey: refused.operationKey! })).toMatchObject({ state: 'rejected', error: { class: 'forbidden' } });
-    expect(await agentV1.execute({ tool: 'sink.write', taskId: 'replay-unknown', input: unknownInput }, { budgetMs: 1_500 })).toMatchObject({ status: 'unknown', lastServerState: 'unknown' });
+    expect(await agentV1.status({ operationKey: refused.operationKey! })).toMatchObject({
+      state: 'rejected',
+      error: { class: 'forbidden' },
+    });
+    expect(
+      await agentV1.execute({ tool: 'sink.write', taskId: 'replay-unknown', input: unknownInput }, { budgetMs: 1_500 }),
+    ).toMatchObject({ status: 'unknown', lastServerState: 'unknown' });
     expect(sink.requests.length).toBe(requestsBefore);
   }, 90_000);
 
-  it('FM-24: v2\'s required authorisation field never gets a permissive default — a v2 intent without it is refused at its path and nothing runs; the field is checked, not assumed', async () => {
+  it("FM-24: v2's required authorisation field never gets a permissive default — a v2 intent without it is refused at its path and nothing runs; the field is checked, not assumed", async () => {
     agentV2 ??= await connect(v2Contracts);
     // Sent raw, past the SDK's own check: the server refuses it at input.approver.
     const input = note('No approver');
@@ -138,9 +172,22 @@ describe('contract evolution', () => {
     try {
       const { js } = await jetStreamOf(nc);
       const before = sink.requests.length;
-      await publishSubmission(js, newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.write', version: 2, taskId: 'evo-noapprover', operationKey: claimed, input }));
+      await publishSubmission(
+        js,
+        newSubmission(t.subjects, TENANT, 'alice', {
+          tool: 'sink.write',
+          version: 2,
+          taskId: 'evo-noapprover',
+          operationKey: claimed,
+          input,
+        }),
+      );
       const answer = await agentV2.status({ operationKey: claimed, waitMs: 5_000 });
-      expect(answer).toMatchObject({ state: 'rejected', source: 'decision', error: { class: 'invalid_input', issues: [{ path: ['input', 'approver'] }] } });
+      expect(answer).toMatchObject({
+        state: 'rejected',
+        source: 'decision',
+        error: { class: 'invalid_input', issues: [{ path: ['input', 'approver'] }] },
+      });
       expect(sink.requests.length).toBe(before);
       expect((await t.store.load(TENANT, operationIdOf(claimed))).state.status).toBe('none');
     } finally {
@@ -153,7 +200,14 @@ describe('contract evolution', () => {
       error: { class: 'invalid_input', issues: [{ path: ['input', 'approver'] }] },
     });
     // The new field is checked by v2's authorisation: an actor approving its own write is refused.
-    expect(await agentV2.execute({ tool: 'sink.write', version: 2, taskId: 'evo-selfapproved', input: { ...note('Self'), approver: 'alice' } })).toMatchObject({
+    expect(
+      await agentV2.execute({
+        tool: 'sink.write',
+        version: 2,
+        taskId: 'evo-selfapproved',
+        input: { ...note('Self'), approver: 'alice' },
+      }),
+    ).toMatchObject({
       status: 'rejected',
       error: { class: 'forbidden' },
     });

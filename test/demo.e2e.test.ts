@@ -9,7 +9,9 @@ import { serverVersionAtLeast } from '@tooltx/nats';
 import { describe, expect, it } from 'vitest';
 
 describe('npm run demo --quick', () => {
-  it('reads ~20 real pages under the fault mix, submits every write twice and ends with one KB row per page, every fault resolved by probing, no takeover, no duplicate side effect, every forgery refused by the server and no unauthorised row', { timeout: 360_000 }, async () => {
+  it('reads ~20 real pages under the fault mix, submits every write twice and ends with one KB row per page, every fault resolved by probing, no takeover, no duplicate side effect, every forgery refused by the server and no unauthorised row', {
+    timeout: 360_000,
+  }, async () => {
     const child = spawn(process.execPath, ['--import', 'tsx', 'examples/research-kb/demo.ts', '--quick', '--json'], {
       env: { ...process.env, NATS_URL: '', LOG_LEVEL: 'info' },
       stdio: ['ignore', 'pipe', 'pipe'],
@@ -21,7 +23,12 @@ describe('npm run demo --quick', () => {
     const code = await new Promise<number | null>((r) => child.once('exit', r));
     const last = out.trim().split('\n').pop() ?? '';
     const s = JSON.parse(last) as Record<string, number | boolean> & {
-      faultsByKind: { cutAfterCommit: number; heldPastBudget: number; agentConnectionCut: number; executorKilled: number };
+      faultsByKind: {
+        cutAfterCommit: number;
+        heldPastBudget: number;
+        agentConnectionCut: number;
+        executorKilled: number;
+      };
       forgedOutcomes: Record<string, string>;
       quotas: Record<string, { limit: number | null; used: number }>;
       gates: Record<string, boolean>;
@@ -63,7 +70,12 @@ describe('npm run demo --quick', () => {
     // tenant the demo submitted it as (from the demo's own record of its writes).
     expect(s.forgedAttempts).toBeGreaterThan(0);
     expect(s.forgedRejected).toBe(s.forgedAttempts);
-    expect(s.forgedOutcomes).toEqual({ forgedActorId: 'forbidden', tenantField: 'forbidden', guessedKbId: expect.stringMatching(/^(not_found|forbidden)$/), foreignIntentSubject: 'permission' });
+    expect(s.forgedOutcomes).toEqual({
+      forgedActorId: 'forbidden',
+      tenantField: 'forbidden',
+      guessedKbId: expect.stringMatching(/^(not_found|forbidden)$/),
+      foreignIntentSubject: 'permission',
+    });
     expect(s.unauthorisedWrites).toBe(0);
     expect(s.kbRowsChecked).toBe(s.kbRows);
     expect(s.crossTenantReadsRevealed).toBe(0);

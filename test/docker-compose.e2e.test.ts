@@ -16,7 +16,10 @@ import { natsServerBinary } from '@tooltx/dev/nats-server';
 
 const ROOT = join(import.meta.dirname, '..');
 const compose = parse(readFileSync(join(ROOT, 'docker-compose.yml'), 'utf8'), { merge: true }) as {
-  services: Record<string, { command?: string[]; environment?: Record<string, string>; image?: string; ports?: string[]; volumes?: string[] }>;
+  services: Record<
+    string,
+    { command?: string[]; environment?: Record<string, string>; image?: string; ports?: string[]; volumes?: string[] }
+  >;
 };
 const hasDockerCompose = spawnSync('docker-compose', ['version'], { stdio: 'ignore' }).status === 0;
 const NODES = ['n1', 'n2', 'n3'];
@@ -25,9 +28,24 @@ describe('docker-compose.yml: a three-node cluster', () => {
   // The check needs Debian's docker-compose package (.ci/run installs it); without it only the
   // structural checks below run.
   it.skipIf(!hasDockerCompose)('docker-compose config accepts the file and lists the three nodes', () => {
-    const r = spawnSync('docker-compose', ['-f', join(ROOT, 'docker-compose.yml'), 'config', '--services'], { encoding: 'utf8' });
+    const r = spawnSync('docker-compose', ['-f', join(ROOT, 'docker-compose.yml'), 'config', '--services'], {
+      encoding: 'utf8',
+    });
     expect({ status: r.status, stderr: r.stderr }).toMatchObject({ status: 0 });
-    expect(r.stdout.split('\n').filter(Boolean).sort()).toEqual(['audit-projector', 'auth', 'authorizer', 'executor', 'kb', 'nats-1', 'nats-2', 'nats-3', 'provisioner', 'reconciler'].sort());
+    expect(r.stdout.split('\n').filter(Boolean).sort()).toEqual(
+      [
+        'audit-projector',
+        'auth',
+        'authorizer',
+        'executor',
+        'kb',
+        'nats-1',
+        'nats-2',
+        'nats-3',
+        'provisioner',
+        'reconciler',
+      ].sort(),
+    );
   });
 
   it('each node starts from its own generated configuration on its own volume; services and the provisioner get every node and R3', () => {
@@ -44,13 +62,36 @@ describe('docker-compose.yml: a three-node cluster', () => {
     }
   });
 
-  it('the auth step\'s `tooltx auth generate --cluster-node …` writes three valid node configurations, routed to each other, with sync_interval: always', () => {
+  it("the auth step's `tooltx auth generate --cluster-node …` writes three valid node configurations, routed to each other, with sync_interval: always", () => {
     const command = compose.services.auth!.command!.join(' ');
     const nodes = [...command.matchAll(/--cluster-node ([^\s)]+)/g)].map((m) => m[1]!);
-    expect(nodes).toEqual(['n1,0.0.0.0:4222,nats-1:6222', 'n2,0.0.0.0:4222,nats-2:6222', 'n3,0.0.0.0:4222,nats-3:6222']);
+    expect(nodes).toEqual([
+      'n1,0.0.0.0:4222,nats-1:6222',
+      'n2,0.0.0.0:4222,nats-2:6222',
+      'n3,0.0.0.0:4222,nats-3:6222',
+    ]);
     const out = mkdtempSync(join(tmpdir(), 'tooltx-compose-'));
     try {
-      execFileSync(process.execPath, ['--import', 'tsx', 'bin/tooltx.ts', 'auth', 'generate', '--identities', 'examples/research-kb/identities.json', '--out', out, '--store-dir', '/data', '--durability', 'fsync', ...nodes.flatMap((n) => ['--cluster-node', n])], { cwd: ROOT, encoding: 'utf8' });
+      execFileSync(
+        process.execPath,
+        [
+          '--import',
+          'tsx',
+          'bin/tooltx.ts',
+          'auth',
+          'generate',
+          '--identities',
+          'examples/research-kb/identities.json',
+          '--out',
+          out,
+          '--store-dir',
+          '/data',
+          '--durability',
+          'fsync',
+          ...nodes.flatMap((n) => ['--cluster-node', n]),
+        ],
+        { cwd: ROOT, encoding: 'utf8' },
+      );
       NODES.forEach((n, i) => {
         const file = join(out, `nats-server-${n}.conf`);
         const conf = readFileSync(file, 'utf8');
@@ -60,7 +101,11 @@ describe('docker-compose.yml: a three-node cluster', () => {
         expect(routes).toEqual([1, 2, 3].filter((k) => k !== i + 1).map((k) => `nats-${k}`));
         // The server itself parses it (its -t checks a configuration without starting).
         const t = spawnSync(natsServerBinary()!, ['-c', file, '-t'], { encoding: 'utf8' });
-        expect([n, t.status, t.stderr.trim().split('\n').pop()]).toEqual([n, 0, `nats-server: configuration file ${file} is valid`]);
+        expect([n, t.status, t.stderr.trim().split('\n').pop()]).toEqual([
+          n,
+          0,
+          `nats-server: configuration file ${file} is valid`,
+        ]);
       });
     } finally {
       rmSync(out, { recursive: true, force: true });

@@ -13,7 +13,12 @@ import { FAULT_MATRIX } from './matrix/fault-matrix.js';
 import { OPERATING_MD, renderConfigDocs, ROOT, withConfig } from '../scripts/gen-config-docs.js';
 
 const DOCS = join(ROOT, 'docs');
-const pages = [join(ROOT, 'README.md'), ...readdirSync(DOCS).filter((f) => f.endsWith('.md')).map((f) => join(DOCS, f))];
+const pages = [
+  join(ROOT, 'README.md'),
+  ...readdirSync(DOCS)
+    .filter((f) => f.endsWith('.md'))
+    .map((f) => join(DOCS, f)),
+];
 const read = (file: string) => readFileSync(file, 'utf8');
 
 /** The page without its fenced code blocks (a link-like text in code is not a link). */
@@ -71,7 +76,8 @@ describe('documentation', () => {
           broken.push(`${where} (no such file)`);
           continue;
         }
-        if (fragment !== undefined && dest.endsWith('.md') && !anchorsOf(read(dest)).has(fragment)) broken.push(`${where} (no such heading)`);
+        if (fragment !== undefined && dest.endsWith('.md') && !anchorsOf(read(dest)).has(fragment))
+          broken.push(`${where} (no such heading)`);
       }
     }
     expect(checked).toBeGreaterThan(20);
@@ -84,8 +90,12 @@ describe('documentation', () => {
   });
 
   it('docs/concepts.md gives each error class the next action nextActionFor gives it', () => {
-    const rows = between(read(join(DOCS, 'concepts.md')), 'next').split('\n').slice(2);
-    const table = Object.fromEntries(rows.map((r) => /^\| `([a-z_]+)` \| `([a-z_]+)` \|$/.exec(r)!.slice(1, 3) as [string, string]));
+    const rows = between(read(join(DOCS, 'concepts.md')), 'next')
+      .split('\n')
+      .slice(2);
+    const table = Object.fromEntries(
+      rows.map((r) => /^\| `([a-z_]+)` \| `([a-z_]+)` \|$/.exec(r)!.slice(1, 3) as [string, string]),
+    );
     expect(table).toEqual(nextActionFor);
   });
 

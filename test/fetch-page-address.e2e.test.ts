@@ -68,7 +68,9 @@ beforeAll(async () => {
     internalHits.push(req.url ?? '');
     res.writeHead(200, { 'content-type': 'text/markdown' }).end('# KB stats\n\nrows: 42 per tenant');
   });
-  [allowed, allowedPort] = await listen((_req, res) => res.writeHead(200, { 'content-type': 'text/markdown' }).end('# Allowed page\n\nAn operator allowed this origin.'));
+  [allowed, allowedPort] = await listen((_req, res) =>
+    res.writeHead(200, { 'content-type': 'text/markdown' }).end('# Allowed page\n\nAn operator allowed this origin.'),
+  );
   t = await provisioned();
   const env = {
     ...t.env,
@@ -78,7 +80,16 @@ beforeAll(async () => {
     WEB_ALLOWED_ORIGINS: loopName ? `http://${loopName}:${allowedPort}` : '',
   };
   procs = await Promise.all([startService('authorizer', env), startService('executor', env)]);
-  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 15_000 });
+  alice = await createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts: contracts.all,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+    budgetMs: 15_000,
+  });
 });
 
 afterAll(async () => {
@@ -93,35 +104,72 @@ afterAll(async () => {
   expect(codes).toEqual(procs.map(() => 0));
 });
 
-const refusal = { status: 'rejected', next: 'replan', error: { class: 'invalid_input', issues: [{ path: ['input', 'url'], code: 'private_address' }] } };
+const refusal = {
+  status: 'rejected',
+  next: 'replan',
+  error: { class: 'invalid_input', issues: [{ path: ['input', 'url'], code: 'private_address' }] },
+};
 
 describe('web.fetch_page refuses every host that is or resolves to a non-public address', () => {
-  it('a host name resolving to 127.0.0.1 (the machine\'s own name, as in /etc/hosts) is refused private_address; the local server is never asked', async (ctx) => {
-    if (!loopName) return ctx.skip('no host name other than localhost resolves to loopback only on this machine (hostname and /etc/hosts checked)');
+  it("a host name resolving to 127.0.0.1 (the machine's own name, as in /etc/hosts) is refused private_address; the local server is never asked", async (ctx) => {
+    if (!loopName)
+      return ctx.skip(
+        'no host name other than localhost resolves to loopback only on this machine (hostname and /etc/hosts checked)',
+      );
     const before = internalHits.length;
-    const r = await alice.execute({ tool: 'web.fetch_page', taskId: 'ssrf-name', input: { url: `http://${loopName}:${internalPort}/v1/stats` } });
+    const r = await alice.execute({
+      tool: 'web.fetch_page',
+      taskId: 'ssrf-name',
+      input: { url: `http://${loopName}:${internalPort}/v1/stats` },
+    });
     expect(r).toMatchObject(refusal);
     // Another case of the name: the resolver answers the same, so does the check.
-    const upper = await alice.execute({ tool: 'web.fetch_page', taskId: 'ssrf-name-upper', input: { url: `http://${loopName.toUpperCase()}:${internalPort}/v1/stats` } });
+    const upper = await alice.execute({
+      tool: 'web.fetch_page',
+      taskId: 'ssrf-name-upper',
+      input: { url: `http://${loopName.toUpperCase()}:${internalPort}/v1/stats` },
+    });
     expect(upper).toMatchObject(refusal);
     expect(internalHits.length).toBe(before);
   });
 
   it('the unspecified address in any spelling ([::], [0:0:0:0:0:0:0:0], 0.0.0.0) and IPv4-mapped loopback are refused; nothing reaches the server', async () => {
     const before = internalHits.length;
-    for (const [i, host] of ['[::]', '[0:0:0:0:0:0:0:0]', '0.0.0.0', '[::ffff:127.0.0.1]', '[::1]', '127.0.0.1', '2130706433', '0x7f000001', 'localhost'].entries()) {
-      const r = await alice.execute({ tool: 'web.fetch_page', taskId: `ssrf-literal-${i}`, input: { url: `http://${host}:${internalPort}/v1/stats` } });
+    for (const [i, host] of [
+      '[::]',
+      '[0:0:0:0:0:0:0:0]',
+      '0.0.0.0',
+      '[::ffff:127.0.0.1]',
+      '[::1]',
+      '127.0.0.1',
+      '2130706433',
+      '0x7f000001',
+      'localhost',
+    ].entries()) {
+      const r = await alice.execute({
+        tool: 'web.fetch_page',
+        taskId: `ssrf-literal-${i}`,
+        input: { url: `http://${host}:${internalPort}/v1/stats` },
+      });
       expect(r, host).toMatchObject(refusal);
     }
     expect(internalHits.length).toBe(before);
   });
 
-  it('an origin in WEB_ALLOWED_ORIGINS is fetched even though its name resolves to loopback (the operator\'s exception, by origin)', async (ctx) => {
+  it("an origin in WEB_ALLOWED_ORIGINS is fetched even though its name resolves to loopback (the operator's exception, by origin)", async (ctx) => {
     if (!loopName) return ctx.skip('no host name other than localhost resolves to loopback only on this machine');
-    const r = await alice.execute<{ title: string }>({ tool: 'web.fetch_page', taskId: 'allowed-by-name', input: { url: `http://${loopName}:${allowedPort}/page` } });
+    const r = await alice.execute<{ title: string }>({
+      tool: 'web.fetch_page',
+      taskId: 'allowed-by-name',
+      input: { url: `http://${loopName}:${allowedPort}/page` },
+    });
     expect(r).toMatchObject({ status: 'committed', result: { title: 'Allowed page' } });
     // The same host on another port is another origin: refused.
-    const other = await alice.execute({ tool: 'web.fetch_page', taskId: 'allowed-other-port', input: { url: `http://${loopName}:${internalPort}/page` } });
+    const other = await alice.execute({
+      tool: 'web.fetch_page',
+      taskId: 'allowed-other-port',
+      input: { url: `http://${loopName}:${internalPort}/page` },
+    });
     expect(other).toMatchObject(refusal);
   });
 });
@@ -132,7 +180,10 @@ describe('the connection goes only to an address the check passed (DNS rebinding
     // What a rebinding name looks like at connect time: it passed a check earlier, resolves to a
     // loopback address now. The dispatcher web.fetch_page uses refuses before connecting.
     const before = internalHits.length;
-    const err = await fetch(`http://${loopName}:${internalPort}/v1/stats`, { dispatcher: publicOnlyDispatcher }).then(() => null, (e: unknown) => e);
+    const err = await fetch(`http://${loopName}:${internalPort}/v1/stats`, { dispatcher: publicOnlyDispatcher }).then(
+      () => null,
+      (e: unknown) => e,
+    );
     expect(err).toBeInstanceOf(TypeError);
     expect((err as Error).cause).toBeInstanceOf(PrivateAddressError);
     expect(internalHits.length).toBe(before);
@@ -142,9 +193,50 @@ describe('the connection goes only to an address the check passed (DNS rebinding
   });
 
   it('the rule: public unicast only, IPv4 and IPv6 (IPv4-mapped and NAT64 by their IPv4 address)', () => {
-    const notPublic = ['127.0.0.1', '127.255.0.1', '10.1.2.3', '172.16.0.1', '172.31.255.255', '192.168.1.1', '169.254.169.254', '100.64.0.1', '0.0.0.0', '0.1.2.3', '224.0.0.1', '239.255.255.250', '255.255.255.255', '240.0.0.1', '192.0.2.1', '198.18.0.1',
-      '::', '::1', '::ffff:127.0.0.1', '::ffff:7f00:1', '::ffff:10.0.0.1', '::127.0.0.1', '64:ff9b::7f00:1', 'fc00::1', 'fd00::2', 'fe80::1', 'fe80::1%eth0', 'fec0::1', 'ff02::1', '2001:db8::1', '2002:7f00:1::1', 'not-an-address'];
-    const isPublic = ['8.8.8.8', '1.1.1.1', '172.32.0.1', '93.184.216.34', '::ffff:8.8.8.8', '64:ff9b::808:808', '2606:4700:4700::1111', '2a00:1450:4001::1'];
+    const notPublic = [
+      '127.0.0.1',
+      '127.255.0.1',
+      '10.1.2.3',
+      '172.16.0.1',
+      '172.31.255.255',
+      '192.168.1.1',
+      '169.254.169.254',
+      '100.64.0.1',
+      '0.0.0.0',
+      '0.1.2.3',
+      '224.0.0.1',
+      '239.255.255.250',
+      '255.255.255.255',
+      '240.0.0.1',
+      '192.0.2.1',
+      '198.18.0.1',
+      '::',
+      '::1',
+      '::ffff:127.0.0.1',
+      '::ffff:7f00:1',
+      '::ffff:10.0.0.1',
+      '::127.0.0.1',
+      '64:ff9b::7f00:1',
+      'fc00::1',
+      'fd00::2',
+      'fe80::1',
+      'fe80::1%eth0',
+      'fec0::1',
+      'ff02::1',
+      '2001:db8::1',
+      '2002:7f00:1::1',
+      'not-an-address',
+    ];
+    const isPublic = [
+      '8.8.8.8',
+      '1.1.1.1',
+      '172.32.0.1',
+      '93.184.216.34',
+      '::ffff:8.8.8.8',
+      '64:ff9b::808:808',
+      '2606:4700:4700::1111',
+      '2a00:1450:4001::1',
+    ];
     expect(notPublic.filter(isPublicAddress)).toEqual([]);
     expect(isPublic.filter((a) => !isPublicAddress(a))).toEqual([]);
   });

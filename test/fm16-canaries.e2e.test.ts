@@ -17,7 +17,14 @@ import { createTools, type ExecuteResult, type Tools } from '@tooltx/client';
 import { auditRecordSchema } from '@tooltx/lifecycle';
 import { decode, encode, openBucket } from '@tooltx/nats';
 import { keyedDigest, readKeyFile } from '@tooltx/runtime';
-import { CanaryWeb, LeakScanner, newCanaries, plantCanaries, type Canaries, type PlantedCanaries } from '../examples/research-kb/canaries.js';
+import {
+  CanaryWeb,
+  LeakScanner,
+  newCanaries,
+  plantCanaries,
+  type Canaries,
+  type PlantedCanaries,
+} from '../examples/research-kb/canaries.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 import { auditCli } from './helpers/audit-cli.js';
 import { DelayProxy } from './helpers/delay-proxy.js';
@@ -38,7 +45,7 @@ let web: CanaryWeb;
 let kb: TestKb;
 let proxy: DelayProxy;
 let env: Record<string, string>;
-let procs: ServiceProcess[] = [];
+const procs: ServiceProcess[] = [];
 let tokenDir: string;
 let natsLog = '';
 const agents: Record<string, Tools> = {};
@@ -48,17 +55,35 @@ let planted: PlantedCanaries;
 const keys: Record<string, string> = {};
 
 const note = (title: string, over: Record<string, unknown> = {}) => ({
-  kb: 'research', title, body: `Private observation: ${canaries.noteBody} (${title}).`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z', ...over,
+  kb: 'research',
+  title,
+  body: `Private observation: ${canaries.noteBody} (${title}).`,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-11-30T06:00:00Z',
+  ...over,
 });
-const keyOf = (title: string, over: Record<string, unknown> = {}) => prepareCall(contracts.writeNote, 'fm16', note(title, over)).operationKey;
+const keyOf = (title: string, over: Record<string, unknown> = {}) =>
+  prepareCall(contracts.writeNote, 'fm16', note(title, over)).operationKey;
 /** Every secret file of the test deployment, by file name: seeds, the lines of PEM keys, HMAC keys. */
 function keyMaterial(): Record<string, string> {
   const out: Record<string, string> = {};
   const auth = dirname(t.env.TOOLTX_TEST_NKEYS_DIR!);
-  const read = (dir: string, ext: string) => (existsSync(dir) ? readdirSync(dir).filter((f) => f.endsWith(ext)).map((f) => [f, readFileSync(join(dir, f), 'utf8')] as const) : []);
+  const read = (dir: string, ext: string) =>
+    existsSync(dir)
+      ? readdirSync(dir)
+          .filter((f) => f.endsWith(ext))
+          .map((f) => [f, readFileSync(join(dir, f), 'utf8')] as const)
+      : [];
   for (const [f, text] of read(join(auth, 'nkeys'), '.nk')) out[f] = text.trim();
-  for (const [f, text] of read(join(auth, 'signing'), '.pem')) text.split('\n').filter((l) => l.length >= 40 && !l.startsWith('-----')).forEach((l, i) => (out[`${f}#${i}`] = l));
-  for (const v of ['TOOLTX_AUDIT_HMAC_KEY_FILE', 'TOOLTX_LOG_HMAC_KEY_FILE']) out[v] = readFileSync(t.env[v]!, 'utf8').trim();
+  for (const [f, text] of read(join(auth, 'signing'), '.pem'))
+    text
+      .split('\n')
+      .filter((l) => l.length >= 40 && !l.startsWith('-----'))
+      .forEach((l, i) => {
+        out[`${f}#${i}`] = l;
+      });
+  for (const v of ['TOOLTX_AUDIT_HMAC_KEY_FILE', 'TOOLTX_LOG_HMAC_KEY_FILE'])
+    out[v] = readFileSync(t.env[v]!, 'utf8').trim();
   return out;
 }
 const isNotesPost = (req: { method?: string; url?: string }) => req.method === 'POST' && req.url === '/v1/notes';
@@ -79,25 +104,59 @@ beforeAll(async () => {
   chmodSync(join(tokenDir, 'admin.token'), 0o600);
   kb = await startKb(
     {
-      tenants: [{ id: 'acme', quota: 10_000 }, { id: 'globex', quota: 10_000 }],
+      tenants: [
+        { id: 'acme', quota: 10_000 },
+        { id: 'globex', quota: 10_000 },
+      ],
       knowledgeBases: [
-        { tenant: 'acme', name: 'research', members: [{ actor: 'alice', role: 'writer' }, { actor: 'bob', role: 'writer' }] },
+        {
+          tenant: 'acme',
+          name: 'research',
+          members: [
+            { actor: 'alice', role: 'writer' },
+            { actor: 'bob', role: 'writer' },
+          ],
+        },
         { tenant: 'acme', name: 'private', members: [{ actor: 'alice', role: 'writer' }] },
         { tenant: 'acme', name: 'frozen-kb', members: [{ actor: 'alice', role: 'writer' }] },
         { tenant: 'globex', name: 'research', defaultRole: 'writer' },
       ],
     },
-    { KB_ADMIN_TOKEN_FILE: join(tokenDir, 'admin.token'), LOG_LEVEL: 'debug', TOOLTX_LOG_HMAC_KEY_FILE: t.env.TOOLTX_LOG_HMAC_KEY_FILE! },
+    {
+      KB_ADMIN_TOKEN_FILE: join(tokenDir, 'admin.token'),
+      LOG_LEVEL: 'debug',
+      TOOLTX_LOG_HMAC_KEY_FILE: t.env.TOOLTX_LOG_HMAC_KEY_FILE!,
+    },
   );
   proxy = await new DelayProxy(kb.url).start();
   env = {
-    ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_DEDUP: 'off', KB_KEEPALIVE: 'off',
-    KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`, TOOLTX_RECONCILE_INTERVAL_MS: '300', WEB_ALLOWED_ORIGINS: web.url,
+    ...t.env,
+    TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
+    KB_URL: proxy.url,
+    KB_DEDUP: 'off',
+    KB_KEEPALIVE: 'off',
+    KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`,
+    TOOLTX_RECONCILE_INTERVAL_MS: '300',
+    WEB_ALLOWED_ORIGINS: web.url,
   };
   // One at a time: on a loaded 2-core machine four tsx start-ups at once can starve each other.
-  for (const name of ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const) procs.push(await startService(name, env));
-  for (const [tenant, actor] of [['acme', 'alice'], ['acme', 'bob'], ['globex', 'gina']] as const) {
-    agents[actor] = await createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 30_000 });
+  for (const name of ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const)
+    procs.push(await startService(name, env));
+  for (const [tenant, actor] of [
+    ['acme', 'alice'],
+    ['acme', 'bob'],
+    ['globex', 'gina'],
+  ] as const) {
+    agents[actor] = await createTools({
+      servers: t.url,
+      tenant,
+      actor,
+      nkeyFile: t.agentSeed(tenant, actor),
+      contracts: contracts.all,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+      budgetMs: 30_000,
+    });
   }
 }, 240_000);
 
@@ -112,10 +171,20 @@ afterAll(async () => {
 }, 120_000);
 
 describe('FM-16: planted secrets and content never leave their place', () => {
-  it('a workload through every service: commits, refusals at intake and at execution, a conflict, a retryable failure, an unknown the reconciler resolves', { timeout: 180_000 }, async ({ task }) => {
+  it('a workload through every service: commits, refusals at intake and at execution, a conflict, a retryable failure, an unknown the reconciler resolves', {
+    timeout: 180_000,
+  }, async ({ task }) => {
     // The token (KB admin call), the cookie (the page sets it; a request to the KB carries it),
     // the page text, the downstream's error message (a 503 whose reason phrase carries it), a note body.
-    planted = await plantCanaries({ canaries, web, kbUrl: kb.url, reader: agents.alice!, writer: agents.alice!, kb: 'research', taskId: 'fm16' });
+    planted = await plantCanaries({
+      canaries,
+      web,
+      kbUrl: kb.url,
+      reader: agents.alice!,
+      writer: agents.alice!,
+      kb: 'research',
+      taskId: 'fm16',
+    });
     returned.push(...planted.returned);
     expect(planted.reached).toEqual({ token: true, cookie: true, noteBody: true, pageText: true, errorMessage: true });
     expect(figure(task, { name: 'canaries planted', value: planted.planted })).toBe(5);
@@ -124,14 +193,26 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     expect((await write('alice', 'Committed')).status).toBe('committed');
     keys.committed = keyOf('Committed');
     // The same key with another fetch time (outside the intent): idempotency_conflict.
-    expect(await write('alice', 'Committed', { fetchedAt: '2026-11-30T07:00:00Z' })).toMatchObject({ status: 'rejected', error: { class: 'idempotency_conflict' } });
+    expect(await write('alice', 'Committed', { fetchedAt: '2026-11-30T07:00:00Z' })).toMatchObject({
+      status: 'rejected',
+      error: { class: 'idempotency_conflict' },
+    });
     // Refused at intake: bob has no role on `private`; a publishAt outside the window (invariants).
-    expect(await write('bob', 'No role', { kb: 'private' })).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
-    expect(await write('alice', 'Too old', { publishAt: '2000-01-01T00:00:00Z' })).toMatchObject({ status: 'rejected', error: { class: 'invalid_input' } });
+    expect(await write('bob', 'No role', { kb: 'private' })).toMatchObject({
+      status: 'rejected',
+      error: { class: 'forbidden' },
+    });
+    expect(await write('alice', 'Too old', { publishAt: '2000-01-01T00:00:00Z' })).toMatchObject({
+      status: 'rejected',
+      error: { class: 'invalid_input' },
+    });
     // Refused by the system of record's state, set with the operator token.
     const frozen = (await kb.client.admin(canaries.token).list('acme')).find((k) => k.name === 'frozen-kb')!;
     await kb.client.admin(canaries.token).setState(frozen.kbId, 'frozen');
-    expect(await write('alice', 'Into frozen', { kb: 'frozen-kb' })).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
+    expect(await write('alice', 'Into frozen', { kb: 'frozen-kb' })).toMatchObject({
+      status: 'rejected',
+      error: { class: 'forbidden' },
+    });
     // Held past its deadline on the way to the KB: unknown, the reconciler probes and re-drives it.
     let held = 0;
     proxy.hold = (req) => (isNotesPost(req) && held++ === 0 ? TIMING.timeoutMs + 700 : 0);
@@ -148,11 +229,15 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     expect(types.slice(0, types.indexOf('unknown')).at(-1)).toBe('running');
     expect(types.at(-1)).toBe('committed');
     // Another tenant asks for alice's operations: the uniform answer, no result.
-    for (const k of [keys.committed, planted.keys.page!]) statusAnswers.push(await agents.gina!.status({ operationKey: k }));
-    expect(statusAnswers).toEqual([expect.objectContaining({ state: 'not_seen' }), expect.objectContaining({ state: 'not_seen' })]);
+    for (const k of [keys.committed, planted.keys.page!])
+      statusAnswers.push(await agents.gina!.status({ operationKey: k }));
+    expect(statusAnswers).toEqual([
+      expect.objectContaining({ state: 'not_seen' }),
+      expect.objectContaining({ state: 'not_seen' }),
+    ]);
   });
 
-  it('the canaries did reach their places: the KB, the intent stream, the result store, and the executor\'s logger (as an HMAC)', async () => {
+  it("the canaries did reach their places: the KB, the intent stream, the result store, and the executor's logger (as an HMAC)", async () => {
     const intents = await readStream(t, t.subjects.intentsStream('acme'));
     expect(intents.some((m) => Buffer.from(m.data).includes(canaries.noteBody))).toBe(true);
     const results = await readStream(t, `KV_${t.subjects.resultsBucket}`);
@@ -161,10 +246,15 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     const executor = procs.find((p) => p.name === 'executor')!;
     const message = `page answered 503 Upstream failure ${canaries.errorMessage}`;
     const line = executor.lines.find((l) => (l.err as { type?: string } | undefined)?.type === 'PageError');
-    expect(line?.err).toEqual({ type: 'PageError', code: 'http_503', status: 503, messageHmac: keyedDigest(readKeyFile(t.env.TOOLTX_LOG_HMAC_KEY_FILE!), 'log-error-message', message) });
+    expect(line?.err).toEqual({
+      type: 'PageError',
+      code: 'http_503',
+      status: 503,
+      messageHmac: keyedDigest(readKeyFile(t.env.TOOLTX_LOG_HMAC_KEY_FILE!), 'log-error-message', message),
+    });
   });
 
-  it('another tenant\'s agent and an auditor cannot read the intent/input or result stores (refused by the server)', async () => {
+  it("another tenant's agent and an auditor cannot read the intent/input or result stores (refused by the server)", async () => {
     const opId = operationIdOf(keys.committed!);
     const api = '$JS.API';
     const readers: [string, NatsConnection][] = [
@@ -188,7 +278,9 @@ describe('FM-16: planted secrets and content never leave their place', () => {
           expect([who, err.operation, err.subject]).toEqual([who, 'publish', subject]);
         }
         // What the client library does for an ordered read of the intent stream: refused at its first request.
-        const err = await permissionError(nc, async () => (await jetstream(nc).consumers.get(t.subjects.intentsStream('acme'))).info());
+        const err = await permissionError(nc, async () =>
+          (await jetstream(nc).consumers.get(t.subjects.intentsStream('acme'))).info(),
+        );
         expect(err.subject.startsWith(`${api}.`), `${who}: ${err.subject}`).toBe(true);
         for (const subject of [t.subjects.allIntents, `$KV.${t.subjects.resultsBucket}.>`]) {
           const err = await permissionError(nc, () => nc.subscribe(subject));
@@ -200,7 +292,9 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     }
   });
 
-  it('zero occurrences in every log line of every process, the event log, decisions, advisories, the audit bucket and log, every audit record and export, and every error returned to the agent', { timeout: 180_000 }, async ({ task }) => {
+  it('zero occurrences in every log line of every process, the event log, decisions, advisories, the audit bucket and log, every audit record and export, and every error returned to the agent', {
+    timeout: 180_000,
+  }, async ({ task }) => {
     // And the key material of this deployment: every nkey seed, receipt signing key and HMAC key.
     const scan = new LeakScanner(canaries, keyMaterial());
     expect(Object.keys(keyMaterial()).length).toBeGreaterThan(10);
@@ -214,7 +308,13 @@ describe('FM-16: planted secrets and content never leave their place', () => {
         await new Promise((r) => setTimeout(r, 100));
       }
     }
-    for (const args of [['show', keys.held!], ['show', keys.committed!], ['show', planted.keys.flaky!], ['list', '--since', '1h'], ['export', '--since', '1h', '--format', 'jsonl']]) {
+    for (const args of [
+      ['show', keys.held!],
+      ['show', keys.committed!],
+      ['show', planted.keys.flaky!],
+      ['list', '--since', '1h'],
+      ['export', '--since', '1h', '--format', 'jsonl'],
+    ]) {
       const run = await auditCli(t, 'acme', 'audrey', args);
       expect(run.code, `${args.join(' ')}: ${run.stderr}`).toBe(0);
       scan.text(`tooltx audit ${args[0]} stdout`, run.stdout);
@@ -225,7 +325,14 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     expect((heldRecord.states as { event: string }[]).map((s) => s.event)).toContain('unknown');
     // Every stream but the two that hold business data, raw and decoded.
     const scannedStreams = await scan.streams(t.js, t.jsm, t.subjects);
-    for (const s of [t.subjects.eventsStream, t.subjects.decisionsStream('acme'), t.subjects.auditLogStream, `KV_${t.subjects.auditBucket}`, `KV_${t.subjects.reconcileBucket}`]) expect(scannedStreams).toContain(s);
+    for (const s of [
+      t.subjects.eventsStream,
+      t.subjects.decisionsStream('acme'),
+      t.subjects.auditLogStream,
+      `KV_${t.subjects.auditBucket}`,
+      `KV_${t.subjects.reconcileBucket}`,
+    ])
+      expect(scannedStreams).toContain(s);
     // Every result and status answer the agents got back (a committed result's business fields apart).
     scan.returned('returned to an agent', returned);
     scan.text('status answers to another tenant', JSON.stringify(statusAnswers));
@@ -244,7 +351,9 @@ describe('FM-16: planted secrets and content never leave their place', () => {
     const control = new LeakScanner(canaries);
     for (const m of await readStream(t, t.subjects.intentsStream('acme'))) control.bytes('intents', m.data);
     for (const m of await readStream(t, `KV_${t.subjects.resultsBucket}`)) control.bytes('results', m.data);
-    control.returned('a committed page fetch, with its result', [{ ...planted.returned[0]!, status: 'unknown' } as ExecuteResult]);
+    control.returned('a committed page fetch, with its result', [
+      { ...planted.returned[0]!, status: 'unknown' } as ExecuteResult,
+    ]);
     expect(new Set(control.leaks.map((l) => l.kind))).toEqual(new Set(['noteBody', 'pageText']));
     // The KB did log its requests (the canaries passed through it), and the services logged at debug.
     expect(kb.proc.lines.filter((l) => l.msg === 'request').length).toBeGreaterThan(5);

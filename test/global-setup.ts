@@ -9,7 +9,9 @@ import { natsServerBinary, NatsServerUnavailableError } from '@tooltx/dev/nats-s
  */
 export function setup(): () => void {
   if (!natsServerBinary()) {
-    throw new NatsServerUnavailableError('nats-server 2.10 or later not found: run `scripts/ensure-nats-server --test-servers` (it fetches Debian 13\'s into .nats-server/; an older one on PATH is never used)');
+    throw new NatsServerUnavailableError(
+      "nats-server 2.10 or later not found: run `scripts/ensure-nats-server --test-servers` (it fetches Debian 13's into .nats-server/; an older one on PATH is never used)",
+    );
   }
   // One directory for the run's secrets the workers write (KB service tokens: helpers/kb-service-token.ts),
   // removed when the run ends: a worker's own exit hooks do not run when the pool ends it.

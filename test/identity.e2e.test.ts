@@ -56,7 +56,10 @@ async function permissionError(nc: NatsConnection, fn: () => unknown): Promise<P
   } catch (err) {
     if (err instanceof errors.PermissionViolationError) return err;
   }
-  return Promise.race([seen, new Promise<never>((_, reject) => setTimeout(() => reject(new Error('no permission violation')), 3_000))]);
+  return Promise.race([
+    seen,
+    new Promise<never>((_, reject) => setTimeout(() => reject(new Error('no permission violation')), 3_000)),
+  ]);
 }
 
 beforeAll(async () => {
@@ -64,7 +67,15 @@ beforeAll(async () => {
   sink = await new Sink().start();
   const env = { ...t.env, SINK_URL: sink.url };
   procs = await Promise.all([startService('authorizer', env), startService('executor', env)]);
-  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+  alice = await createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+  });
   mallory = await t.connectAs(agent('globex', 'mallory'));
 });
 
@@ -77,14 +88,18 @@ afterAll(async () => {
 });
 
 describe('FM-06: forged tenant or actor', () => {
-  it('refuses publishing on another actor\'s intent subject at the server', async () => {
+  it("refuses publishing on another actor's intent subject at the server", async () => {
     const js = jetstream(mallory);
-    const err = await permissionError(mallory, () => js.publish(t.subjects.intent('acme', 'alice'), encode({ tool: 'sink.write' }), { timeout: 1_000 }));
+    const err = await permissionError(mallory, () =>
+      js.publish(t.subjects.intent('acme', 'alice'), encode({ tool: 'sink.write' }), { timeout: 1_000 }),
+    );
     expect(err.operation).toBe('publish');
     expect(err.subject).toBe(t.subjects.intent('acme', 'alice'));
   });
 
-  it('records a payload naming another actor as forbidden on the decision subject; nothing is written', async ({ task }) => {
+  it('records a payload naming another actor as forbidden on the decision subject; nothing is written', async ({
+    task,
+  }) => {
     const r = await alice.execute({ tool: 'sink.write', taskId: 'fm06', actorId: 'bob', input: note('Forged actor') });
     expect(r).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
     const key = prepareCall(sinkWrite, 'fm06', note('Forged actor')).operationKey;
@@ -95,13 +110,31 @@ describe('FM-06: forged tenant or actor', () => {
     expect(written).toBe(0);
   });
 
-  it('records a raw intent naming another actor, sent without a key, as forbidden under the key its request derives to; nothing is written', async ({ task }) => {
+  it('records a raw intent naming another actor, sent without a key, as forbidden under the key its request derives to; nothing is written', async ({
+    task,
+  }) => {
     const input = note('Forged raw');
     // No operationKey: the authorizer derives the key from the request itself, as for any intent.
-    await publishSubmission(jetstream(mallory), newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'fm06-raw', actorId: 'gina', input }));
+    await publishSubmission(
+      jetstream(mallory),
+      newSubmission(t.subjects, 'globex', 'mallory', {
+        tool: 'sink.write',
+        version: 1,
+        taskId: 'fm06-raw',
+        actorId: 'gina',
+        input,
+      }),
+    );
     const key = prepareCall(sinkWrite, 'fm06-raw', input).operationKey;
     const d = await waitForDecision(t, 'globex', key, 'mallory');
-    expect(d).toMatchObject({ operationKey: key, tenant: 'globex', actor: 'mallory', tool: 'sink.write', version: 1, error: { class: 'forbidden' } });
+    expect(d).toMatchObject({
+      operationKey: key,
+      tenant: 'globex',
+      actor: 'mallory',
+      tool: 'sink.write',
+      version: 1,
+      error: { class: 'forbidden' },
+    });
     expect(await history(t, 'globex', key)).toEqual([]);
     const written = sink.writesFor((b) => b.title === 'Forged raw').length;
     figure(task, rowsWhereRefused(written));
@@ -109,17 +142,35 @@ describe('FM-06: forged tenant or actor', () => {
   });
 });
 
-describe('FM-31: another tenant cannot suppress, hijack or read the victim\'s operation', () => {
-  it('a squatted submission id does not suppress the victim\'s call: it still runs, exactly once', async ({ task }) => {
+describe("FM-31: another tenant cannot suppress, hijack or read the victim's operation", () => {
+  it("a squatted submission id does not suppress the victim's call: it still runs, exactly once", async ({ task }) => {
     const squatted = 'victim-submission-1';
     // The attacker publishes first, on its own subject, under the id the victim will use.
-    const ack = await publishSubmission(jetstream(mallory), newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'x', input: {} }, squatted));
+    const ack = await publishSubmission(
+      jetstream(mallory),
+      newSubmission(
+        t.subjects,
+        'globex',
+        'mallory',
+        { tool: 'sink.write', version: 1, taskId: 'x', input: {} },
+        squatted,
+      ),
+    );
     expect(ack.duplicate).toBe(false);
-    const victim = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, submissionIdFactory: () => squatted });
+    const victim = await createTools({
+      servers: t.url,
+      tenant: 'acme',
+      actor: 'alice',
+      nkeyFile: t.agentSeed('acme', 'alice'),
+      contracts,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+      submissionIdFactory: () => squatted,
+    });
     try {
       const r = await victim.execute({ tool: 'sink.write', taskId: 'fm31-squat', input: note('Squat') });
       const requests = sink.writesFor((b) => b.key === downstreamKeyOf('acme', r.operationKey!)).length;
-      figure(task, { name: 'sink requests for the victim\'s call', value: requests, duplicates: beyondOne(requests) });
+      figure(task, { name: "sink requests for the victim's call", value: requests, duplicates: beyondOne(requests) });
       expect(r.status).toBe('committed');
       expect(requests).toBe(1);
       if (r.status === 'committed') expect(r.receipt.attempt).toBe(1);
@@ -128,30 +179,67 @@ describe('FM-31: another tenant cannot suppress, hijack or read the victim\'s op
     }
   });
 
-  it('sending the victim\'s derived key from another tenant touches nothing of the victim', async ({ task }) => {
+  it("sending the victim's derived key from another tenant touches nothing of the victim", async ({ task }) => {
     const input = note('Victim note');
     const victim = await alice.execute({ tool: 'sink.write', taskId: 'fm31-key', input });
     expect(victim.status).toBe('committed');
     const before = await history(t, 'acme', victim.operationKey!);
     const js = jetstream(mallory);
     // (a) the victim's key with the attacker's own input: a conflict in the attacker's own scope.
-    await publishSubmission(js, newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'fm31-key', operationKey: victim.operationKey!, input: note('Hijack') }));
-    expect((await waitForDecision(t, 'globex', victim.operationKey!, 'mallory')).error.class).toBe('idempotency_conflict');
+    await publishSubmission(
+      js,
+      newSubmission(t.subjects, 'globex', 'mallory', {
+        tool: 'sink.write',
+        version: 1,
+        taskId: 'fm31-key',
+        operationKey: victim.operationKey!,
+        input: note('Hijack'),
+      }),
+    );
+    expect((await waitForDecision(t, 'globex', victim.operationKey!, 'mallory')).error.class).toBe(
+      'idempotency_conflict',
+    );
     // (b) the victim's very request: that is the attacker's own operation, in the attacker's tenant.
-    await publishSubmission(js, newSubmission(t.subjects, 'globex', 'mallory', { tool: 'sink.write', version: 1, taskId: 'fm31-key', operationKey: victim.operationKey!, input }));
-    for (let i = 0; i < 100 && sink.writesFor((b) => b.key === downstreamKeyOf('globex', victim.operationKey!)).length === 0; i++) await new Promise((r) => setTimeout(r, 50));
+    await publishSubmission(
+      js,
+      newSubmission(t.subjects, 'globex', 'mallory', {
+        tool: 'sink.write',
+        version: 1,
+        taskId: 'fm31-key',
+        operationKey: victim.operationKey!,
+        input,
+      }),
+    );
+    for (
+      let i = 0;
+      i < 100 && sink.writesFor((b) => b.key === downstreamKeyOf('globex', victim.operationKey!)).length === 0;
+      i++
+    )
+      await new Promise((r) => setTimeout(r, 50));
     expect(await history(t, 'acme', victim.operationKey!)).toEqual(before);
     const underVictimKey = sink.writesFor((b) => b.key === downstreamKeyOf('acme', victim.operationKey!)).length;
-    figure(task, { name: 'sink writes under the victim\'s key beyond its own', value: underVictimKey - 1, unauthorisedWrites: beyondOne(underVictimKey) });
+    figure(task, {
+      name: "sink writes under the victim's key beyond its own",
+      value: underVictimKey - 1,
+      unauthorisedWrites: beyondOne(underVictimKey),
+    });
     expect(underVictimKey).toBe(1);
     expect(sink.writesFor((b) => b.key === downstreamKeyOf('globex', victim.operationKey!))).toHaveLength(1);
     expect(downstreamKeyOf('globex', victim.operationKey!)).not.toBe(downstreamKeyOf('acme', victim.operationKey!));
   });
 
-  it('status for the victim\'s key from another tenant reveals nothing, and its status subject is refused', async () => {
+  it("status for the victim's key from another tenant reveals nothing, and its status subject is refused", async () => {
     const victim = await alice.execute({ tool: 'sink.write', taskId: 'fm31-status', input: note('Status secret') });
     expect(victim.status).toBe('committed');
-    const gina = await createTools({ servers: t.url, tenant: 'globex', actor: 'gina', nkeyFile: t.agentSeed('globex', 'gina'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+    const gina = await createTools({
+      servers: t.url,
+      tenant: 'globex',
+      actor: 'gina',
+      nkeyFile: t.agentSeed('globex', 'gina'),
+      contracts,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+    });
     try {
       const a = await gina.status({ operationKey: victim.operationKey! });
       expect(a).toMatchObject({ state: 'not_seen', source: 'none', seq: 0 });
@@ -159,13 +247,17 @@ describe('FM-31: another tenant cannot suppress, hijack or read the victim\'s op
     } finally {
       await gina.close();
     }
-    const err = await permissionError(mallory, () => mallory.request(t.subjects.status('acme', 'alice'), encode({ operationKey: victim.operationKey }), { timeout: 1_000 }));
+    const err = await permissionError(mallory, () =>
+      mallory.request(t.subjects.status('acme', 'alice'), encode({ operationKey: victim.operationKey }), {
+        timeout: 1_000,
+      }),
+    );
     expect(err.subject).toBe(t.subjects.status('acme', 'alice'));
   });
 });
 
 describe('FM-32: reply inboxes are private', () => {
-  it('refuses a subscription to another user\'s inbox prefix, or to all inboxes', async () => {
+  it("refuses a subscription to another user's inbox prefix, or to all inboxes", async () => {
     for (const subject of ['_INBOX.acme.alice.>', '_INBOX.>', '_INBOX._svc.authorizer.>']) {
       const err = await permissionError(mallory, () => mallory.subscribe(subject));
       expect(err.operation).toBe('subscription');
@@ -173,7 +265,7 @@ describe('FM-32: reply inboxes are private', () => {
     }
   });
 
-  it('refuses a subscription to another actor\'s pushed answers, in its own tenant or another', async () => {
+  it("refuses a subscription to another actor's pushed answers, in its own tenant or another", async () => {
     const bob = await t.connectAs(agent('acme', 'bob'));
     try {
       for (const [who, subject] of [
@@ -191,7 +283,7 @@ describe('FM-32: reply inboxes are private', () => {
     }
   });
 
-  it('an eavesdropper receives nothing of the victim\'s replies', async () => {
+  it("an eavesdropper receives nothing of the victim's replies", async () => {
     const eve = await t.connectAs(agent('globex', 'gina'));
     const got: string[] = [];
     const refusals: unknown[] = [];
@@ -212,7 +304,13 @@ describe('FM-32: reply inboxes are private', () => {
         const jsm = await jetstreamManager(nc, { checkAPI: false, timeout: 1_000 });
         const s = await permissionError(nc, () => jsm.streams.add({ name: 'SPY', subjects: ['_INBOX.>'] }));
         expect(s.subject).toBe('$JS.API.STREAM.CREATE.SPY');
-        const c = await permissionError(nc, () => jsm.consumers.add(t.subjects.intentsStream('acme'), { durable_name: 'spy', filter_subject: t.subjects.allIntents, ack_policy: 'explicit' as never }));
+        const c = await permissionError(nc, () =>
+          jsm.consumers.add(t.subjects.intentsStream('acme'), {
+            durable_name: 'spy',
+            filter_subject: t.subjects.allIntents,
+            ack_policy: 'explicit' as never,
+          }),
+        );
         expect(c.subject).toMatch(/^\$JS\.API\.CONSUMER\.(CREATE|DURABLE\.CREATE)\./);
       } finally {
         await nc.close();
@@ -232,9 +330,15 @@ describe('FM-32: reply inboxes are private', () => {
         // Update the executor's durable: through the client (the create API with the name in the
         // subject), the legacy durable create, and the legacy ephemeral create naming it in the body
         // (which 2.9.10 would apply to the durable).
-        const u = await permissionError(nc, () => jsm.consumers.update(events, 'executor', { max_deliver: 1, ack_wait: nanos(1_000) }));
+        const u = await permissionError(nc, () =>
+          jsm.consumers.update(events, 'executor', { max_deliver: 1, ack_wait: nanos(1_000) }),
+        );
         expect(u.subject).toBe(`$JS.API.CONSUMER.CREATE.${events}.executor.${t.subjects.allOps}`);
-        const body = (config: Record<string, unknown>) => JSON.stringify({ stream_name: events, config: { ...before.config, max_deliver: 1, ack_wait: nanos(1_000), ...config } });
+        const body = (config: Record<string, unknown>) =>
+          JSON.stringify({
+            stream_name: events,
+            config: { ...before.config, max_deliver: 1, ack_wait: nanos(1_000), ...config },
+          });
         for (const [subject, config] of [
           [`$JS.API.CONSUMER.DURABLE.CREATE.${events}.executor`, {}],
           [`$JS.API.CONSUMER.CREATE.${events}`, { durable_name: undefined, name: 'executor' }],
@@ -248,12 +352,24 @@ describe('FM-32: reply inboxes are private', () => {
           [t.subjects.intentsStream('acme'), 'rogue', t.subjects.allIntents],
           [events, 'executor-b', t.subjects.allOps],
         ] as const) {
-          const c = await permissionError(nc, () => jsm.consumers.add(stream, { durable_name: durable, filter_subject: filter, ack_policy: AckPolicy.Explicit }));
+          const c = await permissionError(nc, () =>
+            jsm.consumers.add(stream, {
+              durable_name: durable,
+              filter_subject: filter,
+              ack_policy: AckPolicy.Explicit,
+            }),
+          );
           expect(c.subject).toBe(`$JS.API.CONSUMER.CREATE.${stream}.${durable}.${filter}`);
         }
         // The executor creates no consumer on the event log at all.
         if (service === 'executor') {
-          const c = await permissionError(nc, () => jsm.consumers.add(events, { durable_name: 'rogue', filter_subject: t.subjects.allOps, ack_policy: AckPolicy.Explicit }));
+          const c = await permissionError(nc, () =>
+            jsm.consumers.add(events, {
+              durable_name: 'rogue',
+              filter_subject: t.subjects.allOps,
+              ack_policy: AckPolicy.Explicit,
+            }),
+          );
           expect(c.subject).toBe(`$JS.API.CONSUMER.CREATE.${events}.rogue.${t.subjects.allOps}`);
         }
         // Nor delete one.
@@ -271,7 +387,7 @@ describe('FM-32: reply inboxes are private', () => {
     await expect(t.jsm.consumers.info(events, 'executor-b')).rejects.toThrow(/not found/);
   });
 
-  it('FM-32: a durable under a new name that the server cannot refuse (the authorizer, on a stream and filter it reads) is reported by the provisioner\'s check', async () => {
+  it("FM-32: a durable under a new name that the server cannot refuse (the authorizer, on a stream and filter it reads) is reported by the provisioner's check", async () => {
     const events = t.subjects.eventsStream;
     const topo = t.topo;
     expect(await checkDurables(t.jsm, topo, ['executor-b'])).toEqual([]);
@@ -279,7 +395,11 @@ describe('FM-32: reply inboxes are private', () => {
     try {
       const jsm = await jetstreamManager(nc, { checkAPI: false, timeout: 1_000 });
       // 2.9.10 carries a new durable's name in the body: the generated permissions cannot tell it apart.
-      await jsm.consumers.add(events, { durable_name: 'sneaky', filter_subject: t.subjects.allOps, ack_policy: AckPolicy.Explicit });
+      await jsm.consumers.add(events, {
+        durable_name: 'sneaky',
+        filter_subject: t.subjects.allOps,
+        ack_policy: AckPolicy.Explicit,
+      });
     } finally {
       await nc.close();
     }
@@ -293,7 +413,12 @@ describe('FM-32: reply inboxes are private', () => {
   it('the generated permissions give nobody but the provisioner a subject that creates, updates or deletes a known durable, or the legacy name-in-body create', () => {
     const topo = t.topo;
     const durables = knownDurables(topo, ['executor-b']);
-    const streams = [...allStreams(topo).map((x) => x.name), ...[t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket].map((b) => `KV_${b}`)];
+    const streams = [
+      ...allStreams(topo).map((x) => x.name),
+      ...[t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket].map(
+        (b) => `KV_${b}`,
+      ),
+    ];
     const attempts = streams.flatMap((st) => [
       `$JS.API.CONSUMER.CREATE.${st}`,
       ...durables.flatMap((d) => [
@@ -315,17 +440,23 @@ describe('FM-32: reply inboxes are private', () => {
     ];
     for (const role of roles) {
       const p = permissionsFor(role, t.subjects, topo, ['executor-b']);
-      const allowed = (subject: string) => p.publish.allow.some((a) => subjectMatches(a, subject)) && !(p.publish.deny ?? []).some((d) => subjectMatches(d, subject));
+      const allowed = (subject: string) =>
+        p.publish.allow.some((a) => subjectMatches(a, subject)) &&
+        !(p.publish.deny ?? []).some((d) => subjectMatches(d, subject));
       expect({ role, allowed: attempts.filter(allowed) }).toEqual({ role, allowed: [] });
     }
     // The matcher itself: the authorizer may create its status watch on the event log.
     const authz = permissionsFor({ kind: 'service', service: 'authorizer' }, t.subjects, topo);
-    expect(authz.publish.allow.some((a) => subjectMatches(a, `$JS.API.CONSUMER.CREATE.${t.subjects.eventsStream}.oc_x_1.${t.subjects.allOps}`))).toBe(true);
+    expect(
+      authz.publish.allow.some((a) =>
+        subjectMatches(a, `$JS.API.CONSUMER.CREATE.${t.subjects.eventsStream}.oc_x_1.${t.subjects.allOps}`),
+      ),
+    ).toBe(true);
   });
 });
 
 describe('keys across generations', () => {
-  it('a user\'s seed is kept when the configuration is generated again (a restarted stack does not lock out a connected agent); a file that is not a user seed is replaced; a user removed from the list loses its seed', () => {
+  it("a user's seed is kept when the configuration is generated again (a restarted stack does not lock out a connected agent); a file that is not a user seed is replaced; a user removed from the list loses its seed", () => {
     const s = new Subjects('tkeep');
     const outDir = mkdtempSync(join(tmpdir(), 'tooltx-keep-'));
     try {
@@ -360,7 +491,13 @@ describe('keys across generations', () => {
 describe('ids are one subject token', () => {
   it('the generator refuses wildcard, dotted and empty ids', () => {
     const s = new Subjects('tcheck');
-    const base = { subjects: s, topology: topology(s), outDir: '/tmp/tooltx-never-written', listen: '127.0.0.1:-1', storeDir: '/tmp/x' };
+    const base = {
+      subjects: s,
+      topology: topology(s),
+      outDir: '/tmp/tooltx-never-written',
+      listen: '127.0.0.1:-1',
+      storeDir: '/tmp/x',
+    };
     for (const actors of [['>'], ['*'], ['b.c'], [''], ['UPPER']]) {
       expect(() => generateAuth({ tenants: [{ id: 'a', actors }] }, base)).toThrow(/\^\[a-z0-9_-\]\{1,64\}\$/);
     }
@@ -379,11 +516,21 @@ describe('ids are one subject token', () => {
     throw new Error('the generator accepted the list');
   };
 
-  it('the generator refuses ids reserved for tooltx\'s namespaces: tenant _svc + actor executor is not the executor service, _op + an operator id not that operator', () => {
+  it("the generator refuses ids reserved for tooltx's namespaces: tenant _svc + actor executor is not the executor service, _op + an operator id not that operator", () => {
     expect(inboxPrefixOf({ kind: 'service', service: 'executor' })).toBe('_INBOX._svc.executor');
     for (const [list, path, id] of [
       [{ tenants: [{ id: '_svc', actors: ['executor'] }] }, ['tenants', 0, 'id'], '_svc'],
-      [{ tenants: [{ id: 'acme', actors: ['alice'] }, { id: '_op', actors: ['oscar'] }], operators: ['oscar'] }, ['tenants', 1, 'id'], '_op'],
+      [
+        {
+          tenants: [
+            { id: 'acme', actors: ['alice'] },
+            { id: '_op', actors: ['oscar'] },
+          ],
+          operators: ['oscar'],
+        },
+        ['tenants', 1, 'id'],
+        '_op',
+      ],
       [{ tenants: [{ id: '_provisioner', actors: ['x'] }] }, ['tenants', 0, 'id'], '_provisioner'],
       [{ tenants: [{ id: 'acme', auditors: ['_audit'] }] }, ['tenants', 0, 'auditors', 0], '_audit'],
       [{ tenants: [{ id: 'acme', actors: ['a'] }], operators: ['_op'] }, ['operators', 0], '_op'],
@@ -396,12 +543,32 @@ describe('ids are one subject token', () => {
     }
   });
 
-  it('the generator refuses two identities that would share a reply inbox: an actor and an auditor with one id in one tenant, an id listed twice; and an extra executor durable naming another service\'s durable', () => {
+  it("the generator refuses two identities that would share a reply inbox: an actor and an auditor with one id in one tenant, an id listed twice; and an extra executor durable naming another service's durable", () => {
     for (const [list, path, other, code] of [
-      [{ tenants: [{ id: 'acme', actors: ['alice'], auditors: ['alice'] }] }, ['tenants', 0, 'auditors', 0], 'tenants.0.actors.0 (actor acme/alice)', 'inbox_collision'],
-      [{ tenants: [{ id: 'acme', actors: ['alice', 'bob', 'alice'] }] }, ['tenants', 0, 'actors', 2], 'tenants.0.actors.0 (actor acme/alice)', 'inbox_collision'],
-      [{ tenants: [{ id: 'acme', actors: ['a'] }], operators: ['oscar', 'oscar'] }, ['operators', 1], 'operators.0 (operator oscar)', 'inbox_collision'],
-      [{ tenants: [{ id: 'acme', actors: ['a'] }], executorDurables: ['reconciler'] }, ['executorDurables', 0], 'reconciler', 'durable_collision'],
+      [
+        { tenants: [{ id: 'acme', actors: ['alice'], auditors: ['alice'] }] },
+        ['tenants', 0, 'auditors', 0],
+        'tenants.0.actors.0 (actor acme/alice)',
+        'inbox_collision',
+      ],
+      [
+        { tenants: [{ id: 'acme', actors: ['alice', 'bob', 'alice'] }] },
+        ['tenants', 0, 'actors', 2],
+        'tenants.0.actors.0 (actor acme/alice)',
+        'inbox_collision',
+      ],
+      [
+        { tenants: [{ id: 'acme', actors: ['a'] }], operators: ['oscar', 'oscar'] },
+        ['operators', 1],
+        'operators.0 (operator oscar)',
+        'inbox_collision',
+      ],
+      [
+        { tenants: [{ id: 'acme', actors: ['a'] }], executorDurables: ['reconciler'] },
+        ['executorDurables', 0],
+        'reconciler',
+        'durable_collision',
+      ],
     ] as [IdentityList, (string | number)[], string, string][]) {
       const err = gen(list);
       expect(err).toBeInstanceOf(TooltxError);
@@ -410,7 +577,15 @@ describe('ids are one subject token', () => {
       expect((err as Error).message).toContain(other);
     }
     // The same id in two tenants, or for an actor and an operator, is two inboxes: accepted.
-    expect(() => checkIdentityList({ tenants: [{ id: 'acme', actors: ['mallory'] }, { id: 'globex', actors: ['mallory'], auditors: ['audrey'] }], operators: ['mallory'] })).not.toThrow();
+    expect(() =>
+      checkIdentityList({
+        tenants: [
+          { id: 'acme', actors: ['mallory'] },
+          { id: 'globex', actors: ['mallory'], auditors: ['audrey'] },
+        ],
+        operators: ['mallory'],
+      }),
+    ).not.toThrow();
   });
 
   it('the lists in use pass, and every user of the test list has an inbox of its own that contains no other', () => {
@@ -419,7 +594,9 @@ describe('ids are one subject token', () => {
     expect(new Set(prefixes).size).toBe(prefixes.length);
     for (const a of prefixes) for (const b of prefixes) if (a !== b) expect(b.startsWith(`${a}.`)).toBe(false);
     // The list `npm start` and the demo generate their configuration from.
-    const sample = JSON.parse(readFileSync(new URL('../examples/research-kb/identities.json', import.meta.url), 'utf8')) as IdentityList;
+    const sample = JSON.parse(
+      readFileSync(new URL('../examples/research-kb/identities.json', import.meta.url), 'utf8'),
+    ) as IdentityList;
     expect(() => checkIdentityList(sample, topology(new Subjects('tooltx')))).not.toThrow();
   });
 

@@ -45,7 +45,13 @@ const SEED: KbSeedFile = {
     },
     { tenant: 'acme', name: 'archive', members: [{ actor: 'alice', role: 'writer' }] },
     { tenant: 'acme', name: 'readonly', members: [{ actor: 'alice', role: 'reader' }] },
-    { tenant: 'acme', name: 'legacy', aliases: ['Old-Stuff'], members: [{ actor: 'alice', role: 'writer' }], state: 'deleted' },
+    {
+      tenant: 'acme',
+      name: 'legacy',
+      aliases: ['Old-Stuff'],
+      members: [{ actor: 'alice', role: 'writer' }],
+      state: 'deleted',
+    },
     { tenant: 'acme', name: 'moving', aliases: ['Moving-Box'], members: [{ actor: 'alice', role: 'writer' }] },
     { tenant: 'acme', name: 'icebox', members: [{ actor: 'alice', role: 'writer' }] },
     { tenant: 'acme', name: 'churn', members: [{ actor: 'alice', role: 'writer' }] },
@@ -90,8 +96,10 @@ async function raw(url: string, init: RequestInit & { headers?: Record<string, s
   const res = await fetch(url, init);
   const text = await res.text();
   // `date` and `x-kb-now` carry the instant of the answer, the same for every answer at that instant.
-  const headers = Object.fromEntries([...res.headers].filter(([h]) => h !== 'date' && h !== 'x-kb-now' && h !== 'keep-alive' && h !== 'connection'));
-  return { status: res.status, headers, text, json: text ? (JSON.parse(text) as Record<string, any>) : undefined };
+  const headers = Object.fromEntries(
+    [...res.headers].filter(([h]) => h !== 'date' && h !== 'x-kb-now' && h !== 'keep-alive' && h !== 'connection'),
+  );
+  return { status: res.status, headers, text, json: text ? (JSON.parse(text) as Record<string, unknown>) : undefined };
 }
 
 /** The KB's own rows, read from its SQLite file. */
@@ -118,15 +126,28 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
   const post = (tenant: string, actor: string, ifMatch: string, body: unknown, k1 = key()) =>
     raw(`${kb.url}/v1/notes`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': tenant, 'x-actor': actor, 'idempotency-key': k1, 'x-deadline': String(soon()), 'if-match': ifMatch },
+      headers: {
+        'content-type': 'application/json',
+        'x-tenant': tenant,
+        'x-actor': actor,
+        'idempotency-key': k1,
+        'x-deadline': String(soon()),
+        'if-match': ifMatch,
+      },
       body: JSON.stringify(body),
     });
   const resolveRaw = (tenant: string, actor: string, ref: string) =>
     raw(`${kb.url}/v1/resolve?ref=${encodeURIComponent(ref)}`, { headers: { 'x-tenant': tenant, 'x-actor': actor } });
-  const version = async (tenant: string, ref: string) => (await kb.client.resolve({ tenant, actor: 'alice', ref })).authVersion;
+  const version = async (tenant: string, ref: string) =>
+    (await kb.client.resolve({ tenant, actor: 'alice', ref })).authVersion;
 
   beforeAll(async () => {
-    kb = await startKb({ KB_DEDUP: 'off', KB_SEED_FILE: writeSeed(SEED), KB_SEED: 'initech:lab,initech:vault:ian+ivy', KB_ADMIN_TOKEN_FILE: TOKEN_FILE });
+    kb = await startKb({
+      KB_DEDUP: 'off',
+      KB_SEED_FILE: writeSeed(SEED),
+      KB_SEED: 'initech:lab,initech:vault:ian+ivy',
+      KB_ADMIN_TOKEN_FILE: TOKEN_FILE,
+    });
     for (const v of await kb.admin.list()) ids[`${v.tenant}/${v.name}`] = v.kbId;
   });
   afterAll(async () => {
@@ -160,7 +181,11 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     expect(all.find((v) => v.kbId === ids['acme/legacy'])).toMatchObject({ state: 'deleted', aliases: ['old-stuff'] });
     expect((await kb.admin.list('globex')).map((v) => v.name)).toEqual(['research', 'secret']);
     // KB_SEED without actors: every actor of the tenant writes; with actors: only those.
-    expect(await kb.admin.get(ids['initech/lab']!)).toMatchObject({ defaultRole: 'writer', members: [], quotaLimit: null });
+    expect(await kb.admin.get(ids['initech/lab']!)).toMatchObject({
+      defaultRole: 'writer',
+      members: [],
+      quotaLimit: null,
+    });
     expect((await kb.client.resolve({ tenant: 'initech', actor: 'anyone', ref: 'lab' })).role).toBe('writer');
     expect((await kb.client.resolve({ tenant: 'initech', actor: 'ivy', ref: 'vault' })).role).toBe('writer');
     expect((await kb.client.resolve({ tenant: 'initech', actor: 'zed', ref: 'vault' })).role).toBeNull();
@@ -169,14 +194,31 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
   it('FM-10: every reference kind — case, percent-encoding, NFC/NFD, alias, kb_ id — resolves to one id, and writes land there', async () => {
     const id = ids['acme/research']!;
     const refs = [
-      'research', 'RESEARCH', '  Research\t', '%52esearch', 'research%20', // name: case, percent-encoding, whitespace
-      'Research-Notes', 'research-notes', 'Research%2DNotes', ' RESEARCH-NOTES ', // alias
-      'Café-Notes', 'Cafe\u0301-Notes', 'CAFE\u0301-NOTES', 'caf%C3%A9-notes', 'cafe%CC%81-notes', // NFC, NFD, percent-encoded UTF-8 of both
-      id, id.toUpperCase(), ` ${id} `, encodeURIComponent(id).replace('_', '%5F'), // internal id
+      'research',
+      'RESEARCH',
+      '  Research\t',
+      '%52esearch',
+      'research%20', // name: case, percent-encoding, whitespace
+      'Research-Notes',
+      'research-notes',
+      'Research%2DNotes',
+      ' RESEARCH-NOTES ', // alias
+      'Café-Notes',
+      'Cafe\u0301-Notes',
+      'CAFE\u0301-NOTES',
+      'caf%C3%A9-notes',
+      'cafe%CC%81-notes', // NFC, NFD, percent-encoded UTF-8 of both
+      id,
+      id.toUpperCase(),
+      ` ${id} `,
+      encodeURIComponent(id).replace('_', '%5F'), // internal id
     ];
     for (const ref of refs) {
       const r = await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref });
-      expect({ ref, r }).toEqual({ ref, r: { kbId: id, name: 'research', state: 'active', authVersion: 1, role: 'writer' } });
+      expect({ ref, r }).toEqual({
+        ref,
+        r: { kbId: id, name: 'research', state: 'active', authVersion: 1, role: 'writer' },
+      });
     }
     // The raw answer: 200 with the version as an ETag.
     const r = await resolveRaw('acme', 'bob', 'research-notes');
@@ -187,7 +229,18 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     expect(canonicalRef('research%252D')).toBe('research%2d');
 
     const before = rows(kb.db, 'kb_id = ?', id);
-    const writes = await Promise.all(refs.map((ref) => kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: 1, key: key(), deadlineAt: soon(), note: note(ref) })));
+    const writes = await Promise.all(
+      refs.map((ref) =>
+        kb.client.writeNote({
+          tenant: 'acme',
+          actor: 'alice',
+          ifMatch: 1,
+          key: key(),
+          deadlineAt: soon(),
+          note: note(ref),
+        }),
+      ),
+    );
     for (const w of writes) expect(w).toMatchObject({ kb: 'research', kbId: id, created: true });
     expect(rows(kb.db, 'kb_id = ?', id)).toBe(before + refs.length);
   });
@@ -196,14 +249,27 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     const missing = await resolveRaw('acme', 'alice', 'no-such-kb');
     expect(missing).toEqual({
       status: 404,
-      headers: { 'content-type': 'application/json; charset=utf-8', 'content-length': '21', 'cache-control': 'no-store' },
+      headers: {
+        'content-type': 'application/json; charset=utf-8',
+        'content-length': '21',
+        'cache-control': 'no-store',
+      },
       text: '{"error":"not_found"}',
       json: { error: 'not_found' },
     });
     const refs = [
-      'secret', 'Secret-Notes', ids['globex/secret']!, ids['globex/secret']!.toUpperCase(), // globex's
-      'legacy', 'Old-Stuff', ids['acme/legacy']!, // acme's own, soft-deleted
-      `kb_${randomUUID()}`, '%ZZ', 'research%252D', '', ' ', // guessed, invalid encoding, double-encoded, empty
+      'secret',
+      'Secret-Notes',
+      ids['globex/secret']!,
+      ids['globex/secret']!.toUpperCase(), // globex's
+      'legacy',
+      'Old-Stuff',
+      ids['acme/legacy']!, // acme's own, soft-deleted
+      `kb_${randomUUID()}`,
+      '%ZZ',
+      'research%252D',
+      '',
+      ' ', // guessed, invalid encoding, double-encoded, empty
     ];
     for (const ref of refs) expect({ ref, r: await resolveRaw('acme', 'alice', ref) }).toEqual({ ref, r: missing });
     // globex has its own "research", but acme's id is not globex's, whatever its actor's name.
@@ -215,7 +281,8 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     const write404 = await post('acme', 'alice', '1', note('no-such-kb'));
     expect(write404).toEqual({ ...missing, headers: write404.headers });
     for (const ref of refs.filter((r) => r !== '')) {
-      for (const ifMatch of ['1', '2']) expect({ ref, r: await post('acme', 'alice', ifMatch, note(ref)) }).toEqual({ ref, r: write404 });
+      for (const ifMatch of ['1', '2'])
+        expect({ ref, r: await post('acme', 'alice', ifMatch, note(ref)) }).toEqual({ ref, r: write404 });
     }
     expect(await post('globex', 'gina', '1', note(ids['acme/research']!))).toEqual(write404);
     expect(await post('globex', 'bob', '1', note(ids['acme/readonly']!))).toEqual(write404); // bob is no one at globex
@@ -227,14 +294,35 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     const before = rows(kb.db, 'kb_id = ?', id);
     const forbidden = await post('acme', 'bob', '1', note('research'));
     expect(forbidden).toMatchObject({ status: 403, text: '{"error":"forbidden"}' });
-    expect(await post('acme', 'nobody', '1', note('research'))).toMatchObject({ status: 403, text: '{"error":"forbidden"}' });
-    await expect(kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: 1, key: key(), deadlineAt: soon(), note: note('readonly') })).rejects.toMatchObject({
+    expect(await post('acme', 'nobody', '1', note('research'))).toMatchObject({
+      status: 403,
+      text: '{"error":"forbidden"}',
+    });
+    await expect(
+      kb.client.writeNote({
+        tenant: 'acme',
+        actor: 'alice',
+        ifMatch: 1,
+        key: key(),
+        deadlineAt: soon(),
+        note: note('readonly'),
+      }),
+    ).rejects.toMatchObject({
       name: 'KbError',
       status: 403,
       errorClass: 'forbidden',
     });
     // An admin writes.
-    expect(await kb.client.writeNote({ tenant: 'acme', actor: 'root', ifMatch: 1, key: key(), deadlineAt: soon(), note: note('research') })).toMatchObject({ created: true });
+    expect(
+      await kb.client.writeNote({
+        tenant: 'acme',
+        actor: 'root',
+        ifMatch: 1,
+        key: key(),
+        deadlineAt: soon(),
+        note: note('research'),
+      }),
+    ).toMatchObject({ created: true });
     expect(rows(kb.db, 'kb_id = ?', id)).toBe(before + 1);
   });
 
@@ -246,17 +334,37 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     expect(revoked).toMatchObject({ changed: true, authVersion: seen.authVersion + 1, members: [] });
     const before = rows(kb.db, 'kb_id = ?', id);
     const k1 = key();
-    const err = await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: seen.authVersion, key: k1, deadlineAt: soon(), note: note('archive') }).catch((e: unknown) => e);
+    const err = await kb.client
+      .writeNote({
+        tenant: 'acme',
+        actor: 'alice',
+        ifMatch: seen.authVersion,
+        key: k1,
+        deadlineAt: soon(),
+        note: note('archive'),
+      })
+      .catch((e: unknown) => e);
     expect(err).toBeInstanceOf(KbError);
     expect(err).toMatchObject({ status: 412, errorClass: 'version_conflict' });
-    expect((await post('acme', 'alice', String(seen.authVersion), note('archive'))).text).toBe('{"error":"version_conflict"}');
+    expect((await post('acme', 'alice', String(seen.authVersion), note('archive'))).text).toBe(
+      '{"error":"version_conflict"}',
+    );
     expect(rows(kb.db, 'kb_id = ?', id)).toBe(before);
     expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toMatchObject({ found: false });
 
     // Re-checked with the new version: the role is gone.
     const now = await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'archive' });
     expect(now).toMatchObject({ role: null, authVersion: seen.authVersion + 1 });
-    await expect(kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: now.authVersion, key: key(), deadlineAt: soon(), note: note('archive') })).rejects.toMatchObject({
+    await expect(
+      kb.client.writeNote({
+        tenant: 'acme',
+        actor: 'alice',
+        ifMatch: now.authVersion,
+        key: key(),
+        deadlineAt: soon(),
+        note: note('archive'),
+      }),
+    ).rejects.toMatchObject({
       status: 403,
       errorClass: 'forbidden',
     });
@@ -265,7 +373,16 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     // Granted again: another version, and the write goes through under it.
     const granted = await kb.admin.setMember(id, { tenant: 'acme', actor: 'alice', role: 'writer' });
     expect(granted.authVersion).toBe(now.authVersion + 1);
-    expect(await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: granted.authVersion, key: key(), deadlineAt: soon(), note: note('archive') })).toMatchObject({
+    expect(
+      await kb.client.writeNote({
+        tenant: 'acme',
+        actor: 'alice',
+        ifMatch: granted.authVersion,
+        key: key(),
+        deadlineAt: soon(),
+        note: note('archive'),
+      }),
+    ).toMatchObject({
       created: true,
       kbId: id,
     });
@@ -296,34 +413,81 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
   it('FM-08: a frozen knowledge base refuses writes and deletes with 409 frozen (whatever the version), nothing written; unfrozen it writes again', async () => {
     const id = ids['acme/icebox']!;
     const v0 = await version('acme', 'icebox');
-    const w = await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: v0, key: key(), deadlineAt: soon(), note: note('icebox') });
+    const w = await kb.client.writeNote({
+      tenant: 'acme',
+      actor: 'alice',
+      ifMatch: v0,
+      key: key(),
+      deadlineAt: soon(),
+      note: note('icebox'),
+    });
     const frozen = await kb.admin.setState(id, 'frozen');
     expect(frozen).toMatchObject({ state: 'frozen', authVersion: v0 + 1, changed: true });
-    expect(await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'icebox' })).toMatchObject({ state: 'frozen', authVersion: v0 + 1, role: 'writer' });
+    expect(await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'icebox' })).toMatchObject({
+      state: 'frozen',
+      authVersion: v0 + 1,
+      role: 'writer',
+    });
     const before = rows(kb.db, 'kb_id = ?', id);
     for (const ifMatch of [v0, v0 + 1]) {
       const r = await post('acme', 'alice', String(ifMatch), note('icebox'));
       expect(r).toMatchObject({ status: 409, text: '{"error":"frozen"}' });
     }
-    await expect(kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: v0 + 1, key: key(), deadlineAt: soon(), note: note('icebox') })).rejects.toMatchObject({
+    await expect(
+      kb.client.writeNote({
+        tenant: 'acme',
+        actor: 'alice',
+        ifMatch: v0 + 1,
+        key: key(),
+        deadlineAt: soon(),
+        note: note('icebox'),
+      }),
+    ).rejects.toMatchObject({
       status: 409,
       errorClass: 'frozen',
     });
-    await expect(kb.client.deleteNote({ tenant: 'acme', actor: 'alice', ifMatch: v0 + 1, key: key(), id: w.id })).rejects.toMatchObject({ status: 409, errorClass: 'frozen' });
+    await expect(
+      kb.client.deleteNote({ tenant: 'acme', actor: 'alice', ifMatch: v0 + 1, key: key(), id: w.id }),
+    ).rejects.toMatchObject({ status: 409, errorClass: 'frozen' });
     expect(rows(kb.db, 'kb_id = ? AND deleted_at IS NULL', id)).toBe(before);
     const thawed = await kb.admin.setState(id, 'active');
     expect(thawed.authVersion).toBe(v0 + 2);
-    await expect(kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: v0 + 1, key: key(), deadlineAt: soon(), note: note('icebox') })).rejects.toMatchObject({
+    await expect(
+      kb.client.writeNote({
+        tenant: 'acme',
+        actor: 'alice',
+        ifMatch: v0 + 1,
+        key: key(),
+        deadlineAt: soon(),
+        note: note('icebox'),
+      }),
+    ).rejects.toMatchObject({
       status: 412,
     });
-    expect(await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: v0 + 2, key: key(), deadlineAt: soon(), note: note('icebox') })).toMatchObject({ created: true });
+    expect(
+      await kb.client.writeNote({
+        tenant: 'acme',
+        actor: 'alice',
+        ifMatch: v0 + 2,
+        key: key(),
+        deadlineAt: soon(),
+        note: note('icebox'),
+      }),
+    ).toMatchObject({ created: true });
     expect(rows(kb.db, 'kb_id = ?', id)).toBe(before + 1);
   });
 
   it('FM-08: after a transfer the old tenant gets the uniform 404 by name, alias and id; the new owner grants roles explicitly', async () => {
     const id = ids['acme/moving']!;
     const v0 = await version('acme', 'moving');
-    const mine = await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: v0, key: key(), deadlineAt: soon(), note: note('Moving-Box') });
+    const mine = await kb.client.writeNote({
+      tenant: 'acme',
+      actor: 'alice',
+      ifMatch: v0,
+      key: key(),
+      deadlineAt: soon(),
+      note: note('Moving-Box'),
+    });
     // A transfer to a tenant that already has the name is refused and changes nothing.
     const clash = await raw(`${kb.url}/v1/admin/kbs/${ids['globex/research']}/owner`, {
       method: 'POST',
@@ -334,26 +498,62 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     expect((await kb.admin.get(ids['globex/research']!)).authVersion).toBe(1);
 
     const moved = await kb.admin.transferOwner(id, 'globex');
-    expect(moved).toMatchObject({ tenant: 'globex', authVersion: v0 + 1, aliases: ['moving-box'], members: [], defaultRole: null, changed: true });
+    expect(moved).toMatchObject({
+      tenant: 'globex',
+      authVersion: v0 + 1,
+      aliases: ['moving-box'],
+      members: [],
+      defaultRole: null,
+      changed: true,
+    });
     const missing = await resolveRaw('acme', 'alice', 'no-such-kb');
     for (const ref of ['moving', 'Moving-Box', id]) expect(await resolveRaw('acme', 'alice', ref)).toEqual(missing);
     const before = rows(kb.db, 'kb_id = ?', id);
-    for (const ifMatch of [v0, v0 + 1]) expect((await post('acme', 'alice', String(ifMatch), note('moving'))).text).toBe('{"error":"not_found"}');
-    await expect(kb.client.deleteNote({ tenant: 'acme', actor: 'alice', ifMatch: v0 + 1, key: key(), id: mine.id })).rejects.toMatchObject({ status: 404, errorClass: 'not_found' });
+    for (const ifMatch of [v0, v0 + 1])
+      expect((await post('acme', 'alice', String(ifMatch), note('moving'))).text).toBe('{"error":"not_found"}');
+    await expect(
+      kb.client.deleteNote({ tenant: 'acme', actor: 'alice', ifMatch: v0 + 1, key: key(), id: mine.id }),
+    ).rejects.toMatchObject({ status: 404, errorClass: 'not_found' });
     expect(rows(kb.db, 'kb_id = ? AND deleted_at IS NULL', id)).toBe(before);
 
     // The new owner resolves it under the same name and alias, with no role until granted.
-    expect(await kb.client.resolve({ tenant: 'globex', actor: 'gina', ref: 'MOVING-BOX' })).toEqual({ kbId: id, name: 'moving', state: 'active', authVersion: v0 + 1, role: null });
+    expect(await kb.client.resolve({ tenant: 'globex', actor: 'gina', ref: 'MOVING-BOX' })).toEqual({
+      kbId: id,
+      name: 'moving',
+      state: 'active',
+      authVersion: v0 + 1,
+      role: null,
+    });
     const granted = await kb.admin.setMember(id, { tenant: 'globex', actor: 'gina', role: 'writer' });
-    expect(await kb.client.writeNote({ tenant: 'globex', actor: 'gina', ifMatch: granted.authVersion, key: key(), deadlineAt: soon(), note: note('moving') })).toMatchObject({ kbId: id });
+    expect(
+      await kb.client.writeNote({
+        tenant: 'globex',
+        actor: 'gina',
+        ifMatch: granted.authVersion,
+        key: key(),
+        deadlineAt: soon(),
+        note: note('moving'),
+      }),
+    ).toMatchObject({ kbId: id });
     // A member of another tenant is refused.
-    await expect(kb.admin.setMember(id, { tenant: 'acme', actor: 'alice', role: 'writer' })).rejects.toMatchObject({ status: 409, errorClass: 'conflict' });
+    await expect(kb.admin.setMember(id, { tenant: 'acme', actor: 'alice', role: 'writer' })).rejects.toMatchObject({
+      status: 409,
+      errorClass: 'conflict',
+    });
 
     // The stats the demo uses: rows acme wrote in a knowledge base whose owner is not acme.
     const perKb = await kb.client.rowsPerKb({ tenant: 'acme' });
-    expect(perKb.find((r) => r.kbId === id)).toEqual({ kbId: id, owner: 'globex', name: 'moving', state: 'active', rows: 1 });
+    expect(perKb.find((r) => r.kbId === id)).toEqual({
+      kbId: id,
+      owner: 'globex',
+      name: 'moving',
+      state: 'active',
+      rows: 1,
+    });
     expect(perKb.filter((r) => r.owner !== 'acme').reduce((s, r) => s + r.rows, 0)).toBe(1);
-    expect(await kb.client.rowsPerKb({ kbId: id })).toEqual([{ kbId: id, owner: 'globex', name: 'moving', state: 'active', rows: 2 }]);
+    expect(await kb.client.rowsPerKb({ kbId: id })).toEqual([
+      { kbId: id, owner: 'globex', name: 'moving', state: 'active', rows: 2 },
+    ]);
     expect(await kb.client.stats('globex')).toMatchObject({ rows: 1 });
   });
 
@@ -370,16 +570,30 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     expect(refused).toHaveLength(5);
     for (const r of refused) {
       expect(r.json).toEqual({ error: 'quota_exceeded', retryAfterMs: expect.any(Number) });
-      expect(Math.abs(r.json!.retryAfterMs - (nextMidnight - started))).toBeLessThan(30_000);
-      expect(r.headers['retry-after']).toBe(String(Math.max(1, Math.ceil(r.json!.retryAfterMs / 1000))));
+      expect(Math.abs(Number(r.json!.retryAfterMs) - (nextMidnight - started))).toBeLessThan(30_000);
+      expect(r.headers['retry-after']).toBe(String(Math.max(1, Math.ceil(Number(r.json!.retryAfterMs) / 1000))));
     }
     expect(rows(kb.db, 'kb_id = ?', id)).toBe(3);
     expect(await kb.admin.get(id)).toMatchObject({ quotaUsed: 3, quotaLimit: 3, authVersion: v });
     // Through the client: a typed error with retryAfterMs; a batch needs room for every item.
-    const err = await kb.client.writeNote({ tenant: 'tiny', actor: 'tess', ifMatch: v, key: key(), deadlineAt: soon(), note: note('inbox') }).catch((e: unknown) => e);
-    expect(err).toMatchObject({ name: 'KbError', status: 429, errorClass: 'quota_exceeded', retryAfterMs: expect.any(Number) });
+    const err = await kb.client
+      .writeNote({ tenant: 'tiny', actor: 'tess', ifMatch: v, key: key(), deadlineAt: soon(), note: note('inbox') })
+      .catch((e: unknown) => e);
+    expect(err).toMatchObject({
+      name: 'KbError',
+      status: 429,
+      errorClass: 'quota_exceeded',
+      retryAfterMs: expect.any(Number),
+    });
     await expect(
-      kb.client.writeBatch({ tenant: 'tiny', actor: 'tess', key: key(), deadlineAt: soon(), ifMatch: { [id]: v }, items: [note('inbox'), note('inbox')] }),
+      kb.client.writeBatch({
+        tenant: 'tiny',
+        actor: 'tess',
+        key: key(),
+        deadlineAt: soon(),
+        ifMatch: { [id]: v },
+        items: [note('inbox'), note('inbox')],
+      }),
     ).rejects.toMatchObject({ status: 429, errorClass: 'quota_exceeded', index: 0 });
     expect(rows(kb.db, 'kb_id = ?', id)).toBe(3);
     expect(authVersionInDb(kb.db, id)).toBe(v);
@@ -393,47 +607,110 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     const ifMatch = { [r]: vr, [a]: va };
     const total = rows(kb.db, '1');
     const batch = (items: KbNote[], over: Partial<{ actor: string; ifMatch: Record<string, number> }> = {}) =>
-      kb.client.writeBatch({ tenant: 'acme', actor: 'alice', key: key(), deadlineAt: soon(), ifMatch, items, ...over }).catch((e: unknown) => e);
+      kb.client
+        .writeBatch({ tenant: 'acme', actor: 'alice', key: key(), deadlineAt: soon(), ifMatch, items, ...over })
+        .catch((e: unknown) => e);
 
     // A foreign item (globex's id, guessed) in the middle: 404, its index, nothing written.
     const foreign = await batch([note('research'), note('archive'), note(ids['globex/secret']!), note('research')]);
-    expect(foreign).toMatchObject({ status: 404, errorClass: 'not_found', index: 2, issues: [{ path: ['items', 2], code: 'not_found' }] });
+    expect(foreign).toMatchObject({
+      status: 404,
+      errorClass: 'not_found',
+      index: 2,
+      issues: [{ path: ['items', 2], code: 'not_found' }],
+    });
     // The raw answer is the uniform not_found plus the item's index, nothing about whose it is.
     const rawForeign = await raw(`${kb.url}/v1/notes:batch`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', 'x-actor': 'alice', 'idempotency-key': key(), 'x-deadline': String(soon()), 'if-match': `${r}=${vr}` },
+      headers: {
+        'content-type': 'application/json',
+        'x-tenant': 'acme',
+        'x-actor': 'alice',
+        'idempotency-key': key(),
+        'x-deadline': String(soon()),
+        'if-match': `${r}=${vr}`,
+      },
       body: JSON.stringify({ items: [note('research'), note('secret')] }),
     });
     const rawMissing = await raw(`${kb.url}/v1/notes:batch`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', 'x-actor': 'alice', 'idempotency-key': key(), 'x-deadline': String(soon()), 'if-match': `${r}=${vr}` },
+      headers: {
+        'content-type': 'application/json',
+        'x-tenant': 'acme',
+        'x-actor': 'alice',
+        'idempotency-key': key(),
+        'x-deadline': String(soon()),
+        'if-match': `${r}=${vr}`,
+      },
       body: JSON.stringify({ items: [note('research'), note('nothing-here')] }),
     });
     expect(rawForeign).toEqual(rawMissing);
-    expect(rawForeign).toMatchObject({ status: 404, json: { error: 'not_found', issues: [{ path: ['items', 1], code: 'not_found' }] } });
+    expect(rawForeign).toMatchObject({
+      status: 404,
+      json: { error: 'not_found', issues: [{ path: ['items', 1], code: 'not_found' }] },
+    });
 
-    expect(await batch([note('research'), note('readonly')], { ifMatch: { ...ifMatch, [ids['acme/readonly']!]: 1 } })).toMatchObject({ status: 403, errorClass: 'forbidden', index: 1 });
-    expect(await batch([note('archive'), note('research')], { actor: 'bob' })).toMatchObject({ status: 403, errorClass: 'forbidden', index: 0 });
-    expect(await batch([note('research'), note('archive')], { ifMatch: { [r]: vr } })).toMatchObject({ status: 412, errorClass: 'version_conflict', index: 1 });
-    expect(await batch([note('research'), note('archive')], { ifMatch: { [r]: vr, [a]: va + 7 } })).toMatchObject({ status: 412, index: 1 });
+    expect(
+      await batch([note('research'), note('readonly')], { ifMatch: { ...ifMatch, [ids['acme/readonly']!]: 1 } }),
+    ).toMatchObject({ status: 403, errorClass: 'forbidden', index: 1 });
+    expect(await batch([note('archive'), note('research')], { actor: 'bob' })).toMatchObject({
+      status: 403,
+      errorClass: 'forbidden',
+      index: 0,
+    });
+    expect(await batch([note('research'), note('archive')], { ifMatch: { [r]: vr } })).toMatchObject({
+      status: 412,
+      errorClass: 'version_conflict',
+      index: 1,
+    });
+    expect(await batch([note('research'), note('archive')], { ifMatch: { [r]: vr, [a]: va + 7 } })).toMatchObject({
+      status: 412,
+      index: 1,
+    });
     await kb.admin.setState(ids['acme/icebox']!, 'frozen');
     const vi = (await kb.admin.get(ids['acme/icebox']!)).authVersion;
-    expect(await batch([note('research'), note('icebox')], { ifMatch: { ...ifMatch, [ids['acme/icebox']!]: vi } })).toMatchObject({ status: 409, errorClass: 'frozen', index: 1 });
+    expect(
+      await batch([note('research'), note('icebox')], { ifMatch: { ...ifMatch, [ids['acme/icebox']!]: vi } }),
+    ).toMatchObject({ status: 409, errorClass: 'frozen', index: 1 });
     await kb.admin.setState(ids['acme/icebox']!, 'active');
     expect(rows(kb.db, '1')).toBe(total);
 
     // An honest batch: every item stored under <key>#<i>, one transaction; the probe by the batch key finds it.
     const bk = key();
-    const ok = await kb.client.writeBatch({ tenant: 'acme', actor: 'alice', key: bk, deadlineAt: soon(), ifMatch, items: [note('research'), note('ARCHIVE'), note('research-notes')] });
+    const ok = await kb.client.writeBatch({
+      tenant: 'acme',
+      actor: 'alice',
+      key: bk,
+      deadlineAt: soon(),
+      ifMatch,
+      items: [note('research'), note('ARCHIVE'), note('research-notes')],
+    });
     expect(ok.created).toBe(true);
     expect(ok.items.map((i) => i.kbId)).toEqual([r, a, r]);
     expect(rows(kb.db, '1')).toBe(total + 3);
-    for (let i = 0; i < 3; i++) expect(rows(kb.db, 'downstream_key = ? AND id = ?', `${bk}#${i}`, ok.items[i]!.id)).toBe(1);
+    for (let i = 0; i < 3; i++)
+      expect(rows(kb.db, 'downstream_key = ? AND id = ?', `${bk}#${i}`, ok.items[i]!.id)).toBe(1);
     const probe = await kb.client.probe({ tenant: 'acme', key: bk });
-    expect(probe).toEqual({ found: true, id: ok.items[0]!.id, kb: 'research', createdAt: ok.items[0]!.createdAt, count: 1, items: ok.items.map(({ id, kb: name, createdAt }) => ({ id, kb: name, createdAt })) });
+    expect(probe).toEqual({
+      found: true,
+      id: ok.items[0]!.id,
+      kb: 'research',
+      createdAt: ok.items[0]!.createdAt,
+      count: 1,
+      items: ok.items.map(({ id, kb: name, createdAt }) => ({ id, kb: name, createdAt })),
+    });
     expect(await kb.client.probe({ tenant: 'globex', key: bk })).toMatchObject({ found: false });
     // Past the deadline: 409 and nothing.
-    await expect(kb.client.writeBatch({ tenant: 'acme', actor: 'alice', key: key(), deadlineAt: Date.now() - 1, ifMatch, items: [note('research')] })).rejects.toMatchObject({
+    await expect(
+      kb.client.writeBatch({
+        tenant: 'acme',
+        actor: 'alice',
+        key: key(),
+        deadlineAt: Date.now() - 1,
+        ifMatch,
+        items: [note('research')],
+      }),
+    ).rejects.toMatchObject({
       status: 409,
       errorClass: 'deadline_passed',
     });
@@ -445,16 +722,29 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     const send = (body: unknown, ifMatch: string) =>
       raw(`${kb.url}/v1/notes:batch`, {
         method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-tenant': 'acme', 'x-actor': 'alice', 'idempotency-key': key(), 'x-deadline': String(soon()), 'if-match': ifMatch },
+        headers: {
+          'content-type': 'application/json',
+          'x-tenant': 'acme',
+          'x-actor': 'alice',
+          'idempotency-key': key(),
+          'x-deadline': String(soon()),
+          'if-match': ifMatch,
+        },
         body: JSON.stringify(body),
       });
     const before = rows(kb.db, '1');
     const tooMany = await send({ items: Array.from({ length: 51 }, () => note('research')) }, `${r}=1`);
-    expect(tooMany).toMatchObject({ status: 400, json: { error: 'invalid_input', issues: [{ path: ['items'], code: 'too_big' }] } });
+    expect(tooMany).toMatchObject({
+      status: 400,
+      json: { error: 'invalid_input', issues: [{ path: ['items'], code: 'too_big' }] },
+    });
     const badItem = await send({ items: [note('research'), note('research', { title: '' })] }, `${r}=1`);
     expect(badItem).toMatchObject({ status: 400, json: { issues: [{ path: ['items', 1, 'title'] }] } });
     for (const bad of ['1', `${r}`, `${r}=x`, `${r}=1,${r}=2`, '{"a":1}']) {
-      expect(await send({ items: [note('research')] }, bad)).toMatchObject({ status: 400, json: { issues: [{ path: ['headers', 'if-match'] }] } });
+      expect(await send({ items: [note('research')] }, bad)).toMatchObject({
+        status: 400,
+        json: { issues: [{ path: ['headers', 'if-match'] }] },
+      });
     }
     const single = await post('acme', 'alice', 'W/"1"', note('research'));
     expect(single).toMatchObject({ status: 400, json: { issues: [{ path: ['headers', 'if-match'] }] } });
@@ -464,8 +754,16 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
 
   it('deletes are checked like writes: 404 to another tenant, 403 to a reader, 412 on a stale version, idempotent when allowed', async () => {
     const v = await version('acme', 'research');
-    const w = await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: v, key: key(), deadlineAt: soon(), note: note('research') });
-    const del = (tenant: string, actor: string, ifMatch: number) => kb.client.deleteNote({ tenant, actor, ifMatch, key: key(), id: w.id }).catch((e: unknown) => e);
+    const w = await kb.client.writeNote({
+      tenant: 'acme',
+      actor: 'alice',
+      ifMatch: v,
+      key: key(),
+      deadlineAt: soon(),
+      note: note('research'),
+    });
+    const del = (tenant: string, actor: string, ifMatch: number) =>
+      kb.client.deleteNote({ tenant, actor, ifMatch, key: key(), id: w.id }).catch((e: unknown) => e);
     expect(await del('globex', 'gina', v)).toMatchObject({ status: 404, errorClass: 'not_found' });
     expect(await del('acme', 'bob', v)).toMatchObject({ status: 403, errorClass: 'forbidden' });
     expect(await del('acme', 'alice', v + 1)).toMatchObject({ status: 412, errorClass: 'version_conflict' });
@@ -473,8 +771,14 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     expect(await del('acme', 'alice', v)).toEqual({ id: w.id, deleted: true });
     expect(await del('acme', 'alice', v)).toEqual({ id: w.id, deleted: true });
     expect(rows(kb.db, 'id = ? AND deleted_at IS NULL', w.id)).toBe(0);
-    const noActor = await raw(`${kb.url}/v1/notes/${w.id}`, { method: 'DELETE', headers: { 'x-tenant': 'acme', 'idempotency-key': key() } });
-    expect(noActor).toMatchObject({ status: 400, json: { issues: [{ path: ['headers', 'x-actor'] }, { path: ['headers', 'if-match'] }] } });
+    const noActor = await raw(`${kb.url}/v1/notes/${w.id}`, {
+      method: 'DELETE',
+      headers: { 'x-tenant': 'acme', 'idempotency-key': key() },
+    });
+    expect(noActor).toMatchObject({
+      status: 400,
+      json: { issues: [{ path: ['headers', 'x-actor'] }, { path: ['headers', 'if-match'] }] },
+    });
   });
 
   it('auth_version does not change on inserts, batches, deletes or quota counting, and changes by exactly one on each operator change', async () => {
@@ -482,8 +786,25 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     const v0 = authVersionInDb(kb.db, id);
     const quota0 = (await kb.admin.get(id)).quotaUsed;
     const ws = [];
-    for (let i = 0; i < 5; i++) ws.push(await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: v0, key: key(), deadlineAt: soon(), note: note('versions') }));
-    await kb.client.writeBatch({ tenant: 'acme', actor: 'alice', key: key(), deadlineAt: soon(), ifMatch: { [id]: v0 }, items: [note('versions'), note('versions')] });
+    for (let i = 0; i < 5; i++)
+      ws.push(
+        await kb.client.writeNote({
+          tenant: 'acme',
+          actor: 'alice',
+          ifMatch: v0,
+          key: key(),
+          deadlineAt: soon(),
+          note: note('versions'),
+        }),
+      );
+    await kb.client.writeBatch({
+      tenant: 'acme',
+      actor: 'alice',
+      key: key(),
+      deadlineAt: soon(),
+      ifMatch: { [id]: v0 },
+      items: [note('versions'), note('versions')],
+    });
     await kb.client.deleteNote({ tenant: 'acme', actor: 'alice', ifMatch: v0, key: key(), id: ws[0]!.id });
     expect(authVersionInDb(kb.db, id)).toBe(v0);
     expect((await kb.admin.get(id)).quotaUsed).toBe(quota0 + 7);
@@ -516,7 +837,10 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
     // A deleted knowledge base is gone for everyone, the operator can bring it back.
     const deleted = await kb.admin.setState(id, 'deleted');
     expect(deleted).toMatchObject({ changed: true, authVersion: ++expected, state: 'deleted' });
-    await expect(kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: id })).rejects.toMatchObject({ status: 404, errorClass: 'not_found' });
+    await expect(kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: id })).rejects.toMatchObject({
+      status: 404,
+      errorClass: 'not_found',
+    });
     const undeleted = await kb.admin.setState(id, 'active');
     expect(undeleted.authVersion).toBe(expected + 1);
   });
@@ -532,18 +856,30 @@ describe('kb-server as the system of record for authorisation (KB_DEDUP=off)', (
 
   it('operator endpoints need the bearer token; aliases are validated and unique per tenant; nothing secret is logged', async () => {
     const list = (headers: Record<string, string>) => raw(`${kb.url}/v1/admin/kbs`, { headers });
-    expect(await list({})).toMatchObject({ status: 401, json: { error: 'unauthorized' }, headers: { 'www-authenticate': 'Bearer' } });
+    expect(await list({})).toMatchObject({
+      status: 401,
+      json: { error: 'unauthorized' },
+      headers: { 'www-authenticate': 'Bearer' },
+    });
     expect(await list({ authorization: `Bearer ${TOKEN}x` })).toMatchObject({ status: 401 });
     expect(await list({ authorization: TOKEN })).toMatchObject({ status: 401 });
     expect(await list({ authorization: `Bearer ${TOKEN}` })).toMatchObject({ status: 200 });
     const id = ids['acme/research']!;
     await expect(kb.admin.addAlias(id, 'archive')).rejects.toMatchObject({ status: 409, errorClass: 'conflict' }); // another KB's name
     await expect(kb.admin.addAlias(id, 'old-stuff')).rejects.toMatchObject({ status: 409 }); // a deleted KB's alias
-    await expect(kb.admin.addAlias(id, 'kb_mine')).rejects.toMatchObject({ status: 400, errorClass: 'invalid_input', issues: [{ path: ['alias'] }] });
+    await expect(kb.admin.addAlias(id, 'kb_mine')).rejects.toMatchObject({
+      status: 400,
+      errorClass: 'invalid_input',
+      issues: [{ path: ['alias'] }],
+    });
     await expect(kb.admin.addAlias(id, '100%25')).rejects.toMatchObject({ status: 400 });
     // globex may use the alias acme uses: aliases are per tenant.
-    expect(await kb.admin.addAlias(ids['globex/research']!, 'Research-Notes')).toMatchObject({ aliases: ['research-notes'] });
-    expect((await kb.client.resolve({ tenant: 'globex', actor: 'gina', ref: 'research-notes' })).kbId).toBe(ids['globex/research']);
+    expect(await kb.admin.addAlias(ids['globex/research']!, 'Research-Notes')).toMatchObject({
+      aliases: ['research-notes'],
+    });
+    expect((await kb.client.resolve({ tenant: 'globex', actor: 'gina', ref: 'research-notes' })).kbId).toBe(
+      ids['globex/research'],
+    );
     expect((await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'research-notes' })).kbId).toBe(id);
     await expect(kb.admin.get(`kb_${randomUUID()}`)).rejects.toMatchObject({ status: 404 });
     expect(kb.proc.lines.some((l) => l.msg === 'knowledge base changed' && l.change === 'member')).toBe(true);
@@ -571,17 +907,44 @@ describe('kb-server with KB_DEDUP=on and no operator token', () => {
   it('a batch replayed under its key returns the stored batch (200) and stores nothing more', async () => {
     const res = await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'research' });
     const bk = key();
-    const args = { tenant: 'acme', actor: 'alice', key: bk, deadlineAt: soon(), ifMatch: { [res.kbId]: res.authVersion }, items: [note('research'), note('research')] };
+    const args = {
+      tenant: 'acme',
+      actor: 'alice',
+      key: bk,
+      deadlineAt: soon(),
+      ifMatch: { [res.kbId]: res.authVersion },
+      items: [note('research'), note('research')],
+    };
     const first = await kb.client.writeBatch(args);
     const again = await kb.client.writeBatch({ ...args, deadlineAt: Date.now() - 1 }); // dedup comes before the deadline
     expect(first.created).toBe(true);
     expect(again).toEqual({ ...first, created: false });
     expect(rows(kb.db, 'downstream_key LIKE ?', `${bk}#%`)).toBe(2);
-    expect(await kb.client.probe({ tenant: 'acme', key: bk })).toMatchObject({ found: true, count: 1, items: first.items.map(({ id }) => ({ id })) });
+    expect(await kb.client.probe({ tenant: 'acme', key: bk })).toMatchObject({
+      found: true,
+      count: 1,
+      items: first.items.map(({ id }) => ({ id })),
+    });
     // A single write replayed returns the stored note even with a stale version (dedup before the checks).
     const k1 = key();
-    const w = await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: res.authVersion, key: k1, deadlineAt: soon(), note: note('research') });
-    expect(await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: res.authVersion + 5, key: k1, deadlineAt: soon(), note: note('Research-Notes') })).toEqual({ ...w, created: false, kbNow: expect.any(Number) });
+    const w = await kb.client.writeNote({
+      tenant: 'acme',
+      actor: 'alice',
+      ifMatch: res.authVersion,
+      key: k1,
+      deadlineAt: soon(),
+      note: note('research'),
+    });
+    expect(
+      await kb.client.writeNote({
+        tenant: 'acme',
+        actor: 'alice',
+        ifMatch: res.authVersion + 5,
+        key: k1,
+        deadlineAt: soon(),
+        note: note('Research-Notes'),
+      }),
+    ).toEqual({ ...w, created: false, kbNow: expect.any(Number) });
   });
 });
 
@@ -599,19 +962,39 @@ describe('kb-server migration and seeding', () => {
       CREATE INDEX notes_tenant_key ON notes (tenant, downstream_key);`);
     const kbId = `kb_${randomUUID()}`;
     old.prepare('INSERT INTO knowledge_bases VALUES (?, ?, ?, ?)').run(kbId, 'acme', 'research', 1);
-    old.prepare(`INSERT INTO notes VALUES ('note_old', 'acme', ?, 'old-key', 't', 'sha256:00', 'https://example.org', '2024-01-01T00:00:00.000Z', NULL, 2, NULL)`).run(kbId);
+    old
+      .prepare(
+        `INSERT INTO notes VALUES ('note_old', 'acme', ?, 'old-key', 't', 'sha256:00', 'https://example.org', '2024-01-01T00:00:00.000Z', NULL, 2, NULL)`,
+      )
+      .run(kbId);
     old.close();
 
     for (let round = 0; round < 2; round++) {
       const kb = await startKb({ KB_DB: db, KB_SEED: 'acme:research,globex:research' });
       try {
-        expect(await kb.proc.waitForLog('store opened')).toMatchObject({ knowledgeBases: 2, created: round === 0 ? 1 : 0 });
-        expect(await kb.client.resolve({ tenant: 'acme', actor: 'anyone', ref: 'Research' })).toEqual({ kbId, name: 'research', state: 'active', authVersion: 1, role: 'writer' });
+        expect(await kb.proc.waitForLog('store opened')).toMatchObject({
+          knowledgeBases: 2,
+          created: round === 0 ? 1 : 0,
+        });
+        expect(await kb.client.resolve({ tenant: 'acme', actor: 'anyone', ref: 'Research' })).toEqual({
+          kbId,
+          name: 'research',
+          state: 'active',
+          authVersion: 1,
+          role: 'writer',
+        });
         // An old note has no input digest: the probe answers none, and recovery commits it as before.
         const old = await kb.client.probe({ tenant: 'acme', key: 'old-key' });
         expect(old).toMatchObject({ found: true, id: 'note_old', kb: 'research', count: 1 });
         expect(old).not.toHaveProperty('inputDigest');
-        const w = await kb.client.writeNote({ tenant: 'acme', actor: 'anyone', ifMatch: 1, key: key(), deadlineAt: soon(), note: note(kbId) });
+        const w = await kb.client.writeNote({
+          tenant: 'acme',
+          actor: 'anyone',
+          ifMatch: 1,
+          key: key(),
+          deadlineAt: soon(),
+          note: note(kbId),
+        });
         expect(w).toMatchObject({ created: true, kbId });
       } finally {
         await kb.client.close();
@@ -623,7 +1006,9 @@ describe('kb-server migration and seeding', () => {
       expect(conn.pragma('user_version', { simple: true })).toBe(3);
       const cols = (conn.prepare('PRAGMA table_info(knowledge_bases)').all() as { name: string }[]).map((c) => c.name);
       expect(cols).toEqual(['id', 'tenant', 'name', 'created_at', 'state', 'auth_version', 'default_role']);
-      expect((conn.prepare('PRAGMA table_info(notes)').all() as { name: string }[]).map((c) => c.name).at(-1)).toBe('input_digest');
+      expect((conn.prepare('PRAGMA table_info(notes)').all() as { name: string }[]).map((c) => c.name).at(-1)).toBe(
+        'input_digest',
+      );
       expect(conn.prepare(`SELECT input_digest AS d FROM notes WHERE id = 'note_old'`).get()).toEqual({ d: null });
       expect(conn.prepare('SELECT COUNT(*) AS c FROM notes').get()).toEqual({ c: 3 });
     } finally {
@@ -634,15 +1019,25 @@ describe('kb-server migration and seeding', () => {
   it('refuses a bad seed file, a taken alias and a short operator token with exit 2, listing the problems', async () => {
     const bad = spawnKb({
       KB_DB: freshDb(),
-      KB_SEED_FILE: writeSeed({ tenants: [{ id: 'ACME', quota: -1 }], knowledgeBases: [{ tenant: 'acme', name: 'x', members: [{ actor: 'a', role: 'owner' }] }], extra: 1 }),
+      KB_SEED_FILE: writeSeed({
+        tenants: [{ id: 'ACME', quota: -1 }],
+        knowledgeBases: [{ tenant: 'acme', name: 'x', members: [{ actor: 'a', role: 'owner' }] }],
+        extra: 1,
+      }),
     });
     expect(await bad.exited).toBe(2);
-    for (const s of ['tenants.0.id', 'tenants.0.quota', 'knowledgeBases.0.members.0.role', 'extra']) expect(bad.stderr).toContain(s);
+    for (const s of ['tenants.0.id', 'tenants.0.quota', 'knowledgeBases.0.members.0.role', 'extra'])
+      expect(bad.stderr).toContain(s);
     expect(bad.stderr).not.toMatch(/\n\s+at /);
 
     const taken = spawnKb({
       KB_DB: freshDb(),
-      KB_SEED_FILE: writeSeed({ knowledgeBases: [{ tenant: 'acme', name: 'a', aliases: ['Notes'] }, { tenant: 'acme', name: 'b', aliases: ['NOTES'] }] }),
+      KB_SEED_FILE: writeSeed({
+        knowledgeBases: [
+          { tenant: 'acme', name: 'a', aliases: ['Notes'] },
+          { tenant: 'acme', name: 'b', aliases: ['NOTES'] },
+        ],
+      }),
     });
     expect(await taken.exited).toBe(2);
     expect(taken.stderr).toContain('alias "NOTES" is taken');

@@ -21,7 +21,8 @@ afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 let n = 0;
 const freshDb = () => join(tmp, `db-${++n}`, 'nested', 'kb.sqlite');
 
-const spawnKb = (env: Record<string, string>, args: string[] = []): ServiceProcess => spawnKbProcess({ KB_SEED: SEED, ...env }, args);
+const spawnKb = (env: Record<string, string>, args: string[] = []): ServiceProcess =>
+  spawnKbProcess({ KB_SEED: SEED, ...env }, args);
 
 interface Kb {
   proc: ServiceProcess;
@@ -52,7 +53,12 @@ const key = () => `tx_test-${process.pid}-${++k}`;
 async function raw(url: string, init: RequestInit & { headers?: Record<string, string> } = {}) {
   const res = await fetch(url, init);
   const text = await res.text();
-  return { status: res.status, type: res.headers.get('content-type'), text, json: text ? (JSON.parse(text) as Record<string, any>) : undefined };
+  return {
+    status: res.status,
+    type: res.headers.get('content-type'),
+    text,
+    json: text ? (JSON.parse(text) as Record<string, unknown>) : undefined,
+  };
 }
 
 describe('kb-server with KB_DEDUP=on', () => {
@@ -81,11 +87,23 @@ describe('kb-server with KB_DEDUP=on', () => {
     expect(again).toEqual({ ...first, created: false, kbNow: expect.any(Number) });
 
     // The raw statuses: 201 for the insert, 200 for the replay.
-    const headers = { 'content-type': 'application/json', 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': k1, 'x-deadline': String(soon()) };
+    const headers = {
+      'content-type': 'application/json',
+      'x-tenant': 'acme',
+      ...AS_HEADERS,
+      'idempotency-key': k1,
+      'x-deadline': String(soon()),
+    };
     const replay = await raw(`${kb.url}/v1/notes`, { method: 'POST', headers, body: JSON.stringify(note()) });
     expect(replay).toMatchObject({ status: 200, json: { id: first.id, kb: 'research', createdAt: first.createdAt } });
 
-    expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toEqual({ found: true, id: first.id, kb: 'research', createdAt: first.createdAt, count: 1 });
+    expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toEqual({
+      found: true,
+      id: first.id,
+      kb: 'research',
+      createdAt: first.createdAt,
+      count: 1,
+    });
     const rows = new Database(kb.db, { readonly: true });
     try {
       expect(rows.prepare('SELECT COUNT(*) AS c FROM notes WHERE downstream_key = ?').get(k1)).toEqual({ c: 1 });
@@ -96,7 +114,11 @@ describe('kb-server with KB_DEDUP=on', () => {
 
   it('concurrent writes of one key make one row and one id', async () => {
     const k1 = key();
-    const all = await Promise.all(Array.from({ length: 20 }, () => kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() })));
+    const all = await Promise.all(
+      Array.from({ length: 20 }, () =>
+        kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() }),
+      ),
+    );
     expect(new Set(all.map((r) => r.id)).size).toBe(1);
     expect(all.filter((r) => r.created)).toHaveLength(1);
     expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toMatchObject({ found: true, count: 1 });
@@ -105,15 +127,28 @@ describe('kb-server with KB_DEDUP=on', () => {
   it('refuses a write past its deadline with 409 and stores nothing (enforcesDeadline)', async () => {
     const k1 = key();
     const before = await kb.client.stats('acme');
-    const err = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: Date.now() - 1, note: note() }).catch((e: unknown) => e);
+    const err = await kb.client
+      .writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: Date.now() - 1, note: note() })
+      .catch((e: unknown) => e);
     expect(err).toBeInstanceOf(KbError);
     expect(err).toMatchObject({ status: 409, errorClass: 'deadline_passed' });
     const r = await raw(`${kb.url}/v1/notes`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': k1, 'x-deadline': String(Date.now() - 1) },
+      headers: {
+        'content-type': 'application/json',
+        'x-tenant': 'acme',
+        ...AS_HEADERS,
+        'idempotency-key': k1,
+        'x-deadline': String(Date.now() - 1),
+      },
       body: JSON.stringify(note()),
     });
-    expect(r).toEqual({ status: 409, type: 'application/json; charset=utf-8', text: '{"error":"deadline_passed"}', json: { error: 'deadline_passed' } });
+    expect(r).toEqual({
+      status: 409,
+      type: 'application/json; charset=utf-8',
+      text: '{"error":"deadline_passed"}',
+      json: { error: 'deadline_passed' },
+    });
     expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toMatchObject({ found: false });
     expect(await kb.client.stats('acme')).toEqual(before);
   });
@@ -121,7 +156,13 @@ describe('kb-server with KB_DEDUP=on', () => {
   it('replays a stored key even after the deadline: dedup comes before the deadline check', async () => {
     const k1 = key();
     const first = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
-    const late = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: Date.now() - 60_000, note: note() });
+    const late = await kb.client.writeNote({
+      ...AS,
+      tenant: 'acme',
+      key: k1,
+      deadlineAt: Date.now() - 60_000,
+      note: note(),
+    });
     expect(late).toEqual({ ...first, created: false, kbNow: expect.any(Number) });
   });
 
@@ -129,16 +170,29 @@ describe('kb-server with KB_DEDUP=on', () => {
     const post = (tenant: string, kbName: string) =>
       raw(`${kb.url}/v1/notes`, {
         method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-tenant': tenant, ...AS_HEADERS, 'idempotency-key': key(), 'x-deadline': String(soon()) },
+        headers: {
+          'content-type': 'application/json',
+          'x-tenant': tenant,
+          ...AS_HEADERS,
+          'idempotency-key': key(),
+          'x-deadline': String(soon()),
+        },
         body: JSON.stringify(note({ kb: kbName })),
       });
     const foreign = await post('globex', 'archive'); // acme's
     const missing = await post('globex', 'nope');
     const unknownTenant = await post('initech', 'research');
-    expect(foreign).toEqual({ status: 404, type: 'application/json; charset=utf-8', text: '{"error":"not_found"}', json: { error: 'not_found' } });
+    expect(foreign).toEqual({
+      status: 404,
+      type: 'application/json; charset=utf-8',
+      text: '{"error":"not_found"}',
+      json: { error: 'not_found' },
+    });
     expect(missing).toEqual(foreign);
     expect(unknownTenant).toEqual(foreign);
-    await expect(kb.client.writeNote({ ...AS, tenant: 'globex', key: key(), deadlineAt: soon(), note: note({ kb: 'archive' }) })).rejects.toMatchObject({
+    await expect(
+      kb.client.writeNote({ ...AS, tenant: 'globex', key: key(), deadlineAt: soon(), note: note({ kb: 'archive' }) }),
+    ).rejects.toMatchObject({
       name: 'KbError',
       status: 404,
       errorClass: 'not_found',
@@ -155,7 +209,9 @@ describe('kb-server with KB_DEDUP=on', () => {
     const g = await kb.client.writeNote({ ...AS, tenant: 'globex', key: k1, deadlineAt: soon(), note: note() });
     expect(g.id).not.toBe(a.id);
     expect(g.created).toBe(true);
-    const probe = await raw(`${kb.url}/v1/notes/by-key/${encodeURIComponent('never-written')}`, { headers: { 'x-tenant': 'acme' } });
+    const probe = await raw(`${kb.url}/v1/notes/by-key/${encodeURIComponent('never-written')}`, {
+      headers: { 'x-tenant': 'acme' },
+    });
     expect(probe).toMatchObject({ status: 404, json: { error: 'not_found', found: false } });
   });
 
@@ -164,15 +220,30 @@ describe('kb-server with KB_DEDUP=on', () => {
     const r = await raw(`${kb.url}/v1/notes`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', 'idempotency-key': 'x'.repeat(101), 'x-deadline': 'tomorrow' },
-      body: JSON.stringify({ ...note({ title: '', sourceUrl: 'ftp://example.org/x', fetchedAt: 'yesterday' }), tenant: 'acme' }),
+      body: JSON.stringify({
+        ...note({ title: '', sourceUrl: 'ftp://example.org/x', fetchedAt: 'yesterday' }),
+        tenant: 'acme',
+      }),
     });
     expect(r.status).toBe(400);
     expect(r.json!.error).toBe('invalid_input');
     const paths = (r.json!.issues as { path: unknown[]; code: string; message: string }[]).map((i) => i.path.join('.'));
     expect(paths.sort()).toEqual(
-      ['', 'fetchedAt', 'headers.idempotency-key', 'headers.if-match', 'headers.x-actor', 'headers.x-deadline', 'headers.x-tenant', 'sourceUrl', 'title'].sort(),
+      [
+        '',
+        'fetchedAt',
+        'headers.idempotency-key',
+        'headers.if-match',
+        'headers.x-actor',
+        'headers.x-deadline',
+        'headers.x-tenant',
+        'sourceUrl',
+        'title',
+      ].sort(),
     );
-    const extra = (r.json!.issues as { path: unknown[]; code: string; message: string }[]).find((i) => i.path.length === 0)!;
+    const extra = (r.json!.issues as { path: unknown[]; code: string; message: string }[]).find(
+      (i) => i.path.length === 0,
+    )!;
     expect(extra.code).toBe('unrecognized_keys');
     for (const i of r.json!.issues as { code: unknown; message: unknown }[]) {
       expect(typeof i.code).toBe('string');
@@ -181,33 +252,64 @@ describe('kb-server with KB_DEDUP=on', () => {
     expect(r.text).not.toContain('Leader election'); // the body is never echoed
 
     // Through the client: a typed KbError with the issues.
-    const err = await kb.client.writeNote({ ...AS, tenant: 'acme', key: key(), deadlineAt: soon(), note: note({ publishAt: 'soon' }) }).catch((e: unknown) => e);
+    const err = await kb.client
+      .writeNote({ ...AS, tenant: 'acme', key: key(), deadlineAt: soon(), note: note({ publishAt: 'soon' }) })
+      .catch((e: unknown) => e);
     expect(err).toBeInstanceOf(KbError);
     expect(err).toMatchObject({ status: 400, errorClass: 'invalid_input', issues: [{ path: ['publishAt'] }] });
 
     const badTenant = await kb.client.probe({ tenant: 'ACME', key: 'k' }).catch((e: unknown) => e);
-    expect(badTenant).toMatchObject({ status: 400, errorClass: 'invalid_input', issues: [{ path: ['headers', 'x-tenant'] }] });
+    expect(badTenant).toMatchObject({
+      status: 400,
+      errorClass: 'invalid_input',
+      issues: [{ path: ['headers', 'x-tenant'] }],
+    });
 
     const notJson = await raw(`${kb.url}/v1/notes`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': key(), 'x-deadline': String(soon()) },
+      headers: {
+        'content-type': 'application/json',
+        'x-tenant': 'acme',
+        ...AS_HEADERS,
+        'idempotency-key': key(),
+        'x-deadline': String(soon()),
+      },
       body: '{"kb":',
     });
-    expect(notJson).toMatchObject({ status: 400, json: { error: 'invalid_input', issues: [{ path: [], code: 'invalid_json' }] } });
+    expect(notJson).toMatchObject({
+      status: 400,
+      json: { error: 'invalid_input', issues: [{ path: [], code: 'invalid_json' }] },
+    });
 
     const tooBig = await raw(`${kb.url}/v1/notes`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': key(), 'x-deadline': String(soon()) },
+      headers: {
+        'content-type': 'application/json',
+        'x-tenant': 'acme',
+        ...AS_HEADERS,
+        'idempotency-key': key(),
+        'x-deadline': String(soon()),
+      },
       body: JSON.stringify(note({ body: 'x'.repeat(2 * 1024 * 1024) })),
     });
     expect(tooBig).toMatchObject({ status: 400, json: { error: 'invalid_input', issues: [{ code: 'too_big' }] } });
     // Twenty at once, each still writing when the answer goes: every client reads its answer (the
     // server drains, within a bound, before it closes: closing at once reset 39 of 40 of them).
-    const many = await Promise.all(Array.from({ length: 20 }, () => raw(`${kb.url}/v1/notes`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': key(), 'x-deadline': String(soon()) },
-      body: JSON.stringify(note({ body: 'x'.repeat(3 * 1024 * 1024) })),
-    })));
+    const many = await Promise.all(
+      Array.from({ length: 20 }, () =>
+        raw(`${kb.url}/v1/notes`, {
+          method: 'POST',
+          headers: {
+            'content-type': 'application/json',
+            'x-tenant': 'acme',
+            ...AS_HEADERS,
+            'idempotency-key': key(),
+            'x-deadline': String(soon()),
+          },
+          body: JSON.stringify(note({ body: 'x'.repeat(3 * 1024 * 1024) })),
+        }),
+      ),
+    );
     expect(many.map((r) => r.status)).toEqual(many.map(() => 400));
 
     expect(await kb.client.stats()).toEqual(before);
@@ -217,22 +319,56 @@ describe('kb-server with KB_DEDUP=on', () => {
     const k1 = key();
     const w = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note() });
     const before = await kb.client.stats('acme');
-    await expect(kb.client.deleteNote({ ...AS, tenant: 'globex', key: key(), id: w.id })).rejects.toMatchObject({ status: 404, errorClass: 'not_found' });
-    await expect(kb.client.deleteNote({ ...AS, tenant: 'acme', key: key(), id: 'note_00000000-0000-0000-0000-000000000000' })).rejects.toMatchObject({ status: 404 });
+    await expect(kb.client.deleteNote({ ...AS, tenant: 'globex', key: key(), id: w.id })).rejects.toMatchObject({
+      status: 404,
+      errorClass: 'not_found',
+    });
+    await expect(
+      kb.client.deleteNote({ ...AS, tenant: 'acme', key: key(), id: 'note_00000000-0000-0000-0000-000000000000' }),
+    ).rejects.toMatchObject({ status: 404 });
     const dk = key();
-    expect(await kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: w.id })).toEqual({ id: w.id, deleted: true });
-    expect(await kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: w.id })).toEqual({ id: w.id, deleted: true });
+    expect(await kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: w.id })).toEqual({
+      id: w.id,
+      deleted: true,
+    });
+    expect(await kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: w.id })).toEqual({
+      id: w.id,
+      deleted: true,
+    });
     // The write under k1 happened: its probe still finds it, deleted, so recovery never writes it again.
-    expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toEqual({ found: true, id: w.id, kb: 'research', createdAt: w.createdAt, count: 1, deleted: true });
-    expect(await kb.client.stats('acme')).toEqual({ ...before, rows: before.rows - 1, distinctKeys: before.distinctKeys - 1 });
-    const noKey = await raw(`${kb.url}/v1/notes/${w.id}`, { method: 'DELETE', headers: { 'x-tenant': 'acme', ...AS_HEADERS } });
-    expect(noKey).toMatchObject({ status: 400, json: { error: 'invalid_input', issues: [{ path: ['headers', 'idempotency-key'] }] } });
+    expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toEqual({
+      found: true,
+      id: w.id,
+      kb: 'research',
+      createdAt: w.createdAt,
+      count: 1,
+      deleted: true,
+    });
+    expect(await kb.client.stats('acme')).toEqual({
+      ...before,
+      rows: before.rows - 1,
+      distinctKeys: before.distinctKeys - 1,
+    });
+    const noKey = await raw(`${kb.url}/v1/notes/${w.id}`, {
+      method: 'DELETE',
+      headers: { 'x-tenant': 'acme', ...AS_HEADERS },
+    });
+    expect(noKey).toMatchObject({
+      status: 400,
+      json: { error: 'invalid_input', issues: [{ path: ['headers', 'idempotency-key'] }] },
+    });
   });
 
   it('keeps only a digest of the body, and never logs it', async () => {
     const secret = `planted-body-${Date.now()}`;
     const k1 = key();
-    const w = await kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: soon(), note: note({ body: `ünïcode ${secret}`, publishAt: '2024-06-01T00:00:00Z' }) });
+    const w = await kb.client.writeNote({
+      ...AS,
+      tenant: 'acme',
+      key: k1,
+      deadlineAt: soon(),
+      note: note({ body: `ünïcode ${secret}`, publishAt: '2024-06-01T00:00:00Z' }),
+    });
     const db = new Database(kb.db, { readonly: true });
     try {
       const row = db.prepare('SELECT * FROM notes WHERE id = ?').get(w.id) as Record<string, unknown>;
@@ -240,7 +376,9 @@ describe('kb-server with KB_DEDUP=on', () => {
         tenant: 'acme',
         downstream_key: k1,
         title: 'Raft in one page',
-        body_digest: `sha256:${createHash('sha256').update(Buffer.from(`ünïcode ${secret}`, 'utf8')).digest('hex')}`,
+        body_digest: `sha256:${createHash('sha256')
+          .update(Buffer.from(`ünïcode ${secret}`, 'utf8'))
+          .digest('hex')}`,
         source_url: 'https://example.org/raft',
         fetched_at: '2024-05-01T08:00:00.000Z',
         publish_at: '2024-06-01T00:00:00.000Z',
@@ -250,13 +388,19 @@ describe('kb-server with KB_DEDUP=on', () => {
       expect(JSON.stringify(row)).not.toContain(secret);
       const cols = (db.prepare('PRAGMA table_info(notes)').all() as { name: string }[]).map((c) => c.name);
       expect(cols).not.toContain('body');
-      const idx = db.prepare("SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'notes' AND sql IS NOT NULL").all() as { sql: string }[];
-      expect(idx.map((i) => i.sql).join()).toMatch(/CREATE INDEX (IF NOT EXISTS )?notes_tenant_key ON notes \(tenant, downstream_key\)/);
+      const idx = db
+        .prepare("SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'notes' AND sql IS NOT NULL")
+        .all() as { sql: string }[];
+      expect(idx.map((i) => i.sql).join()).toMatch(
+        /CREATE INDEX (IF NOT EXISTS )?notes_tenant_key ON notes \(tenant, downstream_key\)/,
+      );
       expect(idx.map((i) => i.sql).join()).not.toMatch(/UNIQUE/i);
     } finally {
       db.close();
     }
-    expect(kb.proc.lines.some((l) => l.msg === 'request' && l.route === 'POST /v1/notes' && l.status === 201)).toBe(true);
+    expect(kb.proc.lines.some((l) => l.msg === 'request' && l.route === 'POST /v1/notes' && l.status === 201)).toBe(
+      true,
+    );
     expect(JSON.stringify(kb.proc.lines) + kb.proc.stderr).not.toContain(secret);
   });
 
@@ -281,7 +425,7 @@ describe('kb-server with KB_DEDUP=on', () => {
     }
   });
 
-  it('clock-skew: a probe\'s clock reading holds across a restart on a clock that went back — a request past that deadline is never stored', () => {
+  it("clock-skew: a probe's clock reading holds across a restart on a clock that went back — a request past that deadline is never stored", () => {
     const path = freshDb();
     let clock = 1_000_000;
     const open = () => new KbStore({ path, dedup: false, now: () => clock });
@@ -302,7 +446,12 @@ describe('kb-server with KB_DEDUP=on', () => {
       // It goes on from its stored reading at the monotonic clock's pace, never below it.
       expect(b.now()).toBeGreaterThanOrEqual(reading);
       expect(b.now()).toBeLessThan(reading + 60_000);
-      expect(b.writeNote({ ...ctx, deadlineAt: reading - 1 }, { kb: kbId, title: 't', body: 'b', sourceUrl: 'https://example.org/', fetchedAt: '2026-11-30T06:00:00Z' })).toEqual({ kind: 'deadline_passed' });
+      expect(
+        b.writeNote(
+          { ...ctx, deadlineAt: reading - 1 },
+          { kb: kbId, title: 't', body: 'b', sourceUrl: 'https://example.org/', fetchedAt: '2026-11-30T06:00:00Z' },
+        ),
+      ).toEqual({ kind: 'deadline_passed' });
       expect(b.probe('acme', 'tx_late')).toMatchObject({ found: false });
       // Once the machine's clock is past it again, it is read as it is.
       clock = 5_000_000;
@@ -314,7 +463,10 @@ describe('kb-server with KB_DEDUP=on', () => {
 
   it('unknown routes and methods are a uniform 404', async () => {
     expect(await raw(`${kb.url}/v1/nope`)).toMatchObject({ status: 404, text: '{"error":"not_found"}' });
-    expect(await raw(`${kb.url}/v1/notes`, { method: 'GET' })).toMatchObject({ status: 404, text: '{"error":"not_found"}' });
+    expect(await raw(`${kb.url}/v1/notes`, { method: 'GET' })).toMatchObject({
+      status: 404,
+      text: '{"error":"not_found"}',
+    });
   });
 });
 
@@ -340,12 +492,23 @@ describe('kb-server with KB_DEDUP=off', () => {
     expect(await kb.client.stats('globex')).toEqual({ rows: 1, distinctKeys: 1, duplicateRows: 0 });
     expect(await kb.client.stats()).toEqual({ rows: 3, distinctKeys: 2, duplicateRows: 1 });
     // The probe names the first row and counts both.
-    expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toEqual({ found: true, id: a.id, kb: 'research', createdAt: a.createdAt, count: 2 });
+    expect(await kb.client.probe({ tenant: 'acme', key: k1 })).toEqual({
+      found: true,
+      id: a.id,
+      kb: 'research',
+      createdAt: a.createdAt,
+      count: 2,
+    });
     // The deadline still holds with dedup off.
-    await expect(kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: Date.now() - 1, note: note() })).rejects.toMatchObject({ status: 409 });
+    await expect(
+      kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: Date.now() - 1, note: note() }),
+    ).rejects.toMatchObject({ status: 409 });
     expect(await kb.client.stats('acme')).toEqual({ rows: 2, distinctKeys: 1, duplicateRows: 1 });
     const badTenant = await raw(`${kb.url}/v1/stats?tenant=ACME`);
-    expect(badTenant).toMatchObject({ status: 400, json: { error: 'invalid_input', issues: [{ path: ['query', 'tenant'] }] } });
+    expect(badTenant).toMatchObject({
+      status: 400,
+      json: { error: 'invalid_input', issues: [{ path: ['query', 'tenant'] }] },
+    });
   });
 });
 
@@ -354,11 +517,27 @@ describe('kb-server process', () => {
     const p = spawnKb({}, ['--help']);
     expect(await p.exited).toBe(0);
     const out = JSON.stringify(p.lines);
-    for (const name of ['KB_PORT', 'KB_HOST', 'KB_DB', 'KB_DEDUP', 'KB_SEED', 'KB_SEED_FILE', 'KB_ADMIN_TOKEN_FILE', 'LOG_LEVEL']) expect(out).toContain(name);
+    for (const name of [
+      'KB_PORT',
+      'KB_HOST',
+      'KB_DB',
+      'KB_DEDUP',
+      'KB_SEED',
+      'KB_SEED_FILE',
+      'KB_ADMIN_TOKEN_FILE',
+      'LOG_LEVEL',
+    ])
+      expect(out).toContain(name);
   });
 
   it('refuses a bad configuration with exit 2, listing every problem', async () => {
-    const p = spawnKb({ KB_DB: freshDb(), KB_PORT: 'eighty', KB_DEDUP: 'maybe', KB_SEED: 'acme:research,broken', LOG_LEVEL: 'loud' });
+    const p = spawnKb({
+      KB_DB: freshDb(),
+      KB_PORT: 'eighty',
+      KB_DEDUP: 'maybe',
+      KB_SEED: 'acme:research,broken',
+      LOG_LEVEL: 'loud',
+    });
     expect(await p.exited).toBe(2);
     for (const name of ['KB_PORT', 'KB_DEDUP', 'KB_SEED', 'LOG_LEVEL']) expect(p.stderr).toContain(name);
     expect(p.stderr).not.toMatch(/\n\s+at /); // no stack
@@ -372,7 +551,14 @@ describe('kb-server process', () => {
     // An in-flight request: headers and half of the body sent, the rest after the signal.
     const req = request(`${kb.url}/v1/notes`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(payload), 'x-tenant': 'acme', ...AS_HEADERS, 'idempotency-key': k1, 'x-deadline': String(soon()) },
+      headers: {
+        'content-type': 'application/json',
+        'content-length': Buffer.byteLength(payload),
+        'x-tenant': 'acme',
+        ...AS_HEADERS,
+        'idempotency-key': k1,
+        'x-deadline': String(soon()),
+      },
     });
     const answer = new Promise<{ status: number; body: string }>((resolveAnswer, reject) => {
       req.on('response', (res) => {

@@ -29,7 +29,10 @@ beforeAll(async () => {
   writeFileSync(ADMIN_FILE, ADMIN_TOKEN, { mode: 0o600 });
   kb = await startKb(
     {
-      tenants: [{ id: 'acme', quota: 1_000 }, { id: 'globex', quota: 1_000 }],
+      tenants: [
+        { id: 'acme', quota: 1_000 },
+        { id: 'globex', quota: 1_000 },
+      ],
       knowledgeBases: [
         { tenant: 'acme', name: 'research', members: [{ actor: 'alice', role: 'writer' }] },
         { tenant: 'globex', name: 'research', defaultRole: 'writer' },
@@ -48,8 +51,15 @@ let n = 0;
 const key = () => `tx_token-${process.pid}-${++n}`;
 
 /** A raw request with `auth` as the whole `authorization` header (none when undefined). */
-async function raw(path: string, auth: string | undefined, init: { method?: string; headers?: Record<string, string>; body?: string } = {}) {
-  const res = await fetch(`${kb.url}${path}`, { ...init, headers: { ...init.headers, ...(auth === undefined ? {} : { authorization: auth }) } });
+async function raw(
+  path: string,
+  auth: string | undefined,
+  init: { method?: string; headers?: Record<string, string>; body?: string } = {},
+) {
+  const res = await fetch(`${kb.url}${path}`, {
+    ...init,
+    headers: { ...init.headers, ...(auth === undefined ? {} : { authorization: auth }) },
+  });
   return { status: res.status, text: await res.text(), authenticate: res.headers.get('www-authenticate') };
 }
 
@@ -76,14 +86,30 @@ describe('KB_SERVICE_TOKEN_FILE set: only the trusted side may call the KB', () 
   it('a write, a batch and a delete without the service token (or with another) answer 401 and write nothing', async () => {
     // One note written with the token: the delete below targets it.
     const mine = await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'research' });
-    const written = await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: mine.authVersion, key: key(), deadlineAt: soon(), note: note() });
+    const written = await kb.client.writeNote({
+      tenant: 'acme',
+      actor: 'alice',
+      ifMatch: mine.authVersion,
+      key: key(),
+      deadlineAt: soon(),
+      note: note(),
+    });
     const before = allRows();
     const refusedKeys: string[] = [];
     for (const [what, auth] of NOT_THE_SERVICE_TOKEN) {
       const k = key();
       refusedKeys.push(k);
-      const who = { 'content-type': 'application/json', 'x-tenant': 'acme', 'x-actor': 'alice', 'x-deadline': String(soon()) };
-      const write = await raw('/v1/notes', auth, { method: 'POST', headers: { ...who, 'idempotency-key': k, 'if-match': String(mine.authVersion) }, body: JSON.stringify(note()) });
+      const who = {
+        'content-type': 'application/json',
+        'x-tenant': 'acme',
+        'x-actor': 'alice',
+        'x-deadline': String(soon()),
+      };
+      const write = await raw('/v1/notes', auth, {
+        method: 'POST',
+        headers: { ...who, 'idempotency-key': k, 'if-match': String(mine.authVersion) },
+        body: JSON.stringify(note()),
+      });
       expect(write, what).toEqual({ ...UNAUTHORIZED, authenticate: 'Bearer' });
       const batch = await raw('/v1/notes:batch', auth, {
         method: 'POST',
@@ -91,7 +117,15 @@ describe('KB_SERVICE_TOKEN_FILE set: only the trusted side may call the KB', () 
         body: JSON.stringify({ items: [note(), note()] }),
       });
       expect(batch, what).toEqual({ ...UNAUTHORIZED, authenticate: 'Bearer' });
-      const del = await raw(`/v1/notes/${written.id}`, auth, { method: 'DELETE', headers: { 'x-tenant': 'acme', 'x-actor': 'alice', 'idempotency-key': key(), 'if-match': String(mine.authVersion) } });
+      const del = await raw(`/v1/notes/${written.id}`, auth, {
+        method: 'DELETE',
+        headers: {
+          'x-tenant': 'acme',
+          'x-actor': 'alice',
+          'idempotency-key': key(),
+          'if-match': String(mine.authVersion),
+        },
+      });
       expect(del, what).toEqual({ ...UNAUTHORIZED, authenticate: 'Bearer' });
     }
     // Nothing was written or deleted: the same rows, the note still there, none of the refused keys.
@@ -103,23 +137,57 @@ describe('KB_SERVICE_TOKEN_FILE set: only the trusted side may call the KB', () 
     const k = key();
     const ok = await raw('/v1/notes', `Bearer ${kb.serviceToken.token}`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-tenant': 'acme', 'x-actor': 'alice', 'x-deadline': String(soon()), 'idempotency-key': k, 'if-match': String(mine.authVersion) },
+      headers: {
+        'content-type': 'application/json',
+        'x-tenant': 'acme',
+        'x-actor': 'alice',
+        'x-deadline': String(soon()),
+        'idempotency-key': k,
+        'if-match': String(mine.authVersion),
+      },
       body: JSON.stringify(note()),
     });
     expect(ok.status).toBe(201);
     expect(allRows().map((r) => r.downstream_key)).toEqual([...before.map((r) => r.downstream_key), k]);
-    expect(await kb.client.deleteNote({ tenant: 'acme', actor: 'alice', ifMatch: mine.authVersion, key: key(), id: written.id })).toEqual({ id: written.id, deleted: true });
+    expect(
+      await kb.client.deleteNote({
+        tenant: 'acme',
+        actor: 'alice',
+        ifMatch: mine.authVersion,
+        key: key(),
+        id: written.id,
+      }),
+    ).toEqual({ id: written.id, deleted: true });
   });
 
   it('a probe, a resolve and stats without the service token answer 401 alike for what exists and what does not', async () => {
     const mine = await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'research' });
     const k = key();
-    await kb.client.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: mine.authVersion, key: k, deadlineAt: soon(), note: note() });
+    await kb.client.writeNote({
+      tenant: 'acme',
+      actor: 'alice',
+      ifMatch: mine.authVersion,
+      key: k,
+      deadlineAt: soon(),
+      note: note(),
+    });
     for (const [what, auth] of NOT_THE_SERVICE_TOKEN) {
       // The answer says nothing about the key, the knowledge base or the counts: byte-identical.
-      for (const path of [`/v1/notes/by-key/${k}`, `/v1/notes/by-key/${key()}`, '/v1/resolve?ref=research', '/v1/resolve?ref=nothing-here', '/v1/stats', '/v1/stats?tenant=acme', `/v1/stats?kb=${mine.kbId}`, '/v1/nowhere']) {
+      for (const path of [
+        `/v1/notes/by-key/${k}`,
+        `/v1/notes/by-key/${key()}`,
+        '/v1/resolve?ref=research',
+        '/v1/resolve?ref=nothing-here',
+        '/v1/stats',
+        '/v1/stats?tenant=acme',
+        `/v1/stats?kb=${mine.kbId}`,
+        '/v1/nowhere',
+      ]) {
         const headers = { 'x-tenant': 'acme', 'x-actor': 'alice' };
-        expect(await raw(path, auth, { headers }), `${what}: ${path}`).toEqual({ ...UNAUTHORIZED, authenticate: 'Bearer' });
+        expect(await raw(path, auth, { headers }), `${what}: ${path}`).toEqual({
+          ...UNAUTHORIZED,
+          authenticate: 'Bearer',
+        });
       }
     }
     // The typed client without the token: KbError 401 `unauthorized` for each.
@@ -127,11 +195,29 @@ describe('KB_SERVICE_TOKEN_FILE set: only the trusted side may call the KB', () 
     const wrong = new KbClient(kb.url, { serviceToken: randomBytes(32).toString('hex') });
     try {
       for (const c of [anonymous, wrong]) {
-        await expect(c.probe({ tenant: 'acme', key: k })).rejects.toMatchObject({ status: 401, errorClass: 'unauthorized' });
-        await expect(c.resolve({ tenant: 'acme', actor: 'alice', ref: 'research' })).rejects.toMatchObject({ status: 401, errorClass: 'unauthorized' });
+        await expect(c.probe({ tenant: 'acme', key: k })).rejects.toMatchObject({
+          status: 401,
+          errorClass: 'unauthorized',
+        });
+        await expect(c.resolve({ tenant: 'acme', actor: 'alice', ref: 'research' })).rejects.toMatchObject({
+          status: 401,
+          errorClass: 'unauthorized',
+        });
         await expect(c.stats()).rejects.toMatchObject({ status: 401, errorClass: 'unauthorized' });
-        await expect(c.rowsPerKb({ tenant: 'acme' })).rejects.toMatchObject({ status: 401, errorClass: 'unauthorized' });
-        await expect(c.writeNote({ tenant: 'acme', actor: 'alice', ifMatch: mine.authVersion, key: key(), deadlineAt: soon(), note: note() })).rejects.toMatchObject({ status: 401, errorClass: 'unauthorized' });
+        await expect(c.rowsPerKb({ tenant: 'acme' })).rejects.toMatchObject({
+          status: 401,
+          errorClass: 'unauthorized',
+        });
+        await expect(
+          c.writeNote({
+            tenant: 'acme',
+            actor: 'alice',
+            ifMatch: mine.authVersion,
+            key: key(),
+            deadlineAt: soon(),
+            note: note(),
+          }),
+        ).rejects.toMatchObject({ status: 401, errorClass: 'unauthorized' });
         expect(await c.healthy()).toBe(true); // the health check needs no token
       }
     } finally {
@@ -140,18 +226,28 @@ describe('KB_SERVICE_TOKEN_FILE set: only the trusted side may call the KB', () 
     }
     // With it: the probe finds the note, the resolver answers, stats count it.
     expect(await kb.client.probe({ tenant: 'acme', key: k })).toMatchObject({ found: true, count: 1 });
-    expect(await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'research' })).toMatchObject({ kbId: mine.kbId, role: 'writer' });
+    expect(await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'research' })).toMatchObject({
+      kbId: mine.kbId,
+      role: 'writer',
+    });
     expect((await kb.client.stats('acme')).rows).toBeGreaterThanOrEqual(1);
   });
 
   it('the operator endpoints take the operator token only, never the service token', async () => {
     for (const auth of [`Bearer ${kb.serviceToken.token}`, undefined]) {
       expect(await raw('/v1/admin/kbs', auth)).toEqual({ ...UNAUTHORIZED, authenticate: 'Bearer' });
-      const change = await raw('/v1/admin/kbs/kb_00000000-0000-0000-0000-000000000000/state', auth, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ state: 'frozen' }) });
+      const change = await raw('/v1/admin/kbs/kb_00000000-0000-0000-0000-000000000000/state', auth, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ state: 'frozen' }),
+      });
       expect(change).toEqual({ ...UNAUTHORIZED, authenticate: 'Bearer' });
     }
     // A client holding only the service token cannot act as the operator through `admin()` either.
-    await expect(kb.client.admin(kb.serviceToken.token).list()).rejects.toMatchObject({ status: 401, errorClass: 'unauthorized' });
+    await expect(kb.client.admin(kb.serviceToken.token).list()).rejects.toMatchObject({
+      status: 401,
+      errorClass: 'unauthorized',
+    });
     const views = await kb.client.admin(ADMIN_TOKEN).list('acme');
     expect(views.map((v) => v.name)).toEqual(['research']);
   });
@@ -204,18 +300,36 @@ describe('KB_SERVICE_TOKEN_FILE at start', () => {
 
   it('the KB refuses a token file others can read, a short token, a missing file, and the operator token as the service token', async () => {
     for (const c of badFiles()) {
-      await refused(spawnKbProcess({ KB_DB: join(dir, 'kb.sqlite'), KB_SERVICE_TOKEN_FILE: c.file }), c.file, c.says, c.token);
+      await refused(
+        spawnKbProcess({ KB_DB: join(dir, 'kb.sqlite'), KB_SERVICE_TOKEN_FILE: c.file }),
+        c.file,
+        c.says,
+        c.token,
+      );
     }
     // One token for both doors would let the trusted side act as the operator and vice versa.
     const same = join(dir, 'same.token');
     const token = randomBytes(32).toString('hex');
     writeFileSync(same, token, { mode: 0o600 });
-    await refused(spawnKbProcess({ KB_DB: join(dir, 'kb.sqlite'), KB_ADMIN_TOKEN_FILE: same, KB_SERVICE_TOKEN_FILE: same }), same, 'the service token must be another one', token);
+    await refused(
+      spawnKbProcess({ KB_DB: join(dir, 'kb.sqlite'), KB_ADMIN_TOKEN_FILE: same, KB_SERVICE_TOKEN_FILE: same }),
+      same,
+      'the service token must be another one',
+      token,
+    );
   });
 
-  it('the research tools module refuses the same files at the service\'s start, naming the setting', async () => {
+  it("the research tools module refuses the same files at the service's start, naming the setting", async () => {
     for (const c of badFiles()) {
-      const p = await startService('authorizer', { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_SERVICE_TOKEN_FILE: c.file }, { wait: false });
+      const p = await startService(
+        'authorizer',
+        {
+          NATS_URL: `nats://127.0.0.1:${closedPort}`,
+          TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
+          KB_SERVICE_TOKEN_FILE: c.file,
+        },
+        { wait: false },
+      );
       await refused(p, c.file, c.says, c.token);
     }
   });
@@ -225,11 +339,19 @@ describe('KB_SERVICE_TOKEN_FILE at start', () => {
     try {
       const line = await p.waitForLog('listening');
       const warnings = p.lines.filter((l) => l.level === 40);
-      expect(warnings).toEqual([expect.objectContaining({ setting: 'KB_SERVICE_TOKEN_FILE', msg: 'no service token: any caller that reaches this port is trusted with any tenant and actor (development only)' })]);
+      expect(warnings).toEqual([
+        expect.objectContaining({
+          setting: 'KB_SERVICE_TOKEN_FILE',
+          msg: 'no service token: any caller that reaches this port is trusted with any tenant and actor (development only)',
+        }),
+      ]);
       expect(p.lines.find((l) => l.msg === 'store opened')).toMatchObject({ serviceAuth: false });
       const c = new KbClient(`http://127.0.0.1:${Number(line.port)}`);
       try {
-        expect(await c.resolve({ tenant: 'acme', actor: 'anyone', ref: 'research' })).toMatchObject({ name: 'research', role: 'writer' });
+        expect(await c.resolve({ tenant: 'acme', actor: 'anyone', ref: 'research' })).toMatchObject({
+          name: 'research',
+          role: 'writer',
+        });
       } finally {
         await c.close();
       }

@@ -47,7 +47,9 @@ function importsOf(file: string): { packages: string[]; relative: string[] } {
   const text = readFileSync(file, 'utf8');
   const specs = [...text.matchAll(/(?:from|import)\s*\(?\s*'([^']+)'/g)].map((m) => m[1]!);
   return {
-    packages: [...new Set(specs.filter((s) => s.startsWith('@tooltx/')).map((s) => s.slice('@tooltx/'.length).split('/')[0]!))],
+    packages: [
+      ...new Set(specs.filter((s) => s.startsWith('@tooltx/')).map((s) => s.slice('@tooltx/'.length).split('/')[0]!)),
+    ],
     relative: specs.filter((s) => s.startsWith('.')),
   };
 }
@@ -61,7 +63,8 @@ describe('package layers', () => {
     const upward: string[] = [];
     for (const pkg of LIBS) {
       for (const f of sources(srcDir(pkg))) {
-        for (const p of importsOf(f).packages) if (p !== pkg && !MAY_IMPORT[pkg]!.includes(p)) upward.push(`${relative(ROOT, f)} imports @tooltx/${p}`);
+        for (const p of importsOf(f).packages)
+          if (p !== pkg && !MAY_IMPORT[pkg]!.includes(p)) upward.push(`${relative(ROOT, f)} imports @tooltx/${p}`);
       }
     }
     expect(upward).toEqual([]);
@@ -72,8 +75,10 @@ describe('package layers', () => {
     for (const s of SERVICES) {
       for (const f of sources(join(ROOT, 'services', s, 'src'))) {
         const { packages, relative: rel } = importsOf(f);
-        for (const p of packages) if (!ROLE_MAY_IMPORT.includes(p)) wrong.push(`${relative(ROOT, f)} imports @tooltx/${p}`);
-        for (const r of rel) if (r.startsWith('../')) wrong.push(`${relative(ROOT, f)} imports ${r} (outside its role)`);
+        for (const p of packages)
+          if (!ROLE_MAY_IMPORT.includes(p)) wrong.push(`${relative(ROOT, f)} imports @tooltx/${p}`);
+        for (const r of rel)
+          if (r.startsWith('../')) wrong.push(`${relative(ROOT, f)} imports ${r} (outside its role)`);
       }
     }
     expect(wrong).toEqual([]);
@@ -82,15 +87,17 @@ describe('package layers', () => {
   it('no library and no role reaches into another package by a relative path', () => {
     const wrong: string[] = [];
     for (const pkg of LIBS) {
-      for (const f of sources(srcDir(pkg))) for (const r of importsOf(f).relative) if (r.startsWith('../')) wrong.push(`${relative(ROOT, f)} imports ${r}`);
+      for (const f of sources(srcDir(pkg)))
+        for (const r of importsOf(f).relative) if (r.startsWith('../')) wrong.push(`${relative(ROOT, f)} imports ${r}`);
     }
     expect(wrong).toEqual([]);
   });
 
-  it('dev tooling is used only by tests, bench, scripts and the sample\'s entry points', () => {
+  it("dev tooling is used only by tests, bench, scripts and the sample's entry points", () => {
     const users: string[] = [];
     const product = [...LIBS.map(srcDir), ...SERVICES.map((s) => join(ROOT, 'services', s, 'src')), join(ROOT, 'bin')];
-    for (const d of product) for (const f of sources(d)) if (importsOf(f).packages.includes('dev')) users.push(relative(ROOT, f));
+    for (const d of product)
+      for (const f of sources(d)) if (importsOf(f).packages.includes('dev')) users.push(relative(ROOT, f));
     expect(users).toEqual([]);
   });
 

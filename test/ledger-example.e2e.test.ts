@@ -24,18 +24,36 @@ let env: Record<string, string>;
 let services: ServiceProcess[] = [];
 let alice: Tools;
 
-const pay = (taskId: string, amountCents = 12_500) => ({ tool: 'ledger.transfer', taskId, input: { from: 'ops', to: 'vendor', amountCents, memo: 'Invoice 17' } });
+const pay = (taskId: string, amountCents = 12_500) => ({
+  tool: 'ledger.transfer',
+  taskId,
+  input: { from: 'ops', to: 'vendor', amountCents, memo: 'Invoice 17' },
+});
 const keyOf = (taskId: string) => prepareCall(transfer.contract, taskId, pay(taskId).input).operationKey;
 /** The ledger's transfers made under the operation's downstream key. */
-const transfersOf = (operationKey: string) => ledger.transfers('acme').filter((x) => x.key === downstreamKeyOf('acme', operationKey));
+const transfersOf = (operationKey: string) =>
+  ledger.transfers('acme').filter((x) => x.key === downstreamKeyOf('acme', operationKey));
 
 beforeAll(async () => {
   t = await provisioned();
   ledger = await startLedger({ accounts: { acme: { ops: 1_000_000, vendor: 0 } } });
   proxy = await new HttpFaultProxy(ledger.url).start();
   env = { ...t.env, TOOLTX_TOOLS_MODULE: LEDGER_TOOLS, LEDGER_URL: proxy.url, TOOLTX_RECONCILE_INTERVAL_MS: '300' };
-  services = await Promise.all([startService('authorizer', env), startService('executor', env), startService('reconciler', env)]);
-  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: ledgerContracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 30_000 });
+  services = await Promise.all([
+    startService('authorizer', env),
+    startService('executor', env),
+    startService('reconciler', env),
+  ]);
+  alice = await createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts: ledgerContracts,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+    budgetMs: 30_000,
+  });
 });
 
 afterAll(async () => {
@@ -48,12 +66,21 @@ afterAll(async () => {
 });
 
 describe('the ledger example', () => {
-  it('a transfer commits with a receipt naming the ledger\'s transfer; the balance read sees it', async () => {
-    const before = await alice.execute<{ balanceCents: number }>({ tool: 'ledger.balance', taskId: 'pay-1-before', input: { account: 'OPS' } });
+  it("a transfer commits with a receipt naming the ledger's transfer; the balance read sees it", async () => {
+    const before = await alice.execute<{ balanceCents: number }>({
+      tool: 'ledger.balance',
+      taskId: 'pay-1-before',
+      input: { account: 'OPS' },
+    });
     const r = await alice.execute(pay('pay-1'));
-    const after = await alice.execute<{ balanceCents: number }>({ tool: 'ledger.balance', taskId: 'pay-1-after', input: { account: 'ops' } });
+    const after = await alice.execute<{ balanceCents: number }>({
+      tool: 'ledger.balance',
+      taskId: 'pay-1-after',
+      input: { account: 'ops' },
+    });
     expect(r.status).toBe('committed');
-    if (r.status !== 'committed' || before.status !== 'committed' || after.status !== 'committed') throw new Error(JSON.stringify({ r, before, after }));
+    if (r.status !== 'committed' || before.status !== 'committed' || after.status !== 'committed')
+      throw new Error(JSON.stringify({ r, before, after }));
     expect(alice.verify(r)).toEqual({ valid: true });
     expect(r.result).toEqual({});
     const made = transfersOf(r.operationKey);
@@ -104,7 +131,7 @@ describe('the ledger example', () => {
     expect(transfersOf(key)).toHaveLength(1);
   });
 
-  it('the example\'s agent script runs against it: committed, the same receipt twice, a changed amount refused', async () => {
+  it("the example's agent script runs against it: committed, the same receipt twice, a changed amount refused", async () => {
     const agent = runScript(join(ROOT, 'examples', 'ledger', 'agent.ts'), {
       NATS_URL: t.url,
       TOOLTX_PREFIX: t.subjects.prefix,
@@ -112,7 +139,14 @@ describe('the ledger example', () => {
       TOOLTX_RECEIPT_KEYS_FILE: t.auth.receiptKeysFile,
     });
     expect(await agent.exited, agent.stderr).toBe(0);
-    const out = agent.lines.find((l) => 'first' in l) as { taskId: string; before: { result: { balanceCents: number } }; after: { result: { balanceCents: number } }; first: { status: string; operationKey: string }; sameReceipt: boolean; changed: unknown };
+    const out = agent.lines.find((l) => 'first' in l) as {
+      taskId: string;
+      before: { result: { balanceCents: number } };
+      after: { result: { balanceCents: number } };
+      first: { status: string; operationKey: string };
+      sameReceipt: boolean;
+      changed: unknown;
+    };
     expect(out.first.status).toBe('committed');
     expect(out.sameReceipt).toBe(true);
     expect(out.changed).toMatchObject({ status: 'rejected', error: { class: 'idempotency_conflict' } });

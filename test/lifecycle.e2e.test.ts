@@ -38,12 +38,29 @@ interface RaceInstance {
   lines: Record<string, unknown>[];
 }
 
-const note = (over: Record<string, unknown> = {}) => ({ bucket: 'kb-main', title: 'Tide tables', body: 'High water 06:12.', at: '2026-11-30T06:00:00.000Z', ...over });
+const note = (over: Record<string, unknown> = {}) => ({
+  bucket: 'kb-main',
+  title: 'Tide tables',
+  body: 'High water 06:12.',
+  at: '2026-11-30T06:00:00.000Z',
+  ...over,
+});
 
 /** Publishes one intent as its own submission (random msg id) and returns the server-derived key. */
-async function submit(taskId: string, input: Record<string, unknown>, opts: { actor?: string; operationKey?: string | null; extra?: Record<string, unknown> } = {}) {
+async function submit(
+  taskId: string,
+  input: Record<string, unknown>,
+  opts: { actor?: string; operationKey?: string | null; extra?: Record<string, unknown> } = {},
+) {
   const key = prepareCall(sinkWrite, taskId, input).operationKey;
-  const envelope = { tool: 'sink.write', version: 1, taskId, input, ...(opts.operationKey === null ? {} : { operationKey: opts.operationKey ?? key }), ...opts.extra };
+  const envelope = {
+    tool: 'sink.write',
+    version: 1,
+    taskId,
+    input,
+    ...(opts.operationKey === null ? {} : { operationKey: opts.operationKey ?? key }),
+    ...opts.extra,
+  };
   const s = newSubmission(t.subjects, TENANT, opts.actor ?? 'alice', envelope as never);
   const ack = await publishSubmission(t.js, s);
   return { key, ack, submissionId: s.submissionId };
@@ -57,7 +74,11 @@ beforeAll(async () => {
   sink = await new Sink().start();
   // A second executor group: every accepted operation is offered to both, so they race for `running`.
   await t.jsm.consumers.add(t.subjects.eventsStream, {
-    durable_name: 'executor-b', filter_subject: t.subjects.allOps, ack_policy: AckPolicy.Explicit, deliver_policy: DeliverPolicy.All, ack_wait: nanos(30_000),
+    durable_name: 'executor-b',
+    filter_subject: t.subjects.allOps,
+    ack_policy: AckPolicy.Explicit,
+    deliver_policy: DeliverPolicy.All,
+    ack_wait: nanos(30_000),
   });
   env = { ...t.env, SINK_URL: sink.url };
   procs = await Promise.all([
@@ -66,7 +87,16 @@ beforeAll(async () => {
     startService('executor', { ...env, TOOLTX_INSTANCE_ID: EXECUTORS[0]! }),
     startService('executor', { ...env, TOOLTX_EXECUTOR_DURABLE: 'executor-b', TOOLTX_INSTANCE_ID: EXECUTORS[1]! }),
   ]);
-  const sdk = (actor: string) => createTools({ servers: t.url, tenant: TENANT, actor, nkeyFile: t.agentSeed(TENANT, actor), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+  const sdk = (actor: string) =>
+    createTools({
+      servers: t.url,
+      tenant: TENANT,
+      actor,
+      nkeyFile: t.agentSeed(TENANT, actor),
+      contracts,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+    });
   [alice, bob] = await Promise.all([sdk('alice'), sdk('bob')]);
 });
 
@@ -80,7 +110,9 @@ afterAll(async () => {
 });
 
 describe('one key, one execution', () => {
-  it('FM-01: the same intent submitted twice at the same moment gives one record, one sink request and one receipt', async ({ task }) => {
+  it('FM-01: the same intent submitted twice at the same moment gives one record, one sink request and one receipt', async ({
+    task,
+  }) => {
     const rounds: { key: string; a: string; b: string }[] = [];
     for (let i = 0; i < 10; i++) {
       const input = note({ title: `Race ${i}` });
@@ -95,7 +127,11 @@ describe('one key, one execution', () => {
       const events = await history(t, TENANT, key);
       expect(events.map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
       // The decisions are bound to the key: at intake and again at the execution instant.
-      expect(s.authorization?.intake).toMatchObject({ decision: 'allow', policyVersion: 'sink-policy@1', resources: [{ id: 'bucket:kb-main', version: 1 }] });
+      expect(s.authorization?.intake).toMatchObject({
+        decision: 'allow',
+        policyVersion: 'sink-policy@1',
+        resources: [{ id: 'bucket:kb-main', version: 1 }],
+      });
       expect(s.authorization?.execution).toMatchObject({ decision: 'allow', policyVersion: 'sink-policy@1' });
       expect(s.authorization!.execution!.at).toBeGreaterThanOrEqual(s.authorization!.intake!.at);
       const requests = sinkWritesFor(key).length;
@@ -103,13 +139,18 @@ describe('one key, one execution', () => {
       expect(requests).toBe(1);
       expect(s.receipt?.resourceId).toBe(sinkWritesFor(key)[0]!.answeredId);
       // Each submitter, asking about its own submission, ends with the same committed receipt and result.
-      const [fromA, fromB] = await Promise.all([alice.status({ operationKey: key, submissionIds: [a] }), bob.status({ operationKey: key, submissionIds: [b] })]);
+      const [fromA, fromB] = await Promise.all([
+        alice.status({ operationKey: key, submissionIds: [a] }),
+        bob.status({ operationKey: key, submissionIds: [b] }),
+      ]);
       expect(fromA).toMatchObject({ state: 'committed', source: 'operation' });
       expect(fromB).toMatchObject({ state: 'committed', source: 'operation' });
       expect(fromA.receipt).toEqual(s.receipt);
       expect(fromB.receipt).toEqual(fromA.receipt);
       expect(fromB.result).toEqual(fromA.result);
-      expect(alice.verify({ operationKey: key, receipt: fromA.receipt!, result: fromA.result })).toEqual({ valid: true });
+      expect(alice.verify({ operationKey: key, receipt: fromA.receipt!, result: fromA.result })).toEqual({
+        valid: true,
+      });
       expect(bob.verify({ operationKey: key, receipt: fromB.receipt!, result: fromB.result })).toEqual({ valid: true });
     }
     // Both executor groups were offered every accepted event and settled it: they raced, one ran.
@@ -121,7 +162,9 @@ describe('one key, one execution', () => {
     }
   });
 
-  it('FM-01: two SDK clients executing the same call at the same moment both return the identical committed receipt', async ({ task }) => {
+  it('FM-01: two SDK clients executing the same call at the same moment both return the identical committed receipt', async ({
+    task,
+  }) => {
     const call = { tool: 'sink.write', taskId: 'race-sdk', input: note({ title: 'Race through the SDK' }) };
     const [fromA, fromB] = await Promise.all([alice.execute(call), bob.execute(call)]);
     expect(fromA.status).toBe('committed');
@@ -129,7 +172,11 @@ describe('one key, one execution', () => {
     const requests = sinkWritesFor(fromA.operationKey!).length;
     figure(task, { name: 'sink requests per key', value: requests, duplicates: beyondOne(requests) });
     expect(requests).toBe(1);
-    expect((await history(t, TENANT, fromA.operationKey!)).map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
+    expect((await history(t, TENANT, fromA.operationKey!)).map((e) => e.type)).toEqual([
+      'accepted',
+      'running',
+      'committed',
+    ]);
   });
 
   it('FM-01: both submitters read the same receipt, and a later replay of the key returns it unchanged', async () => {
@@ -157,7 +204,11 @@ describe('one key, one execution', () => {
     const second = await submit('conflict', { ...input, priority: 'high' });
     expect(second.key).toBe(first.key);
     const d = await waitForDecision(t, TENANT, first.key, 'alice');
-    expect(d).toMatchObject({ outcome: 'rejected', error: { class: 'idempotency_conflict' }, submissionId: second.submissionId });
+    expect(d).toMatchObject({
+      outcome: 'rejected',
+      error: { class: 'idempotency_conflict' },
+      submissionId: second.submissionId,
+    });
     const after = (await t.store.load(TENANT, operationIdOf(first.key))).state;
     expect(after).toEqual(before);
     expect(await history(t, TENANT, first.key)).toHaveLength(3);
@@ -170,8 +221,8 @@ describe('one key, one execution', () => {
     await submit('mismatch', note({ title: 'Real' }), { operationKey: other });
     const d = await waitForDecision(t, TENANT, other, 'alice');
     expect(d.error).toMatchObject({ class: 'idempotency_conflict', issues: [{ path: ['operationKey'] }] });
-    expect((await history(t, TENANT, real))).toEqual([]);
-    expect((await history(t, TENANT, other))).toEqual([]);
+    expect(await history(t, TENANT, real)).toEqual([]);
+    expect(await history(t, TENANT, other)).toEqual([]);
   });
 
   it('refuses a per-attempt id offered as the key and registers nothing', async () => {
@@ -187,7 +238,10 @@ describe('one key, one execution', () => {
     const a = await submit('two-kb', note({ bucket: 'kb-a', title: 'Same body' }));
     const b = await submit('two-kb', note({ bucket: 'kb-b', title: 'Same body' }));
     expect(a.key).not.toBe(b.key);
-    const [sa, sb] = (await Promise.all([waitForOperation(t, TENANT, a.key, committed), waitForOperation(t, TENANT, b.key, committed)])) as OperationRecord[];
+    const [sa, sb] = (await Promise.all([
+      waitForOperation(t, TENANT, a.key, committed),
+      waitForOperation(t, TENANT, b.key, committed),
+    ])) as OperationRecord[];
     expect(sa!.receipt!.resourceId).not.toBe(sb!.receipt!.resourceId);
     expect(sinkWritesFor(a.key)).toHaveLength(1);
     expect(sinkWritesFor(b.key)).toHaveLength(1);
@@ -196,7 +250,12 @@ describe('one key, one execution', () => {
   it('FM-05: field order, whitespace and equivalent time forms sent through the authorizer give one key, one sink request, one receipt', async () => {
     const variants = [
       note({ title: 'Variant note', body: 'Line one\nLine two' }),
-      { at: '2026-11-30T08:00:00+02:00', body: 'Line one  \r\nLine two\r\n', title: '  Variant   note', bucket: 'KB-MAIN' },
+      {
+        at: '2026-11-30T08:00:00+02:00',
+        body: 'Line one  \r\nLine two\r\n',
+        title: '  Variant   note',
+        bucket: 'KB-MAIN',
+      },
       { title: 'Variant\tnote ', bucket: 'kb-main ', at: '2026-11-30T06:00:00Z', body: 'Line one\nLine two\n\n' },
     ];
     const subs = await Promise.all(variants.map((v) => submit('variants', v)));
@@ -213,7 +272,11 @@ describe('one key, one execution', () => {
     const input = note({ title: 'Blocked actor' });
     const { key } = await submit('blocked', input, { actor: 'blocked-bob' });
     const d = await waitForDecision(t, TENANT, key, 'blocked-bob');
-    expect(d).toMatchObject({ actor: 'blocked-bob', error: { class: 'forbidden' }, authorization: { decision: 'deny', reason: 'forbidden', policyVersion: 'sink-policy@1' } });
+    expect(d).toMatchObject({
+      actor: 'blocked-bob',
+      error: { class: 'forbidden' },
+      authorization: { decision: 'deny', reason: 'forbidden', policyVersion: 'sink-policy@1' },
+    });
     expect(await history(t, TENANT, key)).toEqual([]);
     // The same key from an allowed actor is then accepted normally.
     const again = await submit('blocked', input);
@@ -221,7 +284,7 @@ describe('one key, one execution', () => {
     expect(sinkWritesFor(key)).toHaveLength(1);
   });
 
-  it('status precedence: another actor\'s later request on the same key never hides an actor\'s own refusal (decision records per actor)', async () => {
+  it("status precedence: another actor's later request on the same key never hides an actor's own refusal (decision records per actor)", async () => {
     const input = note({ title: 'Hidden refusal' });
     const refused = await submit('hidden', input, { actor: 'blocked-bob' });
     await waitForDecision(t, TENANT, refused.key, 'blocked-bob');
@@ -230,8 +293,17 @@ describe('one key, one execution', () => {
     await waitForDecision(t, TENANT, refused.key, 'alice');
     const nc = await t.connectAs({ kind: 'agent', tenant: TENANT, actor: 'blocked-bob' });
     try {
-      const m = await nc.request(t.subjects.status(TENANT, 'blocked-bob'), encode({ operationKey: refused.key, submissionIds: [refused.submissionId] }), { timeout: 10_000 });
-      expect(decode(z.object({ state: z.string(), source: z.string(), error: z.object({ class: z.string() }) }).loose(), m.data)).toMatchObject({ state: 'rejected', source: 'decision', error: { class: 'forbidden' } });
+      const m = await nc.request(
+        t.subjects.status(TENANT, 'blocked-bob'),
+        encode({ operationKey: refused.key, submissionIds: [refused.submissionId] }),
+        { timeout: 10_000 },
+      );
+      expect(
+        decode(
+          z.object({ state: z.string(), source: z.string(), error: z.object({ class: z.string() }) }).loose(),
+          m.data,
+        ),
+      ).toMatchObject({ state: 'rejected', source: 'decision', error: { class: 'forbidden' } });
     } finally {
       await nc.close();
     }
@@ -259,7 +331,10 @@ describe('one key, one execution', () => {
       // Abandoned by the attempt's own deadline (a timeout, not a lost connection), and that
       // deadline was the contract's timeoutMs after the attempt started.
       expect(s.evidence).toMatchObject({ kind: 'timeout' });
-      const running = (await history(t, TENANT, key)).find((e) => e.type === 'running') as Extract<OperationEvent, { type: 'running' }>;
+      const running = (await history(t, TENANT, key)).find((e) => e.type === 'running') as Extract<
+        OperationEvent,
+        { type: 'running' }
+      >;
       expect(running.deadlineAt - running.at).toBe(sinkWrite.timing.timeoutMs);
       expect(s.error).toBeUndefined();
       expect(sinkWritesFor(key)).toHaveLength(1);
@@ -271,7 +346,17 @@ describe('one key, one execution', () => {
   it('a read that times out is rejected as dependency_unavailable, and the identical input starts a new attempt that commits', async () => {
     const input = { name: 'depth' };
     const key = prepareCall(sinkLookup, 'lookup', input).operationKey;
-    const send = () => publishSubmission(t.js, newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.lookup', version: 1, taskId: 'lookup', operationKey: key, input }));
+    const send = () =>
+      publishSubmission(
+        t.js,
+        newSubmission(t.subjects, TENANT, 'alice', {
+          tool: 'sink.lookup',
+          version: 1,
+          taskId: 'lookup',
+          operationKey: key,
+          input,
+        }),
+      );
     sink.hang = true;
     await send();
     const rejected = await waitForOperation(t, TENANT, key, (s) => s.status === 'rejected');
@@ -281,7 +366,14 @@ describe('one key, one execution', () => {
     const ok = (await waitForOperation(t, TENANT, key, committed)) as OperationRecord;
     expect(ok.attempt).toBe(2);
     expect(ok.receipt).toMatchObject({ attempt: 2, resourceId: 'value:depth' });
-    expect((await history(t, TENANT, key)).map((e) => e.type)).toEqual(['accepted', 'running', 'rejected', 'accepted', 'running', 'committed']);
+    expect((await history(t, TENANT, key)).map((e) => e.type)).toEqual([
+      'accepted',
+      'running',
+      'rejected',
+      'accepted',
+      'running',
+      'committed',
+    ]);
   });
 });
 
@@ -294,16 +386,28 @@ describe('two executors racing', () => {
     let authorizer: ServiceProcess | undefined;
     try {
       await r.jsm.consumers.add(r.subjects.eventsStream, {
-        durable_name: 'executor-b', filter_subject: r.subjects.allOps, ack_policy: AckPolicy.Explicit, deliver_policy: DeliverPolicy.All, ack_wait: nanos(30_000),
+        durable_name: 'executor-b',
+        filter_subject: r.subjects.allOps,
+        ack_policy: AckPolicy.Explicit,
+        deliver_policy: DeliverPolicy.All,
+        ack_wait: nanos(30_000),
       });
       authorizer = await startService('authorizer', { ...r.env, SINK_URL: sink.url }, { runtime: 'tsx' });
       const input = note({ title: 'Raced by two executors' });
       const key = prepareCall(sinkWrite, 'race-direct', input).operationKey;
-      await publishSubmission(r.js, newSubmission(r.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'race-direct', input }));
+      await publishSubmission(
+        r.js,
+        newSubmission(r.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'race-direct', input }),
+      );
       await waitForOperation(r, TENANT, key, (s) => s.status === 'accepted');
       const acceptedSeq = (await r.store.load(TENANT, operationIdOf(key))).seq;
 
-      const race = runScript(RACE_EXECUTORS, { ...r.env, SINK_URL: sink.url, TOOLTX_TOOLS_MODULE: SINK_TOOLS, RACE_INSTANCES: 'executor-a:executor,executor-b:executor-b' });
+      const race = runScript(RACE_EXECUTORS, {
+        ...r.env,
+        SINK_URL: sink.url,
+        TOOLTX_TOOLS_MODULE: SINK_TOOLS,
+        RACE_INSTANCES: 'executor-a:executor,executor-b:executor-b',
+      });
       expect(await race.exited, race.stderr).toBe(0);
       const out = race.lines.find((l) => Array.isArray(l.instances)) as { instances: RaceInstance[] } | undefined;
       expect(out, race.stderr).toBeDefined();
@@ -311,14 +415,20 @@ describe('two executors racing', () => {
       // Each got the accepted event on its first delivery…
       for (const x of instances) expect(x.delivered).toEqual({ seq: acceptedSeq, deliveryCount: 1 });
       // …and tried `running` under its sequence; the server stored exactly one and refused the other.
-      for (const x of instances) expect(x.tried.filter((a) => a.type === 'running')).toEqual([{ type: 'running', expectedSeq: acceptedSeq, outcome: expect.any(String) }]);
+      for (const x of instances)
+        expect(x.tried.filter((a) => a.type === 'running')).toEqual([
+          { type: 'running', expectedSeq: acceptedSeq, outcome: expect.any(String) },
+        ]);
       const winners = instances.filter((x) => x.tried.some((a) => a.type === 'running' && a.outcome === 'stored'));
       const losers = instances.filter((x) => x.tried.some((a) => a.type === 'running' && a.outcome === 'refused'));
       expect(winners).toHaveLength(1);
       expect(losers).toHaveLength(1);
       const [winner, loser] = [winners[0]!, losers[0]!];
       // Only the winner went on: it committed; the loser appended nothing more and executed nothing.
-      expect(winner.tried.map((a) => [a.type, a.outcome])).toEqual([['running', 'stored'], ['committed', 'stored']]);
+      expect(winner.tried.map((a) => [a.type, a.outcome])).toEqual([
+        ['running', 'stored'],
+        ['committed', 'stored'],
+      ]);
       expect(loser.tried.map((a) => [a.type, a.outcome])).toEqual([['running', 'refused']]);
       expect(winner.lines.filter((l) => l.msg === 'committed' && l.operationKey === key)).toHaveLength(1);
       expect(loser.lines.filter((l) => l.msg === 'committed')).toHaveLength(0);

@@ -8,23 +8,64 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { FAULT_MATRIX, GATES, rowIdsIn, rowPattern } from './matrix/fault-matrix.js';
-import { aggregateFigures, buildReport, computeGates, gridName, parseMatrixDoc, renderGates, renderSummary, renderTable, wrap, type FileOutcome, type TestOutcome } from './matrix/report.js';
+import {
+  aggregateFigures,
+  buildReport,
+  computeGates,
+  gridName,
+  parseMatrixDoc,
+  renderGates,
+  renderSummary,
+  renderTable,
+  wrap,
+  type FileOutcome,
+  type TestOutcome,
+} from './matrix/report.js';
 import { beyondOne, convergence, figure, rowsWhereRefused, takeoverFigure, type Figure } from './helpers/figures.js';
 
 const fm = (n: number) => `FM-${String(n).padStart(2, '0')}`;
 const ROOT = join(import.meta.dirname, '..');
 
-const passed = (names: string[], figures?: Figure[], file = 'test/a.e2e.test.ts'): TestOutcome => ({ project: 'main', file, names, state: 'passed', ...(figures ? { figures } : {}) });
-const failed = (names: string[], error: string, figures?: Figure[]): TestOutcome => ({ project: 'main', file: 'test/a.e2e.test.ts', names, state: 'failed', errors: [error], ...(figures ? { figures } : {}) });
-const file = (path: string, rows: string[], errors: string[] = [], grid?: string): FileOutcome => ({ project: grid ? 'matrix' : 'main', file: path, rows, errors, ...(grid ? { grid } : {}) });
+const passed = (names: string[], figures?: Figure[], file = 'test/a.e2e.test.ts'): TestOutcome => ({
+  project: 'main',
+  file,
+  names,
+  state: 'passed',
+  ...(figures ? { figures } : {}),
+});
+const failed = (names: string[], error: string, figures?: Figure[]): TestOutcome => ({
+  project: 'main',
+  file: 'test/a.e2e.test.ts',
+  names,
+  state: 'failed',
+  errors: [error],
+  ...(figures ? { figures } : {}),
+});
+const file = (path: string, rows: string[], errors: string[] = [], grid?: string): FileOutcome => ({
+  project: grid ? 'matrix' : 'main',
+  file: path,
+  rows,
+  errors,
+  ...(grid ? { grid } : {}),
+});
 
 /** Tests that report every gate once, all passing. */
 const gateReporters = (): TestOutcome[] => [
-  passed([`${fm(27)}: killed`, 'one row'], [{ name: 'kb rows for the key', value: 1, duplicates: 0, unknownTotal: 1, unknownConverged: 1 }]),
+  passed(
+    [`${fm(27)}: killed`, 'one row'],
+    [{ name: 'kb rows for the key', value: 1, duplicates: 0, unknownTotal: 1, unknownConverged: 1 }],
+  ),
   passed([`${fm(6)}: forged`, 'nothing written'], [rowsWhereRefused(0)]),
   passed([`${fm(16)}: canaries`, 'zero hits'], [{ name: 'canary hits', value: 0, leakedCanaries: 0 }]),
-  passed([`${fm(14)}: unknown past the deadline`, 'record'], [{ name: 'takeover record complete', value: true, takeoverTotal: 1, takeoverComplete: 1 }]),
-  passed(['tenant-flood: junk for 30 s'], [{ name: 'other tenants: p99 ratio', value: 1.5, floodsMeasured: 1, floodsWithin2x: 1 }], 'test/matrix/tenancy.matrix.test.ts'),
+  passed(
+    [`${fm(14)}: unknown past the deadline`, 'record'],
+    [{ name: 'takeover record complete', value: true, takeoverTotal: 1, takeoverComplete: 1 }],
+  ),
+  passed(
+    ['tenant-flood: junk for 30 s'],
+    [{ name: 'other tenants: p99 ratio', value: 1.5, floodsMeasured: 1, floodsWithin2x: 1 }],
+    'test/matrix/tenancy.matrix.test.ts',
+  ),
 ];
 
 describe('the fault-matrix data', () => {
@@ -47,7 +88,9 @@ describe('the fault-matrix data', () => {
 
   it('a row pattern selects the tests of the given rows only, and of every row without any', () => {
     const some = rowPattern([fm(27), fm(13)]);
-    expect([`${fm(27)}: killed`, `x ${fm(12)} / ${fm(13)}`, `${fm(2)}: cut`, `${fm(27)}0`].map((n) => some.test(n))).toEqual([true, true, false, false]);
+    expect(
+      [`${fm(27)}: killed`, `x ${fm(12)} / ${fm(13)}`, `${fm(2)}: cut`, `${fm(27)}0`].map((n) => some.test(n)),
+    ).toEqual([true, true, false, false]);
     expect(rowPattern().test(`a ${fm(5)} b`)).toBe(true);
     expect(rowPattern().test('one key, one execution')).toBe(false);
   });
@@ -66,28 +109,58 @@ describe('rows from test outcomes', () => {
       passed([`${fm(4)}: two buckets`, 'two keys']),
       passed([`${fm(4)}: two buckets`, 'two records']),
     ];
-    const report = buildReport({ tests, files: [file('test/a.e2e.test.ts', [fm(4), fm(6), fm(14), fm(16), fm(27)])], wallMs: 1_000 });
+    const report = buildReport({
+      tests,
+      files: [file('test/a.e2e.test.ts', [fm(4), fm(6), fm(14), fm(16), fm(27)])],
+      wallMs: 1_000,
+    });
     const row = (id: string) => report.rows.find((r) => r.id === id)!;
-    expect(row(fm(27))).toMatchObject({ status: 'pass', observed: 'kb rows for the key: 1 ×2', tests: { passed: 2, total: 2 } });
+    expect(row(fm(27))).toMatchObject({
+      status: 'pass',
+      observed: 'kb rows for the key: 1 ×2',
+      tests: { passed: 2, total: 2 },
+    });
     expect(row(fm(4))).toMatchObject({ status: 'pass', observed: '2/2 tests' });
-    for (const id of [fm(20), fm(21), fm(22)]) expect(row(id)).toMatchObject({ status: 'no test', observed: 'no test' });
+    for (const id of [fm(20), fm(21), fm(22)])
+      expect(row(id)).toMatchObject({ status: 'no test', observed: 'no test' });
     expect(report.rows).toHaveLength(32);
-    expect(report.summary).toMatchObject({ ok: true, rows: { pass: 5, fail: 0, noTest: 27 }, gates: { pass: 6, fail: 0 } });
+    expect(report.summary).toMatchObject({
+      ok: true,
+      rows: { pass: 5, fail: 0, noTest: 27 },
+      gates: { pass: 6, fail: 0 },
+    });
   });
 
   it('a failed test fails its rows with its first error; its figures still show', () => {
-    const tests = [...gateReporters(), failed([`${fm(12)} / ${fm(13)}: held`, 'unknown then committed'], 'expected 2 to be 1', [{ name: 'kb rows for the key', value: 2, duplicates: 1 }])];
+    const tests = [
+      ...gateReporters(),
+      failed([`${fm(12)} / ${fm(13)}: held`, 'unknown then committed'], 'expected 2 to be 1', [
+        { name: 'kb rows for the key', value: 2, duplicates: 1 },
+      ]),
+    ];
     const report = buildReport({ tests, files: [], wallMs: 1 });
     for (const id of [fm(12), fm(13)]) {
-      expect(report.rows.find((r) => r.id === id)).toMatchObject({ status: 'fail', observed: 'kb rows for the key: 2', failures: [{ test: `${fm(12)} / ${fm(13)}: held > unknown then committed`, error: 'expected 2 to be 1' }] });
+      expect(report.rows.find((r) => r.id === id)).toMatchObject({
+        status: 'fail',
+        observed: 'kb rows for the key: 2',
+        failures: [{ test: `${fm(12)} / ${fm(13)}: held > unknown then committed`, error: 'expected 2 to be 1' }],
+      });
     }
     expect(report.gates.find((g) => g.id === 'duplicates')).toMatchObject({ count: 1, status: 'fail' });
     expect(report.summary.ok).toBe(false);
   });
 
   it('a file that stopped outside its tests (a failed import or hook) fails every row its source names', () => {
-    const report = buildReport({ tests: gateReporters(), files: [file('test/b.e2e.test.ts', [fm(31)], ['Cannot find module'])], wallMs: 1 });
-    expect(report.rows.find((r) => r.id === fm(31))).toMatchObject({ status: 'fail', observed: 'did not run', failures: [{ test: 'test/b.e2e.test.ts', error: 'Cannot find module' }] });
+    const report = buildReport({
+      tests: gateReporters(),
+      files: [file('test/b.e2e.test.ts', [fm(31)], ['Cannot find module'])],
+      wallMs: 1,
+    });
+    expect(report.rows.find((r) => r.id === fm(31))).toMatchObject({
+      status: 'fail',
+      observed: 'did not run',
+      failures: [{ test: 'test/b.e2e.test.ts', error: 'Cannot find module' }],
+    });
     expect(report.summary.ok).toBe(false);
   });
 
@@ -102,30 +175,75 @@ describe('rows from test outcomes', () => {
     expect(report.rows.find((r) => r.id === fm(18))!.observed).toBe('distinct answers: 1');
     expect(report.rows.find((r) => r.id === fm(10))!.observed).toBe('1/1 tests');
     expect(report.rows.find((r) => r.id === fm(28))!.observed).toBe('latency: 80–120 ms over 2');
-    expect(aggregateFigures([{ name: 'final state', value: 'committed' }, { name: 'final state', value: 'unknown' }])).toBe('final state: committed, unknown');
+    expect(
+      aggregateFigures([
+        { name: 'final state', value: 'committed' },
+        { name: 'final state', value: 'unknown' },
+      ]),
+    ).toBe('final state: committed, unknown');
   });
 
   it('a grid test whose figure names a row counts for that row too, and its failure fails it', () => {
-    const cell = (state: TestOutcome['state']): TestOutcome => ({ project: 'matrix', file: 'test/matrix/clock-skew.matrix.test.ts', names: ['clock-skew grid', 'executor +2 s'], state, figures: [{ row: fm(12), name: 'kb rows / keys', value: '4/4', duplicates: 0 }] });
+    const cell = (state: TestOutcome['state']): TestOutcome => ({
+      project: 'matrix',
+      file: 'test/matrix/clock-skew.matrix.test.ts',
+      names: ['clock-skew grid', 'executor +2 s'],
+      state,
+      figures: [{ row: fm(12), name: 'kb rows / keys', value: '4/4', duplicates: 0 }],
+    });
     const files = [file('test/matrix/clock-skew.matrix.test.ts', [], [], 'clock-skew')];
-    const report = buildReport({ tests: [...gateReporters(), passed([`${fm(12)}: held`]), cell('passed')], files, wallMs: 1 });
-    expect(report.rows.find((r) => r.id === fm(12))).toMatchObject({ status: 'pass', observed: 'kb rows / keys: 4/4', tests: { total: 2 } });
+    const report = buildReport({
+      tests: [...gateReporters(), passed([`${fm(12)}: held`]), cell('passed')],
+      files,
+      wallMs: 1,
+    });
+    expect(report.rows.find((r) => r.id === fm(12))).toMatchObject({
+      status: 'pass',
+      observed: 'kb rows / keys: 4/4',
+      tests: { total: 2 },
+    });
     expect(report.grids[0]).toMatchObject({ id: 'clock-skew', observed: 'kb rows / keys: 4/4', status: 'pass' });
     const failing = buildReport({ tests: [...gateReporters(), cell('failed')], files, wallMs: 1 });
     expect(failing.rows.find((r) => r.id === fm(12))!.status).toBe('fail');
   });
 
   it('a grid is every test of its matrix file: its describe is the situation, its one test what must hold', () => {
-    const grid = passed(['npm start -- --cluster 3', 'comes up on three nodes'], undefined, 'test/matrix/start-cluster.matrix.test.ts');
-    const report = buildReport({ tests: [...gateReporters(), grid], files: [file(grid.file, [], [], 'start-cluster')], wallMs: 1 });
-    expect(report.grids).toEqual([expect.objectContaining({ id: 'start-cluster', kind: 'grid', situation: 'npm start -- --cluster 3', mustHold: 'comes up on three nodes', observed: '1/1 tests', status: 'pass' })]);
-    const broken = buildReport({ tests: [...gateReporters(), { ...grid, state: 'failed', errors: ['not up'] }], files: [file(grid.file, [], [], 'start-cluster')], wallMs: 1 });
+    const grid = passed(
+      ['npm start -- --cluster 3', 'comes up on three nodes'],
+      undefined,
+      'test/matrix/start-cluster.matrix.test.ts',
+    );
+    const report = buildReport({
+      tests: [...gateReporters(), grid],
+      files: [file(grid.file, [], [], 'start-cluster')],
+      wallMs: 1,
+    });
+    expect(report.grids).toEqual([
+      expect.objectContaining({
+        id: 'start-cluster',
+        kind: 'grid',
+        situation: 'npm start -- --cluster 3',
+        mustHold: 'comes up on three nodes',
+        observed: '1/1 tests',
+        status: 'pass',
+      }),
+    ]);
+    const broken = buildReport({
+      tests: [...gateReporters(), { ...grid, state: 'failed', errors: ['not up'] }],
+      files: [file(grid.file, [], [], 'start-cluster')],
+      wallMs: 1,
+    });
     expect(broken.grids[0]!.status).toBe('fail');
     expect(broken.summary.ok).toBe(false);
   });
 
   it('with a selection, only the selected rows and grids are reported, and a gate none of them measures is "not run" without failing', () => {
-    const report = buildReport({ tests: [passed([`${fm(4)}: two buckets`, 'two keys'])], files: [file('test/matrix/x.matrix.test.ts', [], [], 'x')], selection: { rows: [fm(4)], grids: [] }, wallMs: 1 });
+    const report = buildReport({
+      tests: [passed([`${fm(4)}: two buckets`, 'two keys'])],
+      files: [file('test/matrix/x.matrix.test.ts', [], [], 'x')],
+      selection: { rows: [fm(4)], grids: [] },
+      wallMs: 1,
+    });
     expect(report.rows.map((r) => r.id)).toEqual([fm(4)]);
     expect(report.grids).toEqual([]);
     expect(report.gates.map((g) => g.status)).toEqual(GATES.map(() => 'not run'));
@@ -148,20 +266,35 @@ describe('gates', () => {
 
   it('a gate no test reports is "not measured" and fails the run; so does a share gate whose tests saw nothing to count', () => {
     const tests = gateReporters().filter((t) => !t.names[0]!.startsWith(fm(16)));
-    tests[0] = passed(tests[0]!.names, [{ name: 'kb rows for the key', value: 1, duplicates: 0, ...convergence(['accepted', 'running', 'committed']) }]);
+    tests[0] = passed(tests[0]!.names, [
+      { name: 'kb rows for the key', value: 1, duplicates: 0, ...convergence(['accepted', 'running', 'committed']) },
+    ]);
     const report = buildReport({ tests, files: [], wallMs: 1 });
-    expect(report.gates.find((g) => g.id === 'canaries')).toMatchObject({ status: 'not measured', observed: 'no test reports it' });
-    expect(report.gates.find((g) => g.id === 'unknown')).toMatchObject({ status: 'not measured', observed: '0/0: none of 1 report saw one' });
+    expect(report.gates.find((g) => g.id === 'canaries')).toMatchObject({
+      status: 'not measured',
+      observed: 'no test reports it',
+    });
+    expect(report.gates.find((g) => g.id === 'unknown')).toMatchObject({
+      status: 'not measured',
+      observed: '0/0: none of 1 report saw one',
+    });
     expect(report.summary).toMatchObject({ ok: false, gates: { notMeasured: 2 } });
   });
 
   it('an unknown that never converged, an incomplete takeover record, a leaked canary, an unauthorised row and a flood past 2× each fail their gate', () => {
     const tests = [
-      passed([`${fm(12)}: held`], [{ name: 'final state', value: 'unknown', duplicates: 0, ...convergence(['accepted', 'running', 'unknown']) }]),
+      passed(
+        [`${fm(12)}: held`],
+        [{ name: 'final state', value: 'unknown', duplicates: 0, ...convergence(['accepted', 'running', 'unknown']) }],
+      ),
       passed([`${fm(14)}: record`], [takeoverFigure({ operationKey: 'x' })]),
       passed([`${fm(16)}: canaries`], [{ name: 'canary hits', value: 2, leakedCanaries: 2 }]),
       passed([`${fm(9)}: batch`], [rowsWhereRefused(1)]),
-      passed(['tenant-flood: junk for 30 s'], [{ name: 'other tenants: p99 ratio', value: 2.4, floodsMeasured: 1, floodsWithin2x: 0 }], 'test/matrix/tenancy.matrix.test.ts'),
+      passed(
+        ['tenant-flood: junk for 30 s'],
+        [{ name: 'other tenants: p99 ratio', value: 2.4, floodsMeasured: 1, floodsWithin2x: 0 }],
+        'test/matrix/tenancy.matrix.test.ts',
+      ),
     ];
     expect(computeGates(tests, false).map((g) => [g.id, g.status])).toEqual([
       ['duplicates', 'pass'],
@@ -175,20 +308,34 @@ describe('gates', () => {
 });
 
 describe('the figures helper', () => {
-  it('appends figures to the test\'s meta and returns the value; a gate count must be a non-negative integer', () => {
+  it("appends figures to the test's meta and returns the value; a gate count must be a non-negative integer", () => {
     const task = { meta: {} };
     expect(figure(task, { name: 'kb rows for the key', value: 1, duplicates: beyondOne(1) })).toBe(1);
     figure(task, { row: fm(27), name: 'final state', value: 'committed' });
-    expect(task.meta).toEqual({ figures: [{ name: 'kb rows for the key', value: 1, duplicates: 0 }, { row: fm(27), name: 'final state', value: 'committed' }] });
+    expect(task.meta).toEqual({
+      figures: [
+        { name: 'kb rows for the key', value: 1, duplicates: 0 },
+        { row: fm(27), name: 'final state', value: 'committed' },
+      ],
+    });
     expect(() => figure(task, { name: 'rows', value: 1, duplicates: -1 })).toThrow(/count/);
     expect(() => figure(task, { row: 'row 27', name: 'rows', value: 1 })).toThrow(/FM id/);
   });
 
   it('counts an operation as converged once it went unknown and then committed, was rejected or was handed over', () => {
     expect(convergence(['accepted', 'running', 'committed'])).toEqual({ unknownTotal: 0, unknownConverged: 0 });
-    expect(convergence(['accepted', 'running', 'unknown', 'requeued', 'running', 'committed'])).toEqual({ unknownTotal: 1, unknownConverged: 1 });
-    expect(convergence(['accepted', 'running', 'unknown', 'takeover'])).toEqual({ unknownTotal: 1, unknownConverged: 1 });
-    expect(convergence(['accepted', 'running', 'unknown', 'requeued'])).toEqual({ unknownTotal: 1, unknownConverged: 0 });
+    expect(convergence(['accepted', 'running', 'unknown', 'requeued', 'running', 'committed'])).toEqual({
+      unknownTotal: 1,
+      unknownConverged: 1,
+    });
+    expect(convergence(['accepted', 'running', 'unknown', 'takeover'])).toEqual({
+      unknownTotal: 1,
+      unknownConverged: 1,
+    });
+    expect(convergence(['accepted', 'running', 'unknown', 'requeued'])).toEqual({
+      unknownTotal: 1,
+      unknownConverged: 0,
+    });
   });
 
   it('a takeover record is complete with its evidence, its run and unknown times, and for a probe mismatch what was probed', () => {
@@ -205,8 +352,20 @@ describe('the figures helper', () => {
       attempts: { attempt: 1, requeues: 0, probes: 2 },
       times: { acceptedAt: 1, runningAt: 2, unknownSince: 3, openedAt: 4 },
     };
-    expect(takeoverFigure(record)).toMatchObject({ name: 'takeover record complete', value: true, takeoverTotal: 1, takeoverComplete: 1, unknownTotal: 1, unknownConverged: 1 });
-    expect(takeoverFigure({ ...record, lastEvidence: undefined })).toMatchObject({ value: false, takeoverTotal: 1, takeoverComplete: 0, unknownConverged: 1 });
+    expect(takeoverFigure(record)).toMatchObject({
+      name: 'takeover record complete',
+      value: true,
+      takeoverTotal: 1,
+      takeoverComplete: 1,
+      unknownTotal: 1,
+      unknownConverged: 1,
+    });
+    expect(takeoverFigure({ ...record, lastEvidence: undefined })).toMatchObject({
+      value: false,
+      takeoverTotal: 1,
+      takeoverComplete: 0,
+      unknownConverged: 1,
+    });
     expect(takeoverFigure({ ...record, reason: 'probe_mismatch' })).toMatchObject({ takeoverComplete: 0 });
     expect(takeoverFigure(undefined)).toMatchObject({ takeoverTotal: 1, takeoverComplete: 0, unknownConverged: 0 });
   });
@@ -228,6 +387,8 @@ describe('rendering', () => {
     expect(Math.max(...table.split('\n').map((l) => l.length))).toBeLessThanOrEqual(140);
     expect(table).toMatch(new RegExp(`${fm(20)}.*no test`));
     expect(renderGates(report)).toMatch(/duplicate side effects\s+│ 0\s+│ 0 \(1 report\)\s+│ pass/);
-    expect(renderSummary(report)).toBe('PASS: rows 4 pass, 0 fail, 28 no test · grids 0 pass, 0 fail · gates 6/6 pass · tests 5 passed, 0 failed · 2 min 5 s');
+    expect(renderSummary(report)).toBe(
+      'PASS: rows 4 pass, 0 fail, 28 no test · grids 0 pass, 0 fail · gates 6/6 pass · tests 5 passed, 0 failed · 2 min 5 s',
+    );
   });
 });

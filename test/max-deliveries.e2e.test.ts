@@ -19,7 +19,13 @@ import { researchContracts } from '../examples/research-kb/contracts.js';
 const TIMING = { timeoutMs: 1_500, runningBoundMs: 1_000, unknownDeadlineMs: 60_000 };
 const MAX_DELIVER = 2;
 const contracts = researchContracts({ kbDedup: false, timing: TIMING });
-const note = (title: string) => ({ kb: 'research', title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
+const note = (title: string) => ({
+  kb: 'research',
+  title,
+  body: `Notes on ${title}.`,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-11-30T06:00:00Z',
+});
 
 let t: TestNats;
 let kb: TestKb;
@@ -67,7 +73,13 @@ async function exhaust(service: 'executor' | 'reconciler', subject: string, seq:
 describe('max-deliveries advisories', () => {
   beforeAll(async () => {
     t = await provisioned({ maxDeliver: MAX_DELIVER });
-    kb = await startKb({ tenants: [{ id: 'acme', quota: 10_000 }], knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }] }, { KB_DEDUP: 'off' });
+    kb = await startKb(
+      {
+        tenants: [{ id: 'acme', quota: 10_000 }],
+        knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }],
+      },
+      { KB_DEDUP: 'off' },
+    );
     env = {
       ...t.env,
       TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
@@ -83,7 +95,15 @@ describe('max-deliveries advisories', () => {
 
   afterAll(async () => {
     const codes = await Promise.all(procs.map((p) => p.stop()));
-    procs.forEach((p, i) => codes[i] !== 0 && console.log(p.name, codes[i], p.stderr, JSON.stringify(p.lines.filter((l) => Number(l.level) >= 40).slice(-30), null, 1)));
+    procs.forEach((p, i) => {
+      if (codes[i] !== 0)
+        console.log(
+          p.name,
+          codes[i],
+          p.stderr,
+          JSON.stringify(p.lines.filter((l) => Number(l.level) >= 40).slice(-30), null, 1),
+        );
+    });
     await kb?.stop();
     await t?.close();
     expect(codes.every((c) => c === 0)).toBe(true);
@@ -93,14 +113,20 @@ describe('max-deliveries advisories', () => {
     for (const d of [Durables.executor, Durables.reconciler, Durables.auditProjector]) {
       expect((await t.jsm.consumers.info(t.subjects.eventsStream, d)).config.max_deliver).toBe(MAX_DELIVER);
     }
-    const adv = await t.jsm.consumers.info(`${t.subjects.prefix.toUpperCase()}_ADVISORIES`, Durables.reconcilerAdvisories);
+    const adv = await t.jsm.consumers.info(
+      `${t.subjects.prefix.toUpperCase()}_ADVISORIES`,
+      Durables.reconcilerAdvisories,
+    );
     expect(adv.config.filter_subject).toBe(`$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${t.subjects.eventsStream}.*`);
   });
 
   it('an accepted operation whose message the executor AND the reconciler gave up on while the reconciler was down: found through the advisory, re-driven, committed once', async () => {
     const input = note('Given up on');
     const key = prepareCall(contracts.writeNote, 'maxdel', input).operationKey;
-    await publishSubmission(t.js, newSubmission(t.subjects, 'acme', 'alice', { tool: 'kb.write_note', version: 1, taskId: 'maxdel', input }));
+    await publishSubmission(
+      t.js,
+      newSubmission(t.subjects, 'acme', 'alice', { tool: 'kb.write_note', version: 1, taskId: 'maxdel', input }),
+    );
     await waitForOperation(t, 'acme', key, (s) => s.status === 'accepted');
     const subject = t.subjects.op('acme', operationIdOf(key));
     const { seq } = await t.store.load('acme', operationIdOf(key));
@@ -122,7 +148,14 @@ describe('max-deliveries advisories', () => {
     const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
     expect(probe).toMatchObject({ found: true, count: 1 });
     // The reconciler read both advisories (its own durable's and the executor's).
-    const seen = () => new Set(reconciler.lines.filter((l) => typeof l.msg === 'string' && l.msg.startsWith('max-deliveries advisory') && l.operationKey === key).map((l) => l.consumer));
+    const seen = () =>
+      new Set(
+        reconciler.lines
+          .filter(
+            (l) => typeof l.msg === 'string' && l.msg.startsWith('max-deliveries advisory') && l.operationKey === key,
+          )
+          .map((l) => l.consumer),
+      );
     for (let i = 0; i < 200 && seen().size < 2; i++) await new Promise((r) => setTimeout(r, 100));
     expect(seen()).toEqual(new Set([Durables.executor, Durables.reconciler]));
   });

@@ -25,14 +25,16 @@ const BOOKWORM = projectServerBinary('bookworm');
 const SID = projectServerBinary('sid');
 
 describe('the default server', () => {
-  it('is the project\'s own Debian 13 nats-server, 2.10.27 or later, and its generated configuration fsyncs before every acknowledgement', async () => {
+  it("is the project's own Debian 13 nats-server, 2.10.27 or later, and its generated configuration fsyncs before every acknowledgement", async () => {
     const bin = natsServerBinary({ PATH: process.env.PATH });
     expect(bin).toMatch(/\.nats-server\/trixie\/usr\/sbin\/nats-server$/);
     const version = binaryVersion(bin!);
     expect(serverVersionAtLeast(version!, '2.10.27')).toBe(true);
     const t = await provisioned();
     try {
-      expect(readFileSync(t.auth.configFile, 'utf8')).toMatch(/jetstream \{ store_dir: "[^"]+", sync_interval: always \}/);
+      expect(readFileSync(t.auth.configFile, 'utf8')).toMatch(
+        /jetstream \{ store_dir: "[^"]+", sync_interval: always \}/,
+      );
       expect(t.nc.info!.version).toBe(version);
     } finally {
       await t.close();
@@ -40,8 +42,8 @@ describe('the default server', () => {
   });
 });
 
-describe('servers older than 2.10 (Debian 12\'s 2.9.10)', () => {
-  it('a 2.9.10 first on PATH is never picked: the project\'s own wins, and without it only a 2.10+ on PATH is', () => {
+describe("servers older than 2.10 (Debian 12's 2.9.10)", () => {
+  it("a 2.9.10 first on PATH is never picked: the project's own wins, and without it only a 2.10+ on PATH is", () => {
     expect(BOOKWORM, 'scripts/ensure-nats-server --test-servers fetches it').not.toBeNull();
     expect(binaryVersion(BOOKWORM!)).toBe('2.9.10');
     const dir = mkdtempSync(join(tmpdir(), 'tooltx-path-'));
@@ -62,22 +64,40 @@ describe('servers older than 2.10 (Debian 12\'s 2.9.10)', () => {
 
   it('is refused when named: spawning one throws UnsupportedServerError naming its version', async () => {
     await expect(spawnNatsServer({ binary: BOOKWORM! })).rejects.toThrow(UnsupportedServerError);
-    await expect(spawnNatsServer({ binary: BOOKWORM! })).rejects.toThrow(/nats-server 2\.9\.10; tooltx needs 2\.10\.0 or later/);
+    await expect(spawnNatsServer({ binary: BOOKWORM! })).rejects.toThrow(
+      /nats-server 2\.9\.10; tooltx needs 2\.10\.0 or later/,
+    );
   });
 
-  it('a service connected to one refuses to start (exit 2), naming the server\'s version and how to get a newer one', async () => {
+  it("a service connected to one refuses to start (exit 2), naming the server's version and how to get a newer one", async () => {
     // 2.9.10 has no sync_interval: its configuration is written without it.
     const t = await provisioned({}, undefined, { binary: BOOKWORM!, allowUnsupported: true, durability: 'os' });
     try {
       expect(t.nc.info!.version).toBe('2.9.10');
       const p = await startService('authorizer', t.env, { wait: false });
       expect(await p.exited).toBe(2);
-      expect(p.stderr).toContain(`cannot start: NATS_URL=${t.url}: the server there is nats-server 2.9.10; tooltx needs 2.10.0 or later`);
+      expect(p.stderr).toContain(
+        `cannot start: NATS_URL=${t.url}: the server there is nats-server 2.9.10; tooltx needs 2.10.0 or later`,
+      );
       expect(p.stderr).toContain('scripts/ensure-nats-server');
       expect(p.lines.some((l) => l.msg === 'started')).toBe(false);
       // The provisioner's CLI applies nothing to it either.
-      const cli = spawnSync(process.execPath, ['--import', 'tsx', 'bin/tooltx.ts', 'streams', 'apply'], { cwd: ROOT, env: { PATH: process.env.PATH ?? '', NATS_URL: t.url, TOOLTX_PREFIX: `${t.subjects.prefix}x`, NATS_NKEY_FILE: t.auth.seedFile({ kind: 'provisioner' }) }, encoding: 'utf8' });
-      expect({ status: cli.status, stderr: cli.stderr.trim() }).toMatchObject({ status: 1, stderr: expect.stringContaining('tooltx: NATS_URL: the server there is nats-server 2.9.10; tooltx needs 2.10.0 or later') });
+      const cli = spawnSync(process.execPath, ['--import', 'tsx', 'bin/tooltx.ts', 'streams', 'apply'], {
+        cwd: ROOT,
+        env: {
+          PATH: process.env.PATH ?? '',
+          NATS_URL: t.url,
+          TOOLTX_PREFIX: `${t.subjects.prefix}x`,
+          NATS_NKEY_FILE: t.auth.seedFile({ kind: 'provisioner' }),
+        },
+        encoding: 'utf8',
+      });
+      expect({ status: cli.status, stderr: cli.stderr.trim() }).toMatchObject({
+        status: 1,
+        stderr: expect.stringContaining(
+          'tooltx: NATS_URL: the server there is nats-server 2.9.10; tooltx needs 2.10.0 or later',
+        ),
+      });
     } finally {
       await t.close();
     }
@@ -90,15 +110,34 @@ describe(`a newer server: sid's current release`, () => {
   let procs: ServiceProcess[] = [];
   let alice: Tools;
   let bob: Tools;
-  const note = (title: string) => ({ bucket: 'kb-main', title, body: `About ${title}.`, at: '2026-11-30T06:00:00.000Z' });
-  const sdk = (actor: string, servers = t.url) => createTools({ servers, tenant: 'acme', actor, nkeyFile: t.agentSeed('acme', actor), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 30_000 });
+  const note = (title: string) => ({
+    bucket: 'kb-main',
+    title,
+    body: `About ${title}.`,
+    at: '2026-11-30T06:00:00.000Z',
+  });
+  const sdk = (actor: string, servers = t.url) =>
+    createTools({
+      servers,
+      tenant: 'acme',
+      actor,
+      nkeyFile: t.agentSeed('acme', actor),
+      contracts,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+      budgetMs: 30_000,
+    });
 
   beforeAll(async () => {
     expect(SID, 'scripts/ensure-nats-server --test-servers fetches it').not.toBeNull();
     t = await provisioned({}, undefined, { binary: SID! });
     sink = await new Sink().start();
     const env = { ...t.env, SINK_URL: sink.url };
-    procs = await Promise.all([startService('authorizer', env), startService('executor', env), startService('reconciler', env)]);
+    procs = await Promise.all([
+      startService('authorizer', env),
+      startService('executor', env),
+      startService('reconciler', env),
+    ]);
     [alice, bob] = await Promise.all([sdk('alice'), sdk('bob')]);
   });
 
@@ -121,13 +160,16 @@ describe(`a newer server: sid's current release`, () => {
   it('FM-01: two workers submit the same key at the same moment: one sink request, both get the same receipt', async () => {
     const input = note('Same moment on sid');
     const key = prepareCall(sinkWrite, 'sid-fm01', input).operationKey;
-    const [a, b] = await Promise.all([alice.execute({ tool: 'sink.write', taskId: 'sid-fm01', input }), bob.execute({ tool: 'sink.write', taskId: 'sid-fm01', input })]);
+    const [a, b] = await Promise.all([
+      alice.execute({ tool: 'sink.write', taskId: 'sid-fm01', input }),
+      bob.execute({ tool: 'sink.write', taskId: 'sid-fm01', input }),
+    ]);
     expect(a.status).toBe('committed');
     expect(b).toEqual(a);
     expect(sink.writesFor((w) => w.key === downstreamKeyOf('acme', key))).toHaveLength(1);
   });
 
-  it('FM-02: the server commits while the agent\'s connection is cut: status returns the original resource id, a retry writes nothing', async () => {
+  it("FM-02: the server commits while the agent's connection is cut: status returns the original resource id, a retry writes nothing", async () => {
     const hop = await new TcpProxy(t.server.port).start();
     const agent = await sdk('alice', hop.url);
     const input = note('Cut on sid');

@@ -37,7 +37,13 @@ import { beyondOne, convergence, figure, takeoverFigure } from './helpers/figure
 // takeover seen here comes from the probe, not from the deadline.
 const TIMING = { timeoutMs: 1_000, runningBoundMs: 500, unknownDeadlineMs: 120_000 };
 const contracts = researchContracts({ kbDedup: false, timing: TIMING });
-const note = (title: string) => ({ kb: 'research', title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
+const note = (title: string) => ({
+  kb: 'research',
+  title,
+  body: `Notes on ${title}.`,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-11-30T06:00:00Z',
+});
 const keyOf = (taskId: string, title: string) => prepareCall(contracts.writeNote, taskId, note(title)).operationKey;
 const soon = () => Date.now() + 60_000;
 
@@ -56,12 +62,26 @@ const takeoverCli = (...args: string[]) => takeoverCliOf(t, ...args);
 /** A note written straight into the KB (not through tooltx, not through the fault hop) under `key`. */
 const writeDirect = async (key: string, title: string, inputDigest?: string) => {
   const { authVersion } = await kb.client.resolve({ tenant: 'acme', actor: 'mallory', ref: 'research' });
-  return kb.client.writeNote({ tenant: 'acme', actor: 'mallory', key, deadlineAt: soon(), ifMatch: authVersion, inputDigest, note: note(title) });
+  return kb.client.writeNote({
+    tenant: 'acme',
+    actor: 'mallory',
+    key,
+    deadlineAt: soon(),
+    ifMatch: authVersion,
+    inputDigest,
+    note: note(title),
+  });
 };
 
 beforeAll(async () => {
   t = await provisioned();
-  kb = await startKb({ tenants: [{ id: 'acme', quota: 10_000 }], knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }] }, { KB_DEDUP: 'off' });
+  kb = await startKb(
+    {
+      tenants: [{ id: 'acme', quota: 10_000 }],
+      knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }],
+    },
+    { KB_DEDUP: 'off' },
+  );
   proxy = await new HttpFaultProxy(kb.url).start();
   env = {
     ...t.env,
@@ -75,7 +95,16 @@ beforeAll(async () => {
   authorizer = await startService('authorizer', env);
   executor = await startService('executor', env);
   reconciler = await startService('reconciler', env);
-  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 45_000 });
+  alice = await createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts: contracts.all,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+    budgetMs: 45_000,
+  });
 }, 120_000);
 
 afterAll(async () => {
@@ -89,7 +118,9 @@ afterAll(async () => {
 }, 120_000);
 
 describe('FM-13 / FM-14: the probe finds another effect under our key', () => {
-  it('opens a takeover (probe_mismatch) with the probed resource id, never commits the foreign row, and freezes the task', async ({ task }) => {
+  it('opens a takeover (probe_mismatch) with the probed resource id, never commits the foreign row, and freezes the task', async ({
+    task,
+  }) => {
     const key = keyOf('pm', 'Ours, held past the deadline');
     const dk = downstreamKeyOf('acme', key);
     // The reconciler is down while the write goes unknown and the foreign row lands: its first probe
@@ -108,10 +139,23 @@ describe('FM-13 / FM-14: the probe finds another effect under our key', () => {
     expect(foreign.created).toBe(true);
     // Our late request reached the KB after its deadline and was refused: the foreign row is the only one.
     expect((await held.applied).status).toBe(409);
-    expect(await kb.client.probe({ tenant: 'acme', key: dk })).toEqual({ found: true, id: foreign.id, kb: 'research', createdAt: foreign.createdAt, count: 1, inputDigest: foreignDigest });
+    expect(await kb.client.probe({ tenant: 'acme', key: dk })).toEqual({
+      found: true,
+      id: foreign.id,
+      kb: 'research',
+      createdAt: foreign.createdAt,
+      count: 1,
+      inputDigest: foreignDigest,
+    });
 
     reconciler = await startService('reconciler', env);
-    const state = (await waitForOperation(t, 'acme', key, (s) => s.status === 'unknown' && s.takeover !== undefined, 30_000)) as OperationRecord;
+    const state = (await waitForOperation(
+      t,
+      'acme',
+      key,
+      (s) => s.status === 'unknown' && s.takeover !== undefined,
+      30_000,
+    )) as OperationRecord;
     const record = state.takeover as TakeoverRecord;
     figure(task, takeoverFigure(record));
     expect(record).toMatchObject({
@@ -130,28 +174,49 @@ describe('FM-13 / FM-14: the probe finds another effect under our key', () => {
     expect(state.receipt).toBeUndefined();
 
     const r = await pending;
-    expect(r).toMatchObject({ status: 'unknown', lastServerState: 'unknown', next: 'hand_over', evidence: { takeover: { reason: 'probe_mismatch', probed: { resourceId: foreign.id } } } });
+    expect(r).toMatchObject({
+      status: 'unknown',
+      lastServerState: 'unknown',
+      next: 'hand_over',
+      evidence: { takeover: { reason: 'probe_mismatch', probed: { resourceId: foreign.id } } },
+    });
 
     // The task is frozen: a dependent write of the same task is refused and never registered.
     const dependent = keyOf('pm', 'Depends on it');
-    expect(await alice.execute({ tool: 'kb.write_note', taskId: 'pm', input: note('Depends on it') })).toMatchObject({ status: 'rejected', error: { class: 'task_frozen' }, next: 'hand_over' });
+    expect(await alice.execute({ tool: 'kb.write_note', taskId: 'pm', input: note('Depends on it') })).toMatchObject({
+      status: 'rejected',
+      error: { class: 'task_frozen' },
+      next: 'hand_over',
+    });
     expect((await t.store.load('acme', operationIdOf(dependent))).state.status).toBe('none');
-    expect(await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', dependent) })).toMatchObject({ found: false });
+    expect(await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', dependent) })).toMatchObject({
+      found: false,
+    });
 
     // The operator sees what was asked and what the KB holds under the key.
-    expect(await takeoverCli('list')).toContainEqual(expect.objectContaining({ operationKey: key, reason: 'probe_mismatch', status: 'unknown' }));
+    expect(await takeoverCli('list')).toContainEqual(
+      expect.objectContaining({ operationKey: key, reason: 'probe_mismatch', status: 'unknown' }),
+    );
     const [shown] = await takeoverCli('show', key);
-    expect(shown).toMatchObject({ status: 'unknown', inputDigest: unknown.inputDigest, takeover: { reason: 'probe_mismatch', probed: { resourceId: foreign.id, inputDigest: foreignDigest } } });
+    expect(shown).toMatchObject({
+      status: 'unknown',
+      inputDigest: unknown.inputDigest,
+      takeover: { reason: 'probe_mismatch', probed: { resourceId: foreign.id, inputDigest: foreignDigest } },
+    });
     // Our effect was not applied (the KB holds only the foreign row): resolved so, the task thaws.
     const [resolved] = await takeoverCli('resolve', key, '--not-applied');
     expect(resolved).toMatchObject({ status: 'rejected', resolution: { by: 'oscar', outcome: 'not_applied' } });
-    expect(await alice.execute({ tool: 'kb.write_note', taskId: 'pm', input: note('Depends on it') })).toMatchObject({ status: 'committed' });
+    expect(await alice.execute({ tool: 'kb.write_note', taskId: 'pm', input: note('Depends on it') })).toMatchObject({
+      status: 'committed',
+    });
     expect(await kb.client.probe({ tenant: 'acme', key: dk })).toMatchObject({ found: true, id: foreign.id, count: 1 });
   }, 120_000);
 });
 
 describe('FM-13: the probe finds our own effect', () => {
-  it('the KB committed our write and the answer was cut: the digest matches, committed with the KB row id', async ({ task }) => {
+  it('the KB committed our write and the answer was cut: the digest matches, committed with the KB row id', async ({
+    task,
+  }) => {
     const key = keyOf('pm-ok', 'Committed, answer cut');
     const dk = downstreamKeyOf('acme', key);
     const cut = proxy.inject(dk, { kind: 'cut_response' });
@@ -178,7 +243,11 @@ describe('FM-13: the probe finds our own effect', () => {
     const old = await writeDirect(dk, 'Written by an older executor');
     expect(await kb.client.probe({ tenant: 'acme', key: dk })).not.toHaveProperty('inputDigest');
     const held = proxy.inject(dk, { kind: 'delay', ms: TIMING.timeoutMs + 1_500 });
-    const r = await alice.execute({ tool: 'kb.write_note', taskId: 'pm-old', input: note('Written by an older executor') });
+    const r = await alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'pm-old',
+      input: note('Written by an older executor'),
+    });
     expect(r).toMatchObject({ status: 'committed', receipt: { resourceId: old.id } });
     expect((await history(t, 'acme', key)).map((e) => e.type)).toEqual(['accepted', 'running', 'unknown', 'committed']);
     expect((await held.applied).status).toBe(409);
@@ -191,29 +260,66 @@ describe('the KB keeps the input digest', () => {
     const key = `k-${Date.now()}`;
     const bad = await writeDirect(key, 'Bad digest', 'sha256:XYZ').catch((e: unknown) => e);
     expect(bad).toBeInstanceOf(KbError);
-    expect(bad).toMatchObject({ status: 400, errorClass: 'invalid_input', issues: [expect.objectContaining({ path: ['headers', 'x-tooltx-input-digest'] })] });
+    expect(bad).toMatchObject({
+      status: 400,
+      errorClass: 'invalid_input',
+      issues: [expect.objectContaining({ path: ['headers', 'x-tooltx-input-digest'] })],
+    });
     expect(await kb.client.probe({ tenant: 'acme', key })).toMatchObject({ found: false });
 
     const { kbId, authVersion } = await kb.client.resolve({ tenant: 'acme', actor: 'mallory', ref: 'research' });
     const d = digestOf({ batch: key });
-    const b = await kb.client.writeBatch({ tenant: 'acme', actor: 'mallory', key, deadlineAt: soon(), ifMatch: { [kbId]: authVersion }, inputDigest: d, items: [note('One'), note('Two')] });
+    const b = await kb.client.writeBatch({
+      tenant: 'acme',
+      actor: 'mallory',
+      key,
+      deadlineAt: soon(),
+      ifMatch: { [kbId]: authVersion },
+      inputDigest: d,
+      items: [note('One'), note('Two')],
+    });
     expect(b.items).toHaveLength(2);
-    expect(await kb.client.probe({ tenant: 'acme', key })).toMatchObject({ found: true, id: b.items[0]!.id, inputDigest: d, items: b.items.map(({ id }) => ({ id })) });
-    expect(await kb.client.probe({ tenant: 'acme', key: `${key}#1` })).toMatchObject({ found: true, id: b.items[1]!.id, inputDigest: d });
+    expect(await kb.client.probe({ tenant: 'acme', key })).toMatchObject({
+      found: true,
+      id: b.items[0]!.id,
+      inputDigest: d,
+      items: b.items.map(({ id }) => ({ id })),
+    });
+    expect(await kb.client.probe({ tenant: 'acme', key: `${key}#1` })).toMatchObject({
+      found: true,
+      id: b.items[1]!.id,
+      inputDigest: d,
+    });
   });
 
   it('with dedup on, a key reused for another input digest is refused (422 key_reused), the same digest answers the stored note', async () => {
-    const onKb = await startKb({ tenants: [{ id: 'acme' }], knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }] }, { KB_DEDUP: 'on' });
+    const onKb = await startKb(
+      { tenants: [{ id: 'acme' }], knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }] },
+      { KB_DEDUP: 'on' },
+    );
     try {
       const { authVersion } = await onKb.client.resolve({ tenant: 'acme', actor: 'mallory', ref: 'research' });
-      const write = (inputDigest: string | undefined, title: string) => onKb.client.writeNote({ tenant: 'acme', actor: 'mallory', key: 'k-reused', deadlineAt: soon(), ifMatch: authVersion, inputDigest, note: note(title) });
+      const write = (inputDigest: string | undefined, title: string) =>
+        onKb.client.writeNote({
+          tenant: 'acme',
+          actor: 'mallory',
+          key: 'k-reused',
+          deadlineAt: soon(),
+          ifMatch: authVersion,
+          inputDigest,
+          note: note(title),
+        });
       const first = await write(digestOf({ n: 1 }), 'First');
       expect((await write(digestOf({ n: 1 }), 'First')).id).toBe(first.id);
       const reused = await write(digestOf({ n: 2 }), 'Someone else').catch((e: unknown) => e);
       expect(reused).toMatchObject({ status: 422, errorClass: 'key_reused' });
       // A caller that sends no digest gets the stored note, as before the KB kept digests.
       expect((await write(undefined, 'No digest')).id).toBe(first.id);
-      expect(await onKb.client.probe({ tenant: 'acme', key: 'k-reused' })).toMatchObject({ found: true, count: 1, id: first.id });
+      expect(await onKb.client.probe({ tenant: 'acme', key: 'k-reused' })).toMatchObject({
+        found: true,
+        count: 1,
+        id: first.id,
+      });
     } finally {
       await onKb.stop();
     }
@@ -222,12 +328,22 @@ describe('the KB keeps the input digest', () => {
   it('migrates a schema-1 file in place: the column is added, old notes answer no digest, new ones theirs', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tooltx-kb-v1-'));
     const db = join(dir, 'kb.sqlite');
-    const seed = { tenants: [{ id: 'acme' }], knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' as const }] };
+    const seed = {
+      tenants: [{ id: 'acme' }],
+      knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' as const }],
+    };
     try {
       // A file as schema 1 left it: the current KB creates it, then the column goes and the version is set back.
       const first = await startKb(seed, { KB_DB: db });
       const before = await first.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'research' });
-      const w = await first.client.writeNote({ tenant: 'acme', actor: 'alice', key: 'old-key', deadlineAt: soon(), ifMatch: before.authVersion, note: note('Old') });
+      const w = await first.client.writeNote({
+        tenant: 'acme',
+        actor: 'alice',
+        key: 'old-key',
+        deadlineAt: soon(),
+        ifMatch: before.authVersion,
+        note: note('Old'),
+      });
       expect(await first.stop()).toBe(0);
       const v1 = new Database(db);
       v1.exec('ALTER TABLE notes DROP COLUMN input_digest');
@@ -242,7 +358,15 @@ describe('the KB keeps the input digest', () => {
           expect(old).not.toHaveProperty('inputDigest');
           const d = digestOf({ round });
           const key = `new-key-${round}`;
-          await again.client.writeNote({ tenant: 'acme', actor: 'alice', key, deadlineAt: soon(), ifMatch: before.authVersion, inputDigest: d, note: note('New') });
+          await again.client.writeNote({
+            tenant: 'acme',
+            actor: 'alice',
+            key,
+            deadlineAt: soon(),
+            ifMatch: before.authVersion,
+            inputDigest: d,
+            note: note('New'),
+          });
           expect(await again.client.probe({ tenant: 'acme', key })).toMatchObject({ found: true, inputDigest: d });
         } finally {
           expect(await again.stop()).toBe(0);

@@ -12,7 +12,12 @@ import type { KV } from '@nats-io/kv';
 import { decide, type OperationCommand } from '@tooltx/lifecycle';
 import { decode, encode, openBucket } from '@tooltx/nats';
 import { Durables } from '@tooltx/streams';
-import { applyToIndex, reconcileValueSchema, type IndexEntry, type ReconcileValue } from '../services/reconciler/src/reconcile-index.js';
+import {
+  applyToIndex,
+  reconcileValueSchema,
+  type IndexEntry,
+  type ReconcileValue,
+} from '../services/reconciler/src/reconcile-index.js';
 import { auditRecordSchema } from '../services/audit-projector/src/audit-record.js';
 import { fold, sampleOperation, type LogEntry, type SampleOperation } from './helpers/histories.js';
 import { provisioned, type TestNats } from './helpers/nats.js';
@@ -52,7 +57,8 @@ async function untilSettled(timeoutMs = 15_000): Promise<void> {
     for (;;) {
       const info = await t.jsm.consumers.info(t.subjects.eventsStream, durable);
       if (info.num_pending === 0 && info.num_ack_pending === 0) break;
-      if (Date.now() > deadline) throw new Error(`${durable}: ${info.num_pending} pending, ${info.num_ack_pending} unacknowledged`);
+      if (Date.now() > deadline)
+        throw new Error(`${durable}: ${info.num_pending} pending, ${info.num_ack_pending} unacknowledged`);
       await new Promise((r) => setTimeout(r, 50));
     }
   }
@@ -78,7 +84,11 @@ beforeAll(async () => {
   kv = await openBucket(t.nc, t.subjects.reconcileBucket);
   auditKv = await openBucket(t.nc, t.subjects.auditBucket);
   [reconciler, auditor] = await Promise.all([
-    startService('reconciler', { ...t.env, TOOLTX_RECONCILE_INDEX_DELAY_MS: String(DELAY_MS), TOOLTX_RECONCILE_INTERVAL_MS: '200' }),
+    startService('reconciler', {
+      ...t.env,
+      TOOLTX_RECONCILE_INDEX_DELAY_MS: String(DELAY_MS),
+      TOOLTX_RECONCILE_INTERVAL_MS: '200',
+    }),
     startService('audit-projector', { ...t.env, TOOLTX_AUDIT_BATCH_MS: String(DELAY_MS) }),
   ]);
 });
@@ -103,20 +113,39 @@ describe('projection writes', () => {
     expect(await entry(slowKey)).toEqual(fold(slowLog, applyToIndex).get(slowKey));
     expect(await writes()).toBe(1);
     // The audit: one record write per operation, every state in it (the slow one's at its hold's end).
-    expect(await auditStates(t.subjects.projectionKey(fast.tenant, fast.opId))).toEqual(['accepted', 'running', 'committed']);
+    expect(await auditStates(t.subjects.projectionKey(fast.tenant, fast.opId))).toEqual([
+      'accepted',
+      'running',
+      'committed',
+    ]);
     expect(await auditStates(slowKey)).toEqual(['accepted', 'running']);
     expect(await writes(t.subjects.auditBucket)).toBe(2);
 
     // The slow operation ends: its known entry becomes a tombstone.
     const { state, seq } = await t.store.load(slow.tenant, slow.opId);
     if (state.status !== 'running') throw new Error(`expected running, got ${state.status}`);
-    const cmd: OperationCommand = { type: 'commit', eventId: 'evt-slow-commit', at: state.updatedAt + 100, attempt: state.attempt, resourceId: 'note-slow', resultDigest: `sha256:${'e'.repeat(64)}` };
+    const cmd: OperationCommand = {
+      type: 'commit',
+      eventId: 'evt-slow-commit',
+      at: state.updatedAt + 100,
+      attempt: state.attempt,
+      resourceId: 'note-slow',
+      resultDigest: `sha256:${'e'.repeat(64)}`,
+    };
     const d = decide(cmd, state, { signer: TEST_SIGNER });
     if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
     const committedSeq = await t.store.append(slow.tenant, slow.opId, d.event, seq);
-    await until(() => entry(slowKey), (v) => v?.terminal === true, 'the slow operation is tombstoned');
+    await until(
+      () => entry(slowKey),
+      (v) => v?.terminal === true,
+      'the slow operation is tombstoned',
+    );
     expect(await entry(slowKey)).toEqual({ seq: committedSeq, status: 'committed', terminal: true });
-    await until(() => auditStates(slowKey), (v) => v.length === 3, 'the audit records the commit');
+    await until(
+      () => auditStates(slowKey),
+      (v) => v.length === 3,
+      'the audit records the commit',
+    );
     expect(await writes(t.subjects.auditBucket)).toBe(3);
     expect(reconciler.lines.filter((l) => typeof l.level === 'number' && l.level >= 50)).toEqual([]);
   });
@@ -131,14 +160,31 @@ describe('projection writes', () => {
     // applied its terminal event without knowing the entry): an open entry, due long ago.
     const s = opLog[0]!.event.state;
     const stale: IndexEntry = {
-      seq: opLog[0]!.seq, terminal: false, operationKey: op.operationKey, tenant: op.tenant, status: 'running', attempt: 1,
-      tool: 'sink.write', version: 1, effect: 'create', acceptedAt: s.acceptedAt, runningAt: s.acceptedAt, deadlineAt: s.acceptedAt + 1_000, updatedAt: s.acceptedAt,
+      seq: opLog[0]!.seq,
+      terminal: false,
+      operationKey: op.operationKey,
+      tenant: op.tenant,
+      status: 'running',
+      attempt: 1,
+      tool: 'sink.write',
+      version: 1,
+      effect: 'create',
+      acceptedAt: s.acceptedAt,
+      runningAt: s.acceptedAt,
+      deadlineAt: s.acceptedAt + 1_000,
+      updatedAt: s.acceptedAt,
     };
     await kv.put(key, encode(stale));
     const last = opLog.at(-1)!.seq;
-    await until(() => entry(key), (v) => v?.terminal === true, 'the sweep closes the stale entry');
+    await until(
+      () => entry(key),
+      (v) => v?.terminal === true,
+      'the sweep closes the stale entry',
+    );
     expect(await entry(key)).toEqual({ seq: last, status: 'committed', terminal: true });
     // The sweep closed it (its log line follows its write: read from the process's output, it may come a moment after the entry).
-    expect(await reconciler.waitForLog('stale index entry of an ended operation closed', 5_000)).toMatchObject({ status: 'committed' });
+    expect(await reconciler.waitForLog('stale index entry of an ended operation closed', 5_000)).toMatchObject({
+      status: 'committed',
+    });
   });
 });

@@ -8,15 +8,21 @@
  */
 import { TEST_SIGNER } from './helpers/signing.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { Kvm, type KV } from '@nats-io/kv';
+import type { KV } from '@nats-io/kv';
 import type { z } from 'zod';
 import { decide, type OperationCommand, type OperationEvent } from '@tooltx/lifecycle';
 import { decode, openBucket } from '@tooltx/nats';
-import { applyTopology, Durables, topology } from '@tooltx/streams';
+import { applyTopology, Durables } from '@tooltx/streams';
 import { applyToIndex, reconcileValueSchema, type ReconcileValue } from '../services/reconciler/src/reconcile-index.js';
 import { auditRecordSchema, type AuditHmac } from '../services/audit-projector/src/audit-record.js';
 import { auditHmacFrom, auditRule } from './helpers/audit.js';
-import { fold, PLANTED_ERROR_TEXT, sampleOperations, type LogEntry, type SampleOperation } from './helpers/histories.js';
+import {
+  fold,
+  PLANTED_ERROR_TEXT,
+  sampleOperations,
+  type LogEntry,
+  type SampleOperation,
+} from './helpers/histories.js';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceName, type ServiceProcess } from './helpers/services.js';
 
@@ -29,7 +35,8 @@ let ops: SampleOperation[] = [];
 const PROJECTORS: ServiceName[] = ['reconciler', 'reconciler', 'audit-projector', 'audit-projector'];
 const startProjectors = () => Promise.all(PROJECTORS.map((n) => startService(n, env)));
 const of = (name: ServiceName) => procs.filter((p) => p.name === name);
-const countLogs = (ps: ServiceProcess[], msg: string) => ps.reduce((n, p) => n + p.lines.filter((l) => l.msg === msg).length, 0);
+const countLogs = (ps: ServiceProcess[], msg: string) =>
+  ps.reduce((n, p) => n + p.lines.filter((l) => l.msg === msg).length, 0);
 
 /** Appends every history round-robin (so one operation's events are spread over the log), recording stream sequences. */
 async function appendInterleaved(histories: SampleOperation[]): Promise<void> {
@@ -68,11 +75,17 @@ async function readBucket<S extends z.ZodType>(kv: KV, schema: S): Promise<Map<s
 }
 
 /** Polls the bucket until it equals `expected`; on timeout, fails with the difference. */
-async function untilBucketEquals<S extends z.ZodType>(kv: KV, schema: S, expected: Map<string, z.infer<S>>, timeoutMs = 20_000): Promise<void> {
+async function untilBucketEquals<S extends z.ZodType>(
+  kv: KV,
+  schema: S,
+  expected: Map<string, z.infer<S>>,
+  timeoutMs = 20_000,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const got = await readBucket(kv, schema);
-    const same = got.size === expected.size && [...expected].every(([k, v]) => JSON.stringify(got.get(k)) === JSON.stringify(v));
+    const same =
+      got.size === expected.size && [...expected].every(([k, v]) => JSON.stringify(got.get(k)) === JSON.stringify(v));
     if (same || Date.now() > deadline) {
       expect(Object.fromEntries(got)).toEqual(Object.fromEntries(expected));
       return;
@@ -92,7 +105,8 @@ async function untilIndexMatches(expected: Map<string, ReconcileValue>, timeoutM
   for (;;) {
     const got = await readBucket(reconcileKv, reconcileValueSchema);
     const want = new Map([...expected].filter(([k, v]) => !v.terminal || got.has(k)));
-    const same = got.size === want.size && [...want].every(([k, v]) => JSON.stringify(got.get(k)) === JSON.stringify(v));
+    const same =
+      got.size === want.size && [...want].every(([k, v]) => JSON.stringify(got.get(k)) === JSON.stringify(v));
     if (same || Date.now() > deadline) {
       expect(Object.fromEntries(got)).toEqual(Object.fromEntries(want));
       return;
@@ -107,7 +121,8 @@ async function untilDrained(durable: string, timeoutMs = 20_000): Promise<void> 
   for (;;) {
     const info = await t.jsm.consumers.info(t.subjects.eventsStream, durable);
     if (info.num_pending === 0 && info.num_ack_pending === 0) return;
-    if (Date.now() > deadline) throw new Error(`${durable}: ${info.num_pending} pending, ${info.num_ack_pending} unacknowledged`);
+    if (Date.now() > deadline)
+      throw new Error(`${durable}: ${info.num_pending} pending, ${info.num_ack_pending} unacknowledged`);
     await new Promise((r) => setTimeout(r, 100));
   }
 }
@@ -153,8 +168,14 @@ describe('projections of the event log (two instances of each projector)', () =>
   it('reconciler: the index holds exactly the non-terminal operations; terminal ones are tombstones or absent', async () => {
     const expected = fold(log, applyToIndex);
     await untilIndexMatches(expected);
-    const live = [...expected].filter(([, v]) => !v.terminal).map(([k]) => k).sort();
-    const watched = ops.filter((o) => ['accepted', 'running', 'retried_unknown'].includes(o.kind)).map((o) => t.subjects.projectionKey(o.tenant, o.opId)).sort();
+    const live = [...expected]
+      .filter(([, v]) => !v.terminal)
+      .map(([k]) => k)
+      .sort();
+    const watched = ops
+      .filter((o) => ['accepted', 'running', 'retried_unknown'].includes(o.kind))
+      .map((o) => t.subjects.projectionKey(o.tenant, o.opId))
+      .sort();
     expect(live).toEqual(watched);
   });
 
@@ -177,20 +198,30 @@ describe('projections of the event log (two instances of each projector)', () =>
     await untilIndexMatches(fold(log, applyToIndex));
     await untilBucketEquals(auditKv, auditRecordSchema, fold(log, applyToAudit));
     const indexBefore = await readBucket(reconcileKv, reconcileValueSchema);
-    const before = { reconcile: await lastSeqOf(t.subjects.reconcileBucket), audit: await lastSeqOf(t.subjects.auditBucket) };
+    const before = {
+      reconcile: await lastSeqOf(t.subjects.reconcileBucket),
+      audit: await lastSeqOf(t.subjects.auditBucket),
+    };
 
     // Both instances of both services stop cleanly on SIGTERM.
     expect(await Promise.all(procs.map((p) => p.stop()))).toEqual(PROJECTORS.map(() => 0));
     // Recreate the durables (as an operator rebuilding a projection would): they deliver from sequence 1.
-    for (const d of [Durables.reconciler, Durables.auditProjector]) await t.jsm.consumers.delete(t.subjects.eventsStream, d);
+    for (const d of [Durables.reconciler, Durables.auditProjector])
+      await t.jsm.consumers.delete(t.subjects.eventsStream, d);
     await applyTopology(t.nc, t.jsm, t.topo);
     procs = await startProjectors();
     await Promise.all([untilDrained(Durables.reconciler), untilDrained(Durables.auditProjector)]);
 
-    expect({ reconcile: await lastSeqOf(t.subjects.reconcileBucket), audit: await lastSeqOf(t.subjects.auditBucket) }).toEqual(before);
+    expect({
+      reconcile: await lastSeqOf(t.subjects.reconcileBucket),
+      audit: await lastSeqOf(t.subjects.auditBucket),
+    }).toEqual(before);
     for (const name of ['reconciler', 'audit-projector'] as const) {
       // Each instance logs every apply before its ack; the lines reach us through a pipe, a little later.
-      await until(() => countLogs(of(name), 'projection unchanged') >= log.length, `${name} logged every event as unchanged`);
+      await until(
+        () => countLogs(of(name), 'projection unchanged') >= log.length,
+        `${name} logged every event as unchanged`,
+      );
       expect(countLogs(of(name), 'projected'), name).toBe(0);
     }
     expect(await readBucket(reconcileKv, reconcileValueSchema)).toEqual(indexBefore);
@@ -198,14 +229,30 @@ describe('projections of the event log (two instances of each projector)', () =>
 
     // New events after the replay: accepted ones run and commit, running ones commit.
     for (const o of ops.filter((x) => x.kind === 'accepted')) {
-      await transition(o, (attempt, at) => ({ type: 'start', eventId: `${o.opId.slice(0, 12)}-start`, at, attempt, executor: 'ex-9', deadlineAt: at + 5_000 }));
+      await transition(o, (attempt, at) => ({
+        type: 'start',
+        eventId: `${o.opId.slice(0, 12)}-start`,
+        at,
+        attempt,
+        executor: 'ex-9',
+        deadlineAt: at + 5_000,
+      }));
     }
     for (const o of ops.filter((x) => x.kind === 'accepted' || x.kind === 'running')) {
-      await transition(o, (attempt, at) => ({ type: 'commit', eventId: `${o.opId.slice(0, 12)}-commit`, at, attempt, resourceId: `note-${o.opId.slice(0, 6)}`, resultDigest: `sha256:${'f'.repeat(64)}` }));
+      await transition(o, (attempt, at) => ({
+        type: 'commit',
+        eventId: `${o.opId.slice(0, 12)}-commit`,
+        at,
+        attempt,
+        resourceId: `note-${o.opId.slice(0, 6)}`,
+        resultDigest: `sha256:${'f'.repeat(64)}`,
+      }));
     }
     const index = fold(log, applyToIndex);
     await untilIndexMatches(index);
     await untilBucketEquals(auditKv, auditRecordSchema, fold(log, applyToAudit));
-    expect([...index.values()].filter((v) => !v.terminal).map((v) => v.status)).toEqual(ops.filter((o) => o.kind === 'retried_unknown').map(() => 'unknown'));
+    expect([...index.values()].filter((v) => !v.terminal).map((v) => v.status)).toEqual(
+      ops.filter((o) => o.kind === 'retried_unknown').map(() => 'unknown'),
+    );
   });
 });

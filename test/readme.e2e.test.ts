@@ -23,7 +23,9 @@ const EXAMPLE = 'examples/first-call.ts';
 
 /** The fenced block between `<!-- name:begin -->` and `<!-- name:end -->`, without its fences. */
 function block(name: string): string {
-  const m = new RegExp(`<!-- ${name}:begin -->\\n\`\`\`[a-z]*\\n([\\s\\S]*?)\`\`\`\\n<!-- ${name}:end -->`).exec(README);
+  const m = new RegExp(`<!-- ${name}:begin -->\\n\`\`\`[a-z]*\\n([\\s\\S]*?)\`\`\`\\n<!-- ${name}:end -->`).exec(
+    README,
+  );
   if (!m) throw new Error(`README.md: no fenced block between <!-- ${name}:begin --> and <!-- ${name}:end -->`);
   return m[1]!;
 }
@@ -39,11 +41,28 @@ beforeAll(async () => {
   const kbPort = await freePort();
   stack = new ServiceProcess(
     'npm start',
-    spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'scripts', 'start.ts'), '--port', String(natsPort), '--kb-port', String(kbPort), '--state-dir', dir], {
-      cwd: ROOT,
-      env: { PATH: process.env.PATH ?? '', ...(process.env.NATS_SERVER_BIN ? { NATS_SERVER_BIN: process.env.NATS_SERVER_BIN } : {}) },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    }),
+    spawn(
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        join(ROOT, 'scripts', 'start.ts'),
+        '--port',
+        String(natsPort),
+        '--kb-port',
+        String(kbPort),
+        '--state-dir',
+        dir,
+      ],
+      {
+        cwd: ROOT,
+        env: {
+          PATH: process.env.PATH ?? '',
+          ...(process.env.NATS_SERVER_BIN ? { NATS_SERVER_BIN: process.env.NATS_SERVER_BIN } : {}),
+        },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    ),
   );
   const until = Date.now() + 60_000;
   for (;;) {
@@ -52,7 +71,8 @@ beforeAll(async () => {
       upLine = line;
       break;
     }
-    if (stack.child.exitCode !== null || Date.now() > until) throw new Error(`npm start did not come up (exit ${stack.child.exitCode}): ${stack.stderr}`);
+    if (stack.child.exitCode !== null || Date.now() > until)
+      throw new Error(`npm start did not come up (exit ${stack.child.exitCode}): ${stack.stderr}`);
     await new Promise((r) => setTimeout(r, 100));
   }
 }, 90_000);
@@ -81,8 +101,10 @@ describe('README: the first ten minutes', () => {
     expect(README).toMatch(/^node --import tsx examples\/first-call\.ts\b/m);
   });
 
-  it('npm start says where the agents\' seeds and the receipt keys are: under the state directory\'s auth/', () => {
-    expect(upLine.msg).toContain(`with their nkey seed from ${join(dir, 'auth', 'nkeys')} and trust the receipt keys in ${join(dir, 'auth', 'receipt-keys.json')}`);
+  it("npm start says where the agents' seeds and the receipt keys are: under the state directory's auth/", () => {
+    expect(upLine.msg).toContain(
+      `with their nkey seed from ${join(dir, 'auth', 'nkeys')} and trust the receipt keys in ${join(dir, 'auth', 'receipt-keys.json')}`,
+    );
     expect(existsSync(join(dir, 'auth', 'nkeys', 'agent.acme.alice.nk'))).toBe(true);
   });
 
@@ -98,7 +120,10 @@ describe('README: the first ten minutes', () => {
       expect(out).toMatch(/keyId: 'ed25519:/);
       // The lines after the receipt, as the README shows them.
       const tail = out.split('\n').filter((l) => /^[23]\. /.test(l));
-      expect(tail).toEqual(['2. repeat: committed with the same receipt', '3. same task, other fetchedAt: rejected idempotency_conflict next: replan']);
+      expect(tail).toEqual([
+        '2. repeat: committed with the same receipt',
+        '3. same task, other fetchedAt: rejected idempotency_conflict next: replan',
+      ]);
       for (const line of tail) expect(README).toContain(line);
     }
     // A new task per run: a note of its own each time, and nothing else written.

@@ -27,7 +27,12 @@ let mallory: NatsConnection;
 let executorUser: NatsConnection;
 
 const answerSchema = z.object({ state: z.string() }).loose();
-const key = prepareCall(sinkWrite, 'fm32-replies', { bucket: 'kb-main', title: 'Never submitted', body: 'x', at: '2026-11-30T06:00:00Z' }).operationKey;
+const key = prepareCall(sinkWrite, 'fm32-replies', {
+  bucket: 'kb-main',
+  title: 'Never submitted',
+  body: 'x',
+  at: '2026-11-30T06:00:00Z',
+}).operationKey;
 
 beforeAll(async () => {
   t = await provisioned();
@@ -45,12 +50,14 @@ afterAll(async () => {
   await t?.close();
 });
 
-describe('FM-32: services answer only into their requesters\' inboxes', () => {
-  it('the generated configuration gives no user allow_responses; agents and auditors live in their tenant\'s account, operators in their own; responders answer only on the server\'s response subjects', () => {
+describe("FM-32: services answer only into their requesters' inboxes", () => {
+  it("the generated configuration gives no user allow_responses; agents and auditors live in their tenant's account, operators in their own; responders answer only on the server's response subjects", () => {
     const config = readFileSync(t.auth.configFile, 'utf8');
     expect(config).not.toContain('allow_responses');
-    const userLine = (name: string) => config.split('\n').find((l, i, all) => all[i - 1]?.trim() === `# ${name}`) ?? '';
-    for (const responder of ['service.authorizer', 'service.audit-projector', 'service.reconciler']) expect(userLine(responder)).toContain('"_R_.>"');
+    const userLine = (name: string) =>
+      config.split('\n').find((_l, i, all) => all[i - 1]?.trim() === `# ${name}`) ?? '';
+    for (const responder of ['service.authorizer', 'service.audit-projector', 'service.reconciler'])
+      expect(userLine(responder)).toContain('"_R_.>"');
     expect(userLine('service.executor')).not.toContain('_R_');
     expect(userLine('service.authorizer')).not.toMatch(/_INBOX\.(acme|globex|initech|_op)\./);
     // Which account each user is in: the block that holds its line.
@@ -71,12 +78,15 @@ describe('FM-32: services answer only into their requesters\' inboxes', () => {
     expect(accountOf('operator.oscar')).toBe('OPERATORS');
   });
 
-  it('a status request is answered in the requester\'s inbox, and a reply subject in another service\'s inbox gets nothing', async () => {
+  it("a status request is answered in the requester's inbox, and a reply subject in another service's inbox gets nothing", async () => {
     const spied: string[] = [];
-    const spy = executorUser.subscribe('_INBOX._svc.executor.fm32', { callback: (err, m) => void (err ? undefined : spied.push(m.subject)) });
+    const spy = executorUser.subscribe('_INBOX._svc.executor.fm32', {
+      callback: (err, m) => void (err ? undefined : spied.push(m.subject)),
+    });
     await executorUser.flush();
     const status = t.subjects.status('globex', 'mallory');
-    for (let i = 0; i < 3; i++) mallory.publish(status, encode({ operationKey: key }), { reply: '_INBOX._svc.executor.fm32' });
+    for (let i = 0; i < 3; i++)
+      mallory.publish(status, encode({ operationKey: key }), { reply: '_INBOX._svc.executor.fm32' });
     // Sent after the forged ones, on the same connection: answered in mallory's own inbox.
     const m = await mallory.request(status, encode({ operationKey: key }), { timeout: 10_000 });
     expect(decode(answerSchema, m.data).state).toBe('not_seen');
@@ -86,8 +96,13 @@ describe('FM-32: services answer only into their requesters\' inboxes', () => {
     spy.unsubscribe();
   });
 
-  it('FM-31: a status request whose reply subject is another tenant\'s operation subject writes nothing into that tenant\'s event log', async () => {
-    const victimKey = prepareCall(sinkWrite, 'fm31-reply', { bucket: 'kb-main', title: 'Victim', body: 'x', at: '2026-11-30T06:00:00Z' }).operationKey;
+  it("FM-31: a status request whose reply subject is another tenant's operation subject writes nothing into that tenant's event log", async () => {
+    const victimKey = prepareCall(sinkWrite, 'fm31-reply', {
+      bucket: 'kb-main',
+      title: 'Victim',
+      body: 'x',
+      at: '2026-11-30T06:00:00Z',
+    }).operationKey;
     const victimSubject = t.subjects.op('acme', operationIdOf(victimKey));
     const status = t.subjects.status('globex', 'mallory');
     for (let i = 0; i < 3; i++) mallory.publish(status, encode({ operationKey: key }), { reply: victimSubject });
@@ -97,32 +112,51 @@ describe('FM-32: services answer only into their requesters\' inboxes', () => {
     expect(await history(t, 'acme', victimKey)).toEqual([]);
   });
 
-  it('FM-31: an intent published with another tenant\'s subjects as its reply subject: the server\'s PubAck lands in none of them — the victim\'s operation, KV entries and intents stay as they were', async () => {
+  it("FM-31: an intent published with another tenant's subjects as its reply subject: the server's PubAck lands in none of them — the victim's operation, KV entries and intents stay as they were", async () => {
     // acme/alice registers an operation (only the authorizer runs here: it stays accepted).
     const input = { bucket: 'kb-main', title: 'Victim op', body: 'x', at: '2026-11-30T06:00:00Z' };
     const victimKey = prepareCall(sinkWrite, 'fm31-ack', input).operationKey;
     const opId = operationIdOf(victimKey);
-    await publishSubmission(t.js, newSubmission(t.subjects, 'acme', 'alice', { tool: 'sink.write', version: 1, taskId: 'fm31-ack', operationKey: victimKey, input }));
+    await publishSubmission(
+      t.js,
+      newSubmission(t.subjects, 'acme', 'alice', {
+        tool: 'sink.write',
+        version: 1,
+        taskId: 'fm31-ack',
+        operationKey: victimKey,
+        input,
+      }),
+    );
     await waitForOperation(t, 'acme', victimKey, (s) => s.status === 'accepted');
     const intentsBefore = (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).state.messages;
     const targets = [
       t.subjects.op('acme', opId),
       t.subjects.decision('acme', opId, 'alice'),
-      ...[t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket].map((b) => `$KV.${b}.acme.${opId}`),
+      ...[t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket].map(
+        (b) => `$KV.${b}.acme.${opId}`,
+      ),
       t.subjects.intent('acme', 'alice'),
     ];
     // mallory publishes only on its own intent subject (allowed), naming acme's subjects as reply.
-    for (const reply of targets) mallory.publish(t.subjects.intent('globex', 'mallory'), encode({ junk: true }), { reply });
+    for (const reply of targets)
+      mallory.publish(t.subjects.intent('globex', 'mallory'), encode({ junk: true }), { reply });
     await mallory.flush();
     await new Promise((r) => setTimeout(r, 1_000));
     expect((await history(t, 'acme', victimKey)).map((e) => e.type)).toEqual(['accepted']);
     expect((await t.store.load('acme', opId)).state.status).toBe('accepted');
     expect(await t.store.lastDecision('acme', opId, 'alice')).toBeNull();
-    for (const b of [t.subjects.resultsBucket, t.subjects.reconcileBucket, t.subjects.auditBucket, t.subjects.tasksBucket]) {
+    for (const b of [
+      t.subjects.resultsBucket,
+      t.subjects.reconcileBucket,
+      t.subjects.auditBucket,
+      t.subjects.tasksBucket,
+    ]) {
       await expect(t.jsm.direct.getMessage(`KV_${b}`, { last_by_subj: `$KV.${b}.acme.${opId}` })).resolves.toBeNull();
     }
     // Mallory's junk went to its own tenant's intake (refused there); nothing landed in acme's.
-    const intents = await t.jsm.streams.info(t.subjects.intentsStream('acme'), { subjects_filter: t.subjects.intent('acme', 'alice') });
+    const intents = await t.jsm.streams.info(t.subjects.intentsStream('acme'), {
+      subjects_filter: t.subjects.intent('acme', 'alice'),
+    });
     expect(intents.state.subjects?.[t.subjects.intent('acme', 'alice')]).toBe(1);
     expect((await t.jsm.streams.info(t.subjects.intentsStream('acme'))).state.messages).toBe(intentsBefore);
   });

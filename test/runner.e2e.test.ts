@@ -7,7 +7,14 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, prepareCall } from '@tooltx/contracts';
 import { createTools, runTask, type Tools } from '@tooltx/client';
-import { generateReceiptKey, loadReceiptSigner, receiptSigner, type Receipt, type ReceiptV2, type StatusAnswer } from '@tooltx/lifecycle';
+import {
+  generateReceiptKey,
+  loadReceiptSigner,
+  receiptSigner,
+  type Receipt,
+  type ReceiptV2,
+  type StatusAnswer,
+} from '@tooltx/lifecycle';
 import { encode } from '@tooltx/nats';
 import { HttpFaultProxy } from '@tooltx/dev/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
@@ -17,7 +24,13 @@ import { researchContracts } from '../examples/research-kb/contracts.js';
 
 const TIMING = { timeoutMs: 1_000, runningBoundMs: 500, unknownDeadlineMs: 3_000 };
 const contracts = researchContracts({ kbDedup: false, timing: TIMING });
-const note = (title: string, body = `Notes on ${title}.`) => ({ kb: 'research', title, body, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
+const note = (title: string, body = `Notes on ${title}.`) => ({
+  kb: 'research',
+  title,
+  body,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-11-30T06:00:00Z',
+});
 const keyOf = (taskId: string, title: string) => prepareCall(contracts.writeNote, taskId, note(title)).operationKey;
 
 let t: TestNats;
@@ -31,11 +44,34 @@ const rowsFor = (key: string) => kbRowsFor(kb, 'acme', key);
 
 beforeAll(async () => {
   t = await provisioned();
-  kb = await startKb({ tenants: [{ id: 'acme', quota: 10_000 }], knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }] });
+  kb = await startKb({
+    tenants: [{ id: 'acme', quota: 10_000 }],
+    knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }],
+  });
   proxy = await new HttpFaultProxy(kb.url).start();
-  env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: proxy.url, KB_KEEPALIVE: 'off', KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`, TOOLTX_RECONCILE_INTERVAL_MS: '300' };
-  procs = await Promise.all([startService('authorizer', env), startService('executor', env), startService('reconciler', env)]);
-  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 30_000 });
+  env = {
+    ...t.env,
+    TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
+    KB_URL: proxy.url,
+    KB_KEEPALIVE: 'off',
+    KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`,
+    TOOLTX_RECONCILE_INTERVAL_MS: '300',
+  };
+  procs = await Promise.all([
+    startService('authorizer', env),
+    startService('executor', env),
+    startService('reconciler', env),
+  ]);
+  alice = await createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts: contracts.all,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+    budgetMs: 30_000,
+  });
 });
 
 afterAll(async () => {
@@ -53,8 +89,18 @@ describe('the task runner', () => {
       taskId: 'runner-ok',
       steps: [
         { id: 'outline', tool: 'kb.write_note', input: note('Outline') },
-        { id: 'draft', tool: 'kb.write_note', dependsOn: ['outline'], inputFrom: (d) => note('Draft', `Builds on ${d.outline!.receipt.resourceId}.`) },
-        { id: 'summary', tool: 'kb.write_note', dependsOn: ['outline', 'draft'], inputFrom: (d) => note('Summary', `From ${d.draft!.receipt.resourceId}.`) },
+        {
+          id: 'draft',
+          tool: 'kb.write_note',
+          dependsOn: ['outline'],
+          inputFrom: (d) => note('Draft', `Builds on ${d.outline!.receipt.resourceId}.`),
+        },
+        {
+          id: 'summary',
+          tool: 'kb.write_note',
+          dependsOn: ['outline', 'draft'],
+          inputFrom: (d) => note('Summary', `From ${d.draft!.receipt.resourceId}.`),
+        },
       ],
     });
     expect(run.status).toBe('done');
@@ -67,9 +113,27 @@ describe('the task runner', () => {
   });
 
   it('refuses a bad task: a cycle, an unknown dependency, a duplicate id — with the field path', async () => {
-    await expect(runTask(alice, { taskId: 'x', steps: [{ id: 'a', tool: 'kb.write_note', dependsOn: ['b'], input: {} }, { id: 'b', tool: 'kb.write_note', dependsOn: ['a'], input: {} }] })).rejects.toMatchObject({ class: 'invalid_input', issues: [{ code: 'cycle' }] });
-    await expect(runTask(alice, { taskId: 'x', steps: [{ id: 'a', tool: 'kb.write_note', dependsOn: ['zz'], input: {} }] })).rejects.toMatchObject({ class: 'invalid_input', issues: [{ path: ['steps', 0, 'dependsOn', 0] }] });
-    await expect(runTask(alice, { taskId: 'x', steps: [{ id: 'a', tool: 'kb.write_note', input: {} }, { id: 'a', tool: 'kb.write_note', input: {} }] })).rejects.toMatchObject({ class: 'invalid_input', issues: [{ path: ['steps', 1, 'id'] }] });
+    await expect(
+      runTask(alice, {
+        taskId: 'x',
+        steps: [
+          { id: 'a', tool: 'kb.write_note', dependsOn: ['b'], input: {} },
+          { id: 'b', tool: 'kb.write_note', dependsOn: ['a'], input: {} },
+        ],
+      }),
+    ).rejects.toMatchObject({ class: 'invalid_input', issues: [{ code: 'cycle' }] });
+    await expect(
+      runTask(alice, { taskId: 'x', steps: [{ id: 'a', tool: 'kb.write_note', dependsOn: ['zz'], input: {} }] }),
+    ).rejects.toMatchObject({ class: 'invalid_input', issues: [{ path: ['steps', 0, 'dependsOn', 0] }] });
+    await expect(
+      runTask(alice, {
+        taskId: 'x',
+        steps: [
+          { id: 'a', tool: 'kb.write_note', input: {} },
+          { id: 'a', tool: 'kb.write_note', input: {} },
+        ],
+      }),
+    ).rejects.toMatchObject({ class: 'invalid_input', issues: [{ path: ['steps', 1, 'id'] }] });
   });
 
   it('FM-14: stops at an unknown write, freezes the steps that depend on it, and returns the takeover evidence instead of going on', async () => {
@@ -93,7 +157,12 @@ describe('the task runner', () => {
       expect(run.steps.charge).toMatchObject({ status: 'unknown', next: 'hand_over' });
       expect(run.steps.receipt).toEqual({ status: 'frozen', blockedBy: 'charge' });
       expect(run.steps.later).toEqual({ status: 'not_started' });
-      expect(run.handover).toMatchObject({ step: 'charge', operationKey: unknownKey, reason: 'unknown', takeover: { operationKey: unknownKey, taskId: 'runner-fm14', reason: 'unknown_past_deadline' } });
+      expect(run.handover).toMatchObject({
+        step: 'charge',
+        operationKey: unknownKey,
+        reason: 'unknown',
+        takeover: { operationKey: unknownKey, taskId: 'runner-fm14', reason: 'unknown_past_deadline' },
+      });
       // Nothing after the unknown write reached the KB.
       expect(await rowsFor(keyOf('runner-fm14', 'Mail the receipt'))).toBe(0);
       expect(await rowsFor(keyOf('runner-fm14', 'Unrelated but later'))).toBe(0);
@@ -104,7 +173,7 @@ describe('the task runner', () => {
 });
 
 describe('FM-17: only a valid server receipt counts', () => {
-  it('a model\'s claim of success, a receipt under an untrusted key, and another operation\'s genuine receipt never make a step done', async () => {
+  it("a model's claim of success, a receipt under an untrusted key, and another operation's genuine receipt never make a step done", async () => {
     const genuine = await alice.execute({ tool: 'kb.write_note', taskId: 'fm17', input: note('Genuine') });
     expect(genuine.status).toBe('committed');
     if (genuine.status !== 'committed') return;
@@ -112,7 +181,12 @@ describe('FM-17: only a valid server receipt counts', () => {
     const rogueSigner = receiptSigner(rogue.privatePem);
     const claims: Record<string, (key: string) => Receipt> = {
       // The model "says" it committed: a receipt-shaped object with a made-up signature.
-      model: (key) => ({ ...genuine.receipt, operationKey: key, resourceId: 'note-i-promise', signature: 'A'.repeat(86) }),
+      model: (key) => ({
+        ...genuine.receipt,
+        operationKey: key,
+        resourceId: 'note-i-promise',
+        signature: 'A'.repeat(86),
+      }),
       // Correctly signed, but by a key nobody configured.
       untrusted: (key) => {
         const r = { ...genuine.receipt, operationKey: key, keyId: rogueSigner.keyId };
@@ -141,7 +215,11 @@ describe('FM-17: only a valid server receipt counts', () => {
         ],
       });
       expect(run, kind).toMatchObject({ status: 'handed_over', handover: { step: 'pay', reason: 'unverified' } });
-      expect(run.steps.pay, kind).toMatchObject({ status: 'unverified', reason: expected[kind as keyof typeof expected], next: 'hand_over' });
+      expect(run.steps.pay, kind).toMatchObject({
+        status: 'unverified',
+        reason: expected[kind as keyof typeof expected],
+        next: 'hand_over',
+      });
       expect(run.steps.ship, kind).toEqual({ status: 'frozen', blockedBy: 'pay' });
       expect(await rowsFor(keyOf(taskId, 'Ship'))).toBe(0);
     }
@@ -156,15 +234,40 @@ describe('FM-17: only a valid server receipt counts', () => {
     const authorizer = procs[0]!;
     await authorizer.stop();
     const impostor = await t.connectAs({ kind: 'service', service: 'authorizer' });
-    let answer: (r: Receipt) => StatusAnswer = () => ({ operationKey: key, state: 'committed', source: 'operation', seq: 9, at: Date.now() });
-    const sub = impostor.subscribe(t.subjects.status('acme', 'alice'), { callback: (_e, m) => void m.respond(encode(answer(first.receipt))) });
+    let answer: (r: Receipt) => StatusAnswer = () => ({
+      operationKey: key,
+      state: 'committed',
+      source: 'operation',
+      seq: 9,
+      at: Date.now(),
+    });
+    const sub = impostor.subscribe(t.subjects.status('acme', 'alice'), {
+      callback: (_e, m) => void m.respond(encode(answer(first.receipt))),
+    });
     try {
-      const tampered = (r: Receipt): StatusAnswer => ({ operationKey: key, state: 'committed', source: 'operation', seq: 9, attempt: 1, ownAttempt: true, inputMatches: true, receipt: { ...r, resourceId: 'note-redirected' }, result: {}, at: Date.now() });
+      const tampered = (r: Receipt): StatusAnswer => ({
+        operationKey: key,
+        state: 'committed',
+        source: 'operation',
+        seq: 9,
+        attempt: 1,
+        ownAttempt: true,
+        inputMatches: true,
+        receipt: { ...r, resourceId: 'note-redirected' },
+        result: {},
+        at: Date.now(),
+      });
       answer = tampered;
-      const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') }, { budgetMs: 2_500 });
+      const r = await alice.execute(
+        { tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') },
+        { budgetMs: 2_500 },
+      );
       expect(r).toMatchObject({ status: 'unknown', next: 'hand_over', evidence: { invalidReceipt: 'bad_signature' } });
       answer = (rc) => ({ ...tampered(rc), receipt: rc });
-      const ok = await alice.execute({ tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') }, { budgetMs: 2_500 });
+      const ok = await alice.execute(
+        { tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') },
+        { budgetMs: 2_500 },
+      );
       expect(ok).toMatchObject({ status: 'committed', receipt: first.receipt });
       // A receipt of format 1 (the events stream's prevSeq; docs/lifecycle.md "Receipt formats"), as
       // stored operations still carry: genuine, it counts; tampered, it never does.
@@ -174,9 +277,13 @@ describe('FM-17: only a valid server receipt counts', () => {
       const unsignedV1 = { ...common, prevSeq: 4711, keyId: executorKey.keyId };
       const v1: Receipt = { ...unsignedV1, signature: executorKey.sign(unsignedV1) };
       answer = (rc) => ({ ...tampered(rc), receipt: v1 });
-      expect(await alice.execute({ tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') }, { budgetMs: 2_500 })).toMatchObject({ status: 'committed', receipt: v1 });
+      expect(
+        await alice.execute({ tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') }, { budgetMs: 2_500 }),
+      ).toMatchObject({ status: 'committed', receipt: v1 });
       answer = (rc) => ({ ...tampered(rc), receipt: { ...v1, prevSeq: 4712 } });
-      expect(await alice.execute({ tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') }, { budgetMs: 2_500 })).toMatchObject({ status: 'unknown', evidence: { invalidReceipt: 'bad_signature' } });
+      expect(
+        await alice.execute({ tool: 'kb.write_note', taskId: 'fm17-wire', input: note('Wire') }, { budgetMs: 2_500 }),
+      ).toMatchObject({ status: 'unknown', evidence: { invalidReceipt: 'bad_signature' } });
     } finally {
       sub.unsubscribe();
       await impostor.close();

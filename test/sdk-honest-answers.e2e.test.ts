@@ -33,16 +33,26 @@ let tools: Tools;
 const note = (title: string) => ({ bucket: 'kb-main', title, body: `Body of ${title}.`, at: '2026-11-30T06:00:00Z' });
 const writesFor = (key: string) => sink.writesFor((b) => b.key === downstreamKeyOf(TENANT, key));
 const toolsVia = (servers: string) =>
-  createTools({ servers, tenant: TENANT, actor: ACTOR, nkeyFile: t.agentSeed(TENANT, ACTOR), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+  createTools({
+    servers,
+    tenant: TENANT,
+    actor: ACTOR,
+    nkeyFile: t.agentSeed(TENANT, ACTOR),
+    contracts,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+  });
 const startAuthorizer = async () => {
-  if (!authorizer || authorizer.child.exitCode !== null || authorizer.child.signalCode !== null) authorizer = await startService('authorizer', env);
+  if (!authorizer || authorizer.child.exitCode !== null || authorizer.child.signalCode !== null)
+    authorizer = await startService('authorizer', env);
 };
 const stopAuthorizer = async () => {
   if (authorizer) expect(await authorizer.stop()).toBe(0);
   authorizer = undefined;
 };
 /** The intents stream's limits as the provisioner set them, restored after a test that changed them. */
-const intentsConfig = async (): Promise<StreamConfig> => (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).config;
+const intentsConfig = async (): Promise<StreamConfig> =>
+  (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).config;
 const setIntentsLimits = async (limits: Partial<StreamConfig>) => {
   const cfg = await intentsConfig();
   await t.jsm.streams.update(t.subjects.intentsStream('acme'), { ...cfg, ...limits });
@@ -101,7 +111,9 @@ describe('tools.execute: honest answers at the intake boundary', () => {
       // The first transmission is stored…
       let first: { seq: number; msgId: string } | undefined;
       for (let i = 0; i < 200 && !first; i++) {
-        const m = await t.jsm.direct.getMessage(t.subjects.intentsStream('acme'), { last_by_subj: subject }).catch(() => null);
+        const m = await t.jsm.direct
+          .getMessage(t.subjects.intentsStream('acme'), { last_by_subj: subject })
+          .catch(() => null);
         if (m && m.seq > lastBefore) first = { seq: m.seq, msgId: m.header.get('Nats-Msg-Id') };
         else await new Promise((r) => setTimeout(r, 10));
       }
@@ -110,8 +122,12 @@ describe('tools.execute: honest answers at the intake boundary', () => {
       // agent's next intent (another call of the same actor) takes its place. Its msg id stays in
       // the stream's duplicate window (2 minutes).
       await setIntentsLimits({ max_msgs_per_subject: 1 });
-      const laterCall = later.execute({ tool: 'sink.write', taskId: 'dup-ack-later', input: note('Later intent') }, { budgetMs: 15_000 });
-      const stored = () => t.jsm.streams.getMessage(t.subjects.intentsStream('acme'), { seq: first!.seq }).then((m) => m !== null);
+      const laterCall = later.execute(
+        { tool: 'sink.write', taskId: 'dup-ack-later', input: note('Later intent') },
+        { budgetMs: 15_000 },
+      );
+      const stored = () =>
+        t.jsm.streams.getMessage(t.subjects.intentsStream('acme'), { seq: first!.seq }).then((m) => m !== null);
       for (let i = 0; i < 200 && (await stored()); i++) await new Promise((r) => setTimeout(r, 10));
       expect(await stored()).toBe(false);
       hop.delay(0, 'down');
@@ -142,11 +158,14 @@ describe('tools.execute: honest answers at the intake boundary', () => {
     }
   });
 
-  it('refusal-not-unknown: a publish the server refused under the tenant\'s intake bound is rejected quota_exceeded with a retry-after, nothing stored or run; the same call commits once there is room', async () => {
+  it("refusal-not-unknown: a publish the server refused under the tenant's intake bound is rejected quota_exceeded with a retry-after, nothing stored or run; the same call commits once there is room", async () => {
     await startAuthorizer();
     const original = await intentsConfig();
     // An honest call first, so the stream holds at least one intent.
-    const before = await tools.execute({ tool: 'sink.write', taskId: 'refusal-before', input: note('Before the limit') }, { budgetMs: 10_000 });
+    const before = await tools.execute(
+      { tool: 'sink.write', taskId: 'refusal-before', input: note('Before the limit') },
+      { budgetMs: 10_000 },
+    );
     expect(before.status).toBe('committed');
     const input = note('Refused intent');
     const key = prepareCall(sinkWrite, 'refusal', input).operationKey;
@@ -155,7 +174,12 @@ describe('tools.execute: honest answers at the intake boundary', () => {
       const held = (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).state.messages;
       await setIntentsLimits({ max_msgs: held, discard: DiscardPolicy.New });
       const r = await tools.execute({ tool: 'sink.write', taskId: 'refusal', input }, { budgetMs: 4_000 });
-      expect(r, JSON.stringify(r)).toMatchObject({ status: 'rejected', operationKey: key, next: 'wait_or_stop', error: { class: 'quota_exceeded', retryAfterMs: 1_000 } });
+      expect(r, JSON.stringify(r)).toMatchObject({
+        status: 'rejected',
+        operationKey: key,
+        next: 'wait_or_stop',
+        error: { class: 'quota_exceeded', retryAfterMs: 1_000 },
+      });
       // Nothing was stored, nothing ran, nothing is registered under the key.
       expect((await storedIntents()).filter((m) => m.operationKey === key)).toEqual([]);
       expect(writesFor(key)).toHaveLength(0);

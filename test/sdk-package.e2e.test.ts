@@ -20,7 +20,10 @@ import { sinkWrite } from './fixtures/sink-tools.js';
 const run = promisify(execFile);
 const TENANT = 'acme';
 const ACTOR = 'alice';
-const rootPackage = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { dependencies: Record<string, string>; devDependencies: Record<string, string> };
+const rootPackage = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
+  dependencies: Record<string, string>;
+  devDependencies: Record<string, string>;
+};
 
 /**
  * The user's script: the sink.write contract written out again in plain JavaScript (the server
@@ -133,18 +136,48 @@ beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), 'tooltx-sdk-package-'));
   app = join(work, 'app');
   mkdirSync(app);
-  writeFileSync(join(app, 'package.json'), `${JSON.stringify({ name: 'sdk-user', version: '1.0.0', private: true, type: 'module' }, null, 2)}\n`);
+  writeFileSync(
+    join(app, 'package.json'),
+    `${JSON.stringify({ name: 'sdk-user', version: '1.0.0', private: true, type: 'module' }, null, 2)}\n`,
+  );
   // The package and the stack at the same time: neither needs the other until the call.
   const installing = (async () => {
     pack = await packSdk({ destination: work });
     // zod to write contracts with, @types/node for the type check: what a user's project has.
-    await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', pack.tarball, `zod@${rootPackage.dependencies.zod}`, `@types/node@${rootPackage.devDependencies['@types/node']}`], { cwd: app, env: npmEnv(), maxBuffer: 16 << 20 });
+    await run(
+      'npm',
+      [
+        'install',
+        '--prefer-offline',
+        '--no-audit',
+        '--no-fund',
+        pack.tarball,
+        `zod@${rootPackage.dependencies.zod}`,
+        `@types/node@${rootPackage.devDependencies['@types/node']}`,
+      ],
+      { cwd: app, env: npmEnv(), maxBuffer: 16 << 20 },
+    );
     // The type check runs beside the call (it needs nothing of the stack).
     writeFileSync(join(app, 'types-check.ts'), TYPES_CHECK);
     // As \`tsc --init\` writes it for Node: libraries' own declarations are not checked (skipLibCheck).
-    const compilerOptions = { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, types: ['node'], noEmit: true, skipLibCheck: true };
-    writeFileSync(join(app, 'tsconfig.json'), `${JSON.stringify({ compilerOptions, files: ['types-check.ts'] }, null, 2)}\n`);
-    typeCheck = run(process.execPath, [join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(app, 'tsconfig.json')], { cwd: app, maxBuffer: 16 << 20 }).then(
+    const compilerOptions = {
+      target: 'ES2022',
+      module: 'NodeNext',
+      moduleResolution: 'NodeNext',
+      strict: true,
+      types: ['node'],
+      noEmit: true,
+      skipLibCheck: true,
+    };
+    writeFileSync(
+      join(app, 'tsconfig.json'),
+      `${JSON.stringify({ compilerOptions, files: ['types-check.ts'] }, null, 2)}\n`,
+    );
+    typeCheck = run(
+      process.execPath,
+      [join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', join(app, 'tsconfig.json')],
+      { cwd: app, maxBuffer: 16 << 20 },
+    ).then(
       () => ({ code: 0, out: '' }),
       (err: { code?: number; stdout?: string }) => ({ code: err.code, out: err.stdout ?? '' }),
     );
@@ -168,18 +201,23 @@ afterAll(async () => {
 });
 
 describe('the SDK package', () => {
-  it('holds compiled JavaScript and bundled declarations only, and depends on npm packages at the repository\'s pins', () => {
+  it("holds compiled JavaScript and bundled declarations only, and depends on npm packages at the repository's pins", () => {
     expect(pack.tarball).toBe(join(work, `tooltx-client-${pack.version}.tgz`));
     expect(pack.files).toContain('dist/index.js');
     expect(pack.files).toContain('dist/index.d.ts');
     expect(pack.files).toContain('dist/contracts.js');
     expect(pack.files).toContain('dist/contracts.d.ts');
-    expect(pack.files.filter((f) => !/^(package\.json|README\.md|dist\/(chunks\/)?[\w.-]+\.(js|d\.ts))$/.test(f))).toEqual([]);
+    expect(
+      pack.files.filter((f) => !/^(package\.json|README\.md|dist\/(chunks\/)?[\w.-]+\.(js|d\.ts))$/.test(f)),
+    ).toEqual([]);
     expect(pack.files.filter((f) => /test|\.map$|\.env|\.pem$|\.nk$/.test(f))).toEqual([]);
-    const manifest = JSON.parse(readFileSync(join(app, 'node_modules', '@tooltx', 'client', 'package.json'), 'utf8')) as { dependencies: Record<string, string> };
+    const manifest = JSON.parse(
+      readFileSync(join(app, 'node_modules', '@tooltx', 'client', 'package.json'), 'utf8'),
+    ) as { dependencies: Record<string, string> };
     expect(manifest.dependencies).toEqual(pack.dependencies);
     expect(Object.keys(manifest.dependencies)).toContain('zod');
-    for (const [name, version] of Object.entries(manifest.dependencies)) expect({ name, version }).toEqual({ name, version: rootPackage.dependencies[name] });
+    for (const [name, version] of Object.entries(manifest.dependencies))
+      expect({ name, version }).toEqual({ name, version: rootPackage.dependencies[name] });
     // Nothing in it names where it was built or holds a key (a PEM block, an nkey seed), and no
     // module of it imports a workspace package.
     const dir = join(app, 'node_modules', '@tooltx', 'client');
@@ -193,15 +231,24 @@ describe('the SDK package', () => {
 
   it('installs without any workspace package from a registry', () => {
     // npm's record of the installed tree (what `npm ls` reads), nested installs included.
-    const tree = JSON.parse(readFileSync(join(app, 'node_modules', '.package-lock.json'), 'utf8')) as { packages: Record<string, { resolved?: string }> };
+    const tree = JSON.parse(readFileSync(join(app, 'node_modules', '.package-lock.json'), 'utf8')) as {
+      packages: Record<string, { resolved?: string }>;
+    };
     const ours = Object.entries(tree.packages).filter(([path]) => /(^|\/)node_modules\/@tooltx\//.test(path));
-    expect(ours).toEqual([['node_modules/@tooltx/client', expect.objectContaining({ resolved: `file:../${basename(pack.tarball)}` })]]);
+    expect(ours).toEqual([
+      ['node_modules/@tooltx/client', expect.objectContaining({ resolved: `file:../${basename(pack.tarball)}` })],
+    ]);
     expect(Object.keys(tree.packages)).toContain('node_modules/@nats-io/transport-node');
     expect(filesUnder(join(app, 'node_modules', '@tooltx')).filter((f) => !f.startsWith('client/'))).toEqual([]);
   });
 
-  it('a plain-node script importing only the package commits a call whose receipt verifies, under the server\'s interface digest', async () => {
-    const input = { bucket: 'kb-main', title: 'From the package', body: 'Installed with npm.', at: '2026-12-01T06:00:00Z' };
+  it("a plain-node script importing only the package commits a call whose receipt verifies, under the server's interface digest", async () => {
+    const input = {
+      bucket: 'kb-main',
+      title: 'From the package',
+      body: 'Installed with npm.',
+      at: '2026-12-01T06:00:00Z',
+    };
     const taskId = 'sdk-package-1';
     writeFileSync(join(app, 'call.mjs'), CALL_SCRIPT);
     const child = spawn(process.execPath, ['call.mjs'], {
@@ -225,16 +272,24 @@ describe('the SDK package', () => {
     child.stderr.setEncoding('utf8').on('data', (c: string) => (stderr += c));
     const code = await new Promise<number | null>((r) => child.once('close', r));
     expect({ code, stderr }).toEqual({ code: 0, stderr: '' });
-    const { interfaceDigest, outcome, verified } = JSON.parse(stdout) as { interfaceDigest: string; outcome: { status: string; operationKey: string; result: unknown; receipt: { resourceId: string } }; verified: unknown };
+    const { interfaceDigest, outcome, verified } = JSON.parse(stdout) as {
+      interfaceDigest: string;
+      outcome: { status: string; operationKey: string; result: unknown; receipt: { resourceId: string } };
+      verified: unknown;
+    };
     expect(interfaceDigest).toBe(sinkWrite.interfaceDigest);
     const key = prepareCall(sinkWrite, taskId, input).operationKey;
-    expect(outcome).toMatchObject({ status: 'committed', operationKey: key, receipt: { operationKey: key, tool: 'sink.write', state: 'committed' } });
+    expect(outcome).toMatchObject({
+      status: 'committed',
+      operationKey: key,
+      receipt: { operationKey: key, tool: 'sink.write', state: 'committed' },
+    });
     expect(outcome.result).toEqual({ noteId: outcome.receipt.resourceId });
     expect(verified).toEqual({ valid: true });
     expect(sink.writesFor((b) => b.key === downstreamKeyOf(TENANT, key))).toHaveLength(1);
   });
 
-  it('its declarations type a user\'s TypeScript (tsc --noEmit in the fresh project)', async () => {
+  it("its declarations type a user's TypeScript (tsc --noEmit in the fresh project)", async () => {
     expect(await typeCheck).toEqual({ code: 0, out: '' });
   });
 });

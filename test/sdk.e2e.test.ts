@@ -10,7 +10,13 @@ import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForOperation } from './helpers/ops.js';
 import { Sink } from './helpers/sink.js';
 import { contracts, sinkLookup, sinkWrite } from './fixtures/sink-tools.js';
-import { eventCountOf, pushMessageSchema, type IntentEnvelope, type PushMessage, type Receipt } from '@tooltx/lifecycle';
+import {
+  eventCountOf,
+  pushMessageSchema,
+  type IntentEnvelope,
+  type PushMessage,
+  type Receipt,
+} from '@tooltx/lifecycle';
 import { decode, encode, jetStreamOf } from '@tooltx/nats';
 
 const TENANT = 'acme';
@@ -20,7 +26,13 @@ let env: Record<string, string>;
 let procs: ServiceProcess[] = [];
 let tools: Tools;
 
-const note = (title: string, over: Record<string, unknown> = {}) => ({ bucket: 'kb-main', title, body: `Body of ${title}.`, at: '2026-11-30T06:00:00Z', ...over });
+const note = (title: string, over: Record<string, unknown> = {}) => ({
+  bucket: 'kb-main',
+  title,
+  body: `Body of ${title}.`,
+  at: '2026-11-30T06:00:00Z',
+  ...over,
+});
 const startServices = async () => {
   procs = await Promise.all([startService('authorizer', env), startService('executor', env)]);
 };
@@ -35,7 +47,15 @@ beforeAll(async () => {
   sink = await new Sink().start();
   env = { ...t.env, SINK_URL: sink.url, TOOLTX_DUPLICATE_WINDOW_MS: '1000' };
   await startServices();
-  tools = await createTools({ servers: t.url, tenant: TENANT, actor: 'alice', nkeyFile: t.agentSeed(TENANT, 'alice'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+  tools = await createTools({
+    servers: t.url,
+    tenant: TENANT,
+    actor: 'alice',
+    nkeyFile: t.agentSeed(TENANT, 'alice'),
+    contracts,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+  });
 });
 
 afterAll(async () => {
@@ -51,36 +71,74 @@ describe('tools.execute', () => {
     expect(r.status).toBe('committed');
     if (r.status !== 'committed') return;
     expect(r.result).toEqual({ noteId: r.receipt.resourceId });
-    expect(r.receipt).toMatchObject({ operationKey: r.operationKey, tool: 'sink.write', version: 1, state: 'committed', attempt: 1 });
+    expect(r.receipt).toMatchObject({
+      operationKey: r.operationKey,
+      tool: 'sink.write',
+      version: 1,
+      state: 'committed',
+      attempt: 1,
+    });
     expect(writesFor(r.operationKey)).toHaveLength(1);
   });
 
   it('returns rejected with field paths for fixable input, without sending anything', async () => {
     const before = sink.requests.length;
-    const r = await tools.execute({ tool: 'sink.write', taskId: 'sdk-bad', input: { ...note('Bad'), tenantId: 'other' } });
-    expect(r).toMatchObject({ status: 'rejected', next: 'replan', error: { class: 'invalid_input', issues: [{ path: ['input', 'tenantId'] }] } });
+    const r = await tools.execute({
+      tool: 'sink.write',
+      taskId: 'sdk-bad',
+      input: { ...note('Bad'), tenantId: 'other' },
+    });
+    expect(r).toMatchObject({
+      status: 'rejected',
+      next: 'replan',
+      error: { class: 'invalid_input', issues: [{ path: ['input', 'tenantId'] }] },
+    });
     expect(sink.requests.length).toBe(before);
   });
 
   it('reports a server-side refusal of its own submission from the decision subject (forged actorId)', async () => {
-    const r = await tools.execute({ tool: 'sink.write', taskId: 'sdk-forged', actorId: 'mallory', input: note('Forged') });
+    const r = await tools.execute({
+      tool: 'sink.write',
+      taskId: 'sdk-forged',
+      actorId: 'mallory',
+      input: note('Forged'),
+    });
     expect(r).toMatchObject({ status: 'rejected', next: 'reauthorise', error: { class: 'forbidden' } });
     expect(await history(t, TENANT, prepareCall(sinkWrite, 'sdk-forged', note('Forged')).operationKey)).toEqual([]);
   });
 
-  it('FM-25: a write made with a cached contract that differs from the server\'s (same name@version, another digest) is refused contract_mismatch and nothing runs; the server\'s contract commits it; a read with the stale contract still runs', async () => {
+  it("FM-25: a write made with a cached contract that differs from the server's (same name@version, another digest) is refused contract_mismatch and nothing runs; the server's contract commits it; a read with the stale contract still runs", async () => {
     const { id: _w, digest: _wd, ...writeSpec } = sinkWrite;
     const { id: _l, digest: _ld, ...lookupSpec } = sinkLookup;
-    const staleWrite = defineContract({ ...writeSpec, description: 'Write a note to the test sink (an older wording).' });
-    const staleLookup = defineContract({ ...lookupSpec, description: 'Read a value from the test sink (an older wording).' });
+    const staleWrite = defineContract({
+      ...writeSpec,
+      description: 'Write a note to the test sink (an older wording).',
+    });
+    const staleLookup = defineContract({
+      ...lookupSpec,
+      description: 'Read a value from the test sink (an older wording).',
+    });
     expect(staleWrite.interfaceDigest).not.toBe(sinkWrite.interfaceDigest);
-    const stale = await createTools({ servers: t.url, tenant: TENANT, actor: 'alice', nkeyFile: t.agentSeed(TENANT, 'alice'), contracts: [staleWrite, staleLookup], prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+    const stale = await createTools({
+      servers: t.url,
+      tenant: TENANT,
+      actor: 'alice',
+      nkeyFile: t.agentSeed(TENANT, 'alice'),
+      contracts: [staleWrite, staleLookup],
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+    });
     try {
       const input = note('Stale contract');
       const key = prepareCall(sinkWrite, 'fm25-write', input).operationKey;
       const before = sink.requests.length;
       const refused = await stale.execute({ tool: 'sink.write', taskId: 'fm25-write', input });
-      expect(refused).toMatchObject({ status: 'rejected', operationKey: key, next: 'refresh_contract', error: { class: 'contract_mismatch', issues: [{ path: ['interfaceDigest'], code: 'contract_mismatch' }] } });
+      expect(refused).toMatchObject({
+        status: 'rejected',
+        operationKey: key,
+        next: 'refresh_contract',
+        error: { class: 'contract_mismatch', issues: [{ path: ['interfaceDigest'], code: 'contract_mismatch' }] },
+      });
       // Refused at intake: no operation, no request to the sink.
       expect(await history(t, TENANT, key)).toEqual([]);
       expect(sink.requests.length).toBe(before);
@@ -101,9 +159,21 @@ describe('tools.execute', () => {
   it('precedence: a conflicting resubmission is told conflict, and the original caller still sees its committed receipt', async () => {
     const first = await tools.execute({ tool: 'sink.write', taskId: 'sdk-conflict', input: note('Orig') });
     expect(first.status).toBe('committed');
-    const bob = await createTools({ servers: t.url, tenant: TENANT, actor: 'bob', nkeyFile: t.agentSeed(TENANT, 'bob'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+    const bob = await createTools({
+      servers: t.url,
+      tenant: TENANT,
+      actor: 'bob',
+      nkeyFile: t.agentSeed(TENANT, 'bob'),
+      contracts,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+    });
     try {
-      const second = await bob.execute({ tool: 'sink.write', taskId: 'sdk-conflict', input: note('Orig', { priority: 'high' }) });
+      const second = await bob.execute({
+        tool: 'sink.write',
+        taskId: 'sdk-conflict',
+        input: note('Orig', { priority: 'high' }),
+      });
       expect(second).toMatchObject({ status: 'rejected', error: { class: 'idempotency_conflict' } });
     } finally {
       await bob.close();
@@ -118,10 +188,20 @@ describe('tools.execute', () => {
   it('the read policy seam runs before anything is revealed: an actor without rights gets the same answer as for a never-registered key', async () => {
     const done = await tools.execute({ tool: 'sink.write', taskId: 'sdk-private', input: note('Private') });
     expect(done.status).toBe('committed');
-    const eve = await createTools({ servers: t.url, tenant: TENANT, actor: 'noread-eve', nkeyFile: t.agentSeed(TENANT, 'noread-eve'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+    const eve = await createTools({
+      servers: t.url,
+      tenant: TENANT,
+      actor: 'noread-eve',
+      nkeyFile: t.agentSeed(TENANT, 'noread-eve'),
+      contracts,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+    });
     try {
       const registered = await eve.status({ operationKey: done.operationKey! });
-      const never = await eve.status({ operationKey: prepareCall(sinkWrite, 'sdk-private', note('Never written')).operationKey });
+      const never = await eve.status({
+        operationKey: prepareCall(sinkWrite, 'sdk-private', note('Never written')).operationKey,
+      });
       const { at: _a, operationKey: _k1, ...r } = registered;
       const { at: _b, operationKey: _k2, ...n } = never;
       expect(r).toEqual({ state: 'not_seen', source: 'none', seq: 0 });
@@ -134,7 +214,9 @@ describe('tools.execute', () => {
 
   it('the committed answer is pushed to the agent, so a call accepted before the status endpoint stopped still returns its verified receipt', async () => {
     // A first call on this connection shows the SDK that answers are pushed here.
-    expect((await tools.execute({ tool: 'sink.write', taskId: 'push-warm', input: note('Warm') })).status).toBe('committed');
+    expect((await tools.execute({ tool: 'sink.write', taskId: 'push-warm', input: note('Warm') })).status).toBe(
+      'committed',
+    );
     sink.delayMs = 1_500;
     const input = note('Pushed');
     const key = prepareCall(sinkWrite, 'push-1', input).operationKey;
@@ -161,7 +243,10 @@ describe('tools.execute', () => {
     // The agent's own connection, listening where its answers are pushed.
     const nc = await t.connectAs({ kind: 'agent', tenant: TENANT, actor: 'alice' });
     const pushed = new Map<string, PushMessage>();
-    nc.subscribe(t.subjects.pushesOf(TENANT, 'alice'), { callback: (e, m) => void (e ? undefined : pushed.set(m.subject.split('.').at(-1)!, decode(pushMessageSchema, m.data))) });
+    nc.subscribe(t.subjects.pushesOf(TENANT, 'alice'), {
+      callback: (e, m) =>
+        void (e ? undefined : pushed.set(m.subject.split('.').at(-1)!, decode(pushMessageSchema, m.data))),
+    });
     const { js } = await jetStreamOf(nc);
     const submit = async (envelope: IntentEnvelope) => {
       const s = newSubmission(t.subjects, TENANT, 'alice', envelope);
@@ -173,11 +258,25 @@ describe('tools.execute', () => {
       const lookup = { tool: 'sink.lookup', version: 1, taskId: 'push-what', input: { name: 'pushed-read' } };
       const key = prepareCall(sinkLookup, 'push-what', lookup.input).operationKey;
       const first = await submit(lookup);
-      expect(first).toMatchObject({ operationKey: key, state: 'committed', source: 'operation', ownAttempt: true, inputMatches: true, result: { value: 'v-pushed-read' } });
+      expect(first).toMatchObject({
+        operationKey: key,
+        state: 'committed',
+        source: 'operation',
+        ownAttempt: true,
+        inputMatches: true,
+        result: { value: 'v-pushed-read' },
+      });
       const again = await submit(lookup);
-      expect(again).toMatchObject({ operationKey: key, state: 'committed', ownAttempt: false, result: { value: 'v-pushed-read' } });
+      expect(again).toMatchObject({
+        operationKey: key,
+        state: 'committed',
+        ownAttempt: false,
+        result: { value: 'v-pushed-read' },
+      });
       expect('receipt' in again && again.receipt).toEqual('receipt' in first && first.receipt);
-      expect(tools.verify({ operationKey: key, ...(first as { receipt: Receipt; result: unknown }) })).toEqual({ valid: true });
+      expect(tools.verify({ operationKey: key, ...(first as { receipt: Receipt; result: unknown }) })).toEqual({
+        valid: true,
+      });
       // A forged actorId is refused at intake: its answer is the status endpoint's (a decision), pushed as "poll".
       expect(await submit({ ...lookup, taskId: 'push-forged', actorId: 'bob' })).toMatchObject({ poll: true });
     } finally {
@@ -188,7 +287,15 @@ describe('tools.execute', () => {
   it('an agent whose identity may not subscribe to its push subject (an older auth configuration) still gets its answers, from the status endpoint', async () => {
     const pushes = `"${t.subjects.pushesOf(TENANT, 'bob')}"`;
     await reloadConfig(t, (c) => c.replace(pushes, `"${t.subjects.pushesOf(TENANT, 'nobody')}"`));
-    const bob = await createTools({ servers: t.url, tenant: TENANT, actor: 'bob', nkeyFile: t.agentSeed(TENANT, 'bob'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+    const bob = await createTools({
+      servers: t.url,
+      tenant: TENANT,
+      actor: 'bob',
+      nkeyFile: t.agentSeed(TENANT, 'bob'),
+      contracts,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+    });
     try {
       for (const title of ['Unpushed 1', 'Unpushed 2']) {
         const r = await bob.execute({ tool: 'sink.write', taskId: 'no-push', input: note(title) });
@@ -201,26 +308,47 @@ describe('tools.execute', () => {
     }
   });
 
-  it('FM-32: another agent of the tenant can make the status service answer onto an agent\'s push subject; the agent takes only a committed answer for its own key, so its call still returns its own receipt', async () => {
+  it("FM-32: another agent of the tenant can make the status service answer onto an agent's push subject; the agent takes only a committed answer for its own key, so its call still returns its own receipt", async () => {
     // What alice can relay: her own committed receipt, her own refusal (a forged actorId), a never-registered key.
     const own = await tools.execute({ tool: 'sink.write', taskId: 'inject-own', input: note('Alice own') });
     expect(own.status).toBe('committed');
-    const refused = await tools.execute({ tool: 'sink.write', taskId: 'inject-refused', actorId: 'bob', input: note('Alice refused') });
+    const refused = await tools.execute({
+      tool: 'sink.write',
+      taskId: 'inject-refused',
+      actorId: 'bob',
+      input: note('Alice refused'),
+    });
     expect(refused.status).toBe('rejected');
-    const relayed = [own.operationKey!, refused.operationKey!, prepareCall(sinkWrite, 'inject-never', note('Never')).operationKey];
+    const relayed = [
+      own.operationKey!,
+      refused.operationKey!,
+      prepareCall(sinkWrite, 'inject-never', note('Never')).operationKey,
+    ];
     let n = 0;
-    const bob = await createTools({ servers: t.url, tenant: TENANT, actor: 'bob', nkeyFile: t.agentSeed(TENANT, 'bob'), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, submissionIdFactory: () => `bob-sub-${n++}` });
+    const bob = await createTools({
+      servers: t.url,
+      tenant: TENANT,
+      actor: 'bob',
+      nkeyFile: t.agentSeed(TENANT, 'bob'),
+      contracts,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+      submissionIdFactory: () => `bob-sub-${n++}`,
+    });
     const alice = await t.connectAs({ kind: 'agent', tenant: TENANT, actor: 'alice' });
     let injecting = true;
     let injected = 0;
     try {
       // A first call, so bob's connection has seen a push and waits for one first.
-      expect((await bob.execute({ tool: 'sink.write', taskId: 'inject-warm', input: note('Bob warm') })).status).toBe('committed');
+      expect((await bob.execute({ tool: 'sink.write', taskId: 'inject-warm', input: note('Bob warm') })).status).toBe(
+        'committed',
+      );
       // Its next submission's id is predictable (bob-sub-1): alice answers onto its push subject, over and over.
       const target = t.subjects.push(TENANT, 'bob', 'bob-sub-1')!;
       const injector = (async () => {
         while (injecting) {
-          for (const k of relayed) alice.publish(t.subjects.status(TENANT, 'alice'), encode({ operationKey: k }), { reply: target });
+          for (const k of relayed)
+            alice.publish(t.subjects.status(TENANT, 'alice'), encode({ operationKey: k }), { reply: target });
           injected += relayed.length;
           await new Promise((r) => setTimeout(r, 5));
         }
@@ -249,12 +377,18 @@ describe('tools.execute', () => {
       const injector2 = (async () => {
         // Dense: a relayed answer must be on its way whenever bob's call starts waiting.
         while (injecting) {
-          for (let i = 0; i < 20; i++) alice.publish(t.subjects.status(TENANT, 'alice'), encode({ operationKey: key, waitMs: 0 }), { reply: target2 });
+          for (let i = 0; i < 20; i++)
+            alice.publish(t.subjects.status(TENANT, 'alice'), encode({ operationKey: key, waitMs: 0 }), {
+              reply: target2,
+            });
           await new Promise((r) => setTimeout(r, 1));
         }
       })();
       await new Promise((r) => setTimeout(r, 100));
-      const c = await bob.execute({ tool: 'sink.write', taskId: 'inject-dst', input: conflicting }, { budgetMs: 15_000 });
+      const c = await bob.execute(
+        { tool: 'sink.write', taskId: 'inject-dst', input: conflicting },
+        { budgetMs: 15_000 },
+      );
       injecting = false;
       await injector2;
       expect(c).toMatchObject({ status: 'rejected', error: { class: 'idempotency_conflict' } });
@@ -269,7 +403,10 @@ describe('tools.execute', () => {
 
   it('calls with under 2.1 s of budget (no room for a status long-poll) commit with their verified receipts', async () => {
     for (let i = 0; i < 5; i++) {
-      const r = await tools.execute({ tool: 'sink.write', taskId: 'short-budget', input: note(`Short ${i}`) }, { budgetMs: 1_500 });
+      const r = await tools.execute(
+        { tool: 'sink.write', taskId: 'short-budget', input: note(`Short ${i}`) },
+        { budgetMs: 1_500 },
+      );
       expect(r.status).toBe('committed');
       if (r.status === 'committed') expect(tools.verify(r)).toEqual({ valid: true });
     }
@@ -278,7 +415,11 @@ describe('tools.execute', () => {
   it('an executor with as many attempts in flight as its concurrency writes nothing to stderr (no listener warning outside the JSON logs)', async () => {
     sink.delayMs = 300;
     try {
-      const rs = await Promise.all(Array.from({ length: 20 }, (_, i) => tools.execute({ tool: 'sink.write', taskId: 'many-in-flight', input: note(`Many ${i}`) })));
+      const rs = await Promise.all(
+        Array.from({ length: 20 }, (_, i) =>
+          tools.execute({ tool: 'sink.write', taskId: 'many-in-flight', input: note(`Many ${i}`) }),
+        ),
+      );
       expect(rs.map((r) => r.status)).toEqual(rs.map(() => 'committed'));
     } finally {
       sink.delayMs = 0;
@@ -289,8 +430,15 @@ describe('tools.execute', () => {
   it('resubmits a read rejected as dependency_unavailable and returns the committed later attempt', async () => {
     sink.hang = true;
     setTimeout(() => (sink.hang = false), 800);
-    const r = await tools.execute({ tool: 'sink.lookup', taskId: 'sdk-retry', input: { name: 'depth' } }, { budgetMs: 20_000 });
-    expect(r).toMatchObject({ status: 'committed', result: { value: 'v-depth' }, receipt: { resourceId: 'value:depth' } });
+    const r = await tools.execute(
+      { tool: 'sink.lookup', taskId: 'sdk-retry', input: { name: 'depth' } },
+      { budgetMs: 20_000 },
+    );
+    expect(r).toMatchObject({
+      status: 'committed',
+      result: { value: 'v-depth' },
+      receipt: { resourceId: 'value:depth' },
+    });
     if (r.status === 'committed') expect(r.receipt.attempt).toBeGreaterThanOrEqual(2);
   });
 
@@ -304,7 +452,11 @@ describe('tools.execute', () => {
     try {
       const input = note('Slow');
       const key = prepareCall(sinkWrite, 'sdk-slow', input).operationKey;
-      const send = () => publishSubmission(t.js, newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'sdk-slow', input }));
+      const send = () =>
+        publishSubmission(
+          t.js,
+          newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'sdk-slow', input }),
+        );
       await send();
       await waitForOperation(t, TENANT, key, (x) => x.status === 'running');
       // What the caller saw: the operation's own event count at `running` (the answer's `seq`).
@@ -320,10 +472,23 @@ describe('tools.execute', () => {
       const done = await waitForOperation(t, TENANT, key, (x) => x.status === 'committed');
       expect(done).toMatchObject({ attempt: 2 });
       const a = await poll;
-      expect(a).toMatchObject({ state: 'rejected', source: 'operation', seq: runningSeq + 1, attempt: 1, error: { class: 'forbidden' } });
+      expect(a).toMatchObject({
+        state: 'rejected',
+        source: 'operation',
+        seq: runningSeq + 1,
+        attempt: 1,
+        error: { class: 'forbidden' },
+      });
       expect(a.receipt).toBeUndefined();
       // The operation went on past that answer: the later change exists, and was not what the waiting request got.
-      expect((await history(t, TENANT, key)).map((e) => e.type)).toEqual(['accepted', 'running', 'rejected', 'accepted', 'running', 'committed']);
+      expect((await history(t, TENANT, key)).map((e) => e.type)).toEqual([
+        'accepted',
+        'running',
+        'rejected',
+        'accepted',
+        'running',
+        'committed',
+      ]);
       expect(writesFor(key)).toHaveLength(2);
     } finally {
       sink.delayMs = 0;
@@ -333,14 +498,27 @@ describe('tools.execute', () => {
 
   it('a never-seen key is answered not_seen after the wait, and a bad status request gets field paths', async () => {
     const key = prepareCall(sinkWrite, 'never', note('Never')).operationKey;
-    expect(await tools.status({ operationKey: key, waitMs: 200 })).toMatchObject({ state: 'not_seen', source: 'none', seq: 0 });
-    await expect(tools.status({ operationKey: 'nope' } as never)).rejects.toMatchObject({ class: 'invalid_input', issues: [{ path: ['operationKey'] }] });
+    expect(await tools.status({ operationKey: key, waitMs: 200 })).toMatchObject({
+      state: 'not_seen',
+      source: 'none',
+      seq: 0,
+    });
+    await expect(tools.status({ operationKey: 'nope' } as never)).rejects.toMatchObject({
+      class: 'invalid_input',
+      issues: [{ path: ['operationKey'] }],
+    });
   });
 
   it('FM-30: a retransmission after the dedup windows is stored again, yet the operation runs once and the caller gets the original receipt', async () => {
     const input = note('Late retransmission');
     const key = prepareCall(sinkWrite, 'fm30', input).operationKey;
-    const s = newSubmission(t.subjects, TENANT, 'alice', { tool: 'sink.write', version: 1, taskId: 'fm30', operationKey: key, input });
+    const s = newSubmission(t.subjects, TENANT, 'alice', {
+      tool: 'sink.write',
+      version: 1,
+      taskId: 'fm30',
+      operationKey: key,
+      input,
+    });
     const ack1 = await publishSubmission(t.js, s);
     const done = await waitForOperation(t, TENANT, key, (x) => x.status === 'committed');
     await new Promise((r) => setTimeout(r, 1_500)); // past both 1 s windows
@@ -382,10 +560,21 @@ describe('tools.execute never throws', () => {
   it('returns invalid_input with the path for a bad budget, and unknown (not an exception) when the intent stream is missing', async () => {
     const bad = await tools.execute({ tool: 'sink.write', taskId: 'x', input: note('Budget') }, { budgetMs: -5 });
     // Paths are relative to the argument the caller passed: the option's own name.
-    expect(bad).toMatchObject({ status: 'rejected', error: { class: 'invalid_input', issues: [{ path: ['budgetMs'] }] } });
+    expect(bad).toMatchObject({
+      status: 'rejected',
+      error: { class: 'invalid_input', issues: [{ path: ['budgetMs'] }] },
+    });
     // An agent of a prefix the server authorises but nobody provisioned: nothing is known to be stored, nothing thrown.
     const bare = await provisioned({}, undefined, { apply: false });
-    const lost = await createTools({ servers: bare.url, tenant: TENANT, actor: 'alice', nkeyFile: bare.agentSeed(TENANT, 'alice'), contracts, prefix: bare.subjects.prefix, receiptKeys: bare.auth.receiptKeysFile });
+    const lost = await createTools({
+      servers: bare.url,
+      tenant: TENANT,
+      actor: 'alice',
+      nkeyFile: bare.agentSeed(TENANT, 'alice'),
+      contracts,
+      prefix: bare.subjects.prefix,
+      receiptKeys: bare.auth.receiptKeysFile,
+    });
     try {
       const r = await lost.execute({ tool: 'sink.write', taskId: 'x', input: note('Nowhere') }, { budgetMs: 2_000 });
       expect(r.status).toBe('unknown');

@@ -38,7 +38,16 @@ describe('service processes', () => {
   });
 
   it('fails fast on bad configuration, listing every problem (exit 2)', async () => {
-    const p = await startService('authorizer', { NATS_URL: 'nats://127.0.0.1:9', TOOLTX_PREFIX: 'Bad.Prefix', TOOLTX_CONCURRENCY: 'lots', TOOLTX_TOOLS_MODULE: '' }, { wait: false });
+    const p = await startService(
+      'authorizer',
+      {
+        NATS_URL: 'nats://127.0.0.1:9',
+        TOOLTX_PREFIX: 'Bad.Prefix',
+        TOOLTX_CONCURRENCY: 'lots',
+        TOOLTX_TOOLS_MODULE: '',
+      },
+      { wait: false },
+    );
     expect(await p.exited).toBe(2);
     expect(p.stderr).toContain('TOOLTX_PREFIX');
     expect(p.stderr).toContain('TOOLTX_CONCURRENCY');
@@ -57,7 +66,9 @@ describe('service processes', () => {
 
 async function startHelp(name: ServiceName): Promise<{ code: number | null; out: string }> {
   const { spawn } = await import('node:child_process');
-  const child = spawn(process.execPath, ['--import', 'tsx', `services/${name}/src/main.ts`, '--help'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', `services/${name}/src/main.ts`, '--help'], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let out = '';
   child.stdout.on('data', (c: Buffer) => (out += c.toString()));
   const code = await new Promise<number | null>((r) => child.once('exit', r));
@@ -73,7 +84,11 @@ describe('shutdown with status long-polls waiting', () => {
       // A key never registered: the request would wait its whole 30 s (the longest allowed) for a change,
       // past the service's 15 s shutdown grace.
       const { operationKey } = sampleOperation('committed', 7);
-      const asked = agent.request(t.subjects.status('acme', 'alice'), encode({ operationKey, waitMs: 30_000, untilFinal: true }), { timeout: 40_000 });
+      const asked = agent.request(
+        t.subjects.status('acme', 'alice'),
+        encode({ operationKey, waitMs: 30_000, untilFinal: true }),
+        { timeout: 40_000 },
+      );
       await new Promise((r) => setTimeout(r, 300)); // the request is in the authorizer's hands
       const code = authorizer.stop();
       expect(decodeRaw((await asked).data)).toMatchObject({ operationKey, state: 'not_seen' });
@@ -86,12 +101,13 @@ describe('shutdown with status long-polls waiting', () => {
 });
 
 describe('poison messages', () => {
-  it('an agent\'s undecodable intents are terminated once, never redelivered: they hold no slot of the authorizer\'s consumer', async () => {
+  it("an agent's undecodable intents are terminated once, never redelivered: they hold no slot of the authorizer's consumer", async () => {
     const t = await provisioned();
     const authorizer = await startService('authorizer', t.env);
     const agent = await t.connectAs({ kind: 'agent', tenant: 'acme', actor: 'alice' });
     try {
-      for (let i = 0; i < 30; i++) agent.publish(t.subjects.intent('acme', 'alice'), new TextEncoder().encode('{"not":"msgpack"'));
+      for (let i = 0; i < 30; i++)
+        agent.publish(t.subjects.intent('acme', 'alice'), new TextEncoder().encode('{"not":"msgpack"'));
       await agent.flush();
       // Terminated (a bare +TERM, which 2.9.10 understands): nothing left pending, nothing redelivered.
       let info = await t.jsm.consumers.info(t.subjects.intentsStream('acme'), 'authorizer');

@@ -53,33 +53,88 @@ async function failure(p: ServiceProcess): Promise<{ line: Record<string, unknow
 /** Runs `script` with only `env` (plus PATH), in `cwd` (tsx is loaded by its path: it resolves from any directory). */
 function run(script: string, args: string[], env: Record<string, string>, cwd = ROOT): ServiceProcess {
   const tsx = pathToFileURL(join(ROOT, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
-  const child = spawn(process.execPath, ['--import', tsx, join(ROOT, script), ...args], { cwd, env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', tsx, join(ROOT, script), ...args], {
+    cwd,
+    env: { PATH: process.env.PATH ?? '', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   return new ServiceProcess(script, child);
 }
 
 describe('a service that cannot start', () => {
-  it('names the tools module, the nkey or credentials file, or the server, with the value — never a URL\'s password', async () => {
+  it("names the tools module, the nkey or credentials file, or the server, with the value — never a URL's password", async () => {
     const cases: { env: Record<string, string>; setting: string; value: string; says: string }[] = [
-      { env: { TOOLTX_TOOLS_MODULE: join(dir, 'nope', 'tools.ts') }, setting: 'TOOLTX_TOOLS_MODULE', value: join(dir, 'nope', 'tools.ts'), says: 'no such file' },
-      { env: { TOOLTX_TOOLS_MODULE: join(ROOT, 'libs', 'runtime', 'src', 'config.ts') }, setting: 'TOOLTX_TOOLS_MODULE', value: join(ROOT, 'libs', 'runtime', 'src', 'config.ts'), says: 'must export a non-empty `implementations` array' },
-      { env: { NATS_NKEY_FILE: join(dir, 'nope.nk') }, setting: 'NATS_NKEY_FILE', value: join(dir, 'nope.nk'), says: 'ENOENT' },
+      {
+        env: { TOOLTX_TOOLS_MODULE: join(dir, 'nope', 'tools.ts') },
+        setting: 'TOOLTX_TOOLS_MODULE',
+        value: join(dir, 'nope', 'tools.ts'),
+        says: 'no such file',
+      },
+      {
+        env: { TOOLTX_TOOLS_MODULE: join(ROOT, 'libs', 'runtime', 'src', 'config.ts') },
+        setting: 'TOOLTX_TOOLS_MODULE',
+        value: join(ROOT, 'libs', 'runtime', 'src', 'config.ts'),
+        says: 'must export a non-empty `implementations` array',
+      },
+      {
+        env: { NATS_NKEY_FILE: join(dir, 'nope.nk') },
+        setting: 'NATS_NKEY_FILE',
+        value: join(dir, 'nope.nk'),
+        says: 'ENOENT',
+      },
       { env: { NATS_CREDS_FILE: dir }, setting: 'NATS_CREDS_FILE', value: dir, says: 'EISDIR' },
-      { env: { NATS_URL: `nats://alice:s3cret-pw@127.0.0.1:${closedPort}` }, setting: 'NATS_URL', value: `nats://[redacted]@127.0.0.1:${closedPort}`, says: 'ECONNREFUSED' },
+      {
+        env: { NATS_URL: `nats://alice:s3cret-pw@127.0.0.1:${closedPort}` },
+        setting: 'NATS_URL',
+        value: `nats://[redacted]@127.0.0.1:${closedPort}`,
+        says: 'ECONNREFUSED',
+      },
       // `.invalid` never resolves (RFC 2606): ENOTFOUND, or EAI_AGAIN without a resolver.
-      { env: { NATS_URL: 'nats://tooltx-trial.invalid:4222' }, setting: 'NATS_URL', value: 'nats://tooltx-trial.invalid:4222', says: 'the host name does not resolve' },
+      {
+        env: { NATS_URL: 'nats://tooltx-trial.invalid:4222' },
+        setting: 'NATS_URL',
+        value: 'nats://tooltx-trial.invalid:4222',
+        says: 'the host name does not resolve',
+      },
       // The research tools module's own settings, named the same way.
-      { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_TIMING_MS: '5000,abc' }, setting: 'KB_TIMING_MS', value: '5000,abc', says: 'three positive integers' },
-      { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_DEDUP: 'maybe' }, setting: 'KB_DEDUP', value: 'maybe', says: 'expected "on" or "off"' },
-      { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_KEEPALIVE: 'yes' }, setting: 'KB_KEEPALIVE', value: 'yes', says: 'expected "on" or "off"' },
-      { env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_READ_POLICY_CACHE_MS: '1e3' }, setting: 'KB_READ_POLICY_CACHE_MS', value: '1e3', says: 'integer number of ms from 0 to 60000' },
+      {
+        env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_TIMING_MS: '5000,abc' },
+        setting: 'KB_TIMING_MS',
+        value: '5000,abc',
+        says: 'three positive integers',
+      },
+      {
+        env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_DEDUP: 'maybe' },
+        setting: 'KB_DEDUP',
+        value: 'maybe',
+        says: 'expected "on" or "off"',
+      },
+      {
+        env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_KEEPALIVE: 'yes' },
+        setting: 'KB_KEEPALIVE',
+        value: 'yes',
+        says: 'expected "on" or "off"',
+      },
+      {
+        env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_READ_POLICY_CACHE_MS: '1e3' },
+        setting: 'KB_READ_POLICY_CACHE_MS',
+        value: '1e3',
+        says: 'integer number of ms from 0 to 60000',
+      },
     ];
     for (const c of cases) {
-      const p = await startService('authorizer', { NATS_URL: `nats://127.0.0.1:${closedPort}`, ...c.env }, { wait: false });
+      const p = await startService(
+        'authorizer',
+        { NATS_URL: `nats://127.0.0.1:${closedPort}`, ...c.env },
+        { wait: false },
+      );
       const { line, stderr } = await failure(p);
       expect(line).toMatchObject({ setting: c.setting, value: c.value });
       expect(String(line.problem)).toContain(c.says);
       // One line on stderr: the program, the setting with its value, the problem.
-      expect(stderr.trim().split('\n')).toEqual([expect.stringContaining(`tooltx-authorizer: cannot start: ${c.setting}=${c.value}: `)]);
+      expect(stderr.trim().split('\n')).toEqual([
+        expect.stringContaining(`tooltx-authorizer: cannot start: ${c.setting}=${c.value}: `),
+      ]);
       expect(stderr).toContain(c.says);
       expect(JSON.stringify(p.lines) + stderr).not.toContain('s3cret-pw');
     }
@@ -89,24 +144,67 @@ describe('a service that cannot start', () => {
     const t: TestNats = await provisioned();
     try {
       writeFileSync(join(dir, 'not-a-seed.nk'), 'hello\n', { mode: 0o600 });
-      const p = await startService('authorizer', { ...t.env, NATS_NKEY_FILE: join(dir, 'not-a-seed.nk') }, { wait: false });
+      const p = await startService(
+        'authorizer',
+        { ...t.env, NATS_NKEY_FILE: join(dir, 'not-a-seed.nk') },
+        { wait: false },
+      );
       const { line } = await failure(p);
-      expect(line).toMatchObject({ setting: 'NATS_NKEY_FILE', value: join(dir, 'not-a-seed.nk'), problem: expect.stringContaining('not an nkey seed') });
+      expect(line).toMatchObject({
+        setting: 'NATS_NKEY_FILE',
+        value: join(dir, 'not-a-seed.nk'),
+        problem: expect.stringContaining('not an nkey seed'),
+      });
       // A seed file given as a creds file: named, its text never shown.
-      const creds = await failure(await startService('authorizer', { ...t.env, NATS_NKEY_FILE: '', NATS_CREDS_FILE: t.auth.seedFile({ kind: 'service', service: 'authorizer' }) }, { wait: false }));
-      expect(creds.line).toMatchObject({ setting: 'NATS_CREDS_FILE', problem: 'not a .creds file (a JWT and an nkey seed)' });
+      const creds = await failure(
+        await startService(
+          'authorizer',
+          {
+            ...t.env,
+            NATS_NKEY_FILE: '',
+            NATS_CREDS_FILE: t.auth.seedFile({ kind: 'service', service: 'authorizer' }),
+          },
+          { wait: false },
+        ),
+      );
+      expect(creds.line).toMatchObject({
+        setting: 'NATS_CREDS_FILE',
+        problem: 'not a .creds file (a JWT and an nkey seed)',
+      });
       // Another service's seed: the identity is named, not the prefix.
-      const otherSeed = await failure(await startService('authorizer', { ...t.env, NATS_NKEY_FILE: t.auth.seedFile({ kind: 'service', service: 'reconciler' }) }, { wait: false }));
-      expect(otherSeed.line).toMatchObject({ setting: 'NATS_NKEY_FILE', problem: expect.stringContaining("this identity is not the authorizer service's") });
+      const otherSeed = await failure(
+        await startService(
+          'authorizer',
+          { ...t.env, NATS_NKEY_FILE: t.auth.seedFile({ kind: 'service', service: 'reconciler' }) },
+          { wait: false },
+        ),
+      );
+      expect(otherSeed.line).toMatchObject({
+        setting: 'NATS_NKEY_FILE',
+        problem: expect.stringContaining("this identity is not the authorizer service's"),
+      });
       // A durable that is not there.
-      const durable = await failure(await startService('executor', { ...t.env, TOOLTX_EXECUTOR_DURABLE: 'nosuch' }, { wait: false }));
-      expect(durable.line).toMatchObject({ setting: 'TOOLTX_EXECUTOR_DURABLE', value: 'nosuch', problem: expect.stringContaining('no durable consumer of that name') });
+      const durable = await failure(
+        await startService('executor', { ...t.env, TOOLTX_EXECUTOR_DURABLE: 'nosuch' }, { wait: false }),
+      );
+      expect(durable.line).toMatchObject({
+        setting: 'TOOLTX_EXECUTOR_DURABLE',
+        value: 'nosuch',
+        problem: expect.stringContaining('no durable consumer of that name'),
+      });
       // Someone else's server: a valid seed of another deployment.
       const other: TestNats = await provisioned();
       try {
-        const q = await startService('authorizer', { ...t.env, NATS_NKEY_FILE: other.auth.seedFile({ kind: 'service', service: 'authorizer' }) }, { wait: false });
+        const q = await startService(
+          'authorizer',
+          { ...t.env, NATS_NKEY_FILE: other.auth.seedFile({ kind: 'service', service: 'authorizer' }) },
+          { wait: false },
+        );
         const refused = await failure(q);
-        expect(refused.line).toMatchObject({ setting: 'NATS_NKEY_FILE', problem: expect.stringContaining('refused this identity') });
+        expect(refused.line).toMatchObject({
+          setting: 'NATS_NKEY_FILE',
+          problem: expect.stringContaining('refused this identity'),
+        });
       } finally {
         await other.close();
       }
@@ -118,7 +216,14 @@ describe('a service that cannot start', () => {
   it('every bad variable is named with its value, spaces alone are refused, and a variable set empty counts as unset (docs/operating.md "Configuration")', async () => {
     const p = await startService(
       'executor',
-      { NATS_URL: '  ', LOG_LEVEL: 'verbose', TOOLTX_CONCURRENCY: '0', TOOLTX_INSTANCE_ID: '', TOOLTX_PREFIX: '', TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS },
+      {
+        NATS_URL: '  ',
+        LOG_LEVEL: 'verbose',
+        TOOLTX_CONCURRENCY: '0',
+        TOOLTX_INSTANCE_ID: '',
+        TOOLTX_PREFIX: '',
+        TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
+      },
       { wait: false },
     );
     const { line, stderr } = await failure(p);
@@ -128,23 +233,33 @@ describe('a service that cannot start', () => {
     expect(stderr.split('\n')).toEqual([
       'tooltx-executor: invalid configuration:',
       '  - NATS_URL="  ": spaces alone are not a value: unset it (or set it empty) for the default',
-      expect.stringMatching(/^  - LOG_LEVEL=verbose: Invalid option: expected one of "fatal"/),
+      expect.stringMatching(/^ {2}- LOG_LEVEL=verbose: Invalid option: expected one of "fatal"/),
       '  - TOOLTX_CONCURRENCY=0: expected an integer 1..1024',
       '',
     ]);
     // A URL's user-info never shows, even in a configuration error next to it.
-    const q = await failure(await startService('executor', { NATS_URL: 'nats://alice:s3cret-pw@127.0.0.1:1', LOG_LEVEL: 'verbose', TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS }, { wait: false }));
+    const q = await failure(
+      await startService(
+        'executor',
+        { NATS_URL: 'nats://alice:s3cret-pw@127.0.0.1:1', LOG_LEVEL: 'verbose', TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS },
+        { wait: false },
+      ),
+    );
     expect(q.stderr).toContain('LOG_LEVEL=verbose: ');
     expect(JSON.stringify(q.line) + q.stderr).not.toContain('s3cret-pw');
   });
 
-  it('the reconciler\'s own settings are validated: an interval that is not a positive integer, a sweep that is not on|off (exit 2, each named)', async () => {
+  it("the reconciler's own settings are validated: an interval that is not a positive integer, a sweep that is not on|off (exit 2, each named)", async () => {
     for (const env of [
       { TOOLTX_RECONCILE_INTERVAL_MS: '-5', TOOLTX_RECONCILE_SWEEP: 'maybe' },
       { TOOLTX_RECONCILE_INTERVAL_MS: 'abc', TOOLTX_RECONCILE_SWEEP: 'OFF' },
       { TOOLTX_RECONCILE_INTERVAL_MS: '0', TOOLTX_RECONCILE_SWEEP: 'false' },
     ]) {
-      const p = await startService('reconciler', { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_SIGNING_KEY_FILE: join(dir, 'unused.pem'), ...env }, { wait: false });
+      const p = await startService(
+        'reconciler',
+        { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_SIGNING_KEY_FILE: join(dir, 'unused.pem'), ...env },
+        { wait: false },
+      );
       const { line, stderr } = await failure(p);
       expect(line.settings).toEqual(['TOOLTX_RECONCILE_INTERVAL_MS', 'TOOLTX_RECONCILE_SWEEP']);
       expect(stderr).toContain('tooltx-reconciler: invalid configuration:');
@@ -155,9 +270,29 @@ describe('a service that cannot start', () => {
 
   it('the hold and batch settings take decimal integers only: a blank, hex, an exponent or a fraction is refused, never read as 0 or as a number (exit 2, each named)', async () => {
     for (const bad of [' ', '0x10', '1e3', '1.5', '-1', '60001']) {
-      const r = await failure(await startService('reconciler', { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_SIGNING_KEY_FILE: join(dir, 'unused.pem'), TOOLTX_RECONCILE_INDEX_DELAY_MS: bad }, { wait: false }));
+      const r = await failure(
+        await startService(
+          'reconciler',
+          {
+            NATS_URL: `nats://127.0.0.1:${closedPort}`,
+            TOOLTX_SIGNING_KEY_FILE: join(dir, 'unused.pem'),
+            TOOLTX_RECONCILE_INDEX_DELAY_MS: bad,
+          },
+          { wait: false },
+        ),
+      );
       expect(r.line.settings, JSON.stringify(bad)).toEqual(['TOOLTX_RECONCILE_INDEX_DELAY_MS']);
-      const a = await failure(await startService('audit-projector', { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_AUDIT_HMAC_KEY_FILE: join(dir, 'unused.key'), TOOLTX_AUDIT_BATCH_MS: bad }, { wait: false }));
+      const a = await failure(
+        await startService(
+          'audit-projector',
+          {
+            NATS_URL: `nats://127.0.0.1:${closedPort}`,
+            TOOLTX_AUDIT_HMAC_KEY_FILE: join(dir, 'unused.key'),
+            TOOLTX_AUDIT_BATCH_MS: bad,
+          },
+          { wait: false },
+        ),
+      );
       expect(a.stderr, JSON.stringify(bad)).toContain('TOOLTX_AUDIT_BATCH_MS');
     }
   });
@@ -166,19 +301,45 @@ describe('a service that cannot start', () => {
     const key = join(dir, 'audit.key');
     writeFileSync(key, `${'k'.repeat(64)}\n`);
     chmodSync(key, 0o644);
-    const p = await startService('audit-projector', { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_AUDIT_HMAC_KEY_FILE: key }, { wait: false });
+    const p = await startService(
+      'audit-projector',
+      { NATS_URL: `nats://127.0.0.1:${closedPort}`, TOOLTX_AUDIT_HMAC_KEY_FILE: key },
+      { wait: false },
+    );
     const { line, stderr } = await failure(p);
-    expect(stderr).toBe(`tooltx-audit-projector: invalid configuration: TOOLTX_AUDIT_HMAC_KEY_FILE: ${key}: mode 644 lets others read the key; chmod 600 it\n`);
+    expect(stderr).toBe(
+      `tooltx-audit-projector: invalid configuration: TOOLTX_AUDIT_HMAC_KEY_FILE: ${key}: mode 644 lets others read the key; chmod 600 it\n`,
+    );
     expect(line).toMatchObject({ setting: 'TOOLTX_AUDIT_HMAC_KEY_FILE' });
     expect(JSON.stringify(p.lines) + stderr).not.toContain('k'.repeat(32));
   });
 
-  it('--help lists every variable the service reads, the tools module\'s among them', async () => {
+  it("--help lists every variable the service reads, the tools module's among them", async () => {
     for (const name of ALL) {
       const p = run(`services/${name}/src/main.ts`, ['--help'], { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS });
       expect(await p.exited).toBe(0);
       const out = p.lines.map((l) => String(l.raw ?? '')).join('\n');
-      for (const v of ['NATS_URL', 'NATS_NKEY_FILE', 'NATS_CREDS_FILE', 'TOOLTX_PREFIX', 'TOOLTX_TOOLS_MODULE', 'TOOLTX_CONCURRENCY', 'TOOLTX_INSTANCE_ID', 'LOG_LEVEL', 'TOOLTX_LOG_HMAC_KEY_FILE', 'TOOLTX_EXIT_WITH_PARENT', 'TOOLTX_MAX_DELIVER', 'TOOLTX_REPLICAS', 'TOOLTX_EVENTS_MAX_AGE_MS', 'KB_URL', 'KB_DEDUP', 'KB_TIMING_MS', 'KB_KEEPALIVE', 'KB_READ_POLICY_CACHE_MS', 'WEB_ALLOWED_ORIGINS']) {
+      for (const v of [
+        'NATS_URL',
+        'NATS_NKEY_FILE',
+        'NATS_CREDS_FILE',
+        'TOOLTX_PREFIX',
+        'TOOLTX_TOOLS_MODULE',
+        'TOOLTX_CONCURRENCY',
+        'TOOLTX_INSTANCE_ID',
+        'LOG_LEVEL',
+        'TOOLTX_LOG_HMAC_KEY_FILE',
+        'TOOLTX_EXIT_WITH_PARENT',
+        'TOOLTX_MAX_DELIVER',
+        'TOOLTX_REPLICAS',
+        'TOOLTX_EVENTS_MAX_AGE_MS',
+        'KB_URL',
+        'KB_DEDUP',
+        'KB_TIMING_MS',
+        'KB_KEEPALIVE',
+        'KB_READ_POLICY_CACHE_MS',
+        'WEB_ALLOWED_ORIGINS',
+      ]) {
         expect(out, `${name} --help`).toContain(v);
       }
       // The sample's settings come from its own module, not from tooltx's text.
@@ -188,7 +349,7 @@ describe('a service that cannot start', () => {
     const bare = run('services/executor/src/main.ts', ['--help'], {});
     expect(await bare.exited).toBe(0);
     const bareOut = bare.lines.map((l) => String(l.raw ?? '')).join('\n');
-    expect(bareOut).toContain('The tools module\'s own settings are listed here when TOOLTX_TOOLS_MODULE names it.');
+    expect(bareOut).toContain("The tools module's own settings are listed here when TOOLTX_TOOLS_MODULE names it.");
     expect(bareOut).not.toContain('KB_URL');
     const help = async (name: ServiceName) => {
       const p = run(`services/${name}/src/main.ts`, ['--help'], {});
@@ -207,7 +368,9 @@ describe('the KB that cannot start', () => {
     writeFileSync(file, 'x');
     const db = await failure(spawnKbProcess({ KB_DB: join(file, 'kb.sqlite') }));
     expect(db.line).toMatchObject({ setting: 'KB_DB', value: join(file, 'kb.sqlite') });
-    expect(db.stderr).toMatch(/^kb-server: cannot start: KB_DB=.*kb\.sqlite: cannot open or create the database: .*\n$/);
+    expect(db.stderr).toMatch(
+      /^kb-server: cannot start: KB_DB=.*kb\.sqlite: cannot open or create the database: .*\n$/,
+    );
 
     const port = await failure(spawnKbProcess({ KB_DB: join(dir, 'kb.sqlite'), KB_PORT: String(takenPort) }));
     expect(port.line).toMatchObject({ setting: 'KB_PORT', value: String(takenPort) });
@@ -215,7 +378,6 @@ describe('the KB that cannot start', () => {
     expect(port.stderr).toContain('EADDRINUSE');
   });
 });
-
 
 describe('npm start that cannot start', () => {
   const start = (args: string[], env: Record<string, string> = {}) => run('scripts/start.ts', args, env);
@@ -225,8 +387,19 @@ describe('npm start that cannot start', () => {
     writeFileSync(file, 'x');
     // Ports of its own: the defaults (4222, the KB's) may be taken by any other stack on the
     // machine (another `npm start`, say), which is refused first.
-    const notDir = await failure(start(['--state-dir', join(file, 'x'), '--port', String(await freePort()), '--kb-port', String(await freePort())]));
-    expect(notDir.stderr).toBe(`tooltx-start: cannot start: --state-dir ${join(file, 'x')}: cannot create the state directory: a part of the path is not a directory (ENOTDIR)\n`);
+    const notDir = await failure(
+      start([
+        '--state-dir',
+        join(file, 'x'),
+        '--port',
+        String(await freePort()),
+        '--kb-port',
+        String(await freePort()),
+      ]),
+    );
+    expect(notDir.stderr).toBe(
+      `tooltx-start: cannot start: --state-dir ${join(file, 'x')}: cannot create the state directory: a part of the path is not a directory (ENOTDIR)\n`,
+    );
     expect(notDir.line).toMatchObject({ setting: '--state-dir', value: join(file, 'x') });
 
     const flag = await failure(start(['--port', '70000', '--state-dir', join(dir, 'unused')]));
@@ -237,7 +410,11 @@ describe('npm start that cannot start', () => {
     expect(env.stderr).toContain('KB_DEDUP=maybe');
     expect(env.line.settings).toEqual(['NATS_PORT', 'KB_DEDUP']);
 
-    const auth = await failure(start(['--state-dir', join(dir, 'external'), '--kb-port', String(await freePort())], { NATS_URL: `nats://127.0.0.1:${closedPort}` }));
+    const auth = await failure(
+      start(['--state-dir', join(dir, 'external'), '--kb-port', String(await freePort())], {
+        NATS_URL: `nats://127.0.0.1:${closedPort}`,
+      }),
+    );
     expect(auth.line).toMatchObject({ setting: 'TOOLTX_AUTH_DIR' });
     expect(auth.stderr).toContain('required when NATS_URL is set');
   });
@@ -246,33 +423,91 @@ describe('npm start that cannot start', () => {
     const file = join(dir, 'not-a-dir');
     writeFileSync(file, 'x');
     // Every variable empty: the settings pass (their defaults apply) and the start gets as far as the state directory.
-    const empty = { NATS_PORT: '', KB_PORT: '', KB_DEDUP: '', KB_SEED_FILE: '', TOOLTX_PREFIX: '', LOG_LEVEL: '', TOOLTX_STATE_DIR: '', NATS_URL: '' };
-    const unset = await failure(start(['--state-dir', join(file, 'x'), '--port', String(await freePort()), '--kb-port', String(await freePort())], empty));
-    expect(unset.stderr).toBe(`tooltx-start: cannot start: --state-dir ${join(file, 'x')}: cannot create the state directory: a part of the path is not a directory (ENOTDIR)\n`);
+    const empty = {
+      NATS_PORT: '',
+      KB_PORT: '',
+      KB_DEDUP: '',
+      KB_SEED_FILE: '',
+      TOOLTX_PREFIX: '',
+      LOG_LEVEL: '',
+      TOOLTX_STATE_DIR: '',
+      NATS_URL: '',
+    };
+    const unset = await failure(
+      start(
+        ['--state-dir', join(file, 'x'), '--port', String(await freePort()), '--kb-port', String(await freePort())],
+        empty,
+      ),
+    );
+    expect(unset.stderr).toBe(
+      `tooltx-start: cannot start: --state-dir ${join(file, 'x')}: cannot create the state directory: a part of the path is not a directory (ENOTDIR)\n`,
+    );
 
-    const spaces = await failure(start(['--port', String(await freePort()), '--kb-port', String(await freePort())], { TOOLTX_STATE_DIR: '   ' }));
-    expect(spaces.stderr).toBe('tooltx-start: invalid configuration: TOOLTX_STATE_DIR="   ": spaces alone are not a value\n');
-    const flag = await failure(start(['--state-dir', ' ', '--port', String(await freePort()), '--kb-port', String(await freePort())]));
+    const spaces = await failure(
+      start(['--port', String(await freePort()), '--kb-port', String(await freePort())], { TOOLTX_STATE_DIR: '   ' }),
+    );
+    expect(spaces.stderr).toBe(
+      'tooltx-start: invalid configuration: TOOLTX_STATE_DIR="   ": spaces alone are not a value\n',
+    );
+    const flag = await failure(
+      start(['--state-dir', ' ', '--port', String(await freePort()), '--kb-port', String(await freePort())]),
+    );
     expect(flag.stderr).toBe('tooltx-start: invalid configuration: --state-dir " ": spaces alone are not a value\n');
 
     const port = await freePort();
     const stateDir = join(dir, 'same-port');
     const same = await failure(start(['--state-dir', stateDir, '--port', String(port), '--kb-port', String(port)]));
-    expect(same.stderr).toBe(`tooltx-start: invalid configuration: --kb-port ${port}: the same port as --port (the embedded nats-server's): give the KB another one\n`);
+    expect(same.stderr).toBe(
+      `tooltx-start: invalid configuration: --kb-port ${port}: the same port as --port (the embedded nats-server's): give the KB another one\n`,
+    );
     expect(same.line).toMatchObject({ setting: '--kb-port', settings: ['--kb-port'] });
     expect(existsSync(stateDir)).toBe(false);
 
     // A named binary is never replaced by another one, and is checked before anything is written.
-    for (const [bin, says] of [['/nonexistent/nats-server', 'no such file or directory (ENOENT)'], ['  ', 'spaces alone are not a value'], [dir, 'not a file']] as const) {
-      const r = await failure(start(['--state-dir', join(dir, 'not-nats'), '--port', String(await freePort()), '--kb-port', String(await freePort())], { NATS_SERVER_BIN: bin }));
+    for (const [bin, says] of [
+      ['/nonexistent/nats-server', 'no such file or directory (ENOENT)'],
+      ['  ', 'spaces alone are not a value'],
+      [dir, 'not a file'],
+    ] as const) {
+      const r = await failure(
+        start(
+          [
+            '--state-dir',
+            join(dir, 'not-nats'),
+            '--port',
+            String(await freePort()),
+            '--kb-port',
+            String(await freePort()),
+          ],
+          { NATS_SERVER_BIN: bin },
+        ),
+      );
       expect(r.line, bin).toMatchObject({ setting: 'NATS_SERVER_BIN', problem: says });
     }
     // Decimal ports only: 0x10 is not port 16.
-    const hex = await failure(start(['--state-dir', join(dir, 'not-nats'), '--port', '0x10', '--kb-port', String(await freePort())]));
-    expect(hex.stderr).toBe('tooltx-start: invalid configuration: --port 0x10: expected an integer 1..65535 (decimal digits)\n');
+    const hex = await failure(
+      start(['--state-dir', join(dir, 'not-nats'), '--port', '0x10', '--kb-port', String(await freePort())]),
+    );
+    expect(hex.stderr).toBe(
+      'tooltx-start: invalid configuration: --port 0x10: expected an integer 1..65535 (decimal digits)\n',
+    );
     // A binary that exits without a word is named, with why it is suspect (not an empty reason).
-    const notNats = await failure(start(['--state-dir', join(dir, 'not-nats'), '--port', String(await freePort()), '--kb-port', String(await freePort())], { NATS_SERVER_BIN: '/bin/false' }));
-    expect(notNats.stderr).toBe('tooltx-start: cannot start: NATS_SERVER_BIN=/bin/false: exited with 1 without a word on stderr: is it a nats-server?\n');
+    const notNats = await failure(
+      start(
+        [
+          '--state-dir',
+          join(dir, 'not-nats'),
+          '--port',
+          String(await freePort()),
+          '--kb-port',
+          String(await freePort()),
+        ],
+        { NATS_SERVER_BIN: '/bin/false' },
+      ),
+    );
+    expect(notNats.stderr).toBe(
+      'tooltx-start: cannot start: NATS_SERVER_BIN=/bin/false: exited with 1 without a word on stderr: is it a nats-server?\n',
+    );
     expect(existsSync(join(dir, 'not-nats'))).toBe(false);
 
     const bogus = start(['--bogus']);
@@ -280,26 +515,74 @@ describe('npm start that cannot start', () => {
     expect(bogus.stderr).toContain("unknown option '--bogus'");
   });
 
-  it('--cluster: only 1 or 3 nodes, ports that fit, a KB port outside the nodes\', and a state directory keeps its layout (exit 2, named, nothing added)', async () => {
+  it("--cluster: only 1 or 3 nodes, ports that fit, a KB port outside the nodes', and a state directory keeps its layout (exit 2, named, nothing added)", async () => {
     const port = await freePort();
-    const two = await failure(start(['--cluster', '2', '--state-dir', join(dir, 'cluster-2'), '--port', String(port), '--kb-port', String(await freePort())]));
+    const two = await failure(
+      start([
+        '--cluster',
+        '2',
+        '--state-dir',
+        join(dir, 'cluster-2'),
+        '--port',
+        String(port),
+        '--kb-port',
+        String(await freePort()),
+      ]),
+    );
     expect(two.line).toMatchObject({ setting: '--cluster' });
     expect(two.stderr).toContain('tooltx-start: invalid configuration: --cluster 2: ');
-    const high = await failure(start(['--cluster', '3', '--port', '65534', '--kb-port', String(await freePort()), '--state-dir', join(dir, 'cluster-high')]));
-    expect(high.stderr).toBe('tooltx-start: invalid configuration: --port 65534: the cluster\'s nodes listen on --port to --port+2: at most 65533\n');
-    const kbInside = await failure(start(['--cluster', '3', '--port', String(port), '--kb-port', String(port + 2), '--state-dir', join(dir, 'cluster-kb')]));
-    expect(kbInside.stderr).toBe(`tooltx-start: invalid configuration: --kb-port ${port + 2}: a port of the embedded cluster's nodes (--port to --port+2 with --cluster 3): give the KB another one\n`);
+    const high = await failure(
+      start([
+        '--cluster',
+        '3',
+        '--port',
+        '65534',
+        '--kb-port',
+        String(await freePort()),
+        '--state-dir',
+        join(dir, 'cluster-high'),
+      ]),
+    );
+    expect(high.stderr).toBe(
+      "tooltx-start: invalid configuration: --port 65534: the cluster's nodes listen on --port to --port+2: at most 65533\n",
+    );
+    const kbInside = await failure(
+      start([
+        '--cluster',
+        '3',
+        '--port',
+        String(port),
+        '--kb-port',
+        String(port + 2),
+        '--state-dir',
+        join(dir, 'cluster-kb'),
+      ]),
+    );
+    expect(kbInside.stderr).toBe(
+      `tooltx-start: invalid configuration: --kb-port ${port + 2}: a port of the embedded cluster's nodes (--port to --port+2 with --cluster 3): give the KB another one\n`,
+    );
     for (const d of ['cluster-2', 'cluster-high', 'cluster-kb']) expect(existsSync(join(dir, d))).toBe(false);
     // A single server's store: a cluster would start from empty streams beside it.
     const single = join(dir, 'was-single');
     mkdirSync(join(single, 'jetstream'), { recursive: true });
-    const layout = await failure(start(['--cluster', '3', '--state-dir', single, '--port', String(await freePort()), '--kb-port', String(await freePort())]));
+    const layout = await failure(
+      start([
+        '--cluster',
+        '3',
+        '--state-dir',
+        single,
+        '--port',
+        String(await freePort()),
+        '--kb-port',
+        String(await freePort()),
+      ]),
+    );
     expect(layout.line).toMatchObject({ setting: '--state-dir', value: single });
     expect(layout.stderr).toContain('holds the JetStream store of a single server (jetstream/)');
     expect(readdirSync(single)).toEqual(['jetstream']);
   });
 
-  it('names --kb-port when the KB\'s port is taken, and leaves nothing running', async () => {
+  it("names --kb-port when the KB's port is taken, and leaves nothing running", async () => {
     const free = createServer();
     await new Promise<void>((r) => free.listen(0, '127.0.0.1', r));
     const natsPort = (free.address() as { port: number }).port;
@@ -308,12 +591,22 @@ describe('npm start that cannot start', () => {
     const p = start(['--state-dir', stateDir, '--port', String(natsPort), '--kb-port', String(takenPort)]);
     expect(await p.exited).toBe(2);
     const line = p.lines.find((l) => l.msg === 'failed to start' && l.service === 'start');
-    expect(line).toMatchObject({ setting: '--kb-port', value: String(takenPort), problem: expect.stringContaining('EADDRINUSE') });
+    expect(line).toMatchObject({
+      setting: '--kb-port',
+      value: String(takenPort),
+      problem: expect.stringContaining('EADDRINUSE'),
+    });
     expect(p.stderr).toContain(`tooltx-start: cannot start: --kb-port ${takenPort}: `);
     // Refused before anything was written: no state directory, no generated keys.
     expect(existsSync(stateDir)).toBe(false);
-    const nats = await failure(start(['--state-dir', stateDir, '--port', String(takenPort), '--kb-port', String(natsPort)]));
-    expect(nats.line).toMatchObject({ setting: '--port', value: String(takenPort), problem: expect.stringContaining('EADDRINUSE') });
+    const nats = await failure(
+      start(['--state-dir', stateDir, '--port', String(takenPort), '--kb-port', String(natsPort)]),
+    );
+    expect(nats.line).toMatchObject({
+      setting: '--port',
+      value: String(takenPort),
+      problem: expect.stringContaining('EADDRINUSE'),
+    });
     expect(existsSync(stateDir)).toBe(false);
     // The nats-server it had started is stopped: its port is free again.
     const again = createServer();
@@ -327,12 +620,17 @@ describe('npm start that cannot start', () => {
   it('a process that exits before it is ready is named even when LOG_LEVEL hides its own failed-to-start line; what the start created in an existing state directory is removed', async () => {
     const stateDir = join(dir, 'existing');
     mkdirSync(stateDir);
-    writeFileSync(join(stateDir, 'mine.txt'), 'the operator\'s own file');
+    writeFileSync(join(stateDir, 'mine.txt'), "the operator's own file");
     // An address that is not this host's: the KB cannot listen, and at LOG_LEVEL=silent it logs nothing.
-    const p = start(['--state-dir', stateDir, '--port', String(await freePort()), '--kb-port', String(await freePort())], { LOG_LEVEL: 'silent', KB_HOST: '192.0.2.1' });
+    const p = start(
+      ['--state-dir', stateDir, '--port', String(await freePort()), '--kb-port', String(await freePort())],
+      { LOG_LEVEL: 'silent', KB_HOST: '192.0.2.1' },
+    );
     expect(await p.exited).toBe(2);
     // Which process, how it ended, where its words are — not a bare "Error" after a 30 s wait.
-    expect(p.stderr).toContain('tooltx-start: failed to start: kb exited (code 2) before it was ready; its output above says why\n');
+    expect(p.stderr).toContain(
+      'tooltx-start: failed to start: kb exited (code 2) before it was ready; its output above says why\n',
+    );
     expect(p.stderr).toContain('kb-server: cannot start: KB_HOST=192.0.2.1');
     expect(p.stderr).not.toMatch(/\n\s+at /);
     // The keys, auth/, jetstream/ and kb.sqlite this start generated are gone; the operator's file stays.
@@ -343,26 +641,56 @@ describe('npm start that cannot start', () => {
     // In an empty directory: the defaults (.state/…) name files that are not there.
     const cwd = join(dir, 'quickstart');
     mkdirSync(cwd);
-    const q = run('examples/research-kb/quickstart.ts', [], { NATS_URL: '', TOOLTX_PREFIX: '', TOOLTX_STATE_DIR: '', KB_DEDUP: '', NATS_NKEY_FILE: '' }, cwd);
+    const q = run(
+      'examples/research-kb/quickstart.ts',
+      [],
+      { NATS_URL: '', TOOLTX_PREFIX: '', TOOLTX_STATE_DIR: '', KB_DEDUP: '', NATS_NKEY_FILE: '' },
+      cwd,
+    );
     expect(await q.exited).toBe(2);
-    expect(q.stderr).toBe('tooltx-quickstart: createTools: receiptKeys: cannot read receiptKeys file .state/auth/receipt-keys.json (ENOENT)\n');
+    expect(q.stderr).toBe(
+      'tooltx-quickstart: createTools: receiptKeys: cannot read receiptKeys file .state/auth/receipt-keys.json (ENOENT)\n',
+    );
     // A seed given as the receipt keys file: "not JSON", never the seed's first characters.
     const seed = join(cwd, 'agent.nk');
     writeFileSync(seed, 'SUAFHE7JHDSECRETSEEDTEXT\n');
-    const notJson = run('examples/research-kb/quickstart.ts', [], { TOOLTX_RECEIPT_KEYS_FILE: seed, NATS_NKEY_FILE: seed }, cwd);
+    const notJson = run(
+      'examples/research-kb/quickstart.ts',
+      [],
+      { TOOLTX_RECEIPT_KEYS_FILE: seed, NATS_NKEY_FILE: seed },
+      cwd,
+    );
     expect(await notJson.exited).toBe(2);
     expect(notJson.stderr).toContain(`receiptKeys file ${seed} is not JSON`);
     expect(notJson.stderr).not.toContain('SUAFHE');
     const spaces = run('examples/research-kb/quickstart.ts', [], { NATS_URL: ' ' }, cwd);
     expect(await spaces.exited).toBe(2);
-    expect(spaces.stderr).toBe('tooltx-quickstart: NATS_URL=" ": spaces alone are not a value: unset it for the default\n');
+    expect(spaces.stderr).toBe(
+      'tooltx-quickstart: NATS_URL=" ": spaces alone are not a value: unset it for the default\n',
+    );
   });
 
   it('--help lists the environment it reads', async () => {
     const p = start(['--help']);
     expect(await p.exited).toBe(0);
     const out = p.lines.map((l) => String(l.raw ?? '')).join('\n');
-    for (const v of ['NATS_PORT', 'KB_PORT', 'TOOLTX_STATE_DIR', 'KB_DEDUP', 'KB_SEED_FILE', 'TOOLTX_PREFIX', 'NATS_URL', 'TOOLTX_AUTH_DIR', 'TOOLTX_IDENTITIES', 'KB_SEED', 'NATS_SERVER_BIN', 'TOOLTX_AUDIT_HMAC_KEY_FILE', 'TOOLTX_LOG_HMAC_KEY_FILE', 'LOG_LEVEL']) expect(out).toContain(v);
+    for (const v of [
+      'NATS_PORT',
+      'KB_PORT',
+      'TOOLTX_STATE_DIR',
+      'KB_DEDUP',
+      'KB_SEED_FILE',
+      'TOOLTX_PREFIX',
+      'NATS_URL',
+      'TOOLTX_AUTH_DIR',
+      'TOOLTX_IDENTITIES',
+      'KB_SEED',
+      'NATS_SERVER_BIN',
+      'TOOLTX_AUDIT_HMAC_KEY_FILE',
+      'TOOLTX_LOG_HMAC_KEY_FILE',
+      'LOG_LEVEL',
+    ])
+      expect(out).toContain(v);
     expect(out).toMatch(/TOOLTX_AUTH_DIR\s+required with NATS_URL/);
   });
 });

@@ -18,12 +18,15 @@ import { closedPort as freePort } from './helpers/net.js';
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 const START = join(ROOT, 'scripts', 'start.ts');
 
-
 /** `npm start` as npm runs it (node --import tsx scripts/start.ts), JSON lines collected (stdout is not a TTY). */
 function start(args: string[], env: Record<string, string> = {}): ServiceProcess {
   const child = spawn(process.execPath, ['--import', 'tsx', START, ...args], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? '', ...(process.env.NATS_SERVER_BIN ? { NATS_SERVER_BIN: process.env.NATS_SERVER_BIN } : {}), ...env },
+    env: {
+      PATH: process.env.PATH ?? '',
+      ...(process.env.NATS_SERVER_BIN ? { NATS_SERVER_BIN: process.env.NATS_SERVER_BIN } : {}),
+      ...env,
+    },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   return new ServiceProcess('start', child);
@@ -53,7 +56,8 @@ type Lock = { pid: number; processes: { name: string; pid: number }[] };
 async function up(p: ServiceProcess, ms = 90_000): Promise<void> {
   const until = Date.now() + ms;
   while (!p.lines.some((l) => typeof l.msg === 'string' && l.msg.startsWith('tooltx is up'))) {
-    if (p.child.exitCode !== null || Date.now() > until) throw new Error(`npm start did not come up (exit ${p.child.exitCode}): ${p.stderr}`);
+    if (p.child.exitCode !== null || Date.now() > until)
+      throw new Error(`npm start did not come up (exit ${p.child.exitCode}): ${p.stderr}`);
     await new Promise((r) => setTimeout(r, 200));
   }
 }
@@ -68,7 +72,14 @@ describe('npm start supervisor', () => {
       await up(first);
       const lock = JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock;
       expect(lock.pid).toBe(first.child.pid);
-      expect(lock.processes.map((p) => p.name).sort()).toEqual(['audit-projector-1', 'authorizer-1', 'executor-1', 'kb', 'nats-server', 'reconciler-1']);
+      expect(lock.processes.map((p) => p.name).sort()).toEqual([
+        'audit-projector-1',
+        'authorizer-1',
+        'executor-1',
+        'kb',
+        'nats-server',
+        'reconciler-1',
+      ]);
       const pids = lock.processes.map((p) => p.pid);
       leftovers.push(...pids);
       expect(pids.every(alive)).toBe(true);
@@ -87,7 +98,11 @@ describe('npm start supervisor', () => {
       } finally {
         const code = await second.stop();
         // On failure, say how it ended and what it said last (a signal leaves code null).
-        expect({ code, signal: second.child.signalCode, said: code === 0 ? '' : `${second.stderr.slice(-800)} ${JSON.stringify(second.lines.slice(-5))}` }).toEqual({ code: 0, signal: null, said: '' });
+        expect({
+          code,
+          signal: second.child.signalCode,
+          said: code === 0 ? '' : `${second.stderr.slice(-800)} ${JSON.stringify(second.lines.slice(-5))}`,
+        }).toEqual({ code: 0, signal: null, said: '' });
       }
       expect(second.lines.some((l) => l.msg === 'stopped')).toBe(true);
     } finally {
@@ -105,7 +120,10 @@ describe('npm start supervisor', () => {
       await up(p);
       const upLine = p.lines.find((l) => typeof l.msg === 'string' && l.msg.startsWith('tooltx is up'));
       expect(upLine!.msg).toContain(`TOOLTX_STATE_DIR='${dir}' `);
-      const executorPid = () => (JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock).processes.find((x) => x.name === 'executor-1')?.pid;
+      const executorPid = () =>
+        (JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock).processes.find(
+          (x) => x.name === 'executor-1',
+        )?.pid;
       leftovers.push(...(JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock).processes.map((x) => x.pid));
       for (let death = 1; death <= 6; death++) {
         let pid = executorPid();
@@ -120,7 +138,9 @@ describe('npm start supervisor', () => {
         await allGone([pid!], 10_000);
       }
       expect(await p.exited).toBe(1);
-      const restarts = p.lines.filter((l) => l.msg === 'a service exited on its own: starting it again' && l.process === 'executor-1');
+      const restarts = p.lines.filter(
+        (l) => l.msg === 'a service exited on its own: starting it again' && l.process === 'executor-1',
+      );
       expect(restarts).toHaveLength(5);
       expect(p.lines.find((l) => l.level === 50 && l.service === 'start')).toMatchObject({
         process: 'executor-1',
@@ -144,7 +164,9 @@ describe('npm start supervisor', () => {
       while (!existsSync(join(dir, 'stack.pid')) && Date.now() < until) await new Promise((r) => setTimeout(r, 20));
       const code = await p.stop();
       expect({ code, signal: p.child.signalCode }).toEqual({ code: 0, signal: null });
-      const lock = existsSync(join(dir, 'stack.pid')) ? (JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock) : null;
+      const lock = existsSync(join(dir, 'stack.pid'))
+        ? (JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock)
+        : null;
       expect(lock).toBeNull();
     } finally {
       await p.kill();
@@ -185,7 +207,11 @@ describe('npm start supervisor', () => {
       kb.child.kill('SIGTERM');
       const code = await kb.exited;
       // On failure, say how it ended (a signal leaves code null; seen in CI, signal unknown).
-      expect({ code, signal: kb.child.signalCode, said: code === 0 ? '' : kb.stderr.slice(-800) }).toEqual({ code: 0, signal: null, said: '' });
+      expect({ code, signal: kb.child.signalCode, said: code === 0 ? '' : kb.stderr.slice(-800) }).toEqual({
+        code: 0,
+        signal: null,
+        said: '',
+      });
     } finally {
       await kb.kill();
       rmSync(dir, { recursive: true, force: true });
@@ -207,7 +233,9 @@ describe('npm start at LOG_LEVEL=error: readiness is not a log line', () => {
     dir = join(mkdtempSync(join(tmpdir(), 'tooltx-quiet-')), 'state');
     // A user's command. Readiness must not wait for the KB's info-level "listening" line, which
     // LOG_LEVEL=error hides: that wait took 30 s and ended in a bare "Error".
-    stack = start(['--port', String(await freePort()), '--kb-port', String(await freePort()), '--state-dir', dir], { LOG_LEVEL: 'error' });
+    stack = start(['--port', String(await freePort()), '--kb-port', String(await freePort()), '--state-dir', dir], {
+      LOG_LEVEL: 'error',
+    });
     await up(stack);
     lock = JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock;
   }, 120_000);
@@ -219,10 +247,21 @@ describe('npm start at LOG_LEVEL=error: readiness is not a log line', () => {
     expect(code).toBe(0);
   });
 
-  it('the stack comes up with every process, says where to connect, writes nothing else below error, and an agent\'s call commits', async () => {
-    expect(lock.processes.map((p) => p.name).sort()).toEqual(['audit-projector-1', 'authorizer-1', 'executor-1', 'kb', 'nats-server', 'reconciler-1']);
+  it("the stack comes up with every process, says where to connect, writes nothing else below error, and an agent's call commits", async () => {
+    expect(lock.processes.map((p) => p.name).sort()).toEqual([
+      'audit-projector-1',
+      'authorizer-1',
+      'executor-1',
+      'kb',
+      'nats-server',
+      'reconciler-1',
+    ]);
     const upLine = stack.lines.find((l) => typeof l.msg === 'string' && l.msg.startsWith('tooltx is up'));
-    expect(upLine).toMatchObject({ service: 'start', NATS_URL: expect.stringMatching(/^nats:\/\/127\.0\.0\.1:\d+$/), KB_URL: expect.stringMatching(/^http:\/\/127\.0\.0\.1:\d+$/) });
+    expect(upLine).toMatchObject({
+      service: 'start',
+      NATS_URL: expect.stringMatching(/^nats:\/\/127\.0\.0\.1:\d+$/),
+      KB_URL: expect.stringMatching(/^http:\/\/127\.0\.0\.1:\d+$/),
+    });
     // Every other line of the supervisor and of the processes it started respects the level.
     expect(stack.lines.filter((l) => l !== upLine && !(typeof l.level === 'number' && l.level >= 50))).toEqual([]);
     // The stack works: npm run quickstart against it commits.
@@ -236,9 +275,18 @@ describe('npm start at LOG_LEVEL=error: readiness is not a log line', () => {
     expect(quick.lines.map((l) => String(l.raw ?? '')).join('\n')).toContain('"status": "committed"');
   }, 60_000);
 
-  it('the state directory is 0700 and the KB\'s database files (kb.sqlite, its -wal and -shm) are 0600 like the keys beside them', () => {
+  it("the state directory is 0700 and the KB's database files (kb.sqlite, its -wal and -shm) are 0600 like the keys beside them", () => {
     const mode = (f: string) => statSync(join(dir, f)).mode & 0o777;
     expect(mode('.').toString(8)).toBe('700');
-    for (const f of ['kb.sqlite', 'kb.sqlite-wal', 'kb.sqlite-shm', 'audit-hmac.key', 'log-hmac.key', 'kb-service.token', 'kb-admin.token']) expect([f, mode(f).toString(8)]).toEqual([f, '600']);
+    for (const f of [
+      'kb.sqlite',
+      'kb.sqlite-wal',
+      'kb.sqlite-shm',
+      'audit-hmac.key',
+      'log-hmac.key',
+      'kb-service.token',
+      'kb-admin.token',
+    ])
+      expect([f, mode(f).toString(8)]).toEqual([f, '600']);
   });
 });

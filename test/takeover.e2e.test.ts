@@ -20,8 +20,15 @@ import { beyondOne, figure, takeoverFigure } from './helpers/figures.js';
 // A short contract timing: one attempt 1 s, running bound 0.5 s, unknown for 3 s before takeover.
 const TIMING = { timeoutMs: 1_000, runningBoundMs: 500, unknownDeadlineMs: 3_000 };
 const contracts = researchContracts({ kbDedup: false, timing: TIMING });
-const note = (title: string, kb = 'research') => ({ kb, title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
-const keyOf = (taskId: string, title: string, kb = 'research') => prepareCall(contracts.writeNote, taskId, note(title, kb)).operationKey;
+const note = (title: string, kb = 'research') => ({
+  kb,
+  title,
+  body: `Notes on ${title}.`,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-11-30T06:00:00Z',
+});
+const keyOf = (taskId: string, title: string, kb = 'research') =>
+  prepareCall(contracts.writeNote, taskId, note(title, kb)).operationKey;
 
 let t: TestNats;
 let kb: TestKb;
@@ -47,7 +54,10 @@ const takeoverCli = (...args: string[]) => takeoverCliOf(t, ...args);
 beforeAll(async () => {
   t = await provisioned();
   kb = await startKb({
-    tenants: [{ id: 'acme', quota: 10_000 }, { id: 'globex', quota: 1 }],
+    tenants: [
+      { id: 'acme', quota: 10_000 },
+      { id: 'globex', quota: 1 },
+    ],
     knowledgeBases: [
       { tenant: 'acme', name: 'research', defaultRole: 'writer' },
       { tenant: 'acme', name: 'notes2', defaultRole: 'writer' },
@@ -66,8 +76,21 @@ beforeAll(async () => {
     // An allowed origin where nothing listens: web.fetch_page's dependency is down (FM-15).
     WEB_ALLOWED_ORIGINS: 'http://127.0.0.1:9',
   };
-  [authorizer, executor, reconciler] = await Promise.all([startService('authorizer', env), startService('executor', env), startService('reconciler', env)]);
-  alice = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 30_000 });
+  [authorizer, executor, reconciler] = await Promise.all([
+    startService('authorizer', env),
+    startService('executor', env),
+    startService('reconciler', env),
+  ]);
+  alice = await createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts: contracts.all,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+    budgetMs: 30_000,
+  });
 });
 
 afterAll(async () => {
@@ -80,7 +103,9 @@ afterAll(async () => {
 });
 
 describe('FM-14: unknown past the deadline', () => {
-  it('writes a complete takeover record, freezes the task at intake and at the execution instant, and a manual resolution unfreezes it', async ({ task }) => {
+  it('writes a complete takeover record, freezes the task at intake and at the execution instant, and a manual resolution unfreezes it', async ({
+    task,
+  }) => {
     const keyA = keyOf('fm14', 'Never known');
     keepUnknown(keyA);
     // The reconciler is down while A goes unknown and C of the same task is accepted; the executor is
@@ -91,7 +116,11 @@ describe('FM-14: unknown past the deadline', () => {
     await waitForOperation(t, 'acme', keyA, (s) => s.status === 'unknown', 20_000);
     await executor.stop();
     const keyC = keyOf('fm14', 'Accepted before the freeze');
-    const pendingC = alice.execute({ tool: 'kb.write_note', taskId: 'fm14', input: note('Accepted before the freeze') });
+    const pendingC = alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'fm14',
+      input: note('Accepted before the freeze'),
+    });
     await waitForOperation(t, 'acme', keyC, (s) => s.status === 'accepted', 20_000);
     reconciler = await startService('reconciler', env);
     await waitForOperation(t, 'acme', keyA, (s) => s.status === 'unknown' && s.takeover !== undefined, 30_000);
@@ -103,7 +132,12 @@ describe('FM-14: unknown past the deadline', () => {
     const stateA = (await t.store.load('acme', operationIdOf(keyA))).state as OperationRecord;
     // Unknown, then handed over: the takeover record is the operation's convergence.
     figure(task, takeoverFigure(record));
-    if (record) figure(task, { name: 'unknown until the takeover', value: record.times.openedAt - (record.times.unknownSince ?? record.times.openedAt), unit: 'ms' });
+    if (record)
+      figure(task, {
+        name: 'unknown until the takeover',
+        value: record.times.openedAt - (record.times.unknownSince ?? record.times.openedAt),
+        unit: 'ms',
+      });
     expect(record).toEqual(stateA.takeover);
     expect(record).toMatchObject({
       operationKey: keyA,
@@ -140,7 +174,9 @@ describe('FM-14: unknown past the deadline', () => {
     expect(b).toMatchObject({ status: 'rejected', error: { class: 'task_frozen' }, next: 'hand_over' });
     expect((await t.store.load('acme', operationIdOf(keyB))).state.status).toBe('none');
     // Another task is not affected.
-    expect((await alice.execute({ tool: 'kb.write_note', taskId: 'fm14-other', input: note('Another task') })).status).toBe('committed');
+    expect(
+      (await alice.execute({ tool: 'kb.write_note', taskId: 'fm14-other', input: note('Another task') })).status,
+    ).toBe('committed');
 
     // The operator sees it, verifies downstream, and resolves it as not applied.
     const listed = await takeoverCli('list');
@@ -149,13 +185,25 @@ describe('FM-14: unknown past the deadline', () => {
     expect(shown).toMatchObject({ status: 'unknown', takeover: { operationKey: keyA } });
     expect(await rowsFor(keyA)).toBe(0);
     const [resolved] = await takeoverCli('resolve', keyA, '--not-applied');
-    expect(resolved).toMatchObject({ status: 'rejected', error: { class: 'not_applied' }, resolution: { by: 'oscar', outcome: 'not_applied' } });
-    expect((await history(t, 'acme', keyA)).at(-1)).toMatchObject({ type: 'rejected', manual: true, resolvedBy: 'oscar' });
+    expect(resolved).toMatchObject({
+      status: 'rejected',
+      error: { class: 'not_applied' },
+      resolution: { by: 'oscar', outcome: 'not_applied' },
+    });
+    expect((await history(t, 'acme', keyA)).at(-1)).toMatchObject({
+      type: 'rejected',
+      manual: true,
+      resolvedBy: 'oscar',
+    });
     expect(await takeoverCli('list')).not.toContainEqual(expect.objectContaining({ operationKey: keyA }));
 
     // Unfrozen: the dependent write, the refused one and the resolved one all go through, once each.
     proxy.clear();
-    for (const [title, kbName] of [['Depends on the unknown one', 'research'], ['Accepted before the freeze', 'research'], ['Never known', 'research']] as const) {
+    for (const [title, kbName] of [
+      ['Depends on the unknown one', 'research'],
+      ['Accepted before the freeze', 'research'],
+      ['Never known', 'research'],
+    ] as const) {
       const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm14', input: note(title, kbName) });
       expect({ title, r }).toMatchObject({ title, r: { status: 'committed' } });
       const rows = await rowsFor(keyOf('fm14', title, kbName));
@@ -164,35 +212,58 @@ describe('FM-14: unknown past the deadline', () => {
     }
   });
 
-  it('a person who verified the effect resolves it committed: the caller gets a manual receipt with the resource id', async ({ task }) => {
+  it('a person who verified the effect resolves it committed: the caller gets a manual receipt with the resource id', async ({
+    task,
+  }) => {
     const key = keyOf('fm14-c', 'Verified by hand');
     keepUnknown(key);
     const first = await alice.execute({ tool: 'kb.write_note', taskId: 'fm14-c', input: note('Verified by hand') });
     const record = first.status === 'unknown' ? first.evidence.takeover : undefined;
     figure(task, takeoverFigure(record));
-    expect(first).toMatchObject({ status: 'unknown', next: 'hand_over', evidence: { takeover: { operationKey: key } } });
+    expect(first).toMatchObject({
+      status: 'unknown',
+      next: 'hand_over',
+      evidence: { takeover: { operationKey: key } },
+    });
     const [resolved] = await takeoverCli('resolve', key, '--committed', 'note-verified-by-oscar');
-    expect(resolved).toMatchObject({ status: 'committed', receipt: { resourceId: 'note-verified-by-oscar', manual: true, resolvedBy: 'oscar' } });
+    expect(resolved).toMatchObject({
+      status: 'committed',
+      receipt: { resourceId: 'note-verified-by-oscar', manual: true, resolvedBy: 'oscar' },
+    });
     // No longer watched: the tenant must be named. Resolving again with the same outcome answers the
     // same state; another outcome is refused.
     await expect(takeoverCli('resolve', key, '--not-applied')).rejects.toThrow(/not_found.*tenant/);
-    expect((await takeoverCli('resolve', key, '--committed', 'note-verified-by-oscar', '--tenant', 'acme'))[0]).toEqual(resolved);
-    await expect(takeoverCli('resolve', key, '--not-applied', '--tenant', 'acme')).rejects.toThrow(/idempotency_conflict/);
+    expect((await takeoverCli('resolve', key, '--committed', 'note-verified-by-oscar', '--tenant', 'acme'))[0]).toEqual(
+      resolved,
+    );
+    await expect(takeoverCli('resolve', key, '--not-applied', '--tenant', 'acme')).rejects.toThrow(
+      /idempotency_conflict/,
+    );
     const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm14-c', input: note('Verified by hand') });
-    expect(r).toMatchObject({ status: 'committed', receipt: { resourceId: 'note-verified-by-oscar', manual: true, resolvedBy: 'oscar' }, next: 'continue' });
+    expect(r).toMatchObject({
+      status: 'committed',
+      receipt: { resourceId: 'note-verified-by-oscar', manual: true, resolvedBy: 'oscar' },
+      next: 'continue',
+    });
     proxy.clear();
     // The task is thawed: its next write goes through.
-    expect((await alice.execute({ tool: 'kb.write_note', taskId: 'fm14-c', input: note('After the resolution') })).status).toBe('committed');
+    expect(
+      (await alice.execute({ tool: 'kb.write_note', taskId: 'fm14-c', input: note('After the resolution') })).status,
+    ).toBe('committed');
   });
 
   it('an agent cannot reach the takeover service, and an operator cannot name someone else as resolver', async () => {
     const asAgent = await t.connectAs({ kind: 'agent', tenant: 'acme', actor: 'alice' });
     try {
-      await expect(asAgent.request(t.subjects.takeover('oscar'), JSON.stringify({ action: 'list' }), { timeout: 2_000 })).rejects.toThrow();
+      await expect(
+        asAgent.request(t.subjects.takeover('oscar'), JSON.stringify({ action: 'list' }), { timeout: 2_000 }),
+      ).rejects.toThrow();
     } finally {
       await asAgent.close();
     }
-    await expect(takeoverCli('resolve', keyOf('x', 'y'), '--not-applied', '--tenant', 'acme')).rejects.toThrow(/not_found/);
+    await expect(takeoverCli('resolve', keyOf('x', 'y'), '--not-applied', '--tenant', 'acme')).rejects.toThrow(
+      /not_found/,
+    );
   });
 });
 
@@ -212,7 +283,16 @@ describe('FM-11: unreachable before acceptance', () => {
   it('nats-server is unreachable for the agent: its connection is cut and refused for a while; the same key lands once', async () => {
     const hop = await new TcpFaultProxy(t.server.port).start();
     // A long budget: the client waits out its own connection timeout (20 s) when a handshake is cut.
-    const agent = await createTools({ servers: hop.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 75_000 });
+    const agent = await createTools({
+      servers: hop.url,
+      tenant: 'acme',
+      actor: 'alice',
+      nkeyFile: t.agentSeed('acme', 'alice'),
+      contracts: contracts.all,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+      budgetMs: 75_000,
+    });
     try {
       const key = keyOf('fm11-nats', 'Nats unreachable');
       // Its connection is cut now, and its next one as soon as it names itself.
@@ -232,15 +312,37 @@ describe('FM-11: unreachable before acceptance', () => {
 
 describe('FM-15: each failure class leads to its next action', () => {
   it('invalid_input → replan (nothing submitted), forbidden → reauthorise, quota_exceeded → wait_or_stop with its window', async () => {
-    const bad = await alice.execute({ tool: 'kb.write_note', taskId: 'fm15', input: { ...note('Bad'), tenant: 'globex' } });
-    expect(bad).toMatchObject({ status: 'rejected', error: { class: 'invalid_input', issues: [expect.objectContaining({ path: ['input', 'tenant'] })] }, next: 'replan' });
-    const forbidden = await alice.execute({ tool: 'kb.write_note', taskId: 'fm15', input: note('Not my board', 'board') });
+    const bad = await alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'fm15',
+      input: { ...note('Bad'), tenant: 'globex' },
+    });
+    expect(bad).toMatchObject({
+      status: 'rejected',
+      error: { class: 'invalid_input', issues: [expect.objectContaining({ path: ['input', 'tenant'] })] },
+      next: 'replan',
+    });
+    const forbidden = await alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'fm15',
+      input: note('Not my board', 'board'),
+    });
     expect(forbidden).toMatchObject({ status: 'rejected', error: { class: 'forbidden' }, next: 'reauthorise' });
     expect(await rowsFor(keyOf('fm15', 'Not my board', 'board'))).toBe(0);
 
-    const gina = await createTools({ servers: t.url, tenant: 'globex', actor: 'gina', nkeyFile: t.agentSeed('globex', 'gina'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+    const gina = await createTools({
+      servers: t.url,
+      tenant: 'globex',
+      actor: 'gina',
+      nkeyFile: t.agentSeed('globex', 'gina'),
+      contracts: contracts.all,
+      prefix: t.subjects.prefix,
+      receiptKeys: t.auth.receiptKeysFile,
+    });
     try {
-      expect((await gina.execute({ tool: 'kb.write_note', taskId: 'fm15', input: note('First of the day', 'gkb') })).status).toBe('committed');
+      expect(
+        (await gina.execute({ tool: 'kb.write_note', taskId: 'fm15', input: note('First of the day', 'gkb') })).status,
+      ).toBe('committed');
       const over = await gina.execute({ tool: 'kb.write_note', taskId: 'fm15', input: note('Over quota', 'gkb') });
       expect(over).toMatchObject({ status: 'rejected', error: { class: 'quota_exceeded' }, next: 'wait_or_stop' });
       if (over.status === 'rejected') expect(over.error.retryAfterMs).toBeGreaterThan(0);
@@ -250,7 +352,11 @@ describe('FM-15: each failure class leads to its next action', () => {
   });
 
   it('dependency_unavailable → backoff (a read is retried a bounded number of times first)', async () => {
-    const r = await alice.execute({ tool: 'web.fetch_page', taskId: 'fm15', input: { url: 'http://127.0.0.1:9/page' } });
+    const r = await alice.execute({
+      tool: 'web.fetch_page',
+      taskId: 'fm15',
+      input: { url: 'http://127.0.0.1:9/page' },
+    });
     expect(r).toMatchObject({ status: 'rejected', error: { class: 'dependency_unavailable' }, next: 'backoff' });
     if (r.status === 'rejected') expect(r.attempt).toBeGreaterThan(1);
   });
@@ -259,17 +365,25 @@ describe('FM-15: each failure class leads to its next action', () => {
     // The KB holds the write 800 ms (inside its 1 s attempt); the caller's budget is 400 ms.
     const slowKey = keyOf('fm15', 'Slow write');
     proxy.inject(downstreamKeyOf('acme', slowKey), { kind: 'delay', ms: 800 });
-    const slow = await alice.execute({ tool: 'kb.write_note', taskId: 'fm15', input: note('Slow write') }, { budgetMs: 400 });
+    const slow = await alice.execute(
+      { tool: 'kb.write_note', taskId: 'fm15', input: note('Slow write') },
+      { budgetMs: 400 },
+    );
     expect(slow).toMatchObject({ status: 'unknown', next: 'observe' });
     if (slow.status === 'unknown') expect(['not_seen', 'accepted', 'running']).toContain(slow.lastServerState);
     // Observing again (the same call) gives the receipt; one row.
-    expect((await alice.execute({ tool: 'kb.write_note', taskId: 'fm15', input: note('Slow write') })).status).toBe('committed');
+    expect((await alice.execute({ tool: 'kb.write_note', taskId: 'fm15', input: note('Slow write') })).status).toBe(
+      'committed',
+    );
     expect(await rowsFor(slowKey)).toBe(1);
 
     // Unknown (the attempt timed out, probes fail) when the 2.5 s budget ends, before any takeover.
     const unknownKey = keyOf('fm15-u', 'Unknown past the budget');
     keepUnknown(unknownKey);
-    const u = await alice.execute({ tool: 'kb.write_note', taskId: 'fm15-u', input: note('Unknown past the budget') }, { budgetMs: 2_500 });
+    const u = await alice.execute(
+      { tool: 'kb.write_note', taskId: 'fm15-u', input: note('Unknown past the budget') },
+      { budgetMs: 2_500 },
+    );
     expect(u).toMatchObject({ status: 'unknown', lastServerState: 'unknown', next: 'hand_over' });
     proxy.clear();
   });

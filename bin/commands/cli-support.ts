@@ -50,8 +50,17 @@ export function notThatIdentity(v: PermissionViolation, who: CliIdentity, seedFi
  * creds file cannot be read, and — when the server refuses the connection (authorisation
  * violation) — saying to set NATS_NKEY_FILE and which identity is needed.
  */
-export async function connectCli(o: Omit<ConnectOptions, 'nkeySeedFile' | 'credsFile'> & { nkeyFile?: string | undefined; credsFile?: string | undefined; as: CliIdentity }): Promise<NatsConnection> {
-  const files: [string, string | undefined][] = [['NATS_NKEY_FILE', o.nkeyFile], ['NATS_CREDS_FILE', o.credsFile]];
+export async function connectCli(
+  o: Omit<ConnectOptions, 'nkeySeedFile' | 'credsFile'> & {
+    nkeyFile?: string | undefined;
+    credsFile?: string | undefined;
+    as: CliIdentity;
+  },
+): Promise<NatsConnection> {
+  const files: [string, string | undefined][] = [
+    ['NATS_NKEY_FILE', o.nkeyFile],
+    ['NATS_CREDS_FILE', o.credsFile],
+  ];
   for (const [variable, path] of files) {
     if (!path) continue;
     try {
@@ -72,12 +81,18 @@ export async function connectCli(o: Omit<ConnectOptions, 'nkeySeedFile' | 'creds
     if (problem?.about === 'url') throw new UsageError(`NATS_URL=${servers}: ${problem.problem}`);
     if (!isNatsError(err, errors.AuthorizationError)) {
       // No server there (refused, unreachable, unresolvable): named with the URL, as the services name it.
-      if (isNatsError(err, errors.ConnectionError) || (err as NodeJS.ErrnoException | undefined)?.code) throw new UsageError(`NATS_URL=${servers}: cannot connect: ${describeConnectError(err)}`);
+      if (isNatsError(err, errors.ConnectionError) || (err as NodeJS.ErrnoException | undefined)?.code)
+        throw new UsageError(`NATS_URL=${servers}: cannot connect: ${describeConnectError(err)}`);
       throw err;
     }
     const need = `${as.describe} (<out>/nkeys/${as.seedName}, written by \`tooltx auth generate\`)`;
-    if (!given) throw new UsageError(`the server at ${servers} requires authentication: set NATS_NKEY_FILE to the seed of ${need}`);
-    throw new UsageError(`the server at ${servers} refused the identity in ${given}: it is not a user of this server; this command needs ${need}`);
+    if (!given)
+      throw new UsageError(
+        `the server at ${servers} requires authentication: set NATS_NKEY_FILE to the seed of ${need}`,
+      );
+    throw new UsageError(
+      `the server at ${servers} refused the identity in ${given}: it is not a user of this server; this command needs ${need}`,
+    );
   }
 }
 
@@ -91,6 +106,7 @@ export function shown(v: string, max = 80): string {
 
 /** An operation key as the argument gave it; {@link UsageError} (exit 2) when it is not one (`opk_` + 43 base64url characters). */
 export function checkedKey(operationKey: string): string {
-  if (!OPERATION_KEY_PATTERN.test(operationKey)) throw new UsageError(`<operationKey>: expected opk_ and 43 base64url characters, got ${shown(operationKey, 60)}`);
+  if (!OPERATION_KEY_PATTERN.test(operationKey))
+    throw new UsageError(`<operationKey>: expected opk_ and 43 base64url characters, got ${shown(operationKey, 60)}`);
   return operationKey;
 }

@@ -16,24 +16,49 @@ import { ID_PATTERN } from '@tooltx/contracts';
 import { Subjects } from '@tooltx/nats';
 import { baseConfigSchema, loadConfig } from '@tooltx/runtime';
 import { inboxPrefixOf } from '@tooltx/nats';
-import { checkedKey, CliRefusal, connectCli, isNatsError, notThatIdentity, permissionViolationOf, UsageError, type CliIdentity } from './cli-support.js';
+import {
+  checkedKey,
+  CliRefusal,
+  connectCli,
+  isNatsError,
+  notThatIdentity,
+  permissionViolationOf,
+  UsageError,
+  type CliIdentity,
+} from './cli-support.js';
 
 const operatorConfig = baseConfigSchema.extend({
-  TOOLTX_OPERATOR: z.string({ error: 'required: the operator\'s id (an operator of the identity list), recorded as resolvedBy' }).regex(ID_PATTERN, 'an operator id of the identity list (^[a-z0-9_-]{1,64}$)'),
+  TOOLTX_OPERATOR: z
+    .string({ error: "required: the operator's id (an operator of the identity list), recorded as resolvedBy" })
+    .regex(ID_PATTERN, 'an operator id of the identity list (^[a-z0-9_-]{1,64}$)'),
 });
 
-type Answer = { ok: boolean; error?: { class: string; issues?: { path: (string | number)[]; code: string; message: string }[] }; takeovers?: unknown[]; operation?: { status?: string; takeover?: unknown } };
+type Answer = {
+  ok: boolean;
+  error?: { class: string; issues?: { path: (string | number)[]; code: string; message: string }[] };
+  takeovers?: unknown[];
+  operation?: { status?: string; takeover?: unknown };
+};
 
 /** One request/reply with the takeover service; errors say what went wrong in the operator's terms. */
-async function request(nc: NatsConnection, subject: string, body: Record<string, unknown>, who: CliIdentity, seedFile: string | undefined, timeoutMs: number): Promise<Answer> {
+async function request(
+  nc: NatsConnection,
+  subject: string,
+  body: Record<string, unknown>,
+  who: CliIdentity,
+  seedFile: string | undefined,
+  timeoutMs: number,
+): Promise<Answer> {
   try {
     const reply = await nc.request(subject, JSON.stringify(body), { timeout: timeoutMs });
     return JSON.parse(reply.string()) as Answer;
   } catch (err) {
     const denied = permissionViolationOf(err);
     if (denied) throw new CliRefusal(`${notThatIdentity(denied, who, seedFile)}; TOOLTX_OPERATOR names the operator`);
-    if (isNatsError(err, errors.NoRespondersError)) throw new CliRefusal('no takeover service is running (every reconciler instance answers takeover requests)');
-    if (isNatsError(err, errors.TimeoutError)) throw new CliRefusal(`no answer from the takeover service within ${timeoutMs / 1_000} s`);
+    if (isNatsError(err, errors.NoRespondersError))
+      throw new CliRefusal('no takeover service is running (every reconciler instance answers takeover requests)');
+    if (isNatsError(err, errors.TimeoutError))
+      throw new CliRefusal(`no answer from the takeover service within ${timeoutMs / 1_000} s`);
     throw err;
   }
 }
@@ -52,11 +77,14 @@ async function explain(answer: Answer, req: Record<string, unknown>, show: () =>
       const now = await show().catch(() => undefined);
       const status = now?.ok ? now.operation?.status : undefined;
       if (status === undefined) return 'the operation is not unknown, or it moved on meanwhile: show it again';
-      if (status !== 'unknown') return `not under takeover: its state is ${status} (only an unknown operation can be resolved; a resolution that differs from the one recorded is refused)`;
+      if (status !== 'unknown')
+        return `not under takeover: its state is ${status} (only an unknown operation can be resolved; a resolution that differs from the one recorded is refused)`;
       return 'the operation moved on while it was being resolved: show it again';
     }
     case 'not_found':
-      return issues ? `no operation with this key is watched: give --tenant (${issues})` : 'no operation with this key in that tenant';
+      return issues
+        ? `no operation with this key is watched: give --tenant (${issues})`
+        : 'no operation with this key in that tenant';
     case 'invalid_input':
       return `the request is invalid: ${issues || 'see the issues'}`;
     default:
@@ -68,7 +96,10 @@ async function explain(answer: Answer, req: Record<string, unknown>, show: () =>
 /** Sends one request to the takeover service; prints the answer; exit 1 with its class and meaning when refused. */
 async function ask(req: Record<string, unknown>, timeoutMs = 10_000): Promise<void> {
   const config = loadConfig(operatorConfig);
-  const who: CliIdentity = { describe: `operator ${config.TOOLTX_OPERATOR}`, seedName: `operator.${config.TOOLTX_OPERATOR}.nk` };
+  const who: CliIdentity = {
+    describe: `operator ${config.TOOLTX_OPERATOR}`,
+    seedName: `operator.${config.TOOLTX_OPERATOR}.nk`,
+  };
   const nc = await connectCli({
     servers: config.NATS_URL,
     name: `tooltx-cli:operator/${config.TOOLTX_OPERATOR}`,
@@ -83,7 +114,9 @@ async function ask(req: Record<string, unknown>, timeoutMs = 10_000): Promise<vo
     const send = (body: Record<string, unknown>) => request(nc, subject, body, who, config.NATS_NKEY_FILE, timeoutMs);
     const answer = await send(req);
     if (!answer.ok) {
-      const meaning = await explain(answer, req, () => send({ action: 'show', operationKey: req.operationKey, ...(req.tenant ? { tenant: req.tenant } : {}) }));
+      const meaning = await explain(answer, req, () =>
+        send({ action: 'show', operationKey: req.operationKey, ...(req.tenant ? { tenant: req.tenant } : {}) }),
+      );
       process.stderr.write(`tooltx takeover: refused: ${meaning}\n  ${JSON.stringify(answer.error)}\n`);
       process.exitCode = 1;
       return;
@@ -101,30 +134,43 @@ async function ask(req: Record<string, unknown>, timeoutMs = 10_000): Promise<vo
 export function registerTakeover(program: Command): void {
   const t = program
     .command('takeover')
-    .description('operations handed over to a person (unknown past their deadline, or another effect found under their key): list, show, resolve — as an operator (NATS_NKEY_FILE, TOOLTX_OPERATOR)')
-    .addHelpText('after', `
+    .description(
+      'operations handed over to a person (unknown past their deadline, or another effect found under their key): list, show, resolve — as an operator (NATS_NKEY_FILE, TOOLTX_OPERATOR)',
+    )
+    .addHelpText(
+      'after',
+      `
 Environment:
   NATS_URL         server URL(s) (default nats://127.0.0.1:4222)
   NATS_NKEY_FILE   the operator's seed (<out>/nkeys/operator.<id>.nk from \`tooltx auth generate\`)
   NATS_CREDS_FILE  a .creds file instead of the seed
   TOOLTX_OPERATOR  the operator's id (an operator of the identity list), recorded as resolvedBy
   TOOLTX_PREFIX    subject prefix of the deployment (default tooltx)
-Exit codes: 0 done, 1 refused (its meaning on stderr), 2 bad usage or configuration.`);
+Exit codes: 0 done, 1 refused (its meaning on stderr), 2 bad usage or configuration.`,
+    );
   t.command('list')
     .description('every open takeover record, oldest first, one JSON object per line')
     .action(() => ask({ action: 'list' }));
   t.command('show <operationKey>')
-    .description('the operation\'s folded state: status, takeover record, evidence, times (no bodies)')
+    .description("the operation's folded state: status, takeover record, evidence, times (no bodies)")
     .option('--tenant <id>', 'the tenant of the operation (needed once it is no longer watched)')
-    .action((operationKey: string, o: { tenant?: string }) => ask({ action: 'show', operationKey: checkedKey(operationKey), ...(o.tenant ? { tenant: o.tenant } : {}) }));
+    .action((operationKey: string, o: { tenant?: string }) =>
+      ask({ action: 'show', operationKey: checkedKey(operationKey), ...(o.tenant ? { tenant: o.tenant } : {}) }),
+    );
   t.command('resolve <operationKey>')
     .description('record what you verified downstream: --committed <resourceId> or --not-applied; unfreezes the task')
     .option('--committed <resourceId>', 'the effect exists downstream under this resource id')
     .option('--not-applied', 'the effect definitively did not happen (the identical input may be submitted again)')
     .option('--tenant <id>', 'the tenant of the operation (needed once it is no longer watched)')
     .action((operationKey: string, o: { committed?: string; notApplied?: boolean; tenant?: string }) => {
-      if (Boolean(o.committed) === Boolean(o.notApplied)) throw new UsageError('give exactly one of --committed <resourceId> or --not-applied');
+      if (Boolean(o.committed) === Boolean(o.notApplied))
+        throw new UsageError('give exactly one of --committed <resourceId> or --not-applied');
       const outcome = o.committed ? { kind: 'committed', resourceId: o.committed } : { kind: 'not_applied' };
-      return ask({ action: 'resolve', operationKey: checkedKey(operationKey), outcome, ...(o.tenant ? { tenant: o.tenant } : {}) });
+      return ask({
+        action: 'resolve',
+        operationKey: checkedKey(operationKey),
+        outcome,
+        ...(o.tenant ? { tenant: o.tenant } : {}),
+      });
     });
 }

@@ -37,7 +37,17 @@
  * for the tests that spawn single services with TypeScript tools fixtures (test/helpers/services.ts).
  */
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { createRequire } from 'node:module';
 import { dirname, join, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -88,10 +98,15 @@ interface EsbuildMessage {
 }
 interface Esbuild {
   version: string;
-  build(options: Record<string, unknown>): Promise<{ errors: EsbuildMessage[]; warnings: EsbuildMessage[]; metafile: { inputs: Record<string, unknown> } }>;
+  build(
+    options: Record<string, unknown>,
+  ): Promise<{ errors: EsbuildMessage[]; warnings: EsbuildMessage[]; metafile: { inputs: Record<string, unknown> } }>;
 }
 interface EsbuildPluginBuild {
-  onResolve(options: { filter: RegExp }, callback: (args: { path: string; kind: string }) => { path: string; external: true } | undefined): void;
+  onResolve(
+    options: { filter: RegExp },
+    callback: (args: { path: string; kind: string }) => { path: string; external: true } | undefined,
+  ): void;
 }
 
 function loadEsbuild(): Esbuild {
@@ -125,17 +140,24 @@ function sourceFiles(root: string, extraDirs: readonly string[] = []): string[] 
  * that they share its chunks (one `@tooltx/contracts` with the services that load them): the tests'
  * TypeScript tools fixtures. Each extra entry's directory is hashed too, and names its own build.
  */
-export async function ensureStackBuild(opts: { root?: string; cacheDir?: string; extraEntries?: Readonly<Record<string, string>> } = {}): Promise<StackBuild> {
+export async function ensureStackBuild(
+  opts: { root?: string; cacheDir?: string; extraEntries?: Readonly<Record<string, string>> } = {},
+): Promise<StackBuild> {
   const root = opts.root ?? ROOT;
   const cacheDir = opts.cacheDir ?? join(root, 'node_modules', '.cache', 'tooltx-stack');
   const esbuild = loadEsbuild();
   const extra = opts.extraEntries ?? {};
   const clash = Object.keys(extra).find((name) => name in STACK_ENTRIES || !/^[a-z0-9][a-z0-9-]*$/.test(name));
-  if (clash !== undefined) throw new StackBuildError(`extra entry name ${JSON.stringify(clash)} is a stack entry's or not of [a-z0-9-]`);
+  if (clash !== undefined)
+    throw new StackBuildError(`extra entry name ${JSON.stringify(clash)} is a stack entry's or not of [a-z0-9-]`);
   const files = sourceFiles(root, [...new Set(Object.values(extra).map((f) => dirname(f)))]);
   const h = createHash('sha256').update(`${RECIPE}\0esbuild ${esbuild.version}\0`);
-  for (const [name, f] of Object.entries(extra).sort(([a], [b]) => a.localeCompare(b))) h.update(`entry ${name}=${f.split(sep).join('/')}\0`);
-  for (const f of files) h.update(`${f.split(sep).join('/')}\0`).update(readFileSync(join(root, f))).update('\0');
+  for (const [name, f] of Object.entries(extra).sort(([a], [b]) => a.localeCompare(b)))
+    h.update(`entry ${name}=${f.split(sep).join('/')}\0`);
+  for (const f of files)
+    h.update(`${f.split(sep).join('/')}\0`)
+      .update(readFileSync(join(root, f)))
+      .update('\0');
   const dir = join(cacheDir, h.digest('hex').slice(0, 16));
   const result = (built: boolean): StackBuild => ({ dir, built, path: (entry) => join(dir, `${entry}.js`) });
   if (existsSync(join(dir, 'package.json'))) return result(false);
@@ -164,20 +186,40 @@ export async function ensureStackBuild(opts: { root?: string; cacheDir?: string;
             name: 'external-packages',
             // npm packages are loaded from node_modules at run time; only the workspace's own (@tooltx/*) are bundled.
             setup(b: EsbuildPluginBuild) {
-              b.onResolve({ filter: /^[^./]/ }, (args) => (args.path.startsWith('@tooltx/') || args.kind === 'entry-point' ? undefined : { path: args.path, external: true }));
+              b.onResolve({ filter: /^[^./]/ }, (args) =>
+                args.path.startsWith('@tooltx/') || args.kind === 'entry-point'
+                  ? undefined
+                  : { path: args.path, external: true },
+              );
             },
           },
         ],
       })
       .catch((err: unknown) => {
         const errors = (err as { errors?: EsbuildMessage[] }).errors ?? [];
-        throw new StackBuildError(`esbuild: ${errors.slice(0, 5).map((m) => (m.location ? `${m.location.file}:${m.location.line}:${m.location.column}: ${m.text}` : m.text)).join('; ') || String(err)}`, { cause: err });
+        throw new StackBuildError(
+          `esbuild: ${
+            errors
+              .slice(0, 5)
+              .map((m) =>
+                m.location ? `${m.location.file}:${m.location.line}:${m.location.column}: ${m.text}` : m.text,
+              )
+              .join('; ') || String(err)
+          }`,
+          { cause: err },
+        );
       });
     const hashed = new Set(files.map((f) => f.split(sep).join('/')));
     const unhashed = Object.keys(r.metafile.inputs).filter((f) => !hashed.has(f));
-    if (unhashed.length) throw new StackBuildError(`the bundle reads files its cache key does not cover (add their directory to SOURCE_DIRS in dev/src/compiled.ts): ${unhashed.join(', ')}`);
+    if (unhashed.length)
+      throw new StackBuildError(
+        `the bundle reads files its cache key does not cover (add their directory to SOURCE_DIRS in dev/src/compiled.ts): ${unhashed.join(', ')}`,
+      );
     // ES modules by their package scope, whatever node_modules/.cache/ holds around them.
-    writeFileSync(join(tmp, 'package.json'), `${JSON.stringify({ type: 'module', private: true, description: 'tooltx stack build (dev/src/compiled.ts)' })}\n`);
+    writeFileSync(
+      join(tmp, 'package.json'),
+      `${JSON.stringify({ type: 'module', private: true, description: 'tooltx stack build (dev/src/compiled.ts)' })}\n`,
+    );
     try {
       renameSync(tmp, dir);
     } catch (err) {

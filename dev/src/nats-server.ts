@@ -4,7 +4,15 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, delimiter } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { INSTALL_HINT, jetstreamConfigBlock, MIN_SERVER_VERSION, parseServerVersion, serverVersionAtLeast, UnsupportedServerError, type Durability } from '@tooltx/nats';
+import {
+  INSTALL_HINT,
+  jetstreamConfigBlock,
+  MIN_SERVER_VERSION,
+  parseServerVersion,
+  serverVersionAtLeast,
+  UnsupportedServerError,
+  type Durability,
+} from '@tooltx/nats';
 
 /** Thrown when no NATS server can be found or started; names the install command. */
 export class NatsServerUnavailableError extends Error {
@@ -84,7 +92,11 @@ export function binaryVersion(bin: string): string | null {
   if (versionCache.has(bin)) return versionCache.get(bin)!;
   let v: string | null = null;
   try {
-    const out = execFileSync(bin, ['--version'], { encoding: 'utf8', timeout: 5_000, stdio: ['ignore', 'pipe', 'pipe'] });
+    const out = execFileSync(bin, ['--version'], {
+      encoding: 'utf8',
+      timeout: 5_000,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     const p = parseServerVersion(out);
     v = p ? p.join('.') : null;
   } catch {
@@ -102,11 +114,21 @@ export function binaryVersion(bin: string): string | null {
  * Debian's places that is {@link MIN_SERVER_VERSION} or later — Debian 12's 2.9.10 is never picked.
  * Null when there is none.
  */
-export function natsServerBinary(env: NodeJS.ProcessEnv = process.env, o: { /** Look for the project's own (default true). */ project?: boolean } = {}): string | null {
+export function natsServerBinary(
+  env: NodeJS.ProcessEnv = process.env,
+  o: { /** Look for the project's own (default true). */ project?: boolean } = {},
+): string | null {
   if (env.NATS_SERVER_BIN) return env.NATS_SERVER_BIN;
   const own = o.project === false ? null : projectServerBinary('trixie');
   if (own) return own;
-  const candidates = [...(env.PATH ?? '').split(delimiter).filter(Boolean).map((dir) => join(dir, 'nats-server')), '/usr/sbin/nats-server', '/usr/bin/nats-server'];
+  const candidates = [
+    ...(env.PATH ?? '')
+      .split(delimiter)
+      .filter(Boolean)
+      .map((dir) => join(dir, 'nats-server')),
+    '/usr/sbin/nats-server',
+    '/usr/bin/nats-server',
+  ];
   for (const p of candidates) {
     if (!existsSync(p)) continue;
     const v = binaryVersion(p);
@@ -162,13 +184,16 @@ export async function spawnNatsServer(
   if (!bin) throw new NatsServerUnavailableError(`nats-server not found: ${INSTALL_HINT}`);
   // A bare name is looked up on PATH by the same exec that runs it.
   const version = binaryVersion(bin);
-  if (version && !opts.allowUnsupported && !serverVersionAtLeast(version, MIN_SERVER_VERSION)) throw new UnsupportedServerError(version, bin);
+  if (version && !opts.allowUnsupported && !serverVersionAtLeast(version, MIN_SERVER_VERSION))
+    throw new UnsupportedServerError(version, bin);
   const storeDir = opts.storeDir ?? mkdtempSync(join(tmpdir(), 'tooltx-js-'));
   // Without a configuration of the caller's, one of ours: `sync_interval` has no command-line flag.
   let extraArgs = opts.extraArgs ?? [];
   if (!extraArgs.includes('-c')) {
     const conf = `${storeDir.replace(/\/+$/, '')}.conf`;
-    writeFileSync(conf, `listen: "127.0.0.1:-1"\n${jetstreamConfigBlock(storeDir, opts.durability)}\n`, { mode: 0o600 });
+    writeFileSync(conf, `listen: "127.0.0.1:-1"\n${jetstreamConfigBlock(storeDir, opts.durability)}\n`, {
+      mode: 0o600,
+    });
     extraArgs = ['-c', conf, ...extraArgs];
   }
   let child!: ChildProcess;
@@ -177,7 +202,10 @@ export async function spawnNatsServer(
       const args = ['-p', String(port), ...extraArgs];
       const setpriv = opts.exitWithParent ? setprivBinary() : null;
       child = setpriv
-        ? spawn(setpriv, ['--pdeathsig', 'TERM', '--', bin, ...args], { stdio: ['ignore', 'ignore', 'pipe'], detached: opts.detached ?? false })
+        ? spawn(setpriv, ['--pdeathsig', 'TERM', '--', bin, ...args], {
+            stdio: ['ignore', 'ignore', 'pipe'],
+            detached: opts.detached ?? false,
+          })
         : spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'], detached: opts.detached ?? false });
       // A server this process spawned attached (tests, one-off tools) dies with it, even when the
       // caller never reached its stop(); a detached one (npm start's stack) is stopped by its owner.
@@ -185,7 +213,10 @@ export async function spawnNatsServer(
       const spawned = child;
       spawned.once('exit', () => ownedServers.delete(spawned));
       let log = '';
-      const timer = setTimeout(() => reject(new NatsServerUnavailableError(`nats-server did not start in 10 s: ${log.slice(-500)}`)), 10_000);
+      const timer = setTimeout(
+        () => reject(new NatsServerUnavailableError(`nats-server did not start in 10 s: ${log.slice(-500)}`)),
+        10_000,
+      );
       child.stderr!.setEncoding('utf8');
       child.stderr!.on('data', (chunk: string) => {
         if (log.length < 20_000) log += chunk;
@@ -198,7 +229,13 @@ export async function spawnNatsServer(
       child.once('exit', (code) => {
         clearTimeout(timer);
         // A binary that says nothing before it exits is likely no nats-server at all (NATS_SERVER_BIN=/bin/false).
-        reject(new NatsServerUnavailableError(log.trim() ? `nats-server exited with ${code}: ${log.slice(-500)}` : `${bin} exited with ${code} without a word on stderr: is it a nats-server?`));
+        reject(
+          new NatsServerUnavailableError(
+            log.trim()
+              ? `nats-server exited with ${code}: ${log.slice(-500)}`
+              : `${bin} exited with ${code} without a word on stderr: is it a nats-server?`,
+          ),
+        );
       });
     });
   let port = await start(opts.port ?? -1);
@@ -252,7 +289,9 @@ export async function findOrStartNatsServer(env: NodeJS.ProcessEnv = process.env
   if (natsServerBinary(env)) return spawnNatsServer();
   const container = await tryContainer();
   if (container) return container;
-  throw new NatsServerUnavailableError(`no NATS server: NATS_URL is unset and nats-server is not installed; ${INSTALL_HINT}`);
+  throw new NatsServerUnavailableError(
+    `no NATS server: NATS_URL is unset and nats-server is not installed; ${INSTALL_HINT}`,
+  );
 }
 
 async function tryContainer(): Promise<NatsServerHandle | null> {
@@ -266,7 +305,11 @@ async function tryContainer(): Promise<NatsServerHandle | null> {
   try {
     const spec = 'testcontainers';
     type Started = { getMappedPort(p: number): number; getHost(): string; stop(): Promise<unknown> };
-    type Builder = { withCommand(c: string[]): Builder; withExposedPorts(p: number): Builder; start(): Promise<Started> };
+    type Builder = {
+      withCommand(c: string[]): Builder;
+      withExposedPorts(p: number): Builder;
+      start(): Promise<Started>;
+    };
     const tc = (await import(spec)) as { GenericContainer: new (image: string) => Builder };
     const c = new tc.GenericContainer('nats:2.10');
     const started = await c.withCommand(['-js']).withExposedPorts(4222).start();
@@ -316,7 +359,14 @@ export interface NatsClusterHandle {
 export async function spawnNatsCluster(
   configFiles: string[],
   storeDirs: string[],
-  opts: { ports?: number[]; binary?: string; detached?: boolean; exitWithParent?: boolean; allowUnsupported?: boolean; /** More arguments per node (e.g. `-m PORT`). */ extraArgs?: string[][] } = {},
+  opts: {
+    ports?: number[];
+    binary?: string;
+    detached?: boolean;
+    exitWithParent?: boolean;
+    allowUnsupported?: boolean /** More arguments per node (e.g. `-m PORT`). */;
+    extraArgs?: string[][];
+  } = {},
 ): Promise<NatsClusterHandle> {
   const started = await Promise.allSettled(
     configFiles.map((file, i) =>

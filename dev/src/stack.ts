@@ -14,9 +14,37 @@ import { fileURLToPath } from 'node:url';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
-import { assertSupportedServer, connectNats, DURABILITIES, jetStreamOf, Subjects, UnsupportedServerError, type Durability } from '@tooltx/nats';
-import { freeLoopbackPort, natsServerBinary, NatsServerUnavailableError, spawnNatsCluster, spawnNatsServer, type NatsServerHandle } from '@tooltx/dev/nats-server';
-import { describeConnectError, describeError, displayUrl, ensureKeyFile, isNatsError, readKeyFile, SecretFileError, showValue, startupStep, StartupError, StartupFailure, type ReadyMessage } from '@tooltx/runtime';
+import {
+  assertSupportedServer,
+  connectNats,
+  DURABILITIES,
+  jetStreamOf,
+  Subjects,
+  UnsupportedServerError,
+  type Durability,
+} from '@tooltx/nats';
+import {
+  freeLoopbackPort,
+  natsServerBinary,
+  NatsServerUnavailableError,
+  spawnNatsCluster,
+  spawnNatsServer,
+  type NatsServerHandle,
+} from '@tooltx/dev/nats-server';
+import {
+  describeConnectError,
+  describeError,
+  displayUrl,
+  ensureKeyFile,
+  isNatsError,
+  readKeyFile,
+  SecretFileError,
+  showValue,
+  startupStep,
+  StartupError,
+  StartupFailure,
+  type ReadyMessage,
+} from '@tooltx/runtime';
 import { applyTopology, topology } from '@tooltx/streams';
 import { generateAuth, identityListSchema, tenantsOf, type IdentityList } from '@tooltx/auth';
 import { inboxPrefixOf, type Role } from '@tooltx/nats';
@@ -55,12 +83,21 @@ const stackRuntimeSchema = z.enum(['compiled', 'tsx']);
  * CPU: more GC work per call; see the docs for the measured cost. `--lite-mode`/`--jitless` (no
  * optimising compiler) and `--optimize-for-size` (1 MB semi-spaces: GC 25–37 % of CPU) were rejected.
  */
-export const SERVICE_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=4', '--heap-growing-percent=50', '--liftoff-only'];
+export const SERVICE_NODE_FLAGS: readonly string[] = [
+  '--max-semi-space-size=4',
+  '--heap-growing-percent=50',
+  '--liftoff-only',
+];
 /** `TOOLTX_STACK_NODE_FLAGS`: node/V8 flags replacing {@link SERVICE_NODE_FLAGS}, space-separated, each `--…` ("" = none; for measuring them). */
-const nodeFlagsSchema = z.string().transform((v) => v.split(/\s+/).filter(Boolean)).pipe(z.array(z.string().regex(/^--[a-z0-9][a-z0-9_=.,:/-]*$/i)));
+const nodeFlagsSchema = z
+  .string()
+  .transform((v) => v.split(/\s+/).filter(Boolean))
+  .pipe(z.array(z.string().regex(/^--[a-z0-9][a-z0-9_=.,:/-]*$/i)));
 
 /** The identities `npm start` and the demo generate when no list is given (TOOLTX_IDENTITIES). */
-export const DEFAULT_IDENTITIES: IdentityList = JSON.parse(readFileSync(join(ROOT, 'examples', 'research-kb', 'identities.json'), 'utf8')) as IdentityList;
+export const DEFAULT_IDENTITIES: IdentityList = JSON.parse(
+  readFileSync(join(ROOT, 'examples', 'research-kb', 'identities.json'), 'utf8'),
+) as IdentityList;
 /**
  * The sample's tenant list for the KB (its `KB_SEED_FILE`, schema in ./kb-seed.ts): every tenant of
  * `identities.json` with its quota — notes per UTC day, counted by the KB per tenant in the insert's
@@ -211,26 +248,52 @@ export interface Stack {
 export async function startStack(o: StackOptions): Promise<Stack> {
   // First, before anything is created: the JavaScript the processes run (a few ms when cached).
   const runtimeEnv = process.env.TOOLTX_STACK_RUNTIME;
-  const runtime = o.runtime ?? (await startupStep('TOOLTX_STACK_RUNTIME', runtimeEnv, () => stackRuntimeSchema.parse(runtimeEnv ?? 'compiled'), () => 'expected "compiled" or "tsx"'));
+  const runtime =
+    o.runtime ??
+    (await startupStep(
+      'TOOLTX_STACK_RUNTIME',
+      runtimeEnv,
+      () => stackRuntimeSchema.parse(runtimeEnv ?? 'compiled'),
+      () => 'expected "compiled" or "tsx"',
+    ));
   const flagsEnv = process.env.TOOLTX_STACK_NODE_FLAGS;
-  const nodeFlags = o.nodeFlags ?? (flagsEnv === undefined ? SERVICE_NODE_FLAGS : await startupStep('TOOLTX_STACK_NODE_FLAGS', flagsEnv, () => nodeFlagsSchema.parse(flagsEnv), () => 'expected node flags separated by spaces, each starting with --'));
-  let build = runtime === 'compiled' ? await startupStep('TOOLTX_STACK_RUNTIME', 'compiled', () => ensureStackBuild(), buildProblem) : undefined;
+  const nodeFlags =
+    o.nodeFlags ??
+    (flagsEnv === undefined
+      ? SERVICE_NODE_FLAGS
+      : await startupStep(
+          'TOOLTX_STACK_NODE_FLAGS',
+          flagsEnv,
+          () => nodeFlagsSchema.parse(flagsEnv),
+          () => 'expected node flags separated by spaces, each starting with --',
+        ));
+  let build =
+    runtime === 'compiled'
+      ? await startupStep('TOOLTX_STACK_RUNTIME', 'compiled', () => ensureStackBuild(), buildProblem)
+      : undefined;
   // 0700: it holds keys, seeds and every tenant's notes (kb.sqlite).
   await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => mkdirSync(o.stateDir, { recursive: true, mode: 0o700 }));
   // Development HMAC keys, kept in the state directory (0600) so audit records rebuilt
   // after a restart equal the ones they replace; a key file named in the environment wins.
   const keys = await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => ({
-    TOOLTX_AUDIT_HMAC_KEY_FILE: process.env.TOOLTX_AUDIT_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'audit-hmac.key')),
+    TOOLTX_AUDIT_HMAC_KEY_FILE:
+      process.env.TOOLTX_AUDIT_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'audit-hmac.key')),
     TOOLTX_LOG_HMAC_KEY_FILE: process.env.TOOLTX_LOG_HMAC_KEY_FILE ?? ensureKeyFile(join(o.stateDir, 'log-hmac.key')),
   }));
   // The KB's service token, kept there too: only the trusted side (the KB, and the authorizer,
   // executor and reconciler through the tools module) gets the file; a file named in the environment wins.
-  const kbServiceTokenFile = await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => process.env.KB_SERVICE_TOKEN_FILE ?? ensureKeyFile(join(o.stateDir, 'kb-service.token')));
+  const kbServiceTokenFile = await startupStep(
+    'TOOLTX_STATE_DIR',
+    o.stateDir,
+    () => process.env.KB_SERVICE_TOKEN_FILE ?? ensureKeyFile(join(o.stateDir, 'kb-service.token')),
+  );
   const kbServiceToken = await startupStep('KB_SERVICE_TOKEN_FILE', kbServiceTokenFile, () => {
     try {
       return readKeyFile(kbServiceTokenFile).toString('utf8');
     } catch (err) {
-      throw err instanceof SecretFileError ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err }) : err;
+      throw err instanceof SecretFileError
+        ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err })
+        : err;
     }
   });
   // The tenant list (quotas) is read and checked before anything starts; the KB reads it again.
@@ -244,14 +307,31 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   const identities: IdentityList =
     o.identities ??
     (identitiesFile
-      ? await startupStep('TOOLTX_IDENTITIES', identitiesFile, () => JSON.parse(readFileSync(identitiesFile, 'utf8')) as IdentityList, (err) => (err instanceof SyntaxError ? 'not JSON' : describeError(err)))
+      ? await startupStep(
+          'TOOLTX_IDENTITIES',
+          identitiesFile,
+          () => JSON.parse(readFileSync(identitiesFile, 'utf8')) as IdentityList,
+          (err) => (err instanceof SyntaxError ? 'not JSON' : describeError(err)),
+        )
       : DEFAULT_IDENTITIES);
   const parsedIdentities = identityListSchema.safeParse(identities);
-  if (!parsedIdentities.success) throw new StartupError('TOOLTX_IDENTITIES', identitiesFile, `not an identity list: ${parsedIdentities.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`);
+  if (!parsedIdentities.success)
+    throw new StartupError(
+      'TOOLTX_IDENTITIES',
+      identitiesFile,
+      `not an identity list: ${parsedIdentities.error.issues.map((i) => `${i.path.join('.') || '(root)'}: ${i.message}`).join('; ')}`,
+    );
   // Each tenant of the list gets its own intake and decision streams (docs/tenancy.md).
   const topo = topology(subjects, { replicas, tenants: tenantsOf(identities) });
   const durabilityEnv = process.env.TOOLTX_DURABILITY;
-  const durability: Durability = o.durability ?? (await startupStep('TOOLTX_DURABILITY', durabilityEnv, () => z.enum(DURABILITIES as [Durability, ...Durability[]]).parse(durabilityEnv ?? 'fsync'), () => 'expected "fsync" or "os"'));
+  const durability: Durability =
+    o.durability ??
+    (await startupStep(
+      'TOOLTX_DURABILITY',
+      durabilityEnv,
+      () => z.enum(DURABILITIES as [Durability, ...Durability[]]).parse(durabilityEnv ?? 'fsync'),
+      () => 'expected "fsync" or "os"',
+    ));
   let servers: NatsServerHandle[] = [];
   let natsUrl = o.natsUrl;
   let seedFile: (role: Role) => string;
@@ -262,18 +342,29 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     const parsed = parsedIdentities;
     const missing = parsed.data.tenants.filter((t) => !listed.has(t.id));
     if (missing.length) {
-      throw new StartupError('KB_SEED_FILE', kbTenants, missing.map((t) => `tenant ${t.id} of the identity list has no entry (give it a quota, or "quota": null for none)`).join('; '));
+      throw new StartupError(
+        'KB_SEED_FILE',
+        kbTenants,
+        missing
+          .map((t) => `tenant ${t.id} of the identity list has no entry (give it a quota, or "quota": null for none)`)
+          .join('; '),
+      );
     }
     // A state directory keeps one layout: a cluster next to a single server's store (or the reverse)
     // would start from empty streams while the KB still holds the old notes.
     const otherLayout = nodes === 3 ? join(o.stateDir, 'jetstream') : join(o.stateDir, 'jetstream-n1');
     if (existsSync(otherLayout)) {
-      throw new StartupError('TOOLTX_STATE_DIR', o.stateDir, `holds the JetStream store of ${nodes === 3 ? 'a single server (jetstream/)' : 'a three-node cluster (jetstream-n1/ …)'}: start it as before, or give this layout another state directory`);
+      throw new StartupError(
+        'TOOLTX_STATE_DIR',
+        o.stateDir,
+        `holds the JetStream store of ${nodes === 3 ? 'a single server (jetstream/)' : 'a three-node cluster (jetstream-n1/ …)'}: start it as before, or give this layout another state directory`,
+      );
     }
     // A cluster's routes listen on free loopback ports, chosen now: every node's configuration lists the others'.
     const routePorts = nodes === 3 ? await Promise.all([0, 1, 2].map(() => freeLoopbackPort())) : [];
     const clientPort = (i: number) => (o.natsPort === undefined || o.natsPort === -1 ? -1 : o.natsPort + i);
-    const storeDirOf = (i: number) => (nodes === 3 ? join(o.stateDir, `jetstream-n${i + 1}`) : join(o.stateDir, 'jetstream'));
+    const storeDirOf = (i: number) =>
+      nodes === 3 ? join(o.stateDir, `jetstream-n${i + 1}`) : join(o.stateDir, 'jetstream');
     const auth = await startupStep(
       'TOOLTX_IDENTITIES',
       identitiesFile,
@@ -286,20 +377,39 @@ export async function startStack(o: StackOptions): Promise<Stack> {
           storeDir: storeDirOf(0),
           durability,
           ...(nodes === 3
-            ? { cluster: { nodes: routePorts.map((p, i) => ({ serverName: `n${i + 1}`, listen: `127.0.0.1:${clientPort(i)}`, clusterListen: `127.0.0.1:${p}`, storeDir: storeDirOf(i) })) } }
+            ? {
+                cluster: {
+                  nodes: routePorts.map((p, i) => ({
+                    serverName: `n${i + 1}`,
+                    listen: `127.0.0.1:${clientPort(i)}`,
+                    clusterListen: `127.0.0.1:${p}`,
+                    storeDir: storeDirOf(i),
+                  })),
+                },
+              }
             : {}),
         }),
       // The identity checks' messages are tooltx's own (they name ids and field paths); a file error its code.
       (err) => (err instanceof Error && err.name === 'TooltxError' ? err.message : describeError(err)),
     );
     if (nodes === 3) {
-      const cluster = await spawnNatsCluster(auth.configFiles, [0, 1, 2].map(storeDirOf), { ports: [0, 1, 2].map(clientPort), detached: true, exitWithParent: true }).catch((err: unknown) => {
+      const cluster = await spawnNatsCluster(auth.configFiles, [0, 1, 2].map(storeDirOf), {
+        ports: [0, 1, 2].map(clientPort),
+        detached: true,
+        exitWithParent: true,
+      }).catch((err: unknown) => {
         throw natsServerProblem(err, o.natsPort);
       });
       servers = cluster.nodes;
       natsUrl = cluster.url;
     } else {
-      const server = await spawnNatsServer({ port: o.natsPort ?? -1, extraArgs: ['-c', auth.configFile], storeDir: storeDirOf(0), detached: true, exitWithParent: true }).catch((err: unknown) => {
+      const server = await spawnNatsServer({
+        port: o.natsPort ?? -1,
+        extraArgs: ['-c', auth.configFile],
+        storeDir: storeDirOf(0),
+        detached: true,
+        exitWithParent: true,
+      }).catch((err: unknown) => {
         throw natsServerProblem(err, o.natsPort);
       });
       servers = [server];
@@ -309,12 +419,29 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     authDir = join(o.stateDir, 'auth');
   } else {
     const dir = o.authDir ?? process.env.TOOLTX_AUTH_DIR;
-    if (!dir) throw new StartupError('TOOLTX_AUTH_DIR', undefined, 'required when NATS_URL is set: the directory `tooltx auth generate` wrote for that server');
+    if (!dir)
+      throw new StartupError(
+        'TOOLTX_AUTH_DIR',
+        undefined,
+        'required when NATS_URL is set: the directory `tooltx auth generate` wrote for that server',
+      );
     authDir = dir;
     seedFile = (role) => {
-      const name = role.kind === 'agent' || role.kind === 'auditor' ? `${role.kind}.${role.tenant}.${role.actor}` : role.kind === 'service' ? `service.${role.service}` : role.kind === 'operator' ? `operator.${role.operator}` : 'provisioner';
+      const name =
+        role.kind === 'agent' || role.kind === 'auditor'
+          ? `${role.kind}.${role.tenant}.${role.actor}`
+          : role.kind === 'service'
+            ? `service.${role.service}`
+            : role.kind === 'operator'
+              ? `operator.${role.operator}`
+              : 'provisioner';
       const f = join(dir, 'nkeys', `${name}.nk`);
-      if (!existsSync(f)) throw new StartupError('TOOLTX_AUTH_DIR', dir, `no seed nkeys/${name}.nk in it (\`tooltx auth generate\` writes one per user)`);
+      if (!existsSync(f))
+        throw new StartupError(
+          'TOOLTX_AUTH_DIR',
+          dir,
+          `no seed nkeys/${name}.nk in it (\`tooltx auth generate\` writes one per user)`,
+        );
       return f;
     };
   }
@@ -323,16 +450,36 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   try {
     const provisionerSeed = seedFile({ kind: 'provisioner' });
     const servers = natsUrl;
-    const nc = await startupStep('NATS_URL', displayUrl(servers), () =>
-      connectNats({ servers, name: 'tooltx-provisioner', nkeySeedFile: provisionerSeed, inboxPrefix: inboxPrefixOf({ kind: 'provisioner' }), reconnectForever: false }),
+    const nc = await startupStep(
+      'NATS_URL',
+      displayUrl(servers),
+      () =>
+        connectNats({
+          servers,
+          name: 'tooltx-provisioner',
+          nkeySeedFile: provisionerSeed,
+          inboxPrefix: inboxPrefixOf({ kind: 'provisioner' }),
+          reconnectForever: false,
+        }),
       describeConnectError,
     );
     serverVersion = nc.info?.version ?? 'unknown';
     // 2.10 is the oldest server tooltx runs on (docs/nats-server.md); the services refuse it too.
-    await startupStep('NATS_URL', displayUrl(servers), () => assertSupportedServer(serverVersion), (err) => (err instanceof UnsupportedServerError ? `the server there is ${err.problem}` : describeError(err)));
+    await startupStep(
+      'NATS_URL',
+      displayUrl(servers),
+      () => assertSupportedServer(serverVersion),
+      (err) => (err instanceof UnsupportedServerError ? `the server there is ${err.problem}` : describeError(err)),
+    );
     const { jsm } = await jetStreamOf(nc);
-    await startupStep('NATS_URL', displayUrl(servers), () => applyTopology(nc, jsm, topo), (err) =>
-      err instanceof Error && (isNatsError(err) || err.name === 'StreamConfigError') ? `cannot apply the streams as the provisioner: ${err.message}` : describeError(err),
+    await startupStep(
+      'NATS_URL',
+      displayUrl(servers),
+      () => applyTopology(nc, jsm, topo),
+      (err) =>
+        err instanceof Error && (isNatsError(err) || err.name === 'StreamConfigError')
+          ? `cannot apply the streams as the provisioner: ${err.message}`
+          : describeError(err),
     );
     await nc.drain();
   } catch (err) {
@@ -346,17 +493,24 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   let onCrash!: (crash: StackCrash) => void;
   const crashed = new Promise<StackCrash>((r) => (onCrash = r));
   const serverName = (i: number) => (servers.length > 1 ? `nats-server-n${i + 1}` : 'nats-server');
-  servers.forEach((n, i) =>
+  servers.forEach((n, i) => {
     n.process?.once('exit', (code, signal) => {
-      if (!stopping) onCrash({ name: serverName(i), reason: `${serverName(i)} exited (${signal ?? `code ${code}`}); it is not restarted` });
+      if (!stopping)
+        onCrash({
+          name: serverName(i),
+          reason: `${serverName(i)} exited (${signal ?? `code ${code}`}); it is not restarted`,
+        });
       reportPids();
-    }),
-  );
+    });
+  });
   const reportPids = () => {
     if (!o.onPids) return;
-    const running = (c: ChildProcess | undefined) => c?.pid !== undefined && c.exitCode === null && c.signalCode === null;
+    const running = (c: ChildProcess | undefined) =>
+      c?.pid !== undefined && c.exitCode === null && c.signalCode === null;
     const list: StackPid[] = [];
-    servers.forEach((n, i) => n.process && running(n.process) && list.push({ name: serverName(i), pid: n.process.pid! }));
+    servers.forEach((n, i) => {
+      if (n.process && running(n.process)) list.push({ name: serverName(i), pid: n.process.pid! });
+    });
     for (const p of processes) if (running(p.child)) list.push({ name: p.name, pid: p.child.pid! });
     o.onPids(list);
   };
@@ -372,7 +526,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
           ? undefined
           : new Promise((r) => {
               const hard = setTimeout(() => {
-                process.stderr.write(`tooltx-stack: ${name ?? `pid ${child.pid}`} still running ${HARD_STOP_MS / 1000} s after SIGTERM (hung or stopped): SIGKILL\n`);
+                process.stderr.write(
+                  `tooltx-stack: ${name ?? `pid ${child.pid}`} still running ${HARD_STOP_MS / 1000} s after SIGTERM (hung or stopped): SIGKILL\n`,
+                );
                 child.kill('SIGKILL');
               }, HARD_STOP_MS);
               child.once('exit', () => {
@@ -391,7 +547,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     await stopServers();
   };
   /** Where a process's own words about a failure are (for a failure message). */
-  const logsOf = (name: string) => (typeof o.logs === 'object' ? `its log ${join(o.logs.dir, `${name}.log`)}` : 'its output above');
+  const logsOf = (name: string) =>
+    typeof o.logs === 'object' ? `its log ${join(o.logs.dir, `${name}.log`)}` : 'its output above';
   /** The node arguments of a process: its compiled entry, or its TypeScript source under tsx. */
   const argsOf = (entry: StackEntry, source: string): string[] => {
     if (!build) return [...nodeFlags, '--import', 'tsx', source];
@@ -414,7 +571,11 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       child.stdout!.pipe(process.stdout);
       child.stderr!.pipe(process.stderr);
     } else if (o.logs === 'pretty') {
-      const fmt = spawn(process.execPath, [join(ROOT, 'node_modules', 'pino-pretty', 'bin.js'), '--colorize', '--ignore', 'pid,hostname,instance'], { stdio: ['pipe', 'inherit', 'inherit'], detached: true });
+      const fmt = spawn(
+        process.execPath,
+        [join(ROOT, 'node_modules', 'pino-pretty', 'bin.js'), '--colorize', '--ignore', 'pid,hostname,instance'],
+        { stdio: ['pipe', 'inherit', 'inherit'], detached: true },
+      );
       child.stdout!.pipe(fmt.stdin!);
       child.stderr!.pipe(process.stderr);
     } else {
@@ -445,8 +606,11 @@ export async function startStack(o: StackOptions): Promise<Stack> {
               try {
                 build = await ensureStackBuild();
               } catch (err) {
-                process.stderr.write(`tooltx-stack: cannot restart ${name}: the build is gone and rebuilding failed: ${err instanceof Error ? err.message : String(err)}\n`);
-                if (!stopping) onCrash({ name, reason: `${name} could not be restarted: the build is gone and rebuilding failed` });
+                process.stderr.write(
+                  `tooltx-stack: cannot restart ${name}: the build is gone and rebuilding failed: ${err instanceof Error ? err.message : String(err)}\n`,
+                );
+                if (!stopping)
+                  onCrash({ name, reason: `${name} could not be restarted: the build is gone and rebuilding failed` });
                 return;
               }
             }
@@ -458,7 +622,10 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       const how = signal ?? `code ${code}`;
       onCrash({
         name,
-        reason: name === 'kb' ? `the KB exited (${how}); it is not restarted` : `${name} exited (${how}) a 6th time within a minute; a service is restarted at most 5 times a minute`,
+        reason:
+          name === 'kb'
+            ? `the KB exited (${how}); it is not restarted`
+            : `${name} exited (${how}) a 6th time within a minute; a service is restarted at most 5 times a minute`,
       });
     });
     return child;
@@ -474,72 +641,80 @@ export async function startStack(o: StackOptions): Promise<Stack> {
   }
 
   async function launchAll(): Promise<Stack> {
-  // The KB first: the executor needs its URL. Its operator token lives in the state directory.
-  const kbAdminToken = o.kbAdminToken ?? randomBytes(24).toString('hex');
-  const tokenFile = join(o.stateDir, 'kb-admin.token');
-  writeFileSync(tokenFile, kbAdminToken, { mode: 0o600 });
-  const kbChild = launch('kb', 'kb-server', join(ROOT, 'examples', 'research-kb', 'kb-server.ts'), {
-    KB_ADMIN_TOKEN_FILE: tokenFile,
-    KB_SERVICE_TOKEN_FILE: kbServiceTokenFile,
-    KB_PORT: String(o.kbPort),
-    KB_DB: join(o.stateDir, 'kb.sqlite'),
-    KB_DEDUP: o.kbDedup ? 'on' : 'off',
-    KB_SEED: o.kbSeed,
-    KB_SEED_FILE: kbTenants,
-    LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
-  });
-  const kbPort = (await waitForReady(kbChild, 'kb', logsOf('kb'))).port;
-  if (kbPort === undefined) throw new StartupFailure('the KB said it was ready without its port');
-  const kbUrl = `http://127.0.0.1:${kbPort}`;
+    // The KB first: the executor needs its URL. Its operator token lives in the state directory.
+    const kbAdminToken = o.kbAdminToken ?? randomBytes(24).toString('hex');
+    const tokenFile = join(o.stateDir, 'kb-admin.token');
+    writeFileSync(tokenFile, kbAdminToken, { mode: 0o600 });
+    const kbChild = launch('kb', 'kb-server', join(ROOT, 'examples', 'research-kb', 'kb-server.ts'), {
+      KB_ADMIN_TOKEN_FILE: tokenFile,
+      KB_SERVICE_TOKEN_FILE: kbServiceTokenFile,
+      KB_PORT: String(o.kbPort),
+      KB_DB: join(o.stateDir, 'kb.sqlite'),
+      KB_DEDUP: o.kbDedup ? 'on' : 'off',
+      KB_SEED: o.kbSeed,
+      KB_SEED_FILE: kbTenants,
+      LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
+    });
+    const kbPort = (await waitForReady(kbChild, 'kb', logsOf('kb'))).port;
+    if (kbPort === undefined) throw new StartupFailure('the KB said it was ready without its port');
+    const kbUrl = `http://127.0.0.1:${kbPort}`;
 
-  const common = {
-    NATS_URL: url,
-    TOOLTX_PREFIX: o.prefix,
-    ...(replicas !== 1 ? { TOOLTX_REPLICAS: String(replicas) } : {}),
-    // Compiled: the tools module of the same build, so it shares the service's @tooltx/* modules.
-    TOOLTX_TOOLS_MODULE: build ? build.path('tools') : RESEARCH_TOOLS,
-    KB_URL: o.kbHop ? await o.kbHop(kbUrl) : kbUrl,
-    KB_DEDUP: o.kbDedup ? 'on' : 'off',
-  };
-  await Promise.all(
-    SERVICES.flatMap((name) =>
-      Array.from({ length: o.instances?.[name] ?? 1 }, (_, i) => {
-        const child = launch(`${name}-${i + 1}`, name, join(ROOT, 'services', name, 'src', 'main.ts'), {
-          ...common,
-          TOOLTX_INSTANCE_ID: `${name}-${i + 1}`,
-          NATS_NKEY_FILE: seedFile({ kind: 'service', service: name }),
-          // The services that append `committed` sign their receipts.
-          ...(name === 'executor' || name === 'reconciler' ? { TOOLTX_SIGNING_KEY_FILE: join(authDir, 'signing', `${name}.pem`) } : {}),
-          // The services whose tools module calls the KB (resolve, write, probe) carry its service token.
-          ...(name !== 'audit-projector' ? { KB_SERVICE_TOKEN_FILE: kbServiceTokenFile } : {}),
-        });
-        return waitForReady(child, `${name}-${i + 1}`, logsOf(`${name}-${i + 1}`));
-      }),
-    ),
-  );
+    const common = {
+      NATS_URL: url,
+      TOOLTX_PREFIX: o.prefix,
+      ...(replicas !== 1 ? { TOOLTX_REPLICAS: String(replicas) } : {}),
+      // Compiled: the tools module of the same build, so it shares the service's @tooltx/* modules.
+      TOOLTX_TOOLS_MODULE: build ? build.path('tools') : RESEARCH_TOOLS,
+      KB_URL: o.kbHop ? await o.kbHop(kbUrl) : kbUrl,
+      KB_DEDUP: o.kbDedup ? 'on' : 'off',
+    };
+    await Promise.all(
+      SERVICES.flatMap((name) =>
+        Array.from({ length: o.instances?.[name] ?? 1 }, (_, i) => {
+          const child = launch(`${name}-${i + 1}`, name, join(ROOT, 'services', name, 'src', 'main.ts'), {
+            ...common,
+            TOOLTX_INSTANCE_ID: `${name}-${i + 1}`,
+            NATS_NKEY_FILE: seedFile({ kind: 'service', service: name }),
+            // The services that append `committed` sign their receipts.
+            ...(name === 'executor' || name === 'reconciler'
+              ? { TOOLTX_SIGNING_KEY_FILE: join(authDir, 'signing', `${name}.pem`) }
+              : {}),
+            // The services whose tools module calls the KB (resolve, write, probe) carry its service token.
+            ...(name !== 'audit-projector' ? { KB_SERVICE_TOKEN_FILE: kbServiceTokenFile } : {}),
+          });
+          return waitForReady(child, `${name}-${i + 1}`, logsOf(`${name}-${i + 1}`));
+        }),
+      ),
+    );
 
-  return {
-    natsUrl: url,
-    natsServer: { version: serverVersion, durability: o.natsUrl ? 'unknown' : durability, nodes },
-    prefix: o.prefix,
-    receiptKeysFile: join(authDir, 'receipt-keys.json'),
-    kbUrl,
-    kbAdminToken,
-    kbServiceToken,
-    kbDb: join(o.stateDir, 'kb.sqlite'),
-    seedFile,
-    inboxPrefix: inboxPrefixOf,
-    server: servers[0] ?? null,
-    servers,
-    processes,
-    crashed,
-    stop,
-  };
+    return {
+      natsUrl: url,
+      natsServer: { version: serverVersion, durability: o.natsUrl ? 'unknown' : durability, nodes },
+      prefix: o.prefix,
+      receiptKeysFile: join(authDir, 'receipt-keys.json'),
+      kbUrl,
+      kbAdminToken,
+      kbServiceToken,
+      kbDb: join(o.stateDir, 'kb.sqlite'),
+      seedFile,
+      inboxPrefix: inboxPrefixOf,
+      server: servers[0] ?? null,
+      servers,
+      processes,
+      crashed,
+      stop,
+    };
   }
 }
 
 /** The `failed to start` line of a tooltx process (libs/runtime startup.ts). */
-const failedLineSchema = z.object({ msg: z.literal('failed to start'), setting: z.string().min(1), value: z.string().optional(), problem: z.string().optional(), problems: z.array(z.string()).optional() });
+const failedLineSchema = z.object({
+  msg: z.literal('failed to start'),
+  setting: z.string().min(1),
+  value: z.string().optional(),
+  problem: z.string().optional(),
+  problems: z.array(z.string()).optional(),
+});
 
 /**
  * Resolves with the ready message `child` sends over its IPC channel (libs/runtime `announceReady`:
@@ -552,7 +727,12 @@ const failedLineSchema = z.object({ msg: z.literal('failed to start'), setting: 
 /** How long the stack waits for a process to exit after SIGTERM before it kills it, ms: a service's own 15 s grace plus a margin. */
 const HARD_STOP_MS = 20_000;
 
-function waitForReady(child: ChildProcess, name: string, where: string, timeoutMs = 30_000): Promise<Omit<ReadyMessage, 'tooltx'>> {
+function waitForReady(
+  child: ChildProcess,
+  name: string,
+  where: string,
+  timeoutMs = 30_000,
+): Promise<Omit<ReadyMessage, 'tooltx'>> {
   return new Promise((resolvePromise, reject) => {
     let buf = '';
     let failed: z.infer<typeof failedLineSchema> | undefined;
@@ -564,7 +744,9 @@ function waitForReady(child: ChildProcess, name: string, where: string, timeoutM
     };
     const timer = setTimeout(() => {
       done();
-      reject(new StartupFailure(`${name} (pid ${child.pid}) was not ready within ${timeoutMs} ms; ${where} may say why`));
+      reject(
+        new StartupFailure(`${name} (pid ${child.pid}) was not ready within ${timeoutMs} ms; ${where} may say why`),
+      );
     }, timeoutMs);
     const onMessage = (m: unknown) => {
       if (typeof m !== 'object' || m === null || (m as { tooltx?: unknown }).tooltx !== 'ready') return;
@@ -589,12 +771,21 @@ function waitForReady(child: ChildProcess, name: string, where: string, timeoutM
     // 'close', not 'exit': the last lines (its `failed to start`) are read by then.
     const onClose = (code: number | null, signal: NodeJS.Signals | null) => {
       done();
-      if (!failed) return reject(new StartupFailure(`${name} exited (${signal ?? `code ${code}`}) before it was ready; ${where} says why`));
+      if (!failed)
+        return reject(
+          new StartupFailure(`${name} exited (${signal ?? `code ${code}`}) before it was ready; ${where} says why`),
+        );
       const { setting } = failed;
       // A configuration error's problems each start with their setting (and value, `NAME=value: `):
       // the first one's without them, since the error names them.
-      const named = [`${setting}: `, ...(failed.value !== undefined ? [`${setting}=${showValue(failed.value)}: `] : [])];
-      const problem = failed.problem ?? failed.problems?.map((p) => named.reduce((q, n) => (q.startsWith(n) ? q.slice(n.length) : q), p)).join('; ') ?? 'invalid';
+      const named = [
+        `${setting}: `,
+        ...(failed.value !== undefined ? [`${setting}=${showValue(failed.value)}: `] : []),
+      ];
+      const problem =
+        failed.problem ??
+        failed.problems?.map((p) => named.reduce((q, n) => (q.startsWith(n) ? q.slice(n.length) : q), p)).join('; ') ??
+        'invalid';
       reject(new StackProcessStartupError(name, setting, failed.value, problem));
     };
     child.on('message', onMessage);
@@ -611,16 +802,42 @@ function buildProblem(err: unknown): string {
 
 /** A seed file's problems (its own messages: field paths and rules, never a token). */
 function seedProblem(err: unknown): string {
-  return err instanceof SeedError ? err.problems.map((p) => p.replace(/^KB_SEED_FILE: /, '')).join('; ') : describeError(err);
+  return err instanceof SeedError
+    ? err.problems.map((p) => p.replace(/^KB_SEED_FILE: /, '')).join('; ')
+    : describeError(err);
 }
 
 /** Why the nats-server did not start, as a setting: its port in use, its binary missing or older than 2.10. */
 function natsServerProblem(err: unknown, port: number | undefined): unknown {
-  if (err instanceof UnsupportedServerError) return new StartupError('NATS_SERVER_BIN', natsServerBinary() ?? undefined, err.problem, { cause: err });
+  if (err instanceof UnsupportedServerError)
+    return new StartupError('NATS_SERVER_BIN', natsServerBinary() ?? undefined, err.problem, { cause: err });
   if (!(err instanceof NatsServerUnavailableError)) return err;
-  if (/address already in use/i.test(err.message)) return new StartupError('NATS_PORT', String(port ?? -1), 'the port is already in use: another process listens on it (EADDRINUSE)', { cause: err });
-  if (/without a word on stderr/.test(err.message)) return new StartupError('NATS_SERVER_BIN', natsServerBinary() ?? undefined, err.message.replace(/^.* exited/, 'exited'), { cause: err });
-  if (/not found/.test(err.message)) return new StartupError('NATS_SERVER_BIN', process.env.NATS_SERVER_BIN, 'no nats-server 2.10 or later: `scripts/ensure-nats-server` fetches Debian 13\'s into .nats-server/, or name one in NATS_SERVER_BIN', { cause: err });
+  if (/address already in use/i.test(err.message))
+    return new StartupError(
+      'NATS_PORT',
+      String(port ?? -1),
+      'the port is already in use: another process listens on it (EADDRINUSE)',
+      { cause: err },
+    );
+  if (/without a word on stderr/.test(err.message))
+    return new StartupError(
+      'NATS_SERVER_BIN',
+      natsServerBinary() ?? undefined,
+      err.message.replace(/^.* exited/, 'exited'),
+      { cause: err },
+    );
+  if (/not found/.test(err.message))
+    return new StartupError(
+      'NATS_SERVER_BIN',
+      process.env.NATS_SERVER_BIN,
+      "no nats-server 2.10 or later: `scripts/ensure-nats-server` fetches Debian 13's into .nats-server/, or name one in NATS_SERVER_BIN",
+      { cause: err },
+    );
   // Its own log's last lines: the server's words about our generated configuration.
-  return new StartupError('NATS_PORT', String(port ?? -1), `the nats-server did not start: ${err.message.slice(0, 400)}`, { cause: err });
+  return new StartupError(
+    'NATS_PORT',
+    String(port ?? -1),
+    `the nats-server did not start: ${err.message.slice(0, 400)}`,
+    { cause: err },
+  );
 }

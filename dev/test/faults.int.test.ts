@@ -111,7 +111,13 @@ describe('TcpFaultProxy: NATS clients addressed by the name of their CONNECT lin
   });
 
   it('a cut programmed for one client name cuts that client once; it reconnects through the proxy, the other is untouched', async () => {
-    const victim = await natsConnect({ servers: proxy.url, name: 'victim', reconnectTimeWait: 100, maxReconnectAttempts: -1, ...asAgent('alice') });
+    const victim = await natsConnect({
+      servers: proxy.url,
+      name: 'victim',
+      reconnectTimeWait: 100,
+      maxReconnectAttempts: -1,
+      ...asAgent('alice'),
+    });
     const bystander = await natsConnect({ servers: proxy.url, name: 'bystander', ...asAgent('bob') });
     const seen = await proxy.waitForConnection({ name: 'bystander' });
     const disconnects: string[] = [];
@@ -154,9 +160,13 @@ describe('HttpFaultProxy: keyed on a request header', () => {
     await new Promise((r) => target.close(r));
   });
   const post = (key: string, signal?: AbortSignal) =>
-    request(`${proxy.url}/v1/notes`, { method: 'POST', headers: { 'idempotency-key': key, 'content-type': 'application/json' }, body: '{"a":1}', signal, reset: true }).then(
-      async (r) => ({ status: r.statusCode, body: await r.body.text() }),
-    );
+    request(`${proxy.url}/v1/notes`, {
+      method: 'POST',
+      headers: { 'idempotency-key': key, 'content-type': 'application/json' },
+      body: '{"a":1}',
+      signal,
+      reset: true,
+    }).then(async (r) => ({ status: r.statusCode, body: await r.body.text() }));
   const count = (key: string) => committed.filter((k) => k === key).length;
 
   it('drop: the caller sees a cut, the target never saw the request; the next request with the key passes', async () => {
@@ -206,7 +216,9 @@ describe('HttpFaultProxy: keyed on a request header', () => {
     const answered: number[] = [];
     proxy.onAnswered = (_req, status) => answered.push(status);
     try {
-      await expect(request(`${proxy.url}/v1/notes`, { method: 'POST', body: '{}', reset: true }).then((r) => r.body.text())).rejects.toThrow();
+      await expect(
+        request(`${proxy.url}/v1/notes`, { method: 'POST', body: '{}', reset: true }).then((r) => r.body.text()),
+      ).rejects.toThrow();
       expect(answered).toEqual([201]);
     } finally {
       proxy.clear();

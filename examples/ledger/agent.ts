@@ -23,13 +23,19 @@ const tools = await createTools({
 });
 try {
   const before = await tools.execute({ tool: 'ledger.balance', taskId, input: { account: 'ops' } });
-  const pay = { tool: 'ledger.transfer', taskId, input: { from: 'ops', to: 'vendor', amountCents: 12_500, memo: 'Invoice 17' } };
+  const pay = {
+    tool: 'ledger.transfer',
+    taskId,
+    input: { from: 'ops', to: 'vendor', amountCents: 12_500, memo: 'Invoice 17' },
+  };
   const first = await tools.execute(pay, { budgetMs: 30_000 });
   const again = await tools.execute(pay, { budgetMs: 30_000 });
   const changed = await tools.execute({ ...pay, input: { ...pay.input, amountCents: 13_000 } });
   // A read is keyed by its task too: within one task it answers what it answered first.
   const after = await tools.execute({ tool: 'ledger.balance', taskId: `${taskId}-after`, input: { account: 'ops' } });
-  process.stdout.write(`${JSON.stringify({ taskId, before, first, sameReceipt: JSON.stringify(first) === JSON.stringify(again), changed, after })}\n`);
+  process.stdout.write(
+    `${JSON.stringify({ taskId, before, first, sameReceipt: JSON.stringify(first) === JSON.stringify(again), changed, after })}\n`,
+  );
   if (first.status !== 'committed') process.exitCode = 1;
 } finally {
   await tools.close();

@@ -22,7 +22,12 @@ export const transfer = defineTool({
   name: 'ledger.transfer',
   description: 'Move an amount, in cents, from one account of the caller’s tenant to another.',
   effect: 'charge',
-  input: z.strictObject({ from: account, to: account, amountCents: z.number().int().positive().max(100_000_000), memo: z.string().max(200).optional() }),
+  input: z.strictObject({
+    from: account,
+    to: account,
+    amountCents: z.number().int().positive().max(100_000_000),
+    memo: z.string().max(200).optional(),
+  }),
   normalise: { from: normalise.token, to: normalise.token, memo: normalise.title },
   // The operation is "this task's transfer from `from` to `to`": the same call again is the same
   // transfer, and another amount under the same task is an idempotency_conflict (a charge's intent).

@@ -56,9 +56,12 @@ const DIGEST = /^sha256:[0-9a-f]{64}$/;
  * Starts a ledger on `host:port` (default 127.0.0.1, any free port) with `accounts` (tenant →
  * account → balance in cents). Rejects when the port cannot be bound.
  */
-export async function startLedger(opts: { port?: number; host?: string; accounts?: Record<string, Record<string, number>> } = {}): Promise<LedgerServer> {
+export async function startLedger(
+  opts: { port?: number; host?: string; accounts?: Record<string, Record<string, number>> } = {},
+): Promise<LedgerServer> {
   const balances = new Map<string, Map<string, number>>();
-  for (const [tenant, accounts] of Object.entries(opts.accounts ?? {})) balances.set(tenant, new Map(Object.entries(accounts)));
+  for (const [tenant, accounts] of Object.entries(opts.accounts ?? {}))
+    balances.set(tenant, new Map(Object.entries(accounts)));
   const byKey = new Map<string, Transfer>();
   const all: Transfer[] = [];
   let last = 0;
@@ -79,13 +82,22 @@ export async function startLedger(opts: { port?: number; host?: string; accounts
     if (req.method === 'GET' && (m = /^\/v1\/accounts\/([^/]+)$/.exec(url.pathname))) {
       const account = decodeURIComponent(m[1]!);
       const balanceCents = accounts.get(account);
-      return balanceCents === undefined ? answer(res, 404, { error: 'not_found' }) : answer(res, 200, { account, balanceCents });
+      return balanceCents === undefined
+        ? answer(res, 404, { error: 'not_found' })
+        : answer(res, 200, { account, balanceCents });
     }
     if (req.method === 'GET' && (m = /^\/v1\/transfers\/by-key\/([^/]+)$/.exec(url.pathname))) {
       const t = byKey.get(`${tenant}\u0000${decodeURIComponent(m[1]!)}`);
-      return answer(res, 200, t ? { found: true, id: t.id, ...(t.inputDigest ? { inputDigest: t.inputDigest } : {}), now: now() } : { found: false, now: now() });
+      return answer(
+        res,
+        200,
+        t
+          ? { found: true, id: t.id, ...(t.inputDigest ? { inputDigest: t.inputDigest } : {}), now: now() }
+          : { found: false, now: now() },
+      );
     }
-    if (req.method === 'GET' && url.pathname === '/v1/transfers') return answer(res, 200, { transfers: all.filter((t) => t.tenant === tenant) });
+    if (req.method === 'GET' && url.pathname === '/v1/transfers')
+      return answer(res, 200, { transfers: all.filter((t) => t.tenant === tenant) });
     if (req.method !== 'POST' || url.pathname !== '/v1/transfers') return answer(res, 404, { error: 'not_found' });
 
     const body = await readJson(req);
@@ -93,15 +105,29 @@ export async function startLedger(opts: { port?: number; host?: string; accounts
     const deadline = Number(header(req, 'x-deadline'));
     const inputDigest = header(req, 'x-tooltx-input-digest');
     const { from, to, amountCents, memo } = (body ?? {}) as Record<string, unknown>;
-    if (!key || !KEY.test(key) || !Number.isSafeInteger(deadline) || (inputDigest !== undefined && !DIGEST.test(inputDigest))) return answer(res, 400, { error: 'invalid_input', field: 'headers' });
-    if (typeof from !== 'string' || typeof to !== 'string' || from === to || !Number.isSafeInteger(amountCents) || (amountCents as number) <= 0 || (memo !== undefined && typeof memo !== 'string')) {
+    if (
+      !key ||
+      !KEY.test(key) ||
+      !Number.isSafeInteger(deadline) ||
+      (inputDigest !== undefined && !DIGEST.test(inputDigest))
+    )
+      return answer(res, 400, { error: 'invalid_input', field: 'headers' });
+    if (
+      typeof from !== 'string' ||
+      typeof to !== 'string' ||
+      from === to ||
+      !Number.isSafeInteger(amountCents) ||
+      (amountCents as number) <= 0 ||
+      (memo !== undefined && typeof memo !== 'string')
+    ) {
       return answer(res, 400, { error: 'invalid_input', field: 'body' });
     }
     // One synchronous step from here: the dedup lookup, the deadline, the checks and the write.
     const at = now();
     const seen = byKey.get(`${tenant}\u0000${key}`);
     if (seen) {
-      if (inputDigest !== undefined && seen.inputDigest !== undefined && seen.inputDigest !== inputDigest) return answer(res, 409, { error: 'key_reused' });
+      if (inputDigest !== undefined && seen.inputDigest !== undefined && seen.inputDigest !== inputDigest)
+        return answer(res, 409, { error: 'key_reused' });
       return answer(res, 200, { id: seen.id, now: at });
     }
     if (at > deadline) return answer(res, 409, { error: 'deadline_passed', now: at });
@@ -112,7 +138,17 @@ export async function startLedger(opts: { port?: number; host?: string; accounts
     accounts.set(from, fromBalance - (amountCents as number));
     accounts.set(to, toBalance + (amountCents as number));
     balances.set(tenant, accounts);
-    const t: Transfer = { id: `tr_${all.length + 1}`, tenant, key, from, to, amountCents: amountCents as number, ...(memo !== undefined ? { memo } : {}), ...(inputDigest ? { inputDigest } : {}), at };
+    const t: Transfer = {
+      id: `tr_${all.length + 1}`,
+      tenant,
+      key,
+      from,
+      to,
+      amountCents: amountCents as number,
+      ...(memo !== undefined ? { memo } : {}),
+      ...(inputDigest ? { inputDigest } : {}),
+      at,
+    };
     byKey.set(`${tenant}\u0000${key}`, t);
     all.push(t);
     return answer(res, 201, { id: t.id, now: at });
@@ -162,7 +198,10 @@ function answer(res: ServerResponse, status: number, body: unknown): void {
 /** `tenant:account=cents,…` → tenant → account → cents. Throws `TypeError` naming `LEDGER_SEED` for anything else. */
 export function parseSeed(text: string): Record<string, Record<string, number>> {
   const out: Record<string, Record<string, number>> = {};
-  for (const part of text.split(',').map((s) => s.trim()).filter(Boolean)) {
+  for (const part of text
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean)) {
     const m = /^([a-z0-9][a-z0-9_-]{0,63}):([a-z0-9][a-z0-9_-]{0,63})=(\d{1,15})$/.exec(part);
     if (!m) throw new TypeError(`LEDGER_SEED: expected tenant:account=cents[,…], got ${JSON.stringify(part)}`);
     (out[m[1]!] ??= {})[m[2]!] = Number(m[3]);
@@ -172,7 +211,11 @@ export function parseSeed(text: string): Record<string, Record<string, number>> 
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
   const port = Number(process.env.LEDGER_PORT || 4290);
-  const ledger = await startLedger({ port, accounts: parseSeed(process.env.LEDGER_SEED || 'acme:ops=100000,acme:vendor=0') });
+  const ledger = await startLedger({
+    port,
+    accounts: parseSeed(process.env.LEDGER_SEED || 'acme:ops=100000,acme:vendor=0'),
+  });
   process.stdout.write(`${JSON.stringify({ msg: 'ledger ready', url: ledger.url })}\n`);
-  for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => void ledger.close().then(() => process.exit(0)));
+  for (const sig of ['SIGINT', 'SIGTERM'] as const)
+    process.once(sig, () => void ledger.close().then(() => process.exit(0)));
 }

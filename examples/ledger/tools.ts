@@ -31,13 +31,21 @@ interface LedgerCall {
 
 /** One request to the ledger (a write when `body` is given); its JSON answer, or the error of an error answer. */
 async function ledger<T>(path: string, ctx: LedgerCall, body?: unknown): Promise<T> {
-  const write = body === undefined ? {} : {
-    'content-type': 'application/json',
-    'idempotency-key': ctx.downstreamKey ?? '',
-    'x-deadline': String(Math.floor(ctx.deadlineAt ?? 0)),
-    ...(ctx.inputDigest ? { 'x-tooltx-input-digest': ctx.inputDigest } : {}),
-  };
-  const res = await fetch(`${LEDGER_URL}${path}`, { method: body === undefined ? 'GET' : 'POST', headers: { 'x-tenant': ctx.tenant, ...write }, signal: ctx.signal, ...(body === undefined ? {} : { body: JSON.stringify(body) }) });
+  const write =
+    body === undefined
+      ? {}
+      : {
+          'content-type': 'application/json',
+          'idempotency-key': ctx.downstreamKey ?? '',
+          'x-deadline': String(Math.floor(ctx.deadlineAt ?? 0)),
+          ...(ctx.inputDigest ? { 'x-tooltx-input-digest': ctx.inputDigest } : {}),
+        };
+  const res = await fetch(`${LEDGER_URL}${path}`, {
+    method: body === undefined ? 'GET' : 'POST',
+    headers: { 'x-tenant': ctx.tenant, ...write },
+    signal: ctx.signal,
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+  });
   if (res.ok) return (await res.json()) as T;
   const refusal = (await res.json().catch(() => ({}))) as { error?: string; now?: number };
   if (refusal.error === 'deadline_passed') throw new DeadlinePassedError(refusal.now);
@@ -46,7 +54,10 @@ async function ledger<T>(path: string, ctx: LedgerCall, body?: unknown): Promise
 
 export const implementations = [
   balance.implement({
-    execute: async ({ account }, ctx) => ({ resourceId: `account:${account}`, result: await ledger(`/v1/accounts/${account}`, ctx) }),
+    execute: async ({ account }, ctx) => ({
+      resourceId: `account:${account}`,
+      result: await ledger(`/v1/accounts/${account}`, ctx),
+    }),
   }),
   transfer.implement({
     async execute(input, ctx) {
@@ -55,8 +66,13 @@ export const implementations = [
     },
     // Recovery's read-only lookup by the key (FM-13): with the ledger's clock when nothing is found.
     async probe(ctx) {
-      const p = await ledger<{ found: boolean; id: string; inputDigest?: string; now: number }>(`/v1/transfers/by-key/${ctx.downstreamKey}`, ctx);
-      return p.found ? { found: true, resourceId: p.id, ...(p.inputDigest ? { inputDigest: p.inputDigest } : {}) } : { found: false, downstreamAt: p.now };
+      const p = await ledger<{ found: boolean; id: string; inputDigest?: string; now: number }>(
+        `/v1/transfers/by-key/${ctx.downstreamKey}`,
+        ctx,
+      );
+      return p.found
+        ? { found: true, resourceId: p.id, ...(p.inputDigest ? { inputDigest: p.inputDigest } : {}) }
+        : { found: false, downstreamAt: p.now };
     },
   }),
 ];

@@ -95,7 +95,15 @@ export interface PlantedCanaries {
  * error message through a fetch of the flaky page (retryable, ends `rejected`), the note body
  * through `kb.write_note` by `writer` into `kb`. `token` must be the KB's operator token.
  */
-export async function plantCanaries(o: { canaries: Canaries; web: CanaryWeb; kbUrl: string; reader: Tools; writer: Tools; kb: string; taskId: string }): Promise<PlantedCanaries> {
+export async function plantCanaries(o: {
+  canaries: Canaries;
+  web: CanaryWeb;
+  kbUrl: string;
+  reader: Tools;
+  writer: Tools;
+  kb: string;
+  taskId: string;
+}): Promise<PlantedCanaries> {
   const { canaries } = o;
   const returned: ExecuteResult[] = [];
   const kb = new KbClient(o.kbUrl);
@@ -105,16 +113,30 @@ export async function plantCanaries(o: { canaries: Canaries; web: CanaryWeb; kbU
   } finally {
     await kb.close();
   }
-  const cookieSent = (await fetch(`${o.kbUrl}/healthz`, { headers: { cookie: `session=${canaries.cookie}` } })).status === 200;
+  const cookieSent =
+    (await fetch(`${o.kbUrl}/healthz`, { headers: { cookie: `session=${canaries.cookie}` } })).status === 200;
 
-  const page = await o.reader.execute<{ excerpt: string }>({ tool: 'web.fetch_page', taskId: o.taskId, input: { url: o.web.pageUrl } });
+  const page = await o.reader.execute<{ excerpt: string }>({
+    tool: 'web.fetch_page',
+    taskId: o.taskId,
+    input: { url: o.web.pageUrl },
+  });
   returned.push(page);
-  const flaky = await o.reader.execute({ tool: 'web.fetch_page', taskId: o.taskId, input: { url: o.web.flakyUrl } }, { budgetMs: 15_000 });
+  const flaky = await o.reader.execute(
+    { tool: 'web.fetch_page', taskId: o.taskId, input: { url: o.web.flakyUrl } },
+    { budgetMs: 15_000 },
+  );
   returned.push(flaky);
   const note = await o.writer.execute({
     tool: 'kb.write_note',
     taskId: o.taskId,
-    input: { kb: o.kb, title: 'Canary note', body: `Private observation: ${canaries.noteBody}.`, sourceUrl: 'https://example.org/canary', fetchedAt: new Date().toISOString() },
+    input: {
+      kb: o.kb,
+      title: 'Canary note',
+      body: `Private observation: ${canaries.noteBody}.`,
+      sourceUrl: 'https://example.org/canary',
+      fetchedAt: new Date().toISOString(),
+    },
   });
   returned.push(note);
 
@@ -152,14 +174,20 @@ export class LeakScanner {
   /** `secrets`: more values that must never appear (key material: nkey seeds, signing keys, HMAC keys), by name. */
   constructor(canaries: Canaries, secrets: Record<string, string> = {}) {
     this.#needles = [
-      ...CANARY_KINDS.map((k): [Leak['kind'], string[]] => [k, [canaries[k], Buffer.from(canaries[k]).toString('base64').slice(0, 20)]]),
-      ...Object.entries(secrets).filter(([, v]) => v.length >= 16).map(([name, v]): [Leak['kind'], string[]] => [`secret:${name}`, [v]]),
+      ...CANARY_KINDS.map((k): [Leak['kind'], string[]] => [
+        k,
+        [canaries[k], Buffer.from(canaries[k]).toString('base64').slice(0, 20)],
+      ]),
+      ...Object.entries(secrets)
+        .filter(([, v]) => v.length >= 16)
+        .map(([name, v]): [Leak['kind'], string[]] => [`secret:${name}`, [v]]),
     ];
   }
 
   text(source: string, text: string): void {
     this.scanned++;
-    for (const [kind, needles] of this.#needles) if (needles.some((n) => text.includes(n))) this.leaks.push({ kind, source });
+    for (const [kind, needles] of this.#needles)
+      if (needles.some((n) => text.includes(n))) this.leaks.push({ kind, source });
   }
 
   bytes(source: string, data: Uint8Array): void {
@@ -179,12 +207,15 @@ export class LeakScanner {
    * a committed one everything but its business result (which is what the agent asked for).
    */
   returned(source: string, results: ExecuteResult[]): void {
-    for (const r of results) this.text(source, JSON.stringify(r.status === 'committed' ? { ...r, result: undefined } : r));
+    for (const r of results)
+      this.text(source, JSON.stringify(r.status === 'committed' ? { ...r, result: undefined } : r));
   }
 
   /** Every line of every `*.log` file in `dir`. */
   logDir(dir: string): void {
-    for (const f of readdirSync(dir).filter((x) => x.endsWith('.log')).sort()) {
+    for (const f of readdirSync(dir)
+      .filter((x) => x.endsWith('.log'))
+      .sort()) {
       for (const line of readFileSync(join(dir, f), 'utf8').split('\n')) if (line) this.text(`log ${f}`, line);
     }
   }
@@ -200,7 +231,8 @@ export class LeakScanner {
     // Each tenant's intake stream and the result store hold inputs and results by design.
     const legit = (name: string) => name.startsWith(`${P}_INTENTS_`) || name === `KV_${subjects.resultsBucket}`;
     const names: string[] = [];
-    for await (const name of jsm.streams.names()) if ((name.startsWith(`${P}_`) || name.startsWith(`KV_${subjects.prefix}_`)) && !legit(name)) names.push(name);
+    for await (const name of jsm.streams.names())
+      if ((name.startsWith(`${P}_`) || name.startsWith(`KV_${subjects.prefix}_`)) && !legit(name)) names.push(name);
     for (const name of names.sort()) {
       const info = await jsm.streams.info(name);
       if (info.state.messages === 0) continue;
@@ -208,7 +240,11 @@ export class LeakScanner {
       const it = await c.consume();
       for await (const m of it) {
         this.bytes(`stream ${name} #${m.seq}`, m.data);
-        if (m.headers) this.text(`stream ${name} #${m.seq} headers`, [...m.headers.keys()].map((k) => `${k}: ${m.headers!.values(k).join(',')}`).join('\n'));
+        if (m.headers)
+          this.text(
+            `stream ${name} #${m.seq} headers`,
+            [...m.headers.keys()].map((k) => `${k}: ${m.headers!.values(k).join(',')}`).join('\n'),
+          );
         if (m.seq >= info.state.last_seq) break;
       }
       it.stop();

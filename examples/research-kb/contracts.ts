@@ -20,7 +20,12 @@ const webUrl = z
   .max(2_000)
   .refine((u) => !/^[a-z]+:\/\/[^/]*@/i.test(u), 'URLs with credentials are not allowed');
 /** Text that must keep some content after its normaliser ran (whitespace-only is refused). */
-const text = (max: number) => z.string().min(1).max(max).refine((s) => s.trim().length > 0, 'must not be blank');
+const text = (max: number) =>
+  z
+    .string()
+    .min(1)
+    .max(max)
+    .refine((s) => s.trim().length > 0, 'must not be blank');
 
 const noteSchema = z.strictObject({
   kb: kbRef,
@@ -100,13 +105,16 @@ export function researchContracts(opts: { kbDedup: boolean; timing?: KbTiming })
   const writeNotes = defineContract({
     name: 'kb.write_notes',
     version: 1,
-    description: 'Write up to 50 research notes at once; every item is authorised, and one refused item refuses the whole batch.',
+    description:
+      'Write up to 50 research notes at once; every item is authorised, and one refused item refuses the whole batch.',
     effect: 'create',
     input: z.strictObject({ items: z.array(noteSchema).min(1).max(50) }),
     output: z.object({}),
     normalise: { items: normalise.each(normalise.fields<z.infer<typeof noteSchema>>(noteNormalisers)) },
     target: (i) => ({ kbs: [...new Set(i.items.map((n) => n.kb))].sort() }),
-    intent: (i) => ({ items: i.items.map((n) => ({ kb: n.kb, title: n.title, body: n.body, sourceUrl: n.sourceUrl })) }),
+    intent: (i) => ({
+      items: i.items.map((n) => ({ kb: n.kb, title: n.title, body: n.body, sourceUrl: n.sourceUrl })),
+    }),
     key: { scope: 'tenant', retentionMs: 7 * 24 * 3600_000 },
     timing: { timeoutMs: 10_000, runningBoundMs: 30_000, unknownDeadlineMs: 5 * 60_000 },
     downstream: { honoursKey: opts.kbDedup, enforcesDeadline: true },
@@ -133,6 +141,7 @@ export function kbTimingFromEnv(env: NodeJS.ProcessEnv = process.env): KbTiming 
 /** The KB's dedup mode from the environment (`KB_DEDUP`: `on` (default) or `off`). Throws `TypeError` naming the variable otherwise. */
 export function kbDedupFromEnv(env: NodeJS.ProcessEnv = process.env): boolean {
   const v = env.KB_DEDUP || 'on';
-  if (v !== 'on' && v !== 'off') throw new TypeError(`KB_DEDUP: expected "on" or "off" (or unset: on), got ${JSON.stringify(v)}`);
+  if (v !== 'on' && v !== 'off')
+    throw new TypeError(`KB_DEDUP: expected "on" or "off" (or unset: on), got ${JSON.stringify(v)}`);
   return v === 'on';
 }

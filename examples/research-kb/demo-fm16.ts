@@ -67,11 +67,27 @@ export async function runFm16(o: {
   unknownResolved?: string | undefined;
 }): Promise<Fm16Result> {
   const rivalRole = { kind: 'agent' as const, tenant: o.rival, actor: o.rivalActor };
-  const writer = await createTools({ servers: o.stack.natsUrl, tenant: o.rival, actor: o.rivalActor, nkeyFile: o.stack.seedFile(rivalRole), contracts: o.contracts, prefix: o.prefix, receiptKeys: o.stack.receiptKeysFile });
+  const writer = await createTools({
+    servers: o.stack.natsUrl,
+    tenant: o.rival,
+    actor: o.rivalActor,
+    nkeyFile: o.stack.seedFile(rivalRole),
+    contracts: o.contracts,
+    prefix: o.prefix,
+    receiptKeys: o.stack.receiptKeysFile,
+  });
   const returned: ExecuteResult[] = [];
-  let planted;
+  let planted: Awaited<ReturnType<typeof plantCanaries>>;
   try {
-    planted = await plantCanaries({ canaries: o.canaries, web: o.web, kbUrl: o.stack.kbUrl, reader: o.agent, writer, kb: o.kb, taskId: `${o.taskId}-canary` });
+    planted = await plantCanaries({
+      canaries: o.canaries,
+      web: o.web,
+      kbUrl: o.stack.kbUrl,
+      reader: o.agent,
+      writer,
+      kb: o.kb,
+      taskId: `${o.taskId}-canary`,
+    });
     returned.push(...planted.returned);
   } finally {
     await writer.close();
@@ -79,7 +95,12 @@ export async function runFm16(o: {
   // The same key with another fetch time: an explicit idempotency_conflict, nothing written.
   if (o.conflictOf) {
     const input = o.conflictOf.input as Record<string, unknown>;
-    returned.push(await o.agent.execute({ ...o.conflictOf, input: { ...input, fetchedAt: new Date(Date.parse(String(input.fetchedAt)) + 60_000).toISOString() } }));
+    returned.push(
+      await o.agent.execute({
+        ...o.conflictOf,
+        input: { ...input, fetchedAt: new Date(Date.parse(String(input.fetchedAt)) + 60_000).toISOString() },
+      }),
+    );
   }
 
   const auditorRole = { kind: 'auditor' as const, tenant: o.tenant, actor: o.auditor };
@@ -96,7 +117,10 @@ export async function runFm16(o: {
     picks: [
       { label: 'committed', operationKey: o.committed },
       { label: 'rejected (a page that failed; its error text is not here)', operationKey: planted.keys.flaky },
-      { label: 'then a conflicting request (same key, another input)', operationKey: o.conflictOf ? (returned.at(-1)?.operationKey ?? null) : null },
+      {
+        label: 'then a conflicting request (same key, another input)',
+        operationKey: o.conflictOf ? (returned.at(-1)?.operationKey ?? null) : null,
+      },
       { label: 'unknown → resolved', operationKey: o.unknownResolved },
     ],
   });
@@ -105,7 +129,13 @@ export async function runFm16(o: {
   scan.returned('returned to an agent', returned);
   for (const r of [...view.shown, ...view.exported]) scan.text('audit record', JSON.stringify(r));
   scan.text('audit view', view.text);
-  const nc = await connectNats({ servers: o.stack.natsUrl, name: 'demo-fm16-scan', nkeySeedFile: o.stack.seedFile({ kind: 'provisioner' }), inboxPrefix: o.stack.inboxPrefix({ kind: 'provisioner' }), reconnectForever: false });
+  const nc = await connectNats({
+    servers: o.stack.natsUrl,
+    name: 'demo-fm16-scan',
+    nkeySeedFile: o.stack.seedFile({ kind: 'provisioner' }),
+    inboxPrefix: o.stack.inboxPrefix({ kind: 'provisioner' }),
+    reconnectForever: false,
+  });
   try {
     const { js, jsm } = await jetStreamOf(nc);
     await scan.streams(js, jsm, new Subjects(o.prefix));

@@ -39,7 +39,15 @@ import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Command, Option } from 'commander';
 import { envInt, usageErrorsExitTwo } from '@tooltx/runtime';
-import { createTools, newSubmission, publishSubmission, type ExecuteOptions, type ExecuteRequest, type ExecuteResult, type Tools } from '@tooltx/client';
+import {
+  createTools,
+  newSubmission,
+  publishSubmission,
+  type ExecuteOptions,
+  type ExecuteRequest,
+  type ExecuteResult,
+  type Tools,
+} from '@tooltx/client';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/dev/faults';
 import { connectNats, decodeRaw, jetStreamOf, Subjects } from '@tooltx/nats';
@@ -57,23 +65,44 @@ const program = usageErrorsExitTwo(new Command('tooltx-demo'))
   .description('research agent demo: real pages, every write submitted twice, counted by the KB itself')
   .option('--json', 'print one JSON object with the figures on the last line')
   .option('--quick', `about ${QUICK_PAGES} pages (instead of --pages)`)
-  .addOption(new Option('--pages <n>', 'distinct pages to read, at most: a whole number ≥ 1 (fewer when node_modules holds fewer distinct Markdown documents)').default(DEFAULT_PAGES))
-  .addOption(new Option('--workers <n>', 'concurrent agent workers: a whole number from 1 to 64').default(DEFAULT_WORKERS))
+  .addOption(
+    new Option(
+      '--pages <n>',
+      'distinct pages to read, at most: a whole number ≥ 1 (fewer when node_modules holds fewer distinct Markdown documents)',
+    ).default(DEFAULT_PAGES),
+  )
+  .addOption(
+    new Option('--workers <n>', 'concurrent agent workers: a whole number from 1 to 64').default(DEFAULT_WORKERS),
+  )
   .option('--keep', 'keep the state directory (logs, JetStream store, KB database)')
   .parse(process.argv);
-const opts = program.opts<{ json?: boolean; quick?: boolean; pages: string | number; workers: string | number; keep?: boolean }>();
+const opts = program.opts<{
+  json?: boolean;
+  quick?: boolean;
+  pages: string | number;
+  workers: string | number;
+  keep?: boolean;
+}>();
 /** A whole-number option, checked before anything starts: a bad one exits 2 naming the flag. */
 const countOption = (flag: string, v: string | number, max: number): number => {
   // Decimal digits only: 0x10 and 1e3 are not counts.
   const r = envInt(1, max).safeParse(String(v));
-  return r.success ? r.data : program.error(`error: ${flag}: expected a whole number from 1 to ${max}, got ${JSON.stringify(v)}`, { exitCode: 2, code: 'tooltx.demo.usage' });
+  return r.success
+    ? r.data
+    : program.error(`error: ${flag}: expected a whole number from 1 to ${max}, got ${JSON.stringify(v)}`, {
+        exitCode: 2,
+        code: 'tooltx.demo.usage',
+      });
 };
 const pagesOption = countOption('--pages', opts.pages, 100_000);
 const workers = countOption('--workers', opts.workers, 64);
 const wantPages = opts.quick ? QUICK_PAGES : pagesOption;
 const demoStart = Date.now();
 /** A progress line on stderr, stamped with the seconds since the demo started. */
-const say = (line: string) => process.stderr.write(`${line.replace(/^demo:/, `demo [${((Date.now() - demoStart) / 1000).toFixed(1).padStart(5)} s]:`)}\n`);
+const say = (line: string) =>
+  process.stderr.write(
+    `${line.replace(/^demo:/, `demo [${((Date.now() - demoStart) / 1000).toFixed(1).padStart(5)} s]:`)}\n`,
+  );
 
 const stateDir = mkdtempSync(join(tmpdir(), 'tooltx-demo-'));
 const runId = randomBytes(4).toString('hex');
@@ -100,7 +129,9 @@ const OBSERVE_MS = 180_000;
 
 const roots = nodeModulesRoots();
 const docs = await new DocsServer(roots, wantPages).start();
-say(`demo: ${docs.pages.length} distinct Markdown pages from node_modules (${roots.map((r) => `${docs.pages.filter((p) => p.root === r).length} from ${r}`).join(', ')}) served at ${docs.url}`);
+say(
+  `demo: ${docs.pages.length} distinct Markdown pages from node_modules (${roots.map((r) => `${docs.pages.filter((p) => p.root === r).length} from ${r}`).join(', ')}) served at ${docs.url}`,
+);
 // FM-16: this run's canaries, and the small web that carries two of them.
 const canaries = newCanaries();
 const canaryWeb = await new CanaryWeb(canaries).start();
@@ -134,7 +165,15 @@ const contracts = researchContracts({ kbDedup: false });
 const kbClient = new KbClient(stack.kbUrl, { serviceToken: stack.kbServiceToken });
 const kbAdmin = kbClient.admin(stack.kbAdminToken);
 const researcher = { kind: 'agent' as const, tenant: TENANT, actor: 'researcher' };
-const tools = await createTools({ servers: natsHop.url, tenant: TENANT, actor: 'researcher', nkeyFile: stack.seedFile(researcher), contracts: contracts.all, prefix, receiptKeys: stack.receiptKeysFile });
+const tools = await createTools({
+  servers: natsHop.url,
+  tenant: TENANT,
+  actor: 'researcher',
+  nkeyFile: stack.seedFile(researcher),
+  contracts: contracts.all,
+  prefix,
+  receiptKeys: stack.receiptKeysFile,
+});
 const taskId = `research-${runId}`;
 
 const c = {
@@ -169,7 +208,16 @@ function recordWrite(tenant: string, operationKey: string | null | undefined): v
 function variant(n: { kb: string; title: string; body: string; sourceUrl: string; fetchedAt: string }) {
   const ms = Date.parse(n.fetchedAt);
   const plus2 = new Date(ms + 2 * 3600_000).toISOString().replace('Z', '+02:00');
-  return { fetchedAt: plus2, sourceUrl: n.sourceUrl, body: `${n.body.split('\n').map((l) => `${l}  `).join('\r\n')}\r\n\r\n`, title: `  ${n.title.replace(/ /g, '   ')} `, kb: n.kb };
+  return {
+    fetchedAt: plus2,
+    sourceUrl: n.sourceUrl,
+    body: `${n.body
+      .split('\n')
+      .map((l) => `${l}  `)
+      .join('\r\n')}\r\n\r\n`,
+    title: `  ${n.title.replace(/ /g, '   ')} `,
+    kb: n.kb,
+  };
 }
 
 /**
@@ -190,7 +238,11 @@ async function execute(t: Tools, req: ExecuteRequest, o: ExecuteOptions): Promis
 
 async function onePage(url: string, index: number): Promise<void> {
   c.calls++;
-  const page = await tools.execute<{ url: string; title: string; excerpt: string }>({ tool: 'web.fetch_page', taskId, input: { url } });
+  const page = await tools.execute<{ url: string; title: string; excerpt: string }>({
+    tool: 'web.fetch_page',
+    taskId,
+    input: { url },
+  });
   if (page.status !== 'committed') {
     c.fetchFailures++;
     return;
@@ -216,7 +268,10 @@ async function onePage(url: string, index: number): Promise<void> {
   const w: PageWrite = { key, request, fault, copies: [] };
   writes.push(w);
   recordWrite(TENANT, key);
-  w.copies = await Promise.all([execute(tools, request, options), execute(tools, { ...request, input: variant(note) }, options)]);
+  w.copies = await Promise.all([
+    execute(tools, request, options),
+    execute(tools, { ...request, input: variant(note) }, options),
+  ]);
   // The key that holds the effect, should the server have named a canonical one (FM-10).
   for (const r of w.copies) recordWrite(TENANT, r.operationKey);
   firstKey ??= w.copies[0]!.operationKey ?? undefined;
@@ -231,7 +286,9 @@ const machineFaults = { executorKilled: 0, agentCutProgrammed: false };
 function onPageDone(): void {
   const done = c.pages + c.fetchFailures;
   if (!machineFaults.executorKilled && done >= Math.ceil(docs.pages.length * 0.3)) {
-    const executor = stack.processes.find((p) => p.name === 'executor-1' && p.child.exitCode === null && p.child.signalCode === null);
+    const executor = stack.processes.find(
+      (p) => p.name === 'executor-1' && p.child.exitCode === null && p.child.signalCode === null,
+    );
     if (executor?.child.kill('SIGKILL')) machineFaults.executorKilled++;
   }
   if (!machineFaults.agentCutProgrammed && done >= Math.ceil(docs.pages.length * 0.5)) {
@@ -252,12 +309,37 @@ type ForgeryOutcome = string;
  * (or the server refuses the publish); the read must reveal nothing. Every key is recorded as
  * submitted by globex.
  */
-async function runAdversary(): Promise<{ attempts: number; rejected: number; readsRevealed: number; outcomes: Record<string, ForgeryOutcome> }> {
+async function runAdversary(): Promise<{
+  attempts: number;
+  rejected: number;
+  readsRevealed: number;
+  outcomes: Record<string, ForgeryOutcome>;
+}> {
   const mallory = { kind: 'agent' as const, tenant: RIVAL, actor: 'mallory' };
-  const evil = await createTools({ servers: stack.natsUrl, tenant: RIVAL, actor: 'mallory', nkeyFile: stack.seedFile(mallory), contracts: contracts.all, prefix, receiptKeys: stack.receiptKeysFile });
-  const nc = await connectNats({ servers: stack.natsUrl, name: 'demo-adversary', nkeySeedFile: stack.seedFile(mallory), inboxPrefix: stack.inboxPrefix(mallory), reconnectForever: false });
+  const evil = await createTools({
+    servers: stack.natsUrl,
+    tenant: RIVAL,
+    actor: 'mallory',
+    nkeyFile: stack.seedFile(mallory),
+    contracts: contracts.all,
+    prefix,
+    receiptKeys: stack.receiptKeysFile,
+  });
+  const nc = await connectNats({
+    servers: stack.natsUrl,
+    name: 'demo-adversary',
+    nkeySeedFile: stack.seedFile(mallory),
+    inboxPrefix: stack.inboxPrefix(mallory),
+    reconnectForever: false,
+  });
   const acmeKb = (await kbAdmin.list(TENANT)).find((k) => k.name === KB)!;
-  const note = { kb: KB, title: 'Injected', body: 'Not yours.', sourceUrl: 'https://example.org/x', fetchedAt: new Date().toISOString() };
+  const note = {
+    kb: KB,
+    title: 'Injected',
+    body: 'Not yours.',
+    sourceUrl: 'https://example.org/x',
+    fetchedAt: new Date().toISOString(),
+  };
   const outcomes: Record<string, ForgeryOutcome> = {};
   let attempts = 0;
   let rejected = 0;
@@ -267,7 +349,9 @@ async function runAdversary(): Promise<{ attempts: number; rejected: number; rea
     const until = Date.now() + 60_000;
     let last = 'no answer';
     while (Date.now() < until) {
-      const a = await evil.status({ operationKey: key, waitMs: 10_000, untilFinal: true, ...(submissionIds ? { submissionIds } : {}) }).catch(() => null);
+      const a = await evil
+        .status({ operationKey: key, waitMs: 10_000, untilFinal: true, ...(submissionIds ? { submissionIds } : {}) })
+        .catch(() => null);
       if (a?.state === 'rejected') return a.error?.class ?? 'rejected';
       if (a) last = a.state;
       if (a?.state === 'committed') break;
@@ -296,7 +380,13 @@ async function runAdversary(): Promise<{ attempts: number; rejected: number; rea
     const k2 = prepareCall(contracts.writeNote, taskId2, note).operationKey;
     recordWrite(RIVAL, k2);
     const { js } = await jetStreamOf(nc);
-    const raw = newSubmission(new Subjects(prefix), RIVAL, 'mallory', { tool: 'kb.write_note', version: contracts.writeNote.version, taskId: taskId2, operationKey: k2, input: { ...note, tenant: TENANT } });
+    const raw = newSubmission(new Subjects(prefix), RIVAL, 'mallory', {
+      tool: 'kb.write_note',
+      version: contracts.writeNote.version,
+      taskId: taskId2,
+      operationKey: k2,
+      input: { ...note, tenant: TENANT },
+    });
     await publishSubmission(js, raw);
     judge('tenantField', await serverVerdict(k2, [raw.submissionId]));
 
@@ -337,7 +427,13 @@ let firstKey: string | undefined;
  * without their schema, so a type this demo does not know is still counted.
  */
 async function histories(): Promise<Map<string, string[]>> {
-  const nc = await connectNats({ servers: stack.natsUrl, name: 'demo-operator', nkeySeedFile: stack.seedFile({ kind: 'provisioner' }), inboxPrefix: stack.inboxPrefix({ kind: 'provisioner' }), reconnectForever: false });
+  const nc = await connectNats({
+    servers: stack.natsUrl,
+    name: 'demo-operator',
+    nkeySeedFile: stack.seedFile({ kind: 'provisioner' }),
+    inboxPrefix: stack.inboxPrefix({ kind: 'provisioner' }),
+    reconnectForever: false,
+  });
   try {
     const { js } = await jetStreamOf(nc);
     const subjects = new Subjects(prefix);
@@ -398,7 +494,19 @@ await Promise.all(
       const s = await tools.status({ operationKey: w.key, waitMs: 5_000 }).catch(() => null);
       if (s?.state === 'committed' || s?.state === 'rejected' || s?.state === 'not_seen') {
         // The SDK's own call returns the final outcome with its receipt (a replay of a known key).
-        w.copies = await Promise.all(w.copies.map((r, i) => (settled(r) ? r : execute(tools, i === 0 ? w.request : { ...w.request, input: variant(w.request.input as Parameters<typeof variant>[0]) }, {}))));
+        w.copies = await Promise.all(
+          w.copies.map((r, i) =>
+            settled(r)
+              ? r
+              : execute(
+                  tools,
+                  i === 0
+                    ? w.request
+                    : { ...w.request, input: variant(w.request.input as Parameters<typeof variant>[0]) },
+                  {},
+                ),
+          ),
+        );
       } else await new Promise((res) => setTimeout(res, 500));
     }
   }),
@@ -409,14 +517,17 @@ await Promise.all(
 const log = await histories();
 const typesOf = (key: string) => log.get(new Subjects(prefix).op(TENANT, operationIdOf(key))) ?? [];
 const terminal = (key: string) => ['committed', 'rejected'].includes(typesOf(key).at(-1) ?? '');
-const everUnknown = writes.filter((w) => w.copies.some((r) => r.status === 'unknown') || typesOf(w.key).includes('unknown'));
+const everUnknown = writes.filter(
+  (w) => w.copies.some((r) => r.status === 'unknown') || typesOf(w.key).includes('unknown'),
+);
 
 // Every write the hop faulted: committed with the row the KB's probe finds under its key, one row.
 let faultsResolvedByProbe = 0;
 for (const w of writes.filter((x) => x.fault)) {
   const probe = await kbClient.probe({ tenant: TENANT, key: downstreamKeyOf(TENANT, w.key) });
   const receipt = w.copies.find((r) => r.status === 'committed');
-  if (probe.found && probe.count === 1 && receipt?.status === 'committed' && receipt.receipt.resourceId === probe.id) faultsResolvedByProbe++;
+  if (probe.found && probe.count === 1 && receipt?.status === 'committed' && receipt.receipt.resourceId === probe.id)
+    faultsResolvedByProbe++;
 }
 const stats = await kbClient.stats(TENANT);
 // Every row the KB holds, against the demo's own record of who submitted it (never the row's own
@@ -434,8 +545,11 @@ for (const tenant of [TENANT, RIVAL]) {
 }
 await kbClient.close();
 const rejectedByClass: Record<string, number> = {};
-for (const w of writes) for (const r of w.copies) if (r.status === 'rejected') rejectedByClass[r.error.class] = (rejectedByClass[r.error.class] ?? 0) + 1;
-const committedReceipts = (w: PageWrite) => w.copies.map((r) => (r.status === 'committed' && r.operationKey === w.key ? JSON.stringify(r.receipt) : null));
+for (const w of writes)
+  for (const r of w.copies)
+    if (r.status === 'rejected') rejectedByClass[r.error.class] = (rejectedByClass[r.error.class] ?? 0) + 1;
+const committedReceipts = (w: PageWrite) =>
+  w.copies.map((r) => (r.status === 'committed' && r.operationKey === w.key ? JSON.stringify(r.receipt) : null));
 const faultsByKind = {
   cutAfterCommit: kbHop?.injected.filter((f) => f.kind === 'cut_response').length ?? 0,
   heldPastBudget: kbHop?.injected.filter((f) => f.kind === 'hold_response').length ?? 0,
@@ -445,8 +559,23 @@ const faultsByKind = {
 // FM-16: plant the five canaries, take the audit view, scan everything the run produced.
 const firstCommitted = writes.find((w) => w.copies.some((r) => r.status === 'committed'));
 const fm16 = await runFm16({
-  stack, prefix, canaries, web: canaryWeb, agent: tools, contracts: contracts.all, tenant: TENANT, auditor: 'audrey', rival: RIVAL, rivalActor: 'gina', kb: KB,
-  taskId, logsDir: join(stateDir, 'logs'), since: started - 60_000, committed: firstCommitted?.key, conflictOf: firstCommitted?.request, unknownResolved: everUnknown.find((w) => terminal(w.key))?.key,
+  stack,
+  prefix,
+  canaries,
+  web: canaryWeb,
+  agent: tools,
+  contracts: contracts.all,
+  tenant: TENANT,
+  auditor: 'audrey',
+  rival: RIVAL,
+  rivalActor: 'gina',
+  kb: KB,
+  taskId,
+  logsDir: join(stateDir, 'logs'),
+  since: started - 60_000,
+  committed: firstCommitted?.key,
+  conflictOf: firstCommitted?.request,
+  unknownResolved: everUnknown.find((w) => terminal(w.key))?.key,
 });
 const summary = {
   // The server of this run: its version, and what its acknowledgements promise (docs/durability.md);
@@ -471,7 +600,8 @@ const summary = {
   unknownAtFirst: unknownWrites.length,
   unknownRecorded: writes.filter((w) => typesOf(w.key).includes('unknown')).length,
   unknownResolved: everUnknown.filter((w) => terminal(w.key) && w.copies.every((r) => r.status !== 'unknown')).length,
-  unknownUnresolved: everUnknown.filter((w) => !(terminal(w.key) && w.copies.every((r) => r.status !== 'unknown'))).length,
+  unknownUnresolved: everUnknown.filter((w) => !(terminal(w.key) && w.copies.every((r) => r.status !== 'unknown')))
+    .length,
   takeovers: [...log.values()].filter((types) => types.includes('takeover')).length,
   kbRows: stats.rows,
   duplicateSideEffects: stats.duplicateRows,
@@ -491,16 +621,22 @@ const summary = {
 const gates = {
   enoughPages: summary.pages >= Math.min(wantPages, 200),
   writesSubmittedIsTwicePages: summary.writesSubmitted === 2 * summary.pages,
-  oneCommittedNotePerPage: summary.writesCommitted === summary.pages && summary.duplicatesSuppressed === summary.pages && summary.kbRows === summary.pages,
+  oneCommittedNotePerPage:
+    summary.writesCommitted === summary.pages &&
+    summary.duplicatesSuppressed === summary.pages &&
+    summary.kbRows === summary.pages,
   noHonestRejection: summary.honestWritesRejected === 0,
   noUnresolvedUnknown: summary.unknownUnresolved === 0,
   noTakeover: summary.takeovers === 0,
   everyFaultInjected: summary.faultsInjected === summary.faultsPlanned,
-  everyFaultResolvedByProbe: summary.faultsResolvedByProbe === summary.faultsByKind.cutAfterCommit + summary.faultsByKind.heldPastBudget,
+  everyFaultResolvedByProbe:
+    summary.faultsResolvedByProbe === summary.faultsByKind.cutAfterCommit + summary.faultsByKind.heldPastBudget,
   noDuplicateSideEffect: summary.duplicateSideEffects === 0,
   everyForgeryRejected: summary.forgedRejected === summary.forgedAttempts && summary.forgedAttempts > 0,
   noUnauthorisedWrite: summary.unauthorisedWrites === 0 && summary.crossTenantReadsRevealed === 0,
-  quotasFromTenantList: [TENANT, RIVAL].every((t) => typeof quotas[t]?.limit === 'number' && quotas[t]!.limit! > quotas[t]!.used),
+  quotasFromTenantList: [TENANT, RIVAL].every(
+    (t) => typeof quotas[t]?.limit === 'number' && quotas[t]!.limit! > quotas[t]!.used,
+  ),
   noLeakedSecret: summary.canariesPlanted === 5 && summary.leakedSecrets === 0,
 };
 const ok = Object.values(gates).every(Boolean);
@@ -520,18 +656,40 @@ const rows: [string, string | number][] = [
   ['operations committed', summary.writesCommitted],
   ['second copies suppressed (same receipt)', summary.duplicatesSuppressed],
   ['honest writes rejected', summary.honestWritesRejected],
-  ['faults injected (cut after commit / held / agent cut / executor killed)', `${summary.faultsInjected} (${Object.values(summary.faultsByKind).join(' / ')})`],
+  [
+    'faults injected (cut after commit / held / agent cut / executor killed)',
+    `${summary.faultsInjected} (${Object.values(summary.faultsByKind).join(' / ')})`,
+  ],
   ['faulted writes resolved by probing the KB', summary.faultsResolvedByProbe],
-  ['unknown (SDK / recorded) / resolved / unresolved', `${summary.unknownAtFirst} / ${summary.unknownRecorded} / ${summary.unknownResolved} / ${summary.unknownUnresolved}`],
+  [
+    'unknown (SDK / recorded) / resolved / unresolved',
+    `${summary.unknownAtFirst} / ${summary.unknownRecorded} / ${summary.unknownResolved} / ${summary.unknownUnresolved}`,
+  ],
   ['takeovers', summary.takeovers],
   ['KB rows', summary.kbRows],
   ['duplicate side effects (KB rows beyond one per key)', summary.duplicateSideEffects],
   ['forged attempts by another tenant / rejected', `${summary.forgedAttempts} / ${summary.forgedRejected}`],
-  ['unauthorised writes (rows in a KB not owned by the tenant the demo submitted them as)', `${summary.unauthorisedWrites} of ${summary.kbRowsChecked} rows`],
-  ['quota used / limit per tenant (notes today, from the tenant list)', Object.entries(summary.quotas).map(([t, q]) => `${t} ${q.used} / ${q.limit ?? 'unlimited'}`).join(', ')],
+  [
+    'unauthorised writes (rows in a KB not owned by the tenant the demo submitted them as)',
+    `${summary.unauthorisedWrites} of ${summary.kbRowsChecked} rows`,
+  ],
+  [
+    'quota used / limit per tenant (notes today, from the tenant list)',
+    Object.entries(summary.quotas)
+      .map(([t, q]) => `${t} ${q.used} / ${q.limit ?? 'unlimited'}`)
+      .join(', '),
+  ],
   ['tool calls per second', summary.callsPerSecond],
   ['canaries planted / found where they must not be (FM-16)', `${summary.canariesPlanted} / ${summary.leakedSecrets}`],
-  ['gates', ok ? 'all hold' : `FAILED: ${Object.entries(gates).filter(([, v]) => !v).map(([k]) => k).join(', ')}`],
+  [
+    'gates',
+    ok
+      ? 'all hold'
+      : `FAILED: ${Object.entries(gates)
+          .filter(([, v]) => !v)
+          .map(([k]) => k)
+          .join(', ')}`,
+  ],
 ];
 process.stdout.write(fm16.auditText);
 for (const l of fm16.leaks) process.stderr.write(`demo: LEAK of the ${l.kind} canary in ${l.source}\n`);

@@ -47,7 +47,10 @@ export function nodeModulesRoots(cwd = process.cwd()): string[] {
  * 6 levels, skipping `.bin`, `test`, `tests` and our own `@tooltx`), {@link MIN_PAGE_BYTES}–
  * {@link MAX_PAGE_BYTES}, distinct by SHA-256 of content across all roots; at most `limit`.
  */
-export function collectMarkdown(roots: string | string[], limit: number): { root: string; file: string; text: string }[] {
+export function collectMarkdown(
+  roots: string | string[],
+  limit: number,
+): { root: string; file: string; text: string }[] {
   const seen = new Set<string>();
   const out: { root: string; file: string; text: string }[] = [];
   let root = '';
@@ -62,7 +65,7 @@ export function collectMarkdown(roots: string | string[], limit: number): { root
     for (const name of entries) {
       if (out.length >= limit) return;
       const p = join(dir, name);
-      let st;
+      let st: ReturnType<typeof statSync>;
       try {
         st = statSync(p);
       } catch {
@@ -89,7 +92,10 @@ export class DocsServer {
   #server: Server;
   #texts: string[] = [];
   url = '';
-  constructor(private readonly roots: string | string[], private readonly limit: number) {
+  constructor(
+    private readonly roots: string | string[],
+    private readonly limit: number,
+  ) {
     this.#server = createServer((req, res) => {
       const u = new URL(req.url ?? '/', 'http://x');
       if (u.pathname === '/index.json') {
@@ -113,7 +119,12 @@ export class DocsServer {
     for (const [i, { root, file, text }] of collectMarkdown(this.roots, this.limit).entries()) {
       const rel = relative(root, file);
       this.#texts.push(text);
-      this.pages.push({ root, path: rel, url: `${this.url}/p/${i}/${encodeURIComponent(basename(rel))}`, bytes: Buffer.byteLength(text) });
+      this.pages.push({
+        root,
+        path: rel,
+        url: `${this.url}/p/${i}/${encodeURIComponent(basename(rel))}`,
+        bytes: Buffer.byteLength(text),
+      });
     }
     return this;
   }

@@ -25,7 +25,10 @@ export function excerptOf(markdown: string, maxChars = EXCERPT_CHARS): string {
     .split('\n')
     .filter((l) => !/^\s*(#|\||!\[|\[!\[|---|===|\s*[-*]\s*\[)/.test(l))
     .join('\n');
-  const paragraphs = text.split(/\n\s*\n/).map((p) => plain(p).replace(/\s+/g, ' ').trim()).filter((p) => p.length >= 40);
+  const paragraphs = text
+    .split(/\n\s*\n/)
+    .map((p) => plain(p).replace(/\s+/g, ' ').trim())
+    .filter((p) => p.length >= 40);
   const joined = (paragraphs.length ? paragraphs : [plain(text).replace(/\s+/g, ' ').trim()]).join(' ');
   if (joined.length <= maxChars) return joined;
   const cut = joined.slice(0, maxChars);

@@ -37,7 +37,17 @@ export type KbErrorClass =
   | 'internal';
 
 const CLASSES: readonly string[] = [
-  'invalid_input', 'unauthorized', 'forbidden', 'not_found', 'frozen', 'deadline_passed', 'conflict', 'version_conflict', 'quota_exceeded', 'key_reused', 'internal',
+  'invalid_input',
+  'unauthorized',
+  'forbidden',
+  'not_found',
+  'frozen',
+  'deadline_passed',
+  'conflict',
+  'version_conflict',
+  'quota_exceeded',
+  'key_reused',
+  'internal',
 ] satisfies KbErrorClass[];
 
 /**
@@ -63,7 +73,12 @@ export class KbError extends Error {
   readonly index: number | undefined;
   /** The KB's clock when it answered (its `x-kb-now` header), ms since the epoch, when it sent one. */
   readonly kbNow: number | undefined;
-  constructor(status: number, errorClass: KbErrorClass | 'unexpected', issues?: KbIssue[], extra: { retryAfterMs?: number | undefined; index?: number | undefined; kbNow?: number | undefined } = {}) {
+  constructor(
+    status: number,
+    errorClass: KbErrorClass | 'unexpected',
+    issues?: KbIssue[],
+    extra: { retryAfterMs?: number | undefined; index?: number | undefined; kbNow?: number | undefined } = {},
+  ) {
     super(`kb answered ${status} ${errorClass}`);
     this.name = 'KbError';
     this.status = status;
@@ -136,7 +151,16 @@ export interface KbBatchReceipt {
  */
 export type KbProbeResult =
   /** `deleted`: the note written under the key was deleted since (the write still happened); `count` counts deleted rows too. */
-  | { found: true; id: string; kb: string; createdAt: number; count: number; inputDigest?: string; deleted?: true; items?: { id: string; kb: string; createdAt: number }[] }
+  | {
+      found: true;
+      id: string;
+      kb: string;
+      createdAt: number;
+      count: number;
+      inputDigest?: string;
+      deleted?: true;
+      items?: { id: string; kb: string; createdAt: number }[];
+    }
   /**
    * `now`: the KB's clock at the lookup, ms since the epoch, which never goes back: a request whose
    * deadline is before it can no longer be stored (absent from a KB that does not send it).
@@ -157,7 +181,10 @@ export interface KbAdmin {
   list(tenant?: string, signal?: AbortSignal): Promise<KbAdminView[]>;
   get(kbId: string, signal?: AbortSignal): Promise<KbAdminView>;
   /** Grants `role` to `actor` of `tenant` (the owner tenant), or revokes it (`null`). */
-  setMember(kbId: string, member: { tenant: string; actor: string; role: KbRole | null }): Promise<KbAdminView & { changed: boolean }>;
+  setMember(
+    kbId: string,
+    member: { tenant: string; actor: string; role: KbRole | null },
+  ): Promise<KbAdminView & { changed: boolean }>;
   setDefaultRole(kbId: string, role: KbRole | null): Promise<KbAdminView & { changed: boolean }>;
   setState(kbId: string, state: KbState): Promise<KbAdminView & { changed: boolean }>;
   transferOwner(kbId: string, tenant: string): Promise<KbAdminView & { changed: boolean }>;
@@ -200,7 +227,10 @@ export class KbClient {
    * open at once (default 64); `keepAlive` (default true); `serviceToken`: the KB's service token
    * (see the file's header; absent = none sent).
    */
-  constructor(baseUrl: string, opts: { keepAlive?: boolean; connections?: number; serviceToken?: string | undefined } = {}) {
+  constructor(
+    baseUrl: string,
+    opts: { keepAlive?: boolean; connections?: number; serviceToken?: string | undefined } = {},
+  ) {
     this.baseUrl = baseUrl.replace(/\/+$/, '');
     this.#keepAlive = opts.keepAlive ?? true;
     this.#auth = opts.serviceToken === undefined ? {} : { authorization: `Bearer ${opts.serviceToken}` };
@@ -224,8 +254,12 @@ export class KbClient {
     });
     const b = res.body;
     if (
-      !isRecord(b) || typeof b.kbId !== 'string' || typeof b.name !== 'string' || (b.state !== 'active' && b.state !== 'frozen') ||
-      typeof b.authVersion !== 'number' || !(b.role === null || b.role === 'reader' || b.role === 'writer' || b.role === 'admin')
+      !isRecord(b) ||
+      typeof b.kbId !== 'string' ||
+      typeof b.name !== 'string' ||
+      (b.state !== 'active' && b.state !== 'frozen') ||
+      typeof b.authVersion !== 'number' ||
+      !(b.role === null || b.role === 'reader' || b.role === 'writer' || b.role === 'admin')
     ) {
       throw new KbProtocolError(res.status, 'an unreadable resolution');
     }
@@ -240,9 +274,17 @@ export class KbClient {
    * `quota_exceeded` (with `retryAfterMs`), 500 `internal` — nothing stored for any of them.
    * `inputDigest` is stored with the note (see {@link Digest}).
    */
-  async writeNote(args: { tenant: string; key: string; deadlineAt: number; note: KbNote; signal?: AbortSignal } & Authz & Digest): Promise<KbWriteReceipt> {
+  async writeNote(
+    args: { tenant: string; key: string; deadlineAt: number; note: KbNote; signal?: AbortSignal } & Authz & Digest,
+  ): Promise<KbWriteReceipt> {
     const res = await this.#call('POST', '/v1/notes', {
-      headers: { 'x-tenant': args.tenant, 'idempotency-key': args.key, 'x-deadline': String(Math.floor(args.deadlineAt)), ...authzHeaders(args.actor, args.ifMatch), ...digestHeader(args.inputDigest) },
+      headers: {
+        'x-tenant': args.tenant,
+        'idempotency-key': args.key,
+        'x-deadline': String(Math.floor(args.deadlineAt)),
+        ...authzHeaders(args.actor, args.ifMatch),
+        ...digestHeader(args.inputDigest),
+      },
       body: args.note,
       signal: args.signal,
     });
@@ -257,22 +299,26 @@ export class KbClient {
    * writes to onto the `authVersion` checked. A refusal throws {@link KbError} with the refused
    * item's `index` (nothing is stored). `inputDigest` is stored with every item (see {@link Digest}).
    */
-  async writeBatch(args: {
-    tenant: string;
-    actor: string;
-    key: string;
-    deadlineAt: number;
-    ifMatch: Readonly<Record<string, number>>;
-    items: KbNote[];
-    signal?: AbortSignal;
-  } & Digest): Promise<KbBatchReceipt> {
+  async writeBatch(
+    args: {
+      tenant: string;
+      actor: string;
+      key: string;
+      deadlineAt: number;
+      ifMatch: Readonly<Record<string, number>>;
+      items: KbNote[];
+      signal?: AbortSignal;
+    } & Digest,
+  ): Promise<KbBatchReceipt> {
     const res = await this.#call('POST', '/v1/notes:batch', {
       headers: {
         'x-tenant': args.tenant,
         'x-actor': args.actor,
         'idempotency-key': args.key,
         'x-deadline': String(Math.floor(args.deadlineAt)),
-        'if-match': Object.entries(args.ifMatch).map(([id, v]) => `${id}=${v}`).join(', '),
+        'if-match': Object.entries(args.ifMatch)
+          .map(([id, v]) => `${id}=${v}`)
+          .join(', '),
         ...digestHeader(args.inputDigest),
       },
       body: { items: args.items },
@@ -280,7 +326,8 @@ export class KbClient {
     });
     const b = res.body;
     const items = isRecord(b) && Array.isArray(b.items) ? b.items.map(noteReceipt) : [];
-    if (items.length === 0 || items.some((i) => i === null)) throw new KbProtocolError(res.status, 'an unreadable batch receipt');
+    if (items.length === 0 || items.some((i) => i === null))
+      throw new KbProtocolError(res.status, 'an unreadable batch receipt');
     return { items: items as KbNoteReceipt[], created: res.status === 201 };
   }
 
@@ -303,22 +350,39 @@ export class KbClient {
       // Only the KB's own answer counts as "not found", never a 404 of something in between.
       if (isRecord(b) && b.found === false) {
         if (b.now === undefined) return { found: false };
-        if (typeof b.now !== 'number' || !Number.isSafeInteger(b.now) || b.now < 0) throw new KbProtocolError(res.status, 'an unreadable probe result');
+        if (typeof b.now !== 'number' || !Number.isSafeInteger(b.now) || b.now < 0)
+          throw new KbProtocolError(res.status, 'an unreadable probe result');
         return { found: false, now: b.now };
       }
       throw new KbError(404, isRecord(b) && b.error === 'not_found' ? 'not_found' : 'unexpected');
     }
-    if (!isRecord(b) || b.found !== true || typeof b.id !== 'string' || typeof b.kb !== 'string' || typeof b.createdAt !== 'number' || typeof b.count !== 'number') {
+    if (
+      !isRecord(b) ||
+      b.found !== true ||
+      typeof b.id !== 'string' ||
+      typeof b.kb !== 'string' ||
+      typeof b.createdAt !== 'number' ||
+      typeof b.count !== 'number'
+    ) {
       throw new KbProtocolError(res.status, 'an unreadable probe result');
     }
-    const out: KbProbeResult = { found: true, id: b.id, kb: b.kb, createdAt: b.createdAt, count: b.count, ...(b.deleted === true ? { deleted: true as const } : {}) };
+    const out: KbProbeResult = {
+      found: true,
+      id: b.id,
+      kb: b.kb,
+      createdAt: b.createdAt,
+      count: b.count,
+      ...(b.deleted === true ? { deleted: true as const } : {}),
+    };
     if (b.inputDigest !== undefined) {
-      if (typeof b.inputDigest !== 'string' || !INPUT_DIGEST.test(b.inputDigest)) throw new KbProtocolError(res.status, 'an unreadable probe result');
+      if (typeof b.inputDigest !== 'string' || !INPUT_DIGEST.test(b.inputDigest))
+        throw new KbProtocolError(res.status, 'an unreadable probe result');
       out.inputDigest = b.inputDigest;
     }
     if (Array.isArray(b.items)) {
       out.items = b.items.map((i: unknown) => {
-        if (!isRecord(i) || typeof i.id !== 'string' || typeof i.kb !== 'string' || typeof i.createdAt !== 'number') throw new KbProtocolError(res.status, 'an unreadable probe result');
+        if (!isRecord(i) || typeof i.id !== 'string' || typeof i.kb !== 'string' || typeof i.createdAt !== 'number')
+          throw new KbProtocolError(res.status, 'an unreadable probe result');
         return { id: i.id, kb: i.kb, createdAt: i.createdAt };
       });
     }
@@ -331,13 +395,16 @@ export class KbClient {
    * is not in a knowledge base of the tenant, 409 `frozen`, 412 `version_conflict`, 403
    * `forbidden`, 400 `invalid_input`, 500 `internal`.
    */
-  async deleteNote(args: { tenant: string; key: string; id: string; signal?: AbortSignal } & Authz): Promise<{ id: string; deleted: true }> {
+  async deleteNote(
+    args: { tenant: string; key: string; id: string; signal?: AbortSignal } & Authz,
+  ): Promise<{ id: string; deleted: true }> {
     const res = await this.#call('DELETE', `/v1/notes/${encodeURIComponent(args.id)}`, {
       headers: { 'x-tenant': args.tenant, 'idempotency-key': args.key, ...authzHeaders(args.actor, args.ifMatch) },
       signal: args.signal,
     });
     const b = res.body;
-    if (!isRecord(b) || typeof b.id !== 'string' || b.deleted !== true) throw new KbProtocolError(res.status, 'an unreadable delete receipt');
+    if (!isRecord(b) || typeof b.id !== 'string' || b.deleted !== true)
+      throw new KbProtocolError(res.status, 'an unreadable delete receipt');
     return { id: b.id, deleted: true };
   }
 
@@ -356,37 +423,57 @@ export class KbClient {
     return (await this.#stats(filter, signal)).knowledgeBases;
   }
 
-  async #stats(filter: { tenant?: string | undefined; kbId?: string | undefined }, signal?: AbortSignal): Promise<KbStats & { knowledgeBases: KbRowCount[] }> {
+  async #stats(
+    filter: { tenant?: string | undefined; kbId?: string | undefined },
+    signal?: AbortSignal,
+  ): Promise<KbStats & { knowledgeBases: KbRowCount[] }> {
     const q = new URLSearchParams();
     if (filter.tenant !== undefined) q.set('tenant', filter.tenant);
     if (filter.kbId !== undefined) q.set('kb', filter.kbId);
     const qs = q.size ? `?${q.toString()}` : '';
     const res = await this.#call('GET', `/v1/stats${qs}`, { signal });
     const b = res.body;
-    if (!isRecord(b) || typeof b.rows !== 'number' || typeof b.distinctKeys !== 'number' || typeof b.duplicateRows !== 'number' || !Array.isArray(b.knowledgeBases)) {
+    if (
+      !isRecord(b) ||
+      typeof b.rows !== 'number' ||
+      typeof b.distinctKeys !== 'number' ||
+      typeof b.duplicateRows !== 'number' ||
+      !Array.isArray(b.knowledgeBases)
+    ) {
       throw new KbProtocolError(res.status, 'unreadable stats');
     }
-    return { rows: b.rows, distinctKeys: b.distinctKeys, duplicateRows: b.duplicateRows, knowledgeBases: b.knowledgeBases as KbRowCount[] };
+    return {
+      rows: b.rows,
+      distinctKeys: b.distinctKeys,
+      duplicateRows: b.duplicateRows,
+      knowledgeBases: b.knowledgeBases as KbRowCount[],
+    };
   }
 
   /** The operator endpoints with `token` (the content of the KB's `KB_ADMIN_TOKEN_FILE`). */
   admin(token: string): KbAdmin {
     const auth = { authorization: `Bearer ${token}` };
     const change = async (kbId: string, what: string, body: unknown) => {
-      const res = await this.#call('POST', `/v1/admin/kbs/${encodeURIComponent(kbId)}/${what}`, { headers: auth, body });
-      if (!isRecord(res.body) || typeof res.body.authVersion !== 'number') throw new KbProtocolError(res.status, 'an unreadable view');
+      const res = await this.#call('POST', `/v1/admin/kbs/${encodeURIComponent(kbId)}/${what}`, {
+        headers: auth,
+        body,
+      });
+      if (!isRecord(res.body) || typeof res.body.authVersion !== 'number')
+        throw new KbProtocolError(res.status, 'an unreadable view');
       return res.body as unknown as KbAdminView & { changed: boolean };
     };
     return {
       list: async (tenant, signal) => {
         const q = tenant === undefined ? '' : `?tenant=${encodeURIComponent(tenant)}`;
         const res = await this.#call('GET', `/v1/admin/kbs${q}`, { headers: auth, signal });
-        if (!isRecord(res.body) || !Array.isArray(res.body.knowledgeBases)) throw new KbProtocolError(res.status, 'an unreadable list');
+        if (!isRecord(res.body) || !Array.isArray(res.body.knowledgeBases))
+          throw new KbProtocolError(res.status, 'an unreadable list');
         return res.body.knowledgeBases as KbAdminView[];
       },
       get: async (kbId, signal) => {
         const res = await this.#call('GET', `/v1/admin/kbs/${encodeURIComponent(kbId)}`, { headers: auth, signal });
-        if (!isRecord(res.body) || typeof res.body.authVersion !== 'number') throw new KbProtocolError(res.status, 'an unreadable view');
+        if (!isRecord(res.body) || typeof res.body.authVersion !== 'number')
+          throw new KbProtocolError(res.status, 'an unreadable view');
         return res.body as unknown as KbAdminView;
       },
       setMember: (kbId, m) => change(kbId, 'members', m),
@@ -406,7 +493,8 @@ export class KbClient {
     const res = await request(`${this.baseUrl}/healthz`, { dispatcher: this.#agent, signal, reset: !this.#keepAlive });
     await res.body.dump();
     const h = res.headers['x-kb-now'];
-    if (res.statusCode !== 200 || typeof h !== 'string' || !/^\d{1,15}$/.test(h)) throw new KbProtocolError(res.statusCode, 'no clock reading');
+    if (res.statusCode !== 200 || typeof h !== 'string' || !/^\d{1,15}$/.test(h))
+      throw new KbProtocolError(res.statusCode, 'no clock reading');
     return Number(h);
   }
 
@@ -444,12 +532,21 @@ export class KbClient {
       body = undefined;
     }
     if (res.status >= 400 && !(o.notFoundOk && res.status === 404)) {
-      const cls = isRecord(body) && typeof body.error === 'string' && CLASSES.includes(body.error) ? (body.error as KbErrorClass) : 'unexpected';
+      const cls =
+        isRecord(body) && typeof body.error === 'string' && CLASSES.includes(body.error)
+          ? (body.error as KbErrorClass)
+          : 'unexpected';
       const issues = isRecord(body) && Array.isArray(body.issues) ? (body.issues as KbIssue[]) : undefined;
-      const retryAfterMs = cls !== 'quota_exceeded' ? undefined
-        : isRecord(body) && typeof body.retryAfterMs === 'number' ? body.retryAfterMs
-          : retryAfterHeader(r.headers['retry-after']);
-      const index = issues?.[0]?.path[0] === 'items' && typeof issues[0].path[1] === 'number' && cls !== 'invalid_input' ? issues[0].path[1] : undefined;
+      const retryAfterMs =
+        cls !== 'quota_exceeded'
+          ? undefined
+          : isRecord(body) && typeof body.retryAfterMs === 'number'
+            ? body.retryAfterMs
+            : retryAfterHeader(r.headers['retry-after']);
+      const index =
+        issues?.[0]?.path[0] === 'items' && typeof issues[0].path[1] === 'number' && cls !== 'invalid_input'
+          ? issues[0].path[1]
+          : undefined;
       throw new KbError(res.status, cls, issues, { retryAfterMs, index, kbNow });
     }
     if (res.status < 200 || res.status >= 300) {
@@ -473,7 +570,14 @@ function digestHeader(inputDigest: string | undefined): Record<string, string> {
 }
 
 function noteReceipt(b: unknown): KbNoteReceipt | null {
-  if (!isRecord(b) || typeof b.id !== 'string' || typeof b.kb !== 'string' || typeof b.kbId !== 'string' || typeof b.createdAt !== 'number') return null;
+  if (
+    !isRecord(b) ||
+    typeof b.id !== 'string' ||
+    typeof b.kb !== 'string' ||
+    typeof b.kbId !== 'string' ||
+    typeof b.createdAt !== 'number'
+  )
+    return null;
   return { id: b.id, kb: b.kb, kbId: b.kbId, createdAt: b.createdAt };
 }
 

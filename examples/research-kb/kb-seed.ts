@@ -34,9 +34,7 @@ const role = z.enum(KB_ROLES);
 
 /** The `KB_SEED_FILE` document. */
 export const seedFileSchema = z.strictObject({
-  tenants: z
-    .array(z.strictObject({ id: name, quota: z.number().int().min(0).nullable().optional() }))
-    .default([]),
+  tenants: z.array(z.strictObject({ id: name, quota: z.number().int().min(0).nullable().optional() })).default([]),
   knowledgeBases: z
     .array(
       z.strictObject({
@@ -77,11 +75,24 @@ export const seedPairsSchema = z
   .default('')
   .transform((s, ctx) => {
     const out: KbSpec[] = [];
-    for (const item of s.split(',').map((x) => x.trim()).filter(Boolean)) {
+    for (const item of s
+      .split(',')
+      .map((x) => x.trim())
+      .filter(Boolean)) {
       const [tenant, kb, actors, ...rest] = item.split(':');
       const list = actors === undefined ? undefined : actors.split('+');
-      if (rest.length || !tenant || !kb || !KB_NAME.test(tenant) || !KB_NAME.test(kb) || (list && !list.every((a) => KB_NAME.test(a)))) {
-        ctx.addIssue({ code: 'custom', message: `"${item}" is not tenant:kb or tenant:kb:actor1+actor2 (each ${NAME_RULE})` });
+      if (
+        rest.length ||
+        !tenant ||
+        !kb ||
+        !KB_NAME.test(tenant) ||
+        !KB_NAME.test(kb) ||
+        (list && !list.every((a) => KB_NAME.test(a)))
+      ) {
+        ctx.addIssue({
+          code: 'custom',
+          message: `"${item}" is not tenant:kb or tenant:kb:actor1+actor2 (each ${NAME_RULE})`,
+        });
         continue;
       }
       out.push(
@@ -99,7 +110,9 @@ export function loadSeedFile(path: string): KbSeed {
   try {
     raw = JSON.parse(readFileSync(path, 'utf8')) as unknown;
   } catch (err) {
-    throw new SeedError([`KB_SEED_FILE: cannot read ${path} as JSON (${(err as NodeJS.ErrnoException).code ?? (err as Error).name})`]);
+    throw new SeedError([
+      `KB_SEED_FILE: cannot read ${path} as JSON (${(err as NodeJS.ErrnoException).code ?? (err as Error).name})`,
+    ]);
   }
   return parseSeed(raw);
 }
@@ -107,7 +120,8 @@ export function loadSeedFile(path: string): KbSeed {
 /** Validates a seed document; throws {@link SeedError} listing every problem. */
 export function parseSeed(raw: unknown): KbSeed {
   const r = seedFileSchema.safeParse(raw);
-  if (!r.success) throw new SeedError(r.error.issues.map((i) => `KB_SEED_FILE: ${i.path.join('.') || '(root)'}: ${i.message}`));
+  if (!r.success)
+    throw new SeedError(r.error.issues.map((i) => `KB_SEED_FILE: ${i.path.join('.') || '(root)'}: ${i.message}`));
   const problems: string[] = [];
   const seen = new Set<string>();
   for (const t of r.data.tenants) {

@@ -194,9 +194,23 @@ if (config.KB_ADMIN_TOKEN_FILE !== undefined) {
   try {
     token = readFileSync(config.KB_ADMIN_TOKEN_FILE, 'utf8').trim();
   } catch (err) {
-    fail(new StartupError('KB_ADMIN_TOKEN_FILE', config.KB_ADMIN_TOKEN_FILE, `cannot read the file: ${describeError(err)}`, { cause: err }));
+    fail(
+      new StartupError(
+        'KB_ADMIN_TOKEN_FILE',
+        config.KB_ADMIN_TOKEN_FILE,
+        `cannot read the file: ${describeError(err)}`,
+        { cause: err },
+      ),
+    );
   }
-  if (token.length < 16 || /\s/.test(token)) fail(new StartupError('KB_ADMIN_TOKEN_FILE', config.KB_ADMIN_TOKEN_FILE, 'the token must be at least 16 characters without whitespace'));
+  if (token.length < 16 || /\s/.test(token))
+    fail(
+      new StartupError(
+        'KB_ADMIN_TOKEN_FILE',
+        config.KB_ADMIN_TOKEN_FILE,
+        'the token must be at least 16 characters without whitespace',
+      ),
+    );
   adminTokenDigest = createHash('sha256').update(token, 'utf8').digest();
 }
 
@@ -209,11 +223,21 @@ if (config.KB_SERVICE_TOKEN_FILE !== undefined) {
   try {
     serviceTokenDigest = createHash('sha256').update(readKeyFile(config.KB_SERVICE_TOKEN_FILE)).digest();
   } catch (err) {
-    fail(err instanceof SecretFileError ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err }) : err);
+    fail(
+      err instanceof SecretFileError
+        ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err })
+        : err,
+    );
   }
   // One credential must not open the other's endpoints.
   if (adminTokenDigest !== null && timingSafeEqual(serviceTokenDigest, adminTokenDigest)) {
-    fail(new StartupError('KB_SERVICE_TOKEN_FILE', config.KB_SERVICE_TOKEN_FILE, 'holds the operator token of KB_ADMIN_TOKEN_FILE; the service token must be another one'));
+    fail(
+      new StartupError(
+        'KB_SERVICE_TOKEN_FILE',
+        config.KB_SERVICE_TOKEN_FILE,
+        'holds the operator token of KB_ADMIN_TOKEN_FILE; the service token must be another one',
+      ),
+    );
   }
 }
 
@@ -229,9 +253,18 @@ seed = { tenants: seed.tenants, knowledgeBases: [...seed.knowledgeBases, ...conf
 
 let log: Logger;
 try {
-  log = createLogger({ service: 'kb-server', instance: `kb-${process.pid}`, level: config.LOG_LEVEL, hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE });
+  log = createLogger({
+    service: 'kb-server',
+    instance: `kb-${process.pid}`,
+    level: config.LOG_LEVEL,
+    hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE,
+  });
 } catch (err) {
-  fail(err instanceof SecretFileError ? new StartupError('TOOLTX_LOG_HMAC_KEY_FILE', err.file, err.problem, { cause: err }) : err);
+  fail(
+    err instanceof SecretFileError
+      ? new StartupError('TOOLTX_LOG_HMAC_KEY_FILE', err.file, err.problem, { cause: err })
+      : err,
+  );
 }
 who.log = log;
 // Started by a supervisor (npm start): stop when it is gone, even after a SIGKILL of it.
@@ -254,11 +287,22 @@ try {
   throw err;
 }
 log.info(
-  { db: dbPath, dedup: store.dedup, ...store.pragmas(), ...seeded, tenants: seed.tenants.length, adminApi: adminTokenDigest !== null, serviceAuth: serviceTokenDigest !== null },
+  {
+    db: dbPath,
+    dedup: store.dedup,
+    ...store.pragmas(),
+    ...seeded,
+    tenants: seed.tenants.length,
+    adminApi: adminTokenDigest !== null,
+    serviceAuth: serviceTokenDigest !== null,
+  },
   'store opened',
 );
 if (serviceTokenDigest === null) {
-  log.warn({ setting: 'KB_SERVICE_TOKEN_FILE' }, 'no service token: any caller that reaches this port is trusted with any tenant and actor (development only)');
+  log.warn(
+    { setting: 'KB_SERVICE_TOKEN_FILE' },
+    'no service token: any caller that reaches this port is trusted with any tenant and actor (development only)',
+  );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,20 +324,33 @@ const invalid = (issues: Issue[]) => new Reply(400, { error: 'invalid_input', is
 
 /** The issues of a zod error, bounded (boundIssues): zod names every unknown field in one message. */
 function issuesOf(err: z.ZodError, prefix: (string | number)[] = []): Issue[] {
-  return boundIssues(err.issues.map((i) => ({
-    path: [...prefix, ...i.path.map((p) => (typeof p === 'number' ? p : String(p)))],
-    code: i.code,
-    message: i.message,
-  })));
+  return boundIssues(
+    err.issues.map((i) => ({
+      path: [...prefix, ...i.path.map((p) => (typeof p === 'number' ? p : String(p)))],
+      code: i.code,
+      message: i.message,
+    })),
+  );
 }
 
 const nameSchema = z.string().regex(KB_NAME, NAME_RULE);
 const tenantHeader = nameSchema;
 const actorHeader = nameSchema;
-const keyHeader = z.string().min(1).max(100).regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
-const batchKeyHeader = z.string().min(1).max(96).regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
+const keyHeader = z
+  .string()
+  .min(1)
+  .max(100)
+  .regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
+const batchKeyHeader = z
+  .string()
+  .min(1)
+  .max(96)
+  .regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
 /** `x-tooltx-input-digest`: the caller's digest of what it asked (tooltx: RFC 8785 + SHA-256, libs/contracts digest.ts). */
-const inputDigestHeader = z.string().regex(/^sha256:[0-9a-f]{64}$/, 'sha256: followed by 64 lower-case hex digits').optional();
+const inputDigestHeader = z
+  .string()
+  .regex(/^sha256:[0-9a-f]{64}$/, 'sha256: followed by 64 lower-case hex digits')
+  .optional();
 const deadlineHeader = z
   .string()
   .regex(/^\d{1,15}$/, 'an absolute deadline in ms since the epoch')
@@ -334,15 +391,37 @@ const batchBody = z.strictObject({ items: z.array(noteBody).min(1).max(MAX_BATCH
 // The header shapes of each endpoint, defined once (their schemas are compiled once, below).
 const WHO_HEADERS = { 'x-tenant': tenantHeader, 'x-actor': actorHeader };
 const TENANT_HEADERS = { 'x-tenant': tenantHeader };
-const NOTE_HEADERS = { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': keyHeader, 'x-deadline': deadlineHeader, 'if-match': ifMatchHeader, 'x-tooltx-input-digest': inputDigestHeader };
-const BATCH_HEADERS = { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': batchKeyHeader, 'x-deadline': deadlineHeader, 'if-match': batchIfMatchHeader, 'x-tooltx-input-digest': inputDigestHeader };
-const DELETE_HEADERS = { 'x-tenant': tenantHeader, 'x-actor': actorHeader, 'idempotency-key': keyHeader, 'if-match': ifMatchHeader };
+const NOTE_HEADERS = {
+  'x-tenant': tenantHeader,
+  'x-actor': actorHeader,
+  'idempotency-key': keyHeader,
+  'x-deadline': deadlineHeader,
+  'if-match': ifMatchHeader,
+  'x-tooltx-input-digest': inputDigestHeader,
+};
+const BATCH_HEADERS = {
+  'x-tenant': tenantHeader,
+  'x-actor': actorHeader,
+  'idempotency-key': batchKeyHeader,
+  'x-deadline': deadlineHeader,
+  'if-match': batchIfMatchHeader,
+  'x-tooltx-input-digest': inputDigestHeader,
+};
+const DELETE_HEADERS = {
+  'x-tenant': tenantHeader,
+  'x-actor': actorHeader,
+  'idempotency-key': keyHeader,
+  'if-match': ifMatchHeader,
+};
 const NO_HEADERS = {};
 
 /** The header schemas, built once per shape (a request must not pay for compiling one). */
 const headerSchemas = new WeakMap<z.ZodRawShape, z.ZodObject<z.ZodRawShape>>();
 
-function parseHeaders<S extends z.ZodRawShape>(req: IncomingMessage, shape: S): { data?: z.infer<z.ZodObject<S>>; issues: Issue[] } {
+function parseHeaders<S extends z.ZodRawShape>(
+  req: IncomingMessage,
+  shape: S,
+): { data?: z.infer<z.ZodObject<S>>; issues: Issue[] } {
   const raw: Record<string, unknown> = {};
   for (const name of Object.keys(shape)) raw[name] = req.headers[name];
   let schema = headerSchemas.get(shape);
@@ -431,7 +510,15 @@ async function parseRequest<S extends z.ZodRawShape, B extends z.ZodType>(
 // Refusals
 
 /** The status of each refusal class. */
-const STATUS = { not_found: 404, forbidden: 403, frozen: 409, version_conflict: 412, quota_exceeded: 429, deadline_passed: 409, key_reused: 422 } as const;
+const STATUS = {
+  not_found: 404,
+  forbidden: 403,
+  frozen: 409,
+  version_conflict: 412,
+  quota_exceeded: 429,
+  deadline_passed: 409,
+  key_reused: 422,
+} as const;
 type Refusal = keyof typeof STATUS;
 
 /** A refusal answer; `retryAfterMs` adds the body field and a `retry-after` header in whole seconds. */
@@ -442,7 +529,8 @@ function refuse(error: Refusal, extra: { retryAfterMs?: number; index?: number }
     body.retryAfterMs = extra.retryAfterMs;
     headers['retry-after'] = String(Math.max(1, Math.ceil(extra.retryAfterMs / 1000)));
   }
-  if (extra.index !== undefined) body.issues = [{ path: ['items', extra.index], code: error, message: `item ${extra.index} refused: ${error}` }];
+  if (extra.index !== undefined)
+    body.issues = [{ path: ['items', extra.index], code: error, message: `item ${extra.index} refused: ${error}` }];
   return new Reply(STATUS[error], body, headers);
 }
 
@@ -453,23 +541,28 @@ function resolveRef(req: IncomingMessage, url: URL): Reply {
   const h = parseHeaders(req, WHO_HEADERS);
   const issues = [...h.issues];
   const ref = url.searchParams.get('ref');
-  if (ref === null) issues.push({ path: ['query', 'ref'], code: 'invalid_type', message: 'the reference to resolve is required' });
-  else if (ref.length > MAX_REF) issues.push({ path: ['query', 'ref'], code: 'too_big', message: `longer than ${MAX_REF} characters` });
+  if (ref === null)
+    issues.push({ path: ['query', 'ref'], code: 'invalid_type', message: 'the reference to resolve is required' });
+  else if (ref.length > MAX_REF)
+    issues.push({ path: ['query', 'ref'], code: 'too_big', message: `longer than ${MAX_REF} characters` });
   if (issues.length || !h.data || ref === null) return invalid(issues);
   const r = store.resolveFor(h.data['x-tenant'], h.data['x-actor'], ref);
   return r ? new Reply(200, { ...r }, { etag: `"${r.authVersion}"` }) : notFound();
 }
 
 async function postNote(req: IncomingMessage): Promise<Reply> {
-  const p = await parseRequest(
-    req,
-    NOTE_HEADERS,
-    noteBody,
-  );
+  const p = await parseRequest(req, NOTE_HEADERS, noteBody);
   if (!p.ok) return p.reply;
   const note: NoteInput = p.b;
   const out = store.writeNote(
-    { tenant: p.h['x-tenant'], actor: p.h['x-actor'], key: p.h['idempotency-key'], deadlineAt: p.h['x-deadline'], ifMatch: p.h['if-match'], inputDigest: p.h['x-tooltx-input-digest'] },
+    {
+      tenant: p.h['x-tenant'],
+      actor: p.h['x-actor'],
+      key: p.h['idempotency-key'],
+      deadlineAt: p.h['x-deadline'],
+      ifMatch: p.h['if-match'],
+      inputDigest: p.h['x-tooltx-input-digest'],
+    },
     note,
   );
   switch (out.kind) {
@@ -485,15 +578,18 @@ async function postNote(req: IncomingMessage): Promise<Reply> {
 }
 
 async function postBatch(req: IncomingMessage): Promise<Reply> {
-  const p = await parseRequest(
-    req,
-    BATCH_HEADERS,
-    batchBody,
-  );
+  const p = await parseRequest(req, BATCH_HEADERS, batchBody);
   if (!p.ok) return p.reply;
   const notes: NoteInput[] = p.b.items;
   const out = store.writeBatch(
-    { tenant: p.h['x-tenant'], actor: p.h['x-actor'], key: p.h['idempotency-key'], deadlineAt: p.h['x-deadline'], ifMatch: p.h['if-match'], inputDigest: p.h['x-tooltx-input-digest'] },
+    {
+      tenant: p.h['x-tenant'],
+      actor: p.h['x-actor'],
+      key: p.h['idempotency-key'],
+      deadlineAt: p.h['x-deadline'],
+      ifMatch: p.h['if-match'],
+      inputDigest: p.h['x-tooltx-input-digest'],
+    },
     notes,
   );
   switch (out.kind) {
@@ -548,7 +644,8 @@ function stats(url: URL): Reply {
     const t = tenantHeader.safeParse(tenant);
     if (!t.success) issues.push(...issuesOf(t.error, ['query', 'tenant']));
   }
-  if (kb !== null && !KB_ID.test(kb)) issues.push({ path: ['query', 'kb'], code: 'invalid_format', message: 'an internal knowledge-base id kb_<uuid>' });
+  if (kb !== null && !KB_ID.test(kb))
+    issues.push({ path: ['query', 'kb'], code: 'invalid_format', message: 'an internal knowledge-base id kb_<uuid>' });
   if (issues.length) return invalid(issues);
   const filter = { tenant: tenant ?? undefined, kbId: kb ?? undefined };
   return new Reply(200, { ...store.stats(filter), knowledgeBases: store.rowsPerKb(filter) });
@@ -612,8 +709,15 @@ async function admin(req: IncomingMessage, url: URL, m: string, p: string): Prom
   if (!operator(req)) return { route: 'admin', reply: unauthorized() };
   if (p === '/v1/admin/kbs' && m === 'GET') {
     const tenant = url.searchParams.get('tenant');
-    if (tenant !== null && !KB_NAME.test(tenant)) return { route: 'GET /v1/admin/kbs', reply: invalid([{ path: ['query', 'tenant'], code: 'invalid_format', message: NAME_RULE }]) };
-    return { route: 'GET /v1/admin/kbs', reply: new Reply(200, { knowledgeBases: store.listKnowledgeBases(tenant ?? undefined) }) };
+    if (tenant !== null && !KB_NAME.test(tenant))
+      return {
+        route: 'GET /v1/admin/kbs',
+        reply: invalid([{ path: ['query', 'tenant'], code: 'invalid_format', message: NAME_RULE }]),
+      };
+    return {
+      route: 'GET /v1/admin/kbs',
+      reply: new Reply(200, { knowledgeBases: store.listKnowledgeBases(tenant ?? undefined) }),
+    };
   }
   const hit = /^\/v1\/admin\/kbs\/(kb_[0-9a-f-]{36})(?:\/([a-z-]+))?$/.exec(p);
   if (!hit) return { route: 'unknown', reply: notFound() };
@@ -627,15 +731,31 @@ async function admin(req: IncomingMessage, url: URL, m: string, p: string): Prom
   const route = `POST /v1/admin/kbs/:kbId/${action}`;
   switch (action) {
     case 'members':
-      return { route, reply: await adminChange(req, kbId, 'member', memberBody, (b) => store.setMember(kbId, b.tenant, b.actor, b.role)) };
+      return {
+        route,
+        reply: await adminChange(req, kbId, 'member', memberBody, (b) =>
+          store.setMember(kbId, b.tenant, b.actor, b.role),
+        ),
+      };
     case 'default-role':
-      return { route, reply: await adminChange(req, kbId, 'default-role', defaultRoleBody, (b) => store.setDefaultRole(kbId, b.role)) };
+      return {
+        route,
+        reply: await adminChange(req, kbId, 'default-role', defaultRoleBody, (b) => store.setDefaultRole(kbId, b.role)),
+      };
     case 'state':
       return { route, reply: await adminChange(req, kbId, 'state', stateBody, (b) => store.setState(kbId, b.state)) };
     case 'owner':
-      return { route, reply: await adminChange(req, kbId, 'owner', ownerBody, (b) => store.transferOwner(kbId, b.tenant)) };
+      return {
+        route,
+        reply: await adminChange(req, kbId, 'owner', ownerBody, (b) => store.transferOwner(kbId, b.tenant)),
+      };
     case 'aliases':
-      return { route, reply: await adminChange(req, kbId, 'alias', aliasBody, (b) => store.setAlias(kbId, b.alias, b.remove === true)) };
+      return {
+        route,
+        reply: await adminChange(req, kbId, 'alias', aliasBody, (b) =>
+          store.setAlias(kbId, b.alias, b.remove === true),
+        ),
+      };
     default:
       return { route: 'unknown', reply: notFound() };
   }
@@ -687,7 +807,11 @@ const server = createServer((req, res) => {
   } catch {
     // An absolute-form target that is no URL (`GET http://[ HTTP/1.1`): thrown here, outside any
     // handler, it ended the process.
-    return send(res, invalid([{ path: ['url'], code: 'invalid_format', message: 'the request target is not a URL' }]), true);
+    return send(
+      res,
+      invalid([{ path: ['url'], code: 'invalid_format', message: 'the request target is not a URL' }]),
+      true,
+    );
   }
   route(req, url).then(
     ({ route: r, reply }) => {
@@ -701,7 +825,10 @@ const server = createServer((req, res) => {
         // connection the client is still writing to, and it never reads the answer (EPIPE).
         lingerThenClose(req);
         // Not `connection: close`: the server would close right after the answer, mid-drain.
-        send(res, invalid([{ path: [], code: 'too_big', message: `the request body exceeds ${MAX_BODY_BYTES} bytes` }]));
+        send(
+          res,
+          invalid([{ path: [], code: 'too_big', message: `the request body exceeds ${MAX_BODY_BYTES} bytes` }]),
+        );
         log.debug({ route: req.method, status: 400, ms: Math.round(performance.now() - started) }, 'request');
         return;
       }
@@ -727,8 +854,16 @@ try {
   store.close();
   const code = (err as NodeJS.ErrnoException).code;
   // The port is taken or not ours to bind; the host is not an address of this machine.
-  if (code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND' || code === 'EAI_AGAIN') fail(new StartupError('KB_HOST', config.KB_HOST, describeError(err), { cause: err }));
-  fail(new StartupError('KB_PORT', String(config.KB_PORT), `cannot listen on ${config.KB_HOST}:${config.KB_PORT}: ${describeError(err)}`, { cause: err }));
+  if (code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND' || code === 'EAI_AGAIN')
+    fail(new StartupError('KB_HOST', config.KB_HOST, describeError(err), { cause: err }));
+  fail(
+    new StartupError(
+      'KB_PORT',
+      String(config.KB_PORT),
+      `cannot listen on ${config.KB_HOST}:${config.KB_PORT}: ${describeError(err)}`,
+      { cause: err },
+    ),
+  );
 }
 server.on('error', (err) => {
   log.fatal({ err }, 'server error');

@@ -135,7 +135,14 @@ export type DeleteOutcome =
  * `inputDigest`: the digest that row was written with (a batch: item 0's), absent when it has none.
  */
 export type ProbeOutcome =
-  | ({ found: true; count: number; inputDigest?: string; deleted?: true; items?: { id: string; kb: string; createdAt: number }[]; now: number } & Omit<NoteReceipt, 'kbId'>)
+  | ({
+      found: true;
+      count: number;
+      inputDigest?: string;
+      deleted?: true;
+      items?: { id: string; kb: string; createdAt: number }[];
+      now: number;
+    } & Omit<NoteReceipt, 'kbId'>)
   /** `now`: the store's clock at the lookup (see {@link KbStore.probe}). */
   | { found: false; now: number };
 
@@ -327,6 +334,7 @@ export const MAX_ALIAS = 128;
 function aliasProblem(alias: string): string | null {
   if (alias.length > MAX_ALIAS) return `longer than ${MAX_ALIAS} characters`;
   // eslint-disable-next-line no-control-regex
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: the control characters are what it looks for
   if (/[\u0000-\u001f\u007f-\u009f]/.test(alias)) return 'contains a control character';
   if (alias.includes('%')) return 'contains "%" (references are percent-decoded once)';
   if (alias.startsWith('kb_')) return 'starts with "kb_" (reserved for internal ids)';
@@ -359,19 +367,26 @@ interface NoteRow {
   deletedAt: number | null;
 }
 
-const KB_COLS = 'k.id AS id, k.tenant AS tenant, k.name AS name, k.state AS state, k.auth_version AS authVersion, k.default_role AS defaultRole';
+const KB_COLS =
+  'k.id AS id, k.tenant AS tenant, k.name AS name, k.state AS state, k.auth_version AS authVersion, k.default_role AS defaultRole';
 
 /** The store's prepared statements. */
 function prepare(db: Database.Database) {
   return {
-    kbByName: db.prepare<[string, string], KbRow>(`SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.tenant = ? AND k.name = ?`),
+    kbByName: db.prepare<[string, string], KbRow>(
+      `SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.tenant = ? AND k.name = ?`,
+    ),
     kbByAlias: db.prepare<[string, string], KbRow>(
       `SELECT ${KB_COLS} FROM kb_aliases a JOIN knowledge_bases k ON k.id = a.kb_id WHERE a.tenant = ? AND a.alias = ? AND k.tenant = a.tenant`,
     ),
-    kbByIdOfTenant: db.prepare<[string, string], KbRow>(`SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.id = ? AND k.tenant = ?`),
+    kbByIdOfTenant: db.prepare<[string, string], KbRow>(
+      `SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.id = ? AND k.tenant = ?`,
+    ),
     kbById: db.prepare<[string], KbRow>(`SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.id = ?`),
     allKbs: db.prepare<[], KbRow>(`SELECT ${KB_COLS} FROM knowledge_bases k ORDER BY k.tenant, k.name`),
-    kbsOfTenant: db.prepare<[string], KbRow>(`SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.tenant = ? ORDER BY k.name`),
+    kbsOfTenant: db.prepare<[string], KbRow>(
+      `SELECT ${KB_COLS} FROM knowledge_bases k WHERE k.tenant = ? ORDER BY k.name`,
+    ),
     insertKb: db.prepare<[string, string, string, number, KbState, KbRole | null]>(
       `INSERT INTO knowledge_bases (id, tenant, name, created_at, state, auth_version, default_role)
        VALUES (?, ?, ?, ?, ?, 1, ?) ON CONFLICT (tenant, name) DO NOTHING`,
@@ -381,19 +396,27 @@ function prepare(db: Database.Database) {
     setOwner: db.prepare<[string, string]>('UPDATE knowledge_bases SET tenant = ?, default_role = NULL WHERE id = ?'),
     setDefaultRole: db.prepare<[KbRole | null, string]>('UPDATE knowledge_bases SET default_role = ? WHERE id = ?'),
 
-    aliasOwner: db.prepare<[string, string], { kbId: string }>('SELECT kb_id AS kbId FROM kb_aliases WHERE tenant = ? AND alias = ?'),
+    aliasOwner: db.prepare<[string, string], { kbId: string }>(
+      'SELECT kb_id AS kbId FROM kb_aliases WHERE tenant = ? AND alias = ?',
+    ),
     aliasesOfKb: db.prepare<[string], { alias: string }>('SELECT alias FROM kb_aliases WHERE kb_id = ? ORDER BY alias'),
     insertAlias: db.prepare<[string, string, string]>('INSERT INTO kb_aliases (tenant, alias, kb_id) VALUES (?, ?, ?)'),
     deleteAlias: db.prepare<[string, string]>('DELETE FROM kb_aliases WHERE kb_id = ? AND alias = ?'),
     moveAliases: db.prepare<[string, string]>('UPDATE kb_aliases SET tenant = ? WHERE kb_id = ?'),
 
-    member: db.prepare<[string, string, string], { role: KbRole | 'none' }>('SELECT role FROM kb_members WHERE kb_id = ? AND tenant = ? AND actor = ?'),
-    membersOfKb: db.prepare<[string], KbMember>('SELECT tenant, actor, role FROM kb_members WHERE kb_id = ? ORDER BY tenant, actor'),
+    member: db.prepare<[string, string, string], { role: KbRole | 'none' }>(
+      'SELECT role FROM kb_members WHERE kb_id = ? AND tenant = ? AND actor = ?',
+    ),
+    membersOfKb: db.prepare<[string], KbMember>(
+      'SELECT tenant, actor, role FROM kb_members WHERE kb_id = ? ORDER BY tenant, actor',
+    ),
     upsertMember: db.prepare<[string, string, string, KbRole | 'none']>(
       `INSERT INTO kb_members (kb_id, tenant, actor, role) VALUES (?, ?, ?, ?)
        ON CONFLICT (kb_id, tenant, actor) DO UPDATE SET role = excluded.role`,
     ),
-    deleteMember: db.prepare<[string, string, string]>('DELETE FROM kb_members WHERE kb_id = ? AND tenant = ? AND actor = ?'),
+    deleteMember: db.prepare<[string, string, string]>(
+      'DELETE FROM kb_members WHERE kb_id = ? AND tenant = ? AND actor = ?',
+    ),
     deleteForeignMembers: db.prepare<[string, string]>('DELETE FROM kb_members WHERE kb_id = ? AND tenant <> ?'),
 
     tenant: db.prepare<[string], { limit: number | null; used: number; windowStart: number }>(
@@ -423,7 +446,9 @@ function prepare(db: Database.Database) {
         WHERE n.tenant = ? AND n.downstream_key >= ? AND n.downstream_key < ?
         ORDER BY n.created_at, n.rowid`,
     ),
-    insertNote: db.prepare<[string, string, string, string, string, string, string, string, string | null, number, string | null]>(
+    insertNote: db.prepare<
+      [string, string, string, string, string, string, string, string, string | null, number, string | null]
+    >(
       `INSERT INTO notes (id, tenant, kb_id, downstream_key, title, body_digest, source_url, fetched_at, publish_at, created_at, input_digest)
        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
     ),
@@ -431,7 +456,9 @@ function prepare(db: Database.Database) {
       'SELECT id, kb_id AS kbId, deleted_at AS deletedAt FROM notes WHERE id = ?',
     ),
     clockFloor: db.prepare<[], { at: number }>('SELECT at FROM clock_floor WHERE id = 1'),
-    setClockFloor: db.prepare<[number]>('INSERT INTO clock_floor (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at'),
+    setClockFloor: db.prepare<[number]>(
+      'INSERT INTO clock_floor (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at',
+    ),
     softDelete: db.prepare<[number, string]>('UPDATE notes SET deleted_at = ? WHERE id = ? AND deleted_at IS NULL'),
   };
 }
@@ -552,7 +579,10 @@ export class KbStore {
     const canon = canonicalRef(ref);
     if (canon === null) return null;
     const s = this.#stmts;
-    const row = s.kbByName.get(tenant, canon) ?? s.kbByAlias.get(tenant, canon) ?? (KB_ID.test(canon) ? s.kbByIdOfTenant.get(canon, tenant) : undefined);
+    const row =
+      s.kbByName.get(tenant, canon) ??
+      s.kbByAlias.get(tenant, canon) ??
+      (KB_ID.test(canon) ? s.kbByIdOfTenant.get(canon, tenant) : undefined);
     if (!row || row.state === 'deleted' || row.tenant !== tenant) return null;
     return { ...row, state: row.state };
   }
@@ -569,7 +599,13 @@ export class KbStore {
   resolveFor(tenant: string, actor: string, ref: string): Resolution | null {
     const kb = this.resolve(tenant, ref);
     if (!kb) return null;
-    return { kbId: kb.id, name: kb.name, state: kb.state, authVersion: kb.authVersion, role: this.roleOf(kb, tenant, actor) };
+    return {
+      kbId: kb.id,
+      name: kb.name,
+      state: kb.state,
+      authVersion: kb.authVersion,
+      role: this.roleOf(kb, tenant, actor),
+    };
   }
 
   // -------------------------------------------------------------------------------------------
@@ -603,7 +639,8 @@ export class KbStore {
       if (!kb) return { kind: 'not_found' };
       if (this.dedup) {
         const prior = this.#stmts.byKey.get(ctx.tenant, ctx.key);
-        if (prior && prior.inputDigest && ctx.inputDigest && prior.inputDigest !== ctx.inputDigest) return { kind: 'key_reused' };
+        if (prior?.inputDigest && ctx.inputDigest && prior.inputDigest !== ctx.inputDigest)
+          return { kind: 'key_reused' };
         if (prior) return { kind: 'existing', note: receipt(prior) };
       }
       if (kb.state === 'frozen') return { kind: 'frozen' };
@@ -647,22 +684,44 @@ export class KbStore {
       }
       const now = this.#now();
       const quota = this.#quotaLeft(ctx.tenant, now);
-      if (quota.left < notes.length) return { kind: 'quota_exceeded', index: quota.left, retryAfterMs: quota.retryAfterMs };
+      if (quota.left < notes.length)
+        return { kind: 'quota_exceeded', index: quota.left, retryAfterMs: quota.retryAfterMs };
       if (now > ctx.deadlineAt) return { kind: 'deadline_passed' };
       const out = notes.map((note, i) => {
         const kb = kbs[i]!;
-        return { id: this.#insert(ctx.tenant, kb.id, `${ctx.key}#${i}`, note, now, ctx.inputDigest), kb: kb.name, kbId: kb.id, createdAt: now };
+        return {
+          id: this.#insert(ctx.tenant, kb.id, `${ctx.key}#${i}`, note, now, ctx.inputDigest),
+          kb: kb.name,
+          kbId: kb.id,
+          createdAt: now,
+        };
       });
       this.#stmts.countQuota.run(ctx.tenant, quota.used + notes.length, this.#windowStart(now));
       return { kind: 'created', notes: out };
     });
   }
 
-  #insert(tenant: string, kbId: string, key: string, note: NoteInput, now: number, inputDigest: string | undefined): string {
+  #insert(
+    tenant: string,
+    kbId: string,
+    key: string,
+    note: NoteInput,
+    now: number,
+    inputDigest: string | undefined,
+  ): string {
     const id = `note_${randomUUID()}`;
     this.#stmts.insertNote.run(
-      id, tenant, kbId, key, note.title, bodyDigest(note.body), note.sourceUrl,
-      utcIso(note.fetchedAt), note.publishAt === undefined ? null : utcIso(note.publishAt), now, inputDigest ?? null,
+      id,
+      tenant,
+      kbId,
+      key,
+      note.title,
+      bodyDigest(note.body),
+      note.sourceUrl,
+      utcIso(note.fetchedAt),
+      note.publishAt === undefined ? null : utcIso(note.publishAt),
+      now,
+      inputDigest ?? null,
     );
     return id;
   }
@@ -732,7 +791,17 @@ export class KbStore {
       this.#floor = now;
     }
     const row = this.#stmts.byKey.get(tenant, key);
-    if (row) return { found: true, id: row.id, kb: row.kb, createdAt: row.createdAt, count: row.count, ...digestOf(row), ...(row.deletedAt !== null ? { deleted: true } : {}), now };
+    if (row)
+      return {
+        found: true,
+        id: row.id,
+        kb: row.kb,
+        createdAt: row.createdAt,
+        count: row.count,
+        ...digestOf(row),
+        ...(row.deletedAt !== null ? { deleted: true } : {}),
+        now,
+      };
     const batch = this.#batchRows(tenant, key);
     if (!batch) return { found: false, now };
     const first = batch.items[0]!;
@@ -753,8 +822,14 @@ export class KbStore {
   stats(filter: { tenant?: string | undefined; kbId?: string | undefined } = {}): KbStats {
     const where = ['deleted_at IS NULL'];
     const args: string[] = [];
-    if (filter.tenant !== undefined) (where.push('tenant = ?'), args.push(filter.tenant));
-    if (filter.kbId !== undefined) (where.push('kb_id = ?'), args.push(filter.kbId));
+    if (filter.tenant !== undefined) {
+      where.push('tenant = ?');
+      args.push(filter.tenant);
+    }
+    if (filter.kbId !== undefined) {
+      where.push('kb_id = ?');
+      args.push(filter.kbId);
+    }
     const r = this.#db
       .prepare<string[], { liveRows: number; liveKeys: number }>(
         `SELECT COALESCE(SUM(n), 0) AS liveRows, COUNT(*) AS liveKeys
@@ -880,7 +955,8 @@ export class KbStore {
       if (kb.tenant === tenant) return false;
       const aliases = this.#stmts.aliasesOfKb.all(kbId).map((a) => a.alias);
       for (const ref of [kb.name, ...aliases]) {
-        if (this.#taken(tenant, ref)) return { kind: 'conflict', reason: 'the new owner already has a knowledge base of that name or alias' };
+        if (this.#taken(tenant, ref))
+          return { kind: 'conflict', reason: 'the new owner already has a knowledge base of that name or alias' };
       }
       this.#stmts.setOwner.run(tenant, kbId);
       this.#stmts.moveAliases.run(tenant, kbId);
@@ -891,7 +967,9 @@ export class KbStore {
 
   /** Whether `canon` already names (by name or alias) a knowledge base of `tenant`, deleted ones included. */
   #taken(tenant: string, canon: string): boolean {
-    return this.#stmts.kbByName.get(tenant, canon) !== undefined || this.#stmts.aliasOwner.get(tenant, canon) !== undefined;
+    return (
+      this.#stmts.kbByName.get(tenant, canon) !== undefined || this.#stmts.aliasOwner.get(tenant, canon) !== undefined
+    );
   }
 
   /** Adds (`remove` false) or removes an alias; stored canonical ({@link canonicalRef}), unique per tenant across names and aliases. */
@@ -908,7 +986,8 @@ export class KbStore {
         return true;
       }
       if (owner?.kbId === kbId) return false;
-      if (this.#taken(kb.tenant, canon)) return { kind: 'conflict', reason: 'the tenant already has a knowledge base of that name or alias' };
+      if (this.#taken(kb.tenant, canon))
+        return { kind: 'conflict', reason: 'the tenant already has a knowledge base of that name or alias' };
       this.#stmts.insertAlias.run(kb.tenant, canon, kbId);
       return true;
     });
@@ -927,9 +1006,17 @@ export class KbStore {
     return this.#tx(() => {
       const existing = this.#stmts.kbByName.get(spec.tenant, spec.name);
       if (existing) return { id: existing.id, created: false };
-      if (this.#stmts.aliasOwner.get(spec.tenant, spec.name)) throw new Error(`${spec.tenant}:${spec.name}: the name is an alias of another knowledge base`);
+      if (this.#stmts.aliasOwner.get(spec.tenant, spec.name))
+        throw new Error(`${spec.tenant}:${spec.name}: the name is an alias of another knowledge base`);
       const id = `kb_${randomUUID()}`;
-      this.#stmts.insertKb.run(id, spec.tenant, spec.name, this.#now(), spec.state ?? 'active', spec.defaultRole ?? null);
+      this.#stmts.insertKb.run(
+        id,
+        spec.tenant,
+        spec.name,
+        this.#now(),
+        spec.state ?? 'active',
+        spec.defaultRole ?? null,
+      );
       for (const alias of spec.aliases ?? []) {
         const canon = canonicalRef(alias);
         const problem = canon === null ? 'empty or not a valid percent-encoding' : aliasProblem(canon);

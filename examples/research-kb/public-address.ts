@@ -26,14 +26,37 @@ import { Agent } from 'undici';
 
 const blocked = new BlockList();
 for (const [net, bits] of [
-  ['0.0.0.0', 8], ['10.0.0.0', 8], ['100.64.0.0', 10], ['127.0.0.0', 8], ['169.254.0.0', 16], ['172.16.0.0', 12],
-  ['192.0.0.0', 24], ['192.0.2.0', 24], ['192.88.99.0', 24], ['192.168.0.0', 16], ['198.18.0.0', 15], ['198.51.100.0', 24],
-  ['203.0.113.0', 24], ['224.0.0.0', 4], ['240.0.0.0', 4],
-] as const) blocked.addSubnet(net, bits, 'ipv4');
+  ['0.0.0.0', 8],
+  ['10.0.0.0', 8],
+  ['100.64.0.0', 10],
+  ['127.0.0.0', 8],
+  ['169.254.0.0', 16],
+  ['172.16.0.0', 12],
+  ['192.0.0.0', 24],
+  ['192.0.2.0', 24],
+  ['192.88.99.0', 24],
+  ['192.168.0.0', 16],
+  ['198.18.0.0', 15],
+  ['198.51.100.0', 24],
+  ['203.0.113.0', 24],
+  ['224.0.0.0', 4],
+  ['240.0.0.0', 4],
+] as const)
+  blocked.addSubnet(net, bits, 'ipv4');
 for (const [net, bits] of [
-  ['::', 96], ['64:ff9b:1::', 48], ['100::', 64], ['2001::', 23], ['2001:db8::', 32], ['2002::', 16], ['3fff::', 20],
-  ['fc00::', 7], ['fe80::', 10], ['fec0::', 10], ['ff00::', 8],
-] as const) blocked.addSubnet(net, bits, 'ipv6');
+  ['::', 96],
+  ['64:ff9b:1::', 48],
+  ['100::', 64],
+  ['2001::', 23],
+  ['2001:db8::', 32],
+  ['2002::', 16],
+  ['3fff::', 20],
+  ['fc00::', 7],
+  ['fe80::', 10],
+  ['fec0::', 10],
+  ['ff00::', 8],
+] as const)
+  blocked.addSubnet(net, bits, 'ipv6');
 // ::ffff:0:0/96 needs no rule of its own: BlockList checks an IPv4-mapped address against the IPv4 rules.
 
 /** The 16 bytes of an IPv6 address (node:net `isIP` said 6), a trailing dotted quad included. */
@@ -64,7 +87,8 @@ export function isPublicAddress(address: string): boolean {
   if (blocked.check(bare, 'ipv6')) return false;
   const b = ipv6Bytes(bare);
   // NAT64 (64:ff9b::/96) reaches the IPv4 address in its last 32 bits: that one decides.
-  if (b.slice(0, 12).join(',') === [0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0].join(',')) return isPublicAddress(b.slice(12).join('.'));
+  if (b.slice(0, 12).join(',') === [0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0].join(','))
+    return isPublicAddress(b.slice(12).join('.'));
   return true;
 }
 
@@ -90,7 +114,9 @@ export class PrivateAddressError extends Error {
 
 /** Every address `host` resolves to (all families, as the resolver orders them). */
 function resolveAll(host: string): Promise<LookupAddress[]> {
-  return new Promise((resolve, reject) => dnsLookup(host, { all: true, verbatim: true }, (err, addresses) => (err ? reject(err) : resolve(addresses))));
+  return new Promise((resolve, reject) =>
+    dnsLookup(host, { all: true, verbatim: true }, (err, addresses) => (err ? reject(err) : resolve(addresses))),
+  );
 }
 
 /**
@@ -111,10 +137,17 @@ type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | Look
  * every address it resolves to is public; else it fails with {@link PrivateAddressError}. It answers
  * with the addresses it checked (of the family asked for), so the socket connects to one of those.
  */
-export function publicOnlyLookup(hostname: string, options: { family?: number | string; all?: boolean }, callback: LookupCallback): void {
+export function publicOnlyLookup(
+  hostname: string,
+  options: { family?: number | string; all?: boolean },
+  callback: LookupCallback,
+): void {
   const host = bareHost(hostname);
   const refuse = () => callback(new PrivateAddressError(host), options.all ? [] : '', 0);
-  if (isLocalName(host)) return refuse();
+  if (isLocalName(host)) {
+    refuse();
+    return;
+  }
   resolveAll(host).then(
     (addresses) => {
       if (addresses.length === 0 || addresses.some((a) => !isPublicAddress(a.address))) return refuse();
@@ -140,6 +173,7 @@ export const publicOnlyDispatcher = new Agent({ connect: { lookup: publicOnlyLoo
 
 /** Whether `err` (a fetch's rejection) is the connect-time refusal of {@link publicOnlyDispatcher}. */
 export function isPrivateAddressRefusal(err: unknown): boolean {
-  for (let e = err, depth = 0; e instanceof Error && depth < 5; e = e.cause, depth++) if (e instanceof PrivateAddressError) return true;
+  for (let e = err, depth = 0; e instanceof Error && depth < 5; e = e.cause, depth++)
+    if (e instanceof PrivateAddressError) return true;
   return false;
 }

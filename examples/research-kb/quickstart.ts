@@ -15,8 +15,13 @@ import { createTools, ToolsOptionError } from '@tooltx/client';
 import { kbDedupFromEnv, researchContracts } from './contracts.js';
 
 usageErrorsExitTwo(new Command('tooltx-quickstart'))
-  .description('write one note through a running `npm start` as acme/alice, then repeat the call and compare the receipts')
-  .addHelpText('after', '\nEnvironment: NATS_URL (default nats://127.0.0.1:4222), TOOLTX_PREFIX, TOOLTX_STATE_DIR (where npm start wrote the seeds and receipt keys), NATS_NKEY_FILE, TOOLTX_RECEIPT_KEYS_FILE, KB_DEDUP')
+  .description(
+    'write one note through a running `npm start` as acme/alice, then repeat the call and compare the receipts',
+  )
+  .addHelpText(
+    'after',
+    '\nEnvironment: NATS_URL (default nats://127.0.0.1:4222), TOOLTX_PREFIX, TOOLTX_STATE_DIR (where npm start wrote the seeds and receipt keys), NATS_NKEY_FILE, TOOLTX_RECEIPT_KEYS_FILE, KB_DEDUP',
+  )
   .parse(process.argv);
 
 /**
@@ -25,7 +30,14 @@ usageErrorsExitTwo(new Command('tooltx-quickstart'))
  * else by its class and message. Exit 2.
  */
 function fail(err: unknown): never {
-  const text = typeof err === 'string' ? err : err instanceof TooltxError || err instanceof ToolsOptionError ? err.message : err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+  const text =
+    typeof err === 'string'
+      ? err
+      : err instanceof TooltxError || err instanceof ToolsOptionError
+        ? err.message
+        : err instanceof Error
+          ? `${err.name}: ${err.message}`
+          : String(err);
   process.stderr.write(`tooltx-quickstart: ${text}\n`);
   process.exit(2);
 }
@@ -60,11 +72,19 @@ try {
     tool: 'kb.write_note',
     taskId: 'quickstart-1',
     actorId: 'alice',
-    input: { kb: 'research', title: 'Hello, tooltx', body: 'One key, one execution.', sourceUrl: 'https://example.org/tooltx', fetchedAt: '2026-11-30T06:00:00Z' },
+    input: {
+      kb: 'research',
+      title: 'Hello, tooltx',
+      body: 'One key, one execution.',
+      sourceUrl: 'https://example.org/tooltx',
+      fetchedAt: '2026-11-30T06:00:00Z',
+    },
   };
   const first = await tools.execute(call, { budgetMs: 20_000 });
   const again = await tools.execute(call, { budgetMs: 20_000 });
-  process.stdout.write(`${JSON.stringify({ first, again, sameReceipt: JSON.stringify(first) === JSON.stringify(again) }, null, 2)}\n`);
+  process.stdout.write(
+    `${JSON.stringify({ first, again, sameReceipt: JSON.stringify(first) === JSON.stringify(again) }, null, 2)}\n`,
+  );
   if (first.status !== 'committed') process.exitCode = 1;
 } catch (err) {
   await tools.close().catch(() => undefined);

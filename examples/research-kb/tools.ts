@@ -23,22 +23,45 @@
  */
 import { fetch } from 'undici';
 import { LRUCache } from 'lru-cache';
-import { DeadlinePassedError, defineImplementation, ErrorClass, invalidInput, TooltxError, type AuthorizationContext, type AuthorizationResult, type ProbeResult, type ReadContext } from '@tooltx/contracts';
+import {
+  DeadlinePassedError,
+  defineImplementation,
+  ErrorClass,
+  invalidInput,
+  TooltxError,
+  type AuthorizationContext,
+  type AuthorizationResult,
+  type ProbeResult,
+  type ReadContext,
+} from '@tooltx/contracts';
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
 import { readKeyFile, SecretFileError, StartupError } from '@tooltx/runtime';
-import { checkLiteralHost, isPrivateAddressRefusal, PrivateAddressError, publicOnlyDispatcher } from './public-address.js';
+import {
+  checkLiteralHost,
+  isPrivateAddressRefusal,
+  PrivateAddressError,
+  publicOnlyDispatcher,
+} from './public-address.js';
 
 /** A setting of this module the service cannot start with: named with its value (libs/runtime startup errors). */
 function setting<T>(name: string, read: () => T): T {
   try {
     return read();
   } catch (err) {
-    throw new StartupError(name, process.env[name], err instanceof TypeError ? err.message.replace(/^[A-Z_]+: /, '') : 'invalid', { cause: err });
+    throw new StartupError(
+      name,
+      process.env[name],
+      err instanceof TypeError ? err.message.replace(/^[A-Z_]+: /, '') : 'invalid',
+      { cause: err },
+    );
   }
 }
-const { fetchPage, writeNote, writeNotes, deleteNote } = researchContracts({ kbDedup: setting('KB_DEDUP', () => kbDedupFromEnv()), timing: setting('KB_TIMING_MS', () => kbTimingFromEnv()) });
+const { fetchPage, writeNote, writeNotes, deleteNote } = researchContracts({
+  kbDedup: setting('KB_DEDUP', () => kbDedupFromEnv()),
+  timing: setting('KB_TIMING_MS', () => kbTimingFromEnv()),
+});
 // One pool for the process. KB_KEEPALIVE=off closes every connection after its request.
 const keepAlive = setting('KB_KEEPALIVE', () => {
   const v = process.env.KB_KEEPALIVE ?? 'on';
@@ -52,10 +75,15 @@ if (serviceTokenFile !== undefined) {
   try {
     serviceToken = readKeyFile(serviceTokenFile).toString('utf8');
   } catch (err) {
-    throw err instanceof SecretFileError ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err }) : err;
+    throw err instanceof SecretFileError
+      ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err })
+      : err;
   }
 }
-const kb = new KbClient(setting('KB_URL', () => new URL(process.env.KB_URL ?? 'http://127.0.0.1:4280').href.replace(/\/$/, '')), { keepAlive, serviceToken });
+const kb = new KbClient(
+  setting('KB_URL', () => new URL(process.env.KB_URL ?? 'http://127.0.0.1:4280').href.replace(/\/$/, '')),
+  { keepAlive, serviceToken },
+);
 /**
  * How long (ms) a reader's role seen by the status endpoint's read policy may be reused for the same
  * tenant, actor and knowledge base: `KB_READ_POLICY_CACHE_MS`, an integer 0–60000, default 1000;
@@ -66,12 +94,21 @@ const kb = new KbClient(setting('KB_URL', () => new URL(process.env.KB_URL ?? 'h
 const readPolicyCacheMs = setting('KB_READ_POLICY_CACHE_MS', () => {
   const v = process.env.KB_READ_POLICY_CACHE_MS;
   if (v === undefined || v === '') return 1_000;
-  if (!/^\d{1,5}$/.test(v) || Number(v) > 60_000) throw new TypeError('KB_READ_POLICY_CACHE_MS: expected an integer number of ms from 0 to 60000');
+  if (!/^\d{1,5}$/.test(v) || Number(v) > 60_000)
+    throw new TypeError('KB_READ_POLICY_CACHE_MS: expected an integer number of ms from 0 to 60000');
   return Number(v);
 });
 /** tenant, actor, KB id → a role that allowed a read, kept {@link readPolicyCacheMs}; bounded so memory stays flat. */
-const readers = readPolicyCacheMs > 0 ? new LRUCache<string, true>({ max: 10_000, ttl: readPolicyCacheMs, ttlAutopurge: false }) : null;
-const allowedOrigins = new Set((process.env.WEB_ALLOWED_ORIGINS ?? '').split(',').map((s) => s.trim()).filter(Boolean));
+const readers =
+  readPolicyCacheMs > 0
+    ? new LRUCache<string, true>({ max: 10_000, ttl: readPolicyCacheMs, ttlAutopurge: false })
+    : null;
+const allowedOrigins = new Set(
+  (process.env.WEB_ALLOWED_ORIGINS ?? '')
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean),
+);
 
 /** Policy version of the KB tools' authorisation rules (recorded with every decision). */
 export const KB_POLICY_VERSION = 'kb-policy@1';
@@ -103,7 +140,8 @@ export class PageError extends Error {
  */
 function definite(err: unknown): never {
   // Refused as late by the KB's clock: not applied, and the executor learns that clock (docs/clocks.md).
-  if (err instanceof KbError && err.errorClass === 'deadline_passed') throw new DeadlinePassedError(err.kbNow, 'kb refused: deadline_passed');
+  if (err instanceof KbError && err.errorClass === 'deadline_passed')
+    throw new DeadlinePassedError(err.kbNow, 'kb refused: deadline_passed');
   if (err instanceof KbError && err.status < 500 && err.errorClass !== 'key_reused') {
     const byClass: Record<string, ErrorClass> = {
       not_found: ErrorClass.NotFound,
@@ -118,7 +156,12 @@ function definite(err: unknown): never {
       unauthorized: ErrorClass.DependencyUnavailable,
     };
     const cls = byClass[err.errorClass];
-    if (cls) throw new TooltxError(cls, `kb refused: ${err.errorClass}`, err.retryAfterMs !== undefined ? { retryAfterMs: err.retryAfterMs } : {});
+    if (cls)
+      throw new TooltxError(
+        cls,
+        `kb refused: ${err.errorClass}`,
+        err.retryAfterMs !== undefined ? { retryAfterMs: err.retryAfterMs } : {},
+      );
   }
   throw err;
 }
@@ -128,17 +171,24 @@ function definite(err: unknown): never {
  * version, and whether this actor may write. Foreign, deleted and missing are one uniform
  * `not_found` (FM-10); a KB that cannot be reached is `dependency_unavailable` (retried, never a refusal).
  */
-async function resolveWritable(ref: string, ctx: AuthorizationContext, path: (string | number)[]): Promise<KbResolution> {
+async function resolveWritable(
+  ref: string,
+  ctx: AuthorizationContext,
+  path: (string | number)[],
+): Promise<KbResolution> {
   let r: KbResolution;
   try {
     r = await kb.resolve({ tenant: ctx.tenant, actor: ctx.actor, ref, signal: AbortSignal.timeout(5_000) });
   } catch (err) {
     if (err instanceof KbError && err.errorClass === 'not_found') {
-      throw new TooltxError(ErrorClass.NotFound, 'knowledge base not found', { issues: [{ path, code: 'not_found', message: 'no such knowledge base' }] });
+      throw new TooltxError(ErrorClass.NotFound, 'knowledge base not found', {
+        issues: [{ path, code: 'not_found', message: 'no such knowledge base' }],
+      });
     }
     throw new TooltxError(ErrorClass.DependencyUnavailable, 'kb resolver unavailable', { cause: err });
   }
-  if (r.state !== 'active' || (r.role !== 'writer' && r.role !== 'admin')) throw new TooltxError(ErrorClass.Forbidden, 'not allowed to write here');
+  if (r.state !== 'active' || (r.role !== 'writer' && r.role !== 'admin'))
+    throw new TooltxError(ErrorClass.Forbidden, 'not allowed to write here');
   return r;
 }
 
@@ -152,7 +202,10 @@ function checkPublishAt(publishAt: string | undefined, now: number, path: (strin
   }
 }
 
-function versionOf(ctxAuth: { resources?: { id: string; version: number }[] } | undefined, index = 0): { id: string; version: number } {
+function versionOf(
+  ctxAuth: { resources?: { id: string; version: number }[] } | undefined,
+  index = 0,
+): { id: string; version: number } {
   const r = ctxAuth?.resources?.[index];
   // The executor always passes what its re-check allowed; without it nothing is sent.
   if (!r) throw new TooltxError(ErrorClass.Internal, 'no authorisation to write under');
@@ -172,7 +225,9 @@ async function probeByKey(ctx: { tenant: string; downstreamKey: string; signal: 
   const r = await kb.probe({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
   // The KB's clock at the lookup: recovery runs the attempt again only once it is past the deadline.
   if (!r.found) return r.now === undefined ? { found: false } : { found: false, downstreamAt: r.now };
-  return r.inputDigest === undefined ? { found: true, resourceId: r.id } : { found: true, resourceId: r.id, inputDigest: r.inputDigest };
+  return r.inputDigest === undefined
+    ? { found: true, resourceId: r.id }
+    : { found: true, resourceId: r.id, inputDigest: r.inputDigest };
 }
 
 /**
@@ -180,10 +235,16 @@ async function probeByKey(ctx: { tenant: string; downstreamKey: string; signal: 
  * the input with the reference replaced by the knowledge base's name, so every alias, case and
  * encoding of one knowledge base keys one operation (FM-10).
  */
-async function authorizeOneKb<I extends { kb: string }>(input: I, ctx: AuthorizationContext): Promise<AuthorizationResult> {
+async function authorizeOneKb<I extends { kb: string }>(
+  input: I,
+  ctx: AuthorizationContext,
+): Promise<AuthorizationResult> {
   const r = await resolveWritable(input.kb, ctx, ['input', 'kb']);
   // Only when the reference was not the name already (saves the authorizer re-keying every call).
-  return { resources: [{ id: r.kbId, version: r.authVersion }], ...(r.name !== input.kb ? { input: { ...input, kb: r.name } } : {}) };
+  return {
+    resources: [{ id: r.kbId, version: r.authVersion }],
+    ...(r.name !== input.kb ? { input: { ...input, kb: r.name } } : {}),
+  };
 }
 
 /**
@@ -196,7 +257,9 @@ async function mayReadKbOperation(ctx: ReadContext): Promise<void> {
   for (const r of ctx.resources ?? []) {
     const cacheKey = JSON.stringify([ctx.tenant, ctx.actor, r.id]);
     if (readers?.get(cacheKey)) continue;
-    const seen = await kb.resolve({ tenant: ctx.tenant, actor: ctx.actor, ref: r.id, signal: AbortSignal.timeout(5_000) }).catch(() => null);
+    const seen = await kb
+      .resolve({ tenant: ctx.tenant, actor: ctx.actor, ref: r.id, signal: AbortSignal.timeout(5_000) })
+      .catch(() => null);
     if (!seen?.role) throw new TooltxError(ErrorClass.Forbidden, 'no role on this knowledge base');
     readers?.set(cacheKey, true);
   }
@@ -223,7 +286,12 @@ export const implementations = [
       const url = new URL(input.url);
       // The URL names a place this tool never goes (not the caller's rights): re-plan with another
       // URL. The message never echoes the input (errors.ts): the path says which field.
-      const refused = () => invalidInput(['input', 'url'], 'private_address', 'the host is or resolves to a loopback, private, link-local or otherwise non-public address; web.fetch_page fetches public pages only (an operator may allow an origin with WEB_ALLOWED_ORIGINS)');
+      const refused = () =>
+        invalidInput(
+          ['input', 'url'],
+          'private_address',
+          'the host is or resolves to a loopback, private, link-local or otherwise non-public address; web.fetch_page fetches public pages only (an operator may allow an origin with WEB_ALLOWED_ORIGINS)',
+        );
       const allowed = allowedOrigins.has(url.origin);
       if (!allowed) {
         // A literal or local name is refused here; a name is resolved once, by the dispatcher's
@@ -237,7 +305,11 @@ export const implementations = [
       }
       // Redirects are not followed (`redirect: 'error'` fails the fetch): a Location header is never
       // a way around the check. The dispatcher's connect-time check would apply to one as well.
-      const res = await fetch(url, { signal: ctx.signal, redirect: 'error', ...(allowed ? {} : { dispatcher: publicOnlyDispatcher }) }).catch((err: unknown) => {
+      const res = await fetch(url, {
+        signal: ctx.signal,
+        redirect: 'error',
+        ...(allowed ? {} : { dispatcher: publicOnlyDispatcher }),
+      }).catch((err: unknown) => {
         throw isPrivateAddressRefusal(err) ? refused() : err;
       });
       if (res.status === 404 || res.status === 410) throw new TooltxError(ErrorClass.NotFound, 'page not found');
@@ -247,7 +319,10 @@ export const implementations = [
       }
       const text = await res.text();
       const fallback = decodeURIComponent(url.pathname.split('/').filter(Boolean).pop() ?? url.host);
-      return { resourceId: url.toString(), result: { url: url.toString(), title: titleOf(text, fallback), excerpt: excerptOf(text) } };
+      return {
+        resourceId: url.toString(),
+        result: { url: url.toString(), title: titleOf(text, fallback), excerpt: excerptOf(text) },
+      };
     },
   }),
   defineImplementation({
@@ -262,7 +337,16 @@ export const implementations = [
       const { id: kbId, version } = versionOf(ctx.authorization);
       try {
         // The operation's input digest goes with the write: the probe tells our effect from another.
-        const r = await kb.writeNote({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, ifMatch: version, inputDigest: ctx.inputDigest, note: { ...input, kb: kbId }, signal: ctx.signal });
+        const r = await kb.writeNote({
+          tenant: ctx.tenant,
+          actor: ctx.actor,
+          key: ctx.downstreamKey,
+          deadlineAt: ctx.deadlineAt,
+          ifMatch: version,
+          inputDigest: ctx.inputDigest,
+          note: { ...input, kb: kbId },
+          signal: ctx.signal,
+        });
         // FM-19: a write returns its receipt only (the resource id is in the receipt).
         return { resourceId: r.id, result: {}, ...(r.kbNow !== undefined ? { downstreamAt: r.kbNow } : {}) };
       } catch (err) {
@@ -286,17 +370,35 @@ export const implementations = [
         items.push({ ...item, kb: r.name });
       }
       const renamed = items.some((item, i) => item.kb !== input.items[i]!.kb);
-      return { resources: [...seen].map(([id, version]) => ({ id, version })), ...(renamed ? { input: { ...input, items } } : {}) };
+      return {
+        resources: [...seen].map(([id, version]) => ({ id, version })),
+        ...(renamed ? { input: { ...input, items } } : {}),
+      };
     },
     invariants(input, ctx) {
-      input.items.forEach((item, i) => checkPublishAt(item.publishAt, ctx.now, ['input', 'items', i, 'publishAt']));
+      input.items.forEach((item, i) => {
+        checkPublishAt(item.publishAt, ctx.now, ['input', 'items', i, 'publishAt']);
+      });
     },
     async execute(input, ctx) {
       const versions = Object.fromEntries((ctx.authorization?.resources ?? []).map((r) => [r.id, r.version]));
       try {
         // Each item is sent with the canonical id its reference resolved to at the re-check.
-        const ids = await Promise.all(input.items.map((item) => kb.resolve({ tenant: ctx.tenant, actor: ctx.actor, ref: item.kb, signal: ctx.signal }).then((r) => r.kbId)));
-        const r = await kb.writeBatch({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, deadlineAt: ctx.deadlineAt, ifMatch: versions, inputDigest: ctx.inputDigest, items: input.items.map((item, i) => ({ ...item, kb: ids[i]! })), signal: ctx.signal });
+        const ids = await Promise.all(
+          input.items.map((item) =>
+            kb.resolve({ tenant: ctx.tenant, actor: ctx.actor, ref: item.kb, signal: ctx.signal }).then((r) => r.kbId),
+          ),
+        );
+        const r = await kb.writeBatch({
+          tenant: ctx.tenant,
+          actor: ctx.actor,
+          key: ctx.downstreamKey,
+          deadlineAt: ctx.deadlineAt,
+          ifMatch: versions,
+          inputDigest: ctx.inputDigest,
+          items: input.items.map((item, i) => ({ ...item, kb: ids[i]! })),
+          signal: ctx.signal,
+        });
         return { resourceId: r.items.map((x) => x.id).join(','), result: {} };
       } catch (err) {
         return definite(err);
@@ -313,7 +415,14 @@ export const implementations = [
     async execute(input, ctx) {
       const { version } = versionOf(ctx.authorization);
       try {
-        const r = await kb.deleteNote({ tenant: ctx.tenant, actor: ctx.actor, key: ctx.downstreamKey, id: input.noteId, ifMatch: version, signal: ctx.signal });
+        const r = await kb.deleteNote({
+          tenant: ctx.tenant,
+          actor: ctx.actor,
+          key: ctx.downstreamKey,
+          id: input.noteId,
+          ifMatch: version,
+          signal: ctx.signal,
+        });
         return { resourceId: r.id, result: {} };
       } catch (err) {
         return definite(err);

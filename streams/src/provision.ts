@@ -9,7 +9,9 @@ import type { BucketDef, ConsumerDef, Topology } from './topology.js';
 export class StreamConfigError extends Error {
   readonly violations: string[];
   constructor(violations: string[]) {
-    super(`JetStream configuration breaks tooltx guarantees (run \`tooltx streams apply\`):\n  - ${violations.join('\n  - ')}`);
+    super(
+      `JetStream configuration breaks tooltx guarantees (run \`tooltx streams apply\`):\n  - ${violations.join('\n  - ')}`,
+    );
     this.name = 'StreamConfigError';
     this.violations = violations;
   }
@@ -29,7 +31,12 @@ export interface ApplyReport {
  * subjects); services only {@link checkTopology}. Throws the server's `JetStreamApiError` when an update is refused
  * (e.g. changing storage type).
  */
-export async function applyTopology(nc: NatsConnection, jsm: JetStreamManager, t: Topology, opts: { timeoutMs?: number } = {}): Promise<ApplyReport> {
+export async function applyTopology(
+  nc: NatsConnection,
+  jsm: JetStreamManager,
+  t: Topology,
+  opts: { timeoutMs?: number } = {},
+): Promise<ApplyReport> {
   const deadline = Date.now() + (opts.timeoutMs ?? 60_000);
   // A cluster that has just (re)started has no meta leader for a few seconds (about 3–13 s on
   // loopback here), and once it has one, its streams still elect their own and the meta leader may
@@ -59,7 +66,9 @@ async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology)
   }
   for (const c of allConsumers(t)) {
     const name = `consumer ${c.stream}/${c.config.durable_name}`;
-    const cur = await jsm.consumers.info(c.stream, c.config.durable_name).catch((e: unknown) => (isNotFound(e) ? null : Promise.reject(e)));
+    const cur = await jsm.consumers
+      .info(c.stream, c.config.durable_name)
+      .catch((e: unknown) => (isNotFound(e) ? null : Promise.reject(e)));
     if (!cur) {
       await jsm.consumers.add(c.stream, c.config);
       report.created.push(name);
@@ -70,7 +79,13 @@ async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology)
   }
   for (const b of buckets(t)) {
     const existed = await streamInfo(jsm, `KV_${b.bucket}`);
-    await new Kvm(nc).create(b.bucket, { history: 1, ttl: b.ttlMs, replicas: b.replicas, storage: 'file', allow_direct: true });
+    await new Kvm(nc).create(b.bucket, {
+      history: 1,
+      ttl: b.ttlMs,
+      replicas: b.replicas,
+      storage: 'file',
+      allow_direct: true,
+    });
     (existed ? report.unchanged : report.created).push(`bucket ${b.bucket}`);
   }
   if (t.tenants) {
@@ -81,7 +96,8 @@ async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology)
     for (const x of t.tenants) {
       const entry: TenantEntry = { limits: x.limits };
       const cur = await kv.get(x.id);
-      if (cur?.operation === 'PUT' && cur.length > 0 && JSON.stringify(decodeRaw(cur.value)) === JSON.stringify(entry)) continue;
+      if (cur?.operation === 'PUT' && cur.length > 0 && JSON.stringify(decodeRaw(cur.value)) === JSON.stringify(entry))
+        continue;
       await kv.put(x.id, encode(entry));
     }
     for await (const key of await kv.keys()) {
@@ -131,7 +147,13 @@ export async function checkTopology(
   const infos: Record<string, StreamInfo | null> = {};
   const wanted: [string, Partial<StreamConfig> & { name: string }][] = [
     ...Object.entries(t.streams),
-    ...(t.tenants ?? []).flatMap((x) => [[`intents:${x.id}`, x.intents], [`decisions:${x.id}`, x.decisions]] as [string, Partial<StreamConfig> & { name: string }][]),
+    ...(t.tenants ?? []).flatMap(
+      (x) =>
+        [
+          [`intents:${x.id}`, x.intents],
+          [`decisions:${x.id}`, x.decisions],
+        ] as [string, Partial<StreamConfig> & { name: string }][],
+    ),
   ];
   for (const [role, want] of wanted) {
     const cur = await streamInfo(jsm, want.name);
@@ -145,8 +167,12 @@ export async function checkTopology(
     const have = new Set(c.subjects ?? []);
     // The advisories stream also lists each tenant's streams, which a service does not know: it
     // must hold at least the shared ones.
-    const subjectsOk = role === 'advisories' && !t.tenants ? (want.subjects ?? []).every((x) => have.has(x)) : JSON.stringify([...have].sort()) === JSON.stringify([...(want.subjects ?? [])].sort());
-    if (!subjectsOk) v.push(`${at('subjects')} is ${JSON.stringify(c.subjects)}, expected ${JSON.stringify(want.subjects)}`);
+    const subjectsOk =
+      role === 'advisories' && !t.tenants
+        ? (want.subjects ?? []).every((x) => have.has(x))
+        : JSON.stringify([...have].sort()) === JSON.stringify([...(want.subjects ?? [])].sort());
+    if (!subjectsOk)
+      v.push(`${at('subjects')} is ${JSON.stringify(c.subjects)}, expected ${JSON.stringify(want.subjects)}`);
     if (c.retention !== 'limits') v.push(`${at('retention')} is ${c.retention}, must be limits`);
     if (c.storage !== 'file') v.push(`${at('storage')} is ${c.storage}, must be file`);
     if (want.deny_delete && !c.deny_delete) v.push(`${at('deny_delete')} is false, must be true`);
@@ -154,15 +180,18 @@ export async function checkTopology(
     if (!c.allow_direct) v.push(`${at('allow_direct')} is false, must be true`);
     if (role.startsWith('intents:')) {
       // A tenant's intake bound must refuse new intents, never drop stored ones (docs/tenancy.md).
-      if (c.discard !== 'new') v.push(`${at('discard')} is ${c.discard}, must be new (a full intake stream would drop stored intents)`);
+      if (c.discard !== 'new')
+        v.push(`${at('discard')} is ${c.discard}, must be new (a full intake stream would drop stored intents)`);
       for (const k of ['max_bytes', 'max_msgs', 'max_msg_size'] as const) {
         if (c[k] !== want[k]) v.push(`${at(k)} is ${c[k]}, the tenant's limit is ${want[k]}`);
       }
-      if ((c.max_msgs_per_subject ?? -1) > 0) v.push(`${at('max_msgs_per_subject')} is ${c.max_msgs_per_subject}, must be -1`);
+      if ((c.max_msgs_per_subject ?? -1) > 0)
+        v.push(`${at('max_msgs_per_subject')} is ${c.max_msgs_per_subject}, must be -1`);
       continue;
     }
     if (role.startsWith('decisions:')) {
-      if (c.max_bytes !== want.max_bytes) v.push(`${at('max_bytes')} is ${c.max_bytes}, the tenant's limit is ${want.max_bytes}`);
+      if (c.max_bytes !== want.max_bytes)
+        v.push(`${at('max_bytes')} is ${c.max_bytes}, the tenant's limit is ${want.max_bytes}`);
       continue;
     }
     for (const k of ['max_msgs', 'max_bytes', 'max_msgs_per_subject'] as const) {
@@ -171,29 +200,54 @@ export async function checkTopology(
   }
   const events = infos.events?.config;
   const age = (c: StreamConfig | undefined) => (c ? (c.max_age ? millis(c.max_age) : Infinity) : NaN);
-  if (events && age(events) < opts.longestKeyRetentionMs) v.push(`stream ${events.name} max_age ${age(events)} ms is shorter than the longest contract key retention ${opts.longestKeyRetentionMs} ms`);
+  if (events && age(events) < opts.longestKeyRetentionMs)
+    v.push(
+      `stream ${events.name} max_age ${age(events)} ms is shorter than the longest contract key retention ${opts.longestKeyRetentionMs} ms`,
+    );
   // The result store must outlive the registrations; a projection's entries (tombstones included)
   // must outlive the events they shadow, or a redelivered old event could bring an entry back.
   for (const b of buckets(t)) {
     const kv = await streamInfo(jsm, `KV_${b.bucket}`);
     if (!kv) v.push(`bucket ${b.bucket} does not exist`);
-    else if (!kv.config.allow_direct) v.push(`bucket ${b.bucket} allow_direct is false, must be true (services read it by direct get)`);
-    else if (events && age(kv.config) < age(events)) v.push(`bucket ${b.bucket} max_age ${age(kv.config)} ms is shorter than the event log's ${age(events)} ms`);
-    else if ((b === t.tasks || b === t.tenantsBucket) && age(kv.config) !== Infinity) v.push(`bucket ${b.bucket} max_age is ${age(kv.config)} ms, must be unlimited (${b === t.tasks ? 'a frozen task must never thaw by itself' : 'a tenant must never be forgotten by itself'})`);
+    else if (!kv.config.allow_direct)
+      v.push(`bucket ${b.bucket} allow_direct is false, must be true (services read it by direct get)`);
+    else if (events && age(kv.config) < age(events))
+      v.push(`bucket ${b.bucket} max_age ${age(kv.config)} ms is shorter than the event log's ${age(events)} ms`);
+    else if ((b === t.tasks || b === t.tenantsBucket) && age(kv.config) !== Infinity)
+      v.push(
+        `bucket ${b.bucket} max_age is ${age(kv.config)} ms, must be unlimited (${b === t.tasks ? 'a frozen task must never thaw by itself' : 'a tenant must never be forgotten by itself'})`,
+      );
   }
   for (const x of t.tenants ?? []) {
     const intents = infos[`intents:${x.id}`]?.config;
     if (intents && opts.longestOperationMs !== undefined && age(intents) < opts.longestOperationMs) {
-      v.push(`stream ${intents.name} max_age ${age(intents)} ms is shorter than the longest operation lifetime ${opts.longestOperationMs} ms (inputs must stay readable)`);
+      v.push(
+        `stream ${intents.name} max_age ${age(intents)} ms is shorter than the longest operation lifetime ${opts.longestOperationMs} ms (inputs must stay readable)`,
+      );
     }
   }
   for (const c of allConsumers(t)) {
-    const cur = await jsm.consumers.info(c.stream, c.config.durable_name).catch((e: unknown) => (isNotFound(e) ? null : Promise.reject(e)));
+    const cur = await jsm.consumers
+      .info(c.stream, c.config.durable_name)
+      .catch((e: unknown) => (isNotFound(e) ? null : Promise.reject(e)));
     if (!cur) v.push(`consumer ${c.stream}/${c.config.durable_name} does not exist`);
     else {
-      if (cur.config.filter_subject !== c.config.filter_subject) v.push(`consumer ${c.stream}/${c.config.durable_name} filter_subject is ${cur.config.filter_subject}, expected ${c.config.filter_subject}`);
-      if (cur.config.ack_policy !== 'explicit') v.push(`consumer ${c.stream}/${c.config.durable_name} ack_policy is ${cur.config.ack_policy}, must be explicit`);
-      if (c.config.max_deliver !== undefined && c.config.max_deliver > 0 && !(cur.config.max_deliver && cur.config.max_deliver > 0)) v.push(`consumer ${c.stream}/${c.config.durable_name} max_deliver is unlimited, must be ${c.config.max_deliver} (a poison message would loop forever)`);
+      if (cur.config.filter_subject !== c.config.filter_subject)
+        v.push(
+          `consumer ${c.stream}/${c.config.durable_name} filter_subject is ${cur.config.filter_subject}, expected ${c.config.filter_subject}`,
+        );
+      if (cur.config.ack_policy !== 'explicit')
+        v.push(
+          `consumer ${c.stream}/${c.config.durable_name} ack_policy is ${cur.config.ack_policy}, must be explicit`,
+        );
+      if (
+        c.config.max_deliver !== undefined &&
+        c.config.max_deliver > 0 &&
+        !(cur.config.max_deliver && cur.config.max_deliver > 0)
+      )
+        v.push(
+          `consumer ${c.stream}/${c.config.durable_name} max_deliver is unlimited, must be ${c.config.max_deliver} (a poison message would loop forever)`,
+        );
     }
   }
   return v;
@@ -208,7 +262,11 @@ export async function checkTopology(
  * `executorDurables`). Needs the provisioner's `$JS.API.CONSUMER.LIST`; services cannot run it.
  * Returns one violation per unknown durable.
  */
-export async function checkDurables(jsm: JetStreamManager, t: Topology, extraDurables: string[] = []): Promise<string[]> {
+export async function checkDurables(
+  jsm: JetStreamManager,
+  t: Topology,
+  extraDurables: string[] = [],
+): Promise<string[]> {
   const known = new Set([...allConsumers(t).map((c) => `${c.stream}/${c.config.durable_name}`)]);
   const names = [...allStreams(t).map((s) => s.name), ...buckets(t).map((b) => `KV_${b.bucket}`)];
   const v: string[] = [];
@@ -217,7 +275,9 @@ export async function checkDurables(jsm: JetStreamManager, t: Topology, extraDur
     for await (const ci of jsm.consumers.list(stream)) {
       const durable = ci.config.durable_name;
       if (!durable || known.has(`${stream}/${durable}`) || extraDurables.includes(durable)) continue;
-      v.push(`consumer ${stream}/${durable} is a durable the topology does not define (only the provisioner creates durables: delete it with \`nats consumer rm\` after finding who made it)`);
+      v.push(
+        `consumer ${stream}/${durable} is a durable the topology does not define (only the provisioner creates durables: delete it with \`nats consumer rm\` after finding who made it)`,
+      );
     }
   }
   return v;

@@ -24,10 +24,26 @@ const MiB = 1024 * KiB;
  *   Optional in the tenants bucket: the services do not read it (nats-server enforces it).
  */
 export const tenantLimitsSchema = z.strictObject({
-  intentBytes: z.number().int().min(64 * KiB).max(2 ** 50),
-  intentMessages: z.number().int().max(2 ** 50).refine((n) => n === -1 || n >= 16, 'at least 16, or -1 for no count bound'),
-  maxIntentBytes: z.number().int().min(1 * KiB).max(64 * MiB),
-  decisionBytes: z.number().int().min(64 * KiB).max(2 ** 50),
+  intentBytes: z
+    .number()
+    .int()
+    .min(64 * KiB)
+    .max(2 ** 50),
+  intentMessages: z
+    .number()
+    .int()
+    .max(2 ** 50)
+    .refine((n) => n === -1 || n >= 16, 'at least 16, or -1 for no count bound'),
+  maxIntentBytes: z
+    .number()
+    .int()
+    .min(1 * KiB)
+    .max(64 * MiB),
+  decisionBytes: z
+    .number()
+    .int()
+    .min(64 * KiB)
+    .max(2 ** 50),
   intentsPerSecond: z.number().positive().max(1_000_000),
   intentBurst: z.number().int().min(1).max(1_000_000),
   connections: z.number().int().min(1).max(1_000_000).optional(),
@@ -65,7 +81,10 @@ export interface TenantSpec {
 }
 
 /** The limits of a tenant: its own, over the list's, over {@link DEFAULT_TENANT_LIMITS}. */
-export function resolveLimits(listDefaults: PartialTenantLimits | undefined, own: PartialTenantLimits | undefined): TenantLimits {
+export function resolveLimits(
+  listDefaults: PartialTenantLimits | undefined,
+  own: PartialTenantLimits | undefined,
+): TenantLimits {
   return tenantLimitsSchema.parse({ ...DEFAULT_TENANT_LIMITS, ...listDefaults, ...own });
 }
 

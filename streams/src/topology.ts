@@ -1,4 +1,12 @@
-import { AckPolicy, DeliverPolicy, DiscardPolicy, RetentionPolicy, StorageType, type ConsumerConfig, type StreamConfig } from '@nats-io/jetstream';
+import {
+  AckPolicy,
+  DeliverPolicy,
+  DiscardPolicy,
+  RetentionPolicy,
+  StorageType,
+  type ConsumerConfig,
+  type StreamConfig,
+} from '@nats-io/jetstream';
 import { nanos } from '@nats-io/transport-node';
 import type { Subjects } from '@tooltx/nats';
 import type { TenantLimits, TenantSpec } from './tenancy.js';
@@ -122,7 +130,11 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
   const maxDeliver = opts.maxDeliver ?? MAX_DELIVER;
   const advisories = `${subjects.prefix.toUpperCase()}_ADVISORIES`;
   const maxDeliveriesOf = (stream: string) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${stream}.*`;
-  const durable = (name: string, subjectsList: string[], maxAgeMs: number): Partial<StreamConfig> & { name: string } => ({
+  const durable = (
+    name: string,
+    subjectsList: string[],
+    maxAgeMs: number,
+  ): Partial<StreamConfig> & { name: string } => ({
     name,
     subjects: subjectsList,
     retention: RetentionPolicy.Limits,
@@ -196,7 +208,14 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
           },
         },
         // Pre-acceptance outcomes (refusals at intake, idempotency conflicts) for the audit records.
-        { stream: decisions.name, config: { ...eventLogConsumer(Durables.auditDecisions).config, filter_subject: subjects.decisionsOf(t.id), max_ack_pending: 256 } },
+        {
+          stream: decisions.name,
+          config: {
+            ...eventLogConsumer(Durables.auditDecisions).config,
+            filter_subject: subjects.decisionsOf(t.id),
+            max_ack_pending: 256,
+          },
+        },
       ],
     };
   });
@@ -205,7 +224,9 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       events: durable(subjects.eventsStream, [subjects.allOps], eventsMaxAgeMs),
       advisories: durable(
         `${subjects.prefix.toUpperCase()}_ADVISORIES`,
-        [subjects.eventsStream, ...(tenants ?? []).flatMap((t) => [t.intents.name, t.decisions.name])].map((s) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${s}.*`),
+        [subjects.eventsStream, ...(tenants ?? []).flatMap((t) => [t.intents.name, t.decisions.name])].map(
+          (s) => `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.${s}.*`,
+        ),
         opts.eventsMaxAgeMs ?? 30 * DAY,
       ),
       auditLog: durable(subjects.auditLogStream, [subjects.allAuditLog], opts.auditLogMaxAgeMs ?? 365 * DAY),

@@ -51,7 +51,13 @@ let keysSoFar = 0;
 /** The KB's rows beyond one per key so far (its count is over the whole file). */
 let duplicateRowsSoFar = 0;
 
-const note = (title: string) => ({ kb: 'research', title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
+const note = (title: string) => ({
+  kb: 'research',
+  title,
+  body: `Notes on ${title}.`,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-11-30T06:00:00Z',
+});
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 interface Call {
@@ -101,7 +107,10 @@ async function underLoad(tag: string, fault: () => Promise<void>): Promise<Call[
 }
 
 /** Every check of FM-29 for the calls of one scenario, reporting its figures on `task`; returns how many were unknown at first. */
-async function checkNothingLost(calls: Call[], task: { meta: TaskMeta }): Promise<{ calls: number; unknownAtFirst: number }> {
+async function checkNothingLost(
+  calls: Call[],
+  task: { meta: TaskMeta },
+): Promise<{ calls: number; unknownAtFirst: number }> {
   expect(calls.length).toBeGreaterThanOrEqual(IN_FLIGHT);
   // No call is refused or lost: committed, or unknown (then it must converge below).
   const refused = calls.filter((c) => c.result.status !== 'committed' && c.result.status !== 'unknown');
@@ -122,7 +131,12 @@ async function checkNothingLost(calls: Call[], task: { meta: TaskMeta }): Promis
   }
   const converged = outcomes.filter((o) => o.status === 'committed').length;
   figure(task, { name: 'writes under load', value: calls.length });
-  figure(task, { name: 'unknown at first, then committed', value: `${converged}/${unknown.length}`, unknownTotal: unknown.length, unknownConverged: converged });
+  figure(task, {
+    name: 'unknown at first, then committed',
+    value: `${converged}/${unknown.length}`,
+    unknownTotal: unknown.length,
+    unknownConverged: converged,
+  });
   for (const o of outcomes) expect(o).toMatchObject({ key: o.key, status: 'committed' });
   // Rows at the sink: one per key, as many as the unique keys. The KB receives only this file's writes,
   // so its totals say it: as many distinct keys and rows as keys written so far, none beyond one per key.
@@ -130,9 +144,17 @@ async function checkNothingLost(calls: Call[], task: { meta: TaskMeta }): Promis
   expect(keys.size).toBe(calls.length);
   keysSoFar += keys.size;
   const stats = await kb.client.stats();
-  figure(task, { name: 'kb rows beyond one per key', value: stats.duplicateRows - duplicateRowsSoFar, duplicates: Math.max(0, stats.duplicateRows - duplicateRowsSoFar) });
+  figure(task, {
+    name: 'kb rows beyond one per key',
+    value: stats.duplicateRows - duplicateRowsSoFar,
+    duplicates: Math.max(0, stats.duplicateRows - duplicateRowsSoFar),
+  });
   duplicateRowsSoFar = stats.duplicateRows;
-  expect({ rows: stats.rows, distinctKeys: stats.distinctKeys, duplicateRows: stats.duplicateRows }).toEqual({ rows: keysSoFar, distinctKeys: keysSoFar, duplicateRows: 0 });
+  expect({ rows: stats.rows, distinctKeys: stats.distinctKeys, duplicateRows: stats.duplicateRows }).toEqual({
+    rows: keysSoFar,
+    distinctKeys: keysSoFar,
+    duplicateRows: 0,
+  });
   // And one key of each scenario, by the KB's own probe.
   expect(await kbRowsFor(kb, calls[0]!.tenant, calls[0]!.key)).toBe(1);
   // No takeover anywhere, and every PubAck a service received names a stored message.
@@ -141,16 +163,30 @@ async function checkNothingLost(calls: Call[], task: { meta: TaskMeta }): Promis
   figure(task, { name: 'takeovers', value: takeovers.length });
   expect(takeovers).toEqual([]);
   // Each tenant's decision records live in its own stream (docs/tenancy.md).
-  const decisionStreams = new Map(await Promise.all(t.tenants.map(async (x) => [t.subjects.decisionsStream(x), await retrying(() => streamContents(t.subjects.decisionsStream(x)))] as const)));
+  const decisionStreams = new Map(
+    await Promise.all(
+      t.tenants.map(
+        async (x) =>
+          [t.subjects.decisionsStream(x), await retrying(() => streamContents(t.subjects.decisionsStream(x)))] as const,
+      ),
+    ),
+  );
   const acks = pubAcks();
   expect(acks.filter((a) => a.stream === t.subjects.eventsStream).length).toBeGreaterThan(0);
-  const byMsgId = new Map([...events.values(), ...[...decisionStreams.values()].flatMap((d) => [...d.values()])].filter((m) => m.msgId).map((m) => [m.msgId!, m.subject]));
+  const byMsgId = new Map(
+    [...events.values(), ...[...decisionStreams.values()].flatMap((d) => [...d.values()])]
+      .filter((m) => m.msgId)
+      .map((m) => [m.msgId!, m.subject]),
+  );
   // A duplicate answered with sequence 0 (its first copy still being replicated) acknowledges
   // nothing: the store asks again and never takes it as stored (OperationStore.append). When that
   // first copy is lost with its leader (a node restarted), the next attempt appends under a new
   // event id, so its id may never be stored. Counted, not required.
   const pendingDuplicates = acks.filter((a) => a.duplicate && a.seq === 0);
-  figure(task, { name: 'duplicate answers with sequence 0 whose id was never stored (not acknowledgements)', value: pendingDuplicates.filter((a) => a.msgId === undefined || byMsgId.get(a.msgId) !== a.subject).length });
+  figure(task, {
+    name: 'duplicate answers with sequence 0 whose id was never stored (not acknowledgements)',
+    value: pendingDuplicates.filter((a) => a.msgId === undefined || byMsgId.get(a.msgId) !== a.subject).length,
+  });
   const missing = acks.filter((a) => {
     if (a.stream !== t.subjects.eventsStream && !decisionStreams.has(a.stream)) return false;
     if (a.duplicate && a.seq === 0) return false;
@@ -160,8 +196,16 @@ async function checkNothingLost(calls: Call[], task: { meta: TaskMeta }): Promis
   figure(task, { name: 'acknowledged messages missing', value: missing.length });
   expect(missing).toEqual([]);
   const lateStarts = [...events.values()].filter((e) => e.type === 'requeued' && e.reason === 'late_start').length;
-  const figures = { calls: calls.length, unknownAtFirst: unknown.length, kbRows: stats.rows, pubAcksChecked: acks.length, lateStartRequeuesSoFar: lateStarts };
-  console.log(`FM-29 ${expect.getState().currentTestName?.split(' > ').at(-1)?.slice(0, 60)}: ${JSON.stringify(figures)}`);
+  const figures = {
+    calls: calls.length,
+    unknownAtFirst: unknown.length,
+    kbRows: stats.rows,
+    pubAcksChecked: acks.length,
+    lateStartRequeuesSoFar: lateStarts,
+  };
+  console.log(
+    `FM-29 ${expect.getState().currentTestName?.split(' > ').at(-1)?.slice(0, 60)}: ${JSON.stringify(figures)}`,
+  );
   return figures;
 }
 
@@ -171,12 +215,16 @@ function pubAcks(): { stream: string; subject: string; seq: number; duplicate?: 
     readFileSync(join(pubAckDir, f), 'utf8')
       .split('\n')
       .filter(Boolean)
-      .map((l) => JSON.parse(l) as { stream: string; subject: string; seq: number; duplicate?: boolean; msgId?: string }),
+      .map(
+        (l) => JSON.parse(l) as { stream: string; subject: string; seq: number; duplicate?: boolean; msgId?: string },
+      ),
   );
 }
 
 /** Seq → subject (and the event type, for the events stream) of every message `stream` holds. */
-async function streamContents(stream: string): Promise<Map<number, { subject: string; msgId?: string; type?: string; reason?: string }>> {
+async function streamContents(
+  stream: string,
+): Promise<Map<number, { subject: string; msgId?: string; type?: string; reason?: string }>> {
   const out = new Map<number, { subject: string; msgId?: string; type?: string; reason?: string }>();
   const info = await t.jsm.streams.info(stream);
   if (info.state.messages === 0) return out;
@@ -185,7 +233,12 @@ async function streamContents(stream: string): Promise<Map<number, { subject: st
   for await (const m of it) {
     const e = stream === t.subjects.eventsStream ? decode(operationEventSchema, m.data) : undefined;
     const msgId = m.headers?.get('Nats-Msg-Id');
-    out.set(m.seq, { subject: m.subject, ...(msgId ? { msgId } : {}), ...(e ? { type: e.type } : {}), ...(e?.type === 'requeued' ? { reason: e.reason } : {}) });
+    out.set(m.seq, {
+      subject: m.subject,
+      ...(msgId ? { msgId } : {}),
+      ...(e ? { type: e.type } : {}),
+      ...(e?.type === 'requeued' ? { reason: e.reason } : {}),
+    });
     if (m.info.pending === 0 && m.seq >= info.state.last_seq) break;
   }
   await it.close();
@@ -195,9 +248,13 @@ async function streamContents(stream: string): Promise<Map<number, { subject: st
 /** `/jsz` of node `i`: its meta leader's name, and its streams' last sequences. */
 async function jsz(i: number): Promise<{ metaLeader: string | undefined; lastSeq: Map<string, number> }> {
   const res = await fetch(`${t.monitorUrls![i]}/jsz?accounts=true&streams=true`);
-  const body = (await res.json()) as { meta_cluster?: { leader?: string }; account_details?: { stream_detail?: { name: string; state: { last_seq: number } }[] }[] };
+  const body = (await res.json()) as {
+    meta_cluster?: { leader?: string };
+    account_details?: { stream_detail?: { name: string; state: { last_seq: number } }[] }[];
+  };
   const lastSeq = new Map<string, number>();
-  for (const a of body.account_details ?? []) for (const s of a.stream_detail ?? []) lastSeq.set(s.name, s.state.last_seq);
+  for (const a of body.account_details ?? [])
+    for (const s of a.stream_detail ?? []) lastSeq.set(s.name, s.state.last_seq);
   return { metaLeader: body.meta_cluster?.leader, lastSeq };
 }
 
@@ -251,7 +308,12 @@ async function restartAndCatchUp(i: number, signal: NodeJS.Signals = 'SIGKILL', 
     }
     try {
       const all = await streams();
-      const unhealthy = all.filter((s) => !s.cluster?.leader || (s.cluster.replicas ?? []).length !== 2 || (s.cluster.replicas ?? []).some((r) => r.offline));
+      const unhealthy = all.filter(
+        (s) =>
+          !s.cluster?.leader ||
+          (s.cluster.replicas ?? []).length !== 2 ||
+          (s.cluster.replicas ?? []).some((r) => r.offline),
+      );
       const own = await jsz(i);
       const behind = [...since].filter(([name, seq]) => (own.lastSeq.get(name) ?? -1) < seq);
       if (unhealthy.length === 0 && behind.length === 0) return;
@@ -272,7 +334,9 @@ async function leadNothing(i: number): Promise<void> {
     for (const s of await streams()) {
       if (s.cluster?.leader === name) {
         led++;
-        await t.nc.request(`$JS.API.STREAM.LEADER.STEPDOWN.${s.config.name}`, undefined, { timeout: 5_000 }).catch(() => undefined);
+        await t.nc
+          .request(`$JS.API.STREAM.LEADER.STEPDOWN.${s.config.name}`, undefined, { timeout: 5_000 })
+          .catch(() => undefined);
       }
       const consumers = await retrying(async () => {
         const out = [];
@@ -282,7 +346,9 @@ async function leadNothing(i: number): Promise<void> {
       for (const c of consumers) {
         if (c.config.durable_name && c.cluster?.leader === name) {
           led++;
-          await t.nc.request(`$JS.API.CONSUMER.LEADER.STEPDOWN.${s.config.name}.${c.name}`, undefined, { timeout: 5_000 }).catch(() => undefined);
+          await t.nc
+            .request(`$JS.API.CONSUMER.LEADER.STEPDOWN.${s.config.name}.${c.name}`, undefined, { timeout: 5_000 })
+            .catch(() => undefined);
         }
       }
     }
@@ -296,7 +362,16 @@ beforeAll(async () => {
   pubAckDir = mkdtempSync(join(tmpdir(), 'tooltx-puback-'));
   t = await provisioned({}, undefined, { cluster: 3 });
   kb = await startKb(
-    { tenants: AGENTS.map(([tenant]) => tenant).filter((x, i, xs) => xs.indexOf(x) === i).map((id) => ({ id, quota: 100_000 })), knowledgeBases: ['acme', 'globex', 'initech'].map((tenant) => ({ tenant, name: 'research', defaultRole: 'writer' as const })) },
+    {
+      tenants: AGENTS.map(([tenant]) => tenant)
+        .filter((x, i, xs) => xs.indexOf(x) === i)
+        .map((id) => ({ id, quota: 100_000 })),
+      knowledgeBases: ['acme', 'globex', 'initech'].map((tenant) => ({
+        tenant,
+        name: 'research',
+        defaultRole: 'writer' as const,
+      })),
+    },
     { KB_DEDUP: 'off' },
   );
   const env = {
@@ -309,16 +384,39 @@ beforeAll(async () => {
     TOOLTX_TEST_PUBACK_DIR: pubAckDir,
     LOG_LEVEL: 'info',
   };
-  procs = await Promise.all([startService('authorizer', env), startService('executor', env), startService('reconciler', env)]);
+  procs = await Promise.all([
+    startService('authorizer', env),
+    startService('executor', env),
+    startService('reconciler', env),
+  ]);
   agents = await Promise.all(
-    AGENTS.map(([tenant, actor]) => createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 60_000 })),
+    AGENTS.map(([tenant, actor]) =>
+      createTools({
+        servers: t.url,
+        tenant,
+        actor,
+        nkeyFile: t.agentSeed(tenant, actor),
+        contracts: contracts.all,
+        prefix: t.subjects.prefix,
+        receiptKeys: t.auth.receiptKeysFile,
+        budgetMs: 60_000,
+      }),
+    ),
   );
 });
 
 afterAll(async () => {
   await Promise.all(agents.map((a) => a.close()));
   const codes = await Promise.all(procs.map((p) => p.stop()));
-  procs.forEach((p, i) => codes[i] !== 0 && console.log(p.name, codes[i], p.stderr.slice(-2000), JSON.stringify(p.lines.filter((l) => Number(l.level) >= 50).slice(-10))));
+  procs.forEach((p, i) => {
+    if (codes[i] !== 0)
+      console.log(
+        p.name,
+        codes[i],
+        p.stderr.slice(-2000),
+        JSON.stringify(p.lines.filter((l) => Number(l.level) >= 50).slice(-10)),
+      );
+  });
   await kb?.stop();
   await t?.close();
   rmSync(pubAckDir, { recursive: true, force: true });
@@ -328,7 +426,9 @@ afterAll(async () => {
 describe('FM-29: one node of a 3-node cluster killed', () => {
   let killed = -1;
 
-  it('FM-29: kill -9 of the node that leads the events stream, under load: every write committed once, nothing acknowledged lost', async ({ task }) => {
+  it('FM-29: kill -9 of the node that leads the events stream, under load: every write committed once, nothing acknowledged lost', async ({
+    task,
+  }) => {
     const leader = (await retrying(() => t.jsm.streams.info(t.subjects.eventsStream))).cluster!.leader!;
     killed = nodeIndex(leader);
     const calls = await underLoad('leader-killed', () => t.cluster!.nodes[killed]!.kill!('SIGKILL'));
@@ -337,13 +437,17 @@ describe('FM-29: one node of a 3-node cluster killed', () => {
     await checkNothingLost(calls, task);
   });
 
-  it('FM-29: a killed node restarted under load catches up with every stream; nothing lost, no duplicate', async ({ task }) => {
+  it('FM-29: a killed node restarted under load catches up with every stream; nothing lost, no duplicate', async ({
+    task,
+  }) => {
     expect(killed).toBeGreaterThanOrEqual(0);
     const calls = await underLoad('restarted', () => restartAndCatchUp(killed));
     await checkNothingLost(calls, task);
   });
 
-  it('FM-29: kill -9 of a node that leads nothing (no stream, consumer or meta leadership), under load', async ({ task }) => {
+  it('FM-29: kill -9 of a node that leads nothing (no stream, consumer or meta leadership), under load', async ({
+    task,
+  }) => {
     const meta = (await retrying(() => jsz(0))).metaLeader;
     const follower = [0, 1, 2].find((i) => nodeName(i) !== meta)!;
     await leadNothing(follower);

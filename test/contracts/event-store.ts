@@ -43,7 +43,12 @@ export interface StoreUnderTest {
    * the submission id as its msg id); returns its sequence in the intake and the subject it was
    * stored on.
    */
-  addIntent(tenant: string, actor: string, data: Uint8Array, submissionId?: string): Promise<{ seq: number; subject: string }>;
+  addIntent(
+    tenant: string,
+    actor: string,
+    data: Uint8Array,
+    submissionId?: string,
+  ): Promise<{ seq: number; subject: string }>;
   /** The store's duplicate window, ms. */
   duplicateWindowMs: number;
   /** The clock the duplicate window runs on, ms: a fake one for a store that takes one, else the wall clock. */
@@ -58,9 +63,21 @@ const nextOpId = () => `${(++ops).toString(16).padStart(8, '0')}${randomUUID().r
 
 function accepted(): OperationEvent {
   const cmd: AcceptCommand = {
-    type: 'accept', eventId: randomUUID(), at: Date.now(), operationKey: `opk_${'B'.repeat(43)}`, tenant: 'acme', actor: 'alice',
-    taskId: 't', tool: 'sink.write', version: 1, contractDigest: D('1'), effect: 'create', inputDigest: D('2'), targetDigest: D('3'),
-    intentSeq: 1, submissionId: 's',
+    type: 'accept',
+    eventId: randomUUID(),
+    at: Date.now(),
+    operationKey: `opk_${'B'.repeat(43)}`,
+    tenant: 'acme',
+    actor: 'alice',
+    taskId: 't',
+    tool: 'sink.write',
+    version: 1,
+    contractDigest: D('1'),
+    effect: 'create',
+    inputDigest: D('2'),
+    targetDigest: D('3'),
+    intentSeq: 1,
+    submissionId: 's',
   };
   const d = decide(cmd, { status: 'none' });
   if (d.kind !== 'append') throw new Error('expected an append');
@@ -68,7 +85,10 @@ function accepted(): OperationEvent {
 }
 
 function started(on: OperationEvent, executor: string): OperationEvent {
-  const d = decide({ type: 'start', eventId: randomUUID(), at: Date.now(), attempt: 1, executor, deadlineAt: Date.now() + 1_000 }, on.state);
+  const d = decide(
+    { type: 'start', eventId: randomUUID(), at: Date.now(), attempt: 1, executor, deadlineAt: Date.now() + 1_000 },
+    on.state,
+  );
   if (d.kind !== 'append') throw new Error('expected an append');
   return d.event;
 }
@@ -76,8 +96,16 @@ function started(on: OperationEvent, executor: string): OperationEvent {
 /** A refusal at intake of `actor`'s submission (a fresh event id each time). */
 function refusal(tenant: string, actor: string): DecisionRecord {
   return {
-    schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: randomUUID(), at: Date.now(), operationKey: `opk_${'C'.repeat(43)}`,
-    tenant, actor, submissionId: `sub-${randomUUID()}`, outcome: 'rejected', error: { class: 'forbidden' },
+    schema: EVENT_SCHEMA_VERSION,
+    type: 'decision',
+    eventId: randomUUID(),
+    at: Date.now(),
+    operationKey: `opk_${'C'.repeat(43)}`,
+    tenant,
+    actor,
+    submissionId: `sub-${randomUUID()}`,
+    outcome: 'rejected',
+    error: { class: 'forbidden' },
   };
 }
 
@@ -98,7 +126,7 @@ export function eventStoreContract(name: string, setup: () => StoreUnderTest): v
       expect(await countEvents('acme', opId)).toBe(2);
     });
 
-    it('answers a retried append (same event id, inside the duplicate window) with the first one\'s sequence and stores nothing twice', async () => {
+    it("answers a retried append (same event id, inside the duplicate window) with the first one's sequence and stores nothing twice", async () => {
       const { store, countEvents } = setup();
       const opId = nextOpId();
       const a = accepted();
@@ -160,7 +188,7 @@ export function eventStoreContract(name: string, setup: () => StoreUnderTest): v
       expect((await store.load('acme', opId)).state.status).toBe('none');
     });
 
-    it('falls back to the event before when an operation\'s last event is deleted: an append expecting the deleted one, or none, is refused; one expecting the one before lands', async () => {
+    it("falls back to the event before when an operation's last event is deleted: an append expecting the deleted one, or none, is refused; one expecting the one before lands", async () => {
       // Two events, not more: nats-server 2.10 loses an operation's last sequence when the last of
       // three or more is deleted (libs/nats/test/event-store.int.test.ts shows what each version does).
       const { store, deleteEvent, countEvents } = setup();
@@ -207,7 +235,7 @@ export function eventStoreContract(name: string, setup: () => StoreUnderTest): v
   });
 
   describe(`operation store contract: ${name}`, () => {
-    it('records a decision on its own sequence, never the events\': the operation stays empty and the events\' sequence does not move', async () => {
+    it("records a decision on its own sequence, never the events': the operation stays empty and the events' sequence does not move", async () => {
       const { store, countEvents } = setup();
       const opId = nextOpId();
       const other = nextOpId();
@@ -222,7 +250,7 @@ export function eventStoreContract(name: string, setup: () => StoreUnderTest): v
       expect(await store.append('acme', opId, accepted(), 0)).toBe(s1 + 2);
     });
 
-    it('keeps each tenant\'s decisions in its own sequence', async () => {
+    it("keeps each tenant's decisions in its own sequence", async () => {
       const { store } = setup();
       const opId = nextOpId();
       const d1 = await store.recordDecision(refusal('acme', 'alice'), opId);
@@ -231,7 +259,7 @@ export function eventStoreContract(name: string, setup: () => StoreUnderTest): v
       expect(await store.recordDecision(refusal('acme', 'alice'), opId)).toBe(d1 + 1);
     });
 
-    it('answers a retried decision (same event id, inside the duplicate window) with the first one\'s sequence and stores nothing twice', async () => {
+    it("answers a retried decision (same event id, inside the duplicate window) with the first one's sequence and stores nothing twice", async () => {
       const { store } = setup();
       const opId = nextOpId();
       const r1 = refusal('acme', 'alice');
@@ -256,7 +284,7 @@ export function eventStoreContract(name: string, setup: () => StoreUnderTest): v
       expect(await store.lastDecision('acme', opId, 'alice')).toEqual(r1);
     });
 
-    it('answers the last decision per tenant, operation and actor: another actor\'s, operation\'s or tenant\'s never hides or stands in for it', async () => {
+    it("answers the last decision per tenant, operation and actor: another actor's, operation's or tenant's never hides or stands in for it", async () => {
       const { store } = setup();
       const opId = nextOpId();
       const other = nextOpId();
@@ -285,7 +313,7 @@ export function eventStoreContract(name: string, setup: () => StoreUnderTest): v
       expect(await store.lastDecision('acme', opId, 'alice')).toEqual(r);
     });
 
-    it('reads an intent by its sequence in the tenant\'s intake: its subject, bytes and submission id; a copy each time', async () => {
+    it("reads an intent by its sequence in the tenant's intake: its subject, bytes and submission id; a copy each time", async () => {
       const { store, addIntent } = setup();
       const submissionId = `sub-${randomUUID()}`;
       const { seq, subject } = await addIntent('acme', 'alice', bytes('the intent'), submissionId);
@@ -296,11 +324,16 @@ export function eventStoreContract(name: string, setup: () => StoreUnderTest): v
       expect(text((await store.readIntent('acme', seq))?.data)).toBe('the intent');
       const bare = await addIntent('acme', 'bob', bytes('no submission id'));
       const back = await store.readIntent('acme', bare.seq);
-      expect(back && { ...back, data: text(back.data) }).toEqual({ seq: bare.seq, subject: bare.subject, data: 'no submission id', submissionId: undefined });
+      expect(back && { ...back, data: text(back.data) }).toEqual({
+        seq: bare.seq,
+        subject: bare.subject,
+        data: 'no submission id',
+        submissionId: undefined,
+      });
       expect(await store.readIntent('acme', bare.seq + 1_000)).toBeNull();
     });
 
-    it('keeps each tenant\'s intents in its own intake and sequence', async () => {
+    it("keeps each tenant's intents in its own intake and sequence", async () => {
       const { store, addIntent } = setup();
       const a1 = await addIntent('acme', 'alice', bytes('acme 1'), `sub-${randomUUID()}`);
       const g = await addIntent('globex', 'alice', bytes('globex'), `sub-${randomUUID()}`);
@@ -310,7 +343,7 @@ export function eventStoreContract(name: string, setup: () => StoreUnderTest): v
       expect(text((await store.readIntent('globex', a2.seq))?.data)).not.toBe('acme 2');
     });
 
-    it('answers an intent resubmitted inside the duplicate window (same submission id) with the first one\'s sequence, even once that one is deleted, and stores nothing', async () => {
+    it("answers an intent resubmitted inside the duplicate window (same submission id) with the first one's sequence, even once that one is deleted, and stores nothing", async () => {
       const { store, addIntent } = setup();
       const id = `sub-${randomUUID()}`;
       const first = await addIntent('acme', 'alice', bytes('first'), id);

@@ -45,9 +45,11 @@ declare module 'vitest' {
 export function figure<V extends Figure['value']>(task: { meta: TaskMeta }, f: Figure & { value: V }): V {
   for (const k of GATE_COUNT_NAMES) {
     const n = f[k];
-    if (n !== undefined && !(Number.isInteger(n) && n >= 0)) throw new Error(`figure ${f.name}: ${k} must be a count, got ${String(n)}`);
+    if (n !== undefined && !(Number.isInteger(n) && n >= 0))
+      throw new Error(`figure ${f.name}: ${k} must be a count, got ${String(n)}`);
   }
-  if (f.row !== undefined && !/^FM-\d\d$/.test(f.row)) throw new Error(`figure ${f.name}: row must be an FM id like FM-27, got ${f.row}`);
+  if (f.row !== undefined && !/^FM-\d\d$/.test(f.row))
+    throw new Error(`figure ${f.name}: row must be an FM id like FM-27, got ${f.row}`);
   (task.meta.figures ??= []).push({ ...f });
   return f.value;
 }
@@ -76,8 +78,20 @@ export function convergence(types: readonly string[]): Pick<GateCounts, 'unknown
 export function takeoverFigure(record: unknown): Figure {
   const parsed = takeoverRecordSchema.safeParse(record);
   const r = parsed.success ? parsed.data : undefined;
-  const complete = r !== undefined && r.lastEvidence !== undefined && r.times.runningAt !== undefined && r.times.unknownSince !== undefined && (r.reason !== 'probe_mismatch' || r.probed !== undefined);
-  return { name: 'takeover record complete', value: complete, takeoverTotal: 1, takeoverComplete: complete ? 1 : 0, unknownTotal: 1, unknownConverged: record === undefined ? 0 : 1 };
+  const complete =
+    r !== undefined &&
+    r.lastEvidence !== undefined &&
+    r.times.runningAt !== undefined &&
+    r.times.unknownSince !== undefined &&
+    (r.reason !== 'probe_mismatch' || r.probed !== undefined);
+  return {
+    name: 'takeover record complete',
+    value: complete,
+    takeoverTotal: 1,
+    takeoverComplete: complete ? 1 : 0,
+    unknownTotal: 1,
+    unknownConverged: record === undefined ? 0 : 1,
+  };
 }
 
 /** The figure of rows that appeared where the write was refused (each one an unauthorised write). */

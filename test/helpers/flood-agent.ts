@@ -14,8 +14,18 @@ const junk = new Uint8Array(1_000_000).fill(0xc1);
 const next = kind === 'amplifiers' ? () => amp : kind === 'valid' ? validIntent : () => junk;
 const end = env.FLOOD_MS ? performance.now() + Number(env.FLOOD_MS) : Infinity;
 const run = await floodWith(
-  { url: env.FLOOD_URL!, ...(env.FLOOD_SEED ? { seedFile: env.FLOOD_SEED } : {}), prefix: env.FLOOD_PREFIX!, tenant: env.FLOOD_TENANT!, actor: env.FLOOD_ACTOR! },
+  {
+    url: env.FLOOD_URL!,
+    ...(env.FLOOD_SEED ? { seedFile: env.FLOOD_SEED } : {}),
+    prefix: env.FLOOD_PREFIX!,
+    tenant: env.FLOOD_TENANT!,
+    actor: env.FLOOD_ACTOR!,
+  },
   next,
-  { until: () => performance.now() >= end, ...(env.FLOOD_MAX_BYTES ? { maxBytes: Number(env.FLOOD_MAX_BYTES) } : {}), window: Number(env.FLOOD_WINDOW ?? 64) },
+  {
+    until: () => performance.now() >= end,
+    ...(env.FLOOD_MAX_BYTES ? { maxBytes: Number(env.FLOOD_MAX_BYTES) } : {}),
+    window: Number(env.FLOOD_WINDOW ?? 64),
+  },
 );
 process.stdout.write(`${JSON.stringify(run)}\n`);

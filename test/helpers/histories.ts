@@ -12,7 +12,14 @@ import { TEST_SIGNER } from './signing.js';
 export const PLANTED_ERROR_TEXT = 'PLANTED-secret-note-body-8f3a';
 
 export type HistoryKind = 'committed' | 'retried_unknown' | 'read_failed' | 'accepted' | 'running' | 'refused';
-export const historyKinds: HistoryKind[] = ['committed', 'retried_unknown', 'read_failed', 'accepted', 'running', 'refused'];
+export const historyKinds: HistoryKind[] = [
+  'committed',
+  'retried_unknown',
+  'read_failed',
+  'accepted',
+  'running',
+  'refused',
+];
 
 export interface SampleOperation {
   kind: HistoryKind;
@@ -52,24 +59,58 @@ export function sampleOperation(kind: HistoryKind, i: number, tenant = 'acme'): 
   const attempt = () => (state.status === 'none' ? 1 : state.attempt);
   const accept = (intentSeq: number) =>
     next((at) => ({
-      type: 'accept', eventId: eventId(), at, operationKey, tenant, actor: intentSeq > 1 ? 'bob' : 'alice', taskId: `task-${i}`,
-      tool: 'kb.write_note', version: 2, contractDigest: D('c'), effect, inputDigest: D('1'), targetDigest: D('7'),
-      intentSeq, submissionId: `sub-${i}-${intentSeq}`,
+      type: 'accept',
+      eventId: eventId(),
+      at,
+      operationKey,
+      tenant,
+      actor: intentSeq > 1 ? 'bob' : 'alice',
+      taskId: `task-${i}`,
+      tool: 'kb.write_note',
+      version: 2,
+      contractDigest: D('c'),
+      effect,
+      inputDigest: D('1'),
+      targetDigest: D('7'),
+      intentSeq,
+      submissionId: `sub-${i}-${intentSeq}`,
     }));
-  const start = () => next((at) => ({ type: 'start', eventId: eventId(), at, attempt: attempt(), executor: 'ex-1', deadlineAt: at + 5_000 }));
-  const reject = (error: ErrorInfo) => next((at) => ({ type: 'reject', eventId: eventId(), at, attempt: attempt(), error }));
+  const start = () =>
+    next((at) => ({
+      type: 'start',
+      eventId: eventId(),
+      at,
+      attempt: attempt(),
+      executor: 'ex-1',
+      deadlineAt: at + 5_000,
+    }));
+  const reject = (error: ErrorInfo) =>
+    next((at) => ({ type: 'reject', eventId: eventId(), at, attempt: attempt(), error }));
 
   accept(1);
   switch (kind) {
     case 'committed':
       start();
-      next((at) => ({ type: 'commit', eventId: eventId(), at, attempt: attempt(), resourceId: `note-${i}`, resultDigest: D('e') }));
+      next((at) => ({
+        type: 'commit',
+        eventId: eventId(),
+        at,
+        attempt: attempt(),
+        resourceId: `note-${i}`,
+        resultDigest: D('e'),
+      }));
       break;
     case 'retried_unknown':
       reject({ class: 'quota_exceeded', retryAfterMs: 60_000 });
       accept(2);
       start();
-      next((at) => ({ type: 'mark_unknown', eventId: eventId(), at, attempt: attempt(), evidence: { kind: 'timeout', at, elapsedMs: 5_000 } }));
+      next((at) => ({
+        type: 'mark_unknown',
+        eventId: eventId(),
+        at,
+        attempt: attempt(),
+        evidence: { kind: 'timeout', at, elapsedMs: 5_000 },
+      }));
       break;
     case 'read_failed':
       start();
@@ -138,7 +179,10 @@ export function interleave(ops: SampleOperation[], firstSeq = 1): LogEntry[] {
 }
 
 /** Folds log entries, in the order given, through a projection rule into `key → value`. */
-export function fold<T>(entries: readonly LogEntry[], rule: (current: T | null, event: OperationEvent, seq: number) => T | null): Map<string, T> {
+export function fold<T>(
+  entries: readonly LogEntry[],
+  rule: (current: T | null, event: OperationEvent, seq: number) => T | null,
+): Map<string, T> {
   const out = new Map<string, T>();
   for (const { key, event, seq } of entries) {
     const next = rule(out.get(key) ?? null, event, seq);

@@ -51,7 +51,10 @@ export async function startKb(seed: KbSeedFile, env: Record<string, string> = {}
   writeFileSync(join(dir, 'admin.token'), token, { mode: 0o600 });
   writeFileSync(join(dir, 'seed.json'), JSON.stringify(seed));
   // A test may name its own token file; the client then sends that token.
-  const serviceToken = env.KB_SERVICE_TOKEN_FILE === undefined ? kbServiceToken() : { file: env.KB_SERVICE_TOKEN_FILE, token: readFileSync(env.KB_SERVICE_TOKEN_FILE, 'utf8').trim() };
+  const serviceToken =
+    env.KB_SERVICE_TOKEN_FILE === undefined
+      ? kbServiceToken()
+      : { file: env.KB_SERVICE_TOKEN_FILE, token: readFileSync(env.KB_SERVICE_TOKEN_FILE, 'utf8').trim() };
   const proc = spawnKbProcess({
     LOG_LEVEL: 'info',
     KB_DB: join(dir, 'kb.sqlite'),

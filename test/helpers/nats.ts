@@ -2,8 +2,22 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { connectNats, jetStreamOf, JetStreamStore, Subjects, type Durability, type NatsConnection, openBucket } from '@tooltx/nats';
-import { freeLoopbackPort as freePort, spawnNatsCluster, spawnNatsServer, type NatsClusterHandle, type NatsServerHandle } from '@tooltx/dev/nats-server';
+import {
+  connectNats,
+  jetStreamOf,
+  JetStreamStore,
+  Subjects,
+  type Durability,
+  type NatsConnection,
+  openBucket,
+} from '@tooltx/nats';
+import {
+  freeLoopbackPort as freePort,
+  spawnNatsCluster,
+  spawnNatsServer,
+  type NatsClusterHandle,
+  type NatsServerHandle,
+} from '@tooltx/dev/nats-server';
 import { ensureKeyFile } from '@tooltx/runtime';
 import { applyTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
 import { generateAuth, tenantsOf, type GeneratedAuth, type IdentityList } from '@tooltx/auth';
@@ -17,7 +31,11 @@ export function uniquePrefix(): string {
 /** The identities every test server knows (every test runs with auth on). */
 export const TEST_IDENTITIES: IdentityList = {
   tenants: [
-    { id: 'acme', actors: ['alice', 'bob', 'blocked-bob', 'noread-eve', 'researcher', 'mallory'], auditors: ['audrey'] },
+    {
+      id: 'acme',
+      actors: ['alice', 'bob', 'blocked-bob', 'noread-eve', 'researcher', 'mallory'],
+      auditors: ['audrey'],
+    },
     { id: 'globex', actors: ['gina', 'mallory'] },
     { id: 'initech', actors: ['ivan', 'irene'] },
   ],
@@ -87,23 +105,60 @@ export async function provisioned(
   let server: NatsServerHandle;
   let cluster: NatsClusterHandle | undefined;
   let monitorUrls: string[] = [];
-  const spawnOpts = { ...(o.binary ? { binary: o.binary } : {}), ...(o.allowUnsupported ? { allowUnsupported: true } : {}) };
+  const spawnOpts = {
+    ...(o.binary ? { binary: o.binary } : {}),
+    ...(o.allowUnsupported ? { allowUnsupported: true } : {}),
+  };
   if (o.cluster) {
     const routePorts = await Promise.all(Array.from({ length: o.cluster }, () => freePort()));
-    const nodes = routePorts.map((p, i) => ({ serverName: `n${i + 1}`, listen: '127.0.0.1:-1', clusterListen: `127.0.0.1:${p}`, storeDir: join(dir, `js-n${i + 1}`) }));
-    auth = generateAuth(identities, { subjects, topology: topo, outDir: join(dir, 'auth'), listen: '', storeDir: '', cluster: { nodes }, ...(o.durability ? { durability: o.durability } : {}) });
+    const nodes = routePorts.map((p, i) => ({
+      serverName: `n${i + 1}`,
+      listen: '127.0.0.1:-1',
+      clusterListen: `127.0.0.1:${p}`,
+      storeDir: join(dir, `js-n${i + 1}`),
+    }));
+    auth = generateAuth(identities, {
+      subjects,
+      topology: topo,
+      outDir: join(dir, 'auth'),
+      listen: '',
+      storeDir: '',
+      cluster: { nodes },
+      ...(o.durability ? { durability: o.durability } : {}),
+    });
     const monitorPorts = await Promise.all(nodes.map(() => freePort()));
-    cluster = await spawnNatsCluster(auth.configFiles, nodes.map((n) => n.storeDir), { ...spawnOpts, extraArgs: monitorPorts.map((p) => ['-m', String(p)]) });
+    cluster = await spawnNatsCluster(
+      auth.configFiles,
+      nodes.map((n) => n.storeDir),
+      { ...spawnOpts, extraArgs: monitorPorts.map((p) => ['-m', String(p)]) },
+    );
     monitorUrls = monitorPorts.map((p) => `http://127.0.0.1:${p}`);
     server = cluster.nodes[0]!;
   } else {
-    auth = generateAuth(identities, { subjects, topology: topo, outDir: join(dir, 'auth'), listen: '127.0.0.1:-1', storeDir: join(dir, 'js'), ...(o.durability ? { durability: o.durability } : {}) });
-    if (o.jetstreamExtra) writeFileSync(auth.configFile, readFileSync(auth.configFile, 'utf8').replace(/^jetstream \{ /m, `jetstream { ${o.jetstreamExtra}, `));
+    auth = generateAuth(identities, {
+      subjects,
+      topology: topo,
+      outDir: join(dir, 'auth'),
+      listen: '127.0.0.1:-1',
+      storeDir: join(dir, 'js'),
+      ...(o.durability ? { durability: o.durability } : {}),
+    });
+    if (o.jetstreamExtra)
+      writeFileSync(
+        auth.configFile,
+        readFileSync(auth.configFile, 'utf8').replace(/^jetstream \{ /m, `jetstream { ${o.jetstreamExtra}, `),
+      );
     server = await spawnNatsServer({ extraArgs: ['-c', auth.configFile], storeDir: join(dir, 'js'), ...spawnOpts });
   }
   const url = cluster ? cluster.url : server.url;
   const connectAs = (role: Role) =>
-    connectNats({ servers: url, name: `test-${prefix}-${role.kind}`, nkeySeedFile: auth.seedFile(role), inboxPrefix: inboxPrefixOf(role), reconnectForever: false });
+    connectNats({
+      servers: url,
+      name: `test-${prefix}-${role.kind}`,
+      nkeySeedFile: auth.seedFile(role),
+      inboxPrefix: inboxPrefixOf(role),
+      reconnectForever: false,
+    });
   let nc: Awaited<ReturnType<typeof connectAs>> | undefined;
   try {
     nc = await connectAs({ kind: 'provisioner' });

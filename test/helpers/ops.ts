@@ -23,16 +23,35 @@ export async function waitForOperation(
 }
 
 /** Polls `actor`'s decision subject of the key until its last record is a refusal; returns it. */
-export async function waitForDecision(t: TestNats, tenant: string, operationKey: string, actor: string, timeoutMs = 20_000): Promise<RejectionRecord> {
+export async function waitForDecision(
+  t: TestNats,
+  tenant: string,
+  operationKey: string,
+  actor: string,
+  timeoutMs = 20_000,
+): Promise<RejectionRecord> {
   return (await waitForRecord(t, tenant, operationKey, actor, 'rejected', timeoutMs)) as RejectionRecord;
 }
 
 /** Polls `actor`'s decision subject of the key until its last record says it is an alias of another (FM-10). */
-export async function waitForAlias(t: TestNats, tenant: string, operationKey: string, actor: string, timeoutMs = 20_000): Promise<AliasRecord> {
+export async function waitForAlias(
+  t: TestNats,
+  tenant: string,
+  operationKey: string,
+  actor: string,
+  timeoutMs = 20_000,
+): Promise<AliasRecord> {
   return (await waitForRecord(t, tenant, operationKey, actor, 'aliased', timeoutMs)) as AliasRecord;
 }
 
-async function waitForRecord(t: TestNats, tenant: string, operationKey: string, actor: string, outcome: DecisionRecord['outcome'], timeoutMs: number): Promise<DecisionRecord> {
+async function waitForRecord(
+  t: TestNats,
+  tenant: string,
+  operationKey: string,
+  actor: string,
+  outcome: DecisionRecord['outcome'],
+  timeoutMs: number,
+): Promise<DecisionRecord> {
   const opId = operationIdOf(operationKey);
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
@@ -67,8 +86,24 @@ export function takeoverCli(t: TestNats, ...args: string[]): Promise<Record<stri
     execFile(
       process.execPath,
       ['--import', 'tsx', 'bin/tooltx.ts', 'takeover', ...args],
-      { env: { PATH: process.env.PATH ?? '', NATS_URL: t.url, TOOLTX_PREFIX: t.subjects.prefix, NATS_NKEY_FILE: t.auth.seedFile({ kind: 'operator', operator: 'oscar' }), TOOLTX_OPERATOR: 'oscar' } },
-      (err, out, stderr) => (err ? reject(new Error(`${err.message}: ${stderr}`)) : resolve(out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>))),
+      {
+        env: {
+          PATH: process.env.PATH ?? '',
+          NATS_URL: t.url,
+          TOOLTX_PREFIX: t.subjects.prefix,
+          NATS_NKEY_FILE: t.auth.seedFile({ kind: 'operator', operator: 'oscar' }),
+          TOOLTX_OPERATOR: 'oscar',
+        },
+      },
+      (err, out, stderr) =>
+        err
+          ? reject(new Error(`${err.message}: ${stderr}`))
+          : resolve(
+              out
+                .split('\n')
+                .filter(Boolean)
+                .map((l) => JSON.parse(l) as Record<string, unknown>),
+            ),
     ),
   );
 }

@@ -23,7 +23,10 @@ export async function permissionError(nc: NatsConnection, fn: () => unknown): Pr
     if (err instanceof Error && err.cause instanceof errors.PermissionViolationError) return err.cause;
   }
   try {
-    return await Promise.race([seen, new Promise<never>((_, reject) => setTimeout(() => reject(new Error('no permission violation')), 5_000))]);
+    return await Promise.race([
+      seen,
+      new Promise<never>((_, reject) => setTimeout(() => reject(new Error('no permission violation')), 5_000)),
+    ]);
   } finally {
     stop = true;
   }

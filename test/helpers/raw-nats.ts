@@ -50,7 +50,9 @@ export class RawNats {
     s.on('data', (d: Buffer) => c.#read(d));
     const kp = fromSeed(new TextEncoder().encode(readFileSync(seedFile, 'utf8').trim()));
     const sig = Buffer.from(kp.sign(new TextEncoder().encode(info.nonce ?? ''))).toString('base64');
-    s.write(`CONNECT ${JSON.stringify({ verbose: false, pedantic: false, headers: true, no_responders: true, protocol: 1, lang: 'raw', version: '0', nkey: kp.getPublicKey(), sig })}\r\n`);
+    s.write(
+      `CONNECT ${JSON.stringify({ verbose: false, pedantic: false, headers: true, no_responders: true, protocol: 1, lang: 'raw', version: '0', nkey: kp.getPublicKey(), sig })}\r\n`,
+    );
     await c.ping();
     return c;
   }
@@ -59,7 +61,11 @@ export class RawNats {
   publish(subject: Buffer, data: Buffer, o: { reply?: string; headers?: Buffer } = {}): void {
     const reply = o.reply ? ` ${o.reply}` : '';
     const head = o.headers
-      ? Buffer.concat([Buffer.from('HPUB '), subject, Buffer.from(`${reply} ${o.headers.length} ${o.headers.length + data.length}\r\n`)])
+      ? Buffer.concat([
+          Buffer.from('HPUB '),
+          subject,
+          Buffer.from(`${reply} ${o.headers.length} ${o.headers.length + data.length}\r\n`),
+        ])
       : Buffer.concat([Buffer.from('PUB '), subject, Buffer.from(`${reply} ${data.length}\r\n`)]);
     this.#s.write(Buffer.concat([head, o.headers ?? Buffer.alloc(0), data, CRLF]));
   }
@@ -102,7 +108,11 @@ export class RawNats {
         if (this.#buf.length < i + 2 + total + 2) return;
         const body = this.#buf.subarray(i + 2, i + 2 + total);
         this.#buf = this.#buf.subarray(i + 2 + total + 2);
-        this.#subs.get(Number(parts[2]))?.({ subject: Buffer.from(parts[1]!, 'latin1'), headers: hmsg ? Buffer.from(body.subarray(0, hdrLen)) : null, data: Buffer.from(body.subarray(hdrLen)) });
+        this.#subs.get(Number(parts[2]))?.({
+          subject: Buffer.from(parts[1]!, 'latin1'),
+          headers: hmsg ? Buffer.from(body.subarray(0, hdrLen)) : null,
+          data: Buffer.from(body.subarray(hdrLen)),
+        });
         continue;
       }
       this.#buf = this.#buf.subarray(i + 2);

@@ -21,21 +21,33 @@ const TEST_TOOLS_ENTRIES: Readonly<Record<string, string>> = {
 };
 let testBuild: Promise<StackBuild> | undefined;
 /** The tests' compiled build, built once per worker (cached on disk across runs by its inputs' hash). */
-export const compiledTestBuild = (): Promise<StackBuild> => (testBuild ??= ensureStackBuild({ extraEntries: TEST_TOOLS_ENTRIES }));
+export const compiledTestBuild = (): Promise<StackBuild> =>
+  (testBuild ??= ensureStackBuild({ extraEntries: TEST_TOOLS_ENTRIES }));
 
 /**
  * How a test process runs: `TOOLTX_TEST_RUNTIME=tsx` runs every spawned service under tsx (the
  * development path); by default a service whose tools module is in the compiled build runs compiled,
  * as `npm start` runs it (a process starts in ~0.35 s of CPU instead of ~0.7 s), and any other under tsx.
  */
-async function serviceCommand(main: string, entry: ServiceName | 'kb-server', toolsModule: string | undefined, runtime: 'tsx' | undefined): Promise<{ args: string[]; toolsModule: string | undefined }> {
+async function serviceCommand(
+  main: string,
+  entry: ServiceName | 'kb-server',
+  toolsModule: string | undefined,
+  runtime: 'tsx' | undefined,
+): Promise<{ args: string[]; toolsModule: string | undefined }> {
   const tsx = { args: [...SERVICE_NODE_FLAGS, '--import', 'tsx', main], toolsModule };
   if (runtime === 'tsx' || process.env.TOOLTX_TEST_RUNTIME === 'tsx') return tsx;
-  const byPath = new Map<string, string>([[join(ROOT, 'examples', 'research-kb', 'tools.ts'), 'tools'], ...Object.entries(TEST_TOOLS_ENTRIES).map(([name, rel]) => [join(ROOT, rel), name] as [string, string])]);
+  const byPath = new Map<string, string>([
+    [join(ROOT, 'examples', 'research-kb', 'tools.ts'), 'tools'],
+    ...Object.entries(TEST_TOOLS_ENTRIES).map(([name, rel]) => [join(ROOT, rel), name] as [string, string]),
+  ]);
   const toolsEntry = toolsModule === undefined || toolsModule === '' ? undefined : byPath.get(toolsModule);
   if (toolsModule !== undefined && toolsModule !== '' && toolsEntry === undefined) return tsx;
   const build = await compiledTestBuild();
-  return { args: [...SERVICE_NODE_FLAGS, '--enable-source-maps', build.path(entry)], toolsModule: toolsEntry === undefined ? toolsModule : build.path(toolsEntry) };
+  return {
+    args: [...SERVICE_NODE_FLAGS, '--enable-source-maps', build.path(entry)],
+    toolsModule: toolsEntry === undefined ? toolsModule : build.path(toolsEntry),
+  };
 }
 
 export type ServiceName = 'authorizer' | 'executor' | 'reconciler' | 'audit-projector';
@@ -92,8 +104,14 @@ export class ServiceProcess {
     for (;;) {
       const hit = this.lines.find((l) => l.msg === text);
       if (hit) return hit;
-      if (this.child.exitCode !== null) throw new Error(`${this.name} exited ${this.child.exitCode}: ${this.stderr}${JSON.stringify(this.lines.slice(-5))}`);
-      if (Date.now() > deadline) throw new Error(`${this.name}: no log "${text}" in ${timeoutMs} ms: ${JSON.stringify(this.lines.slice(-5))} ${this.stderr}`);
+      if (this.child.exitCode !== null)
+        throw new Error(
+          `${this.name} exited ${this.child.exitCode}: ${this.stderr}${JSON.stringify(this.lines.slice(-5))}`,
+        );
+      if (Date.now() > deadline)
+        throw new Error(
+          `${this.name}: no log "${text}" in ${timeoutMs} ms: ${JSON.stringify(this.lines.slice(-5))} ${this.stderr}`,
+        );
       await new Promise((r) => setTimeout(r, 50));
     }
   }
@@ -117,24 +135,53 @@ export class ServiceProcess {
  * `runtime: 'tsx'` when a test's own tsx-run code shares the deployment with it: a contract's full
  * digest covers its functions' source text, which tsx and esbuild print differently.
  */
-export async function startService(name: ServiceName, env: Record<string, string>, opts: { wait?: boolean; runtime?: 'tsx' } = {}): Promise<ServiceProcess> {
+export async function startService(
+  name: ServiceName,
+  env: Record<string, string>,
+  opts: { wait?: boolean; runtime?: 'tsx' } = {},
+): Promise<ServiceProcess> {
   // The service's own identity: its seed from the test server's generated auth.
-  const seed = env.TOOLTX_TEST_NKEYS_DIR ? { NATS_NKEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, `service.${name}.nk`) } : {};
+  const seed = env.TOOLTX_TEST_NKEYS_DIR
+    ? { NATS_NKEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, `service.${name}.nk`) }
+    : {};
   // The services that append `committed` sign receipts with their own key (FM-17).
-  const signing = env.TOOLTX_TEST_NKEYS_DIR && (name === 'executor' || name === 'reconciler') ? { TOOLTX_SIGNING_KEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, '..', 'signing', `${name}.pem`) } : {};
+  const signing =
+    env.TOOLTX_TEST_NKEYS_DIR && (name === 'executor' || name === 'reconciler')
+      ? { TOOLTX_SIGNING_KEY_FILE: join(env.TOOLTX_TEST_NKEYS_DIR, '..', 'signing', `${name}.pem`) }
+      : {};
   // A service that talks to a KB carries the KB service token startKb gave that KB (helpers/kb.ts).
   const kbToken = env.KB_URL !== undefined ? { KB_SERVICE_TOKEN_FILE: kbServiceToken().file } : {};
-  const fullEnv: Record<string, string | undefined> = { PATH: process.env.PATH ?? '', LOG_LEVEL: 'debug', TOOLTX_TOOLS_MODULE: SINK_TOOLS, TOOLTX_INSTANCE_ID: `${name}-${Math.random().toString(36).slice(2, 8)}`, ...seed, ...signing, ...kbToken, ...env };
-  const cmd = await serviceCommand(join(ROOT, 'services', name, 'src', 'main.ts'), name, fullEnv.TOOLTX_TOOLS_MODULE, opts.runtime);
+  const fullEnv: Record<string, string | undefined> = {
+    PATH: process.env.PATH ?? '',
+    LOG_LEVEL: 'debug',
+    TOOLTX_TOOLS_MODULE: SINK_TOOLS,
+    TOOLTX_INSTANCE_ID: `${name}-${Math.random().toString(36).slice(2, 8)}`,
+    ...seed,
+    ...signing,
+    ...kbToken,
+    ...env,
+  };
+  const cmd = await serviceCommand(
+    join(ROOT, 'services', name, 'src', 'main.ts'),
+    name,
+    fullEnv.TOOLTX_TOOLS_MODULE,
+    opts.runtime,
+  );
   if (cmd.toolsModule !== undefined) fullEnv.TOOLTX_TOOLS_MODULE = cmd.toolsModule;
-  const child = spawn(process.execPath, cmd.args, { cwd: ROOT, env: fullEnv as NodeJS.ProcessEnv, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, cmd.args, {
+    cwd: ROOT,
+    env: fullEnv as NodeJS.ProcessEnv,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   const p = new ServiceProcess(name, child);
   if (opts.wait !== false) await p.waitForLog('started');
   return p;
 }
 
 /** Starts several services and returns a function that stops them all (SIGTERM) and their exit codes. */
-export async function startAll(specs: [ServiceName, Record<string, string>][]): Promise<{ procs: ServiceProcess[]; stopAll: () => Promise<(number | null)[]> }> {
+export async function startAll(
+  specs: [ServiceName, Record<string, string>][],
+): Promise<{ procs: ServiceProcess[]; stopAll: () => Promise<(number | null)[]> }> {
   const procs = await Promise.all(specs.map(([n, e]) => startService(n, e)));
   return { procs, stopAll: () => Promise.all(procs.map((p) => p.stop())) };
 }
@@ -144,7 +191,14 @@ export async function startAll(specs: [ServiceName, Record<string, string>][]): 
  * stdout lines are collected. `nice`: its scheduling priority (nice(1), 0 to 19).
  */
 export function runScript(path: string, env: Record<string, string>, nice?: number): ServiceProcess {
-  const [cmd, args] = nice === undefined ? [process.execPath, ['--import', 'tsx', path]] : ['nice', ['-n', String(nice), process.execPath, '--import', 'tsx', path]];
-  const child = spawn(cmd, args, { cwd: ROOT, env: { PATH: process.env.PATH ?? '', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const [cmd, args] =
+    nice === undefined
+      ? [process.execPath, ['--import', 'tsx', path]]
+      : ['nice', ['-n', String(nice), process.execPath, '--import', 'tsx', path]];
+  const child = spawn(cmd, args, {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? '', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   return new ServiceProcess(path, child);
 }

@@ -35,7 +35,13 @@ export type SkewedRole = Extract<ServiceName, 'authorizer' | 'executor' | 'recon
 export interface SkewCase {
   role: SkewedRole;
   skewMs: number;
-  calls: { key: string; flavour: 'slow' | 'held'; status: ExecuteResult<unknown>['status']; errorClass?: string; rows: number }[];
+  calls: {
+    key: string;
+    flavour: 'slow' | 'held';
+    status: ExecuteResult<unknown>['status'];
+    errorClass?: string;
+    rows: number;
+  }[];
   /** Rows beyond one per key: duplicate side effects. */
   duplicates: number;
 }
@@ -43,11 +49,21 @@ export interface SkewCase {
 export interface SkewBench {
   /** One case: `role`'s clock shifted by `skewMs`, `writes` writes (alternately slow and held), then the shift undone. */
   /** `stepAfterMs`: step the clock that long after the writes were sent instead of before (mode `step`): mid-attempt. */
-  run(role: SkewedRole, skewMs: number, o?: { writes?: number; mode?: 'step' | 'restart'; stepAfterMs?: number }): Promise<SkewCase>;
+  run(
+    role: SkewedRole,
+    skewMs: number,
+    o?: { writes?: number; mode?: 'step' | 'restart'; stepAfterMs?: number },
+  ): Promise<SkewCase>;
   close(): Promise<(number | null)[]>;
 }
 
-const note = (title: string) => ({ kb: 'research', title, body: `Notes on ${title}.`, sourceUrl: 'https://example.org/src', fetchedAt: '2026-11-30T06:00:00Z' });
+const note = (title: string) => ({
+  kb: 'research',
+  title,
+  body: `Notes on ${title}.`,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-11-30T06:00:00Z',
+});
 
 export async function startSkewBench(): Promise<SkewBench> {
   const contracts = researchContracts({ kbDedup: false, timing: SKEW_TIMING });
@@ -62,8 +78,16 @@ export async function startSkewBench(): Promise<SkewBench> {
   // The KB keeps its port and file across restarts (a skewed KB is the same KB with another clock).
   const kbPort = await freeLoopbackPort();
   const kbDb = join(dir, 'kb.sqlite');
-  const seed = { tenants: [{ id: 'acme', quota: 100_000 }], knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' as const }] };
-  const kbEnv = (skewMs: number): Record<string, string> => ({ KB_DEDUP: 'off', KB_PORT: String(kbPort), KB_DB: kbDb, ...skewEnv(skewMs) });
+  const seed = {
+    tenants: [{ id: 'acme', quota: 100_000 }],
+    knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' as const }],
+  };
+  const kbEnv = (skewMs: number): Record<string, string> => ({
+    KB_DEDUP: 'off',
+    KB_PORT: String(kbPort),
+    KB_DB: kbDb,
+    ...skewEnv(skewMs),
+  });
   let kb: TestKb = await startKb(seed, kbEnv(0));
   const proxy = await new DelayProxy(kb.url).start();
   const env = {
@@ -79,10 +103,23 @@ export async function startSkewBench(): Promise<SkewBench> {
   // Every service runs with the preload, its clock stepped through its own file (0 until a case).
   const started = (role: Exclude<SkewedRole, 'kb'>, skewMs: number) => {
     step(role, skewMs);
-    return startService(role, { ...env, NODE_OPTIONS: `--import=${PRELOAD}`, TOOLTX_TEST_CLOCK_SKEW_FILE: skewFile(role) });
+    return startService(role, {
+      ...env,
+      NODE_OPTIONS: `--import=${PRELOAD}`,
+      TOOLTX_TEST_CLOCK_SKEW_FILE: skewFile(role),
+    });
   };
   for (const role of ['authorizer', 'reconciler', 'executor'] as const) procs.set(role, await started(role, 0));
-  const alice: Tools = await createTools({ servers: t.url, tenant: 'acme', actor: 'alice', nkeyFile: t.agentSeed('acme', 'alice'), contracts: contracts.all, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile, budgetMs: 45_000 });
+  const alice: Tools = await createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts: contracts.all,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+    budgetMs: 45_000,
+  });
   let cases = 0;
 
   const shift = async (role: SkewedRole, skewMs: number, mode: 'step' | 'restart') => {
@@ -110,15 +147,25 @@ export async function startSkewBench(): Promise<SkewBench> {
             const input = note(`skew ${n} ${role} ${skewMs} ${i}`);
             const key = prepareCall(contracts.writeNote, `skew-${n}`, input).operationKey;
             // The first request of the key reaching the hop is delayed; a re-run goes straight through.
-            const delayed = proxy.inject(downstreamKeyOf('acme', key), { kind: 'delay', ms: flavour === 'slow' ? SLOW_MS : HELD_MS });
+            const delayed = proxy.inject(downstreamKeyOf('acme', key), {
+              kind: 'delay',
+              ms: flavour === 'slow' ? SLOW_MS : HELD_MS,
+            });
             const r = await alice.execute({ tool: 'kb.write_note', taskId: `skew-${n}`, input });
             // A request still held in the hop may land after the answer: wait until the KB answered it.
             await Promise.race([delayed.applied, new Promise((r) => setTimeout(r, HELD_MS + 5_000))]);
             delayed.cancel();
-            return { key, flavour, status: r.status, ...(r.status === 'rejected' ? { errorClass: r.error.class } : {}) };
+            return {
+              key,
+              flavour,
+              status: r.status,
+              ...(r.status === 'rejected' ? { errorClass: r.error.class } : {}),
+            };
           }),
         );
-        const withRows = await Promise.all(calls.map(async (c) => ({ ...c, rows: await kbRowsFor(kb, 'acme', c.key) })));
+        const withRows = await Promise.all(
+          calls.map(async (c) => ({ ...c, rows: await kbRowsFor(kb, 'acme', c.key) })),
+        );
         return { role, skewMs, calls: withRows, duplicates: withRows.reduce((d, c) => d + Math.max(0, c.rows - 1), 0) };
       } finally {
         await shift(role, 0, mode);

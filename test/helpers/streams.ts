@@ -20,7 +20,12 @@ export async function readStream(t: TestNats, stream: string): Promise<StoredMes
   const out: StoredMessage[] = [];
   const it = await c.consume();
   for await (const m of it) {
-    out.push({ subject: m.subject, seq: m.seq, data: m.data, headers: m.headers ? [...m.headers.keys()].map((k) => `${k}: ${m.headers!.values(k).join(',')}`).join('\n') : '' });
+    out.push({
+      subject: m.subject,
+      seq: m.seq,
+      data: m.data,
+      headers: m.headers ? [...m.headers.keys()].map((k) => `${k}: ${m.headers!.values(k).join(',')}`).join('\n') : '',
+    });
     if (m.seq >= last) break;
   }
   it.stop();

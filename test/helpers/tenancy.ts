@@ -9,7 +9,7 @@ import { createTools, type Tools } from '@tooltx/client';
 import { prepareCall } from '@tooltx/contracts';
 import { join } from 'node:path';
 import { connectNats, encode, Subjects } from '@tooltx/nats';
-import { type IdentityList } from '@tooltx/auth';
+import type { IdentityList } from '@tooltx/auth';
 import { inboxPrefixOf } from '@tooltx/nats';
 import { contracts, sinkWrite } from '../fixtures/sink-tools.js';
 import type { TestNats } from './nats.js';
@@ -27,11 +27,24 @@ export function manyTenants(n: number, limits?: IdentityList['limits']): Identit
   };
 }
 
-export const note = (title: string) => ({ bucket: 'kb-main', title, body: `Body of ${title}.`, at: '2026-11-30T06:00:00Z' });
+export const note = (title: string) => ({
+  bucket: 'kb-main',
+  title,
+  body: `Body of ${title}.`,
+  at: '2026-11-30T06:00:00Z',
+});
 
 /** The SDK of one agent of the test deployment. */
 export function toolsOf(t: TestNats, tenant: string, actor: string): Promise<Tools> {
-  return createTools({ servers: t.url, tenant, actor, nkeyFile: t.agentSeed(tenant, actor), contracts, prefix: t.subjects.prefix, receiptKeys: t.auth.receiptKeysFile });
+  return createTools({
+    servers: t.url,
+    tenant,
+    actor,
+    nkeyFile: t.agentSeed(tenant, actor),
+    contracts,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+  });
 }
 
 /** What a run of calls gave: how many failed (anything but `committed`) and each call's latency, ms. */
@@ -46,18 +59,31 @@ export interface CallRun {
  * `callsEach` calls per agent, one after another per agent, all agents at once; each call a new
  * note with `budgetMs`. Returns every call's latency and the failures (status and error class).
  */
-export async function callRun(agents: { tenant: string; tools: Tools }[], callsEach: number, budgetMs: number, label: string): Promise<CallRun> {
+export async function callRun(
+  agents: { tenant: string; tools: Tools }[],
+  callsEach: number,
+  budgetMs: number,
+  label: string,
+): Promise<CallRun> {
   const run: CallRun = { calls: 0, failed: 0, failures: [], latenciesMs: [] };
   await Promise.all(
     agents.map(async ({ tenant, tools }) => {
       for (let i = 0; i < callsEach; i++) {
         const started = performance.now();
-        const r = await tools.execute({ tool: 'sink.write', taskId: `${label}-${tenant}-${i}`, input: note(`${label} ${tenant} ${i} ${randomUUID()}`) }, { budgetMs });
+        const r = await tools.execute(
+          {
+            tool: 'sink.write',
+            taskId: `${label}-${tenant}-${i}`,
+            input: note(`${label} ${tenant} ${i} ${randomUUID()}`),
+          },
+          { budgetMs },
+        );
         run.calls++;
         run.latenciesMs.push(performance.now() - started);
         if (r.status !== 'committed') {
           run.failed++;
-          if (run.failures.length < 10) run.failures.push(`${tenant}: ${r.status}${'error' in r && r.error ? ` ${r.error.class}` : ''}`);
+          if (run.failures.length < 10)
+            run.failures.push(`${tenant}: ${r.status}${'error' in r && r.error ? ` ${r.error.class}` : ''}`);
         }
       }
     }),
@@ -87,7 +113,13 @@ export function amplifier(i: number, fields: number): Uint8Array {
 /** One valid intent of `sink.write` as the SDK would send it (a fresh task each). */
 export function validIntent(i: number): Uint8Array {
   const input = note(`flood ${i} ${randomUUID()}`);
-  return encode({ tool: 'sink.write', version: 1, taskId: `flood-${i}`, operationKey: prepareCall(sinkWrite, `flood-${i}`, input).operationKey, input });
+  return encode({
+    tool: 'sink.write',
+    version: 1,
+    taskId: `flood-${i}`,
+    operationKey: prepareCall(sinkWrite, `flood-${i}`, input).operationKey,
+    input,
+  });
 }
 
 /** What a flood did: publishes sent, stored (acknowledged), refused by the server, by error code. */
@@ -114,8 +146,18 @@ export interface Flooder {
  * flight), as the agent itself (its seed, its account), until `until()` says stop or `maxBytes` are
  * sent. `next(i)` gives the i-th message's bytes.
  */
-export function flood(t: TestNats, tenant: string, actor: string, next: (i: number) => Uint8Array, o: { until: () => boolean; maxBytes?: number; window?: number }): Promise<FloodRun> {
-  return floodWith({ url: t.url, seedFile: t.agentSeed(tenant, actor), prefix: t.subjects.prefix, tenant, actor }, next, o);
+export function flood(
+  t: TestNats,
+  tenant: string,
+  actor: string,
+  next: (i: number) => Uint8Array,
+  o: { until: () => boolean; maxBytes?: number; window?: number },
+): Promise<FloodRun> {
+  return floodWith(
+    { url: t.url, seedFile: t.agentSeed(tenant, actor), prefix: t.subjects.prefix, tenant, actor },
+    next,
+    o,
+  );
 }
 
 /**
@@ -130,19 +172,46 @@ const FLOODER_NICE = 19;
  * {@link flood} from a process of its own (test/helpers/flood-agent.ts), for `ms` or `maxBytes`.
  * `to`: another server (no auth) and subject prefix instead of the deployment's (a control run).
  */
-export async function floodProcess(t: TestNats, tenant: string, actor: string, kind: 'amplifiers' | 'junk' | 'valid', o: { ms?: number; maxBytes?: number; window?: number; to?: { url: string; prefix: string } }): Promise<FloodRun> {
-  const p = runScript(join(ROOT, 'test', 'helpers', 'flood-agent.ts'), {
-    FLOOD_URL: o.to?.url ?? t.url, ...(o.to ? {} : { FLOOD_SEED: t.agentSeed(tenant, actor) }), FLOOD_PREFIX: o.to?.prefix ?? t.subjects.prefix, FLOOD_TENANT: tenant, FLOOD_ACTOR: actor, FLOOD_KIND: kind,
-    ...(o.ms !== undefined ? { FLOOD_MS: String(o.ms) } : {}), ...(o.maxBytes !== undefined ? { FLOOD_MAX_BYTES: String(o.maxBytes) } : {}), FLOOD_WINDOW: String(o.window ?? 64),
-  }, FLOODER_NICE);
+export async function floodProcess(
+  t: TestNats,
+  tenant: string,
+  actor: string,
+  kind: 'amplifiers' | 'junk' | 'valid',
+  o: { ms?: number; maxBytes?: number; window?: number; to?: { url: string; prefix: string } },
+): Promise<FloodRun> {
+  const p = runScript(
+    join(ROOT, 'test', 'helpers', 'flood-agent.ts'),
+    {
+      FLOOD_URL: o.to?.url ?? t.url,
+      ...(o.to ? {} : { FLOOD_SEED: t.agentSeed(tenant, actor) }),
+      FLOOD_PREFIX: o.to?.prefix ?? t.subjects.prefix,
+      FLOOD_TENANT: tenant,
+      FLOOD_ACTOR: actor,
+      FLOOD_KIND: kind,
+      ...(o.ms !== undefined ? { FLOOD_MS: String(o.ms) } : {}),
+      ...(o.maxBytes !== undefined ? { FLOOD_MAX_BYTES: String(o.maxBytes) } : {}),
+      FLOOD_WINDOW: String(o.window ?? 64),
+    },
+    FLOODER_NICE,
+  );
   const code = await p.exited;
   const line = p.lines.find((l) => typeof l.sent === 'number');
   if (code !== 0 || !line) throw new Error(`flood agent exited ${code}: ${p.stderr.slice(0, 2_000)}`);
   return line as unknown as FloodRun;
 }
 
-export async function floodWith(f: Flooder, next: (i: number) => Uint8Array, o: { until: () => boolean; maxBytes?: number; window?: number }): Promise<FloodRun> {
-  const nc = await connectNats({ servers: f.url, name: `flood-${f.tenant}`, ...(f.seedFile ? { nkeySeedFile: f.seedFile } : {}), inboxPrefix: inboxPrefixOf({ kind: 'agent', tenant: f.tenant, actor: f.actor }), reconnectForever: false });
+export async function floodWith(
+  f: Flooder,
+  next: (i: number) => Uint8Array,
+  o: { until: () => boolean; maxBytes?: number; window?: number },
+): Promise<FloodRun> {
+  const nc = await connectNats({
+    servers: f.url,
+    name: `flood-${f.tenant}`,
+    ...(f.seedFile ? { nkeySeedFile: f.seedFile } : {}),
+    inboxPrefix: inboxPrefixOf({ kind: 'agent', tenant: f.tenant, actor: f.actor }),
+    reconnectForever: false,
+  });
   const js = jetstream(nc, { timeout: 10_000 });
   const subject = new Subjects(f.prefix).intent(f.tenant, f.actor);
   const run: FloodRun = { sent: 0, stored: 0, refused: {}, bytesSent: 0, ms: 0 };

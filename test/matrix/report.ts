@@ -119,7 +119,8 @@ export function aggregateFigures(figures: readonly Figure[]): string {
     const values = fs.map((f) => f.value);
     const distinct = [...new Set(values.map(String))];
     let text: string;
-    if (distinct.length === 1) text = `${typeof values[0] === 'number' ? num(values[0]) : distinct[0]}${unit}${fs.length > 1 ? ` ×${fs.length}` : ''}`;
+    if (distinct.length === 1)
+      text = `${typeof values[0] === 'number' ? num(values[0]) : distinct[0]}${unit}${fs.length > 1 ? ` ×${fs.length}` : ''}`;
     else if (values.every((v) => typeof v === 'number')) {
       const ns = values as number[];
       text = `${num(Math.min(...ns))}–${num(Math.max(...ns))}${unit} over ${fs.length}`;
@@ -129,12 +130,22 @@ export function aggregateFigures(figures: readonly Figure[]): string {
   return parts.join('; ');
 }
 
-function entry(id: string, kind: 'row' | 'grid', situation: string, mustHold: string, tests: TestOutcome[], files: FileOutcome[], figureFilter: (f: Figure, t: TestOutcome) => boolean): EntryReport {
+function entry(
+  id: string,
+  kind: 'row' | 'grid',
+  situation: string,
+  mustHold: string,
+  tests: TestOutcome[],
+  files: FileOutcome[],
+  figureFilter: (f: Figure, t: TestOutcome) => boolean,
+): EntryReport {
   const count = (s: TestOutcome['state']) => tests.filter((t) => t.state === s).length;
   const passed = count('passed');
   const failed = count('failed');
   const skipped = count('skipped') + count('pending');
-  const figures = tests.flatMap((t) => (t.figures ?? []).filter((f) => figureFilter(f, t)).map((f) => ({ ...f, test: fullName(t) })));
+  const figures = tests.flatMap((t) =>
+    (t.figures ?? []).filter((f) => figureFilter(f, t)).map((f) => ({ ...f, test: fullName(t) })),
+  );
   const failures = [
     ...tests.filter((t) => t.state === 'failed').map((t) => ({ test: fullName(t), error: t.errors?.[0] ?? 'failed' })),
     ...files.flatMap((f) => f.errors.map((error) => ({ test: f.file, error }))),
@@ -147,8 +158,20 @@ function entry(id: string, kind: 'row' | 'grid', situation: string, mustHold: st
   else if (passed === 0) status = 'skipped';
   else status = 'pass';
   const counted = `${passed}/${total} tests${skipped ? ` (${skipped} skipped)` : ''}`;
-  const observed = figures.length > 0 ? aggregateFigures(figures) : total > 0 ? counted : files.length > 0 ? 'did not run' : 'no test';
-  return { id, kind, situation, mustHold, files: fileList, tests: { passed, failed, skipped, total }, figures, observed, status, failures };
+  const observed =
+    figures.length > 0 ? aggregateFigures(figures) : total > 0 ? counted : files.length > 0 ? 'did not run' : 'no test';
+  return {
+    id,
+    kind,
+    situation,
+    mustHold,
+    files: fileList,
+    tests: { passed, failed, skipped, total },
+    figures,
+    observed,
+    status,
+    failures,
+  };
 }
 
 /** The rows a test belongs to: the ids its names name. */
@@ -162,7 +185,9 @@ export function rowEntry(row: FaultRow, tests: readonly TestOutcome[], files: re
   const mine = tests.filter((t) => rowsOf(t).includes(row.id) || (t.figures ?? []).some((f) => f.row === row.id));
   // A file that stopped outside its tests counts against every row its source names.
   const broken = files.filter((f) => f.errors.length > 0 && f.rows.includes(row.id));
-  return entry(row.id, 'row', row.situation, row.mustHold, mine, broken, (f) => (f.row === undefined ? true : f.row === row.id));
+  return entry(row.id, 'row', row.situation, row.mustHold, mine, broken, (f) =>
+    f.row === undefined ? true : f.row === row.id,
+  );
 }
 
 /** The entry of a grid: every test of its file. Its situation is its top-level describes; what must hold, its test (or the count). */
@@ -170,8 +195,21 @@ export function gridEntry(file: FileOutcome, tests: readonly TestOutcome[]): Ent
   const mine = tests.filter((t) => t.file === file.file);
   const suites = [...new Set(mine.filter((t) => t.names.length > 1).map((t) => t.names[0]!))];
   const situation = suites.length > 0 ? suites.join('; ') : file.file;
-  const mustHold = mine.length === 1 ? mine[0]!.names.at(-1)! : mine.length === 0 ? 'every test passes' : `each of its ${mine.length} tests passes`;
-  return entry(file.grid ?? gridName(file.file), 'grid', situation, mustHold, mine, file.errors.length > 0 ? [file] : [], () => true);
+  const mustHold =
+    mine.length === 1
+      ? mine[0]!.names.at(-1)!
+      : mine.length === 0
+        ? 'every test passes'
+        : `each of its ${mine.length} tests passes`;
+  return entry(
+    file.grid ?? gridName(file.file),
+    'grid',
+    situation,
+    mustHold,
+    mine,
+    file.errors.length > 0 ? [file] : [],
+    () => true,
+  );
 }
 
 const reports = (n: number) => `${n} report${n === 1 ? '' : 's'}`;
@@ -197,15 +235,28 @@ export function computeGates(tests: readonly TestOutcome[], filtered: boolean): 
       status = count === of ? 'pass' : 'fail';
       observed = `${count}/${of} = ${num(Math.floor((count / of) * 10_000) / 100)} % (${reports(reporting.length)})`;
     }
-    return { id: g.id, title: g.title, mustHold: g.mustHold, reportedBy: reporting.length, count, of, observed, status };
+    return {
+      id: g.id,
+      title: g.title,
+      mustHold: g.mustHold,
+      reportedBy: reporting.length,
+      count,
+      of,
+      observed,
+      status,
+    };
   });
 }
 
 export function buildReport(input: MatrixInput): MatrixReport {
   const { tests, files, selection } = input;
   const filtered = selection !== undefined;
-  const rows = FAULT_MATRIX.filter((r) => !filtered || selection.rows.includes(r.id)).map((r) => rowEntry(r, tests, files));
-  const grids = files.filter((f) => f.grid !== undefined && (!filtered || selection.grids.includes(f.grid))).map((f) => gridEntry(f, tests));
+  const rows = FAULT_MATRIX.filter((r) => !filtered || selection.rows.includes(r.id)).map((r) =>
+    rowEntry(r, tests, files),
+  );
+  const grids = files
+    .filter((f) => f.grid !== undefined && (!filtered || selection.grids.includes(f.grid)))
+    .map((f) => gridEntry(f, tests));
   const gates = computeGates(tests, filtered);
   const unhandledErrors = input.unhandledErrors ?? [];
   const rowCount = (s: EntryStatus) => rows.filter((r) => r.status === s).length;
@@ -229,10 +280,24 @@ export function buildReport(input: MatrixInput): MatrixReport {
     gates,
     unhandledErrors,
     summary: {
-      rows: { pass: rowCount('pass'), fail: rowCount('fail'), noTest: rowCount('no test'), skipped: rowCount('skipped') },
+      rows: {
+        pass: rowCount('pass'),
+        fail: rowCount('fail'),
+        noTest: rowCount('no test'),
+        skipped: rowCount('skipped'),
+      },
       grids: { pass: gridCount('pass'), fail: gridCount('fail'), skipped: gridCount('skipped') },
-      gates: { pass: gateCount('pass'), fail: gateCount('fail'), notMeasured: gateCount('not measured'), notRun: gateCount('not run') },
-      tests: { passed: testCount('passed'), failed: testCount('failed'), skipped: testCount('skipped') + testCount('pending') },
+      gates: {
+        pass: gateCount('pass'),
+        fail: gateCount('fail'),
+        notMeasured: gateCount('not measured'),
+        notRun: gateCount('not run'),
+      },
+      tests: {
+        passed: testCount('passed'),
+        failed: testCount('failed'),
+        skipped: testCount('skipped') + testCount('pending'),
+      },
       unhandledErrors: unhandledErrors.length,
       wallMs: input.wallMs,
       ok,
@@ -268,7 +333,12 @@ export function textTable(header: string[], rows: string[][], widths: number[]):
   const render = (cells: string[]) => {
     const wrapped = cells.map((c, i) => wrap(c, widths[i]!));
     const height = Math.max(...wrapped.map((w) => w.length));
-    return Array.from({ length: height }, (_, l) => wrapped.map((w, i) => (w[l] ?? '').padEnd(widths[i]!)).join(' │ ').trimEnd()).join('\n');
+    return Array.from({ length: height }, (_, l) =>
+      wrapped
+        .map((w, i) => (w[l] ?? '').padEnd(widths[i]!))
+        .join(' │ ')
+        .trimEnd(),
+    ).join('\n');
   };
   return [render(header), rule, ...rows.map(render)].join('\n');
 }
@@ -280,18 +350,41 @@ export function renderTable(report: MatrixReport, width = 160): string {
   const resultWidth = 7;
   // What is left after the id and result columns and the separators, shared 3 : 3 : 4.
   const rest = Math.max(60, width - idWidth - resultWidth - 4 * 3);
-  const widths = [idWidth, Math.floor(rest * 0.3), Math.floor(rest * 0.3), rest - 2 * Math.floor(rest * 0.3), resultWidth];
+  const widths = [
+    idWidth,
+    Math.floor(rest * 0.3),
+    Math.floor(rest * 0.3),
+    rest - 2 * Math.floor(rest * 0.3),
+    resultWidth,
+  ];
   const rows = entries.map((e) => [e.id, e.situation, e.mustHold, e.observed, e.status]);
-  const table = textTable(['row', 'situation', 'what must hold', 'observed', 'result'], rows.slice(0, report.rows.length), widths);
+  const table = textTable(
+    ['row', 'situation', 'what must hold', 'observed', 'result'],
+    rows.slice(0, report.rows.length),
+    widths,
+  );
   if (report.grids.length === 0) return table;
   // The grids under their own header: their first column is a file's name, not a row id.
-  const grids = textTable(['grid', 'situation', 'what must hold', 'observed', 'result'], rows.slice(report.rows.length), widths);
+  const grids = textTable(
+    ['grid', 'situation', 'what must hold', 'observed', 'result'],
+    rows.slice(report.rows.length),
+    widths,
+  );
   return `${table}\n\n${grids}`;
 }
 
 export function renderGates(report: MatrixReport): string {
-  const widths = [Math.max(...report.gates.map((g) => g.title.length)), 9, Math.max(8, ...report.gates.map((g) => g.observed.length)), 12];
-  return textTable(['gate', 'must be', 'observed', 'result'], report.gates.map((g) => [g.title, g.mustHold, g.observed, g.status]), widths);
+  const widths = [
+    Math.max(...report.gates.map((g) => g.title.length)),
+    9,
+    Math.max(8, ...report.gates.map((g) => g.observed.length)),
+    12,
+  ];
+  return textTable(
+    ['gate', 'must be', 'observed', 'result'],
+    report.gates.map((g) => [g.title, g.mustHold, g.observed, g.status]),
+    widths,
+  );
 }
 
 /** `12 min 3 s`, `41 s`, `2.4 s`, `180 ms`. */

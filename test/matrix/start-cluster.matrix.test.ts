@@ -18,7 +18,11 @@ const ROOT = join(import.meta.dirname, '..', '..');
 type Lock = { pid: number; processes: { name: string; pid: number }[] };
 
 function start(args: string[]): ServiceProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'scripts', 'start.ts'), ...args], { cwd: ROOT, env: { PATH: process.env.PATH ?? '' }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'scripts', 'start.ts'), ...args], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? '' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   return new ServiceProcess('start', child);
 }
 
@@ -28,7 +32,10 @@ async function up(p: ServiceProcess, ms = 120_000): Promise<Record<string, unkno
   for (;;) {
     const line = p.lines.find((l) => typeof l.msg === 'string' && l.msg.startsWith('tooltx is up'));
     if (line) return line;
-    if (p.child.exitCode !== null || Date.now() > until) throw new Error(`not up (exit ${p.child.exitCode}): ${p.stderr.slice(-800)} ${JSON.stringify(p.lines.slice(-5))}`);
+    if (p.child.exitCode !== null || Date.now() > until)
+      throw new Error(
+        `not up (exit ${p.child.exitCode}): ${p.stderr.slice(-800)} ${JSON.stringify(p.lines.slice(-5))}`,
+      );
     await new Promise((r) => setTimeout(r, 200));
   }
 }
@@ -40,9 +47,27 @@ describe('npm start -- --cluster 3', () => {
     const args = ['--cluster', '3', '--port', String(port), '--kb-port', String(await freePort()), '--state-dir', dir];
     const urls = [0, 1, 2].map((i) => `nats://127.0.0.1:${port + i}`).join(',');
     const call = async () => {
-      const tools = await createTools({ servers: urls, tenant: 'acme', actor: 'alice', nkeyFile: join(dir, 'auth', 'nkeys', 'agent.acme.alice.nk'), contracts: researchContracts({ kbDedup: true }).all, receiptKeys: join(dir, 'auth', 'receipt-keys.json'), budgetMs: 30_000 });
+      const tools = await createTools({
+        servers: urls,
+        tenant: 'acme',
+        actor: 'alice',
+        nkeyFile: join(dir, 'auth', 'nkeys', 'agent.acme.alice.nk'),
+        contracts: researchContracts({ kbDedup: true }).all,
+        receiptKeys: join(dir, 'auth', 'receipt-keys.json'),
+        budgetMs: 30_000,
+      });
       try {
-        return await tools.execute({ tool: 'kb.write_note', taskId: 'cluster-restart', input: { kb: 'research', title: 'Across a restart', body: 'Still one note.', sourceUrl: 'https://example.org/r', fetchedAt: '2026-12-01T00:00:00Z' } });
+        return await tools.execute({
+          tool: 'kb.write_note',
+          taskId: 'cluster-restart',
+          input: {
+            kb: 'research',
+            title: 'Across a restart',
+            body: 'Still one note.',
+            sourceUrl: 'https://example.org/r',
+            fetchedAt: '2026-12-01T00:00:00Z',
+          },
+        });
       } finally {
         await tools.close();
       }
@@ -60,10 +85,17 @@ describe('npm start -- --cluster 3', () => {
       expect(await call()).toEqual(before);
       const lock = JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock;
       const n2 = lock.processes.find((p) => p.name === 'nats-server-n2')!;
-      expect(lock.processes.filter((p) => p.name.startsWith('nats-server')).map((p) => p.name).sort()).toEqual(['nats-server-n1', 'nats-server-n2', 'nats-server-n3']);
+      expect(
+        lock.processes
+          .filter((p) => p.name.startsWith('nats-server'))
+          .map((p) => p.name)
+          .sort(),
+      ).toEqual(['nats-server-n1', 'nats-server-n2', 'nats-server-n3']);
       process.kill(n2.pid, 'SIGKILL');
       expect(await second.exited).toBe(1);
-      expect(second.lines.find((l) => l.level === 50 && l.service === 'start')).toMatchObject({ process: 'nats-server-n2' });
+      expect(second.lines.find((l) => l.level === 50 && l.service === 'start')).toMatchObject({
+        process: 'nats-server-n2',
+      });
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

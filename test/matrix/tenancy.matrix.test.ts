@@ -34,10 +34,15 @@ let other: NatsServerHandle | undefined;
 const agents: { tenant: string; tools: Tools }[] = [];
 
 beforeAll(async () => {
-  t = await provisioned({}, undefined, { identities: manyTenants(OTHERS, LIMITS), jetstreamExtra: 'max_file_store: 400MB' });
+  t = await provisioned({}, undefined, {
+    identities: manyTenants(OTHERS, LIMITS),
+    jetstreamExtra: 'max_file_store: 400MB',
+  });
   sink = await new Sink().start();
   const env = { ...t.env, SINK_URL: sink.url, LOG_LEVEL: 'info' };
-  services = await Promise.all((['authorizer', 'executor', 'reconciler', 'audit-projector'] as const).map((n) => startService(n, env)));
+  services = await Promise.all(
+    (['authorizer', 'executor', 'reconciler', 'audit-projector'] as const).map((n) => startService(n, env)),
+  );
   for (let i = 1; i <= OTHERS; i++) {
     const tenant = `t${String(i).padStart(2, '0')}`;
     agents.push({ tenant, tools: await toolsOf(t, tenant, 'agent') });
@@ -46,7 +51,13 @@ beforeAll(async () => {
   const onc = await connectNats({ servers: other.url, name: 'control', reconnectForever: false });
   const { jsm } = await jetStreamOf(onc);
   // Full from the start: every flood publish is refused (10077), as most of the tenant's are.
-  await jsm.streams.add({ name: 'CONTROL', subjects: ['control.intent.>'], max_bytes: 64 * 1024, discard: DiscardPolicy.New, storage: StorageType.File });
+  await jsm.streams.add({
+    name: 'CONTROL',
+    subjects: ['control.intent.>'],
+    max_bytes: 64 * 1024,
+    discard: DiscardPolicy.New,
+    storage: StorageType.File,
+  });
   await (await jetStreamOf(onc)).js.publish('control.intent.flood.mallory', new Uint8Array(60 * 1024));
   await onc.close();
   // Warm: the first calls of a fresh stack (connections, JIT) are not the baseline.
@@ -71,7 +82,10 @@ async function callFor(ms: number, label: string, intervalMs = CALL_INTERVAL_MS)
   const calls: Promise<void>[] = [];
   const call = async (tenant: string, tools: Tools, i: number) => {
     const started = performance.now();
-    const r = await tools.execute({ tool: 'sink.write', taskId: `${label}-${tenant}-${i}`, input: note(`${label} ${tenant} ${i}`) }, { budgetMs: 30_000 });
+    const r = await tools.execute(
+      { tool: 'sink.write', taskId: `${label}-${tenant}-${i}`, input: note(`${label} ${tenant} ${i}`) },
+      { budgetMs: 30_000 },
+    );
     run.calls++;
     run.latenciesMs.push(performance.now() - started);
     if (r.status !== 'committed') {
@@ -81,7 +95,7 @@ async function callFor(ms: number, label: string, intervalMs = CALL_INTERVAL_MS)
   };
   const start = performance.now();
   for (let i = 0; performance.now() - start < ms; i++) {
-    agents.forEach(({ tenant, tools }) => calls.push(call(tenant, tools, i).catch(() => undefined)));
+    for (const { tenant, tools } of agents) calls.push(call(tenant, tools, i).catch(() => undefined));
     const due = start + (i + 1) * intervalMs;
     await new Promise((r) => setTimeout(r, Math.max(0, due - performance.now())));
   }
@@ -112,8 +126,12 @@ async function floodDrained(): Promise<void> {
 async function storedBytes(): Promise<string> {
   const out: string[] = [];
   for (const id of t.tenants) {
-    const [i, d] = await Promise.all([t.jsm.streams.info(t.subjects.intentsStream(id)), t.jsm.streams.info(t.subjects.decisionsStream(id))]);
-    if (i.state.bytes + d.state.bytes > 0) out.push(`${id} ${(i.state.bytes / MiB).toFixed(1)}+${(d.state.bytes / MiB).toFixed(1)} MiB`);
+    const [i, d] = await Promise.all([
+      t.jsm.streams.info(t.subjects.intentsStream(id)),
+      t.jsm.streams.info(t.subjects.decisionsStream(id)),
+    ]);
+    if (i.state.bytes + d.state.bytes > 0)
+      out.push(`${id} ${(i.state.bytes / MiB).toFixed(1)}+${(d.state.bytes / MiB).toFixed(1)} MiB`);
   }
   return out.join(', ') || 'none';
 }
@@ -131,11 +149,17 @@ const floods: [string, 'amplifiers' | 'junk' | 'valid', number][] = [
  * what the flooder's own share of the machine costs the others, whatever tooltx does.
  */
 function floodCase(what: string, kind: 'amplifiers' | 'junk' | 'valid', window: number, control = false): void {
-  it(`tenant-flood: ${what} for 30 s${control ? ', sent to another nats-server on this machine (control)' : ''} — the other tenants' calls all commit; their p99 with and without it`, { timeout: 180_000 }, async ({ task }) => {
+  it(`tenant-flood: ${what} for 30 s${control ? ', sent to another nats-server on this machine (control)' : ''} — the other tenants' calls all commit; their p99 with and without it`, {
+    timeout: 180_000,
+  }, async ({ task }) => {
     await floodDrained();
     const before = await callFor(WINDOW_MS / 2, `before-${kind}`);
     // The flooder is a process of its own: its publishing does not slow this one, which measures.
-    const flooding = floodProcess(t, 'flood', 'mallory', kind, { ms: WINDOW_MS, window, ...(control ? { to: { url: other!.url, prefix: 'control' } } : {}) });
+    const flooding = floodProcess(t, 'flood', 'mallory', kind, {
+      ms: WINDOW_MS,
+      window,
+      ...(control ? { to: { url: other!.url, prefix: 'control' } } : {}),
+    });
     const during = await callFor(WINDOW_MS, `flood-${kind}`);
     const sent = await flooding;
     await floodDrained();
@@ -143,18 +167,42 @@ function floodCase(what: string, kind: 'amplifiers' | 'junk' | 'valid', window: 
     // (its disk's fsync above all) by as much as 3× between two windows without any flood, and a
     // baseline on one side only would measure that drift.
     const after = await callFor(WINDOW_MS / 2, `after-${kind}`);
-    const base: CallRun = { calls: before.calls + after.calls, failed: before.failed + after.failed, failures: [...before.failures, ...after.failures], latenciesMs: [...before.latenciesMs, ...after.latenciesMs] };
+    const base: CallRun = {
+      calls: before.calls + after.calls,
+      failed: before.failed + after.failed,
+      failures: [...before.failures, ...after.failures],
+      latenciesMs: [...before.latenciesMs, ...after.latenciesMs],
+    };
     const p99 = (r: CallRun) => quantile(r.latenciesMs, 0.99);
-    figure(task, { name: 'flood: publishes sent / stored, MB sent', value: `${sent.sent} / ${sent.stored}, ${(sent.bytesSent / 1e6).toFixed(0)} MB${Object.keys(sent.refused).length ? `; refused ${JSON.stringify(sent.refused)}` : ''}` });
+    figure(task, {
+      name: 'flood: publishes sent / stored, MB sent',
+      value: `${sent.sent} / ${sent.stored}, ${(sent.bytesSent / 1e6).toFixed(0)} MB${Object.keys(sent.refused).length ? `; refused ${JSON.stringify(sent.refused)}` : ''}`,
+    });
     figure(task, { name: 'other tenants: calls without / with the flood', value: `${base.calls} / ${during.calls}` });
     figure(task, { name: 'other tenants: failed calls with the flood', value: during.failed });
-    figure(task, { name: 'other tenants: p50 without / with the flood', value: `${quantile(base.latenciesMs, 0.5).toFixed(1)} / ${quantile(during.latenciesMs, 0.5).toFixed(1)}`, unit: 'ms' });
+    figure(task, {
+      name: 'other tenants: p50 without / with the flood',
+      value: `${quantile(base.latenciesMs, 0.5).toFixed(1)} / ${quantile(during.latenciesMs, 0.5).toFixed(1)}`,
+      unit: 'ms',
+    });
     // Each half of the baseline on its own: whether the flood leaves the stack slower after it ends.
-    figure(task, { name: 'other tenants: p50 / p99 in the window before / after the flood', value: `${quantile(before.latenciesMs, 0.5).toFixed(1)} / ${p99(before).toFixed(1)}, ${quantile(after.latenciesMs, 0.5).toFixed(1)} / ${p99(after).toFixed(1)}`, unit: 'ms' });
-    figure(task, { name: 'other tenants: p99 without / with the flood', value: `${p99(base).toFixed(1)} / ${p99(during).toFixed(1)}`, unit: 'ms' });
+    figure(task, {
+      name: 'other tenants: p50 / p99 in the window before / after the flood',
+      value: `${quantile(before.latenciesMs, 0.5).toFixed(1)} / ${p99(before).toFixed(1)}, ${quantile(after.latenciesMs, 0.5).toFixed(1)} / ${p99(after).toFixed(1)}`,
+      unit: 'ms',
+    });
+    figure(task, {
+      name: 'other tenants: p99 without / with the flood',
+      value: `${p99(base).toFixed(1)} / ${p99(during).toFixed(1)}`,
+      unit: 'ms',
+    });
     const ratio = p99(during) / p99(base);
     // The control flood does not count for the gate: it says what the flooder's own share of this machine costs.
-    figure(task, { name: 'other tenants: p99 ratio (must be ≤ 2)', value: Number(ratio.toFixed(2)), ...(control ? {} : { floodsMeasured: 1, floodsWithin2x: ratio <= 2 ? 1 : 0 }) });
+    figure(task, {
+      name: 'other tenants: p99 ratio (must be ≤ 2)',
+      value: Number(ratio.toFixed(2)),
+      ...(control ? {} : { floodsMeasured: 1, floodsWithin2x: ratio <= 2 ? 1 : 0 }),
+    });
     figure(task, { name: 'stored per tenant (intents + decisions)', value: await storedBytes() });
     expect(during.failures).toEqual([]);
     expect(base.failures).toEqual([]);
@@ -168,7 +216,9 @@ describe('tenancy grid', () => {
   floodCase(floods[0]![0], 'amplifiers', 16, true);
   floodCase(floods[1]![0], 'junk', 8, true);
 
-  it('poison-intake: 1,000 amplifiers — the other tenants\' calls all commit, the flooding tenant\'s intake is worked through with nothing redelivered', { timeout: 300_000 }, async ({ task }) => {
+  it("poison-intake: 1,000 amplifiers — the other tenants' calls all commit, the flooding tenant's intake is worked through with nothing redelivered", {
+    timeout: 300_000,
+  }, async ({ task }) => {
     await floodDrained();
     const poison = floodProcess(t, 'flood', 'mallory', 'amplifiers', { maxBytes: 1_000 * AMPLIFIER_BYTES, window: 16 });
     const during = await callFor(10_000, 'poison');
@@ -182,14 +232,19 @@ describe('tenancy grid', () => {
     expect(c.num_redelivered).toBe(0);
   });
 
-  it('tenant-flood: 1 GB of 1 MB junk intents on a 400 MB store — the other tenants\' writes all commit; the flooding tenant holds at most its own bound', { timeout: 600_000 }, async ({ task }) => {
+  it("tenant-flood: 1 GB of 1 MB junk intents on a 400 MB store — the other tenants' writes all commit; the flooding tenant holds at most its own bound", {
+    timeout: 600_000,
+  }, async ({ task }) => {
     await floodDrained();
     const flooded = floodProcess(t, 'flood', 'mallory', 'junk', { maxBytes: 1_000 * 1_000_000, window: 8 });
     const during = await callFor(10_000, 'gb');
     const sent = await flooded;
     const after = await callFor(2_000, 'gb-after');
     const intake = await t.jsm.streams.info(t.subjects.intentsStream('flood'));
-    figure(task, { name: 'junk sent / stored, MB', value: `${(sent.bytesSent / 1e6).toFixed(0)} / ${sent.stored}; refused ${JSON.stringify(sent.refused)}` });
+    figure(task, {
+      name: 'junk sent / stored, MB',
+      value: `${(sent.bytesSent / 1e6).toFixed(0)} / ${sent.stored}; refused ${JSON.stringify(sent.refused)}`,
+    });
     figure(task, { name: 'other tenants: failed calls during / after', value: `${during.failed} / ${after.failed}` });
     figure(task, { name: 'flooding tenant: intake bytes (bound 32 MiB)', value: intake.state.bytes, unit: 'bytes' });
     figure(task, { name: 'stored per tenant (intents + decisions)', value: await storedBytes() });

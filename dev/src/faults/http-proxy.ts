@@ -1,4 +1,12 @@
-import { createServer, request as httpRequest, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type Server, type ServerResponse } from 'node:http';
+import {
+  createServer,
+  request as httpRequest,
+  type IncomingHttpHeaders,
+  type IncomingMessage,
+  type OutgoingHttpHeaders,
+  type Server,
+  type ServerResponse,
+} from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 /**
@@ -54,7 +62,16 @@ interface Rule {
 }
 
 /** Hop-by-hop headers (RFC 9110 §7.6.1) the proxy never copies across. */
-const HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'content-length']);
+const HOP = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'transfer-encoding',
+  'te',
+  'trailer',
+  'upgrade',
+  'content-length',
+]);
 
 const isWrite = (req: IncomingMessage) => req.method !== 'GET' && req.method !== 'HEAD';
 
@@ -106,7 +123,8 @@ export class HttpFaultProxy {
    * for a negative or non-finite `ms`.
    */
   inject(key: string, fault: HttpFault, opts: InjectOptions = {}): Injection {
-    if ('ms' in fault && !(Number.isFinite(fault.ms) && fault.ms >= 0)) throw new RangeError(`fault ms must be a finite number ≥ 0, got ${fault.ms}`);
+    if ('ms' in fault && !(Number.isFinite(fault.ms) && fault.ms >= 0))
+      throw new RangeError(`fault ms must be a finite number ≥ 0, got ${fault.ms}`);
     let resolve!: (f: InjectedFault) => void;
     const applied = new Promise<InjectedFault>((r) => (resolve = r));
     const rule: Rule = { key, fault, left: opts.times ?? 1, when: opts.when ?? isWrite, resolve };
@@ -166,7 +184,9 @@ export class HttpFaultProxy {
     req.on('end', () => {
       const body = Buffer.concat(chunks);
       const rule = this.#take(req);
-      const record: InjectedFault | null = rule ? { key: rule.key, kind: rule.fault.kind, method: req.method ?? '', path: req.url ?? '', at: Date.now() } : null;
+      const record: InjectedFault | null = rule
+        ? { key: rule.key, kind: rule.fault.kind, method: req.method ?? '', path: req.url ?? '', at: Date.now() }
+        : null;
       const applied = () => {
         if (!rule || !record) return;
         this.injected.push(record);
@@ -182,31 +202,48 @@ export class HttpFaultProxy {
           res.destroy();
           return applied();
         }
-        this.#forward(req, body, (status, headers, answer) => {
-          const cut = f ? f.kind === 'cut_response' : this.cutResponse(req);
-          const later = f ? (f.kind === 'hold_response' ? f.ms : 0) : this.holdResponse(req);
-          if (record) {
-            record.answeredAt = Date.now();
-            record.status = status;
-            applied();
-          } else if (cut || later) this.onAnswered(req, status);
-          if (cut) return void res.destroy();
-          this.#later(later, () => {
-            if (res.destroyed || res.writableEnded) return;
-            res.writeHead(status, { ...headers, 'content-length': answer.length, connection: 'close' });
-            res.end(answer);
-          });
-        }, () => res.destroy());
+        this.#forward(
+          req,
+          body,
+          (status, headers, answer) => {
+            const cut = f ? f.kind === 'cut_response' : this.cutResponse(req);
+            const later = f ? (f.kind === 'hold_response' ? f.ms : 0) : this.holdResponse(req);
+            if (record) {
+              record.answeredAt = Date.now();
+              record.status = status;
+              applied();
+            } else if (cut || later) this.onAnswered(req, status);
+            if (cut) return void res.destroy();
+            this.#later(later, () => {
+              if (res.destroyed || res.writableEnded) return;
+              res.writeHead(status, { ...headers, 'content-length': answer.length, connection: 'close' });
+              res.end(answer);
+            });
+          },
+          () => res.destroy(),
+        );
       });
     });
   }
 
   /** Sends the request to the target on a fresh connection (no pooling) and buffers the answer. */
-  #forward(req: IncomingMessage, body: Buffer, onAnswer: (status: number, headers: OutgoingHttpHeaders, body: Buffer) => void, onError: () => void): void {
+  #forward(
+    req: IncomingMessage,
+    body: Buffer,
+    onAnswer: (status: number, headers: OutgoingHttpHeaders, body: Buffer) => void,
+    onError: () => void,
+  ): void {
     const headers = endToEnd(req.headers);
     if (body.length > 0 || req.headers['content-length'] !== undefined) headers['content-length'] = body.length;
     const up = httpRequest(
-      { host: this.#target.hostname, port: this.#target.port, method: req.method, path: req.url, headers, agent: false },
+      {
+        host: this.#target.hostname,
+        port: this.#target.port,
+        method: req.method,
+        path: req.url,
+        headers,
+        agent: false,
+      },
       (r) => {
         const answer: Buffer[] = [];
         r.on('data', (c: Buffer) => answer.push(c));

@@ -90,8 +90,14 @@ class Conn implements TcpConnection {
       upstream.destroy();
       onClose(this);
     };
-    client.on('data', (c: Buffer) => this.#arrive('up', c)).on('error', close).on('close', close);
-    upstream.on('data', (c: Buffer) => this.#arrive('down', c)).on('error', close).on('close', close);
+    client
+      .on('data', (c: Buffer) => this.#arrive('up', c))
+      .on('error', close)
+      .on('close', close);
+    upstream
+      .on('data', (c: Buffer) => this.#arrive('down', c))
+      .on('error', close)
+      .on('close', close);
   }
 
   delay(ms: number, direction: Direction | 'both' = 'both'): void {
@@ -107,7 +113,10 @@ class Conn implements TcpConnection {
 
   cutAfterBytesDown(bytes: number): void {
     if (!(Number.isInteger(bytes) && bytes >= 0)) throw new RangeError(`bytes must be an integer ≥ 0, got ${bytes}`);
-    if (bytes === 0) return this.cut();
+    if (bytes === 0) {
+      this.cut();
+      return;
+    }
     this.#cutAfterDown = bytes;
   }
 
@@ -196,11 +205,20 @@ export class TcpFaultProxy {
    * (default `nats`).
    */
   constructor(target: number | { host?: string; port: number }, opts: { scheme?: string } = {}) {
-    const t = typeof target === 'number' ? { host: '127.0.0.1', port: target } : { host: target.host ?? '127.0.0.1', port: target.port };
+    const t =
+      typeof target === 'number'
+        ? { host: '127.0.0.1', port: target }
+        : { host: target.host ?? '127.0.0.1', port: target.port };
     this.#scheme = opts.scheme ?? 'nats';
     this.#server = createServer((client) => {
       const upstream = connect(t.port, t.host);
-      const c = new Conn(++this.#accepted, client, upstream, (x) => this.#check(x), (x) => this.#live.delete(x.id));
+      const c = new Conn(
+        ++this.#accepted,
+        client,
+        upstream,
+        (x) => this.#check(x),
+        (x) => this.#live.delete(x.id),
+      );
       this.#live.set(c.id, c);
       this.#check(c);
     });
@@ -233,7 +251,11 @@ export class TcpFaultProxy {
    * connections in all (default 1; `Infinity` = every match). `applied` resolves with the first
    * application. A name match applies once the client has sent its `CONNECT` line.
    */
-  program(match: ConnectionMatch, fault: TcpFault, opts: { times?: number } = {}): { applied: Promise<TcpInjectedFault>; cancel(): void } {
+  program(
+    match: ConnectionMatch,
+    fault: TcpFault,
+    opts: { times?: number } = {},
+  ): { applied: Promise<TcpInjectedFault>; cancel(): void } {
     let resolve!: (f: TcpInjectedFault) => void;
     const applied = new Promise<TcpInjectedFault>((r) => (resolve = r));
     const rule: Rule = { match, fault, left: opts.times ?? 1, resolve, seen: new Set() };
@@ -247,7 +269,13 @@ export class TcpFaultProxy {
     const now = [...this.#live.values()].find((c) => matches(match, c));
     if (now) return Promise.resolve(now);
     return new Promise((resolve, reject) => {
-      const w = { match, resolve: (c: TcpConnection) => (clearTimeout(timer), resolve(c)) };
+      const w = {
+        match,
+        resolve: (c: TcpConnection) => {
+          clearTimeout(timer);
+          resolve(c);
+        },
+      };
       const timer = setTimeout(() => {
         this.#waiters = this.#waiters.filter((x) => x !== w);
         reject(new Error(`no matching connection within ${timeoutMs} ms`));

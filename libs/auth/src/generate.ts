@@ -1,9 +1,25 @@
-import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createUser, fromSeed, type KeyPair } from '@nats-io/nkeys';
 import { generateReceiptKey, receiptKeyOf } from '@tooltx/lifecycle';
-import { inboxPrefixOf, jetstreamConfigBlock, SERVICE_NAMES, type Durability, type Role, type Subjects } from '@tooltx/nats';
+import {
+  inboxPrefixOf,
+  jetstreamConfigBlock,
+  SERVICE_NAMES,
+  type Durability,
+  type Role,
+  type Subjects,
+} from '@tooltx/nats';
 import { DEFAULT_TENANT_LIMITS, resolveLimits, type Topology } from '@tooltx/streams';
 import { identityListSchema, checkIdentityList, type IdentityList } from './identities.js';
 import { permissionsFor } from './permissions.js';
@@ -144,11 +160,18 @@ export function generateAuth(
   // A user removed from the list loses its seed: re-adding the id later must not revive the old key
   // (whoever still holds that file would be let in again).
   const listed = new Set(users.map((u) => u.seedFile));
-  for (const f of readdirSync(keyDir)) if (f.endsWith('.nk') && !listed.has(join(keyDir, f))) rmSync(join(keyDir, f), { force: true });
+  for (const f of readdirSync(keyDir))
+    if (f.endsWith('.nk') && !listed.has(join(keyDir, f))) rmSync(join(keyDir, f), { force: true });
   const q = (v: string) => JSON.stringify(v);
   const list2 = (xs: string[]) => `[${xs.map(q).join(', ')}]`;
   const userBlock = (u: GeneratedUser) => {
-    const p = permissionsFor(u.role, o.subjects, o.topology, parsed.executorDurables, parsed.tenants.map((t) => t.id));
+    const p = permissionsFor(
+      u.role,
+      o.subjects,
+      o.topology,
+      parsed.executorDurables,
+      parsed.tenants.map((t) => t.id),
+    );
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
     const resp = p.allow_responses ? ', allow_responses: true' : '';
@@ -171,25 +194,49 @@ export function generateAuth(
   };
   const imports = (subjects: string[], streams: string[] = []) =>
     `      imports: [${[...subjects.map((x) => `{ service: { account: "TOOLTX", subject: ${q(x)} } }`), ...streams.map((x) => `{ stream: { account: "TOOLTX", subject: ${q(x)} } }`)].join(', ')}]`;
-  const tenantAccounts = parsed.tenants.map((t) => ({ id: t.id, limits: resolveLimits(parsed.limits, t.limits) })).map((t) => ({
-    name: `TENANT_${t.id}`,
-    // Pushed answers: a stream import of this tenant's push subjects only; each agent may
-    // subscribe to its own (permissionsFor).
-    // Admission at the connection (docs/tenancy.md): a message over the tenant's largest intent is
-    // refused before nats-server reads it, and the tenant's connections are bounded.
-    extra: [
-      `      limits: { max_payload: ${t.limits.maxIntentBytes}, max_connections: ${t.limits.connections ?? DEFAULT_TENANT_LIMITS.connections} }`,
-      imports([`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`], [o.subjects.pushesOfTenant(t.id)]),
-    ],
-    users: users.filter((u) => (u.role.kind === 'agent' || u.role.kind === 'auditor') && u.role.tenant === t.id),
-  }));
-  const operatorAccount = { name: 'OPERATORS', extra: [imports([`${p}.takeover.>`])], users: users.filter((u) => u.role.kind === 'operator') };
-  const accounts = [tooltxAccount, ...tenantAccounts, operatorAccount].filter((a) => a === tooltxAccount || a.users.length > 0);
-  const accountsBlock = ['accounts {', ...accounts.map((a) => [`  ${q(a.name)}: {`, ...a.extra, '    users: [', a.users.map(userBlock).join(',\n'), '    ]', '  }'].join('\n')), '}'].join('\n');
+  const tenantAccounts = parsed.tenants
+    .map((t) => ({ id: t.id, limits: resolveLimits(parsed.limits, t.limits) }))
+    .map((t) => ({
+      name: `TENANT_${t.id}`,
+      // Pushed answers: a stream import of this tenant's push subjects only; each agent may
+      // subscribe to its own (permissionsFor).
+      // Admission at the connection (docs/tenancy.md): a message over the tenant's largest intent is
+      // refused before nats-server reads it, and the tenant's connections are bounded.
+      extra: [
+        `      limits: { max_payload: ${t.limits.maxIntentBytes}, max_connections: ${t.limits.connections ?? DEFAULT_TENANT_LIMITS.connections} }`,
+        imports(
+          [`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`],
+          [o.subjects.pushesOfTenant(t.id)],
+        ),
+      ],
+      users: users.filter((u) => (u.role.kind === 'agent' || u.role.kind === 'auditor') && u.role.tenant === t.id),
+    }));
+  const operatorAccount = {
+    name: 'OPERATORS',
+    extra: [imports([`${p}.takeover.>`])],
+    users: users.filter((u) => u.role.kind === 'operator'),
+  };
+  const accounts = [tooltxAccount, ...tenantAccounts, operatorAccount].filter(
+    (a) => a === tooltxAccount || a.users.length > 0,
+  );
+  const accountsBlock = [
+    'accounts {',
+    ...accounts.map((a) =>
+      [`  ${q(a.name)}: {`, ...a.extra, '    users: [', a.users.map(userBlock).join(',\n'), '    ]', '  }'].join('\n'),
+    ),
+    '}',
+  ].join('\n');
   const header = '# Generated by `tooltx auth generate` from the identity list: do not edit by hand.';
   const configFiles: string[] = [];
   if (!o.cluster) {
-    const config = [header, `server_name: ${q(o.serverName ?? 'tooltx')}`, `listen: ${q(o.listen)}`, jetstreamConfigBlock(o.storeDir, o.durability), accountsBlock, ''].join('\n');
+    const config = [
+      header,
+      `server_name: ${q(o.serverName ?? 'tooltx')}`,
+      `listen: ${q(o.listen)}`,
+      jetstreamConfigBlock(o.storeDir, o.durability),
+      accountsBlock,
+      '',
+    ].join('\n');
     const configFile = join(o.outDir, 'nats-server.conf');
     writePrivate(configFile, config);
     configFiles.push(configFile);

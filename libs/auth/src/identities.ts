@@ -16,7 +16,14 @@ const id = z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$ (one subj
 
 export const identityListSchema = z.strictObject({
   tenants: z
-    .array(z.strictObject({ id, actors: z.array(id).default([]), auditors: z.array(id).default([]), limits: partialTenantLimitsSchema.optional() }))
+    .array(
+      z.strictObject({
+        id,
+        actors: z.array(id).default([]),
+        auditors: z.array(id).default([]),
+        limits: partialTenantLimitsSchema.optional(),
+      }),
+    )
     .min(1)
     .refine((ts) => new Set(ts.map((t) => t.id)).size === ts.length, 'tenant ids must be unique'),
   /** Extra durable names the executor may pull from (e.g. a second executor group during a migration). */
@@ -44,12 +51,17 @@ interface ListedIdentity {
 }
 
 const describeRole = (r: Role): string =>
-  r.kind === 'agent' ? `actor ${r.tenant}/${r.actor}`
-    : r.kind === 'auditor' ? `auditor ${r.tenant}/${r.actor}`
-      : r.kind === 'operator' ? `operator ${r.operator}`
-        : r.kind === 'service' ? `service ${r.service}`
+  r.kind === 'agent'
+    ? `actor ${r.tenant}/${r.actor}`
+    : r.kind === 'auditor'
+      ? `auditor ${r.tenant}/${r.actor}`
+      : r.kind === 'operator'
+        ? `operator ${r.operator}`
+        : r.kind === 'service'
+          ? `service ${r.service}`
           : 'the provisioner';
-const describeEntry = (e: ListedIdentity): string => (e.path.length ? `${e.path.join('.')} (${describeRole(e.role)})` : describeRole(e.role));
+const describeEntry = (e: ListedIdentity): string =>
+  e.path.length ? `${e.path.join('.')} (${describeRole(e.role)})` : describeRole(e.role);
 
 /**
  * Refuses an identity list in which two identities would share a reply inbox, or one user's inbox
@@ -133,7 +145,11 @@ export function checkIdentityList(list: IdentityList, topo?: Topology): void {
       const stream = owners.get(d);
       if (stream) {
         refuse(
-          { path: ['executorDurables', k], code: 'durable_collision', message: `${d} is a durable of the topology (${stream})` },
+          {
+            path: ['executorDurables', k],
+            code: 'durable_collision',
+            message: `${d} is a durable of the topology (${stream})`,
+          },
           `executorDurables.${k}: extra executor durable ${JSON.stringify(d)} is already a durable of the topology (stream ${stream}); name the executor's extra durable otherwise`,
         );
       }

@@ -1,3 +1,10 @@
 export { checkIdentityList, identityListSchema, tenantsOf, type IdentityList } from './identities.js';
 export { knownDurables, permissionsFor, type Permissions } from './permissions.js';
-export { generateAuth, RECEIPT_SIGNERS, type ClusterNode, type ClusterSpec, type GeneratedAuth, type GeneratedUser } from './generate.js';
+export {
+  generateAuth,
+  RECEIPT_SIGNERS,
+  type ClusterNode,
+  type ClusterSpec,
+  type GeneratedAuth,
+  type GeneratedUser,
+} from './generate.js';

@@ -17,14 +17,15 @@ export interface Permissions {
   allow_responses?: boolean;
 }
 
-
 /**
  * Every durable consumer name the deployment knows: the topology's and the extra executor
  * durables of the identity list. Nobody but the provisioner may create, update or delete a
  * consumer of one of these names, on any stream ({@link permissionsFor}).
  */
 export function knownDurables(topo: Topology, executorDurables: string[] = []): string[] {
-  return [...new Set([...Object.values(Durables), ...topo.consumers.map((c) => c.config.durable_name), ...executorDurables])];
+  return [
+    ...new Set([...Object.values(Durables), ...topo.consumers.map((c) => c.config.durable_name), ...executorDurables]),
+  ];
 }
 
 /**
@@ -75,7 +76,13 @@ export function permissionsFor(
   const answers = RESPONSE_SUBJECTS;
   const streams = Object.values(topo.streams).map((st) => st.name);
   const kvStream = (bucket: string) => `KV_${bucket}`;
-  const buckets = [topo.results.bucket, topo.projections.reconcile.bucket, topo.projections.audit.bucket, topo.tasks.bucket, topo.tenantsBucket.bucket];
+  const buckets = [
+    topo.results.bucket,
+    topo.projections.reconcile.bucket,
+    topo.projections.audit.bucket,
+    topo.tasks.bucket,
+    topo.tenantsBucket.bucket,
+  ];
   const intentsStreams = tenants.map((t) => s.intentsStream(t));
   const decisionsStreams = tenants.map((t) => s.decisionsStream(t));
   // What every service's start-up check reads (never writes).
@@ -94,20 +101,27 @@ export function permissionsFor(
   // A read by sequence that a lagging replica cannot serve (direct gets may be answered by any
   // replica of an R3 stream) is asked again of the stream's leader (JetStreamStore, FM-29).
   const directSeq = (stream: string) => [`${api}.DIRECT.GET.${stream}`, `${api}.STREAM.MSG.GET.${stream}`];
-  const kvRead = (bucket: string) => [...directLast(kvStream(bucket)), ...directSeq(kvStream(bucket)), `${api}.STREAM.INFO.${kvStream(bucket)}`];
+  const kvRead = (bucket: string) => [
+    ...directLast(kvStream(bucket)),
+    ...directSeq(kvStream(bucket)),
+    `${api}.STREAM.INFO.${kvStream(bucket)}`,
+  ];
   const kvWrite = (bucket: string) => [`$KV.${bucket}.>`];
   // A KV watch, key listing or history: an ordered push consumer on the bucket's own stream, named
   // in the subject and filtered to the bucket's keys (never the legacy name-in-body create).
   const kvWatch = (bucket: string) => [
     `${api}.CONSUMER.CREATE.${kvStream(bucket)}.*.$KV.${bucket}.>`,
-    `${api}.CONSUMER.DELETE.${kvStream(bucket)}.*`, `${api}.CONSUMER.INFO.${kvStream(bucket)}.*`,
+    `${api}.CONSUMER.DELETE.${kvStream(bucket)}.*`,
+    `${api}.CONSUMER.INFO.${kvStream(bucket)}.*`,
     `$JS.FC.${kvStream(bucket)}.>`,
   ];
   // Every service: no create, update or delete of a durable the deployment knows, on any stream.
   const durables = knownDurables(topo, executorDurables);
   const durableGuard = durables.flatMap((d) => [
-    `${api}.CONSUMER.CREATE.*.${d}`, `${api}.CONSUMER.CREATE.*.${d}.>`,
-    `${api}.CONSUMER.DURABLE.CREATE.*.${d}`, `${api}.CONSUMER.DELETE.*.${d}`,
+    `${api}.CONSUMER.CREATE.*.${d}`,
+    `${api}.CONSUMER.CREATE.*.${d}.>`,
+    `${api}.CONSUMER.DURABLE.CREATE.*.${d}`,
+    `${api}.CONSUMER.DELETE.*.${d}`,
   ]);
   const tasks = topo.tasks.bucket;
   const events = topo.streams.events.name;
@@ -148,17 +162,26 @@ export function permissionsFor(
                 // Each tenant's intents; an intent that registered nothing is deleted once its
                 // decision is recorded (docs/tenancy.md).
                 ...intentsStreams.flatMap((n) => [...pull(n, Durables.authorizer), `${api}.STREAM.MSG.DELETE.${n}`]),
-                ...directLast(events), ...directSeq(events),
+                ...directLast(events),
+                ...directSeq(events),
                 ...decisionsStreams.flatMap((n) => directLast(n)),
                 ...kvRead(topo.results.bucket),
                 ...ordered(events, s.allOps),
                 ...tenants.flatMap((t) => ordered(s.decisionsStream(t), s.decisionsOf(t))),
-                ...kvRead(tasks), ...kvWatch(tasks),
-                s.allOps, s.allDecisions,
+                ...kvRead(tasks),
+                ...kvWatch(tasks),
+                s.allOps,
+                s.allDecisions,
                 // Status answers, and "poll now" pushed to a submission's agent.
-                answers, s.allPush,
+                answers,
+                s.allPush,
               ],
-              deny: [...durableGuard, ...durables.flatMap((d) => [events, ...decisionsStreams].map((n) => `${api}.CONSUMER.MSG.NEXT.${n}.${d}`))],
+              deny: [
+                ...durableGuard,
+                ...durables.flatMap((d) =>
+                  [events, ...decisionsStreams].map((n) => `${api}.CONSUMER.MSG.NEXT.${n}.${d}`),
+                ),
+              ],
             },
             subscribe: { allow: [inbox, s.allStatus] },
           };
@@ -169,9 +192,13 @@ export function permissionsFor(
               allow: [
                 ...check,
                 ...[Durables.executor, ...executorDurables].flatMap((d) => pull(events, d)),
-                ...directLast(events), ...directSeq(events), ...intentsStreams.flatMap((n) => directSeq(n)),
-                ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
-                ...kvRead(tasks), ...kvWatch(tasks),
+                ...directLast(events),
+                ...directSeq(events),
+                ...intentsStreams.flatMap((n) => directSeq(n)),
+                ...kvRead(topo.results.bucket),
+                ...kvWrite(topo.results.bucket),
+                ...kvRead(tasks),
+                ...kvWatch(tasks),
                 s.allOps,
                 // The answer pushed to the agent of each submission it ends.
                 s.allPush,
@@ -186,8 +213,10 @@ export function permissionsFor(
               allow: [
                 ...check,
                 ...tenantsRead,
-                ...pull(events, Durables.auditProjector), ...decisionsStreams.flatMap((n) => pull(n, Durables.auditDecisions)),
-                ...kvRead(topo.projections.audit.bucket), ...kvWrite(topo.projections.audit.bucket),
+                ...pull(events, Durables.auditProjector),
+                ...decisionsStreams.flatMap((n) => pull(n, Durables.auditDecisions)),
+                ...kvRead(topo.projections.audit.bucket),
+                ...kvWrite(topo.projections.audit.bucket),
                 // The audit service lists a tenant's records through an ordered push consumer on the
                 // bucket's own stream, and records every query and export before it answers.
                 ...kvWatch(topo.projections.audit.bucket),
@@ -201,7 +230,8 @@ export function permissionsFor(
           };
         }
         case 'reconciler': {
-          const bucket = role.service === 'reconciler' ? topo.projections.reconcile.bucket : topo.projections.audit.bucket;
+          const bucket =
+            role.service === 'reconciler' ? topo.projections.reconcile.bucket : topo.projections.audit.bucket;
           const durable = role.service === 'reconciler' ? Durables.reconciler : Durables.auditProjector;
           // The reconciler also appends recovery events and the results they carry, and lists its
           // own index (an ordered push consumer on its bucket's stream, headers only).
@@ -211,16 +241,30 @@ export function permissionsFor(
                   s.allOps,
                   // The max-deliveries advisories of the event log's durables.
                   ...pull(topo.streams.advisories.name, Durables.reconcilerAdvisories),
-                  ...kvRead(topo.results.bucket), ...kvWrite(topo.results.bucket),
+                  ...kvRead(topo.results.bucket),
+                  ...kvWrite(topo.results.bucket),
                   ...kvWatch(bucket),
                   // Frozen tasks: it freezes and thaws them, and lists them for operators.
-                  ...kvRead(tasks), ...kvWrite(tasks), ...kvWatch(tasks),
+                  ...kvRead(tasks),
+                  ...kvWrite(tasks),
+                  ...kvWatch(tasks),
                   // Takeover answers.
                   answers,
                 ]
               : [];
           return {
-            publish: { allow: [...check, ...pull(events, durable), ...directLast(events), ...directSeq(events), ...kvRead(bucket), ...kvWrite(bucket), ...recovery], deny: durableGuard },
+            publish: {
+              allow: [
+                ...check,
+                ...pull(events, durable),
+                ...directLast(events),
+                ...directSeq(events),
+                ...kvRead(bucket),
+                ...kvWrite(bucket),
+                ...recovery,
+              ],
+              deny: durableGuard,
+            },
             // The reconciler answers operators' takeover requests (queue group).
             subscribe: { allow: role.service === 'reconciler' ? [inbox, s.allTakeover] : [inbox] },
           };

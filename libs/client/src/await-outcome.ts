@@ -1,6 +1,17 @@
 import { randomUUID } from 'node:crypto';
 import { ErrorClass, TooltxError } from '@tooltx/contracts';
-import { decideAwait, initialAwait, statusReplySchema, type AwaitCall, type AwaitEvent, type AwaitOutcome, type Receipt, type ReceiptCheck, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
+import {
+  decideAwait,
+  initialAwait,
+  statusReplySchema,
+  type AwaitCall,
+  type AwaitEvent,
+  type AwaitOutcome,
+  type Receipt,
+  type ReceiptCheck,
+  type StatusAnswer,
+  type StatusRequest,
+} from '@tooltx/lifecycle';
 import { decode, encode, permissionViolationOf } from '@tooltx/nats';
 import type { Connection, PushWait } from './connection.js';
 import { publishOne, sleep, type PreparedIntent } from './submit.js';
@@ -12,16 +23,21 @@ import { publishOne, sleep, type PreparedIntent } from './submit.js';
  */
 export function statusRequester(conn: Connection, subject: string): (req: StatusRequest) => Promise<StatusAnswer> {
   return async (req) => {
-    let reply;
+    let reply: Awaited<ReturnType<typeof conn.nc.request>>;
     try {
       reply = await conn.nc.request(subject, encode(req), { timeout: (req.waitMs ?? 0) + 2_000 });
     } catch (err) {
       const denied = permissionViolationOf(err);
-      if (denied) throw new TooltxError(ErrorClass.Forbidden, 'status request refused by the server (permissions)', { issues: [conn.deniedIssue(denied, 'call')], cause: err });
+      if (denied)
+        throw new TooltxError(ErrorClass.Forbidden, 'status request refused by the server (permissions)', {
+          issues: [conn.deniedIssue(denied, 'call')],
+          cause: err,
+        });
       throw new TooltxError(ErrorClass.DependencyUnavailable, 'status service did not answer', { cause: err });
     }
     const body = decode(statusReplySchema, reply.data);
-    if (!('state' in body)) throw new TooltxError(body.error.class, 'status request refused', { issues: body.error.issues });
+    if (!('state' in body))
+      throw new TooltxError(body.error.class, 'status request refused', { issues: body.error.issues });
     return body;
   };
 }
@@ -50,14 +66,23 @@ export interface AwaitIO {
  * status requests, waits for pushed answers, pauses — and reports what came of it. Throws only what
  * no rule knows (a non-transient client error); `track` then holds the evidence.
  */
-export async function awaitOutcome(io: AwaitIO, call: AwaitCall, intent: PreparedIntent, track: Track): Promise<AwaitOutcome> {
+export async function awaitOutcome(
+  io: AwaitIO,
+  call: AwaitCall,
+  intent: PreparedIntent,
+  track: Track,
+): Promise<AwaitOutcome> {
   let state = initialAwait(call);
   let event: AwaitEvent = { kind: 'start' };
   /** The push the latest submission waits for (cancelled when a newer submission is sent or its answer was taken). */
   let pending: PushWait | null = null;
   try {
     for (;;) {
-      const { state: next, step } = decideAwait(state, event, { now: Date.now(), pushSeen: io.conn.pushes.seen, checkReceipt: io.checkReceipt });
+      const { state: next, step } = decideAwait(state, event, {
+        now: Date.now(),
+        pushSeen: io.conn.pushes.seen,
+        checkReceipt: io.checkReceipt,
+      });
       state = next;
       track.intentStored = state.intentStored;
       switch (step.kind) {
@@ -77,16 +102,25 @@ export async function awaitOutcome(io: AwaitIO, call: AwaitCall, intent: Prepare
           // No answer, or none before the budget ends, counts as "not stored".
           let timer: NodeJS.Timeout | undefined;
           const asked = io.status(step.request).catch(() => null);
-          const answer = await Promise.race([asked, new Promise<null>((r) => (timer = setTimeout(() => r(null), Math.max(0, call.deadlineAt - Date.now()))))]);
+          const answer = await Promise.race([
+            asked,
+            new Promise<null>((r) => (timer = setTimeout(() => r(null), Math.max(0, call.deadlineAt - Date.now())))),
+          ]);
           clearTimeout(timer);
           event = { kind: 'stored_checked', answer };
           break;
         }
         case 'wait_push': {
           let timer: NodeJS.Timeout | undefined;
-          const first = pending ? await Promise.race([pending.pushed, new Promise<null>((r) => (timer = setTimeout(() => r(null), step.ms)))]) : null;
+          const first = pending
+            ? await Promise.race([
+                pending.pushed,
+                new Promise<null>((r) => (timer = setTimeout(() => r(null), step.ms))),
+              ])
+            : null;
           clearTimeout(timer);
-          event = first && !('poll' in first) ? { kind: 'answered', answer: first, pushed: true } : { kind: 'push_missed' };
+          event =
+            first && !('poll' in first) ? { kind: 'answered', answer: first, pushed: true } : { kind: 'push_missed' };
           break;
         }
         case 'ask_status':
@@ -118,13 +152,28 @@ async function ask(io: AwaitIO, request: StatusRequest, push: PushWait | null): 
     const asked = io.status(request);
     if (!push) return { kind: 'answered', answer: await asked, pushed: false };
     asked.catch(() => undefined);
-    const r = await Promise.race([asked.then((a) => ({ a, pushed: false })), push.final.then((a) => ({ a, pushed: true }))]);
+    const r = await Promise.race([
+      asked.then((a) => ({ a, pushed: false })),
+      push.final.then((a) => ({ a, pushed: true })),
+    ]);
     return { kind: 'answered', answer: r.a, pushed: r.pushed };
   } catch (err) {
     // Refused by the server's permissions: the intent is stored (or may be); only observing failed.
-    if (err instanceof TooltxError && permissionViolationOf(err.cause)) return { kind: 'status_failed', error: err.toInfo(), reauthorise: true };
+    if (err instanceof TooltxError && permissionViolationOf(err.cause))
+      return { kind: 'status_failed', error: err.toInfo(), reauthorise: true };
     const refusedCredentials = io.conn.credentialsRefusal();
-    if (refusedCredentials) return { kind: 'status_failed', error: new TooltxError(ErrorClass.Forbidden, 'credentials refused', { issues: refusedCredentials.issues }).toInfo(), reauthorise: true };
-    return { kind: 'status_failed', error: err instanceof TooltxError ? err.toInfo() : { class: ErrorClass.DependencyUnavailable }, reauthorise: false };
+    if (refusedCredentials)
+      return {
+        kind: 'status_failed',
+        error: new TooltxError(ErrorClass.Forbidden, 'credentials refused', {
+          issues: refusedCredentials.issues,
+        }).toInfo(),
+        reauthorise: true,
+      };
+    return {
+      kind: 'status_failed',
+      error: err instanceof TooltxError ? err.toInfo() : { class: ErrorClass.DependencyUnavailable },
+      reauthorise: false,
+    };
   }
 }

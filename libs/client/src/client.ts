@@ -1,13 +1,27 @@
 import { ErrorClass, NextAction, nextActionFor, TooltxError, type Contract, type ErrorInfo } from '@tooltx/contracts';
-import { checkReceipt, type Receipt, type ReceiptCheck, type ServerState, type StatusAnswer, type StatusRequest, type UnknownEvidence } from '@tooltx/lifecycle';
+import {
+  checkReceipt,
+  type Receipt,
+  type ReceiptCheck,
+  type ServerState,
+  type StatusAnswer,
+  type StatusRequest,
+  type UnknownEvidence,
+} from '@tooltx/lifecycle';
 import { awaitOutcome, statusRequester, type Track } from './await-outcome.js';
 import { openConnection } from './connection.js';
-import { checkedOptions, executeArgumentIssues, type CreateToolsOptions, type ExecuteOptions, type ExecuteRequest } from './options.js';
+import {
+  checkedOptions,
+  executeArgumentIssues,
+  type CreateToolsOptions,
+  type ExecuteOptions,
+  type ExecuteRequest,
+} from './options.js';
 import { prepareIntent } from './submit.js';
 
 export { type CreateToolsOptions, type ExecuteOptions, type ExecuteRequest, ToolsOptionError } from './options.js';
 export { classifyPublishRefusal, PublishRefusalCode, QUOTA_RETRY_AFTER_MS } from './submit.js';
-export { type ReceiptCheck, type UnknownEvidence } from '@tooltx/lifecycle';
+export type { ReceiptCheck, UnknownEvidence } from '@tooltx/lifecycle';
 
 /** What the caller should do next (FM-15): an error class's action, or continue / observe. */
 export type Next = NextAction | 'continue';
@@ -33,7 +47,14 @@ export type Next = NextAction | 'continue';
 export type ExecuteResult<O = unknown> =
   | { status: 'committed'; operationKey: string; result: O; receipt: Receipt; next: 'continue' }
   | { status: 'rejected'; operationKey: string | null; error: ErrorInfo; next: Next; attempt?: number }
-  | { status: 'unknown'; operationKey: string; lastServerState: ServerState; evidence: UnknownEvidence; next: Next; error?: ErrorInfo };
+  | {
+      status: 'unknown';
+      operationKey: string;
+      lastServerState: ServerState;
+      evidence: UnknownEvidence;
+      next: Next;
+      error?: ErrorInfo;
+    };
 
 /** The SDK handle. */
 export interface Tools {
@@ -81,7 +102,8 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   // Before connecting: a bad configuration must not leave a connection open.
   const { trusted } = checkedOptions(opts);
   const conn = await openConnection(opts);
-  const verify = (o: { operationKey: string; receipt: Receipt; result?: unknown }): ReceiptCheck => checkReceipt(o, trusted, opts.tenant);
+  const verify = (o: { operationKey: string; receipt: Receipt; result?: unknown }): ReceiptCheck =>
+    checkReceipt(o, trusted, opts.tenant);
   const status = statusRequester(conn, conn.subjects.status(opts.tenant, opts.actor));
   const byName = new Map<string, Contract[]>();
   for (const c of opts.contracts) byName.set(c.name, [...(byName.get(c.name) ?? []), c]);
@@ -105,7 +127,14 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     const refusedCredentials = conn.credentialsRefusal();
     if (refusedCredentials) return refused(call.operationKey, refusedCredentials);
     const forgedActor = req.actorId !== undefined && req.actorId !== opts.actor;
-    const awaited = { operationKey: call.operationKey, inputDigest: call.inputDigest, effect: contract.effect, forgedActor, startedAt: started, deadlineAt: started + budgetMs };
+    const awaited = {
+      operationKey: call.operationKey,
+      inputDigest: call.inputDigest,
+      effect: contract.effect,
+      forgedActor,
+      startedAt: started,
+      deadlineAt: started + budgetMs,
+    };
     return (await awaitOutcome(io, awaited, prepared.intent, track)) as ExecuteResult<O>;
   };
 
@@ -128,7 +157,14 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
           status: 'unknown',
           operationKey: track.key ?? '',
           lastServerState: 'not_seen',
-          evidence: { operationKey: track.key ?? '', submissionIds: track.submissionIds, intentStored: track.intentStored, statusAnswered: false, lastSeq: 0, elapsedMs: Date.now() - track.started },
+          evidence: {
+            operationKey: track.key ?? '',
+            submissionIds: track.submissionIds,
+            intentStored: track.intentStored,
+            statusAnswered: false,
+            lastSeq: 0,
+            elapsedMs: Date.now() - track.started,
+          },
           next: NextAction.Observe,
           error: info,
         };

@@ -2,7 +2,16 @@ import { jetstream, type JetStreamClient } from '@nats-io/jetstream';
 import { errors } from '@nats-io/transport-node';
 import { ErrorClass, TooltxError, type ErrorInfo, type FieldIssue } from '@tooltx/contracts';
 import { pushMessageSchema, type PushMessage, type StatusAnswer, type StatusRequest } from '@tooltx/lifecycle';
-import { connectNats, decode, displayUrl, encode, permissionViolationOf, Subjects, type NatsConnection, type PermissionViolation } from '@tooltx/nats';
+import {
+  connectNats,
+  decode,
+  displayUrl,
+  encode,
+  permissionViolationOf,
+  Subjects,
+  type NatsConnection,
+  type PermissionViolation,
+} from '@tooltx/nats';
 import { ToolsOptionError, type CreateToolsOptions } from './options.js';
 
 /** The SDK's connection, checked at start: its subjects, its pushed answers, and what the server refuses. */
@@ -52,7 +61,13 @@ export async function openConnection(opts: CreateToolsOptions): Promise<Connecti
   const servers = opts.servers ?? 'nats://127.0.0.1:4222';
   const nc =
     opts.nc ??
-    (await connectNats({ servers, name: `tooltx-sdk:${opts.tenant}/${opts.actor}`, credsFile: opts.credsFile, nkeySeedFile: opts.nkeyFile, inboxPrefix }).catch((err: unknown) => {
+    (await connectNats({
+      servers,
+      name: `tooltx-sdk:${opts.tenant}/${opts.actor}`,
+      credsFile: opts.credsFile,
+      nkeySeedFile: opts.nkeyFile,
+      inboxPrefix,
+    }).catch((err: unknown) => {
       throw connectFailure(err, servers, opts);
     }));
   const credentials = opts.nkeyFile ? 'nkeyFile' : opts.credsFile ? 'credsFile' : opts.nc ? 'nc' : 'servers';
@@ -83,7 +98,11 @@ export async function openConnection(opts: CreateToolsOptions): Promise<Connecti
   const statusEvents = nc.status();
   void (async () => {
     for await (const s of statusEvents) {
-      if (s.type === 'error' && (s.error instanceof errors.AuthorizationError || s.error instanceof errors.UserAuthenticationExpiredError)) credentialsRefused = s.error;
+      if (
+        s.type === 'error' &&
+        (s.error instanceof errors.AuthorizationError || s.error instanceof errors.UserAuthenticationExpiredError)
+      )
+        credentialsRefused = s.error;
       else if (s.type === 'reconnect') credentialsRefused = undefined;
     }
   })().catch(() => undefined);
@@ -91,7 +110,13 @@ export async function openConnection(opts: CreateToolsOptions): Promise<Connecti
     credentialsRefused
       ? {
           class: ErrorClass.Forbidden,
-          issues: [{ path: [credentials], code: 'credentials_refused', message: `the server refuses this connection's credentials${identity}: ${credentialsRefused.message ?? 'authorization violation'}; the key was rotated or revoked` }],
+          issues: [
+            {
+              path: [credentials],
+              code: 'credentials_refused',
+              message: `the server refuses this connection's credentials${identity}: ${credentialsRefused.message ?? 'authorization violation'}; the key was rotated or revoked`,
+            },
+          ],
         }
       : null;
   const pushes = subscribePushes(nc, subjects, opts.tenant, opts.actor);
@@ -127,7 +152,12 @@ export async function openConnection(opts: CreateToolsOptions): Promise<Connecti
  * tenant, key, result digest), and names no alias (an alias's canonical key comes only from the
  * status endpoint). Anything else only ends the wait: the call asks status (FM-32).
  */
-function subscribePushes(nc: NatsConnection, subjects: Subjects, tenant: string, actor: string): Pushes & { unsubscribe(): void } {
+function subscribePushes(
+  nc: NatsConnection,
+  subjects: Subjects,
+  tenant: string,
+  actor: string,
+): Pushes & { unsubscribe(): void } {
   const waiters = new Map<string, { key: string; inputDigest: string; resolve: (m: PushMessage) => void }>();
   let seen = false;
   let refused = false;
@@ -213,7 +243,8 @@ async function probePermissions(nc: NatsConnection, subject: string): Promise<Pe
 function connectFailure(err: unknown, servers: string, opts: CreateToolsOptions): Error {
   const shown = displayUrl(servers);
   const name = err instanceof Error ? err.name : '';
-  const code = (err as { code?: unknown } | undefined)?.code ?? (err as { cause?: { code?: unknown } } | undefined)?.cause?.code;
+  const code =
+    (err as { code?: unknown } | undefined)?.code ?? (err as { cause?: { code?: unknown } } | undefined)?.cause?.code;
   if (name === 'AuthorizationError') {
     const option = opts.credsFile && !opts.nkeyFile ? 'credsFile' : 'nkeyFile';
     const message = opts.nkeyFile
@@ -221,10 +252,19 @@ function connectFailure(err: unknown, servers: string, opts: CreateToolsOptions)
       : opts.credsFile
         ? `the server at ${shown} refused the credentials in ${opts.credsFile} (Authorization Violation)`
         : `the server at ${shown} requires credentials (Authorization Violation): give nkeyFile, the seed \`tooltx auth generate\` wrote for ${opts.tenant}/${opts.actor}`;
-    return new TooltxError(ErrorClass.Forbidden, `createTools: ${message}`, { issues: [{ path: [option], code: 'authorization_violation', message }], cause: err });
+    return new TooltxError(ErrorClass.Forbidden, `createTools: ${message}`, {
+      issues: [{ path: [option], code: 'authorization_violation', message }],
+      cause: err,
+    });
   }
   if (code === 'ERR_INVALID_URL' || name === 'InvalidArgumentError') {
-    return new ToolsOptionError([{ path: ['servers'], code: 'invalid_url', message: `${shown} is not a list of server URLs (nats://host:port, comma-separated)` }]);
+    return new ToolsOptionError([
+      {
+        path: ['servers'],
+        code: 'invalid_url',
+        message: `${shown} is not a list of server URLs (nats://host:port, comma-separated)`,
+      },
+    ]);
   }
   const reasons: Record<string, string> = {
     ECONNREFUSED: 'connection refused: nothing listens there',
@@ -235,7 +275,15 @@ function connectFailure(err: unknown, servers: string, opts: CreateToolsOptions)
     ENETUNREACH: 'network unreachable',
     ECONNRESET: 'the connection was reset',
   };
-  const reason = typeof code === 'string' && reasons[code] ? `${reasons[code]} (${code})` : name === 'TimeoutError' ? 'timed out' : `${name || 'error'}${typeof code === 'string' ? ` (${code})` : ''}`;
+  const reason =
+    typeof code === 'string' && reasons[code]
+      ? `${reasons[code]} (${code})`
+      : name === 'TimeoutError'
+        ? 'timed out'
+        : `${name || 'error'}${typeof code === 'string' ? ` (${code})` : ''}`;
   const message = `cannot connect to ${shown}: ${reason}; is a nats-server listening there?`;
-  return new TooltxError(ErrorClass.DependencyUnavailable, `createTools: ${message}`, { issues: [{ path: ['servers'], code: 'unreachable', message }], cause: err });
+  return new TooltxError(ErrorClass.DependencyUnavailable, `createTools: ${message}`, {
+    issues: [{ path: ['servers'], code: 'unreachable', message }],
+    cause: err,
+  });
 }

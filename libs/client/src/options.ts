@@ -74,7 +74,11 @@ const executeRequestSchema = z.strictObject({
   actorId: z.string().max(64).optional(),
   input: z.unknown(),
 });
-const budgetSchema = z.number().int().min(100).max(24 * 3600_000);
+const budgetSchema = z
+  .number()
+  .int()
+  .min(100)
+  .max(24 * 3600_000);
 const executeOptionsSchema = z.strictObject({ budgetMs: budgetSchema.optional() });
 
 /** The field issues of `execute`'s arguments (paths relative to the request or the options object); empty when both are well formed. */
@@ -87,11 +91,26 @@ export function executeArgumentIssues(req: ExecuteRequest, o: ExecuteOptions | u
 /** The options of {@link createTools}; a problem is a {@link ToolsOptionError} at the option's name. */
 const createToolsOptionsSchema = z.strictObject({
   servers: z.string().min(1).optional(),
-  nc: z.custom<NatsConnection>((v) => typeof v === 'object' && v !== null && typeof (v as { request?: unknown }).request === 'function', 'must be a NatsConnection').optional(),
+  nc: z
+    .custom<NatsConnection>(
+      (v) => typeof v === 'object' && v !== null && typeof (v as { request?: unknown }).request === 'function',
+      'must be a NatsConnection',
+    )
+    .optional(),
   tenant: z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$'),
   actor: z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$'),
-  contracts: z.array(z.custom<Contract>((v) => typeof v === 'object' && v !== null && typeof (v as { id?: unknown }).id === 'string', 'must be a contract (defineContract)')).min(1),
-  prefix: z.string().regex(/^[a-z][a-z0-9_]{0,31}$/, 'must match ^[a-z][a-z0-9_]{0,31}$').optional(),
+  contracts: z
+    .array(
+      z.custom<Contract>(
+        (v) => typeof v === 'object' && v !== null && typeof (v as { id?: unknown }).id === 'string',
+        'must be a contract (defineContract)',
+      ),
+    )
+    .min(1),
+  prefix: z
+    .string()
+    .regex(/^[a-z][a-z0-9_]{0,31}$/, 'must match ^[a-z][a-z0-9_]{0,31}$')
+    .optional(),
   credsFile: z.string().min(1).optional(),
   nkeyFile: z.string().min(1).optional(),
   inboxPrefix: z.string().min(1).optional(),
@@ -133,7 +152,14 @@ function checkDistinctContracts(contracts: Contract[]): void {
   const seen = new Map<string, number>();
   contracts.forEach((c, i) => {
     const first = seen.get(c.id);
-    if (first !== undefined) throw new ToolsOptionError([{ path: ['contracts', i], code: 'duplicate', message: `${c.id} is given twice (also contracts[${first}]); give each name@version once` }]);
+    if (first !== undefined)
+      throw new ToolsOptionError([
+        {
+          path: ['contracts', i],
+          code: 'duplicate',
+          message: `${c.id} is given twice (also contracts[${first}]); give each name@version once`,
+        },
+      ]);
     seen.set(c.id, i);
   });
 }
@@ -145,10 +171,22 @@ function checkReadable(option: 'nkeyFile' | 'credsFile', path: string | undefine
   try {
     text = readFileSync(path, 'utf8');
   } catch (err) {
-    throw new ToolsOptionError([{ path: [option], code: 'unreadable', message: `cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? String(err)})` }]);
+    throw new ToolsOptionError([
+      {
+        path: [option],
+        code: 'unreadable',
+        message: `cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? String(err)})`,
+      },
+    ]);
   }
   if (option === 'nkeyFile' && !/^SU[A-Z2-7]{50,}$/.test(text.trim())) {
-    throw new ToolsOptionError([{ path: [option], code: 'not_a_seed', message: `${path} does not hold a user nkey seed (SU…; \`tooltx auth generate\` writes one per actor)` }]);
+    throw new ToolsOptionError([
+      {
+        path: [option],
+        code: 'not_a_seed',
+        message: `${path} does not hold a user nkey seed (SU…; \`tooltx auth generate\` writes one per actor)`,
+      },
+    ]);
   }
 }
 
@@ -162,9 +200,12 @@ const receiptKeysFileSchema = z.record(z.string(), z.string());
 function loadTrustedKeys(o: Record<string, string> | string | undefined) {
   const fromEnv = o === undefined;
   const src = o ?? process.env.TOOLTX_RECEIPT_KEYS_FILE;
-  const fail = (message: string) => new ToolsOptionError([{ path: ['receiptKeys'], code: 'invalid_receipt_keys', message }]);
-  if (src === undefined || src === '') throw fail('receiptKeys (or TOOLTX_RECEIPT_KEYS_FILE) is required: the receipt keys this agent trusts');
-  const where = typeof src === 'string' ? `${fromEnv ? 'TOOLTX_RECEIPT_KEYS_FILE' : 'receiptKeys'} file ${src}` : 'receiptKeys';
+  const fail = (message: string) =>
+    new ToolsOptionError([{ path: ['receiptKeys'], code: 'invalid_receipt_keys', message }]);
+  if (src === undefined || src === '')
+    throw fail('receiptKeys (or TOOLTX_RECEIPT_KEYS_FILE) is required: the receipt keys this agent trusts');
+  const where =
+    typeof src === 'string' ? `${fromEnv ? 'TOOLTX_RECEIPT_KEYS_FILE' : 'receiptKeys'} file ${src}` : 'receiptKeys';
   let keys: unknown = src;
   if (typeof src === 'string') {
     let text: string;
@@ -181,7 +222,7 @@ function loadTrustedKeys(o: Record<string, string> | string | undefined) {
   }
   const shape = receiptKeysFileSchema.safeParse(keys);
   if (!shape.success) throw fail(`${where} must be a JSON object { "<keyId>": "<SPKI PEM>" }`);
-  let trusted;
+  let trusted: ReturnType<typeof trustedReceiptKeys>;
   try {
     trusted = trustedReceiptKeys(shape.data);
   } catch (err) {

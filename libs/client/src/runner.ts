@@ -44,7 +44,12 @@ export type StepOutcome =
   | { status: 'rejected'; operationKey: string | null; error: ErrorInfo; next: Next }
   | { status: 'unknown'; operationKey: string; evidence: UnknownEvidence; next: Next }
   /** The SDK or the caller said committed, but the receipt does not verify: never done (FM-17). */
-  | { status: 'unverified'; operationKey: string; reason: Exclude<ReceiptCheck, { valid: true }>['reason']; next: typeof NextAction.HandOver }
+  | {
+      status: 'unverified';
+      operationKey: string;
+      reason: Exclude<ReceiptCheck, { valid: true }>['reason'];
+      next: typeof NextAction.HandOver;
+    }
   /** Not run: a step it depends on is unknown or unverified — frozen until a person resolves it. */
   | { status: 'frozen'; blockedBy: string }
   /** Not run: a step it depends on was rejected. */
@@ -58,7 +63,13 @@ export interface TaskRun {
   status: 'done' | 'handed_over' | 'incomplete';
   steps: Record<string, StepOutcome>;
   /** The evidence for the person who takes over (when `handed_over`). */
-  handover?: { step: string; operationKey: string; reason: 'unknown' | 'unverified'; evidence?: UnknownEvidence; takeover?: TakeoverRecord };
+  handover?: {
+    step: string;
+    operationKey: string;
+    reason: 'unknown' | 'unverified';
+    evidence?: UnknownEvidence;
+    takeover?: TakeoverRecord;
+  };
 }
 
 const taskSpecSchema = z.object({
@@ -67,8 +78,19 @@ const taskSpecSchema = z.object({
   steps: z
     .array(
       z
-        .object({ id: z.string().min(1).max(100), tool: z.string().min(1), version: z.number().int().min(1).optional(), dependsOn: z.array(z.string()).optional(), input: z.unknown().optional(), inputFrom: z.custom<(d: unknown) => unknown>((v) => typeof v === 'function', 'must be a function').optional(), budgetMs: z.number().int().min(100).optional() })
-        .refine((s) => (s.input === undefined) !== (s.inputFrom === undefined), { message: 'give exactly one of input or inputFrom', path: ['input'] }),
+        .object({
+          id: z.string().min(1).max(100),
+          tool: z.string().min(1),
+          version: z.number().int().min(1).optional(),
+          dependsOn: z.array(z.string()).optional(),
+          input: z.unknown().optional(),
+          inputFrom: z.custom<(d: unknown) => unknown>((v) => typeof v === 'function', 'must be a function').optional(),
+          budgetMs: z.number().int().min(100).optional(),
+        })
+        .refine((s) => (s.input === undefined) !== (s.inputFrom === undefined), {
+          message: 'give exactly one of input or inputFrom',
+          path: ['input'],
+        }),
     )
     .min(1)
     .max(1_000),
@@ -80,17 +102,24 @@ const taskSpecSchema = z.object({
  */
 export async function runTask(tools: Pick<Tools, 'execute' | 'verify'>, spec: TaskSpec): Promise<TaskRun> {
   const parsed = taskSpecSchema.safeParse(spec);
-  if (!parsed.success) throw new TooltxError(ErrorClass.InvalidInput, 'invalid task', { issues: fieldIssues(parsed.error) });
+  if (!parsed.success)
+    throw new TooltxError(ErrorClass.InvalidInput, 'invalid task', { issues: fieldIssues(parsed.error) });
   const steps = new Map<string, TaskStep>();
   spec.steps.forEach((s, i) => {
-    if (steps.has(s.id)) throw new TooltxError(ErrorClass.InvalidInput, 'duplicate step id', { issues: [{ path: ['steps', i, 'id'], code: 'duplicate', message: `step id ${s.id} is used twice` }] });
+    if (steps.has(s.id))
+      throw new TooltxError(ErrorClass.InvalidInput, 'duplicate step id', {
+        issues: [{ path: ['steps', i, 'id'], code: 'duplicate', message: `step id ${s.id} is used twice` }],
+      });
     steps.set(s.id, s);
   });
-  spec.steps.forEach((s, i) =>
+  spec.steps.forEach((s, i) => {
     (s.dependsOn ?? []).forEach((d, j) => {
-      if (!steps.has(d)) throw new TooltxError(ErrorClass.InvalidInput, 'unknown dependency', { issues: [{ path: ['steps', i, 'dependsOn', j], code: 'unknown_step', message: `no step ${d}` }] });
-    }),
-  );
+      if (!steps.has(d))
+        throw new TooltxError(ErrorClass.InvalidInput, 'unknown dependency', {
+          issues: [{ path: ['steps', i, 'dependsOn', j], code: 'unknown_step', message: `no step ${d}` }],
+        });
+    });
+  });
   assertAcyclic(spec.steps);
 
   const out: Record<string, StepOutcome> = {};
@@ -103,20 +132,30 @@ export async function runTask(tools: Pick<Tools, 'execute' | 'verify'>, spec: Ta
     for (const d of s.dependsOn ?? []) {
       const o = out[d];
       if (!o) continue;
-      if (o.status === 'unknown' || o.status === 'unverified' || o.status === 'frozen') return { kind: 'frozen', by: o.status === 'frozen' ? o.blockedBy : d };
-      if (o.status === 'rejected' || o.status === 'blocked' || o.status === 'not_started') return { kind: 'blocked', by: o.status === 'blocked' ? o.blockedBy : d };
+      if (o.status === 'unknown' || o.status === 'unverified' || o.status === 'frozen')
+        return { kind: 'frozen', by: o.status === 'frozen' ? o.blockedBy : d };
+      if (o.status === 'rejected' || o.status === 'blocked' || o.status === 'not_started')
+        return { kind: 'blocked', by: o.status === 'blocked' ? o.blockedBy : d };
     }
     return null;
   };
 
   const runStep = async (s: TaskStep) => {
     const input = s.inputFrom ? s.inputFrom(done) : s.input;
-    const r: ExecuteResult = await tools.execute({ tool: s.tool, ...(s.version ? { version: s.version } : {}), taskId: spec.taskId, input }, s.budgetMs ? { budgetMs: s.budgetMs } : undefined);
+    const r: ExecuteResult = await tools.execute(
+      { tool: s.tool, ...(s.version ? { version: s.version } : {}), taskId: spec.taskId, input },
+      s.budgetMs ? { budgetMs: s.budgetMs } : undefined,
+    );
     if (r.status === 'committed') {
       // Whatever said "committed", only a verified receipt makes it done.
       const check = tools.verify({ operationKey: r.operationKey, receipt: r.receipt, result: r.result });
       if (!check.valid) {
-        out[s.id] = { status: 'unverified', operationKey: r.operationKey, reason: check.reason, next: NextAction.HandOver };
+        out[s.id] = {
+          status: 'unverified',
+          operationKey: r.operationKey,
+          reason: check.reason,
+          next: NextAction.HandOver,
+        };
         handover ??= { step: s.id, operationKey: r.operationKey, reason: 'unverified' };
         return;
       }
@@ -126,7 +165,13 @@ export async function runTask(tools: Pick<Tools, 'execute' | 'verify'>, spec: Ta
       out[s.id] = { status: 'rejected', operationKey: r.operationKey, error: r.error, next: r.next };
     } else {
       out[s.id] = { status: 'unknown', operationKey: r.operationKey, evidence: r.evidence, next: r.next };
-      handover ??= { step: s.id, operationKey: r.operationKey, reason: 'unknown', evidence: r.evidence, ...(r.evidence.takeover ? { takeover: r.evidence.takeover } : {}) };
+      handover ??= {
+        step: s.id,
+        operationKey: r.operationKey,
+        reason: 'unknown',
+        evidence: r.evidence,
+        ...(r.evidence.takeover ? { takeover: r.evidence.takeover } : {}),
+      };
     }
   };
 
@@ -139,7 +184,8 @@ export async function runTask(tools: Pick<Tools, 'execute' | 'verify'>, spec: Ta
         if (out[s.id] || running.has(s.id)) continue;
         const b = blockedBy(s);
         if (b) {
-          out[s.id] = b.kind === 'frozen' ? { status: 'frozen', blockedBy: b.by } : { status: 'blocked', blockedBy: b.by };
+          out[s.id] =
+            b.kind === 'frozen' ? { status: 'frozen', blockedBy: b.by } : { status: 'blocked', blockedBy: b.by };
           progressed = true;
         }
       }
@@ -149,14 +195,21 @@ export async function runTask(tools: Pick<Tools, 'execute' | 'verify'>, spec: Ta
         if (running.size >= limit) break;
         if (out[s.id] || running.has(s.id)) continue;
         if (!(s.dependsOn ?? []).every((d) => out[d]?.status === 'committed')) continue;
-        running.set(s.id, runStep(s).finally(() => running.delete(s.id)));
+        running.set(
+          s.id,
+          runStep(s).finally(() => running.delete(s.id)),
+        );
       }
     }
     if (running.size === 0) break;
     await Promise.race(running.values());
   }
   for (const s of spec.steps) out[s.id] ??= { status: 'not_started' };
-  const status = handover ? 'handed_over' : Object.values(out).every((o) => o.status === 'committed') ? 'done' : 'incomplete';
+  const status = handover
+    ? 'handed_over'
+    : Object.values(out).every((o) => o.status === 'committed')
+      ? 'done'
+      : 'incomplete';
   return { taskId: spec.taskId, status, steps: out, ...(handover ? { handover } : {}) };
 }
 
@@ -165,7 +218,12 @@ function assertAcyclic(steps: TaskStep[]): void {
   const byId = new Map(steps.map((s) => [s.id, s]));
   const visit = (id: string, path: string[]) => {
     if (state.get(id) === 'done') return;
-    if (state.get(id) === 'visiting') throw new TooltxError(ErrorClass.InvalidInput, 'dependency cycle', { issues: [{ path: ['steps'], code: 'cycle', message: `steps depend on each other: ${[...path, id].join(' → ')}` }] });
+    if (state.get(id) === 'visiting')
+      throw new TooltxError(ErrorClass.InvalidInput, 'dependency cycle', {
+        issues: [
+          { path: ['steps'], code: 'cycle', message: `steps depend on each other: ${[...path, id].join(' → ')}` },
+        ],
+      });
     state.set(id, 'visiting');
     for (const d of byId.get(id)?.dependsOn ?? []) visit(d, [...path, id]);
     state.set(id, 'done');

@@ -15,7 +15,14 @@ export interface Submission {
  * Builds a submission for `<prefix>.intent.<tenant>.<actor>`. `data`: the envelope already encoded
  * (msgpack), when the caller has it (the SDK encodes once per call, not once per submission).
  */
-export function newSubmission(subjects: Subjects, tenant: string, actor: string, envelope: IntentEnvelope, submissionId: string = randomUUID(), data: Uint8Array = encode(envelope)): Submission {
+export function newSubmission(
+  subjects: Subjects,
+  tenant: string,
+  actor: string,
+  envelope: IntentEnvelope,
+  submissionId: string = randomUUID(),
+  data: Uint8Array = encode(envelope),
+): Submission {
   return { submissionId, subject: subjects.intent(tenant, actor), data };
 }
 

@@ -1,5 +1,13 @@
 import { JetStreamApiError } from '@nats-io/jetstream';
-import { ErrorClass, prepareCall, toErrorInfo, TooltxError, type Contract, type ErrorInfo, type PreparedCall } from '@tooltx/contracts';
+import {
+  ErrorClass,
+  prepareCall,
+  toErrorInfo,
+  TooltxError,
+  type Contract,
+  type ErrorInfo,
+  type PreparedCall,
+} from '@tooltx/contracts';
 import type { IntentEnvelope, PublishResult } from '@tooltx/lifecycle';
 import { encode, isTransient, permissionViolationOf } from '@tooltx/nats';
 import type { Connection } from './connection.js';
@@ -49,12 +57,40 @@ export function classifyPublishRefusal(jsApiCode: number): ErrorInfo | null {
   const code = 'intake_refused';
   switch (jsApiCode) {
     case PublishRefusalCode.StoreFailed:
-      return { class: ErrorClass.QuotaExceeded, retryAfterMs: QUOTA_RETRY_AFTER_MS, issues: [{ path: [], code: 'intake_full', message: `the tenant's intake is full (JetStream API error ${jsApiCode}): nothing of this intent was stored; try again after retryAfterMs` }] };
+      return {
+        class: ErrorClass.QuotaExceeded,
+        retryAfterMs: QUOTA_RETRY_AFTER_MS,
+        issues: [
+          {
+            path: [],
+            code: 'intake_full',
+            message: `the tenant's intake is full (JetStream API error ${jsApiCode}): nothing of this intent was stored; try again after retryAfterMs`,
+          },
+        ],
+      };
     case PublishRefusalCode.InsufficientResources:
     case PublishRefusalCode.AccountResourcesExceeded:
-      return { class: ErrorClass.DependencyUnavailable, issues: [{ path: [], code, message: `the server refused to store the intent (JetStream API error ${jsApiCode}): nothing of it was stored; try again later` }] };
+      return {
+        class: ErrorClass.DependencyUnavailable,
+        issues: [
+          {
+            path: [],
+            code,
+            message: `the server refused to store the intent (JetStream API error ${jsApiCode}): nothing of it was stored; try again later`,
+          },
+        ],
+      };
     case PublishRefusalCode.MessageExceedsMaximum:
-      return { class: ErrorClass.InvalidInput, issues: [{ path: ['input'], code: 'too_large', message: `the encoded intent is larger than the intents stream takes (JetStream API error ${jsApiCode}): split the input into smaller calls` }] };
+      return {
+        class: ErrorClass.InvalidInput,
+        issues: [
+          {
+            path: ['input'],
+            code: 'too_large',
+            message: `the encoded intent is larger than the intents stream takes (JetStream API error ${jsApiCode}): split the input into smaller calls`,
+          },
+        ],
+      };
     default:
       return null;
   }
@@ -82,10 +118,29 @@ export function prepareIntent(
   maxPayload: number | undefined,
 ): { intent: PreparedIntent } | { refusal: { operationKey: string | null; error: ErrorInfo } } {
   const candidates = byName.get(req.tool) ?? [];
-  const contract = req.version === undefined ? (candidates.length === 1 ? candidates[0] : undefined) : candidates.find((c) => c.version === req.version);
+  const contract =
+    req.version === undefined
+      ? candidates.length === 1
+        ? candidates[0]
+        : undefined
+      : candidates.find((c) => c.version === req.version);
   if (!contract) {
     const path = candidates.length ? 'version' : 'tool';
-    return { refusal: { operationKey: null, error: { class: ErrorClass.InvalidInput, issues: [{ path: [path], code: 'unknown_contract', message: `no single contract ${req.tool}${req.version ? `@${req.version}` : ''}` }] } } };
+    return {
+      refusal: {
+        operationKey: null,
+        error: {
+          class: ErrorClass.InvalidInput,
+          issues: [
+            {
+              path: [path],
+              code: 'unknown_contract',
+              message: `no single contract ${req.tool}${req.version ? `@${req.version}` : ''}`,
+            },
+          ],
+        },
+      },
+    };
   }
   let call: PreparedCall;
   try {
@@ -95,18 +150,45 @@ export function prepareIntent(
   }
   const key = call.operationKey;
   if (req.operationKey !== undefined && req.operationKey !== key) {
-    return { refusal: { operationKey: req.operationKey, error: { class: ErrorClass.IdempotencyConflict, issues: [{ path: ['operationKey'], code: 'key_mismatch', message: 'the operation key is derived from taskId, contract, target and intent' }] } } };
+    return {
+      refusal: {
+        operationKey: req.operationKey,
+        error: {
+          class: ErrorClass.IdempotencyConflict,
+          issues: [
+            {
+              path: ['operationKey'],
+              code: 'key_mismatch',
+              message: 'the operation key is derived from taskId, contract, target and intent',
+            },
+          ],
+        },
+      },
+    };
   }
   // The contract's digest goes along: the authorizer refuses a write made with a contract that
   // differs from its own under the same name@version (FM-25).
-  const envelope = { tool: contract.name, version: contract.version, taskId: req.taskId, operationKey: key, interfaceDigest: contract.interfaceDigest, input: req.input, ...(req.actorId !== undefined ? { actorId: req.actorId } : {}) };
+  const envelope = {
+    tool: contract.name,
+    version: contract.version,
+    taskId: req.taskId,
+    operationKey: key,
+    interfaceDigest: contract.interfaceDigest,
+    input: req.input,
+    ...(req.actorId !== undefined ? { actorId: req.actorId } : {}),
+  };
   // The server drops a message over its max_payload without storing it (and the client refuses to
   // send one): a call that can never be stored is the caller's to shrink, not an unknown outcome.
   const data = encode(envelope);
   const size = data.length + HEADER_ALLOWANCE_BYTES;
   if (maxPayload !== undefined && size > maxPayload) {
     const message = `the encoded intent is ${size - HEADER_ALLOWANCE_BYTES} bytes; with its headers (${HEADER_ALLOWANCE_BYTES} bytes allowed) it must fit the server's max_payload of ${maxPayload} bytes: split the input into smaller calls`;
-    return { refusal: { operationKey: key, error: { class: ErrorClass.InvalidInput, issues: [{ path: ['input'], code: 'too_large', message }] } } };
+    return {
+      refusal: {
+        operationKey: key,
+        error: { class: ErrorClass.InvalidInput, issues: [{ path: ['input'], code: 'too_large', message }] },
+      },
+    };
   }
   return { intent: { contract, call, envelope, data } };
 }
@@ -117,7 +199,14 @@ export function prepareIntent(
  * since the epoch). Returns how it ended and how many transmissions got no answer before that
  * (each may have been stored). Throws what no rule knows (a non-transient client error).
  */
-export async function publishOne(conn: Connection, tenant: string, actor: string, intent: PreparedIntent, submissionId: string, deadlineAt: number): Promise<{ unanswered: number; result: PublishResult }> {
+export async function publishOne(
+  conn: Connection,
+  tenant: string,
+  actor: string,
+  intent: PreparedIntent,
+  submissionId: string,
+  deadlineAt: number,
+): Promise<{ unanswered: number; result: PublishResult }> {
   const s = newSubmission(conn.subjects, tenant, actor, intent.envelope, submissionId, intent.data);
   const left = () => deadlineAt - Date.now();
   let i = 0;
@@ -127,9 +216,26 @@ export async function publishOne(conn: Connection, tenant: string, actor: string
       return { unanswered: i, result: { kind: 'acked', duplicate: ack.duplicate } };
     } catch (err) {
       const denied = permissionViolationOf(err);
-      if (denied) return { unanswered: i, result: { kind: 'denied', error: { class: ErrorClass.Forbidden, issues: [conn.deniedIssue(denied, 'call')] }, intentPublish: denied.operation === 'publish' && denied.subject === s.subject } };
+      if (denied)
+        return {
+          unanswered: i,
+          result: {
+            kind: 'denied',
+            error: { class: ErrorClass.Forbidden, issues: [conn.deniedIssue(denied, 'call')] },
+            intentPublish: denied.operation === 'publish' && denied.subject === s.subject,
+          },
+        };
       const refusedCredentials = conn.credentialsRefusal();
-      if (refusedCredentials) return { unanswered: i, result: { kind: 'credentials_refused', error: new TooltxError(ErrorClass.Forbidden, 'credentials refused', { issues: refusedCredentials.issues }).toInfo() } };
+      if (refusedCredentials)
+        return {
+          unanswered: i,
+          result: {
+            kind: 'credentials_refused',
+            error: new TooltxError(ErrorClass.Forbidden, 'credentials refused', {
+              issues: refusedCredentials.issues,
+            }).toInfo(),
+          },
+        };
       if (err instanceof JetStreamApiError) {
         const refusal = classifyPublishRefusal(err.code);
         if (refusal) return { unanswered: i, result: { kind: 'refused', jsApiCode: err.code, error: refusal } };

@@ -149,7 +149,12 @@ export function defineContract<I extends AnyObjectSchema, O extends z.ZodType>(
   // differently) nor how the server executes (timing, downstream guarantees: set per deployment,
   // e.g. KB_TIMING_MS and KB_DEDUP of the sample).
   const { target: _target, intent: _intent, timing: _timing, downstream: _downstream, ...sharedWithHosts } = described;
-  return Object.freeze({ ...spec, id: `${spec.name}@${spec.version}`, digest: digestOf(described), interfaceDigest: digestOf(sharedWithHosts) });
+  return Object.freeze({
+    ...spec,
+    id: `${spec.name}@${spec.version}`,
+    digest: digestOf(described),
+    interfaceDigest: digestOf(sharedWithHosts),
+  });
 }
 
 /**
@@ -166,7 +171,8 @@ export function fieldIssues(error: z.ZodError, prefix: (string | number)[] = [])
   for (const issue of error.issues) {
     const path = [...prefix, ...issue.path.map((p) => (typeof p === 'symbol' ? String(p) : p))];
     if (issue.code === 'unrecognized_keys') {
-      for (const key of issue.keys) add({ path: [...path, key], code: 'unrecognized_key', message: 'field not allowed' });
+      for (const key of issue.keys)
+        add({ path: [...path, key], code: 'unrecognized_key', message: 'field not allowed' });
     } else {
       add({ path, code: issue.code, message: issue.message });
     }
@@ -175,7 +181,11 @@ export function fieldIssues(error: z.ZodError, prefix: (string | number)[] = [])
 }
 
 /** Strict parse with a typed error: throws `TooltxError(invalid_input)` naming every field path. */
-export function parseStrict<T extends z.ZodType>(schema: T, value: unknown, prefix: (string | number)[] = []): z.infer<T> {
+export function parseStrict<T extends z.ZodType>(
+  schema: T,
+  value: unknown,
+  prefix: (string | number)[] = [],
+): z.infer<T> {
   const r = schema.safeParse(value);
   if (!r.success) {
     const issues = fieldIssues(r.error, prefix);
@@ -204,7 +214,10 @@ export class ContractRegistry<C extends Contract = Contract> {
   }
   /** The versions registered under `name`, ascending (empty: no contract of that name). */
   versionsOf(name: string): number[] {
-    return this.all().filter((c) => c.name === name).map((c) => c.version).sort((a, b) => a - b);
+    return this.all()
+      .filter((c) => c.name === name)
+      .map((c) => c.version)
+      .sort((a, b) => a - b);
   }
   all(): C[] {
     return [...this.#byId.values()];

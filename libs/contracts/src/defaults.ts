@@ -76,14 +76,23 @@ const REFUSED: FailureMapping = {
  * A read or computation: repeating it is harmless, so a refusal nobody listed is `internal` (the
  * caller backs off) and a server error is `dependency_unavailable` (retryable).
  */
-const READ_FAILURES: FailureMapping = { ...REFUSED, '4xx': ErrorClass.Internal, '5xx': ErrorClass.DependencyUnavailable };
+const READ_FAILURES: FailureMapping = {
+  ...REFUSED,
+  '4xx': ErrorClass.Internal,
+  '5xx': ErrorClass.DependencyUnavailable,
+};
 
 /**
  * A side effect: a failed precondition (If-Match, FM-07) refused it; any other 4xx — 409 above
  * all, which a downstream that honours the key answers when something else holds our key — and
  * every 5xx may come after the effect was applied, so they stay `unknown` for the probe (FM-13).
  */
-const WRITE_FAILURES: FailureMapping = { ...REFUSED, '412': ErrorClass.VersionConflict, '4xx': 'unknown', '5xx': 'unknown' };
+const WRITE_FAILURES: FailureMapping = {
+  ...REFUSED,
+  '412': ErrorClass.VersionConflict,
+  '4xx': 'unknown',
+  '5xx': 'unknown',
+};
 
 /**
  * Per effect class, what `defineTool` fills in (docs/writing-tools.md has the reasons):
@@ -120,15 +129,47 @@ export const EFFECT_DEFAULTS: Readonly<Record<EffectClass, EffectDefaults>> = {
     targetRequired: false,
     outputRequired: true,
   },
-  [EffectClass.Create]: write({ timeoutMs: 10 * SECOND, unknownDeadlineMs: 5 * MINUTE, retentionMs: 7 * DAY, intent: 'rest' }),
-  [EffectClass.Update]: write({ timeoutMs: 10 * SECOND, unknownDeadlineMs: 5 * MINUTE, retentionMs: 7 * DAY, intent: 'rest' }),
-  [EffectClass.Delete]: write({ timeoutMs: 10 * SECOND, unknownDeadlineMs: 5 * MINUTE, retentionMs: 7 * DAY, intent: 'rest' }),
-  [EffectClass.Send]: write({ timeoutMs: 10 * SECOND, unknownDeadlineMs: 15 * MINUTE, retentionMs: 14 * DAY, intent: 'none' }),
-  [EffectClass.Charge]: write({ timeoutMs: 15 * SECOND, unknownDeadlineMs: 15 * MINUTE, retentionMs: 14 * DAY, intent: 'none', failures: { '402': ErrorClass.QuotaExceeded } }),
+  [EffectClass.Create]: write({
+    timeoutMs: 10 * SECOND,
+    unknownDeadlineMs: 5 * MINUTE,
+    retentionMs: 7 * DAY,
+    intent: 'rest',
+  }),
+  [EffectClass.Update]: write({
+    timeoutMs: 10 * SECOND,
+    unknownDeadlineMs: 5 * MINUTE,
+    retentionMs: 7 * DAY,
+    intent: 'rest',
+  }),
+  [EffectClass.Delete]: write({
+    timeoutMs: 10 * SECOND,
+    unknownDeadlineMs: 5 * MINUTE,
+    retentionMs: 7 * DAY,
+    intent: 'rest',
+  }),
+  [EffectClass.Send]: write({
+    timeoutMs: 10 * SECOND,
+    unknownDeadlineMs: 15 * MINUTE,
+    retentionMs: 14 * DAY,
+    intent: 'none',
+  }),
+  [EffectClass.Charge]: write({
+    timeoutMs: 15 * SECOND,
+    unknownDeadlineMs: 15 * MINUTE,
+    retentionMs: 14 * DAY,
+    intent: 'none',
+    failures: { '402': ErrorClass.QuotaExceeded },
+  }),
 };
 
 /** The defaults of a side-effecting class; its target is required exactly when its intent defaults to none. */
-function write(o: { timeoutMs: number; unknownDeadlineMs: number; retentionMs: number; intent: 'rest' | 'none'; failures?: FailureMapping }): EffectDefaults {
+function write(o: {
+  timeoutMs: number;
+  unknownDeadlineMs: number;
+  retentionMs: number;
+  intent: 'rest' | 'none';
+  failures?: FailureMapping;
+}): EffectDefaults {
   return {
     timing: { timeoutMs: o.timeoutMs, runningBoundMs: 3 * o.timeoutMs, unknownDeadlineMs: o.unknownDeadlineMs },
     key: { scope: 'tenant', retentionMs: o.retentionMs },

@@ -135,7 +135,8 @@ export function boundIssues(issues: readonly FieldIssue[], total = issues.length
     if (i.path.length > b.pathSegments) path.push('…');
     return { path, code: clip(String(i.code), b.codeChars), message: clip(String(i.message), b.messageChars) };
   });
-  if (total > out.length) out.push({ path: [], code: 'more_issues', message: `${total - out.length} more issue(s) not listed` });
+  if (total > out.length)
+    out.push({ path: [], code: 'more_issues', message: `${total - out.length} more issue(s) not listed` });
   return out;
 }
 

@@ -22,7 +22,13 @@ export interface KeyMaterial {
  * Deterministic across processes and languages that implement RFC 8785.
  */
 export function deriveOperationKey(m: KeyMaterial): string {
-  const material = { v: 1, taskId: m.taskId, contract: `${m.tool}@${m.version}`, target: m.target, intent: digestOf(m.intent) };
+  const material = {
+    v: 1,
+    taskId: m.taskId,
+    contract: `${m.tool}@${m.version}`,
+    target: m.target,
+    intent: digestOf(m.intent),
+  };
   return `opk_${sha256B64u(canonicalJson(material))}`;
 }
 
@@ -42,15 +48,23 @@ export interface PreparedCall<I = Record<string, unknown>> {
  * compute the key it will be held to) and by the authorizer (which derives it again, FM-03).
  * Throws `TooltxError(invalid_input)` with field paths under `input`.
  */
-export function prepareCall<C extends Contract>(contract: C, taskId: string, rawInput: unknown): PreparedCall<z.infer<C['input']>> {
+export function prepareCall<C extends Contract>(
+  contract: C,
+  taskId: string,
+  rawInput: unknown,
+): PreparedCall<z.infer<C['input']>> {
   if (illFormedPath(taskId, ['taskId'])) {
-    throw new TooltxError(ErrorClass.InvalidInput, 'ill-formed Unicode', { issues: [{ path: ['taskId'], code: 'invalid_unicode', message: 'text contains a lone surrogate' }] });
+    throw new TooltxError(ErrorClass.InvalidInput, 'ill-formed Unicode', {
+      issues: [{ path: ['taskId'], code: 'invalid_unicode', message: 'text contains a lone surrogate' }],
+    });
   }
   const parsed = parseStrict(contract.input, rawInput, ['input']) as Record<string, unknown>;
   const broken = illFormedPath(parsed, ['input']);
   if (broken) {
     // RFC 8785 needs well-formed Unicode; a lone surrogate is the caller's to fix, not an internal error.
-    throw new TooltxError(ErrorClass.InvalidInput, 'ill-formed Unicode', { issues: [{ path: broken, code: 'invalid_unicode', message: 'text contains a lone surrogate' }] });
+    throw new TooltxError(ErrorClass.InvalidInput, 'ill-formed Unicode', {
+      issues: [{ path: broken, code: 'invalid_unicode', message: 'text contains a lone surrogate' }],
+    });
   }
   const input: Record<string, unknown> = { ...parsed };
   for (const [field, normaliser] of Object.entries(contract.normalise ?? {})) {

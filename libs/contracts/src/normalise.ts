@@ -61,13 +61,17 @@ export const url = named<string>('url@1', (s) => {
   return u.toString();
 });
 
-
 /** An object's fields normalised by their own normalisers; other fields kept as they are. */
-export function fields<T extends Record<string, unknown>>(per: { [K in keyof T]?: Normaliser<NonNullable<T[K]>> }): Normaliser<T> {
-  const name = `fields{${Object.entries(per).map(([k, n]) => `${k}:${(n as Normaliser).normaliserName}`).join(',')}}`;
+export function fields<T extends Record<string, unknown>>(
+  per: { [K in keyof T]?: Normaliser<NonNullable<T[K]>> },
+): Normaliser<T> {
+  const name = `fields{${Object.entries(per)
+    .map(([k, n]) => `${k}:${(n as Normaliser).normaliserName}`)
+    .join(',')}}`;
   return named<T>(name, (v) => {
     const out: Record<string, unknown> = { ...v };
-    for (const [k, n] of Object.entries(per)) if (out[k] !== undefined && n) out[k] = (n as (x: unknown) => unknown)(out[k]);
+    for (const [k, n] of Object.entries(per))
+      if (out[k] !== undefined && n) out[k] = (n as (x: unknown) => unknown)(out[k]);
     return out as T;
   });
 }

@@ -1,6 +1,21 @@
 import { z } from 'zod';
-import { defineContract, effectClasses, type Contract, type ContractSpec, type ContractTiming, type DownstreamGuarantees, type EffectClass, type KeyPolicy } from './contract.js';
-import { EFFECT_DEFAULTS, failureOutcomeOf, failureOutcomes, type FailureMapping, type FailureOutcome } from './defaults.js';
+import {
+  defineContract,
+  effectClasses,
+  type Contract,
+  type ContractSpec,
+  type ContractTiming,
+  type DownstreamGuarantees,
+  type EffectClass,
+  type KeyPolicy,
+} from './contract.js';
+import {
+  EFFECT_DEFAULTS,
+  failureOutcomeOf,
+  failureOutcomes,
+  type FailureMapping,
+  type FailureOutcome,
+} from './defaults.js';
 import { TooltxError } from './errors.js';
 import type { Implementation } from './implementation.js';
 
@@ -51,7 +66,9 @@ export interface ToolSpec<I extends AnyObjectSchema, O extends z.ZodType> {
  * answer: it becomes a `TooltxError` of the mapped class, or stays as it is when the mapping says
  * `unknown`.
  */
-export type ToolImplementation<C extends Contract> = Omit<Implementation<C>, 'contract'> & { failures?: Record<string, FailureOutcome> };
+export type ToolImplementation<C extends Contract> = Omit<Implementation<C>, 'contract'> & {
+  failures?: Record<string, FailureOutcome>;
+};
 
 /**
  * A defined tool. `contract` is the shared half (what agents import and give `createTools`);
@@ -76,17 +93,37 @@ const toolSpecSchema = z.strictObject({
   version: z.number().int().min(1).optional(),
   description: z.string(),
   effect: z.enum(effectClasses),
-  input: z.custom<AnyObjectSchema>((v) => typeof (v as z.ZodType | undefined)?.safeParse === 'function' && (v as z.ZodType).def.type === 'object', 'must be z.strictObject(...)'),
-  output: z.custom<z.ZodType>((v) => typeof (v as z.ZodType | undefined)?.safeParse === 'function', 'must be a zod schema').optional(),
-  normalise: z.record(z.string(), z.custom((v) => typeof v === 'function' && typeof (v as { normaliserName?: unknown }).normaliserName === 'string', 'must be a normaliser (normalise.*)')).optional(),
+  input: z.custom<AnyObjectSchema>(
+    (v) => typeof (v as z.ZodType | undefined)?.safeParse === 'function' && (v as z.ZodType).def.type === 'object',
+    'must be z.strictObject(...)',
+  ),
+  output: z
+    .custom<z.ZodType>((v) => typeof (v as z.ZodType | undefined)?.safeParse === 'function', 'must be a zod schema')
+    .optional(),
+  normalise: z
+    .record(
+      z.string(),
+      z.custom(
+        (v) => typeof v === 'function' && typeof (v as { normaliserName?: unknown }).normaliserName === 'string',
+        'must be a normaliser (normalise.*)',
+      ),
+    )
+    .optional(),
   target: fn('a function of the input').optional(),
   intent: fn('a function of the input').optional(),
   key: z.strictObject({ scope: z.literal('tenant').optional(), retentionMs: ms.optional() }).optional(),
-  timing: z.strictObject({ timeoutMs: ms.optional(), runningBoundMs: ms.optional(), unknownDeadlineMs: ms.optional() }).optional(),
-  downstream: z.strictObject({ honoursKey: z.boolean().optional(), enforcesDeadline: z.boolean().optional() }).optional(),
+  timing: z
+    .strictObject({ timeoutMs: ms.optional(), runningBoundMs: ms.optional(), unknownDeadlineMs: ms.optional() })
+    .optional(),
+  downstream: z
+    .strictObject({ honoursKey: z.boolean().optional(), enforcesDeadline: z.boolean().optional() })
+    .optional(),
 });
 
-const failuresSchema = z.record(z.string().regex(/^[1-5](\d\d|xx)$/, 'must be an HTTP status (404) or class (4xx)'), z.enum(failureOutcomes));
+const failuresSchema = z.record(
+  z.string().regex(/^[1-5](\d\d|xx)$/, 'must be an HTTP status (404) or class (4xx)'),
+  z.enum(failureOutcomes),
+);
 const implementationSchema = z.strictObject({
   execute: fn('a function (input, ctx) => { resourceId, result }'),
   probe: fn('a function').optional(),
@@ -101,7 +138,11 @@ const implementationSchema = z.strictObject({
 /** Zod issues as `path: message` lines, an unknown field named by its own path. */
 function described(error: z.ZodError): string {
   return error.issues
-    .flatMap((i) => (i.code === 'unrecognized_keys' ? i.keys.map((k) => `${[...i.path, k].join('.')}: not a known field`) : [`${i.path.join('.') || '(spec)'}: ${i.message}`]))
+    .flatMap((i) =>
+      i.code === 'unrecognized_keys'
+        ? i.keys.map((k) => `${[...i.path, k].join('.')}: not a known field`)
+        : [`${i.path.join('.') || '(spec)'}: ${i.message}`],
+    )
     .join('; ');
 }
 
@@ -122,14 +163,19 @@ function restOf(input: Record<string, unknown>, target: Record<string, unknown>)
  * a missing `output` of a read or computation, a missing `target` of a send or charge, or anything
  * `defineContract` refuses (a name that is not dotted lower case, an input that is not strict).
  */
-export function defineTool<I extends AnyObjectSchema, O extends z.ZodType = ReceiptOnly>(spec: ToolSpec<I, O>): Tool<I, O> {
+export function defineTool<I extends AnyObjectSchema, O extends z.ZodType = ReceiptOnly>(
+  spec: ToolSpec<I, O>,
+): Tool<I, O> {
   const name = String((spec as { name?: unknown } | undefined)?.name ?? '(unnamed)');
   const checked = toolSpecSchema.safeParse(spec);
   if (!checked.success) throw new TypeError(`defineTool ${name}: ${described(checked.error)}`);
   const d = EFFECT_DEFAULTS[spec.effect];
-  if (d.outputRequired && spec.output === undefined) throw new TypeError(`defineTool ${name}: output: required for a ${spec.effect} tool (what the caller may read)`);
+  if (d.outputRequired && spec.output === undefined)
+    throw new TypeError(`defineTool ${name}: output: required for a ${spec.effect} tool (what the caller may read)`);
   if (d.targetRequired && spec.target === undefined) {
-    throw new TypeError(`defineTool ${name}: target: required for a ${spec.effect} tool (its operation key is the target within the task: name what it acts upon)`);
+    throw new TypeError(
+      `defineTool ${name}: target: required for a ${spec.effect} tool (its operation key is the target within the task: name what it acts upon)`,
+    );
   }
   type In = z.infer<I>;
   const target = spec.target ?? ((input: In) => ({ ...input }) as Record<string, never>);
@@ -155,7 +201,11 @@ export function defineTool<I extends AnyObjectSchema, O extends z.ZodType = Rece
   });
 }
 
-function implementTool<C extends Contract>(contract: C, defaults: FailureMapping, impl: ToolImplementation<C>): Implementation<C> {
+function implementTool<C extends Contract>(
+  contract: C,
+  defaults: FailureMapping,
+  impl: ToolImplementation<C>,
+): Implementation<C> {
   const checked = implementationSchema.safeParse(impl);
   if (!checked.success) throw new TypeError(`implement ${contract.id}: ${described(checked.error)}`);
   const { failures, ...rest } = impl;
@@ -183,7 +233,10 @@ export function mappedFailure(mapping: FailureMapping, err: unknown): unknown {
   if (err instanceof TooltxError || !(err instanceof HttpStatusError)) return err;
   const outcome = failureOutcomeOf(mapping, err.status);
   if (outcome === 'unknown') return err;
-  return new TooltxError(outcome, `downstream answered ${err.status}: ${outcome}`, { cause: err, ...(err.retryAfterMs !== undefined ? { retryAfterMs: err.retryAfterMs } : {}) });
+  return new TooltxError(outcome, `downstream answered ${err.status}: ${outcome}`, {
+    cause: err,
+    ...(err.retryAfterMs !== undefined ? { retryAfterMs: err.retryAfterMs } : {}),
+  });
 }
 
 /**
@@ -205,7 +258,10 @@ export class HttpStatusError extends Error {
    * The error of an answer (`fetch`'s `Response`, or anything with `status` and `headers.get`):
    * `Retry-After` in seconds or as an HTTP date (against `now`, ms since the epoch) becomes `retryAfterMs`.
    */
-  static of(res: { status: number; headers?: { get(name: string): string | null } }, now = Date.now()): HttpStatusError {
+  static of(
+    res: { status: number; headers?: { get(name: string): string | null } },
+    now = Date.now(),
+  ): HttpStatusError {
     const retryAfterMs = retryAfterMsOf(res.headers?.get('retry-after') ?? null, now);
     return new HttpStatusError(res.status, retryAfterMs === undefined ? {} : { retryAfterMs });
   }

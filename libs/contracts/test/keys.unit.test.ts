@@ -1,13 +1,29 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { canonicalJson, defineContract, deriveOperationKey, normalise, prepareCall, TooltxError, operationIdOf, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
+import {
+  canonicalJson,
+  defineContract,
+  deriveOperationKey,
+  normalise,
+  prepareCall,
+  TooltxError,
+  operationIdOf,
+  OPERATION_KEY_PATTERN,
+} from '@tooltx/contracts';
 import { sinkWrite } from '../../../test/fixtures/sink-tools.js';
 
-const base = { bucket: 'kb-main', title: 'Tide tables', body: '# Notes\n\nHigh water at 06:12.', at: '2026-11-30T06:00:00.000Z' };
+const base = {
+  bucket: 'kb-main',
+  title: 'Tide tables',
+  body: '# Notes\n\nHigh water at 06:12.',
+  at: '2026-11-30T06:00:00.000Z',
+};
 
 describe('canonical JSON (RFC 8785)', () => {
   it('sorts keys by UTF-16 code units and serialises numbers the ECMAScript way', () => {
-    expect(canonicalJson({ b: 1e21, a: '\u20ac', c: [1.0, -0, 0.000001] })).toBe('{"a":"€","b":1e+21,"c":[1,0,0.000001]}');
+    expect(canonicalJson({ b: 1e21, a: '\u20ac', c: [1.0, -0, 0.000001] })).toBe(
+      '{"a":"€","b":1e+21,"c":[1,0,0.000001]}',
+    );
   });
 });
 
@@ -15,8 +31,18 @@ describe('operation keys', () => {
   it('FM-05: field order, insignificant whitespace, line endings and equivalent time forms give the same key and input digest', () => {
     const variants = [
       base,
-      { at: '2026-11-30T08:00:00+02:00', body: '# Notes  \r\n\r\nHigh water at 06:12.\r\n\r\n', title: '  Tide   tables ', bucket: 'KB-Main' },
-      { title: 'Tide\ttables', bucket: ' kb-main', body: '# Notes\t\n\nHigh water at 06:12.', at: '2026-11-30T06:00:00Z' },
+      {
+        at: '2026-11-30T08:00:00+02:00',
+        body: '# Notes  \r\n\r\nHigh water at 06:12.\r\n\r\n',
+        title: '  Tide   tables ',
+        bucket: 'KB-Main',
+      },
+      {
+        title: 'Tide\ttables',
+        bucket: ' kb-main',
+        body: '# Notes\t\n\nHigh water at 06:12.',
+        at: '2026-11-30T06:00:00Z',
+      },
     ];
     const prepared = variants.map((v) => prepareCall(sinkWrite, 'task-1', v));
     expect(new Set(prepared.map((p) => p.operationKey)).size).toBe(1);
@@ -55,12 +81,17 @@ describe('operation keys', () => {
   it('FM-06/FM-18: refuses an extra field such as a tenant id with its exact path, never stripping it', () => {
     const err = catchError(() => prepareCall(sinkWrite, 't', { ...base, tenantId: 'victim' }));
     expect(err.class).toBe('invalid_input');
-    expect(err.issues).toEqual([{ path: ['input', 'tenantId'], code: 'unrecognized_key', message: 'field not allowed' }]);
+    expect(err.issues).toEqual([
+      { path: ['input', 'tenantId'], code: 'unrecognized_key', message: 'field not allowed' },
+    ]);
   });
 
   it('FM-18: names every fixable field path and never echoes the received value', () => {
     const err = catchError(() => prepareCall(sinkWrite, 't', { ...base, title: '', at: 'yesterday-secret-value' }));
-    expect(err.issues?.map((i) => i.path)).toEqual([['input', 'title'], ['input', 'at']]);
+    expect(err.issues?.map((i) => i.path)).toEqual([
+      ['input', 'title'],
+      ['input', 'at'],
+    ]);
     expect(JSON.stringify(err.issues)).not.toContain('yesterday-secret-value');
   });
 });
@@ -86,17 +117,32 @@ describe('defineContract', () => {
   it('refuses an input schema that would strip unknown fields instead of refusing them', () => {
     expect(() =>
       defineContract({
-        name: 'x.y', version: 1, description: 'd', effect: 'read', input: z.object({ a: z.string() }) as never, output: z.object({}),
-        target: () => ({}), intent: () => ({}), key: { scope: 'tenant', retentionMs: 1 },
-        timing: { timeoutMs: 1, runningBoundMs: 1, unknownDeadlineMs: 1 }, downstream: { honoursKey: false, enforcesDeadline: false },
+        name: 'x.y',
+        version: 1,
+        description: 'd',
+        effect: 'read',
+        input: z.object({ a: z.string() }) as never,
+        output: z.object({}),
+        target: () => ({}),
+        intent: () => ({}),
+        key: { scope: 'tenant', retentionMs: 1 },
+        timing: { timeoutMs: 1, runningBoundMs: 1, unknownDeadlineMs: 1 },
+        downstream: { honoursKey: false, enforcesDeadline: false },
       }),
     ).toThrow(/strictObject/);
   });
 
   it('gives a content digest that changes with the schema', () => {
     const spec = {
-      name: 'x.y', version: 1, description: 'd', effect: 'read' as const, output: z.object({}), target: () => ({}), intent: () => ({}),
-      key: { scope: 'tenant' as const, retentionMs: 1 }, timing: { timeoutMs: 1, runningBoundMs: 1, unknownDeadlineMs: 1 },
+      name: 'x.y',
+      version: 1,
+      description: 'd',
+      effect: 'read' as const,
+      output: z.object({}),
+      target: () => ({}),
+      intent: () => ({}),
+      key: { scope: 'tenant' as const, retentionMs: 1 },
+      timing: { timeoutMs: 1, runningBoundMs: 1, unknownDeadlineMs: 1 },
       downstream: { honoursKey: false, enforcesDeadline: false },
     };
     const a = defineContract({ ...spec, input: z.strictObject({ a: z.string() }) });
@@ -116,9 +162,19 @@ function catchError(fn: () => unknown): TooltxError {
   throw new Error('expected a TooltxError');
 }
 
-describe('ill-formed Unicode is the caller\'s to fix', () => {
+describe("ill-formed Unicode is the caller's to fix", () => {
   it('a lone surrogate in the task id is invalid_input at taskId, like one in the input', () => {
-    expect(() => prepareCall(sinkWrite, 'task-\uD800', base)).toThrow(expect.objectContaining({ class: 'invalid_input', issues: [expect.objectContaining({ path: ['taskId'], code: 'invalid_unicode' })] }));
-    expect(() => prepareCall(sinkWrite, 'task-1', { ...base, title: 'x\uDC00' })).toThrow(expect.objectContaining({ class: 'invalid_input', issues: [expect.objectContaining({ path: ['input', 'title'], code: 'invalid_unicode' })] }));
+    expect(() => prepareCall(sinkWrite, 'task-\uD800', base)).toThrow(
+      expect.objectContaining({
+        class: 'invalid_input',
+        issues: [expect.objectContaining({ path: ['taskId'], code: 'invalid_unicode' })],
+      }),
+    );
+    expect(() => prepareCall(sinkWrite, 'task-1', { ...base, title: 'x\uDC00' })).toThrow(
+      expect.objectContaining({
+        class: 'invalid_input',
+        issues: [expect.objectContaining({ path: ['input', 'title'], code: 'invalid_unicode' })],
+      }),
+    );
   });
 });

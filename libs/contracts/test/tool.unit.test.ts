@@ -26,7 +26,12 @@ const balance = defineTool({
   output: z.object({ balanceCents: z.number() }),
   normalise: { account: normalise.token },
 });
-const transferInput = z.strictObject({ from: account, to: account, amountCents: z.number().int().positive(), memo: z.string().optional() });
+const transferInput = z.strictObject({
+  from: account,
+  to: account,
+  amountCents: z.number().int().positive(),
+  memo: z.string().optional(),
+});
 const transfer = defineTool({
   name: 'ledger.transfer',
   description: 'Move an amount.',
@@ -43,7 +48,15 @@ const note = defineTool({
   normalise: { kb: normalise.token, title: normalise.title },
 });
 const pay = { from: 'Ops', to: 'vendor', amountCents: 12_500 };
-const ctx = { tenant: 'acme', actor: 'alice', operationKey: 'opk_x', downstreamKey: 'tx_x', attempt: 1, deadlineAt: 0, signal: new AbortController().signal } satisfies ExecutionContext;
+const ctx = {
+  tenant: 'acme',
+  actor: 'alice',
+  operationKey: 'opk_x',
+  downstreamKey: 'tx_x',
+  attempt: 1,
+  deadlineAt: 0,
+  signal: new AbortController().signal,
+} satisfies ExecutionContext;
 
 /** The error `fn` rejects with. */
 async function thrown(fn: () => Promise<unknown>): Promise<unknown> {
@@ -67,8 +80,12 @@ describe('defineTool: the effect class fills in what is omitted', () => {
     expect(c.target({ account: 'ops' })).toEqual({ account: 'ops' });
     expect(c.intent({ account: 'ops' })).toEqual({});
     // FM-05: spellings the normaliser collapses are one read; another account is another.
-    expect(prepareCall(c, 't', { account: ' OPS ' }).operationKey).toBe(prepareCall(c, 't', { account: 'ops' }).operationKey);
-    expect(prepareCall(c, 't', { account: 'vendor' }).operationKey).not.toBe(prepareCall(c, 't', { account: 'ops' }).operationKey);
+    expect(prepareCall(c, 't', { account: ' OPS ' }).operationKey).toBe(
+      prepareCall(c, 't', { account: 'ops' }).operationKey,
+    );
+    expect(prepareCall(c, 't', { account: 'vendor' }).operationKey).not.toBe(
+      prepareCall(c, 't', { account: 'ops' }).operationKey,
+    );
   });
 
   it('a create without target or intent: every field is in the key, and the result is the receipt only (FM-19)', () => {
@@ -87,7 +104,9 @@ describe('defineTool: the effect class fills in what is omitted', () => {
     const t = defineTool({ ...noteSpec(), target: (i) => ({ kb: i.kb }) });
     const n = { kb: 'research', title: 'Tides', body: 'High water.' };
     expect(t.contract.intent(n)).toEqual({ title: 'Tides', body: 'High water.' });
-    expect(prepareCall(t.contract, 't', { ...n, title: 'Other' }).operationKey).not.toBe(prepareCall(t.contract, 't', n).operationKey);
+    expect(prepareCall(t.contract, 't', { ...n, title: 'Other' }).operationKey).not.toBe(
+      prepareCall(t.contract, 't', n).operationKey,
+    );
   });
 
   it('a charge: its key is the target within the task, so another amount is the same key with another input digest (idempotency_conflict, FM-03)', () => {
@@ -141,8 +160,10 @@ describe('defineTool: the effect class fills in what is omitted', () => {
     expect(prepareCall(transfer.contract, 't', pay)).toEqual(prepareCall(explicit, 't', pay));
   });
 
-  it('every default is valid against the deployment\'s rules: key retention within the event log\'s default max age, an operation\'s lifetime within the intents\' (FM-30)', () => {
-    const topo = topology(new Subjects('tooltx'), { tenants: tenantsOf({ tenants: [{ id: 'acme', actors: ['alice'] }] }) });
+  it("every default is valid against the deployment's rules: key retention within the event log's default max age, an operation's lifetime within the intents' (FM-30)", () => {
+    const topo = topology(new Subjects('tooltx'), {
+      tenants: tenantsOf({ tenants: [{ id: 'acme', actors: ['alice'] }] }),
+    });
     const eventsMaxAgeMs = millis(topo.streams.events.max_age!);
     const intentsMaxAgeMs = millis(topo.tenants![0]!.intents.max_age!);
     for (const effect of effectClasses) {
@@ -168,19 +189,38 @@ describe('defineTool refuses a bad spec with a TypeError naming the field', () =
   });
 
   it('a read without an output, a charge or send without a target', () => {
-    expect(() => defineTool({ name: 'x.read', description: 'd', effect: 'read', input: z.strictObject({ a: z.string() }) })).toThrow(/x\.read: output: required for a read tool/);
-    expect(() => defineTool({ name: 'x.pay', description: 'd', effect: 'charge', input: transferInput })).toThrow(/x\.pay: target: required for a charge tool/);
-    expect(() => defineTool({ name: 'x.mail', description: 'd', effect: 'send', input: z.strictObject({ to: z.string() }) })).toThrow(/target: required for a send tool/);
+    expect(() =>
+      defineTool({ name: 'x.read', description: 'd', effect: 'read', input: z.strictObject({ a: z.string() }) }),
+    ).toThrow(/x\.read: output: required for a read tool/);
+    expect(() => defineTool({ name: 'x.pay', description: 'd', effect: 'charge', input: transferInput })).toThrow(
+      /x\.pay: target: required for a charge tool/,
+    );
+    expect(() =>
+      defineTool({ name: 'x.mail', description: 'd', effect: 'send', input: z.strictObject({ to: z.string() }) }),
+    ).toThrow(/target: required for a send tool/);
   });
 });
 
-describe('implement: the trusted half, with the effect class\'s failure mapping', () => {
-  const failing = (tool: typeof transfer | typeof note | typeof balance, err: unknown, failures?: Record<string, never>) =>
-    thrown(() => (tool.implement as (i: object) => { execute: (i: unknown, c: ExecutionContext) => Promise<unknown> })({ execute: () => Promise.reject(err), ...(failures ? { failures } : {}) }).execute({}, ctx));
+describe("implement: the trusted half, with the effect class's failure mapping", () => {
+  const failing = (
+    tool: typeof transfer | typeof note | typeof balance,
+    err: unknown,
+    failures?: Record<string, never>,
+  ) =>
+    thrown(() =>
+      (tool.implement as (i: object) => { execute: (i: unknown, c: ExecutionContext) => Promise<unknown> })({
+        execute: () => Promise.reject(err),
+        ...(failures ? { failures } : {}),
+      }).execute({}, ctx),
+    );
 
   it('keeps the contract and every other field, and returns what execute returned', async () => {
     const probe = () => Promise.resolve({ found: false as const });
-    const impl = transfer.implement({ execute: () => Promise.resolve({ resourceId: 'tr_1', result: {} }), probe, policyVersion: 'p@1' });
+    const impl = transfer.implement({
+      execute: () => Promise.resolve({ resourceId: 'tr_1', result: {} }),
+      probe,
+      policyVersion: 'p@1',
+    });
     expect(impl.contract).toBe(transfer.contract);
     expect(impl.probe).toBe(probe);
     expect(impl.policyVersion).toBe('p@1');
@@ -214,9 +254,15 @@ describe('implement: the trusted half, with the effect class\'s failure mapping'
   it('carries Retry-After as retryAfterMs, in seconds or as an HTTP date', async () => {
     const now = Date.parse('2026-12-01T10:00:00Z');
     const seconds = HttpStatusError.of({ status: 429, headers: new Headers({ 'retry-after': '3' }) }, now);
-    const date = HttpStatusError.of({ status: 503, headers: new Headers({ 'retry-after': 'Tue, 01 Dec 2026 10:00:05 GMT' }) }, now);
+    const date = HttpStatusError.of(
+      { status: 503, headers: new Headers({ 'retry-after': 'Tue, 01 Dec 2026 10:00:05 GMT' }) },
+      now,
+    );
     expect([seconds.retryAfterMs, date.retryAfterMs]).toEqual([3_000, 5_000]);
-    expect(await failing(balance, seconds)).toMatchObject({ class: ErrorClass.DependencyUnavailable, retryAfterMs: 3_000 });
+    expect(await failing(balance, seconds)).toMatchObject({
+      class: ErrorClass.DependencyUnavailable,
+      retryAfterMs: 3_000,
+    });
     expect(seconds.message).toBe('downstream answered 429');
   });
 
@@ -224,13 +270,23 @@ describe('implement: the trusted half, with the effect class\'s failure mapping'
     const refused = new TooltxError(ErrorClass.Forbidden, 'no');
     const lost = new TypeError('fetch failed');
     const aborted = new DOMException('attempt timed out', 'TimeoutError');
-    expect([await failing(transfer, refused), await failing(transfer, lost), await failing(balance, aborted)]).toEqual([refused, lost, aborted]);
+    expect([await failing(transfer, refused), await failing(transfer, lost), await failing(balance, aborted)]).toEqual([
+      refused,
+      lost,
+      aborted,
+    ]);
   });
 
   it('takes overrides of the mapping by status or class', async () => {
-    expect(await failing(transfer, new HttpStatusError(409), { '409': 'invalid_input' } as never)).toMatchObject({ class: ErrorClass.InvalidInput });
-    expect(await failing(transfer, new HttpStatusError(404), { '4xx': 'unknown', '404': 'unknown' } as never)).toBeInstanceOf(HttpStatusError);
-    expect(await failing(transfer, new HttpStatusError(503), { '5xx': 'dependency_unavailable' } as never)).toMatchObject({ class: ErrorClass.DependencyUnavailable });
+    expect(await failing(transfer, new HttpStatusError(409), { '409': 'invalid_input' } as never)).toMatchObject({
+      class: ErrorClass.InvalidInput,
+    });
+    expect(
+      await failing(transfer, new HttpStatusError(404), { '4xx': 'unknown', '404': 'unknown' } as never),
+    ).toBeInstanceOf(HttpStatusError);
+    expect(
+      await failing(transfer, new HttpStatusError(503), { '5xx': 'dependency_unavailable' } as never),
+    ).toMatchObject({ class: ErrorClass.DependencyUnavailable });
   });
 
   it('refuses a malformed implementation with a TypeError naming the field', () => {

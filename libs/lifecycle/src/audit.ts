@@ -107,7 +107,9 @@ export const auditRecordSchema = z.object({
   targetHmac: hmac.optional(),
   attempt: z.number().int().min(1).optional(),
   /** The current attempt's decisions: at intake and at the execution instant. */
-  authorization: z.object({ intake: auditAuthorizationSchema.optional(), execution: auditAuthorizationSchema.optional() }).optional(),
+  authorization: z
+    .object({ intake: auditAuthorizationSchema.optional(), execution: auditAuthorizationSchema.optional() })
+    .optional(),
   sideEffect: z.enum(sideEffects),
   /** The error class of a `rejected` (or `refused`) head. */
   errorClass: token.optional(),
@@ -177,7 +179,23 @@ export function countsOf(records: Iterable<AuditRecord>): ContractCounts[] {
   const by = new Map<string, ContractCounts>();
   const get = (contract: string) => {
     let c = by.get(contract);
-    if (!c) by.set(contract, (c = { contract, operations: 0, accepted: 0, committed: 0, rejected: {}, refused: {}, conflicts: 0, unknown: 0, unresolved: 0, takeovers: 0, manual: 0 }));
+    if (!c)
+      by.set(
+        contract,
+        (c = {
+          contract,
+          operations: 0,
+          accepted: 0,
+          committed: 0,
+          rejected: {},
+          refused: {},
+          conflicts: 0,
+          unknown: 0,
+          unresolved: 0,
+          takeovers: 0,
+          manual: 0,
+        }),
+      );
     return c;
   };
   const inc = (m: Record<string, number>, k: string) => (m[k] = (m[k] ?? 0) + 1);
@@ -219,8 +237,21 @@ export const auditCursorSchema = z.string().regex(/^\d{1,16}\.opk_[A-Za-z0-9_-]{
  */
 export const auditRequestSchema = z.discriminatedUnion('kind', [
   z.strictObject({ kind: z.literal('show'), operationKey: z.string().regex(OPERATION_KEY_PATTERN) }),
-  z.strictObject({ kind: z.literal('list'), ...range, state: token.optional(), contract: z.string().max(120).optional(), limit: z.number().int().min(1).max(MAX_AUDIT_PAGE).optional(), after: auditCursorSchema.optional() }),
-  z.strictObject({ kind: z.literal('export'), ...range, format: z.literal('jsonl'), exportId: z.uuid().optional(), after: auditCursorSchema.optional() }),
+  z.strictObject({
+    kind: z.literal('list'),
+    ...range,
+    state: token.optional(),
+    contract: z.string().max(120).optional(),
+    limit: z.number().int().min(1).max(MAX_AUDIT_PAGE).optional(),
+    after: auditCursorSchema.optional(),
+  }),
+  z.strictObject({
+    kind: z.literal('export'),
+    ...range,
+    format: z.literal('jsonl'),
+    exportId: z.uuid().optional(),
+    after: auditCursorSchema.optional(),
+  }),
   z.strictObject({ kind: z.literal('counts'), ...range }),
 ]);
 export type AuditRequest = z.infer<typeof auditRequestSchema>;
@@ -251,14 +282,32 @@ export const auditQueryRecordSchema = z.object({
 });
 export type AuditQueryRecord = z.infer<typeof auditQueryRecordSchema>;
 
-const issues = z.array(z.object({ path: z.array(z.union([z.string(), z.number()])), code: z.string(), message: z.string() }));
+const issues = z.array(
+  z.object({ path: z.array(z.union([z.string(), z.number()])), code: z.string(), message: z.string() }),
+);
 
 /** The answers (msgpack). Every data answer carries the id of its recorded query. */
 export const auditAnswerSchema = z.union([
   z.object({ kind: z.literal('show'), queryId: z.string(), record: auditRecordSchema.nullable() }),
-  z.object({ kind: z.literal('list'), queryId: z.string(), records: z.array(auditRecordSchema), next: auditCursorSchema.optional() }),
-  z.object({ kind: z.literal('export'), queryId: z.string(), exportId: z.string(), records: z.array(auditRecordSchema), next: auditCursorSchema.optional() }),
-  z.object({ kind: z.literal('counts'), queryId: z.string(), records: z.number().int(), counts: z.array(contractCountsSchema) }),
+  z.object({
+    kind: z.literal('list'),
+    queryId: z.string(),
+    records: z.array(auditRecordSchema),
+    next: auditCursorSchema.optional(),
+  }),
+  z.object({
+    kind: z.literal('export'),
+    queryId: z.string(),
+    exportId: z.string(),
+    records: z.array(auditRecordSchema),
+    next: auditCursorSchema.optional(),
+  }),
+  z.object({
+    kind: z.literal('counts'),
+    queryId: z.string(),
+    records: z.number().int(),
+    counts: z.array(contractCountsSchema),
+  }),
   z.object({ error: z.object({ class: z.string(), issues: issues.optional() }) }),
 ]);
 export type AuditAnswer = z.infer<typeof auditAnswerSchema>;

@@ -1,6 +1,14 @@
 import type { KeyObject } from 'node:crypto';
 import { digestOf, ErrorClass, hasSideEffect, NextAction, nextActionFor, type ErrorInfo } from '@tooltx/contracts';
-import type { AwaitContext, AwaitDecision, AwaitEvent, AwaitOutcome, AwaitState, ReceiptCheck, UnknownEvidence } from './await-state.js';
+import type {
+  AwaitContext,
+  AwaitDecision,
+  AwaitEvent,
+  AwaitOutcome,
+  AwaitState,
+  ReceiptCheck,
+  UnknownEvidence,
+} from './await-state.js';
 import { IDEMPOTENCY_CONFLICT } from './checks.js';
 import { receiptSchema, type Receipt, type TakeoverRecord } from './events.js';
 import { verifyReceipt } from './signing.js';
@@ -42,12 +50,18 @@ const BACKOFF_MS = 200;
  * Checks a committed outcome (FM-17): a receipt signed under a key id of `trusted`, for `tenant` and
  * the outcome's operation key, whose result digest matches `result` (when given). Pure.
  */
-export function checkReceipt(o: { operationKey: string; receipt: Receipt; result?: unknown }, trusted: ReadonlyMap<string, KeyObject>, tenant: string): ReceiptCheck {
+export function checkReceipt(
+  o: { operationKey: string; receipt: Receipt; result?: unknown },
+  trusted: ReadonlyMap<string, KeyObject>,
+  tenant: string,
+): ReceiptCheck {
   const r = receiptSchema.safeParse(o.receipt);
   if (!r.success || !trusted.has(r.data.keyId)) return { valid: false, reason: 'untrusted_key' };
   if (!verifyReceipt(r.data, trusted)) return { valid: false, reason: 'bad_signature' };
-  if (r.data.tenant !== tenant || r.data.operationKey !== o.operationKey) return { valid: false, reason: 'other_operation' };
-  if (o.result !== undefined && digestOf(o.result) !== r.data.resultDigest) return { valid: false, reason: 'result_mismatch' };
+  if (r.data.tenant !== tenant || r.data.operationKey !== o.operationKey)
+    return { valid: false, reason: 'other_operation' };
+  if (o.result !== undefined && digestOf(o.result) !== r.data.resultDigest)
+    return { valid: false, reason: 'result_mismatch' };
   return { valid: true };
 }
 
@@ -93,12 +107,17 @@ export function decideAwait(s: AwaitState, e: AwaitEvent, ctx: AwaitContext): Aw
       return afterPublish(s, e, ctx);
     case 'stored_checked': {
       const a = e.answer;
-      if (a && (a.source === 'decision' || (a.source === 'operation' && a.ownAttempt === true))) return observe({ ...s, intentStored: true }, ctx, false);
+      if (a && (a.source === 'decision' || (a.source === 'operation' && a.ownAttempt === true)))
+        return observe({ ...s, intentStored: true }, ctx, false);
       if (left(s, ctx) <= 0) return observe(s, ctx, false);
       return resubmit({ ...s, idsGivenUp: s.idsGivenUp + 1 }, ctx, 0);
     }
     case 'answered':
-      return afterAnswer({ ...s, statusAnswered: true, statusFailures: 0, ...(e.pushed ? { push: 'none' as const } : {}) }, e.answer, ctx);
+      return afterAnswer(
+        { ...s, statusAnswered: true, statusFailures: 0, ...(e.pushed ? { push: 'none' as const } : {}) },
+        e.answer,
+        ctx,
+      );
     case 'status_failed': {
       if (e.reauthorise) return answer(s, unknown(s, ctx, { next: NextAction.Reauthorise, error: e.error }));
       if (e.error.class !== ErrorClass.DependencyUnavailable) return answer(s, rejected(s, e.error));
@@ -115,18 +134,43 @@ export function decideAwait(s: AwaitState, e: AwaitEvent, ctx: AwaitContext): Aw
 /** Rules 2–5: what a submission's publish outcome means. */
 function afterPublish(s0: AwaitState, e: Extract<AwaitEvent, { kind: 'published' }>, ctx: AwaitContext): AwaitDecision {
   const first = s0.submissionIds.length === 0;
-  const s: AwaitState = { ...s0, submissionIds: [...s0.submissionIds, e.submissionId], submittedAt: ctx.now, push: e.pushable ? 'expected' : 'none', mayBeStored: s0.mayBeStored || e.unanswered > 0 };
+  const s: AwaitState = {
+    ...s0,
+    submissionIds: [...s0.submissionIds, e.submissionId],
+    submittedAt: ctx.now,
+    push: e.pushable ? 'expected' : 'none',
+    mayBeStored: s0.mayBeStored || e.unanswered > 0,
+  };
   const r = e.result;
   switch (r.kind) {
     case 'acked':
       if (r.duplicate && e.unanswered === 0) return resubmit({ ...s, idsGivenUp: s.idsGivenUp + 1 }, ctx, 0);
-      if (r.duplicate) return { state: { ...s, mayBeStored: true }, step: { kind: 'confirm_stored', request: { operationKey: s.operationKey, waitMs: 0, inputDigest: s.inputDigest, submissionIds: s.submissionIds } } };
+      if (r.duplicate)
+        return {
+          state: { ...s, mayBeStored: true },
+          step: {
+            kind: 'confirm_stored',
+            request: {
+              operationKey: s.operationKey,
+              waitMs: 0,
+              inputDigest: s.inputDigest,
+              submissionIds: s.submissionIds,
+            },
+          },
+        };
       return observe({ ...s, intentStored: true }, ctx, false);
     case 'no_ack':
       return observe(s, ctx, false);
     case 'refused':
       if (!s.mayBeStored && !s.intentStored) return answer(s, rejected(s, r.error));
-      return answer(s, unknown(s, ctx, { next: NextAction.Observe, error: r.error, refusal: { jsApiCode: r.jsApiCode, why: 'earlier_transmission_may_be_stored' } }));
+      return answer(
+        s,
+        unknown(s, ctx, {
+          next: NextAction.Observe,
+          error: r.error,
+          refusal: { jsApiCode: r.jsApiCode, why: 'earlier_transmission_may_be_stored' },
+        }),
+      );
     case 'denied':
       if (first && e.unanswered === 0 && r.intentPublish && !s.intentStored) return answer(s, rejected(s, r.error));
       return answer(s, unknown(s, ctx, { next: NextAction.Reauthorise, error: r.error }));
@@ -138,29 +182,50 @@ function afterPublish(s0: AwaitState, e: Extract<AwaitEvent, { kind: 'published'
 /** Rules 7–9: what a status (or pushed) answer means. */
 function afterAnswer(s0: AwaitState, a: StatusAnswer, ctx: AwaitContext): AwaitDecision {
   let s = a.canonicalKey ? { ...s0, outcomeKey: a.canonicalKey } : s0;
-  if (a.source === 'decision') return answer(s, rejected(s, withActorPath(a.error ?? { class: ErrorClass.Internal }, s.forgedActor)));
+  if (a.source === 'decision')
+    return answer(s, rejected(s, withActorPath(a.error ?? { class: ErrorClass.Internal }, s.forgedActor)));
   if (a.source === 'operation' && a.inputMatches === false) return answer(s, rejected(s, IDEMPOTENCY_CONFLICT));
-  if (a.state === 'not_seen') return !s.intentStored || resubmitDue(s, ctx) ? resubmit(s, ctx, 0) : observe(s, ctx, false);
+  if (a.state === 'not_seen')
+    return !s.intentStored || resubmitDue(s, ctx) ? resubmit(s, ctx, 0) : observe(s, ctx, false);
   s = { ...s, lastState: a.state, lastSeq: a.seq, attempt: a.attempt };
-  if (a.state === 'unknown' && a.takeover) return answer(s, unknown(s, ctx, { next: NextAction.HandOver, takeover: a.takeover }));
+  if (a.state === 'unknown' && a.takeover)
+    return answer(s, unknown(s, ctx, { next: NextAction.HandOver, takeover: a.takeover }));
   if (a.state === 'committed' && a.receipt) {
     const check = ctx.checkReceipt(s.outcomeKey, a.receipt);
     if (!check.valid) {
       // A key we do not trust will not become one by waiting; a tampered answer may be followed by the true one.
       s = { ...s, invalidReceipt: check.reason };
-      if (check.reason === 'untrusted_key') return answer(s, unknown(s, ctx, { next: NextAction.HandOver, invalidReceipt: check.reason }));
+      if (check.reason === 'untrusted_key')
+        return answer(s, unknown(s, ctx, { next: NextAction.HandOver, invalidReceipt: check.reason }));
       return pause(s, ctx, TAMPERED_PAUSE_MS);
     }
     // A person resolved it and no business result exists to hand on: the receipt is the outcome.
-    if (a.receipt.manual && a.result === undefined) return answer(s, { status: 'committed', operationKey: s.outcomeKey, result: undefined, receipt: a.receipt, next: 'continue' });
+    if (a.receipt.manual && a.result === undefined)
+      return answer(s, {
+        status: 'committed',
+        operationKey: s.outcomeKey,
+        result: undefined,
+        receipt: a.receipt,
+        next: 'continue',
+      });
     if (a.result === undefined || digestOf(a.result) !== a.receipt.resultDigest) return pause(s, ctx, RESULT_PAUSE_MS);
-    return answer(s, { status: 'committed', operationKey: s.outcomeKey, result: a.result, receipt: a.receipt, next: 'continue' });
+    return answer(s, {
+      status: 'committed',
+      operationKey: s.outcomeKey,
+      result: a.result,
+      receipt: a.receipt,
+      next: 'continue',
+    });
   }
   // An earlier attempt's refusal: the call's identical submission starts a new attempt; wait for it.
-  if (a.state === 'rejected' && a.ownAttempt === false) return resubmitDue(s, ctx) ? resubmit(s, ctx, 0) : observe(s, ctx, false);
+  if (a.state === 'rejected' && a.ownAttempt === false)
+    return resubmitDue(s, ctx) ? resubmit(s, ctx, 0) : observe(s, ctx, false);
   if (a.state === 'rejected') {
     const error = a.error ?? { class: ErrorClass.Internal };
-    const retryable = !hasSideEffect(s.effect) && error.class === ErrorClass.DependencyUnavailable && s.retryableRejections + 1 < MAX_RETRYABLE_ATTEMPTS;
+    const retryable =
+      !hasSideEffect(s.effect) &&
+      error.class === ErrorClass.DependencyUnavailable &&
+      s.retryableRejections + 1 < MAX_RETRYABLE_ATTEMPTS;
     if (!retryable) return answer(s, { ...rejected(s, error), ...(a.attempt ? { attempt: a.attempt } : {}) });
     const n = s.retryableRejections + 1;
     return resubmit({ ...s, retryableRejections: n }, ctx, BACKOFF_MS * 2 ** n);
@@ -176,20 +241,35 @@ function observe(s: AwaitState, ctx: AwaitContext, paused: boolean): AwaitDecisi
     return answer(s, unknown(s, ctx, { next, ...(s.invalidReceipt ? { invalidReceipt: s.invalidReceipt } : {}) }));
   }
   // A request that could not wait answered at once: pause instead of asking in a tight loop.
-  if (!paused && s.askedWaitMs !== undefined && s.askedWaitMs < SHORT_WAIT_MS) return { state: s, step: { kind: 'pause', ms: Math.min(l, SHORT_WAIT_MS), wakeOnPush: s.push !== 'none' } };
+  if (!paused && s.askedWaitMs !== undefined && s.askedWaitMs < SHORT_WAIT_MS)
+    return { state: s, step: { kind: 'pause', ms: Math.min(l, SHORT_WAIT_MS), wakeOnPush: s.push !== 'none' } };
   if (s.push === 'expected') {
     const waited = { ...s, push: 'waited' as const };
-    if (ctx.pushSeen) return { state: waited, step: { kind: 'wait_push', ms: Math.max(0, Math.min(PUSH_WAIT_MS, l - PUSH_WAIT_MARGIN_MS)) } };
+    if (ctx.pushSeen)
+      return {
+        state: waited,
+        step: { kind: 'wait_push', ms: Math.max(0, Math.min(PUSH_WAIT_MS, l - PUSH_WAIT_MARGIN_MS)) },
+      };
     s = waited;
   }
   // One long-poll until a final answer (not one per intermediate state).
   const waitMs = Math.max(0, Math.min(STATUS_POLL_MS, MAX_STATUS_WAIT_MS, l - STATUS_REQUEST_MARGIN_MS));
-  const request: StatusRequest = { operationKey: s.operationKey, waitMs, afterSeq: s.lastSeq, inputDigest: s.inputDigest, submissionIds: s.submissionIds, untilFinal: true };
+  const request: StatusRequest = {
+    operationKey: s.operationKey,
+    waitMs,
+    afterSeq: s.lastSeq,
+    inputDigest: s.inputDigest,
+    submissionIds: s.submissionIds,
+    untilFinal: true,
+  };
   return { state: { ...s, askedWaitMs: waitMs }, step: { kind: 'ask_status', request, racePush: s.push !== 'none' } };
 }
 
 function resubmit(s: AwaitState, ctx: AwaitContext, delayMs: number): AwaitDecision {
-  return { state: s, step: { kind: 'submit', delayMs: Math.max(0, Math.min(left(s, ctx), delayMs)), randomId: s.idsGivenUp > 0 } };
+  return {
+    state: s,
+    step: { kind: 'submit', delayMs: Math.max(0, Math.min(left(s, ctx), delayMs)), randomId: s.idsGivenUp > 0 },
+  };
 }
 
 function pause(s: AwaitState, ctx: AwaitContext, ms: number): AwaitDecision {
@@ -210,7 +290,13 @@ function rejected(s: AwaitState, error: ErrorInfo): Extract<AwaitOutcome, { stat
 function unknown(
   s: AwaitState,
   ctx: AwaitContext,
-  o: { next: NextAction; error?: ErrorInfo; takeover?: TakeoverRecord; refusal?: UnknownEvidence['refusal']; invalidReceipt?: string },
+  o: {
+    next: NextAction;
+    error?: ErrorInfo;
+    takeover?: TakeoverRecord;
+    refusal?: UnknownEvidence['refusal'];
+    invalidReceipt?: string;
+  },
 ): Extract<AwaitOutcome, { status: 'unknown' }> {
   const evidence: UnknownEvidence = {
     operationKey: s.outcomeKey,
@@ -224,11 +310,27 @@ function unknown(
     ...(o.refusal ? { refusal: o.refusal } : {}),
     ...(o.invalidReceipt ? { invalidReceipt: o.invalidReceipt } : {}),
   };
-  return { status: 'unknown', operationKey: s.outcomeKey, lastServerState: s.lastState, evidence, next: o.next, ...(o.error ? { error: o.error } : {}) };
+  return {
+    status: 'unknown',
+    operationKey: s.outcomeKey,
+    lastServerState: s.lastState,
+    evidence,
+    next: o.next,
+    ...(o.error ? { error: o.error } : {}),
+  };
 }
 
 /** Adds the `actorId` path to a refusal of a forged actor (FM-06) that carries no path of its own. */
 function withActorPath(error: ErrorInfo, forgedActor: boolean): ErrorInfo {
   if (!forgedActor || error.class !== ErrorClass.Forbidden || error.issues?.length) return error;
-  return { ...error, issues: [{ path: ['actorId'], code: 'not_authenticated_actor', message: 'actorId must be the actor this connection authenticated as' }] };
+  return {
+    ...error,
+    issues: [
+      {
+        path: ['actorId'],
+        code: 'not_authenticated_actor',
+        message: 'actorId must be the actor this connection authenticated as',
+      },
+    ],
+  };
 }

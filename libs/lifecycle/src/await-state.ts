@@ -8,7 +8,9 @@ import type { ServerState, StatusAnswer, StatusRequest } from './status.js';
  */
 
 /** What the SDK checks of a committed outcome before anyone may count it as done (FM-17). */
-export type ReceiptCheck = { valid: true } | { valid: false; reason: 'untrusted_key' | 'bad_signature' | 'other_operation' | 'result_mismatch' };
+export type ReceiptCheck =
+  | { valid: true }
+  | { valid: false; reason: 'untrusted_key' | 'bad_signature' | 'other_operation' | 'result_mismatch' };
 
 /** Evidence handed back with an `unknown` outcome: enough to observe or take over, no bodies. */
 export interface UnknownEvidence {
@@ -44,7 +46,14 @@ export interface UnknownEvidence {
 export type AwaitOutcome =
   | { status: 'committed'; operationKey: string; result: unknown; receipt: Receipt; next: 'continue' }
   | { status: 'rejected'; operationKey: string; error: ErrorInfo; next: NextAction; attempt?: number }
-  | { status: 'unknown'; operationKey: string; lastServerState: ServerState; evidence: UnknownEvidence; next: NextAction; error?: ErrorInfo };
+  | {
+      status: 'unknown';
+      operationKey: string;
+      lastServerState: ServerState;
+      evidence: UnknownEvidence;
+      next: NextAction;
+      error?: ErrorInfo;
+    };
 
 /** The call being awaited: its derived key and input digest, effect class, and budget (ms since the epoch). */
 export interface AwaitCall {
@@ -86,8 +95,19 @@ export interface AwaitState extends AwaitCall {
 /** What is known before anything is sent. */
 export function initialAwait(call: AwaitCall): AwaitState {
   return {
-    ...call, outcomeKey: call.operationKey, submissionIds: [], idsGivenUp: 0, intentStored: false, mayBeStored: false, submittedAt: call.startedAt,
-    push: 'none', statusAnswered: false, lastState: 'not_seen', lastSeq: 0, statusFailures: 0, retryableRejections: 0,
+    ...call,
+    outcomeKey: call.operationKey,
+    submissionIds: [],
+    idsGivenUp: 0,
+    intentStored: false,
+    mayBeStored: false,
+    submittedAt: call.startedAt,
+    push: 'none',
+    statusAnswered: false,
+    lastState: 'not_seen',
+    lastSeq: 0,
+    statusFailures: 0,
+    retryableRejections: 0,
   };
 }
 

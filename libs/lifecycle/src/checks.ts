@@ -1,4 +1,13 @@
-import { DeadlinePassedError, digestOf, ErrorClass, hasSideEffect, TooltxError, type Contract, type EffectClass, type ErrorInfo } from '@tooltx/contracts';
+import {
+  DeadlinePassedError,
+  digestOf,
+  ErrorClass,
+  hasSideEffect,
+  TooltxError,
+  type Contract,
+  type EffectClass,
+  type ErrorInfo,
+} from '@tooltx/contracts';
 import { EVENT_SCHEMA_VERSION, type AuthDecision, type DecisionRecord, type Evidence } from './events.js';
 import { decideRunAgain, decideSend, type SendStep } from './recovery.js';
 import type { OperationState } from './events.js';
@@ -23,11 +32,28 @@ export type PolicyVerdict =
  * (as error info), undefined when it allowed. An allow records the policy version and the resources
  * the policy named.
  */
-export function policyVerdict(failure: ErrorInfo | undefined, o: { policyVersion: string; at: number; resources?: AuthDecision['resources'] }): PolicyVerdict {
-  if (!failure) return { kind: 'allow', authorization: { decision: 'allow', policyVersion: o.policyVersion, at: o.at, ...(o.resources ? { resources: o.resources } : {}) } };
-  if (failure.class === ErrorClass.Internal || failure.class === ErrorClass.DependencyUnavailable) return { kind: 'retry' };
+export function policyVerdict(
+  failure: ErrorInfo | undefined,
+  o: { policyVersion: string; at: number; resources?: AuthDecision['resources'] },
+): PolicyVerdict {
+  if (!failure)
+    return {
+      kind: 'allow',
+      authorization: {
+        decision: 'allow',
+        policyVersion: o.policyVersion,
+        at: o.at,
+        ...(o.resources ? { resources: o.resources } : {}),
+      },
+    };
+  if (failure.class === ErrorClass.Internal || failure.class === ErrorClass.DependencyUnavailable)
+    return { kind: 'retry' };
   if (failure.class === ErrorClass.InvalidInput) return { kind: 'refuse', error: failure };
-  return { kind: 'refuse', error: failure, authorization: { decision: 'deny', policyVersion: o.policyVersion, reason: failure.class, at: o.at } };
+  return {
+    kind: 'refuse',
+    error: failure,
+    authorization: { decision: 'deny', policyVersion: o.policyVersion, reason: failure.class, at: o.at },
+  };
 }
 
 /**
@@ -47,7 +73,10 @@ export const IDEMPOTENCY_CONFLICT: ErrorInfo = {
 
 /** The bounded record that replaces a refusal whose details the store would not take. */
 export function boundedRefusal(error: ErrorInfo): ErrorInfo {
-  return { class: error.class, issues: [{ path: [], code: 'record_not_stored', message: 'the refusal\'s details could not be stored' }] };
+  return {
+    class: error.class,
+    issues: [{ path: [], code: 'record_not_stored', message: "the refusal's details could not be stored" }],
+  };
 }
 
 /** Who submitted, and which submission: the identity every decision record carries. */
@@ -59,7 +88,16 @@ export interface Submitter {
 
 /** What every decision record starts with: its id and time, the key it is recorded under, and who submitted. */
 function decisionHead(who: Submitter, eventId: string, at: number, operationKey: string) {
-  return { schema: EVENT_SCHEMA_VERSION as typeof EVENT_SCHEMA_VERSION, type: 'decision' as const, eventId, at, operationKey, tenant: who.tenant, actor: who.actor, submissionId: who.submissionId };
+  return {
+    schema: EVENT_SCHEMA_VERSION as typeof EVENT_SCHEMA_VERSION,
+    type: 'decision' as const,
+    eventId,
+    at,
+    operationKey,
+    tenant: who.tenant,
+    actor: who.actor,
+    submissionId: who.submissionId,
+  };
 }
 
 /**
@@ -68,7 +106,16 @@ function decisionHead(who: Submitter, eventId: string, at: number, operationKey:
  */
 export function refusalRecord(
   who: Submitter,
-  o: { eventId: string; at: number; key: string | null; keylessKey: string; error: ErrorInfo; tool?: string; version?: number; authorization?: AuthDecision },
+  o: {
+    eventId: string;
+    at: number;
+    key: string | null;
+    keylessKey: string;
+    error: ErrorInfo;
+    tool?: string;
+    version?: number;
+    authorization?: AuthDecision;
+  },
 ): DecisionRecord {
   return {
     ...decisionHead(who, o.eventId, o.at, o.key ?? o.keylessKey),
@@ -87,7 +134,16 @@ export function refusalRecord(
  */
 export function aliasRecord(
   who: Submitter,
-  o: { eventId: string; at: number; key: string; inputDigest: string; canonicalKey: string; canonicalInputDigest: string; tool: string; version: number },
+  o: {
+    eventId: string;
+    at: number;
+    key: string;
+    inputDigest: string;
+    canonicalKey: string;
+    canonicalInputDigest: string;
+    tool: string;
+    version: number;
+  },
 ): DecisionRecord {
   return {
     ...decisionHead(who, o.eventId, o.at, o.key),
@@ -136,12 +192,16 @@ export function decideAfterRun(effect: EffectClass, outcome: RunOutcome, requeue
     case 'ok':
       return { kind: 'commit' };
     case 'late':
-      if (sideEffect) return decideRunAgain(requeues).kind === 'requeue' ? { kind: 'requeue', reason: 'refused_late' } : { kind: 'reject', error: { class: ErrorClass.DependencyUnavailable }, reason: 'late_again' };
+      if (sideEffect)
+        return decideRunAgain(requeues).kind === 'requeue'
+          ? { kind: 'requeue', reason: 'refused_late' }
+          : { kind: 'reject', error: { class: ErrorClass.DependencyUnavailable }, reason: 'late_again' };
       return { kind: 'reject', error: outcome.error, reason: 'read_failed' };
     case 'refused':
       return { kind: 'reject', error: outcome.error, reason: 'refused' };
     case 'failed':
-      if (!sideEffect) return { kind: 'reject', error: { class: ErrorClass.DependencyUnavailable }, reason: 'read_failed' };
+      if (!sideEffect)
+        return { kind: 'reject', error: { class: ErrorClass.DependencyUnavailable }, reason: 'read_failed' };
       return { kind: 'mark_unknown', evidence: outcome.aborted ? 'timeout' : 'connection_lost' };
   }
 }
@@ -156,7 +216,11 @@ export const TERMINAL_AFTER_DELIVERIES = 3;
  * failure will fail again: it is retried a few times ({@link TERMINAL_AFTER_DELIVERIES}), then
  * recorded as `internal` and terminated — never redelivered for minutes (docs/tenancy.md). Pure.
  */
-export function decideIntakeFailure(f: { retryable: boolean; dependencyAway: boolean; deliveryCount: number }): 'retry' | 'terminal' {
+export function decideIntakeFailure(f: {
+  retryable: boolean;
+  dependencyAway: boolean;
+  deliveryCount: number;
+}): 'retry' | 'terminal' {
   if (f.retryable || f.dependencyAway) return 'retry';
   return f.deliveryCount < TERMINAL_AFTER_DELIVERIES ? 'retry' : 'terminal';
 }
@@ -185,7 +249,10 @@ export interface DerivedCall {
  * the submission's own key and digest are kept with the attempt (`submitted`) and recorded as an
  * alias. Pure.
  */
-export function registrationOf(own: DerivedCall, canonical: DerivedCall | null): { registered: DerivedCall; submitted?: { operationKey: string; inputDigest: string } } {
+export function registrationOf(
+  own: DerivedCall,
+  canonical: DerivedCall | null,
+): { registered: DerivedCall; submitted?: { operationKey: string; inputDigest: string } } {
   if (!canonical || canonical.operationKey === own.operationKey) return { registered: own };
   return { registered: canonical, submitted: { operationKey: own.operationKey, inputDigest: own.inputDigest } };
 }
@@ -196,9 +263,16 @@ export function registrationOf(own: DerivedCall, canonical: DerivedCall | null):
  * (FM-10). `canonicalKey`: the key derived from the policy seam's canonical input now (null when it
  * no longer parses). Returns the refusal — `version_conflict`, recorded as a denial — or null. Pure.
  */
-export function referenceMovedRefusal(operationKey: string, canonicalKey: string | null, o: { policyVersion: string; at: number }): { error: ErrorInfo; authorization: AuthDecision } | null {
+export function referenceMovedRefusal(
+  operationKey: string,
+  canonicalKey: string | null,
+  o: { policyVersion: string; at: number },
+): { error: ErrorInfo; authorization: AuthDecision } | null {
   if (canonicalKey === operationKey) return null;
-  return { error: { class: ErrorClass.VersionConflict }, authorization: { decision: 'deny', policyVersion: o.policyVersion, reason: ErrorClass.VersionConflict, at: o.at } };
+  return {
+    error: { class: ErrorClass.VersionConflict },
+    authorization: { decision: 'deny', policyVersion: o.policyVersion, reason: ErrorClass.VersionConflict, at: o.at },
+  };
 }
 
 /**
@@ -221,7 +295,9 @@ export const REDELIVERED_RUN_MARGIN_MS = 250;
  * null when it does not (a business result cannot be recovered: the operation stays for a person).
  * `digest` is the result's digest for the receipt. Pure.
  */
-export function receiptOnlyResult(contract: Pick<Contract, 'output'>): { result: Record<string, unknown>; digest: string } | null {
+export function receiptOnlyResult(
+  contract: Pick<Contract, 'output'>,
+): { result: Record<string, unknown>; digest: string } | null {
   const empty = contract.output.safeParse({});
   if (!empty.success) return null;
   const result = empty.data as Record<string, unknown>;
@@ -248,7 +324,11 @@ export function runOutcomeOf(err: unknown, aborted: boolean): RunOutcome {
  * executor that took it died mid-attempt (FM-27): verify before acting; otherwise `ignore` (another
  * attempt, or another executor drives it). Pure.
  */
-export function executorAction(state: OperationState, attempt: number, deliveryCount: number): 'run' | 'recover' | 'ignore' {
+export function executorAction(
+  state: OperationState,
+  attempt: number,
+  deliveryCount: number,
+): 'run' | 'recover' | 'ignore' {
   if (state.status === 'none' || state.attempt !== attempt) return 'ignore';
   if (state.status === 'running' && deliveryCount > 1 && state.running) return 'recover';
   return state.status === 'accepted' ? 'run' : 'ignore';
@@ -268,7 +348,12 @@ export function waitingToRun(state: OperationState, attempt: number): boolean {
  * `elapsedMs` since the executor fixed the attempt's deadline, `timeoutMs` the attempt's time. Reads
  * and computations are always sent (a late one is refused or times out, and is retryable). Pure.
  */
-export function sendAfterStart(a: { effect: EffectClass; timeoutMs: number; elapsedMs: number; requeues: number }): SendStep {
+export function sendAfterStart(a: {
+  effect: EffectClass;
+  timeoutMs: number;
+  elapsedMs: number;
+  requeues: number;
+}): SendStep {
   if (!hasSideEffect(a.effect)) return { kind: 'send' };
   return decideSend({ startedAt: 0, deadlineAt: a.timeoutMs, now: a.elapsedMs, requeues: a.requeues });
 }

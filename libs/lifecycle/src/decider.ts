@@ -149,7 +149,15 @@ export interface ResolveCommand {
   resolvedBy: string;
   outcome: { kind: 'committed'; resourceId: string; resultDigest: string } | { kind: 'not_applied' };
 }
-export type OperationCommand = AcceptCommand | StartCommand | CommitCommand | RejectCommand | MarkUnknownCommand | RequeueCommand | OpenTakeoverCommand | ResolveCommand;
+export type OperationCommand =
+  | AcceptCommand
+  | StartCommand
+  | CommitCommand
+  | RejectCommand
+  | MarkUnknownCommand
+  | RequeueCommand
+  | OpenTakeoverCommand
+  | ResolveCommand;
 
 /** What the shell must do after a decision. */
 export type Decision =
@@ -164,7 +172,16 @@ export type Decision =
   /** The command does not apply to the current state (e.g. another executor already runs it). */
   | { kind: 'skip'; reason: SkipReason; state: OperationState };
 
-export type SkipReason = 'not_registered' | 'not_accepted' | 'attempt_mismatch' | 'not_running' | 'final' | 'stale_run' | 'not_unknown' | 'taken_over' | 'not_allowed';
+export type SkipReason =
+  | 'not_registered'
+  | 'not_accepted'
+  | 'attempt_mismatch'
+  | 'not_running'
+  | 'final'
+  | 'stale_run'
+  | 'not_unknown'
+  | 'taken_over'
+  | 'not_allowed';
 
 export function initialState(): OperationState {
   return { status: 'none' };
@@ -178,7 +195,10 @@ export function initialState(): OperationState {
  */
 export function decide(cmd: OperationCommand, state: OperationState, ctx: DecideContext = {}): Decision {
   const d = decideCommand(cmd, state, ctx);
-  if (d.kind === 'append' && !isAllowedTransition(state.status, d.event.type, d.event.state.status, ctx.transitions ?? TRANSITIONS)) {
+  if (
+    d.kind === 'append' &&
+    !isAllowedTransition(state.status, d.event.type, d.event.state.status, ctx.transitions ?? TRANSITIONS)
+  ) {
     return { kind: 'skip', reason: 'not_allowed', state };
   }
   return d;
@@ -210,17 +230,37 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
       const s = requireRunning(state, cmd.attempt, ['unknown']);
       if (s.kind === 'skip') return s.reason === 'not_running' ? { ...s, reason: 'not_unknown' } : s;
       if (s.state.takeover) return { kind: 'skip', reason: 'taken_over', state };
-      return append(s.state, { type: 'takeover', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, takeover: cmd.takeover });
+      return append(s.state, {
+        type: 'takeover',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: cmd.attempt,
+        takeover: cmd.takeover,
+      });
     }
     case 'resolve': {
       const s = requireRunning(state, cmd.attempt, ['unknown']);
       if (s.kind === 'skip') return s.reason === 'not_running' ? { ...s, reason: 'not_unknown' } : s;
       const manual = { manual: true as const, resolvedBy: cmd.resolvedBy };
       if (cmd.outcome.kind === 'not_applied') {
-        return append(s.state, { type: 'rejected', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, error: { class: 'not_applied' }, ...manual });
+        return append(s.state, {
+          type: 'rejected',
+          eventId: cmd.eventId,
+          at: cmd.at,
+          attempt: cmd.attempt,
+          error: { class: 'not_applied' },
+          ...manual,
+        });
       }
       const receipt = signedReceipt(ctx, s.state, { at: cmd.at, attempt: cmd.attempt, ...cmd.outcome }, manual);
-      return append(s.state, { type: 'committed', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, receipt, ...manual });
+      return append(s.state, {
+        type: 'committed',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: cmd.attempt,
+        receipt,
+        ...manual,
+      });
     }
     case 'commit': {
       // From `running`, or from `unknown` once a probe found the effect — never once a
@@ -237,12 +277,25 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
       if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
       if (state.attempt !== cmd.attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
       if (state.status !== 'accepted' && state.status !== 'running') return { kind: 'skip', reason: 'final', state };
-      return append(state, { type: 'rejected', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, error: cmd.error, ...(cmd.authorization ? { authorization: cmd.authorization } : {}) });
+      return append(state, {
+        type: 'rejected',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: cmd.attempt,
+        error: cmd.error,
+        ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
+      });
     }
     case 'mark_unknown': {
       const s = requireRunning(state, cmd.attempt);
       if (s.kind === 'skip') return s;
-      return append(s.state, { type: 'unknown', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, evidence: cmd.evidence });
+      return append(s.state, {
+        type: 'unknown',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: cmd.attempt,
+        evidence: cmd.evidence,
+      });
     }
     case 'requeue': {
       if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
@@ -252,7 +305,13 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
       const from = cmd.reason === 'stale_accepted' ? ['accepted'] : ofOneRun ? ['running'] : ['running', 'unknown'];
       if (!from.includes(state.status)) return { kind: 'skip', reason: 'not_running', state };
       if (state.takeover) return { kind: 'skip', reason: 'taken_over', state };
-      return append(state, { type: 'requeued', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt, reason: cmd.reason });
+      return append(state, {
+        type: 'requeued',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: cmd.attempt,
+        reason: cmd.reason,
+      });
     }
   }
 }
@@ -290,17 +349,21 @@ function signedReceipt(
 
 function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
   if (state.status === 'none') {
-    return append(null, {
-      type: 'accepted',
-      eventId: cmd.eventId,
-      at: cmd.at,
-      attempt: 1,
-      actor: cmd.actor,
-      intentSeq: cmd.intentSeq,
-      submissionId: cmd.submissionId,
-      ...(cmd.submitted ? { submitted: cmd.submitted } : {}),
-      ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
-    }, cmd);
+    return append(
+      null,
+      {
+        type: 'accepted',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: 1,
+        actor: cmd.actor,
+        intentSeq: cmd.intentSeq,
+        submissionId: cmd.submissionId,
+        ...(cmd.submitted ? { submitted: cmd.submitted } : {}),
+        ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
+      },
+      cmd,
+    );
   }
   if (state.inputDigest !== cmd.inputDigest) return { kind: 'conflict', state };
   if (state.status !== 'rejected') return { kind: 'replay', state };
@@ -308,17 +371,21 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
   // current attempt's) must not start another attempt.
   if (cmd.intentSeq <= state.intent.seq) return { kind: 'replay', state };
   // Rejected = definitively not applied: the identical input starts a new attempt.
-  return append(state, {
-    type: 'accepted',
-    eventId: cmd.eventId,
-    at: cmd.at,
-    attempt: state.attempt + 1,
-    actor: cmd.actor,
-    intentSeq: cmd.intentSeq,
-    submissionId: cmd.submissionId,
-    ...(cmd.submitted ? { submitted: cmd.submitted } : {}),
-    ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
-  }, cmd);
+  return append(
+    state,
+    {
+      type: 'accepted',
+      eventId: cmd.eventId,
+      at: cmd.at,
+      attempt: state.attempt + 1,
+      actor: cmd.actor,
+      intentSeq: cmd.intentSeq,
+      submissionId: cmd.submissionId,
+      ...(cmd.submitted ? { submitted: cmd.submitted } : {}),
+      ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
+    },
+    cmd,
+  );
 }
 
 function requireRunning(
@@ -352,17 +419,19 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
   switch (e.type) {
     case 'accepted': {
       const a = e as Extract<OperationEvent, { type: 'accepted' }>;
-      const identity = prev ?? (accept && {
-        operationKey: accept.operationKey,
-        tenant: accept.tenant,
-        taskId: accept.taskId,
-        tool: accept.tool,
-        version: accept.version,
-        contractDigest: accept.contractDigest,
-        effect: accept.effect,
-        inputDigest: accept.inputDigest,
-        targetDigest: accept.targetDigest,
-      });
+      const identity =
+        prev ??
+        (accept && {
+          operationKey: accept.operationKey,
+          tenant: accept.tenant,
+          taskId: accept.taskId,
+          tool: accept.tool,
+          version: accept.version,
+          contractDigest: accept.contractDigest,
+          effect: accept.effect,
+          inputDigest: accept.inputDigest,
+          targetDigest: accept.targetDigest,
+        });
       if (!identity) throw new Error('accepted event without identity');
       // A new attempt starts clean: no running marker, receipt, error or evidence of the previous one.
       return {
@@ -388,19 +457,34 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
       const r = e as Extract<OperationEvent, { type: 'running' }>;
       const p = need(prev);
       const authorization = r.authorization ? { ...p.authorization, execution: r.authorization } : p.authorization;
-      return { ...p, status: 'running', running: { eventId: r.eventId, executor: r.executor, at: r.at, deadlineAt: r.deadlineAt }, ...(authorization ? { authorization } : {}), ...common };
+      return {
+        ...p,
+        status: 'running',
+        running: { eventId: r.eventId, executor: r.executor, at: r.at, deadlineAt: r.deadlineAt },
+        ...(authorization ? { authorization } : {}),
+        ...common,
+      };
     }
     case 'committed': {
       const c = e as Extract<OperationEvent, { type: 'committed' }>;
-      const resolution = c.manual && c.resolvedBy ? { resolution: { by: c.resolvedBy, at: c.at, outcome: 'committed' as const } } : {};
+      const resolution =
+        c.manual && c.resolvedBy ? { resolution: { by: c.resolvedBy, at: c.at, outcome: 'committed' as const } } : {};
       return { ...need(prev), status: 'committed', receipt: c.receipt, ...resolution, ...common };
     }
     case 'rejected': {
       const r = e as Extract<OperationEvent, { type: 'rejected' }>;
       const p = need(prev);
       const authorization = r.authorization ? { ...p.authorization, execution: r.authorization } : p.authorization;
-      const resolution = r.manual && r.resolvedBy ? { resolution: { by: r.resolvedBy, at: r.at, outcome: 'not_applied' as const } } : {};
-      return { ...p, status: 'rejected', error: r.error, ...(authorization ? { authorization } : {}), ...resolution, ...common };
+      const resolution =
+        r.manual && r.resolvedBy ? { resolution: { by: r.resolvedBy, at: r.at, outcome: 'not_applied' as const } } : {};
+      return {
+        ...p,
+        status: 'rejected',
+        error: r.error,
+        ...(authorization ? { authorization } : {}),
+        ...resolution,
+        ...common,
+      };
     }
     case 'takeover': {
       const t = e as Extract<OperationEvent, { type: 'takeover' }>;
@@ -442,9 +526,15 @@ export function replay(events: OperationEvent[]): OperationState {
   for (const e of events) {
     const { state: carried, ...rest } = e;
     const prev = state.status === 'none' ? null : state;
-    const accept = prev === null && e.type === 'accepted'
-      ? ({ ...carried, type: 'accept', intentSeq: carried.intent.seq, submissionId: carried.intent.submissionId } as unknown as AcceptCommand)
-      : undefined;
+    const accept =
+      prev === null && e.type === 'accepted'
+        ? ({
+            ...carried,
+            type: 'accept',
+            intentSeq: carried.intent.seq,
+            submissionId: carried.intent.submissionId,
+          } as unknown as AcceptCommand)
+        : undefined;
     const { eventCount, ...uncounted } = fold(prev, rest, accept);
     const folded = carried.eventCount === undefined ? uncounted : { ...uncounted, eventCount };
     if (JSON.stringify(sortKeys(folded)) !== JSON.stringify(sortKeys(carried))) {
@@ -458,7 +548,12 @@ export function replay(events: OperationEvent[]): OperationState {
 function sortKeys(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(sortKeys);
   if (v && typeof v === 'object') {
-    return Object.fromEntries(Object.entries(v).filter(([, x]) => x !== undefined).sort(([a], [b]) => (a < b ? -1 : 1)).map(([k, x]) => [k, sortKeys(x)]));
+    return Object.fromEntries(
+      Object.entries(v)
+        .filter(([, x]) => x !== undefined)
+        .sort(([a], [b]) => (a < b ? -1 : 1))
+        .map(([k, x]) => [k, sortKeys(x)]),
+    );
   }
   return v;
 }

@@ -44,7 +44,10 @@ export const authDecisionSchema = z.object({
   policyVersion: z.string().min(1).max(100),
   reason: z.enum(errorClasses).optional(),
   at: epochMs,
-  resources: z.array(z.object({ id: z.string().max(200), version: z.number().int() })).max(50).optional(),
+  resources: z
+    .array(z.object({ id: z.string().max(200), version: z.number().int() }))
+    .max(50)
+    .optional(),
 });
 export type AuthDecision = z.infer<typeof authDecisionSchema>;
 
@@ -130,8 +133,17 @@ export const takeoverRecordSchema = z.object({
    * `inputDigest` above).
    */
   probed: z.object({ resourceId: z.string().max(200), inputDigest: digest.optional() }).optional(),
-  attempts: z.object({ attempt: z.number().int().min(1), requeues: z.number().int().min(0), probes: z.number().int().min(0) }),
-  times: z.object({ acceptedAt: epochMs, runningAt: epochMs.optional(), unknownSince: epochMs.optional(), openedAt: epochMs }),
+  attempts: z.object({
+    attempt: z.number().int().min(1),
+    requeues: z.number().int().min(0),
+    probes: z.number().int().min(0),
+  }),
+  times: z.object({
+    acceptedAt: epochMs,
+    runningAt: epochMs.optional(),
+    unknownSince: epochMs.optional(),
+    openedAt: epochMs,
+  }),
 });
 export type TakeoverRecord = z.infer<typeof takeoverRecordSchema>;
 
@@ -172,14 +184,20 @@ export const operationRecordSchema = z.object({
    * Where the current attempt's input lives: the intent stream's sequence and the submission id;
    * `submitted` when that submission named the target through an alias (FM-10).
    */
-  intent: z.object({ seq: z.number().int().positive(), submissionId: z.string(), submitted: submittedSchema.optional() }),
+  intent: z.object({
+    seq: z.number().int().positive(),
+    submissionId: z.string(),
+    submitted: submittedSchema.optional(),
+  }),
   acceptedAt: epochMs,
   running: z.object({ eventId, executor: z.string(), at: epochMs, deadlineAt: epochMs }).optional(),
   receipt: receiptSchema.optional(),
   error: errorInfoSchema.optional(),
   evidence: evidenceSchema.optional(),
   /** The current attempt's decisions: at intake (authorizer) and at the execution instant (executor). */
-  authorization: z.object({ intake: authDecisionSchema.optional(), execution: authDecisionSchema.optional() }).optional(),
+  authorization: z
+    .object({ intake: authDecisionSchema.optional(), execution: authDecisionSchema.optional() })
+    .optional(),
   /** How often this attempt was requeued after verification (0 when never). */
   requeues: z.number().int().min(0).optional(),
   /** Set once the operation was handed over to a person (it stays until a new attempt). */

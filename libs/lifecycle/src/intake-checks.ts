@@ -59,8 +59,15 @@ export function checkIntake(
   versionsOf: (tool: string) => number[] = (tool) => (findContract(tool, 1) ? [1] : []),
 ): IntakeCheck {
   const rawObj = (raw && typeof raw === 'object' ? raw : {}) as Record<string, unknown>;
-  const supplied = typeof rawObj.operationKey === 'string' && OPERATION_KEY_PATTERN.test(rawObj.operationKey) ? rawObj.operationKey : null;
-  const refuse = (err: unknown, decisionKey: string | null, extra: { tool?: string; version?: number } = {}): IntakeCheck => ({
+  const supplied =
+    typeof rawObj.operationKey === 'string' && OPERATION_KEY_PATTERN.test(rawObj.operationKey)
+      ? rawObj.operationKey
+      : null;
+  const refuse = (
+    err: unknown,
+    decisionKey: string | null,
+    extra: { tool?: string; version?: number } = {},
+  ): IntakeCheck => ({
     kind: 'refuse',
     error: toErrorInfo(err),
     decisionKey,
@@ -74,11 +81,21 @@ export function checkIntake(
   // policy, no lookup.
   if (rawObj.actorId !== undefined && rawObj.actorId !== who.actor) {
     const forged = new TooltxError(ErrorClass.Forbidden, 'envelope actorId differs from the subject actor', {
-      issues: [{ path: ['actorId'], code: 'not_authenticated_actor', message: 'actorId must be the actor this connection authenticated as' }],
+      issues: [
+        {
+          path: ['actorId'],
+          code: 'not_authenticated_actor',
+          message: 'actorId must be the actor this connection authenticated as',
+        },
+      ],
     });
     if (supplied) return refuse(forged, supplied);
     const derived = derivedKeyOf(raw, findContract);
-    return refuse(forged, derived?.operationKey ?? null, derived ? { tool: derived.tool, version: derived.version } : {});
+    return refuse(
+      forged,
+      derived?.operationKey ?? null,
+      derived ? { tool: derived.tool, version: derived.version } : {},
+    );
   }
 
   // 2. Envelope and contract.
@@ -95,7 +112,13 @@ export function checkIntake(
     const path = known.length || envelope.version !== 1 ? 'version' : 'tool';
     return refuse(
       new TooltxError(ErrorClass.InvalidInput, 'unknown contract', {
-        issues: [{ path: [path], code: 'unknown_contract', message: `no contract ${envelope.tool}@${envelope.version}${known.length ? ` (registered: ${known.map((v) => `@${v}`).join(', ')})` : ''}` }],
+        issues: [
+          {
+            path: [path],
+            code: 'unknown_contract',
+            message: `no contract ${envelope.tool}@${envelope.version}${known.length ? ` (registered: ${known.map((v) => `@${v}`).join(', ')})` : ''}`,
+          },
+        ],
       }),
       supplied,
       { tool: envelope.tool, version: envelope.version },
@@ -108,10 +131,20 @@ export function checkIntake(
   // before its input is read by either — the caller's schema, key or authorisation fields may not
   // be the server's. Recorded under the supplied key (the one the caller waits on). Reads and
   // computations have no side effect to protect and go on.
-  if (envelope.interfaceDigest !== undefined && envelope.interfaceDigest !== contract.interfaceDigest && hasSideEffect(contract.effect)) {
+  if (
+    envelope.interfaceDigest !== undefined &&
+    envelope.interfaceDigest !== contract.interfaceDigest &&
+    hasSideEffect(contract.effect)
+  ) {
     return refuse(
-      new TooltxError(ErrorClass.ContractMismatch, 'the caller\'s contract differs from the registry\'s', {
-        issues: [{ path: ['interfaceDigest'], code: 'contract_mismatch', message: `the server's ${contract.id} has another digest: refresh the contract` }],
+      new TooltxError(ErrorClass.ContractMismatch, "the caller's contract differs from the registry's", {
+        issues: [
+          {
+            path: ['interfaceDigest'],
+            code: 'contract_mismatch',
+            message: `the server's ${contract.id} has another digest: refresh the contract`,
+          },
+        ],
       }),
       supplied,
       ids,
@@ -125,7 +158,13 @@ export function checkIntake(
   const forgedField = forgedIdentityField(who, envelope.input, contract);
   if (forgedField) {
     const forged = new TooltxError(ErrorClass.Forbidden, 'the input names another tenant or actor', {
-      issues: [{ path: ['input', forgedField], code: 'not_authenticated_identity', message: 'identity comes from the connection, never from the input' }],
+      issues: [
+        {
+          path: ['input', forgedField],
+          code: 'not_authenticated_identity',
+          message: 'identity comes from the connection, never from the input',
+        },
+      ],
     });
     if (supplied) return refuse(forged, supplied, ids);
     const rest = { ...(envelope.input as Record<string, unknown>) };
@@ -149,7 +188,13 @@ export function checkIntake(
   if (envelope.operationKey !== undefined && envelope.operationKey !== prepared.operationKey) {
     return refuse(
       new TooltxError(ErrorClass.IdempotencyConflict, 'supplied operation key does not match the request', {
-        issues: [{ path: ['operationKey'], code: 'key_mismatch', message: 'the operation key is derived by the server from taskId, contract, target and intent' }],
+        issues: [
+          {
+            path: ['operationKey'],
+            code: 'key_mismatch',
+            message: 'the operation key is derived by the server from taskId, contract, target and intent',
+          },
+        ],
       }),
       supplied ?? prepared.operationKey,
       ids,
@@ -160,15 +205,23 @@ export function checkIntake(
 
 /** Field names that carry an identity, and which part of the subject they must equal. */
 const IDENTITY_FIELDS: Record<string, 'tenant' | 'actor'> = {
-  tenant: 'tenant', tenantId: 'tenant', tenant_id: 'tenant',
-  actor: 'actor', actorId: 'actor', actor_id: 'actor',
+  tenant: 'tenant',
+  tenantId: 'tenant',
+  tenant_id: 'tenant',
+  actor: 'actor',
+  actorId: 'actor',
+  actor_id: 'actor',
 };
 
 /**
  * The first identity field of `input` that the contract's input schema does not declare and whose
  * value differs from the authenticated subject's tenant or actor, or null. Pure.
  */
-function forgedIdentityField(who: { tenant: string; actor: string }, input: unknown, contract: Contract): string | null {
+function forgedIdentityField(
+  who: { tenant: string; actor: string },
+  input: unknown,
+  contract: Contract,
+): string | null {
   if (!input || typeof input !== 'object' || Array.isArray(input)) return null;
   const declared = (contract.input as { shape?: Record<string, unknown> }).shape ?? {};
   for (const [field, part] of Object.entries(IDENTITY_FIELDS)) {
@@ -191,7 +244,11 @@ function derivedKeyOf(
     const envelope = parseStrict(intentEnvelopeSchema, raw);
     const contract = findContract(envelope.tool, envelope.version);
     if (!contract) return null;
-    return { operationKey: prepareCall(contract, envelope.taskId, envelope.input).operationKey, tool: contract.name, version: contract.version };
+    return {
+      operationKey: prepareCall(contract, envelope.taskId, envelope.input).operationKey,
+      tool: contract.name,
+      version: contract.version,
+    };
   } catch {
     return null;
   }

@@ -11,7 +11,14 @@ export const intentEnvelopeSchema = z.strictObject({
   tool: z.string().min(1).max(100),
   version: z.number().int().min(1),
   /** The agent task this call belongs to; part of the operation key. 1–256 chars. */
-  taskId: z.string().min(1).max(256).refine((s) => (s as string & { isWellFormed(): boolean }).isWellFormed(), 'contains a lone surrogate (ill-formed Unicode)'),
+  taskId: z
+    .string()
+    .min(1)
+    .max(256)
+    .refine(
+      (s) => (s as string & { isWellFormed(): boolean }).isWellFormed(),
+      'contains a lone surrogate (ill-formed Unicode)',
+    ),
   /** The key the client derived; the server derives it again and refuses a mismatch (FM-03). */
   operationKey: z.string().max(100).optional(),
   actorId: z.string().regex(ID_PATTERN).optional(),
@@ -21,7 +28,10 @@ export const intentEnvelopeSchema = z.strictObject({
    * `contract_mismatch` (FM-25). The SDK always sends it; a raw
    * intent may leave it out.
    */
-  interfaceDigest: z.string().regex(/^sha256:[0-9a-f]{64}$/, 'expected sha256: and 64 lowercase hex digits').optional(),
+  interfaceDigest: z
+    .string()
+    .regex(/^sha256:[0-9a-f]{64}$/, 'expected sha256: and 64 lowercase hex digits')
+    .optional(),
   input: z.unknown(),
 });
 export type IntentEnvelope = z.infer<typeof intentEnvelopeSchema>;

@@ -53,9 +53,14 @@ export const RETRY_MARGIN_MS = 250;
  *   cannot land: `unknown`;
  * - otherwise (or probe unavailable) → `mark_unknown` (or `keep` when already unknown).
  */
-export function decideRecovery(state: OperationRecord, probe: ProbeOutcome, downstream: DownstreamGuarantees): RecoveryStep {
+export function decideRecovery(
+  state: OperationRecord,
+  probe: ProbeOutcome,
+  downstream: DownstreamGuarantees,
+): RecoveryStep {
   if (probe.kind === 'found') {
-    if (probe.inputDigest !== undefined && probe.inputDigest !== state.inputDigest) return { kind: 'mismatch', resourceId: probe.resourceId, inputDigest: probe.inputDigest };
+    if (probe.inputDigest !== undefined && probe.inputDigest !== state.inputDigest)
+      return { kind: 'mismatch', resourceId: probe.resourceId, inputDigest: probe.inputDigest };
     return { kind: 'commit', resourceId: probe.resourceId };
   }
   if (probe.kind === 'not_found') {
@@ -136,13 +141,21 @@ export interface WatchedOperation {
  * plus {@link RUNNING_GRACE_MS} and its `runningBoundMs`, when a probe is due; `unknown` when a
  * probe is due. Pure.
  */
-export function lookDue(e: WatchedOperation, timing: { timeoutMs: number; runningBoundMs: number }, o: { seenForMs: number; wallNow: number; probeDue: boolean }): boolean {
+export function lookDue(
+  e: WatchedOperation,
+  timing: { timeoutMs: number; runningBoundMs: number },
+  o: { seenForMs: number; wallNow: number; probeDue: boolean },
+): boolean {
   const { timeoutMs, runningBoundMs } = timing;
   switch (e.status) {
     case 'accepted':
       return o.seenForMs > runningBoundMs || o.wallNow - e.updatedAt > runningBoundMs;
     case 'running':
-      return o.probeDue && (o.seenForMs > Math.max(timeoutMs + RUNNING_GRACE_MS, runningBoundMs) || o.wallNow > Math.max((e.deadlineAt ?? 0) + RUNNING_GRACE_MS, (e.runningAt ?? e.updatedAt) + runningBoundMs));
+      return (
+        o.probeDue &&
+        (o.seenForMs > Math.max(timeoutMs + RUNNING_GRACE_MS, runningBoundMs) ||
+          o.wallNow > Math.max((e.deadlineAt ?? 0) + RUNNING_GRACE_MS, (e.runningAt ?? e.updatedAt) + runningBoundMs))
+      );
     case 'unknown':
       return o.probeDue;
     default:
@@ -163,7 +176,11 @@ export function takeoverDue(status: OperationRecord['status'], seenForMs: number
  * The takeover record of an `unknown` operation handed to a person (FM-14): what is known of it —
  * its target, its last evidence, what a probe found under our key, its attempts and times. Pure.
  */
-export function takeoverRecordOf(state: OperationRecord, why: { reason: TakeoverRecord['reason']; probes: number; probed?: TakeoverRecord['probed'] }, openedAt: number): TakeoverRecord {
+export function takeoverRecordOf(
+  state: OperationRecord,
+  why: { reason: TakeoverRecord['reason']; probes: number; probed?: TakeoverRecord['probed'] },
+  openedAt: number,
+): TakeoverRecord {
   return {
     operationKey: state.operationKey,
     tenant: state.tenant,
@@ -176,7 +193,12 @@ export function takeoverRecordOf(state: OperationRecord, why: { reason: Takeover
     ...(state.evidence ? { lastEvidence: state.evidence } : {}),
     ...(why.probed ? { probed: why.probed } : {}),
     attempts: { attempt: state.attempt, requeues: state.requeues ?? 0, probes: why.probes },
-    times: { acceptedAt: state.acceptedAt, ...(state.running ? { runningAt: state.running.at } : {}), ...(state.evidence ? { unknownSince: state.evidence.at } : {}), openedAt },
+    times: {
+      acceptedAt: state.acceptedAt,
+      ...(state.running ? { runningAt: state.running.at } : {}),
+      ...(state.evidence ? { unknownSince: state.evidence.at } : {}),
+      openedAt,
+    },
   };
 }
 
@@ -203,8 +225,16 @@ export type ResolutionOutcome = { kind: 'committed'; resourceId: string } | { ki
  * recorded (a repeat answers the state), `resolve` when the operation is `unknown`, else
  * `not_unknown` (nothing to resolve: refused as an idempotency conflict). Pure.
  */
-export function resolutionVerdict(state: OperationState, outcome: ResolutionOutcome): 'already' | 'resolve' | 'not_unknown' {
-  if (state.status !== 'none' && state.resolution?.outcome === outcome.kind && (outcome.kind !== 'committed' || state.receipt?.resourceId === outcome.resourceId)) return 'already';
+export function resolutionVerdict(
+  state: OperationState,
+  outcome: ResolutionOutcome,
+): 'already' | 'resolve' | 'not_unknown' {
+  if (
+    state.status !== 'none' &&
+    state.resolution?.outcome === outcome.kind &&
+    (outcome.kind !== 'committed' || state.receipt?.resourceId === outcome.resourceId)
+  )
+    return 'already';
   return state.status === 'unknown' ? 'resolve' : 'not_unknown';
 }
 
@@ -239,21 +269,37 @@ export type RecoveryPlan =
  * The recovery verdict ({@link RecoveryPlan}) for `state` from what was learned of the downstream.
  * `receiptOnly`: whether the contract's result is its receipt (FM-19, {@link receiptOnlyResult}). Pure.
  */
-export function planRecovery(state: OperationRecord, input: RecoveryInput, c: { downstream: DownstreamGuarantees; receiptOnly: boolean }): RecoveryPlan {
+export function planRecovery(
+  state: OperationRecord,
+  input: RecoveryInput,
+  c: { downstream: DownstreamGuarantees; receiptOnly: boolean },
+): RecoveryPlan {
   const running = state.status === 'running';
   const mark = (kind: Evidence['kind']) => (running ? { markEvidence: kind } : {});
   if (input.kind === 'no_probe') return { kind: 'unknown', reason: 'no_probe', ...mark('executor_lost') };
   const step = decideRecovery(state, input, c.downstream);
   switch (step.kind) {
     case 'mismatch':
-      return { kind: 'unknown', reason: 'mismatch', ...mark('probe'), probed: { resourceId: step.resourceId, inputDigest: step.inputDigest } };
+      return {
+        kind: 'unknown',
+        reason: 'mismatch',
+        ...mark('probe'),
+        probed: { resourceId: step.resourceId, inputDigest: step.inputDigest },
+      };
     case 'commit':
-      return c.receiptOnly ? { kind: 'commit', resourceId: step.resourceId } : { kind: 'unknown', reason: 'result_not_recoverable', ...mark('probe') };
+      return c.receiptOnly
+        ? { kind: 'commit', resourceId: step.resourceId }
+        : { kind: 'unknown', reason: 'result_not_recoverable', ...mark('probe') };
     case 'requeue':
       return { kind: 'requeue' };
     case 'mark_unknown':
     case 'keep':
-      return { kind: 'unknown', reason: 'unresolved', ...mark(input.kind === 'unavailable' ? 'probe' : 'executor_lost'), ...(step.retryInMs !== undefined ? { retryInMs: step.retryInMs } : {}) };
+      return {
+        kind: 'unknown',
+        reason: 'unresolved',
+        ...mark(input.kind === 'unavailable' ? 'probe' : 'executor_lost'),
+        ...(step.retryInMs !== undefined ? { retryInMs: step.retryInMs } : {}),
+      };
   }
 }
 
@@ -287,6 +333,10 @@ export function sweepAction(entry: { status: string; seq: number }, state: Opera
  * downstream's clock said when the attempt's request can no longer land (`retryInMs`). Pure but for
  * the jitter's `random`.
  */
-export function nextProbeInMs(failures: number, retryInMs: number | undefined, random: () => number = Math.random): number {
+export function nextProbeInMs(
+  failures: number,
+  retryInMs: number | undefined,
+  random: () => number = Math.random,
+): number {
   return Math.min(retryInMs ?? Infinity, nextProbeDelayMs(failures, random));
 }

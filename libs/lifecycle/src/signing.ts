@@ -1,4 +1,12 @@
-import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, sign, verify, type KeyObject } from 'node:crypto';
+import {
+  createHash,
+  createPrivateKey,
+  createPublicKey,
+  generateKeyPairSync,
+  sign,
+  verify,
+  type KeyObject,
+} from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
 import { canonicalJson } from '@tooltx/contracts';
 import { receiptSchema, type Receipt } from './events.js';
@@ -44,7 +52,8 @@ function bytesOf(receipt: UnsignedReceipt): Buffer {
 /** A signer over an Ed25519 private key (a `KeyObject` or PKCS#8 PEM text). Throws `TypeError` for another key type. */
 export function receiptSigner(privateKey: KeyObject | string): ReceiptSigner {
   const key = typeof privateKey === 'string' ? createPrivateKey(privateKey) : privateKey;
-  if (key.asymmetricKeyType !== 'ed25519') throw new TypeError(`a receipt signing key must be Ed25519, got ${key.asymmetricKeyType}`);
+  if (key.asymmetricKeyType !== 'ed25519')
+    throw new TypeError(`a receipt signing key must be Ed25519, got ${key.asymmetricKeyType}`);
   const keyId = keyIdOf(createPublicKey(key));
   return { keyId, sign: (r) => sign(null, bytesOf({ ...r, keyId }), key).toString('base64url') };
 }
@@ -60,7 +69,9 @@ export function loadReceiptSigner(file: string): ReceiptSigner {
     if ((statSync(file).mode & 0o077) !== 0) throw new Error(`${file}: others may read this private key; chmod 600 it`);
     text = readFileSync(file, 'utf8');
   } catch (err) {
-    throw err instanceof Error && err.message.startsWith(file) ? err : new Error(`${file}: cannot read the key file (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
+    throw err instanceof Error && err.message.startsWith(file)
+      ? err
+      : new Error(`${file}: cannot read the key file (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
   }
   try {
     return receiptSigner(text);

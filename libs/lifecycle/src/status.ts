@@ -1,6 +1,14 @@
 import { z } from 'zod';
 import { OPERATION_KEY_PATTERN, type Implementation } from '@tooltx/contracts';
-import { errorInfoSchema, eventCountOf, receiptSchema, takeoverRecordSchema, type DecisionRecord, type OperationRecord, type Receipt } from './events.js';
+import {
+  errorInfoSchema,
+  eventCountOf,
+  receiptSchema,
+  takeoverRecordSchema,
+  type DecisionRecord,
+  type OperationRecord,
+  type Receipt,
+} from './events.js';
 
 /** Longest long-poll a status request may ask for, ms. */
 export const MAX_STATUS_WAIT_MS = 30_000;
@@ -99,7 +107,10 @@ export const pushedAnswerSchema = statusAnswerSchema.extend({
   inputDigest: z.string(),
 });
 export type PushedAnswer = z.infer<typeof pushedAnswerSchema>;
-export const pushMessageSchema = z.union([pushedAnswerSchema, z.object({ poll: z.literal(true), at: z.number().int() })]);
+export const pushMessageSchema = z.union([
+  pushedAnswerSchema,
+  z.object({ poll: z.literal(true), at: z.number().int() }),
+]);
 export type PushMessage = z.infer<typeof pushMessageSchema>;
 
 /**
@@ -110,7 +121,13 @@ export type PushMessage = z.infer<typeof pushMessageSchema>;
  * receipt-only result). `ownAttempt` is relative to this one submission (the status endpoint's
  * compares every submission id the caller lists; the SDK does not use it for a committed answer). Pure.
  */
-export function committedAnswer(o: { submittedKey: string; state: OperationRecord & { receipt: Receipt }; submissionId: string; result: unknown; at: number }): PushedAnswer {
+export function committedAnswer(o: {
+  submittedKey: string;
+  state: OperationRecord & { receipt: Receipt };
+  submissionId: string;
+  result: unknown;
+  at: number;
+}): PushedAnswer {
   const st = o.state;
   return {
     pushed: true,
@@ -135,11 +152,24 @@ export function committedAnswer(o: { submittedKey: string; state: OperationRecor
  * saw); true when the tool has none. The one check behind every answer that reveals an outcome: the
  * status endpoint's and each pushed answer. Never throws: a refusal or a failing policy is false.
  */
-export async function readAllowed(impl: Implementation | undefined, tenant: string, actor: string, state: OperationRecord, now: number): Promise<boolean> {
+export async function readAllowed(
+  impl: Implementation | undefined,
+  tenant: string,
+  actor: string,
+  state: OperationRecord,
+  now: number,
+): Promise<boolean> {
   if (!impl?.authorizeRead) return true;
   try {
     const resources = state.authorization?.intake?.resources;
-    await impl.authorizeRead({ tenant, actor, owner: state.actor, operationKey: state.operationKey, now, ...(resources ? { resources } : {}) });
+    await impl.authorizeRead({
+      tenant,
+      actor,
+      owner: state.actor,
+      operationKey: state.operationKey,
+      now,
+      ...(resources ? { resources } : {}),
+    });
     return true;
   } catch {
     return false;
@@ -173,7 +203,8 @@ export function statusSettled(a: StatusAnswer, req: StatusRequest): boolean {
  * step. Pure.
  */
 export function ownCallInFlight(state: OperationRecord, actor: string, req: StatusRequest): boolean {
-  const inFlight = state.status === 'accepted' || state.status === 'running' || (state.status === 'unknown' && !state.takeover);
+  const inFlight =
+    state.status === 'accepted' || state.status === 'running' || (state.status === 'unknown' && !state.takeover);
   return inFlight && actor === state.actor && req.submissionIds?.includes(state.intent.submissionId) === true;
 }
 
@@ -182,7 +213,12 @@ export function ownCallInFlight(state: OperationRecord, actor: string, req: Stat
  * caller's own resubmission was refused at intake since (e.g. `task_frozen`), that refusal — not
  * the earlier attempt's — is the caller's answer. Pure.
  */
-export function ownRefusalSupersedes(state: OperationRecord, actor: string, req: StatusRequest, decision: DecisionRecord | null): decision is DecisionRecord & { outcome: 'rejected' } {
+export function ownRefusalSupersedes(
+  state: OperationRecord,
+  actor: string,
+  req: StatusRequest,
+  decision: DecisionRecord | null,
+): decision is DecisionRecord & { outcome: 'rejected' } {
   return (
     decision?.outcome === 'rejected' &&
     decision.actor === actor &&
@@ -266,26 +302,57 @@ export function statusStep(r: StatusReads): StatusStep {
     const st = r.operation;
     const key = alias?.canonicalKey ?? req.operationKey;
     const fromOperation = operationAnswer(r, st);
-    if (fromOperation.kind !== 'answer') return fromOperation.kind === 'read_decision' ? { kind: 'read_decision', operationKey: key } : { ...fromOperation, operationKey: key };
-    return { kind: 'answer', answer: alias ? { ...fromOperation.answer, operationKey: alias.submittedKey, canonicalKey: alias.canonicalKey } : fromOperation.answer };
+    if (fromOperation.kind !== 'answer')
+      return fromOperation.kind === 'read_decision'
+        ? { kind: 'read_decision', operationKey: key }
+        : { ...fromOperation, operationKey: key };
+    return {
+      kind: 'answer',
+      answer: alias
+        ? { ...fromOperation.answer, operationKey: alias.submittedKey, canonicalKey: alias.canonicalKey }
+        : fromOperation.answer,
+    };
   }
-  if (alias) return { kind: 'answer', answer: { operationKey: alias.submittedKey, canonicalKey: alias.canonicalKey, state: 'not_seen', source: 'none', seq: 0, at } };
+  if (alias)
+    return {
+      kind: 'answer',
+      answer: {
+        operationKey: alias.submittedKey,
+        canonicalKey: alias.canonicalKey,
+        state: 'not_seen',
+        source: 'none',
+        seq: 0,
+        at,
+      },
+    };
   if (r.decision === undefined) return { kind: 'read_decision', operationKey: req.operationKey };
   // Only the caller's own decisions answer (the store reads them from the caller's own decision
   // subject; checked here too, so the rule holds whatever it is given).
   const d = r.decision?.actor === r.actor ? r.decision : null;
   if (d?.outcome === 'aliased') {
     // The caller's digest is its own input's: the same as the alias's means the canonical one.
-    const asked = req.inputDigest === undefined ? req : { ...req, inputDigest: req.inputDigest === d.inputDigest ? d.canonicalInputDigest : req.inputDigest };
+    const asked =
+      req.inputDigest === undefined
+        ? req
+        : { ...req, inputDigest: req.inputDigest === d.inputDigest ? d.canonicalInputDigest : req.inputDigest };
     return { kind: 'follow_alias', asked, alias: { submittedKey: req.operationKey, canonicalKey: d.canonicalKey } };
   }
-  if (d && (req.submissionIds === undefined || req.submissionIds.includes(d.submissionId))) return { kind: 'answer', answer: decisionAnswer(req.operationKey, d, at) };
+  if (d && (req.submissionIds === undefined || req.submissionIds.includes(d.submissionId)))
+    return { kind: 'answer', answer: decisionAnswer(req.operationKey, d, at) };
   return { kind: 'answer', answer: { operationKey: req.operationKey, state: 'not_seen', source: 'none', seq: 0, at } };
 }
 
 /** The caller's own refusal at intake as its answer (`source: 'decision'`, `seq` 0). Pure. */
 function decisionAnswer(operationKey: string, d: DecisionRecord & { outcome: 'rejected' }, at: number): StatusAnswer {
-  return { operationKey, state: 'rejected', source: 'decision', seq: 0, error: d.error, submissionId: d.submissionId, at };
+  return {
+    operationKey,
+    state: 'rejected',
+    source: 'decision',
+    seq: 0,
+    error: d.error,
+    submissionId: d.submissionId,
+    at,
+  };
 }
 
 /**
@@ -295,9 +362,19 @@ function decisionAnswer(operationKey: string, d: DecisionRecord & { outcome: 're
 function operationAnswer(
   r: StatusReads,
   st: OperationRecord,
-): { kind: 'answer'; answer: StatusAnswer } | { kind: 'read_decision' } | { kind: 'read_result'; attempt: number; resultDigest: string } {
+):
+  | { kind: 'answer'; answer: StatusAnswer }
+  | { kind: 'read_decision' }
+  | { kind: 'read_result'; attempt: number; resultDigest: string } {
   const { req, actor, at } = r;
-  const a: StatusAnswer = { operationKey: req.operationKey, state: st.status, source: 'operation', seq: eventCountOf(st), attempt: st.attempt, at };
+  const a: StatusAnswer = {
+    operationKey: req.operationKey,
+    state: st.status,
+    source: 'operation',
+    seq: eventCountOf(st),
+    attempt: st.attempt,
+    at,
+  };
   if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === st.inputDigest;
   if (req.submissionIds !== undefined) {
     a.ownAttempt = req.submissionIds.includes(st.intent.submissionId);
@@ -305,13 +382,15 @@ function operationAnswer(
       // An earlier attempt's refusal: if the caller's own resubmission was refused at intake
       // (e.g. task_frozen), that refusal is the answer it waits for.
       if (r.decision === undefined) return { kind: 'read_decision' };
-      if (ownRefusalSupersedes(st, actor, req, r.decision)) return { kind: 'answer', answer: decisionAnswer(req.operationKey, r.decision, at) };
+      if (ownRefusalSupersedes(st, actor, req, r.decision))
+        return { kind: 'answer', answer: decisionAnswer(req.operationKey, r.decision, at) };
     }
   }
   if (st.status === 'committed' && st.receipt) {
     a.receipt = st.receipt;
     if (a.inputMatches !== false) {
-      if (r.result === undefined) return { kind: 'read_result', attempt: st.attempt, resultDigest: st.receipt.resultDigest };
+      if (r.result === undefined)
+        return { kind: 'read_result', attempt: st.attempt, resultDigest: st.receipt.resultDigest };
       if (r.result) a.result = r.result.result;
     }
   }

@@ -26,22 +26,67 @@ export interface Transition {
 
 export const TRANSITIONS: readonly Transition[] = [
   { from: 'none', event: 'accepted', to: 'accepted', when: 'accept: a new key is registered (attempt 1)' },
-  { from: 'rejected', event: 'accepted', to: 'accepted', when: 'accept: the identical input after a rejection starts the next attempt' },
+  {
+    from: 'rejected',
+    event: 'accepted',
+    to: 'accepted',
+    when: 'accept: the identical input after a rejection starts the next attempt',
+  },
   { from: 'accepted', event: 'running', to: 'running', when: 'start: an executor takes the attempt' },
-  { from: 'accepted', event: 'rejected', to: 'rejected', when: 'reject: the re-check at the execution instant refused' },
-  { from: 'accepted', event: 'requeued', to: 'accepted', when: 'requeue (stale_accepted): never started within its bound' },
+  {
+    from: 'accepted',
+    event: 'rejected',
+    to: 'rejected',
+    when: 'reject: the re-check at the execution instant refused',
+  },
+  {
+    from: 'accepted',
+    event: 'requeued',
+    to: 'accepted',
+    when: 'requeue (stale_accepted): never started within its bound',
+  },
   { from: 'running', event: 'committed', to: 'committed', when: 'commit: the downstream applied it (signed receipt)' },
   { from: 'running', event: 'rejected', to: 'rejected', when: 'reject: the downstream definitively refused it' },
-  { from: 'running', event: 'unknown', to: 'unknown', when: 'mark_unknown: the outcome is not known (timeout, lost connection)' },
-  { from: 'running', event: 'requeued', to: 'accepted', when: 'requeue: verified not applied, or never sent; a repeat under the same key is safe' },
-  { from: 'unknown', event: 'committed', to: 'committed', when: 'commit after a probe found the effect, or resolve (committed) by a person' },
+  {
+    from: 'running',
+    event: 'unknown',
+    to: 'unknown',
+    when: 'mark_unknown: the outcome is not known (timeout, lost connection)',
+  },
+  {
+    from: 'running',
+    event: 'requeued',
+    to: 'accepted',
+    when: 'requeue: verified not applied, or never sent; a repeat under the same key is safe',
+  },
+  {
+    from: 'unknown',
+    event: 'committed',
+    to: 'committed',
+    when: 'commit after a probe found the effect, or resolve (committed) by a person',
+  },
   { from: 'unknown', event: 'rejected', to: 'rejected', when: 'resolve (not_applied) by a person' },
-  { from: 'unknown', event: 'requeued', to: 'accepted', when: 'requeue (probe_not_found): verified not applied, a repeat is safe' },
-  { from: 'unknown', event: 'takeover', to: 'unknown', when: 'open_takeover: unknown past its deadline, handed to a person (FM-14)' },
+  {
+    from: 'unknown',
+    event: 'requeued',
+    to: 'accepted',
+    when: 'requeue (probe_not_found): verified not applied, a repeat is safe',
+  },
+  {
+    from: 'unknown',
+    event: 'takeover',
+    to: 'unknown',
+    when: 'open_takeover: unknown past its deadline, handed to a person (FM-14)',
+  },
 ];
 
 /** True when `table` has the row `from --event--> to`. */
-export function isAllowedTransition(from: LifecycleStatus, event: string, to: LifecycleStatus, table: readonly Transition[] = TRANSITIONS): boolean {
+export function isAllowedTransition(
+  from: LifecycleStatus,
+  event: string,
+  to: LifecycleStatus,
+  table: readonly Transition[] = TRANSITIONS,
+): boolean {
   return table.some((t) => t.from === from && t.event === event && t.to === to);
 }
 

@@ -17,7 +17,7 @@ const record = (seqs: number[]): AuditRecord => ({
 });
 
 describe('an audit record as an auditor receives it (docs/tenancy.md)', () => {
-  it('given the same operation logged among few or many other tenants\' events, when answered, then the auditor reads the same positions', () => {
+  it("given the same operation logged among few or many other tenants' events, when answered, then the auditor reads the same positions", () => {
     const quiet = auditRecordForAuditor(record([10, 11, 12]));
     const busy = auditRecordForAuditor(record([10, 517, 9_204]));
     expect(busy).toEqual(quiet);
@@ -27,6 +27,10 @@ describe('an audit record as an auditor receives it (docs/tenancy.md)', () => {
 
   it('given states out of log order, when answered, then they are numbered in log order', () => {
     const r = record([30, 20, 40]);
-    expect(auditRecordForAuditor(r).states.map((s) => [s.event, s.seq])).toEqual([['running', 1], ['accepted', 2], ['committed', 3]]);
+    expect(auditRecordForAuditor(r).states.map((s) => [s.event, s.seq])).toEqual([
+      ['running', 1],
+      ['accepted', 2],
+      ['committed', 3],
+    ]);
   });
 });

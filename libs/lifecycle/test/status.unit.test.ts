@@ -41,35 +41,94 @@ function after(state: OperationState, cmd: Parameters<typeof decide>[0]): Operat
   return (d.event as OperationEvent).state;
 }
 const accept: AcceptCommand = {
-  type: 'accept', eventId: 'evt-a0000000', at: 1_000, operationKey: KEY, tenant: 'acme', actor: 'alice', taskId: 'task-1', tool: 'kb.write_note',
-  version: 1, contractDigest: D1, effect: 'create', inputDigest: D1, targetDigest: D2, intentSeq: 10, submissionId: 'sub-1',
+  type: 'accept',
+  eventId: 'evt-a0000000',
+  at: 1_000,
+  operationKey: KEY,
+  tenant: 'acme',
+  actor: 'alice',
+  taskId: 'task-1',
+  tool: 'kb.write_note',
+  version: 1,
+  contractDigest: D1,
+  effect: 'create',
+  inputDigest: D1,
+  targetDigest: D2,
+  intentSeq: 10,
+  submissionId: 'sub-1',
 };
 const accepted = () => after({ status: 'none' }, accept);
-const running = () => after(accepted(), { type: 'start', eventId: id(), at: 2_000, attempt: 1, executor: 'ex-1', deadlineAt: 5_000 });
-const committed = () => after(running(), { type: 'commit', eventId: id(), at: 3_000, attempt: 1, resourceId: 'note-1', resultDigest: D3 });
-const rejected = () => after(accepted(), { type: 'reject', eventId: id(), at: 2_500, attempt: 1, error: { class: 'forbidden' } });
-const unknown = () => after(running(), { type: 'mark_unknown', eventId: id(), at: 6_000, attempt: 1, evidence: { kind: 'timeout', at: 6_000, elapsedMs: 4_000 } });
+const running = () =>
+  after(accepted(), { type: 'start', eventId: id(), at: 2_000, attempt: 1, executor: 'ex-1', deadlineAt: 5_000 });
+const committed = () =>
+  after(running(), { type: 'commit', eventId: id(), at: 3_000, attempt: 1, resourceId: 'note-1', resultDigest: D3 });
+const rejected = () =>
+  after(accepted(), { type: 'reject', eventId: id(), at: 2_500, attempt: 1, error: { class: 'forbidden' } });
+const unknown = () =>
+  after(running(), {
+    type: 'mark_unknown',
+    eventId: id(),
+    at: 6_000,
+    attempt: 1,
+    evidence: { kind: 'timeout', at: 6_000, elapsedMs: 4_000 },
+  });
 const underTakeover = () => {
   const u = unknown();
-  return after(u, { type: 'open_takeover', eventId: id(), at: 9_000, attempt: 1, takeover: takeoverRecordOf(u, { reason: 'unknown_past_deadline', probes: 3 }, 9_000) });
+  return after(u, {
+    type: 'open_takeover',
+    eventId: id(),
+    at: 9_000,
+    attempt: 1,
+    takeover: takeoverRecordOf(u, { reason: 'unknown_past_deadline', probes: 3 }, 9_000),
+  });
 };
 
 /** The caller's refusal at intake of `sub-2` (after the operation's refusal at 2,500). */
-const refusal = (over: { at?: number; actor?: string } = {}): DecisionRecord => decisionRecordSchema.parse({
-  schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: id(), at: 10_000, operationKey: KEY, tenant: 'acme', actor: 'alice', submissionId: 'sub-2',
-  outcome: 'rejected', error: { class: 'task_frozen' }, ...over,
-});
+const refusal = (over: { at?: number; actor?: string } = {}): DecisionRecord =>
+  decisionRecordSchema.parse({
+    schema: EVENT_SCHEMA_VERSION,
+    type: 'decision',
+    eventId: id(),
+    at: 10_000,
+    operationKey: KEY,
+    tenant: 'acme',
+    actor: 'alice',
+    submissionId: 'sub-2',
+    outcome: 'rejected',
+    error: { class: 'task_frozen' },
+    ...over,
+  });
 /** `sub-1` named its target through an alias: its key ALIAS_KEY (digest D2) names KEY (digest D1). */
-const alias = (over: { actor?: string } = {}): DecisionRecord => decisionRecordSchema.parse({
-  schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: id(), at: 900, operationKey: ALIAS_KEY, tenant: 'acme', actor: 'alice', submissionId: 'sub-1',
-  outcome: 'aliased', canonicalKey: KEY, inputDigest: D2, canonicalInputDigest: D1, ...over,
-});
+const alias = (over: { actor?: string } = {}): DecisionRecord =>
+  decisionRecordSchema.parse({
+    schema: EVENT_SCHEMA_VERSION,
+    type: 'decision',
+    eventId: id(),
+    at: 900,
+    operationKey: ALIAS_KEY,
+    tenant: 'acme',
+    actor: 'alice',
+    submissionId: 'sub-1',
+    outcome: 'aliased',
+    canonicalKey: KEY,
+    inputDigest: D2,
+    canonicalInputDigest: D1,
+    ...over,
+  });
 
 /**
  * The world the endpoint reads: operations the caller may read by key, the caller's last decision by
  * key, the results by key. Returns the answer and the reads it took.
  */
-function answerOf(req: StatusRequest, world: { readable?: Record<string, OperationRecord>; decisions?: Record<string, DecisionRecord>; results?: Record<string, unknown> }, actor = 'alice'): { answer: StatusAnswer; reads: string[] } {
+function answerOf(
+  req: StatusRequest,
+  world: {
+    readable?: Record<string, OperationRecord>;
+    decisions?: Record<string, DecisionRecord>;
+    results?: Record<string, unknown>;
+  },
+  actor = 'alice',
+): { answer: StatusAnswer; reads: string[] } {
   const done: string[] = [];
   let reads: StatusReads = { req, actor, at: AT, operation: world.readable?.[req.operationKey] ?? null };
   for (let i = 0; i < 10; i++) {
@@ -80,35 +139,58 @@ function answerOf(req: StatusRequest, world: { readable?: Record<string, Operati
       reads = { ...reads, decision: world.decisions?.[step.operationKey] ?? null };
     } else if (step.kind === 'read_result') {
       done.push(`result ${step.operationKey}@${step.attempt}`);
-      reads = { ...reads, result: step.operationKey in (world.results ?? {}) ? { result: world.results![step.operationKey] } : null };
+      reads = {
+        ...reads,
+        result: step.operationKey in (world.results ?? {}) ? { result: world.results![step.operationKey] } : null,
+      };
     } else {
       done.push(`alias ${step.alias.canonicalKey}`);
-      reads = { req: step.asked, actor, at: AT, operation: world.readable?.[step.alias.canonicalKey] ?? null, alias: step.alias };
+      reads = {
+        req: step.asked,
+        actor,
+        at: AT,
+        operation: world.readable?.[step.alias.canonicalKey] ?? null,
+        alias: step.alias,
+      };
     }
   }
   throw new Error('statusStep did not settle');
 }
 
 describe('status precedence: a readable operation answers from its own subject', () => {
-  it('given a committed operation and the caller\'s own input, then the receipt and the result, seq = its own event count', () => {
+  it("given a committed operation and the caller's own input, then the receipt and the result, seq = its own event count", () => {
     const st = committed();
-    const { answer, reads } = answerOf({ operationKey: KEY, inputDigest: D1, submissionIds: ['sub-1'] }, { readable: { [KEY]: st }, results: { [KEY]: { id: 'note-1' } } });
+    const { answer, reads } = answerOf(
+      { operationKey: KEY, inputDigest: D1, submissionIds: ['sub-1'] },
+      { readable: { [KEY]: st }, results: { [KEY]: { id: 'note-1' } } },
+    );
     expect(answer).toEqual({
-      operationKey: KEY, state: 'committed', source: 'operation', seq: eventCountOf(st), attempt: 1, at: AT,
-      inputMatches: true, ownAttempt: true, receipt: st.receipt, result: { id: 'note-1' },
+      operationKey: KEY,
+      state: 'committed',
+      source: 'operation',
+      seq: eventCountOf(st),
+      attempt: 1,
+      at: AT,
+      inputMatches: true,
+      ownAttempt: true,
+      receipt: st.receipt,
+      result: { id: 'note-1' },
     });
     expect(reads).toEqual([`result ${KEY}@1`]);
     expect(statusAnswerSchema.parse(answer)).toEqual(answer);
   });
 
   it('FM-03: given a committed operation and another input under the key, then inputMatches false and the receipt, never the result (not even read)', () => {
-    const { answer, reads } = answerOf({ operationKey: KEY, inputDigest: D2 }, { readable: { [KEY]: committed() }, results: { [KEY]: { secret: 1 } } });
+    const { answer, reads } = answerOf(
+      { operationKey: KEY, inputDigest: D2 },
+      { readable: { [KEY]: committed() }, results: { [KEY]: { secret: 1 } } },
+    );
     expect(answer).toMatchObject({ state: 'committed', inputMatches: false, receipt: expect.any(Object) });
     expect(answer).not.toHaveProperty('result');
     expect(reads).toEqual([]);
   });
 
-  it('given a committed operation whose result is not readable (not stored yet, another attempt\'s), then the receipt without a result', () => {
+  it("given a committed operation whose result is not readable (not stored yet, another attempt's), then the receipt without a result", () => {
     const { answer } = answerOf({ operationKey: KEY }, { readable: { [KEY]: committed() } });
     expect(answer).toMatchObject({ state: 'committed', receipt: expect.any(Object) });
     expect(answer).not.toHaveProperty('result');
@@ -117,89 +199,202 @@ describe('status precedence: a readable operation answers from its own subject',
   });
 
   it('given an operation in flight, then its state and nothing final; inputMatches and ownAttempt only when asked', () => {
-    expect(answerOf({ operationKey: KEY }, { readable: { [KEY]: running() } }).answer).toEqual({ operationKey: KEY, state: 'running', source: 'operation', seq: 2, attempt: 1, at: AT });
-    expect(answerOf({ operationKey: KEY, inputDigest: D1, submissionIds: ['sub-9'] }, { readable: { [KEY]: accepted() } }).answer).toMatchObject({ state: 'accepted', seq: 1, inputMatches: true, ownAttempt: false });
+    expect(answerOf({ operationKey: KEY }, { readable: { [KEY]: running() } }).answer).toEqual({
+      operationKey: KEY,
+      state: 'running',
+      source: 'operation',
+      seq: 2,
+      attempt: 1,
+      at: AT,
+    });
+    expect(
+      answerOf({ operationKey: KEY, inputDigest: D1, submissionIds: ['sub-9'] }, { readable: { [KEY]: accepted() } })
+        .answer,
+    ).toMatchObject({ state: 'accepted', seq: 1, inputMatches: true, ownAttempt: false });
   });
 
   it('given a rejected operation the caller started, then its error', () => {
     expect(answerOf({ operationKey: KEY, submissionIds: ['sub-1'] }, { readable: { [KEY]: rejected() } })).toEqual({
-      answer: { operationKey: KEY, state: 'rejected', source: 'operation', seq: 2, attempt: 1, at: AT, ownAttempt: true, error: { class: 'forbidden' } },
+      answer: {
+        operationKey: KEY,
+        state: 'rejected',
+        source: 'operation',
+        seq: 2,
+        attempt: 1,
+        at: AT,
+        ownAttempt: true,
+        error: { class: 'forbidden' },
+      },
       reads: [],
     });
   });
 
-  it('given an operation rejected in an earlier attempt and the caller\'s own later refusal at intake, then that refusal answers from `decision`', () => {
-    const { answer, reads } = answerOf({ operationKey: KEY, submissionIds: ['sub-2'] }, { readable: { [KEY]: rejected() }, decisions: { [KEY]: refusal() } });
-    expect(answer).toEqual({ operationKey: KEY, state: 'rejected', source: 'decision', seq: 0, error: { class: 'task_frozen' }, submissionId: 'sub-2', at: AT });
+  it("given an operation rejected in an earlier attempt and the caller's own later refusal at intake, then that refusal answers from `decision`", () => {
+    const { answer, reads } = answerOf(
+      { operationKey: KEY, submissionIds: ['sub-2'] },
+      { readable: { [KEY]: rejected() }, decisions: { [KEY]: refusal() } },
+    );
+    expect(answer).toEqual({
+      operationKey: KEY,
+      state: 'rejected',
+      source: 'decision',
+      seq: 0,
+      error: { class: 'task_frozen' },
+      submissionId: 'sub-2',
+      at: AT,
+    });
     expect(reads).toEqual([`decision ${KEY}`]);
   });
 
-  it('given an operation rejected in an earlier attempt and no later refusal of the caller\'s, then the old refusal with ownAttempt false', () => {
-    const { answer } = answerOf({ operationKey: KEY, submissionIds: ['sub-2'] }, { readable: { [KEY]: rejected() }, decisions: { [KEY]: refusal({ at: 100 }) } });
-    expect(answer).toMatchObject({ state: 'rejected', source: 'operation', ownAttempt: false, error: { class: 'forbidden' } });
+  it("given an operation rejected in an earlier attempt and no later refusal of the caller's, then the old refusal with ownAttempt false", () => {
+    const { answer } = answerOf(
+      { operationKey: KEY, submissionIds: ['sub-2'] },
+      { readable: { [KEY]: rejected() }, decisions: { [KEY]: refusal({ at: 100 }) } },
+    );
+    expect(answer).toMatchObject({
+      state: 'rejected',
+      source: 'operation',
+      ownAttempt: false,
+      error: { class: 'forbidden' },
+    });
   });
 
   it('FM-14: given an unknown operation under takeover, then the takeover record; without one, none', () => {
     const t = underTakeover();
-    expect(answerOf({ operationKey: KEY }, { readable: { [KEY]: t } }).answer).toMatchObject({ state: 'unknown', takeover: t.takeover });
+    expect(answerOf({ operationKey: KEY }, { readable: { [KEY]: t } }).answer).toMatchObject({
+      state: 'unknown',
+      takeover: t.takeover,
+    });
     expect(answerOf({ operationKey: KEY }, { readable: { [KEY]: unknown() } }).answer).not.toHaveProperty('takeover');
   });
 });
 
-describe('status precedence: no readable operation answers from the caller\'s decision, else not_seen', () => {
+describe("status precedence: no readable operation answers from the caller's decision, else not_seen", () => {
   it('given nothing registered and no decision, then not_seen after one decision read', () => {
-    expect(answerOf({ operationKey: KEY }, {})).toEqual({ answer: { operationKey: KEY, state: 'not_seen', source: 'none', seq: 0, at: AT }, reads: [`decision ${KEY}`] });
+    expect(answerOf({ operationKey: KEY }, {})).toEqual({
+      answer: { operationKey: KEY, state: 'not_seen', source: 'none', seq: 0, at: AT },
+      reads: [`decision ${KEY}`],
+    });
   });
 
-  it('given a refusal of one of the caller\'s submissions, then rejected from `decision` with its error and submission id', () => {
-    const answer = { operationKey: KEY, state: 'rejected', source: 'decision', seq: 0, error: { class: 'task_frozen' }, submissionId: 'sub-2', at: AT };
-    expect(answerOf({ operationKey: KEY, submissionIds: ['sub-1', 'sub-2'] }, { decisions: { [KEY]: refusal() } }).answer).toEqual(answer);
+  it("given a refusal of one of the caller's submissions, then rejected from `decision` with its error and submission id", () => {
+    const answer = {
+      operationKey: KEY,
+      state: 'rejected',
+      source: 'decision',
+      seq: 0,
+      error: { class: 'task_frozen' },
+      submissionId: 'sub-2',
+      at: AT,
+    };
+    expect(
+      answerOf({ operationKey: KEY, submissionIds: ['sub-1', 'sub-2'] }, { decisions: { [KEY]: refusal() } }).answer,
+    ).toEqual(answer);
     // A caller that lists no submissions is answered with its own last refusal.
     expect(answerOf({ operationKey: KEY }, { decisions: { [KEY]: refusal() } }).answer).toEqual(answer);
   });
 
   it('given a refusal of a submission the caller does not list, then not_seen', () => {
-    expect(answerOf({ operationKey: KEY, submissionIds: ['sub-1'] }, { decisions: { [KEY]: refusal() } }).answer).toMatchObject({ state: 'not_seen', source: 'none' });
+    expect(
+      answerOf({ operationKey: KEY, submissionIds: ['sub-1'] }, { decisions: { [KEY]: refusal() } }).answer,
+    ).toMatchObject({ state: 'not_seen', source: 'none' });
   });
 
-  it('given another actor\'s refusal, then it is not revealed: not_seen', () => {
+  it("given another actor's refusal, then it is not revealed: not_seen", () => {
     const answer = answerOf({ operationKey: KEY }, { decisions: { [KEY]: refusal({ actor: 'mallory' }) } }).answer;
     expect(answer).toEqual({ operationKey: KEY, state: 'not_seen', source: 'none', seq: 0, at: AT });
     // Nor another actor's alias.
-    expect(answerOf({ operationKey: ALIAS_KEY }, { readable: { [KEY]: committed() }, decisions: { [ALIAS_KEY]: alias({ actor: 'mallory' }) } }).answer).toEqual({ operationKey: ALIAS_KEY, state: 'not_seen', source: 'none', seq: 0, at: AT });
+    expect(
+      answerOf(
+        { operationKey: ALIAS_KEY },
+        { readable: { [KEY]: committed() }, decisions: { [ALIAS_KEY]: alias({ actor: 'mallory' }) } },
+      ).answer,
+    ).toEqual({ operationKey: ALIAS_KEY, state: 'not_seen', source: 'none', seq: 0, at: AT });
   });
 });
 
 describe('status precedence: an alias answers from the canonical operation (FM-10)', () => {
-  it('given an alias, when asked with the alias\'s own digest, then follow it with the digest mapped to the canonical input\'s', () => {
-    expect(statusStep({ req: { operationKey: ALIAS_KEY, inputDigest: D2, waitMs: 5 }, actor: 'alice', at: AT, operation: null, decision: alias() })).toEqual({
-      kind: 'follow_alias', asked: { operationKey: ALIAS_KEY, inputDigest: D1, waitMs: 5 }, alias: { submittedKey: ALIAS_KEY, canonicalKey: KEY },
+  it("given an alias, when asked with the alias's own digest, then follow it with the digest mapped to the canonical input's", () => {
+    expect(
+      statusStep({
+        req: { operationKey: ALIAS_KEY, inputDigest: D2, waitMs: 5 },
+        actor: 'alice',
+        at: AT,
+        operation: null,
+        decision: alias(),
+      }),
+    ).toEqual({
+      kind: 'follow_alias',
+      asked: { operationKey: ALIAS_KEY, inputDigest: D1, waitMs: 5 },
+      alias: { submittedKey: ALIAS_KEY, canonicalKey: KEY },
     });
     // Another digest stays as it is (a conflict under the canonical key); none stays none.
-    expect(statusStep({ req: { operationKey: ALIAS_KEY, inputDigest: D3 }, actor: 'alice', at: AT, operation: null, decision: alias() })).toMatchObject({ asked: { inputDigest: D3 } });
-    expect(statusStep({ req: { operationKey: ALIAS_KEY }, actor: 'alice', at: AT, operation: null, decision: alias() })).toMatchObject({ asked: { operationKey: ALIAS_KEY } });
+    expect(
+      statusStep({
+        req: { operationKey: ALIAS_KEY, inputDigest: D3 },
+        actor: 'alice',
+        at: AT,
+        operation: null,
+        decision: alias(),
+      }),
+    ).toMatchObject({ asked: { inputDigest: D3 } });
+    expect(
+      statusStep({ req: { operationKey: ALIAS_KEY }, actor: 'alice', at: AT, operation: null, decision: alias() }),
+    ).toMatchObject({ asked: { operationKey: ALIAS_KEY } });
   });
 
   it('given an alias of a committed operation, then its answer under the submitted key with canonicalKey, the result read from the canonical key', () => {
     const st = committed();
-    const { answer, reads } = answerOf({ operationKey: ALIAS_KEY, inputDigest: D2, submissionIds: ['sub-1'] }, { readable: { [KEY]: st }, decisions: { [ALIAS_KEY]: alias() }, results: { [KEY]: { id: 'note-1' } } });
+    const { answer, reads } = answerOf(
+      { operationKey: ALIAS_KEY, inputDigest: D2, submissionIds: ['sub-1'] },
+      { readable: { [KEY]: st }, decisions: { [ALIAS_KEY]: alias() }, results: { [KEY]: { id: 'note-1' } } },
+    );
     expect(answer).toEqual({
-      operationKey: ALIAS_KEY, state: 'committed', source: 'operation', seq: eventCountOf(st), attempt: 1, at: AT,
-      inputMatches: true, ownAttempt: true, receipt: st.receipt, result: { id: 'note-1' }, canonicalKey: KEY,
+      operationKey: ALIAS_KEY,
+      state: 'committed',
+      source: 'operation',
+      seq: eventCountOf(st),
+      attempt: 1,
+      at: AT,
+      inputMatches: true,
+      ownAttempt: true,
+      receipt: st.receipt,
+      result: { id: 'note-1' },
+      canonicalKey: KEY,
     });
     expect(answer.receipt?.operationKey).toBe(KEY);
     expect(reads).toEqual([`decision ${ALIAS_KEY}`, `alias ${KEY}`, `result ${KEY}@1`]);
   });
 
-  it('given an alias and another input than the alias\'s (FM-03), then the canonical receipt without the result', () => {
-    const { answer } = answerOf({ operationKey: ALIAS_KEY, inputDigest: D3 }, { readable: { [KEY]: committed() }, decisions: { [ALIAS_KEY]: alias() }, results: { [KEY]: { id: 'note-1' } } });
-    expect(answer).toMatchObject({ operationKey: ALIAS_KEY, canonicalKey: KEY, inputMatches: false, receipt: expect.any(Object) });
+  it("given an alias and another input than the alias's (FM-03), then the canonical receipt without the result", () => {
+    const { answer } = answerOf(
+      { operationKey: ALIAS_KEY, inputDigest: D3 },
+      { readable: { [KEY]: committed() }, decisions: { [ALIAS_KEY]: alias() }, results: { [KEY]: { id: 'note-1' } } },
+    );
+    expect(answer).toMatchObject({
+      operationKey: ALIAS_KEY,
+      canonicalKey: KEY,
+      inputMatches: false,
+      receipt: expect.any(Object),
+    });
     expect(answer).not.toHaveProperty('result');
   });
 
-  it('given an alias of an operation rejected in an earlier attempt, then the caller\'s own later refusal under the canonical key answers, still under the submitted key', () => {
-    const { answer, reads } = answerOf({ operationKey: ALIAS_KEY, submissionIds: ['sub-2'] }, { readable: { [KEY]: rejected() }, decisions: { [ALIAS_KEY]: alias(), [KEY]: refusal() } });
-    expect(answer).toEqual({ operationKey: ALIAS_KEY, state: 'rejected', source: 'decision', seq: 0, error: { class: 'task_frozen' }, submissionId: 'sub-2', at: AT, canonicalKey: KEY });
+  it("given an alias of an operation rejected in an earlier attempt, then the caller's own later refusal under the canonical key answers, still under the submitted key", () => {
+    const { answer, reads } = answerOf(
+      { operationKey: ALIAS_KEY, submissionIds: ['sub-2'] },
+      { readable: { [KEY]: rejected() }, decisions: { [ALIAS_KEY]: alias(), [KEY]: refusal() } },
+    );
+    expect(answer).toEqual({
+      operationKey: ALIAS_KEY,
+      state: 'rejected',
+      source: 'decision',
+      seq: 0,
+      error: { class: 'task_frozen' },
+      submissionId: 'sub-2',
+      at: AT,
+      canonicalKey: KEY,
+    });
     expect(reads).toEqual([`decision ${ALIAS_KEY}`, `alias ${KEY}`, `decision ${KEY}`]);
   });
 

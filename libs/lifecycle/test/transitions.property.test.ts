@@ -48,7 +48,15 @@ type Step = typeof stepArb extends fc.Arbitrary<infer T> ? T : never;
 
 /** A step with the current attempt and run, the same input, nothing replayed. */
 const step = (type: Step['type'], over: Partial<Step> = {}): Step => ({
-  type, attemptOffset: 0, run: 'current', inputChoice: 'same', seqBump: 1, reason: 'probe_not_found', outcome: 'committed', replayLast: false, ...over,
+  type,
+  attemptOffset: 0,
+  run: 'current',
+  inputChoice: 'same',
+  seqBump: 1,
+  reason: 'probe_not_found',
+  outcome: 'committed',
+  replayLast: false,
+  ...over,
 });
 /**
  * Sequences every run starts with, so each row of the table is taken whatever the random ones
@@ -57,10 +65,36 @@ const step = (type: Step['type'], over: Partial<Step> = {}): Step => ({
 const EXAMPLES: Step[][] = [
   [step('accept'), step('start'), step('commit'), step('accept')],
   [step('accept'), step('reject'), step('accept'), step('start'), step('reject'), step('accept')],
-  [step('accept'), step('requeue', { reason: 'stale_accepted' }), step('start'), step('requeue', { reason: 'late_start' })],
-  [step('accept'), step('start'), step('mark_unknown'), step('requeue', { reason: 'probe_not_found' }), step('start'), step('mark_unknown'), step('commit')],
-  [step('accept'), step('start'), step('mark_unknown'), step('open_takeover'), step('resolve', { outcome: 'not_applied' }), step('accept')],
-  [step('accept'), step('start'), step('mark_unknown'), step('open_takeover'), step('resolve', { outcome: 'committed' })],
+  [
+    step('accept'),
+    step('requeue', { reason: 'stale_accepted' }),
+    step('start'),
+    step('requeue', { reason: 'late_start' }),
+  ],
+  [
+    step('accept'),
+    step('start'),
+    step('mark_unknown'),
+    step('requeue', { reason: 'probe_not_found' }),
+    step('start'),
+    step('mark_unknown'),
+    step('commit'),
+  ],
+  [
+    step('accept'),
+    step('start'),
+    step('mark_unknown'),
+    step('open_takeover'),
+    step('resolve', { outcome: 'not_applied' }),
+    step('accept'),
+  ],
+  [
+    step('accept'),
+    step('start'),
+    step('mark_unknown'),
+    step('open_takeover'),
+    step('resolve', { outcome: 'committed' }),
+  ],
 ];
 
 function commandOf(step: Step, state: OperationState, nextId: () => string, at: number): OperationCommand {
@@ -72,9 +106,21 @@ function commandOf(step: Step, state: OperationState, nextId: () => string, at: 
   switch (step.type) {
     case 'accept':
       return {
-        type: 'accept', eventId, at, operationKey: KEY, tenant: 'acme', actor: 'alice', taskId: 'task-1', tool: 'kb.write_note', version: 1,
-        contractDigest: D1, effect: 'create', inputDigest: step.inputChoice === 'same' ? D1 : D2, targetDigest: D2,
-        intentSeq: (rec?.intent.seq ?? 1) + step.seqBump, submissionId: `sub-${at}`,
+        type: 'accept',
+        eventId,
+        at,
+        operationKey: KEY,
+        tenant: 'acme',
+        actor: 'alice',
+        taskId: 'task-1',
+        tool: 'kb.write_note',
+        version: 1,
+        contractDigest: D1,
+        effect: 'create',
+        inputDigest: step.inputChoice === 'same' ? D1 : D2,
+        targetDigest: D2,
+        intentSeq: (rec?.intent.seq ?? 1) + step.seqBump,
+        submissionId: `sub-${at}`,
       };
     case 'start':
       return { type: 'start', eventId, at, attempt, executor: 'ex-1', deadlineAt: at + 1_000 };
@@ -88,16 +134,34 @@ function commandOf(step: Step, state: OperationState, nextId: () => string, at: 
       return { type: 'requeue', eventId, at, attempt, reason: step.reason, ...withRun };
     case 'open_takeover':
       return {
-        type: 'open_takeover', eventId, at, attempt,
+        type: 'open_takeover',
+        eventId,
+        at,
+        attempt,
         takeover: {
-          operationKey: KEY, tenant: 'acme', taskId: 'task-1', tool: 'kb.write_note', version: 1, targetDigest: D2, inputDigest: D1,
-          reason: 'unknown_past_deadline', attempts: { attempt, requeues: 0, probes: 1 }, times: { acceptedAt: 1, openedAt: at },
+          operationKey: KEY,
+          tenant: 'acme',
+          taskId: 'task-1',
+          tool: 'kb.write_note',
+          version: 1,
+          targetDigest: D2,
+          inputDigest: D1,
+          reason: 'unknown_past_deadline',
+          attempts: { attempt, requeues: 0, probes: 1 },
+          times: { acceptedAt: 1, openedAt: at },
         },
       };
     case 'resolve':
       return {
-        type: 'resolve', eventId, at, attempt, resolvedBy: 'oscar',
-        outcome: step.outcome === 'committed' ? { kind: 'committed', resourceId: `note-${at}`, resultDigest: D2 } : { kind: 'not_applied' },
+        type: 'resolve',
+        eventId,
+        at,
+        attempt,
+        resolvedBy: 'oscar',
+        outcome:
+          step.outcome === 'committed'
+            ? { kind: 'committed', resourceId: `note-${at}`, resultDigest: D2 }
+            : { kind: 'not_applied' },
       };
     default:
       throw new Error(`no command ${step.type satisfies never}`);

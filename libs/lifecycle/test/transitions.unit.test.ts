@@ -33,7 +33,10 @@ function docRows(): { text: string; rows: Transition[] } {
     .split('\n')
     .slice(2)
     .map((line) => {
-      const cells = line.slice(2, -2).split(/ (?<!\\)\| /).map((c) => c.replaceAll('\\|', '|'));
+      const cells = line
+        .slice(2, -2)
+        .split(/ (?<!\\)\| /)
+        .map((c) => c.replaceAll('\\|', '|'));
       const code = (c: string) => /^`([a-z_]+)`$/.exec(c)?.[1] ?? `(not a code cell: ${c})`;
       return { from: code(cells[0]!), event: code(cells[1]!), to: code(cells[2]!), when: cells[3]! } as Transition;
     });
@@ -46,8 +49,21 @@ function appended(d: Decision): OperationEvent {
 }
 
 const accept = (): AcceptCommand => ({
-  type: 'accept', eventId: 'evt-00000001', at: 1_000, operationKey: KEY, tenant: 'acme', actor: 'alice', taskId: 'task-1',
-  tool: 'kb.write_note', version: 1, contractDigest: D1, effect: 'create', inputDigest: D1, targetDigest: D1, intentSeq: 1, submissionId: 'sub-1',
+  type: 'accept',
+  eventId: 'evt-00000001',
+  at: 1_000,
+  operationKey: KEY,
+  tenant: 'acme',
+  actor: 'alice',
+  taskId: 'task-1',
+  tool: 'kb.write_note',
+  version: 1,
+  contractDigest: D1,
+  effect: 'create',
+  inputDigest: D1,
+  targetDigest: D1,
+  intentSeq: 1,
+  submissionId: 'sub-1',
 });
 
 describe('the lifecycle transition table', () => {
@@ -74,16 +90,36 @@ describe('the lifecycle transition table', () => {
     expect(isAllowedTransition('none', 'accepted', 'accepted')).toBe(true);
   });
 
-  it('is the decider\'s guard: an append whose row the table lacks is refused (skip not_allowed), nothing appended', () => {
+  it("is the decider's guard: an append whose row the table lacks is refused (skip not_allowed), nothing appended", () => {
     const a = appended(decide(accept(), initialState(), { signer }));
-    const start = { type: 'start' as const, eventId: 'evt-00000002', at: 2_000, attempt: 1, executor: 'ex-1', deadlineAt: 9_000 };
+    const start = {
+      type: 'start' as const,
+      eventId: 'evt-00000002',
+      at: 2_000,
+      attempt: 1,
+      executor: 'ex-1',
+      deadlineAt: 9_000,
+    };
     const r = appended(decide(start, a.state, { signer }));
-    const commit = { type: 'commit' as const, eventId: 'evt-00000003', at: 3_000, attempt: 1, resourceId: 'n1', resultDigest: D1 };
+    const commit = {
+      type: 'commit' as const,
+      eventId: 'evt-00000003',
+      at: 3_000,
+      attempt: 1,
+      resourceId: 'n1',
+      resultDigest: D1,
+    };
     expect(decide(commit, r.state, { signer })).toMatchObject({ kind: 'append', event: { type: 'committed' } });
     // The same command against a table without running --committed--> committed.
     const narrowed = TRANSITIONS.filter((t) => !(t.from === 'running' && t.event === 'committed'));
-    expect(decide(commit, r.state, { signer, transitions: narrowed })).toEqual({ kind: 'skip', reason: 'not_allowed', state: r.state });
+    expect(decide(commit, r.state, { signer, transitions: narrowed })).toEqual({
+      kind: 'skip',
+      reason: 'not_allowed',
+      state: r.state,
+    });
     // And without none --accepted--> accepted nothing can ever be registered.
-    expect(decide(accept(), initialState(), { transitions: TRANSITIONS.filter((t) => t.from !== 'none') })).toMatchObject({ kind: 'skip', reason: 'not_allowed' });
+    expect(
+      decide(accept(), initialState(), { transitions: TRANSITIONS.filter((t) => t.from !== 'none') }),
+    ).toMatchObject({ kind: 'skip', reason: 'not_allowed' });
   });
 });

@@ -57,7 +57,10 @@ const PATCHED = Symbol.for('tooltx.nats.clientPatches');
 const TE = new TextEncoder();
 
 function warn(what: string): void {
-  process.emitWarning(`nats.js internals differ from 3.4.0 (${what}); running without this CPU cut (libs/nats/src/client-patches.ts)`, { code: 'TOOLTX_NATS_PATCH' });
+  process.emitWarning(
+    `nats.js internals differ from 3.4.0 (${what}); running without this CPU cut (libs/nats/src/client-patches.ts)`,
+    { code: 'TOOLTX_NATS_PATCH' },
+  );
 }
 
 /** True when `fn`'s source contains every one of `marks` (the upstream code a hook replaces). */
@@ -81,7 +84,15 @@ function patchRequestOne(): boolean {
   const cancel = p?.cancel;
   // Upstream 3.4.0: resolver settles `this.deferred`, then `this.cancel()`; cancel stops `this.timer`,
   // `this.mux.cancel(this)`, then rejects `this.deferred` with a new RequestError("cancelled").
-  if (!p || !sourceHas(resolver, ['this.deferred.resolve(msg)', 'this.deferred.reject(err)', 'this.cancel()']) || !sourceHas(cancel, ['this.timer.cancel()', 'this.mux.cancel(this)', 'this.deferred.reject(err ? err : new errors_1.RequestError("cancelled"))'])) {
+  if (
+    !p ||
+    !sourceHas(resolver, ['this.deferred.resolve(msg)', 'this.deferred.reject(err)', 'this.cancel()']) ||
+    !sourceHas(cancel, [
+      'this.timer.cancel()',
+      'this.mux.cancel(this)',
+      'this.deferred.reject(err ? err : new errors_1.RequestError("cancelled"))',
+    ])
+  ) {
     warn('RequestOne.resolver/cancel');
     return (requestPatch = false);
   }
@@ -122,7 +133,13 @@ function upstreamProtocolOk(proto: unknown): proto is Protocol {
     // Instance methods must be the prototype's own (nobody patched this connection before).
     p.sendCommand === ProtocolHandler.prototype.sendCommand &&
     p.close === ProtocolHandler.prototype.close &&
-    sourceHas(p.sendCommand, ['this.outbound.length()', 'this.outbound.fill(buf, ...payloads)', 'queueMicrotask', 'this.flushPending()', 'this.outbound.size() >= this.pendingLimit']) &&
+    sourceHas(p.sendCommand, [
+      'this.outbound.length()',
+      'this.outbound.fill(buf, ...payloads)',
+      'queueMicrotask',
+      'this.flushPending()',
+      'this.outbound.size() >= this.pendingLimit',
+    ]) &&
     sourceHas(p.flushPending, ['this.outbound.drain()', 'this.transport.send(d)']) &&
     typeof p.outbound?.fill === 'function' &&
     typeof p.outbound?.size === 'function' &&
@@ -160,7 +177,11 @@ export function applyClientPatches(nc: NatsConnection): ClientPatches {
   const proto = nc instanceof NatsConnectionImpl ? (nc.protocol as unknown) : undefined;
   if ((proto as Protocol | undefined)?.[PATCHED]) return { coalescedWrites: true, noCancelErrorAfterAnswer };
   if (!upstreamProtocolOk(proto)) {
-    warn(nc instanceof NatsConnectionImpl ? 'ProtocolHandler.sendCommand/flushPending/close' : 'the connection is not a nats-core NatsConnectionImpl');
+    warn(
+      nc instanceof NatsConnectionImpl
+        ? 'ProtocolHandler.sendCommand/flushPending/close'
+        : 'the connection is not a nats-core NatsConnectionImpl',
+    );
     return { coalescedWrites: false, noCancelErrorAfterAnswer };
   }
   coalesceImmediate(proto);
@@ -171,5 +192,8 @@ export function applyClientPatches(nc: NatsConnection): ClientPatches {
 /** Which hooks `nc` has (for tests and diagnostics). */
 export function clientPatchesOf(nc: NatsConnection): ClientPatches {
   const proto = nc instanceof NatsConnectionImpl ? (nc.protocol as unknown as Protocol) : undefined;
-  return { coalescedWrites: proto?.[PATCHED] === true, noCancelErrorAfterAnswer: (RequestOne?.prototype as { [PATCHED]?: true } | undefined)?.[PATCHED] === true };
+  return {
+    coalescedWrites: proto?.[PATCHED] === true,
+    noCancelErrorAfterAnswer: (RequestOne?.prototype as { [PATCHED]?: true } | undefined)?.[PATCHED] === true,
+  };
 }

@@ -44,7 +44,8 @@ function unpackChecked(bytes: Uint8Array, maxItems?: number, captureKey?: string
   try {
     checkMsgpack(bytes, undefined, maxItems, captureKey);
   } catch (err) {
-    if (err instanceof MsgpackShapeError) throw new CodecError(err.tooMany ? err.message : `not msgpack: ${err.message}`, { cause: err });
+    if (err instanceof MsgpackShapeError)
+      throw new CodecError(err.tooMany ? err.message : `not msgpack: ${err.message}`, { cause: err });
     throw err;
   }
   try {

@@ -1,7 +1,13 @@
 import { appendFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { connect, credsAuthenticator, errors as natsErrors, nkeyAuthenticator, type NatsConnection } from '@nats-io/transport-node';
+import {
+  connect,
+  credsAuthenticator,
+  errors as natsErrors,
+  nkeyAuthenticator,
+  type NatsConnection,
+} from '@nats-io/transport-node';
 import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
 import { applyClientPatches } from './client-patches.js';
@@ -36,7 +42,10 @@ export async function connectNats(opts: ConnectOptions): Promise<NatsConnection>
       ? nkeyAuthenticator(new TextEncoder().encode((await readFile(opts.nkeySeedFile, 'utf8')).trim()))
       : undefined;
   const nc = await connect({
-    servers: opts.servers.split(',').map((s) => s.trim()).filter(Boolean),
+    servers: opts.servers
+      .split(',')
+      .map((s) => s.trim())
+      .filter(Boolean),
     name: opts.name,
     ...(authenticator ? { authenticator } : {}),
     ...(opts.inboxPrefix ? { inboxPrefix: opts.inboxPrefix } : {}),
@@ -72,7 +81,11 @@ function recordPubAcks(js: JetStreamClient, file: string): void {
   js.publish = async (subject, payload, opts) => {
     const ack = await publish(subject, payload, opts);
     try {
-      appendFileSync(file, `${JSON.stringify({ stream: ack.stream, subject, seq: ack.seq, duplicate: ack.duplicate, ...(opts?.msgID ? { msgId: opts.msgID } : {}) })}\n`, { mode: 0o600 });
+      appendFileSync(
+        file,
+        `${JSON.stringify({ stream: ack.stream, subject, seq: ack.seq, duplicate: ack.duplicate, ...(opts?.msgID ? { msgId: opts.msgID } : {}) })}\n`,
+        { mode: 0o600 },
+      );
     } catch {
       // The record is the test's; the publish it records succeeded and is answered as such.
     }
@@ -129,9 +142,12 @@ export function displayUrl(urls: string): string {
  */
 export function connectProblemOf(err: unknown): { about: 'identity' | 'url'; problem: string } | null {
   for (let e: unknown = err, depth = 0; e instanceof Error && depth < 4; e = e.cause, depth++) {
-    if (e.constructor.name === 'NKeysError' || /^nkeys: /.test(e.message)) return { about: 'identity', problem: 'not an nkey seed (`tooltx auth generate` writes one per user)' };
-    if (e.message === 'unable to parse credentials') return { about: 'identity', problem: 'not a .creds file (a JWT and an nkey seed)' };
-    if ((e as NodeJS.ErrnoException).code === 'ERR_INVALID_URL' || /^Invalid URL/.test(e.message)) return { about: 'url', problem: 'not a valid server URL (nats://host:port, comma-separated)' };
+    if (e.constructor.name === 'NKeysError' || /^nkeys: /.test(e.message))
+      return { about: 'identity', problem: 'not an nkey seed (`tooltx auth generate` writes one per user)' };
+    if (e.message === 'unable to parse credentials')
+      return { about: 'identity', problem: 'not a .creds file (a JWT and an nkey seed)' };
+    if ((e as NodeJS.ErrnoException).code === 'ERR_INVALID_URL' || /^Invalid URL/.test(e.message))
+      return { about: 'url', problem: 'not a valid server URL (nats://host:port, comma-separated)' };
   }
   return null;
 }

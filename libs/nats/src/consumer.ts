@@ -11,7 +11,11 @@ import { isTransient } from './jetstream-store.js';
  * - `StoreUnavailableError`, `ConcurrencyError`, transient NATS errors → `nak` with backoff;
  * - anything else → `nak` with backoff, logged as an error.
  */
-export type Settlement = { kind: 'ack' } | { kind: 'nak'; delayMs: number } | { kind: 'term'; reason: string } | Deferred;
+export type Settlement =
+  | { kind: 'ack' }
+  | { kind: 'nak'; delayMs: number }
+  | { kind: 'term'; reason: string }
+  | Deferred;
 
 /**
  * The handler is done with its part but the message's fate is decided later: its slot is freed at
@@ -75,7 +79,11 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
 
   const failed = (m: JsMsg, err: unknown): Exclude<Settlement, Deferred> => {
     const settlement = classify(err, m.info.deliveryCount);
-    const level = settlement.kind === 'term' || !(err instanceof StoreUnavailableError || err instanceof ConcurrencyError || isTransient(err)) ? 'error' : 'warn';
+    const level =
+      settlement.kind === 'term' ||
+      !(err instanceof StoreUnavailableError || err instanceof ConcurrencyError || isTransient(err))
+        ? 'error'
+        : 'warn';
     log[level]({ err, seq: m.seq, deliveryCount: m.info.deliveryCount, settlement: settlement.kind }, 'handler failed');
     return settlement;
   };
@@ -99,7 +107,10 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
       // The slot is freed when this returns; the heartbeat runs until the deferred settlement.
       deferred++;
       void settlement.settled
-        .then((s) => s ?? ({ kind: 'ack' } as const), (err: unknown) => failed(m, err))
+        .then(
+          (s) => s ?? ({ kind: 'ack' } as const),
+          (err: unknown) => failed(m, err),
+        )
         .then((s) => settle(m, s))
         .finally(() => {
           clearInterval(hb);
@@ -115,7 +126,11 @@ export async function startConsumerLoop(opts: ConsumerLoopOptions): Promise<Cons
   };
 
   const settle = (m: JsMsg, settlement: Exclude<Settlement, Deferred>) => {
-    if (settlement.kind === 'term') log.warn({ seq: m.seq, deliveryCount: m.info.deliveryCount, reason: settlement.reason }, 'message terminated: never redelivered');
+    if (settlement.kind === 'term')
+      log.warn(
+        { seq: m.seq, deliveryCount: m.info.deliveryCount, reason: settlement.reason },
+        'message terminated: never redelivered',
+      );
     if (settlement.kind === 'ack') m.ack();
     else if (settlement.kind === 'nak') m.nak(settlement.delayMs);
     // A bare +TERM: nats-server 2.9.10 does not recognise `+TERM <reason>` (added in 2.10), so a
@@ -193,7 +208,13 @@ function classify(err: unknown, deliveryCount: number): Exclude<Settlement, Defe
  * beyond which the server stops delivering (NATS docs, JetStream "Consumers"). Per instance:
  * several instances of one durable share the server's limit.
  */
-export async function heldLimit(jsm: JetStreamManager, stream: string, durable: string, concurrency: number, perKey = 3): Promise<number> {
+export async function heldLimit(
+  jsm: JetStreamManager,
+  stream: string,
+  durable: string,
+  concurrency: number,
+  perKey = 3,
+): Promise<number> {
   const { config } = await jsm.consumers.info(stream, durable);
   return Math.max(1, Math.floor(((config.max_ack_pending ?? 1_000) - concurrency) / perKey));
 }

@@ -12,7 +12,6 @@ export type Role =
 export const SERVICE_NAMES = ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const;
 export type ServiceName = (typeof SERVICE_NAMES)[number];
 
-
 /** The inbox prefix of a user: replies to its requests arrive only under it. */
 export function inboxPrefixOf(role: Role): string {
   switch (role.kind) {

@@ -1,6 +1,4 @@
-export {
-  Subjects,
-} from './subjects.js';
+export { Subjects } from './subjects.js';
 export {
   CodecError,
   decode,
@@ -49,12 +47,8 @@ export {
   serverVersionAtLeast,
   UnsupportedServerError,
 } from './server-version.js';
-export {
-  opEventOf,
-} from './op-event.js';
-export {
-  KvMirror,
-} from './kv-mirror.js';
+export { opEventOf } from './op-event.js';
+export { KvMirror } from './kv-mirror.js';
 export { applyClientPatches, clientPatchesOf, type ClientPatches } from './client-patches.js';
 export {
   committedResult,

@@ -77,7 +77,8 @@ export class JetStreamStore implements OperationStore {
           continue;
         }
         const stored = await this.#direct(this.#subjects.eventsStream, { seq: ack.seq });
-        if (stored && stored.subject === subject && decode(operationEventSchema, stored.data).eventId === event.eventId) return ack.seq;
+        if (stored && stored.subject === subject && decode(operationEventSchema, stored.data).eventId === event.eventId)
+          return ack.seq;
         throw new ConcurrencyError(subject, expectedSeq);
       } catch (err) {
         if (err instanceof ConcurrencyError) throw err;
@@ -118,7 +119,9 @@ export class JetStreamStore implements OperationStore {
 
   /** The last decision recorded for an operation about `actor`'s own requests, or null. */
   async lastDecision(tenant: string, opId: string, actor: string): Promise<DecisionRecord | null> {
-    const m = await this.#direct(this.#subjects.decisionsStream(tenant), { last_by_subj: this.#subjects.decision(tenant, opId, actor) });
+    const m = await this.#direct(this.#subjects.decisionsStream(tenant), {
+      last_by_subj: this.#subjects.decision(tenant, opId, actor),
+    });
     return m ? decode(decisionRecordSchema, m.data) : null;
   }
 
@@ -172,7 +175,8 @@ export class JetStreamStore implements OperationStore {
     try {
       return await this.#jsm.streams.getMessage(this.#subjects.eventsStream, { last_by_subj: subject });
     } catch (err) {
-      if (isTransient(err)) throw new StoreUnavailableError(`read of the last event on ${subject} failed`, { cause: err });
+      if (isTransient(err))
+        throw new StoreUnavailableError(`read of the last event on ${subject} failed`, { cause: err });
       throw err;
     }
   }

@@ -25,7 +25,11 @@ export class KvMirror<T> {
   #done: Promise<void> = Promise.resolve();
 
   /** `onChange`: called after each change of the mirror (a value set, or null: the key removed). */
-  constructor(kv: KV, schema: z.ZodType<T>, opts: { log: Logger; what: string; keep?: (v: T) => boolean; onChange?: (key: string, value: T | null) => void }) {
+  constructor(
+    kv: KV,
+    schema: z.ZodType<T>,
+    opts: { log: Logger; what: string; keep?: (v: T) => boolean; onChange?: (key: string, value: T | null) => void },
+  ) {
     this.#onChange = opts.onChange;
     this.#kv = kv;
     this.#schema = schema;

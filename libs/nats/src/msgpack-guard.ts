@@ -50,7 +50,12 @@ function extAllowed(type: number, length: number): boolean {
  * before any of their items is read), with no byte missing or left over. Iterative (no recursion),
  * one pass, no allocation per value.
  */
-export function checkMsgpack(b: Uint8Array, maxDepth = MAX_MSGPACK_DEPTH, maxItems = Infinity, captureKey?: string): void {
+export function checkMsgpack(
+  b: Uint8Array,
+  maxDepth = MAX_MSGPACK_DEPTH,
+  maxItems = Infinity,
+  captureKey?: string,
+): void {
   let items = 0;
   // Past maxItems the walk goes on (one cheap pass, nothing decoded) so that a message refused for
   // its size alone can still name the key it was sent under.
@@ -96,7 +101,12 @@ export function checkMsgpack(b: Uint8Array, maxDepth = MAX_MSGPACK_DEPTH, maxIte
       switch (t) {
         case 0xc1:
           throw new MsgpackShapeError(`byte 0xc1 (never used by msgpack) at byte ${pos}`);
-        case 0xd9: case 0xda: case 0xdb: case 0xc4: case 0xc5: case 0xc6: {
+        case 0xd9:
+        case 0xda:
+        case 0xdb:
+        case 0xc4:
+        case 0xc5:
+        case 0xc6: {
           const size = t === 0xd9 || t === 0xc4 ? 1 : t === 0xda || t === 0xc5 ? 2 : 4;
           const n = uint(size);
           need(1 + size + n);
@@ -104,26 +114,68 @@ export function checkMsgpack(b: Uint8Array, maxDepth = MAX_MSGPACK_DEPTH, maxIte
           isString = t >= 0xd9;
           break;
         }
-        case 0xca: need(5); pos += 5; break;
-        case 0xcb: need(9); pos += 9; break;
-        case 0xcc: case 0xd0: need(2); pos += 2; break;
-        case 0xcd: case 0xd1: need(3); pos += 3; break;
-        case 0xce: case 0xd2: need(5); pos += 5; break;
-        case 0xcf: case 0xd3: need(9); pos += 9; break;
-        case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8: case 0xc7: case 0xc8: case 0xc9: {
-          const fixed = { 0xd4: 1, 0xd5: 2, 0xd6: 4, 0xd7: 8, 0xd8: 16 }[t as 0xd4];
+        case 0xca:
+          need(5);
+          pos += 5;
+          break;
+        case 0xcb:
+          need(9);
+          pos += 9;
+          break;
+        case 0xcc:
+        case 0xd0:
+          need(2);
+          pos += 2;
+          break;
+        case 0xcd:
+        case 0xd1:
+          need(3);
+          pos += 3;
+          break;
+        case 0xce:
+        case 0xd2:
+          need(5);
+          pos += 5;
+          break;
+        case 0xcf:
+        case 0xd3:
+          need(9);
+          pos += 9;
+          break;
+        case 0xd4:
+        case 0xd5:
+        case 0xd6:
+        case 0xd7:
+        case 0xd8:
+        case 0xc7:
+        case 0xc8:
+        case 0xc9: {
+          const fixed = { 212: 1, 213: 2, 214: 4, 215: 8, 216: 16 }[t as 0xd4];
           const size = fixed !== undefined ? 0 : t === 0xc7 ? 1 : t === 0xc8 ? 2 : 4;
           const n = fixed ?? uint(size as 1 | 2 | 4);
           need(2 + size + n);
           const type = b[pos + 1 + size]!;
-          if (!extAllowed(type, n)) throw new MsgpackShapeError(`extension type ${type} (${n} bytes) at byte ${pos} is not accepted`);
+          if (!extAllowed(type, n))
+            throw new MsgpackShapeError(`extension type ${type} (${n} bytes) at byte ${pos} is not accepted`);
           pos += 2 + size + n;
           break;
         }
-        case 0xdc: container = { items: uint(2), map: false }; pos += 3; break;
-        case 0xdd: container = { items: uint(4), map: false }; pos += 5; break;
-        case 0xde: container = { items: 2 * uint(2), map: true }; pos += 3; break;
-        case 0xdf: container = { items: 2 * uint(4), map: true }; pos += 5; break;
+        case 0xdc:
+          container = { items: uint(2), map: false };
+          pos += 3;
+          break;
+        case 0xdd:
+          container = { items: uint(4), map: false };
+          pos += 5;
+          break;
+        case 0xde:
+          container = { items: 2 * uint(2), map: true };
+          pos += 3;
+          break;
+        case 0xdf:
+          container = { items: 2 * uint(4), map: true };
+          pos += 5;
+          break;
         default:
           throw new MsgpackShapeError(`byte 0x${t.toString(16)} at byte ${pos} is not a msgpack type`);
       }
@@ -132,7 +184,8 @@ export function checkMsgpack(b: Uint8Array, maxDepth = MAX_MSGPACK_DEPTH, maxIte
     if (want && top === 0 && isMap[0]) {
       if (expectKey) wantedNext = isString && sameBytes(b, at, pos, want);
       else {
-        if (wantedNext && isString && captured === undefined) captured = new TextDecoder().decode(b.subarray(pos - stringLength(b, at), pos));
+        if (wantedNext && isString && captured === undefined)
+          captured = new TextDecoder().decode(b.subarray(pos - stringLength(b, at), pos));
         wantedNext = false;
       }
     }
@@ -141,7 +194,10 @@ export function checkMsgpack(b: Uint8Array, maxDepth = MAX_MSGPACK_DEPTH, maxIte
       items += container.items;
       if (items > maxItems) over = true;
       // Every item takes at least one byte: a count beyond the bytes left is a truncation.
-      if (container.items > len - pos) throw new MsgpackShapeError(`truncated: a ${container.map ? 'map' : 'list'} of ${container.map ? container.items / 2 : container.items} at byte ${at} cannot fit in ${len} bytes`);
+      if (container.items > len - pos)
+        throw new MsgpackShapeError(
+          `truncated: a ${container.map ? 'map' : 'list'} of ${container.map ? container.items / 2 : container.items} at byte ${at} cannot fit in ${len} bytes`,
+        );
       if (remaining.length >= maxDepth) throw new MsgpackShapeError(`nested deeper than ${maxDepth} levels`);
       remaining.push(container.items);
       isMap.push(container.map);
@@ -155,7 +211,8 @@ export function checkMsgpack(b: Uint8Array, maxDepth = MAX_MSGPACK_DEPTH, maxIte
     if (remaining.length === 0) break;
   }
   if (pos !== len) throw new MsgpackShapeError(`${len - pos} byte(s) after the value`);
-  if (over) throw new MsgpackShapeError(`more than ${maxItems} values in its maps and lists`, { tooMany: true, captured });
+  if (over)
+    throw new MsgpackShapeError(`more than ${maxItems} values in its maps and lists`, { tooMany: true, captured });
 }
 
 /** The byte length of the string whose header starts at `at`. */

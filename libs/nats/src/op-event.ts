@@ -12,7 +12,13 @@ import type { Subjects } from './subjects.js';
  * projection key `<tenant>.<opId>` — or a `term` settlement when the message is not on an operation
  * subject or the state it carries belongs to another tenant or operation (logged as an error).
  */
-export function opEventOf(subjects: Subjects, msg: JsMsg, log: Logger): { kind: 'event'; tenant: string; opId: string; key: string; event: OperationEvent } | Extract<Settlement, { kind: 'term' }> {
+export function opEventOf(
+  subjects: Subjects,
+  msg: JsMsg,
+  log: Logger,
+):
+  | { kind: 'event'; tenant: string; opId: string; key: string; event: OperationEvent }
+  | Extract<Settlement, { kind: 'term' }> {
   const where = subjects.parseOpSubject('op', msg.subject);
   if (!where) return { kind: 'term', reason: 'not an operation subject' };
   const event = decode(operationEventSchema, msg.data);
@@ -20,5 +26,11 @@ export function opEventOf(subjects: Subjects, msg: JsMsg, log: Logger): { kind: 
     log.error({ seq: msg.seq, tenant: where.tenant }, 'event does not belong to its operation subject');
     return { kind: 'term', reason: 'event does not belong to its subject' };
   }
-  return { kind: 'event', tenant: where.tenant, opId: where.opId, key: subjects.projectionKey(where.tenant, where.opId), event };
+  return {
+    kind: 'event',
+    tenant: where.tenant,
+    opId: where.opId,
+    key: subjects.projectionKey(where.tenant, where.opId),
+    event,
+  };
 }

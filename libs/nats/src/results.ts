@@ -5,7 +5,12 @@ import { decode } from './codec.js';
 import type { Subjects } from './subjects.js';
 
 /** One entry of the result store (`<p>_results`, key `<tenant>.<opId>`): the business result of a committed attempt. */
-export const resultEntrySchema = z.object({ operationKey: z.string(), attempt: z.number().int(), resultDigest: z.string(), result: z.unknown() });
+export const resultEntrySchema = z.object({
+  operationKey: z.string(),
+  attempt: z.number().int(),
+  resultDigest: z.string(),
+  result: z.unknown(),
+});
 
 /**
  * The business result of a committed operation as the caller may read it: `{}` for a receipt-only
@@ -14,10 +19,16 @@ export const resultEntrySchema = z.object({ operationKey: z.string(), attempt: z
  * readable (not stored yet, deleted, another attempt's). One KV get at most; throws when the store
  * does not answer or the entry does not decode (`CodecError`).
  */
-export async function committedResult(results: KV, subjects: Subjects, tenant: string, opId: string, receipt: { attempt: number; resultDigest: string }): Promise<{ result: unknown } | null> {
+export async function committedResult(
+  results: KV,
+  subjects: Subjects,
+  tenant: string,
+  opId: string,
+  receipt: { attempt: number; resultDigest: string },
+): Promise<{ result: unknown } | null> {
   if (receipt.resultDigest === EMPTY_RESULT_DIGEST) return { result: {} };
   const entry = await results.get(subjects.resultKey(tenant, opId));
-  if (!entry || entry.operation !== 'PUT') return null;
+  if (entry?.operation !== 'PUT') return null;
   const r = decode(resultEntrySchema, entry.value);
   return r.attempt === receipt.attempt && r.resultDigest === receipt.resultDigest ? { result: r.result } : null;
 }

@@ -1,6 +1,6 @@
 /** How to get a supported nats-server: named in every error about a missing or unsupported one. */
 export const INSTALL_HINT =
-  'run `scripts/ensure-nats-server` (it fetches Debian 13\'s nats-server 2.10 into .nats-server/), name a nats-server 2.10 or later in NATS_SERVER_BIN, or set NATS_URL';
+  "run `scripts/ensure-nats-server` (it fetches Debian 13's nats-server 2.10 into .nats-server/), name a nats-server 2.10 or later in NATS_SERVER_BIN, or set NATS_URL";
 
 /**
  * The oldest nats-server tooltx runs on (docs/nats-server.md): 2.9.x can be stopped by any agent
@@ -43,7 +43,8 @@ export class UnsupportedServerError extends Error {
 
 /** Throws {@link UnsupportedServerError} when `version` (a connection's `info.version`) is older than {@link MIN_SERVER_VERSION}. */
 export function assertSupportedServer(version: string | undefined, where = 'the server'): void {
-  if (version === undefined || !serverVersionAtLeast(version, MIN_SERVER_VERSION)) throw new UnsupportedServerError(version ?? 'of unknown version', where);
+  if (version === undefined || !serverVersionAtLeast(version, MIN_SERVER_VERSION))
+    throw new UnsupportedServerError(version ?? 'of unknown version', where);
 }
 
 /**

@@ -34,32 +34,60 @@ export class Subjects {
    * One tenant's intake stream: its intents alone, so that its bounds, its backlog and the
    * sequence numbers its agents see are its own (docs/tenancy.md).
    */
-  intentsStream(tenant: string): string { return `${this.prefix.toUpperCase()}_INTENTS_${id(tenant)}`; }
-  get eventsStream(): string { return `${this.prefix.toUpperCase()}_EVENTS`; }
+  intentsStream(tenant: string): string {
+    return `${this.prefix.toUpperCase()}_INTENTS_${id(tenant)}`;
+  }
+  get eventsStream(): string {
+    return `${this.prefix.toUpperCase()}_EVENTS`;
+  }
   /** One tenant's refusal and alias records (docs/tenancy.md). */
-  decisionsStream(tenant: string): string { return `${this.prefix.toUpperCase()}_DECISIONS_${id(tenant)}`; }
+  decisionsStream(tenant: string): string {
+    return `${this.prefix.toUpperCase()}_DECISIONS_${id(tenant)}`;
+  }
   /** KV bucket of the deployment's tenants and their limits, written by the provisioner (docs/tenancy.md). */
-  get tenantsBucket(): string { return `${this.prefix}_tenants`; }
-  get resultsBucket(): string { return `${this.prefix}_results`; }
+  get tenantsBucket(): string {
+    return `${this.prefix}_tenants`;
+  }
+  get resultsBucket(): string {
+    return `${this.prefix}_results`;
+  }
   /** KV bucket of the reconciler's projection. */
-  get reconcileBucket(): string { return `${this.prefix}_reconcile`; }
+  get reconcileBucket(): string {
+    return `${this.prefix}_reconcile`;
+  }
   /** KV bucket of the audit-projector's projection. */
-  get auditBucket(): string { return `${this.prefix}_audit`; }
+  get auditBucket(): string {
+    return `${this.prefix}_audit`;
+  }
   /** KV bucket of frozen tasks: `<tenant>.<taskToken>` → the operations under takeover. */
-  get tasksBucket(): string { return `${this.prefix}_tasks`; }
+  get tasksBucket(): string {
+    return `${this.prefix}_tasks`;
+  }
   /** Requests of operators to the takeover service: `<prefix>.takeover.<operator>`. */
-  takeover(operator: string): string { return `${this.prefix}.takeover.${id(operator)}`; }
-  get allTakeover(): string { return `${this.prefix}.takeover.*`; }
+  takeover(operator: string): string {
+    return `${this.prefix}.takeover.${id(operator)}`;
+  }
+  get allTakeover(): string {
+    return `${this.prefix}.takeover.*`;
+  }
 
-  intent(tenant: string, actor: string): string { return `${this.prefix}.intent.${id(tenant)}.${id(actor)}`; }
-  op(tenant: string, opId: string): string { return `${this.prefix}.op.${id(tenant)}.${opid(opId)}`; }
+  intent(tenant: string, actor: string): string {
+    return `${this.prefix}.intent.${id(tenant)}.${id(actor)}`;
+  }
+  op(tenant: string, opId: string): string {
+    return `${this.prefix}.op.${id(tenant)}.${opid(opId)}`;
+  }
   /**
    * One actor's decision records about one operation key: each actor's refusals and aliases live on
    * their own subject, so another actor's request on the same key can never hide them (status
    * precedence; the last record of the caller's own subject is what status reads).
    */
-  decision(tenant: string, opId: string, actor: string): string { return `${this.prefix}.decision.${id(tenant)}.${opid(opId)}.${id(actor)}`; }
-  status(tenant: string, actor: string): string { return `${this.prefix}.status.${id(tenant)}.${id(actor)}`; }
+  decision(tenant: string, opId: string, actor: string): string {
+    return `${this.prefix}.decision.${id(tenant)}.${opid(opId)}.${id(actor)}`;
+  }
+  status(tenant: string, actor: string): string {
+    return `${this.prefix}.status.${id(tenant)}.${id(actor)}`;
+  }
   /**
    * Where the answer to one submission is pushed to its agent: the executor publishes the
    * committed receipt there, the authorizer and the executor a "poll now" for other outcomes. Null
@@ -67,34 +95,68 @@ export class Subjects {
    * polls. Best effort (core NATS): the status endpoint stays the truth.
    */
   push(tenant: string, actor: string, submissionId: string): string | null {
-    return SUBMISSION_TOKEN.test(submissionId) ? `${this.prefix}.push.${id(tenant)}.${id(actor)}.${submissionId}` : null;
+    return SUBMISSION_TOKEN.test(submissionId)
+      ? `${this.prefix}.push.${id(tenant)}.${id(actor)}.${submissionId}`
+      : null;
   }
   /** What one agent subscribes to for its pushed answers: `<p>.push.<tenant>.<actor>.*`. */
-  pushesOf(tenant: string, actor: string): string { return `${this.prefix}.push.${id(tenant)}.${id(actor)}.*`; }
+  pushesOf(tenant: string, actor: string): string {
+    return `${this.prefix}.push.${id(tenant)}.${id(actor)}.*`;
+  }
   /** Every pushed answer of one tenant (the tenant account's import). */
-  pushesOfTenant(tenant: string): string { return `${this.prefix}.push.${id(tenant)}.>`; }
-  get allPush(): string { return `${this.prefix}.push.>`; }
-  resultKey(tenant: string, opId: string): string { return `${id(tenant)}.${opid(opId)}`; }
+  pushesOfTenant(tenant: string): string {
+    return `${this.prefix}.push.${id(tenant)}.>`;
+  }
+  get allPush(): string {
+    return `${this.prefix}.push.>`;
+  }
+  resultKey(tenant: string, opId: string): string {
+    return `${id(tenant)}.${opid(opId)}`;
+  }
   /** Key of one operation in a projection bucket: `<tenant>.<opId>` (same form as {@link resultKey}). */
-  projectionKey(tenant: string, opId: string): string { return `${id(tenant)}.${opid(opId)}`; }
+  projectionKey(tenant: string, opId: string): string {
+    return `${id(tenant)}.${opid(opId)}`;
+  }
 
-  get allIntents(): string { return `${this.prefix}.intent.>`; }
+  get allIntents(): string {
+    return `${this.prefix}.intent.>`;
+  }
   /** Every intent of one tenant: `<p>.intent.<tenant>.*` (its intake stream's subjects). */
-  intentsOf(tenant: string): string { return `${this.prefix}.intent.${id(tenant)}.*`; }
+  intentsOf(tenant: string): string {
+    return `${this.prefix}.intent.${id(tenant)}.*`;
+  }
   /** Every decision record of one tenant: `<p>.decision.<tenant>.*.*`. */
-  decisionsOf(tenant: string): string { return `${this.prefix}.decision.${id(tenant)}.*.*`; }
-  get allOps(): string { return `${this.prefix}.op.>`; }
-  get allDecisions(): string { return `${this.prefix}.decision.>`; }
-  get allStatus(): string { return `${this.prefix}.status.*.*`; }
+  decisionsOf(tenant: string): string {
+    return `${this.prefix}.decision.${id(tenant)}.*.*`;
+  }
+  get allOps(): string {
+    return `${this.prefix}.op.>`;
+  }
+  get allDecisions(): string {
+    return `${this.prefix}.decision.>`;
+  }
+  get allStatus(): string {
+    return `${this.prefix}.status.*.*`;
+  }
 
   /** Stream of the audit service's record of every query and export, written before it answers. */
-  get auditLogStream(): string { return `${this.prefix.toUpperCase()}_AUDITLOG`; }
+  get auditLogStream(): string {
+    return `${this.prefix.toUpperCase()}_AUDITLOG`;
+  }
   /** An auditor's requests to the audit service; only that auditor may publish here. */
-  audit(tenant: string, auditor: string): string { return `${this.prefix}.audit.${id(tenant)}.${id(auditor)}`; }
+  audit(tenant: string, auditor: string): string {
+    return `${this.prefix}.audit.${id(tenant)}.${id(auditor)}`;
+  }
   /** Where the audit service records a query of `auditor` before answering it. */
-  auditLog(tenant: string, auditor: string): string { return `${this.prefix}.auditlog.${id(tenant)}.${id(auditor)}`; }
-  get allAudit(): string { return `${this.prefix}.audit.*.*`; }
-  get allAuditLog(): string { return `${this.prefix}.auditlog.*.*`; }
+  auditLog(tenant: string, auditor: string): string {
+    return `${this.prefix}.auditlog.${id(tenant)}.${id(auditor)}`;
+  }
+  get allAudit(): string {
+    return `${this.prefix}.audit.*.*`;
+  }
+  get allAuditLog(): string {
+    return `${this.prefix}.auditlog.*.*`;
+  }
 
   /** `{ tenant, auditor }` of an audit request subject, or null when it is not exactly one. */
   parseAuditSubject(subject: string): { tenant: string; auditor: string } | null {

@@ -21,7 +21,8 @@ let subjectRoot: string;
 let run = 0;
 
 /** The connection's current socket (nats-core ProtocolHandler → NodeTransport; replaced on reconnect). */
-const socketOf = (nc: NatsConnection) => (nc as unknown as { protocol: { transport: { socket: Socket } } }).protocol.transport.socket;
+const socketOf = (nc: NatsConnection) =>
+  (nc as unknown as { protocol: { transport: { socket: Socket } } }).protocol.transport.socket;
 
 /** Counts the writes on `nc`'s current socket that carry PUB/HPUB commands (the socket itself still writes). */
 function countPubWrites(nc: NatsConnection) {
@@ -79,7 +80,13 @@ describe('nats.js write coalescing and request hooks (client-patches.ts, real na
     t = await provisioned();
     subjectRoot = `${t.subjects.prefix}.coalesce`;
     stream = `${t.subjects.prefix.toUpperCase()}_COALESCE`;
-    await t.jsm.streams.add({ name: stream, subjects: [`${subjectRoot}.>`], storage: StorageType.File, retention: RetentionPolicy.Limits, num_replicas: 1 });
+    await t.jsm.streams.add({
+      name: stream,
+      subjects: [`${subjectRoot}.>`],
+      storage: StorageType.File,
+      retention: RetentionPolicy.Limits,
+      num_replicas: 1,
+    });
   });
   afterAll(() => t?.close());
 
@@ -136,7 +143,9 @@ describe('nats.js write coalescing and request hooks (client-patches.ts, real na
 
   it('2,000 concurrent JetStream publishes (requests) get each its own PubAck, in publish order, all stored', async () => {
     const subject = nextSubject();
-    const acks = await Promise.all(Array.from({ length: 2_000 }, (_, i) => t.js.publish(subject, body(i), { msgID: `${subject}-${i}` })));
+    const acks = await Promise.all(
+      Array.from({ length: 2_000 }, (_, i) => t.js.publish(subject, body(i), { msgID: `${subject}-${i}` })),
+    );
     // One connection, one FIFO buffer: the server stored them in call order, so the sequences ascend with i.
     for (let i = 1; i < acks.length; i++) expect(acks[i]!.seq).toBe(acks[i - 1]!.seq + 1);
     expect(acks.every((a) => a.duplicate === false)).toBe(true);
@@ -160,7 +169,9 @@ describe('nats.js write coalescing and request hooks (client-patches.ts, real na
     })();
     const oldSocket = socketOf(t.nc);
     // A burst in flight when the server dies: each call either gets its PubAck or fails with a NATS error.
-    const before = Array.from({ length: 500 }, (_, i) => t.js.publish(subject, body(i), { msgID: `${subject}-${i}`, timeout: 3_000 }));
+    const before = Array.from({ length: 500 }, (_, i) =>
+      t.js.publish(subject, body(i), { msgID: `${subject}-${i}`, timeout: 3_000 }),
+    );
     await Promise.all(before.slice(0, 50)); // the first acks are in; the rest may be anywhere
     await t.server.restart!();
     await reconnected;
@@ -182,7 +193,9 @@ describe('nats.js write coalescing and request hooks (client-patches.ts, real na
       writes.restore();
     }
     // … and concurrent requests are all answered, in order.
-    const after: PubAck[] = await Promise.all(Array.from({ length: 1_000 }, (_, i) => t.js.publish(subject, body(10_000 + i), { msgID: `${subject}-a${i}` })));
+    const after: PubAck[] = await Promise.all(
+      Array.from({ length: 1_000 }, (_, i) => t.js.publish(subject, body(10_000 + i), { msgID: `${subject}-a${i}` })),
+    );
     for (let i = 1; i < after.length; i++) expect(after[i]!.seq).toBe(after[i - 1]!.seq + 1);
 
     const stored = await storedOn(subject);

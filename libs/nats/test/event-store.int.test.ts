@@ -10,7 +10,14 @@ import { randomUUID } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { nanos } from '@nats-io/nats-core';
 import { ConcurrencyError, decide, type OperationEvent } from '@tooltx/lifecycle';
-import { JetStreamStore, jetStreamOf, connectNats, serverVersionAtLeast, Subjects, type NatsConnection } from '@tooltx/nats';
+import {
+  JetStreamStore,
+  jetStreamOf,
+  connectNats,
+  serverVersionAtLeast,
+  Subjects,
+  type NatsConnection,
+} from '@tooltx/nats';
 import { spawnNatsServer, type NatsServerHandle } from '@tooltx/dev/nats-server';
 import { DEFAULT_TENANT_LIMITS, topology } from '@tooltx/streams';
 import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
@@ -32,7 +39,10 @@ beforeAll(async () => {
   js = j.js;
   jsm = j.jsm;
   const limits = { ...DEFAULT_TENANT_LIMITS, intentBytes: MiB, decisionBytes: MiB };
-  const t = topology(subjects, { duplicateWindowMs: WINDOW_MS, tenants: CONTRACT_TENANTS.map((id) => ({ id, limits })) });
+  const t = topology(subjects, {
+    duplicateWindowMs: WINDOW_MS,
+    tenants: CONTRACT_TENANTS.map((id) => ({ id, limits })),
+  });
   await jsm.streams.add({ ...t.streams.events, deny_delete: false, duplicate_window: nanos(WINDOW_MS) });
   for (const tenant of t.tenants ?? []) {
     await jsm.streams.add(tenant.intents);
@@ -75,16 +85,34 @@ eventStoreContract('JetStream (nats-server)', () => ({
  */
 describe('deleting the last of three events of an operation (nats-server, by version)', () => {
   const start = (on: OperationEvent, executor: string) => {
-    const d = decide({ type: 'start', eventId: randomUUID(), at: Date.now(), attempt: 1, executor, deadlineAt: Date.now() + 1_000 }, on.state);
+    const d = decide(
+      { type: 'start', eventId: randomUUID(), at: Date.now(), attempt: 1, executor, deadlineAt: Date.now() + 1_000 },
+      on.state,
+    );
     if (d.kind !== 'append') throw new Error('expected an append');
     return d.event;
   };
   const accept = () => {
-    const d = decide({
-      type: 'accept', eventId: randomUUID(), at: Date.now(), operationKey: `opk_${'D'.repeat(43)}`, tenant: 'acme', actor: 'alice', taskId: 't',
-      tool: 'sink.write', version: 1, contractDigest: `sha256:${'1'.repeat(64)}`, effect: 'create', inputDigest: `sha256:${'2'.repeat(64)}`,
-      targetDigest: `sha256:${'3'.repeat(64)}`, intentSeq: 1, submissionId: 's',
-    }, { status: 'none' });
+    const d = decide(
+      {
+        type: 'accept',
+        eventId: randomUUID(),
+        at: Date.now(),
+        operationKey: `opk_${'D'.repeat(43)}`,
+        tenant: 'acme',
+        actor: 'alice',
+        taskId: 't',
+        tool: 'sink.write',
+        version: 1,
+        contractDigest: `sha256:${'1'.repeat(64)}`,
+        effect: 'create',
+        inputDigest: `sha256:${'2'.repeat(64)}`,
+        targetDigest: `sha256:${'3'.repeat(64)}`,
+        intentSeq: 1,
+        submissionId: 's',
+      },
+      { status: 'none' },
+    );
     if (d.kind !== 'append') throw new Error('expected an append');
     return d.event;
   };

@@ -26,7 +26,8 @@ function plain(v: unknown, seen = new Set<unknown>()): boolean {
   if (seen.has(v)) return false;
   seen.add(v);
   if (Array.isArray(v)) return v.every((x) => plain(x, seen));
-  if (typeof v === 'object' && Object.getPrototypeOf(v) === Object.prototype) return Object.values(v).every((x) => plain(x, seen));
+  if (typeof v === 'object' && Object.getPrototypeOf(v) === Object.prototype)
+    return Object.values(v).every((x) => plain(x, seen));
   return false;
 }
 
@@ -58,13 +59,15 @@ describe('msgpack read guard', () => {
   });
 
   it('refuses deep nesting before reading it (10,000 levels: no stack overflow)', () => {
-    expect(codecError(() => decodeRaw(nested(10_000)))).toBe(`not msgpack: nested deeper than ${MAX_MSGPACK_DEPTH} levels`);
+    expect(codecError(() => decodeRaw(nested(10_000)))).toBe(
+      `not msgpack: nested deeper than ${MAX_MSGPACK_DEPTH} levels`,
+    );
     expect(codecError(() => decodeRaw(nested(MAX_MSGPACK_DEPTH + 1)))).toContain('nested deeper');
     const deepMap = bytes(...Array.from({ length: 10_000 }, () => [0x81, ...str('a')]).flat(), 0xc0);
     expect(codecError(() => decodeRaw(deepMap))).toContain('nested deeper');
   });
 
-  it('refuses msgpackr\'s own extension types (Error, Set, RegExp, typed array, references that make a cycle, records, bundles) and 0xc1', () => {
+  it("refuses msgpackr's own extension types (Error, Set, RegExp, typed array, references that make a cycle, records, bundles) and 0xc1", () => {
     const cycle = bytes(0xd6, 0x69, 0, 0, 0, 1, 0x81, ...str('a'), 0xd6, 0x70, 0, 0, 0, 1);
     const cases = [
       bytes(0xc7, 0x00, 0x65, 0x92, ...str('TypeError'), ...str('boom')),
@@ -85,7 +88,8 @@ describe('msgpack read guard', () => {
 
   it('refuses truncated bytes, bytes left over and lengths beyond the data, naming no byte of the content', () => {
     const e = encode({ tool: 'kb.write_note', input: { body: 'SECRET-BODY-TEXT' } });
-    for (const cut of [1, 5, e.length - 1]) expect(codecError(() => decodeRaw(e.subarray(0, cut)))).toMatch(/^not msgpack: truncated/);
+    for (const cut of [1, 5, e.length - 1])
+      expect(codecError(() => decodeRaw(e.subarray(0, cut)))).toMatch(/^not msgpack: truncated/);
     const trailing = codecError(() => decodeRaw(bytes(...e, ...str('SECRET-TRAILER'))));
     expect(trailing).toBe('not msgpack: 15 byte(s) after the value');
     expect(codecError(() => decode(z.object({}), bytes(...e, 0xc0)))).not.toContain('SECRET');
@@ -95,16 +99,23 @@ describe('msgpack read guard', () => {
   });
 
   it('refuses map keys that are not strings; a __proto__ key never becomes a prototype', () => {
-    expect(codecError(() => decodeRaw(bytes(0x81, 0x81, ...str('a'), 1, 2)))).toBe('not msgpack: a map key at byte 1 is not a string');
+    expect(codecError(() => decodeRaw(bytes(0x81, 0x81, ...str('a'), 1, 2)))).toBe(
+      'not msgpack: a map key at byte 1 is not a string',
+    );
     expect(codecError(() => decodeRaw(bytes(0x81, 0x01, 0x02)))).toContain('not a string');
-    const polluted = decodeRaw(bytes(0x81, ...str('__proto__'), 0x81, ...str('actorId'), ...str('mallory'))) as Record<string, unknown>;
+    const polluted = decodeRaw(bytes(0x81, ...str('__proto__'), 0x81, ...str('actorId'), ...str('mallory'))) as Record<
+      string,
+      unknown
+    >;
     expect(Object.getPrototypeOf(polluted)).toBe(Object.prototype);
     expect(polluted.actorId).toBeUndefined();
     expect(({} as Record<string, unknown>).actorId).toBeUndefined();
   });
 
-  it('reads uint64 and int64 beyond 2^53 as the nearest double, which zod\'s int() refuses', () => {
-    const big = decodeRaw(bytes(0x81, ...str('n'), 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)) as { n: number };
+  it("reads uint64 and int64 beyond 2^53 as the nearest double, which zod's int() refuses", () => {
+    const big = decodeRaw(bytes(0x81, ...str('n'), 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)) as {
+      n: number;
+    };
     expect(typeof big.n).toBe('number');
     expect(Number.isSafeInteger(big.n)).toBe(false);
     expect(z.object({ n: z.number().int() }).safeParse(big).success).toBe(false);
@@ -113,8 +124,14 @@ describe('msgpack read guard', () => {
   it('refuses more values than allowed in all maps and lists, and still names the top-level key it was sent under, wherever it stands', () => {
     const wide = (n: number) => Object.fromEntries(Array.from({ length: n }, (_, i) => [`f${i}`, i]));
     const key = `opk_${'k'.repeat(43)}`;
-    expect(decodeRaw(encode({ input: wide(2_000), operationKey: key }), { maxItems: 4_096, captureKey: 'operationKey' })).toMatchObject({ operationKey: key });
-    for (const env of [{ operationKey: key, input: wide(2_100) }, { input: wide(2_100), operationKey: key }, { input: [wide(1_000), wide(1_100)], operationKey: key }]) {
+    expect(
+      decodeRaw(encode({ input: wide(2_000), operationKey: key }), { maxItems: 4_096, captureKey: 'operationKey' }),
+    ).toMatchObject({ operationKey: key });
+    for (const env of [
+      { operationKey: key, input: wide(2_100) },
+      { input: wide(2_100), operationKey: key },
+      { input: [wide(1_000), wide(1_100)], operationKey: key },
+    ]) {
       let caught: unknown;
       try {
         decodeRaw(encode(env), { maxItems: 4_096, captureKey: 'operationKey' });
@@ -123,7 +140,10 @@ describe('msgpack read guard', () => {
       }
       expect(caught).toBeInstanceOf(CodecError);
       expect((caught as Error).message).toBe('more than 4096 values in its maps and lists');
-      expect(((caught as Error).cause as { tooMany: boolean; captured?: string })).toMatchObject({ tooMany: true, captured: key });
+      expect((caught as Error).cause as { tooMany: boolean; captured?: string }).toMatchObject({
+        tooMany: true,
+        captured: key,
+      });
     }
     // A nested `operationKey` is not the envelope's; one that is not a string is not captured.
     for (const env of [{ input: { operationKey: key, ...wide(2_100) } }, { operationKey: 7, input: wide(2_100) }]) {
@@ -134,6 +154,8 @@ describe('msgpack read guard', () => {
       }
     }
     // Malformed bytes stay malformed: too many values is only said of well-formed ones.
-    expect(codecError(() => decodeRaw(encode({ input: wide(2_100) }).subarray(0, 100), { maxItems: 4_096 }))).toMatch(/^not msgpack: truncated/);
+    expect(codecError(() => decodeRaw(encode({ input: wide(2_100) }).subarray(0, 100), { maxItems: 4_096 }))).toMatch(
+      /^not msgpack: truncated/,
+    );
   });
 });

@@ -14,9 +14,21 @@ const subjects = new Subjects('tdup');
 
 function acceptedEvent() {
   const cmd: AcceptCommand = {
-    type: 'accept', eventId: newEventId(), at: 1, operationKey: `opk_${'C'.repeat(43)}`, tenant: 'acme', actor: 'alice',
-    taskId: 't', tool: 'sink.write', version: 1, contractDigest: D('1'), effect: 'create', inputDigest: D('2'), targetDigest: D('3'),
-    intentSeq: 1, submissionId: 's',
+    type: 'accept',
+    eventId: newEventId(),
+    at: 1,
+    operationKey: `opk_${'C'.repeat(43)}`,
+    tenant: 'acme',
+    actor: 'alice',
+    taskId: 't',
+    tool: 'sink.write',
+    version: 1,
+    contractDigest: D('1'),
+    effect: 'create',
+    inputDigest: D('2'),
+    targetDigest: D('3'),
+    intentSeq: 1,
+    submissionId: 's',
   };
   const d = decide(cmd, { status: 'none' });
   if (d.kind !== 'append') throw new Error('expected append');
@@ -26,8 +38,16 @@ function acceptedEvent() {
 /** A stream that answers the given PubAcks in turn and holds `event` at sequence 7 on its subject. */
 function fakeStream(acks: Partial<PubAck>[], stored: { subject: string; data: Uint8Array }) {
   let publishes = 0;
-  const js = { publish: async () => ({ stream: subjects.eventsStream, domain: '', ...acks[Math.min(publishes++, acks.length - 1)]! }) } as unknown as JetStreamClient;
-  const jsm = { direct: { getMessage: async (_s: string, q: { seq?: number }) => (q.seq === 7 ? { seq: 7, ...stored } : null) } } as unknown as JetStreamManager;
+  const js = {
+    publish: async () => ({
+      stream: subjects.eventsStream,
+      domain: '',
+      ...acks[Math.min(publishes++, acks.length - 1)]!,
+    }),
+  } as unknown as JetStreamClient;
+  const jsm = {
+    direct: { getMessage: async (_s: string, q: { seq?: number }) => (q.seq === 7 ? { seq: 7, ...stored } : null) },
+  } as unknown as JetStreamManager;
   return { js, jsm, publishes: () => publishes };
 }
 
@@ -35,7 +55,14 @@ describe('JetStreamStore.append and a duplicate answered with sequence 0', () =>
   it('asks again until the stream names the message, reads it back and returns its sequence', async () => {
     const event = acceptedEvent();
     const subject = subjects.op('acme', 'a'.repeat(32));
-    const f = fakeStream([{ duplicate: true, seq: 0 }, { duplicate: true, seq: 0 }, { duplicate: true, seq: 7 }], { subject, data: encode(event) });
+    const f = fakeStream(
+      [
+        { duplicate: true, seq: 0 },
+        { duplicate: true, seq: 0 },
+        { duplicate: true, seq: 7 },
+      ],
+      { subject, data: encode(event) },
+    );
     const store = new JetStreamStore(f.js, f.jsm, subjects);
     await expect(store.append('acme', 'a'.repeat(32), event, 0)).resolves.toBe(7);
     expect(f.publishes()).toBe(3);

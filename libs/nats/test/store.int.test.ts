@@ -1,7 +1,15 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConcurrencyError, decide, type AcceptCommand, type OperationEvent } from '@tooltx/lifecycle';
 import { DiscardPolicy, RetentionPolicy } from '@nats-io/jetstream';
-import { encode, EVENT_TYPE_HEADER, eventTypeOf, isNoRespondersPublish, isTransient, newEventId, Subjects } from '@tooltx/nats';
+import {
+  encode,
+  EVENT_TYPE_HEADER,
+  eventTypeOf,
+  isNoRespondersPublish,
+  isTransient,
+  newEventId,
+  Subjects,
+} from '@tooltx/nats';
 import { checkTopology, topology } from '@tooltx/streams';
 import { tenantsOf } from '@tooltx/auth';
 import { provisioned, TEST_IDENTITIES, type TestNats } from '../../../test/helpers/nats.js';
@@ -12,9 +20,21 @@ const nextOpId = () => (++opSeq).toString(16).padStart(32, '0');
 
 function acceptedEvent(intentSeq = 1): OperationEvent {
   const cmd: AcceptCommand = {
-    type: 'accept', eventId: newEventId(), at: Date.now(), operationKey: `opk_${'B'.repeat(43)}`, tenant: 'acme', actor: 'alice',
-    taskId: 't', tool: 'sink.write', version: 1, contractDigest: D('1'), effect: 'create', inputDigest: D('2'), targetDigest: D('3'),
-    intentSeq, submissionId: 's',
+    type: 'accept',
+    eventId: newEventId(),
+    at: Date.now(),
+    operationKey: `opk_${'B'.repeat(43)}`,
+    tenant: 'acme',
+    actor: 'alice',
+    taskId: 't',
+    tool: 'sink.write',
+    version: 1,
+    contractDigest: D('1'),
+    effect: 'create',
+    inputDigest: D('2'),
+    targetDigest: D('3'),
+    intentSeq,
+    submissionId: 's',
   };
   const d = decide(cmd, { status: 'none' });
   if (d.kind !== 'append') throw new Error('expected append');
@@ -29,21 +49,31 @@ describe('the JetStream event store (real nats-server)', () => {
   afterAll(() => t.close());
 
   it('FM-29: a publish that reached no stream (nats.js: JetStreamNotEnabled from no responders) is transient — nothing was stored; a refused or wrong-sequence publish is not', async () => {
-    const err = await t.js.publish(`${t.subjects.prefix}.nostream.x`, new Uint8Array([1]), { timeout: 2_000 }).then(() => null, (e: unknown) => e);
+    const err = await t.js.publish(`${t.subjects.prefix}.nostream.x`, new Uint8Array([1]), { timeout: 2_000 }).then(
+      () => null,
+      (e: unknown) => e,
+    );
     expect(err).toBeInstanceOf(Error);
     expect((err as Error).name).toBe('JetStreamNotEnabled');
     expect(isNoRespondersPublish(err)).toBe(true);
     expect(isTransient(err)).toBe(true);
     const opId = nextOpId();
     await t.store.append('acme', opId, acceptedEvent(), 0);
-    const wrongSeq = await t.js.publish(t.subjects.op('acme', opId), new Uint8Array([1]), { expect: { lastSubjectSequence: 0 } }).then(() => null, (e: unknown) => e);
+    const wrongSeq = await t.js
+      .publish(t.subjects.op('acme', opId), new Uint8Array([1]), { expect: { lastSubjectSequence: 0 } })
+      .then(
+        () => null,
+        (e: unknown) => e,
+      );
     expect(isNoRespondersPublish(wrongSeq)).toBe(false);
     expect(isTransient(wrongSeq)).toBe(false);
   });
 
   it('lets exactly one of ten concurrent first appends win; the others get a ConcurrencyError', async () => {
     const opId = nextOpId();
-    const results = await Promise.allSettled(Array.from({ length: 10 }, () => t.store.append('acme', opId, acceptedEvent(), 0)));
+    const results = await Promise.allSettled(
+      Array.from({ length: 10 }, () => t.store.append('acme', opId, acceptedEvent(), 0)),
+    );
     expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
     const losers = results.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
     expect(losers).toHaveLength(9);
@@ -92,10 +122,16 @@ describe('the JetStream event store (real nats-server)', () => {
     const opId = nextOpId();
     const a = acceptedEvent();
     const seq = await t.store.append('acme', opId, a, 0);
-    const start = decide({ type: 'start', eventId: newEventId(), at: Date.now(), attempt: 1, executor: 'x', deadlineAt: Date.now() + 1 }, a.state);
+    const start = decide(
+      { type: 'start', eventId: newEventId(), at: Date.now(), attempt: 1, executor: 'x', deadlineAt: Date.now() + 1 },
+      a.state,
+    );
     if (start.kind !== 'append') throw new Error('expected append');
     await t.store.append('acme', opId, start.event, seq);
-    const again = decide({ type: 'start', eventId: newEventId(), at: Date.now(), attempt: 1, executor: 'y', deadlineAt: Date.now() + 1 }, a.state);
+    const again = decide(
+      { type: 'start', eventId: newEventId(), at: Date.now(), attempt: 1, executor: 'y', deadlineAt: Date.now() + 1 },
+      a.state,
+    );
     if (again.kind !== 'append') throw new Error('expected append');
     await expect(t.store.append('acme', opId, again.event, seq)).rejects.toBeInstanceOf(ConcurrencyError);
   });
@@ -110,7 +146,11 @@ describe('stream checks', () => {
       const bad = new Subjects(`${t.subjects.prefix}x`);
       const topo = topology(bad, { tenants: tenantsOf(TEST_IDENTITIES) });
       await t.jsm.streams.add({ ...topo.streams.events, deny_purge: false, max_msgs_per_subject: 1 });
-      await t.jsm.streams.add({ ...topo.tenants![0]!.intents, retention: RetentionPolicy.Workqueue, discard: DiscardPolicy.Old });
+      await t.jsm.streams.add({
+        ...topo.tenants![0]!.intents,
+        retention: RetentionPolicy.Workqueue,
+        discard: DiscardPolicy.Old,
+      });
       const v = await checkTopology(t.jsm, topo, { longestKeyRetentionMs: 365 * 24 * 3600_000 });
       expect(v).toEqual(
         expect.arrayContaining([
@@ -140,7 +180,9 @@ describe('stream checks', () => {
     const t = await provisioned({ resultsMaxAgeMs: 60_000 });
     try {
       const v = await checkTopology(t.jsm, topology(t.subjects), { longestKeyRetentionMs: 1 });
-      expect(v).toEqual([expect.stringContaining(`bucket ${t.subjects.resultsBucket} max_age 60000 ms is shorter than the event log's`)]);
+      expect(v).toEqual([
+        expect.stringContaining(`bucket ${t.subjects.resultsBucket} max_age 60000 ms is shorter than the event log's`),
+      ]);
     } finally {
       await t.close();
     }
@@ -151,7 +193,9 @@ describe('stream checks', () => {
     try {
       const v = await checkTopology(t.jsm, topology(t.subjects), { longestKeyRetentionMs: 1 });
       expect(v).toEqual([
-        expect.stringContaining(`bucket ${t.subjects.reconcileBucket} max_age 60000 ms is shorter than the event log's`),
+        expect.stringContaining(
+          `bucket ${t.subjects.reconcileBucket} max_age 60000 ms is shorter than the event log's`,
+        ),
         expect.stringContaining(`bucket ${t.subjects.auditBucket} max_age 60000 ms is shorter than the event log's`),
       ]);
     } finally {

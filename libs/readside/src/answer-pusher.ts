@@ -10,9 +10,19 @@ import { encode, type Subjects } from '@tooltx/nats';
  * Never throws.
  */
 export class AnswerPusher {
-  readonly #o: { subjects: Subjects; publish: (subject: string, data: Uint8Array) => void; log: Logger; now: () => number };
+  readonly #o: {
+    subjects: Subjects;
+    publish: (subject: string, data: Uint8Array) => void;
+    log: Logger;
+    now: () => number;
+  };
 
-  constructor(o: { subjects: Subjects; publish: (subject: string, data: Uint8Array) => void; log: Logger; now?: () => number }) {
+  constructor(o: {
+    subjects: Subjects;
+    publish: (subject: string, data: Uint8Array) => void;
+    log: Logger;
+    now?: () => number;
+  }) {
     this.#o = { ...o, now: o.now ?? Date.now };
   }
 
@@ -28,10 +38,31 @@ export class AnswerPusher {
    * The answer's `seq` is the operation's own event count, from `state` (never a stream sequence).
    * `seq`: deprecated and ignored, accepted so callers that still pass a stream sequence compile.
    */
-  async committed(o: { impl: Implementation | undefined; tenant: string; actor: string; submissionId: string; submittedKey: string; state: OperationRecord & { receipt: Receipt }; seq?: number; result: unknown }): Promise<void> {
+  async committed(o: {
+    impl: Implementation | undefined;
+    tenant: string;
+    actor: string;
+    submissionId: string;
+    submittedKey: string;
+    state: OperationRecord & { receipt: Receipt };
+    seq?: number;
+    result: unknown;
+  }): Promise<void> {
     const { now } = this.#o;
-    if (!(await readAllowed(o.impl, o.tenant, o.actor, o.state, now()))) return this.poll(o.tenant, o.actor, o.submissionId);
-    this.#send(o.tenant, o.actor, o.submissionId, committedAnswer({ submittedKey: o.submittedKey, state: o.state, submissionId: o.submissionId, result: o.result, at: now() }));
+    if (!(await readAllowed(o.impl, o.tenant, o.actor, o.state, now())))
+      return this.poll(o.tenant, o.actor, o.submissionId);
+    this.#send(
+      o.tenant,
+      o.actor,
+      o.submissionId,
+      committedAnswer({
+        submittedKey: o.submittedKey,
+        state: o.state,
+        submissionId: o.submissionId,
+        result: o.result,
+        at: now(),
+      }),
+    );
   }
 
   #send(tenant: string, actor: string, submissionId: string, body: PushMessage): void {

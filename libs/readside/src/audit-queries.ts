@@ -3,7 +3,18 @@ import type { JetStreamClient } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { ErrorClass, operationIdOf, TooltxError } from '@tooltx/contracts';
-import { auditRecordForAuditor, auditRecordSchema, auditRequestSchema, countsOf, MAX_AUDIT_PAGE, type AuditAnswer, type AuditQueryRecord, type AuditRecord, type AuditRequest, type ContractCounts } from '@tooltx/lifecycle';
+import {
+  auditRecordForAuditor,
+  auditRecordSchema,
+  auditRequestSchema,
+  countsOf,
+  MAX_AUDIT_PAGE,
+  type AuditAnswer,
+  type AuditQueryRecord,
+  type AuditRecord,
+  type AuditRequest,
+  type ContractCounts,
+} from '@tooltx/lifecycle';
 import { decode, encode, isTransient, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
 import { msgpackCodec, startResponder, type Responder } from './responder.js';
@@ -45,7 +56,8 @@ export interface AuditServiceDeps {
   now?: () => number;
 }
 
-const order = (a: AuditRecord, b: AuditRecord) => a.firstAt - b.firstAt || (a.operationKey < b.operationKey ? -1 : a.operationKey > b.operationKey ? 1 : 0);
+const order = (a: AuditRecord, b: AuditRecord) =>
+  a.firstAt - b.firstAt || (a.operationKey < b.operationKey ? -1 : a.operationKey > b.operationKey ? 1 : 0);
 const cursorOf = (r: AuditRecord) => `${r.firstAt}.${r.operationKey}`;
 const afterCursor = (r: AuditRecord, c: string) => {
   const i = c.indexOf('.');
@@ -57,7 +69,8 @@ const afterCursor = (r: AuditRecord, c: string) => {
 type Auditor = { tenant: string; auditor: string };
 
 /** What the auditor is told when the projection or the query log failed; the cause stays in the log. */
-const unavailable = (cause: unknown) => new TooltxError(ErrorClass.DependencyUnavailable, 'audit query not answered', { cause });
+const unavailable = (cause: unknown) =>
+  new TooltxError(ErrorClass.DependencyUnavailable, 'audit query not answered', { cause });
 
 /** The audit query service; `start()` subscribes, `stop()` drains and waits for in-flight answers. */
 export class AuditService {
@@ -86,14 +99,18 @@ export class AuditService {
       handle: (req, who) => this.#handle(req, who),
       // Auditors get `invalid_input` or `dependency_unavailable` only: an unforeseen throw is the
       // dependency's, never `internal` (the responder logs it).
-      errorBody: (info) => ({ error: info.class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : info }),
+      errorBody: (info) => ({
+        error: info.class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : info,
+      }),
       beforeInvalidAnswer: async (who, cause) => {
         const recorded = this.#record(who, { kind: 'invalid', count: 0 });
         if (cause === 'encoding') return void (await recorded.catch(() => undefined));
         try {
           await recorded;
         } catch (err) {
-          log.child({ tenant: who.tenant, auditor: who.auditor }).error({ err, kind: 'invalid' }, 'query not recorded: not answered');
+          log
+            .child({ tenant: who.tenant, auditor: who.auditor })
+            .error({ err, kind: 'invalid' }, 'query not recorded: not answered');
           throw unavailable(err);
         }
       },
@@ -117,7 +134,14 @@ export class AuditService {
       l.error({ err, kind: req.kind }, 'audit query failed');
       throw unavailable(err);
     }
-    const count = 'records' in answer ? (typeof answer.records === 'number' ? answer.records : answer.records.length) : answer.record ? 1 : 0;
+    const count =
+      'records' in answer
+        ? typeof answer.records === 'number'
+          ? answer.records
+          : answer.records.length
+        : answer.record
+          ? 1
+          : 0;
     try {
       // Recorded, and confirmed stored by the server, before anything is answered.
       await this.#record(who, {
@@ -141,8 +165,19 @@ export class AuditService {
   }
 
   /** Publishes the query record to the audit log stream and waits for the server's acknowledgement. */
-  async #record(who: Auditor, q: Omit<AuditQueryRecord, 'schema' | 'queryId' | 'at' | 'tenant' | 'auditor' | 'instance'> & { queryId?: string }): Promise<void> {
-    const record: AuditQueryRecord = { schema: 1, queryId: q.queryId ?? randomUUID(), at: this.#now(), tenant: who.tenant, auditor: who.auditor, instance: this.#d.instance, ...q } as AuditQueryRecord;
+  async #record(
+    who: Auditor,
+    q: Omit<AuditQueryRecord, 'schema' | 'queryId' | 'at' | 'tenant' | 'auditor' | 'instance'> & { queryId?: string },
+  ): Promise<void> {
+    const record: AuditQueryRecord = {
+      schema: 1,
+      queryId: q.queryId ?? randomUUID(),
+      at: this.#now(),
+      tenant: who.tenant,
+      auditor: who.auditor,
+      instance: this.#d.instance,
+      ...q,
+    } as AuditQueryRecord;
     const subject = this.#d.subjects.auditLog(who.tenant, who.auditor);
     let lastErr: unknown;
     for (let i = 0; i < 3; i++) {
@@ -165,13 +200,23 @@ export class AuditService {
       const e = await this.#d.kv.get(this.#d.subjects.projectionKey(who.tenant, operationIdOf(req.operationKey)));
       const record = e && e.operation === 'PUT' ? decode(auditRecordSchema, e.value) : null;
       // An operation key of another tenant is never under this tenant's keys: the same `null`.
-      return { kind: 'show', queryId, record: record && record.operationKey === req.operationKey ? auditRecordForAuditor(record) : null };
+      return {
+        kind: 'show',
+        queryId,
+        record: record && record.operationKey === req.operationKey ? auditRecordForAuditor(record) : null,
+      };
     }
-    const inRange = (r: AuditRecord) => (req.since === undefined || r.lastAt >= req.since) && (req.until === undefined || r.firstAt < req.until);
+    const inRange = (r: AuditRecord) =>
+      (req.since === undefined || r.lastAt >= req.since) && (req.until === undefined || r.firstAt < req.until);
     const all = (await this.#tenantRecords(who.tenant)).filter(inRange);
-    if (req.kind === 'counts') return { kind: 'counts', queryId, records: all.length, counts: countsOf(all) satisfies ContractCounts[] };
+    if (req.kind === 'counts')
+      return { kind: 'counts', queryId, records: all.length, counts: countsOf(all) satisfies ContractCounts[] };
     const selected = all
-      .filter((r) => req.kind !== 'list' || ((!req.state || r.status === req.state) && (!req.contract || r.contract === req.contract)))
+      .filter(
+        (r) =>
+          req.kind !== 'list' ||
+          ((!req.state || r.status === req.state) && (!req.contract || r.contract === req.contract)),
+      )
       .filter((r) => !req.after || afterCursor(r, req.after))
       .sort(order);
     const limit = req.kind === 'list' ? (req.limit ?? 100) : MAX_AUDIT_PAGE;
@@ -186,7 +231,13 @@ export class AuditService {
     const next = page.length < selected.length && page.length > 0 ? cursorOf(page.at(-1)!) : undefined;
     const answered = page.map(auditRecordForAuditor);
     if (req.kind === 'list') return { kind: 'list', queryId, records: answered, ...(next ? { next } : {}) };
-    return { kind: 'export', queryId, exportId: req.exportId ?? randomUUID(), records: answered, ...(next ? { next } : {}) };
+    return {
+      kind: 'export',
+      queryId,
+      exportId: req.exportId ?? randomUUID(),
+      records: answered,
+      ...(next ? { next } : {}),
+    };
   }
 
   /**

@@ -2,4 +2,11 @@ export { AnswerPusher } from './answer-pusher.js';
 export { type Codec, type Endpoint, jsonCodec, msgpackCodec, type Responder, startResponder } from './responder.js';
 export { STATUS_QUEUE, type StatusDeps, StatusService } from './status-service.js';
 export { AUDIT_QUEUE, AuditService, type AuditServiceDeps, PAGE_BYTES } from './audit-queries.js';
-export { startTakeoverService, type TakeoverAnswer, type TakeoverRequest, takeoverRequestSchema, type TakeoverServiceDeps, type WatchedTakeover } from './takeover-service.js';
+export {
+  startTakeoverService,
+  type TakeoverAnswer,
+  type TakeoverRequest,
+  takeoverRequestSchema,
+  type TakeoverServiceDeps,
+  type WatchedTakeover,
+} from './takeover-service.js';

@@ -97,7 +97,10 @@ export function startResponder<Who, Req>(nc: NatsConnection, log: Logger, endpoi
     const id = e.identify(msg.subject);
     if (!id) return void reply(e.errorBody(e.unidentified));
     if (!isOwnReplyInbox(id.role, msg.reply)) {
-      log.warn({ subject: msg.subject }, `${e.name} request with a reply subject outside the requester's inbox: not answered`);
+      log.warn(
+        { subject: msg.subject },
+        `${e.name} request with a reply subject outside the requester's inbox: not answered`,
+      );
       return;
     }
     try {

@@ -138,12 +138,18 @@ export class StatusService {
         const who = subjects.parseActorSubject('status', subject);
         return who && { who, role: { kind: 'agent', tenant: who.tenant, actor: who.actor } };
       },
-      unidentified: { class: ErrorClass.InvalidInput, issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not a status subject' }] },
+      unidentified: {
+        class: ErrorClass.InvalidInput,
+        issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not a status subject' }],
+      },
       codec: msgpackCodec,
       schema: statusRequestSchema,
       handle: (req, who) => this.#handle(req, who),
       // What failed inside (the store, the results bucket) is not the caller's business: it may retry.
-      errorBody: (info) => ({ error: info.class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : info, at: this.#now() }),
+      errorBody: (info) => ({
+        error: info.class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : info,
+        at: this.#now(),
+      }),
       onDrained: () => {
         this.#stopping = true;
         for (const [subject, set] of this.#waiters) for (const w of set) w.notify(subject, undefined);
@@ -161,7 +167,11 @@ export class StatusService {
   }
 
   async #watch(stream: string, filter: string, headersOnly: boolean): Promise<{ stop(): void }> {
-    const c = await this.#d.js.consumers.get(stream, { filter_subjects: filter, deliver_policy: DeliverPolicy.New, headers_only: headersOnly });
+    const c = await this.#d.js.consumers.get(stream, {
+      filter_subjects: filter,
+      deliver_policy: DeliverPolicy.New,
+      headers_only: headersOnly,
+    });
     const it = await c.consume({ max_messages: 256 });
     void (async () => {
       for await (const m of it) this.#notify(m.subject, headersOnly ? undefined : m);
@@ -294,14 +304,25 @@ export class StatusService {
         case 'answer':
           return { answer: step.answer, streamSeq };
         case 'read_decision':
-          reads = { ...reads, decision: (await store.lastDecision(tenant, operationIdOf(step.operationKey), actor)) ?? null };
+          reads = {
+            ...reads,
+            decision: (await store.lastDecision(tenant, operationIdOf(step.operationKey), actor)) ?? null,
+          };
           break;
         case 'read_result':
-          reads = { ...reads, result: (await committedResult(results, subjects, tenant, operationIdOf(step.operationKey), { attempt: step.attempt, resultDigest: step.resultDigest })) ?? null };
+          reads = {
+            ...reads,
+            result:
+              (await committedResult(results, subjects, tenant, operationIdOf(step.operationKey), {
+                attempt: step.attempt,
+                resultDigest: step.resultDigest,
+              })) ?? null,
+          };
           break;
         case 'follow_alias': {
           const c = await store.load(tenant, operationIdOf(step.alias.canonicalKey));
-          const operation = c.state.status !== 'none' && (await this.#mayRead(tenant, actor, c.state, step.asked)) ? c.state : null;
+          const operation =
+            c.state.status !== 'none' && (await this.#mayRead(tenant, actor, c.state, step.asked)) ? c.state : null;
           reads = { req: step.asked, actor, at, operation, alias: step.alias };
           break;
         }

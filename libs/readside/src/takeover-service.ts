@@ -1,8 +1,25 @@
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { KV } from '@nats-io/kv';
 import { z } from 'zod';
-import { digestOf, EMPTY_RESULT_DIGEST, ErrorClass, idSchema, operationIdOf, operationKeySchema, TooltxError, type ErrorInfo } from '@tooltx/contracts';
-import { handleCommand, receiptOnlyResult, resolutionVerdict, type OperationRecord, type OperationStore, type ReceiptSigner, type TakeoverRecord } from '@tooltx/lifecycle';
+import {
+  digestOf,
+  EMPTY_RESULT_DIGEST,
+  ErrorClass,
+  idSchema,
+  operationIdOf,
+  operationKeySchema,
+  TooltxError,
+  type ErrorInfo,
+} from '@tooltx/contracts';
+import {
+  handleCommand,
+  receiptOnlyResult,
+  resolutionVerdict,
+  type OperationRecord,
+  type OperationStore,
+  type ReceiptSigner,
+  type TakeoverRecord,
+} from '@tooltx/lifecycle';
 import { encode, newEventId, type Subjects } from '@tooltx/nats';
 import { thawTask, type ImplementationRegistry, type Logger } from '@tooltx/runtime';
 import { jsonCodec, startResponder, type Responder } from './responder.js';
@@ -76,7 +93,9 @@ export function startTakeoverService(d: TakeoverServiceDeps): Responder {
     const opId = operationIdOf(key);
     if (tenant) return { tenant, opId };
     for (const e of d.watched.values()) if (e.operationKey === key) return { tenant: e.tenant, opId };
-    throw new TooltxError(ErrorClass.NotFound, 'no watched operation with this key: name its tenant', { issues: [{ path: ['tenant'], code: 'required', message: 'the operation is not under watch; give its tenant' }] });
+    throw new TooltxError(ErrorClass.NotFound, 'no watched operation with this key: name its tenant', {
+      issues: [{ path: ['tenant'], code: 'required', message: 'the operation is not under watch; give its tenant' }],
+    });
   };
 
   const handle = async (req: TakeoverRequest, operator: string): Promise<TakeoverAnswer> => {
@@ -91,35 +110,58 @@ export function startTakeoverService(d: TakeoverServiceDeps): Responder {
     }
     const { tenant, opId } = locate(req.operationKey, req.tenant);
     const { state } = await d.store.load(tenant, opId);
-    if (state.status === 'none' || state.operationKey !== req.operationKey) throw new TooltxError(ErrorClass.NotFound, 'no such operation');
+    if (state.status === 'none' || state.operationKey !== req.operationKey)
+      throw new TooltxError(ErrorClass.NotFound, 'no such operation');
     if (req.action === 'show') return { ok: true, operation: state };
 
     // resolve: only an `unknown` operation; a repeat of the same resolution answers the state.
     const o = req.outcome;
     const verdict = resolutionVerdict(state, o);
-    if (verdict === 'not_unknown') throw new TooltxError(ErrorClass.IdempotencyConflict, `the operation is ${state.status}, not unknown: nothing to resolve`);
+    if (verdict === 'not_unknown')
+      throw new TooltxError(
+        ErrorClass.IdempotencyConflict,
+        `the operation is ${state.status}, not unknown: nothing to resolve`,
+      );
     if (verdict === 'resolve') {
       const impl = d.tools.get(state.tool, state.version);
       let resultDigest = digestOf({});
       const receiptOnly = o.kind === 'committed' && impl ? receiptOnlyResult(impl.contract) : null;
       if (receiptOnly) {
         resultDigest = receiptOnly.digest;
-        if (resultDigest !== EMPTY_RESULT_DIGEST) await d.results.put(d.subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result: receiptOnly.result }));
+        if (resultDigest !== EMPTY_RESULT_DIGEST)
+          await d.results.put(
+            d.subjects.resultKey(tenant, opId),
+            encode({
+              operationKey: state.operationKey,
+              attempt: state.attempt,
+              resultDigest,
+              result: receiptOnly.result,
+            }),
+          );
       }
       const h = await handleCommand(
-        d.store, tenant, opId,
+        d.store,
+        tenant,
+        opId,
         () => ({
           type: 'resolve',
           eventId: newEventId(),
           at: now(),
           attempt: state.attempt,
           resolvedBy: operator,
-          outcome: o.kind === 'committed' ? { kind: 'committed', resourceId: o.resourceId, resultDigest } : { kind: 'not_applied' },
+          outcome:
+            o.kind === 'committed'
+              ? { kind: 'committed', resourceId: o.resourceId, resultDigest }
+              : { kind: 'not_applied' },
         }),
         { signer: d.signer, retry: false },
       );
-      if (h.kind !== 'appended') throw new TooltxError(ErrorClass.IdempotencyConflict, 'the operation moved on meanwhile; show it again');
-      d.log.warn({ tenant, operationKey: state.operationKey, resolvedBy: operator, outcome: o.kind }, 'takeover resolved by a person');
+      if (h.kind !== 'appended')
+        throw new TooltxError(ErrorClass.IdempotencyConflict, 'the operation moved on meanwhile; show it again');
+      d.log.warn(
+        { tenant, operationKey: state.operationKey, resolvedBy: operator, outcome: o.kind },
+        'takeover resolved by a person',
+      );
     }
     await thawTask(d.tasks, tenant, state.taskId, state.operationKey);
     const { state: after } = await d.store.load(tenant, opId);
@@ -134,7 +176,10 @@ export function startTakeoverService(d: TakeoverServiceDeps): Responder {
       const operator = subject.split('.').at(-1);
       return operator ? { who: operator, role: { kind: 'operator', operator } } : null;
     },
-    unidentified: { class: ErrorClass.InvalidInput, issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not a takeover subject' }] },
+    unidentified: {
+      class: ErrorClass.InvalidInput,
+      issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not a takeover subject' }],
+    },
     codec: jsonCodec,
     schema: takeoverRequestSchema,
     handle,

@@ -12,6 +12,8 @@ import type { Command } from 'commander';
 export function usageErrorsExitTwo<C extends Command>(cmd: C): C {
   cmd.exitOverride((err) => process.exit(err.exitCode === 0 ? 0 : 2));
   // Commander quotes an unknown option or argument in full: bounded, as every other message.
-  cmd.configureOutput({ outputError: (text, write) => write(text.length > 2_000 ? `${text.slice(0, 2_000)}…\n` : text) });
+  cmd.configureOutput({
+    outputError: (text, write) => write(text.length > 2_000 ? `${text.slice(0, 2_000)}…\n` : text),
+  });
   return cmd;
 }

@@ -11,7 +11,11 @@ export class ConfigError extends Error {
   readonly settings: string[];
   /** Each problem's value as shown in it (no secrets, a URL without user-info), undefined when unset or not shown. */
   readonly values: (string | undefined)[];
-  constructor(problems: string[], settings: string[] = problems.map((p) => /^[^:\s=]+/.exec(p)?.[0] ?? ''), values: (string | undefined)[] = []) {
+  constructor(
+    problems: string[],
+    settings: string[] = problems.map((p) => /^[^:\s=]+/.exec(p)?.[0] ?? ''),
+    values: (string | undefined)[] = [],
+  ) {
     super(`invalid configuration:\n  - ${problems.join('\n  - ')}`);
     this.name = 'ConfigError';
     this.problems = problems;
@@ -46,7 +50,9 @@ export const baseConfigSchema = z.object({
 /** Settings of the services that load the trusted contract implementations. */
 export const serviceConfigSchema = baseConfigSchema.extend({
   /** Path of the trusted module exporting `implementations` (never loaded by agents). */
-  TOOLTX_TOOLS_MODULE: z.string({ error: 'required: the path of the trusted module exporting `implementations`' }).min(1),
+  TOOLTX_TOOLS_MODULE: z
+    .string({ error: 'required: the path of the trusted module exporting `implementations`' })
+    .min(1),
   /** Operations handled at once by this process (default 16). */
   TOOLTX_CONCURRENCY: envInt(1, 1024).default(16),
   /** Ed25519 private key file (PKCS#8 PEM) that signs receipts; required by the services that commit. */
@@ -64,14 +70,18 @@ export const serviceConfigSchema = baseConfigSchema.extend({
  * batch off) and `0x10` or `1e3` for numbers.
  */
 export function envInt(min: number, max = Number.MAX_SAFE_INTEGER) {
-  return z
-    .string()
-    .trim()
-    .regex(/^\d+$/, { error: `expected an integer ${min}..${max} (decimal digits)` })
-    .transform(Number)
-    // One problem per variable, whatever is wrong with the number (a huge one was both "not an
-    // integer" past 2^53 and "too big").
-    .pipe(z.number().refine((n) => Number.isSafeInteger(n) && n >= min && n <= max, `expected an integer ${min}..${max}`));
+  return (
+    z
+      .string()
+      .trim()
+      .regex(/^\d+$/, { error: `expected an integer ${min}..${max} (decimal digits)` })
+      .transform(Number)
+      // One problem per variable, whatever is wrong with the number (a huge one was both "not an
+      // integer" past 2^53 and "too big").
+      .pipe(
+        z.number().refine((n) => Number.isSafeInteger(n) && n >= min && n <= max, `expected an integer ${min}..${max}`),
+      )
+  );
 }
 
 /**
@@ -81,13 +91,24 @@ export function envInt(min: number, max = Number.MAX_SAFE_INTEGER) {
  * A variable set to the empty string counts as unset (its default applies); one of spaces alone is
  * refused, never read as a value (`NATS_URL='  '` was taken as a server).
  */
-export function loadConfig<S extends z.ZodObject<z.ZodRawShape>>(schema: S, env: NodeJS.ProcessEnv = process.env): z.infer<S> {
-  const cleaned = Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== '')) as Record<string, string>;
+export function loadConfig<S extends z.ZodObject<z.ZodRawShape>>(
+  schema: S,
+  env: NodeJS.ProcessEnv = process.env,
+): z.infer<S> {
+  const cleaned = Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== '')) as Record<
+    string,
+    string
+  >;
   const blank = Object.keys(schema.shape).filter((name) => cleaned[name] !== undefined && cleaned[name].trim() === '');
   const r = schema.safeParse(cleaned);
   const issues = [
-    ...blank.map((name) => ({ name, message: 'spaces alone are not a value: unset it (or set it empty) for the default' })),
-    ...(r.success ? [] : r.error.issues.map((i) => ({ name: i.path.join('.'), message: i.message }))).filter((i) => !blank.includes(i.name)),
+    ...blank.map((name) => ({
+      name,
+      message: 'spaces alone are not a value: unset it (or set it empty) for the default',
+    })),
+    ...(r.success ? [] : r.error.issues.map((i) => ({ name: i.path.join('.'), message: i.message }))).filter(
+      (i) => !blank.includes(i.name),
+    ),
   ];
   if (!issues.length && r.success) return r.data;
   // The value as shown: a URL without its user-info (a password may be in NATS_URL).

@@ -58,7 +58,13 @@ async function update(kv: KV, key: string, change: (cur: FrozenTask | null) => F
  * Freezes `taskId` of `tenant` on behalf of `operationKey` (idempotent). Throws the KV's errors
  * when the bucket cannot be written after {@link CAS_ROUNDS} compare-and-set rounds.
  */
-export async function freezeTask(kv: KV, tenant: string, taskId: string, operationKey: string, openedAt: number): Promise<void> {
+export async function freezeTask(
+  kv: KV,
+  tenant: string,
+  taskId: string,
+  operationKey: string,
+  openedAt: number,
+): Promise<void> {
   await update(kv, taskKeyOf(tenant, taskId), (cur) => {
     if (cur?.frozenBy[operationKey] !== undefined) return cur;
     return { tenant, taskId, frozenBy: { ...(cur?.frozenBy ?? {}), [operationKey]: openedAt } };

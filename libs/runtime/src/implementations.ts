@@ -15,7 +15,10 @@ export class ImplementationRegistry {
   }
   /** The longest time an operation may stay unresolved: running bound + unknown deadline, ms. */
   longestOperationMs(): number {
-    return Math.max(0, ...this.contracts.all().map((c: Contract) => c.timing.runningBoundMs + c.timing.unknownDeadlineMs));
+    return Math.max(
+      0,
+      ...this.contracts.all().map((c: Contract) => c.timing.runningBoundMs + c.timing.unknownDeadlineMs),
+    );
   }
 }
 
@@ -40,7 +43,8 @@ export async function loadImplementations(path: string): Promise<ImplementationR
   const abs = isAbsolute(path) ? path : resolve(process.cwd(), path);
   const mod = (await import(pathToFileURL(abs).href)) as { implementations?: unknown };
   const list = mod.implementations;
-  if (!Array.isArray(list) || list.length === 0) throw new ToolsModuleError(path, 'must export a non-empty `implementations` array');
+  if (!Array.isArray(list) || list.length === 0)
+    throw new ToolsModuleError(path, 'must export a non-empty `implementations` array');
   for (const [i, impl] of list.entries()) {
     const x = impl as Partial<Implementation>;
     if (!x?.contract?.id || !x.contract.digest || typeof x.execute !== 'function') {

@@ -47,9 +47,7 @@ export {
   type StartupReporter,
   startupStep,
 } from './startup.js';
-export {
-  usageErrorsExitTwo,
-} from './cli.js';
+export { usageErrorsExitTwo } from './cli.js';
 export {
   freezeTask,
   type FrozenTask,

@@ -65,11 +65,13 @@ export function createLogger(opts: LoggerSetup): Logger {
       logMethod(args, method) {
         const [first, second] = args as unknown[];
         // An Error as the first argument: pino would log its message as `msg`.
-        if (first instanceof Error) return method.apply(this, [{ err: first }, typeof second === 'string' ? second : 'error']);
+        if (first instanceof Error)
+          return method.apply(this, [{ err: first }, typeof second === 'string' ? second : 'error']);
         if (typeof first === 'string') return method.apply(this, [first.replace(SECRET_VALUE, CENSOR)]);
         if (first && typeof first === 'object') {
           // `log.error({ err })` without a message: pino would take the error's message.
-          const msg = typeof second === 'string' ? second.replace(SECRET_VALUE, CENSOR) : 'err' in first ? 'error' : undefined;
+          const msg =
+            typeof second === 'string' ? second.replace(SECRET_VALUE, CENSOR) : 'err' in first ? 'error' : undefined;
           return method.apply(this, (msg === undefined ? [first] : [first, msg]) as never);
         }
         return method.apply(this, args.slice(0, 1) as never);
@@ -158,9 +160,21 @@ export function scrubber(key: Buffer): (value: unknown) => unknown {
  * or an input. A `TooltxError` is not among them: implementations write its message, often around
  * a downstream's answer; its class and issue paths say what went wrong.
  */
-const OWN_ERRORS = new Set(['ConfigError', 'ConcurrencyError', 'StreamConfigError', 'SecretFileError', 'ProjectionCorruptError', 'StartupError', 'ToolsModuleError']);
+const OWN_ERRORS = new Set([
+  'ConfigError',
+  'ConcurrencyError',
+  'StreamConfigError',
+  'SecretFileError',
+  'ProjectionCorruptError',
+  'StartupError',
+  'ToolsModuleError',
+]);
 /** The NATS client's errors: their messages name subjects, codes and server answers, never a payload. */
-const NATS_ERRORS: (new (...args: never[]) => Error)[] = [...Object.values(natsErrors), JetStreamApiError, JetStreamError] as never;
+const NATS_ERRORS: (new (...args: never[]) => Error)[] = [
+  ...Object.values(natsErrors),
+  JetStreamApiError,
+  JetStreamError,
+] as never;
 const CODE = /^[A-Za-z0-9_.:-]{1,64}$/;
 
 /**
@@ -172,7 +186,14 @@ const CODE = /^[A-Za-z0-9_.:-]{1,64}$/;
  */
 export function safeError(err: unknown, key: Buffer = fallbackKey(), depth = 0): Record<string, unknown> {
   if (!(err instanceof Error)) return { type: typeof err };
-  const e = err as Error & { class?: unknown; code?: unknown; status?: unknown; statusCode?: unknown; errorClass?: unknown; cause?: unknown };
+  const e = err as Error & {
+    class?: unknown;
+    code?: unknown;
+    status?: unknown;
+    statusCode?: unknown;
+    errorClass?: unknown;
+    cause?: unknown;
+  };
   const out: Record<string, unknown> = { type: e.name };
   if (typeof e.class === 'string' && CODE.test(e.class)) out.class = e.class;
   if (typeof e.errorClass === 'string' && CODE.test(e.errorClass)) out.class ??= e.errorClass;
@@ -180,7 +201,11 @@ export function safeError(err: unknown, key: Buffer = fallbackKey(), depth = 0):
   const status = typeof e.status === 'number' ? e.status : typeof e.statusCode === 'number' ? e.statusCode : undefined;
   if (status !== undefined) out.status = status;
   const issues = (e as { issues?: unknown }).issues;
-  if (Array.isArray(issues)) out.issues = issues.slice(0, 10).map((i: { path?: unknown; code?: unknown }) => ({ path: Array.isArray(i?.path) ? i.path.map(String).slice(0, 8) : [], code: typeof i?.code === 'string' && CODE.test(i.code) ? i.code : '?' }));
+  if (Array.isArray(issues))
+    out.issues = issues.slice(0, 10).map((i: { path?: unknown; code?: unknown }) => ({
+      path: Array.isArray(i?.path) ? i.path.map(String).slice(0, 8) : [],
+      code: typeof i?.code === 'string' && CODE.test(i.code) ? i.code : '?',
+    }));
   if (OWN_ERRORS.has(e.name) || NATS_ERRORS.some((c) => e instanceof c)) out.message = e.message;
   else if (e.message) out.messageHmac = keyedDigest(key, 'log-error-message', e.message);
   if (e.cause !== undefined && depth < 3) out.cause = safeError(e.cause, key, depth + 1);

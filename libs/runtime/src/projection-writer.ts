@@ -18,7 +18,9 @@ import { CodecError, decode, encode, isWrongLastSequence } from '@tooltx/nats';
 export type ProjectionRule<T> = (current: T | null, event: OperationEvent, seq: number) => T | null;
 
 /** What one apply did: wrote a new revision, or left the entry as it was. `conflicts` = CAS retries. */
-export type ProjectionOutcome = { kind: 'written'; revision: number; conflicts: number } | { kind: 'unchanged'; conflicts: number };
+export type ProjectionOutcome =
+  | { kind: 'written'; revision: number; conflicts: number }
+  | { kind: 'unchanged'; conflicts: number };
 
 /**
  * The stored entry is not a valid value of the projection's schema. Never overwritten blindly: the
@@ -183,7 +185,15 @@ export class ProjectionBatcher<T> {
   readonly #applier: ProjectionApplier<T>;
   readonly #delayMs: number;
   readonly #maxHeld: number;
-  readonly #batches = new Map<string, { applies: ((current: T | null) => T | null)[]; final: boolean; waiters: { resolve: (o: ProjectionOutcome) => void; reject: (e: unknown) => void }[]; timer: NodeJS.Timeout }>();
+  readonly #batches = new Map<
+    string,
+    {
+      applies: ((current: T | null) => T | null)[];
+      final: boolean;
+      waiters: { resolve: (o: ProjectionOutcome) => void; reject: (e: unknown) => void }[];
+      timer: NodeJS.Timeout;
+    }
+  >();
   #flushing = false;
 
   constructor(applier: ProjectionApplier<T>, o: { delayMs: number; maxHeld: number }) {

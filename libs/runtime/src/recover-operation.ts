@@ -1,11 +1,28 @@
 import { downstreamKeyOf, EMPTY_RESULT_DIGEST, type Implementation } from '@tooltx/contracts';
-import { handleCommand, planRecovery, receiptOnlyResult, type Evidence, type OperationCommand, type OperationRecord, type OperationStore, type ReceiptSigner, type RecoveryInput } from '@tooltx/lifecycle';
+import {
+  handleCommand,
+  planRecovery,
+  receiptOnlyResult,
+  type Evidence,
+  type OperationCommand,
+  type OperationRecord,
+  type OperationStore,
+  type ReceiptSigner,
+  type RecoveryInput,
+} from '@tooltx/lifecycle';
 import { encode, newEventId, type Subjects } from '@tooltx/nats';
 import type { KV } from '@nats-io/kv';
 import type { Logger } from 'pino';
 
 /** What {@link recoverOperation} did. */
-export type RecoveryResult = 'committed' | 'requeued' | 'marked_unknown' | 'kept' | 'moved_on' | 'no_probe' | 'mismatch';
+export type RecoveryResult =
+  | 'committed'
+  | 'requeued'
+  | 'marked_unknown'
+  | 'kept'
+  | 'moved_on'
+  | 'no_probe'
+  | 'mismatch';
 
 /**
  * {@link RecoveryResult}, with `retryInMs` when the downstream's clock said when the attempt's
@@ -52,7 +69,15 @@ export async function recoverOperation(deps: {
   let input: RecoveryInput = { kind: 'no_probe' };
   if (impl.probe) {
     try {
-      const r = await impl.probe({ tenant, actor: state.actor, operationKey: state.operationKey, downstreamKey: downstreamKeyOf(tenant, state.operationKey), attempt: state.attempt, inputDigest: state.inputDigest, signal: AbortSignal.timeout(impl.contract.timing.timeoutMs) });
+      const r = await impl.probe({
+        tenant,
+        actor: state.actor,
+        operationKey: state.operationKey,
+        downstreamKey: downstreamKeyOf(tenant, state.operationKey),
+        attempt: state.attempt,
+        inputDigest: state.inputDigest,
+        signal: AbortSignal.timeout(impl.contract.timing.timeoutMs),
+      });
       input = r.found
         ? { kind: 'found', resourceId: r.resourceId, ...(r.inputDigest ? { inputDigest: r.inputDigest } : {}) }
         : { kind: 'not_found', ...(r.downstreamAt !== undefined ? { downstreamAt: r.downstreamAt } : {}) };
@@ -66,26 +91,55 @@ export async function recoverOperation(deps: {
   switch (plan.kind) {
     case 'commit': {
       const { result, digest: resultDigest } = receiptOnly!;
-      if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-      const d = await append(deps, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), resourceId: plan.resourceId, resultDigest }));
+      if (resultDigest !== EMPTY_RESULT_DIGEST)
+        await results.put(
+          subjects.resultKey(tenant, opId),
+          encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }),
+        );
+      const d = await append(deps, () => ({
+        type: 'commit',
+        eventId: newEventId(),
+        at: now(),
+        attempt: state.attempt,
+        ...run(state),
+        resourceId: plan.resourceId,
+        resultDigest,
+      }));
       l.info({ resourceId: plan.resourceId, outcome: d }, 'recovered: committed from the probe');
       return { result: d === 'appended' ? 'committed' : 'moved_on' };
     }
     case 'requeue': {
-      const d = await append(deps, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), reason: 'probe_not_found' }));
+      const d = await append(deps, () => ({
+        type: 'requeue',
+        eventId: newEventId(),
+        at: now(),
+        attempt: state.attempt,
+        ...run(state),
+        reason: 'probe_not_found',
+      }));
       l.info({ outcome: d }, 'recovered: nothing downstream, requeued under the same key');
       return { result: d === 'appended' ? 'requeued' : 'moved_on' };
     }
     case 'unknown': {
       const evidenceKind = plan.markEvidence;
       const d = evidenceKind
-        ? await append(deps, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, ...run(state), evidence: evidence(evidenceKind, now(), input.kind === 'no_probe' ? undefined : took()) }))
+        ? await append(deps, () => ({
+            type: 'mark_unknown',
+            eventId: newEventId(),
+            at: now(),
+            attempt: state.attempt,
+            ...run(state),
+            evidence: evidence(evidenceKind, now(), input.kind === 'no_probe' ? undefined : took()),
+          }))
         : undefined;
       switch (plan.reason) {
         case 'no_probe':
           return { result: 'no_probe' };
         case 'mismatch':
-          l.error({ resourceId: plan.probed?.resourceId }, 'probe found another effect under our key: left for a person');
+          l.error(
+            { resourceId: plan.probed?.resourceId },
+            'probe found another effect under our key: left for a person',
+          );
           if (plan.probed) await deps.onMismatch?.(plan.probed);
           return { result: 'mismatch' };
         case 'result_not_recoverable':
@@ -117,7 +171,21 @@ function run(state: OperationRecord): { runId?: string } {
  * Appends one command decided on the state the probe was about: a probe's verdict holds for that
  * state only, so a lost race is `moved_on`, never decided again on a newer state.
  */
-async function append(d: { store: OperationStore; tenant: string; opId: string; state: OperationRecord; seq: number; signer: ReceiptSigner }, make: () => OperationCommand): Promise<'appended' | 'moved_on'> {
-  const h = await handleCommand(d.store, d.tenant, d.opId, make, { known: { state: d.state, seq: d.seq }, retry: false, signer: d.signer });
+async function append(
+  d: {
+    store: OperationStore;
+    tenant: string;
+    opId: string;
+    state: OperationRecord;
+    seq: number;
+    signer: ReceiptSigner;
+  },
+  make: () => OperationCommand,
+): Promise<'appended' | 'moved_on'> {
+  const h = await handleCommand(d.store, d.tenant, d.opId, make, {
+    known: { state: d.state, seq: d.seq },
+    retry: false,
+    signer: d.signer,
+  });
   return h.kind === 'appended' ? 'appended' : 'moved_on';
 }

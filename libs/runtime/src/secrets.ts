@@ -39,8 +39,10 @@ export function readKeyFile(file: string): Buffer {
   } catch (err) {
     throw new SecretFileError(file, `cannot read the key file (${(err as NodeJS.ErrnoException).code ?? 'error'})`);
   }
-  if ((mode & 0o077) !== 0) throw new SecretFileError(file, `mode ${(mode & 0o777).toString(8)} lets others read the key; chmod 600 it`);
-  if (text.length < MIN_KEY_CHARS || /\s/.test(text)) throw new SecretFileError(file, `a key must be at least ${MIN_KEY_CHARS} characters without whitespace`);
+  if ((mode & 0o077) !== 0)
+    throw new SecretFileError(file, `mode ${(mode & 0o777).toString(8)} lets others read the key; chmod 600 it`);
+  if (text.length < MIN_KEY_CHARS || /\s/.test(text))
+    throw new SecretFileError(file, `a key must be at least ${MIN_KEY_CHARS} characters without whitespace`);
   return Buffer.from(text, 'utf8');
 }
 

@@ -6,14 +6,34 @@ import { Command } from 'commander';
 import { usageErrorsExitTwo } from './cli.js';
 import { z } from 'zod';
 import type { JetStreamClient, JetStreamManager } from '@nats-io/jetstream';
-import { assertSupportedServer, connectNats, connectProblemOf, jetStreamOf, JetStreamStore, UnsupportedServerError, permissionViolationOf, Subjects, type NatsConnection } from '@tooltx/nats';
+import {
+  assertSupportedServer,
+  connectNats,
+  connectProblemOf,
+  jetStreamOf,
+  JetStreamStore,
+  UnsupportedServerError,
+  permissionViolationOf,
+  Subjects,
+  type NatsConnection,
+} from '@tooltx/nats';
 import { assertTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
 import { loadReceiptSigner, type ReceiptSigner } from '@tooltx/lifecycle';
 import { ConfigError, envInt, loadConfig, serviceConfigSchema } from './config.js';
 import { createLogger, installProcessHandlers, type Logger } from './logger.js';
 import { SecretFileError } from './secrets.js';
 import { exitWithParent, onShutdown } from './shutdown.js';
-import { announceReady, describeConnectError, describeError, displayUrl, failStartup, isNatsError, startupStep, StartupError, type StartupReporter } from './startup.js';
+import {
+  announceReady,
+  describeConnectError,
+  describeError,
+  displayUrl,
+  failStartup,
+  isNatsError,
+  startupStep,
+  StartupError,
+  type StartupReporter,
+} from './startup.js';
 import { loadImplementations, ToolsModuleError, type ImplementationRegistry } from './implementations.js';
 
 const optMs = envInt(1).optional();
@@ -110,11 +130,17 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
     .addHelpText('after', serviceEnvHelp(spec, asksHelp ? await toolsModuleHelp(process.env.TOOLTX_TOOLS_MODULE) : ''))
     .parse(process.argv);
 
-  const who: StartupReporter = { program: `tooltx-${spec.name}`, service: spec.name, instance: `${spec.name}-${process.pid}` };
+  const who: StartupReporter = {
+    program: `tooltx-${spec.name}`,
+    service: spec.name,
+    instance: `${spec.name}-${process.pid}`,
+  };
   let config: ServiceConfig;
   let own: z.infer<z.ZodObject<E>>;
   try {
-    const all = loadConfig(spec.env ? fullServiceConfigSchema.extend(spec.env.shape) : fullServiceConfigSchema) as Record<string, unknown>;
+    const all = loadConfig(
+      spec.env ? fullServiceConfigSchema.extend(spec.env.shape) : fullServiceConfigSchema,
+    ) as Record<string, unknown>;
     config = all as ServiceConfig;
     own = Object.fromEntries(Object.keys(spec.env?.shape ?? {}).map((k) => [k, all[k]])) as z.infer<z.ZodObject<E>>;
   } catch (err) {
@@ -123,21 +149,36 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
   who.instance = config.TOOLTX_INSTANCE_ID;
   let log: Logger;
   try {
-    log = createLogger({ service: spec.name, instance: config.TOOLTX_INSTANCE_ID, level: config.LOG_LEVEL, hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE });
+    log = createLogger({
+      service: spec.name,
+      instance: config.TOOLTX_INSTANCE_ID,
+      level: config.LOG_LEVEL,
+      hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE,
+    });
   } catch (err) {
-    failStartup(who, err instanceof SecretFileError ? new StartupError('TOOLTX_LOG_HMAC_KEY_FILE', err.file, err.problem, { cause: err }) : err);
+    failStartup(
+      who,
+      err instanceof SecretFileError
+        ? new StartupError('TOOLTX_LOG_HMAC_KEY_FILE', err.file, err.problem, { cause: err })
+        : err,
+    );
   }
   who.log = log;
   exitWithParent(log, config.TOOLTX_EXIT_WITH_PARENT);
   let signer: ReceiptSigner | undefined;
   if (spec.signsReceipts) {
     const file = config.TOOLTX_SIGNING_KEY_FILE;
-    if (!file) failStartup(who, new ConfigError(['TOOLTX_SIGNING_KEY_FILE: required: this service signs the receipts of what it commits']));
+    if (!file)
+      failStartup(
+        who,
+        new ConfigError(['TOOLTX_SIGNING_KEY_FILE: required: this service signs the receipts of what it commits']),
+      );
     try {
       signer = loadReceiptSigner(file);
     } catch (err) {
       // loadReceiptSigner's messages are its own, `<file>: <problem>` (never the key).
-      const own = err instanceof Error && err.message.startsWith(`${file}: `) ? err.message.slice(file.length + 2) : undefined;
+      const own =
+        err instanceof Error && err.message.startsWith(`${file}: `) ? err.message.slice(file.length + 2) : undefined;
       failStartup(who, new StartupError('TOOLTX_SIGNING_KEY_FILE', file, own ?? describeError(err), { cause: err }));
     }
   }
@@ -146,54 +187,106 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
   let nc: NatsConnection | undefined;
   try {
     const modulePath = config.TOOLTX_TOOLS_MODULE;
-    const tools = await startupStep('TOOLTX_TOOLS_MODULE', modulePath, () => loadImplementations(modulePath), (err) => describeModuleError(modulePath, err));
+    const tools = await startupStep(
+      'TOOLTX_TOOLS_MODULE',
+      modulePath,
+      () => loadImplementations(modulePath),
+      (err) => describeModuleError(modulePath, err),
+    );
     // The identity files are read here so that a missing one is named (the client only says ENOENT).
-    for (const [setting, file] of [['NATS_NKEY_FILE', config.NATS_NKEY_FILE], ['NATS_CREDS_FILE', config.NATS_CREDS_FILE]] as const) {
+    for (const [setting, file] of [
+      ['NATS_NKEY_FILE', config.NATS_NKEY_FILE],
+      ['NATS_CREDS_FILE', config.NATS_CREDS_FILE],
+    ] as const) {
       if (file) await startupStep(setting, file, () => readFile(file));
     }
-    const identity: [string, string | undefined] = config.NATS_CREDS_FILE ? ['NATS_CREDS_FILE', config.NATS_CREDS_FILE] : config.NATS_NKEY_FILE ? ['NATS_NKEY_FILE', config.NATS_NKEY_FILE] : ['NATS_URL', displayUrl(config.NATS_URL)];
-    nc = await startupStep('NATS_URL', displayUrl(config.NATS_URL), async () => {
-      try {
-        return await connectNats({
-          servers: config.NATS_URL,
-          name: `${spec.name}@${config.TOOLTX_INSTANCE_ID}`,
-          credsFile: config.NATS_CREDS_FILE,
-          nkeySeedFile: config.NATS_NKEY_FILE,
-          // Replies to this service arrive only under its own inbox prefix.
-          inboxPrefix: `_INBOX._svc.${spec.name}`,
-        });
-      } catch (err) {
-        const problem = connectProblemOf(err);
-        if (problem?.about === 'identity') throw new StartupError(identity[0], identity[1], problem.problem, { cause: err });
-        if (problem?.about === 'url') throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), problem.problem, { cause: err });
-        if (err instanceof Error && err.name === 'AuthorizationError') throw new StartupError(identity[0], identity[1], `the server at ${displayUrl(config.NATS_URL)} refused this identity (${err.message})`, { cause: err });
-        throw err;
-      }
-    }, describeConnectError);
+    const identity: [string, string | undefined] = config.NATS_CREDS_FILE
+      ? ['NATS_CREDS_FILE', config.NATS_CREDS_FILE]
+      : config.NATS_NKEY_FILE
+        ? ['NATS_NKEY_FILE', config.NATS_NKEY_FILE]
+        : ['NATS_URL', displayUrl(config.NATS_URL)];
+    nc = await startupStep(
+      'NATS_URL',
+      displayUrl(config.NATS_URL),
+      async () => {
+        try {
+          return await connectNats({
+            servers: config.NATS_URL,
+            name: `${spec.name}@${config.TOOLTX_INSTANCE_ID}`,
+            credsFile: config.NATS_CREDS_FILE,
+            nkeySeedFile: config.NATS_NKEY_FILE,
+            // Replies to this service arrive only under its own inbox prefix.
+            inboxPrefix: `_INBOX._svc.${spec.name}`,
+          });
+        } catch (err) {
+          const problem = connectProblemOf(err);
+          if (problem?.about === 'identity')
+            throw new StartupError(identity[0], identity[1], problem.problem, { cause: err });
+          if (problem?.about === 'url')
+            throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), problem.problem, { cause: err });
+          if (err instanceof Error && err.name === 'AuthorizationError')
+            throw new StartupError(
+              identity[0],
+              identity[1],
+              `the server at ${displayUrl(config.NATS_URL)} refused this identity (${err.message})`,
+              { cause: err },
+            );
+          throw err;
+        }
+      },
+      describeConnectError,
+    );
     // 2.10.0 is the oldest server tooltx runs on (docs/nats-server.md): refused before anything is read or written.
     try {
       assertSupportedServer(nc.info?.version);
     } catch (err) {
-      if (err instanceof UnsupportedServerError) throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), `the server there is ${err.problem}`, { cause: err });
+      if (err instanceof UnsupportedServerError)
+        throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), `the server there is ${err.problem}`, {
+          cause: err,
+        });
       throw err;
     }
     const { js, jsm } = await jetStreamOf(nc);
     const subjects = new Subjects(config.TOOLTX_PREFIX);
     const topo = topology(subjects, topologyOptionsFrom(config));
-    await startupStep('TOOLTX_PREFIX', config.TOOLTX_PREFIX, () =>
-      assertTopology(jsm, topo, {
-        longestKeyRetentionMs: tools.contracts.longestKeyRetentionMs(),
-        longestOperationMs: tools.longestOperationMs(),
-      }),
-      (err) => (err instanceof Error && (err.name === 'StreamConfigError' || isNatsError(err)) ? `the streams are not as this service needs them (\`tooltx streams apply\` provisions them): ${err.message}` : describeError(err)),
+    await startupStep(
+      'TOOLTX_PREFIX',
+      config.TOOLTX_PREFIX,
+      () =>
+        assertTopology(jsm, topo, {
+          longestKeyRetentionMs: tools.contracts.longestKeyRetentionMs(),
+          longestOperationMs: tools.longestOperationMs(),
+        }),
+      (err) =>
+        err instanceof Error && (err.name === 'StreamConfigError' || isNatsError(err))
+          ? `the streams are not as this service needs them (\`tooltx streams apply\` provisions them): ${err.message}`
+          : describeError(err),
     ).catch((err: unknown) => {
       // Refused by the server's permissions: the seed is another identity's, not the prefix's fault.
       const denied = permissionViolationOf(err);
-      if (denied) throw new StartupError(identity[0], identity[1], `the server refused ${denied.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${denied.subject}: this identity is not the ${spec.name} service's (<out>/nkeys/service.${spec.name}.nk from \`tooltx auth generate\`)`, { cause: err });
+      if (denied)
+        throw new StartupError(
+          identity[0],
+          identity[1],
+          `the server refused ${denied.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${denied.subject}: this identity is not the ${spec.name} service's (<out>/nkeys/service.${spec.name}.nk from \`tooltx auth generate\`)`,
+          { cause: err },
+        );
       throw err;
     });
     const store = new JetStreamStore(js, jsm, subjects);
-    const stop = await spec.start({ config, env: own, log, nc, js, jsm, subjects, topology: topo, store, tools, ...(signer ? { signer } : {}) });
+    const stop = await spec.start({
+      config,
+      env: own,
+      log,
+      nc,
+      js,
+      jsm,
+      subjects,
+      topology: topo,
+      store,
+      tools,
+      ...(signer ? { signer } : {}),
+    });
     const conn = nc;
     let closing = false;
     void conn.closed().then((err) => {
@@ -228,9 +321,13 @@ Environment:
   TOOLTX_INSTANCE_ID       name of this instance in logs and events (default host-pid)
   LOG_LEVEL                fatal|error|warn|info|debug|trace|silent (default info)
   TOOLTX_LOG_HMAC_KEY_FILE key file for the HMAC of error messages in logs (optional; mode 0600)
-${spec.signsReceipts ? `  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 PEM, mode 0600) that signs this service's receipts
+${
+  spec.signsReceipts
+    ? `  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 PEM, mode 0600) that signs this service's receipts
                            (required; \`tooltx auth generate\` writes signing/${spec.name}.pem)
-` : ''}  TOOLTX_EXIT_WITH_PARENT  pid of the supervisor that started this process: stop when it is gone
+`
+    : ''
+}  TOOLTX_EXIT_WITH_PARENT  pid of the supervisor that started this process: stop when it is gone
                            (set by \`npm start\`; optional)
   Expected stream settings (as given to \`tooltx streams apply\`; optional; checked at start):
   TOOLTX_INTENTS_MAX_AGE_MS, TOOLTX_EVENTS_MAX_AGE_MS, TOOLTX_DECISIONS_MAX_AGE_MS,
@@ -250,10 +347,13 @@ exits 2.`;
  * or the module does not load.
  */
 async function toolsModuleHelp(path: string | undefined): Promise<string> {
-  if (!path?.trim()) return '\n\nThe tools module\'s own settings are listed here when TOOLTX_TOOLS_MODULE names it.';
+  if (!path?.trim()) return "\n\nThe tools module's own settings are listed here when TOOLTX_TOOLS_MODULE names it.";
   try {
-    const m = (await import(pathToFileURL(isAbsolute(path) ? path : resolve(process.cwd(), path)).href)) as { settingsHelp?: unknown };
-    if (typeof m.settingsHelp !== 'string' || !m.settingsHelp.trim()) return `\n\nThe tools module (${path}) lists no settings of its own.`;
+    const m = (await import(pathToFileURL(isAbsolute(path) ? path : resolve(process.cwd(), path)).href)) as {
+      settingsHelp?: unknown;
+    };
+    if (typeof m.settingsHelp !== 'string' || !m.settingsHelp.trim())
+      return `\n\nThe tools module (${path}) lists no settings of its own.`;
     return `\n\nRead by the tools module (${path}) — settings of that module, not of tooltx:\n${m.settingsHelp.replace(/\n+$/, '')}`;
   } catch (err) {
     return `\n\nThe tools module (${path}) could not be loaded to list its settings: ${describeModuleError(path, err)}`;
@@ -269,8 +369,11 @@ export function describeModuleError(path: string, err: unknown): string {
     if (!existsSync(abs)) return `no such file (${String(code)})`;
     // Node's message names the specifier it could not find (code, never data).
     const missing = /Cannot find (?:module|package) '([^']{1,300})'/.exec((err as Error).message)?.[1];
-    return missing ? `the module imports '${missing}', which cannot be found (${String(code)})` : `the module or one of its imports cannot be loaded (${String(code)})`;
+    return missing
+      ? `the module imports '${missing}', which cannot be found (${String(code)})`
+      : `the module or one of its imports cannot be loaded (${String(code)})`;
   }
-  if (err instanceof SyntaxError) return 'the module does not compile (SyntaxError); run it with `node --import tsx` to see where';
+  if (err instanceof SyntaxError)
+    return 'the module does not compile (SyntaxError); run it with `node --import tsx` to see where';
   return `the module threw while loading: ${describeError(err)}`;
 }

@@ -23,8 +23,16 @@ export class StartupError extends Error {
   readonly env: string | undefined;
   /** The underlying error's code (`ENOENT`, `EADDRINUSE`, …), when it has one. */
   readonly code: string | undefined;
-  constructor(setting: string, value: string | undefined, problem: string, opts: { cause?: unknown; env?: string } = {}) {
-    super(`${showSetting(setting, value, opts.env)}: ${problem}`, opts.cause === undefined ? undefined : { cause: opts.cause });
+  constructor(
+    setting: string,
+    value: string | undefined,
+    problem: string,
+    opts: { cause?: unknown; env?: string } = {},
+  ) {
+    super(
+      `${showSetting(setting, value, opts.env)}: ${problem}`,
+      opts.cause === undefined ? undefined : { cause: opts.cause },
+    );
     this.name = 'StartupError';
     this.setting = setting;
     this.value = value;
@@ -74,7 +82,12 @@ export function announceReady(fields: Omit<ReadyMessage, 'tooltx'> = {}): void {
 
 /** `NAME=value`, or `--flag value (env NAME)` for a flag. */
 function showSetting(setting: string, value: string | undefined, env: string | undefined): string {
-  const shown = value === undefined ? setting : setting.startsWith('--') ? `${setting} ${showValue(value)}` : `${setting}=${showValue(value)}`;
+  const shown =
+    value === undefined
+      ? setting
+      : setting.startsWith('--')
+        ? `${setting} ${showValue(value)}`
+        : `${setting}=${showValue(value)}`;
   return env ? `${shown} (or env ${env})` : shown;
 }
 
@@ -94,7 +107,7 @@ const PHRASES: Record<string, string> = {
   EROFS: 'read-only file system',
   EEXIST: 'already exists',
   EADDRINUSE: 'the port is already in use: another process listens on it',
-  EADDRNOTAVAIL: 'the address is not one of this host\'s',
+  EADDRNOTAVAIL: "the address is not one of this host's",
   ENOTFOUND: 'the host name does not resolve',
   EAI_AGAIN: 'the host name does not resolve: temporary DNS failure',
   ECONNREFUSED: 'connection refused: nothing listens there',
@@ -123,12 +136,28 @@ export function describeError(err: unknown): string {
 
 /** Why a connection to NATS failed: the client's own words for its errors, the code for a socket's. */
 export function describeConnectError(err: unknown): string {
-  const code = (err as { cause?: { code?: unknown } } | undefined)?.cause?.code ?? (err as { code?: unknown } | undefined)?.code;
+  const code =
+    (err as { cause?: { code?: unknown } } | undefined)?.cause?.code ?? (err as { code?: unknown } | undefined)?.code;
   if (typeof code === 'string' && /^E[A-Z_]+$/.test(code)) return describeError(err);
   return err instanceof Error && isNatsError(err) ? err.message : describeError(err);
 }
 
-const NATS_ERROR_NAMES = new Set(['ConnectionError', 'AuthorizationError', 'ProtocolError', 'TimeoutError', 'RequestError', 'PermissionViolationError', 'UserAuthenticationExpiredError', 'InvalidArgumentError', 'InvalidOperationError', 'ClosedConnectionError', 'NoRespondersError', 'JetStreamApiError', 'JetStreamError', 'JetStreamNotEnabled']);
+const NATS_ERROR_NAMES = new Set([
+  'ConnectionError',
+  'AuthorizationError',
+  'ProtocolError',
+  'TimeoutError',
+  'RequestError',
+  'PermissionViolationError',
+  'UserAuthenticationExpiredError',
+  'InvalidArgumentError',
+  'InvalidOperationError',
+  'ClosedConnectionError',
+  'NoRespondersError',
+  'JetStreamApiError',
+  'JetStreamError',
+  'JetStreamNotEnabled',
+]);
 /** An error of the NATS client (its message names subjects, codes and server answers, never a payload). */
 export function isNatsError(err: Error): boolean {
   return NATS_ERROR_NAMES.has(err.name);
@@ -141,7 +170,12 @@ export { displayUrl } from '@tooltx/nats';
  * (the problem from `describe`, default {@link describeError}). A StartupError or ConfigError
  * thrown inside passes through unchanged.
  */
-export async function startupStep<T>(setting: string, value: string | undefined, step: () => T | Promise<T>, describe: (err: unknown) => string = describeError): Promise<T> {
+export async function startupStep<T>(
+  setting: string,
+  value: string | undefined,
+  step: () => T | Promise<T>,
+  describe: (err: unknown) => string = describeError,
+): Promise<T> {
   try {
     return await step();
   } catch (err) {
@@ -173,13 +207,24 @@ export function failStartup(who: StartupReporter, err: unknown): never {
   let fields: Record<string, unknown>;
   if (err instanceof StartupError) {
     text = `cannot start: ${err.message}`;
-    fields = { setting: err.setting, ...(err.env ? { env: err.env } : {}), ...(err.value !== undefined ? { value: err.value } : {}), problem: err.problem, err };
+    fields = {
+      setting: err.setting,
+      ...(err.env ? { env: err.env } : {}),
+      ...(err.value !== undefined ? { value: err.value } : {}),
+      problem: err.problem,
+      err,
+    };
   } else if (err instanceof StartupFailure) {
     text = `failed to start: ${err.message}`;
     fields = { problem: err.message, err };
   } else if (err instanceof ConfigError) {
     text = err.problems.length === 1 ? `invalid configuration: ${err.problems[0]}` : err.message;
-    fields = { setting: err.settings[0], ...(err.values[0] !== undefined ? { value: err.values[0] } : {}), settings: err.settings, problems: err.problems };
+    fields = {
+      setting: err.settings[0],
+      ...(err.values[0] !== undefined ? { value: err.values[0] } : {}),
+      settings: err.settings,
+      problems: err.problems,
+    };
   } else {
     text = `failed to start: ${describeError(err)}`;
     fields = { err };

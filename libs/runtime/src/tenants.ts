@@ -20,13 +20,20 @@ export class TenantWatch {
   readonly #mirror: KvMirror<TenantEntry>;
   readonly #log: Logger;
   readonly #serve: (tenant: string, limits: TenantLimits) => Promise<TenantServing>;
-  readonly #tenants = new Map<string, { serving: TenantServing | null; limits: TenantLimits; removed: boolean; started: Promise<void> }>();
+  readonly #tenants = new Map<
+    string,
+    { serving: TenantServing | null; limits: TenantLimits; removed: boolean; started: Promise<void> }
+  >();
   #stopped = false;
 
   constructor(kv: KV, log: Logger, serve: (tenant: string, limits: TenantLimits) => Promise<TenantServing>) {
     this.#log = log;
     this.#serve = serve;
-    this.#mirror = new KvMirror(kv, tenantEntrySchema, { log, what: 'tenant', onChange: (tenant, entry) => this.#changed(tenant, entry) });
+    this.#mirror = new KvMirror(kv, tenantEntrySchema, {
+      log,
+      what: 'tenant',
+      onChange: (tenant, entry) => this.#changed(tenant, entry),
+    });
   }
 
   /** Starts watching; resolves once the listed tenants are known (serving each starts meanwhile). */
@@ -51,11 +58,18 @@ export class TenantWatch {
       if (!cur) return;
       cur.removed = true;
       this.#tenants.delete(tenant);
-      void cur.started.then(() => cur.serving?.stop()).catch((err: unknown) => this.#log.error({ err, tenant }, 'stopping a tenant failed'));
+      void cur.started
+        .then(() => cur.serving?.stop())
+        .catch((err: unknown) => this.#log.error({ err, tenant }, 'stopping a tenant failed'));
       this.#log.info({ tenant }, 'tenant no longer listed: not served');
       return;
     }
-    const t = { serving: null as TenantServing | null, limits: entry.limits, removed: false, started: Promise.resolve() };
+    const t = {
+      serving: null as TenantServing | null,
+      limits: entry.limits,
+      removed: false,
+      started: Promise.resolve(),
+    };
     this.#tenants.set(tenant, t);
     t.started = (async () => {
       for (let tries = 1; !this.#stopped && !t.removed; tries++) {
@@ -65,7 +79,10 @@ export class TenantWatch {
           else t.serving = serving;
           return;
         } catch (err) {
-          this.#log.warn({ err, tenant, tries }, 'cannot serve this tenant yet (are its streams provisioned?): trying again');
+          this.#log.warn(
+            { err, tenant, tries },
+            'cannot serve this tenant yet (are its streams provisioned?): trying again',
+          );
           await new Promise((r) => setTimeout(r, Math.min(10_000, 500 * tries)));
         }
       }
@@ -78,9 +95,11 @@ export class TenantWatch {
     await this.#mirror.stop();
     const all = [...this.#tenants.values()];
     this.#tenants.clear();
-    await Promise.all(all.map(async (t) => {
-      await t.started;
-      await t.serving?.stop();
-    }));
+    await Promise.all(
+      all.map(async (t) => {
+        await t.started;
+        await t.serving?.stop();
+      }),
+    );
   }
 }

@@ -43,7 +43,13 @@ describe('FM-16: the logger of every process', () => {
       {
         authorization: `Bearer ${CANARY}`,
         request: { headers: { authorization: CANARY, 'set-cookie': CANARY }, body: CANARY },
-        deep: { a: { b: { c: { note: CANARY, page: CANARY, text: CANARY, excerpt: CANARY, input: { body: CANARY }, result: CANARY } } } },
+        deep: {
+          a: {
+            b: {
+              c: { note: CANARY, page: CANARY, text: CANARY, excerpt: CANARY, input: { body: CANARY }, result: CANARY },
+            },
+          },
+        },
         list: [{ password: CANARY }, { seed: CANARY }],
         loose: `the header was Bearer ${CANARY}`,
         nkey: 'SUAIBDPBAUTWCWBKIO6XHQNINK5FWJW4OHLXC3HQ2KFE4PEJUA44CNHTC4',
@@ -55,7 +61,12 @@ describe('FM-16: the logger of every process', () => {
     expect(lines).toHaveLength(1);
     expect(lines[0]).not.toContain(CANARY);
     expect(lines[0]).not.toContain('SUAIBDPBAUTWCWBKIO6XHQNINK5FWJW4OHLXC3HQ2KFE4PEJUA44CNHTC4');
-    expect(JSON.parse(lines[0]!)).toMatchObject({ tenant: 'acme', msg: 'request done', service: 'test', instance: 'i-1' });
+    expect(JSON.parse(lines[0]!)).toMatchObject({
+      tenant: 'acme',
+      msg: 'request done',
+      service: 'test',
+      instance: 'i-1',
+    });
   });
 
   it('logs a downstream error as its class, code, status and an HMAC of its message — never the message, at any depth', () => {
@@ -70,7 +81,16 @@ describe('FM-16: the logger of every process', () => {
     expect(lines.join('\n')).not.toContain(CANARY);
     const [first, second, third, fourth] = parsed();
     const hmac = keyedDigest(readKeyFile(keyFile), 'log-error-message', `page answered 503 ${CANARY}`);
-    expect(first!.err).toEqual({ type: 'DownstreamError', code: 'http_503', status: 503, messageHmac: hmac, cause: { type: 'Error', messageHmac: keyedDigest(readKeyFile(keyFile), 'log-error-message', `connect refused: ${CANARY}`) } });
+    expect(first!.err).toEqual({
+      type: 'DownstreamError',
+      code: 'http_503',
+      status: 503,
+      messageHmac: hmac,
+      cause: {
+        type: 'Error',
+        messageHmac: keyedDigest(readKeyFile(keyFile), 'log-error-message', `connect refused: ${CANARY}`),
+      },
+    });
     expect((first!.nested as { error: unknown }).error).toEqual(first!.err);
     expect(second).toMatchObject({ msg: 'error', err: { messageHmac: hmac } });
     expect(third).toMatchObject({ msg: 'error', err: { messageHmac: hmac } });
@@ -78,11 +98,21 @@ describe('FM-16: the logger of every process', () => {
   });
 
   it('keeps the messages of its own infrastructure errors, and only issue paths and codes of a TooltxError', () => {
-    const e = Object.assign(new Error(`kb refused: ${CANARY}`), { name: 'TooltxError', class: 'not_found', issues: [{ path: ['input', 'kb'], code: 'not_found', message: CANARY }] });
+    const e = Object.assign(new Error(`kb refused: ${CANARY}`), {
+      name: 'TooltxError',
+      class: 'not_found',
+      issues: [{ path: ['input', 'kb'], code: 'not_found', message: CANARY }],
+    });
     const out = safeError(e);
     expect(JSON.stringify(out)).not.toContain(CANARY);
-    expect(out).toMatchObject({ type: 'TooltxError', class: 'not_found', issues: [{ path: ['input', 'kb'], code: 'not_found' }] });
-    expect(safeError(Object.assign(new Error('invalid configuration: X'), { name: 'ConfigError' }))).toMatchObject({ message: 'invalid configuration: X' });
+    expect(out).toMatchObject({
+      type: 'TooltxError',
+      class: 'not_found',
+      issues: [{ path: ['input', 'kb'], code: 'not_found' }],
+    });
+    expect(safeError(Object.assign(new Error('invalid configuration: X'), { name: 'ConfigError' }))).toMatchObject({
+      message: 'invalid configuration: X',
+    });
   });
 
   it('refuses a key file others can read, or a short one; never quotes the key', () => {

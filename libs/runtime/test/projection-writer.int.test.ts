@@ -9,7 +9,10 @@ import { shuffled } from '../../../test/helpers/histories.js';
 /** A minimal projection: keep the entry with the highest sequence. */
 const entrySchema = z.object({ seq: z.number().int().positive(), by: z.string() });
 type Entry = z.infer<typeof entrySchema>;
-const newest = (seq: number, by: string) => (cur: Entry | null): Entry | null => (cur && cur.seq >= seq ? null : { seq, by });
+const newest =
+  (seq: number, by: string) =>
+  (cur: Entry | null): Entry | null =>
+    cur && cur.seq >= seq ? null : { seq, by };
 
 describe('KV projection entries with compare-and-set (real nats-server)', () => {
   let t: TestNats;
@@ -30,9 +33,20 @@ describe('KV projection entries with compare-and-set (real nats-server)', () => 
 
   it('two connections racing on one key, with every sequence twice in a shuffled order, only ever move the entry forward', async () => {
     const key = 'acme.0123456789abcdef0123456789abcdef';
-    const seqs = shuffled([...Array(20).keys(), ...Array(20).keys()].map((i) => i + 1), 11);
+    const seqs = shuffled(
+      [...Array(20).keys(), ...Array(20).keys()].map((i) => i + 1),
+      11,
+    );
     const outcomes = await Promise.all(
-      seqs.map(async (seq, i) => ({ seq, ...(await projectEntry({ kv: i % 2 ? kvB : kvA, key, schema: entrySchema, apply: newest(seq, i % 2 ? 'b' : 'a') })) })),
+      seqs.map(async (seq, i) => ({
+        seq,
+        ...(await projectEntry({
+          kv: i % 2 ? kvB : kvA,
+          key,
+          schema: entrySchema,
+          apply: newest(seq, i % 2 ? 'b' : 'a'),
+        })),
+      })),
     );
     expect(decode(entrySchema, (await kvA.get(key))!.value).seq).toBe(20);
     // Ordered by KV revision, the sequences written only ever grow: nothing went backwards.
@@ -54,6 +68,8 @@ describe('KV projection entries with compare-and-set (real nats-server)', () => 
   it('refuses to overwrite an entry that does not parse', async () => {
     const key = 'acme.2123456789abcdef0123456789abcdef';
     await kvA.put(key, encode({ something: 'else' }));
-    await expect(projectEntry({ kv: kvA, key, schema: entrySchema, apply: newest(1, 'a') })).rejects.toBeInstanceOf(ProjectionCorruptError);
+    await expect(projectEntry({ kv: kvA, key, schema: entrySchema, apply: newest(1, 'a') })).rejects.toBeInstanceOf(
+      ProjectionCorruptError,
+    );
   });
 });

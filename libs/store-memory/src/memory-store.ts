@@ -224,10 +224,17 @@ export class MemoryStore implements OperationStore {
    */
   async recordDecision(record: DecisionRecord, opId: string): Promise<number> {
     const parsed = decisionRecordSchema.parse(record);
-    const stream = streamOf(this.#decisions, parsed.tenant, () => new MemStream<DecisionRecord>(this.#windowMs, undefined));
+    const stream = streamOf(
+      this.#decisions,
+      parsed.tenant,
+      () => new MemStream<DecisionRecord>(this.#windowMs, undefined),
+    );
     const now = this.#now();
     stream.tidy(now);
-    return stream.firstCopy(parsed.eventId) ?? stream.store(decisionSubjectOf(parsed.tenant, opId, parsed.actor), structuredClone(parsed), parsed.eventId, now);
+    return (
+      stream.firstCopy(parsed.eventId) ??
+      stream.store(decisionSubjectOf(parsed.tenant, opId, parsed.actor), structuredClone(parsed), parsed.eventId, now)
+    );
   }
 
   async lastDecision(tenant: string, opId: string, actor: string): Promise<DecisionRecord | null> {
@@ -241,7 +248,9 @@ export class MemoryStore implements OperationStore {
     const stream = this.#intents.get(tenant);
     stream?.tidy(this.#now());
     const m = stream?.get(seq);
-    return m ? structuredClone({ seq: m.seq, subject: m.subject, data: m.body.data, submissionId: m.body.submissionId }) : null;
+    return m
+      ? structuredClone({ seq: m.seq, subject: m.subject, data: m.body.data, submissionId: m.body.submissionId })
+      : null;
   }
 
   async deleteIntent(tenant: string, seq: number): Promise<void> {

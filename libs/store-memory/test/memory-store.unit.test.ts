@@ -6,16 +6,38 @@
  */
 import { randomUUID } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import { ConcurrencyError, decide, EVENT_SCHEMA_VERSION, type DecisionRecord, type OperationEvent } from '@tooltx/lifecycle';
+import {
+  ConcurrencyError,
+  decide,
+  EVENT_SCHEMA_VERSION,
+  type DecisionRecord,
+  type OperationEvent,
+} from '@tooltx/lifecycle';
 import { MemoryStore } from '@tooltx/store-memory';
 
 const D = (c: string) => `sha256:${c.repeat(64)}`;
 
 function accepted(): OperationEvent {
-  const d = decide({
-    type: 'accept', eventId: randomUUID(), at: 1, operationKey: `opk_${'B'.repeat(43)}`, tenant: 'acme', actor: 'alice', taskId: 't',
-    tool: 'sink.write', version: 1, contractDigest: D('1'), effect: 'create', inputDigest: D('2'), targetDigest: D('3'), intentSeq: 1, submissionId: 's',
-  }, { status: 'none' });
+  const d = decide(
+    {
+      type: 'accept',
+      eventId: randomUUID(),
+      at: 1,
+      operationKey: `opk_${'B'.repeat(43)}`,
+      tenant: 'acme',
+      actor: 'alice',
+      taskId: 't',
+      tool: 'sink.write',
+      version: 1,
+      contractDigest: D('1'),
+      effect: 'create',
+      inputDigest: D('2'),
+      targetDigest: D('3'),
+      intentSeq: 1,
+      submissionId: 's',
+    },
+    { status: 'none' },
+  );
   if (d.kind !== 'append') throw new Error('expected an append');
   return d.event;
 }
@@ -28,8 +50,16 @@ function started(on: OperationEvent, executor: string): OperationEvent {
 
 function refusal(): DecisionRecord {
   return {
-    schema: EVENT_SCHEMA_VERSION, type: 'decision', eventId: randomUUID(), at: 1, operationKey: `opk_${'C'.repeat(43)}`,
-    tenant: 'acme', actor: 'alice', submissionId: 's', outcome: 'rejected', error: { class: 'forbidden' },
+    schema: EVENT_SCHEMA_VERSION,
+    type: 'decision',
+    eventId: randomUUID(),
+    at: 1,
+    operationKey: `opk_${'C'.repeat(43)}`,
+    tenant: 'acme',
+    actor: 'alice',
+    submissionId: 's',
+    outcome: 'rejected',
+    error: { class: 'forbidden' },
   };
 }
 
@@ -43,7 +73,12 @@ describe('the in-memory store: racing appends', () => {
     let arrived = 0;
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));
-    const store = new MemoryStore({ beforeAppend: async () => { arrived++; await gate; } });
+    const store = new MemoryStore({
+      beforeAppend: async () => {
+        arrived++;
+        await gate;
+      },
+    });
     const pending = Promise.allSettled(Array.from({ length: 10 }, () => store.append('acme', 'op1', accepted(), 0)));
     while (arrived < 10) await new Promise((r) => setImmediate(r));
     expect(await store.load('acme', 'op1')).toEqual({ state: { status: 'none' }, seq: 0 });
@@ -57,7 +92,9 @@ describe('the in-memory store: racing appends', () => {
   it('lets the writer released first win when two writers decided on the same load, whichever started first', async () => {
     const held = new Map<string, () => void>();
     const store = new MemoryStore({ beforeAppend: (_t, _o, e) => new Promise<void>((r) => held.set(e.eventId, r)) });
-    const until = async (...ids: string[]) => { while (!ids.every((id) => held.has(id))) await new Promise((r) => setImmediate(r)); };
+    const until = async (...ids: string[]) => {
+      while (!ids.every((id) => held.has(id))) await new Promise((r) => setImmediate(r));
+    };
     const a = accepted();
     const pa = store.append('acme', 'op2', a, 0);
     await until(a.eventId);

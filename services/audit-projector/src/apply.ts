@@ -5,7 +5,14 @@ import { decode, type Settlement, type Subjects } from '@tooltx/nats';
 import { ProjectionApplier, ProjectionBatcher } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
 import { z } from 'zod';
-import { applyDecisionToAudit, applyEventToAudit, auditedDecisionSchema, auditedEventSchema, auditRecordSchema, type AuditHmac } from './audit-record.js';
+import {
+  applyDecisionToAudit,
+  applyEventToAudit,
+  auditedDecisionSchema,
+  auditedEventSchema,
+  auditRecordSchema,
+  type AuditHmac,
+} from './audit-record.js';
 
 /** Only the outcome of a decision-stream record: a refusal is projected, an alias is not. */
 const decisionOutcomeSchema = z.object({ outcome: z.string().optional() });
@@ -43,7 +50,10 @@ export function auditHandlers(d: AuditApplyDeps): {
   flush: () => Promise<void>;
 } {
   // One writer for both streams: an operation's events and decisions land on the same record.
-  const batcher = new ProjectionBatcher(new ProjectionApplier(d.kv, auditRecordSchema), { delayMs: d.batchMs, maxHeld: d.maxHeld });
+  const batcher = new ProjectionBatcher(new ProjectionApplier(d.kv, auditRecordSchema), {
+    delayMs: d.batchMs,
+    maxHeld: d.maxHeld,
+  });
   const project = async (kind: 'op' | 'decision', msg: JsMsg): Promise<Settlement | void> => {
     const where = d.subjects.parseOpSubject(kind, msg.subject);
     if (!where) return { kind: 'term', reason: `not a ${kind} subject` };
@@ -56,19 +66,31 @@ export function auditHandlers(d: AuditApplyDeps): {
         ? (() => {
             const e = decode(auditedEventSchema, msg.data);
             if (e.state.tenant !== where.tenant || operationIdOf(e.state.operationKey) !== where.opId) return null;
-            return { type: e.type, final: !IN_FLIGHT.has(e.state.status), fn: (cur: Parameters<typeof applyEventToAudit>[0]) => applyEventToAudit(cur, e, msg.seq, d.hmac) };
+            return {
+              type: e.type,
+              final: !IN_FLIGHT.has(e.state.status),
+              fn: (cur: Parameters<typeof applyEventToAudit>[0]) => applyEventToAudit(cur, e, msg.seq, d.hmac),
+            };
           })()
         : (() => {
             const r = decode(auditedDecisionSchema, msg.data);
-            if (r.tenant !== where.tenant || r.actor !== where.actor || operationIdOf(r.operationKey) !== where.opId) return null;
-            return { type: 'decision', final: true, fn: (cur: Parameters<typeof applyDecisionToAudit>[0]) => applyDecisionToAudit(cur, r, msg.seq) };
+            if (r.tenant !== where.tenant || r.actor !== where.actor || operationIdOf(r.operationKey) !== where.opId)
+              return null;
+            return {
+              type: 'decision',
+              final: true,
+              fn: (cur: Parameters<typeof applyDecisionToAudit>[0]) => applyDecisionToAudit(cur, r, msg.seq),
+            };
           })();
     if (!apply) {
       d.log.error({ seq: msg.seq, tenant: where.tenant, stream: kind }, 'message does not belong to its subject');
       return { kind: 'term', reason: 'message does not belong to its subject' };
     }
     const written = batcher.add(key, apply.fn, apply.final).then((outcome) => {
-      d.log.debug({ key, seq: msg.seq, type: apply.type, deliveryCount: msg.info.deliveryCount, ...outcome }, outcome.kind === 'written' ? 'projected' : 'projection unchanged');
+      d.log.debug(
+        { key, seq: msg.seq, type: apply.type, deliveryCount: msg.info.deliveryCount, ...outcome },
+        outcome.kind === 'written' ? 'projected' : 'projection unchanged',
+      );
     });
     if (!apply.final) return { kind: 'defer', settled: written };
     await written;

@@ -1,6 +1,12 @@
 import { z } from 'zod';
 import { ID_PATTERN, OPERATION_KEY_PATTERN } from '@tooltx/contracts';
-import { sideEffectOf, type AuditAuthorization, type AuditDecision, type AuditRecord, type AuditState } from '@tooltx/lifecycle';
+import {
+  sideEffectOf,
+  type AuditAuthorization,
+  type AuditDecision,
+  type AuditRecord,
+  type AuditState,
+} from '@tooltx/lifecycle';
 
 export { auditRecordSchema, type AuditRecord, type ContractCounts } from '@tooltx/lifecycle';
 
@@ -41,7 +47,10 @@ const authSeen = z.object({
   policyVersion: z.string().min(1).max(100),
   reason: token.optional(),
   at: epochMs,
-  resources: z.array(z.object({ id: z.string().max(200), version: z.number().int() })).max(50).optional(),
+  resources: z
+    .array(z.object({ id: z.string().max(200), version: z.number().int() }))
+    .max(50)
+    .optional(),
 });
 
 /** The part of a lifecycle event the audit reads. Any event type; any status token. */
@@ -86,8 +95,27 @@ export const auditedDecisionSchema = z.object({
 export type AuditedDecision = z.infer<typeof auditedDecisionSchema>;
 
 /** Fields of a record that come from its head (replaced together when the head moves). */
-type Head = Omit<AuditRecord, 'operationKey' | 'tenant' | 'decisionSeq' | 'states' | 'decisions' | 'firstAt' | 'lastAt'>;
-const HEAD_KEYS = ['seq', 'actor', 'status', 'tool', 'contract', 'contractDigest', 'effect', 'targetHmac', 'attempt', 'authorization', 'sideEffect', 'errorClass', 'resultHmac', 'resolvedBy', 'takeover'] as const;
+type Head = Omit<
+  AuditRecord,
+  'operationKey' | 'tenant' | 'decisionSeq' | 'states' | 'decisions' | 'firstAt' | 'lastAt'
+>;
+const HEAD_KEYS = [
+  'seq',
+  'actor',
+  'status',
+  'tool',
+  'contract',
+  'contractDigest',
+  'effect',
+  'targetHmac',
+  'attempt',
+  'authorization',
+  'sideEffect',
+  'errorClass',
+  'resultHmac',
+  'resolvedBy',
+  'takeover',
+] as const;
 
 function authView(a: z.infer<typeof authSeen> | undefined, h: AuditHmac): AuditAuthorization | undefined {
   if (!a) return undefined;
@@ -96,7 +124,9 @@ function authView(a: z.infer<typeof authSeen> | undefined, h: AuditHmac): AuditA
     policyVersion: a.policyVersion,
     ...(a.reason ? { reason: a.reason } : {}),
     at: a.at,
-    ...(a.resources ? { resources: a.resources.map((r) => ({ idHmac: h('resource', r.id), version: r.version })) } : {}),
+    ...(a.resources
+      ? { resources: a.resources.map((r) => ({ idHmac: h('resource', r.id), version: r.version })) }
+      : {}),
   };
 }
 
@@ -115,7 +145,9 @@ function headOfEvent(e: AuditedEvent, at: number, h: AuditHmac): Head {
     effect: s.effect,
     targetHmac: h('target', s.targetDigest),
     attempt: s.attempt,
-    ...(intake || execution ? { authorization: { ...(intake ? { intake } : {}), ...(execution ? { execution } : {}) } } : {}),
+    ...(intake || execution
+      ? { authorization: { ...(intake ? { intake } : {}), ...(execution ? { execution } : {}) } }
+      : {}),
     sideEffect: sideEffectOf(s.effect, s.status),
     ...(s.status === 'rejected' && s.error ? { errorClass: s.error.class } : {}),
     ...(s.status === 'committed' && s.receipt ? { resultHmac: h('result', s.receipt.resultDigest) } : {}),
@@ -125,7 +157,14 @@ function headOfEvent(e: AuditedEvent, at: number, h: AuditHmac): Head {
 }
 
 function headOfDecision(d: AuditDecision): Head {
-  return { seq: 0, actor: d.actor, status: 'refused', ...(d.contract ? { contract: d.contract, tool: d.contract.slice(0, d.contract.lastIndexOf('@')) } : {}), sideEffect: 'none', errorClass: d.errorClass };
+  return {
+    seq: 0,
+    actor: d.actor,
+    status: 'refused',
+    ...(d.contract ? { contract: d.contract, tool: d.contract.slice(0, d.contract.lastIndexOf('@')) } : {}),
+    sideEffect: 'none',
+    errorClass: d.errorClass,
+  };
 }
 
 function pickHead(r: AuditRecord): Head {
@@ -134,7 +173,14 @@ function pickHead(r: AuditRecord): Head {
   return out as Head;
 }
 
-function assemble(operationKey: string, tenant: string, head: Head, states: AuditState[], decisions: AuditDecision[], decisionsDropped = 0): AuditRecord {
+function assemble(
+  operationKey: string,
+  tenant: string,
+  head: Head,
+  states: AuditState[],
+  decisions: AuditDecision[],
+  decisionsDropped = 0,
+): AuditRecord {
   const times = [...states.map((s) => s.at), ...decisions.map((d) => d.at)];
   const { seq: headSeq, ...rest } = head;
   return {
@@ -163,7 +209,12 @@ export const MAX_AUDIT_DECISIONS = 64;
  * when nothing changes (this sequence was already applied). An event older than the record's head
  * still adds its state; only a newer one moves the head. Pure (the HMAC is a keyed function).
  */
-export function applyEventToAudit(current: AuditRecord | null, e: AuditedEvent, at: number, h: AuditHmac): AuditRecord | null {
+export function applyEventToAudit(
+  current: AuditRecord | null,
+  e: AuditedEvent,
+  at: number,
+  h: AuditHmac,
+): AuditRecord | null {
   if (current?.states.some((x) => x.seq === at)) return null;
   const s = e.state;
   const resolvedBy = e.manual ? (e.resolvedBy ?? s.resolution?.by) : undefined;
@@ -192,7 +243,14 @@ export function applyDecisionToAudit(current: AuditRecord | null, d: AuditedDeci
   // Older than every decision a full record keeps: counted, not kept (a redelivery of one already
   // dropped counts again: the count is "at least").
   if (current && current.decisions.length >= MAX_AUDIT_DECISIONS && at < current.decisions[0]!.seq) {
-    return assemble(d.operationKey, d.tenant, current.seq > 0 ? pickHead(current) : headOfDecision(current.decisions.at(-1)!), current.states, current.decisions, dropped + 1);
+    return assemble(
+      d.operationKey,
+      d.tenant,
+      current.seq > 0 ? pickHead(current) : headOfDecision(current.decisions.at(-1)!),
+      current.states,
+      current.decisions,
+      dropped + 1,
+    );
   }
   const entry: AuditDecision = {
     seq: at,

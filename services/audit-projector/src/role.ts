@@ -5,7 +5,7 @@
 import { z } from 'zod';
 import { heldLimit, openBucket, startConsumerLoop } from '@tooltx/nats';
 import { envInt, keyedDigest, readKeyFile, SecretFileError } from '@tooltx/runtime';
-import { defineRole, type RoleSpec } from '@tooltx/runtime/service';
+import { defineRole } from '@tooltx/runtime/service';
 import { TenantWatch } from '@tooltx/runtime/tenants';
 import { AuditService } from '@tooltx/readside';
 import { Durables } from '@tooltx/streams';
@@ -39,7 +39,8 @@ const auditConfigSchema = z.object({
 
 export const auditProjectorRole = defineRole({
   name: 'audit-projector',
-  summary: 'projects the event log and the decision stream into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>) — no bodies — and answers auditors\' queries on <prefix>.audit.<tenant>.<auditor>, recording each before answering',
+  summary:
+    "projects the event log and the decision stream into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>) — no bodies — and answers auditors' queries on <prefix>.audit.<tenant>.<auditor>, recording each before answering",
   env: auditConfigSchema,
   envHelp: `  TOOLTX_AUDIT_HMAC_KEY_FILE key file (>= 32 characters, mode 0600) of the keyed HMACs in audit records (required)
   TOOLTX_AUDIT_BATCH_MS    how long an in-flight operation's events wait to be written with its next
@@ -52,14 +53,38 @@ export const auditProjectorRole = defineRole({
     // max_ack_pending with the loop's own in-flight ones.
     const maxHeld = await heldLimit(jsm, subjects.eventsStream, Durables.auditProjector, config.TOOLTX_CONCURRENCY);
     const handlers = auditHandlers({ subjects, kv, hmac, log, batchMs: env.TOOLTX_AUDIT_BATCH_MS, maxHeld });
-    const events = await startConsumerLoop({ js, stream: subjects.eventsStream, durable: Durables.auditProjector, concurrency: config.TOOLTX_CONCURRENCY, log, handle: handlers.events });
+    const events = await startConsumerLoop({
+      js,
+      stream: subjects.eventsStream,
+      durable: Durables.auditProjector,
+      concurrency: config.TOOLTX_CONCURRENCY,
+      log,
+      handle: handlers.events,
+    });
     // Each tenant's decision records, from its own stream (docs/tenancy.md).
-    const decisions = new TenantWatch(await openBucket(nc, subjects.tenantsBucket), log.child({ component: 'tenants' }), (tenant) =>
-      startConsumerLoop({ js, stream: subjects.decisionsStream(tenant), durable: Durables.auditDecisions, concurrency: config.TOOLTX_CONCURRENCY, log: log.child({ tenant }), handle: handlers.decisions }),
+    const decisions = new TenantWatch(
+      await openBucket(nc, subjects.tenantsBucket),
+      log.child({ component: 'tenants' }),
+      (tenant) =>
+        startConsumerLoop({
+          js,
+          stream: subjects.decisionsStream(tenant),
+          durable: Durables.auditDecisions,
+          concurrency: config.TOOLTX_CONCURRENCY,
+          log: log.child({ tenant }),
+          handle: handlers.decisions,
+        }),
     );
     await decisions.start();
     await Promise.race([decisions.ready(), new Promise((r) => setTimeout(r, 10_000).unref())]);
-    const service = new AuditService({ nc, js, kv, subjects, log: log.child({ component: 'audit-query' }), instance: config.TOOLTX_INSTANCE_ID });
+    const service = new AuditService({
+      nc,
+      js,
+      kv,
+      subjects,
+      log: log.child({ component: 'audit-query' }),
+      instance: config.TOOLTX_INSTANCE_ID,
+    });
     service.start();
     return async () => {
       await service.stop();

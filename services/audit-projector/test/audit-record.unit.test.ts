@@ -2,7 +2,13 @@ import { describe, expect, it } from 'vitest';
 import { countsOf, decide, type OperationCommand, type OperationEvent, type OperationRecord } from '@tooltx/lifecycle';
 import { keyedDigest } from '@tooltx/runtime';
 import { decode, encode } from '@tooltx/nats';
-import { interleave, PLANTED_ERROR_TEXT, sampleOperation, sampleOperations, shuffled } from '../../../test/helpers/histories.js';
+import {
+  interleave,
+  PLANTED_ERROR_TEXT,
+  sampleOperation,
+  sampleOperations,
+  shuffled,
+} from '../../../test/helpers/histories.js';
 import {
   MAX_AUDIT_DECISIONS,
   applyDecisionToAudit,
@@ -18,13 +24,17 @@ const KEY = Buffer.from('k'.repeat(64));
 const h: AuditHmac = (purpose, value) => keyedDigest(KEY, `audit-${purpose}`, value);
 
 /** One message of either stream, as the projector sees it. */
-type Entry = { key: string; seq: number } & ({ kind: 'event'; event: AuditedEvent } | { kind: 'decision'; decision: AuditedDecision });
+type Entry = { key: string; seq: number } & (
+  | { kind: 'event'; event: AuditedEvent }
+  | { kind: 'decision'; decision: AuditedDecision }
+);
 
 function foldAll(entries: readonly Entry[]): Map<string, AuditRecord> {
   const out = new Map<string, AuditRecord>();
   for (const e of entries) {
     const cur = out.get(e.key) ?? null;
-    const next = e.kind === 'event' ? applyEventToAudit(cur, e.event, e.seq, h) : applyDecisionToAudit(cur, e.decision, e.seq);
+    const next =
+      e.kind === 'event' ? applyEventToAudit(cur, e.event, e.seq, h) : applyDecisionToAudit(cur, e.decision, e.seq);
     if (next) out.set(e.key, next);
   }
   return out;
@@ -32,16 +42,42 @@ function foldAll(entries: readonly Entry[]): Map<string, AuditRecord> {
 
 const ops = sampleOperations(2);
 const decisionOf = (o: (typeof ops)[number], i: number, cls: string, actor = 'mallory'): AuditedDecision => ({
-  type: 'decision', at: 1_760_000_000_000 + i, operationKey: o.operationKey, tenant: o.tenant, actor, tool: 'kb.write_note', version: 2,
-  error: { class: cls }, ...(cls === 'forbidden' ? { authorization: { decision: 'deny', policyVersion: 'kb-policy@1', reason: 'forbidden', at: 1_760_000_000_000 + i } } : {}),
+  type: 'decision',
+  at: 1_760_000_000_000 + i,
+  operationKey: o.operationKey,
+  tenant: o.tenant,
+  actor,
+  tool: 'kb.write_note',
+  version: 2,
+  error: { class: cls },
+  ...(cls === 'forbidden'
+    ? {
+        authorization: {
+          decision: 'deny',
+          policyVersion: 'kb-policy@1',
+          reason: 'forbidden',
+          at: 1_760_000_000_000 + i,
+        },
+      }
+    : {}),
 });
 const committedOp = ops.find((x) => x.kind === 'committed')!;
 const refusedOnly = sampleOperation('accepted', 77); // its events are never appended: refused at intake only
 const log: Entry[] = [
   ...interleave(ops).map((x): Entry => ({ kind: 'event', key: x.key, seq: x.seq, event: x.event })),
   // Decisions live on their own stream: their sequences are their own.
-  { kind: 'decision', key: `acme.${committedOp.opId}`, seq: 1, decision: decisionOf(committedOp, 1, 'idempotency_conflict') },
-  { kind: 'decision', key: `acme.${committedOp.opId}`, seq: 3, decision: decisionOf(committedOp, 3, 'idempotency_conflict', 'alice') },
+  {
+    kind: 'decision',
+    key: `acme.${committedOp.opId}`,
+    seq: 1,
+    decision: decisionOf(committedOp, 1, 'idempotency_conflict'),
+  },
+  {
+    kind: 'decision',
+    key: `acme.${committedOp.opId}`,
+    seq: 3,
+    decision: decisionOf(committedOp, 3, 'idempotency_conflict', 'alice'),
+  },
   { kind: 'decision', key: `acme.${refusedOnly.opId}`, seq: 2, decision: decisionOf(refusedOnly, 2, 'forbidden') },
 ];
 const inOrder = foldAll(log);
@@ -71,10 +107,31 @@ describe('audit projection: one record per operation', () => {
       attempt: 1,
       sideEffect: 'applied',
       resultHmac: h('result', s.receipt!.resultDigest),
-      states: o.events.map((e, i) => ({ seq: seqs[i], event: e.type, status: e.type, at: e.at, attempt: 1, actor: 'alice' })),
+      states: o.events.map((e, i) => ({
+        seq: seqs[i],
+        event: e.type,
+        status: e.type,
+        at: e.at,
+        attempt: 1,
+        actor: 'alice',
+      })),
       decisions: [
-        { seq: 1, at: 1_760_000_000_001, actor: 'mallory', contract: 'kb.write_note@2', errorClass: 'idempotency_conflict', conflict: true },
-        { seq: 3, at: 1_760_000_000_003, actor: 'alice', contract: 'kb.write_note@2', errorClass: 'idempotency_conflict', conflict: true },
+        {
+          seq: 1,
+          at: 1_760_000_000_001,
+          actor: 'mallory',
+          contract: 'kb.write_note@2',
+          errorClass: 'idempotency_conflict',
+          conflict: true,
+        },
+        {
+          seq: 3,
+          at: 1_760_000_000_003,
+          actor: 'alice',
+          contract: 'kb.write_note@2',
+          errorClass: 'idempotency_conflict',
+          conflict: true,
+        },
       ],
       firstAt: o.events[0]!.at,
       lastAt: 1_760_000_000_003,
@@ -86,14 +143,24 @@ describe('audit projection: one record per operation', () => {
 
   it('keeps both attempts of a retried operation; the head follows the newest event', () => {
     const r = recordOf('retried_unknown');
-    expect(r.states.map((s) => [s.event, s.attempt, s.actor])).toEqual([['accepted', 1, 'alice'], ['rejected', 1, 'alice'], ['accepted', 2, 'bob'], ['running', 2, 'bob'], ['unknown', 2, 'bob']]);
+    expect(r.states.map((s) => [s.event, s.attempt, s.actor])).toEqual([
+      ['accepted', 1, 'alice'],
+      ['rejected', 1, 'alice'],
+      ['accepted', 2, 'bob'],
+      ['running', 2, 'bob'],
+      ['unknown', 2, 'bob'],
+    ]);
     expect(r.states[1]).toMatchObject({ errorClass: 'quota_exceeded' });
     expect(r).toMatchObject({ status: 'unknown', attempt: 2, actor: 'bob', sideEffect: 'possible' });
     expect(r).not.toHaveProperty('errorClass');
   });
 
   it('says whether the side effect happened: applied, possible or none', () => {
-    expect(recordOf('read_failed')).toMatchObject({ status: 'rejected', errorClass: 'dependency_unavailable', sideEffect: 'none' });
+    expect(recordOf('read_failed')).toMatchObject({
+      status: 'rejected',
+      errorClass: 'dependency_unavailable',
+      sideEffect: 'none',
+    });
     expect(recordOf('refused')).toMatchObject({ status: 'rejected', errorClass: 'invalid_input', sideEffect: 'none' });
     expect(recordOf('accepted').sideEffect).toBe('none');
     expect(recordOf('running').sideEffect).toBe('possible');
@@ -102,10 +169,30 @@ describe('audit projection: one record per operation', () => {
   it('an operation refused at intake only has a record of its refusals, with the denying policy version', () => {
     const r = inOrder.get(`acme.${refusedOnly.opId}`)!;
     expect(r).toEqual({
-      operationKey: refusedOnly.operationKey, tenant: 'acme', seq: 0, decisionSeq: 2, actor: 'mallory', status: 'refused', contract: 'kb.write_note@2', tool: 'kb.write_note',
-      sideEffect: 'none', errorClass: 'forbidden', states: [],
-      decisions: [{ seq: 2, at: 1_760_000_000_002, actor: 'mallory', contract: 'kb.write_note@2', errorClass: 'forbidden', conflict: false, policyVersion: 'kb-policy@1' }],
-      firstAt: 1_760_000_000_002, lastAt: 1_760_000_000_002,
+      operationKey: refusedOnly.operationKey,
+      tenant: 'acme',
+      seq: 0,
+      decisionSeq: 2,
+      actor: 'mallory',
+      status: 'refused',
+      contract: 'kb.write_note@2',
+      tool: 'kb.write_note',
+      sideEffect: 'none',
+      errorClass: 'forbidden',
+      states: [],
+      decisions: [
+        {
+          seq: 2,
+          at: 1_760_000_000_002,
+          actor: 'mallory',
+          contract: 'kb.write_note@2',
+          errorClass: 'forbidden',
+          conflict: false,
+          policyVersion: 'kb-policy@1',
+        },
+      ],
+      firstAt: 1_760_000_000_002,
+      lastAt: 1_760_000_000_002,
     });
   });
 
@@ -120,25 +207,71 @@ describe('audit projection: one record per operation', () => {
   });
 
   it('records an event type or status it does not know with its time; a manual resolution names who resolved it', () => {
-    const [accepted, running, unknown] = sampleOperation('running', 91).events as unknown as [AuditedEvent, AuditedEvent, AuditedEvent?];
+    const [accepted, running, unknown] = sampleOperation('running', 91).events as unknown as [
+      AuditedEvent,
+      AuditedEvent,
+      AuditedEvent?,
+    ];
     const at = running.at + 1_000;
     const marked: AuditedEvent = { ...running, type: 'unknown', at, state: { ...running.state, status: 'unknown' } };
-    const takeover: AuditedEvent = { ...marked, type: 'takeover', at: at + 1, state: { ...marked.state, takeover: { reason: 'unknown_past_deadline' } } };
-    const compensating: AuditedEvent = { ...marked, type: 'compensation_requested', at: at + 2, state: { ...marked.state, status: 'compensation_requested' } };
+    const takeover: AuditedEvent = {
+      ...marked,
+      type: 'takeover',
+      at: at + 1,
+      state: { ...marked.state, takeover: { reason: 'unknown_past_deadline' } },
+    };
+    const compensating: AuditedEvent = {
+      ...marked,
+      type: 'compensation_requested',
+      at: at + 2,
+      state: { ...marked.state, status: 'compensation_requested' },
+    };
     const resolved: AuditedEvent = {
-      ...marked, type: 'rejected', at: at + 3, manual: true, resolvedBy: 'oscar',
+      ...marked,
+      type: 'rejected',
+      at: at + 3,
+      manual: true,
+      resolvedBy: 'oscar',
       state: { ...marked.state, status: 'rejected', error: { class: 'not_applied' }, resolution: { by: 'oscar' } },
     };
     expect(unknown).toBeUndefined();
     let r: AuditRecord | null = null;
-    for (const [e, seq] of [[accepted, 1], [running, 2], [marked, 3], [takeover, 4], [compensating, 5]] as const) r = applyEventToAudit(r, e, seq, h) ?? r;
-    expect(r!.states.map((s) => [s.event, s.status])).toEqual([['accepted', 'accepted'], ['running', 'running'], ['unknown', 'unknown'], ['takeover', 'unknown'], ['compensation_requested', 'compensation_requested']]);
+    for (const [e, seq] of [
+      [accepted, 1],
+      [running, 2],
+      [marked, 3],
+      [takeover, 4],
+      [compensating, 5],
+    ] as const)
+      r = applyEventToAudit(r, e, seq, h) ?? r;
+    expect(r!.states.map((s) => [s.event, s.status])).toEqual([
+      ['accepted', 'accepted'],
+      ['running', 'running'],
+      ['unknown', 'unknown'],
+      ['takeover', 'unknown'],
+      ['compensation_requested', 'compensation_requested'],
+    ]);
     expect(r).toMatchObject({ status: 'compensation_requested', sideEffect: 'possible' });
     r = applyEventToAudit(r, resolved, 6, h)!;
     expect(r).toMatchObject({ status: 'rejected', errorClass: 'not_applied', resolvedBy: 'oscar', sideEffect: 'none' });
-    expect(r.states.at(-1)).toEqual({ seq: 6, event: 'rejected', status: 'rejected', at: at + 3, attempt: 1, actor: 'alice', errorClass: 'not_applied', resolvedBy: 'oscar' });
+    expect(r.states.at(-1)).toEqual({
+      seq: 6,
+      event: 'rejected',
+      status: 'rejected',
+      at: at + 3,
+      attempt: 1,
+      actor: 'alice',
+      errorClass: 'not_applied',
+      resolvedBy: 'oscar',
+    });
     const counts = countsOf([r]);
-    expect(counts[0]).toMatchObject({ unknown: 1, unresolved: 0, takeovers: 1, manual: 1, rejected: { not_applied: 1 } });
+    expect(counts[0]).toMatchObject({
+      unknown: 1,
+      unresolved: 0,
+      takeovers: 1,
+      manual: 1,
+      rejected: { not_applied: 1 },
+    });
   });
 
   it('a takeover and a person\'s "not applied" resolution, decided by the real decider, are recorded with who resolved it', () => {
@@ -152,24 +285,68 @@ describe('audit projection: one record per operation', () => {
       state = d.event.state;
     };
     const at = state.updatedAt;
-    next({ type: 'mark_unknown', eventId: 'evt-93-unknown', at: at + 100, attempt: 1, runId: state.running!.eventId, evidence: { kind: 'timeout', at: at + 100, elapsedMs: 5_000 } });
     next({
-      type: 'open_takeover', eventId: 'evt-93-takeover', at: at + 200, attempt: 1,
+      type: 'mark_unknown',
+      eventId: 'evt-93-unknown',
+      at: at + 100,
+      attempt: 1,
+      runId: state.running!.eventId,
+      evidence: { kind: 'timeout', at: at + 100, elapsedMs: 5_000 },
+    });
+    next({
+      type: 'open_takeover',
+      eventId: 'evt-93-takeover',
+      at: at + 200,
+      attempt: 1,
       takeover: {
-        operationKey: o.operationKey, tenant: 'acme', taskId: 'task-93', tool: state.tool, version: state.version, targetDigest: state.targetDigest, inputDigest: state.inputDigest,
-        reason: 'unknown_past_deadline', attempts: { attempt: 1, requeues: 0, probes: 3 }, times: { acceptedAt: state.acceptedAt, unknownSince: at + 100, openedAt: at + 200 },
+        operationKey: o.operationKey,
+        tenant: 'acme',
+        taskId: 'task-93',
+        tool: state.tool,
+        version: state.version,
+        targetDigest: state.targetDigest,
+        inputDigest: state.inputDigest,
+        reason: 'unknown_past_deadline',
+        attempts: { attempt: 1, requeues: 0, probes: 3 },
+        times: { acceptedAt: state.acceptedAt, unknownSince: at + 100, openedAt: at + 200 },
       },
     });
-    next({ type: 'resolve', eventId: 'evt-93-resolve', at: at + 300, attempt: 1, prevSeq: 4, resolvedBy: 'oscar', outcome: { kind: 'not_applied' } });
+    next({
+      type: 'resolve',
+      eventId: 'evt-93-resolve',
+      at: at + 300,
+      attempt: 1,
+      prevSeq: 4,
+      resolvedBy: 'oscar',
+      outcome: { kind: 'not_applied' },
+    });
     let r: AuditRecord | null = null;
-    events.forEach((e, i) => (r = applyEventToAudit(r, e, i + 1, h) ?? r));
+    events.forEach((e, i) => {
+      r = applyEventToAudit(r, e, i + 1, h) ?? r;
+    });
     const rec = r as unknown as AuditRecord;
     expect(rec.states.map((s) => [s.event, s.status, s.resolvedBy ?? null])).toEqual([
-      ['accepted', 'accepted', null], ['running', 'running', null], ['unknown', 'unknown', null], ['takeover', 'unknown', null], ['rejected', 'rejected', 'oscar'],
+      ['accepted', 'accepted', null],
+      ['running', 'running', null],
+      ['unknown', 'unknown', null],
+      ['takeover', 'unknown', null],
+      ['rejected', 'rejected', 'oscar'],
     ]);
-    expect(rec).toMatchObject({ status: 'rejected', errorClass: 'not_applied', resolvedBy: 'oscar', sideEffect: 'none', takeover: { reason: 'unknown_past_deadline' } });
+    expect(rec).toMatchObject({
+      status: 'rejected',
+      errorClass: 'not_applied',
+      resolvedBy: 'oscar',
+      sideEffect: 'none',
+      takeover: { reason: 'unknown_past_deadline' },
+    });
     expect(JSON.stringify(rec)).not.toContain(state.inputDigest);
-    expect(countsOf([rec])[0]).toMatchObject({ unknown: 1, unresolved: 0, takeovers: 1, manual: 1, rejected: { not_applied: 1 } });
+    expect(countsOf([rec])[0]).toMatchObject({
+      unknown: 1,
+      unresolved: 0,
+      takeovers: 1,
+      manual: 1,
+      rejected: { not_applied: 1 },
+    });
   });
 
   it('counts per contract version: accepted attempts, committed, rejected by class, refusals, conflicts, unknowns', () => {
@@ -197,7 +374,9 @@ describe('audit projection: one record per operation', () => {
       const bytes = Buffer.from(encode(r)).toString('latin1');
       expect(bytes).not.toContain(PLANTED_ERROR_TEXT);
       for (const o of ops) expect(bytes).not.toContain(o.events[0]!.state.targetDigest);
-      expect(Object.keys(r).filter((k) => !auditRecordSchema.shape[k as keyof typeof auditRecordSchema.shape])).toEqual([]);
+      expect(Object.keys(r).filter((k) => !auditRecordSchema.shape[k as keyof typeof auditRecordSchema.shape])).toEqual(
+        [],
+      );
     }
   });
 
@@ -210,12 +389,25 @@ describe('a key refused again and again (docs/tenancy.md)', () => {
   it('given more refusals under one key than a record keeps, when projected, then the record keeps the newest and counts the rest, in any order', () => {
     const o = ops[1]!;
     const n = MAX_AUDIT_DECISIONS + 40;
-    const apply = (seqs: number[]) => seqs.reduce<AuditRecord | null>((cur, seq) => applyDecisionToAudit(cur, decisionOf(o, seq, 'invalid_input'), seq) ?? cur, null)!;
+    const apply = (seqs: number[]) =>
+      seqs.reduce<AuditRecord | null>(
+        (cur, seq) => applyDecisionToAudit(cur, decisionOf(o, seq, 'invalid_input'), seq) ?? cur,
+        null,
+      )!;
     const inOrder = apply(Array.from({ length: n }, (_, i) => i + 1));
-    expect(inOrder.decisions.map((d) => d.seq)).toEqual(Array.from({ length: MAX_AUDIT_DECISIONS }, (_, i) => n - MAX_AUDIT_DECISIONS + i + 1));
+    expect(inOrder.decisions.map((d) => d.seq)).toEqual(
+      Array.from({ length: MAX_AUDIT_DECISIONS }, (_, i) => n - MAX_AUDIT_DECISIONS + i + 1),
+    );
     expect(inOrder.decisionsDropped).toBe(40);
     // Delivered out of order: the same record.
-    expect(apply(shuffled(Array.from({ length: n }, (_, i) => i + 1), 7))).toEqual(inOrder);
+    expect(
+      apply(
+        shuffled(
+          Array.from({ length: n }, (_, i) => i + 1),
+          7,
+        ),
+      ),
+    ).toEqual(inOrder);
     // A redelivery of a decision it keeps changes nothing.
     expect(applyDecisionToAudit(inOrder, decisionOf(o, n, 'invalid_input'), n)).toBeNull();
   });

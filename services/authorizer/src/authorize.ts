@@ -1,6 +1,16 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
-import { EMPTY_RESULT_DIGEST, ErrorClass, TooltxError, operationIdOf, prepareCall, toErrorInfo, type AuthorizationResult, type ErrorInfo, type Implementation } from '@tooltx/contracts';
+import {
+  EMPTY_RESULT_DIGEST,
+  ErrorClass,
+  TooltxError,
+  operationIdOf,
+  prepareCall,
+  toErrorInfo,
+  type AuthorizationResult,
+  type ErrorInfo,
+  type Implementation,
+} from '@tooltx/contracts';
 import {
   aliasRecord,
   boundedRefusal,
@@ -22,8 +32,8 @@ import {
   type Receipt,
 } from '@tooltx/lifecycle';
 import { committedResult, isTransient, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
-import { type FrozenTaskWatch } from '@tooltx/runtime';
-import { type AnswerPusher } from '@tooltx/readside';
+import type { FrozenTaskWatch } from '@tooltx/runtime';
+import type { AnswerPusher } from '@tooltx/readside';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { intakeOf, type IntakeOutcome } from './intake.js';
 
@@ -67,7 +77,12 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     // CPU time, not wall time: a pause of this process (a GC, another process on the core) is not
     // the intent's cost.
     const started = process.cpuUsage();
-    const intake = intakeOf(subjects, { subject: msg.subject, data: msg.data, msgId: msg.headers?.get('Nats-Msg-Id') || undefined, seq: msg.seq }, (t, v) => tools.contracts.get(t, v), (t) => tools.contracts.versionsOf(t));
+    const intake = intakeOf(
+      subjects,
+      { subject: msg.subject, data: msg.data, msgId: msg.headers?.get('Nats-Msg-Id') || undefined, seq: msg.seq },
+      (t, v) => tools.contracts.get(t, v),
+      (t) => tools.contracts.versionsOf(t),
+    );
     const who = intake.who;
     if (who) {
       const used = process.cpuUsage(started);
@@ -85,7 +100,11 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       // being away) is terminal after a few deliveries: recorded as `internal` and terminated, never
       // redelivered for minutes (docs/tenancy.md).
       const dependencyAway = err instanceof TooltxError && err.class === ErrorClass.DependencyUnavailable;
-      if (decideIntakeFailure({ retryable: retryable(err), dependencyAway, deliveryCount: msg.info.deliveryCount }) === 'retry') throw err;
+      if (
+        decideIntakeFailure({ retryable: retryable(err), dependencyAway, deliveryCount: msg.info.deliveryCount }) ===
+        'retry'
+      )
+        throw err;
       settled = await terminal(msg, intake, who, submissionId, err);
     }
     if (!answerOnItsWay) deps.pusher?.poll(who.tenant, who.actor, submissionId);
@@ -93,12 +112,24 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
   };
 
   /** Records an intent's permanent failure as an `internal` refusal under its key ({@link recordRefusal}) and terminates it. */
-  async function terminal(msg: JsMsg, intake: IntakeOutcome, who: { tenant: string; actor: string }, submissionId: string, err: unknown): Promise<Settlement> {
+  async function terminal(
+    msg: JsMsg,
+    intake: IntakeOutcome,
+    who: { tenant: string; actor: string },
+    submissionId: string,
+    err: unknown,
+  ): Promise<Settlement> {
     const check = intake.kind === 'checked' ? intake.check : null;
-    const key = check?.kind === 'proceed' ? check.prepared.operationKey : check?.kind === 'refuse' ? check.decisionKey : null;
+    const key =
+      check?.kind === 'proceed' ? check.prepared.operationKey : check?.kind === 'refuse' ? check.decisionKey : null;
     const l = log.child({ tenant: who.tenant, actor: who.actor, intentSeq: msg.seq });
-    l.error({ err, deliveryCount: msg.info.deliveryCount }, 'intent failed for good: recorded as internal and terminated');
-    await recordRefusal(msg, who, submissionId, l, key, { class: ErrorClass.Internal }, {}).catch((e: unknown) => l.error({ err: e }, 'its record was not stored either'));
+    l.error(
+      { err, deliveryCount: msg.info.deliveryCount },
+      'intent failed for good: recorded as internal and terminated',
+    );
+    await recordRefusal(msg, who, submissionId, l, key, { class: ErrorClass.Internal }, {}).catch((e: unknown) =>
+      l.error({ err: e }, 'its record was not stored either'),
+    );
     return { kind: 'term', reason: 'failed for good' };
   }
 
@@ -122,7 +153,21 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
   ): Promise<Settlement | void> {
     const recordKey = key ?? keylessRefusalKey(who.tenant, submissionId);
     const record = (e: ErrorInfo) =>
-      store.recordDecision(refusalRecord({ ...who, submissionId }, { eventId: newEventId(), at: now(), key, keylessKey: recordKey, error: e, ...ids, ...(authorization ? { authorization } : {}) }), operationIdOf(recordKey));
+      store.recordDecision(
+        refusalRecord(
+          { ...who, submissionId },
+          {
+            eventId: newEventId(),
+            at: now(),
+            key,
+            keylessKey: recordKey,
+            error: e,
+            ...ids,
+            ...(authorization ? { authorization } : {}),
+          },
+        ),
+        operationIdOf(recordKey),
+      );
     let settlement: Settlement | void = undefined;
     try {
       await record(error);
@@ -137,7 +182,12 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         settlement = { kind: 'term', reason: 'refusal not recordable' };
       }
     }
-    if (refusedIntentDeletable(msg.info.deliveryCount)) await store.deleteIntent(who.tenant, msg.seq).catch((err: unknown) => l.warn({ err }, 'refused intent not deleted: it counts against the tenant\'s bound until its max age'));
+    if (refusedIntentDeletable(msg.info.deliveryCount))
+      await store
+        .deleteIntent(who.tenant, msg.seq)
+        .catch((err: unknown) =>
+          l.warn({ err }, "refused intent not deleted: it counts against the tenant's bound until its max age"),
+        );
     l.info({ operationKey: recordKey, class: error.class, ...(key ? {} : { keyless: true }) }, 'intent refused');
     return settlement;
   }
@@ -147,19 +197,51 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
    * FM-01/FM-26) with the same result as the status endpoint's answer; "poll now" when no result
    * is readable. The pusher applies the read policy.
    */
-  async function pushCommitted(pusher: AnswerPusher, who: { tenant: string; actor: string }, submissionId: string, impl: Implementation, submittedKey: string, st: OperationRecord & { receipt: Receipt }, seq: number): Promise<void> {
+  async function pushCommitted(
+    pusher: AnswerPusher,
+    who: { tenant: string; actor: string },
+    submissionId: string,
+    impl: Implementation,
+    submittedKey: string,
+    st: OperationRecord & { receipt: Receipt },
+    seq: number,
+  ): Promise<void> {
     const readable = deps.results
-      ? await committedResult(deps.results, subjects, who.tenant, operationIdOf(st.operationKey), { attempt: st.attempt, resultDigest: st.receipt.resultDigest }).catch(() => null)
-      : st.receipt.resultDigest === EMPTY_RESULT_DIGEST ? { result: {} } : null;
+      ? await committedResult(deps.results, subjects, who.tenant, operationIdOf(st.operationKey), {
+          attempt: st.attempt,
+          resultDigest: st.receipt.resultDigest,
+        }).catch(() => null)
+      : st.receipt.resultDigest === EMPTY_RESULT_DIGEST
+        ? { result: {} }
+        : null;
     if (!readable) return pusher.poll(who.tenant, who.actor, submissionId);
-    await pusher.committed({ impl, tenant: who.tenant, actor: who.actor, submissionId, submittedKey, state: st, seq, result: readable.result });
+    await pusher.committed({
+      impl,
+      tenant: who.tenant,
+      actor: who.actor,
+      submissionId,
+      submittedKey,
+      state: st,
+      seq,
+      result: readable.result,
+    });
   }
 
-  async function handle(msg: JsMsg, intake: IntakeOutcome, who: { tenant: string; actor: string }, submissionId: string, answerOnItsWay: () => void): Promise<Settlement | void> {
+  async function handle(
+    msg: JsMsg,
+    intake: IntakeOutcome,
+    who: { tenant: string; actor: string },
+    submissionId: string,
+    answerOnItsWay: () => void,
+  ): Promise<Settlement | void> {
     const l = log.child({ tenant: who.tenant, actor: who.actor, intentSeq: msg.seq });
 
-    const refuse = (key: string | null, error: ErrorInfo, ids: { tool?: string; version?: number }, authorization?: AuthDecision) =>
-      recordRefusal(msg, who, submissionId, l, key, error, ids, authorization);
+    const refuse = (
+      key: string | null,
+      error: ErrorInfo,
+      ids: { tool?: string; version?: number },
+      authorization?: AuthDecision,
+    ) => recordRefusal(msg, who, submissionId, l, key, error, ids, authorization);
 
     if (intake.kind === 'term') {
       // Bytes that are not msgpack: refused with no key known, recorded under the submission's.
@@ -168,7 +250,8 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     }
 
     const check = intake.check;
-    if (check.kind === 'refuse') return refuse(check.decisionKey, check.error, { tool: check.tool, version: check.version });
+    if (check.kind === 'refuse')
+      return refuse(check.decisionKey, check.error, { tool: check.tool, version: check.version });
 
     const { contract, prepared, envelope } = check;
     const key = prepared.operationKey;
@@ -186,7 +269,11 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     } catch (err) {
       failure = { err };
     }
-    const verdict = policyVerdict(failure && toErrorInfo(failure.err), { policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) });
+    const verdict = policyVerdict(failure && toErrorInfo(failure.err), {
+      policyVersion,
+      at: now(),
+      ...(allowed?.resources ? { resources: allowed.resources } : {}),
+    });
     // A dependency of the policy being down is not a refusal: the intent is retried later.
     if (verdict.kind === 'retry') throw failure!.err;
     if (verdict.kind === 'refuse') return refuse(key, verdict.error, ids, verdict.authorization);
@@ -213,7 +300,18 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const { registered, submitted } = registrationOf(prepared, canonical);
     if (submitted && canonical) {
       await store.recordDecision(
-        aliasRecord({ ...who, submissionId }, { eventId: newEventId(), at: now(), key, inputDigest: prepared.inputDigest, canonicalKey: canonical.operationKey, canonicalInputDigest: canonical.inputDigest, ...ids }),
+        aliasRecord(
+          { ...who, submissionId },
+          {
+            eventId: newEventId(),
+            at: now(),
+            key,
+            inputDigest: prepared.inputDigest,
+            canonicalKey: canonical.operationKey,
+            canonicalInputDigest: canonical.inputDigest,
+            ...ids,
+          },
+        ),
         operationIdOf(key),
       );
     }
@@ -221,28 +319,42 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const opId = operationIdOf(registered.operationKey);
     // Most keys are new: registered optimistically at sequence 0 (a known key refuses the append,
     // and the handler reads it and replays or reports the conflict as usual).
-    const h = await handleCommand(store, who.tenant, opId, (): AcceptCommand => ({
-      type: 'accept',
-      eventId: newEventId(),
-      at: now(),
-      operationKey: registered.operationKey,
-      tenant: who.tenant,
-      actor: who.actor,
-      taskId: envelope.taskId,
-      tool: contract.name,
-      version: contract.version,
-      contractDigest: contract.digest,
-      effect: contract.effect,
-      inputDigest: registered.inputDigest,
-      targetDigest: registered.targetDigest,
-      intentSeq: msg.seq,
-      submissionId,
-      ...(submitted ? { submitted } : {}),
-      authorization,
-    }), { known: { state: { status: 'none' }, seq: 0 } });
+    const h = await handleCommand(
+      store,
+      who.tenant,
+      opId,
+      (): AcceptCommand => ({
+        type: 'accept',
+        eventId: newEventId(),
+        at: now(),
+        operationKey: registered.operationKey,
+        tenant: who.tenant,
+        actor: who.actor,
+        taskId: envelope.taskId,
+        tool: contract.name,
+        version: contract.version,
+        contractDigest: contract.digest,
+        effect: contract.effect,
+        inputDigest: registered.inputDigest,
+        targetDigest: registered.targetDigest,
+        intentSeq: msg.seq,
+        submissionId,
+        ...(submitted ? { submitted } : {}),
+        authorization,
+      }),
+      { known: { state: { status: 'none' }, seq: 0 } },
+    );
     if (h.kind === 'appended') {
       // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
-      l.debug({ operationKey: registered.operationKey, ...(submitted ? { submittedKey: key } : {}), attempt: h.event.attempt, tool: contract.id }, 'accepted');
+      l.debug(
+        {
+          operationKey: registered.operationKey,
+          ...(submitted ? { submittedKey: key } : {}),
+          attempt: h.event.attempt,
+          tool: contract.id,
+        },
+        'accepted',
+      );
       answerOnItsWay();
       return;
     }
@@ -258,7 +370,15 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         // the ack (the read policy and a result read may take round trips); "poll now" otherwise.
         if (d.state.status === 'committed' && d.state.receipt && deps.pusher) {
           answerOnItsWay();
-          void pushCommitted(deps.pusher, who, submissionId, impl, key, { ...d.state, receipt: d.state.receipt }, h.seq);
+          void pushCommitted(
+            deps.pusher,
+            who,
+            submissionId,
+            impl,
+            key,
+            { ...d.state, receipt: d.state.receipt },
+            h.seq,
+          );
         }
         return;
       case 'skip':

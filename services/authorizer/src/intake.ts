@@ -20,7 +20,13 @@ const SUBMISSION_ID = /^[\x21-\x7e]{1,128}$/;
 
 /** What intake makes of one message of the intent stream ({@link intakeOf}). */
 export type IntakeOutcome =
-  | { kind: 'term'; reason: 'not an intent subject' | 'undecodable intent'; error: ErrorInfo; who: { tenant: string; actor: string } | null; submissionId: string }
+  | {
+      kind: 'term';
+      reason: 'not an intent subject' | 'undecodable intent';
+      error: ErrorInfo;
+      who: { tenant: string; actor: string } | null;
+      submissionId: string;
+    }
   | { kind: 'checked'; who: { tenant: string; actor: string }; submissionId: string; check: IntakeCheck };
 
 /**
@@ -41,7 +47,16 @@ export function intakeOf(
   const submissionId = msg.msgId !== undefined && SUBMISSION_ID.test(msg.msgId) ? msg.msgId : `seq-${msg.seq}`;
   const who = subjects.parseActorSubject('intent', msg.subject);
   if (!who) {
-    return { kind: 'term', reason: 'not an intent subject', who: null, submissionId, error: { class: ErrorClass.InvalidInput, issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not an intent subject' }] } };
+    return {
+      kind: 'term',
+      reason: 'not an intent subject',
+      who: null,
+      submissionId,
+      error: {
+        class: ErrorClass.InvalidInput,
+        issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not an intent subject' }],
+      },
+    };
   }
   let raw: unknown;
   try {
@@ -50,11 +65,30 @@ export function intakeOf(
     if (!(err instanceof CodecError)) throw err;
     if (err.cause instanceof MsgpackShapeError && err.cause.tooMany) {
       // Well formed but larger than any tool input: refused unread, under the key it was sent with.
-      const supplied = err.cause.captured !== undefined && OPERATION_KEY_PATTERN.test(err.cause.captured) ? err.cause.captured : null;
-      const error: ErrorInfo = { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'too_many_values', message: `more than ${MAX_INTENT_ITEMS} values in the intent's maps and lists` }] };
+      const supplied =
+        err.cause.captured !== undefined && OPERATION_KEY_PATTERN.test(err.cause.captured) ? err.cause.captured : null;
+      const error: ErrorInfo = {
+        class: ErrorClass.InvalidInput,
+        issues: [
+          {
+            path: [],
+            code: 'too_many_values',
+            message: `more than ${MAX_INTENT_ITEMS} values in the intent's maps and lists`,
+          },
+        ],
+      };
       return { kind: 'checked', who, submissionId, check: { kind: 'refuse', error, decisionKey: supplied } };
     }
-    return { kind: 'term', reason: 'undecodable intent', who, submissionId, error: { class: ErrorClass.InvalidInput, issues: [{ path: [], code: 'invalid_encoding', message: err.message.slice(0, 200) }] } };
+    return {
+      kind: 'term',
+      reason: 'undecodable intent',
+      who,
+      submissionId,
+      error: {
+        class: ErrorClass.InvalidInput,
+        issues: [{ path: [], code: 'invalid_encoding', message: err.message.slice(0, 200) }],
+      },
+    };
   }
   return { kind: 'checked', who, submissionId, check: checkIntake(who, raw, findContract, versionsOf) };
 }

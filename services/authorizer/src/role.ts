@@ -5,7 +5,7 @@
 import { startConsumerLoop, openBucket } from '@tooltx/nats';
 import { FrozenTaskWatch } from '@tooltx/runtime';
 import { AnswerPusher, StatusService } from '@tooltx/readside';
-import { defineRole, type RoleSpec } from '@tooltx/runtime/service';
+import { defineRole } from '@tooltx/runtime/service';
 import { TenantWatch } from '@tooltx/runtime/tenants';
 import { Durables } from '@tooltx/streams';
 import { intentHandler } from './authorize.js';
@@ -18,12 +18,24 @@ const MAX_INTAKE_CHARGE = 100;
 
 export const authorizerRole = defineRole({
   name: 'authorizer',
-  summary: 'consumes intents, checks identity, contract, key and policy, registers operations, and answers status requests',
+  summary:
+    'consumes intents, checks identity, contract, key and policy, registers operations, and answers status requests',
   async start({ subjects, store, tools, log, js, nc, config }) {
     const results = await openBucket(nc, subjects.resultsBucket);
-    const status = new StatusService({ nc, js, subjects, store, results, tools, log: log.child({ component: 'status' }) });
+    const status = new StatusService({
+      nc,
+      js,
+      subjects,
+      store,
+      results,
+      tools,
+      log: log.child({ component: 'status' }),
+    });
     await status.start();
-    const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
+    const frozen = new FrozenTaskWatch(
+      await openBucket(nc, subjects.tasksBucket),
+      log.child({ component: 'frozen-tasks' }),
+    );
     await frozen.start();
     // Each tenant's pace (docs/tenancy.md): one token per intent, one more per millisecond its intake
     // checks took beyond the first and per 16 KiB beyond the first, so that an intent built to be
@@ -31,42 +43,56 @@ export const authorizerRole = defineRole({
     // tenant's own stream, which then refuses at its bound, storing nothing.
     const paces = new Map<string, TokenBucket>();
     const handle = intentHandler({
-      subjects, store, tools, log, frozen, results,
+      subjects,
+      store,
+      tools,
+      log,
+      frozen,
+      results,
       pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }),
-      onIntakeCost: (tenant, ms, bytes) => paces.get(tenant)?.charge(Math.min(MAX_INTAKE_CHARGE, Math.max(0, ms - 1) + Math.max(0, Math.ceil(bytes / INTAKE_TOKEN_BYTES) - 1))),
+      onIntakeCost: (tenant, ms, bytes) =>
+        paces
+          .get(tenant)
+          ?.charge(
+            Math.min(MAX_INTAKE_CHARGE, Math.max(0, ms - 1) + Math.max(0, Math.ceil(bytes / INTAKE_TOKEN_BYTES) - 1)),
+          ),
     });
-    const tenants = new TenantWatch(await openBucket(nc, subjects.tenantsBucket), log.child({ component: 'tenants' }), async (tenant, limits) => {
-      const decisions = await status.watchDecisions(tenant);
-      const pace = new TokenBucket(limits.intentsPerSecond, limits.intentBurst);
-      paces.set(tenant, pace);
-      try {
-        const loop = await startConsumerLoop({
-          js,
-          stream: subjects.intentsStream(tenant),
-          durable: Durables.authorizer,
-          concurrency: config.TOOLTX_CONCURRENCY,
-          log: log.child({ tenant }),
-          // The pace admits before the pull: a flood's intents wait in the tenant's own stream, never
-          // here or on this connection ahead of other tenants' (a 1 MB junk intent costs ~62 tokens).
-          admit: { take: (free) => pace.takeUpTo(free), unused: (n) => pace.giveBack(n) },
-          handle,
-        });
-        log.info({ tenant, intentsPerSecond: limits.intentsPerSecond }, 'serving tenant');
-        return {
-          update: (l) => pace.set(l.intentsPerSecond, l.intentBurst),
-          async stop() {
-            const stopped = loop.stop();
-            pace.release();
-            await stopped;
-            decisions.stop();
-            paces.delete(tenant);
-          },
-        };
-      } catch (err) {
-        decisions.stop();
-        throw err;
-      }
-    });
+    const tenants = new TenantWatch(
+      await openBucket(nc, subjects.tenantsBucket),
+      log.child({ component: 'tenants' }),
+      async (tenant, limits) => {
+        const decisions = await status.watchDecisions(tenant);
+        const pace = new TokenBucket(limits.intentsPerSecond, limits.intentBurst);
+        paces.set(tenant, pace);
+        try {
+          const loop = await startConsumerLoop({
+            js,
+            stream: subjects.intentsStream(tenant),
+            durable: Durables.authorizer,
+            concurrency: config.TOOLTX_CONCURRENCY,
+            log: log.child({ tenant }),
+            // The pace admits before the pull: a flood's intents wait in the tenant's own stream, never
+            // here or on this connection ahead of other tenants' (a 1 MB junk intent costs ~62 tokens).
+            admit: { take: (free) => pace.takeUpTo(free), unused: (n) => pace.giveBack(n) },
+            handle,
+          });
+          log.info({ tenant, intentsPerSecond: limits.intentsPerSecond }, 'serving tenant');
+          return {
+            update: (l) => pace.set(l.intentsPerSecond, l.intentBurst),
+            async stop() {
+              const stopped = loop.stop();
+              pace.release();
+              await stopped;
+              decisions.stop();
+              paces.delete(tenant);
+            },
+          };
+        } catch (err) {
+          decisions.stop();
+          throw err;
+        }
+      },
+    );
     await tenants.start();
     // Started = serving every listed tenant (one whose streams are missing is tried again meanwhile).
     await Promise.race([tenants.ready(), new Promise((r) => setTimeout(r, 10_000).unref())]);

@@ -1,7 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { TokenBucket } from '../src/rate.js';
 
-describe('a tenant\'s intake pace (docs/tenancy.md)', () => {
+describe("a tenant's intake pace (docs/tenancy.md)", () => {
   beforeEach(() => vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'performance'] }));
   afterEach(() => vi.useRealTimers());
 

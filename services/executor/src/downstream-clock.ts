@@ -40,7 +40,8 @@ export class DownstreamClocks {
     // Two samples whose error intervals do not overlap cannot both be right: a clock was stepped
     // since, and the newer sample wins at once.
     const moved = cur !== undefined && Math.abs(sample.offsetMs - cur.offsetMs) > (rttMs + cur.rttMs) / 2 + 1;
-    if (!cur || moved || rttMs <= cur.rttMs || sample.takenAt - cur.takenAt > SAMPLE_TTL_MS) this.#byDownstream.set(downstream, sample);
+    if (!cur || moved || rttMs <= cur.rttMs || sample.takenAt - cur.takenAt > SAMPLE_TTL_MS)
+      this.#byDownstream.set(downstream, sample);
   }
 }
 

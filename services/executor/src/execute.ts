@@ -36,8 +36,8 @@ import {
   type RunOutcome,
 } from '@tooltx/lifecycle';
 import { decode, decodeRaw, encode, eventTypeOf, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
-import { type FrozenTaskWatch } from '@tooltx/runtime';
-import { type AnswerPusher } from '@tooltx/readside';
+import type { FrozenTaskWatch } from '@tooltx/runtime';
+import type { AnswerPusher } from '@tooltx/readside';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recover-operation';
 import { DownstreamClocks } from './downstream-clock.js';
@@ -80,11 +80,16 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
   const clocks = deps.clocks ?? new DownstreamClocks();
 
   /** The one command handler, with this executor's receipt signer. */
-  const transition = (tenant: string, opId: string, make: () => OperationCommand, o: HandleOptions = {}): Promise<Handled> =>
-    handleCommand(store, tenant, opId, make, { ...o, signer: deps.signer });
+  const transition = (
+    tenant: string,
+    opId: string,
+    make: () => OperationCommand,
+    o: HandleOptions = {},
+  ): Promise<Handled> => handleCommand(store, tenant, opId, make, { ...o, signer: deps.signer });
 
   /** "Poll now" to the agent of the submission that started `state`'s attempt. */
-  const pushPoll = (tenant: string, state: OperationRecord) => deps.pusher?.poll(tenant, state.actor, state.intent.submissionId);
+  const pushPoll = (tenant: string, state: OperationRecord) =>
+    deps.pusher?.poll(tenant, state.actor, state.intent.submissionId);
 
   return async (msg) => {
     const where = subjects.parseOpSubject('op', msg.subject);
@@ -98,10 +103,16 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     // On a first delivery the event is, as a rule, still the operation's last one: act on the state
     // it carries at its own sequence (the `running` append names that sequence, so if anything was
     // appended since, it is refused and the newer event drives the operation). A redelivery reads.
-    const { state, seq } = msg.info.deliveryCount === 1 ? { state: event.state, seq: msg.seq } : await store.load(tenant, opId);
+    const { state, seq } =
+      msg.info.deliveryCount === 1 ? { state: event.state, seq: msg.seq } : await store.load(tenant, opId);
     const action = executorAction(state, event.attempt, msg.info.deliveryCount);
     if (action === 'ignore' || state.status === 'none') return;
-    const l = log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, tool: `${state.tool}@${state.version}` });
+    const l = log.child({
+      tenant,
+      operationKey: state.operationKey,
+      attempt: state.attempt,
+      tool: `${state.tool}@${state.version}`,
+    });
 
     const impl = tools.get(state.tool, state.version);
     if (!impl || impl.contract.digest !== state.contractDigest) {
@@ -116,7 +127,19 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       // then probe the downstream by our key; its answer says whether the request may still land.
       const wait = redeliveredRunWaitMs(state.running.deadlineAt, now(), clocks.offsetMs(impl));
       if (wait > 0) return { kind: 'nak', delayMs: wait };
-      const outcome = await recoverOperation({ store, subjects, results, impl, tenant, opId, state, seq, log: l, now, signer: deps.signer });
+      const outcome = await recoverOperation({
+        store,
+        subjects,
+        results,
+        impl,
+        tenant,
+        opId,
+        state,
+        seq,
+        log: l,
+        now,
+        signer: deps.signer,
+      });
       l.info({ outcome: outcome.result }, 'redelivered running operation recovered');
       return;
     }
@@ -128,17 +151,37 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
      */
     // Every refusal is then pushed as "poll now": the status endpoint answers it under the read policy.
     const rejectBeforeRun = async (error: ErrorInfo, authorization?: AuthDecision) => {
-      const d = await transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}) }), {
-        known: { state, seq },
-        // Still waiting to run (a stale-accepted requeue only moves its sequence): the verdict holds.
-        applies: (s) => waitingToRun(s, state.attempt),
-      });
+      const d = await transition(
+        tenant,
+        opId,
+        () => ({
+          type: 'reject',
+          eventId: newEventId(),
+          at: now(),
+          attempt: state.attempt,
+          error,
+          ...(authorization ? { authorization } : {}),
+        }),
+        {
+          known: { state, seq },
+          // Still waiting to run (a stale-accepted requeue only moves its sequence): the verdict holds.
+          applies: (s) => waitingToRun(s, state.attempt),
+        },
+      );
       // Only a refusal this executor appended: otherwise the run is another's, and so is its answer.
       if (d.kind === 'appended') pushPoll(tenant, state);
       return d;
     };
     const reject = async (error: ErrorInfo, authorization?: AuthDecision, runId?: string) => {
-      const d = await transition(tenant, opId, () => ({ type: 'reject', eventId: newEventId(), at: now(), attempt: state.attempt, error, ...(authorization ? { authorization } : {}), ...(runId ? { runId } : {}) }));
+      const d = await transition(tenant, opId, () => ({
+        type: 'reject',
+        eventId: newEventId(),
+        at: now(),
+        attempt: state.attempt,
+        error,
+        ...(authorization ? { authorization } : {}),
+        ...(runId ? { runId } : {}),
+      }));
       if (d.kind === 'appended') pushPoll(tenant, state);
       return d;
     };
@@ -157,13 +200,23 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     let allowed: AuthorizationResult | void = undefined;
     let failure: { err: unknown } | undefined;
     try {
-      const authCtx = { tenant, actor: state.actor, operationKey: state.operationKey, phase: 'execution' as const, now: now() };
+      const authCtx = {
+        tenant,
+        actor: state.actor,
+        operationKey: state.operationKey,
+        phase: 'execution' as const,
+        now: now(),
+      };
       allowed = await impl.authorize?.(input, authCtx);
       await impl.invariants?.(input, authCtx);
     } catch (err) {
       failure = { err };
     }
-    const verdict = policyVerdict(failure && toErrorInfo(failure.err), { policyVersion, at: now(), ...(allowed?.resources ? { resources: allowed.resources } : {}) });
+    const verdict = policyVerdict(failure && toErrorInfo(failure.err), {
+      policyVersion,
+      at: now(),
+      ...(allowed?.resources ? { resources: allowed.resources } : {}),
+    });
     if (verdict.kind === 'retry') throw failure!.err;
     if (verdict.kind === 'refuse') {
       await rejectBeforeRun(verdict.error, verdict.authorization);
@@ -174,7 +227,12 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
 
     // The references must still name what the operation was registered for: an alias moved to
     // another resource since intake would write somewhere the key does not bind (FM-10).
-    const moved = allowed?.input ? referenceMovedRefusal(state.operationKey, canonicalKeyOf(impl, state.taskId, allowed.input), { policyVersion, at: now() }) : null;
+    const moved = allowed?.input
+      ? referenceMovedRefusal(state.operationKey, canonicalKeyOf(impl, state.taskId, allowed.input), {
+          policyVersion,
+          at: now(),
+        })
+      : null;
     if (moved) {
       await rejectBeforeRun(moved.error, moved.authorization);
       l.info('rejected at execution: a reference now names another resource');
@@ -207,7 +265,20 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
     const deadlineAt = startedAt + timeoutMs + clocks.offsetMs(impl);
     const runningId = newEventId();
     // Only one executor wins `running` (or a newer event drives the operation): a lost race is not ours.
-    const start = await transition(tenant, opId, () => ({ type: 'start', eventId: runningId, at: startedAt, attempt: state.attempt, executor: deps.executorId, deadlineAt, authorization }), { known: { state, seq }, retry: false });
+    const start = await transition(
+      tenant,
+      opId,
+      () => ({
+        type: 'start',
+        eventId: runningId,
+        at: startedAt,
+        attempt: state.attempt,
+        executor: deps.executorId,
+        deadlineAt,
+        authorization,
+      }),
+      { known: { state, seq }, retry: false },
+    );
     if (start.kind !== 'appended') return;
     const runningSeq = start.seq;
     const afterStart = { state: start.event.state, seq: runningSeq };
@@ -216,18 +287,31 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
      * reload the operation may be running a later run that has sent).
      */
     const runAgain = async (reason: 'late_start' | 'refused_late', fields: Record<string, unknown>) => {
-      const d = await transition(tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, reason }), { known: afterStart });
+      const d = await transition(
+        tenant,
+        opId,
+        () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, reason }),
+        { known: afterStart },
+      );
       l.warn({ ...fields, reason, outcome: d.kind }, 'nothing of this run was applied: requeued');
     };
     /** Nothing of this run was applied, and it was requeued too often already (decideRunAgain): rejected, the caller backs off. */
     const rejectNotApplied = async (reason: 'late_start' | 'refused_late', fields: Record<string, unknown>) => {
       await reject({ class: ErrorClass.DependencyUnavailable }, undefined, runningId);
-      l.warn({ ...fields, reason, requeues: state.requeues }, 'nothing of this run was applied, again: rejected as dependency_unavailable');
+      l.warn(
+        { ...fields, reason, requeues: state.requeues },
+        'nothing of this run was applied, again: rejected as dependency_unavailable',
+      );
     };
     // Stored too late to be sent (a stalled append, e.g. a cluster's leader election): nothing has
     // left, so the attempt starts again with a fresh deadline rather than meet a refusal (FM-29).
     // Reads and computations are sent anyway: a late one is refused or times out, and is retryable.
-    const go = sendAfterStart({ effect: impl.contract.effect, timeoutMs, elapsedMs: elapsed(), requeues: state.requeues ?? 0 });
+    const go = sendAfterStart({
+      effect: impl.contract.effect,
+      timeoutMs,
+      elapsedMs: elapsed(),
+      requeues: state.requeues ?? 0,
+    });
     if (go.kind !== 'send') {
       await (go.kind === 'requeue' ? runAgain : rejectNotApplied)('late_start', { elapsedMs: elapsed(), timeoutMs });
       return;
@@ -277,13 +361,38 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         const result = impl.contract.output.parse(done!.result);
         const resultDigest = digestOf(result);
         // A receipt-only result ({}) is not stored: its digest says what it is (EMPTY_RESULT_DIGEST).
-        if (resultDigest !== EMPTY_RESULT_DIGEST) await results.put(subjects.resultKey(tenant, opId), encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }));
-        const d = await transition(tenant, opId, () => ({ type: 'commit', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, resourceId, resultDigest }), { known: afterStart });
+        if (resultDigest !== EMPTY_RESULT_DIGEST)
+          await results.put(
+            subjects.resultKey(tenant, opId),
+            encode({ operationKey: state.operationKey, attempt: state.attempt, resultDigest, result }),
+          );
+        const d = await transition(
+          tenant,
+          opId,
+          () => ({
+            type: 'commit',
+            eventId: newEventId(),
+            at: now(),
+            attempt: state.attempt,
+            runId: runningId,
+            resourceId,
+            resultDigest,
+          }),
+          { known: afterStart },
+        );
         // After the ack, not before it: the read policy may take a round trip (bounded by the policy's own timeout).
         const st = d.kind === 'appended' ? d.event.state : undefined;
         if (st?.status === 'committed' && st.receipt) {
           // To the submission that started this attempt, under the key it derived (an alias's, FM-10).
-          void deps.pusher?.committed({ impl, tenant, actor: st.actor, submissionId: st.intent.submissionId, submittedKey: st.intent.submitted?.operationKey ?? st.operationKey, state: { ...st, receipt: st.receipt }, result: resultDigest === EMPTY_RESULT_DIGEST ? {} : result });
+          void deps.pusher?.committed({
+            impl,
+            tenant,
+            actor: st.actor,
+            submissionId: st.intent.submissionId,
+            submittedKey: st.intent.submitted?.operationKey ?? st.operationKey,
+            state: { ...st, receipt: st.receipt },
+            result: resultDigest === EMPTY_RESULT_DIGEST ? {} : result,
+          });
         }
         // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
         l.debug({ resourceId, outcome: d.kind, elapsedMs: elapsed() }, 'committed');
@@ -292,32 +401,58 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       case 'requeue':
         // Refused as late by the downstream's own clock: not applied. The next run's deadline is on
         // the clock just learned.
-        await runAgain('refused_late', { deadlineAt, downstreamAt: (err as DeadlinePassedError).downstreamAt, offsetMs: clocks.offsetMs(impl) });
+        await runAgain('refused_late', {
+          deadlineAt,
+          downstreamAt: (err as DeadlinePassedError).downstreamAt,
+          offsetMs: clocks.offsetMs(impl),
+        });
         return;
       case 'reject':
         if (next.reason === 'late_again') {
-          await rejectNotApplied('refused_late', { deadlineAt, downstreamAt: (err as DeadlinePassedError).downstreamAt });
+          await rejectNotApplied('refused_late', {
+            deadlineAt,
+            downstreamAt: (err as DeadlinePassedError).downstreamAt,
+          });
           return;
         }
         // Not applied by THIS run (a later run is not ours to judge).
         await reject(next.error, undefined, runningId);
-        if (next.reason === 'read_failed') l.warn({ err, elapsedMs: elapsed() }, 'read/compute attempt failed: rejected as dependency_unavailable (retryable)');
+        if (next.reason === 'read_failed')
+          l.warn(
+            { err, elapsedMs: elapsed() },
+            'read/compute attempt failed: rejected as dependency_unavailable (retryable)',
+          );
         else l.info({ class: next.error.class }, 'rejected by the downstream');
         return;
       case 'mark_unknown': {
         // The request may have left: never `rejected`, never a blind retry. `unknown` with evidence;
         // the reconciler probes it.
         const evidence: Evidence = { kind: next.evidence, at: now(), elapsedMs: elapsed() };
-        const d = await transition(tenant, opId, () => ({ type: 'mark_unknown', eventId: newEventId(), at: now(), attempt: state.attempt, runId: runningId, evidence }));
+        const d = await transition(tenant, opId, () => ({
+          type: 'mark_unknown',
+          eventId: newEventId(),
+          at: now(),
+          attempt: state.attempt,
+          runId: runningId,
+          evidence,
+        }));
         if (d.kind === 'appended') pushPoll(tenant, state);
-        l.warn({ err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d.kind }, 'outcome unknown: recorded for the reconciler');
+        l.warn(
+          { err, elapsedMs: evidence.elapsedMs, evidence: evidence.kind, outcome: d.kind },
+          'outcome unknown: recorded for the reconciler',
+        );
         return;
       }
     }
   };
 }
 
-async function loadInput(store: OperationStore, subjects: Subjects, state: OperationRecord, impl: Implementation): Promise<Record<string, unknown> | null> {
+async function loadInput(
+  store: OperationStore,
+  subjects: Subjects,
+  state: OperationRecord,
+  impl: Implementation,
+): Promise<Record<string, unknown> | null> {
   const stored = await store.readIntent(state.tenant, state.intent.seq);
   if (!stored) return null;
   const who = subjects.parseActorSubject('intent', stored.subject);

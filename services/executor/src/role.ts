@@ -7,7 +7,7 @@ import { z } from 'zod';
 import { startConsumerLoop, openBucket } from '@tooltx/nats';
 import { FrozenTaskWatch } from '@tooltx/runtime';
 import { AnswerPusher } from '@tooltx/readside';
-import { defineRole, type RoleSpec } from '@tooltx/runtime/service';
+import { defineRole } from '@tooltx/runtime/service';
 import { describeConnectError, startupStep } from '@tooltx/runtime';
 import { Durables } from '@tooltx/streams';
 import { eventHandler } from './execute.js';
@@ -19,7 +19,10 @@ const executorEnvSchema = z.object({
    * and how the race tests force it; otherwise only for migrations. It must exist (the provisioner
    * creates the ones the identity list's `executorDurables` names).
    */
-  TOOLTX_EXECUTOR_DURABLE: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'a durable name: ^[A-Za-z0-9_-]{1,64}$').default(Durables.executor),
+  TOOLTX_EXECUTOR_DURABLE: z
+    .string()
+    .regex(/^[A-Za-z0-9_-]{1,64}$/, 'a durable name: ^[A-Za-z0-9_-]{1,64}$')
+    .default(Durables.executor),
 });
 
 export const executorRole = defineRole({
@@ -35,7 +38,10 @@ export const executorRole = defineRole({
     // Each attempt in flight listens on it (and stops listening when it ends): up to
     // TOOLTX_CONCURRENCY at once, which is not a leak — without this Node warns past 10 on stderr.
     setMaxListeners(config.TOOLTX_CONCURRENCY + 10, shutdown.signal);
-    const frozen = new FrozenTaskWatch(await openBucket(nc, subjects.tasksBucket), log.child({ component: 'frozen-tasks' }));
+    const frozen = new FrozenTaskWatch(
+      await openBucket(nc, subjects.tasksBucket),
+      log.child({ component: 'frozen-tasks' }),
+    );
     await frozen.start();
     // A durable that does not exist, or that this identity may not read, is the operator's setting.
     const loop = await startupStep(
@@ -48,9 +54,21 @@ export const executorRole = defineRole({
           durable: env.TOOLTX_EXECUTOR_DURABLE,
           concurrency: config.TOOLTX_CONCURRENCY,
           log,
-          handle: eventHandler({ subjects, store, tools, log, results, executorId: config.TOOLTX_INSTANCE_ID, shutdown: shutdown.signal, frozen, signer: signer!, pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }) }),
+          handle: eventHandler({
+            subjects,
+            store,
+            tools,
+            log,
+            results,
+            executorId: config.TOOLTX_INSTANCE_ID,
+            shutdown: shutdown.signal,
+            frozen,
+            signer: signer!,
+            pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }),
+          }),
         }),
-      (err) => `no durable consumer of that name on ${subjects.eventsStream} that this identity may read (\`tooltx streams apply\` provisions the default; another is listed in the identity list's executorDurables and provisioned): ${describeConnectError(err)}`,
+      (err) =>
+        `no durable consumer of that name on ${subjects.eventsStream} that this identity may read (\`tooltx streams apply\` provisions the default; another is listed in the identity list's executorDurables and provisioned): ${describeConnectError(err)}`,
     );
     return async () => {
       await loop.stop();

@@ -8,7 +8,15 @@ import { describe, expect, it } from 'vitest';
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { defineImplementation, operationIdOf, prepareCall, type Implementation } from '@tooltx/contracts';
-import { generateReceiptKey, handleCommand, receiptSigner, trustedReceiptKeys, verifyReceipt, type AcceptCommand, type OperationEvent } from '@tooltx/lifecycle';
+import {
+  generateReceiptKey,
+  handleCommand,
+  receiptSigner,
+  trustedReceiptKeys,
+  verifyReceipt,
+  type AcceptCommand,
+  type OperationEvent,
+} from '@tooltx/lifecycle';
 import { encode, EVENT_TYPE_HEADER, Subjects } from '@tooltx/nats';
 import { ImplementationRegistry, createLogger } from '@tooltx/runtime';
 import { MemoryStore } from '@tooltx/store-memory';
@@ -19,7 +27,6 @@ const subjects = new Subjects('tunit');
 const key = generateReceiptKey();
 const signer = receiptSigner(key.privatePem);
 const log = createLogger({ service: 'executor', instance: 'unit', level: 'silent' });
-
 
 /** A downstream in this process: what it was asked, and how it answers. */
 function downstream(answer: (n: number) => Promise<{ resourceId: string }>) {
@@ -39,25 +46,55 @@ function downstream(answer: (n: number) => Promise<{ resourceId: string }>) {
 /** A result store in memory: only what the executor writes (a receipt-only result is never stored). */
 function results(): KV {
   const m = new Map<string, Uint8Array>();
-  return { put: async (k: string, v: Uint8Array) => (m.set(k, v), 1), get: async (k: string) => m.get(k) ?? null } as unknown as KV;
+  return {
+    put: async (k: string, v: Uint8Array) => {
+      m.set(k, v);
+      return 1;
+    },
+    get: async (k: string) => m.get(k) ?? null,
+  } as unknown as KV;
 }
 
 /** Registers an operation as the authorizer would (its intent stored first), and the message the executor's consumer would deliver. */
-async function accepted(store: MemoryStore, o: { actor?: string; taskId?: string } = {}): Promise<{ opId: string; msg: JsMsg; event: OperationEvent }> {
+async function accepted(
+  store: MemoryStore,
+  o: { actor?: string; taskId?: string } = {},
+): Promise<{ opId: string; msg: JsMsg; event: OperationEvent }> {
   const actor = o.actor ?? 'alice';
   const taskId = o.taskId ?? `task-${Math.random()}`;
   const input = { title: 'A note', body: 'Its body.' };
   const p = prepareCall(noteWrite, taskId, input);
-  const intentSeq = store.addIntent('acme', subjects.intent('acme', actor), encode({ tool: 'note.write', version: 1, taskId, operationKey: p.operationKey, input }), 'sub-1');
+  const intentSeq = store.addIntent(
+    'acme',
+    subjects.intent('acme', actor),
+    encode({ tool: 'note.write', version: 1, taskId, operationKey: p.operationKey, input }),
+    'sub-1',
+  );
   const opId = operationIdOf(p.operationKey);
   const cmd: AcceptCommand = {
-    type: 'accept', eventId: `evt-${Math.random().toString(36).slice(2, 12)}`, at: Date.now(), operationKey: p.operationKey, tenant: 'acme', actor, taskId,
-    tool: 'note.write', version: 1, contractDigest: noteWrite.digest, effect: 'create', inputDigest: p.inputDigest, targetDigest: p.targetDigest, intentSeq, submissionId: 'sub-1',
+    type: 'accept',
+    eventId: `evt-${Math.random().toString(36).slice(2, 12)}`,
+    at: Date.now(),
+    operationKey: p.operationKey,
+    tenant: 'acme',
+    actor,
+    taskId,
+    tool: 'note.write',
+    version: 1,
+    contractDigest: noteWrite.digest,
+    effect: 'create',
+    inputDigest: p.inputDigest,
+    targetDigest: p.targetDigest,
+    intentSeq,
+    submissionId: 'sub-1',
   };
   const h = await handleCommand(store, 'acme', opId, () => cmd);
   if (h.kind !== 'appended') throw new Error('not registered');
   const msg = {
-    subject: subjects.op('acme', opId), data: encode(h.event), seq: h.seq, info: { deliveryCount: 1 },
+    subject: subjects.op('acme', opId),
+    data: encode(h.event),
+    seq: h.seq,
+    info: { deliveryCount: 1 },
     headers: { get: (k: string) => (k === EVENT_TYPE_HEADER ? h.event.type : '') },
   } as unknown as JsMsg;
   return { opId, msg, event: h.event };
@@ -65,8 +102,15 @@ async function accepted(store: MemoryStore, o: { actor?: string; taskId?: string
 
 function executor(store: MemoryStore, impl: Implementation, frozen = false) {
   return eventHandler({
-    subjects, store, results: results(), tools: new ImplementationRegistry([impl]), log, executorId: 'ex-unit', signer,
-    shutdown: new AbortController().signal, frozen: { isFrozen: () => frozen },
+    subjects,
+    store,
+    results: results(),
+    tools: new ImplementationRegistry([impl]),
+    log,
+    executorId: 'ex-unit',
+    signer,
+    shutdown: new AbortController().signal,
+    frozen: { isFrozen: () => frozen },
   });
 }
 
@@ -79,7 +123,9 @@ describe('the executor on the in-memory store', () => {
     const history = store.history('acme', opId);
     expect(history.map((e) => e.type)).toEqual(['accepted', 'running', 'committed']);
     const last = history.at(-1)!;
-    expect(last.type === 'committed' && verifyReceipt(last.receipt, trustedReceiptKeys({ [key.keyId]: key.publicPem }))).toBe(true);
+    expect(
+      last.type === 'committed' && verifyReceipt(last.receipt, trustedReceiptKeys({ [key.keyId]: key.publicPem })),
+    ).toBe(true);
     expect(last.type === 'committed' && last.receipt.resourceId).toBe('note-1');
     // The same event delivered again runs nothing: the operation is no longer waiting to run.
     await executor(store, d.impl)(msg);
@@ -107,7 +153,10 @@ describe('the executor on the in-memory store', () => {
     const last = store.history('acme', opId).at(-1)!;
     expect(last.type).toBe('rejected');
     expect(last.state.status === 'rejected' && last.state.error?.class).toBe('forbidden');
-    expect(last.state.status === 'rejected' && last.state.authorization?.execution).toMatchObject({ decision: 'deny', reason: 'forbidden' });
+    expect(last.state.status === 'rejected' && last.state.authorization?.execution).toMatchObject({
+      decision: 'deny',
+      reason: 'forbidden',
+    });
     expect(d.requests).toHaveLength(0);
   });
 
@@ -125,7 +174,10 @@ describe('the executor on the in-memory store', () => {
     const store = new MemoryStore();
     let release!: () => void;
     const gate = new Promise<void>((r) => (release = r));
-    const d = downstream(async (n) => (await gate, { resourceId: `note-${n}` }));
+    const d = downstream(async (n) => {
+      await gate;
+      return { resourceId: `note-${n}` };
+    });
     const { opId, msg } = await accepted(store);
     const both = Promise.all([executor(store, d.impl)(msg), executor(store, d.impl)(msg)]);
     await new Promise((r) => setTimeout(r, 20));

@@ -34,7 +34,12 @@ export type MaxDeliveriesAdvisory = z.infer<typeof maxDeliveriesAdvisorySchema>;
  * a store or NATS failure is thrown (the consumer loop naks with backoff, the advisory is never
  * given up on: its durable has no max_deliver).
  */
-export function advisoryHandler(deps: { store: Pick<JetStreamStore, 'subjectAt' | 'load'>; subjects: Subjects; index: KV; log: Logger }): (msg: JsMsg) => Promise<Settlement | void> {
+export function advisoryHandler(deps: {
+  store: Pick<JetStreamStore, 'subjectAt' | 'load'>;
+  subjects: Subjects;
+  index: KV;
+  log: Logger;
+}): (msg: JsMsg) => Promise<Settlement | void> {
   const { store, subjects, index, log } = deps;
   const events = subjects.eventsStream;
   return async (msg) => {
@@ -46,11 +51,13 @@ export function advisoryHandler(deps: { store: Pick<JetStreamStore, 'subjectAt' 
       return { kind: 'term', reason: 'unreadable advisory' };
     }
     const l = log.child({ consumer: a.consumer, streamSeq: a.stream_seq, deliveries: a.deliveries });
-    if (a.stream !== events) return void l.warn({ stream: a.stream }, 'max-deliveries advisory of another stream: nothing to do');
+    if (a.stream !== events)
+      return void l.warn({ stream: a.stream }, 'max-deliveries advisory of another stream: nothing to do');
     const subject = await store.subjectAt(a.stream_seq);
     if (!subject) return void l.error('max-deliveries advisory names a message no longer stored');
     const where = subjects.parseOpSubject('op', subject);
-    if (!where) return void l.error({ subject }, 'max-deliveries advisory names a message that is not an operation event');
+    if (!where)
+      return void l.error({ subject }, 'max-deliveries advisory names a message that is not an operation event');
     const { state, seq } = await store.load(where.tenant, where.opId);
     if (state.status === 'none') return void l.error({ subject }, 'operation has no event any more');
     const outcome = await projectEntry({
@@ -63,7 +70,7 @@ export function advisoryHandler(deps: { store: Pick<JetStreamStore, 'subjectAt' 
       { tenant: where.tenant, operationKey: state.operationKey, status: state.status, index: outcome.kind },
       attemptEnded(state.status)
         ? 'max-deliveries advisory: operation already settled'
-        : 'max-deliveries advisory: operation back in the reconciler\'s watch',
+        : "max-deliveries advisory: operation back in the reconciler's watch",
     );
   };
 }

@@ -38,7 +38,6 @@ interface Hold {
   held: { seq: number; type: string; resolve: () => void; reject: (err: unknown) => void }[];
 }
 
-
 /**
  * The reconciler's projection writer: the index of non-terminal operations
  * (`reconcile-index.ts`) without an index write for an operation that ends quickly.
@@ -93,7 +92,8 @@ export class IndexWriter {
     // later attempt, recovery evidence or a takeover is indexed at once: the sweep acts on those and
     // must see them (a held requeue left the entry's old time in the index, and each sweep in the
     // hold requeued again).
-    const plain = st.attempt === 1 && (st.requeues ?? 0) === 0 && st.evidence === undefined && st.takeover === undefined;
+    const plain =
+      st.attempt === 1 && (st.requeues ?? 0) === 0 && st.evidence === undefined && st.takeover === undefined;
     if (this.#o.delayMs > 0 && !this.#flushing && (status === 'accepted' || status === 'running') && plain) {
       return { kind: 'defer', settled: this.#hold(key, m.tenant, m.opId, msg.seq, event.type) };
     }
@@ -106,8 +106,11 @@ export class IndexWriter {
         written = (await this.#applier.applyNow(key, (cur) => applyToIndex(cur, event, msg.seq))).kind === 'written';
       }
       // Held events older than this one are settled by it.
-      if (h && h.held.every((x) => x.seq < msg.seq)) this.#release(key, h, false);
-      log.debug({ key, seq: msg.seq, type: event.type, deliveryCount: msg.info.deliveryCount }, written ? 'projected' : 'projection unchanged');
+      if (h?.held.every((x) => x.seq < msg.seq)) this.#release(key, h, false);
+      log.debug(
+        { key, seq: msg.seq, type: event.type, deliveryCount: msg.info.deliveryCount },
+        written ? 'projected' : 'projection unchanged',
+      );
     });
   };
 

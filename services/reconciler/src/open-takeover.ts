@@ -1,6 +1,13 @@
 import type { KV } from '@nats-io/kv';
 import { operationIdOf } from '@tooltx/contracts';
-import { freezeBacked, handleCommand, takeoverOpenable, takeoverRecordOf, type OperationStore, type TakeoverRecord } from '@tooltx/lifecycle';
+import {
+  freezeBacked,
+  handleCommand,
+  takeoverOpenable,
+  takeoverRecordOf,
+  type OperationStore,
+  type TakeoverRecord,
+} from '@tooltx/lifecycle';
 import { newEventId } from '@tooltx/nats';
 import { freezeTask, thawTask, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
@@ -40,9 +47,25 @@ export async function openTakeover(
   const openedAt = now();
   const takeover = takeoverRecordOf(state, why, openedAt);
   await freezeTask(d.tasks, tenant, state.taskId, state.operationKey, openedAt);
-  const h = await handleCommand(d.store, tenant, opId, () => ({ type: 'open_takeover', eventId: newEventId(), at: openedAt, attempt: state.attempt, takeover }), { known: { state, seq }, retry: false });
+  const h = await handleCommand(
+    d.store,
+    tenant,
+    opId,
+    () => ({ type: 'open_takeover', eventId: newEventId(), at: openedAt, attempt: state.attempt, takeover }),
+    { known: { state, seq }, retry: false },
+  );
   if (h.kind !== 'appended') return false;
-  d.log.error({ tenant, operationKey: state.operationKey, taskId: state.taskId, reason: why.reason, probes: why.probes, ...(why.probed ? { probedResourceId: why.probed.resourceId } : {}) }, 'takeover opened: the task is frozen until a person resolves it');
+  d.log.error(
+    {
+      tenant,
+      operationKey: state.operationKey,
+      taskId: state.taskId,
+      reason: why.reason,
+      probes: why.probes,
+      ...(why.probed ? { probedResourceId: why.probed.resourceId } : {}),
+    },
+    'takeover opened: the task is frozen until a person resolves it',
+  );
   return true;
 }
 
@@ -75,7 +98,10 @@ export async function repairFreezes(
       await thawTask(d.tasks, task.tenant, task.taskId, key);
       seen.delete(id);
       thawed++;
-      d.log.info({ tenant: task.tenant, operationKey: key, taskId: task.taskId }, 'freeze without an open takeover thawed');
+      d.log.info(
+        { tenant: task.tenant, operationKey: key, taskId: task.taskId },
+        'freeze without an open takeover thawed',
+      );
     }
   }
   for (const id of [...seen.keys()]) if (!current.has(id)) seen.delete(id);

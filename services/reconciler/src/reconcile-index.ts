@@ -64,12 +64,20 @@ export type ReconcileValue = z.infer<typeof reconcileValueSchema>;
  * Pure; the state comes from the state the event carries, so a skipped intermediate event loses
  * nothing.
  */
-export function applyToIndex(current: ReconcileValue | null, event: OperationEvent, seq: number): ReconcileValue | null {
+export function applyToIndex(
+  current: ReconcileValue | null,
+  event: OperationEvent,
+  seq: number,
+): ReconcileValue | null {
   return applyStateToIndex(current, event.state, seq);
 }
 
 /** {@link applyToIndex} for an operation state read directly (the last event's folded state at stream sequence `seq`). */
-export function applyStateToIndex(current: ReconcileValue | null, s: OperationRecord, seq: number): ReconcileValue | null {
+export function applyStateToIndex(
+  current: ReconcileValue | null,
+  s: OperationRecord,
+  seq: number,
+): ReconcileValue | null {
   if (current && current.seq >= seq) return null;
   switch (s.status) {
     case 'committed':

@@ -1,5 +1,14 @@
 import type { KV } from '@nats-io/kv';
-import { handleCommand, lookDue, nextProbeInMs, sweepAction, takeoverDue, type OperationRecord, type OperationStore, type ReceiptSigner } from '@tooltx/lifecycle';
+import {
+  handleCommand,
+  lookDue,
+  nextProbeInMs,
+  sweepAction,
+  takeoverDue,
+  type OperationRecord,
+  type OperationStore,
+  type ReceiptSigner,
+} from '@tooltx/lifecycle';
 import { KvMirror, newEventId, type Subjects } from '@tooltx/nats';
 import { projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
@@ -56,7 +65,11 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
   let wake: (() => void) | null = null;
   // The non-terminal operations, fed by one long-lived watch of the index (never a full key
   // listing per sweep: that was O(all operations ever) and could hang across a server restart).
-  const mirror = new KvMirror(d.index, reconcileValueSchema, { log: d.log, what: 'reconciler index', keep: (v) => !v.terminal });
+  const mirror = new KvMirror(d.index, reconcileValueSchema, {
+    log: d.log,
+    what: 'reconciler index',
+    keep: (v) => !v.terminal,
+  });
   void mirror.start();
   const watched = mirror.map as ReadonlyMap<string, IndexEntry>;
 
@@ -66,12 +79,17 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
   let sweeps = 0;
   const sweepOnce = async () => {
     // Every ~30 sweeps: thaw freezes no open takeover backs any more (a lost thaw).
-    if (sweeps++ % 30 === 0) await repairFreezes(takeoverDeps, d.frozen, freezesSeen, { elapsed }).catch((err: unknown) => d.log.warn({ err }, 'freeze repair failed'));
+    if (sweeps++ % 30 === 0)
+      await repairFreezes(takeoverDeps, d.frozen, freezesSeen, { elapsed }).catch((err: unknown) =>
+        d.log.warn({ err }, 'freeze repair failed'),
+      );
     for (const key of [...backoff.keys()]) if (!watched.has(key)) backoff.delete(key);
     for (const key of [...seen.keys()]) if (!watched.has(key)) seen.delete(key);
     for (const [key, v] of [...watched]) {
       if (stopping) return;
-      await visit(key, v).catch((err: unknown) => d.log.warn({ err, key }, 'reconcile step failed; next sweep retries'));
+      await visit(key, v).catch((err: unknown) =>
+        d.log.warn({ err, key }, 'reconcile step failed; next sweep retries'),
+      );
     }
   };
 
@@ -87,7 +105,11 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
       seen.set(key, since);
     }
     const age = t - since.at;
-    const due = lookDue(e, impl.contract.timing, { seenForMs: age, wallNow: now(), probeDue: t >= (backoff.get(key)?.nextAt ?? 0) });
+    const due = lookDue(e, impl.contract.timing, {
+      seenForMs: age,
+      wallNow: now(),
+      probeDue: t >= (backoff.get(key)?.nextAt ?? 0),
+    });
     if (!due) return;
     const [tenant, opId] = key.split('.') as [string, string];
     const { state, seq } = await d.store.load(tenant, opId);
@@ -96,27 +118,54 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
     if (action === 'close_entry') {
       // The operation ended but its entry stayed open (its terminal event was applied where the
       // entry was not yet known: index-writer.ts): take it out of the index.
-      await projectEntry({ kv: d.index, key, schema: reconcileValueSchema, apply: (cur) => applyStateToIndex(cur, state, seq) });
+      await projectEntry({
+        kv: d.index,
+        key,
+        schema: reconcileValueSchema,
+        apply: (cur) => applyStateToIndex(cur, state, seq),
+      });
       d.log.info({ key, status: state.status }, 'stale index entry of an ended operation closed');
       return;
     }
     const l = d.log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, status: state.status });
     if (action === 'requeue_stale') {
-      const h = await handleCommand(d.store, tenant, opId, () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'stale_accepted' }), { known: { state, seq }, retry: false });
+      const h = await handleCommand(
+        d.store,
+        tenant,
+        opId,
+        () => ({ type: 'requeue', eventId: newEventId(), at: now(), attempt: state.attempt, reason: 'stale_accepted' }),
+        { known: { state, seq }, retry: false },
+      );
       if (h.kind === 'appended') l.info({ waitedMs: Math.round(age) }, 'stale accepted operation re-driven');
       return;
     }
     const b = backoff.get(key) ?? { failures: 0, nextAt: 0 };
     const outcome = await recoverOperation({
-      store: d.store, subjects: d.subjects, results: d.results, impl, tenant, opId, state: state as OperationRecord, seq, log: l, now, signer: d.signer,
-      onMismatch: async (probed) => void (await openTakeover(takeoverDeps, tenant, opId, { reason: 'probe_mismatch', probes: b.failures + 1, probed })),
+      store: d.store,
+      subjects: d.subjects,
+      results: d.results,
+      impl,
+      tenant,
+      opId,
+      state: state as OperationRecord,
+      seq,
+      log: l,
+      now,
+      signer: d.signer,
+      onMismatch: async (probed) =>
+        void (await openTakeover(takeoverDeps, tenant, opId, {
+          reason: 'probe_mismatch',
+          probes: b.failures + 1,
+          probed,
+        })),
     });
     if (outcome.result === 'kept' || outcome.result === 'marked_unknown' || outcome.result === 'no_probe') {
       b.failures++;
       b.nextAt = elapsed() + nextProbeInMs(b.failures, outcome.retryInMs);
       backoff.set(key, b);
       if (takeoverDue(state.status, elapsed() - since.at, unknownDeadlineMs)) {
-        if (await openTakeover(takeoverDeps, tenant, opId, { reason: 'unknown_past_deadline', probes: b.failures })) backoff.delete(key);
+        if (await openTakeover(takeoverDeps, tenant, opId, { reason: 'unknown_past_deadline', probes: b.failures }))
+          backoff.delete(key);
       }
     } else backoff.delete(key);
   };

@@ -7,7 +7,7 @@ import type { KV } from '@nats-io/kv';
 import { heldLimit, KvMirror, startConsumerLoop, openBucket } from '@tooltx/nats';
 import { FrozenTaskWatch } from '@tooltx/runtime';
 import { envInt, type Logger } from '@tooltx/runtime';
-import { defineRole, type RoleSpec } from '@tooltx/runtime/service';
+import { defineRole } from '@tooltx/runtime/service';
 import { startTakeoverService } from '@tooltx/readside';
 import { Durables } from '@tooltx/streams';
 import { advisoryHandler } from './advisories.js';
@@ -38,7 +38,8 @@ function projectionOnly(kv: KV, log: Logger): { stop(): Promise<void>; watched: 
 
 export const reconcilerRole = defineRole({
   name: 'reconciler',
-  summary: 'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile) and sweeps it every TOOLTX_RECONCILE_INTERVAL_MS (default 2000; TOOLTX_RECONCILE_SWEEP=off for a projection-only instance): stale accepted → re-driven; stale running and unknown → probed by key, then committed, requeued under the same key, or kept unknown',
+  summary:
+    'projects the event log into the index of non-terminal operations (KV <prefix>_reconcile) and sweeps it every TOOLTX_RECONCILE_INTERVAL_MS (default 2000; TOOLTX_RECONCILE_SWEEP=off for a projection-only instance): stale accepted → re-driven; stale running and unknown → probed by key, then committed, requeued under the same key, or kept unknown',
   signsReceipts: true,
   env: reconcilerEnvSchema,
   envHelp: `  TOOLTX_RECONCILE_INTERVAL_MS  pause between two sweeps, ms: an integer 1..3600000 (default 2000)
@@ -56,14 +57,50 @@ export const reconcilerRole = defineRole({
     const sweeper =
       env.TOOLTX_RECONCILE_SWEEP === 'off'
         ? projectionOnly(kv, log)
-        : startSweeper({ index: kv, results, tasks, frozen, store, subjects, tools, signer: signer!, log: log.child({ component: 'sweep' }), intervalMs: env.TOOLTX_RECONCILE_INTERVAL_MS });
+        : startSweeper({
+            index: kv,
+            results,
+            tasks,
+            frozen,
+            store,
+            subjects,
+            tools,
+            signer: signer!,
+            log: log.child({ component: 'sweep' }),
+            intervalMs: env.TOOLTX_RECONCILE_INTERVAL_MS,
+          });
     // Operators' takeover requests: list, show, resolve.
-    const takeover = startTakeoverService({ nc, store, subjects, results, tasks, tools, signer: signer!, log: log.child({ component: 'takeover' }), watched: sweeper.watched });
+    const takeover = startTakeoverService({
+      nc,
+      store,
+      subjects,
+      results,
+      tasks,
+      tools,
+      signer: signer!,
+      log: log.child({ component: 'takeover' }),
+      watched: sweeper.watched,
+    });
     // Held operations are bounded so their unacked messages (up to 3 each) stay under the durable's
     // max_ack_pending with the loop's own in-flight ones.
     const maxHeld = await heldLimit(jsm, subjects.eventsStream, Durables.reconciler, config.TOOLTX_CONCURRENCY);
-    const index = new IndexWriter({ subjects, kv, store, log, delayMs: env.TOOLTX_RECONCILE_INDEX_DELAY_MS, maxHeld, isIndexed: (key) => sweeper.watched.has(key) });
-    const loop = await startConsumerLoop({ js, stream: subjects.eventsStream, durable: Durables.reconciler, concurrency: config.TOOLTX_CONCURRENCY, log, handle: index.handle });
+    const index = new IndexWriter({
+      subjects,
+      kv,
+      store,
+      log,
+      delayMs: env.TOOLTX_RECONCILE_INDEX_DELAY_MS,
+      maxHeld,
+      isIndexed: (key) => sweeper.watched.has(key),
+    });
+    const loop = await startConsumerLoop({
+      js,
+      stream: subjects.eventsStream,
+      durable: Durables.reconciler,
+      concurrency: config.TOOLTX_CONCURRENCY,
+      log,
+      handle: index.handle,
+    });
     // The max-deliveries advisories of the event log: an operation whose message a durable
     // gave up on goes back into the index, where the sweep finds it — even if this was down then.
     const advisories = await startConsumerLoop({

@@ -1,6 +1,13 @@
 import { describe, expect, it } from 'vitest';
 import { decode, encode } from '@tooltx/nats';
-import { fold, interleave, sampleOperation, sampleOperations, shuffled, type LogEntry } from '../../../test/helpers/histories.js';
+import {
+  fold,
+  interleave,
+  sampleOperation,
+  sampleOperations,
+  shuffled,
+  type LogEntry,
+} from '../../../test/helpers/histories.js';
 import { applyToIndex, reconcileValueSchema, type ReconcileValue } from '../src/reconcile-index.js';
 
 const ops = sampleOperations(2);
@@ -18,12 +25,24 @@ const seqOfLast = (kind: string) => {
 describe('reconciler projection: the index of non-terminal operations', () => {
   it('holds accepted, running and unknown operations with their timing; committed and rejected ones leave a tombstone', () => {
     expect(inOrder.size).toBe(ops.length);
-    expect(byKind('accepted')).toMatchObject({ terminal: false, status: 'accepted', attempt: 1, effect: 'update', tool: 'kb.write_note', version: 2 });
+    expect(byKind('accepted')).toMatchObject({
+      terminal: false,
+      status: 'accepted',
+      attempt: 1,
+      effect: 'update',
+      tool: 'kb.write_note',
+      version: 2,
+    });
     expect(byKind('accepted')).not.toHaveProperty('runningAt');
     const running = byKind('running');
     expect(running).toMatchObject({ terminal: false, status: 'running', effect: 'charge' });
     expect(running).toHaveProperty('deadlineAt', (running as { runningAt: number }).runningAt + 5_000);
-    expect(byKind('retried_unknown')).toMatchObject({ terminal: false, status: 'unknown', attempt: 2, seq: seqOfLast('retried_unknown') });
+    expect(byKind('retried_unknown')).toMatchObject({
+      terminal: false,
+      status: 'unknown',
+      attempt: 2,
+      seq: seqOfLast('retried_unknown'),
+    });
     expect(byKind('committed')).toEqual({ seq: seqOfLast('committed'), status: 'committed', terminal: true });
     expect(byKind('read_failed')).toEqual({ seq: seqOfLast('read_failed'), status: 'rejected', terminal: true });
     expect(byKind('refused')).toEqual({ seq: seqOfLast('refused'), status: 'rejected', terminal: true });
@@ -64,6 +83,7 @@ describe('reconciler projection: the index of non-terminal operations', () => {
   });
 
   it('stores values that survive msgpack and the schema unchanged', () => {
-    for (const v of inOrder.values()) expect(decode(reconcileValueSchema, encode(v))).toEqual(v satisfies ReconcileValue);
+    for (const v of inOrder.values())
+      expect(decode(reconcileValueSchema, encode(v))).toEqual(v satisfies ReconcileValue);
   });
 });
