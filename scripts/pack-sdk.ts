@@ -30,6 +30,7 @@ import { createRequire, isBuiltin } from 'node:module';
 import { dirname, join, relative, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { esbuildFailure, externalNpmPackages, loadEsbuild } from '@tooltx/dev/compiled';
 
 const run = promisify(execFile);
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
@@ -63,31 +64,6 @@ export interface SdkPack {
   dependencies: Record<string, string>;
 }
 
-interface EsbuildMessage {
-  text: string;
-  location: { file: string; line: number; column: number } | null;
-}
-interface EsbuildPluginBuild {
-  onResolve(
-    options: { filter: RegExp },
-    callback: (args: { path: string; kind: string }) => { path: string; external: true } | undefined,
-  ): void;
-}
-interface Esbuild {
-  build(options: Record<string, unknown>): Promise<{
-    metafile: {
-      inputs: Record<string, unknown>;
-      outputs: Record<string, { imports: { path: string; external?: boolean }[] }>;
-    };
-  }>;
-}
-
-/** The esbuild tsx depends on, as dev/src/compiled.ts loads it: nothing beyond the pinned tsx. */
-function loadEsbuild(): Esbuild {
-  const fromHere = createRequire(import.meta.url);
-  return createRequire(fromHere.resolve('tsx/package.json'))('esbuild') as Esbuild;
-}
-
 /** `@scope/name/sub` → `@scope/name`, `name/sub` → `name`. */
 function packageOf(specifier: string): string {
   const parts = specifier.split('/');
@@ -117,30 +93,10 @@ async function buildJs(dist: string): Promise<Set<string>> {
       sourcemap: false,
       metafile: true,
       logLevel: 'silent',
-      plugins: [
-        {
-          name: 'external-packages',
-          setup(b: EsbuildPluginBuild) {
-            b.onResolve({ filter: /^[^./]/ }, (args) =>
-              args.path.startsWith('@tooltx/') || args.kind === 'entry-point'
-                ? undefined
-                : { path: args.path, external: true },
-            );
-          },
-        },
-      ],
+      plugins: [externalNpmPackages],
     })
     .catch((err: unknown) => {
-      const errors = (err as { errors?: EsbuildMessage[] }).errors ?? [];
-      throw new SdkPackError(
-        `esbuild: ${
-          errors
-            .slice(0, 5)
-            .map((m) => (m.location ? `${m.location.file}:${m.location.line}:${m.location.column}: ${m.text}` : m.text))
-            .join('; ') || String(err)
-        }`,
-        { cause: err },
-      );
+      throw new SdkPackError(esbuildFailure(err), { cause: err });
     });
   const allowed = BUNDLED.map((l) => `libs/${l}/src/`);
   const strays = Object.keys(r.metafile.inputs).filter((f) => !allowed.some((a) => f.startsWith(a)));

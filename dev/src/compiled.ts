@@ -91,16 +91,20 @@ export class StackBuildError extends Error {
   }
 }
 
-/** The part of esbuild's JavaScript API used here (esbuild ~0.28, through tsx). */
-interface EsbuildMessage {
+/** The part of esbuild's JavaScript API used here and by scripts/pack-sdk.ts (esbuild ~0.28, through tsx). */
+export interface EsbuildMessage {
   text: string;
   location: { file: string; line: number; column: number } | null;
 }
-interface Esbuild {
+export interface EsbuildMetafile {
+  inputs: Record<string, unknown>;
+  outputs: Record<string, { imports: { path: string; external?: boolean }[] }>;
+}
+export interface Esbuild {
   version: string;
   build(
     options: Record<string, unknown>,
-  ): Promise<{ errors: EsbuildMessage[]; warnings: EsbuildMessage[]; metafile: { inputs: Record<string, unknown> } }>;
+  ): Promise<{ errors: EsbuildMessage[]; warnings: EsbuildMessage[]; metafile: EsbuildMetafile }>;
 }
 interface EsbuildPluginBuild {
   onResolve(
@@ -109,9 +113,32 @@ interface EsbuildPluginBuild {
   ): void;
 }
 
-function loadEsbuild(): Esbuild {
+/** The esbuild tsx itself depends on: nothing beyond the pinned tsx is needed. */
+export function loadEsbuild(): Esbuild {
   const fromHere = createRequire(import.meta.url);
   return createRequire(fromHere.resolve('tsx/package.json'))('esbuild') as Esbuild;
+}
+
+/**
+ * An esbuild plugin that bundles the workspace's own packages (`@tooltx/*`) and leaves every npm
+ * package external, to be loaded from node_modules at run time.
+ */
+export const externalNpmPackages = {
+  name: 'external-packages',
+  setup(b: EsbuildPluginBuild) {
+    b.onResolve({ filter: /^[^./]/ }, (args) =>
+      args.path.startsWith('@tooltx/') || args.kind === 'entry-point' ? undefined : { path: args.path, external: true },
+    );
+  },
+};
+
+/** esbuild's failure as one line: its first five errors, `file:line:column: text` each. */
+export function esbuildFailure(err: unknown): string {
+  const errors = (err as { errors?: EsbuildMessage[] }).errors ?? [];
+  const lines = errors
+    .slice(0, 5)
+    .map((m) => (m.location ? `${m.location.file}:${m.location.line}:${m.location.column}: ${m.text}` : m.text));
+  return `esbuild: ${lines.join('; ') || String(err)}`;
 }
 
 /** The repository-relative paths of every hashed input (`extraDirs` walked as well), sorted. */
@@ -181,33 +208,10 @@ export async function ensureStackBuild(
         keepNames: true,
         metafile: true,
         logLevel: 'silent',
-        plugins: [
-          {
-            name: 'external-packages',
-            // npm packages are loaded from node_modules at run time; only the workspace's own (@tooltx/*) are bundled.
-            setup(b: EsbuildPluginBuild) {
-              b.onResolve({ filter: /^[^./]/ }, (args) =>
-                args.path.startsWith('@tooltx/') || args.kind === 'entry-point'
-                  ? undefined
-                  : { path: args.path, external: true },
-              );
-            },
-          },
-        ],
+        plugins: [externalNpmPackages],
       })
       .catch((err: unknown) => {
-        const errors = (err as { errors?: EsbuildMessage[] }).errors ?? [];
-        throw new StackBuildError(
-          `esbuild: ${
-            errors
-              .slice(0, 5)
-              .map((m) =>
-                m.location ? `${m.location.file}:${m.location.line}:${m.location.column}: ${m.text}` : m.text,
-              )
-              .join('; ') || String(err)
-          }`,
-          { cause: err },
-        );
+        throw new StackBuildError(esbuildFailure(err), { cause: err });
       });
     const hashed = new Set(files.map((f) => f.split(sep).join('/')));
     const unhashed = Object.keys(r.metafile.inputs).filter((f) => !hashed.has(f));
