@@ -23,7 +23,6 @@ import {
   accessSync,
   constants as fsConstants,
   existsSync,
-  mkdirSync,
   readdirSync,
   readFileSync,
   renameSync,
@@ -43,6 +42,7 @@ import {
   describeError,
   displayUrl,
   failStartup,
+  makeDirs,
   StartupError,
   stdoutDestination,
   type Logger,
@@ -276,7 +276,7 @@ let entriesBefore: Set<string>;
 try {
   entriesBefore = new Set(existsSync(stateDir) ? readdirSync(stateDir) : []);
   // 0700: it holds keys, seeds and every tenant's notes.
-  createdDir = mkdirSync(stateDir, { recursive: true, mode: 0o700 });
+  createdDir = makeDirs(stateDir, 0o700);
 } catch (err) {
   failStartup(who, optionError('stateDir', `cannot create the state directory: ${describeError(err)}`, err));
 }

@@ -582,6 +582,23 @@ describe('npm start that cannot start', () => {
     expect(readdirSync(single)).toEqual(['jetstream']);
   });
 
+  it("a state directory that cannot be created is named at once, never waited on (a path under /proc: Node 20's recursive mkdir never returns there)", async () => {
+    const p = start([
+      '--state-dir',
+      '/proc/tooltx-nowhere/state',
+      '--port',
+      String(await freePort()),
+      '--kb-port',
+      String(await freePort()),
+    ]);
+    expect(await p.exited).toBe(2);
+    expect(p.lines.find((l) => l.msg === 'failed to start' && l.service === 'start')).toMatchObject({
+      setting: '--state-dir',
+      value: '/proc/tooltx-nowhere/state',
+      problem: expect.stringContaining('cannot create the state directory'),
+    });
+  });
+
   it("names --kb-port when the KB's port is taken, and leaves nothing running", async () => {
     const free = createServer();
     await new Promise<void>((r) => free.listen(0, '127.0.0.1', r));

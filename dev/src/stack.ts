@@ -37,6 +37,7 @@ import {
   displayUrl,
   ensureKeyFile,
   isNatsError,
+  makeDirs,
   readKeyFile,
   SecretFileError,
   showValue,
@@ -272,7 +273,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       ? await startupStep('TOOLTX_STACK_RUNTIME', 'compiled', () => ensureStackBuild(), buildProblem)
       : undefined;
   // 0700: it holds keys, seeds and every tenant's notes (kb.sqlite).
-  await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => mkdirSync(o.stateDir, { recursive: true, mode: 0o700 }));
+  await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => makeDirs(o.stateDir, 0o700));
   // Development HMAC keys, kept in the state directory (0600) so audit records rebuilt
   // after a restart equal the ones they replace; a key file named in the environment wins.
   const keys = await startupStep('TOOLTX_STATE_DIR', o.stateDir, () => ({

@@ -41,6 +41,7 @@ export {
   displayUrl,
   failStartup,
   isNatsError,
+  makeDirs,
   type ReadyMessage,
   StartupError,
   StartupFailure,

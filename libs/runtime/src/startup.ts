@@ -1,3 +1,5 @@
+import { existsSync, mkdirSync, statSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
 import { createLogger, type Logger } from './logger.js';
 import { ConfigError, showValue } from './config.js';
 
@@ -242,4 +244,25 @@ export function failStartup(who: StartupReporter, err: unknown): never {
     // nowhere to write
   }
   process.exit(2);
+}
+
+/**
+ * `mkdir -p` that fails instead of hanging: creates each missing directory of `dir` in turn (each
+ * with `mode`) and returns the first one it created (undefined when `dir` existed), like
+ * `mkdirSync(dir, { recursive: true })`. Node 20's recursive mkdir never returns for a path under a
+ * pseudo-filesystem that answers ENOENT for the parent it just "created" (`/proc/x`); one level at
+ * a time, the same path fails at once with ENOENT. Throws the file system's error (ENOENT,
+ * EACCES, ENOTDIR, EROFS, …).
+ */
+export function makeDirs(dir: string, mode = 0o777): string | undefined {
+  const abs = resolve(dir);
+  const missing: string[] = [];
+  for (let p = abs; !existsSync(p); p = dirname(p)) {
+    missing.unshift(p);
+    if (dirname(p) === p) break;
+  }
+  for (const p of missing) mkdirSync(p, { mode });
+  if (!statSync(abs).isDirectory())
+    throw Object.assign(new Error(`ENOTDIR: not a directory, mkdir '${abs}'`), { code: 'ENOTDIR' });
+  return missing[0];
 }
