@@ -32,6 +32,7 @@ const LIMITS = {
   decisionBytes: 64 * 1024,
   maxIntentBytes: 256 * 1024,
   connections: 4,
+  subscriptions: 64,
   // Five times the default pace: the flooding tenant's own call waits behind its stored junk for
   // less of the suite's time; what is asserted (bounds, 0 failed calls) does not depend on it.
   intentsPerSecond: 100,
@@ -303,7 +304,7 @@ describe('tenant isolation (docs/tenancy.md)', () => {
     ).toBe('committed');
   });
 
-  it("tenant-flood: admission at the connection — a message over the tenant's largest intent is refused before the server reads it (a raw client is disconnected), and the tenant's connections are bounded", async () => {
+  it("tenant-flood: admission at the connection — a message over the tenant's largest intent is refused before the server reads it (a raw client is disconnected), and the tenant's connections and subscriptions are bounded", async () => {
     const before = await floodIntake();
     // A raw client, authenticated as the flooding tenant's agent, announces a publish over its
     // account's max_payload (maxIntentBytes): the server refuses it at the header and closes.
@@ -312,6 +313,11 @@ describe('tenant isolation (docs/tenancy.md)', () => {
     );
     expect(oversize).toContain("-ERR 'Maximum Payload Violation'");
     expect(await floodIntake()).toMatchObject({ messages: before.messages, bytes: before.bytes });
+
+    // Subscriptions: at most the tenant's bound across its connections; one more closes the connection.
+    const inbox = inboxPrefixOf({ kind: 'agent', tenant: 'flood', actor: 'mallory' });
+    const subs = Array.from({ length: LIMITS.subscriptions + 1 }, (_, i) => `SUB ${inbox}.s${i} ${i + 1}\r\n`).join('');
+    expect(await rawAgentSession(`${subs}PING\r\n`)).toContain("-ERR 'maximum subscriptions exceeded'");
 
     // Connections: at most the tenant's bound at once; one more is refused at connect, and only
     // that tenant's (another tenant's next call still commits).

@@ -21,7 +21,10 @@ const MiB = 1024 * KiB;
  *   (the account's `max_connections`; one more is refused at connect). The account's `max_payload`
  *   is `maxIntentBytes`: a larger message is refused on the connection before any of it is read
  *   (nats.js refuses it before sending; a raw client is disconnected), never reaching a stream.
- *   Optional in the tenants bucket: the services do not read it (nats-server enforces it).
+ * - `subscriptions`: subscriptions the tenant's account holds at once, all its connections together
+ *   (the account's `max_subscriptions`): without it one tenant could subscribe until nats-server's
+ *   memory ran out for every tenant. An SDK holds about three.
+ *   Both optional in the tenants bucket: the services do not read them (nats-server enforces them).
  */
 export const tenantLimitsSchema = z.strictObject({
   intentBytes: z
@@ -47,6 +50,7 @@ export const tenantLimitsSchema = z.strictObject({
   intentsPerSecond: z.number().positive().max(1_000_000),
   intentBurst: z.number().int().min(1).max(1_000_000),
   connections: z.number().int().min(1).max(1_000_000).optional(),
+  subscriptions: z.number().int().min(8).max(10_000_000).optional(),
 });
 export type TenantLimits = z.infer<typeof tenantLimitsSchema>;
 
@@ -58,7 +62,7 @@ export type TenantLimits = z.infer<typeof tenantLimitsSchema>;
  * records (about 30,000), 20 intents/s with bursts of 20 per authorizer instance: one tenant at its
  * pace takes about a tenth of what a 2-core deployment completes (at 100/s one tenant saturated it
  * and the others waited seconds), and a burst small enough that the calls it lets through at once do
- * not queue another tenant's behind them in the shared event log; 256 connections (an SDK holds one).
+ * not queue another tenant's behind them in the shared event log; 256 connections (an SDK holds one) with 1,024 subscriptions among them (an SDK holds about three).
  */
 export const DEFAULT_TENANT_LIMITS: TenantLimits = {
   intentBytes: 1024 * MiB,
@@ -68,6 +72,7 @@ export const DEFAULT_TENANT_LIMITS: TenantLimits = {
   intentsPerSecond: 20,
   intentBurst: 20,
   connections: 256,
+  subscriptions: 1024,
 };
 
 /** Limits as written in an identity list: any subset; the rest comes from the list's `limits`, then the defaults. */

@@ -201,9 +201,9 @@ export function generateAuth(
       // Pushed answers: a stream import of this tenant's push subjects only; each agent may
       // subscribe to its own (permissionsFor).
       // Admission at the connection (docs/tenancy.md): a message over the tenant's largest intent is
-      // refused before nats-server reads it, and the tenant's connections are bounded.
+      // refused before nats-server reads it, and the tenant's connections and subscriptions are bounded.
       extra: [
-        `      limits: { max_payload: ${t.limits.maxIntentBytes}, max_connections: ${t.limits.connections ?? DEFAULT_TENANT_LIMITS.connections} }`,
+        `      limits: { max_payload: ${t.limits.maxIntentBytes}, max_connections: ${t.limits.connections ?? DEFAULT_TENANT_LIMITS.connections}, max_subscriptions: ${t.limits.subscriptions ?? DEFAULT_TENANT_LIMITS.subscriptions} }`,
         imports(
           [`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`],
           [o.subjects.pushesOfTenant(t.id)],

@@ -110,7 +110,7 @@ const WRITE_FAILURES: FailureMapping = {
  * - failures: {@link READ_FAILURES} or {@link WRITE_FAILURES}; a charge adds 402 (payment refused:
  *   the payer is over its funds or limit) as `quota_exceeded`.
  */
-export const EFFECT_DEFAULTS: Readonly<Record<EffectClass, EffectDefaults>> = {
+export const EFFECT_DEFAULTS: Readonly<Record<EffectClass, EffectDefaults>> = deepFrozen({
   [EffectClass.Read]: {
     timing: { timeoutMs: 5 * SECOND, runningBoundMs: 15 * SECOND, unknownDeadlineMs: MINUTE },
     key: { scope: 'tenant', retentionMs: DAY },
@@ -160,7 +160,7 @@ export const EFFECT_DEFAULTS: Readonly<Record<EffectClass, EffectDefaults>> = {
     intent: 'none',
     failures: { '402': ErrorClass.QuotaExceeded },
   }),
-};
+});
 
 /** The defaults of a side-effecting class; its target is required exactly when its intent defaults to none. */
 function write(o: {
@@ -187,4 +187,13 @@ function write(o: {
  */
 export function failureOutcomeOf(mapping: FailureMapping, status: number): FailureOutcome {
   return mapping[String(status)] ?? mapping[`${Math.floor(status / 100)}xx`] ?? 'unknown';
+}
+
+/** `value` frozen all the way down: the defaults are shared by every tool, so no tool may change them for another. */
+function deepFrozen<T>(value: T): T {
+  if (value && typeof value === 'object') {
+    for (const v of Object.values(value)) deepFrozen(v);
+    Object.freeze(value);
+  }
+  return value;
 }

@@ -177,6 +177,14 @@ export function defineTool<I extends AnyObjectSchema, O extends z.ZodType = Rece
       `defineTool ${name}: target: required for a ${spec.effect} tool (its operation key is the target within the task: name what it acts upon)`,
     );
   }
+  // An intent alone would leave the default target (the whole input) holding every field the intent
+  // left out, and a changed incidental field (a fetch time) would make a retry a new operation: a
+  // second effect where the author meant a conflict. Both or neither (docs/writing-tools.md).
+  if (spec.intent !== undefined && spec.target === undefined) {
+    throw new TypeError(
+      `defineTool ${name}: target: required when intent is given (the key is target + intent; the default target, the whole input, would keep in the key what the intent leaves out)`,
+    );
+  }
   type In = z.infer<I>;
   const target = spec.target ?? ((input: In) => ({ ...input }) as Record<string, never>);
   const intent = spec.intent ?? (d.intent === 'none' ? () => ({}) : (input: In) => restOf(input, target(input)));
@@ -196,7 +204,7 @@ export function defineTool<I extends AnyObjectSchema, O extends z.ZodType = Rece
   });
   return Object.freeze({
     contract,
-    failures: d.failures,
+    failures: Object.freeze({ ...d.failures }),
     implement: (impl: ToolImplementation<Contract<I, O>>) => implementTool(contract, d.failures, impl),
   });
 }
@@ -209,7 +217,7 @@ function implementTool<C extends Contract>(
   const checked = implementationSchema.safeParse(impl);
   if (!checked.success) throw new TypeError(`implement ${contract.id}: ${described(checked.error)}`);
   const { failures, ...rest } = impl;
-  const mapping: FailureMapping = { ...defaults, ...failures };
+  const mapping = withOverrides(defaults, failures ?? {});
   return {
     ...rest,
     contract,
@@ -221,6 +229,18 @@ function implementTool<C extends Contract>(
       }
     },
   };
+}
+
+/**
+ * The defaults with a tool's own entries over them. A class the tool names (`4xx`) takes over the
+ * whole class: the defaults' exact statuses in it (`404`, `429`) go unless the tool names them too,
+ * so `{ '4xx': 'unknown' }` means every 4xx is unknown, as written — never a default `rejected` that
+ * would send the agent into a retry of a write that may have happened.
+ */
+export function withOverrides(defaults: FailureMapping, own: FailureMapping): FailureMapping {
+  const classes = Object.keys(own).filter((k) => /^[1-5]xx$/.test(k)).map((k) => k[0]);
+  const kept = Object.entries(defaults).filter(([k]) => !(/^\d{3}$/.test(k) && classes.includes(k[0]!)));
+  return Object.freeze({ ...Object.fromEntries(kept), ...own });
 }
 
 /**

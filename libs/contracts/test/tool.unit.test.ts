@@ -126,6 +126,7 @@ describe('defineTool: the effect class fills in what is omitted', () => {
     const t = defineTool({
       ...noteSpec(),
       version: 3,
+      target: (i) => ({ kb: i.kb }),
       intent: (i) => ({ title: i.title }),
       timing: { timeoutMs: 2_000 },
       key: { retentionMs: 3_600_000 },
@@ -186,6 +187,12 @@ describe('defineTool refuses a bad spec with a TypeError naming the field', () =
   ])('%s', (_what, change, message) => {
     expect(() => defineTool({ ...noteSpec(), ...(change as object) } as never)).toThrow(TypeError);
     expect(() => defineTool({ ...noteSpec(), ...(change as object) } as never)).toThrow(message);
+  });
+
+  it('an intent without a target: the default target (the whole input) would keep in the key what the intent leaves out, so a changed incidental field would be a second effect', () => {
+    expect(() =>
+      defineTool({ ...noteSpec(), intent: (i: { title: string }) => ({ title: i.title }) } as never),
+    ).toThrow(/target: required when intent is given/);
   });
 
   it('a read without an output, a charge or send without a target', () => {
@@ -287,6 +294,27 @@ describe("implement: the trusted half, with the effect class's failure mapping",
     expect(
       await failing(transfer, new HttpStatusError(503), { '5xx': 'dependency_unavailable' } as never),
     ).toMatchObject({ class: ErrorClass.DependencyUnavailable });
+  });
+
+  it("a class the tool names takes the whole class over: { '4xx': 'unknown' } leaves no default 4xx rejection (404, 429) behind", async () => {
+    for (const status of [404, 429, 400, 403])
+      expect(await failing(note, new HttpStatusError(status), { '4xx': 'unknown' } as never)).toBeInstanceOf(
+        HttpStatusError,
+      );
+    // An exact status the tool names as well still wins over its own class.
+    expect(
+      await failing(note, new HttpStatusError(403), { '4xx': 'unknown', '403': 'forbidden' } as never),
+    ).toMatchObject({ class: ErrorClass.Forbidden });
+  });
+
+  it('the defaults are shared and frozen: no tool changes them for another', () => {
+    expect(() => {
+      (EFFECT_DEFAULTS.update.failures as Record<string, string>)['409'] = 'invalid_input';
+    }).toThrow(TypeError);
+    expect(() => {
+      (note.failures as Record<string, string>)['409'] = 'invalid_input';
+    }).toThrow(TypeError);
+    expect(EFFECT_DEFAULTS.update.failures['409']).toBeUndefined();
   });
 
   it('refuses a malformed implementation with a TypeError naming the field', () => {

@@ -4,6 +4,9 @@
  * one tenant's intents; the rest waits in the tenant's own stream). Clock: `performance.now()`
  * (monotonic: a wall-clock step neither floods nor stalls intake).
  */
+/** The longest single wait of the bucket's timer, ms (it is set again after it). */
+const MAX_WAIT_MS = 60_000;
+
 /** One waiter: `grant(n)` once `n` ≥ 1 tokens are taken for it, or `grant(0)` when released. */
 interface Waiter {
   /** Most tokens it takes at once. */
@@ -105,7 +108,9 @@ export class TokenBucket {
 
   #schedule(): void {
     if (this.#timer || this.#queue.length === 0) return;
-    const waitMs = Math.max(1, Math.ceil(((1 - this.#tokens) / this.#rate) * 1_000));
+    // At most a minute, then looked at again: Node runs a delay above 2^31-1 ms after 1 ms instead,
+    // and a tenant paid back over days (a tiny rate, a large charge) would spin this timer.
+    const waitMs = Math.min(MAX_WAIT_MS, Math.max(1, Math.ceil(((1 - this.#tokens) / this.#rate) * 1_000)));
     this.#timer = setTimeout(() => {
       this.#timer = null;
       this.#refill();

@@ -86,4 +86,28 @@ describe("a tenant's intake pace (docs/tenancy.md)", () => {
     await vi.advanceTimersByTimeAsync(0);
     expect(got).toBe(0);
   });
+
+  it('given a balance paid back over days, when a taker waits, then the timer never waits more than a minute at once (Node runs a longer delay after 1 ms: a spin)', async () => {
+    const delays: number[] = [];
+    const real = globalThis.setTimeout;
+    const spy = vi.spyOn(globalThis, 'setTimeout').mockImplementation(((fn: () => void, ms?: number) => {
+      delays.push(ms ?? 0);
+      return real(fn, ms);
+    }) as typeof setTimeout);
+    try {
+      const b = new TokenBucket(0.0005, 1);
+      await b.take();
+      b.charge(1_600);
+      let got = -1;
+      void b.takeUpTo(1).then((n) => (got = n));
+      await vi.advanceTimersByTimeAsync(180_000);
+      expect(got).toBe(-1);
+      expect(Math.max(...delays)).toBeLessThanOrEqual(60_000);
+      b.release();
+      await vi.advanceTimersByTimeAsync(0);
+      expect(got).toBe(0);
+    } finally {
+      spy.mockRestore();
+    }
+  });
 });
