@@ -72,7 +72,9 @@ Environment (a flag given wins over its variable, shown above as "env:"):
   LOG_LEVEL          fatal|error|warn|info|debug|trace|silent, for every process (default info);
                      the "tooltx is up" line is printed at every level
   Every other variable reaches the KB and the services as it is (their --help lists what they
-  read, e.g. TOOLTX_CONCURRENCY, TOOLTX_RECONCILE_INTERVAL_MS, KB_TIMING_MS, WEB_ALLOWED_ORIGINS).
+  read, e.g. TOOLTX_CONCURRENCY, TOOLTX_RECONCILE_INTERVAL_MS, KB_TIMING_MS, WEB_ALLOWED_ORIGINS),
+  but TOOLTX_TOOLS_MODULE, which is refused: the stack serves the research-KB sample's tools
+  module (your own: docs/writing-tools.md).
 
 State directory: jetstream/ (the JetStream store; jetstream-n1..n3/ with --cluster 3), kb.sqlite, auth/ (nats-server.conf or nats-server-n1..n3.conf, nkeys/,
 signing/, receipt-keys.json), audit-hmac.key, log-hmac.key, kb-admin.token, kb-service.token (the
@@ -238,6 +240,17 @@ if (!settings.success) {
   failStartup(who, new ConfigError(problems, names));
 }
 const { prefix } = settings.data;
+// The stack serves the research-KB sample, whose services load its own tools module: a module named
+// here would be silently replaced. Your own tools run with the steps of docs/writing-tools.md.
+if (process.env.TOOLTX_TOOLS_MODULE)
+  failStartup(
+    who,
+    new StartupError(
+      'TOOLTX_TOOLS_MODULE',
+      process.env.TOOLTX_TOOLS_MODULE,
+      'npm start always serves the research-KB sample and its tools module; to run your own tools module, start the services as docs/writing-tools.md "Run it" shows (or unset TOOLTX_TOOLS_MODULE)',
+    ),
+  );
 
 // On a terminal, the supervisor's own lines are pretty like the services' (pino-pretty, a
 // devDependency: JSON lines where it is not installed).

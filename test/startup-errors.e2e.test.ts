@@ -582,6 +582,16 @@ describe('npm start that cannot start', () => {
     expect(readdirSync(single)).toEqual(['jetstream']);
   });
 
+  it("refuses TOOLTX_TOOLS_MODULE instead of silently serving the sample's tools in its place, creating nothing", async () => {
+    const stateDir = join(dir, 'own-tools');
+    const p = start(['--state-dir', stateDir], { TOOLTX_TOOLS_MODULE: 'mytools/tools.ts' });
+    expect(await p.exited).toBe(2);
+    expect(p.stderr).toContain(
+      'tooltx-start: cannot start: TOOLTX_TOOLS_MODULE=mytools/tools.ts: npm start always serves the research-KB sample',
+    );
+    expect(existsSync(stateDir)).toBe(false);
+  });
+
   it("a state directory that cannot be created is named at once, never waited on (a path under /proc: Node 20's recursive mkdir never returns there)", async () => {
     const p = start([
       '--state-dir',

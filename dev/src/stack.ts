@@ -424,7 +424,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       throw new StartupError(
         'TOOLTX_AUTH_DIR',
         undefined,
-        'required when NATS_URL is set: the directory `tooltx auth generate` wrote for that server',
+        'required when NATS_URL is set: the directory `tooltx auth generate` wrote for that server (or unset NATS_URL, and the stack runs its own nats-server)',
       );
     authDir = dir;
     seedFile = (role) => {
