@@ -116,7 +116,7 @@ export function checkIntake(
           {
             path: [path],
             code: 'unknown_contract',
-            message: `no contract ${envelope.tool}@${envelope.version}${known.length ? ` (registered: ${known.map((v) => `@${v}`).join(', ')})` : ''}`,
+            message: `no contract ${envelope.tool}@${envelope.version}${known.length ? ` (registered: ${known.map((v) => `@${v}`).join(', ')})` : ': the tools module of this deployment does not define it'}`,
           },
         ],
       }),
@@ -142,7 +142,9 @@ export function checkIntake(
           {
             path: ['interfaceDigest'],
             code: 'contract_mismatch',
-            message: `the server's ${contract.id} has another digest: refresh the contract`,
+            // Both digests (of public contract text, never of an input): the caller can tell which
+            // definition it holds and compare it with the one the deployment loads.
+            message: `the server's ${contract.id} has another digest: refresh the contract (server ${contract.interfaceDigest}, caller ${String(envelope.interfaceDigest).slice(0, 80)})`,
           },
         ],
       }),

@@ -139,7 +139,9 @@ describe('intake checks: envelope, contract and input (FM-18, FM-24, FM-25)', ()
           {
             path: ['interfaceDigest'],
             code: 'contract_mismatch',
-            message: "the server's sink.write@1 has another digest: refresh the contract",
+            message: expect.stringMatching(
+              /^the server's sink\.write@1 has another digest: refresh the contract \(server sha256:\S+, caller \S+\)$/,
+            ),
           },
         ],
       },
