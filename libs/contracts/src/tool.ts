@@ -120,10 +120,15 @@ const toolSpecSchema = z.strictObject({
     .optional(),
 });
 
-const failuresSchema = z.record(
-  z.string().regex(/^[1-5](\d\d|xx)$/, 'must be an HTTP status (404) or class (4xx)'),
-  z.enum(failureOutcomes),
-);
+/** A failure mapping's keys: an HTTP status (`404`) or a status class (`4xx`), 1xx to 5xx. */
+const FAILURE_KEY = /^[1-5](\d\d|xx)$/;
+const failuresSchema = z.record(z.string().regex(FAILURE_KEY), z.enum(failureOutcomes), {
+  // zod's own message for a bad key ("Invalid key in record") says neither what is wrong nor what would do.
+  error: (issue) =>
+    issue.code === 'invalid_key'
+      ? 'not an HTTP status or class: expected a status such as 404 (100 to 599) or a class such as 4xx (1xx to 5xx)'
+      : undefined,
+});
 const implementationSchema = z.strictObject({
   execute: fn('a function (input, ctx) => { resourceId, result }'),
   probe: fn('a function').optional(),
@@ -238,7 +243,9 @@ function implementTool<C extends Contract>(
  * would send the agent into a retry of a write that may have happened.
  */
 export function withOverrides(defaults: FailureMapping, own: FailureMapping): FailureMapping {
-  const classes = Object.keys(own).filter((k) => /^[1-5]xx$/.test(k)).map((k) => k[0]);
+  const classes = Object.keys(own)
+    .filter((k) => /^[1-5]xx$/.test(k))
+    .map((k) => k[0]);
   const kept = Object.entries(defaults).filter(([k]) => !(/^\d{3}$/.test(k) && classes.includes(k[0]!)));
   return Object.freeze({ ...Object.fromEntries(kept), ...own });
 }

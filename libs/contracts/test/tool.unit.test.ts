@@ -324,6 +324,17 @@ describe("implement: the trusted half, with the effect class's failure mapping",
     expect(() => transfer.implement({ execute, failures: { '40x': 'unknown' } })).toThrow(/failures\.40x/);
     expect(() => transfer.implement({ execute, failures: { '409': 'task_frozen' } as never })).toThrow(/failures\.409/);
   });
+
+  it('a bad failure-mapping key is refused naming the key and what a key may be, not zod\'s "Invalid key in record"', () => {
+    const execute = () => Promise.resolve({ resourceId: 'r', result: {} });
+    for (const key of ['4x9', '600', '40', 'abc', '4XX'])
+      expect(() => transfer.implement({ execute, failures: { [key]: 'unknown' } })).toThrow(
+        `implement ledger.transfer@1: failures.${key}: not an HTTP status or class: expected a status such as 404 (100 to 599) or a class such as 4xx (1xx to 5xx)`,
+      );
+    // Statuses and classes 1xx to 5xx are keys.
+    for (const key of ['100', '404', '599', '1xx', '5xx'])
+      expect(() => transfer.implement({ execute, failures: { [key]: 'unknown' } })).not.toThrow();
+  });
 });
 
 function noteSpec() {
