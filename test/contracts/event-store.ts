@@ -61,12 +61,16 @@ const D = (c: string) => `sha256:${c.repeat(64)}`;
 let ops = 0;
 const nextOpId = () => `${(++ops).toString(16).padStart(8, '0')}${randomUUID().replaceAll('-', '').slice(0, 24)}`;
 
-function accepted(): OperationEvent {
+/**
+ * An `accepted` event of `sink.write` as the decider makes it (a fresh event id each time), for the
+ * store tests: `operationKey` and `at` (ms) default to a fixed key and now.
+ */
+export function acceptedEvent(o: { operationKey?: string; at?: number } = {}): OperationEvent {
   const cmd: AcceptCommand = {
     type: 'accept',
     eventId: randomUUID(),
-    at: Date.now(),
-    operationKey: `opk_${'B'.repeat(43)}`,
+    at: o.at ?? Date.now(),
+    operationKey: o.operationKey ?? `opk_${'B'.repeat(43)}`,
     tenant: 'acme',
     actor: 'alice',
     taskId: 't',
@@ -83,15 +87,18 @@ function accepted(): OperationEvent {
   if (d.kind !== 'append') throw new Error('expected an append');
   return d.event;
 }
+const accepted = () => acceptedEvent();
 
-function started(on: OperationEvent, executor: string): OperationEvent {
+/** `executor`'s `running` on `on` (attempt 1); `at` (ms) defaults to now, its deadline 1 s later. */
+export function startedEvent(on: OperationEvent, executor: string, at = Date.now()): OperationEvent {
   const d = decide(
-    { type: 'start', eventId: randomUUID(), at: Date.now(), attempt: 1, executor, deadlineAt: Date.now() + 1_000 },
+    { type: 'start', eventId: randomUUID(), at, attempt: 1, executor, deadlineAt: at + 1_000 },
     on.state,
   );
   if (d.kind !== 'append') throw new Error('expected an append');
   return d.event;
 }
+const started = (on: OperationEvent, executor: string) => startedEvent(on, executor);
 
 /** A refusal at intake of `actor`'s submission (a fresh event id each time). */
 function refusal(tenant: string, actor: string): DecisionRecord {

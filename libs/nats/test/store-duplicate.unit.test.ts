@@ -6,34 +6,13 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { JetStreamClient, JetStreamManager, PubAck } from '@nats-io/jetstream';
-import { decide, StoreUnavailableError, type AcceptCommand } from '@tooltx/lifecycle';
-import { encode, JetStreamStore, newEventId, Subjects } from '@tooltx/nats';
+import { StoreUnavailableError } from '@tooltx/lifecycle';
+import { encode, JetStreamStore, Subjects } from '@tooltx/nats';
+import { acceptedEvent } from '../../../test/contracts/event-store.js';
 
-const D = (c: string) => `sha256:${c.repeat(64)}`;
 const subjects = new Subjects('tdup');
 
-function acceptedEvent() {
-  const cmd: AcceptCommand = {
-    type: 'accept',
-    eventId: newEventId(),
-    at: 1,
-    operationKey: `opk_${'C'.repeat(43)}`,
-    tenant: 'acme',
-    actor: 'alice',
-    taskId: 't',
-    tool: 'sink.write',
-    version: 1,
-    contractDigest: D('1'),
-    effect: 'create',
-    inputDigest: D('2'),
-    targetDigest: D('3'),
-    intentSeq: 1,
-    submissionId: 's',
-  };
-  const d = decide(cmd, { status: 'none' });
-  if (d.kind !== 'append') throw new Error('expected append');
-  return d.event;
-}
+const acceptedOnce = () => acceptedEvent({ operationKey: `opk_${'C'.repeat(43)}`, at: 1 });
 
 /** A stream that answers the given PubAcks in turn and holds `event` at sequence 7 on its subject. */
 function fakeStream(acks: Partial<PubAck>[], stored: { subject: string; data: Uint8Array }) {
@@ -53,7 +32,7 @@ function fakeStream(acks: Partial<PubAck>[], stored: { subject: string; data: Ui
 
 describe('JetStreamStore.append and a duplicate answered with sequence 0', () => {
   it('asks again until the stream names the message, reads it back and returns its sequence', async () => {
-    const event = acceptedEvent();
+    const event = acceptedOnce();
     const subject = subjects.op('acme', 'a'.repeat(32));
     const f = fakeStream(
       [
@@ -69,7 +48,7 @@ describe('JetStreamStore.append and a duplicate answered with sequence 0', () =>
   });
 
   it('still unconfirmed after every attempt: StoreUnavailableError (the caller retries the message), never a ConcurrencyError', async () => {
-    const event = acceptedEvent();
+    const event = acceptedOnce();
     const f = fakeStream([{ duplicate: true, seq: 0 }], { subject: 'x', data: new Uint8Array() });
     const store = new JetStreamStore(f.js, f.jsm, subjects);
     await expect(store.append('acme', 'b'.repeat(32), event, 0)).rejects.toBeInstanceOf(StoreUnavailableError);

@@ -6,47 +6,12 @@
  */
 import { randomUUID } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import {
-  ConcurrencyError,
-  decide,
-  EVENT_SCHEMA_VERSION,
-  type DecisionRecord,
-  type OperationEvent,
-} from '@tooltx/lifecycle';
+import { ConcurrencyError, EVENT_SCHEMA_VERSION, type DecisionRecord, type OperationEvent } from '@tooltx/lifecycle';
 import { MemoryStore } from '@tooltx/store-memory';
+import { acceptedEvent, startedEvent } from '../../../test/contracts/event-store.js';
 
-const D = (c: string) => `sha256:${c.repeat(64)}`;
-
-function accepted(): OperationEvent {
-  const d = decide(
-    {
-      type: 'accept',
-      eventId: randomUUID(),
-      at: 1,
-      operationKey: `opk_${'B'.repeat(43)}`,
-      tenant: 'acme',
-      actor: 'alice',
-      taskId: 't',
-      tool: 'sink.write',
-      version: 1,
-      contractDigest: D('1'),
-      effect: 'create',
-      inputDigest: D('2'),
-      targetDigest: D('3'),
-      intentSeq: 1,
-      submissionId: 's',
-    },
-    { status: 'none' },
-  );
-  if (d.kind !== 'append') throw new Error('expected an append');
-  return d.event;
-}
-
-function started(on: OperationEvent, executor: string): OperationEvent {
-  const d = decide({ type: 'start', eventId: randomUUID(), at: 2, attempt: 1, executor, deadlineAt: 1_000 }, on.state);
-  if (d.kind !== 'append') throw new Error('expected an append');
-  return d.event;
-}
+const accepted = () => acceptedEvent({ at: 1 });
+const started = (on: OperationEvent, executor: string) => startedEvent(on, executor, 2);
 
 function refusal(): DecisionRecord {
   return {
