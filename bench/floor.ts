@@ -7,6 +7,8 @@
  * - (b) the same plus the KB's SQLite insert between running and committed: `KbStore.writeNote` of
  *   examples/research-kb/kb-store.ts (WAL, `synchronous=FULL`, one IMMEDIATE transaction with the
  *   KB's resolve, role, quota and deadline checks) with dedup off, like the KB service runs in the bench.
+ * - with `effectsFile` (the peers workload's `floor-fsync`, bench/peers.ts): (a) plus the line
+ *   `<key> <execId>` appended to that file between running and committed (bench/peers-effects.ts).
  *
  * A call whose first publish answers `duplicate: true` (same msg id inside the dedup window) or
  * 10071 (the subject already has events) found a known key: it ends there, one round trip, no
@@ -26,6 +28,7 @@ import {
 } from '@tooltx/nats';
 import { topology } from '@tooltx/streams';
 import { KbStore } from '../examples/research-kb/kb-store.js';
+import { countEffects, effectsAppender, effectsKey } from './peers-effects.js';
 import { startBenchServer, type BenchServer } from './server.js';
 import type { BenchSystem, Outcome } from './workload.js';
 
@@ -43,6 +46,10 @@ export interface FloorOptions {
   runId: string;
   /** What the server's acknowledgements promise (default `fsync`). */
   durability?: Durability;
+  /** The peers workload's side effect: one line per call appended to this file (bench/peers-effects.ts). */
+  effectsFile?: string;
+  /** The system's name in progress lines (default `floor(a)` or `floor(b)`). */
+  label?: string;
 }
 
 export async function startFloor(o: FloorOptions): Promise<BenchSystem> {
@@ -79,6 +86,7 @@ export async function startFloor(o: FloorOptions): Promise<BenchSystem> {
       subjects.op(TENANT, createHash('sha256').update(`${o.runId}:${k}`).digest('hex').slice(0, 32));
     const conn = nc;
     const kb = store;
+    const effects = o.effectsFile ? effectsAppender(o.effectsFile) : undefined;
 
     const call = async (k: number): Promise<Outcome> => {
       const subject = subjectOf(k);
@@ -114,18 +122,23 @@ export async function startFloor(o: FloorOptions): Promise<BenchSystem> {
         if (w.kind !== 'created') return { ok: false, error: `kb ${w.kind}` };
         resourceId = w.note.id;
       }
+      if (effects) resourceId = effects.append(effectsKey(o.runId, k));
       await js.publish(subject, payload, { msgID: `${id}.committed`, expect: { lastSubjectSequence: r.seq } });
       return { ok: true, resourceId };
     };
 
     return {
-      label: o.sqlite ? 'floor(b)' : 'floor(a)',
+      label: o.label ?? (o.sqlite ? 'floor(b)' : 'floor(a)'),
       call,
       async status(k) {
         const m = await jsm.direct.getMessage(events.name, { last_by_subj: subjectOf(k) });
         return m !== null && m !== undefined;
       },
       async rows() {
+        if (o.effectsFile) {
+          const c = countEffects(o.effectsFile);
+          return { rows: c.rows, duplicateRows: c.duplicateRows };
+        }
         if (!kb) return null;
         const s = kb.stats({ tenant: TENANT });
         return { rows: s.rows, duplicateRows: s.duplicateRows };
@@ -138,6 +151,7 @@ export async function startFloor(o: FloorOptions): Promise<BenchSystem> {
       async stop() {
         await conn.drain().catch(() => undefined);
         kb?.close();
+        effects?.close();
         await server.stop();
       },
     };

@@ -15,8 +15,11 @@
  * in flight × 2,000 and 20,000 calls), --rounds N, --json (one JSON object on the last line),
  * --cpu-prof DIR (the stack's processes write V8 CPU profiles there), --keep (keep state and logs).
  * Progress goes to stderr; the table (and the JSON line) to stdout.
+ *
+ * `--workload peers` measures another workload instead, tooltx beside Restate and DBOS
+ * (bench/peers.ts, with --systems, --peers DIR and --fsync-probe N); `--workload kb` is the above.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
@@ -26,6 +29,8 @@ import { DURABILITIES, type Durability } from '@tooltx/nats';
 import { usageErrorsExitTwo } from '@tooltx/runtime';
 import { startFloor } from './floor.js';
 import { benchReportSchema } from './report.js';
+import { runPeers } from './peers.js';
+import { PEERS_SYSTEMS, type PeersSystem } from './peers-report.js';
 import { natsServerVersion } from './server.js';
 import { CPU_PROFILE_PRELOAD, startTooltx } from './tooltx.js';
 import {
@@ -43,6 +48,13 @@ const program = usageErrorsExitTwo(new Command('tooltx-bench'))
   .description(
     'tooltx end-to-end throughput, latency, CPU, NATS messages and memory against lower bounds measured in the same run',
   )
+  .option('--workload <name>', 'kb (the research KB, against lower bounds) or peers (beside Restate and DBOS)', 'kb')
+  .option('--systems <list>', `peers workload: systems to measure, comma-separated (${PEERS_SYSTEMS.join(',')})`)
+  .option('--peers <dir>', 'peers workload: a writable copy of the peers bench, to run restate and dbos from')
+  .option(
+    '--fsync-probe <n>',
+    'peers workload: calls of the untimed strace pass per system (0 = none; default 1000, --quick 0)',
+  )
   .option('--json', 'print one JSON object with the figures on the last line')
   .option('--quick', 'small sizes and one round (CI: proves the bench works; figures mean little)')
   .option('--sweep', 'main phase only, at 1, 4, 16 and 64 in flight and at 2,000 and 20,000 calls (one round each)')
@@ -58,6 +70,10 @@ const program = usageErrorsExitTwo(new Command('tooltx-bench'))
   )
   .parse(process.argv);
 const opts = program.opts<{
+  workload: string;
+  systems?: string;
+  peers?: string;
+  fsyncProbe?: string;
   json?: boolean;
   quick?: boolean;
   sweep?: boolean;
@@ -75,6 +91,22 @@ for (const d of durabilities)
       exitCode: 2,
       code: 'tooltx.bench.usage',
     });
+const usage = (message: string) => program.error(`error: ${message}`, { exitCode: 2, code: 'tooltx.bench.usage' });
+if (opts.workload !== 'kb' && opts.workload !== 'peers')
+  usage(`--workload: expected kb or peers, got ${JSON.stringify(opts.workload)}`);
+if (opts.workload === 'kb' && (opts.systems !== undefined || opts.peers !== undefined || opts.fsyncProbe !== undefined))
+  usage('--systems, --peers and --fsync-probe are options of --workload peers');
+const peersSystems = (opts.systems ?? PEERS_SYSTEMS.join(','))
+  .split(',')
+  .map((x) => x.trim())
+  .filter(Boolean);
+for (const s of peersSystems)
+  if (!(PEERS_SYSTEMS as readonly string[]).includes(s))
+    usage(`--systems: expected some of ${PEERS_SYSTEMS.join(', ')}, got ${JSON.stringify(s)}`);
+if (opts.fsyncProbe !== undefined && !/^\d+$/.test(opts.fsyncProbe))
+  usage(`--fsync-probe: expected a number of calls, got ${JSON.stringify(opts.fsyncProbe)}`);
+if (opts.peers !== undefined && !existsSync(join(opts.peers, 'run.sh')))
+  usage(`--peers: ${opts.peers} has no run.sh (copy the peers bench there, as its README says)`);
 /** The durability of the headline figures (the first listed), then the others. */
 const [headline, ...others] = durabilities as Durability[];
 const list = (s: string) =>
@@ -564,9 +596,29 @@ async function sweep() {
   };
 }
 
+async function peers() {
+  const r = await runPeers(
+    {
+      quick: Boolean(opts.quick),
+      sweep: Boolean(opts.sweep),
+      ...(opts.rounds !== undefined ? { rounds: Number(opts.rounds) } : {}),
+      systems: [...new Set(peersSystems)] as PeersSystem[],
+      ...(opts.peers !== undefined ? { peersDir: resolve(opts.peers) } : {}),
+      ...(opts.fsyncProbe !== undefined ? { fsyncProbeCalls: Number(opts.fsyncProbe) } : {}),
+      sweepCalls: list(opts.sweepCalls),
+      root,
+      keep: Boolean(opts.keep),
+    },
+    say,
+  );
+  failures.push(...r.failures);
+  process.stdout.write(`\n${r.table}\n`);
+  return r.report;
+}
+
 let report: Record<string, unknown>;
 try {
-  report = opts.sweep ? await sweep() : await standard();
+  report = opts.workload === 'peers' ? await peers() : opts.sweep ? await sweep() : await standard();
 } finally {
   if (!opts.keep) rmSync(root, { recursive: true, force: true });
   else say(`bench: state kept in ${root}`);

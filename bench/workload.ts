@@ -64,6 +64,11 @@ export interface WorkloadSizes {
   inFlight: number;
   /** Fraction of main's keys submitted again after completion. */
   dupFraction: number;
+  /**
+   * Copies of each dup key submitted at once (default 1): the peers workload sends 2, at the same
+   * moment, with half as many keys in flight (as its race phase does).
+   */
+  dupCopies?: 1 | 2;
   race: number;
   seq: number;
   status: number;
@@ -233,7 +238,13 @@ export async function runWorkload(sys: BenchSystem, z: WorkloadSizes, say: (s: s
     { units: (() => Promise<{ ms: number; ok: boolean; error?: string }[]>)[]; inFlight: number }
   > = {
     main: { units: mainKeys.map((x) => one(x)), inFlight: z.inFlight },
-    dup: { units: dupKeys.map((x) => one(x, true)), inFlight: z.inFlight },
+    dup:
+      z.dupCopies === 2
+        ? {
+            units: dupKeys.map((x) => async () => (await Promise.all([one(x, true)(), one(x, true)()])).flat()),
+            inFlight: Math.max(1, Math.floor(z.inFlight / 2)),
+          }
+        : { units: dupKeys.map((x) => one(x, true)), inFlight: z.inFlight },
     // Both copies at the same moment; in flight counts calls, so half as many pairs.
     race: {
       units: raceKeys.map((x) => async () => (await Promise.all([one(x, true)(), one(x, true)()])).flat()),

@@ -1,0 +1,269 @@
+/**
+ * tooltx on the peers workload (bench/peers.ts): nats-server with `sync_interval: always` and auth
+ * on (./server.ts, durability `fsync`), the streams applied, receipts signed, the audit projector
+ * running, the services loading the workload's tools module (./peers-tools.ts: one line appended
+ * per call), and the SDK (libs/client) in the bench's process submitting `peers.append_line`.
+ * Two layouts:
+ * - `services`: the four services as separate compiled processes, one instance each, with the
+ *   stack's V8 flags and environment (dev/src/stack.ts), started here because `startStack` always
+ *   serves the research KB's tools module; the tools module is an extra entry of the stack's build
+ *   (dev/src/compiled.ts `ensureStackBuild({ extraEntries })`), so it shares the services' modules.
+ * - `colocated`: one process hosting every role, `startStack({ layout: 'colocated' })`, named
+ *   `tooltx-1`, its connections `<role>@tooltx-1`. Needs a `startStack` that has that layout and
+ *   loads this tools module; without them it refuses to start (or its calls fail `unknown_contract`).
+ *   Its KB process (startStack always starts one) is idle here and not counted.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { closeSync, mkdirSync, openSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { createTools, type Tools } from '@tooltx/client';
+import { ensureStackBuild } from '@tooltx/dev/compiled';
+import { DEFAULT_IDENTITIES, SERVICE_NODE_FLAGS, SERVICES, startStack, type StackOptions } from '@tooltx/dev/stack';
+import { tenantsOf } from '@tooltx/auth';
+import { connectNats, inboxPrefixOf, jetStreamOf, Subjects } from '@tooltx/nats';
+import { ensureKeyFile } from '@tooltx/runtime';
+import { applyTopology, topology } from '@tooltx/streams';
+import { countEffects, effectsKey } from './peers-effects.js';
+import { peersContracts } from './peers-contracts.js';
+import { startBenchServer, type BenchServer } from './server.js';
+import type { BenchProcess, BenchSystem, Outcome } from './workload.js';
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+/** The tools module, by its name in the stack's build and its source (repository-relative). */
+export const PEERS_TOOLS_ENTRY = { 'peers-tools': 'bench/peers-tools.ts' } as const;
+const TENANT = 'acme';
+const ACTOR = 'researcher';
+const SDK_CONNECTION = `tooltx-sdk:${TENANT}/${ACTOR}`;
+/** How long a service may take to say it is ready, ms. */
+const READY_MS = 30_000;
+/** How long a service may take to exit after SIGTERM before SIGKILL, ms (its own grace is 15 s). */
+const HARD_STOP_MS = 20_000;
+
+export type Layout = 'services' | 'colocated';
+
+export interface PeersTooltxOptions {
+  dir: string;
+  layout: Layout;
+  prefix: string;
+  runId: string;
+  /** The file the tool appends its lines to. */
+  effectsFile: string;
+}
+
+/** A started tooltx: the workload's system, the server it runs on, and service exits seen while it ran. */
+export type PeersTooltx = BenchSystem & { server: BenchServer; restarts(): number };
+
+export async function startPeersTooltx(o: PeersTooltxOptions): Promise<PeersTooltx> {
+  const server = await startBenchServer(join(o.dir, 'nats'), o.prefix, { durability: 'fsync' });
+  let roles: { processes: BenchProcess[]; exits(): number; stop(): Promise<void> } | undefined;
+  let tools: Tools | undefined;
+  try {
+    const env = { LOG_LEVEL: process.env.LOG_LEVEL ?? 'info', PEERS_EFFECTS_FILE: o.effectsFile };
+    roles = o.layout === 'services' ? await startServices(o, server, env) : await startColocated(o, server, env);
+    tools = await createTools({
+      servers: server.url,
+      tenant: TENANT,
+      actor: ACTOR,
+      nkeyFile: server.seedFile({ kind: 'agent', tenant: TENANT, actor: ACTOR }),
+      contracts: peersContracts,
+      prefix: o.prefix,
+      receiptKeys: join(server.authDir, 'receipt-keys.json'),
+    });
+  } catch (err) {
+    await tools?.close().catch(() => undefined);
+    await roles?.stop().catch(() => undefined);
+    await server.stop();
+    throw err;
+  }
+  const r = roles;
+  const t = tools;
+  const taskId = `peers-${o.runId}`;
+  return {
+    label: `tooltx-${o.layout}`,
+    server,
+    processes: [
+      { name: 'client', pid: process.pid, connections: [SDK_CONNECTION] },
+      { name: 'nats-server', pid: server.pid, connections: [] },
+      ...r.processes,
+    ],
+    monitorUrl: server.monitorUrl,
+    restarts: () => r.exits(),
+    async call(k): Promise<Outcome> {
+      const a = await t.execute(
+        { tool: 'peers.append_line', taskId, input: { key: effectsKey(o.runId, k) } },
+        { budgetMs: 60_000 },
+      );
+      if (a.status === 'committed') return { ok: true, resourceId: a.receipt.resourceId };
+      return {
+        ok: false,
+        error:
+          a.status === 'rejected'
+            ? `rejected: ${a.error.class}`
+            : `unknown: last state ${a.lastServerState}${a.error ? ` (${a.error.class})` : ''}`,
+      };
+    },
+    async status() {
+      return false;
+    },
+    async rows() {
+      const c = countEffects(o.effectsFile);
+      return { rows: c.rows, duplicateRows: c.duplicateRows };
+    },
+    async stop() {
+      await t.close().catch(() => undefined);
+      await r.stop();
+      await server.stop();
+    },
+  };
+}
+
+/** The four services as separate compiled processes (see the file's header). */
+async function startServices(o: PeersTooltxOptions, server: BenchServer, env: Record<string, string>) {
+  const build = await ensureStackBuild({ extraEntries: PEERS_TOOLS_ENTRY });
+  const stateDir = join(o.dir, 'stack');
+  const logsDir = join(o.dir, 'logs');
+  mkdirSync(stateDir, { recursive: true, mode: 0o700 });
+  mkdirSync(logsDir, { recursive: true });
+  // The provisioner step of startStack: every stream and bucket, with the sample's tenants.
+  const nc = await connectNats({
+    servers: server.url,
+    name: 'tooltx-provisioner',
+    nkeySeedFile: server.seedFile({ kind: 'provisioner' }),
+    inboxPrefix: inboxPrefixOf({ kind: 'provisioner' }),
+    reconnectForever: false,
+  });
+  try {
+    const { jsm } = await jetStreamOf(nc);
+    await applyTopology(
+      nc,
+      jsm,
+      topology(new Subjects(o.prefix), { replicas: 1, tenants: tenantsOf(DEFAULT_IDENTITIES) }),
+    );
+  } finally {
+    await nc.drain().catch(() => undefined);
+  }
+  const common = {
+    ...env,
+    NATS_URL: server.url,
+    TOOLTX_PREFIX: o.prefix,
+    TOOLTX_TOOLS_MODULE: build.path('peers-tools'),
+    TOOLTX_AUDIT_HMAC_KEY_FILE: ensureKeyFile(join(stateDir, 'audit-hmac.key')),
+    TOOLTX_LOG_HMAC_KEY_FILE: ensureKeyFile(join(stateDir, 'log-hmac.key')),
+    TOOLTX_EXIT_WITH_PARENT: String(process.pid),
+  };
+  const children: { name: string; child: ChildProcess }[] = [];
+  let stopping = false;
+  let exits = 0;
+  const stop = async () => {
+    stopping = true;
+    await Promise.all(children.map(({ child }) => terminate(child)));
+  };
+  try {
+    await Promise.all(
+      SERVICES.map(async (name) => {
+        const log = openSync(join(logsDir, `${name}-1.log`), 'a');
+        const child = spawn(process.execPath, [...SERVICE_NODE_FLAGS, '--enable-source-maps', build.path(name)], {
+          cwd: ROOT,
+          detached: true,
+          env: {
+            ...process.env,
+            ...common,
+            TOOLTX_INSTANCE_ID: `${name}-1`,
+            NATS_NKEY_FILE: server.seedFile({ kind: 'service', service: name }),
+            ...(name === 'executor' || name === 'reconciler'
+              ? { TOOLTX_SIGNING_KEY_FILE: join(server.authDir, 'signing', `${name}.pem`) }
+              : {}),
+          },
+          stdio: ['ignore', log, log, 'ipc'],
+        });
+        closeSync(log);
+        children.push({ name, child });
+        child.once('exit', () => {
+          if (!stopping) exits++;
+        });
+        await ready(child, name, join(logsDir, `${name}-1.log`));
+      }),
+    );
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  return {
+    processes: children.map(({ name, child }) => ({ name, pid: child.pid!, connections: [`${name}@${name}-1`] })),
+    exits: () => exits,
+    stop,
+  };
+}
+
+/** Every role in one process, through startStack's co-located layout (see the file's header). */
+async function startColocated(o: PeersTooltxOptions, server: BenchServer, env: Record<string, string>) {
+  let exits = 0;
+  // `layout` and `toolsModule` are options of a startStack that has the co-located layout; an
+  // assertion, so that this compiles against one that has neither yet (it then refuses below).
+  const stack = await startStack({
+    stateDir: join(o.dir, 'stack'),
+    natsUrl: server.url,
+    authDir: server.authDir,
+    prefix: o.prefix,
+    kbPort: 0,
+    kbDedup: false,
+    kbSeed: `${TENANT}:research`,
+    logs: { dir: join(o.dir, 'logs') },
+    env,
+    onRestart: () => void exits++,
+    layout: 'colocated',
+    toolsModule: join(ROOT, PEERS_TOOLS_ENTRY['peers-tools']),
+  } as StackOptions);
+  const p = stack.processes.find((x) => x.name === 'tooltx-1');
+  if (!p?.child.pid) {
+    await stack.stop();
+    throw new Error(
+      "startStack started no co-located process tooltx-1 (it has no layout: 'colocated' yet): skip tooltx-colocated with --systems",
+    );
+  }
+  return {
+    processes: [{ name: 'tooltx', pid: p.child.pid, connections: SERVICES.map((s) => `${s}@tooltx-1`) }],
+    exits: () => exits,
+    stop: () => stack.stop(),
+  };
+}
+
+/** Resolves on the process's `{ tooltx: 'ready' }` IPC message (libs/runtime announceReady); rejects if it exits first. */
+function ready(child: ChildProcess, name: string, log: string): Promise<void> {
+  return new Promise((res, rej) => {
+    const timer = setTimeout(() => {
+      cleanup();
+      rej(new Error(`${name} was not ready within ${READY_MS} ms; ${log} may say why`));
+    }, READY_MS);
+    const onMessage = (m: unknown) => {
+      if ((m as { tooltx?: unknown } | null)?.tooltx !== 'ready') return;
+      cleanup();
+      res();
+    };
+    const onExit = (code: number | null, signal: NodeJS.Signals | null) => {
+      cleanup();
+      rej(new Error(`${name} exited (${signal ?? `code ${code}`}) before it was ready; ${log} says why`));
+    };
+    const cleanup = () => {
+      clearTimeout(timer);
+      child.off('message', onMessage);
+      child.off('exit', onExit);
+    };
+    child.on('message', onMessage);
+    child.once('exit', onExit);
+  });
+}
+
+/** SIGTERM, then SIGKILL after {@link HARD_STOP_MS}; resolves when the process is gone. */
+function terminate(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((res) => {
+    const hard = setTimeout(() => child.kill('SIGKILL'), HARD_STOP_MS);
+    child.once('exit', () => {
+      clearTimeout(hard);
+      res();
+    });
+    child.kill('SIGTERM');
+  });
+}
