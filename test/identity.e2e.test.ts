@@ -12,7 +12,7 @@ import { AckPolicy, jetstream, jetstreamManager } from '@nats-io/jetstream';
 import { downstreamKeyOf, prepareCall, TooltxError } from '@tooltx/contracts';
 import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
 import { Subjects, encode } from '@tooltx/nats';
-import { allStreams, checkDurables, topology } from '@tooltx/streams';
+import { allStreams, checkDurables, Durables, topology } from '@tooltx/streams';
 import { checkIdentityList, generateAuth, knownDurables, permissionsFor, type IdentityList } from '@tooltx/auth';
 import { inboxPrefixOf, SERVICE_NAMES, type Role } from '@tooltx/nats';
 import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
@@ -438,12 +438,19 @@ describe('FM-32: reply inboxes are private', () => {
       { kind: 'auditor', tenant: 'acme', actor: 'audrey' },
       { kind: 'operator', operator: 'oscar' },
     ];
+    // The one exception: a projection's service may create its own bucket again (memory storage,
+    // gone after a server restart), nothing else.
+    const ownBucket: Partial<Record<string, string[]>> = {
+      reconciler: [`$JS.API.STREAM.CREATE.KV_${t.subjects.reconcileBucket}`],
+      'audit-projector': [`$JS.API.STREAM.CREATE.KV_${t.subjects.auditBucket}`],
+    };
     for (const role of roles) {
       const p = permissionsFor(role, t.subjects, topo, ['executor-b']);
       const allowed = (subject: string) =>
         p.publish.allow.some((a) => subjectMatches(a, subject)) &&
         !(p.publish.deny ?? []).some((d) => subjectMatches(d, subject));
-      expect({ role, allowed: attempts.filter(allowed) }).toEqual({ role, allowed: [] });
+      const expected = (role.kind === 'service' && ownBucket[role.service]) || [];
+      expect({ role, allowed: attempts.filter(allowed) }).toEqual({ role, allowed: expected });
     }
     // The matcher itself: the authorizer may create its status watch on the event log.
     const authz = permissionsFor({ kind: 'service', service: 'authorizer' }, t.subjects, topo);
@@ -452,6 +459,73 @@ describe('FM-32: reply inboxes are private', () => {
         subjectMatches(a, `$JS.API.CONSUMER.CREATE.${t.subjects.eventsStream}.oc_x_1.${t.subjects.allOps}`),
       ),
     ).toBe(true);
+  });
+});
+
+describe('projection rebuilds', () => {
+  it("a projection's service may create its own bucket again and read the log from its start through an ordered consumer — no other bucket, no update, purge or delete of one, no pull from another's durable", () => {
+    const topo = t.topo;
+    const events = t.subjects.eventsStream;
+    const decisions = t.subjects.decisionsStream('acme');
+    const durables = knownDurables(topo, ['executor-b']);
+    const buckets = [
+      t.subjects.reconcileBucket,
+      t.subjects.auditBucket,
+      t.subjects.resultsBucket,
+      t.subjects.tasksBucket,
+    ];
+    const cases = [
+      {
+        service: 'reconciler' as const,
+        bucket: t.subjects.reconcileBucket,
+        reads: [[events, t.subjects.allOps, Durables.reconciler]] as const,
+      },
+      {
+        service: 'audit-projector' as const,
+        bucket: t.subjects.auditBucket,
+        reads: [
+          [events, t.subjects.allOps, Durables.auditProjector],
+          [decisions, t.subjects.decisionsOf('acme'), Durables.auditDecisions],
+        ] as const,
+      },
+    ];
+    for (const c of cases) {
+      const p = permissionsFor({ kind: 'service', service: c.service }, t.subjects, topo, ['executor-b']);
+      const allowed = (subject: string) =>
+        p.publish.allow.some((a) => subjectMatches(a, subject)) &&
+        !(p.publish.deny ?? []).some((d) => subjectMatches(d, subject));
+      const streamOps = buckets.flatMap((b) =>
+        ['CREATE', 'UPDATE', 'DELETE', 'PURGE'].map((op) => `$JS.API.STREAM.${op}.KV_${b}`),
+      );
+      expect({ service: c.service, allowed: streamOps.filter(allowed) }).toEqual({
+        service: c.service,
+        allowed: [`$JS.API.STREAM.CREATE.KV_${c.bucket}`],
+      });
+      for (const [stream, filter, own] of c.reads) {
+        for (const sub of [
+          `$JS.API.CONSUMER.CREATE.${stream}.oc_x_1.${filter}`,
+          `$JS.API.CONSUMER.MSG.NEXT.${stream}.oc_x_1`,
+          `$JS.API.CONSUMER.DELETE.${stream}.oc_x_1`,
+          `$JS.API.CONSUMER.MSG.NEXT.${stream}.${own}`,
+        ])
+          expect({ service: c.service, sub, allowed: allowed(sub) }).toEqual({
+            service: c.service,
+            sub,
+            allowed: true,
+          });
+        // Another filter than the one it reads, and every other durable's messages: refused.
+        for (const sub of [
+          `$JS.API.CONSUMER.CREATE.${stream}.oc_x_1`,
+          `$JS.API.CONSUMER.CREATE.${t.subjects.intentsStream('acme')}.oc_x_1.${t.subjects.intentsOf('acme')}`,
+          ...durables.filter((d) => d !== own).map((d) => `$JS.API.CONSUMER.MSG.NEXT.${stream}.${d}`),
+        ])
+          expect({ service: c.service, sub, allowed: allowed(sub) }).toEqual({
+            service: c.service,
+            sub,
+            allowed: false,
+          });
+      }
+    }
   });
 });
 

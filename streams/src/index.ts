@@ -16,6 +16,8 @@ export {
   assertTopology,
   checkDurables,
   checkTopology,
+  createBucket,
+  projectionBuckets,
   StreamConfigError,
 } from './provision.js';
 export {

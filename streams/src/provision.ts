@@ -1,5 +1,11 @@
-import { JetStreamApiError, type JetStreamManager, type StreamConfig, type StreamInfo } from '@nats-io/jetstream';
-import { Kvm } from '@nats-io/kv';
+import {
+  jetstream,
+  JetStreamApiError,
+  type JetStreamManager,
+  type StreamConfig,
+  type StreamInfo,
+} from '@nats-io/jetstream';
+import { Kvm, type KV } from '@nats-io/kv';
 import { millis, type NatsConnection } from '@nats-io/transport-node';
 import { decodeRaw, encode } from '@tooltx/nats';
 import type { TenantEntry } from './tenancy.js';
@@ -23,13 +29,44 @@ export interface ApplyReport {
   unchanged: string[];
   /** Tenants taken out of the tenants bucket (no longer listed): their streams are kept, with their data. */
   unlisted?: string[];
+  /**
+   * Projection buckets deleted and created again, each with why: JetStream cannot change a
+   * stream's storage in place. A projection is derived from the event log: its service rebuilds
+   * it from the log (the log itself is never touched).
+   */
+  recreated?: string[];
+}
+
+/**
+ * Creates the KV bucket `b` (or opens it when it exists: nothing of an existing bucket is changed),
+ * with the settings every tooltx bucket has: one value per key, `b`'s max age, replicas and
+ * storage, direct get allowed. The one way a bucket is made, by the provisioner and by a projection's
+ * service recreating its lost bucket, so both make the same stream. Sends `$JS.API.STREAM.INFO` and,
+ * when the bucket is missing, `$JS.API.STREAM.CREATE` of `KV_<bucket>` (never `$JS.API.INFO`).
+ */
+export function createBucket(nc: NatsConnection, b: BucketDef): Promise<KV> {
+  return new Kvm(jetstream(nc, { checkAPI: false })).create(b.bucket, {
+    history: 1,
+    ttl: b.ttlMs,
+    replicas: b.replicas,
+    storage: b.storage,
+    allow_direct: true,
+  });
+}
+
+/** The projection buckets of a topology: derived from the event log, rebuilt by their services when lost. */
+export function projectionBuckets(t: Topology): BucketDef[] {
+  return [t.projections.reconcile, t.projections.audit];
 }
 
 /**
  * The provisioner: creates or updates the streams, durable consumers and KV buckets (result store,
  * projections) of a topology. Only the provisioner may do this (nobody else gets the API
- * subjects); services only {@link checkTopology}. Throws the server's `JetStreamApiError` when an update is refused
- * (e.g. changing storage type).
+ * subjects; a projection's service may only create its own bucket again: {@link createBucket});
+ * services only {@link checkTopology}. Throws the server's `JetStreamApiError` when an update is
+ * refused (e.g. changing a stream's storage type). A projection bucket whose storage differs from
+ * the topology's is deleted and created again (listed in `recreated`; its service rebuilds it from
+ * the event log); any other bucket with another storage is refused ({@link StreamConfigError}).
  */
 export async function applyTopology(
   nc: NatsConnection,
@@ -79,13 +116,21 @@ async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology)
   }
   for (const b of buckets(t)) {
     const existed = await streamInfo(jsm, `KV_${b.bucket}`);
-    await new Kvm(nc).create(b.bucket, {
-      history: 1,
-      ttl: b.ttlMs,
-      replicas: b.replicas,
-      storage: 'file',
-      allow_direct: true,
-    });
+    if (existed && existed.config.storage !== b.storage) {
+      // JetStream cannot change a stream's storage in place (10052). Only a projection may be
+      // deleted to be made again: anything else is refused, naming what to do.
+      if (!projectionBuckets(t).includes(b))
+        throw new StreamConfigError([
+          `bucket ${b.bucket} storage is ${existed.config.storage}, must be ${b.storage}; it is not a projection and holds what exists nowhere else: it is left as it is (move its data to a ${b.storage} bucket by hand)`,
+        ]);
+      await jsm.streams.delete(`KV_${b.bucket}`);
+      await createBucket(nc, b);
+      (report.recreated ??= []).push(
+        `bucket ${b.bucket}: storage ${existed.config.storage} → ${b.storage} (deleted and created again: a projection of the event log, rebuilt from the log by its service; the log is untouched)`,
+      );
+      continue;
+    }
+    await createBucket(nc, b);
     (existed ? report.unchanged : report.created).push(`bucket ${b.bucket}`);
   }
   if (t.tenants) {
@@ -208,7 +253,16 @@ export async function checkTopology(
   // must outlive the events they shadow, or a redelivered old event could bring an entry back.
   for (const b of buckets(t)) {
     const kv = await streamInfo(jsm, `KV_${b.bucket}`);
-    if (!kv) v.push(`bucket ${b.bucket} does not exist`);
+    const projection = projectionBuckets(t).includes(b);
+    // A projection in memory is gone after a server restart: its service recreates and rebuilds it.
+    if (!kv) {
+      if (!projection) v.push(`bucket ${b.bucket} does not exist`);
+    } else if (kv.config.storage !== b.storage)
+      v.push(
+        projection
+          ? `bucket ${b.bucket} storage is ${kv.config.storage}, must be ${b.storage} (a projection of the event log: \`tooltx streams apply\` recreates it and its service rebuilds it from the log)`
+          : `bucket ${b.bucket} storage is ${kv.config.storage}, must be ${b.storage} (it holds what exists nowhere else)`,
+      );
     else if (!kv.config.allow_direct)
       v.push(`bucket ${b.bucket} allow_direct is false, must be true (services read it by direct get)`);
     else if (events && age(kv.config) < age(events))

@@ -61,6 +61,15 @@ export interface BucketDef {
   /** Max age of an entry, ms. */
   ttlMs: number;
   replicas: number;
+  /**
+   * Where the server keeps the bucket. `file` for what exists nowhere else (the result store, the
+   * frozen tasks, the tenants). `memory` for the projections of the event log: derived, so they
+   * can be rebuilt from it, and a memory write costs no fsync (the server is run with
+   * `sync_interval: always`: docs/durability.md). A memory stream is gone after its server
+   * restarts (a cluster keeps it while a majority of its replicas stays up); its service then
+   * recreates and rebuilds it (libs/runtime/src/projection-rebuild.ts).
+   */
+  storage: 'file' | 'memory';
 }
 
 /** The streams, durable consumers and KV buckets of one prefix, in the server's own field names. */
@@ -92,7 +101,8 @@ export interface Topology {
   /**
    * KV projections of the event log, one entry per operation under `<tenant>.<opId>`:
    * `reconcile` = the reconciler's index of non-terminal operations, `audit` = one audit record per
-   * operation. Written only by their service, with compare-and-set on the entry's revision.
+   * operation. Written only by their service, with compare-and-set on the entry's revision. Memory
+   * storage ({@link BucketDef.storage}): their service rebuilds them from the log when lost.
    */
   projections: { reconcile: BucketDef; audit: BucketDef };
   /**
@@ -116,7 +126,8 @@ export const Durables = {
 } as const;
 
 /**
- * The topology for `subjects.prefix`. Every stream: file storage, limits retention (a work-queue
+ * The topology for `subjects.prefix`. Every stream: file storage (the projection buckets alone
+ * are in memory: {@link BucketDef.storage}), limits retention (a work-queue
  * stream would forget registrations once acked: docs/lifecycle.md), purge denied, direct get
  * allowed. The shared streams have no msg/byte or per-subject limit that could evict a
  * registration, and deny delete; each tenant's intake and decision streams are bounded by its
@@ -232,7 +243,7 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       auditLog: durable(subjects.auditLogStream, [subjects.allAuditLog], opts.auditLogMaxAgeMs ?? 365 * DAY),
     },
     tenants,
-    tenantsBucket: { bucket: subjects.tenantsBucket, ttlMs: 0, replicas },
+    tenantsBucket: { bucket: subjects.tenantsBucket, ttlMs: 0, replicas, storage: 'file' },
     consumers: [
       eventLogConsumer(Durables.executor),
       // The projections: each reads every event of the log once per service (any number of instances).
@@ -253,11 +264,11 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
         },
       },
     ],
-    results: { bucket: subjects.resultsBucket, ttlMs: opts.resultsMaxAgeMs ?? 31 * DAY, replicas },
+    results: { bucket: subjects.resultsBucket, ttlMs: opts.resultsMaxAgeMs ?? 31 * DAY, replicas, storage: 'file' },
     projections: {
-      reconcile: { bucket: subjects.reconcileBucket, ttlMs: projectionsMaxAgeMs, replicas },
-      audit: { bucket: subjects.auditBucket, ttlMs: projectionsMaxAgeMs, replicas },
+      reconcile: { bucket: subjects.reconcileBucket, ttlMs: projectionsMaxAgeMs, replicas, storage: 'memory' },
+      audit: { bucket: subjects.auditBucket, ttlMs: projectionsMaxAgeMs, replicas, storage: 'memory' },
     },
-    tasks: { bucket: subjects.tasksBucket, ttlMs: 0, replicas },
+    tasks: { bucket: subjects.tasksBucket, ttlMs: 0, replicas, storage: 'file' },
   };
 }

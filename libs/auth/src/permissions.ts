@@ -47,7 +47,8 @@ export function knownDurables(topo: Topology, executorDurables: string[] = []): 
  *   The name is in the body, out of any permission's reach: nobody but the provisioner gets it.
  * - `$JS.API.CONSUMER.DURABLE.CREATE.<stream>.<durable>` (legacy durable): the provisioner's only.
  * The rule: a service creates consumers only through the first form, on the streams and filters it
- * already reads (a KV watch, the authorizer's status watch), and every service is denied the
+ * already reads (a KV watch, the authorizer's status watch, the reconciler's and audit-projector's
+ * reads of the log when they rebuild their projection), and every service is denied the
  * create (all three forms), update and delete subjects of every {@link knownDurables} name on every
  * stream. A name-prefix rule ("names starting with `authorizer_`") cannot be written: permission
  * wildcards match whole tokens and a consumer name is one token; fixed names would collide between
@@ -125,6 +126,23 @@ export function permissionsFor(
   ]);
   const tasks = topo.tasks.bucket;
   const events = topo.streams.events.name;
+  // A read of a stream from its start or from now: an ordered consumer, created with its filter in
+  // the subject (the first create form above), read by pull, deleted when done. `*` also matches
+  // the deployment's durables: who gets this is denied MSG.NEXT on every durable but its own
+  // ({@link othersDurables}), and the create, update and delete of all of them (`durableGuard`).
+  const ordered = (stream: string, filter: string) => [
+    `${api}.CONSUMER.CREATE.${stream}.*.${filter}`,
+    `${api}.CONSUMER.MSG.NEXT.${stream}.*`,
+    `${api}.CONSUMER.DELETE.${stream}.*`,
+    `${api}.CONSUMER.INFO.${stream}.*`,
+  ];
+  // No pulling from another's durable on `stream` (deny wins over allow in nats-server).
+  const othersDurables = (stream: string, own: string[]) =>
+    durables.filter((d) => !own.includes(d)).map((d) => `${api}.CONSUMER.MSG.NEXT.${stream}.${d}`);
+  // A projection bucket is on memory storage and gone after a server restart: its service may
+  // create it again (only create: a stream that exists is never changed by it; nobody but the
+  // provisioner updates, purges or deletes one) and rebuild it from the streams it projects.
+  const recreate = (bucket: string) => [`${api}.STREAM.CREATE.${kvStream(bucket)}`];
   // The tenants and their limits: the authorizer and the audit-projector serve each listed one.
   const tenantsRead = [...kvRead(topo.tenantsBucket.bucket), ...kvWatch(topo.tenantsBucket.bucket)];
 
@@ -148,12 +166,6 @@ export function permissionsFor(
           // The status watch: ordered consumers on the event log and the decision stream, created
           // with their filter in the subject; they may never pull from, create, update or delete a
           // durable of the deployment.
-          const ordered = (stream: string, filter: string) => [
-            `${api}.CONSUMER.CREATE.${stream}.*.${filter}`,
-            `${api}.CONSUMER.MSG.NEXT.${stream}.*`,
-            `${api}.CONSUMER.DELETE.${stream}.*`,
-            `${api}.CONSUMER.INFO.${stream}.*`,
-          ];
           return {
             publish: {
               allow: [
@@ -220,11 +232,20 @@ export function permissionsFor(
                 // The audit service lists a tenant's records through an ordered push consumer on the
                 // bucket's own stream, and records every query and export before it answers.
                 ...kvWatch(topo.projections.audit.bucket),
+                // The records lost with a server restart: the bucket again, rebuilt from the event
+                // log and every tenant's decision stream.
+                ...recreate(topo.projections.audit.bucket),
+                ...ordered(events, s.allOps),
+                ...tenants.flatMap((t) => ordered(s.decisionsStream(t), s.decisionsOf(t))),
                 s.allAuditLog,
                 // Query answers.
                 answers,
               ],
-              deny: durableGuard,
+              deny: [
+                ...durableGuard,
+                ...othersDurables(events, [Durables.auditProjector]),
+                ...decisionsStreams.flatMap((n) => othersDurables(n, [Durables.auditDecisions])),
+              ],
             },
             subscribe: { allow: [inbox, s.allAudit] },
           };
@@ -261,9 +282,12 @@ export function permissionsFor(
                 ...directSeq(events),
                 ...kvRead(bucket),
                 ...kvWrite(bucket),
+                // The index lost with a server restart: the bucket again, rebuilt from the event log.
+                ...recreate(bucket),
+                ...ordered(events, s.allOps),
                 ...recovery,
               ],
-              deny: durableGuard,
+              deny: [...durableGuard, ...othersDurables(events, [durable])],
             },
             // The reconciler answers operators' takeover requests (queue group).
             subscribe: { allow: role.service === 'reconciler' ? [inbox, s.allTakeover] : [inbox] },

@@ -308,6 +308,9 @@ export const auditAnswerSchema = z.union([
     records: z.number().int(),
     counts: z.array(contractCountsSchema),
   }),
-  z.object({ error: z.object({ class: z.string(), issues: issues.optional() }) }),
+  // `retryAfterMs`: ask again after it (the audit records are being rebuilt from the log).
+  z.object({
+    error: z.object({ class: z.string(), issues: issues.optional(), retryAfterMs: z.number().int().optional() }),
+  }),
 ]);
 export type AuditAnswer = z.infer<typeof auditAnswerSchema>;

@@ -83,6 +83,16 @@ export class KvMirror<T> {
     clearTimeout(fallback);
   }
 
+  /**
+   * Watches again from the bucket's first value (the mirror keeps its entries meanwhile; keys the
+   * new watch does not deliver are removed once it has loaded). For a bucket that was deleted and
+   * created again: a watch that outlived it would resume after the old bucket's last sequence and
+   * miss the new bucket's first values.
+   */
+  resync(): void {
+    this.#it?.stop();
+  }
+
   #remove(key: string): void {
     if (this.#map.delete(key)) this.#onChange?.(key, null);
   }

@@ -35,7 +35,9 @@ import { msgpackCodec, startResponder, type Responder } from './responder.js';
  * msgpack are recorded when the log takes the record, and answered `invalid_input` either way.
  *
  * Error answers are `{ error: ErrorInfo }`: `invalid_input` (with field issues, none for a subject
- * that names no auditor) or `dependency_unavailable` (the projection or the query log failed).
+ * that names no auditor) or `dependency_unavailable` (the projection or the query log failed; with
+ * `retryAfterMs` while the records are rebuilt from the log after the server lost them: the query
+ * is not recorded, nothing is answered from records that may be incomplete).
  *
  * Ranges: an operation is in `[since, until)` when any of its states or decisions falls in it
  * (`lastAt >= since` and `firstAt < until`), times in ms since the epoch.
@@ -54,7 +56,17 @@ export interface AuditServiceDeps {
   log: Logger;
   instance: string;
   now?: () => number;
+  /**
+   * True while the audit bucket is being rebuilt from the log (it is on memory storage, lost when
+   * the server restarts: ProjectionGuard in @tooltx/runtime): queries are then answered
+   * `dependency_unavailable` with `retryAfterMs` ({@link REBUILDING_RETRY_MS}), never from the partial
+   * records. Absent: never rebuilding.
+   */
+  rebuilding?: () => boolean;
 }
+
+/** What a query is told to wait before it asks again while the audit records are rebuilt, ms. */
+export const REBUILDING_RETRY_MS = 2_000;
 
 const order = (a: AuditRecord, b: AuditRecord) =>
   a.firstAt - b.firstAt || (a.operationKey < b.operationKey ? -1 : a.operationKey > b.operationKey ? 1 : 0);
@@ -127,6 +139,12 @@ export class AuditService {
    */
   async #handle(req: AuditRequest, who: Auditor): Promise<Exclude<AuditAnswer, { error: unknown }>> {
     const l = this.#d.log.child({ tenant: who.tenant, auditor: who.auditor });
+    if (this.#d.rebuilding?.()) {
+      l.info({ kind: req.kind }, 'audit query refused: the audit records are being rebuilt');
+      throw new TooltxError(ErrorClass.DependencyUnavailable, 'audit records being rebuilt', {
+        retryAfterMs: REBUILDING_RETRY_MS,
+      });
+    }
     let answer: Exclude<AuditAnswer, { error: unknown }>;
     try {
       answer = await this.#answer(who, req);

@@ -67,3 +67,9 @@ export {
   type ProjectionOutcome,
   type ProjectionRule,
 } from './projection-writer.js';
+export {
+  ProjectionGuard,
+  type ProjectionGuardOptions,
+  type ProjectionRebuilder,
+  type RebuildSource,
+} from './projection-rebuild.js';

@@ -2,6 +2,7 @@ import type { KV } from '@nats-io/kv';
 import type { z } from 'zod';
 import { ConcurrencyError, type OperationEvent } from '@tooltx/lifecycle';
 import { CodecError, decode, encode, isWrongLastSequence } from '@tooltx/nats';
+import type { ProjectionGuard } from './projection-rebuild.js';
 
 /**
  * KV projections of the event log: one entry per operation, written with compare-and-set
@@ -59,6 +60,9 @@ export class ProjectionCache<T> {
   }
   drop(key: string): void {
     this.#m.delete(key);
+  }
+  clear(): void {
+    this.#m.clear();
   }
 }
 
@@ -124,16 +128,25 @@ export async function projectEntry<T>(opts: {
  * concurrently to this instance, never race each other into CAS conflicts; other instances still
  * can, which the CAS resolves). With the cache, an operation's entry costs one KV write per event
  * and no read.
+ *
+ * With a `guard` (the bucket on memory storage, rebuilt when lost: projection-rebuild.ts), every
+ * apply waits until the bucket is whole, forgets the cache when the bucket was rebuilt since (its
+ * revisions are of the old bucket: a coinciding one would let a stale value through the CAS), and a
+ * write that fails because the bucket is gone is tried once more after the rebuild.
  */
 export class ProjectionApplier<T> {
   readonly #kv: KV;
   readonly #schema: z.ZodType<T>;
   readonly #cache: ProjectionCache<T>;
   readonly #chains = new Map<string, Promise<unknown>>();
-  constructor(kv: KV, schema: z.ZodType<T>, cacheEntries = 10_000) {
+  readonly #guard: ProjectionGuard | undefined;
+  #epoch = 0;
+  constructor(kv: KV, schema: z.ZodType<T>, cacheEntries = 10_000, guard?: ProjectionGuard) {
     this.#kv = kv;
     this.#schema = schema;
     this.#cache = new ProjectionCache<T>(cacheEntries);
+    this.#guard = guard;
+    this.#epoch = guard?.epoch ?? 0;
   }
   /** Applies `apply` to the entry under `key` after the pending work on that key; throws what {@link projectEntry} throws. */
   apply(key: string, apply: (current: T | null) => T | null): Promise<ProjectionOutcome> {
@@ -141,8 +154,22 @@ export class ProjectionApplier<T> {
   }
 
   /** {@link apply} without waiting for the key's pending work: only from inside {@link inOrder} of that key. */
-  applyNow(key: string, apply: (current: T | null) => T | null): Promise<ProjectionOutcome> {
-    return projectEntry({ kv: this.#kv, key, schema: this.#schema, cache: this.#cache, apply });
+  async applyNow(key: string, apply: (current: T | null) => T | null): Promise<ProjectionOutcome> {
+    const g = this.#guard;
+    const once = () => projectEntry({ kv: this.#kv, key, schema: this.#schema, cache: this.#cache, apply });
+    if (!g) return once();
+    for (let round = 0; ; round++) {
+      await g.ready();
+      if (g.epoch !== this.#epoch) {
+        this.#cache.clear();
+        this.#epoch = g.epoch;
+      }
+      try {
+        return await once();
+      } catch (err) {
+        if (round > 0 || !(await g.lost(err))) throw err;
+      }
+    }
   }
 
   /** Runs `fn` after the pending work on `key` in this process (and before any work queued later). */

@@ -41,6 +41,11 @@ export class TenantWatch {
     await this.#mirror.start();
   }
 
+  /** The tenants listed now. */
+  get tenants(): string[] {
+    return [...this.#tenants.keys()];
+  }
+
   /** Resolves once every tenant known now is served (or given up on: taken out, stopped). */
   async ready(): Promise<void> {
     await Promise.all([...this.#tenants.values()].map((t) => t.started));

@@ -1,8 +1,8 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { operationIdOf } from '@tooltx/contracts';
-import { decode, type Settlement, type Subjects } from '@tooltx/nats';
-import { ProjectionApplier, ProjectionBatcher } from '@tooltx/runtime';
+import { CodecError, decode, type Settlement, type Subjects } from '@tooltx/nats';
+import { ProjectionApplier, ProjectionBatcher, type ProjectionGuard, type ProjectionRebuilder } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
 import { z } from 'zod';
 import {
@@ -29,6 +29,8 @@ export interface AuditApplyDeps {
   batchMs: number;
   /** Most operations waiting at once (see {@link ProjectionBatcher}). */
   maxHeld: number;
+  /** The bucket's guard (memory storage, rebuilt when lost): writes wait until it is whole. */
+  guard?: ProjectionGuard;
 }
 
 const IN_FLIGHT = new Set(['accepted', 'running']);
@@ -50,7 +52,7 @@ export function auditHandlers(d: AuditApplyDeps): {
   flush: () => Promise<void>;
 } {
   // One writer for both streams: an operation's events and decisions land on the same record.
-  const batcher = new ProjectionBatcher(new ProjectionApplier(d.kv, auditRecordSchema), {
+  const batcher = new ProjectionBatcher(new ProjectionApplier(d.kv, auditRecordSchema, 10_000, d.guard), {
     delayMs: d.batchMs,
     maxHeld: d.maxHeld,
   });
@@ -96,4 +98,36 @@ export function auditHandlers(d: AuditApplyDeps): {
     await written;
   };
   return { events: (m) => project('op', m), decisions: (m) => project('decision', m), flush: () => batcher.flush() };
+}
+
+/**
+ * A rebuild of the audit records from the event log and the tenants' decision streams
+ * (ProjectionGuard in @tooltx/runtime): each message goes through the live path's own handlers
+ * ({@link auditHandlers}: the same checks and the same pure rules), with a batch that waits up to a
+ * minute for an operation's final event, so a rebuilt record costs about one write. The rules make
+ * the records independent of order and repetition (audit-record.ts), so the rebuilt records equal
+ * the live ones.
+ */
+export function auditRebuilder(d: Omit<AuditApplyDeps, 'guard' | 'batchMs' | 'maxHeld'>): ProjectionRebuilder {
+  const h = auditHandlers({ ...d, batchMs: 60_000, maxHeld: 1_024 });
+  /** In-flight events' writes: they wait for their operation's final event, or for `finish`. */
+  const deferred: Promise<unknown>[] = [];
+  const skipUndecodable = (seq: number) => (err: unknown) => {
+    // What the live path terms (bytes that never decode): skipped here too.
+    if (err instanceof CodecError) return void d.log.error({ err, seq }, 'undecodable message skipped');
+    throw err;
+  };
+  return {
+    apply: (source, msg) =>
+      (source.stream === d.subjects.eventsStream ? h.events(msg) : h.decisions(msg)).then((r) => {
+        if (r?.kind !== 'defer') return;
+        // Awaited in `finish`; handled here so a failure before then is no unhandled rejection.
+        r.settled.catch(() => undefined);
+        deferred.push(r.settled);
+      }, skipUndecodable(msg.seq)),
+    async finish() {
+      await h.flush();
+      await Promise.all(deferred);
+    },
+  };
 }

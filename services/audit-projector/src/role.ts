@@ -4,12 +4,12 @@
  */
 import { z } from 'zod';
 import { heldLimit, openBucket, startConsumerLoop } from '@tooltx/nats';
-import { envInt, keyedDigest, readKeyFile, SecretFileError } from '@tooltx/runtime';
+import { envInt, keyedDigest, ProjectionGuard, readKeyFile, SecretFileError } from '@tooltx/runtime';
 import { defineRole } from '@tooltx/runtime/service';
 import { TenantWatch } from '@tooltx/runtime/tenants';
 import { AuditService } from '@tooltx/readside';
 import { Durables } from '@tooltx/streams';
-import { auditHandlers } from './apply.js';
+import { auditHandlers, auditRebuilder } from './apply.js';
 import type { AuditHmac } from './audit-record.js';
 
 const auditConfigSchema = z.object({
@@ -45,14 +45,30 @@ export const auditProjectorRole = defineRole({
   envHelp: `  TOOLTX_AUDIT_HMAC_KEY_FILE key file (>= 32 characters, mode 0600) of the keyed HMACs in audit records (required)
   TOOLTX_AUDIT_BATCH_MS    how long an in-flight operation's events wait to be written with its next
                            ones as one record write, ms: an integer 0..60000 (default 1000; 0 = at once)`,
-  async start({ subjects, log, js, jsm, nc, config, env }) {
+  async start({ subjects, log, js, jsm, nc, config, env, topology }) {
     const key = env.TOOLTX_AUDIT_HMAC_KEY_FILE;
     const hmac: AuditHmac = (purpose, value) => keyedDigest(key, `audit-${purpose}`, value);
     const kv = await openBucket(nc, subjects.auditBucket);
+    // The records are on memory storage: gone after a server restart, then rebuilt from the event
+    // log and every listed tenant's decision stream (@tooltx/runtime ProjectionGuard). Writes wait
+    // until the bucket is whole; queries are answered "retry later" meanwhile (AuditService).
+    let tenants: () => string[] = () => [];
+    const guard = new ProjectionGuard({
+      nc,
+      js,
+      jsm,
+      bucket: topology.projections.audit,
+      log,
+      sources: () => [
+        { stream: subjects.eventsStream, filter: subjects.allOps },
+        ...tenants().map((t) => ({ stream: subjects.decisionsStream(t), filter: subjects.decisionsOf(t) })),
+      ],
+      rebuilder: () => auditRebuilder({ subjects, kv, hmac, log: log.child({ component: 'rebuild' }) }),
+    });
     // Waiting operations are bounded so their unacked events (up to 3 each) stay under the durable's
     // max_ack_pending with the loop's own in-flight ones.
     const maxHeld = await heldLimit(jsm, subjects.eventsStream, Durables.auditProjector, config.TOOLTX_CONCURRENCY);
-    const handlers = auditHandlers({ subjects, kv, hmac, log, batchMs: env.TOOLTX_AUDIT_BATCH_MS, maxHeld });
+    const handlers = auditHandlers({ subjects, kv, hmac, log, batchMs: env.TOOLTX_AUDIT_BATCH_MS, maxHeld, guard });
     const events = await startConsumerLoop({
       js,
       stream: subjects.eventsStream,
@@ -77,6 +93,9 @@ export const auditProjectorRole = defineRole({
     );
     await decisions.start();
     await Promise.race([decisions.ready(), new Promise((r) => setTimeout(r, 10_000).unref())]);
+    // The tenants are known now (the watch has loaded the tenants bucket): the first look may rebuild.
+    tenants = () => decisions.tenants;
+    guard.start();
     const service = new AuditService({
       nc,
       js,
@@ -84,10 +103,12 @@ export const auditProjectorRole = defineRole({
       subjects,
       log: log.child({ component: 'audit-query' }),
       instance: config.TOOLTX_INSTANCE_ID,
+      rebuilding: () => guard.rebuilding,
     });
     service.start();
     return async () => {
       await service.stop();
+      guard.stop();
       await handlers.flush();
       await Promise.all([events.stop(), decisions.stop()]);
     };

@@ -2,7 +2,7 @@ import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { attemptEnded, type OperationRecord, type OperationStore } from '@tooltx/lifecycle';
 import { opEventOf, type Settlement, type Subjects } from '@tooltx/nats';
-import { ProjectionApplier } from '@tooltx/runtime';
+import { ProjectionApplier, type ProjectionGuard } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
 import { applyStateToIndex, applyToIndex, reconcileValueSchema, type ReconcileValue } from './reconcile-index.js';
 
@@ -28,6 +28,21 @@ export interface IndexWriterOptions {
   maxHeld: number;
   /** True when the index holds a non-terminal entry for the key (the sweep's mirror of the bucket). */
   isIndexed?: (key: string) => boolean;
+  /** The bucket's guard (memory storage, rebuilt when lost): nothing is decided or written before it is whole. */
+  guard?: ProjectionGuard;
+}
+
+/**
+ * Whether an operation that reached the state `s` may have had an open entry in the index, from
+ * the state alone: an attempt after the first, a requeue, recovery evidence or a takeover are
+ * indexed at once; otherwise an `accepted` or `running` event is held `delayMs` before it is
+ * indexed, so an operation that ended within half of it (a margin for clock skew between
+ * services) was not. What {@link IndexWriter} decides for a terminal event, and what a rebuild of
+ * the index decides for an operation the log shows ended (rebuild-index.ts).
+ */
+export function mayHaveBeenIndexed(s: OperationRecord, delayMs: number): boolean {
+  if (s.attempt > 1 || (s.requeues ?? 0) > 0 || s.evidence !== undefined || s.takeover !== undefined) return true;
+  return s.updatedAt - s.acceptedAt >= delayMs / 2;
 }
 
 interface Hold {
@@ -72,7 +87,7 @@ export class IndexWriter {
 
   constructor(o: IndexWriterOptions) {
     this.#o = o;
-    this.#applier = new ProjectionApplier(o.kv, reconcileValueSchema);
+    this.#applier = new ProjectionApplier(o.kv, reconcileValueSchema, 10_000, o.guard);
   }
 
   /** Operations held right now. */
@@ -83,6 +98,8 @@ export class IndexWriter {
   /** The consumer-loop handler of the event log's `reconciler` durable. */
   readonly handle = async (msg: JsMsg): Promise<Settlement | void> => {
     const { log } = this.#o;
+    // While the index is rebuilt, `#mayBeIndexed` could not know what it holds.
+    await this.#o.guard?.ready();
     const m = opEventOf(this.#o.subjects, msg, log);
     if (m.kind === 'term') return m;
     const { key, event } = m;
@@ -150,6 +167,7 @@ export class IndexWriter {
     if (!h) return;
     clearTimeout(h.timer);
     await this.#applier.inOrder(key, async () => {
+      await this.#o.guard?.ready();
       if (this.#holds.get(key) !== h) return; // settled meanwhile by a newer event
       this.#holds.delete(key);
       try {
@@ -179,7 +197,6 @@ export class IndexWriter {
     const cached = this.#applier.cached(key);
     if (cached && !cached.terminal) return true;
     if (this.#o.isIndexed?.(key)) return true;
-    if (s.attempt > 1 || (s.requeues ?? 0) > 0 || s.evidence !== undefined || s.takeover !== undefined) return true;
-    return s.updatedAt - s.acceptedAt >= this.#o.delayMs / 2 || Date.now() - this.#lastEarlyEnd < 60_000;
+    return mayHaveBeenIndexed(s, this.#o.delayMs) || Date.now() - this.#lastEarlyEnd < 60_000;
   }
 }

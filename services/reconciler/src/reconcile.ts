@@ -54,7 +54,12 @@ export interface SweepDeps {
  * clock ahead never calls a person early; after a restart that wait starts again). Safe with
  * several instances: every write is an append under the expected subject sequence.
  */
-export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: ReadonlyMap<string, IndexEntry> } {
+export function startSweeper(d: SweepDeps): {
+  stop(): Promise<void>;
+  watched: ReadonlyMap<string, IndexEntry>;
+  /** Watches the index again from its start (after it was rebuilt: KvMirror.resync). */
+  resync(): void;
+} {
   const now = d.now ?? Date.now;
   const elapsed = d.elapsed ?? (() => performance.now());
   /** Next probe of an operation, on the monotonic clock; `failures` probes found nothing new. */
@@ -183,6 +188,7 @@ export function startSweeper(d: SweepDeps): { stop(): Promise<void>; watched: Re
 
   return {
     watched,
+    resync: () => mirror.resync(),
     async stop() {
       stopping = true;
       wake?.();

@@ -5,13 +5,14 @@
 import { z } from 'zod';
 import type { KV } from '@nats-io/kv';
 import { heldLimit, KvMirror, startConsumerLoop, openBucket } from '@tooltx/nats';
-import { FrozenTaskWatch } from '@tooltx/runtime';
+import { FrozenTaskWatch, ProjectionGuard } from '@tooltx/runtime';
 import { envInt, type Logger } from '@tooltx/runtime';
 import { defineRole } from '@tooltx/runtime/service';
 import { startTakeoverService } from '@tooltx/readside';
 import { Durables } from '@tooltx/streams';
 import { advisoryHandler } from './advisories.js';
 import { IndexWriter } from './index-writer.js';
+import { indexRebuilder } from './rebuild-index.js';
 import { reconcileValueSchema, type IndexEntry } from './reconcile-index.js';
 import { startSweeper } from './reconcile.js';
 
@@ -30,10 +31,17 @@ const reconcilerEnvSchema = z.object({
 });
 
 /** A projection-only instance's view of the index (what a sweeper would watch), so its writer knows which entries exist. */
-function projectionOnly(kv: KV, log: Logger): { stop(): Promise<void>; watched: ReadonlyMap<string, IndexEntry> } {
+function projectionOnly(
+  kv: KV,
+  log: Logger,
+): { stop(): Promise<void>; watched: ReadonlyMap<string, IndexEntry>; resync(): void } {
   const mirror = new KvMirror(kv, reconcileValueSchema, { log, what: 'reconciler index', keep: (v) => !v.terminal });
   void mirror.start();
-  return { watched: mirror.map as ReadonlyMap<string, IndexEntry>, stop: () => mirror.stop() };
+  return {
+    watched: mirror.map as ReadonlyMap<string, IndexEntry>,
+    stop: () => mirror.stop(),
+    resync: () => mirror.resync(),
+  };
 }
 
 export const reconcilerRole = defineRole({
@@ -50,6 +58,26 @@ export const reconcilerRole = defineRole({
                            operation that ends sooner is never written to the index`,
   async start({ subjects, log, js, jsm, nc, config, env, store, tools, topology, signer }) {
     const kv = await openBucket(nc, subjects.reconcileBucket);
+    // The index is on memory storage: gone after a server restart, then rebuilt from the event log
+    // (@tooltx/runtime ProjectionGuard). Its writes wait until it is whole.
+    let resync: () => void = () => undefined;
+    const guard = new ProjectionGuard({
+      nc,
+      js,
+      jsm,
+      bucket: topology.projections.reconcile,
+      log,
+      sources: () => [{ stream: subjects.eventsStream, filter: subjects.allOps }],
+      rebuilder: () =>
+        indexRebuilder({
+          kv,
+          subjects,
+          log: log.child({ component: 'rebuild' }),
+          delayMs: env.TOOLTX_RECONCILE_INDEX_DELAY_MS,
+        }),
+      onRebuilt: () => resync(),
+    });
+    guard.start();
     const results = await openBucket(nc, subjects.resultsBucket);
     const tasks = await openBucket(nc, subjects.tasksBucket);
     const frozen = new FrozenTaskWatch(tasks, log.child({ component: 'frozen-tasks' }));
@@ -69,6 +97,7 @@ export const reconcilerRole = defineRole({
             log: log.child({ component: 'sweep' }),
             intervalMs: env.TOOLTX_RECONCILE_INTERVAL_MS,
           });
+    resync = () => sweeper.resync();
     // Operators' takeover requests: list, show, resolve.
     const takeover = startTakeoverService({
       nc,
@@ -92,6 +121,7 @@ export const reconcilerRole = defineRole({
       delayMs: env.TOOLTX_RECONCILE_INDEX_DELAY_MS,
       maxHeld,
       isIndexed: (key) => sweeper.watched.has(key),
+      guard,
     });
     const loop = await startConsumerLoop({
       js,
@@ -118,6 +148,7 @@ export const reconcilerRole = defineRole({
       await index.flush();
       await loop.stop();
       await frozen.stop();
+      guard.stop();
     };
   },
 });
