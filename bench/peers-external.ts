@@ -7,10 +7,13 @@
  * key). Its fsync count comes from a separate `FSYNC_PROBE=1 RUNS=0` run (strace -c on its servers
  * during an untimed main phase; `fsync-probe.json`).
  *
- * Peak RSS is not in its JSON: while `run.sh` runs, every process below it is read from
- * `/proc/<pid>/status` (`VmHWM`, kB) once a second and the highest value per process kept, named
- * `restate-server`, `postgres` (the highest of its backends), or `node <script>`. A second's
- * polling costs ~1 ms of CPU; the peak between the last poll and a process's exit is missed.
+ * Peak RSS is not in its JSON: while `run.sh` runs, every process below it (and PostgreSQL, which
+ * runs as a daemon) is read from `/proc/<pid>/status` (`VmHWM`, kB) once a second and the highest
+ * value per process kept, named `restate-server`, `postgres` (the highest of the postmaster and its
+ * backends), or `node <script>`. The system's `rssPeakMB` leaves Restate's load-driving client
+ * (`node client.mjs`) out, as tooltx's leaves out the bench's own process; DBOS's `node bench.mjs`
+ * counts, since its workflows run in it. The polling reads a few hundred small /proc files a
+ * second on this machine's own CPUs; a peak between the last poll and a process's exit is missed.
  */
 import { spawn } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
@@ -64,11 +67,12 @@ async function runSh(
   dir: string,
   env: NodeJS.ProcessEnv,
   say: (s: string) => void,
-  onPid?: (pid: number) => () => void,
+  onPid?: (pid: number, scratch: () => string | undefined) => () => void,
 ): Promise<string> {
   const child = spawn('bash', ['run.sh'], { cwd: dir, env, stdio: ['ignore', 'pipe', 'pipe'] });
-  const stop = child.pid && onPid ? onPid(child.pid) : undefined;
   let resdir: string | undefined;
+  let scratchDir: string | undefined;
+  const stop = child.pid && onPid ? onPid(child.pid, () => scratchDir) : undefined;
   let tail = '';
   let buf = '';
   child.stderr.setEncoding('utf8');
@@ -78,8 +82,8 @@ async function runSh(
     while ((i = buf.indexOf('\n')) >= 0) {
       const line = buf.slice(0, i);
       buf = buf.slice(i + 1);
-      const m = /results -> (\S+) ;/.exec(line);
-      if (m) resdir = m[1];
+      const m = /results -> (\S+) ; scratch -> (\S+) ;/.exec(line);
+      if (m) [resdir, scratchDir] = [m[1], m[2]];
       if (/^\[run\.sh|^\[(restate|dbos)\]/.test(line)) say(`    ${line}`);
       tail = `${tail}${line}\n`.slice(-2_000);
     }
@@ -101,9 +105,9 @@ export async function runExternalRound(
   say: (s: string) => void,
 ): Promise<RoundFigures & { errorSamples: string[] }> {
   const rss = new Map<number, { name: string; mb: number }>();
-  const resdir = await runSh(peersDir, peersEnv(peer, z, { RUNS: '1', FSYNC_PROBE: '0' }), say, (root) => {
+  const resdir = await runSh(peersDir, peersEnv(peer, z, { RUNS: '1', FSYNC_PROBE: '0' }), say, (root, scratch) => {
     const poll = () => {
-      for (const p of descendants(root)) {
+      for (const p of descendants(root, scratch())) {
         const mb = vmHwmMb(p);
         const name = processName(p);
         if (mb === null || name === null) continue;
@@ -128,16 +132,14 @@ export async function runExternalRound(
   const byName = new Map<string, number>();
   for (const { name, mb } of rss.values()) byName.set(name, Math.max(byName.get(name) ?? 0, mb));
   // The client only drives load (Restate: HTTP to its ingress); DBOS runs its workflows in it.
-  const clientScript = peer === 'restate' ? 'node client.mjs' : '';
-  const serverSide = [...byName.entries()].filter(([n]) => n !== clientScript);
+  const client = peer === 'restate' ? 'node client.mjs' : 'node bench.mjs';
+  const serverSide = [...byName.entries()].filter(([n]) => peer !== 'restate' || n !== client);
   const cpuByProcess: Record<string, number> = {};
   for (const [pid, ms] of Object.entries(r.main.server_cpu_ms_by_pid)) {
     const name = rss.get(Number(pid))?.name ?? `pid ${pid}`;
     cpuByProcess[name] = round3((cpuByProcess[name] ?? 0) + ms / Math.max(1, r.main.ok));
   }
-  cpuByProcess[`client (${peer === 'restate' ? 'node client.mjs' : 'node bench.mjs'})`] = round3(
-    r.main.client_cpu_ms / Math.max(1, r.main.ok),
-  );
+  cpuByProcess[client] = round3(r.main.client_cpu_ms / Math.max(1, r.main.ok));
   return {
     phases: { main: phase(r.main), dup: phase(r.dup), race: phase(r.race), seq: phase(r.seq) } as Record<
       PhaseName,
@@ -173,20 +175,26 @@ export async function externalFsyncsPerCall(
   return probe[peer]?.syncs_per_call ?? null;
 }
 
-/** Every live process below `root` (not `root` itself), from `/proc/<pid>/stat`'s ppid (field 4). */
-function descendants(root: number): number[] {
+/**
+ * Every live process below `root` (not `root` itself), from `/proc/<pid>/stat`'s ppid (field 4),
+ * and below any process whose command line names `scratch` (the run's scratch directory): `pg_ctl`
+ * starts PostgreSQL as a daemon, which init adopts, with its data directory there.
+ */
+function descendants(root: number, scratch: string | undefined): number[] {
   const parent = new Map<number, number>();
+  const roots = new Set([root]);
   for (const e of readdirSync('/proc')) {
     if (!/^\d+$/.test(e)) continue;
     try {
       const st = readFileSync(`/proc/${e}/stat`, 'utf8');
       parent.set(Number(e), Number(st.slice(st.lastIndexOf(')') + 2).split(' ')[1]));
+      if (scratch && readFileSync(`/proc/${e}/cmdline`, 'utf8').includes(scratch)) roots.add(Number(e));
     } catch {
       // gone
     }
   }
-  const out: number[] = [];
-  const seen = new Set([root]);
+  const out: number[] = [...roots].filter((p) => p !== root);
+  const seen = new Set(roots);
   let grew = true;
   while (grew) {
     grew = false;

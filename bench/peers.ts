@@ -493,7 +493,12 @@ async function sweep(
           callsPerSecond: r.phases.main.callsPerSecond,
           p99_ms: r.phases.main.p99_ms,
           errors: r.phases.main.errors,
-          rssPeakMB: Object.fromEntries(Object.entries(r.processes).map(([n, p]) => [n, p.rssPeakMB])),
+          // The client is the bench's own process: its peak covers every earlier run.
+          rssPeakMB: Object.fromEntries(
+            Object.entries(r.processes)
+              .filter(([n]) => n !== 'client')
+              .map(([n, p]) => [n, p.rssPeakMB]),
+          ),
         });
       } catch (err) {
         failures.push(`${layout} sweep ${calls}: ${err instanceof Error ? err.message : String(err)}`);
