@@ -60,6 +60,8 @@ export const STACK_ENTRIES = {
   executor: 'services/executor/src/main.ts',
   reconciler: 'services/reconciler/src/main.ts',
   'audit-projector': 'services/audit-projector/src/main.ts',
+  /** Every role in one process (`tooltx serve`, the co-located layout). */
+  serve: 'bin/serve.ts',
   'kb-server': 'examples/research-kb/kb-server.ts',
   tools: 'examples/research-kb/tools.ts',
 } as const;
@@ -68,7 +70,7 @@ export type StackEntry = keyof typeof STACK_ENTRIES;
 /** The directories whose files are hashed (inputs of the bundle), relative to the repository root. */
 const SOURCE_DIRS = ['libs', 'streams', 'services', join('examples', 'research-kb')];
 /** Single files that shape the build. */
-const SOURCE_FILES = ['package.json', 'tsconfig.json'];
+const SOURCE_FILES = ['package.json', 'tsconfig.json', join('bin', 'serve.ts')];
 /** Bump when the build options below change (part of the hash). */
 const RECIPE = 'esm-splitting-node20-external-packages-keepnames-linked-maps/1';
 /** Builds not used for this long are removed after a build, ms (7 days). */

@@ -156,8 +156,14 @@ export interface StackOptions {
   runtime?: StackRuntime;
   /** Node/V8 flags of the KB and the services (default `TOOLTX_STACK_NODE_FLAGS` when set, else {@link SERVICE_NODE_FLAGS}). */
   nodeFlags?: readonly string[];
-  /** Instances of each service (default 1). */
-  instances?: Partial<Record<(typeof SERVICES)[number] | 'kb', number>>;
+  /**
+   * How the roles run (default `TOOLTX_STACK_LAYOUT`, else `services`): `colocated` = every role in
+   * one process (`tooltx serve`, processes `tooltx-<n>`, connections `<role>@tooltx-<n>`);
+   * `services` = each role its own process (`<role>-<n>`).
+   */
+  layout?: StackLayout;
+  /** Instances of each service, or of the co-located process (`tooltx`) (default 1). */
+  instances?: Partial<Record<(typeof SERVICES)[number] | 'kb' | 'tooltx', number>>;
   /**
    * Called with every process of the stack that is running (nats-server, the KB, the services) each
    * time one starts or exits — `npm start` records them in its lock, so a later start can refuse
@@ -165,6 +171,10 @@ export interface StackOptions {
    */
   onPids?: (pids: StackPid[]) => void;
 }
+
+/** The stack's process layout ({@link StackOptions.layout}). */
+export type StackLayout = 'colocated' | 'services';
+export const STACK_LAYOUTS: readonly StackLayout[] = ['colocated', 'services'];
 
 /** A process of the stack: its name (`nats-server`, `kb`, `executor-1`, …) and pid. */
 export interface StackPid {
@@ -669,8 +679,23 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       KB_URL: o.kbHop ? await o.kbHop(kbUrl) : kbUrl,
       KB_DEDUP: o.kbDedup ? 'on' : 'off',
     };
+    const layout = o.layout ?? layoutFromEnv();
+    if (layout === 'colocated')
+      await Promise.all(
+        Array.from({ length: o.instances?.tooltx ?? 1 }, (_, i) => {
+          const name = `tooltx-${i + 1}`;
+          const child = launch(name, 'serve', join(ROOT, 'bin', 'serve.ts'), {
+            ...common,
+            TOOLTX_INSTANCE_ID: name,
+            // Each role connects as its own identity and signs with its own key from the auth directory.
+            TOOLTX_AUTH_DIR: authDir,
+            KB_SERVICE_TOKEN_FILE: kbServiceTokenFile,
+          });
+          return waitForReady(child, name, logsOf(name));
+        }),
+      );
     await Promise.all(
-      SERVICES.flatMap((name) =>
+      (layout === 'colocated' ? [] : SERVICES).flatMap((name) =>
         Array.from({ length: o.instances?.[name] ?? 1 }, (_, i) => {
           const child = launch(`${name}-${i + 1}`, name, join(ROOT, 'services', name, 'src', 'main.ts'), {
             ...common,
@@ -841,4 +866,12 @@ function natsServerProblem(err: unknown, port: number | undefined): unknown {
     `the nats-server did not start: ${err.message.slice(0, 400)}`,
     { cause: err },
   );
+}
+
+/** `TOOLTX_STACK_LAYOUT` (`colocated` or `services`), default `services`; anything else throws a StartupError naming it. */
+function layoutFromEnv(): StackLayout {
+  const v = process.env.TOOLTX_STACK_LAYOUT;
+  if (v === undefined || v === '') return 'services';
+  if ((STACK_LAYOUTS as readonly string[]).includes(v)) return v as StackLayout;
+  throw new StartupError('TOOLTX_STACK_LAYOUT', v, `expected ${STACK_LAYOUTS.join(' or ')}`);
 }

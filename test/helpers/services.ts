@@ -31,7 +31,7 @@ export const compiledTestBuild = (): Promise<StackBuild> =>
  */
 async function serviceCommand(
   main: string,
-  entry: ServiceName | 'kb-server',
+  entry: ServiceName | 'kb-server' | 'serve',
   toolsModule: string | undefined,
   runtime: 'tsx' | undefined,
 ): Promise<{ args: string[]; toolsModule: string | undefined }> {
@@ -175,6 +175,47 @@ export async function startService(
   });
   const p = new ServiceProcess(name, child);
   if (opts.wait !== false) await p.waitForLog('started');
+  return p;
+}
+
+/**
+ * Spawns `tooltx serve`: every role (or `roles`, comma-separated) in one process, each role on its
+ * own connection as its own identity from the test server's generated auth (TOOLTX_AUTH_DIR), and
+ * waits for its "started" lines. The process is named `tooltx`; its lines carry each role's `service`.
+ */
+export async function startHost(
+  env: Record<string, string>,
+  opts: { wait?: boolean; runtime?: 'tsx'; roles?: string } = {},
+): Promise<ServiceProcess> {
+  const auth = env.TOOLTX_TEST_NKEYS_DIR ? { TOOLTX_AUTH_DIR: join(env.TOOLTX_TEST_NKEYS_DIR, '..') } : {};
+  const kbToken = env.KB_URL !== undefined ? { KB_SERVICE_TOKEN_FILE: kbServiceToken().file } : {};
+  const fullEnv: Record<string, string | undefined> = {
+    PATH: process.env.PATH ?? '',
+    LOG_LEVEL: 'debug',
+    TOOLTX_TOOLS_MODULE: SINK_TOOLS,
+    TOOLTX_INSTANCE_ID: `tooltx-${Math.random().toString(36).slice(2, 8)}`,
+    ...auth,
+    ...kbToken,
+    ...env,
+    ...(opts.roles ? { TOOLTX_ROLES: opts.roles } : {}),
+  };
+  const cmd = await serviceCommand(join(ROOT, 'bin', 'serve.ts'), 'serve', fullEnv.TOOLTX_TOOLS_MODULE, opts.runtime);
+  if (cmd.toolsModule !== undefined) fullEnv.TOOLTX_TOOLS_MODULE = cmd.toolsModule;
+  const child = spawn(process.execPath, cmd.args, {
+    cwd: ROOT,
+    env: fullEnv as NodeJS.ProcessEnv,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const p = new ServiceProcess('tooltx', child);
+  if (opts.wait !== false) {
+    const roles = (opts.roles ?? 'audit-projector,reconciler,executor,authorizer').split(',').length;
+    const deadline = Date.now() + 30_000;
+    while (p.lines.filter((l) => l.msg === 'started').length < roles) {
+      if (p.child.exitCode !== null) throw new Error(`tooltx serve exited ${p.child.exitCode}: ${p.stderr}`);
+      if (Date.now() > deadline) throw new Error(`tooltx serve: not started in 30 s: ${p.stderr}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
   return p;
 }
 

@@ -56,6 +56,12 @@ export interface AcceptCommand {
   submitted?: { operationKey: string; inputDigest: string };
   /** The intake decision (policy seam) that allowed this attempt. */
   authorization?: AuthDecision;
+  /**
+   * Accept and start in one append: the process that accepts the attempt runs it at once (the
+   * co-located layout). The state becomes `running` with this event as its run; `authorization` is
+   * the decision at the execution instant (docs/lifecycle.md "Accepted and started").
+   */
+  start?: { executor: string; deadlineAt: number; authorization?: AuthDecision };
 }
 export interface StartCommand {
   type: 'start';
@@ -361,6 +367,7 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
         submissionId: cmd.submissionId,
         ...(cmd.submitted ? { submitted: cmd.submitted } : {}),
         ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
+        ...(cmd.start ? { started: cmd.start } : {}),
       },
       cmd,
     );
@@ -383,6 +390,7 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
       submissionId: cmd.submissionId,
       ...(cmd.submitted ? { submitted: cmd.submitted } : {}),
       ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
+      ...(cmd.start ? { started: cmd.start } : {}),
     },
     cmd,
   );
@@ -434,6 +442,15 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
         });
       if (!identity) throw new Error('accepted event without identity');
       // A new attempt starts clean: no running marker, receipt, error or evidence of the previous one.
+      // Accepted and started in one append: running at once, this event being the run.
+      const started = a.started;
+      const authorization =
+        a.authorization || started?.authorization
+          ? {
+              ...(a.authorization ? { intake: a.authorization } : {}),
+              ...(started?.authorization ? { execution: started.authorization } : {}),
+            }
+          : undefined;
       return {
         operationKey: identity.operationKey,
         tenant: identity.tenant,
@@ -444,12 +461,15 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
         effect: identity.effect,
         inputDigest: identity.inputDigest,
         targetDigest: identity.targetDigest,
-        status: 'accepted',
+        status: started ? 'running' : 'accepted',
         actor: a.actor,
         attempt: a.attempt,
         intent: { seq: a.intentSeq, submissionId: a.submissionId, ...(a.submitted ? { submitted: a.submitted } : {}) },
         acceptedAt: a.at,
-        ...(a.authorization ? { authorization: { intake: a.authorization } } : {}),
+        ...(started
+          ? { running: { eventId: a.eventId, executor: started.executor, at: a.at, deadlineAt: started.deadlineAt } }
+          : {}),
+        ...(authorization ? { authorization } : {}),
         ...common,
       };
     }

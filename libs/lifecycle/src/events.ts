@@ -240,6 +240,14 @@ export const acceptedEventSchema = z.object({
   submissionId: z.string(),
   submitted: submittedSchema.optional(),
   authorization: authDecisionSchema.optional(),
+  /**
+   * Set when the process that accepted the attempt also started it, in this one append (the
+   * co-located layout, docs/lifecycle.md "Accepted and started"): the state is then `running`, its
+   * run id this event's id. `authorization` is the decision at the execution instant.
+   */
+  started: z
+    .object({ executor: z.string(), deadlineAt: epochMs, authorization: authDecisionSchema.optional() })
+    .optional(),
 });
 export const runningEventSchema = z.object({
   ...base,

@@ -32,6 +32,18 @@ export const TRANSITIONS: readonly Transition[] = [
     to: 'accepted',
     when: 'accept: the identical input after a rejection starts the next attempt',
   },
+  {
+    from: 'none',
+    event: 'accepted',
+    to: 'running',
+    when: 'accept with start: registered and started in one append by the process that runs it',
+  },
+  {
+    from: 'rejected',
+    event: 'accepted',
+    to: 'running',
+    when: 'accept with start: the next attempt, registered and started in one append',
+  },
   { from: 'accepted', event: 'running', to: 'running', when: 'start: an executor takes the attempt' },
   {
     from: 'accepted',

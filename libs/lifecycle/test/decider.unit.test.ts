@@ -89,6 +89,80 @@ describe('operation decider', () => {
     });
   });
 
+  describe('accepted and started in one append', () => {
+    const start: NonNullable<AcceptCommand['start']> = {
+      executor: 'host-1',
+      deadlineAt: 4_000,
+      authorization: { decision: 'allow', policyVersion: 'p1', at: 1_000 },
+    };
+
+    it('given a new key, when it is accepted with a start, then one event makes it running, that event being its run', () => {
+      const e = appended(given().when(accept({ start })));
+      expect(e.type).toBe('accepted');
+      expect(e.state).toMatchObject({
+        status: 'running',
+        attempt: 1,
+        running: { eventId: e.eventId, executor: 'host-1', at: e.at, deadlineAt: 4_000 },
+        authorization: { execution: start.authorization },
+      });
+      expect(e.state.eventCount).toBe(1);
+    });
+
+    it('given it running, when the run commits, then the receipt extends the one event and the run binds to it', () => {
+      const e = appended(given().when(accept({ start })));
+      const c = appended(
+        given(e).when({
+          type: 'commit',
+          eventId: id(),
+          at: 3_000,
+          attempt: 1,
+          runId: e.eventId,
+          resourceId: 'note-1',
+          resultDigest: D2,
+        }),
+      );
+      expect(c.state.status).toBe('committed');
+      expect(c.state.receipt).toMatchObject({ prevEventCount: 1 });
+      // A later delivery of the start is the same run: nothing new.
+      expect(given(c).when(accept({ start, intentSeq: 10 })).kind).toBe('replay');
+    });
+
+    it('given a rejection, when the identical input comes again with a start, then attempt 2 runs at once', () => {
+      const r = rejected();
+      const e = appended(given(r).when(accept({ start, intentSeq: 11, submissionId: 'sub-2' })));
+      expect(e.state).toMatchObject({ status: 'running', attempt: 2, running: { eventId: e.eventId } });
+      expect(e.state.error).toBeUndefined();
+    });
+
+    it('given it running, when an executor tries to start it again, then nothing is appended', () => {
+      const e = appended(given().when(accept({ start })));
+      const d = given(e).when({
+        type: 'start',
+        eventId: id(),
+        at: 2_100,
+        attempt: 1,
+        executor: 'ex-2',
+        deadlineAt: 5_100,
+      });
+      expect(d).toMatchObject({ kind: 'skip', reason: 'not_accepted' });
+    });
+
+    it('replays: a history with an accepted-and-started event folds to the state it carries', () => {
+      const e = appended(given().when(accept({ start })));
+      const c = appended(
+        given(e).when({
+          type: 'mark_unknown',
+          eventId: id(),
+          at: 9_000,
+          attempt: 1,
+          runId: e.eventId,
+          evidence: { kind: 'timeout', at: 9_000, elapsedMs: 5_000 },
+        }),
+      );
+      expect(replay([e, c])).toEqual(c.state);
+    });
+  });
+
   it("FM-10: an attempt submitted through an alias keeps the submission's own key and digest, per attempt, and replays", () => {
     const K2 = `opk_${'B'.repeat(43)}`;
     const a = appended(given().when(accept({ submitted: { operationKey: K2, inputDigest: D2 } })));

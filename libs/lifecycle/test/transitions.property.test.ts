@@ -31,7 +31,17 @@ const SEED = 20_261_130;
 
 /** One step's choices, turned into a command against the state it meets. */
 const stepArb = fc.record({
-  type: fc.constantFrom('accept', 'start', 'commit', 'reject', 'mark_unknown', 'requeue', 'open_takeover', 'resolve'),
+  type: fc.constantFrom(
+    'accept',
+    'accept_start',
+    'start',
+    'commit',
+    'reject',
+    'mark_unknown',
+    'requeue',
+    'open_takeover',
+    'resolve',
+  ),
   /** Mostly the current attempt; sometimes a stale or a future one. */
   attemptOffset: fc.constantFrom(0, 0, 0, 0, 0, -1, 1),
   /** Mostly the current run; sometimes none or another run's id. */
@@ -64,6 +74,7 @@ const step = (type: Step['type'], over: Partial<Step> = {}): Step => ({
  */
 const EXAMPLES: Step[][] = [
   [step('accept'), step('start'), step('commit'), step('accept')],
+  [step('accept_start'), step('reject'), step('accept_start'), step('commit')],
   [step('accept'), step('reject'), step('accept'), step('start'), step('reject'), step('accept')],
   [
     step('accept'),
@@ -105,8 +116,10 @@ function commandOf(step: Step, state: OperationState, nextId: () => string, at: 
   const withRun = runId === undefined ? {} : { runId };
   switch (step.type) {
     case 'accept':
+    case 'accept_start':
       return {
         type: 'accept',
+        ...(step.type === 'accept_start' ? { start: { executor: 'ex-1', deadlineAt: at + 1_000 } } : {}),
         eventId,
         at,
         operationKey: KEY,

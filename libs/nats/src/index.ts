@@ -19,6 +19,8 @@ export {
 } from './connect.js';
 export {
   EVENT_TYPE_HEADER,
+  EVENT_STATUS_HEADER,
+  eventStatusOf,
   eventTypeOf,
   IN_FLIGHT_DUPLICATE_CODE,
   isInFlightDuplicate,

@@ -59,6 +59,7 @@ export class JetStreamStore implements OperationStore {
     const data = encode(operationEventSchema.parse(event));
     const h = natsHeaders();
     h.set(EVENT_TYPE_HEADER, event.type);
+    h.set(EVENT_STATUS_HEADER, event.state.status);
     let lastErr: unknown;
     for (let i = 0; i < PUBLISH_ATTEMPTS; i++) {
       try {
@@ -209,6 +210,19 @@ export class JetStreamStore implements OperationStore {
  * without it (written before it existed) is decoded as before.
  */
 export const EVENT_TYPE_HEADER = 'Tooltx-Event-Type';
+
+/**
+ * The header every appended event carries with the operation's status after it (`accepted`,
+ * `running`, …): an `accepted` event that also started the attempt (docs/lifecycle.md "Accepted
+ * and started") is skipped by the executor unread, like a `running` one. Trusted as
+ * {@link EVENT_TYPE_HEADER} is.
+ */
+export const EVENT_STATUS_HEADER = 'Tooltx-Status';
+
+/** The status named by {@link EVENT_STATUS_HEADER}, or undefined when the message has none. */
+export function eventStatusOf(msg: { headers?: { get(k: string): string } | undefined }): string | undefined {
+  return msg.headers?.get(EVENT_STATUS_HEADER) || undefined;
+}
 
 /** The event type named by {@link EVENT_TYPE_HEADER}, or undefined when the message has none. */
 export function eventTypeOf(msg: { headers?: { get(k: string): string } | undefined }): string | undefined {

@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import { isAbsolute, resolve } from 'node:path';
+import { isAbsolute, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { Command } from 'commander';
 import { usageErrorsExitTwo } from './cli.js';
@@ -18,7 +18,8 @@ import {
   type NatsConnection,
 } from '@tooltx/nats';
 import { assertTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
-import { loadReceiptSigner, type ReceiptSigner } from '@tooltx/lifecycle';
+import { loadReceiptSigner, type OperationRecord, type ReceiptSigner } from '@tooltx/lifecycle';
+import type { AuthorizationResult } from '@tooltx/contracts';
 import { ConfigError, envInt, loadConfig, serviceConfigSchema } from './config.js';
 import { createLogger, installProcessHandlers, type Logger } from './logger.js';
 import { SecretFileError } from './secrets.js';
@@ -82,6 +83,8 @@ export interface ServiceContext {
   tools: ImplementationRegistry;
   /** The receipt signer (TOOLTX_SIGNING_KEY_FILE); set for services whose spec says `signsReceipts`. */
   signer?: ReceiptSigner;
+  /** What the roles of this process share (empty when it hosts one role). */
+  colocation: Colocation;
 }
 
 /**
@@ -109,52 +112,152 @@ export function defineRole<E extends z.ZodRawShape = Record<never, never>>(spec:
 }
 
 /**
- * The composition root every service shares: `--help` → config (fails fast
- * listing every problem, exit 2) → logger → trusted tools module → connect → check the streams
- * (refuses to start naming each broken setting, exit 2; never "ensures") → start → on SIGTERM or
- * SIGINT: stop, drain the connection, exit 0.
+ * What the roles hosted by one process share, beyond the connection each has: a role that can take
+ * work in-process registers itself here, and a role started after it finds it. Empty for a process
+ * that hosts one role.
+ */
+export interface Colocation {
+  /**
+   * The executor, when this process hosts it: the authorizer hands it an operation it accepted and
+   * started in one append (docs/performance.md, "co-located layout") instead of waiting for the
+   * event log to deliver the `accepted` event.
+   */
+  executor?: LocalExecutor;
+}
+
+/** A started attempt handed to the co-located executor (see {@link Colocation}). */
+export interface LocalExecutor {
+  /**
+   * Reserves a slot for one attempt of `contract` and fixes its start: the executor's id and the
+   * absolute deadline (ms since the epoch, on the downstream's clock as far as it is known). Null
+   * when every slot is taken or the contract is not loaded here: the operation is then accepted
+   * alone and the event log delivers it to an executor.
+   */
+  begin(tool: string, version: number): LocalStart | null;
+}
+
+/** One reserved in-process attempt ({@link LocalExecutor.begin}). */
+export interface LocalStart {
+  executor: string;
+  deadlineAt: number;
+  /**
+   * Runs the attempt whose `accepted` event (carrying this start) is stored at `seq`, with the
+   * input the intent carried (already checked against its digest) and the policy seam's answer at
+   * the execution instant. Resolves when the attempt has ended (never rejects).
+   */
+  run(a: {
+    tenant: string;
+    opId: string;
+    state: OperationRecord;
+    seq: number;
+    input: Record<string, unknown>;
+    allowed: AuthorizationResult | undefined;
+  }): Promise<void>;
+  /** Gives the slot back: the append did not start this attempt (a replay, a conflict, a failure). */
+  cancel(): void;
+}
+
+/** What {@link runRoles} needs besides the roles: how the process calls itself. */
+export interface HostOptions {
+  /** Program name in `--help`, logs and startup errors (`tooltx-<role>` for one role). */
+  program: string;
+  /** One line for `--help`. */
+  summary: string;
+  /** The command line (default `process.argv`: node, script, then the arguments). */
+  argv?: string[];
+  /** Options the caller has already read from `argv`, listed in `--help` and accepted here. */
+  options?: { flags: string; description: string; defaultValue?: string }[];
+}
+
+/**
+ * The composition root every service shares: {@link runRoles} with one role.
+ */
+export async function runService<E extends z.ZodRawShape = Record<never, never>>(spec: RoleSpec<E>): Promise<void> {
+  await runRoles([spec as unknown as RoleSpec], { program: `tooltx-${spec.name}`, summary: spec.summary });
+}
+
+/** Settings of a process that hosts several roles: where each role's identity and signing key are. */
+const hostConfigSchema = z.object({
+  /**
+   * The directory `tooltx auth generate` wrote: each role connects as its own service identity
+   * (`nkeys/service.<role>.nk`) and signs its receipts with its own key (`signing/<role>.pem`),
+   * unless NATS_NKEY_FILE / NATS_CREDS_FILE / TOOLTX_SIGNING_KEY_FILE name one for all.
+   */
+  TOOLTX_AUTH_DIR: z.string().min(1).optional(),
+});
+
+/**
+ * Runs one or more roles in this process: `--help` → config (fails fast listing every problem,
+ * exit 2) → logger → trusted tools module (loaded once, shared) → one connection per role, each
+ * as its own identity → check the streams (refuses to start naming each broken setting, exit 2;
+ * never "ensures") → start each role in the order given, each with its own context on its own
+ * connection and the shared {@link Colocation} → on SIGTERM or SIGINT: stop the roles in reverse
+ * order, drain every connection, exit 0.
  *
  * A failure to start names the setting behind it and its value (startup.ts: one line on stderr,
  * one `failed to start` log line with `setting`, `value`, `problem`): the tools module
  * (`TOOLTX_TOOLS_MODULE`), the nkey or credentials file, the server (`NATS_URL`, shown without
- * user-info), the prefix whose streams do not match (`TOOLTX_PREFIX`), and the service's own
+ * user-info), the prefix whose streams do not match (`TOOLTX_PREFIX`), and the roles' own
  * settings (`spec.env`, validated with the common ones so every problem is listed at once).
  *
- * Started by a supervisor with `TOOLTX_EXIT_WITH_PARENT=<its pid>`, the service stops when that
+ * Started by a supervisor with `TOOLTX_EXIT_WITH_PARENT=<its pid>`, the process stops when that
  * supervisor is gone (shutdown.ts `exitWithParent`).
  */
-export async function runService<E extends z.ZodRawShape = Record<never, never>>(spec: RoleSpec<E>): Promise<void> {
-  const asksHelp = process.argv.slice(2).some((a) => a === '--help' || a === '-h');
-  usageErrorsExitTwo(new Command(`tooltx-${spec.name}`))
-    .description(`tooltx ${spec.name}: ${spec.summary}`)
-    .addHelpText('after', serviceEnvHelp(spec, asksHelp ? await toolsModuleHelp(process.env.TOOLTX_TOOLS_MODULE) : ''))
-    .parse(process.argv);
+export async function runRoles(specs: RoleSpec[], host: HostOptions): Promise<void> {
+  const argv = host.argv ?? process.argv;
+  const asksHelp = argv.slice(2).some((a) => a === '--help' || a === '-h');
+  const many = specs.length > 1;
+  const helpSpec = {
+    name: many ? 'host' : specs[0]!.name,
+    envHelp: [
+      ...(many
+        ? [
+            `  TOOLTX_AUTH_DIR          directory written by \`tooltx auth generate\`: each role connects as nkeys/service.<role>.nk
+                           and signs with signing/<role>.pem (optional)`,
+          ]
+        : []),
+      ...specs.flatMap((s) => (s.envHelp ? [s.envHelp] : [])),
+    ].join('\n'),
+    signsReceipts: specs.some((s) => s.signsReceipts),
+  };
+  const cli = usageErrorsExitTwo(new Command(host.program)).description(`${host.program}: ${host.summary}`);
+  for (const o of host.options ?? []) cli.option(o.flags, o.description, o.defaultValue);
+  cli
+    .addHelpText(
+      'after',
+      serviceEnvHelp(helpSpec, asksHelp ? await toolsModuleHelp(process.env.TOOLTX_TOOLS_MODULE) : ''),
+    )
+    .parse(argv);
 
   const who: StartupReporter = {
-    program: `tooltx-${spec.name}`,
-    service: spec.name,
-    instance: `${spec.name}-${process.pid}`,
+    program: host.program,
+    service: many ? 'tooltx' : specs[0]!.name,
+    instance: `${many ? 'tooltx' : specs[0]!.name}-${process.pid}`,
   };
-  let config: ServiceConfig;
-  let own: z.infer<z.ZodObject<E>>;
+  let config: ServiceConfig & z.infer<typeof hostConfigSchema>;
+  const own = new Map<RoleSpec, Record<string, unknown>>();
   try {
-    const all = loadConfig(
-      spec.env ? fullServiceConfigSchema.extend(spec.env.shape) : fullServiceConfigSchema,
-    ) as Record<string, unknown>;
-    config = all as ServiceConfig;
-    own = Object.fromEntries(Object.keys(spec.env?.shape ?? {}).map((k) => [k, all[k]])) as z.infer<z.ZodObject<E>>;
+    let schema: z.ZodObject = fullServiceConfigSchema.extend(hostConfigSchema.shape);
+    for (const s of specs) if (s.env) schema = schema.extend(s.env.shape);
+    const all = loadConfig(schema) as Record<string, unknown>;
+    config = all as typeof config;
+    for (const s of specs) own.set(s, Object.fromEntries(Object.keys(s.env?.shape ?? {}).map((k) => [k, all[k]])));
   } catch (err) {
     failStartup(who, err);
   }
   who.instance = config.TOOLTX_INSTANCE_ID;
-  let log: Logger;
+  const logs = new Map<RoleSpec, Logger>();
+  let hostLog: Logger;
   try {
-    log = createLogger({
-      service: spec.name,
-      instance: config.TOOLTX_INSTANCE_ID,
-      level: config.LOG_LEVEL,
-      hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE,
-    });
+    const make = (service: string) =>
+      createLogger({
+        service,
+        instance: config.TOOLTX_INSTANCE_ID,
+        level: config.LOG_LEVEL,
+        hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE,
+      });
+    hostLog = many ? make('tooltx') : make(specs[0]!.name);
+    for (const s of specs) logs.set(s, many ? make(s.name) : hostLog);
   } catch (err) {
     failStartup(
       who,
@@ -163,28 +266,35 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
         : err,
     );
   }
-  who.log = log;
-  exitWithParent(log, config.TOOLTX_EXIT_WITH_PARENT);
-  let signer: ReceiptSigner | undefined;
-  if (spec.signsReceipts) {
-    const file = config.TOOLTX_SIGNING_KEY_FILE;
+  who.log = hostLog;
+  exitWithParent(hostLog, config.TOOLTX_EXIT_WITH_PARENT);
+  const authDir = config.TOOLTX_AUTH_DIR;
+  const signers = new Map<RoleSpec, ReceiptSigner>();
+  for (const spec of specs.filter((s) => s.signsReceipts)) {
+    const [setting, file] = config.TOOLTX_SIGNING_KEY_FILE
+      ? ['TOOLTX_SIGNING_KEY_FILE', config.TOOLTX_SIGNING_KEY_FILE]
+      : authDir
+        ? ['TOOLTX_AUTH_DIR', join(authDir, 'signing', `${spec.name}.pem`)]
+        : ['TOOLTX_SIGNING_KEY_FILE', undefined];
     if (!file)
       failStartup(
         who,
-        new ConfigError(['TOOLTX_SIGNING_KEY_FILE: required: this service signs the receipts of what it commits']),
+        new ConfigError([
+          `TOOLTX_SIGNING_KEY_FILE: required: the ${spec.name} role signs the receipts of what it commits`,
+        ]),
       );
     try {
-      signer = loadReceiptSigner(file);
+      signers.set(spec, loadReceiptSigner(file));
     } catch (err) {
       // loadReceiptSigner's messages are its own, `<file>: <problem>` (never the key).
-      const own =
+      const m =
         err instanceof Error && err.message.startsWith(`${file}: `) ? err.message.slice(file.length + 2) : undefined;
-      failStartup(who, new StartupError('TOOLTX_SIGNING_KEY_FILE', file, own ?? describeError(err), { cause: err }));
+      failStartup(who, new StartupError(setting, file, m ?? describeError(err), { cause: err }));
     }
   }
   // A crash is logged like everything else: never Node's default print of a message and stack.
-  installProcessHandlers(log);
-  let nc: NatsConnection | undefined;
+  installProcessHandlers(hostLog);
+  const conns: NatsConnection[] = [];
   try {
     const modulePath = config.TOOLTX_TOOLS_MODULE;
     const tools = await startupStep(
@@ -193,119 +303,168 @@ export async function runService<E extends z.ZodRawShape = Record<never, never>>
       () => loadImplementations(modulePath),
       (err) => describeModuleError(modulePath, err),
     );
-    // The identity files are read here so that a missing one is named (the client only says ENOENT).
-    for (const [setting, file] of [
-      ['NATS_NKEY_FILE', config.NATS_NKEY_FILE],
-      ['NATS_CREDS_FILE', config.NATS_CREDS_FILE],
-    ] as const) {
-      if (file) await startupStep(setting, file, () => readFile(file));
-    }
-    const identity: [string, string | undefined] = config.NATS_CREDS_FILE
-      ? ['NATS_CREDS_FILE', config.NATS_CREDS_FILE]
-      : config.NATS_NKEY_FILE
-        ? ['NATS_NKEY_FILE', config.NATS_NKEY_FILE]
-        : ['NATS_URL', displayUrl(config.NATS_URL)];
-    nc = await startupStep(
-      'NATS_URL',
-      displayUrl(config.NATS_URL),
-      async () => {
-        try {
-          return await connectNats({
-            servers: config.NATS_URL,
-            name: `${spec.name}@${config.TOOLTX_INSTANCE_ID}`,
-            credsFile: config.NATS_CREDS_FILE,
-            nkeySeedFile: config.NATS_NKEY_FILE,
-            // Replies to this service arrive only under its own inbox prefix.
-            inboxPrefix: `_INBOX._svc.${spec.name}`,
-          });
-        } catch (err) {
-          const problem = connectProblemOf(err);
-          if (problem?.about === 'identity')
-            throw new StartupError(identity[0], identity[1], problem.problem, { cause: err });
-          if (problem?.about === 'url')
-            throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), problem.problem, { cause: err });
-          if (err instanceof Error && err.name === 'AuthorizationError')
-            throw new StartupError(
-              identity[0],
-              identity[1],
-              `the server at ${displayUrl(config.NATS_URL)} refused this identity (${err.message})`,
-              { cause: err },
-            );
-          throw err;
-        }
-      },
-      describeConnectError,
-    );
-    // 2.10.0 is the oldest server tooltx runs on (docs/nats-server.md): refused before anything is read or written.
-    try {
-      assertSupportedServer(nc.info?.version);
-    } catch (err) {
-      if (err instanceof UnsupportedServerError)
-        throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), `the server there is ${err.problem}`, {
-          cause: err,
-        });
-      throw err;
-    }
-    const { js, jsm } = await jetStreamOf(nc);
     const subjects = new Subjects(config.TOOLTX_PREFIX);
     const topo = topology(subjects, topologyOptionsFrom(config));
-    await startupStep(
-      'TOOLTX_PREFIX',
-      config.TOOLTX_PREFIX,
-      () =>
-        assertTopology(jsm, topo, {
-          longestKeyRetentionMs: tools.contracts.longestKeyRetentionMs(),
-          longestOperationMs: tools.longestOperationMs(),
-        }),
-      (err) =>
-        err instanceof Error && (err.name === 'StreamConfigError' || isNatsError(err))
-          ? `the streams are not as this service needs them (\`tooltx streams apply\` provisions them): ${err.message}`
-          : describeError(err),
-    ).catch((err: unknown) => {
-      // Refused by the server's permissions: the seed is another identity's, not the prefix's fault.
-      const denied = permissionViolationOf(err);
-      if (denied)
-        throw new StartupError(
-          identity[0],
-          identity[1],
-          `the server refused ${denied.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${denied.subject}: this identity is not the ${spec.name} service's (<out>/nkeys/service.${spec.name}.nk from \`tooltx auth generate\`)`,
-          { cause: err },
-        );
-      throw err;
-    });
-    const store = new JetStreamStore(js, jsm, subjects);
-    const stop = await spec.start({
-      config,
-      env: own,
-      log,
-      nc,
-      js,
-      jsm,
-      subjects,
-      topology: topo,
-      store,
-      tools,
-      ...(signer ? { signer } : {}),
-    });
-    const conn = nc;
+    const colocation: Colocation = {};
+    const stops: { spec: RoleSpec; stop: () => Promise<void> }[] = [];
+    let checked = false;
+    for (const spec of specs) {
+      const identity = identityOf(config, spec.name, authDir);
+      for (const [setting, file] of identity.files) await startupStep(setting, file, () => readFile(file));
+      const nc = await connectRole(config, spec.name, identity);
+      conns.push(nc);
+      // 2.10.0 is the oldest server tooltx runs on (docs/nats-server.md): refused before anything is read or written.
+      try {
+        assertSupportedServer(nc.info?.version);
+      } catch (err) {
+        if (err instanceof UnsupportedServerError)
+          throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), `the server there is ${err.problem}`, {
+            cause: err,
+          });
+        throw err;
+      }
+      const { js, jsm } = await jetStreamOf(nc);
+      if (!checked) {
+        await checkTopology(jsm, topo, tools, config, identity, spec.name);
+        checked = true;
+      }
+      const store = new JetStreamStore(js, jsm, subjects);
+      const signer = signers.get(spec);
+      const stop = await spec.start({
+        config,
+        env: (own.get(spec) ?? {}) as never,
+        log: logs.get(spec)!,
+        nc,
+        js,
+        jsm,
+        subjects,
+        topology: topo,
+        store,
+        tools,
+        colocation,
+        ...(signer ? { signer } : {}),
+      });
+      stops.push({ spec, stop });
+    }
     let closing = false;
-    void conn.closed().then((err) => {
-      if (closing) return;
-      log.fatal({ err }, 'connection closed unexpectedly');
-      process.exit(1);
-    });
-    onShutdown(log, async () => {
-      await stop();
+    for (const conn of conns)
+      void conn.closed().then((err) => {
+        if (closing) return;
+        hostLog.fatal({ err }, 'connection closed unexpectedly');
+        process.exit(1);
+      });
+    onShutdown(hostLog, async () => {
+      // The last started first: the authorizer stops handing work to the executor before it stops.
+      for (const { stop } of [...stops].reverse()) await stop();
       closing = true;
-      await conn.drain();
+      await Promise.all(conns.map((c) => c.drain()));
     });
-    log.info({ prefix: subjects.prefix, contracts: tools.contracts.all().map((c) => c.id) }, 'started');
+    for (const spec of specs)
+      logs.get(spec)!.info({ prefix: subjects.prefix, contracts: tools.contracts.all().map((c) => c.id) }, 'started');
     // A supervisor (npm start) learns it over IPC, whatever LOG_LEVEL hides.
     announceReady();
   } catch (err) {
-    await nc?.close().catch(() => undefined);
+    await Promise.all(conns.map((c) => c.close().catch(() => undefined)));
     failStartup(who, err);
   }
+}
+
+interface RoleIdentity {
+  /** The setting a refusal of this identity is reported under, and its value. */
+  setting: [string, string | undefined];
+  credsFile?: string;
+  nkeySeedFile?: string;
+  /** The files to read first, so a missing one is named (the client only says ENOENT). */
+  files: [string, string][];
+}
+
+/** Which identity a role connects as: NATS_CREDS_FILE / NATS_NKEY_FILE for all, else TOOLTX_AUTH_DIR's seed of the role, else none. */
+function identityOf(config: ServiceConfig, role: string, authDir: string | undefined): RoleIdentity {
+  if (config.NATS_CREDS_FILE)
+    return {
+      setting: ['NATS_CREDS_FILE', config.NATS_CREDS_FILE],
+      credsFile: config.NATS_CREDS_FILE,
+      files: [['NATS_CREDS_FILE', config.NATS_CREDS_FILE]],
+    };
+  if (config.NATS_NKEY_FILE)
+    return {
+      setting: ['NATS_NKEY_FILE', config.NATS_NKEY_FILE],
+      nkeySeedFile: config.NATS_NKEY_FILE,
+      files: [['NATS_NKEY_FILE', config.NATS_NKEY_FILE]],
+    };
+  if (authDir) {
+    const f = join(authDir, 'nkeys', `service.${role}.nk`);
+    return { setting: ['TOOLTX_AUTH_DIR', f], nkeySeedFile: f, files: [['TOOLTX_AUTH_DIR', f]] };
+  }
+  return { setting: ['NATS_URL', displayUrl(config.NATS_URL)], files: [] };
+}
+
+async function connectRole(config: ServiceConfig, role: string, identity: RoleIdentity): Promise<NatsConnection> {
+  return startupStep(
+    'NATS_URL',
+    displayUrl(config.NATS_URL),
+    async () => {
+      try {
+        return await connectNats({
+          servers: config.NATS_URL,
+          name: `${role}@${config.TOOLTX_INSTANCE_ID}`,
+          credsFile: identity.credsFile,
+          nkeySeedFile: identity.nkeySeedFile,
+          // Replies to this role arrive only under its own inbox prefix.
+          inboxPrefix: `_INBOX._svc.${role}`,
+        });
+      } catch (err) {
+        const problem = connectProblemOf(err);
+        if (problem?.about === 'identity')
+          throw new StartupError(identity.setting[0], identity.setting[1], problem.problem, { cause: err });
+        if (problem?.about === 'url')
+          throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), problem.problem, { cause: err });
+        if (err instanceof Error && err.name === 'AuthorizationError')
+          throw new StartupError(
+            identity.setting[0],
+            identity.setting[1],
+            `the server at ${displayUrl(config.NATS_URL)} refused this identity (${err.message})`,
+            { cause: err },
+          );
+        throw err;
+      }
+    },
+    describeConnectError,
+  );
+}
+
+async function checkTopology(
+  jsm: JetStreamManager,
+  topo: Topology,
+  tools: ImplementationRegistry,
+  config: ServiceConfig,
+  identity: RoleIdentity,
+  role: string,
+): Promise<void> {
+  await startupStep(
+    'TOOLTX_PREFIX',
+    config.TOOLTX_PREFIX,
+    () =>
+      assertTopology(jsm, topo, {
+        longestKeyRetentionMs: tools.contracts.longestKeyRetentionMs(),
+        longestOperationMs: tools.longestOperationMs(),
+      }),
+    (err) =>
+      err instanceof Error && (err.name === 'StreamConfigError' || isNatsError(err))
+        ? `the streams are not as this service needs them (\`tooltx streams apply\` provisions them): ${err.message}`
+        : describeError(err),
+  ).catch((err: unknown) => {
+    // Refused by the server's permissions: the seed is another identity's, not the prefix's fault.
+    const denied = permissionViolationOf(err);
+    if (denied)
+      throw new StartupError(
+        identity.setting[0],
+        identity.setting[1],
+        `the server refused ${denied.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${denied.subject}: this identity is not the ${role} service's (<out>/nkeys/service.${role}.nk from \`tooltx auth generate\`)`,
+        { cause: err },
+      );
+    throw err;
+  });
 }
 
 /** The `--help` text after the options: every variable a service reads. */
@@ -323,7 +482,11 @@ Environment:
   TOOLTX_LOG_HMAC_KEY_FILE key file for the HMAC of error messages in logs (optional; mode 0600)
 ${
   spec.signsReceipts
-    ? `  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 PEM, mode 0600) that signs this service's receipts
+    ? spec.name === 'host'
+      ? `  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 PEM, mode 0600) that signs the receipts of every
+                           role here that commits (required unless TOOLTX_AUTH_DIR gives signing/<role>.pem)
+`
+      : `  TOOLTX_SIGNING_KEY_FILE  Ed25519 private key (PKCS#8 PEM, mode 0600) that signs this service's receipts
                            (required; \`tooltx auth generate\` writes signing/${spec.name}.pem)
 `
     : ''

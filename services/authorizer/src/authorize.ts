@@ -34,6 +34,7 @@ import {
 import { committedResult, isTransient, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
 import type { FrozenTaskWatch } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
+import type { LocalExecutor, LocalStart } from '@tooltx/runtime/service';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { intakeOf, type IntakeOutcome } from './intake.js';
 
@@ -62,6 +63,13 @@ export interface AuthorizerDeps {
    * its size (bytes): intake is paced per tenant by what it costs, not only by count (docs/tenancy.md).
    */
   onIntakeCost?: (tenant: string, ms: number, bytes: number) => void;
+  /**
+   * The executor of this process, when it hosts one (the co-located layout): an operation it can
+   * take now is accepted and started in one append, checked once at that execution instant, and
+   * handed to it in-process (docs/performance.md "co-located layout"). Absent or null: accepted
+   * alone, and the event log delivers it to an executor.
+   */
+  localExecutor?: () => LocalExecutor | undefined;
 }
 
 /**
@@ -253,17 +261,49 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     if (check.kind === 'refuse')
       return refuse(check.decisionKey, check.error, { tool: check.tool, version: check.version });
 
+    const { contract } = check;
+    // Run here at once when this process's executor has room: the check below is then the one at
+    // the execution instant, and the start goes into the same append as the acceptance.
+    const begun = deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null;
+    let handed = false;
+    try {
+      const out = await register(msg, who, submissionId, answerOnItsWay, check, begun, l, refuse);
+      handed = out.handed;
+      return out.settled;
+    } finally {
+      if (!handed) begun?.cancel();
+    }
+  }
+
+  async function register(
+    msg: JsMsg,
+    who: { tenant: string; actor: string },
+    submissionId: string,
+    answerOnItsWay: () => void,
+    check: Extract<Extract<IntakeOutcome, { kind: 'checked' }>['check'], { kind: 'proceed' }>,
+    begun: LocalStart | null,
+    l: Logger,
+    refuse: (
+      key: string | null,
+      error: ErrorInfo,
+      ids: { tool?: string; version?: number },
+      authorization?: AuthDecision,
+    ) => Promise<Settlement | void>,
+  ): Promise<{ settled: Settlement | void; handed: boolean }> {
     const { contract, prepared, envelope } = check;
     const key = prepared.operationKey;
     const ids = { tool: contract.name, version: contract.version };
     const impl = tools.get(contract.name, contract.version)!;
+    const done = (settled: Settlement | void) => ({ settled, handed: false });
 
     // Policy seam, then the business invariants: before anything about the key is looked up or revealed.
     const policyVersion = impl.policyVersion ?? 'none';
     let allowed: AuthorizationResult | void = undefined;
     let failure: { err: unknown } | undefined;
     try {
-      const authCtx = { tenant: who.tenant, actor: who.actor, operationKey: key, phase: 'intake' as const, now: now() };
+      // Started here at once: this check is the one at the execution instant (FM-07, FM-08).
+      const phase = begun ? ('execution' as const) : ('intake' as const);
+      const authCtx = { tenant: who.tenant, actor: who.actor, operationKey: key, phase, now: now() };
       allowed = await impl.authorize?.(prepared.input, authCtx);
       await impl.invariants?.(prepared.input, authCtx);
     } catch (err) {
@@ -276,14 +316,14 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     });
     // A dependency of the policy being down is not a refusal: the intent is retried later.
     if (verdict.kind === 'retry') throw failure!.err;
-    if (verdict.kind === 'refuse') return refuse(key, verdict.error, ids, verdict.authorization);
+    if (verdict.kind === 'refuse') return done(await refuse(key, verdict.error, ids, verdict.authorization));
     const authorization = verdict.authorization;
     const canonicalInput = allowed?.input;
 
     // A task with an operation under takeover takes no new side effect until a person resolves it
     // (FM-14). Before the lookup, so nothing about the key is revealed or registered.
     const frozen = frozenTaskRefusal(contract.effect, deps.frozen?.isFrozen(who.tenant, envelope.taskId) ?? false);
-    if (frozen) return refuse(key, frozen, ids);
+    if (frozen) return done(await refuse(key, frozen, ids));
 
     // Two references to one resource are one operation (FM-10): a submission that named its target
     // through an alias is registered under the canonical input's key, and its own key is recorded
@@ -341,6 +381,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         submissionId,
         ...(submitted ? { submitted } : {}),
         authorization,
+        ...(begun ? { start: { executor: begun.executor, deadlineAt: begun.deadlineAt, authorization } } : {}),
       }),
       { known: { state: { status: 'none' }, seq: 0 } },
     );
@@ -356,13 +397,26 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         'accepted',
       );
       answerOnItsWay();
-      return;
+      if (begun && h.event.state.status === 'running') {
+        // Handed over: the executor of this process runs it now; the intent is acked meanwhile (the
+        // log holds the start: a crash from here on is the reconciler's to verify, FM-27).
+        void begun.run({
+          tenant: who.tenant,
+          opId,
+          state: h.event.state,
+          seq: h.seq,
+          input: prepared.input,
+          allowed: allowed ?? undefined,
+        });
+        return { settled: undefined, handed: true };
+      }
+      return done(undefined);
     }
-    if (h.kind === 'moved_on') return;
+    if (h.kind === 'moved_on') return done(undefined);
     const d = h.decision;
     switch (d.kind) {
       case 'conflict':
-        return refuse(key, IDEMPOTENCY_CONFLICT, ids);
+        return done(await refuse(key, IDEMPOTENCY_CONFLICT, ids));
       case 'replay':
       case 'applied':
         l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
@@ -380,9 +434,9 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
             h.seq,
           );
         }
-        return;
+        return done(undefined);
       case 'skip':
-        return;
+        return done(undefined);
     }
   }
 }

@@ -20,7 +20,7 @@ export const authorizerRole = defineRole({
   name: 'authorizer',
   summary:
     'consumes intents, checks identity, contract, key and policy, registers operations, and answers status requests',
-  async start({ subjects, store, tools, log, js, nc, config }) {
+  async start({ subjects, store, tools, log, js, nc, config, colocation }) {
     const results = await openBucket(nc, subjects.resultsBucket);
     const status = new StatusService({
       nc,
@@ -46,6 +46,8 @@ export const authorizerRole = defineRole({
       subjects,
       store,
       tools,
+      // The executor of this process, when it hosts one: what it can take now is started here.
+      localExecutor: () => colocation.executor,
       log,
       frozen,
       results,

@@ -35,10 +35,20 @@ import {
   type ReceiptSigner,
   type RunOutcome,
 } from '@tooltx/lifecycle';
-import { decode, decodeRaw, encode, eventTypeOf, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
+import {
+  decode,
+  decodeRaw,
+  encode,
+  eventStatusOf,
+  eventTypeOf,
+  newEventId,
+  type Settlement,
+  type Subjects,
+} from '@tooltx/nats';
 import type { FrozenTaskWatch } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
+import type { LocalExecutor } from '@tooltx/runtime/service';
 import { recoverOperation } from '@tooltx/runtime/recover-operation';
 import { DownstreamClocks } from './downstream-clock.js';
 
@@ -75,6 +85,40 @@ const ACTS_ON = new Set(['accepted', 'requeued']);
  * left is never `rejected` — it stays `running` for recovery.
  */
 export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settlement | void> {
+  return executorHandlers(deps).events;
+}
+
+/** An attempt whose `running` state is stored at `seq`: what {@link executorHandlers}' run needs. */
+interface StartedAttempt {
+  tenant: string;
+  opId: string;
+  /** The operation's state after its start (status `running`, `running.eventId` the run's id). */
+  state: OperationRecord;
+  seq: number;
+  impl: Implementation;
+  input: Record<string, unknown>;
+  /** The policy seam's answer at the execution instant. */
+  allowed: AuthorizationResult | undefined;
+  deadlineAt: number;
+  /** ms since the attempt's deadline was fixed, on the monotonic clock. */
+  elapsed: () => number;
+  l: Logger;
+}
+
+/**
+ * The executor's handler of event-log messages ({@link eventHandler}) and, for a process that
+ * also hosts the authorizer, the in-process entry of attempts accepted and started in one append
+ * (`local`, at most `localCapacity` at once; docs/performance.md "co-located layout"). Both run an
+ * attempt the same way once its start is stored. `idle()` resolves when no local attempt is in flight.
+ */
+export function executorHandlers(
+  deps: ExecutorDeps,
+  localCapacity = 16,
+): {
+  events: (msg: JsMsg) => Promise<Settlement | void>;
+  local: LocalExecutor;
+  idle: () => Promise<void>;
+} {
   const { subjects, store, tools, log, results } = deps;
   const now = deps.now ?? Date.now;
   const clocks = deps.clocks ?? new DownstreamClocks();
@@ -91,12 +135,15 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
   const pushPoll = (tenant: string, state: OperationRecord) =>
     deps.pusher?.poll(tenant, state.actor, state.intent.submissionId);
 
-  return async (msg) => {
+  const events = async (msg: JsMsg): Promise<Settlement | void> => {
     const where = subjects.parseOpSubject('op', msg.subject);
     if (!where) return { kind: 'term', reason: 'not an operation subject' };
     // Running, committed, rejected… are not this handler's: acked without decoding the body.
     const type = eventTypeOf(msg);
     if (type !== undefined && !ACTS_ON.has(type)) return;
+    // Accepted and started in one append: the process that appended it runs it; a later delivery
+    // (its executor died mid-attempt) is decoded and recovered below.
+    if (msg.info.deliveryCount === 1 && (eventStatusOf(msg) ?? 'accepted') !== 'accepted') return;
     const event = decode(operationEventSchema, msg.data);
     if (!ACTS_ON.has(event.type)) return;
     const { tenant, opId } = where;
@@ -172,20 +219,6 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       if (d.kind === 'appended') pushPoll(tenant, state);
       return d;
     };
-    const reject = async (error: ErrorInfo, authorization?: AuthDecision, runId?: string) => {
-      const d = await transition(tenant, opId, () => ({
-        type: 'reject',
-        eventId: newEventId(),
-        at: now(),
-        attempt: state.attempt,
-        error,
-        ...(authorization ? { authorization } : {}),
-        ...(runId ? { runId } : {}),
-      }));
-      if (d.kind === 'appended') pushPoll(tenant, state);
-      return d;
-    };
-
     // The input, read back from the intent the `accepted` event names, checked against its digest.
     const input = await loadInput(store, subjects, state, impl);
     if (!input) {
@@ -280,8 +313,40 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
       { known: { state, seq }, retry: false },
     );
     if (start.kind !== 'appended') return;
-    const runningSeq = start.seq;
-    const afterStart = { state: start.event.state, seq: runningSeq };
+    if (start.event.state.status !== 'running') return;
+    await runStarted({
+      tenant,
+      opId,
+      state: start.event.state,
+      seq: start.seq,
+      impl,
+      input,
+      allowed: allowed ?? undefined,
+      deadlineAt,
+      elapsed,
+      l,
+    });
+  };
+
+  /** Runs an attempt whose start is stored: send (unless stored too late), then commit, reject, unknown or requeue. */
+  async function runStarted(a: StartedAttempt): Promise<void> {
+    const { tenant, opId, state, impl, input, allowed, deadlineAt, elapsed, l } = a;
+    const runningId = state.running!.eventId;
+    const { timeoutMs } = impl.contract.timing;
+    const afterStart = { state, seq: a.seq };
+    const reject = async (error: ErrorInfo, authorization?: AuthDecision, runId?: string) => {
+      const d = await transition(tenant, opId, () => ({
+        type: 'reject',
+        eventId: newEventId(),
+        at: now(),
+        attempt: state.attempt,
+        error,
+        ...(authorization ? { authorization } : {}),
+        ...(runId ? { runId } : {}),
+      }));
+      if (d.kind === 'appended') pushPoll(tenant, state);
+      return d;
+    };
     /**
      * Nothing of this run was applied: the same attempt runs again, bound to this run (after a
      * reload the operation may be running a later run that has sent).
@@ -444,7 +509,60 @@ export function eventHandler(deps: ExecutorDeps): (msg: JsMsg) => Promise<Settle
         return;
       }
     }
+  }
+
+  /** Attempts handed over in-process and not yet ended. */
+  const inFlight = new Set<Promise<void>>();
+  let reserved = 0;
+  const local: LocalExecutor = {
+    begin(tool, version) {
+      const impl = tools.get(tool, version);
+      // Nothing learned yet of a downstream that tells its clock: the event log's path asks it first.
+      if (!impl || reserved >= localCapacity || deps.shutdown.aborted || (impl.clock && !clocks.knows(impl)))
+        return null;
+      reserved++;
+      const startedMono = performance.now();
+      const deadlineAt = now() + impl.contract.timing.timeoutMs + clocks.offsetMs(impl);
+      let done = false;
+      const release = () => {
+        if (!done) {
+          done = true;
+          reserved--;
+        }
+      };
+      return {
+        executor: deps.executorId,
+        deadlineAt,
+        cancel: release,
+        run(a) {
+          const l = log.child({
+            tenant: a.tenant,
+            operationKey: a.state.operationKey,
+            attempt: a.state.attempt,
+            tool: `${a.state.tool}@${a.state.version}`,
+          });
+          const p = runStarted({
+            ...a,
+            impl,
+            deadlineAt,
+            elapsed: () => Math.max(0, Math.round(performance.now() - startedMono)),
+            l,
+          })
+            .catch((err: unknown) =>
+              // The attempt stays `running`: the reconciler verifies it past its deadline (FM-27).
+              l.error({ err }, 'in-process attempt failed: left running for recovery'),
+            )
+            .finally(() => {
+              release();
+              inFlight.delete(p);
+            });
+          inFlight.add(p);
+          return p;
+        },
+      };
+    },
   };
+  return { events, local, idle: async () => void (await Promise.all([...inFlight])) };
 }
 
 async function loadInput(

@@ -10,7 +10,7 @@ import { AnswerPusher } from '@tooltx/readside';
 import { defineRole } from '@tooltx/runtime/service';
 import { describeConnectError, startupStep } from '@tooltx/runtime';
 import { Durables } from '@tooltx/streams';
-import { eventHandler } from './execute.js';
+import { executorHandlers } from './execute.js';
 
 const executorEnvSchema = z.object({
   /**
@@ -32,7 +32,7 @@ export const executorRole = defineRole({
   env: executorEnvSchema,
   envHelp: `  TOOLTX_EXECUTOR_DURABLE  the durable consumer to pull from (default ${Durables.executor}); another one (provisioned
                            from the identity list's executorDurables) makes a competing executor group`,
-  async start({ subjects, store, tools, log, js, nc, config, env, signer }) {
+  async start({ subjects, store, tools, log, js, nc, config, env, signer, colocation }) {
     const results = await openBucket(nc, subjects.resultsBucket);
     const shutdown = new AbortController();
     // Each attempt in flight listens on it (and stops listening when it ends): up to
@@ -43,6 +43,21 @@ export const executorRole = defineRole({
       log.child({ component: 'frozen-tasks' }),
     );
     await frozen.start();
+    const handlers = executorHandlers(
+      {
+        subjects,
+        store,
+        tools,
+        log,
+        results,
+        executorId: config.TOOLTX_INSTANCE_ID,
+        shutdown: shutdown.signal,
+        frozen,
+        signer: signer!,
+        pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }),
+      },
+      config.TOOLTX_CONCURRENCY,
+    );
     // A durable that does not exist, or that this identity may not read, is the operator's setting.
     const loop = await startupStep(
       'TOOLTX_EXECUTOR_DURABLE',
@@ -54,24 +69,17 @@ export const executorRole = defineRole({
           durable: env.TOOLTX_EXECUTOR_DURABLE,
           concurrency: config.TOOLTX_CONCURRENCY,
           log,
-          handle: eventHandler({
-            subjects,
-            store,
-            tools,
-            log,
-            results,
-            executorId: config.TOOLTX_INSTANCE_ID,
-            shutdown: shutdown.signal,
-            frozen,
-            signer: signer!,
-            pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }),
-          }),
+          handle: handlers.events,
         }),
       (err) =>
         `no durable consumer of that name on ${subjects.eventsStream} that this identity may read (\`tooltx streams apply\` provisions the default; another is listed in the identity list's executorDurables and provisioned): ${describeConnectError(err)}`,
     );
+    // An authorizer of this process hands over what it accepts and starts in one append.
+    colocation.executor = handlers.local;
     return async () => {
+      if (colocation.executor === handlers.local) delete colocation.executor;
       await loop.stop();
+      await handlers.idle();
       await frozen.stop();
     };
   },

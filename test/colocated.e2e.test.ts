@@ -1,0 +1,181 @@
+/**
+ * The co-located layout (`tooltx serve`): every role in one process, the authorizer handing what it
+ * accepts and starts in one append to the executor of the same process (docs/performance.md). Real
+ * nats-server, the real KB with KB_DEDUP=off (every request that reaches its insert path is a row:
+ * tooltx alone prevents duplicates), a real HTTP hop that holds or cuts a request, and SIGKILL of
+ * the whole process (FM-27): a restarted instance converges with exactly one row.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
+import { createTools, type Tools } from '@tooltx/client';
+import type { OperationRecord } from '@tooltx/lifecycle';
+import { provisioned, type TestNats } from './helpers/nats.js';
+import { startHost, type ServiceProcess } from './helpers/services.js';
+import { history } from './helpers/ops.js';
+import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
+import { DelayProxy } from './helpers/delay-proxy.js';
+import { beyondOne, convergence, figure } from './helpers/figures.js';
+import { researchContracts } from '../examples/research-kb/contracts.js';
+
+// Short contract timing so recovery happens within seconds: timeout 1.5 s, running bound 1 s.
+const TIMING = { timeoutMs: 1_500, runningBoundMs: 1_000, unknownDeadlineMs: 60_000 };
+const contracts = researchContracts({ kbDedup: false, timing: TIMING });
+let t: TestNats;
+let kb: TestKb;
+let proxy: DelayProxy;
+let env: Record<string, string>;
+let host: ServiceProcess;
+let alice: Tools;
+
+const note = (title: string) => ({
+  kb: 'research',
+  title,
+  body: `Notes on ${title}.`,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-11-30T06:00:00Z',
+});
+const keyOf = (taskId: string, title: string) => prepareCall(contracts.writeNote, taskId, note(title)).operationKey;
+const isNotesPost = (req: { method?: string; url?: string }) => req.method === 'POST' && req.url === '/v1/notes';
+/** A supervisor's restart: the killed process's successor, on the same deployment. */
+const restart = async () => {
+  await host.kill();
+  host = await startHost(env);
+};
+
+beforeAll(async () => {
+  t = await provisioned();
+  kb = await startKb(
+    {
+      tenants: [{ id: 'acme', quota: 10_000 }],
+      knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }],
+    },
+    { KB_DEDUP: 'off' },
+  );
+  proxy = await new DelayProxy(kb.url).start();
+  env = {
+    ...t.env,
+    TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
+    KB_URL: proxy.url,
+    KB_KEEPALIVE: 'off',
+    KB_DEDUP: 'off',
+    KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`,
+    TOOLTX_RECONCILE_INTERVAL_MS: '300',
+    // Indexed at once: a process killed right after the start leaves its operation in the index for
+    // the next instance's sweep (a held index write would wait out the durable's ack wait first).
+    TOOLTX_RECONCILE_INDEX_DELAY_MS: '0',
+  };
+  host = await startHost(env);
+  alice = await createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts: contracts.all,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+    budgetMs: 30_000,
+  });
+});
+
+afterAll(async () => {
+  await alice?.close();
+  const code = await host?.stop();
+  if (code !== 0)
+    console.log(code, host?.stderr, JSON.stringify(host?.lines.filter((l) => Number(l.level) >= 40).slice(-30)));
+  await proxy?.stop();
+  await kb?.stop();
+  await t?.close();
+  expect(code).toBe(0);
+});
+
+describe('co-located layout: every role in one process', () => {
+  it('a call is accepted and started in one append, runs in the same process, and commits once with a signed receipt; a repeat replays it', async () => {
+    // The first call to a downstream that tells its clock goes through the event log's path, which
+    // asks the downstream's clock first; every later one is started in the same append.
+    await alice.execute({ tool: 'kb.write_note', taskId: 'colo-0', input: note('Learns the clock') });
+    const key = keyOf('colo-1', 'One process');
+    const r = await alice.execute({ tool: 'kb.write_note', taskId: 'colo-1', input: note('One process') });
+    expect(r.status).toBe('committed');
+    const events = await history(t, 'acme', key);
+    expect(events.map((e) => e.type)).toEqual(['accepted', 'committed']);
+    expect(events[0]!.state).toMatchObject({ status: 'running', running: { eventId: events[0]!.eventId } });
+    // One check at the execution instant served both the acceptance and the start.
+    expect((events[0]!.state as OperationRecord).authorization?.execution).toBeDefined();
+    const again = await alice.execute({ tool: 'kb.write_note', taskId: 'colo-1', input: note('One process') });
+    expect(again).toMatchObject({ status: 'committed', operationKey: key });
+    if (r.status === 'committed' && again.status === 'committed') expect(again.receipt).toEqual(r.receipt);
+    expect(await kbRowsFor(kb, 'acme', key)).toBe(1);
+  });
+
+  describe('FM-27: the whole process killed mid-operation (kill -9)', () => {
+    it("killed after the KB committed, before `committed` was appended: the restarted process probes and commits with the KB's row id, one row", async ({
+      task,
+    }) => {
+      // Under heavy load the write can reach the KB after its 1.5 s deadline and be refused: then that
+      // round did not test a commit (it still converges to one row) and the next round does.
+      let committedByKb = false;
+      for (let round = 0; round < 3 && !committedByKb; round++) {
+        const title = `Host killed after the commit ${round}`;
+        const key = keyOf('colo-27c', title);
+        const held = proxy.inject(downstreamKeyOf('acme', key), { kind: 'hold_response', ms: 120_000 });
+        const killed = held.applied.then(async (f) => {
+          await restart();
+          return f;
+        });
+        const r = await alice.execute({ tool: 'kb.write_note', taskId: 'colo-27c', input: note(title) });
+        const answered = await killed;
+        const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
+        const types = (await history(t, 'acme', key)).map((e) => e.type);
+        figure(task, { name: 'final state', value: r.status });
+        figure(task, {
+          name: 'kb rows for the key',
+          value: probe.found ? probe.count : 0,
+          duplicates: beyondOne(probe.found ? probe.count : 0),
+          ...convergence(types),
+        });
+        expect(r.status).toBe('committed');
+        expect(probe).toMatchObject({ found: true, count: 1 });
+        if (answered.status !== 201) continue;
+        committedByKb = true;
+        if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
+        // Accepted and started in one append, never started again: the probe found the effect.
+        expect(types[0]).toBe('accepted');
+        expect(types).not.toContain('running');
+        expect(types).not.toContain('requeued');
+        expect(types.at(-1)).toBe('committed');
+      }
+      expect(committedByKb).toBe(true);
+    });
+
+    it('killed before its request reached the KB: the restarted process finds nothing after the deadline, requeues under the same key, commits once', async ({
+      task,
+    }) => {
+      const key = keyOf('colo-27b', 'Host never arrived');
+      let cut = 0;
+      proxy.hold = (req) => (isNotesPost(req) && cut === 0 ? 300 : 0);
+      proxy.drop = (req) => isNotesPost(req) && cut++ === 0;
+      proxy.onHeld = () => void restart();
+      try {
+        const r = await alice.execute({ tool: 'kb.write_note', taskId: 'colo-27b', input: note('Host never arrived') });
+        const events = await history(t, 'acme', key);
+        const rows = await kbRowsFor(kb, 'acme', key);
+        figure(task, { name: 'final state', value: r.status });
+        figure(task, {
+          name: 'kb rows for the key',
+          value: rows,
+          duplicates: beyondOne(rows),
+          ...convergence(events.map((e) => e.type)),
+        });
+        expect(r.status).toBe('committed');
+        expect(rows).toBe(1);
+        expect(events.map((e) => e.type)).toContain('requeued');
+        const s = (await t.store.load('acme', operationIdOf(key))).state as OperationRecord;
+        expect(s).toMatchObject({ status: 'committed', attempt: 1 });
+      } finally {
+        proxy.hold = () => 0;
+        proxy.drop = () => false;
+        proxy.onHeld = () => undefined;
+      }
+    });
+  });
+});
