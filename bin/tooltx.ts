@@ -2,6 +2,7 @@
 /**
  * `tooltx` — the operator CLI.
  *
+ *   tooltx serve          run the roles (default all) in this process: tooltx serve --help
  *   tooltx streams apply   create or update the streams, consumers and result bucket (provisioner)
  *   tooltx streams check   list every setting that breaks a guarantee; exit 1 when any
  *   tooltx auth generate   nats-server config + one nkey seed per user from an identity list
@@ -34,6 +35,7 @@ import { inboxPrefixOf } from '@tooltx/nats';
 import type { NatsConnection } from '@tooltx/nats';
 import { z } from 'zod';
 import { registerTakeover } from './commands/takeover.js';
+import { serve } from './serve.js';
 import { registerAuditCommands } from './commands/audit.js';
 import {
   CliRefusal,
@@ -137,6 +139,19 @@ Environment (each command's --help lists what it reads):
   TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS, TOOLTX_MAX_DELIVER  the topology
 Exit codes: 0 done, 1 failed or refused, 2 bad usage or configuration.`,
   );
+program
+  .command('serve')
+  .description(
+    'run the roles of a deployment (default all: authorizer, executor, reconciler, audit-projector) in this process',
+  )
+  .helpOption(false)
+  .allowUnknownOption()
+  .allowExcessArguments()
+  .action(async () => {
+    // `tooltx serve` owns its arguments (--roles, --help): the host reads them as its own command line.
+    const at = process.argv.indexOf('serve');
+    await serve([process.argv[0]!, 'tooltx serve', ...process.argv.slice(at + 1)]);
+  });
 const streams = program
   .command('streams')
   .description('the JetStream streams, consumers and buckets of one prefix')

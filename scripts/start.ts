@@ -1,8 +1,9 @@
 /**
  * `npm start` — the embedded default: a local nats-server (unless NATS_URL is set) with its
  * JetStream store in the state directory, the streams applied, the research-KB storage service and
- * the four tooltx services as separate processes. Prints where to connect; Ctrl-C (SIGINT) or
- * SIGTERM stops everything cleanly.
+ * the tooltx roles: by default in one process (`--layout colocated`, `tooltx serve`), or each in its
+ * own (`--layout services`). Prints where to connect; Ctrl-C (SIGINT) or SIGTERM stops everything
+ * cleanly.
  *
  * No orphans: every process it starts stops by itself when this one is gone,
  * even after a SIGKILL (the KB and the services watch their parent, TOOLTX_EXIT_WITH_PARENT; the
@@ -91,7 +92,15 @@ for (const [name, value] of Object.entries(process.env)) if (value === '') delet
 
 const program = usageErrorsExitTwo(new Command('tooltx-start'))
   .description(
-    'run tooltx locally: nats-server (unless NATS_URL), streams, the research KB, authorizer, executor, reconciler, audit-projector',
+    'run tooltx locally: nats-server (unless NATS_URL), streams, the research KB, and the roles (authorizer, executor, reconciler, audit-projector) in one process or each in its own',
+  )
+  .addOption(
+    new Option(
+      '--layout <colocated|services>',
+      'colocated: every role in one process (tooltx serve), an accepted operation started in the same append; services: each role its own process (docs/performance.md)',
+    )
+      .env('TOOLTX_STACK_LAYOUT')
+      .default('colocated'),
   )
   .addOption(new Option('--port <port>', 'port of the embedded nats-server').env('NATS_PORT').default('4222'))
   .addOption(new Option('--kb-port <port>', 'port of the knowledge-base service').env('KB_PORT').default('4280'))
@@ -137,6 +146,7 @@ const opts = program.opts<{
   kbTenants: string;
   durability: string;
   cluster: string;
+  layout: string;
 }>();
 
 /** The flag of each option and the variable it falls back to. */
@@ -148,6 +158,7 @@ const FLAGS = {
   kbTenants: ['--kb-tenants', 'KB_SEED_FILE'],
   durability: ['--durability', 'TOOLTX_DURABILITY'],
   cluster: ['--cluster', 'TOOLTX_CLUSTER'],
+  layout: ['--layout', 'TOOLTX_STACK_LAYOUT'],
 } as const;
 type Flag = keyof typeof FLAGS;
 
@@ -196,6 +207,7 @@ const settings = z
     kbTenants: path,
     kbDedup: z.enum(['on', 'off']),
     durability: z.enum(['fsync', 'os'], 'expected fsync or os'),
+    layout: z.enum(['colocated', 'services'], 'expected colocated or services'),
     cluster: z
       .enum(['1', '3'], 'expected 1 (one server) or 3 (a cluster)')
       .transform((v) => (v === '3' ? 3 : 1) as 1 | 3),
@@ -306,6 +318,7 @@ try {
     kbDedup: settings.data.kbDedup !== 'off',
     durability: settings.data.durability,
     cluster: settings.data.cluster,
+    layout: settings.data.layout,
     kbSeed: process.env.KB_SEED ?? 'acme:research,acme:archive,globex:research',
     kbTenants: settings.data.kbTenants,
     logs: process.stdout.isTTY ? 'pretty' : 'inherit',
