@@ -11,8 +11,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { KV } from '@nats-io/kv';
 import type { z } from 'zod';
 import { operationIdOf } from '@tooltx/contracts';
-import { decide, type OperationCommand, type OperationEvent } from '@tooltx/lifecycle';
-import { decode, encode, openBucket } from '@tooltx/nats';
+import { auditAnswerSchema, decide, type OperationCommand, type OperationEvent } from '@tooltx/lifecycle';
+import { decode, encode, jetStreamOf, openBucket } from '@tooltx/nats';
+import { AuditService, REBUILDING_RETRY_MS } from '@tooltx/readside';
+import { createLogger } from '@tooltx/runtime';
 import { Durables } from '@tooltx/streams';
 import { applyToIndex, reconcileValueSchema, type ReconcileValue } from '../services/reconciler/src/reconcile-index.js';
 import { auditRecordSchema } from '../services/audit-projector/src/audit-record.js';
@@ -186,6 +188,40 @@ describe('projections on memory storage', () => {
       expect(now.audit[key], o.kind).toEqual(audit.get(key));
       const v = index.get(key)!;
       if (!v.terminal) expect(now.reconcile[key], o.kind).toEqual(v);
+    }
+  });
+
+  it('while the audit records are rebuilt, a query is answered "retry later" (dependency_unavailable with retryAfterMs), never from them', async () => {
+    // Only this instance answers (the process's own audit service stopped): one whose bucket is being rebuilt.
+    expect(await auditor.stop()).toBe(0);
+    const nc = await t.connectAs({ kind: 'service', service: 'audit-projector' });
+    const audrey = await t.connectAs({ kind: 'auditor', tenant: 'acme', actor: 'audrey' });
+    let rebuilding = true;
+    const service = new AuditService({
+      nc,
+      js: (await jetStreamOf(nc)).js,
+      kv: await openBucket(nc, t.subjects.auditBucket),
+      subjects: t.subjects,
+      log: createLogger({ service: 'test', instance: 'test', level: 'silent' }),
+      instance: 'test',
+      rebuilding: () => rebuilding,
+    });
+    service.start();
+    const ask = async () =>
+      decode(
+        auditAnswerSchema,
+        (await audrey.request(t.subjects.audit('acme', 'audrey'), encode({ kind: 'counts' }), { timeout: 10_000 }))
+          .data,
+      );
+    try {
+      await nc.flush();
+      expect(await ask()).toEqual({ error: { class: 'dependency_unavailable', retryAfterMs: REBUILDING_RETRY_MS } });
+      rebuilding = false;
+      expect(await ask()).toMatchObject({ kind: 'counts', records: expect.any(Number) });
+    } finally {
+      await service.stop();
+      await audrey.close();
+      await nc.close();
     }
   });
 });

@@ -10,7 +10,7 @@ import {
   newEventId,
   Subjects,
 } from '@tooltx/nats';
-import { checkTopology, topology } from '@tooltx/streams';
+import { applyTopology, checkTopology, topology } from '@tooltx/streams';
 import { tenantsOf } from '@tooltx/auth';
 import { provisioned, TEST_IDENTITIES, type TestNats } from '../../../test/helpers/nats.js';
 
@@ -162,15 +162,66 @@ describe('stream checks', () => {
           expect.stringContaining(`stream ${bad.decisionsStream('acme')} does not exist`),
           expect.stringContaining(`consumer ${bad.intentsStream('acme')}/authorizer does not exist`),
           expect.stringContaining(`bucket ${bad.resultsBucket} does not exist`),
-          expect.stringContaining(`bucket ${bad.reconcileBucket} does not exist`),
-          expect.stringContaining(`bucket ${bad.auditBucket} does not exist`),
           expect.stringContaining(`consumer ${bad.eventsStream}/reconciler does not exist`),
           expect.stringContaining(`consumer ${bad.eventsStream}/audit-projector does not exist`),
         ]),
       );
+      // A missing projection bucket is not a fault: it is in memory, and its service creates it again.
+      expect(v.filter((x) => x.includes(bad.reconcileBucket) || x.includes(bad.auditBucket))).toEqual([]);
       expect(await checkTopology(t.jsm, t.topo, { longestKeyRetentionMs: 1 })).toEqual([]);
       // A service knows no tenant: it checks the shared streams only.
       expect(await checkTopology(t.jsm, topology(t.subjects), { longestKeyRetentionMs: 1 })).toEqual([]);
+    } finally {
+      await t.close();
+    }
+  });
+
+  it('a projection bucket on file storage (a deployment from before): the check names it, apply deletes it and creates it in memory, saying so; the event log is untouched, and another bucket of the wrong storage is refused', async () => {
+    const t = await provisioned({}, undefined, { apply: false });
+    try {
+      // The buckets as an older provisioner made them: every one on file storage.
+      const old = {
+        ...t.topo,
+        projections: {
+          reconcile: { ...t.topo.projections.reconcile, storage: 'file' as const },
+          audit: { ...t.topo.projections.audit, storage: 'file' as const },
+        },
+      };
+      await applyTopology(t.nc, t.jsm, old);
+      await t.js.publish(`$KV.${t.subjects.auditBucket}.acme.x`, new Uint8Array([1]));
+      await t.js.publish(t.subjects.op('acme', 'a'.repeat(32)), new Uint8Array([1]));
+      const v = await checkTopology(t.jsm, t.topo, { longestKeyRetentionMs: 1 });
+      expect(v).toEqual([
+        expect.stringContaining(`bucket ${t.subjects.reconcileBucket} storage is file, must be memory`),
+        expect.stringContaining(`bucket ${t.subjects.auditBucket} storage is file, must be memory`),
+      ]);
+      const report = await applyTopology(t.nc, t.jsm, t.topo);
+      expect(report.recreated).toEqual([
+        expect.stringMatching(
+          new RegExp(`^bucket ${t.subjects.reconcileBucket}: storage file → memory .*rebuilt from the log`),
+        ),
+        expect.stringMatching(
+          new RegExp(`^bucket ${t.subjects.auditBucket}: storage file → memory .*rebuilt from the log`),
+        ),
+      ]);
+      for (const b of [t.subjects.reconcileBucket, t.subjects.auditBucket]) {
+        const info = await t.jsm.streams.info(`KV_${b}`);
+        expect({ b, storage: info.config.storage, messages: info.state.messages }).toEqual({
+          b,
+          storage: 'memory',
+          messages: 0,
+        });
+      }
+      expect((await t.jsm.streams.info(t.subjects.eventsStream)).state.messages).toBe(1);
+      expect(await checkTopology(t.jsm, t.topo, { longestKeyRetentionMs: 1 })).toEqual([]);
+      // Applied again: nothing to recreate.
+      expect((await applyTopology(t.nc, t.jsm, t.topo)).recreated).toBeUndefined();
+      // The result store holds what exists nowhere else: never deleted for its storage.
+      const wrong = { ...t.topo, results: { ...t.topo.results, storage: 'memory' as const } };
+      await expect(applyTopology(t.nc, t.jsm, wrong)).rejects.toThrow(
+        `bucket ${t.subjects.resultsBucket} storage is file, must be memory; it is not a projection`,
+      );
+      expect((await t.jsm.streams.info(`KV_${t.subjects.resultsBucket}`)).config.storage).toBe('file');
     } finally {
       await t.close();
     }
