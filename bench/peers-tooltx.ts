@@ -3,15 +3,13 @@
  * on (./server.ts, durability `fsync`), the streams applied, receipts signed, the audit projector
  * running, the services loading the workload's tools module (./peers-tools.ts: one line appended
  * per call), and the SDK (libs/client) in the bench's process submitting `peers.append_line`.
- * Two layouts:
- * - `services`: the four services as separate compiled processes, one instance each, with the
- *   stack's V8 flags and environment (dev/src/stack.ts), started here because `startStack` always
- *   serves the research KB's tools module; the tools module is an extra entry of the stack's build
- *   (dev/src/compiled.ts `ensureStackBuild({ extraEntries })`), so it shares the services' modules.
- * - `colocated`: one process hosting every role, `startStack({ layout: 'colocated' })`, named
- *   `tooltx-1`, its connections `<role>@tooltx-1`. Needs a `startStack` that has that layout and
- *   loads this tools module; without them it refuses to start (or its calls fail `unknown_contract`).
- *   Its KB process (startStack always starts one) is idle here and not counted.
+ * Started here rather than by `startStack` (which always serves the research KB's tools module),
+ * compiled with the stack's V8 flags and environment (dev/src/stack.ts); the tools module is an
+ * extra entry of the stack's build (dev/src/compiled.ts `ensureStackBuild({ extraEntries })`), so it
+ * shares the roles' modules. Two layouts:
+ * - `services`: the four services as separate processes, one instance each;
+ * - `colocated`: one `tooltx serve` process hosting every role, named `tooltx-1`, its connections
+ *   `<role>@tooltx-1`, each role as its own identity from the auth directory.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, mkdirSync, openSync } from 'node:fs';
@@ -19,7 +17,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createTools, type Tools } from '@tooltx/client';
 import { ensureStackBuild } from '@tooltx/dev/compiled';
-import { DEFAULT_IDENTITIES, SERVICE_NODE_FLAGS, SERVICES, startStack, type StackOptions } from '@tooltx/dev/stack';
+import { DEFAULT_IDENTITIES, SERVICE_NODE_FLAGS, SERVICES } from '@tooltx/dev/stack';
 import { tenantsOf } from '@tooltx/auth';
 import { connectNats, inboxPrefixOf, jetStreamOf, Subjects } from '@tooltx/nats';
 import { ensureKeyFile } from '@tooltx/runtime';
@@ -60,7 +58,7 @@ export async function startPeersTooltx(o: PeersTooltxOptions): Promise<PeersTool
   let tools: Tools | undefined;
   try {
     const env = { LOG_LEVEL: process.env.LOG_LEVEL ?? 'info', PEERS_EFFECTS_FILE: o.effectsFile };
-    roles = o.layout === 'services' ? await startServices(o, server, env) : await startColocated(o, server, env);
+    roles = await startRoles(o, server, env, o.layout);
     tools = await createTools({
       servers: server.url,
       tenant: TENANT,
@@ -118,8 +116,12 @@ export async function startPeersTooltx(o: PeersTooltxOptions): Promise<PeersTool
   };
 }
 
-/** The four services as separate compiled processes (see the file's header). */
-async function startServices(o: PeersTooltxOptions, server: BenchServer, env: Record<string, string>) {
+/**
+ * The roles as compiled processes (see the file's header): the four services each in its own
+ * (`services`), or every role in one `tooltx serve` process, `tooltx-1`, each role connecting as its
+ * own identity from the auth directory (`colocated`).
+ */
+async function startRoles(o: PeersTooltxOptions, server: BenchServer, env: Record<string, string>, layout: Layout) {
   const build = await ensureStackBuild({ extraEntries: PEERS_TOOLS_ENTRY });
   const stateDir = join(o.dir, 'stack');
   const logsDir = join(o.dir, 'logs');
@@ -160,72 +162,52 @@ async function startServices(o: PeersTooltxOptions, server: BenchServer, env: Re
     await Promise.all(children.map(({ child }) => terminate(child)));
   };
   try {
-    await Promise.all(
-      SERVICES.map(async (name) => {
-        const log = openSync(join(logsDir, `${name}-1.log`), 'a');
-        const child = spawn(process.execPath, [...SERVICE_NODE_FLAGS, '--enable-source-maps', build.path(name)], {
-          cwd: ROOT,
-          detached: true,
-          env: {
-            ...process.env,
-            ...common,
-            TOOLTX_INSTANCE_ID: `${name}-1`,
+    const launch = async (name: string, entry: 'serve' | (typeof SERVICES)[number], own: Record<string, string>) => {
+      const log = openSync(join(logsDir, `${name}.log`), 'a');
+      const child = spawn(process.execPath, [...SERVICE_NODE_FLAGS, '--enable-source-maps', build.path(entry)], {
+        cwd: ROOT,
+        detached: true,
+        env: { ...process.env, ...common, TOOLTX_INSTANCE_ID: name, ...own },
+        stdio: ['ignore', log, log, 'ipc'],
+      });
+      closeSync(log);
+      children.push({ name, child });
+      child.once('exit', () => {
+        if (!stopping) exits++;
+      });
+      await ready(child, name, join(logsDir, `${name}.log`));
+    };
+    if (layout === 'colocated') await launch('tooltx-1', 'serve', { TOOLTX_AUTH_DIR: server.authDir });
+    else
+      await Promise.all(
+        SERVICES.map((name) =>
+          launch(`${name}-1`, name, {
             NATS_NKEY_FILE: server.seedFile({ kind: 'service', service: name }),
             ...(name === 'executor' || name === 'reconciler'
               ? { TOOLTX_SIGNING_KEY_FILE: join(server.authDir, 'signing', `${name}.pem`) }
               : {}),
-          },
-          stdio: ['ignore', log, log, 'ipc'],
-        });
-        closeSync(log);
-        children.push({ name, child });
-        child.once('exit', () => {
-          if (!stopping) exits++;
-        });
-        await ready(child, name, join(logsDir, `${name}-1.log`));
-      }),
-    );
+          }),
+        ),
+      );
   } catch (err) {
     await stop();
     throw err;
   }
   return {
-    processes: children.map(({ name, child }) => ({ name, pid: child.pid!, connections: [`${name}@${name}-1`] })),
+    processes:
+      layout === 'colocated'
+        ? children.map(({ child }) => ({
+            name: 'tooltx',
+            pid: child.pid!,
+            connections: SERVICES.map((s) => `${s}@tooltx-1`),
+          }))
+        : children.map(({ name, child }) => ({
+            name: name.replace(/-1$/, ''),
+            pid: child.pid!,
+            connections: [`${name}@${name}`],
+          })),
     exits: () => exits,
     stop,
-  };
-}
-
-/** Every role in one process, through startStack's co-located layout (see the file's header). */
-async function startColocated(o: PeersTooltxOptions, server: BenchServer, env: Record<string, string>) {
-  let exits = 0;
-  // `layout` and `toolsModule` are options of a startStack that has the co-located layout; an
-  // assertion, so that this compiles against one that has neither yet (it then refuses below).
-  const stack = await startStack({
-    stateDir: join(o.dir, 'stack'),
-    natsUrl: server.url,
-    authDir: server.authDir,
-    prefix: o.prefix,
-    kbPort: 0,
-    kbDedup: false,
-    kbSeed: `${TENANT}:research`,
-    logs: { dir: join(o.dir, 'logs') },
-    env,
-    onRestart: () => void exits++,
-    layout: 'colocated',
-    toolsModule: join(ROOT, PEERS_TOOLS_ENTRY['peers-tools']),
-  } as StackOptions);
-  const p = stack.processes.find((x) => x.name === 'tooltx-1');
-  if (!p?.child.pid) {
-    await stack.stop();
-    throw new Error(
-      "startStack started no co-located process tooltx-1 (it has no layout: 'colocated' yet): skip tooltx-colocated with --systems",
-    );
-  }
-  return {
-    processes: [{ name: 'tooltx', pid: p.child.pid, connections: SERVICES.map((s) => `${s}@tooltx-1`) }],
-    exits: () => exits,
-    stop: () => stack.stop(),
   };
 }
 

@@ -38,6 +38,9 @@ export interface StatusDeps {
  * read can answer (a decision, an event that did not decode). Registered for the whole request, so
  * a change between two looks is never missed.
  */
+/** How long the event-log watch outlives the last waiting request, ms (a burst of long-polls shares one watch). */
+const EVENTS_WATCH_IDLE_MS = 30_000;
+
 class Wake {
   readonly latest = new Map<string, LoadedOperation>();
   reload = false;
@@ -91,9 +94,9 @@ export const STATUS_QUEUE = 'tooltx-status';
 /**
  * The status endpoint: request/reply on `<prefix>.status.<tenant>.<actor>` (identity from the
  * subject). Read-only, repeatable, cheap: the first answer is one direct get of the operation's
- * last event; long-polls wait on ONE watch of the event log and one of the decision stream
- * (ordered consumers, new messages only) shared by every waiting request — never a consumer or a
- * poll per request. A waiting request is answered from the event the watch delivered
+ * last event; long-polls wait on ONE watch of the event log (running only while a request waits)
+ * and one of the decision stream (ordered consumers, new messages only) shared by every waiting
+ * request — never a consumer or a poll per request. A waiting request is answered from the event the watch delivered
  * (every event carries the operation's folded state), decoded only when someone waits on its
  * subject: no direct get per wake-up (they were ~8 of a call's 68 NATS messages). A
  * decision, an alias or a timeout is answered by a fresh read.
@@ -127,9 +130,9 @@ export class StatusService {
 
   async start(): Promise<void> {
     const { subjects } = this.#d;
-    // Events with their bodies (a waiter is answered from the state the event carries); each
-    // tenant's decisions are watched by watchDecisions, from the tenant watch.
-    this.#watches.push(await this.#watch(subjects.eventsStream, subjects.allOps, false));
+    // The event log is watched only while a request waits (#eventsWatchNeeded): most calls get their
+    // answer pushed and never wait here, and a watch of every event cost two deliveries per call.
+    // Each tenant's decisions are watched by watchDecisions, from the tenant watch.
     this.#responder = startResponder(this.#d.nc, this.#d.log, {
       name: 'status',
       subject: subjects.allStatus,
@@ -183,6 +186,43 @@ export class StatusService {
   async stop(): Promise<void> {
     await this.#responder?.stop();
     for (const w of this.#watches) w.stop();
+    this.#stopEventsWatch();
+  }
+
+  /**
+   * The event-log watch (with bodies: a waiter is answered from the state the event carries),
+   * started when the first request waits and stopped {@link EVENTS_WATCH_IDLE_MS} after the last
+   * one is answered. A watch delivers only events appended after it starts, so once it is running
+   * every waiting request reads again: nothing appended between a request's read and the watch's
+   * start is missed.
+   */
+  #eventsWatch: Promise<{ stop(): void } | null> | null = null;
+  #eventsIdle: NodeJS.Timeout | undefined;
+
+  #eventsWatchNeeded(): void {
+    clearTimeout(this.#eventsIdle);
+    this.#eventsIdle = undefined;
+    if (this.#eventsWatch || this.#stopping) return;
+    const { subjects } = this.#d;
+    this.#eventsWatch = this.#watch(subjects.eventsStream, subjects.allOps, false).then(
+      (w) => {
+        for (const [subject, set] of this.#waiters) for (const wake of set) wake.notify(subject, undefined);
+        return w;
+      },
+      (err: unknown) => {
+        this.#d.log.warn({ err }, 'status watch of the event log not started: waiting requests read at their end');
+        this.#eventsWatch = null;
+        return null;
+      },
+    );
+  }
+
+  #stopEventsWatch(): void {
+    clearTimeout(this.#eventsIdle);
+    this.#eventsIdle = undefined;
+    const w = this.#eventsWatch;
+    this.#eventsWatch = null;
+    void w?.then((x) => x?.stop());
   }
 
   /** A watched message arrived: tells the requests waiting on its subject, with the event's state when it has one. */
@@ -203,6 +243,7 @@ export class StatusService {
   }
 
   #register(wake: Wake, subject: string): void {
+    this.#eventsWatchNeeded();
     let set = this.#waiters.get(subject);
     if (!set) this.#waiters.set(subject, (set = new Set()));
     set.add(wake);
@@ -213,6 +254,10 @@ export class StatusService {
       const set = this.#waiters.get(s);
       set?.delete(wake);
       if (set?.size === 0) this.#waiters.delete(s);
+    }
+    if (this.#waiters.size === 0 && this.#eventsWatch && !this.#eventsIdle) {
+      this.#eventsIdle = setTimeout(() => this.#stopEventsWatch(), EVENTS_WATCH_IDLE_MS);
+      this.#eventsIdle.unref();
     }
   }
 
