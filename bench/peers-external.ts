@@ -73,6 +73,13 @@ async function runSh(
   let resdir: string | undefined;
   let scratchDir: string | undefined;
   const stop = child.pid && onPid ? onPid(child.pid, () => scratchDir) : undefined;
+  // Interrupted, the bench stops run.sh too (its trap then stops the servers it started), instead
+  // of leaving it running on its own.
+  const onSignal = (sig: NodeJS.Signals) => {
+    child.kill('SIGTERM');
+    process.exit(sig === 'SIGINT' ? 130 : 143);
+  };
+  process.once('SIGINT', onSignal).once('SIGTERM', onSignal);
   let tail = '';
   let buf = '';
   child.stderr.setEncoding('utf8');
@@ -91,6 +98,7 @@ async function runSh(
   // Its stdout is the peers bench's own table (report.mjs): kept in its results directory.
   child.stdout.resume();
   const code = await new Promise<number | null>((r) => child.once('exit', r));
+  process.off('SIGINT', onSignal).off('SIGTERM', onSignal);
   stop?.();
   if (code !== 0 || !resdir)
     throw new Error(`run.sh exited ${code}${resdir ? '' : ' without a results directory'}: ${tail.slice(-600)}`);
@@ -227,8 +235,9 @@ function processName(pid: number): string | null {
     const exe = basename(argv[0] ?? '');
     if (exe === 'restate-server' || exe === 'postgres') return exe;
     if (exe === 'node') {
+      // The peers bench's own helpers (its report, `node -e` one-liners) are not the system.
       const script = argv.slice(1).find((a) => !a.startsWith('-'));
-      return script ? `node ${basename(script)}` : 'node';
+      return script && !argv.includes('-e') && basename(script) !== 'report.mjs' ? `node ${basename(script)}` : null;
     }
     return null;
   } catch {
