@@ -89,7 +89,7 @@ afterAll(async () => {
 });
 
 describe('co-located layout: every role in one process', () => {
-  it('a call is accepted and started in one append, runs in the same process, and commits once with a signed receipt; a repeat replays it', async () => {
+  it('a call is accepted and started in one append, runs in the same process, and commits once with a signed receipt; a repeat reads it back without submitting', async () => {
     // The first call to a downstream that tells its clock goes through the event log's path, which
     // asks the downstream's clock first; every later one is started in the same append.
     await alice.execute({ tool: 'kb.write_note', taskId: 'colo-0', input: note('Learns the clock') });
@@ -101,8 +101,12 @@ describe('co-located layout: every role in one process', () => {
     expect(events[0]!.state).toMatchObject({ status: 'running', running: { eventId: events[0]!.eventId } });
     // One check at the execution instant served both the acceptance and the start.
     expect((events[0]!.state as OperationRecord).authorization?.execution).toBeDefined();
+    // A repeat of a call this client saw committed is a read: no intent is stored for it.
+    const intents = async () => (await t.jsm.streams.info(t.subjects.intentsStream('acme'))).state.messages;
+    const before = await intents();
     const again = await alice.execute({ tool: 'kb.write_note', taskId: 'colo-1', input: note('One process') });
     expect(again).toMatchObject({ status: 'committed', operationKey: key });
+    expect(await intents()).toBe(before);
     if (r.status === 'committed' && again.status === 'committed') expect(again.receipt).toEqual(r.receipt);
     expect(await kbRowsFor(kb, 'acme', key)).toBe(1);
   });

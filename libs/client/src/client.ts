@@ -8,6 +8,7 @@ import {
   type StatusRequest,
   type UnknownEvidence,
 } from '@tooltx/lifecycle';
+import { LRUCache } from 'lru-cache';
 import { awaitOutcome, statusRequester, type Track } from './await-outcome.js';
 import { openConnection } from './connection.js';
 import {
@@ -116,6 +117,13 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     ...(opts.submissionIdFactory ? { submissionIdFactory: opts.submissionIdFactory } : {}),
   };
 
+  /**
+   * Keys this client saw committed, with their input digest: a repeat reads the operation's status
+   * first and submits only when that read does not answer committed (docs/sdk.md "Repeats"). Only
+   * the path is chosen from memory; the answer is the server's. Bounded: 10,000 keys (~1.5 MB).
+   */
+  const committedKeys = new LRUCache<string, string>({ max: 10_000 });
+
   /** One call: local checks, then the submissions and observation the lifecycle's rules decide. */
   const execute = async <O>(req: ExecuteRequest, budgetMs: number, track: Track): Promise<ExecuteResult<O>> => {
     const started = Date.now();
@@ -134,8 +142,11 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       forgedActor,
       startedAt: started,
       deadlineAt: started + budgetMs,
+      knownCommitted: committedKeys.get(call.operationKey) === call.inputDigest,
     };
-    return (await awaitOutcome(io, awaited, prepared.intent, track)) as ExecuteResult<O>;
+    const outcome = (await awaitOutcome(io, awaited, prepared.intent, track)) as ExecuteResult<O>;
+    if (outcome.status === 'committed') committedKeys.set(call.operationKey, call.inputDigest);
+    return outcome;
   };
 
   return {

@@ -102,6 +102,16 @@ export function checkReceipt(
 export function decideAwait(s: AwaitState, e: AwaitEvent, ctx: AwaitContext): AwaitDecision {
   switch (e.kind) {
     case 'start':
+      // A key this caller saw committed: read first; a committed answer needs no submission.
+      if (s.readFirst)
+        return {
+          state: s,
+          step: {
+            kind: 'ask_status',
+            request: { operationKey: s.operationKey, inputDigest: s.inputDigest },
+            racePush: false,
+          },
+        };
       return { state: s, step: { kind: 'submit', delayMs: 0, randomId: false } };
     case 'published':
       return afterPublish(s, e, ctx);
@@ -113,12 +123,23 @@ export function decideAwait(s: AwaitState, e: AwaitEvent, ctx: AwaitContext): Aw
       return resubmit({ ...s, idsGivenUp: s.idsGivenUp + 1 }, ctx, 0);
     }
     case 'answered':
+      if (s.readFirst) {
+        const read = { ...s, readFirst: false };
+        const a = e.answer;
+        // Only a committed answer of this very operation and input ends the call here; anything else
+        // (retention expired, another input, a later state) is submitted as a new call would be.
+        if (a.state !== 'committed' || a.source !== 'operation' || a.inputMatches === false || a.canonicalKey)
+          return { state: read, step: { kind: 'submit', delayMs: 0, randomId: false } };
+        return afterAnswer({ ...read, statusAnswered: true }, a, ctx);
+      }
       return afterAnswer(
         { ...s, statusAnswered: true, statusFailures: 0, ...(e.pushed ? { push: 'none' as const } : {}) },
         e.answer,
         ctx,
       );
     case 'status_failed': {
+      if (s.readFirst)
+        return { state: { ...s, readFirst: false }, step: { kind: 'submit', delayMs: 0, randomId: false } };
       if (e.reauthorise) return answer(s, unknown(s, ctx, { next: NextAction.Reauthorise, error: e.error }));
       if (e.error.class !== ErrorClass.DependencyUnavailable) return answer(s, rejected(s, e.error));
       const ms = Math.min(left(s, ctx), BACKOFF_MS * 2 ** Math.min(s.statusFailures, 4));

@@ -64,6 +64,12 @@ export interface AwaitCall {
   forgedActor: boolean;
   startedAt: number;
   deadlineAt: number;
+  /**
+   * The caller saw this key committed before (with this input): the first step reads its status
+   * instead of submitting — a repeat of a finished call costs a read (docs/sdk.md). Whatever the
+   * read does not answer as committed is submitted as usual.
+   */
+  knownCommitted?: boolean;
 }
 
 /** What the SDK knows of the call so far (`decideAwait` returns the next one). */
@@ -87,6 +93,8 @@ export interface AwaitState extends AwaitCall {
   attempt?: number;
   statusFailures: number;
   retryableRejections: number;
+  /** The first status read of a key known committed is pending (see {@link AwaitCall.knownCommitted}). */
+  readFirst: boolean;
   /** The wait of the last status request, ms. */
   askedWaitMs?: number;
   invalidReceipt?: string;
@@ -108,6 +116,7 @@ export function initialAwait(call: AwaitCall): AwaitState {
     lastSeq: 0,
     statusFailures: 0,
     retryableRejections: 0,
+    readFirst: call.knownCommitted === true,
   };
 }
 

@@ -773,3 +773,68 @@ describe('the receipt check of a committed outcome (FM-17)', () => {
     ).toEqual({ valid: false, reason: 'untrusted_key' });
   });
 });
+
+describe('a repeat of a call this caller saw committed: a read first', () => {
+  const known = { call: { knownCommitted: true } };
+
+  it('given the key known committed, when the call starts, then its status is read before anything is submitted', () => {
+    expect(last([[0, start]], known).step).toEqual({
+      kind: 'ask_status',
+      racePush: false,
+      request: { operationKey: KEY, inputDigest: D1 },
+    });
+  });
+
+  it('given the read answers committed with a valid receipt, then that is the outcome: nothing is submitted', () => {
+    const d = last(
+      [
+        [0, start],
+        [2, committed()],
+      ],
+      known,
+    );
+    expect(outcome(d)).toMatchObject({ status: 'committed', operationKey: KEY, result: RESULT });
+    expect(d.state.submissionIds).toEqual([]);
+  });
+
+  it('given the read answers anything but committed (gone past retention, another input, an alias), then the call is submitted as usual', () => {
+    for (const a of [
+      answered({ state: 'not_seen', source: 'none', seq: 0 }),
+      committed({ inputMatches: false }),
+      committed({ canonicalKey: CANONICAL }),
+      answered({ state: 'unknown' }),
+    ]) {
+      const d = last(
+        [
+          [0, start],
+          [2, a],
+        ],
+        known,
+      );
+      expect(d.step).toEqual({ kind: 'submit', delayMs: 0, randomId: false });
+      expect(d.state.readFirst).toBe(false);
+    }
+  });
+
+  it('given the read fails, then the call is submitted as usual', () => {
+    const d = last(
+      [
+        [0, start],
+        [2, failed({ class: ErrorClass.DependencyUnavailable })],
+      ],
+      known,
+    );
+    expect(d.step).toEqual({ kind: 'submit', delayMs: 0, randomId: false });
+  });
+
+  it('FM-17: given the read answers committed under a key nobody trusts, then it is not taken as the outcome', () => {
+    const d = last(
+      [
+        [0, start],
+        [2, committed({ receipt: receiptFor(KEY, {}, stranger) })],
+      ],
+      known,
+    );
+    expect(outcome(d)).toMatchObject({ status: 'unknown', evidence: { invalidReceipt: 'untrusted_key' } });
+  });
+});
