@@ -17,7 +17,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createTools, type Tools } from '@tooltx/client';
 import { ensureStackBuild } from '@tooltx/dev/compiled';
-import { DEFAULT_IDENTITIES, SERVICE_NODE_FLAGS, SERVICES } from '@tooltx/dev/stack';
+import { DEFAULT_IDENTITIES, HOST_NODE_FLAGS, SERVICE_NODE_FLAGS, SERVICES } from '@tooltx/dev/stack';
 import { tenantsOf } from '@tooltx/auth';
 import { connectNats, inboxPrefixOf, jetStreamOf, Subjects } from '@tooltx/nats';
 import { ensureKeyFile } from '@tooltx/runtime';
@@ -164,7 +164,8 @@ async function startRoles(o: PeersTooltxOptions, server: BenchServer, env: Recor
   try {
     const launch = async (name: string, entry: 'serve' | (typeof SERVICES)[number], own: Record<string, string>) => {
       const log = openSync(join(logsDir, `${name}.log`), 'a');
-      const child = spawn(process.execPath, [...SERVICE_NODE_FLAGS, '--enable-source-maps', build.path(entry)], {
+      const flags = entry === 'serve' ? HOST_NODE_FLAGS : SERVICE_NODE_FLAGS;
+      const child = spawn(process.execPath, [...flags, '--enable-source-maps', build.path(entry)], {
         cwd: ROOT,
         detached: true,
         env: { ...process.env, ...common, TOOLTX_INSTANCE_ID: name, ...own },

@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { ensureStackBuild, type StackBuild } from '@tooltx/dev/compiled';
-import { SERVICE_NODE_FLAGS } from '@tooltx/dev/stack';
+import { HOST_NODE_FLAGS, SERVICE_NODE_FLAGS } from '@tooltx/dev/stack';
 import { kbServiceToken } from './kb-service-token.js';
 
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -34,8 +34,9 @@ async function serviceCommand(
   entry: ServiceName | 'kb-server' | 'serve',
   toolsModule: string | undefined,
   runtime: 'tsx' | undefined,
+  nodeFlags: readonly string[] = SERVICE_NODE_FLAGS,
 ): Promise<{ args: string[]; toolsModule: string | undefined }> {
-  const tsx = { args: [...SERVICE_NODE_FLAGS, '--import', 'tsx', main], toolsModule };
+  const tsx = { args: [...nodeFlags, '--import', 'tsx', main], toolsModule };
   if (runtime === 'tsx' || process.env.TOOLTX_TEST_RUNTIME === 'tsx') return tsx;
   const byPath = new Map<string, string>([
     [join(ROOT, 'examples', 'research-kb', 'tools.ts'), 'tools'],
@@ -45,7 +46,7 @@ async function serviceCommand(
   if (toolsModule !== undefined && toolsModule !== '' && toolsEntry === undefined) return tsx;
   const build = await compiledTestBuild();
   return {
-    args: [...SERVICE_NODE_FLAGS, '--enable-source-maps', build.path(entry)],
+    args: [...nodeFlags, '--enable-source-maps', build.path(entry)],
     toolsModule: toolsEntry === undefined ? toolsModule : build.path(toolsEntry),
   };
 }
@@ -199,7 +200,13 @@ export async function startHost(
     ...env,
     ...(opts.roles ? { TOOLTX_ROLES: opts.roles } : {}),
   };
-  const cmd = await serviceCommand(join(ROOT, 'bin', 'serve.ts'), 'serve', fullEnv.TOOLTX_TOOLS_MODULE, opts.runtime);
+  const cmd = await serviceCommand(
+    join(ROOT, 'bin', 'serve.ts'),
+    'serve',
+    fullEnv.TOOLTX_TOOLS_MODULE,
+    opts.runtime,
+    HOST_NODE_FLAGS,
+  );
   if (cmd.toolsModule !== undefined) fullEnv.TOOLTX_TOOLS_MODULE = cmd.toolsModule;
   const child = spawn(process.execPath, cmd.args, {
     cwd: ROOT,
