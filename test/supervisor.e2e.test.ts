@@ -72,14 +72,8 @@ describe('npm start supervisor', () => {
       await up(first);
       const lock = JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock;
       expect(lock.pid).toBe(first.child.pid);
-      expect(lock.processes.map((p) => p.name).sort()).toEqual([
-        'audit-projector-1',
-        'authorizer-1',
-        'executor-1',
-        'kb',
-        'nats-server',
-        'reconciler-1',
-      ]);
+      // The default layout: every role in one process (tooltx serve).
+      expect(lock.processes.map((p) => p.name).sort()).toEqual(['kb', 'nats-server', 'tooltx-1']);
       const pids = lock.processes.map((p) => p.pid);
       leftovers.push(...pids);
       expect(pids.every(alive)).toBe(true);
@@ -120,31 +114,31 @@ describe('npm start supervisor', () => {
       await up(p);
       const upLine = p.lines.find((l) => typeof l.msg === 'string' && l.msg.startsWith('tooltx is up'));
       expect(upLine!.msg).toContain(`TOOLTX_STATE_DIR='${dir}' `);
-      const executorPid = () =>
-        (JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock).processes.find(
-          (x) => x.name === 'executor-1',
-        )?.pid;
+      // The co-located process (every role): what the supervisor restarts.
+      const hostPid = () =>
+        (JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock).processes.find((x) => x.name === 'tooltx-1')
+          ?.pid;
       leftovers.push(...(JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock).processes.map((x) => x.pid));
       for (let death = 1; death <= 6; death++) {
-        let pid = executorPid();
+        let pid = hostPid();
         // The supervisor records the restarted executor's pid in its lock.
         for (let i = 0; i < 100 && (pid === undefined || !alive(pid) || (death > 1 && leftovers.includes(pid))); i++) {
           await new Promise((r) => setTimeout(r, 100));
-          pid = executorPid();
+          pid = hostPid();
         }
-        expect(pid !== undefined && alive(pid), `executor before death ${death}`).toBe(true);
+        expect(pid !== undefined && alive(pid), `the co-located process before death ${death}`).toBe(true);
         leftovers.push(pid!);
         process.kill(pid!, 'SIGKILL');
         await allGone([pid!], 10_000);
       }
       expect(await p.exited).toBe(1);
       const restarts = p.lines.filter(
-        (l) => l.msg === 'a service exited on its own: starting it again' && l.process === 'executor-1',
+        (l) => l.msg === 'a service exited on its own: starting it again' && l.process === 'tooltx-1',
       );
       expect(restarts).toHaveLength(5);
       expect(p.lines.find((l) => l.level === 50 && l.service === 'start')).toMatchObject({
-        process: 'executor-1',
-        msg: 'executor-1 exited (SIGKILL) a 6th time within a minute; a service is restarted at most 5 times a minute: stopping everything',
+        process: 'tooltx-1',
+        msg: 'tooltx-1 exited (SIGKILL) a 6th time within a minute; a service is restarted at most 5 times a minute: stopping everything',
       });
       await allGone(leftovers, 20_000);
     } finally {
@@ -248,14 +242,8 @@ describe('npm start at LOG_LEVEL=error: readiness is not a log line', () => {
   });
 
   it("the stack comes up with every process, says where to connect, writes nothing else below error, and an agent's call commits", async () => {
-    expect(lock.processes.map((p) => p.name).sort()).toEqual([
-      'audit-projector-1',
-      'authorizer-1',
-      'executor-1',
-      'kb',
-      'nats-server',
-      'reconciler-1',
-    ]);
+    // The default layout: every role in one process (tooltx serve).
+    expect(lock.processes.map((p) => p.name).sort()).toEqual(['kb', 'nats-server', 'tooltx-1']);
     const upLine = stack.lines.find((l) => typeof l.msg === 'string' && l.msg.startsWith('tooltx is up'));
     expect(upLine).toMatchObject({
       service: 'start',

@@ -38,6 +38,13 @@ export interface StatusDeps {
  * read can answer (a decision, an event that did not decode). Registered for the whole request, so
  * a change between two looks is never missed.
  */
+/** Whether two answers say the same (their time apart): a re-read that found nothing new. */
+function sameAnswer(a: StatusAnswer, b: StatusAnswer): boolean {
+  const { at: _a, ...x } = a;
+  const { at: _b, ...y } = b;
+  return JSON.stringify(x) === JSON.stringify(y);
+}
+
 /** How long the event-log watch outlives the last waiting request, ms (a burst of long-polls shares one watch). */
 const EVENTS_WATCH_IDLE_MS = 30_000;
 
@@ -301,7 +308,11 @@ export class StatusService {
         const update = wake.latest.get(own);
         if (wake.reload || r.answer.canonicalKey || !update) {
           wake.reload = false;
+          const before = r;
           r = await followed(await this.#answer(who.tenant, who.actor, req));
+          // Read again on a hint (a decision record, the event-log watch starting): only a different
+          // answer is a change.
+          if (sameAnswer(before.answer, r.answer)) continue;
         } else if (update.seq > r.streamSeq) {
           r = await this.#answer(who.tenant, who.actor, req, update);
         } else continue; // an event we had already read: not a change

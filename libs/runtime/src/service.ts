@@ -220,7 +220,9 @@ export async function runRoles(specs: RoleSpec[], host: HostOptions): Promise<vo
     ].join('\n'),
     signsReceipts: specs.some((s) => s.signsReceipts),
   };
-  const cli = usageErrorsExitTwo(new Command(host.program)).description(`${host.program}: ${host.summary}`);
+  const cli = usageErrorsExitTwo(new Command(host.program)).description(
+    `${host.program.replace(/^tooltx-/, 'tooltx ')}: ${host.summary}`,
+  );
   for (const o of host.options ?? []) cli.option(o.flags, o.description, o.defaultValue);
   cli
     .addHelpText(
