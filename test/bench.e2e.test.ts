@@ -51,20 +51,20 @@ describe('npm run bench --quick', () => {
     }
   }, 300_000);
 
-  it('runs the peers workload on tooltx-services and floor-fsync: every phase, one line per key, no error', async () => {
+  it('runs the peers workload on the co-located layout and floor-fsync: every phase, one line per key, no error', async () => {
     const { code, out, err } = await bench([
       '--workload',
       'peers',
       '--quick',
       '--json',
       '--systems',
-      'tooltx-services,floor-fsync',
+      'tooltx-colocated,floor-fsync',
     ]);
     expect({ code, err: code === 0 ? '' : err }).toEqual({ code: 0, err: '' });
     const report = peersReportSchema.parse(JSON.parse(out.trim().split('\n').pop() ?? ''));
     expect(report.ok).toBe(true);
-    expect(Object.keys(report.systems).sort()).toEqual(['floor-fsync', 'tooltx-services']);
-    for (const name of ['tooltx-services', 'floor-fsync'] as const) {
+    expect(Object.keys(report.systems).sort()).toEqual(['floor-fsync', 'tooltx-colocated']);
+    for (const name of ['tooltx-colocated', 'floor-fsync'] as const) {
       const s = report.systems[name]!;
       expect({ duplicates: s.duplicates, missing: s.missing }, name).toEqual({ duplicates: 0, missing: 0 });
       for (const phase of ['main', 'dup', 'race', 'seq'] as const) {
