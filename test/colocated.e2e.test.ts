@@ -7,6 +7,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
+import { Kvm } from '@nats-io/kv';
 import { createTools, type Tools } from '@tooltx/client';
 import type { OperationRecord } from '@tooltx/lifecycle';
 import { provisioned, type TestNats } from './helpers/nats.js';
@@ -109,6 +110,59 @@ describe('co-located layout: every role in one process', () => {
     expect(await intents()).toBe(before);
     if (r.status === 'committed' && again.status === 'committed') expect(again.receipt).toEqual(r.receipt);
     expect(await kbRowsFor(kb, 'acme', key)).toBe(1);
+  });
+
+  it('FM-28: a burst of writes across a kill -9 and restart of nats-server (store intact): every one committed, one row each, and the projections on memory storage are rebuilt', async ({
+    task,
+  }) => {
+    const titles = Array.from({ length: 12 }, (_, i) => `Host restart ${i}`);
+    proxy.hold = (req) => (isNotesPost(req) ? 150 : 0);
+    try {
+      const calls = titles.map((title) =>
+        alice.execute({ tool: 'kb.write_note', taskId: 'colo-28', input: note(title) }, { budgetMs: 60_000 }),
+      );
+      await new Promise((r) => setTimeout(r, 300));
+      await t.server.restart!();
+      let results = await Promise.all(calls);
+      // Under load a write may reach the KB after its absolute deadline: refused, not applied, and the
+      // caller's next step is a backoff and a resubmission (FM-15).
+      for (let round = 0; round < 3 && results.some((r) => r.status === 'rejected'); round++) {
+        await new Promise((r) => setTimeout(r, 500));
+        results = await Promise.all(
+          titles.map((title, i) =>
+            results[i]!.status === 'rejected'
+              ? alice.execute({ tool: 'kb.write_note', taskId: 'colo-28', input: note(title) }, { budgetMs: 60_000 })
+              : results[i]!,
+          ),
+        );
+      }
+      const rowsPerKey = await Promise.all(titles.map((title) => kbRowsFor(kb, 'acme', keyOf('colo-28', title))));
+      figure(task, {
+        name: 'keys with one kb row',
+        value: `${rowsPerKey.filter((n) => n === 1).length}/${titles.length}`,
+        duplicates: rowsPerKey.reduce((n, rows) => n + beyondOne(rows), 0),
+      });
+      expect(results.map((r) => r.status)).toEqual(titles.map(() => 'committed'));
+      expect(rowsPerKey).toEqual(titles.map(() => 1));
+      // The audit projection (memory storage, lost with the server) holds every one of them again.
+      const audit = await t.jsm.streams.info(`KV_${t.subjects.auditBucket}`);
+      expect(audit.config.storage).toBe('memory');
+      const kv = await new Kvm(t.nc).open(t.subjects.auditBucket);
+      const deadline = Date.now() + 20_000;
+      const missing = async () => {
+        const out: string[] = [];
+        for (const title of titles) {
+          const k = t.subjects.projectionKey('acme', operationIdOf(keyOf('colo-28', title)));
+          const e = await kv.get(k);
+          if (!e || e.operation !== 'PUT') out.push(title);
+        }
+        return out;
+      };
+      while ((await missing()).length && Date.now() < deadline) await new Promise((r) => setTimeout(r, 250));
+      expect(await missing()).toEqual([]);
+    } finally {
+      proxy.hold = () => 0;
+    }
   });
 
   describe('FM-27: the whole process killed mid-operation (kill -9)', () => {
