@@ -15,7 +15,7 @@ import { auditAnswerSchema, decide, type OperationCommand, type OperationEvent }
 import { decode, encode, jetStreamOf, openBucket } from '@tooltx/nats';
 import { AuditService, REBUILDING_RETRY_MS } from '@tooltx/readside';
 import { createLogger } from '@tooltx/runtime';
-import { Durables } from '@tooltx/streams';
+import { createBucket, Durables } from '@tooltx/streams';
 import { applyToIndex, reconcileValueSchema, type ReconcileValue } from '../services/reconciler/src/reconcile-index.js';
 import { auditRecordSchema } from '../services/audit-projector/src/audit-record.js';
 import { auditHmacFrom, auditRule } from './helpers/audit.js';
@@ -223,5 +223,29 @@ describe('projections on memory storage', () => {
       await audrey.close();
       await nc.close();
     }
+  });
+});
+
+describe('a rebuild that died half way', () => {
+  it('leaves a bucket without the marker of a finished rebuild: the next start rebuilds it, never trusting what it holds', async () => {
+    const before = await stableBuckets();
+    await reconciler.stop();
+    // What a rebuild killed after its first write leaves: the bucket made again, one entry of many.
+    await t.jsm.streams.delete(`KV_${t.subjects.reconcileBucket}`);
+    reconcileKv = await createBucket(t.nc, t.topo.projections.reconcile);
+    const [key, value] = Object.entries(before.reconcile).find(([, v]) => !v.terminal)!;
+    await reconcileKv.put(key, encode(value));
+    reconciler = await startService('reconciler', { ...t.env, TOOLTX_RECONCILE_SWEEP: 'off' });
+    await reconciler.waitForLog('projection rebuilt from the log');
+    // Every open operation is back in the index (a tombstone of an ended one is written only where
+    // the times say it may have been indexed: mayHaveBeenIndexed).
+    const open = (r: Record<string, ReconcileValue>) => Object.entries(r).filter(([, v]) => !v.terminal);
+    expect(open((await stableBuckets()).reconcile)).toEqual(open(before.reconcile));
+    expect(open(before.reconcile).length).toBeGreaterThan(1);
+    // Finished, it is marked: the next start trusts it and reads nothing again.
+    await reconciler.stop();
+    reconciler = await startService('reconciler', { ...t.env, TOOLTX_RECONCILE_SWEEP: 'off' });
+    await new Promise((r) => setTimeout(r, 1_000));
+    expect(reconciler.lines.some((l) => String(l.msg).startsWith('projection bucket'))).toBe(false);
   });
 });

@@ -7,9 +7,12 @@ import {
   type StreamInfo,
 } from '@nats-io/jetstream';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { isTransient } from '@tooltx/nats';
+import { isTransient, openBucket } from '@tooltx/nats';
 import { createBucket, type BucketDef } from '@tooltx/streams';
 import type { Logger } from './logger.js';
+
+/** The key of the marker a finished rebuild leaves in its bucket, last (never a `<tenant>.<opId>` key). */
+const REBUILT_MARKER = '_rebuilt';
 
 /**
  * A projection bucket on memory storage (the reconciler's index, the audit records) and what
@@ -19,8 +22,9 @@ import type { Logger } from './logger.js';
  * cluster keeps it while a majority of its replicas stays up: docs/cluster.md).
  *
  * When it rebuilds:
- * - at start, when the bucket does not exist, or was never written while the log holds messages
- *   (created again empty, e.g. by `tooltx streams apply` after the server restarted);
+ * - at start, when the bucket does not exist, or does not hold the marker a finished rebuild writes
+ *   last ({@link REBUILT_MARKER}) while the log holds messages: created again empty (e.g. by
+ *   `tooltx streams apply` after the server restarted), or half written by a rebuild that died;
  * - later, when the bucket is gone or is another stream than the one this process last saw whole
  *   (its creation time changed: deleted and created again by anyone): looked at after each
  *   reconnect, every {@link ProjectionGuardOptions.checkEveryMs}, and after a write that failed
@@ -41,7 +45,7 @@ import type { Logger } from './logger.js';
  * bucket about to be rebuilt), and readers of the projection ask {@link rebuilding} before they
  * answer from it. Several instances may rebuild at once: every write is a compare-and-set under
  * the projection's rule, so they agree. An instance that starts while another is half way through
- * a rebuild of a bucket it finds already written does not rebuild it itself.
+ * a rebuild finds no marker yet and rebuilds too; if the other dies, this one still finishes it.
  */
 
 /** One stream a projection is fed from, and the subjects of it it reads. */
@@ -179,8 +183,12 @@ export class ProjectionGuard {
     try {
       info = await this.#info(this.#stream);
       if (info && this.#created === undefined) {
-        // The first look: a bucket never written while the log holds messages was made again empty.
-        if (info.state.last_seq > 0 || !(await this.#sourcesHoldMessages())) {
+        // The first look: a bucket is whole when a rebuild finished in it (its marker is there), or
+        // when there is nothing to rebuild yet. A bucket written without the marker may be the half
+        // of a rebuild that died (a crash, an out-of-memory kill): it is rebuilt, never trusted.
+        const whole = info.state.last_seq > 0 ? await this.#marked() : !(await this.#sourcesHoldMessages());
+        if (whole) {
+          if (info.state.last_seq === 0) await this.#mark();
           this.#created = info.created;
           this.#whole = true;
           this.#markReady();
@@ -211,6 +219,21 @@ export class ProjectionGuard {
     return false;
   }
 
+  /** Whether the bucket holds the marker of a finished rebuild (a delete marker of {@link REBUILT_MARKER}). */
+  async #marked(): Promise<boolean> {
+    return (await (await openBucket(this.#o.nc, this.#o.bucket.bucket)).get(REBUILT_MARKER)) !== null;
+  }
+
+  /**
+   * Writes the marker: a delete marker (no value), so no reader of entries ever sees it as one, and
+   * a bucket whose rebuild wrote nothing (every operation ended before it would have been indexed)
+   * is not taken for one made again empty by the next instance. It expires with the bucket's max
+   * age; a bucket without it is rebuilt once more.
+   */
+  async #mark(): Promise<void> {
+    await (await openBucket(this.#o.nc, this.#o.bucket.bucket)).delete(REBUILT_MARKER);
+  }
+
   async #sourcesHoldMessages(): Promise<boolean> {
     for (const s of this.#o.sources()) {
       const i = await this.#info(s.stream);
@@ -222,12 +245,8 @@ export class ProjectionGuard {
   async #rebuild(missing: boolean): Promise<void> {
     const started = performance.now();
     this.#epoch++;
-    this.#log.warn(
-      { missing },
-      missing
-        ? 'projection bucket lost: creating it and rebuilding it from the log'
-        : 'projection bucket new: rebuilding it from the log',
-    );
+    if (missing) this.#log.warn({ missing }, 'projection bucket lost: creating it and rebuilding it from the log');
+    else this.#log.info({ missing }, 'projection bucket new: rebuilding it from the log');
     if (missing) await createBucket(this.#o.nc, this.#o.bucket);
     const info = await this.#o.jsm.streams.info(this.#stream);
     const r = this.#o.rebuilder();
@@ -254,6 +273,8 @@ export class ProjectionGuard {
     await Promise.all(inFlight);
     if (failed) throw failed;
     await r.finish();
+    // Last: the marker that says this bucket holds a finished rebuild (see #look).
+    await this.#mark();
     this.#created = info.created;
     this.#whole = true;
     this.#markReady();
