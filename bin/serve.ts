@@ -1,9 +1,9 @@
 /**
  * `tooltx serve` — one process hosting the roles of a deployment (default: all four), each on its
  * own connection as its own identity. Co-located, the authorizer hands an operation it accepted and
- * started in one append straight to the executor of the same process (docs/performance.md,
- * "co-located layout"); every role still consumes its durables, so any mix of co-located and
- * separate processes, and any number of instances of each, work together.
+ * started in one append straight to the executor of the same process (docs/operating.md "One
+ * process or four"); every role still consumes its durables, so any mix of co-located and separate
+ * processes, and any number of instances of each, work together when they run the same build.
  *
  * Usage: `tooltx serve [--roles all|<role>,<role>…] [--help]`; the environment of the roles it hosts
  * (`--help` lists it). Stops cleanly on SIGTERM/SIGINT: the authorizer first, the executor after its

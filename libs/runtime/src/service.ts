@@ -119,7 +119,7 @@ export function defineRole<E extends z.ZodRawShape = Record<never, never>>(spec:
 export interface Colocation {
   /**
    * The executor, when this process hosts it: the authorizer hands it an operation it accepted and
-   * started in one append (docs/performance.md, "co-located layout") instead of waiting for the
+   * started in one append (docs/operating.md "One process or four") instead of waiting for the
    * event log to deliver the `accepted` event.
    */
   executor?: LocalExecutor;

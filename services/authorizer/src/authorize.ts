@@ -69,7 +69,7 @@ export interface AuthorizerDeps {
   /**
    * The executor of this process, when it hosts one (the co-located layout): an operation it can
    * take now is accepted and started in one append, checked once at that execution instant, and
-   * handed to it in-process (docs/performance.md "co-located layout"). Absent or null: accepted
+   * handed to it in-process (docs/operating.md "One process or four"). Absent or null: accepted
    * alone, and the event log delivers it to an executor.
    */
   localExecutor?: () => LocalExecutor | undefined;

@@ -108,7 +108,7 @@ interface StartedAttempt {
 /**
  * The executor's handler of event-log messages ({@link eventHandler}) and, for a process that
  * also hosts the authorizer, the in-process entry of attempts accepted and started in one append
- * (`local`, at most `localCapacity` at once; docs/performance.md "co-located layout"). Both run an
+ * (`local`, at most `localCapacity` at once; docs/operating.md "One process or four"). Both run an
  * attempt the same way once its start is stored. `idle()` resolves when no local attempt is in flight.
  */
 export function executorHandlers(
@@ -164,7 +164,10 @@ export function executorHandlers(
     const impl = tools.get(state.tool, state.version);
     if (!impl || impl.contract.digest !== state.contractDigest) {
       // Another executor instance may hold this contract version; never run a different one.
-      l.error({ contractDigest: state.contractDigest }, 'contract version not loaded here');
+      l.error(
+        { contractDigest: state.contractDigest, loaded: impl?.contract.digest ?? null },
+        'contract version not loaded here: another tools module or another build (docs/operating.md "One process or four")',
+      );
       return { kind: 'nak', delayMs: 5_000 };
     }
 
