@@ -154,7 +154,7 @@ describe('co-located layout: every role in one process', () => {
         for (const title of titles) {
           const k = t.subjects.projectionKey('acme', operationIdOf(keyOf('colo-28', title)));
           const e = await kv.get(k);
-          if (!e || e.operation !== 'PUT') out.push(title);
+          if (e?.operation !== 'PUT') out.push(title);
         }
         return out;
       };
