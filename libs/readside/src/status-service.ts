@@ -176,7 +176,7 @@ export class StatusService {
     return this.#watch(subjects.decisionsStream(tenant), subjects.decisionsOf(tenant), true);
   }
 
-  async #watch(stream: string, filter: string, headersOnly: boolean): Promise<{ stop(): void }> {
+  async #watch(stream: string, filter: string, headersOnly: boolean, onEnd?: () => void): Promise<{ stop(): void }> {
     const c = await this.#d.js.consumers.get(stream, {
       filter_subjects: filter,
       deliver_policy: DeliverPolicy.New,
@@ -185,7 +185,9 @@ export class StatusService {
     const it = await c.consume({ max_messages: 256 });
     void (async () => {
       for await (const m of it) this.#notify(m.subject, headersOnly ? undefined : m);
-    })().catch((err: unknown) => this.#d.log.error({ err, stream }, 'status watch ended'));
+    })()
+      .catch((err: unknown) => this.#d.log.error({ err, stream }, 'status watch ended'))
+      .finally(() => onEnd?.());
     return it;
   }
 
@@ -211,7 +213,12 @@ export class StatusService {
     this.#eventsIdle = undefined;
     if (this.#eventsWatch || this.#stopping) return;
     const { subjects } = this.#d;
-    this.#eventsWatch = this.#watch(subjects.eventsStream, subjects.allOps, false).then(
+    // A watch that ends (stopped, or its consumer gone) is forgotten: the next waiter starts another.
+    let started: Promise<{ stop(): void } | null> | null = null;
+    const ended = () => {
+      if (this.#eventsWatch === started) this.#eventsWatch = null;
+    };
+    started = this.#eventsWatch = this.#watch(subjects.eventsStream, subjects.allOps, false, ended).then(
       (w) => {
         for (const [subject, set] of this.#waiters) for (const wake of set) wake.notify(subject, undefined);
         return w;
