@@ -48,7 +48,12 @@ async function entry(key: string): Promise<ReconcileValue | null> {
 }
 
 // Writes ever made to a bucket (its stream keeps one message per key: the last sequence counts them all).
-const writes = async (bucket = t.subjects.reconcileBucket) => (await t.jsm.streams.info(`KV_${bucket}`)).state.last_seq;
+const writes = async (bucket = t.subjects.reconcileBucket) => {
+  const last = (await t.jsm.streams.info(`KV_${bucket}`)).state.last_seq;
+  // The marker a projector writes once its bucket is known whole (ProjectionGuard) is no projection write.
+  const marker = await (await openBucket(t.nc, bucket)).get('_rebuilt');
+  return last - (marker ? 1 : 0);
+};
 
 /** Until both projectors' durables have delivered and settled everything (held messages count as unacknowledged). */
 async function untilSettled(timeoutMs = 15_000): Promise<void> {
