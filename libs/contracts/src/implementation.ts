@@ -59,6 +59,12 @@ export interface AuthorizationContext {
   tenant: string;
   actor: string;
   operationKey: string;
+  /**
+   * `intake` when the authorizer registers the operation, `execution` right before it runs. Where
+   * one process accepts and starts it in one append (the co-located layout, docs/operating.md "One
+   * process or four"), there is one check, at `execution`: a policy must allow or refuse there
+   * everything it would check at intake.
+   */
   phase: 'intake' | 'execution';
   /** Server time of the check, ms since the epoch. */
   now: number;
