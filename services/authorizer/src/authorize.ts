@@ -34,7 +34,7 @@ import {
 import { committedResult, isTransient, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
 import type { FrozenTaskWatch } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
-import type { LocalExecutor, LocalStart } from '@tooltx/runtime/service';
+import type { LocalExecutor } from '@tooltx/runtime/service';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { intakeOf, type IntakeOutcome } from './intake.js';
 
@@ -267,182 +267,160 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     if (check.kind === 'refuse')
       return refuse(check.decisionKey, check.error, { tool: check.tool, version: check.version });
 
-    const { contract } = check;
-    // Run here at once when this process's executor has room: the check below is then the one at
-    // the execution instant, and the start goes into the same append as the acceptance.
-    const begun = deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null;
-    let handed = false;
-    try {
-      const out = await register(msg, who, submissionId, answerOnItsWay, check, begun, l, refuse);
-      handed = out.handed;
-      return out.settled;
-    } finally {
-      if (!handed) begun?.cancel();
-    }
-  }
-
-  async function register(
-    msg: JsMsg,
-    who: { tenant: string; actor: string },
-    submissionId: string,
-    answerOnItsWay: () => void,
-    check: Extract<Extract<IntakeOutcome, { kind: 'checked' }>['check'], { kind: 'proceed' }>,
-    begun: LocalStart | null,
-    l: Logger,
-    refuse: (
-      key: string | null,
-      error: ErrorInfo,
-      ids: { tool?: string; version?: number },
-      authorization?: AuthDecision,
-    ) => Promise<Settlement | void>,
-  ): Promise<{ settled: Settlement | void; handed: boolean }> {
     const { contract, prepared, envelope } = check;
     const key = prepared.operationKey;
     const ids = { tool: contract.name, version: contract.version };
     const impl = tools.get(contract.name, contract.version)!;
-    const done = (settled: Settlement | void) => ({ settled, handed: false });
-
-    // Policy seam, then the business invariants: before anything about the key is looked up or revealed.
-    const policyVersion = impl.policyVersion ?? 'none';
-    let allowed: AuthorizationResult | void = undefined;
-    let failure: { err: unknown } | undefined;
+    // Run here at once when this process's executor has room: the policy check below is then the one
+    // at the execution instant, and the start goes into the same append as the acceptance. A slot
+    // not handed over is given back however this ends.
+    const begun = deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null;
+    let handed = false;
     try {
-      // Started here at once: this check is the one at the execution instant (FM-07, FM-08).
-      const phase = begun ? ('execution' as const) : ('intake' as const);
-      const authCtx = { tenant: who.tenant, actor: who.actor, operationKey: key, phase, now: now() };
-      allowed = await impl.authorize?.(prepared.input, authCtx);
-      await impl.invariants?.(prepared.input, authCtx);
-    } catch (err) {
-      failure = { err };
-    }
-    const verdict = policyVerdict(failure && toErrorInfo(failure.err), {
-      policyVersion,
-      at: now(),
-      ...(allowed?.resources ? { resources: allowed.resources } : {}),
-    });
-    // A dependency of the policy being down is not a refusal: the intent is retried later.
-    if (verdict.kind === 'retry') throw failure!.err;
-    if (verdict.kind === 'refuse') return done(await refuse(key, verdict.error, ids, verdict.authorization));
-    const authorization = verdict.authorization;
-    const canonicalInput = allowed?.input;
-
-    // A task with an operation under takeover takes no new side effect until a person resolves it
-    // (FM-14). Before the lookup, so nothing about the key is revealed or registered.
-    const frozen = frozenTaskRefusal(contract.effect, deps.frozen?.isFrozen(who.tenant, envelope.taskId) ?? false);
-    if (frozen) return done(await refuse(key, frozen, ids));
-
-    // Two references to one resource are one operation (FM-10): a submission that named its target
-    // through an alias is registered under the canonical input's key, and its own key is recorded
-    // as an alias of that one (before the registration, so status can always follow it).
-    let canonical: ReturnType<typeof prepareCall> | null = null;
-    if (canonicalInput) {
+      // Policy seam, then the business invariants: before anything about the key is looked up or revealed.
+      const policyVersion = impl.policyVersion ?? 'none';
+      let allowed: AuthorizationResult | void = undefined;
+      let failure: { err: unknown } | undefined;
       try {
-        canonical = prepareCall(contract, envelope.taskId, canonicalInput);
+        // Started here at once: this check is the one at the execution instant (FM-07, FM-08).
+        const phase = begun ? ('execution' as const) : ('intake' as const);
+        const authCtx = { tenant: who.tenant, actor: who.actor, operationKey: key, phase, now: now() };
+        allowed = await impl.authorize?.(prepared.input, authCtx);
+        await impl.invariants?.(prepared.input, authCtx);
       } catch (err) {
-        l.error({ err }, 'the policy seam returned a canonical input the contract refuses');
-        throw err;
+        failure = { err };
       }
-    }
-    const { registered, submitted } = registrationOf(prepared, canonical);
-    if (submitted && canonical) {
-      await store.recordDecision(
-        aliasRecord(
-          { ...who, submissionId },
-          {
-            eventId: newEventId(),
-            at: now(),
-            key,
-            inputDigest: prepared.inputDigest,
-            canonicalKey: canonical.operationKey,
-            canonicalInputDigest: canonical.inputDigest,
-            ...ids,
-          },
-        ),
-        operationIdOf(key),
-      );
-    }
-
-    const opId = operationIdOf(registered.operationKey);
-    // Most keys are new: registered optimistically at sequence 0 (a known key refuses the append,
-    // and the handler reads it and replays or reports the conflict as usual).
-    const h = await handleCommand(
-      store,
-      who.tenant,
-      opId,
-      (): AcceptCommand => ({
-        type: 'accept',
-        eventId: newEventId(),
+      const verdict = policyVerdict(failure && toErrorInfo(failure.err), {
+        policyVersion,
         at: now(),
-        operationKey: registered.operationKey,
-        tenant: who.tenant,
-        actor: who.actor,
-        taskId: envelope.taskId,
-        tool: contract.name,
-        version: contract.version,
-        contractDigest: contract.digest,
-        effect: contract.effect,
-        inputDigest: registered.inputDigest,
-        targetDigest: registered.targetDigest,
-        intentSeq: msg.seq,
-        submissionId,
-        ...(submitted ? { submitted } : {}),
-        authorization,
-        ...(begun ? { start: { executor: begun.executor, deadlineAt: begun.deadlineAt, authorization } } : {}),
-      }),
-      { known: { state: { status: 'none' }, seq: 0 } },
-    );
-    if (h.kind === 'appended') {
-      // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
-      l.debug(
-        {
-          operationKey: registered.operationKey,
-          ...(submitted ? { submittedKey: key } : {}),
-          attempt: h.event.attempt,
-          tool: contract.id,
-        },
-        'accepted',
-      );
-      answerOnItsWay();
-      if (begun && h.event.state.status === 'running') {
-        // Handed over: the executor of this process runs it now; the intent is acked meanwhile (the
-        // log holds the start: a crash from here on is the reconciler's to verify, FM-27).
-        void begun.run({
-          tenant: who.tenant,
-          opId,
-          state: h.event.state,
-          seq: h.seq,
-          input: prepared.input,
-          allowed: allowed ?? undefined,
-        });
-        return { settled: undefined, handed: true };
-      }
-      return done(undefined);
-    }
-    if (h.kind === 'moved_on') return done(undefined);
-    const d = h.decision;
-    switch (d.kind) {
-      case 'conflict':
-        return done(await refuse(key, IDEMPOTENCY_CONFLICT, ids));
-      case 'replay':
-      case 'applied':
-        l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
-        // A committed key's answer is final: pushed as the status endpoint would give it, after
-        // the ack (the read policy and a result read may take round trips); "poll now" otherwise.
-        if (d.state.status === 'committed' && d.state.receipt && deps.pusher) {
-          answerOnItsWay();
-          void pushCommitted(
-            deps.pusher,
-            who,
-            submissionId,
-            impl,
-            key,
-            { ...d.state, receipt: d.state.receipt },
-            h.seq,
-          );
+        ...(allowed?.resources ? { resources: allowed.resources } : {}),
+      });
+      // A dependency of the policy being down is not a refusal: the intent is retried later.
+      if (verdict.kind === 'retry') throw failure!.err;
+      if (verdict.kind === 'refuse') return refuse(key, verdict.error, ids, verdict.authorization);
+      const authorization = verdict.authorization;
+      const canonicalInput = allowed?.input;
+
+      // A task with an operation under takeover takes no new side effect until a person resolves it
+      // (FM-14). Before the lookup, so nothing about the key is revealed or registered.
+      const frozen = frozenTaskRefusal(contract.effect, deps.frozen?.isFrozen(who.tenant, envelope.taskId) ?? false);
+      if (frozen) return refuse(key, frozen, ids);
+
+      // Two references to one resource are one operation (FM-10): a submission that named its target
+      // through an alias is registered under the canonical input's key, and its own key is recorded
+      // as an alias of that one (before the registration, so status can always follow it).
+      let canonical: ReturnType<typeof prepareCall> | null = null;
+      if (canonicalInput) {
+        try {
+          canonical = prepareCall(contract, envelope.taskId, canonicalInput);
+        } catch (err) {
+          l.error({ err }, 'the policy seam returned a canonical input the contract refuses');
+          throw err;
         }
-        return done(undefined);
-      case 'skip':
-        return done(undefined);
+      }
+      const { registered, submitted } = registrationOf(prepared, canonical);
+      if (submitted && canonical) {
+        await store.recordDecision(
+          aliasRecord(
+            { ...who, submissionId },
+            {
+              eventId: newEventId(),
+              at: now(),
+              key,
+              inputDigest: prepared.inputDigest,
+              canonicalKey: canonical.operationKey,
+              canonicalInputDigest: canonical.inputDigest,
+              ...ids,
+            },
+          ),
+          operationIdOf(key),
+        );
+      }
+
+      const opId = operationIdOf(registered.operationKey);
+      // Most keys are new: registered optimistically at sequence 0 (a known key refuses the append,
+      // and the handler reads it and replays or reports the conflict as usual).
+      const h = await handleCommand(
+        store,
+        who.tenant,
+        opId,
+        (): AcceptCommand => ({
+          type: 'accept',
+          eventId: newEventId(),
+          at: now(),
+          operationKey: registered.operationKey,
+          tenant: who.tenant,
+          actor: who.actor,
+          taskId: envelope.taskId,
+          tool: contract.name,
+          version: contract.version,
+          contractDigest: contract.digest,
+          effect: contract.effect,
+          inputDigest: registered.inputDigest,
+          targetDigest: registered.targetDigest,
+          intentSeq: msg.seq,
+          submissionId,
+          ...(submitted ? { submitted } : {}),
+          authorization,
+          ...(begun ? { start: { executor: begun.executor, deadlineAt: begun.deadlineAt, authorization } } : {}),
+        }),
+        { known: { state: { status: 'none' }, seq: 0 } },
+      );
+      if (h.kind === 'appended') {
+        // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
+        l.debug(
+          {
+            operationKey: registered.operationKey,
+            ...(submitted ? { submittedKey: key } : {}),
+            attempt: h.event.attempt,
+            tool: contract.id,
+          },
+          'accepted',
+        );
+        answerOnItsWay();
+        if (begun && h.event.state.status === 'running') {
+          // Handed over: the executor of this process runs it now; the intent is acked meanwhile (the
+          // log holds the start: a crash from here on is the reconciler's to verify, FM-27).
+          void begun.run({
+            tenant: who.tenant,
+            opId,
+            state: h.event.state,
+            seq: h.seq,
+            input: prepared.input,
+            allowed: allowed ?? undefined,
+          });
+          handed = true;
+        }
+        return;
+      }
+      if (h.kind === 'moved_on') return;
+      const d = h.decision;
+      switch (d.kind) {
+        case 'conflict':
+          return refuse(key, IDEMPOTENCY_CONFLICT, ids);
+        case 'replay':
+        case 'applied':
+          l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
+          // A committed key's answer is final: pushed as the status endpoint would give it, after
+          // the ack (the read policy and a result read may take round trips); "poll now" otherwise.
+          if (d.state.status === 'committed' && d.state.receipt && deps.pusher) {
+            answerOnItsWay();
+            void pushCommitted(
+              deps.pusher,
+              who,
+              submissionId,
+              impl,
+              key,
+              { ...d.state, receipt: d.state.receipt },
+              h.seq,
+            );
+          }
+          return;
+        case 'skip':
+          return;
+      }
+    } finally {
+      if (!handed) begun?.cancel();
     }
   }
 }

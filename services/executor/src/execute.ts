@@ -131,6 +131,20 @@ export function executorHandlers(
     o: HandleOptions = {},
   ): Promise<Handled> => handleCommand(store, tenant, opId, make, { ...o, signer: deps.signer });
 
+  /**
+   * An attempt starting at `at` (ms since the epoch): its absolute deadline, on the downstream's
+   * clock as far as we have learned it, so an executor whose clock is off still gives its requests
+   * their time; and the ms elapsed since, on the monotonic clock, so a wall clock stepped meanwhile
+   * neither makes it negative nor decides whether to send (docs/clocks.md).
+   */
+  const attemptClock = (impl: Implementation, at: number) => {
+    const mono = performance.now();
+    return {
+      deadlineAt: at + impl.contract.timing.timeoutMs + clocks.offsetMs(impl),
+      elapsed: () => Math.max(0, Math.round(performance.now() - mono)),
+    };
+  };
+
   /** "Poll now" to the agent of the submission that started `state`'s attempt. */
   const pushPoll = (tenant: string, state: OperationRecord) =>
     deps.pusher?.poll(tenant, state.actor, state.intent.submissionId);
@@ -292,13 +306,7 @@ export function executorHandlers(
       clocks.observe(impl, at, askedAt, now());
     }
     const startedAt = now();
-    // Durations on the monotonic clock: a wall clock stepped meanwhile must neither make an elapsed
-    // time negative (an event that could not be read back) nor decide whether to send (docs/clocks.md).
-    const startedMono = performance.now();
-    const elapsed = () => Math.max(0, Math.round(performance.now() - startedMono));
-    // The deadline sent downstream is on the downstream's clock as far as we have learned it, so an
-    // executor whose clock is off still gives its requests their time (docs/clocks.md).
-    const deadlineAt = startedAt + timeoutMs + clocks.offsetMs(impl);
+    const { deadlineAt, elapsed } = attemptClock(impl, startedAt);
     const runningId = newEventId();
     // Only one executor wins `running` (or a newer event drives the operation): a lost race is not ours.
     const start = await transition(
@@ -524,8 +532,7 @@ export function executorHandlers(
       if (!impl || reserved >= localCapacity || deps.shutdown.aborted || (impl.clock && !clocks.knows(impl)))
         return null;
       reserved++;
-      const startedMono = performance.now();
-      const deadlineAt = now() + impl.contract.timing.timeoutMs + clocks.offsetMs(impl);
+      const { deadlineAt, elapsed } = attemptClock(impl, now());
       let done = false;
       const release = () => {
         if (!done) {
@@ -548,7 +555,7 @@ export function executorHandlers(
             ...a,
             impl,
             deadlineAt,
-            elapsed: () => Math.max(0, Math.round(performance.now() - startedMono)),
+            elapsed,
             l,
           })
             .catch((err: unknown) =>
