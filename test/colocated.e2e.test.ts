@@ -5,7 +5,7 @@
  * tooltx alone prevents duplicates), a real HTTP hop that holds or cuts a request, and SIGKILL of
  * the whole process (FM-27): a restarted instance converges with exactly one row.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, type TaskMeta } from 'vitest';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { Kvm } from '@nats-io/kv';
 import { createTools, type Tools } from '@tooltx/client';
@@ -15,12 +15,11 @@ import { startHost, type ServiceProcess } from './helpers/services.js';
 import { history } from './helpers/ops.js';
 import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { DelayProxy } from './helpers/delay-proxy.js';
-import { TcpProxy } from './helpers/tcp-proxy.js';
+import { burstAcrossServerRestart, cutAfterCommit, isNotesPost, note, RECOVERY_TIMING } from './helpers/kb-faults.js';
 import { beyondOne, convergence, figure } from './helpers/figures.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 
-// Short contract timing so recovery happens within seconds: timeout 1.5 s, running bound 1 s.
-const TIMING = { timeoutMs: 1_500, runningBoundMs: 1_000, unknownDeadlineMs: 60_000 };
+const TIMING = RECOVERY_TIMING;
 const contracts = researchContracts({ kbDedup: false, timing: TIMING });
 let t: TestNats;
 let kb: TestKb;
@@ -29,15 +28,17 @@ let env: Record<string, string>;
 let host: ServiceProcess;
 let alice: Tools;
 
-const note = (title: string) => ({
-  kb: 'research',
-  title,
-  body: `Notes on ${title}.`,
-  sourceUrl: 'https://example.org/src',
-  fetchedAt: '2026-11-30T06:00:00Z',
-});
 const keyOf = (taskId: string, title: string) => prepareCall(contracts.writeNote, taskId, note(title)).operationKey;
-const isNotesPost = (req: { method?: string; url?: string }) => req.method === 'POST' && req.url === '/v1/notes';
+/** What the shared fault scenarios (helpers/kb-faults.ts) need of this file's deployment. */
+const faults = (task: { meta: TaskMeta }) => ({
+  t,
+  kb,
+  proxy,
+  writeNote: contracts.writeNote,
+  contracts: contracts.all,
+  task,
+  alice,
+});
 /** A supervisor's restart: the killed process's successor, on the same deployment. */
 const restart = async () => {
   await host.kill();
@@ -142,99 +143,39 @@ describe('co-located layout: every role in one process', () => {
   it("FM-02: the agent's connection is cut after the commit, before the reply: the retry gets the original receipt and writes nothing", async ({
     task,
   }) => {
-    const natsHop = await new TcpProxy(t.server.port).start();
-    const agent = await createTools({
-      servers: natsHop.url,
-      tenant: 'acme',
-      actor: 'alice',
-      nkeyFile: t.agentSeed('acme', 'alice'),
-      contracts: contracts.all,
-      prefix: t.subjects.prefix,
-      receiptKeys: t.auth.receiptKeysFile,
-      budgetMs: 30_000,
-    });
-    const key = keyOf('colo-02', 'Cut after commit');
-    let cuts = 0;
-    proxy.holdResponse = (req) => (isNotesPost(req) ? 200 : 0);
-    proxy.onAnswered = () => void (cuts += natsHop.cutAll());
-    try {
-      const r = await agent.execute({ tool: 'kb.write_note', taskId: 'colo-02', input: note('Cut after commit') });
-      expect(cuts).toBeGreaterThan(0);
-      expect(r.status).toBe('committed');
-      const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
-      if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
-      const again = await agent.execute({ tool: 'kb.write_note', taskId: 'colo-02', input: note('Cut after commit') });
-      const rows = await kbRowsFor(kb, 'acme', key);
-      figure(task, { name: 'kb rows after the retry', value: rows, duplicates: beyondOne(rows) });
-      expect(again).toEqual(r);
-      expect(rows).toBe(1);
-    } finally {
-      proxy.holdResponse = () => 0;
-      proxy.onAnswered = () => undefined;
-      await agent.close();
-      await natsHop.stop();
-    }
+    await cutAfterCommit(faults(task), 'colo-02');
   });
 
   it('FM-28: a burst of writes across a kill -9 and restart of nats-server (store intact): every one committed, one row each, and the projections on memory storage are rebuilt', async ({
     task,
   }) => {
-    const titles = Array.from({ length: 12 }, (_, i) => `Host restart ${i}`);
-    proxy.hold = (req) => (isNotesPost(req) ? 150 : 0);
-    try {
-      const calls = titles.map((title) =>
-        alice.execute({ tool: 'kb.write_note', taskId: 'colo-28', input: note(title) }, { budgetMs: 60_000 }),
-      );
-      await new Promise((r) => setTimeout(r, 300));
-      await t.server.restart!();
-      let results = await Promise.all(calls);
-      // Under load a write may reach the KB after its absolute deadline: refused, not applied, and the
-      // caller's next step is a backoff and a resubmission (FM-15).
-      for (let round = 0; round < 3 && results.some((r) => r.status === 'rejected'); round++) {
-        await new Promise((r) => setTimeout(r, 500));
-        results = await Promise.all(
-          titles.map((title, i) =>
-            results[i]!.status === 'rejected'
-              ? alice.execute({ tool: 'kb.write_note', taskId: 'colo-28', input: note(title) }, { budgetMs: 60_000 })
-              : results[i]!,
-          ),
-        );
-      }
-      const rowsPerKey = await Promise.all(titles.map((title) => kbRowsFor(kb, 'acme', keyOf('colo-28', title))));
-      figure(task, {
-        name: 'keys with one kb row',
-        value: `${rowsPerKey.filter((n) => n === 1).length}/${titles.length}`,
-        duplicates: rowsPerKey.reduce((n, rows) => n + beyondOne(rows), 0),
-      });
-      expect(results.map((r) => r.status)).toEqual(titles.map(() => 'committed'));
-      expect(rowsPerKey).toEqual(titles.map(() => 1));
-      // The audit projection (memory storage, lost with the server) holds every one of them again.
-      // Read until it does: the provisioner's own connection may still be reconnecting (a read then
-      // times out) and the bucket may still be rebuilt.
-      const deadline = Date.now() + 20_000;
-      const missing = async (): Promise<string[]> => {
-        try {
-          const kv = await new Kvm(t.nc).open(t.subjects.auditBucket);
-          const out: string[] = [];
-          for (const title of titles) {
-            const e = await kv.get(t.subjects.projectionKey('acme', operationIdOf(keyOf('colo-28', title))));
-            if (e?.operation !== 'PUT') out.push(title);
-          }
-          return out;
-        } catch {
-          return titles;
+    const { titles, keys, results, rowsPerKey } = await burstAcrossServerRestart(faults(task), 'colo-28');
+    expect(results.map((r) => r.status)).toEqual(titles.map(() => 'committed'));
+    expect(rowsPerKey).toEqual(titles.map(() => 1));
+    // The audit projection (memory storage, lost with the server) holds every one of them again.
+    // Read until it does: the provisioner's own connection may still be reconnecting (a read then
+    // times out) and the bucket may still be rebuilt.
+    const deadline = Date.now() + 20_000;
+    const missing = async (): Promise<string[]> => {
+      try {
+        const kv = await new Kvm(t.nc).open(t.subjects.auditBucket);
+        const out: string[] = [];
+        for (const key of keys) {
+          const e = await kv.get(t.subjects.projectionKey('acme', operationIdOf(key)));
+          if (e?.operation !== 'PUT') out.push(key);
         }
-      };
-      let left = await missing();
-      while (left.length && Date.now() < deadline) {
-        await new Promise((r) => setTimeout(r, 250));
-        left = await missing();
+        return out;
+      } catch {
+        return keys;
       }
-      expect(left).toEqual([]);
-      expect((await t.jsm.streams.info(`KV_${t.subjects.auditBucket}`)).config.storage).toBe('memory');
-    } finally {
-      proxy.hold = () => 0;
+    };
+    let left = await missing();
+    while (left.length && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 250));
+      left = await missing();
     }
+    expect(left).toEqual([]);
+    expect((await t.jsm.streams.info(`KV_${t.subjects.auditBucket}`)).config.storage).toBe('memory');
   });
 
   describe('FM-27: the whole process killed mid-operation (kill -9)', () => {

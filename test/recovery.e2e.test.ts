@@ -17,12 +17,11 @@ import { startService, type ServiceProcess } from './helpers/services.js';
 import { history, waitForOperation } from './helpers/ops.js';
 import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { DelayProxy } from './helpers/delay-proxy.js';
-import { TcpProxy } from './helpers/tcp-proxy.js';
+import { burstAcrossServerRestart, cutAfterCommit, isNotesPost, note, RECOVERY_TIMING } from './helpers/kb-faults.js';
 import { beyondOne, convergence, figure } from './helpers/figures.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 
-// Short contract timing so recovery happens within seconds: timeout 1.5 s, running bound 1 s.
-const TIMING = { timeoutMs: 1_500, runningBoundMs: 1_000, unknownDeadlineMs: 60_000 };
+const TIMING = RECOVERY_TIMING;
 let t: TestNats;
 let kb: TestKb;
 let proxy: DelayProxy;
@@ -31,15 +30,7 @@ let procs: ServiceProcess[] = [];
 let executor: ServiceProcess;
 let alice: Tools;
 
-const note = (title: string) => ({
-  kb: 'research',
-  title,
-  body: `Notes on ${title}.`,
-  sourceUrl: 'https://example.org/src',
-  fetchedAt: '2026-11-30T06:00:00Z',
-});
 const rowsFor = (key: string) => kbRowsFor(kb, 'acme', key);
-const isNotesPost = (req: { method?: string; url?: string }) => req.method === 'POST' && req.url === '/v1/notes';
 
 // Every fault test runs against the KB in both modes: with KB_DEDUP=off (every request that
 // reaches the insert path is a row: tooltx alone prevents duplicates) and on (the KB honours the key).
@@ -338,38 +329,7 @@ for (const dedup of [false, true]) {
 
     describe("FM-02: the server commits, the agent's connection is cut before the reply", () => {
       it('status returns the original resource id and a retry writes nothing', async ({ task }) => {
-        const natsHop = await new TcpProxy(t.server.port).start();
-        const agent = await createTools({
-          servers: natsHop.url,
-          tenant: 'acme',
-          actor: 'alice',
-          nkeyFile: t.agentSeed('acme', 'alice'),
-          contracts: contracts.all,
-          prefix: t.subjects.prefix,
-          receiptKeys: t.auth.receiptKeysFile,
-          budgetMs: 30_000,
-        });
-        const key = keyOf('fm02', 'Cut after commit');
-        let cuts = 0;
-        proxy.holdResponse = (req) => (isNotesPost(req) ? 200 : 0);
-        proxy.onAnswered = () => void (cuts += natsHop.cutAll());
-        try {
-          const r = await agent.execute({ tool: 'kb.write_note', taskId: 'fm02', input: note('Cut after commit') });
-          expect(cuts).toBeGreaterThan(0);
-          expect(r.status).toBe('committed');
-          const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
-          if (r.status === 'committed' && probe.found) expect(r.receipt.resourceId).toBe(probe.id);
-          const again = await agent.execute({ tool: 'kb.write_note', taskId: 'fm02', input: note('Cut after commit') });
-          const rows = await rowsFor(key);
-          figure(task, { name: 'kb rows after the retry', value: rows, duplicates: beyondOne(rows) });
-          expect(again).toEqual(r);
-          expect(rows).toBe(1);
-        } finally {
-          proxy.holdResponse = () => 0;
-          proxy.onAnswered = () => undefined;
-          await agent.close();
-          await natsHop.stop();
-        }
+        await cutAfterCommit({ t, kb, proxy, writeNote: contracts.writeNote, contracts: contracts.all, task }, 'fm02');
       });
     });
 
@@ -377,68 +337,32 @@ for (const dedup of [false, true]) {
       it('a burst of writes across a kill -9 and restart of nats-server (store intact): every one committed, exactly one row each', async ({
         task,
       }) => {
-        const titles = Array.from({ length: 12 }, (_, i) => `Restart ${i}`);
-        proxy.hold = (req) => (isNotesPost(req) ? 150 : 0);
-        try {
-          const calls = titles.map((title) =>
-            alice.execute({ tool: 'kb.write_note', taskId: 'fm28', input: note(title) }, { budgetMs: 60_000 }),
-          );
-          await new Promise((r) => setTimeout(r, 300));
-          await t.server.restart!();
-          let results = await Promise.all(calls);
-          // Under load a write may reach the KB after its absolute deadline: the KB refuses it (not
-          // applied) and the caller's next step is a bounded backoff and a resubmission (FM-15).
-          for (let round = 0; round < 3 && results.some((r) => r.status === 'rejected'); round++) {
-            for (const r of results)
-              if (r.status === 'rejected')
-                expect(r).toMatchObject({ error: { class: 'dependency_unavailable' }, next: 'backoff' });
-            await new Promise((r) => setTimeout(r, 500));
-            results = await Promise.all(
-              titles.map((title, i) =>
-                results[i]!.status === 'rejected'
-                  ? alice.execute({ tool: 'kb.write_note', taskId: 'fm28', input: note(title) }, { budgetMs: 60_000 })
-                  : results[i]!,
+        const { titles, keys, results, rowsPerKey } = await burstAcrossServerRestart(
+          { t, kb, proxy, writeNote: contracts.writeNote, contracts: contracts.all, task, alice },
+          'fm28',
+        );
+        expect(results.map((r) => r.status)).toEqual(titles.map(() => 'committed'));
+        for (const [i, key] of keys.entries())
+          if (rowsPerKey[i] !== 1)
+            console.log(
+              'DUP',
+              titles[i],
+              rowsPerKey[i],
+              JSON.stringify(
+                (await history(t, 'acme', key)).map((e) => ({
+                  type: e.type,
+                  at: e.at,
+                  attempt: e.attempt,
+                  ev: 'evidence' in e ? e.evidence : undefined,
+                  err: 'error' in e ? e.error : undefined,
+                  exec: e.type === 'running' ? e.executor : undefined,
+                  dl: e.type === 'running' ? e.deadlineAt : undefined,
+                  reason: e.type === 'requeued' ? e.reason : undefined,
+                })),
               ),
+              JSON.stringify(results.map((r) => r.status)),
             );
-          }
-          const rowsPerKey = await Promise.all(titles.map((title) => rowsFor(keyOf('fm28', title))));
-          figure(task, {
-            name: 'writes committed',
-            value: `${results.filter((r) => r.status === 'committed').length}/${titles.length}`,
-          });
-          figure(task, {
-            name: 'keys with one kb row',
-            value: `${rowsPerKey.filter((n) => n === 1).length}/${titles.length}`,
-            duplicates: rowsPerKey.reduce((n, rows) => n + beyondOne(rows), 0),
-          });
-          expect(results.map((r) => r.status)).toEqual(titles.map(() => 'committed'));
-          for (const title of titles) {
-            const key = keyOf('fm28', title);
-            const rows = await rowsFor(key);
-            if (rows !== 1)
-              console.log(
-                'DUP',
-                title,
-                rows,
-                JSON.stringify(
-                  (await history(t, 'acme', key)).map((e) => ({
-                    type: e.type,
-                    at: e.at,
-                    attempt: e.attempt,
-                    ev: 'evidence' in e ? e.evidence : undefined,
-                    err: 'error' in e ? e.error : undefined,
-                    exec: e.type === 'running' ? e.executor : undefined,
-                    dl: e.type === 'running' ? e.deadlineAt : undefined,
-                    reason: e.type === 'requeued' ? e.reason : undefined,
-                  })),
-                ),
-                JSON.stringify(results.map((r) => r.status)),
-              );
-            expect(rows).toBe(1);
-          }
-        } finally {
-          proxy.hold = () => 0;
-        }
+        expect(rowsPerKey).toEqual(titles.map(() => 1));
       });
     });
 
