@@ -112,6 +112,11 @@ describe('co-located layout: every role in one process', () => {
     expect(await intents()).toBe(before);
     if (r.status === 'committed' && again.status === 'committed') expect(again.receipt).toEqual(r.receipt);
     expect(await kbRowsFor(kb, 'acme', key)).toBe(1);
+    // The process reads the event log once, on its own durable, for its three consuming roles.
+    const delivered = async (d: string) =>
+      (await t.jsm.consumers.info(t.subjects.eventsStream, d)).delivered.stream_seq;
+    expect(await delivered('host')).toBeGreaterThan(0);
+    for (const d of ['executor', 'reconciler', 'audit-projector']) expect(await delivered(d)).toBe(0);
   });
 
   it('FM-01: the same call submitted twice at the same moment, by two clients: one KB row, both get the same receipt', async ({

@@ -443,6 +443,11 @@ describe('FM-32: reply inboxes are private', () => {
     const ownBucket: Partial<Record<string, string[]>> = {
       reconciler: [`$JS.API.STREAM.CREATE.KV_${t.subjects.reconcileBucket}`],
       'audit-projector': [`$JS.API.STREAM.CREATE.KV_${t.subjects.auditBucket}`],
+      // The identity of a process hosting every role holds what the two projections' services hold.
+      host: [
+        `$JS.API.STREAM.CREATE.KV_${t.subjects.reconcileBucket}`,
+        `$JS.API.STREAM.CREATE.KV_${t.subjects.auditBucket}`,
+      ],
     };
     for (const role of roles) {
       const p = permissionsFor(role, t.subjects, topo, ['executor-b']);

@@ -123,6 +123,12 @@ export const Durables = {
   auditProjector: 'audit-projector',
   /** The audit-projector's durable on the decision stream: refusals and conflicts. */
   auditDecisions: 'audit-decisions',
+  /**
+   * The one reader of the event log of a process that hosts the executor, the reconciler and the
+   * audit-projector together (`tooltx serve`): each event is delivered and acked once for the three
+   * (docs/operating.md "One process or four").
+   */
+  host: 'host',
 } as const;
 
 /**
@@ -249,6 +255,8 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       // The projections: each reads every event of the log once per service (any number of instances).
       eventLogConsumer(Durables.reconciler),
       eventLogConsumer(Durables.auditProjector),
+      // A process hosting those three roles reads the log once, on its own durable, for all three.
+      eventLogConsumer(Durables.host),
       {
         // The reconciler reads the advisories of the event log's durables: each names a message
         // a service gave up on; the reconciler puts its operation back in its watch.

@@ -68,6 +68,7 @@ export function permissionsFor(
   tenants: string[] = topo.tenants?.map((t) => t.id) ?? [],
 ): Permissions {
   const api = '$JS.API';
+  if (role.kind === 'service' && role.service === 'host') return hostPermissions(s, topo, executorDurables, tenants);
   const inbox = `${inboxPrefixOf(role)}.>`;
   // Where a request/reply service (status, audit, takeover) answers: agents, auditors and operators
   // live in their own accounts and reach these services through service imports, so every request
@@ -250,6 +251,9 @@ export function permissionsFor(
             subscribe: { allow: [inbox, s.allAudit] },
           };
         }
+        case 'host':
+          // Never reached: returned above ({@link hostPermissions}).
+          throw new Error('host permissions are the union of the roles');
         case 'reconciler': {
           const bucket =
             role.service === 'reconciler' ? topo.projections.reconcile.bucket : topo.projections.audit.bucket;
@@ -296,4 +300,36 @@ export function permissionsFor(
       }
     }
   }
+}
+
+/**
+ * The `host` identity (a process hosting every role, `tooltx serve`): what any of the four roles may
+ * publish or subscribe to, and pulling the event log's `host` durable. Its denials are the roles'
+ * denials that no role's allowance lifts (nats-server: deny wins over allow), so the union never
+ * loses a guard the roles share — no create, update or delete of a durable, no pull from a durable
+ * that none of them reads. It gains nothing a process holding the four roles' seeds lacks.
+ */
+function hostPermissions(s: Subjects, topo: Topology, executorDurables: string[], tenants: string[]): Permissions {
+  const parts = (['authorizer', 'executor', 'reconciler', 'audit-projector'] as const).map((service) =>
+    permissionsFor({ kind: 'service', service }, s, topo, executorDurables, tenants),
+  );
+  const events = topo.streams.events.name;
+  const own = [
+    `$JS.API.CONSUMER.MSG.NEXT.${events}.${Durables.host}`,
+    `$JS.API.CONSUMER.INFO.${events}.${Durables.host}`,
+    `$JS.ACK.${events}.${Durables.host}.>`,
+  ];
+  const union = (lists: (string[] | undefined)[]) => [...new Set(lists.flatMap((l) => l ?? []))];
+  const pubAllow = union([...parts.map((p) => p.publish.allow), own]);
+  const allowed = new Set(pubAllow);
+  const pubDeny = union(parts.map((p) => p.publish.deny)).filter((d) => !allowed.has(d));
+  return {
+    publish: { allow: pubAllow, deny: pubDeny },
+    subscribe: {
+      allow: union([
+        [`${inboxPrefixOf({ kind: 'service', service: 'host' })}.>`],
+        ...parts.map((p) => p.subscribe.allow),
+      ]),
+    },
+  };
 }

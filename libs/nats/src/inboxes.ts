@@ -9,7 +9,13 @@ export type Role =
   | { kind: 'service'; service: ServiceName }
   | { kind: 'operator'; operator: string }
   | { kind: 'provisioner' };
-export const SERVICE_NAMES = ['authorizer', 'executor', 'reconciler', 'audit-projector'] as const;
+/**
+ * The service identities. `host` is the identity of a process that hosts every role (`tooltx
+ * serve`): one connection with the union of the four roles' permissions and the event log's `host`
+ * durable, which it reads once for the three roles that consume the log (docs/operating.md "One
+ * process or four"). A process that holds every role's seed holds that union already.
+ */
+export const SERVICE_NAMES = ['authorizer', 'executor', 'reconciler', 'audit-projector', 'host'] as const;
 export type ServiceName = (typeof SERVICE_NAMES)[number];
 
 /** The inbox prefix of a user: replies to its requests arrive only under it. */

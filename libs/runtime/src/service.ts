@@ -36,6 +36,8 @@ import {
   type StartupReporter,
 } from './startup.js';
 import { loadImplementations, ToolsModuleError, type ImplementationRegistry } from './implementations.js';
+import { EventLogFanout } from './event-log-fanout.js';
+import { Durables } from '@tooltx/streams';
 
 const optMs = envInt(1).optional();
 
@@ -123,6 +125,12 @@ export interface Colocation {
    * event log to deliver the `accepted` event.
    */
   executor?: LocalExecutor;
+  /**
+   * The one reader of the event log, when this process hosts every role on the `host` identity: the
+   * executor, the reconciler and the audit-projector register their handlers of event-log messages
+   * here instead of each pulling its own durable (docs/operating.md "One process or four").
+   */
+  eventLog?: EventLogFanout;
 }
 
 /** A started attempt handed to the co-located executor (see {@link Colocation}). */
@@ -309,28 +317,36 @@ export async function runRoles(specs: RoleSpec[], host: HostOptions): Promise<vo
     const topo = topology(subjects, topologyOptionsFrom(config));
     const colocation: Colocation = {};
     const stops: { spec: RoleSpec; stop: () => Promise<void> }[] = [];
+    // Every role here: one connection as the `host` identity, and one reader of the event log.
+    const hosted = hostIdentityOf(config, specs, authDir, hostLog);
+    if (hosted) colocation.eventLog = new EventLogFanout(Durables.host);
     let checked = false;
+    let shared: { nc: NatsConnection; js: JetStreamClient; jsm: JetStreamManager; store: JetStreamStore } | undefined;
     for (const spec of specs) {
-      const identity = identityOf(config, spec.name, authDir);
-      for (const [setting, file] of identity.files) await startupStep(setting, file, () => readFile(file));
-      const nc = await connectRole(config, spec.name, identity);
-      conns.push(nc);
-      // 2.10.0 is the oldest server tooltx runs on (docs/nats-server.md): refused before anything is read or written.
-      try {
-        assertSupportedServer(nc.info?.version);
-      } catch (err) {
-        if (err instanceof UnsupportedServerError)
-          throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), `the server there is ${err.problem}`, {
-            cause: err,
-          });
-        throw err;
+      const identity = hosted ?? identityOf(config, spec.name, authDir);
+      const name = hosted ? 'host' : spec.name;
+      if (!shared || !hosted) {
+        for (const [setting, file] of identity.files) await startupStep(setting, file, () => readFile(file));
+        const nc = await connectRole(config, name, identity);
+        conns.push(nc);
+        // 2.10.0 is the oldest server tooltx runs on (docs/nats-server.md): refused before anything is read or written.
+        try {
+          assertSupportedServer(nc.info?.version);
+        } catch (err) {
+          if (err instanceof UnsupportedServerError)
+            throw new StartupError('NATS_URL', displayUrl(config.NATS_URL), `the server there is ${err.problem}`, {
+              cause: err,
+            });
+          throw err;
+        }
+        const { js, jsm } = await jetStreamOf(nc);
+        if (!checked) {
+          await checkTopology(jsm, topo, tools, config, identity, name);
+          checked = true;
+        }
+        shared = { nc, js, jsm, store: new JetStreamStore(js, jsm, subjects) };
       }
-      const { js, jsm } = await jetStreamOf(nc);
-      if (!checked) {
-        await checkTopology(jsm, topo, tools, config, identity, spec.name);
-        checked = true;
-      }
-      const store = new JetStreamStore(js, jsm, subjects);
+      const { nc, js, jsm, store } = shared;
       const signer = signers.get(spec);
       const stop = await spec.start({
         config,
@@ -348,6 +364,14 @@ export async function runRoles(specs: RoleSpec[], host: HostOptions): Promise<vo
       });
       stops.push({ spec, stop });
     }
+    // Every consuming role has registered its handler: the one reader starts before the authorizer
+    // (started last) lets work in.
+    await colocation.eventLog?.start({
+      js: shared!.js,
+      stream: subjects.eventsStream,
+      concurrency: config.TOOLTX_CONCURRENCY,
+      log: hostLog.child({ component: 'event-log' }),
+    });
     let closing = false;
     for (const conn of conns)
       void conn.closed().then((err) => {
@@ -399,6 +423,34 @@ function identityOf(config: ServiceConfig, role: string, authDir: string | undef
     return { setting: ['TOOLTX_AUTH_DIR', f], nkeySeedFile: f, files: [['TOOLTX_AUTH_DIR', f]] };
   }
   return { setting: ['NATS_URL', displayUrl(config.NATS_URL)], files: [] };
+}
+
+/**
+ * The identity of a process that hosts all four roles: `host` (the union of theirs, with the event
+ * log's `host` durable) from TOOLTX_AUTH_DIR, or the one NATS_CREDS_FILE / NATS_NKEY_FILE names for
+ * all, or none on a server without auth. Undefined when not every role is here, or when the
+ * directory has no `host` seed (written by an older `tooltx auth generate`): each role then
+ * connects as itself and reads its own durable, as separate processes do.
+ */
+function hostIdentityOf(
+  config: ServiceConfig,
+  specs: RoleSpec[],
+  authDir: string | undefined,
+  log: Logger,
+): RoleIdentity | undefined {
+  const names = new Set(specs.map((s) => s.name));
+  if (!['authorizer', 'executor', 'reconciler', 'audit-projector'].every((r) => names.has(r))) return undefined;
+  if (!config.NATS_CREDS_FILE && !config.NATS_NKEY_FILE && authDir) {
+    const seed = join(authDir, 'nkeys', 'service.host.nk');
+    if (!existsSync(seed)) {
+      log.warn(
+        { file: seed },
+        'no host identity in TOOLTX_AUTH_DIR (run `tooltx auth generate` again): each role connects on its own and reads its own durable',
+      );
+      return undefined;
+    }
+  }
+  return identityOf(config, 'host', authDir);
 }
 
 async function connectRole(config: ServiceConfig, role: string, identity: RoleIdentity): Promise<NatsConnection> {

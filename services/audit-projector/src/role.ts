@@ -45,7 +45,7 @@ export const auditProjectorRole = defineRole({
   envHelp: `  TOOLTX_AUDIT_HMAC_KEY_FILE key file (>= 32 characters, mode 0600) of the keyed HMACs in audit records (required)
   TOOLTX_AUDIT_BATCH_MS    how long an in-flight operation's events wait to be written with its next
                            ones as one record write, ms: an integer 0..60000 (default 1000; 0 = at once)`,
-  async start({ subjects, log, js, jsm, nc, config, env, topology }) {
+  async start({ subjects, log, js, jsm, nc, config, env, topology, colocation }) {
     const key = env.TOOLTX_AUDIT_HMAC_KEY_FILE;
     const hmac: AuditHmac = (purpose, value) => keyedDigest(key, `audit-${purpose}`, value);
     const kv = await openBucket(nc, subjects.auditBucket);
@@ -67,16 +67,21 @@ export const auditProjectorRole = defineRole({
     });
     // Waiting operations are bounded so their unacked events (up to 3 each) stay under the durable's
     // max_ack_pending with the loop's own in-flight ones.
-    const maxHeld = await heldLimit(jsm, subjects.eventsStream, Durables.auditProjector, config.TOOLTX_CONCURRENCY);
+    const maxHeld = colocation.eventLog
+      ? await colocation.eventLog.heldLimit(jsm, subjects.eventsStream, config.TOOLTX_CONCURRENCY)
+      : await heldLimit(jsm, subjects.eventsStream, Durables.auditProjector, config.TOOLTX_CONCURRENCY);
     const handlers = auditHandlers({ subjects, kv, hmac, log, batchMs: env.TOOLTX_AUDIT_BATCH_MS, maxHeld, guard });
-    const events = await startConsumerLoop({
-      js,
-      stream: subjects.eventsStream,
-      durable: Durables.auditProjector,
-      concurrency: config.TOOLTX_CONCURRENCY,
-      log,
-      handle: handlers.events,
-    });
+    // A process hosting every role reads the log once for all of them (its own durable unused).
+    const events =
+      colocation.eventLog?.register('audit-projector', handlers.events) ??
+      (await startConsumerLoop({
+        js,
+        stream: subjects.eventsStream,
+        durable: Durables.auditProjector,
+        concurrency: config.TOOLTX_CONCURRENCY,
+        log,
+        handle: handlers.events,
+      }));
     // Each tenant's decision records, from its own stream (docs/tenancy.md).
     const decisions = new TenantWatch(
       await openBucket(nc, subjects.tenantsBucket),

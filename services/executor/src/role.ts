@@ -59,21 +59,24 @@ export const executorRole = defineRole({
       config.TOOLTX_CONCURRENCY,
     );
     // A durable that does not exist, or that this identity may not read, is the operator's setting.
-    const loop = await startupStep(
-      'TOOLTX_EXECUTOR_DURABLE',
-      env.TOOLTX_EXECUTOR_DURABLE,
-      () =>
-        startConsumerLoop({
-          js,
-          stream: subjects.eventsStream,
-          durable: env.TOOLTX_EXECUTOR_DURABLE,
-          concurrency: config.TOOLTX_CONCURRENCY,
-          log,
-          handle: handlers.events,
-        }),
-      (err) =>
-        `no durable consumer of that name on ${subjects.eventsStream} that this identity may read (\`tooltx streams apply\` provisions the default; another is listed in the identity list's executorDurables and provisioned): ${describeConnectError(err)}`,
-    );
+    // A process hosting every role reads the log once for all of them (its own durable unused).
+    const loop = colocation.eventLog
+      ? colocation.eventLog.register('executor', handlers.events, { long: true })
+      : await startupStep(
+          'TOOLTX_EXECUTOR_DURABLE',
+          env.TOOLTX_EXECUTOR_DURABLE,
+          () =>
+            startConsumerLoop({
+              js,
+              stream: subjects.eventsStream,
+              durable: env.TOOLTX_EXECUTOR_DURABLE,
+              concurrency: config.TOOLTX_CONCURRENCY,
+              log,
+              handle: handlers.events,
+            }),
+          (err) =>
+            `no durable consumer of that name on ${subjects.eventsStream} that this identity may read (\`tooltx streams apply\` provisions the default; another is listed in the identity list's executorDurables and provisioned): ${describeConnectError(err)}`,
+        );
     // An authorizer of this process hands over what it accepts and starts in one append.
     colocation.executor = handlers.local;
     return async () => {

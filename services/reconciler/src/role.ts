@@ -56,7 +56,7 @@ export const reconcilerRole = defineRole({
   TOOLTX_RECONCILE_INDEX_DELAY_MS  how long an accepted or running event waits before its operation
                            is indexed, ms: an integer 0..60000 (default 1000; 0 = at once). An
                            operation that ends sooner is never written to the index`,
-  async start({ subjects, log, js, jsm, nc, config, env, store, tools, topology, signer }) {
+  async start({ subjects, log, js, jsm, nc, config, env, store, tools, topology, signer, colocation }) {
     const kv = await openBucket(nc, subjects.reconcileBucket);
     // The index is on memory storage: gone after a server restart, then rebuilt from the event log
     // (@tooltx/runtime ProjectionGuard). Its writes wait until it is whole.
@@ -112,7 +112,9 @@ export const reconcilerRole = defineRole({
     });
     // Held operations are bounded so their unacked messages (up to 3 each) stay under the durable's
     // max_ack_pending with the loop's own in-flight ones.
-    const maxHeld = await heldLimit(jsm, subjects.eventsStream, Durables.reconciler, config.TOOLTX_CONCURRENCY);
+    const maxHeld = colocation.eventLog
+      ? await colocation.eventLog.heldLimit(jsm, subjects.eventsStream, config.TOOLTX_CONCURRENCY)
+      : await heldLimit(jsm, subjects.eventsStream, Durables.reconciler, config.TOOLTX_CONCURRENCY);
     const index = new IndexWriter({
       subjects,
       kv,
@@ -123,14 +125,17 @@ export const reconcilerRole = defineRole({
       isIndexed: (key) => sweeper.watched.has(key),
       guard,
     });
-    const loop = await startConsumerLoop({
-      js,
-      stream: subjects.eventsStream,
-      durable: Durables.reconciler,
-      concurrency: config.TOOLTX_CONCURRENCY,
-      log,
-      handle: index.handle,
-    });
+    // A process hosting every role reads the log once for all of them (its own durable unused).
+    const loop =
+      colocation.eventLog?.register('reconciler', index.handle) ??
+      (await startConsumerLoop({
+        js,
+        stream: subjects.eventsStream,
+        durable: Durables.reconciler,
+        concurrency: config.TOOLTX_CONCURRENCY,
+        log,
+        handle: index.handle,
+      }));
     // The max-deliveries advisories of the event log: an operation whose message a durable
     // gave up on goes back into the index, where the sweep finds it — even if this was down then.
     const advisories = await startConsumerLoop({
