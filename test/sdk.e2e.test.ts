@@ -108,8 +108,8 @@ describe('tools.execute', () => {
   });
 
   it("FM-25: a write made with a cached contract that differs from the server's (same name@version, another digest) is refused contract_mismatch and nothing runs; the server's contract commits it; a read with the stale contract still runs", async () => {
-    const { id: _w, digest: _wd, ...writeSpec } = sinkWrite;
-    const { id: _l, digest: _ld, ...lookupSpec } = sinkLookup;
+    const { id: _w, digest: _wd, interfaceDigest: _wi, ...writeSpec } = sinkWrite;
+    const { id: _l, digest: _ld, interfaceDigest: _li, ...lookupSpec } = sinkLookup;
     const staleWrite = defineContract({
       ...writeSpec,
       description: 'Write a note to the test sink (an older wording).',

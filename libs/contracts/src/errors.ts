@@ -33,6 +33,24 @@ export const ErrorClass = {
   NotApplied: 'not_applied',
   /** The caller's cached contract differs from the registry's. */
   ContractMismatch: 'contract_mismatch',
+  /**
+   * The operation cannot be compensated: its contract declares no compensation, it is not in a
+   * state the declaration allows (only `committed` by default: never `rejected`, `unknown`,
+   * `running` or `rolled_back`), it is itself a compensation (a failed compensation is never
+   * compensated in turn), or another compensation of it was already requested (FM-22).
+   * Nothing was sent.
+   */
+  CompensationNotAllowed: 'compensation_not_allowed',
+  /**
+   * The compensation was asked for after the deadline its contract declares, counted from the
+   * commit: the effect stands and a person decides what to do with it (FM-22). Nothing was sent.
+   */
+  CompensationExpired: 'compensation_expired',
+  /**
+   * The held-back operation was discarded, by a caller or at its confirmation deadline, before its
+   * side effect ran (`rolled_back`): it can no longer be confirmed, and nothing external happened.
+   */
+  OperationDiscarded: 'operation_discarded',
   /** Something on the trusted side failed in a way that carries no caller-fixable meaning. */
   Internal: 'internal',
 } as const;
@@ -62,6 +80,9 @@ export const nextActionFor: Readonly<Record<ErrorClass, NextAction>> = {
   task_frozen: NextAction.HandOver,
   not_applied: NextAction.Backoff,
   contract_mismatch: NextAction.RefreshContract,
+  compensation_not_allowed: NextAction.Replan,
+  compensation_expired: NextAction.HandOver,
+  operation_discarded: NextAction.Replan,
   internal: NextAction.Backoff,
 };
 

@@ -93,6 +93,18 @@ export interface ExecutionResult<O = unknown> {
   downstreamAt?: number;
 }
 
+/**
+ * What a `prepare` step is given: the identity and key of the held-back operation, as for `execute`,
+ * but no authorisation result (no write follows from it) and a signal aborted at the attempt's
+ * timeout.
+ */
+export type PrepareContext = Omit<ExecutionContext, 'authorization'>;
+
+/** What a `prepare` step returns: the preview the caller reads before confirming (the contract's `confirm.preview`). */
+export interface PrepareResult<P = unknown> {
+  preview: P;
+}
+
 /** What a probe by downstream key found. */
 export type ProbeResult =
   /**
@@ -136,6 +148,15 @@ export class DeadlinePassedError extends TooltxError {
 export interface Implementation<C extends Contract = Contract> {
   contract: C;
   execute(input: z.infer<C['input']>, ctx: ExecutionContext): Promise<ExecutionResult<z.infer<C['output']>>>;
+  /**
+   * For a contract that declares `confirm`: runs once the operation is accepted, before it waits in
+   * `awaiting_confirmation`, and must have no external effect the caller could not take back by
+   * discarding it — a draft in the downstream's outbox, a cost preview, a check of the target. Its
+   * `preview` goes back to the caller (the contract's `confirm.preview` schema) so a person can
+   * confirm what they saw; `execute` runs only after a confirmation. A throw is treated as a run's
+   * refusal (a `TooltxError`) or as not prepared (anything else), never as a side effect.
+   */
+  prepare?(input: z.infer<C['input']>, ctx: PrepareContext): Promise<PrepareResult>;
   /**
    * The policy seam (authorisation is recomputed at the execution instant, FM-07, FM-08): called by
    * the authorizer at intake and again by the executor right before `running`, with the identity

@@ -31,8 +31,16 @@ export {
 export * as normalise from './normalise.js';
 export type { Normaliser } from './normalise.js';
 export {
+  type CommittedOriginal,
+  type CompensableStatus,
+  compensableStatuses,
+  type CompensationDeclaration,
+  type ConfirmDeclaration,
   type Contract,
+  CONTRACT_ID_PATTERN,
   ContractRegistry,
+  ContractSpecError,
+  MAX_REASON_CHARS,
   type ContractSpec,
   type ContractTiming,
   defineContract,
@@ -45,6 +53,7 @@ export {
   parseStrict,
 } from './contract.js';
 export {
+  deriveCompensationKey,
   deriveOperationKey,
   type KeyMaterial,
   prepareCall,
@@ -59,6 +68,8 @@ export {
   type ExecutionContext,
   type ExecutionResult,
   type Implementation,
+  type PrepareContext,
+  type PrepareResult,
   type ProbeResult,
   type ReadContext,
 } from './implementation.js';
@@ -78,3 +89,15 @@ export {
   type ToolImplementation,
   type ToolSpec,
 } from './tool.js';
+export {
+  compensatingContractOf,
+  compensatingInput,
+  compensationOf,
+  type CompensationRequest,
+  compensationRequestSchema,
+  type ConfirmationRequest,
+  confirmationRequestSchema,
+  parseCompensationRequest,
+  parseConfirmationRequest,
+  reasonDigestOf,
+} from './compensation.js';

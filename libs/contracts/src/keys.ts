@@ -2,6 +2,7 @@ import type { z } from 'zod';
 import { canonicalJson, digestOf, sha256B64u } from './digest.js';
 import { parseStrict, type Contract } from './contract.js';
 import { ErrorClass, TooltxError } from './errors.js';
+import { OPERATION_KEY_PATTERN } from './ids.js';
 
 /**
  * Inputs of an operation key, which binds the business intent (FM-04, FM-05): the task,
@@ -29,6 +30,21 @@ export function deriveOperationKey(m: KeyMaterial): string {
     target: m.target,
     intent: digestOf(m.intent),
   };
+  return `opk_${sha256B64u(canonicalJson(material))}`;
+}
+
+/**
+ * The operation key of the compensation of `originalKey` by the compensating contract
+ * `tool@version`: `opk_` + base64url SHA-256 over the RFC 8785 canonical JSON of
+ * `{ v: 1, compensates: originalKey, contract: "name@version" }`. Only these two are inputs —
+ * never who asks or why — so every request to compensate one operation with one contract, from any
+ * caller, with any reason, is one operation, and a repeat replays it (FM-21). Its material has no
+ * `taskId`, `target` or `intent`, so it can never equal a key {@link deriveOperationKey} makes.
+ * Throws `TypeError` when `originalKey` is not an operation key.
+ */
+export function deriveCompensationKey(originalKey: string, compensating: { tool: string; version: number }): string {
+  if (!OPERATION_KEY_PATTERN.test(originalKey)) throw new TypeError('not an operation key');
+  const material = { v: 1, compensates: originalKey, contract: `${compensating.tool}@${compensating.version}` };
   return `opk_${sha256B64u(canonicalJson(material))}`;
 }
 

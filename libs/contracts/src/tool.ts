@@ -1,7 +1,11 @@
 import { z } from 'zod';
 import {
+  compensationSchema,
+  ContractSpecError,
+  confirmSchema,
   defineContract,
   effectClasses,
+  specIssues,
   type Contract,
   type ContractSpec,
   type ContractTiming,
@@ -57,6 +61,10 @@ export interface ToolSpec<I extends AnyObjectSchema, O extends z.ZodType> {
   timing?: Partial<ContractTiming>;
   /** Overrides of the effect class's downstream guarantees, field by field: claim only what the downstream promises. */
   downstream?: Partial<DownstreamGuarantees>;
+  /** How a committed operation is compensated (docs/compensation.md); absent = it cannot be. */
+  compensation?: ContractSpec<I, O>['compensation'];
+  /** Hold the side effect back until it is confirmed (docs/compensation.md); absent = it runs once accepted. */
+  confirm?: ContractSpec<I, O>['confirm'];
 }
 
 /**
@@ -118,6 +126,8 @@ const toolSpecSchema = z.strictObject({
   downstream: z
     .strictObject({ honoursKey: z.boolean().optional(), enforcesDeadline: z.boolean().optional() })
     .optional(),
+  compensation: compensationSchema.optional(),
+  confirm: confirmSchema.optional(),
 });
 
 /** A failure mapping's keys: an HTTP status (`404`) or a status class (`4xx`), 1xx to 5xx. */
@@ -131,6 +141,7 @@ const failuresSchema = z.record(z.string().regex(FAILURE_KEY), z.enum(failureOut
 });
 const implementationSchema = z.strictObject({
   execute: fn('a function (input, ctx) => { resourceId, result }'),
+  prepare: fn('a function (input, ctx) => { preview }').optional(),
   probe: fn('a function').optional(),
   authorize: fn('a function').optional(),
   invariants: fn('a function').optional(),
@@ -139,17 +150,6 @@ const implementationSchema = z.strictObject({
   policyVersion: z.string().min(1).optional(),
   failures: failuresSchema.optional(),
 });
-
-/** Zod issues as `path: message` lines, an unknown field named by its own path. */
-function described(error: z.ZodError): string {
-  return error.issues
-    .flatMap((i) =>
-      i.code === 'unrecognized_keys'
-        ? i.keys.map((k) => `${[...i.path, k].join('.')}: not a known field`)
-        : [`${i.path.join('.') || '(spec)'}: ${i.message}`],
-    )
-    .join('; ');
-}
 
 /** The input minus the fields `target` names: every field the target does not hold tells one operation from another. */
 function restOf(input: Record<string, unknown>, target: Record<string, unknown>): Record<string, never> {
@@ -172,8 +172,8 @@ export function defineTool<I extends AnyObjectSchema, O extends z.ZodType = Rece
   spec: ToolSpec<I, O>,
 ): Tool<I, O> {
   const name = String((spec as { name?: unknown } | undefined)?.name ?? '(unnamed)');
-  const checked = toolSpecSchema.safeParse(spec);
-  if (!checked.success) throw new TypeError(`defineTool ${name}: ${described(checked.error)}`);
+  const issues = specIssues(toolSpecSchema, spec);
+  if (issues.length) throw new ContractSpecError(`defineTool ${name}`, issues);
   const d = EFFECT_DEFAULTS[spec.effect];
   if (d.outputRequired && spec.output === undefined)
     throw new TypeError(`defineTool ${name}: output: required for a ${spec.effect} tool (what the caller may read)`);
@@ -206,6 +206,8 @@ export function defineTool<I extends AnyObjectSchema, O extends z.ZodType = Rece
     key: { ...d.key, ...spec.key },
     timing: { ...d.timing, ...spec.timing },
     downstream: { ...d.downstream, ...spec.downstream },
+    ...(spec.compensation ? { compensation: spec.compensation } : {}),
+    ...(spec.confirm ? { confirm: spec.confirm } : {}),
   });
   return Object.freeze({
     contract,
@@ -219,8 +221,19 @@ function implementTool<C extends Contract>(
   defaults: FailureMapping,
   impl: ToolImplementation<C>,
 ): Implementation<C> {
-  const checked = implementationSchema.safeParse(impl);
-  if (!checked.success) throw new TypeError(`implement ${contract.id}: ${described(checked.error)}`);
+  const issues = specIssues(implementationSchema, impl);
+  if (issues.length) throw new ContractSpecError(`implement ${contract.id}`, issues);
+  // The preview the caller is promised needs a step that makes it; a prepare step needs a hold to report to.
+  if (impl.prepare && !contract.confirm) {
+    throw new ContractSpecError(`implement ${contract.id}`, [
+      { path: ['prepare'], code: 'no_confirm', message: 'a prepare step needs the contract to declare confirm' },
+    ]);
+  }
+  if (contract.confirm?.preview && !impl.prepare) {
+    throw new ContractSpecError(`implement ${contract.id}`, [
+      { path: ['prepare'], code: 'required', message: 'required: the contract declares a confirm preview' },
+    ]);
+  }
   const { failures, ...rest } = impl;
   const mapping = withOverrides(defaults, failures ?? {});
   return {
