@@ -74,15 +74,24 @@ export const sideEffects = ['none', 'possible', 'applied'] as const;
 
 /**
  * Whether the effect of an operation whose current status is `status` happened (docs/lifecycle.md):
- * `none` for a read or a computation, or when rejected (definitively not applied) or accepted (not
- * started, or requeued after a probe found nothing); `applied` when committed; `possible` while it
- * runs or its outcome is unknown. Pure.
+ * `none` for a read or a computation, or when rejected (definitively not applied), accepted (not
+ * started, or requeued after a probe found nothing), held back waiting for a confirmation, or rolled
+ * back (discarded before it ran); `applied` when committed, and in every compensation status (the
+ * original's effect happened; a compensation is another effect, never its undoing, FM-20);
+ * `possible` while it runs or its outcome is unknown. Pure.
  */
 export function sideEffectOf(effect: string, status: string): (typeof sideEffects)[number] {
   // As read from an event: a value this version does not know is taken as a side effect (never as none).
   if (!hasSideEffect(effect as EffectClass)) return 'none';
-  if (status === 'committed') return 'applied';
-  if (status === 'rejected' || status === 'accepted') return 'none';
+  if (
+    status === 'committed' ||
+    status === 'compensation_requested' ||
+    status === 'compensated' ||
+    status === 'compensation_failed'
+  )
+    return 'applied';
+  if (status === 'rejected' || status === 'accepted' || status === 'awaiting_confirmation' || status === 'rolled_back')
+    return 'none';
   return 'possible';
 }
 

@@ -9,6 +9,7 @@ import {
   type OperationRecord,
   type OperationState,
   type Receipt,
+  type Requester,
   type TakeoverRecord,
 } from './events.js';
 import type { ReceiptSigner, UnsignedReceipt } from './signing.js';
@@ -34,6 +35,10 @@ export interface DecideContext {
  * - `rejected` is definitively not applied: the identical input may start a new attempt.
  * - `unknown` is never re-executed by a resubmission.
  * - The same key with another input digest is an explicit conflict, in every state.
+ * - A held-back attempt never starts before it is confirmed; confirming twice is one run; a
+ *   discarded or expired one is final (`rolled_back`) and is never confirmed.
+ * - A compensation never touches the original's receipt; the original leaves `committed` only for
+ *   `compensation_requested`, and one compensation is the only one it ever has.
  */
 
 export interface AcceptCommand {
@@ -62,6 +67,13 @@ export interface AcceptCommand {
    * the decision at the execution instant (docs/lifecycle.md "Accepted and started").
    */
   start?: { executor: string; deadlineAt: number; authorization?: AuthDecision };
+  /**
+   * Its contract declares `confirm`: the attempt may not start before a confirmation (`start`, and
+   * an accept with `start`, are skipped `not_confirmed`).
+   */
+  awaitsConfirmation?: true;
+  /** The operation is a compensation of this original (it is then never compensated in turn). */
+  compensates?: { operationKey: string; tool: string; version: number };
 }
 export interface StartCommand {
   type: 'start';
@@ -155,6 +167,93 @@ export interface ResolveCommand {
   resolvedBy: string;
   outcome: { kind: 'committed'; resourceId: string; resultDigest: string } | { kind: 'not_applied' };
 }
+/**
+ * A held-back attempt waits for its confirmation until `deadlineAt` (the hold's time plus the
+ * contract's `confirm.deadlineMs`): only from `accepted`, of an attempt that awaits confirmation and
+ * is not confirmed yet. `previewDigest`: the digest of its prepare step's result, when it ran.
+ */
+export interface AwaitConfirmationCommand {
+  type: 'await_confirmation';
+  eventId: string;
+  at: number;
+  attempt: number;
+  deadlineAt: number;
+  previewDigest?: string;
+}
+/**
+ * Release a held-back attempt. A second confirm of an attempt already confirmed (accepted, running
+ * or ended since) is a `replay`: one run. After a discard or the deadline it is skipped `discarded`
+ * (`operation_discarded`, {@link confirmVerdict}); a confirm that arrives after the deadline while
+ * the attempt still waits ends it `rolled_back` (`confirmation_expired`) instead of running it.
+ * `start`: release and start in one append, as an accept's.
+ */
+export interface ConfirmCommand {
+  type: 'confirm';
+  eventId: string;
+  at: number;
+  by: Requester;
+  /** The attempt the caller saw held; absent = the current one. */
+  attempt?: number;
+  start?: { executor: string; deadlineAt: number; authorization?: AuthDecision };
+}
+/** Drop a held-back attempt before it ran: `rolled_back`. A second discard is a `replay`. */
+export interface DiscardCommand {
+  type: 'discard';
+  eventId: string;
+  at: number;
+  by: Requester;
+  attempt?: number;
+}
+/** The confirmation deadline passed (the reconciler): `rolled_back`. Skipped `not_due` before it. */
+export interface ExpireConfirmationCommand {
+  type: 'expire_confirmation';
+  eventId: string;
+  at: number;
+  attempt: number;
+}
+/**
+ * Record on the committed original that its compensation is registered. A repeat naming the same
+ * compensation while it runs or after it ended is a `replay`; another compensation is skipped
+ * `compensation_differs`. The pure refusal rules that come first (declaration, allowed states,
+ * deadline) are {@link compensationVerdict}'s.
+ */
+export interface RequestCompensationCommand {
+  type: 'request_compensation';
+  eventId: string;
+  at: number;
+  compensation: { operationKey: string; tool: string; version: number };
+  requestedBy: Requester;
+  reasonDigest: string;
+}
+/** The compensation committed: `receipt` is its own (its `operationKey` is the compensation's). */
+export interface CompleteCompensationCommand {
+  type: 'complete_compensation';
+  eventId: string;
+  at: number;
+  compensationKey: string;
+  receipt: Receipt;
+}
+/**
+ * The compensation failed: refused after it ran (`rejected`, with its error), or its unknown
+ * outcome was handed to a person (`taken_over`, with its last evidence).
+ */
+export interface FailCompensationCommand {
+  type: 'fail_compensation';
+  eventId: string;
+  at: number;
+  compensationKey: string;
+  kind: 'rejected' | 'taken_over';
+  error?: ErrorInfo;
+  evidence?: Evidence;
+}
+/** The compensation was refused before it ran: the original is `committed` again, the refusal recorded. */
+export interface RefuseCompensationCommand {
+  type: 'refuse_compensation';
+  eventId: string;
+  at: number;
+  compensationKey: string;
+  error: ErrorInfo;
+}
 export type OperationCommand =
   | AcceptCommand
   | StartCommand
@@ -163,7 +262,15 @@ export type OperationCommand =
   | MarkUnknownCommand
   | RequeueCommand
   | OpenTakeoverCommand
-  | ResolveCommand;
+  | ResolveCommand
+  | AwaitConfirmationCommand
+  | ConfirmCommand
+  | DiscardCommand
+  | ExpireConfirmationCommand
+  | RequestCompensationCommand
+  | CompleteCompensationCommand
+  | FailCompensationCommand
+  | RefuseCompensationCommand;
 
 /** What the shell must do after a decision. */
 export type Decision =
@@ -187,7 +294,25 @@ export type SkipReason =
   | 'stale_run'
   | 'not_unknown'
   | 'taken_over'
-  | 'not_allowed';
+  | 'not_allowed'
+  /** A held-back attempt that is not confirmed yet may not start. */
+  | 'not_confirmed'
+  /** Confirm, discard or await_confirmation of an attempt that does not (or no longer) wait for one. */
+  | 'not_awaiting'
+  /** Confirm of a held-back attempt that was discarded or expired (`rolled_back`). */
+  | 'discarded'
+  /** Discard of a held-back attempt already confirmed. */
+  | 'confirmed'
+  /** expire_confirmation before the deadline. */
+  | 'not_due'
+  /** A compensation asked of an operation that is not committed (nor being compensated). */
+  | 'not_committed'
+  /** A compensation asked of an operation that is itself a compensation. */
+  | 'is_compensation'
+  /** Another compensation than the one registered (request), or an outcome of another one. */
+  | 'compensation_differs'
+  /** A compensation outcome while no compensation runs. */
+  | 'not_compensating';
 
 export function initialState(): OperationState {
   return { status: 'none' };
@@ -222,6 +347,7 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
       if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
       if (state.attempt !== cmd.attempt) return { kind: 'skip', reason: 'attempt_mismatch', state };
       if (state.status !== 'accepted') return { kind: 'skip', reason: 'not_accepted', state };
+      if (state.confirmation && !state.confirmation.confirmed) return { kind: 'skip', reason: 'not_confirmed', state };
       return append(state, {
         type: 'running',
         eventId: cmd.eventId,
@@ -319,7 +445,123 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
         reason: cmd.reason,
       });
     }
+    case 'await_confirmation': {
+      const s = requireRunning(state, cmd.attempt, ['accepted']);
+      if (s.kind === 'skip') return s.reason === 'not_running' ? { ...s, reason: 'not_accepted' } : s;
+      const c = s.state.confirmation;
+      if (!c || c.confirmed || c.heldAt !== undefined) return { kind: 'skip', reason: 'not_awaiting', state };
+      return append(s.state, {
+        type: 'awaiting_confirmation',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: cmd.attempt,
+        deadlineAt: cmd.deadlineAt,
+        ...(cmd.previewDigest ? { previewDigest: cmd.previewDigest } : {}),
+      });
+    }
+    case 'confirm': {
+      if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
+      if (cmd.attempt !== undefined && cmd.attempt !== state.attempt)
+        return { kind: 'skip', reason: 'attempt_mismatch', state };
+      if (state.confirmation?.confirmed) return { kind: 'replay', state };
+      if (state.status === 'rolled_back') return { kind: 'skip', reason: 'discarded', state };
+      if (state.status !== 'awaiting_confirmation') return { kind: 'skip', reason: 'not_awaiting', state };
+      if (cmd.at >= (state.confirmation?.deadlineAt ?? Number.POSITIVE_INFINITY)) {
+        // Too late: the hold ends here, and nothing runs — the deadline is the contract's promise.
+        return append(state, {
+          type: 'confirmation_expired',
+          eventId: cmd.eventId,
+          at: cmd.at,
+          attempt: state.attempt,
+        });
+      }
+      return append(state, {
+        type: 'confirmed',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: state.attempt,
+        by: cmd.by,
+        ...(cmd.start ? { started: cmd.start } : {}),
+      });
+    }
+    case 'discard': {
+      if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
+      if (cmd.attempt !== undefined && cmd.attempt !== state.attempt)
+        return { kind: 'skip', reason: 'attempt_mismatch', state };
+      if (state.status === 'rolled_back') return { kind: 'replay', state };
+      if (state.confirmation?.confirmed) return { kind: 'skip', reason: 'confirmed', state };
+      if (state.status !== 'awaiting_confirmation') return { kind: 'skip', reason: 'not_awaiting', state };
+      return append(state, { type: 'discarded', eventId: cmd.eventId, at: cmd.at, attempt: state.attempt, by: cmd.by });
+    }
+    case 'expire_confirmation': {
+      const s = requireRunning(state, cmd.attempt, ['awaiting_confirmation']);
+      if (s.kind === 'skip') return s.reason === 'not_running' ? { ...s, reason: 'not_awaiting' } : s;
+      if (cmd.at < (s.state.confirmation?.deadlineAt ?? Number.POSITIVE_INFINITY))
+        return { kind: 'skip', reason: 'not_due', state };
+      return append(s.state, { type: 'confirmation_expired', eventId: cmd.eventId, at: cmd.at, attempt: cmd.attempt });
+    }
+    case 'request_compensation': {
+      if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
+      if (state.compensates) return { kind: 'skip', reason: 'is_compensation', state };
+      if (isCompensationStatus(state.status)) {
+        // The same compensation again is that one operation (FM-21); another one is never started (FM-22).
+        return state.compensation?.operationKey === cmd.compensation.operationKey
+          ? { kind: 'replay', state }
+          : { kind: 'skip', reason: 'compensation_differs', state };
+      }
+      if (state.status !== 'committed') return { kind: 'skip', reason: 'not_committed', state };
+      return append(state, {
+        type: 'compensation_requested',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: state.attempt,
+        compensation: { ...cmd.compensation, requestedBy: cmd.requestedBy, reasonDigest: cmd.reasonDigest },
+      });
+    }
+    case 'complete_compensation':
+    case 'fail_compensation':
+    case 'refuse_compensation': {
+      if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
+      if (state.status === 'compensated' || state.status === 'compensation_failed')
+        return { kind: 'skip', reason: 'final', state };
+      if (state.status !== 'compensation_requested') return { kind: 'skip', reason: 'not_compensating', state };
+      const key = state.compensation?.operationKey;
+      if (key !== cmd.compensationKey) return { kind: 'skip', reason: 'compensation_differs', state };
+      const head = { eventId: cmd.eventId, at: cmd.at, attempt: state.attempt };
+      if (cmd.type === 'complete_compensation') {
+        if (cmd.receipt.operationKey !== key) return { kind: 'skip', reason: 'compensation_differs', state };
+        return append(state, {
+          type: 'compensated',
+          ...head,
+          compensation: { operationKey: key, receipt: cmd.receipt },
+        });
+      }
+      if (cmd.type === 'fail_compensation') {
+        return append(state, {
+          type: 'compensation_failed',
+          ...head,
+          compensation: {
+            operationKey: key,
+            kind: cmd.kind,
+            ...(cmd.error ? { error: cmd.error } : {}),
+            ...(cmd.evidence ? { evidence: cmd.evidence } : {}),
+          },
+        });
+      }
+      return append(state, {
+        type: 'compensation_refused',
+        ...head,
+        compensation: { operationKey: key, error: cmd.error },
+      });
+    }
   }
+}
+
+/** The statuses of a committed original whose compensation was requested. */
+export function isCompensationStatus(
+  status: string,
+): status is 'compensation_requested' | 'compensated' | 'compensation_failed' {
+  return status === 'compensation_requested' || status === 'compensated' || status === 'compensation_failed';
 }
 
 /**
@@ -354,7 +596,10 @@ function signedReceipt(
 }
 
 function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
+  const held = cmd.awaitsConfirmation ? { awaitsConfirmation: true as const } : {};
+  const compensates = cmd.compensates ? { compensates: cmd.compensates } : {};
   if (state.status === 'none') {
+    if (cmd.start && cmd.awaitsConfirmation) return { kind: 'skip', reason: 'not_confirmed', state };
     return append(
       null,
       {
@@ -368,6 +613,8 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
         ...(cmd.submitted ? { submitted: cmd.submitted } : {}),
         ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
         ...(cmd.start ? { started: cmd.start } : {}),
+        ...held,
+        ...compensates,
       },
       cmd,
     );
@@ -377,6 +624,7 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
   // A redelivered intent that was already decided (its stream sequence is not newer than the
   // current attempt's) must not start another attempt.
   if (cmd.intentSeq <= state.intent.seq) return { kind: 'replay', state };
+  if (cmd.start && cmd.awaitsConfirmation) return { kind: 'skip', reason: 'not_confirmed', state };
   // Rejected = definitively not applied: the identical input starts a new attempt.
   return append(
     state,
@@ -391,6 +639,8 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
       ...(cmd.submitted ? { submitted: cmd.submitted } : {}),
       ...(cmd.authorization ? { authorization: cmd.authorization } : {}),
       ...(cmd.start ? { started: cmd.start } : {}),
+      ...held,
+      ...compensates,
     },
     cmd,
   );
@@ -470,6 +720,9 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
           ? { running: { eventId: a.eventId, executor: started.executor, at: a.at, deadlineAt: started.deadlineAt } }
           : {}),
         ...(authorization ? { authorization } : {}),
+        // Held back: nothing starts this attempt until it is confirmed (a new attempt is held again).
+        ...(a.awaitsConfirmation ? { confirmation: {} } : {}),
+        ...((a.compensates ?? prev?.compensates) ? { compensates: a.compensates ?? prev?.compensates } : {}),
         ...common,
       };
     }
@@ -519,7 +772,97 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
       const { running: _running, ...p } = need(prev);
       return { ...p, status: 'accepted', requeues: (p.requeues ?? 0) + 1, ...common };
     }
+    case 'awaiting_confirmation': {
+      const w = e as Extract<OperationEvent, { type: 'awaiting_confirmation' }>;
+      const p = need(prev);
+      const confirmation = {
+        ...p.confirmation,
+        heldAt: w.at,
+        deadlineAt: w.deadlineAt,
+        ...(w.previewDigest ? { previewDigest: w.previewDigest } : {}),
+      };
+      return { ...p, status: 'awaiting_confirmation', confirmation, ...common };
+    }
+    case 'confirmed': {
+      const c = e as Extract<OperationEvent, { type: 'confirmed' }>;
+      const p = need(prev);
+      const confirmation = { ...p.confirmation, confirmed: { by: c.by, at: c.at } };
+      const started = c.started;
+      if (!started) return { ...p, status: 'accepted', confirmation, ...common };
+      // Confirmed and started in one append: running at once, this event being the run.
+      const authorization = started.authorization
+        ? { ...p.authorization, execution: started.authorization }
+        : p.authorization;
+      return {
+        ...p,
+        status: 'running',
+        confirmation,
+        running: { eventId: c.eventId, executor: started.executor, at: c.at, deadlineAt: started.deadlineAt },
+        ...(authorization ? { authorization } : {}),
+        ...common,
+      };
+    }
+    case 'discarded': {
+      const d = e as Extract<OperationEvent, { type: 'discarded' }>;
+      const p = need(prev);
+      return {
+        ...p,
+        status: 'rolled_back',
+        confirmation: { ...p.confirmation, discarded: { by: d.by, at: d.at } },
+        ...common,
+      };
+    }
+    case 'confirmation_expired': {
+      const p = need(prev);
+      return { ...p, status: 'rolled_back', confirmation: { ...p.confirmation, expiredAt: e.at }, ...common };
+    }
+    case 'compensation_requested': {
+      const r = e as Extract<OperationEvent, { type: 'compensation_requested' }>;
+      // A new request replaces an earlier refused one; the original's receipt is kept as it is.
+      return {
+        ...need(prev),
+        status: 'compensation_requested',
+        compensation: { ...r.compensation, requestedAt: r.at },
+        ...common,
+      };
+    }
+    case 'compensated': {
+      const c = e as Extract<OperationEvent, { type: 'compensated' }>;
+      const p = need(prev);
+      return {
+        ...p,
+        status: 'compensated',
+        compensation: { ...needLink(p), receipt: c.compensation.receipt },
+        ...common,
+      };
+    }
+    case 'compensation_failed': {
+      const f = e as Extract<OperationEvent, { type: 'compensation_failed' }>;
+      const p = need(prev);
+      const { operationKey: _key, ...failure } = f.compensation;
+      return {
+        ...p,
+        status: 'compensation_failed',
+        compensation: { ...needLink(p), failure: { at: f.at, ...failure } },
+        ...common,
+      };
+    }
+    case 'compensation_refused': {
+      const r = e as Extract<OperationEvent, { type: 'compensation_refused' }>;
+      const p = need(prev);
+      return {
+        ...p,
+        status: 'committed',
+        compensation: { ...needLink(p), refusal: { at: r.at, error: r.compensation.error } },
+        ...common,
+      };
+    }
   }
+}
+
+function needLink(prev: OperationRecord): NonNullable<OperationRecord['compensation']> {
+  if (!prev.compensation) throw new Error('compensation outcome without a compensation request');
+  return prev.compensation;
 }
 
 function need(prev: OperationRecord | null): OperationRecord {

@@ -154,8 +154,81 @@ export const resolutionSchema = z.object({
   outcome: z.enum(['committed', 'not_applied']),
 });
 
-export const operationStatuses = ['accepted', 'running', 'committed', 'rejected', 'unknown'] as const;
+/**
+ * Every status of a registered operation (docs/lifecycle.md). `awaiting_confirmation` and
+ * `rolled_back` belong to a held-back commit; `compensation_requested`, `compensated` and
+ * `compensation_failed` to a committed operation being compensated, whose receipt stays valid in
+ * each of them (docs/compensation.md).
+ */
+export const operationStatuses = [
+  'accepted',
+  'running',
+  'committed',
+  'rejected',
+  'unknown',
+  'awaiting_confirmation',
+  'rolled_back',
+  'compensation_requested',
+  'compensated',
+  'compensation_failed',
+] as const;
 export type OperationStatus = (typeof operationStatuses)[number];
+
+/** Who asked for a confirmation, a discard or a compensation: an actor (SDK) or an operator (CLI). */
+export const requesterSchema = z.object({ kind: z.enum(['actor', 'operator']), id });
+export type Requester = z.infer<typeof requesterSchema>;
+
+/**
+ * On a compensation operation's record: the committed operation it compensates. Such an operation
+ * is never compensated in turn (FM-20).
+ */
+export const compensatesSchema = z.object({
+  operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+  tool: z.string(),
+  version: z.number().int(),
+});
+
+/**
+ * On the original's record, from the first compensation request on: which compensation, who asked
+ * and the digest of why (never the text), and how it ended — `receipt` (its own signed receipt)
+ * once it committed, `failure` (its refusal after it ran, or its takeover, with its last evidence)
+ * once it failed, `refusal` when it was refused before it ran and the original went back to
+ * `committed`. The original's own receipt is never touched.
+ */
+export const compensationLinkSchema = z.object({
+  operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+  tool: z.string(),
+  version: z.number().int(),
+  requestedBy: requesterSchema,
+  reasonDigest: digest,
+  requestedAt: epochMs,
+  receipt: receiptSchema.optional(),
+  failure: z
+    .object({
+      at: epochMs,
+      kind: z.enum(['rejected', 'taken_over']),
+      error: errorInfoSchema.optional(),
+      evidence: evidenceSchema.optional(),
+    })
+    .optional(),
+  refusal: z.object({ at: epochMs, error: errorInfoSchema }).optional(),
+});
+export type CompensationLink = z.infer<typeof compensationLinkSchema>;
+
+/**
+ * On a held-back operation's record (its contract declares `confirm`), from its acceptance on:
+ * nothing starts it until `confirmed` is set. `heldAt`/`deadlineAt` once it waits (after its prepare
+ * step, whose result's digest is `previewDigest`); `discarded` or `expiredAt` once it was rolled back.
+ */
+export const confirmationSchema = z.object({
+  heldAt: epochMs.optional(),
+  deadlineAt: epochMs.optional(),
+  previewDigest: digest.optional(),
+  confirmed: z.object({ by: requesterSchema, at: epochMs }).optional(),
+  discarded: z.object({ by: requesterSchema, at: epochMs }).optional(),
+  expiredAt: epochMs.optional(),
+});
+export type Confirmation = z.infer<typeof confirmationSchema>;
 
 /**
  * The key and input digest a submission derived itself, when it named its target through an alias
@@ -204,6 +277,12 @@ export const operationRecordSchema = z.object({
   takeover: takeoverRecordSchema.optional(),
   /** Set when a person resolved it (`manual: true` in the event). */
   resolution: resolutionSchema.optional(),
+  /** Set on a held-back operation (its contract declares `confirm`): see {@link confirmationSchema}. */
+  confirmation: confirmationSchema.optional(),
+  /** Set on a compensation operation: the original it compensates. */
+  compensates: compensatesSchema.optional(),
+  /** Set on an original once a compensation of it was requested: see {@link compensationLinkSchema}. */
+  compensation: compensationLinkSchema.optional(),
   lastEventId: eventId,
   updatedAt: epochMs,
   /**
@@ -248,6 +327,10 @@ export const acceptedEventSchema = z.object({
   started: z
     .object({ executor: z.string(), deadlineAt: epochMs, authorization: authDecisionSchema.optional() })
     .optional(),
+  /** Set when its contract declares `confirm`: the attempt waits for a confirmation before it may start. */
+  awaitsConfirmation: z.literal(true).optional(),
+  /** Set when the operation is a compensation: the original it compensates. */
+  compensates: compensatesSchema.optional(),
 });
 export const runningEventSchema = z.object({
   ...base,
@@ -303,7 +386,85 @@ export const takeoverEventSchema = z.object({
   takeover: takeoverRecordSchema,
 });
 
-/** Every lifecycle event of an operation; room is left for the compensation states. */
+/** A held-back attempt waits for its confirmation until `deadlineAt` (after its prepare step, if any). */
+export const awaitingConfirmationEventSchema = z.object({
+  ...base,
+  type: z.literal('awaiting_confirmation'),
+  attempt: z.number().int().min(1),
+  deadlineAt: epochMs,
+  /** `sha256:` digest of the prepare step's result (the preview the caller was shown), when it ran. */
+  previewDigest: digest.optional(),
+});
+/**
+ * The held-back attempt was confirmed: it is `accepted` again, now free to start, or `running` at
+ * once when the process that took the confirmation also starts it (`started`, as an accepted event's).
+ */
+export const confirmedEventSchema = z.object({
+  ...base,
+  type: z.literal('confirmed'),
+  attempt: z.number().int().min(1),
+  by: requesterSchema,
+  started: z
+    .object({ executor: z.string(), deadlineAt: epochMs, authorization: authDecisionSchema.optional() })
+    .optional(),
+});
+/** The held-back attempt was discarded before it ran: `rolled_back`, nothing external happened. */
+export const discardedEventSchema = z.object({
+  ...base,
+  type: z.literal('discarded'),
+  attempt: z.number().int().min(1),
+  by: requesterSchema,
+});
+/** No confirmation came by the deadline: `rolled_back`, nothing external happened. */
+export const confirmationExpiredEventSchema = z.object({
+  ...base,
+  type: z.literal('confirmation_expired'),
+  attempt: z.number().int().min(1),
+});
+/** A compensation of the committed operation was registered (its own operation, under its own key). */
+export const compensationRequestedEventSchema = z.object({
+  ...base,
+  type: z.literal('compensation_requested'),
+  attempt: z.number().int().min(1),
+  compensation: compensationLinkSchema.pick({
+    operationKey: true,
+    tool: true,
+    version: true,
+    requestedBy: true,
+    reasonDigest: true,
+  }),
+});
+/** The compensation committed: its receipt, linked from the original. */
+export const compensatedEventSchema = z.object({
+  ...base,
+  type: z.literal('compensated'),
+  attempt: z.number().int().min(1),
+  compensation: z.object({ operationKey: z.string().regex(OPERATION_KEY_PATTERN), receipt: receiptSchema }),
+});
+/**
+ * The compensation failed after it ran (its downstream refused it) or its unknown outcome was
+ * handed to a person: the world still holds the original's effect. Final; the task is frozen (FM-20).
+ */
+export const compensationFailedEventSchema = z.object({
+  ...base,
+  type: z.literal('compensation_failed'),
+  attempt: z.number().int().min(1),
+  compensation: z.object({
+    operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+    kind: z.enum(['rejected', 'taken_over']),
+    error: errorInfoSchema.optional(),
+    evidence: evidenceSchema.optional(),
+  }),
+});
+/** The compensation was refused before it ran (e.g. its permission was revoked): back to `committed`. */
+export const compensationRefusedEventSchema = z.object({
+  ...base,
+  type: z.literal('compensation_refused'),
+  attempt: z.number().int().min(1),
+  compensation: z.object({ operationKey: z.string().regex(OPERATION_KEY_PATTERN), error: errorInfoSchema }),
+});
+
+/** Every lifecycle event of an operation. */
 export const operationEventSchema = z.discriminatedUnion('type', [
   acceptedEventSchema,
   runningEventSchema,
@@ -312,6 +473,14 @@ export const operationEventSchema = z.discriminatedUnion('type', [
   unknownEventSchema,
   requeuedEventSchema,
   takeoverEventSchema,
+  awaitingConfirmationEventSchema,
+  confirmedEventSchema,
+  discardedEventSchema,
+  confirmationExpiredEventSchema,
+  compensationRequestedEventSchema,
+  compensatedEventSchema,
+  compensationFailedEventSchema,
+  compensationRefusedEventSchema,
 ]);
 export type OperationEvent = z.infer<typeof operationEventSchema>;
 export type OperationEventType = OperationEvent['type'];

@@ -1,5 +1,6 @@
 import type { DownstreamGuarantees } from '@tooltx/contracts';
 import type { Evidence, OperationRecord, OperationState, TakeoverRecord } from './events.js';
+import { attemptEnded } from './transitions.js';
 
 /** What a read-only probe of the downstream by our key found. */
 export type ProbeOutcome =
@@ -320,7 +321,7 @@ export type SweepAction =
  */
 export function sweepAction(entry: { status: string; seq: number }, state: OperationState, seq: number): SweepAction {
   if (state.status === 'none') return 'skip';
-  if ((state.status === 'committed' || state.status === 'rejected') && seq > entry.seq) return 'close_entry';
+  if (attemptEnded(state.status) && seq > entry.seq) return 'close_entry';
   if (state.status !== entry.status) return 'skip';
   if (state.status === 'accepted') return 'requeue_stale';
   if (state.takeover) return 'skip';

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { OPERATION_KEY_PATTERN, type Implementation } from '@tooltx/contracts';
+import { ErrorClass, OPERATION_KEY_PATTERN, type Implementation } from '@tooltx/contracts';
 import {
   errorInfoSchema,
   eventCountOf,
@@ -369,7 +369,7 @@ function operationAnswer(
   const { req, actor, at } = r;
   const a: StatusAnswer = {
     operationKey: req.operationKey,
-    state: st.status,
+    state: serverStateOf(st.status),
     source: 'operation',
     seq: eventCountOf(st),
     attempt: st.attempt,
@@ -386,7 +386,7 @@ function operationAnswer(
         return { kind: 'answer', answer: decisionAnswer(req.operationKey, r.decision, at) };
     }
   }
-  if (st.status === 'committed' && st.receipt) {
+  if (a.state === 'committed' && st.receipt) {
     a.receipt = st.receipt;
     if (a.inputMatches !== false) {
       if (r.result === undefined)
@@ -395,6 +395,29 @@ function operationAnswer(
     }
   }
   if (st.status === 'rejected' && st.error) a.error = st.error;
+  if (st.status === 'rolled_back') a.error = { class: ErrorClass.OperationDiscarded };
   if (st.status === 'unknown' && st.takeover) a.takeover = st.takeover;
   return { kind: 'answer', answer: a };
+}
+
+/**
+ * The answer's state for an operation's status. The status answer does not tell the held-back and
+ * compensation statuses apart yet (no service writes them yet), so each is answered as its nearest
+ * meaning for a caller: a committed operation being compensated, or compensated, is `committed`
+ * (its receipt stays valid and is returned); a held-back one waiting is `accepted` (registered,
+ * not started); a rolled-back one is `rejected` with `operation_discarded` (nothing happened). Pure.
+ */
+export function serverStateOf(status: OperationRecord['status']): Exclude<ServerState, 'not_seen'> {
+  switch (status) {
+    case 'compensation_requested':
+    case 'compensated':
+    case 'compensation_failed':
+      return 'committed';
+    case 'awaiting_confirmation':
+      return 'accepted';
+    case 'rolled_back':
+      return 'rejected';
+    default:
+      return status;
+  }
 }

@@ -7,8 +7,7 @@ import type { OperationEventType, OperationStatus } from './events.js';
  * here (one guard, in decider.ts), and docs/lifecycle.md is generated from these rows
  * ({@link transitionsMarkdown}; a test keeps the two equal).
  *
- * To extend it (e.g. the compensation states `compensation_requested`, `compensated`,
- * `compensation_failed`): add the status to `operationStatuses` and the event to the event union in
+ * To extend it: add the status to `operationStatuses` and the event to the event union in
  * events.ts, then add its rows below — a row is the whole permission, nothing else needs editing
  * for the guard to let the new event through.
  */
@@ -90,6 +89,60 @@ export const TRANSITIONS: readonly Transition[] = [
     to: 'unknown',
     when: 'open_takeover: unknown past its deadline, handed to a person (FM-14)',
   },
+  {
+    from: 'accepted',
+    event: 'awaiting_confirmation',
+    to: 'awaiting_confirmation',
+    when: 'await_confirmation: a held-back attempt (its contract declares confirm) waits, after its prepare step if any',
+  },
+  {
+    from: 'awaiting_confirmation',
+    event: 'confirmed',
+    to: 'accepted',
+    when: 'confirm: released; an executor starts it as any accepted attempt (a second confirm is a replay)',
+  },
+  {
+    from: 'awaiting_confirmation',
+    event: 'confirmed',
+    to: 'running',
+    when: 'confirm with start: released and started in one append by the process that runs it',
+  },
+  {
+    from: 'awaiting_confirmation',
+    event: 'discarded',
+    to: 'rolled_back',
+    when: 'discard: dropped before it ran, nothing external happened (final)',
+  },
+  {
+    from: 'awaiting_confirmation',
+    event: 'confirmation_expired',
+    to: 'rolled_back',
+    when: 'expire_confirmation, or a confirm after the deadline: nothing external happened (final)',
+  },
+  {
+    from: 'committed',
+    event: 'compensation_requested',
+    to: 'compensation_requested',
+    when: 'request_compensation: its compensation is registered as an operation of its own (the receipt stays valid)',
+  },
+  {
+    from: 'compensation_requested',
+    event: 'compensated',
+    to: 'compensated',
+    when: 'complete_compensation: the compensation committed; its receipt is linked (final)',
+  },
+  {
+    from: 'compensation_requested',
+    event: 'compensation_failed',
+    to: 'compensation_failed',
+    when: 'fail_compensation: the compensation was refused after it ran, or taken over (final; the task is frozen, FM-20)',
+  },
+  {
+    from: 'compensation_requested',
+    event: 'compensation_refused',
+    to: 'committed',
+    when: "refuse_compensation: the compensation was refused before it ran (e.g. its permission was revoked); the refusal's class is recorded",
+  },
 ];
 
 /** True when `table` has the row `from --event--> to`. */
@@ -112,11 +165,39 @@ export function transitionsMarkdown(table: readonly Transition[] = TRANSITIONS):
   ].join('\n');
 }
 
+/** The statuses in which an operation's own attempt has ended (see {@link attemptEnded}). */
+export const endedStatuses = [
+  'committed',
+  'rejected',
+  'rolled_back',
+  'compensation_requested',
+  'compensated',
+  'compensation_failed',
+] as const satisfies readonly OperationStatus[];
+
 /**
  * Whether an operation in `status` has ended its current attempt: `committed` (final: every replay
- * returns its receipt) or `rejected` (definitively not applied; only the identical input may start a
- * new attempt). Nothing runs, waits or is verified for it any more (docs/lifecycle.md). Pure.
+ * returns its receipt), `rejected` (definitively not applied; only the identical input may start a
+ * new attempt), `rolled_back` (a held-back attempt dropped before it ran), or one of the
+ * compensation states (the attempt committed; what follows is the compensation's, its own operation
+ * watched as any). Nothing runs, waits or is verified for this operation's attempt any more
+ * (docs/lifecycle.md). `awaiting_confirmation` has not ended: its deadline is still to be watched.
+ * Pure.
  */
-export function attemptEnded(status: LifecycleStatus | string): status is 'committed' | 'rejected' {
-  return status === 'committed' || status === 'rejected';
+export function attemptEnded(status: LifecycleStatus | string): status is (typeof endedStatuses)[number] {
+  return (endedStatuses as readonly string[]).includes(status);
+}
+
+/**
+ * Whether no event can follow `status` (`table`'s rows: none leaves it), so a state in it may be
+ * cached as the answer to every later read. `committed` is final only for an operation whose
+ * contract declares no compensation (`compensable` false): its one way out is a compensation
+ * request. Pure.
+ */
+export function isFinalStatus(
+  status: LifecycleStatus,
+  o: { compensable: boolean },
+  table: readonly Transition[] = TRANSITIONS,
+): boolean {
+  return table.filter((t) => t.from === status).every((t) => t.event === 'compensation_requested' && !o.compensable);
 }

@@ -84,9 +84,28 @@ describe('the lifecycle transition table', () => {
     }
     const ids = TRANSITIONS.map((t) => `${t.from}|${t.event}|${t.to}`);
     expect(new Set(ids).size).toBe(ids.length);
-    // committed is final: no row leaves it.
-    expect(TRANSITIONS.filter((t) => t.from === 'committed')).toEqual([]);
+    // committed is final but for its compensation: the one row that leaves it records a request, and
+    // no row ever makes a committed operation anything but committed or a compensation status.
+    expect(TRANSITIONS.filter((t) => t.from === 'committed').map((t) => `${t.event}|${t.to}`)).toEqual([
+      'compensation_requested|compensation_requested',
+    ]);
     expect(isAllowedTransition('committed', 'accepted', 'accepted')).toBe(false);
+    // The three outcomes, and a held-back commit's rollback, are final: no row leaves them.
+    for (const final of ['compensated', 'compensation_failed', 'rolled_back'])
+      expect(
+        TRANSITIONS.filter((t) => t.from === final),
+        final,
+      ).toEqual([]);
+    // A compensation status comes only from committed, and goes back only to committed.
+    const compensation = new Set(['compensation_requested', 'compensated', 'compensation_failed']);
+    for (const t of TRANSITIONS) {
+      if (compensation.has(t.to) && !compensation.has(t.from)) expect(t.from, t.event).toBe('committed');
+      if (compensation.has(t.from) && !compensation.has(t.to)) expect(t.to, t.event).toBe('committed');
+    }
+    // rolled_back only from a held-back attempt that waits.
+    expect(new Set(TRANSITIONS.filter((t) => t.to === 'rolled_back').map((t) => t.from))).toEqual(
+      new Set(['awaiting_confirmation']),
+    );
     expect(isAllowedTransition('none', 'accepted', 'accepted')).toBe(true);
   });
 

@@ -4,6 +4,7 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import { LRUCache } from 'lru-cache';
 import { ErrorClass, operationIdOf } from '@tooltx/contracts';
 import {
+  isFinalStatus,
   ownCallInFlight,
   readAllowed,
   statusRequestSchema,
@@ -354,9 +355,10 @@ export class StatusService {
     const opId = operationIdOf(req.operationKey);
     const at = this.#now();
     const { state, seq } = loaded ?? this.#final.get(`${tenant}/${opId}`) ?? (await store.load(tenant, opId));
-    // `committed` is final (docs/lifecycle.md: no transition leaves it): nothing is appended after it, so
-    // its state answers every later request without a read. Who may see it is still checked below.
-    if (state.status === 'committed') this.#final.set(`${tenant}/${opId}`, { state, seq });
+    // A final state (docs/lifecycle.md: no transition leaves it — `committed` only when its contract
+    // declares no compensation) has nothing appended after it, so it answers every later request
+    // without a read. Who may see it is still checked below.
+    if (state.status !== 'none' && this.#isFinal(state)) this.#final.set(`${tenant}/${opId}`, { state, seq });
     const readable = state.status !== 'none' && (await this.#mayRead(tenant, actor, state, req)) ? state : null;
     // Answered from the asked key's own operation: its stream sequence tells a later event apart.
     const streamSeq = readable ? seq : 0;
@@ -399,6 +401,11 @@ export class StatusService {
    * about its own operation while it is still in flight learns only its state, so the policy (a
    * round trip to the system of record in the sample) is not asked again for each long-poll step.
    */
+  #isFinal(state: OperationRecord): boolean {
+    const compensable = this.#d.tools.get(state.tool, state.version)?.contract.compensation !== undefined;
+    return isFinalStatus(state.status, { compensable });
+  }
+
   async #mayRead(tenant: string, actor: string, state: OperationRecord, req: StatusRequest): Promise<boolean> {
     if (ownCallInFlight(state, actor, req)) return true;
     return readAllowed(this.#d.tools.get(state.tool, state.version), tenant, actor, state, this.#now());

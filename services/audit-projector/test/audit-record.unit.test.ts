@@ -220,11 +220,12 @@ describe('audit projection: one record per operation', () => {
       at: at + 1,
       state: { ...marked.state, takeover: { reason: 'unknown_past_deadline' } },
     };
+    // A status of a later version (what this one knows, compensation included, is not this).
     const compensating: AuditedEvent = {
       ...marked,
-      type: 'compensation_requested',
+      type: 'escalated',
       at: at + 2,
-      state: { ...marked.state, status: 'compensation_requested' },
+      state: { ...marked.state, status: 'escalated' },
     };
     const resolved: AuditedEvent = {
       ...marked,
@@ -249,9 +250,9 @@ describe('audit projection: one record per operation', () => {
       ['running', 'running'],
       ['unknown', 'unknown'],
       ['takeover', 'unknown'],
-      ['compensation_requested', 'compensation_requested'],
+      ['escalated', 'escalated'],
     ]);
-    expect(r).toMatchObject({ status: 'compensation_requested', sideEffect: 'possible' });
+    expect(r).toMatchObject({ status: 'escalated', sideEffect: 'possible' });
     r = applyEventToAudit(r, resolved, 6, h)!;
     expect(r).toMatchObject({ status: 'rejected', errorClass: 'not_applied', resolvedBy: 'oscar', sideEffect: 'none' });
     expect(r.states.at(-1)).toEqual({

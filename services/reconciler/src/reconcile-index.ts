@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { effectClasses, idSchema, operationKeySchema } from '@tooltx/contracts';
-import type { OperationEvent, OperationRecord } from '@tooltx/lifecycle';
+import { endedStatuses, type OperationEvent, type OperationRecord } from '@tooltx/lifecycle';
 
 /**
  * The reconciler's projection: an index of the operations that are NOT yet terminal, in
@@ -19,8 +19,14 @@ const epochMs = z.number().int().nonnegative();
 
 /** The non-terminal states the reconciler watches. */
 export const watchedStatuses = ['accepted', 'running', 'unknown'] as const;
-/** The states that take an operation out of the index (as a tombstone). */
-export const terminalStatuses = ['committed', 'rejected'] as const;
+/**
+ * The states that take an operation out of the index (as a tombstone): every status whose attempt
+ * ended (`endedStatuses`: committed, rejected, rolled back, or a committed one being compensated —
+ * the compensation is its own operation, indexed as any), and `awaiting_confirmation`. No sweep
+ * watches a confirmation deadline yet, and as an entry it would be taken for an accepted operation
+ * never started (requeued as stale); its `confirmed` event, newer, brings it back as `accepted`.
+ */
+export const terminalStatuses = [...endedStatuses, 'awaiting_confirmation'] as const;
 
 /** An operation the reconciler watches. Times in ms since the epoch. */
 export const indexEntrySchema = z.object({
@@ -82,6 +88,11 @@ export function applyStateToIndex(
   switch (s.status) {
     case 'committed':
     case 'rejected':
+    case 'rolled_back':
+    case 'compensation_requested':
+    case 'compensated':
+    case 'compensation_failed':
+    case 'awaiting_confirmation':
       return { seq, status: s.status, terminal: true };
     case 'accepted':
     case 'running':
