@@ -247,3 +247,15 @@ export {
   type UnsignedReceipt,
   verifyReceipt,
 } from './signing.js';
+export {
+  type CompensationOutcome,
+  compensationOutcomeOf,
+  type CompensationVerdict,
+  compensationVerdict,
+  confirmationDeadlineOf,
+  confirmationExpired,
+  type ConfirmVerdict,
+  confirmVerdict,
+  type DiscardVerdict,
+  discardVerdict,
+} from './compensation.js';
