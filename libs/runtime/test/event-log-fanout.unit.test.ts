@@ -1,11 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import type { Settlement } from '@tooltx/nats';
+import type { Deferred, Settlement } from '@tooltx/nats';
 import { join } from '../src/event-log-fanout.js';
 
 const ack = { kind: 'ack' } as const;
 const nak = (delayMs: number) => ({ kind: 'nak', delayMs }) as const;
 const term = { kind: 'term', reason: 'undecodable' } as const;
-const deferred = (s: Settlement | void) => ({ kind: 'defer', settled: Promise.resolve(s) }) as const;
+const deferred = (s: Exclude<Settlement, Deferred> | void) => ({ kind: 'defer', settled: Promise.resolve(s) }) as const;
 
 describe('the settlement of one event-log message read once for several roles', () => {
   it('is an ack when every handler acks or returns nothing', () => {
