@@ -78,16 +78,12 @@
  * another tenant always gets 404, never 403. Errors never carry a stack, SQL text or the request
  * body; logs never carry bodies, headers or a token.
  */
-import { createHash, timingSafeEqual } from 'node:crypto';
-import { readFileSync } from 'node:fs';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { IncomingMessage } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { resolve } from 'node:path';
 import { Command } from 'commander';
 import { z } from 'zod';
-import { boundIssues } from '@tooltx/contracts';
 import {
-  announceReady,
   baseConfigSchema,
   ConfigError,
   createLogger,
@@ -97,8 +93,6 @@ import {
   failStartup,
   installProcessHandlers,
   loadConfig,
-  onShutdown,
-  readKeyFile,
   SecretFileError,
   serviceConfigSchema,
   StartupError,
@@ -106,12 +100,29 @@ import {
   type StartupReporter,
   usageErrorsExitTwo,
 } from '@tooltx/runtime';
+import {
+  announceListening,
+  bearer,
+  deadlineHeader,
+  inputDigestHeader,
+  invalid,
+  type Issue,
+  issuesOf,
+  keyFromPath,
+  keySchema,
+  loadTokenDigests,
+  NAME_RULE,
+  nameSchema,
+  notFound,
+  parseHeaders,
+  parseRequest,
+  Reply,
+  serveJson,
+  unauthorized,
+} from './http-json.js';
 import { applySeed, loadSeedFile, SeedError, seedPairsSchema, type KbSeed } from './kb-seed.js';
 import { KB_ID, KB_NAME, KB_ROLES, KB_STATES, KbStore, type AdminOutcome, type NoteInput } from './kb-store.js';
 
-const NAME_RULE = 'must match ^[a-z0-9_-]{1,64}$';
-/** Largest request body read, in bytes. */
-const MAX_BODY_BYTES = 1024 * 1024;
 /** Most notes in one batch. */
 const MAX_BATCH = 50;
 /** Longest reference accepted (before canonicalisation). */
@@ -187,58 +198,19 @@ try {
   fail(err);
 }
 
-/** SHA-256 of the operator token (compared in constant time), or null when the endpoints are off. */
-let adminTokenDigest: Buffer | null = null;
-if (config.KB_ADMIN_TOKEN_FILE !== undefined) {
-  let token: string;
-  try {
-    token = readFileSync(config.KB_ADMIN_TOKEN_FILE, 'utf8').trim();
-  } catch (err) {
-    fail(
-      new StartupError(
-        'KB_ADMIN_TOKEN_FILE',
-        config.KB_ADMIN_TOKEN_FILE,
-        `cannot read the file: ${describeError(err)}`,
-        { cause: err },
-      ),
-    );
-  }
-  if (token.length < 16 || /\s/.test(token))
-    fail(
-      new StartupError(
-        'KB_ADMIN_TOKEN_FILE',
-        config.KB_ADMIN_TOKEN_FILE,
-        'the token must be at least 16 characters without whitespace',
-      ),
-    );
-  adminTokenDigest = createHash('sha256').update(token, 'utf8').digest();
-}
-
 /**
- * SHA-256 of the service token (compared in constant time), or null when any caller is trusted.
- * The file is checked as every key file is (libs/runtime secrets.ts: mode 0600, >= 32 characters).
+ * SHA-256 digests of the operator token (null: the operator endpoints are off) and of the service
+ * token (null: any caller is trusted), compared in constant time.
  */
+let adminTokenDigest: Buffer | null = null;
 let serviceTokenDigest: Buffer | null = null;
-if (config.KB_SERVICE_TOKEN_FILE !== undefined) {
-  try {
-    serviceTokenDigest = createHash('sha256').update(readKeyFile(config.KB_SERVICE_TOKEN_FILE)).digest();
-  } catch (err) {
-    fail(
-      err instanceof SecretFileError
-        ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err })
-        : err,
-    );
-  }
-  // One credential must not open the other's endpoints.
-  if (adminTokenDigest !== null && timingSafeEqual(serviceTokenDigest, adminTokenDigest)) {
-    fail(
-      new StartupError(
-        'KB_SERVICE_TOKEN_FILE',
-        config.KB_SERVICE_TOKEN_FILE,
-        'holds the operator token of KB_ADMIN_TOKEN_FILE; the service token must be another one',
-      ),
-    );
-  }
+try {
+  ({ admin: adminTokenDigest, service: serviceTokenDigest } = loadTokenDigests(
+    { setting: 'KB_ADMIN_TOKEN_FILE', file: config.KB_ADMIN_TOKEN_FILE },
+    { setting: 'KB_SERVICE_TOKEN_FILE', file: config.KB_SERVICE_TOKEN_FILE },
+  ));
+} catch (err) {
+  fail(err);
 }
 
 let seed: KbSeed = { tenants: [], knowledgeBases: [] };
@@ -308,53 +280,10 @@ if (serviceTokenDigest === null) {
 // ---------------------------------------------------------------------------------------------
 // Request parsing
 
-type Issue = { path: (string | number)[]; code: string; message: string };
-
-/** An answer to send: status, JSON body and extra headers. */
-class Reply {
-  constructor(
-    readonly status: number,
-    readonly body: Record<string, unknown>,
-    readonly headers: Record<string, string> = {},
-  ) {}
-}
-
-const notFound = () => new Reply(404, { error: 'not_found' });
-const invalid = (issues: Issue[]) => new Reply(400, { error: 'invalid_input', issues });
-
-/** The issues of a zod error, bounded (boundIssues): zod names every unknown field in one message. */
-function issuesOf(err: z.ZodError, prefix: (string | number)[] = []): Issue[] {
-  return boundIssues(
-    err.issues.map((i) => ({
-      path: [...prefix, ...i.path.map((p) => (typeof p === 'number' ? p : String(p)))],
-      code: i.code,
-      message: i.message,
-    })),
-  );
-}
-
-const nameSchema = z.string().regex(KB_NAME, NAME_RULE);
 const tenantHeader = nameSchema;
 const actorHeader = nameSchema;
-const keyHeader = z
-  .string()
-  .min(1)
-  .max(100)
-  .regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
-const batchKeyHeader = z
-  .string()
-  .min(1)
-  .max(96)
-  .regex(/^[\x21-\x7e]+$/, 'printable ASCII without spaces');
-/** `x-tooltx-input-digest`: the caller's digest of what it asked (tooltx: RFC 8785 + SHA-256, libs/contracts digest.ts). */
-const inputDigestHeader = z
-  .string()
-  .regex(/^sha256:[0-9a-f]{64}$/, 'sha256: followed by 64 lower-case hex digits')
-  .optional();
-const deadlineHeader = z
-  .string()
-  .regex(/^\d{1,15}$/, 'an absolute deadline in ms since the epoch')
-  .transform(Number);
+const keyHeader = keySchema(100);
+const batchKeyHeader = keySchema(96);
 /** `if-match` of a single write or delete: the authorisation version, bare or quoted like an ETag. */
 const ifMatchHeader = z
   .string()
@@ -387,7 +316,6 @@ const noteBody = z.strictObject({
 });
 const batchBody = z.strictObject({ items: z.array(noteBody).min(1).max(MAX_BATCH) });
 
-/** Parses the named headers with `shape`; issues under `["headers", name]`. */
 // The header shapes of each endpoint, defined once (their schemas are compiled once, below).
 const WHO_HEADERS = { 'x-tenant': tenantHeader, 'x-actor': actorHeader };
 const TENANT_HEADERS = { 'x-tenant': tenantHeader };
@@ -414,97 +342,6 @@ const DELETE_HEADERS = {
   'if-match': ifMatchHeader,
 };
 const NO_HEADERS = {};
-
-/** The header schemas, built once per shape (a request must not pay for compiling one). */
-const headerSchemas = new WeakMap<z.ZodRawShape, z.ZodObject<z.ZodRawShape>>();
-
-function parseHeaders<S extends z.ZodRawShape>(
-  req: IncomingMessage,
-  shape: S,
-): { data?: z.infer<z.ZodObject<S>>; issues: Issue[] } {
-  const raw: Record<string, unknown> = {};
-  for (const name of Object.keys(shape)) raw[name] = req.headers[name];
-  let schema = headerSchemas.get(shape);
-  if (!schema) headerSchemas.set(shape, (schema = z.object(shape)));
-  const r = (schema as z.ZodObject<S>).safeParse(raw);
-  return r.success ? { data: r.data, issues: [] } : { issues: issuesOf(r.error, ['headers']) };
-}
-
-class BodyTooLarge extends Error {}
-
-/** What a refused request may still send before its connection is closed, bytes and ms. */
-const LINGER_BYTES = 8 * MAX_BODY_BYTES;
-const LINGER_MS = 2_000;
-
-/**
- * Reads and discards the rest of a refused request's body — at most {@link LINGER_BYTES} or
- * {@link LINGER_MS}, then the socket is destroyed — so the answer reaches a client still writing.
- */
-function lingerThenClose(req: IncomingMessage): void {
-  let drained = 0;
-  const stop = () => req.socket.destroy();
-  const timer = setTimeout(stop, LINGER_MS);
-  timer.unref();
-  req.on('data', (chunk: Buffer) => {
-    drained += chunk.length;
-    if (drained > LINGER_BYTES) stop();
-  });
-  req.once('end', () => clearTimeout(timer));
-  req.once('close', () => clearTimeout(timer));
-  req.resume();
-}
-
-/** The raw request body; rejects with {@link BodyTooLarge} past {@link MAX_BODY_BYTES}. */
-function readBody(req: IncomingMessage): Promise<Buffer> {
-  return new Promise((resolvePromise, reject) => {
-    if (Number(req.headers['content-length'] ?? 0) > MAX_BODY_BYTES) return reject(new BodyTooLarge());
-    const chunks: Buffer[] = [];
-    let size = 0;
-    const onData = (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > MAX_BODY_BYTES) {
-        req.off('data', onData);
-        req.pause();
-        reject(new BodyTooLarge());
-      } else chunks.push(chunk);
-    };
-    req.on('data', onData);
-    req.once('end', () => resolvePromise(Buffer.concat(chunks)));
-    req.once('error', reject);
-    req.once('close', () => {
-      if (!req.complete) reject(new Error('request aborted'));
-    });
-  });
-}
-
-/** The request body as JSON; `undefined` plus an issue when it is not JSON. */
-async function readJson(req: IncomingMessage): Promise<{ value?: unknown; issues: Issue[] }> {
-  const raw = await readBody(req);
-  try {
-    return { value: JSON.parse(raw.toString('utf8')) as unknown, issues: [] };
-  } catch {
-    return { issues: [{ path: [], code: 'invalid_json', message: 'the request body is not JSON' }] };
-  }
-}
-
-/** Headers and JSON body parsed together, every problem of both listed. */
-async function parseRequest<S extends z.ZodRawShape, B extends z.ZodType>(
-  req: IncomingMessage,
-  headers: S,
-  body: B,
-): Promise<{ ok: true; h: z.infer<z.ZodObject<S>>; b: z.infer<B> } | { ok: false; reply: Reply }> {
-  const h = parseHeaders(req, headers);
-  const json = await readJson(req);
-  const issues = [...h.issues, ...json.issues];
-  let parsed: { data: z.infer<B> } | undefined;
-  if (json.issues.length === 0) {
-    const r = body.safeParse(json.value);
-    if (r.success) parsed = { data: r.data };
-    else issues.push(...issuesOf(r.error));
-  }
-  if (issues.length || !h.data || !parsed) return { ok: false, reply: invalid(issues) };
-  return { ok: true, h: h.data, b: parsed.data };
-}
 
 // ---------------------------------------------------------------------------------------------
 // Refusals
@@ -608,15 +445,8 @@ async function postBatch(req: IncomingMessage): Promise<Reply> {
 
 function probe(req: IncomingMessage, rawKey: string): Reply {
   const h = parseHeaders(req, TENANT_HEADERS);
-  let key: string | undefined;
-  const issues = [...h.issues];
-  try {
-    const k = keyHeader.safeParse(decodeURIComponent(rawKey));
-    if (k.success) key = k.data;
-    else issues.push(...issuesOf(k.error, ['key']));
-  } catch {
-    issues.push({ path: ['key'], code: 'invalid_format', message: 'not a percent-encoded key' });
-  }
+  const { key, issues: keyIssues } = keyFromPath(rawKey);
+  const issues = [...h.issues, ...keyIssues];
   if (issues.length || !h.data || key === undefined) return invalid(issues);
   const r = store.probe(h.data['x-tenant'], key);
   // `now`: the store's clock at the lookup — a caller may run a request again once it is past its deadline.
@@ -654,14 +484,6 @@ function stats(url: URL): Reply {
 // ---------------------------------------------------------------------------------------------
 // Operator endpoints
 
-/** Whether the request's bearer token is the one of `digest` (constant-time comparison of SHA-256 digests). */
-function bearer(req: IncomingMessage, digest: Buffer | null): boolean {
-  if (digest === null) return false;
-  const m = /^Bearer ([\x21-\x7e]{1,1024})$/.exec(req.headers.authorization ?? '');
-  if (!m) return false;
-  return timingSafeEqual(createHash('sha256').update(m[1]!, 'utf8').digest(), digest);
-}
-
 /** Whether the request carries the operator token. */
 function operator(req: IncomingMessage): boolean {
   return bearer(req, adminTokenDigest);
@@ -671,8 +493,6 @@ function operator(req: IncomingMessage): boolean {
 function trustedService(req: IncomingMessage): boolean {
   return serviceTokenDigest === null || bearer(req, serviceTokenDigest);
 }
-
-const unauthorized = () => new Reply(401, { error: 'unauthorized' }, { 'www-authenticate': 'Bearer' });
 
 const memberBody = z.strictObject({ tenant: nameSchema, actor: nameSchema, role: z.enum(KB_ROLES).nullable() });
 const defaultRoleBody = z.strictObject({ role: z.enum(KB_ROLES).nullable() });
@@ -783,109 +603,19 @@ async function route(req: IncomingMessage, url: URL): Promise<{ route: string; r
 // ---------------------------------------------------------------------------------------------
 // Server
 
-let stopping = false;
-
-function send(res: ServerResponse, reply: Reply, close = false): void {
-  const text = JSON.stringify(reply.body);
-  res.writeHead(reply.status, {
-    'content-type': 'application/json; charset=utf-8',
-    'content-length': Buffer.byteLength(text),
-    'cache-control': 'no-store',
-    // The KB's clock (ms since the epoch) on every answer: callers learn it to send deadlines on it.
-    'x-kb-now': String(store.now()),
-    ...reply.headers,
-    ...(close || stopping ? { connection: 'close' } : {}),
-  });
-  res.end(text);
-}
-
-const server = createServer((req, res) => {
-  const started = performance.now();
-  let url: URL;
-  try {
-    url = new URL(req.url ?? '/', 'http://kb.invalid');
-  } catch {
-    // An absolute-form target that is no URL (`GET http://[ HTTP/1.1`): thrown here, outside any
-    // handler, it ended the process.
-    return send(
-      res,
-      invalid([{ path: ['url'], code: 'invalid_format', message: 'the request target is not a URL' }]),
-      true,
-    );
-  }
-  route(req, url).then(
-    ({ route: r, reply }) => {
-      send(res, reply);
-      log.debug({ route: r, status: reply.status, ms: Math.round(performance.now() - started) }, 'request');
-    },
-    (err: unknown) => {
-      if (err instanceof BodyTooLarge) {
-        // Answer, then drain what the client is still sending, within a bound, before the
-        // connection closes ("lingering close", as HTTP servers do): closing at once resets a
-        // connection the client is still writing to, and it never reads the answer (EPIPE).
-        lingerThenClose(req);
-        // Not `connection: close`: the server would close right after the answer, mid-drain.
-        send(
-          res,
-          invalid([{ path: [], code: 'too_big', message: `the request body exceeds ${MAX_BODY_BYTES} bytes` }]),
-        );
-        log.debug({ route: req.method, status: 400, ms: Math.round(performance.now() - started) }, 'request');
-        return;
-      }
-      if (res.headersSent || req.destroyed) {
-        log.warn({ err }, 'request aborted');
-        return;
-      }
-      log.error({ err, method: req.method }, 'request failed');
-      send(res, new Reply(500, { error: 'internal' }));
-    },
-  );
-});
-
+let address: AddressInfo;
 try {
-  await new Promise<void>((r, j) => {
-    server.once('error', j);
-    server.listen(config.KB_PORT, config.KB_HOST, () => {
-      server.off('error', j);
-      r();
-    });
+  address = await serveJson({
+    host: config.KB_HOST,
+    port: config.KB_PORT,
+    settings: { port: 'KB_PORT', host: 'KB_HOST' },
+    log,
+    route,
+    // The KB's clock (ms since the epoch) on every answer: callers learn it to send deadlines on it.
+    headers: () => ({ 'x-kb-now': String(store.now()) }),
+    close: () => store.close(),
   });
 } catch (err) {
-  store.close();
-  const code = (err as NodeJS.ErrnoException).code;
-  // The port is taken or not ours to bind; the host is not an address of this machine.
-  if (code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND' || code === 'EAI_AGAIN')
-    fail(new StartupError('KB_HOST', config.KB_HOST, describeError(err), { cause: err }));
-  fail(
-    new StartupError(
-      'KB_PORT',
-      String(config.KB_PORT),
-      `cannot listen on ${config.KB_HOST}:${config.KB_PORT}: ${describeError(err)}`,
-      { cause: err },
-    ),
-  );
+  fail(err);
 }
-server.on('error', (err) => {
-  log.fatal({ err }, 'server error');
-  store.close();
-  process.exit(1);
-});
-const address = server.address() as AddressInfo;
-
-// Installed before the "listening" line and the readiness message: whoever acts on them (a
-// supervisor, a test) may send SIGTERM at once, and a handler installed after them left a window in
-// which a preempted KB died by the signal's default action (seen as a CI flake).
-onShutdown(log, async () => {
-  stopping = true;
-  // Stop accepting; in-flight requests finish (their connections close after the answer); idle
-  // keep-alive connections are closed now and as they become idle.
-  const idle = setInterval(() => server.closeIdleConnections(), 50);
-  await new Promise<void>((r, j) => {
-    server.close((err) => (err ? j(err) : r()));
-    server.closeIdleConnections();
-  }).finally(() => clearInterval(idle));
-  store.close();
-});
-log.info({ host: address.address, port: address.port, dedup: store.dedup }, 'listening');
-// A supervisor (npm start) learns the port over IPC, whatever LOG_LEVEL hides.
-announceReady({ port: address.port });
+announceListening(log, address, { dedup: store.dedup });
