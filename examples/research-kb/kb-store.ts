@@ -506,7 +506,7 @@ function migrate(db: Database.Database): void {
  * permissions (unix VFS). A database file, -wal or -shm from an earlier run readable by others is
  * narrowed to 0600 (only where this user may: a file it does not own is left as it is).
  */
-function privateDatabaseFiles(path: string): void {
+export function privateDatabaseFiles(path: string): void {
   mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
   try {
     closeSync(openSync(path, 'wx', 0o600));
@@ -1066,7 +1066,7 @@ function digestOf(r: NoteRow): { inputDigest?: string } {
  * restart on a machine whose clock is behind) must not let a request through the deadline check
  * after a probe answered a later time. Whole ms.
  */
-function neverBack(clock: () => number, floor: number): () => number {
+export function neverBack(clock: () => number, floor: number): () => number {
   let last = floor;
   let lastMono = performance.now();
   return () => {
