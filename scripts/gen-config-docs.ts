@@ -8,8 +8,8 @@
  *   describe, or one `--help` describes that no schema reads, fails the run;
  * - the research-KB tools module's own settings (`settingsHelp`, as a service's `--help` lists
  *   them when TOOLTX_TOOLS_MODULE names the module);
- * - `npm start` (scripts/start.ts), the sample KB (examples/research-kb/kb-server.ts) and the
- *   `tooltx` CLI: their `--help` (commander's options with their variable and default, and the
+ * - `npm start` (scripts/start.ts), the sample KB (examples/research-kb/kb-server.ts), the sample
+ *   mail outbox (examples/research-kb/mail-server.ts) and the `tooltx` CLI: their `--help` (commander's options with their variable and default, and the
  *   "Environment" block).
  *
  * `--check` writes nothing and exits 1 when the page differs from what would be written (the docs
@@ -233,10 +233,11 @@ const key = (e: HelpEntry) => `${e.names.join(',')}\u0000${e.text}`;
 /** The Markdown between the markers. */
 export async function renderConfigDocs(): Promise<string> {
   const toolsEnv = { TOOLTX_TOOLS_MODULE: TOOLS_MODULE };
-  const [serviceHelps, startHelp, kbHelp, cliHelp] = await Promise.all([
+  const [serviceHelps, startHelp, kbHelp, mailHelp, cliHelp] = await Promise.all([
     Promise.all(ROLES.map((r) => helpOf(`services/${r.name}/src/main.ts`, ['--help'], toolsEnv))),
     helpOf('scripts/start.ts'),
     helpOf('examples/research-kb/kb-server.ts'),
+    helpOf('examples/research-kb/mail-server.ts'),
     helpOf('bin/tooltx.ts'),
   ]);
   // The stream settings are headed by a note in --help ("Expected stream settings (…):"), which
@@ -298,6 +299,11 @@ export async function renderConfigDocs(): Promise<string> {
     'The sample KB',
     '`examples/research-kb/kb-server.ts --help`: the knowledge-base storage service `npm start` runs.',
     helpTable(parseEnvBlock(kbHelp, /^Environment:$/)),
+  );
+  section(
+    'The sample mail outbox',
+    '`examples/research-kb/mail-server.ts --help`: the mail outbox the `mail.*` tools send through.',
+    helpTable(parseEnvBlock(mailHelp, /^Environment:$/)),
   );
   section(
     'The tooltx CLI',

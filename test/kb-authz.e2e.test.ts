@@ -1003,7 +1003,7 @@ describe('kb-server migration and seeding', () => {
     }
     const conn = new Database(db, { readonly: true });
     try {
-      expect(conn.pragma('user_version', { simple: true })).toBe(3);
+      expect(conn.pragma('user_version', { simple: true })).toBe(4);
       const cols = (conn.prepare('PRAGMA table_info(knowledge_bases)').all() as { name: string }[]).map((c) => c.name);
       expect(cols).toEqual(['id', 'tenant', 'name', 'created_at', 'state', 'auth_version', 'default_role']);
       expect((conn.prepare('PRAGMA table_info(notes)').all() as { name: string }[]).map((c) => c.name).at(-1)).toBe(

@@ -374,7 +374,7 @@ describe('the KB keeps the input digest', () => {
       }
       const conn = new Database(db, { readonly: true });
       try {
-        expect(conn.pragma('user_version', { simple: true })).toBe(3);
+        expect(conn.pragma('user_version', { simple: true })).toBe(4);
         expect(conn.prepare('SELECT id, input_digest AS d FROM notes ORDER BY created_at, rowid').all()).toEqual([
           { id: w.id, d: null },
           { id: expect.any(String), d: digestOf({ round: 0 }) },

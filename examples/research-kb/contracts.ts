@@ -85,6 +85,10 @@ export function researchContracts(opts: { kbDedup: boolean; timing?: KbTiming })
     key: { scope: 'tenant', retentionMs: 7 * 24 * 3600_000 },
     timing,
     downstream: { honoursKey: opts.kbDedup, enforcesDeadline: true },
+    // Compensation, once the contract model can declare it: `kb.delete_note@1`, allowed from
+    // `committed` within 24 h of the commit, with the write's own permission, its input built from
+    // this operation's normalised input (the knowledge base) and its receipt (the note's id as
+    // `noteId`). The soft delete keeps the note probe-able: the write still happened.
   });
 
   const deleteNote = defineContract({
@@ -99,7 +103,11 @@ export function researchContracts(opts: { kbDedup: boolean; timing?: KbTiming })
     intent: () => ({ action: 'delete' }),
     key: { scope: 'tenant', retentionMs: 7 * 24 * 3600_000 },
     timing,
-    downstream: { honoursKey: true, enforcesDeadline: false },
+    // The KB stores each delete under its key (replayed with KB_DEDUP=on) and its probe by key finds
+    // it; a delete carries no deadline.
+    downstream: { honoursKey: opts.kbDedup, enforcesDeadline: false },
+    // No compensation of its own: it is the compensation of kb.write_note, and a failed
+    // compensation is handed to a person, never compensated in turn.
   });
 
   const writeNotes = defineContract({
@@ -129,10 +137,16 @@ export function researchContracts(opts: { kbDedup: boolean; timing?: KbTiming })
  * anything but three positive integers.
  */
 export function kbTimingFromEnv(env: NodeJS.ProcessEnv = process.env): KbTiming {
-  if (env.KB_TIMING_MS === undefined || env.KB_TIMING_MS === '') return DEFAULT_KB_TIMING;
-  const parts = env.KB_TIMING_MS.split(',').map((p) => (/^\s*\d+\s*$/.test(p) ? Number(p) : NaN));
+  return timingFromEnv('KB_TIMING_MS', env, DEFAULT_KB_TIMING);
+}
+
+/** Contract timing from the variable `name` = `timeout,runningBound,unknownDeadline` in ms; unset or empty: `defaults`. */
+export function timingFromEnv(name: string, env: NodeJS.ProcessEnv, defaults: KbTiming): KbTiming {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return defaults;
+  const parts = raw.split(',').map((p) => (/^\s*\d+\s*$/.test(p) ? Number(p) : NaN));
   if (parts.length !== 3 || parts.some((n) => !Number.isSafeInteger(n) || n <= 0)) {
-    throw new TypeError('KB_TIMING_MS: expected three positive integers "timeoutMs,runningBoundMs,unknownDeadlineMs"');
+    throw new TypeError(`${name}: expected three positive integers "timeoutMs,runningBoundMs,unknownDeadlineMs"`);
   }
   const [timeoutMs, runningBoundMs, unknownDeadlineMs] = parts as [number, number, number];
   return { timeoutMs, runningBoundMs, unknownDeadlineMs };

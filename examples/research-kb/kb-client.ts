@@ -167,6 +167,11 @@ export type KbProbeResult =
    */
   | { found: false; now?: number };
 
+/** The probe of a delete by key: the note it deleted, when, and how many deletes the key holds. */
+export type KbDeleteProbeResult =
+  | { found: true; id: string; deletedAt: number; count: number; inputDigest?: string }
+  | { found: false; now?: number };
+
 /** The form of `x-tooltx-input-digest` (tooltx's `digestOf`: `sha256:` + 64 lower-case hex). */
 export const INPUT_DIGEST = /^sha256:[0-9a-f]{64}$/;
 
@@ -391,21 +396,67 @@ export class KbClient {
 
   /**
    * `DELETE /v1/notes/:id` — soft delete, idempotent (an already deleted note answers the same).
-   * `key` is the downstream key of the delete. Throws {@link KbError} 404 `not_found` when the note
-   * is not in a knowledge base of the tenant, 409 `frozen`, 412 `version_conflict`, 403
-   * `forbidden`, 400 `invalid_input`, 500 `internal`.
+   * `key` is the downstream key of the delete, stored with it (with `inputDigest`, see
+   * {@link Digest}) and found by {@link KbClient.probeDelete}. Throws {@link KbError} 404
+   * `not_found` when the note is not in a knowledge base of the tenant, 409 `frozen`, 412
+   * `version_conflict`, 403 `forbidden`, 422 `key_reused` (the key deleted another note), 400
+   * `invalid_input`, 500 `internal`.
    */
   async deleteNote(
-    args: { tenant: string; key: string; id: string; signal?: AbortSignal } & Authz,
+    args: { tenant: string; key: string; id: string; signal?: AbortSignal } & Authz & Digest,
   ): Promise<{ id: string; deleted: true }> {
     const res = await this.#call('DELETE', `/v1/notes/${encodeURIComponent(args.id)}`, {
-      headers: { 'x-tenant': args.tenant, 'idempotency-key': args.key, ...authzHeaders(args.actor, args.ifMatch) },
+      headers: {
+        'x-tenant': args.tenant,
+        'idempotency-key': args.key,
+        ...authzHeaders(args.actor, args.ifMatch),
+        ...digestHeader(args.inputDigest),
+      },
       signal: args.signal,
     });
     const b = res.body;
     if (!isRecord(b) || typeof b.id !== 'string' || b.deleted !== true)
       throw new KbProtocolError(res.status, 'an unreadable delete receipt');
     return { id: b.id, deleted: true };
+  }
+
+  /**
+   * `GET /v1/deletes/by-key/:key` — read-only: the delete made under the key (`id` = the note it
+   * deleted, `deletedAt` = when that note was deleted, `count` = deletes under the key: > 1 only
+   * with dedup off), or `{ found: false, now? }` only when the KB itself said so.
+   */
+  async probeDelete(args: { tenant: string; key: string; signal?: AbortSignal }): Promise<KbDeleteProbeResult> {
+    const res = await this.#call('GET', `/v1/deletes/by-key/${encodeURIComponent(args.key)}`, {
+      headers: { 'x-tenant': args.tenant },
+      signal: args.signal,
+      notFoundOk: true,
+    });
+    const b = res.body;
+    if (res.status === 404) {
+      if (isRecord(b) && b.found === false) {
+        if (b.now === undefined) return { found: false };
+        if (typeof b.now !== 'number' || !Number.isSafeInteger(b.now) || b.now < 0)
+          throw new KbProtocolError(res.status, 'an unreadable probe result');
+        return { found: false, now: b.now };
+      }
+      throw new KbError(404, isRecord(b) && b.error === 'not_found' ? 'not_found' : 'unexpected');
+    }
+    if (
+      !isRecord(b) ||
+      b.found !== true ||
+      typeof b.id !== 'string' ||
+      typeof b.deletedAt !== 'number' ||
+      typeof b.count !== 'number' ||
+      (b.inputDigest !== undefined && (typeof b.inputDigest !== 'string' || !INPUT_DIGEST.test(b.inputDigest)))
+    )
+      throw new KbProtocolError(res.status, 'an unreadable probe result');
+    return {
+      found: true,
+      id: b.id,
+      deletedAt: b.deletedAt,
+      count: b.count,
+      ...(typeof b.inputDigest === 'string' ? { inputDigest: b.inputDigest } : {}),
+    };
   }
 
   /** `GET /v1/stats` — counts over non-deleted notes, of one tenant (the notes it wrote) or of all. */

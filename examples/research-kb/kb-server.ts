@@ -48,9 +48,16 @@
  *   `count` counts every row ever written under the key). `now` is the KB's clock at the lookup (ms since
  *   the epoch; it never goes back): a write whose `x-deadline` is before it can no longer be stored.
  * - Every answer carries `x-kb-now`, the KB's clock when it answered (ms since the epoch).
- * - `DELETE /v1/notes/:id` (`x-tenant`, `x-actor`, `idempotency-key`, `if-match`) — soft delete of
- *   a note of a knowledge base the tenant owns, idempotent (an already deleted note answers 200
- *   `{ id, deleted: true }` again); 404 / 409 `frozen` / 412 / 403 as for a write.
+ * - `DELETE /v1/notes/:id` (`x-tenant`, `x-actor`, `idempotency-key`, `if-match`, optionally
+ *   `x-tooltx-input-digest`) — soft delete of a note of a knowledge base the tenant owns: it stays
+ *   (its write's probe finds it, `deleted: true`), reads and counts leave it out. Idempotent: an
+ *   already deleted note answers 200 `{ id, deleted: true, deletedAt }` again, and with
+ *   `KB_DEDUP=on` a repeat under the key answers before any other check (422 `key_reused` when the
+ *   key deleted another note or carried another input digest); 404 / 409 `frozen` / 412 / 403 as
+ *   for a write. Every delete answered 200 is stored under its key.
+ * - `GET /v1/deletes/by-key/:key` (`x-tenant`) — read-only probe of a delete: 200 `{ found: true,
+ *   id, deletedAt, count, inputDigest?, now }` (`id` = the note; `count` = deletes under the key) or
+ *   404 `{ error: "not_found", found: false, now }`.
  * - `GET /v1/stats[?tenant=][&kb=<kbId>]` — read-only counts `{ rows, distinctKeys, duplicateRows,
  *   knowledgeBases: [{ kbId, owner, name, state, rows }] }` over non-deleted notes (written by that
  *   tenant / in that knowledge base); with `tenant`, `knowledgeBases` lists those it owns or wrote
@@ -340,6 +347,7 @@ const DELETE_HEADERS = {
   'x-actor': actorHeader,
   'idempotency-key': keyHeader,
   'if-match': ifMatchHeader,
+  'x-tooltx-input-digest': inputDigestHeader,
 };
 const NO_HEADERS = {};
 
@@ -462,8 +470,24 @@ function deleteNote(req: IncomingMessage, rawId: string): Reply {
   } catch {
     return notFound();
   }
-  const r = store.deleteNote({ tenant: h.data['x-tenant'], actor: h.data['x-actor'], id, ifMatch: h.data['if-match'] });
-  return r.kind === 'deleted' ? new Reply(200, { id: r.id, deleted: true }) : refuse(r.kind);
+  const r = store.deleteNote({
+    tenant: h.data['x-tenant'],
+    actor: h.data['x-actor'],
+    id,
+    ifMatch: h.data['if-match'],
+    key: h.data['idempotency-key'],
+    inputDigest: h.data['x-tooltx-input-digest'],
+  });
+  return r.kind === 'deleted' ? new Reply(200, { id: r.id, deleted: true, deletedAt: r.deletedAt }) : refuse(r.kind);
+}
+
+function probeDelete(req: IncomingMessage, rawKey: string): Reply {
+  const h = parseHeaders(req, TENANT_HEADERS);
+  const { key, issues: keyIssues } = keyFromPath(rawKey);
+  const issues = [...h.issues, ...keyIssues];
+  if (issues.length || !h.data || key === undefined) return invalid(issues);
+  const r = store.probeDelete(h.data['x-tenant'], key);
+  return r.found ? new Reply(200, { ...r }) : new Reply(404, { error: 'not_found', found: false, now: r.now });
 }
 
 function stats(url: URL): Reply {
@@ -595,6 +619,8 @@ async function route(req: IncomingMessage, url: URL): Promise<{ route: string; r
   if (p === '/v1/stats' && m === 'GET') return { route: 'GET /v1/stats', reply: stats(url) };
   let hit = /^\/v1\/notes\/by-key\/([^/]+)$/.exec(p);
   if (hit && m === 'GET') return { route: 'GET /v1/notes/by-key/:key', reply: probe(req, hit[1]!) };
+  hit = /^\/v1\/deletes\/by-key\/([^/]+)$/.exec(p);
+  if (hit && m === 'GET') return { route: 'GET /v1/deletes/by-key/:key', reply: probeDelete(req, hit[1]!) };
   hit = /^\/v1\/notes\/([^/]+)$/.exec(p);
   if (hit && m === 'DELETE') return { route: 'DELETE /v1/notes/:id', reply: deleteNote(req, hit[1]!) };
   return { route: 'unknown', reply: notFound() };

@@ -125,10 +125,19 @@ export type BatchOutcome =
   | { kind: 'quota_exceeded'; index: number; retryAfterMs: number }
   | { kind: 'deadline_passed' };
 
-/** A delete's outcome (`deleted` also for an already deleted note: idempotent). */
+/**
+ * A delete's outcome: `deleted` (also for an already deleted note, and — dedup on — for a repeat
+ * under the key: idempotent; `deletedAt` = when the note was deleted), or a refusal that changed
+ * nothing; `key_reused` (dedup on): the key holds a delete of another note or of another input digest.
+ */
 export type DeleteOutcome =
-  | { kind: 'deleted'; id: string }
-  | { kind: 'not_found' | 'frozen' | 'version_conflict' | 'forbidden' };
+  | { kind: 'deleted'; id: string; deletedAt: number }
+  | { kind: 'not_found' | 'frozen' | 'version_conflict' | 'forbidden' | 'key_reused' };
+
+/** The read-only probe of deletes by key: the first delete under it and how many there are. */
+export type DeleteProbeOutcome =
+  | { found: true; id: string; deletedAt: number; count: number; inputDigest?: string; now: number }
+  | { found: false; now: number };
 
 /**
  * The read-only probe by key: the oldest row with that key (deleted ones too) and how many there are.
@@ -274,7 +283,23 @@ const MIGRATION_2_COLUMNS: [string, string][] = [['input_digest', 'input_digest 
  * deadline a probe already declared passed (docs/clocks.md).
  */
 const MIGRATION_3_TABLES = `CREATE TABLE IF NOT EXISTS clock_floor (id INTEGER PRIMARY KEY CHECK (id = 1), at INTEGER NOT NULL);`;
-export const SCHEMA_VERSION = 3;
+/**
+ * Schema version 4: each delete request stored under its downstream key (the delete is idempotent
+ * by that key and found by its own probe, as a write is). Not unique: with dedup off every delete
+ * that passes its checks is a row, so a double execution shows.
+ */
+const MIGRATION_4_TABLES = `
+CREATE TABLE IF NOT EXISTS note_deletes (
+  id TEXT PRIMARY KEY,
+  tenant TEXT NOT NULL,
+  downstream_key TEXT NOT NULL,
+  note_id TEXT NOT NULL REFERENCES notes(id),
+  input_digest TEXT NULL,
+  deleted_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS note_deletes_tenant_key ON note_deletes (tenant, downstream_key);
+`;
+export const SCHEMA_VERSION = 4;
 
 /**
  * Every non-deleted note row in the KB file `file` — its downstream key (a batch item's is
@@ -452,6 +477,19 @@ function prepare(db: Database.Database) {
       `INSERT INTO notes (id, tenant, kb_id, downstream_key, title, body_digest, source_url, fetched_at, publish_at, created_at, input_digest)
        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
     ),
+    deleteByKey: db.prepare<
+      [string, string],
+      { noteId: string; inputDigest: string | null; deletedAt: number; count: number }
+    >(
+      `SELECT d.note_id AS noteId, d.input_digest AS inputDigest, n.deleted_at AS deletedAt,
+              (SELECT COUNT(*) FROM note_deletes c WHERE c.tenant = d.tenant AND c.downstream_key = d.downstream_key) AS count
+         FROM note_deletes d JOIN notes n ON n.id = d.note_id
+        WHERE d.tenant = ? AND d.downstream_key = ?
+        ORDER BY d.deleted_at, d.rowid LIMIT 1`,
+    ),
+    insertDelete: db.prepare<[string, string, string, string, string | null, number]>(
+      'INSERT INTO note_deletes (id, tenant, downstream_key, note_id, input_digest, deleted_at) VALUES (?, ?, ?, ?, ?, ?)',
+    ),
     noteById: db.prepare<[string], { id: string; kbId: string; deletedAt: number | null }>(
       'SELECT id, kb_id AS kbId, deleted_at AS deletedAt FROM notes WHERE id = ?',
     ),
@@ -495,6 +533,12 @@ function migrate(db: Database.Database): void {
     db.transaction(() => {
       db.exec(MIGRATION_3_TABLES);
       db.pragma('user_version = 3');
+    }).immediate();
+  }
+  if (version < 4) {
+    db.transaction(() => {
+      db.exec(MIGRATION_4_TABLES);
+      db.pragma('user_version = 4');
     }).immediate();
   }
 }
@@ -728,21 +772,45 @@ export class KbStore {
 
   /**
    * Soft-deletes note `id` (sets `deleted_at`) of a knowledge base the tenant owns, under the same
-   * checks as a write (resolve, then — unless the note is already deleted, which answers the same:
-   * idempotent — state, `ifMatch`, role). No quota is refunded.
+   * checks as a write, in one transaction: resolve; with dedup on, a delete already stored under
+   * `ctx.key` answers again (`key_reused` when it was of another note or another input digest);
+   * a note already deleted answers the same (idempotent); else state, `ifMatch`, role. Every
+   * delete answered `deleted` is stored under its key (the probe finds it). The note stays: its
+   * write's probe still finds it, marked deleted; reads and counts leave it out. No quota is refunded.
    */
-  deleteNote(ctx: { tenant: string; actor: string; id: string; ifMatch: number }): DeleteOutcome {
+  deleteNote(ctx: {
+    tenant: string;
+    actor: string;
+    id: string;
+    ifMatch: number;
+    key: string;
+    inputDigest?: string | undefined;
+  }): DeleteOutcome {
     return this.#tx((): DeleteOutcome => {
       const note = this.#stmts.noteById.get(ctx.id);
       if (!note) return { kind: 'not_found' };
       const kb = this.resolve(ctx.tenant, note.kbId);
       if (!kb) return { kind: 'not_found' };
-      if (note.deletedAt !== null) return { kind: 'deleted', id: note.id };
+      if (this.dedup) {
+        const prior = this.#stmts.deleteByKey.get(ctx.tenant, ctx.key);
+        if (
+          prior &&
+          (prior.noteId !== note.id || (prior.inputDigest && ctx.inputDigest && prior.inputDigest !== ctx.inputDigest))
+        )
+          return { kind: 'key_reused' };
+        if (prior) return { kind: 'deleted', id: note.id, deletedAt: prior.deletedAt };
+      }
+      const now = this.#now();
+      const record = (deletedAt: number): DeleteOutcome => {
+        this.#stmts.insertDelete.run(`del_${randomUUID()}`, ctx.tenant, ctx.key, note.id, ctx.inputDigest ?? null, now);
+        return { kind: 'deleted', id: note.id, deletedAt };
+      };
+      if (note.deletedAt !== null) return record(note.deletedAt);
       if (kb.state === 'frozen') return { kind: 'frozen' };
       if (kb.authVersion !== ctx.ifMatch) return { kind: 'version_conflict' };
       if (!WRITE_ROLES.has(this.roleOf(kb, ctx.tenant, ctx.actor) ?? '')) return { kind: 'forbidden' };
-      this.#stmts.softDelete.run(this.#now(), note.id);
-      return { kind: 'deleted', id: note.id };
+      this.#stmts.softDelete.run(now, note.id);
+      return record(now);
     });
   }
 
@@ -782,14 +850,7 @@ export class KbStore {
    * (the deadline check reads the same clock), so a caller may run it again (docs/clocks.md).
    */
   probe(tenant: string, key: string): ProbeOutcome {
-    // Read with the lookup, in the same synchronous step: no insert can fall between them, and the
-    // clock never goes back, so every later insert checks its deadline against a time ≥ `now` —
-    // across a restart too: the reading is stored before it is answered.
-    const now = this.#now();
-    if (now > this.#floor) {
-      this.#stmts.setClockFloor.run(now);
-      this.#floor = now;
-    }
+    const now = this.#probeNow();
     const row = this.#stmts.byKey.get(tenant, key);
     if (row)
       return {
@@ -816,6 +877,39 @@ export class KbStore {
       items: batch.items.map((r) => ({ id: r.id, kb: r.kb, createdAt: r.createdAt })),
       now,
     };
+  }
+
+  /**
+   * Read-only lookup of the deletes made under (tenant, key): the first one — the note it deleted
+   * and when that note was deleted — and how many deletes the key holds (> 1 only with dedup off),
+   * with the input digest it was made with, and `now` as {@link probe} reads it.
+   */
+  probeDelete(tenant: string, key: string): DeleteProbeOutcome {
+    const now = this.#probeNow();
+    const row = this.#stmts.deleteByKey.get(tenant, key);
+    if (!row) return { found: false, now };
+    return {
+      found: true,
+      id: row.noteId,
+      deletedAt: row.deletedAt,
+      count: row.count,
+      ...(row.inputDigest === null ? {} : { inputDigest: row.inputDigest }),
+      now,
+    };
+  }
+
+  /**
+   * The clock read with a probe's lookup, in the same synchronous step: no insert can fall between
+   * them, and the clock never goes back, so every later insert checks its deadline against a time ≥
+   * the reading — across a restart too: the reading is stored before it is answered.
+   */
+  #probeNow(): number {
+    const now = this.#now();
+    if (now > this.#floor) {
+      this.#stmts.setClockFloor.run(now);
+      this.#floor = now;
+    }
+    return now;
   }
 
   /** Counts over non-deleted notes: of notes written by one tenant and/or in one knowledge base, or of all. */

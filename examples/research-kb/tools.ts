@@ -18,6 +18,9 @@
  *   trusted side may set the identity headers the KB's checks rest on. Unset, none is sent (a KB
  *   without one trusts any caller: development only).
  *
+ * - `mail.send_draft`, `mail.send` and `mail.send_correction` talk to the mail outbox at `MAIL_URL`
+ *   (./mail-tools.ts): one deployment serves the KB's tools and the mail tools.
+ *
  * Error convention: a `TooltxError` means the KB definitively did not apply the request; network
  * errors, 5xx and aborts propagate as they are (outcome unknown).
  */
@@ -37,6 +40,7 @@ import {
 import { KbClient, KbError, type KbResolution } from './kb-client.js';
 import { kbDedupFromEnv, kbTimingFromEnv, researchContracts } from './contracts.js';
 import { excerptOf, titleOf } from './excerpt.js';
+import { mailImplementations, mailSettingsHelp } from './mail-tools.js';
 import { readKeyFile, SecretFileError, StartupError } from '@tooltx/runtime';
 import {
   checkLiteralHost,
@@ -277,7 +281,11 @@ export const settingsHelp = `  KB_URL                   the KB storage service (
                            sent on every KB request (unset = none sent)
   KB_READ_POLICY_CACHE_MS  how long an allowed read of a tenant/actor/knowledge base is remembered, ms (0-60000,
                            default 1000; 0 = ask the KB every time)
-  WEB_ALLOWED_ORIGINS      origins on loopback/private hosts web.fetch_page may fetch, comma-separated`;
+  WEB_ALLOWED_ORIGINS      origins on loopback/private hosts web.fetch_page may fetch, comma-separated
+${mailSettingsHelp}`;
+
+/** The held-back steps of `mail.send_draft` (prepare, discard and their probes), for the contract model. */
+export { sendDraftSteps } from './mail-tools.js';
 
 export const implementations = [
   defineImplementation({
@@ -415,12 +423,14 @@ export const implementations = [
     async execute(input, ctx) {
       const { version } = versionOf(ctx.authorization);
       try {
+        // The operation's input digest goes with the delete: its probe tells our delete from another.
         const r = await kb.deleteNote({
           tenant: ctx.tenant,
           actor: ctx.actor,
           key: ctx.downstreamKey,
           id: input.noteId,
           ifMatch: version,
+          inputDigest: ctx.inputDigest,
           signal: ctx.signal,
         });
         return { resourceId: r.id, result: {} };
@@ -428,5 +438,14 @@ export const implementations = [
         return definite(err);
       }
     },
+    // The KB's read-only lookup of deletes by key: the note the delete under our key removed.
+    async probe(ctx) {
+      const r = await kb.probeDelete({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
+      if (!r.found) return { found: false };
+      return r.inputDigest === undefined
+        ? { found: true, resourceId: r.id }
+        : { found: true, resourceId: r.id, inputDigest: r.inputDigest };
+    },
   }),
+  ...mailImplementations,
 ];
