@@ -359,6 +359,36 @@ describe('kb-server with KB_DEDUP=on', () => {
     });
   });
 
+  it('a delete is stored under its key: replayed, probe-able by key (deleted notes stay out of reads), key_reused for another note', async () => {
+    const w = await kb.client.writeNote({ ...AS, tenant: 'acme', key: key(), deadlineAt: soon(), note: note() });
+    const other = await kb.client.writeNote({ ...AS, tenant: 'acme', key: key(), deadlineAt: soon(), note: note() });
+    const dk = key();
+    const d = `sha256:${'a'.repeat(64)}`;
+    expect(await kb.client.probeDelete({ tenant: 'acme', key: dk })).toEqual({ found: false, now: expect.any(Number) });
+    const before = await kb.client.stats('acme');
+    await kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: w.id, inputDigest: d });
+    const probed = await kb.client.probeDelete({ tenant: 'acme', key: dk });
+    expect(probed).toEqual({ found: true, id: w.id, deletedAt: expect.any(Number), count: 1, inputDigest: d });
+    // The same delete again: one stored delete.
+    await kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: w.id, inputDigest: d });
+    expect(await kb.client.probeDelete({ tenant: 'acme', key: dk })).toEqual(probed);
+    for (const reuse of [
+      kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: other.id, inputDigest: d }),
+      kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: w.id, inputDigest: `sha256:${'b'.repeat(64)}` }),
+    ])
+      await expect(reuse).rejects.toMatchObject({ status: 422, errorClass: 'key_reused' });
+    // Nothing of the refusals changed anything: the other note is live, the counts moved by one.
+    expect(await kb.client.stats('acme')).toEqual({
+      ...before,
+      rows: before.rows - 1,
+      distinctKeys: before.distinctKeys - 1,
+    });
+    // Per tenant: another tenant's probe of the key finds nothing.
+    expect(await kb.client.probeDelete({ tenant: 'globex', key: dk })).toMatchObject({ found: false });
+    const raw404 = await raw(`${kb.url}/v1/deletes/by-key/never-used`, { headers: { 'x-tenant': 'acme' } });
+    expect(raw404).toMatchObject({ status: 404, json: { error: 'not_found', found: false } });
+  });
+
   it('keeps only a digest of the body, and never logs it', async () => {
     const secret = `planted-body-${Date.now()}`;
     const k1 = key();
@@ -499,11 +529,17 @@ describe('kb-server with KB_DEDUP=off', () => {
       createdAt: a.createdAt,
       count: 2,
     });
+    // Deletes are not deduplicated either: the same delete twice is two stored deletes under the key.
+    const dk = key();
+    await kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: a.id });
+    await kb.client.deleteNote({ ...AS, tenant: 'acme', key: dk, id: a.id });
+    expect(await kb.client.probeDelete({ tenant: 'acme', key: dk })).toMatchObject({ found: true, id: a.id, count: 2 });
+    expect(await kb.client.stats('acme')).toEqual({ rows: 1, distinctKeys: 1, duplicateRows: 0 });
     // The deadline still holds with dedup off.
     await expect(
       kb.client.writeNote({ ...AS, tenant: 'acme', key: k1, deadlineAt: Date.now() - 1, note: note() }),
     ).rejects.toMatchObject({ status: 409 });
-    expect(await kb.client.stats('acme')).toEqual({ rows: 2, distinctKeys: 1, duplicateRows: 1 });
+    expect(await kb.client.stats('acme')).toEqual({ rows: 1, distinctKeys: 1, duplicateRows: 0 });
     const badTenant = await raw(`${kb.url}/v1/stats?tenant=ACME`);
     expect(badTenant).toMatchObject({
       status: 400,
