@@ -11,6 +11,7 @@ import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { KbClient, KbError, type KbNote } from '../examples/research-kb/kb-client.js';
 import { KbStore } from '../examples/research-kb/kb-store.js';
+import { digestOf, downstreamKeyOf, type ExecutionContext, type Implementation } from '@tooltx/contracts';
 import type { ServiceProcess } from './helpers/services.js';
 import { sampleNote, soon, spawnKbProcess } from './helpers/kb.js';
 
@@ -489,6 +490,35 @@ describe('kb-server with KB_DEDUP=on', () => {
     } finally {
       b.close();
     }
+  });
+
+  it('the kb.delete_note tool: execute deletes under the downstream key with the input digest, its probe finds that delete', async () => {
+    process.env.KB_URL = kb.url;
+    const tools = await import('../examples/research-kb/tools.js');
+    const del = tools.implementations.find((i) => i.contract.id === 'kb.delete_note@1') as Implementation;
+    const wk = key();
+    const w = await kb.client.writeNote({ ...AS, tenant: 'acme', key: wk, deadlineAt: soon(), note: note() });
+    const r = await kb.client.resolve({ tenant: 'acme', actor: 'alice', ref: 'research' });
+    const input = { kb: 'research', noteId: w.id };
+    const operationKey = `op-${key()}`;
+    const ctx: ExecutionContext = {
+      tenant: 'acme',
+      actor: 'alice',
+      operationKey,
+      downstreamKey: downstreamKeyOf('acme', operationKey),
+      attempt: 1,
+      inputDigest: digestOf(input),
+      deadlineAt: soon(),
+      signal: AbortSignal.timeout(5_000),
+      authorization: { resources: [{ id: r.kbId, version: r.authVersion }] },
+    };
+    expect(await del.probe!(ctx)).toEqual({ found: false });
+    expect(await del.execute(input, ctx)).toEqual({ resourceId: w.id, result: {} });
+    expect(await del.probe!(ctx)).toEqual({ found: true, resourceId: w.id, inputDigest: ctx.inputDigest });
+    expect(await del.execute(input, ctx)).toEqual({ resourceId: w.id, result: {} });
+    expect(await kb.client.probeDelete({ tenant: 'acme', key: ctx.downstreamKey })).toMatchObject({ count: 1 });
+    // The write it undoes stays found by its own probe, marked deleted.
+    expect(await kb.client.probe({ tenant: 'acme', key: wk })).toMatchObject({ found: true, id: w.id, deleted: true });
   });
 
   it('unknown routes and methods are a uniform 404', async () => {
