@@ -121,6 +121,19 @@ describe('a service that cannot start', () => {
         value: '1e3',
         says: 'integer number of ms from 0 to 60000',
       },
+      // The mail tools' settings, read by the same module.
+      {
+        env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, MAIL_DEDUP: 'sometimes' },
+        setting: 'MAIL_DEDUP',
+        value: 'sometimes',
+        says: 'expected "on" or "off"',
+      },
+      {
+        env: { TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, MAIL_TIMING_MS: '1,2' },
+        setting: 'MAIL_TIMING_MS',
+        value: '1,2',
+        says: 'three positive integers',
+      },
     ];
     for (const c of cases) {
       const p = await startService(
