@@ -93,7 +93,9 @@ describe('audit list|export|counts: flags are validated, exit 2 naming the flag'
   it('--state must be a known state', async () => {
     const r = await tooltx(['audit', 'list', '--state', 'bogus'], asAuditor());
     expect(r.code).toBe(2);
-    expect(r.stderr).toContain('--state: one of accepted, running, committed, rejected, unknown, refused; got "bogus"');
+    expect(r.stderr).toContain(
+      '--state: one of accepted, running, committed, rejected, unknown, awaiting_confirmation, rolled_back, compensation_requested, compensated, compensation_failed, refused; got "bogus"',
+    );
     expect(r.stderr).not.toContain('record(s)');
   });
 
