@@ -85,10 +85,14 @@ export function researchContracts(opts: { kbDedup: boolean; timing?: KbTiming })
     key: { scope: 'tenant', retentionMs: 7 * 24 * 3600_000 },
     timing,
     downstream: { honoursKey: opts.kbDedup, enforcesDeadline: true },
-    // Compensation, once the contract model can declare it: `kb.delete_note@1`, allowed from
-    // `committed` within 24 h of the commit, with the write's own permission, its input built from
-    // this operation's normalised input (the knowledge base) and its receipt (the note's id as
-    // `noteId`). The soft delete keeps the note probe-able: the write still happened.
+    // Compensated by a soft delete within 24 h of the commit: the note keeps its row (the write
+    // happened) and leaves the knowledge base's reads (docs/compensation.md).
+    compensation: {
+      tool: 'kb.delete_note@1',
+      deadlineMs: 24 * 3600_000,
+      permission: 'kb.delete',
+      input: (original) => ({ kb: original.input.kb, noteId: original.receipt.resourceId }),
+    },
   });
 
   const deleteNote = defineContract({

@@ -8,6 +8,7 @@ import {
   type StatusRequest,
   type UnknownEvidence,
 } from '@tooltx/lifecycle';
+import { compensate, type CompensateRequest, type CompensateResult } from './compensate.js';
 import { LRUCache } from 'lru-cache';
 import { awaitOutcome, statusRequester, type Track } from './await-outcome.js';
 import { openConnection } from './connection.js';
@@ -70,6 +71,13 @@ export interface Tools {
    * any "success" that did not come straight from `execute` (a model's claim, a stored result).
    */
   verify(outcome: { operationKey: string; receipt: Receipt; result?: unknown }): ReceiptCheck;
+  /**
+   * Compensates a committed operation with the compensation its contract declares
+   * (docs/compensation.md): `{ operationKey, reason }`, the original's contract among `contracts`.
+   * Asking again, from this client or another, is the same compensation: one runs (FM-21). Never
+   * throws; `budgetMs` as `execute`'s.
+   */
+  compensate(req: CompensateRequest, opts?: { budgetMs?: number }): Promise<CompensateResult>;
   /** Drains the connection when the SDK owns it. */
   close(): Promise<void>;
 }
@@ -181,6 +189,22 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
         };
       }
     },
+    compensate: (req, o) =>
+      compensate(
+        {
+          conn,
+          tenant: opts.tenant,
+          actor: opts.actor,
+          status,
+          verify,
+          contract: (id) => {
+            const at = id.lastIndexOf('@');
+            return byName.get(id.slice(0, at))?.find((c) => c.version === Number(id.slice(at + 1)));
+          },
+        },
+        req,
+        o?.budgetMs ?? opts.budgetMs ?? 30_000,
+      ),
     close: () => conn.close(),
   };
 }

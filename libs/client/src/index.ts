@@ -18,6 +18,7 @@ export {
   ToolsOptionError,
   type UnknownEvidence,
 } from './client.js';
+export type { CompensateRequest, CompensateResult } from './compensate.js';
 export {
   runTask,
   type StepOutcome,

@@ -68,6 +68,12 @@ export interface AuthorizationContext {
   phase: 'intake' | 'execution';
   /** Server time of the check, ms since the epoch. */
   now: number;
+  /**
+   * Set when the call compensates another operation (docs/compensation.md): that operation's key and
+   * the permission its contract declares for compensating it. The policy grants that permission to
+   * `actor` or refuses (`forbidden`), at the compensation's execution instant like any write's.
+   */
+  compensates?: { operationKey: string; permission: string };
 }
 
 /** Who asks to read an operation, and whose operation it is. */

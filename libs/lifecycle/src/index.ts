@@ -57,6 +57,8 @@ export {
 export {
   type IntentEnvelope,
   intentEnvelopeSchema,
+  compensationEnvelopeSchema,
+  type CompensationEnvelope,
 } from './intent.js';
 export {
   checkIntake,

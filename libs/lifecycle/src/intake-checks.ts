@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import {
+  deriveCompensationKey,
   ErrorClass,
   hasSideEffect,
   OPERATION_KEY_PATTERN,
@@ -11,7 +12,12 @@ import {
   type ErrorInfo,
   type PreparedCall,
 } from '@tooltx/contracts';
-import { intentEnvelopeSchema, type IntentEnvelope } from './intent.js';
+import {
+  compensationEnvelopeSchema,
+  intentEnvelopeSchema,
+  type CompensationEnvelope,
+  type IntentEnvelope,
+} from './intent.js';
 
 /**
  * The checks an intent meets at intake once its bytes are decoded (the authorizer decodes them:
@@ -31,7 +37,19 @@ export type IntakeCheck =
       tool?: string;
       version?: number;
     }
-  | { kind: 'proceed'; envelope: IntentEnvelope; contract: Contract; prepared: PreparedCall };
+  | { kind: 'proceed'; envelope: IntentEnvelope; contract: Contract; prepared: PreparedCall }
+  | {
+      /**
+       * A request to compensate `original` with `contract` (the compensating one, which the
+       * original's contract must declare: checked once the original is loaded), registered under
+       * `compensationKey` (derived from the original's key and that contract only: FM-21).
+       */
+      kind: 'compensate';
+      contract: Contract;
+      original: string;
+      reason: string;
+      compensationKey: string;
+    };
 
 /**
  * The key a refusal is recorded under when the intent gave none and none can be derived (bytes that
@@ -97,6 +115,9 @@ export function checkIntake(
       derived ? { tool: derived.tool, version: derived.version } : {},
     );
   }
+
+  // 2'. A compensation request names the operation it compensates instead of an input.
+  if (rawObj.compensates !== undefined) return checkCompensation(raw, supplied, findContract, refuse);
 
   // 2. Envelope and contract.
   let envelope: IntentEnvelope;
@@ -254,4 +275,77 @@ function derivedKeyOf(
   } catch {
     return null;
   }
+}
+
+/**
+ * The intake checks of a compensation request (docs/compensation.md): the envelope
+ * `{ tool, version, operationKey?, actorId?, interfaceDigest?, compensates: { operationKey, reason } }`
+ * (strict, field paths), the compensating contract known and a write, the caller's digest of it
+ * equal to the registry's (FM-25), and the supplied key, when given, the one derived from the
+ * original's key and that contract (else `idempotency_conflict` at `operationKey`). Pure.
+ */
+function checkCompensation(
+  raw: unknown,
+  supplied: string | null,
+  findContract: (tool: string, version: number) => Contract | undefined,
+  refuse: (err: unknown, key: string | null, extra?: { tool?: string; version?: number }) => IntakeCheck,
+): IntakeCheck {
+  let envelope: CompensationEnvelope;
+  try {
+    envelope = parseStrict(compensationEnvelopeSchema, raw);
+  } catch (err) {
+    return refuse(err, supplied);
+  }
+  const ids = { tool: envelope.tool, version: envelope.version };
+  const contract = findContract(envelope.tool, envelope.version);
+  const key = deriveCompensationKey(envelope.compensates.operationKey, ids);
+  if (!contract || !hasSideEffect(contract.effect))
+    return refuse(
+      new TooltxError(ErrorClass.CompensationNotAllowed, 'not a compensating contract of this deployment', {
+        issues: [
+          {
+            path: ['tool'],
+            code: 'unknown_contract',
+            message: `no write contract ${envelope.tool}@${envelope.version} to compensate with`,
+          },
+        ],
+      }),
+      key,
+      ids,
+    );
+  if (envelope.interfaceDigest !== undefined && envelope.interfaceDigest !== contract.interfaceDigest)
+    return refuse(
+      new TooltxError(ErrorClass.ContractMismatch, "the caller's contract differs from the registry's", {
+        issues: [
+          {
+            path: ['interfaceDigest'],
+            code: 'contract_mismatch',
+            message: `the server's ${contract.id} has another digest: refresh the contract (server ${contract.interfaceDigest})`,
+          },
+        ],
+      }),
+      supplied ?? key,
+      ids,
+    );
+  if (envelope.operationKey !== undefined && envelope.operationKey !== key)
+    return refuse(
+      new TooltxError(ErrorClass.IdempotencyConflict, 'supplied operation key does not match the request', {
+        issues: [
+          {
+            path: ['operationKey'],
+            code: 'key_mismatch',
+            message: "a compensation's key is derived from the original's key and the compensating contract",
+          },
+        ],
+      }),
+      supplied,
+      ids,
+    );
+  return {
+    kind: 'compensate',
+    contract,
+    original: envelope.compensates.operationKey,
+    reason: envelope.compensates.reason,
+    compensationKey: key,
+  };
 }

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { ID_PATTERN } from '@tooltx/contracts';
+import { compensationRequestSchema, ID_PATTERN } from '@tooltx/contracts';
 
 /**
  * The intent envelope an agent publishes to `<prefix>.intent.<tenant>.<actor>`:
@@ -35,3 +35,22 @@ export const intentEnvelopeSchema = z.strictObject({
   input: z.unknown(),
 });
 export type IntentEnvelope = z.infer<typeof intentEnvelopeSchema>;
+
+/**
+ * The envelope of a compensation request, published on the same intent subject:
+ * `{ tool, version, operationKey?, actorId?, interfaceDigest?, compensates: { operationKey, reason } }`.
+ * `tool@version` is the compensating contract the original's declares; the input is built by the
+ * server from the original's input and receipt (docs/compensation.md). Strict.
+ */
+export const compensationEnvelopeSchema = z.strictObject({
+  tool: z.string().min(1).max(100),
+  version: z.number().int().min(1),
+  operationKey: z.string().max(100).optional(),
+  actorId: z.string().regex(ID_PATTERN).optional(),
+  interfaceDigest: z
+    .string()
+    .regex(/^sha256:[0-9a-f]{64}$/, 'expected sha256: and 64 lowercase hex digits')
+    .optional(),
+  compensates: compensationRequestSchema,
+});
+export type CompensationEnvelope = z.infer<typeof compensationEnvelopeSchema>;

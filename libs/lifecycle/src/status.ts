@@ -81,6 +81,23 @@ export const statusAnswerSchema = z.object({
   takeover: takeoverRecordSchema.optional(),
   /** Which of the caller's submissions a `decision` answer is about. */
   submissionId: z.string().optional(),
+  /** The registered operation's contract, `name@version` (`source: 'operation'`). */
+  contract: z.string().optional(),
+  /**
+   * Where its compensation stands, once one was asked for (docs/compensation.md): `state` is then
+   * `committed` (its receipt stays valid) and this tells `compensation_requested`, `compensated` and
+   * `compensation_failed` apart, with the compensation's own key (its status answers it), or says a
+   * request was refused before it ran (`refused`, back to committed, with its class).
+   */
+  compensation: z
+    .object({
+      status: z.enum(['compensation_requested', 'compensated', 'compensation_failed', 'refused']),
+      operationKey: z.string(),
+      error: errorInfoSchema.optional(),
+    })
+    .optional(),
+  /** Set on a compensation operation: the key of the operation it compensates. */
+  compensates: z.string().optional(),
   /** Server time of the answer, ms since the epoch. */
   at: z.number().int(),
 });
@@ -373,8 +390,19 @@ function operationAnswer(
     source: 'operation',
     seq: eventCountOf(st),
     attempt: st.attempt,
+    contract: `${st.tool}@${st.version}`,
     at,
   };
+  if (st.compensation) {
+    const c = st.compensation;
+    const refused = c.refusal !== undefined && st.status === 'committed';
+    a.compensation = {
+      status: refused ? 'refused' : (st.status as 'compensation_requested' | 'compensated' | 'compensation_failed'),
+      operationKey: c.operationKey,
+      ...(refused && c.refusal ? { error: c.refusal.error } : c.failure?.error ? { error: c.failure.error } : {}),
+    };
+  }
+  if (st.compensates) a.compensates = st.compensates.operationKey;
   if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === st.inputDigest;
   if (req.submissionIds !== undefined) {
     a.ownAttempt = req.submissionIds.includes(st.intent.submissionId);

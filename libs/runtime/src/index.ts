@@ -73,3 +73,4 @@ export {
   type ProjectionRebuilder,
   type RebuildSource,
 } from './projection-rebuild.js';
+export { compensatingCall, compensationInputOf, intentInputOf, linkCompensation } from './compensation.js';

@@ -1,8 +1,10 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import {
+  compensationOf,
   EMPTY_RESULT_DIGEST,
   ErrorClass,
+  reasonDigestOf,
   TooltxError,
   operationIdOf,
   prepareCall,
@@ -14,6 +16,7 @@ import {
 import {
   aliasRecord,
   boundedRefusal,
+  compensationVerdict,
   ConcurrencyError,
   decideIntakeFailure,
   frozenTaskRefusal,
@@ -35,7 +38,7 @@ import { committedResult, isTransient, newEventId, type Settlement, type Subject
 import type { FrozenTaskWatch } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
 import type { LocalExecutor } from '@tooltx/runtime/service';
-import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
+import { compensatingCall, type ImplementationRegistry, type Logger } from '@tooltx/runtime';
 import { intakeOf, type IntakeOutcome } from './intake.js';
 
 /** Intents from this size on (bytes) have their intake checks' CPU time measured and charged (docs/tenancy.md). */
@@ -241,6 +244,152 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     });
   }
 
+  /**
+   * A request to compensate a committed operation (docs/compensation.md): the original is loaded
+   * (this tenant's only: its subject is), `compensationVerdict` judges it, the compensating input is
+   * built from the original's input and receipt and the reason, the compensating contract's policy
+   * grants the declared permission at the execution instant, `compensation_requested` is appended on
+   * the original under its expected sequence (one compensation at a time: a second request of the
+   * same one is a replay, FM-21; another one loses, FM-22), and the compensation is accepted as an
+   * operation of its own under its derived key, started at once when this process's executor has
+   * room. Every refusal is recorded under the compensation's key, and nothing is sent (FM-22).
+   */
+  async function compensate(
+    msg: JsMsg,
+    check: Extract<IntakeOutcome, { kind: 'checked' }>['check'] & { kind: 'compensate' },
+    who: { tenant: string; actor: string },
+    submissionId: string,
+    l: Logger,
+    refuse: (
+      key: string | null,
+      error: ErrorInfo,
+      ids: { tool?: string; version?: number },
+      a?: AuthDecision,
+    ) => Promise<Settlement | void>,
+    answerOnItsWay: () => void,
+  ): Promise<Settlement | void> {
+    const { contract, compensationKey } = check;
+    const ids = { tool: contract.name, version: contract.version };
+    const impl = tools.get(contract.name, contract.version)!;
+    const notAllowed = { class: ErrorClass.CompensationNotAllowed };
+    const { state: original, seq: originalSeq } = await store.load(who.tenant, operationIdOf(check.original));
+    const originalImpl = original.status === 'none' ? undefined : tools.get(original.tool, original.version);
+    const declared = originalImpl && compensationOf(originalImpl.contract, check.original);
+    // The compensating contract asked for must be the one the original's contract declares.
+    if (declared && (declared.tool !== contract.name || declared.version !== contract.version))
+      return refuse(compensationKey, notAllowed, ids);
+    const verdict = compensationVerdict(originalImpl?.contract, original, now());
+    if (verdict.kind === 'refuse') return refuse(compensationKey, verdict.error, ids);
+    if (original.status === 'none' || !originalImpl || !declared) return refuse(compensationKey, notAllowed, ids);
+    const compId = operationIdOf(compensationKey);
+    if (verdict.kind === 'replay') {
+      // The same compensation again: its operation answers (FM-21). Registered below only if the
+      // request that asked for it first never got that far.
+      const { state: comp } = await store.load(who.tenant, compId);
+      if (comp.status !== 'none') return;
+    }
+    const call = await compensatingCall(store, subjects, original, originalImpl.contract, contract, check.reason).catch(
+      (err: unknown) => {
+        l.warn({ err, operationKey: check.original }, "the compensation's input cannot be built from the original");
+        return null;
+      },
+    );
+    if (!call) return refuse(compensationKey, notAllowed, ids);
+    const begun = deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null;
+    let handed = false;
+    try {
+      // The permission the declaration names, granted or refused by the compensating contract's policy.
+      const policyVersion = impl.policyVersion ?? 'none';
+      let allowed: AuthorizationResult | void = undefined;
+      let failure: { err: unknown } | undefined;
+      try {
+        const authCtx = {
+          tenant: who.tenant,
+          actor: who.actor,
+          operationKey: compensationKey,
+          phase: begun ? ('execution' as const) : ('intake' as const),
+          now: now(),
+          compensates: { operationKey: check.original, permission: originalImpl.contract.compensation!.permission },
+        };
+        allowed = await impl.authorize?.(call.input, authCtx);
+        await impl.invariants?.(call.input, authCtx);
+      } catch (err) {
+        failure = { err };
+      }
+      const pv = policyVerdict(failure && toErrorInfo(failure.err), {
+        policyVersion,
+        at: now(),
+        ...(allowed?.resources ? { resources: allowed.resources } : {}),
+      });
+      if (pv.kind === 'retry') throw failure!.err;
+      if (pv.kind === 'refuse') return refuse(compensationKey, pv.error, ids, pv.authorization);
+      const authorization = pv.authorization;
+      // One compensation at a time, on the original's own chain.
+      const requested = await handleCommand(
+        store,
+        who.tenant,
+        operationIdOf(check.original),
+        () => ({
+          type: 'request_compensation',
+          eventId: newEventId(),
+          at: now(),
+          compensation: { operationKey: compensationKey, tool: contract.name, version: contract.version },
+          requestedBy: { kind: 'actor', id: who.actor },
+          reasonDigest: reasonDigestOf(check.reason),
+        }),
+        { known: { state: original, seq: originalSeq } },
+      );
+      if (requested.kind === 'decided' && requested.decision.kind === 'skip') {
+        const st = requested.decision.state;
+        const same = st.status !== 'none' && st.compensation?.operationKey === compensationKey;
+        if (!same) return refuse(compensationKey, notAllowed, ids);
+      }
+      const h = await handleCommand(
+        store,
+        who.tenant,
+        compId,
+        (): AcceptCommand => ({
+          type: 'accept',
+          eventId: newEventId(),
+          at: now(),
+          operationKey: compensationKey,
+          tenant: who.tenant,
+          actor: who.actor,
+          taskId: original.taskId,
+          tool: contract.name,
+          version: contract.version,
+          contractDigest: contract.digest,
+          effect: contract.effect,
+          inputDigest: call.inputDigest,
+          targetDigest: call.targetDigest,
+          intentSeq: msg.seq,
+          submissionId,
+          authorization,
+          compensates: { operationKey: check.original, tool: original.tool, version: original.version },
+          ...(begun ? { start: { executor: begun.executor, deadlineAt: begun.deadlineAt, authorization } } : {}),
+        }),
+        { known: { state: { status: 'none' }, seq: 0 } },
+      );
+      if (h.kind !== 'appended') return;
+      l.info({ operationKey: compensationKey, compensates: check.original }, 'compensation accepted');
+      answerOnItsWay();
+      if (begun && h.event.state.status === 'running') {
+        void begun.run({
+          tenant: who.tenant,
+          opId: compId,
+          state: h.event.state,
+          seq: h.seq,
+          input: call.input,
+          allowed: allowed ?? undefined,
+        });
+        handed = true;
+      }
+      return;
+    } finally {
+      if (!handed) begun?.cancel();
+    }
+  }
+
   async function handle(
     msg: JsMsg,
     intake: IntakeOutcome,
@@ -266,6 +415,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const check = intake.check;
     if (check.kind === 'refuse')
       return refuse(check.decisionKey, check.error, { tool: check.tool, version: check.version });
+    if (check.kind === 'compensate') return compensate(msg, check, who, submissionId, l, refuse, answerOnItsWay);
 
     const { contract, prepared, envelope } = check;
     const key = prepared.operationKey;

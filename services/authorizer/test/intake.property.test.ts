@@ -145,6 +145,7 @@ function check(
     return;
   }
   expect(c.kind).toBe('proceed');
+  if (c.kind !== 'proceed') return;
   expect(c.prepared.operationKey).toBe(prepareCall(c.contract, c.envelope.taskId, c.envelope.input).operationKey);
 }
 

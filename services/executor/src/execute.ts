@@ -17,7 +17,6 @@ import {
   executorAction,
   frozenTaskRefusal,
   handleCommand,
-  intentEnvelopeSchema,
   operationEventSchema,
   policyVerdict,
   redeliveredRunWaitMs,
@@ -35,19 +34,10 @@ import {
   type ReceiptSigner,
   type RunOutcome,
 } from '@tooltx/lifecycle';
-import {
-  decode,
-  decodeRaw,
-  encode,
-  eventStatusOf,
-  eventTypeOf,
-  newEventId,
-  type Settlement,
-  type Subjects,
-} from '@tooltx/nats';
+import { decode, encode, eventStatusOf, eventTypeOf, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
 import type { FrozenTaskWatch } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
-import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
+import { compensationInputOf, intentInputOf, type ImplementationRegistry, type Logger } from '@tooltx/runtime';
 import type { LocalExecutor } from '@tooltx/runtime/service';
 import { recoverOperation } from '@tooltx/runtime/recover-operation';
 import { DownstreamClocks } from './downstream-clock.js';
@@ -237,7 +227,9 @@ export function executorHandlers(
       return d;
     };
     // The input, read back from the intent the `accepted` event names, checked against its digest.
-    const input = await loadInput(store, subjects, state, impl);
+    const input = state.compensates
+      ? await compensationInputOf(store, subjects, state, impl, (t, v) => tools.get(t, v))
+      : await intentInputOf(store, subjects, state, impl.contract);
     if (!input) {
       l.error('intent missing or does not match the registered digest');
       await rejectBeforeRun({ class: ErrorClass.Internal });
@@ -256,6 +248,16 @@ export function executorHandlers(
         operationKey: state.operationKey,
         phase: 'execution' as const,
         now: now(),
+        // A compensation: the permission the original's contract declares for it (docs/compensation.md).
+        ...(state.compensates
+          ? {
+              compensates: {
+                operationKey: state.compensates.operationKey,
+                permission:
+                  tools.get(state.compensates.tool, state.compensates.version)?.contract.compensation?.permission ?? '',
+              },
+            }
+          : {}),
       };
       allowed = await impl.authorize?.(input, authCtx);
       await impl.invariants?.(input, authCtx);
@@ -573,28 +575,6 @@ export function executorHandlers(
     },
   };
   return { events, local, idle: async () => void (await Promise.all([...inFlight])) };
-}
-
-async function loadInput(
-  store: OperationStore,
-  subjects: Subjects,
-  state: OperationRecord,
-  impl: Implementation,
-): Promise<Record<string, unknown> | null> {
-  const stored = await store.readIntent(state.tenant, state.intent.seq);
-  if (!stored) return null;
-  const who = subjects.parseActorSubject('intent', stored.subject);
-  if (!who || who.tenant !== state.tenant) return null;
-  try {
-    const envelope = intentEnvelopeSchema.parse(decodeRaw(stored.data));
-    const prepared = prepareCall(impl.contract, envelope.taskId, envelope.input);
-    // A submission that named its target through an alias is checked against its own key and digest (FM-10).
-    const own = state.intent.submitted ?? { operationKey: state.operationKey, inputDigest: state.inputDigest };
-    if (prepared.inputDigest !== own.inputDigest || prepared.operationKey !== own.operationKey) return null;
-    return prepared.input;
-  } catch {
-    return null;
-  }
 }
 
 /** The key the policy seam's canonical input derives at the execution instant, or null when the contract refuses it. */

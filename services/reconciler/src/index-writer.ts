@@ -30,6 +30,12 @@ export interface IndexWriterOptions {
   isIndexed?: (key: string) => boolean;
   /** The bucket's guard (memory storage, rebuilt when lost): nothing is decided or written before it is whole. */
   guard?: ProjectionGuard;
+  /**
+   * Told every event of a compensation operation (its state has `compensates`) before it is
+   * indexed: the reconciler moves the original once the compensation has an outcome
+   * (`linkCompensation`). A throw naks the event; it is told again on redelivery.
+   */
+  onCompensation?: (state: OperationRecord) => Promise<unknown>;
 }
 
 /**
@@ -103,6 +109,7 @@ export class IndexWriter {
     const m = opEventOf(this.#o.subjects, msg, log);
     if (m.kind === 'term') return m;
     const { key, event } = m;
+    if (event.state.compensates) await this.#o.onCompensation?.(event.state);
     const status = event.state.status;
     const st = event.state;
     // Held: a first attempt's accepted or running event with nothing unusual about it. A requeue, a

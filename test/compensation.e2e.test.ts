@@ -1,0 +1,166 @@
+/**
+ * Compensation as its own operation (docs/compensation.md) on the co-located layout: a committed
+ * `kb.write_note` compensated by `kb.delete_note` (a soft delete in the real KB, KB_DEDUP=off: every
+ * delete request that reaches it is stored, so a second one would show). Real nats-server, real
+ * processes, SDK clients.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { downstreamKeyOf, deriveCompensationKey } from '@tooltx/contracts';
+import { createTools, type Tools } from '@tooltx/client';
+import { provisioned, type TestNats } from './helpers/nats.js';
+import { startHost, type ServiceProcess } from './helpers/services.js';
+import { history } from './helpers/ops.js';
+import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
+import { DelayProxy } from './helpers/delay-proxy.js';
+import { isNotesPost, note, RECOVERY_TIMING } from './helpers/kb-faults.js';
+import { researchContracts } from '../examples/research-kb/contracts.js';
+
+const TIMING = RECOVERY_TIMING;
+const contracts = researchContracts({ kbDedup: false, timing: TIMING });
+let t: TestNats;
+let kb: TestKb;
+let proxy: DelayProxy;
+let host: ServiceProcess;
+let alice: Tools;
+
+const client = () =>
+  createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts: contracts.all,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+    budgetMs: 30_000,
+  });
+
+/** Delete requests the KB stored under the compensation's key (KB_DEDUP=off: each one is a row). */
+const deletesUnder = async (compensationKey: string) => {
+  const p = await kb.client.probeDelete({ tenant: 'acme', key: downstreamKeyOf('acme', compensationKey) });
+  return p.found ? p.count : 0;
+};
+
+/** A committed note write: its key and receipt. */
+const written = async (taskId: string, title: string) => {
+  const r = await alice.execute({ tool: 'kb.write_note', taskId, input: note(title) });
+  if (r.status !== 'committed') throw new Error(`the write did not commit: ${JSON.stringify(r)}`);
+  return r;
+};
+
+beforeAll(async () => {
+  t = await provisioned();
+  kb = await startKb(
+    {
+      tenants: [{ id: 'acme', quota: 10_000 }],
+      knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }],
+    },
+    { KB_DEDUP: 'off' },
+  );
+  proxy = await new DelayProxy(kb.url).start();
+  host = await startHost({
+    ...t.env,
+    TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
+    KB_URL: proxy.url,
+    KB_KEEPALIVE: 'off',
+    KB_DEDUP: 'off',
+    KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`,
+    TOOLTX_RECONCILE_INTERVAL_MS: '300',
+  });
+  alice = await client();
+});
+
+afterAll(async () => {
+  await alice?.close();
+  const code = await host?.stop();
+  if (code !== 0) console.log(code, host?.stderr);
+  await proxy?.stop();
+  await kb?.stop();
+  await t?.close();
+  expect(code).toBe(0);
+});
+
+describe('compensation: a new operation that undoes what can be undone', () => {
+  it('FM-21: the same compensation sent by two clients at once, then again after it completed: one delete reaches the KB, every caller gets the same receipt, and the original keeps its own', async () => {
+    const w = await written('comp-21', 'Compensated once');
+    const bob = await client();
+    try {
+      const [a, b] = await Promise.all([
+        alice.compensate({ operationKey: w.operationKey, reason: 'wrong source' }),
+        bob.compensate({ operationKey: w.operationKey, reason: 'duplicate of another note' }),
+      ]);
+      expect(a.status).toBe('compensated');
+      expect(b.status).toBe('compensated');
+      if (a.status !== 'compensated' || b.status !== 'compensated') return;
+      expect(b.receipt).toEqual(a.receipt);
+      // The key is the original's and the compensating contract's, never the requester's or the reason's.
+      expect(a.compensationKey).toBe(deriveCompensationKey(w.operationKey, { tool: 'kb.delete_note', version: 1 }));
+      expect(a.receipt.operationKey).toBe(a.compensationKey);
+      expect(await deletesUnder(a.compensationKey)).toBe(1);
+      const again = await alice.compensate({ operationKey: w.operationKey, reason: 'asked again' });
+      expect(again).toMatchObject({ status: 'compensated', compensationKey: a.compensationKey, receipt: a.receipt });
+      expect(await deletesUnder(a.compensationKey)).toBe(1);
+      // The original: committed, its receipt still valid, compensated by that operation.
+      const s = await alice.status({ operationKey: w.operationKey });
+      expect(s).toMatchObject({
+        state: 'committed',
+        receipt: w.receipt,
+        compensation: { status: 'compensated', operationKey: a.compensationKey },
+      });
+      expect(alice.verify({ operationKey: w.operationKey, receipt: s.receipt! }).valid).toBe(true);
+      // Its events: the write's, then the compensation's two on its own subject (expected sequence).
+      expect((await history(t, 'acme', w.operationKey)).map((e) => e.type).slice(-3)).toEqual([
+        'committed',
+        'compensation_requested',
+        'compensated',
+      ]);
+      // Resubmitting the original returns its receipt and runs nothing again.
+      const re = await alice.execute({ tool: 'kb.write_note', taskId: 'comp-21', input: note('Compensated once') });
+      expect(re).toMatchObject({ status: 'committed', receipt: w.receipt });
+    } finally {
+      await bob.close();
+    }
+  });
+
+  it('FM-22: a compensation from a state that does not allow it, of an unknown key, of a contract that declares none, or of a compensation, is rejected with its class and sends nothing', async () => {
+    // unknown: the write's answer never comes back within its deadline.
+    const held = note('Outcome unknown');
+    proxy.hold = (req) => (isNotesPost(req) ? 60_000 : 0);
+    try {
+      const r = await alice.execute(
+        { tool: 'kb.write_note', taskId: 'comp-22', input: held },
+        { budgetMs: TIMING.timeoutMs + 2_000 },
+      );
+      expect(r.status).not.toBe('committed');
+      // Asked while its outcome is still not known (unknown, or running again after a requeue).
+      const fromUnknown = await alice.compensate({ operationKey: r.operationKey!, reason: 'not sure it landed' });
+      expect(fromUnknown).toMatchObject({ status: 'rejected', error: { class: 'compensation_not_allowed' } });
+      if (fromUnknown.status === 'rejected' && fromUnknown.compensationKey)
+        expect(await deletesUnder(fromUnknown.compensationKey)).toBe(0);
+    } finally {
+      proxy.hold = () => 0;
+    }
+
+    const nowhere = await alice.compensate({
+      operationKey: 'opk_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA',
+      reason: 'no such call',
+    });
+    expect(nowhere).toMatchObject({ status: 'rejected', error: { class: 'not_found' } });
+
+    // A compensation is never compensated in turn (its contract declares none).
+    const w = await written('comp-22b', 'Compensated, then asked again of its compensation');
+    const c = await alice.compensate({ operationKey: w.operationKey, reason: 'wrong knowledge base' });
+    expect(c.status).toBe('compensated');
+    const ofCompensation = await alice.compensate({ operationKey: c.compensationKey!, reason: 'undo the undo' });
+    expect(ofCompensation).toMatchObject({ status: 'rejected', error: { class: 'compensation_not_allowed' } });
+
+    // Bad input is refused at its field path before anything is sent.
+    const bad = await alice.compensate({ operationKey: w.operationKey, reason: '' });
+    expect(bad).toMatchObject({
+      status: 'rejected',
+      error: { class: 'invalid_input', issues: [{ path: ['reason'] }] },
+    });
+    const long = await alice.compensate({ operationKey: w.operationKey, reason: 'x'.repeat(501) });
+    expect(long).toMatchObject({ status: 'rejected', error: { class: 'invalid_input' } });
+  });
+});
