@@ -122,6 +122,46 @@ describe('compensation: a new operation that undoes what can be undone', () => {
     }
   });
 
+  it("FM-20: the compensation's downstream refuses it: the original stays committed with its receipt and is compensation_failed, its task is frozen, and nothing is compensated in turn", async () => {
+    const w = await written('comp-20', 'The delete will be refused');
+    const compensationKey = deriveCompensationKey(w.operationKey, { tool: 'kb.delete_note', version: 1 });
+    // The KB's answer to a delete in a frozen knowledge base, given by the HTTP hop: nothing reaches the KB.
+    const refused = proxy.inject(downstreamKeyOf('acme', compensationKey), {
+      kind: 'refuse',
+      status: 409,
+      body: { error: 'frozen' },
+    });
+    const c = await alice.compensate({ operationKey: w.operationKey, reason: 'retracted source' });
+    expect(c).toMatchObject({
+      status: 'compensation_failed',
+      compensationKey,
+      error: { class: 'forbidden' },
+      next: 'hand_over',
+    });
+    expect((await refused.applied).status).toBe(409);
+    // The partial state, kept honestly: the write happened, its receipt stands, a person has it.
+    const s = await alice.status({ operationKey: w.operationKey });
+    expect(s).toMatchObject({
+      state: 'committed',
+      receipt: w.receipt,
+      compensation: { status: 'compensation_failed', operationKey: compensationKey, error: { class: 'forbidden' } },
+    });
+    expect(await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', w.operationKey) })).toMatchObject({
+      found: true,
+      count: 1,
+    });
+    expect(await deletesUnder(compensationKey)).toBe(0);
+    // The task's later steps are frozen.
+    const later = await alice.execute({ tool: 'kb.write_note', taskId: 'comp-20', input: note('A later step') });
+    expect(later).toMatchObject({ status: 'rejected', error: { class: 'task_frozen' } });
+    // Asked again: the same failed compensation, never a second one; and a compensation is never compensated.
+    const again = await alice.compensate({ operationKey: w.operationKey, reason: 'try once more' });
+    expect(again).toMatchObject({ status: 'compensation_failed', compensationKey });
+    const ofIt = await alice.compensate({ operationKey: compensationKey, reason: 'undo the failed undo' });
+    expect(ofIt).toMatchObject({ status: 'rejected', error: { class: 'compensation_not_allowed' } });
+    expect(await deletesUnder(compensationKey)).toBe(0);
+  });
+
   it('FM-22: a compensation from a state that does not allow it, of an unknown key, of a contract that declares none, or of a compensation, is rejected with its class and sends nothing', async () => {
     // unknown: the write's answer never comes back within its deadline.
     const held = note('Outcome unknown');

@@ -23,7 +23,9 @@ export type HttpFault =
   | { kind: 'delay'; ms: number }
   | { kind: 'drop' }
   | { kind: 'cut_response' }
-  | { kind: 'hold_response'; ms: number };
+  | { kind: 'hold_response'; ms: number }
+  /** Answered by the proxy in the target's place (status and JSON body): the request never reaches it. */
+  | { kind: 'refuse'; status: number; body: Record<string, unknown> };
 
 /** Where a keyed fault applies. */
 export interface InjectOptions {
@@ -197,6 +199,16 @@ export class HttpFaultProxy {
       const wait = f ? (f.kind === 'delay' ? f.ms : 0) : this.hold(req);
       const drop = f ? f.kind === 'drop' : undefined;
       if (!f && wait > 0) this.onHeld(req);
+      if (f?.kind === 'refuse') {
+        const answer = Buffer.from(JSON.stringify(f.body));
+        res.writeHead(f.status, { 'content-type': 'application/json', 'content-length': answer.length });
+        res.end(answer);
+        if (record) {
+          record.answeredAt = Date.now();
+          record.status = f.status;
+        }
+        return applied();
+      }
       this.#later(wait, () => {
         if (drop ?? this.drop(req)) {
           res.destroy();

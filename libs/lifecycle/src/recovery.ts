@@ -215,7 +215,8 @@ export function takeoverOpenable(state: OperationState): 'open' | 'already' | 'n
 
 /** Whether an open takeover backs a freeze of the operation's task: it is `unknown` and handed to a person (FM-14). Pure. */
 export function freezeBacked(state: OperationState): boolean {
-  return state.status === 'unknown' && state.takeover !== undefined;
+  // A failed compensation is a person's too: its task stays frozen (FM-20).
+  return (state.status === 'unknown' && state.takeover !== undefined) || state.status === 'compensation_failed';
 }
 
 /** A person's resolution of a takeover: what the operator asked (FM-14). */

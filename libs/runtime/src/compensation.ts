@@ -137,12 +137,22 @@ export async function compensationInputOf(
 export async function linkCompensation(
   store: OperationStore,
   state: OperationState,
-  now: () => number = Date.now,
+  o: {
+    now?: () => number;
+    /**
+     * Freezes the original's task before `compensation_failed` is appended (FM-20: the task's
+     * later steps stop until a person has it; the same order as a takeover's, so nobody sees the
+     * failure while the task still takes side effects).
+     */
+    freeze?: (tenant: string, taskId: string, operationKey: string, at: number) => Promise<void>;
+  } = {},
 ): Promise<OperationCommand['type'] | null> {
   if (state.status === 'none' || !state.compensates) return null;
   const outcome = compensationOutcomeOf(state);
   if (outcome.kind === 'pending') return null;
+  const now = o.now ?? Date.now;
   const compensationKey = state.operationKey;
+  if (outcome.kind === 'fail') await o.freeze?.(state.tenant, state.taskId, state.compensates.operationKey, now());
   const make = (): OperationCommand => {
     const base = { eventId: newEventId(), at: now(), compensationKey };
     switch (outcome.kind) {

@@ -5,7 +5,7 @@
 import { z } from 'zod';
 import type { KV } from '@nats-io/kv';
 import { heldLimit, KvMirror, startConsumerLoop, openBucket } from '@tooltx/nats';
-import { FrozenTaskWatch, linkCompensation, ProjectionGuard } from '@tooltx/runtime';
+import { freezeTask, FrozenTaskWatch, linkCompensation, ProjectionGuard } from '@tooltx/runtime';
 import { envInt, type Logger } from '@tooltx/runtime';
 import { defineRole } from '@tooltx/runtime/service';
 import { startTakeoverService } from '@tooltx/readside';
@@ -126,7 +126,10 @@ export const reconcilerRole = defineRole({
       guard,
       // A compensation that ended moves its original (compensated, compensation_failed, or
       // committed again when it was refused before it ran).
-      onCompensation: (state) => linkCompensation(store, state),
+      onCompensation: (state) =>
+        linkCompensation(store, state, {
+          freeze: (tenant, taskId, operationKey, at) => freezeTask(tasks, tenant, taskId, operationKey, at),
+        }),
     });
     // A process hosting every role reads the log once for all of them (its own durable unused).
     const loop =
