@@ -162,6 +162,20 @@ describe('compensation: a new operation that undoes what can be undone', () => {
     expect(await deletesUnder(compensationKey)).toBe(0);
   });
 
+  it("unknown during compensation takes any write's path: its answer lost, the reconciler probes the KB by the compensation's key, finds the delete and commits it; the original ends compensated, one delete", async () => {
+    const w = await written('comp-unknown', 'The delete answer is lost');
+    const compensationKey = deriveCompensationKey(w.operationKey, { tool: 'kb.delete_note', version: 1 });
+    // The delete reaches the KB and is stored; its answer never comes back within the deadline.
+    const held = proxy.inject(downstreamKeyOf('acme', compensationKey), { kind: 'hold_response', ms: 60_000 });
+    const c = await alice.compensate({ operationKey: w.operationKey, reason: 'lost answer' }, { budgetMs: 20_000 });
+    expect(c).toMatchObject({ status: 'compensated', compensationKey });
+    expect((await held.applied).status).toBe(200);
+    expect(await deletesUnder(compensationKey)).toBe(1);
+    const types = (await history(t, 'acme', compensationKey)).map((e) => e.type);
+    expect(types).toContain('unknown');
+    expect(types.at(-1)).toBe('committed');
+  });
+
   it('FM-22: a compensation from a state that does not allow it, of an unknown key, of a contract that declares none, or of a compensation, is rejected with its class and sends nothing', async () => {
     // unknown: the write's answer never comes back within its deadline.
     const held = note('Outcome unknown');
