@@ -5,7 +5,9 @@
  * processes, SDK clients.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { downstreamKeyOf, deriveCompensationKey } from '@tooltx/contracts';
+import { downstreamKeyOf, deriveCompensationKey, operationIdOf } from '@tooltx/contracts';
+import { auditRecordSchema, type AuditRecord } from '@tooltx/lifecycle';
+import { decode, openBucket } from '@tooltx/nats';
 import { createTools, type Tools } from '@tooltx/client';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startHost, type ServiceProcess } from './helpers/services.js';
@@ -39,6 +41,20 @@ const client = () =>
 const deletesUnder = async (compensationKey: string) => {
   const p = await kb.client.probeDelete({ tenant: 'acme', key: downstreamKeyOf('acme', compensationKey) });
   return p.found ? p.count : 0;
+};
+
+/** The audit record of `key` once it shows `until` (records of in-flight operations are batched). */
+const auditOf = async (key: string, until: (r: AuditRecord) => boolean): Promise<AuditRecord | undefined> => {
+  const kv = await openBucket(t.nc, t.subjects.auditBucket);
+  const deadline = Date.now() + 10_000;
+  let r: AuditRecord | undefined;
+  while (Date.now() < deadline) {
+    const e = await kv.get(t.subjects.projectionKey('acme', operationIdOf(key)));
+    r = e?.operation === 'PUT' ? decode(auditRecordSchema, e.value) : undefined;
+    if (r && until(r)) return r;
+    await new Promise((res) => setTimeout(res, 200));
+  }
+  return r;
 };
 
 /** A committed note write: its key and receipt. */
@@ -114,6 +130,20 @@ describe('compensation: a new operation that undoes what can be undone', () => {
         'compensation_requested',
         'compensated',
       ]);
+      // The audit records link both operations, with no body of either and no reason in clear.
+      const ra = await auditOf(w.operationKey, (r) => r.status === 'compensated');
+      expect(ra).toMatchObject({
+        status: 'compensated',
+        compensation: { operationKey: a.compensationKey, requestedBy: { kind: 'actor', id: 'alice' } },
+      });
+      expect(ra?.compensation?.reasonHmac).toMatch(/^hmac-sha256:[0-9a-f]{64}$/);
+      const rc = await auditOf(a.compensationKey, (r) => r.status === 'committed');
+      expect(rc).toMatchObject({ status: 'committed', compensates: w.operationKey, contract: 'kb.delete_note@1' });
+      for (const r of [ra, rc]) {
+        const text = JSON.stringify(r);
+        for (const secret of ['wrong source', 'duplicate of another note', 'Compensated once'])
+          expect(text).not.toContain(secret);
+      }
       // Resubmitting the original returns its receipt and runs nothing again.
       const re = await alice.execute({ tool: 'kb.write_note', taskId: 'comp-21', input: note('Compensated once') });
       expect(re).toMatchObject({ status: 'committed', receipt: w.receipt });

@@ -128,6 +128,21 @@ export const auditRecordSchema = z.object({
   resolvedBy: id.optional(),
   /** Set once the operation was handed over to a person. */
   takeover: z.object({ reason: token }).optional(),
+  /**
+   * The compensation asked of this operation (docs/compensation.md): the compensation's key (its own
+   * record), who asked, an HMAC (purpose `audit-reason`) of the reason's digest, and the class of its
+   * failure or refusal. No body of either operation.
+   */
+  compensation: z
+    .object({
+      operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+      requestedBy: z.object({ kind: token, id }),
+      reasonHmac: hmac,
+      errorClass: token.optional(),
+    })
+    .optional(),
+  /** Set on a compensation's record: the key of the operation it compensates. */
+  compensates: z.string().regex(OPERATION_KEY_PATTERN).optional(),
   states: z.array(auditStateSchema),
   /** The newest pre-acceptance decisions (at most 64: docs/tenancy.md). */
   decisions: z.array(auditDecisionSchema),

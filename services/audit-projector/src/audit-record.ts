@@ -38,7 +38,7 @@ const id = z.string().regex(ID_PATTERN);
 const token = z.string().regex(/^[a-z][a-z0-9_]{0,39}$/);
 
 /** The HMAC under the deployment's audit key, per purpose (see `keyedDigest` in @tooltx/runtime). */
-export type AuditHmac = (purpose: 'target' | 'result' | 'resource', value: string) => string;
+export type AuditHmac = (purpose: 'target' | 'result' | 'resource' | 'reason', value: string) => string;
 
 // ---- What is read from the streams (lenient: unknown fields are dropped, unknown types kept) ----
 
@@ -76,6 +76,18 @@ export const auditedEventSchema = z.object({
     receipt: z.object({ resultDigest: digest, resolvedBy: id.optional() }).optional(),
     resolution: z.object({ by: id }).optional(),
     takeover: z.object({ reason: token }).optional(),
+    /** The compensation asked of this operation (docs/compensation.md): its key, who asked, why (a digest). */
+    compensation: z
+      .object({
+        operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+        requestedBy: z.object({ kind: token, id }),
+        reasonDigest: digest,
+        failure: z.object({ kind: token, error: z.object({ class: token }).optional() }).optional(),
+        refusal: z.object({ error: z.object({ class: token }) }).optional(),
+      })
+      .optional(),
+    /** Set on a compensation: the operation it compensates. */
+    compensates: z.object({ operationKey: z.string().regex(OPERATION_KEY_PATTERN) }).optional(),
   }),
 });
 export type AuditedEvent = z.infer<typeof auditedEventSchema>;
@@ -115,6 +127,8 @@ const HEAD_KEYS = [
   'resultHmac',
   'resolvedBy',
   'takeover',
+  'compensation',
+  'compensates',
 ] as const;
 
 function authView(a: z.infer<typeof authSeen> | undefined, h: AuditHmac): AuditAuthorization | undefined {
@@ -153,6 +167,20 @@ function headOfEvent(e: AuditedEvent, at: number, h: AuditHmac): Head {
     ...(s.status === 'committed' && s.receipt ? { resultHmac: h('result', s.receipt.resultDigest) } : {}),
     ...(resolvedBy ? { resolvedBy } : {}),
     ...(s.takeover ? { takeover: { reason: s.takeover.reason } } : {}),
+    // The two operations linked by their keys; the reason only as a keyed HMAC of its digest.
+    ...(s.compensation
+      ? {
+          compensation: {
+            operationKey: s.compensation.operationKey,
+            requestedBy: s.compensation.requestedBy,
+            reasonHmac: h('reason', s.compensation.reasonDigest),
+            ...((s.compensation.failure?.error ?? s.compensation.refusal?.error)
+              ? { errorClass: (s.compensation.failure?.error ?? s.compensation.refusal?.error)!.class }
+              : {}),
+          },
+        }
+      : {}),
+    ...(s.compensates ? { compensates: s.compensates.operationKey } : {}),
   };
 }
 
