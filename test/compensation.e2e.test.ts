@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, deriveCompensationKey, operationIdOf } from '@tooltx/contracts';
 import { auditRecordSchema, type AuditRecord } from '@tooltx/lifecycle';
 import { decode, openBucket } from '@tooltx/nats';
-import { createTools, type Tools } from '@tooltx/client';
+import { createTools, runTask, type Tools } from '@tooltx/client';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startHost, type ServiceProcess } from './helpers/services.js';
 import { history } from './helpers/ops.js';
@@ -204,6 +204,27 @@ describe('compensation: a new operation that undoes what can be undone', () => {
     const types = (await history(t, 'acme', compensationKey)).map((e) => e.type);
     expect(types).toContain('unknown');
     expect(types.at(-1)).toBe('committed');
+  });
+
+  it('the runner compensates a task whose later step is rejected: its committed steps, the last committed first, one delete each', async () => {
+    const run = await runTask(alice, {
+      taskId: 'comp-task',
+      compensateOnReject: { reason: 'the summary step was refused' },
+      steps: [
+        { id: 'first', tool: 'kb.write_note', input: note('Task note one') },
+        { id: 'second', tool: 'kb.write_note', dependsOn: ['first'], input: note('Task note two') },
+        // No such knowledge base: refused at intake, nothing written.
+        { id: 'third', tool: 'kb.write_note', dependsOn: ['second'], input: { ...note('Nowhere'), kb: 'nope' } },
+      ],
+    });
+    expect(run.steps.third?.status).toBe('rejected');
+    expect(run.status).toBe('compensated');
+    expect(run.compensations?.map((c) => [c.step, c.outcome.status])).toEqual([
+      ['second', 'compensated'],
+      ['first', 'compensated'],
+    ]);
+    for (const c of run.compensations ?? [])
+      if (c.outcome.status === 'compensated') expect(await deletesUnder(c.outcome.compensationKey)).toBe(1);
   });
 
   it('FM-22: a compensation from a state that does not allow it, of an unknown key, of a contract that declares none, or of a compensation, is rejected with its class and sends nothing', async () => {

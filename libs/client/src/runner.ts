@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { ErrorClass, fieldIssues, NextAction, TooltxError, type ErrorInfo } from '@tooltx/contracts';
 import type { Receipt, TakeoverRecord } from '@tooltx/lifecycle';
 import type { ExecuteResult, Next, ReceiptCheck, Tools, UnknownEvidence } from './client.js';
+import type { CompensateResult } from './compensate.js';
 
 /**
  * A small task runner (FM-14, FM-15, FM-17): the steps of one task, each a tool call,
@@ -12,7 +13,9 @@ import type { ExecuteResult, Next, ReceiptCheck, Tools, UnknownEvidence } from '
  * - at an `unknown` write it starts nothing more, freezes the steps that depend on it, and returns
  *   the evidence (the takeover record when the server has one) for a person (FM-14);
  * - a `rejected` step blocks the steps that depend on it; the others go on; its next action (FM-15)
- *   is in the outcome.
+ *   is in the outcome. With `compensateOnReject`, the committed steps are then compensated, the
+ *   last committed first, and the first compensation that does not end `compensated` is handed
+ *   over (docs/compensation.md).
  * Steps whose dependencies are done run concurrently, at most `concurrency` at once.
  */
 
@@ -29,6 +32,12 @@ export interface TaskStep {
   inputFrom?: (done: Readonly<Record<string, { result: unknown; receipt: Receipt }>>) => unknown;
   /** This step's budget, ms (default: the SDK's). */
   budgetMs?: number;
+  /**
+   * Whether the task's compensation undoes this step (default true). `false` for a step with
+   * nothing to undo (a read, a computation); a write whose contract declares no compensation stops
+   * the task's compensation there, for a person.
+   */
+  compensate?: boolean;
 }
 
 export interface TaskSpec {
@@ -36,6 +45,12 @@ export interface TaskSpec {
   steps: TaskStep[];
   /** Steps run at once (default 4). */
   concurrency?: number;
+  /**
+   * When a step is rejected, compensate the committed steps, the last committed first
+   * (docs/compensation.md), with this reason; stop and hand over at the first compensation that
+   * does not end `compensated`. Without it, a rejection leaves the task `incomplete`.
+   */
+  compensateOnReject?: { reason: string };
 }
 
 /** What happened to one step. */
@@ -59,14 +74,20 @@ export type StepOutcome =
 
 export interface TaskRun {
   taskId: string;
-  /** `done`: every step committed; `handed_over`: stopped at an unknown or unverified step; `incomplete`: some step was rejected. */
-  status: 'done' | 'handed_over' | 'incomplete';
+  /**
+   * `done`: every step committed; `handed_over`: stopped at an unknown or unverified step, or at a
+   * compensation that failed; `incomplete`: some step was rejected; `compensated`: some step was
+   * rejected and every committed step was compensated (`compensateOnReject`).
+   */
+  status: 'done' | 'handed_over' | 'incomplete' | 'compensated';
   steps: Record<string, StepOutcome>;
+  /** The compensations run (`compensateOnReject`), in the order they ran: the last committed step first. */
+  compensations?: { step: string; outcome: CompensateResult }[];
   /** The evidence for the person who takes over (when `handed_over`). */
   handover?: {
     step: string;
     operationKey: string;
-    reason: 'unknown' | 'unverified';
+    reason: 'unknown' | 'unverified' | 'compensation_failed';
     evidence?: UnknownEvidence;
     takeover?: TakeoverRecord;
   };
@@ -75,6 +96,7 @@ export interface TaskRun {
 const taskSpecSchema = z.object({
   taskId: z.string().min(1).max(256),
   concurrency: z.number().int().min(1).max(64).optional(),
+  compensateOnReject: z.object({ reason: z.string().trim().min(1).max(500) }).optional(),
   steps: z
     .array(
       z
@@ -86,6 +108,7 @@ const taskSpecSchema = z.object({
           input: z.unknown().optional(),
           inputFrom: z.custom<(d: unknown) => unknown>((v) => typeof v === 'function', 'must be a function').optional(),
           budgetMs: z.number().int().min(100).optional(),
+          compensate: z.boolean().optional(),
         })
         .refine((s) => (s.input === undefined) !== (s.inputFrom === undefined), {
           message: 'give exactly one of input or inputFrom',
@@ -100,7 +123,10 @@ const taskSpecSchema = z.object({
  * Runs `spec` through `tools`. Throws `TooltxError(invalid_input)` with the field path for a bad
  * spec (duplicate ids, unknown dependencies, a cycle); never throws for a step's outcome.
  */
-export async function runTask(tools: Pick<Tools, 'execute' | 'verify'>, spec: TaskSpec): Promise<TaskRun> {
+export async function runTask(
+  tools: Pick<Tools, 'execute' | 'verify'> & Partial<Pick<Tools, 'compensate'>>,
+  spec: TaskSpec,
+): Promise<TaskRun> {
   const parsed = taskSpecSchema.safeParse(spec);
   if (!parsed.success)
     throw new TooltxError(ErrorClass.InvalidInput, 'invalid task', { issues: fieldIssues(parsed.error) });
@@ -127,6 +153,7 @@ export async function runTask(tools: Pick<Tools, 'execute' | 'verify'>, spec: Ta
   let handover: TaskRun['handover'];
   const running = new Map<string, Promise<void>>();
   const limit = spec.concurrency ?? 4;
+  const committedOrder: string[] = [];
 
   const blockedBy = (s: TaskStep): { kind: 'frozen' | 'blocked'; by: string } | null => {
     for (const d of s.dependsOn ?? []) {
@@ -161,6 +188,7 @@ export async function runTask(tools: Pick<Tools, 'execute' | 'verify'>, spec: Ta
       }
       out[s.id] = { status: 'committed', operationKey: r.operationKey, result: r.result, receipt: r.receipt };
       done[s.id] = { result: r.result, receipt: r.receipt };
+      committedOrder.push(s.id);
     } else if (r.status === 'rejected') {
       out[s.id] = { status: 'rejected', operationKey: r.operationKey, error: r.error, next: r.next };
     } else {
@@ -205,12 +233,35 @@ export async function runTask(tools: Pick<Tools, 'execute' | 'verify'>, spec: Ta
     await Promise.race(running.values());
   }
   for (const s of spec.steps) out[s.id] ??= { status: 'not_started' };
+  const rejected = Object.values(out).some((o) => o.status === 'rejected');
+  const compensations: { step: string; outcome: CompensateResult }[] = [];
+  if (!handover && rejected && spec.compensateOnReject && tools.compensate) {
+    // The last committed first; the first one that does not end compensated goes to a person.
+    for (const id of [...committedOrder].reverse()) {
+      if (steps.get(id)?.compensate === false) continue;
+      const o = out[id] as Extract<StepOutcome, { status: 'committed' }>;
+      const outcome = await tools.compensate({ operationKey: o.operationKey, reason: spec.compensateOnReject.reason });
+      compensations.push({ step: id, outcome });
+      if (outcome.status !== 'compensated') {
+        handover = { step: id, operationKey: o.operationKey, reason: 'compensation_failed' };
+        break;
+      }
+    }
+  }
   const status = handover
     ? 'handed_over'
     : Object.values(out).every((o) => o.status === 'committed')
       ? 'done'
-      : 'incomplete';
-  return { taskId: spec.taskId, status, steps: out, ...(handover ? { handover } : {}) };
+      : compensations.length > 0
+        ? 'compensated'
+        : 'incomplete';
+  return {
+    taskId: spec.taskId,
+    status,
+    steps: out,
+    ...(compensations.length ? { compensations } : {}),
+    ...(handover ? { handover } : {}),
+  };
 }
 
 function assertAcyclic(steps: TaskStep[]): void {
