@@ -21,7 +21,13 @@ import {
   type Subjects,
 } from '@tooltx/nats';
 import { DEFAULT_TENANT_LIMITS, resolveLimits, type Topology } from '@tooltx/streams';
-import { identityListSchema, checkIdentityList, type IdentityList } from './identities.js';
+import {
+  checkIdentityList,
+  compensatingOperators,
+  identityListSchema,
+  operatorsOf,
+  type IdentityList,
+} from './identities.js';
 import { permissionsFor } from './permissions.js';
 
 /** One generated user: its role, public nkey, and where its seed file was written. */
@@ -140,8 +146,9 @@ export function generateAuth(
       ...t.actors.map((actor) => ({ kind: 'agent' as const, tenant: t.id, actor })),
       ...t.auditors.map((actor) => ({ kind: 'auditor' as const, tenant: t.id, actor })),
     ]),
-    ...parsed.operators.map((operator) => ({ kind: 'operator' as const, operator })),
+    ...operatorsOf(parsed).map((o) => ({ kind: 'operator' as const, operator: o.id })),
   ];
+  const compensators = compensatingOperators(parsed);
   const keyDir = join(o.outDir, 'nkeys');
   mkdirSync(keyDir, { recursive: true, mode: 0o700 });
   const users: GeneratedUser[] = roles.map((role) => {
@@ -171,6 +178,7 @@ export function generateAuth(
       o.topology,
       parsed.executorDurables,
       parsed.tenants.map((t) => t.id),
+      compensators,
     );
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
@@ -188,7 +196,7 @@ export function generateAuth(
     name: 'TOOLTX',
     extra: [
       '      jetstream: enabled',
-      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
+      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`, `${p}.ops.compensate.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
     ],
     users: users.filter((u) => u.role.kind === 'service' || u.role.kind === 'provisioner'),
   };
@@ -213,7 +221,9 @@ export function generateAuth(
     }));
   const operatorAccount = {
     name: 'OPERATORS',
-    extra: [imports([`${p}.takeover.>`])],
+    // Every operator's account imports the compensation subject; only a granted operator's own
+    // permissions let it publish there (permissionsFor).
+    extra: [imports([`${p}.takeover.>`, `${p}.ops.compensate.>`])],
     users: users.filter((u) => u.role.kind === 'operator'),
   };
   const accounts = [tooltxAccount, ...tenantAccounts, operatorAccount].filter(

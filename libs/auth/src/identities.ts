@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { ErrorClass, ID_PATTERN, TooltxError, type FieldIssue } from '@tooltx/contracts';
+import { ErrorClass, ID_PATTERN, MAX_OPERATOR_ACTOR_ID, TooltxError, type FieldIssue } from '@tooltx/contracts';
 import { inboxPrefixOf, SERVICE_NAMES, type Role } from '@tooltx/nats';
 import { partialTenantLimitsSchema, resolveLimits, type TenantSpec, type Topology } from '@tooltx/streams';
 
@@ -13,6 +13,43 @@ import { partialTenantLimitsSchema, resolveLimits, type TenantSpec, type Topolog
  */
 
 const id = z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$ (one subject token, no wildcard)');
+
+/** What an operator may do beyond takeovers. */
+export const OPERATOR_GRANTS = ['compensate'] as const;
+export type OperatorGrant = (typeof OPERATOR_GRANTS)[number];
+
+/** An operator of the list: a bare id (takeovers only), or an id with the grants it holds. */
+const operatorEntrySchema = z.union([
+  id,
+  z.strictObject({
+    id,
+    may: z
+      .array(z.enum(OPERATOR_GRANTS))
+      .max(OPERATOR_GRANTS.length)
+      .refine((g) => new Set(g).size === g.length, 'each grant once')
+      .default([]),
+  }),
+]);
+
+/** One operator with its grants, whatever form its entry had. */
+export interface Operator {
+  id: string;
+  may: ReadonlySet<OperatorGrant>;
+}
+
+/** The operators of a list with their grants (a bare id holds none). */
+export function operatorsOf(list: IdentityList): Operator[] {
+  return identityListSchema
+    .parse(list)
+    .operators.map((o) => (typeof o === 'string' ? { id: o, may: new Set() } : { id: o.id, may: new Set(o.may) }));
+}
+
+/** The ids of the operators who may compensate (`may: ['compensate']`). */
+export function compensatingOperators(list: IdentityList): string[] {
+  return operatorsOf(list)
+    .filter((o) => o.may.has('compensate'))
+    .map((o) => o.id);
+}
 
 export const identityListSchema = z.strictObject({
   tenants: z
@@ -29,10 +66,12 @@ export const identityListSchema = z.strictObject({
   /** Extra durable names the executor may pull from (e.g. a second executor group during a migration). */
   executorDurables: z.array(id).default([]),
   /**
-   * Operators: people who resolve takeovers. They reach only the takeover service, which
-   * records their id (from the subject the server pinned them to) in the resolution event.
+   * Operators: people who resolve takeovers. They reach the takeover service, which records their
+   * id (from the subject the server pinned them to) in the resolution event. An entry is an id, or
+   * `{ id, may: ['compensate'] }` for one who may also compensate operations with `tooltx
+   * compensate` (docs/compensation.md); a bare id may not.
    */
-  operators: z.array(id).default([]),
+  operators: z.array(operatorEntrySchema).default([]),
   /** Every tenant's limits unless its own entry says otherwise (docs/tenancy.md); unset ones take the defaults. */
   limits: partialTenantLimitsSchema.optional(),
 });
@@ -110,9 +149,21 @@ export function checkIdentityList(list: IdentityList, topo?: Topology): void {
       entries.push({ role: { kind: 'auditor', tenant: t.id, actor }, path: ['tenants', i, 'auditors', j] });
     });
   });
-  parsed.operators.forEach((operator, k) => {
-    reserved(operator, ['operators', k], 'operator');
-    entries.push({ role: { kind: 'operator', operator }, path: ['operators', k] });
+  operatorsOf(parsed).forEach(({ id: operator, may }, k) => {
+    const path = typeof parsed.operators[k] === 'string' ? ['operators', k] : ['operators', k, 'id'];
+    reserved(operator, path, 'operator');
+    // A compensating operator's requests enter a tenant's intake stream under `_op-<id>`, one
+    // subject token of at most 64 characters.
+    if (may.has('compensate') && operator.length > MAX_OPERATOR_ACTOR_ID)
+      refuse(
+        {
+          path,
+          code: 'too_long',
+          message: `an operator who may compensate has an id of at most ${MAX_OPERATOR_ACTOR_ID} characters`,
+        },
+        `${path.join('.')}: operator ${JSON.stringify(operator)} may compensate, so its id is at most ${MAX_OPERATOR_ACTOR_ID} characters (its requests are recorded under the actor _op-<id>, one subject token of 64)`,
+      );
+    entries.push({ role: { kind: 'operator', operator }, path });
   });
   // Equal prefixes, then a prefix that lies inside another (its token ancestors).
   const byPrefix = new Map<string, ListedIdentity>();

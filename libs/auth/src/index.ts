@@ -1,4 +1,14 @@
-export { checkIdentityList, identityListSchema, tenantsOf, type IdentityList } from './identities.js';
+export {
+  checkIdentityList,
+  compensatingOperators,
+  identityListSchema,
+  OPERATOR_GRANTS,
+  operatorsOf,
+  tenantsOf,
+  type IdentityList,
+  type Operator,
+  type OperatorGrant,
+} from './identities.js';
 export { knownDurables, permissionsFor, type Permissions } from './permissions.js';
 export {
   generateAuth,

@@ -1,3 +1,4 @@
+import { operatorActorOf } from '@tooltx/contracts';
 import { inboxPrefixOf, RESPONSE_SUBJECTS, type Role, type Subjects } from '@tooltx/nats';
 import { Durables, type Topology } from '@tooltx/streams';
 
@@ -66,9 +67,12 @@ export function permissionsFor(
   executorDurables: string[] = [],
   /** The deployment's tenants: each has its own intake and decision streams (docs/tenancy.md). */
   tenants: string[] = topo.tenants?.map((t) => t.id) ?? [],
+  /** The operators granted `compensate` in the identity list (`tooltx compensate`). */
+  compensators: string[] = [],
 ): Permissions {
   const api = '$JS.API';
-  if (role.kind === 'service' && role.service === 'host') return hostPermissions(s, topo, executorDurables, tenants);
+  if (role.kind === 'service' && role.service === 'host')
+    return hostPermissions(s, topo, executorDurables, tenants, compensators);
   const inbox = `${inboxPrefixOf(role)}.>`;
   // Where a request/reply service (status, audit, takeover) answers: agents, auditors and operators
   // live in their own accounts and reach these services through service imports, so every request
@@ -158,7 +162,17 @@ export function permissionsFor(
       // no stream, bucket or JetStream API subject — not intents, inputs, results, events or the KV.
       return { publish: { allow: [s.audit(role.tenant, role.actor)] }, subscribe: { allow: [inbox] } };
     case 'operator':
-      return { publish: { allow: [s.takeover(role.operator)] }, subscribe: { allow: [inbox] } };
+      // The compensation request subject only for an operator granted `compensate`: one without
+      // the grant is refused by the server and reaches nothing that could tell it about an operation.
+      return {
+        publish: {
+          allow: [
+            s.takeover(role.operator),
+            ...(compensators.includes(role.operator) ? [s.opsCompensate(role.operator)] : []),
+          ],
+        },
+        subscribe: { allow: [inbox] },
+      };
     case 'provisioner':
       return { publish: { allow: [`${api}.>`, `$KV.>`, `${s.prefix}.>`] }, subscribe: { allow: [inbox] } };
     case 'service': {
@@ -188,6 +202,10 @@ export function permissionsFor(
                 // Status answers, and "poll now" pushed to a submission's agent.
                 answers,
                 s.allPush,
+                // An operator's compensation request, stored as an intent under `_op-<operator>` in
+                // each tenant's intake stream: exactly the granted operators' subjects, so that
+                // what arrives under such a token was put there by this service for that operator.
+                ...tenants.flatMap((t) => compensators.map((o) => s.intent(t, operatorActorOf(o)))),
               ],
               deny: [
                 ...durableGuard,
@@ -196,7 +214,9 @@ export function permissionsFor(
                 ),
               ],
             },
-            subscribe: { allow: [inbox, s.allStatus] },
+            // Status requests, and operators' compensation requests (queue groups): only a granted
+            // operator may publish the latter.
+            subscribe: { allow: [inbox, s.allStatus, s.allOpsCompensate] },
           };
         }
         case 'executor':
@@ -309,9 +329,15 @@ export function permissionsFor(
  * loses a guard the roles share — no create, update or delete of a durable, no pull from a durable
  * that none of them reads. It gains nothing a process holding the four roles' seeds lacks.
  */
-function hostPermissions(s: Subjects, topo: Topology, executorDurables: string[], tenants: string[]): Permissions {
+function hostPermissions(
+  s: Subjects,
+  topo: Topology,
+  executorDurables: string[],
+  tenants: string[],
+  compensators: string[],
+): Permissions {
   const parts = (['authorizer', 'executor', 'reconciler', 'audit-projector'] as const).map((service) =>
-    permissionsFor({ kind: 'service', service }, s, topo, executorDurables, tenants),
+    permissionsFor({ kind: 'service', service }, s, topo, executorDurables, tenants, compensators),
   );
   const events = topo.streams.events.name;
   const own = [

@@ -27,3 +27,29 @@ export function isValidId(id: string): boolean {
 export function operationIdOf(operationKey: string): string {
   return sha256Hex(`tooltx-op\u0000${operationKey}`).slice(0, 32);
 }
+
+/**
+ * The actor token an operator's requests carry on the intake stream: `_op-<operator>`. Ids starting
+ * with `_` are reserved for tooltx (the identity list refuses them for tenants, actors, auditors and
+ * operators), so no agent can hold this token, and only the authorizer's identity may publish on
+ * such an intent subject: what arrives there was put there by the operator request service, for the
+ * operator the subject names.
+ */
+export const OPERATOR_ACTOR_PREFIX = '_op-';
+/** The longest operator id that still makes an actor token (`_op-` + id within 64 characters). */
+export const MAX_OPERATOR_ACTOR_ID = 64 - OPERATOR_ACTOR_PREFIX.length;
+
+/** `_op-<operator>`: the actor token of an operator's request (throws `TypeError` when it is not one token). */
+export function operatorActorOf(operator: string): string {
+  const actor = `${OPERATOR_ACTOR_PREFIX}${operator}`;
+  if (!ID_PATTERN.test(operator) || operator.startsWith('_') || !ID_PATTERN.test(actor))
+    throw new TypeError(`no operator actor token for ${JSON.stringify(operator)}`);
+  return actor;
+}
+
+/** The operator an actor token stands for (`_op-<operator>`), or null for an agent's. */
+export function operatorOfActor(actor: string): string | null {
+  if (!actor.startsWith(OPERATOR_ACTOR_PREFIX)) return null;
+  const operator = actor.slice(OPERATOR_ACTOR_PREFIX.length);
+  return operator.length > 0 && !operator.startsWith('_') && ID_PATTERN.test(operator) ? operator : null;
+}

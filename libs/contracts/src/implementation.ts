@@ -72,8 +72,16 @@ export interface AuthorizationContext {
    * Set when the call compensates another operation (docs/compensation.md): that operation's key and
    * the permission its contract declares for compensating it. The policy grants that permission to
    * `actor` or refuses (`forbidden`), at the compensation's execution instant like any write's.
+   * `requestedBy` says who asked: an agent (`actor`, who needs that permission), or an operator
+   * through `tooltx compensate` (`actor` is then `_op-<operator>`): the operator's grant in the
+   * identity list is the permission, so a policy does not ask it of an agent; it still checks
+   * everything else (the resource exists, its state, its version).
    */
-  compensates?: { operationKey: string; permission: string };
+  compensates?: {
+    operationKey: string;
+    permission: string;
+    requestedBy?: { kind: 'actor' | 'operator'; id: string };
+  };
 }
 
 /** Who asks to read an operation, and whose operation it is. */

@@ -23,9 +23,13 @@ export {
   ID_PATTERN,
   idSchema,
   isValidId,
+  MAX_OPERATOR_ACTOR_ID,
   OPERATION_KEY_PATTERN,
+  OPERATOR_ACTOR_PREFIX,
   operationIdOf,
   operationKeySchema,
+  operatorActorOf,
+  operatorOfActor,
   type TenantId,
 } from './ids.js';
 export * as normalise from './normalise.js';

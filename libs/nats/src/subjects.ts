@@ -20,6 +20,7 @@ const SUBMISSION_TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
  * | KV `<p>_results`, key `<tenant>.<opId>` | business results (result store) |
  * | KV `<p>_reconcile`, key `<tenant>.<opId>` | the reconciler's index of non-terminal operations (projection) |
  * | KV `<p>_audit`, key `<tenant>.<opId>` | one audit record per operation (projection) |
+ * | `<p>.ops.compensate.<operator>` | operators' compensation requests to the authorizer (request/reply, no stream) |
  * | `<p>.audit.<tenant>.<auditor>` | auditors' queries to the audit service (request/reply, no stream) |
  * | `<p>.auditlog.<tenant>.<auditor>` | the audit service's record of each query and export (stream `<P>_AUDITLOG`) |
  */
@@ -69,6 +70,23 @@ export class Subjects {
   }
   get allTakeover(): string {
     return `${this.prefix}.takeover.*`;
+  }
+  /**
+   * An operator's compensation requests (`tooltx compensate`): `<prefix>.ops.compensate.<operator>`,
+   * answered by the authorizer. Only an operator granted `compensate` may publish there.
+   */
+  opsCompensate(operator: string): string {
+    return `${this.prefix}.ops.compensate.${id(operator)}`;
+  }
+  get allOpsCompensate(): string {
+    return `${this.prefix}.ops.compensate.*`;
+  }
+  /** The operator of a compensation request subject, or null when it is not exactly one. */
+  parseOpsCompensateSubject(subject: string): string | null {
+    const t = subject.split('.');
+    if (t.length !== 4 || t[0] !== this.prefix || t[1] !== 'ops' || t[2] !== 'compensate') return null;
+    const operator = t[3]!;
+    return ID_PATTERN.test(operator) && !operator.startsWith('_') ? operator : null;
   }
 
   intent(tenant: string, actor: string): string {

@@ -7,6 +7,7 @@ import {
   reasonDigestOf,
   TooltxError,
   operationIdOf,
+  operatorOfActor,
   prepareCall,
   toErrorInfo,
   type AuthorizationResult,
@@ -270,6 +271,13 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
   ): Promise<Settlement | void> {
     const { contract, compensationKey } = check;
     const ids = { tool: contract.name, version: contract.version };
+    // An operator's request (`tooltx compensate`) arrives under `_op-<operator>`, which only the
+    // operator request service may publish on, for an operator granted `compensate`: that grant is
+    // the permission, and the policy is told so instead of being asked it of an agent.
+    const operator = operatorOfActor(who.actor);
+    const requestedBy = operator
+      ? { kind: 'operator' as const, id: operator }
+      : { kind: 'actor' as const, id: who.actor };
     const impl = tools.get(contract.name, contract.version)!;
     const notAllowed = { class: ErrorClass.CompensationNotAllowed };
     const { state: original, seq: originalSeq } = await store.load(who.tenant, operationIdOf(check.original));
@@ -309,7 +317,11 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           operationKey: compensationKey,
           phase: begun ? ('execution' as const) : ('intake' as const),
           now: now(),
-          compensates: { operationKey: check.original, permission: originalImpl.contract.compensation!.permission },
+          compensates: {
+            operationKey: check.original,
+            permission: originalImpl.contract.compensation!.permission,
+            requestedBy,
+          },
         };
         allowed = await impl.authorize?.(call.input, authCtx);
         await impl.invariants?.(call.input, authCtx);
@@ -334,7 +346,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           eventId: newEventId(),
           at: now(),
           compensation: { operationKey: compensationKey, tool: contract.name, version: contract.version },
-          requestedBy: { kind: 'actor', id: who.actor },
+          requestedBy,
           reasonDigest: reasonDigestOf(check.reason),
         }),
         { known: { state: original, seq: originalSeq } },
@@ -416,6 +428,16 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     if (check.kind === 'refuse')
       return refuse(check.decisionKey, check.error, { tool: check.tool, version: check.version });
     if (check.kind === 'compensate') return compensate(msg, check, who, submissionId, l, refuse, answerOnItsWay);
+    // An operator's token carries compensation requests only: nothing else is ever run for one.
+    if (operatorOfActor(who.actor) !== null)
+      return refuse(
+        check.prepared.operationKey,
+        { class: ErrorClass.Forbidden },
+        {
+          tool: check.contract.name,
+          version: check.contract.version,
+        },
+      );
 
     const { contract, prepared, envelope } = check;
     const key = prepared.operationKey;

@@ -9,6 +9,7 @@ import { defineRole } from '@tooltx/runtime/service';
 import { TenantWatch } from '@tooltx/runtime/tenants';
 import { Durables } from '@tooltx/streams';
 import { intentHandler } from './authorize.js';
+import { startCompensateService } from './compensate-service.js';
 import { TokenBucket } from './rate.js';
 
 /** The bytes of intent one intake token pays for (docs/tenancy.md). */
@@ -19,7 +20,7 @@ const MAX_INTAKE_CHARGE = 100;
 export const authorizerRole = defineRole({
   name: 'authorizer',
   summary:
-    'consumes intents, checks identity, contract, key and policy, registers operations, and answers status requests',
+    "consumes intents, checks identity, contract, key and policy, registers operations, and answers status requests and operators' compensation requests",
   async start({ subjects, store, tools, log, js, nc, config, colocation }) {
     const results = await openBucket(nc, subjects.resultsBucket);
     const status = new StatusService({
@@ -95,10 +96,20 @@ export const authorizerRole = defineRole({
         }
       },
     );
+    // Operators' compensation requests (`tooltx compensate`), registered through the intake above.
+    const compensations = startCompensateService({
+      nc,
+      js,
+      store,
+      subjects,
+      tools,
+      log: log.child({ component: 'operator-compensate' }),
+    });
     await tenants.start();
     // Started = serving every listed tenant (one whose streams are missing is tried again meanwhile).
     await Promise.race([tenants.ready(), new Promise((r) => setTimeout(r, 10_000).unref())]);
     return async () => {
+      await compensations.stop();
       await tenants.stop();
       await status.stop();
       await frozen.stop();

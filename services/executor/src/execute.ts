@@ -6,6 +6,7 @@ import {
   downstreamKeyOf,
   EMPTY_RESULT_DIGEST,
   ErrorClass,
+  operatorOfActor,
   prepareCall,
   toErrorInfo,
   type AuthorizationResult,
@@ -255,6 +256,9 @@ export function executorHandlers(
                 operationKey: state.compensates.operationKey,
                 permission:
                   tools.get(state.compensates.tool, state.compensates.version)?.contract.compensation?.permission ?? '',
+                requestedBy: operatorOfActor(state.actor)
+                  ? { kind: 'operator' as const, id: operatorOfActor(state.actor)! }
+                  : { kind: 'actor' as const, id: state.actor },
               },
             }
           : {}),

@@ -1,0 +1,235 @@
+/**
+ * `tooltx compensate` (docs/compensation.md "An operator asks"): an operator granted `compensate` in
+ * the identity list compensates a committed `kb.write_note` through the authorizer's operator
+ * compensation service, which registers it through the agents' path (a compensation intent under
+ * the actor token `_op-<operator>`). One without the grant is refused `forbidden` by the server and
+ * learns nothing; an agent cannot publish under an operator's token; an agent and an operator asking
+ * for the same compensation make one delete in the KB (KB_DEDUP=off: a second one would show).
+ * Real nats-server with auth, one co-located process, the CLI as a process.
+ */
+import { execFile } from 'node:child_process';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { deriveCompensationKey, downstreamKeyOf, operationIdOf } from '@tooltx/contracts';
+import { createTools, type Tools } from '@tooltx/client';
+import { encode, permissionViolationOf } from '@tooltx/nats';
+import { jetStreamOf } from '@tooltx/nats';
+import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
+import { startHost, type ServiceProcess } from './helpers/services.js';
+import { history } from './helpers/ops.js';
+import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
+import { note, RECOVERY_TIMING } from './helpers/kb-faults.js';
+import { researchContracts } from '../examples/research-kb/contracts.js';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
+const TIMING = RECOVERY_TIMING;
+const contracts = researchContracts({ kbDedup: false, timing: TIMING });
+let t: TestNats;
+let kb: TestKb;
+let host: ServiceProcess;
+let alice: Tools;
+
+interface Run {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** `tooltx compensate <args>` as `operator` (seed and id), with only these variables. */
+function compensateCli(operator: string, args: string[]): Promise<Run> {
+  return new Promise((resolve) =>
+    execFile(
+      process.execPath,
+      ['--import', 'tsx', join(ROOT, 'bin', 'tooltx.ts'), 'compensate', ...args],
+      {
+        cwd: ROOT,
+        env: {
+          PATH: process.env.PATH ?? '',
+          ...(t
+            ? {
+                NATS_URL: t.url,
+                TOOLTX_PREFIX: t.subjects.prefix,
+                NATS_NKEY_FILE: t.auth.seedFile({ kind: 'operator', operator }),
+              }
+            : {}),
+          TOOLTX_OPERATOR: operator,
+        },
+      },
+      (err, stdout, stderr) =>
+        resolve({ code: err ? (typeof err.code === 'number' ? err.code : 1) : 0, stdout, stderr }),
+    ),
+  );
+}
+
+/** Delete requests the KB stored under the compensation's key (KB_DEDUP=off: each one is a row). */
+const deletesUnder = async (compensationKey: string) => {
+  const p = await kb.client.probeDelete({ tenant: 'acme', key: downstreamKeyOf('acme', compensationKey) });
+  return p.found ? p.count : 0;
+};
+
+const written = async (taskId: string, title: string) => {
+  const r = await alice.execute({ tool: 'kb.write_note', taskId, input: note(title) });
+  if (r.status !== 'committed') throw new Error(`the write did not commit: ${JSON.stringify(r)}`);
+  return r;
+};
+
+const compensationKeyOf = (operationKey: string) =>
+  deriveCompensationKey(operationKey, { tool: 'kb.delete_note', version: 1 });
+
+const UNKNOWN_KEY = 'opk_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA';
+/** Bad flags and the flag each message must name: refused before the CLI connects to anything. */
+const FLAG_CASES: [string[], string][] = [
+  [[UNKNOWN_KEY, '--tenant', 'acme'], '--reason'],
+  [[UNKNOWN_KEY, '--tenant', 'Acme.Corp', '--reason', 'why'], '--tenant'],
+  [[UNKNOWN_KEY, '--tenant', 'acme', '--reason', 'x'.repeat(501), '--wait', '5'], '--reason'],
+  [[UNKNOWN_KEY, '--tenant', 'acme', '--reason', 'why', '--wait', '61'], '--wait'],
+];
+/** Started before the deployment (they need none): the CLI's start-up overlaps the servers'. */
+let flagRuns: Promise<Run[]> | undefined;
+
+beforeAll(async () => {
+  flagRuns = Promise.all([
+    compensateCli('olga', ['--help']),
+    ...FLAG_CASES.map(([args]) => compensateCli('olga', args)),
+  ]);
+  // `oscar` resolves takeovers only (an entry of the older form); `olga` may also compensate.
+  t = await provisioned({}, undefined, {
+    identities: { ...TEST_IDENTITIES, operators: ['oscar', { id: 'olga', may: ['compensate'] }] },
+  });
+  kb = await startKb(
+    {
+      tenants: [{ id: 'acme', quota: 10_000 }],
+      knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }],
+    },
+    { KB_DEDUP: 'off' },
+  );
+  host = await startHost({
+    ...t.env,
+    TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS,
+    KB_URL: kb.url,
+    KB_KEEPALIVE: 'off',
+    KB_DEDUP: 'off',
+    KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`,
+    TOOLTX_RECONCILE_INTERVAL_MS: '300',
+  });
+  alice = await createTools({
+    servers: t.url,
+    tenant: 'acme',
+    actor: 'alice',
+    nkeyFile: t.agentSeed('acme', 'alice'),
+    contracts: contracts.all,
+    prefix: t.subjects.prefix,
+    receiptKeys: t.auth.receiptKeysFile,
+    budgetMs: 30_000,
+  });
+});
+
+afterAll(async () => {
+  await alice?.close();
+  const code = await host?.stop();
+  if (code !== 0) console.log(code, host?.stderr);
+  await kb?.stop();
+  await t?.close();
+  expect(code).toBe(0);
+});
+
+describe('tooltx compensate: an operator compensates a committed operation', () => {
+  it('an operator granted compensate compensates a committed write: one delete, the original committed with its receipt and compensated, the operator recorded as the requester', async () => {
+    const w = await written('op-comp-1', 'Compensated by an operator');
+    const r = await compensateCli('olga', [w.operationKey, '--tenant', 'acme', '--reason', 'wrong source', '--json']);
+    expect(r.code, r.stderr).toBe(0);
+    const answer = JSON.parse(r.stdout) as Record<string, unknown>;
+    const compensationKey = compensationKeyOf(w.operationKey);
+    expect(answer).toMatchObject({ status: 'compensated', operationKey: w.operationKey, compensationKey });
+    expect(await deletesUnder(compensationKey)).toBe(1);
+    const s = await alice.status({ operationKey: w.operationKey });
+    expect(s).toMatchObject({
+      state: 'committed',
+      receipt: w.receipt,
+      compensation: { status: 'compensated', operationKey: compensationKey },
+    });
+    // The compensation's receipt is a receipt the SDK verifies.
+    const c = await alice.status({ operationKey: compensationKey });
+    expect(c.receipt).toEqual(answer.receipt);
+    expect(alice.verify({ operationKey: compensationKey, receipt: c.receipt! }).valid).toBe(true);
+    // Who asked: the operator, from the subject the server pinned them to.
+    const { state } = await t.store.load('acme', operationIdOf(w.operationKey));
+    expect(state).toMatchObject({ compensation: { requestedBy: { kind: 'operator', id: 'olga' } } });
+    expect((await history(t, 'acme', compensationKey))[0]).toMatchObject({ state: { actor: '_op-olga' } });
+  });
+
+  it('an operator without the grant is refused forbidden and learns nothing; an agent cannot publish under an operator token', async () => {
+    const w = await written('op-comp-2', 'Not compensated by oscar');
+    // An unknown key, asked at the same time, gets the very same answer.
+    const [r, unknown] = await Promise.all([
+      compensateCli('oscar', [w.operationKey, '--tenant', 'acme', '--reason', 'not mine', '--json']),
+      compensateCli('oscar', [UNKNOWN_KEY, '--tenant', 'acme', '--reason', 'no such call', '--json']),
+    ]);
+    expect(r.code).toBe(1);
+    // Nothing about the operation: no key, no state, only the class.
+    expect(JSON.parse(r.stdout)).toEqual({ status: 'rejected', error: { class: 'forbidden' } });
+    expect(r.stderr).toContain('forbidden');
+    expect(unknown.code).toBe(1);
+    expect(unknown.stdout).toBe(r.stdout);
+    expect(await deletesUnder(compensationKeyOf(w.operationKey))).toBe(0);
+    const s = await alice.status({ operationKey: w.operationKey });
+    expect(s.state).toBe('committed');
+    expect(s.compensation).toBeUndefined();
+
+    // An agent publishing a compensation request under olga's token: refused by the server.
+    const nc = await t.connectAs({ kind: 'agent', tenant: 'acme', actor: 'mallory' });
+    try {
+      const { js } = await jetStreamOf(nc);
+      const err = await js
+        .publish(
+          t.subjects.intent('acme', '_op-olga'),
+          encode({
+            tool: 'kb.delete_note',
+            version: 1,
+            compensates: { operationKey: w.operationKey, reason: 'posing as an operator' },
+          }),
+          { timeout: 2_000 },
+        )
+        .then(
+          () => null,
+          (e: unknown) => e,
+        );
+      expect(permissionViolationOf(err)).toMatchObject({ operation: 'publish' });
+    } finally {
+      await nc.close();
+    }
+    expect(await deletesUnder(compensationKeyOf(w.operationKey))).toBe(0);
+  });
+
+  it('an agent and an operator asking for the same compensation at once: one delete reaches the KB, both get the same receipt', async () => {
+    const w = await written('op-comp-3', 'Compensated by an agent and an operator');
+    const [sdk, cli] = await Promise.all([
+      alice.compensate({ operationKey: w.operationKey, reason: 'duplicate' }),
+      compensateCli('olga', [w.operationKey, '--tenant', 'acme', '--reason', 'wrong source']),
+    ]);
+    expect(sdk.status).toBe('compensated');
+    if (sdk.status !== 'compensated') return;
+    // The operator's answer in words: the same compensation, the same resource.
+    expect(cli.code, cli.stderr).toBe(0);
+    expect(cli.stdout).toBe(
+      `compensated ${w.operationKey} by ${sdk.compensationKey} (resource ${sdk.receipt.resourceId}); the original's receipt stays valid\n`,
+    );
+    expect(await deletesUnder(sdk.compensationKey)).toBe(1);
+  });
+
+  it('--help, and bad flags exit 2 naming the flag before anything connects', async () => {
+    const [help, ...runs] = await flagRuns!;
+    expect(help!.code).toBe(0);
+    for (const s of ['--tenant', '--reason', '--wait', '--json', 'TOOLTX_OPERATOR', 'forbidden'])
+      expect(help!.stdout).toContain(s);
+    FLAG_CASES.forEach(([args, flag], i) => {
+      const r = runs[i]!;
+      expect({ args: args.slice(1), code: r.code, names: r.stderr.includes(flag) }).toEqual({
+        args: args.slice(1),
+        code: 2,
+        names: true,
+      });
+    });
+  });
+});
