@@ -13,7 +13,16 @@ import { downstreamKeyOf, prepareCall, TooltxError } from '@tooltx/contracts';
 import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
 import { Subjects, encode } from '@tooltx/nats';
 import { allStreams, checkDurables, Durables, topology } from '@tooltx/streams';
-import { checkIdentityList, generateAuth, knownDurables, permissionsFor, type IdentityList } from '@tooltx/auth';
+import {
+  checkIdentityList,
+  compensatingOperators,
+  generateAuth,
+  identityListSchema,
+  knownDurables,
+  permissionsFor,
+  tenantsOf,
+  type IdentityList,
+} from '@tooltx/auth';
 import { inboxPrefixOf, SERVICE_NAMES, type Role } from '@tooltx/nats';
 import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
@@ -685,5 +694,99 @@ describe('ids are one subject token', () => {
     expect(() => s.intent('a.b', 'c')).toThrow(TypeError);
     expect(s.parseActorSubject('intent', 'tcheck.intent.a.b.c')).toBeNull();
     expect(s.parseActorSubject('intent', 'tcheck.intent.a.*')).toBeNull();
+  });
+});
+
+describe('operator grants: who may ask for a compensation (tooltx compensate)', () => {
+  const s = new Subjects('tcheck');
+  const list: IdentityList = {
+    tenants: [
+      { id: 'acme', actors: ['alice'], auditors: ['audrey'] },
+      { id: 'globex', actors: ['gina'] },
+    ],
+    operators: ['oscar', { id: 'olga', may: ['compensate'] }],
+  };
+  const topo = topology(s, { tenants: tenantsOf(list) });
+  const tenants = ['acme', 'globex'];
+  const perms = (role: Role) => permissionsFor(role, s, topo, [], tenants, compensatingOperators(list));
+  const may = (role: Role, op: 'publish' | 'subscribe', subject: string) => {
+    const p = perms(role)[op];
+    return p.allow.some((a) => subjectMatches(a, subject)) && !(p.deny ?? []).some((d) => subjectMatches(d, subject));
+  };
+
+  it("only a granted operator may publish its compensation requests, and only the authorizer may store them, under that operator's reserved token", () => {
+    expect(compensatingOperators(list)).toEqual(['olga']);
+    const olga = { kind: 'operator' as const, operator: 'olga' };
+    const oscar = { kind: 'operator' as const, operator: 'oscar' };
+    expect(may(olga, 'publish', s.opsCompensate('olga'))).toBe(true);
+    expect(may(olga, 'publish', s.opsCompensate('oscar'))).toBe(false);
+    expect(may(oscar, 'publish', s.opsCompensate('oscar'))).toBe(false);
+    expect(may(oscar, 'publish', s.opsCompensate('olga'))).toBe(false);
+    // Operators still reach the takeover service, and no intent subject at all.
+    expect(may(oscar, 'publish', s.takeover('oscar'))).toBe(true);
+    expect(may(olga, 'publish', s.intent('acme', '_op-olga'))).toBe(false);
+
+    const tokens = tenants.map((tenant) => s.intent(tenant, '_op-olga'));
+    for (const service of ['authorizer', 'host'] as const) {
+      const role = { kind: 'service' as const, service };
+      // Exactly the granted operator's token in each tenant: no other operator's, no agent's.
+      for (const subject of tokens)
+        expect({ service, subject, ok: may(role, 'publish', subject) }).toMatchObject({ ok: true });
+      for (const subject of [s.intent('acme', '_op-oscar'), s.intent('acme', 'alice'), s.intent('acme', '_op-x')])
+        expect({ service, subject, ok: may(role, 'publish', subject) }).toMatchObject({ ok: false });
+      expect(may(role, 'subscribe', s.opsCompensate('olga'))).toBe(true);
+    }
+    // Nobody else may publish under an operator's token: agents, auditors, operators, other services.
+    const others: Role[] = [
+      agent('acme', 'alice'),
+      agent('globex', 'gina'),
+      { kind: 'auditor', tenant: 'acme', actor: 'audrey' },
+      olga,
+      oscar,
+      { kind: 'service', service: 'executor' },
+      { kind: 'service', service: 'reconciler' },
+      { kind: 'service', service: 'audit-projector' },
+    ];
+    for (const role of others)
+      for (const subject of tokens)
+        expect({ role, subject, ok: may(role, 'publish', subject) }).toMatchObject({ ok: false });
+    // Without a granted operator the authorizer may store none.
+    const none = permissionsFor({ kind: 'service', service: 'authorizer' }, s, topo, [], tenants, []);
+    expect(none.publish.allow.filter((a) => a.includes('._op-'))).toEqual([]);
+  });
+
+  it('the list: an operator is an id or { id, may }; an unknown grant is refused at its path, a compensating operator whose _op- token would not be one subject token is refused with its path, and the older form keeps working', () => {
+    expect(() => checkIdentityList(list, topo)).not.toThrow();
+    expect(() => checkIdentityList({ tenants: [{ id: 'acme' }], operators: ['oscar'] })).not.toThrow();
+    const bad = identityListSchema.safeParse({
+      tenants: [{ id: 'acme' }],
+      operators: [{ id: 'olga', may: ['delete'] }],
+    });
+    expect(bad.success).toBe(false);
+    expect(bad.error?.issues.some((i) => i.path.slice(0, 2).join('.') === 'operators.0')).toBe(true);
+    const long = 'o'.repeat(61);
+    expect(() => checkIdentityList({ tenants: [{ id: 'acme' }], operators: [long] })).not.toThrow();
+    let err: unknown;
+    try {
+      checkIdentityList({ tenants: [{ id: 'acme' }], operators: [{ id: long, may: ['compensate'] }] });
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toBeInstanceOf(TooltxError);
+    expect(err).toMatchObject({ class: 'invalid_input', issues: [{ path: ['operators', 0, 'id'], code: 'too_long' }] });
+    expect(() => checkIdentityList({ tenants: [{ id: 'acme' }], operators: [{ id: '_op', may: [] }] })).toThrow(
+      /operators\.0\.id/,
+    );
+    // The generated configuration: the operators' account imports the subject, only olga may publish it.
+    const outDir = mkdtempSync(join(tmpdir(), 'tooltx-grants-'));
+    try {
+      const g = generateAuth(list, { subjects: s, topology: topo, outDir, listen: '127.0.0.1:-1', storeDir: '/tmp/x' });
+      const conf = readFileSync(g.configFile, 'utf8');
+      expect(conf).toContain(`{ service: { account: "TOOLTX", subject: "tcheck.ops.compensate.>" } }`);
+      expect(conf.split('\n').filter((l) => l.includes('"tcheck.ops.compensate.olga"'))).toHaveLength(1);
+      expect(conf).not.toContain('"tcheck.ops.compensate.oscar"');
+    } finally {
+      rmSync(outDir, { recursive: true, force: true });
+    }
   });
 });
