@@ -11,13 +11,13 @@ import { execFile } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { deriveCompensationKey, downstreamKeyOf, operationIdOf } from '@tooltx/contracts';
+import { deriveCompensationKey, downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, type Tools } from '@tooltx/client';
 import { encode, permissionViolationOf } from '@tooltx/nats';
 import { jetStreamOf } from '@tooltx/nats';
 import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
 import { startHost, type ServiceProcess } from './helpers/services.js';
-import { history } from './helpers/ops.js';
+import { history, waitForDecision } from './helpers/ops.js';
 import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { note, RECOVERY_TIMING } from './helpers/kb-faults.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
@@ -159,7 +159,7 @@ describe('tooltx compensate: an operator compensates a committed operation', () 
     expect((await history(t, 'acme', compensationKey))[0]).toMatchObject({ state: { actor: '_op-olga' } });
   });
 
-  it('an operator without the grant is refused forbidden and learns nothing; an agent cannot publish under an operator token', async () => {
+  it('an operator without the grant is refused forbidden and learns nothing; an agent cannot publish under an operator token, and nothing but a compensation request runs under one', async () => {
     const w = await written('op-comp-2', 'Not compensated by oscar');
     // An unknown key, asked at the same time, gets the very same answer.
     const [r, unknown] = await Promise.all([
@@ -200,6 +200,22 @@ describe('tooltx compensate: an operator compensates a committed operation', () 
       await nc.close();
     }
     expect(await deletesUnder(compensationKeyOf(w.operationKey))).toBe(0);
+
+    // Under an operator's token the authorizer runs compensation requests only: any other call
+    // stored there (only the authorizer's identity could) is refused forbidden, nothing registered.
+    const svc = await t.connectAs({ kind: 'service', service: 'authorizer' });
+    try {
+      const input = note('Never under an operator token');
+      const key = prepareCall(contracts.writeNote, 'op-comp-2b', input).operationKey;
+      await (await jetStreamOf(svc)).js.publish(
+        t.subjects.intent('acme', '_op-olga'),
+        encode({ tool: 'kb.write_note', version: 1, taskId: 'op-comp-2b', input }),
+      );
+      expect(await waitForDecision(t, 'acme', key, '_op-olga')).toMatchObject({ error: { class: 'forbidden' } });
+      expect((await t.store.load('acme', operationIdOf(key))).state.status).toBe('none');
+    } finally {
+      await svc.close();
+    }
   });
 
   it('an agent and an operator asking for the same compensation at once: one delete reaches the KB, both get the same receipt', async () => {
