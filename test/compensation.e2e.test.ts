@@ -116,6 +116,8 @@ describe('compensation: a new operation that undoes what can be undone', () => {
       const again = await alice.compensate({ operationKey: w.operationKey, reason: 'asked again' });
       expect(again).toMatchObject({ status: 'compensated', compensationKey: a.compensationKey, receipt: a.receipt });
       expect(await deletesUnder(a.compensationKey)).toBe(1);
+      // Each requester is authorised on its own, the replay too: allowed, nothing refused on record.
+      expect(await t.store.lastDecision('acme', operationIdOf(a.compensationKey), 'alice')).toBeNull();
       // The original: committed, its receipt still valid, compensated by that operation.
       const s = await alice.status({ operationKey: w.operationKey });
       expect(s).toMatchObject({

@@ -100,7 +100,10 @@ beforeAll(async () => {
   kb = await startKb(
     {
       tenants: [{ id: 'acme', quota: 10_000 }],
-      knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }],
+      // bob may read the research notes, not write or delete them.
+      knowledgeBases: [
+        { tenant: 'acme', name: 'research', defaultRole: 'writer', members: [{ actor: 'bob', role: 'reader' }] },
+      ],
     },
     { KB_DEDUP: 'off' },
   );
@@ -113,17 +116,20 @@ beforeAll(async () => {
     KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`,
     TOOLTX_RECONCILE_INTERVAL_MS: '300',
   });
-  alice = await createTools({
+  alice = await agentTools('alice');
+});
+
+const agentTools = (actor: string) =>
+  createTools({
     servers: t.url,
     tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
+    actor,
+    nkeyFile: t.agentSeed('acme', actor),
     contracts: contracts.all,
     prefix: t.subjects.prefix,
     receiptKeys: t.auth.receiptKeysFile,
     budgetMs: 30_000,
   });
-});
 
 afterAll(async () => {
   await alice?.close();
@@ -218,7 +224,7 @@ describe('tooltx compensate: an operator compensates a committed operation', () 
     }
   });
 
-  it('an agent and an operator asking for the same compensation at once: one delete reaches the KB, both get the same receipt', async () => {
+  it('an agent and an operator asking for the same compensation at once: one delete reaches the KB, both get the same receipt; a third requester the policy refuses is refused forbidden', async () => {
     const w = await written('op-comp-3', 'Compensated by an agent and an operator');
     const [sdk, cli] = await Promise.all([
       alice.compensate({ operationKey: w.operationKey, reason: 'duplicate' }),
@@ -231,6 +237,20 @@ describe('tooltx compensate: an operator compensates a committed operation', () 
     expect(cli.stdout).toBe(
       `compensated ${w.operationKey} by ${sdk.compensationKey} (resource ${sdk.receipt.resourceId}); the original's receipt stays valid\n`,
     );
+    expect(await deletesUnder(sdk.compensationKey)).toBe(1);
+
+    // Each requester is authorised on its own: a third, whom the compensating contract's policy
+    // refuses (a reader of the knowledge base), is refused forbidden under the compensation's key,
+    // on the record, and nothing is sent again.
+    const bob = await agentTools('bob');
+    try {
+      await bob.compensate({ operationKey: w.operationKey, reason: 'me too' }, { budgetMs: 1_000 });
+    } finally {
+      await bob.close();
+    }
+    expect(await waitForDecision(t, 'acme', sdk.compensationKey, 'bob')).toMatchObject({
+      error: { class: 'forbidden' },
+    });
     expect(await deletesUnder(sdk.compensationKey)).toBe(1);
   });
 

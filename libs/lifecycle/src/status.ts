@@ -413,6 +413,14 @@ function operationAnswer(
       if (ownRefusalSupersedes(st, actor, req, r.decision))
         return { kind: 'answer', answer: decisionAnswer(req.operationKey, r.decision, at) };
     }
+    // A compensation another requester registered: each requester is authorised on its own, so a
+    // caller whose own request of it was refused gets that refusal, never the operation's state.
+    if (st.compensates && !a.ownAttempt) {
+      if (r.decision === undefined) return { kind: 'read_decision' };
+      const d = r.decision;
+      if (d?.outcome === 'rejected' && d.actor === actor && req.submissionIds.includes(d.submissionId))
+        return { kind: 'answer', answer: decisionAnswer(req.operationKey, d, at) };
+    }
   }
   if (a.state === 'committed' && st.receipt) {
     a.receipt = st.receipt;

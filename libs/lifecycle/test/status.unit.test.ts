@@ -263,6 +263,53 @@ describe('status precedence: a readable operation answers from its own subject',
     });
   });
 
+  it("given a compensation another requester registered, then a caller whose own request of it was refused gets that refusal, never the compensation's state; one not refused gets the replay", () => {
+    const compensation = after(
+      after(
+        after(
+          { status: 'none' },
+          { ...accept, compensates: { operationKey: ALIAS_KEY, tool: 'kb.write_note', version: 1 } },
+        ),
+        {
+          type: 'start',
+          eventId: id(),
+          at: 2_000,
+          attempt: 1,
+          executor: 'ex-1',
+          deadlineAt: 5_000,
+        },
+      ),
+      { type: 'commit', eventId: id(), at: 3_000, attempt: 1, resourceId: 'note-1', resultDigest: D3 },
+    );
+    const refusedBob = refusal({ actor: 'bob', at: 2_000 });
+    const bob = answerOf(
+      { operationKey: KEY, submissionIds: ['sub-2'] },
+      { readable: { [KEY]: compensation }, decisions: { [KEY]: refusedBob } },
+      'bob',
+    );
+    expect(bob.answer).toEqual({
+      operationKey: KEY,
+      state: 'rejected',
+      source: 'decision',
+      seq: 0,
+      error: { class: 'task_frozen' },
+      submissionId: 'sub-2',
+      at: AT,
+    });
+    // Another submission of bob's, not refused: the compensation answers (the replay).
+    const replay = answerOf(
+      { operationKey: KEY, submissionIds: ['sub-3'] },
+      { readable: { [KEY]: compensation }, decisions: { [KEY]: refusedBob }, results: { [KEY]: {} } },
+      'bob',
+    );
+    expect(replay.answer).toMatchObject({
+      state: 'committed',
+      source: 'operation',
+      ownAttempt: false,
+      compensates: ALIAS_KEY,
+    });
+  });
+
   it('FM-14: given an unknown operation under takeover, then the takeover record; without one, none', () => {
     const t = underTakeover();
     expect(answerOf({ operationKey: KEY }, { readable: { [KEY]: t } }).answer).toMatchObject({

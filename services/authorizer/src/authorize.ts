@@ -251,7 +251,8 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
    * built from the original's input and receipt and the reason, the compensating contract's policy
    * grants the declared permission at the execution instant, `compensation_requested` is appended on
    * the original under its expected sequence (one compensation at a time: a second request of the
-   * same one is a replay, FM-21; another one loses, FM-22), and the compensation is accepted as an
+   * same one is a replay, FM-21, to a requester the policy allows; another one loses, FM-22), and
+   * the compensation is accepted as an
    * operation of its own under its derived key, started at once when this process's executor has
    * room. Every refusal is recorded under the compensation's key, and nothing is sent (FM-22).
    */
@@ -290,12 +291,9 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     if (verdict.kind === 'refuse') return refuse(compensationKey, verdict.error, ids);
     if (original.status === 'none' || !originalImpl || !declared) return refuse(compensationKey, notAllowed, ids);
     const compId = operationIdOf(compensationKey);
-    if (verdict.kind === 'replay') {
-      // The same compensation again: its operation answers (FM-21). Registered below only if the
-      // request that asked for it first never got that far.
-      const { state: comp } = await store.load(who.tenant, compId);
-      if (comp.status !== 'none') return;
-    }
+    // The same compensation again: its operation answers (FM-21). Registered below only if the
+    // request that asked for it first never got that far.
+    const registered = verdict.kind === 'replay' && (await store.load(who.tenant, compId)).state.status !== 'none';
     const call = await compensatingCall(store, subjects, original, originalImpl.contract, contract, check.reason).catch(
       (err: unknown) => {
         l.warn({ err, operationKey: check.original }, "the compensation's input cannot be built from the original");
@@ -303,26 +301,46 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       },
     );
     if (!call) return refuse(compensationKey, notAllowed, ids);
+    const policyVersion = impl.policyVersion ?? 'none';
+    // The permission the declaration names, granted or refused by the compensating contract's policy.
+    const authCtxAt = (phase: 'intake' | 'execution') => ({
+      tenant: who.tenant,
+      actor: who.actor,
+      operationKey: compensationKey,
+      phase,
+      now: now(),
+      compensates: {
+        operationKey: check.original,
+        permission: originalImpl.contract.compensation!.permission,
+        requestedBy,
+      },
+    });
+    if (registered) {
+      // Each requester is authorised on its own: the replay goes only to one the policy allows now;
+      // one it refuses gets that refusal under the compensation's key, and nothing of its state.
+      let failure: { err: unknown } | undefined;
+      let seen: AuthorizationResult | void = undefined;
+      try {
+        seen = await impl.authorize?.(call.input, authCtxAt('intake'));
+      } catch (err) {
+        failure = { err };
+      }
+      const pv = policyVerdict(failure && toErrorInfo(failure.err), {
+        policyVersion,
+        at: now(),
+        ...(seen?.resources ? { resources: seen.resources } : {}),
+      });
+      if (pv.kind === 'retry') throw failure!.err;
+      if (pv.kind === 'refuse') return refuse(compensationKey, pv.error, ids, pv.authorization);
+      return;
+    }
     const begun = deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null;
     let handed = false;
     try {
-      // The permission the declaration names, granted or refused by the compensating contract's policy.
-      const policyVersion = impl.policyVersion ?? 'none';
       let allowed: AuthorizationResult | void = undefined;
       let failure: { err: unknown } | undefined;
       try {
-        const authCtx = {
-          tenant: who.tenant,
-          actor: who.actor,
-          operationKey: compensationKey,
-          phase: begun ? ('execution' as const) : ('intake' as const),
-          now: now(),
-          compensates: {
-            operationKey: check.original,
-            permission: originalImpl.contract.compensation!.permission,
-            requestedBy,
-          },
-        };
+        const authCtx = authCtxAt(begun ? 'execution' : 'intake');
         allowed = await impl.authorize?.(call.input, authCtx);
         await impl.invariants?.(call.input, authCtx);
       } catch (err) {
