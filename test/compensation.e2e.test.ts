@@ -116,8 +116,12 @@ describe('compensation: a new operation that undoes what can be undone', () => {
       const again = await alice.compensate({ operationKey: w.operationKey, reason: 'asked again' });
       expect(again).toMatchObject({ status: 'compensated', compensationKey: a.compensationKey, receipt: a.receipt });
       expect(await deletesUnder(a.compensationKey)).toBe(1);
-      // Each requester is authorised on its own, the replay too: allowed, nothing refused on record.
-      expect(await t.store.lastDecision('acme', operationIdOf(a.compensationKey), 'alice')).toBeNull();
+      // Each requester is authorised on its own, the replay too: allowed, answered with the
+      // compensation and on record with its reason's digest.
+      expect(await t.store.lastDecision('acme', operationIdOf(a.compensationKey), 'alice')).toMatchObject({
+        outcome: 'replayed',
+        requestedBy: { kind: 'actor', id: 'alice' },
+      });
       // The original: committed, its receipt still valid, compensated by that operation.
       const s = await alice.status({ operationKey: w.operationKey });
       expect(s).toMatchObject({

@@ -13,7 +13,8 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { deriveCompensationKey, downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, type Tools } from '@tooltx/client';
-import { encode, permissionViolationOf } from '@tooltx/nats';
+import { decode, encode, openBucket, permissionViolationOf } from '@tooltx/nats';
+import { auditRecordSchema, type AuditRecord } from '@tooltx/lifecycle';
 import { jetStreamOf } from '@tooltx/nats';
 import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
 import { startHost, type ServiceProcess } from './helpers/services.js';
@@ -224,7 +225,7 @@ describe('tooltx compensate: an operator compensates a committed operation', () 
     }
   });
 
-  it('an agent and an operator asking for the same compensation at once: one delete reaches the KB, both get the same receipt; a third requester the policy refuses is refused forbidden', async () => {
+  it('an agent and an operator asking for the same compensation at once: one delete reaches the KB, both get the same receipt; a third requester the policy refuses gets forbidden; the audit records all three', async () => {
     const w = await written('op-comp-3', 'Compensated by an agent and an operator');
     const [sdk, cli] = await Promise.all([
       alice.compensate({ operationKey: w.operationKey, reason: 'duplicate' }),
@@ -240,18 +241,38 @@ describe('tooltx compensate: an operator compensates a committed operation', () 
     expect(await deletesUnder(sdk.compensationKey)).toBe(1);
 
     // Each requester is authorised on its own: a third, whom the compensating contract's policy
-    // refuses (a reader of the knowledge base), is refused forbidden under the compensation's key,
-    // on the record, and nothing is sent again.
+    // refuses (a reader of the knowledge base), is refused forbidden and gets nothing of the
+    // compensation; nothing is sent again.
     const bob = await agentTools('bob');
     try {
-      await bob.compensate({ operationKey: w.operationKey, reason: 'me too' }, { budgetMs: 1_000 });
+      const refused = await bob.compensate({ operationKey: w.operationKey, reason: 'me too' });
+      expect(refused).toMatchObject({ status: 'rejected', error: { class: 'forbidden' } });
+      expect(refused).not.toHaveProperty('receipt');
     } finally {
       await bob.close();
     }
-    expect(await waitForDecision(t, 'acme', sdk.compensationKey, 'bob')).toMatchObject({
-      error: { class: 'forbidden' },
-    });
     expect(await deletesUnder(sdk.compensationKey)).toBe(1);
+
+    // The audit records every requester: the one that registered it (the compensation's actor),
+    // the one answered with the replay (who, and its reason's digest), the one refused.
+    const kv = await openBucket(t.nc, t.subjects.auditBucket);
+    const auditKey = t.subjects.projectionKey('acme', operationIdOf(sdk.compensationKey));
+    let record: AuditRecord | undefined;
+    for (const until = Date.now() + 10_000; Date.now() < until; await new Promise((r) => setTimeout(r, 100))) {
+      const e = await kv.get(auditKey);
+      record = e?.operation === 'PUT' ? decode(auditRecordSchema, e.value) : undefined;
+      if (record?.decisions.length === 2 && record.status === 'committed') break;
+    }
+    const first = record!.actor;
+    expect(['alice', '_op-olga']).toContain(first);
+    const second = first === 'alice' ? { kind: 'operator', id: 'olga' } : { kind: 'actor', id: 'alice' };
+    expect(record!.decisions).toEqual([
+      expect.objectContaining({
+        actor: second.kind === 'operator' ? '_op-olga' : 'alice',
+        replayed: expect.objectContaining({ requestedBy: second }),
+      }),
+      expect.objectContaining({ actor: 'bob', errorClass: 'forbidden' }),
+    ]);
   });
 
   it('--help, and bad flags exit 2 naming the flag before anything connects', async () => {

@@ -132,9 +132,12 @@ export async function compensate(
       const mine = await io.status({ operationKey: compensationKey, submissionIds: [submissionId] });
       if (mine.source === 'decision' && mine.state === 'rejected' && mine.error)
         return rejected(operationKey, compensationKey, mine.error);
+      // Registered by another request: this one is answered only once it was judged itself (each
+      // requester is authorised on its own), with the replay or with its own refusal.
+      const judged = mine.source !== 'operation' || mine.ownAttempt !== false || mine.replayed === true;
       const now = await io.status({ operationKey });
       const c = now.compensation;
-      if (c && c.operationKey === compensationKey) {
+      if (judged && c && c.operationKey === compensationKey) {
         if (c.status === 'compensated' && mine.receipt) {
           const check = io.verify({ operationKey: compensationKey, receipt: mine.receipt });
           if (!check.valid)

@@ -53,7 +53,11 @@ export const auditStateSchema = z.object({
 });
 export type AuditState = z.infer<typeof auditStateSchema>;
 
-/** One pre-acceptance outcome on the operation's decision subject: a refusal at intake or a conflict. */
+/**
+ * One outcome on the operation's decision subject: a refusal at intake or a conflict (`errorClass`),
+ * or a later request of a registered compensation answered with it (`replayed`: who asked, an agent
+ * or an operator, and the digest of its reason; every requester is on record).
+ */
 export const auditDecisionSchema = z.object({
   /** Sequence in the decision stream. */
   seq,
@@ -61,7 +65,11 @@ export const auditDecisionSchema = z.object({
   actor: id,
   /** `name@version` when the request named a known contract. */
   contract: z.string().optional(),
-  errorClass: token,
+  /** The refusal's class; absent on a `replayed` entry. */
+  errorClass: token.optional(),
+  replayed: z
+    .object({ requestedBy: z.object({ kind: z.enum(['actor', 'operator']), id }), reasonDigest: digest })
+    .optional(),
   /** True for an `idempotency_conflict`: the key is registered with another input. */
   conflict: z.boolean(),
   /** Policy version of a denial at intake. */
@@ -232,7 +240,7 @@ export function countsOf(records: Iterable<AuditRecord>): ContractCounts[] {
     }
     for (const d of r.decisions) {
       if (d.conflict) get(d.contract ?? r.contract ?? '(none)').conflicts++;
-      else inc(get(d.contract ?? r.contract ?? '(none)').refused, d.errorClass);
+      else if (d.errorClass) inc(get(d.contract ?? r.contract ?? '(none)').refused, d.errorClass);
     }
     if (r.status === 'committed') c.committed++;
     if (r.states.some((s) => s.status === 'unknown')) c.unknown++;

@@ -128,6 +128,29 @@ export function refusalRecord(
   };
 }
 
+/** The record that a request for a registered compensation was allowed and answered with it. */
+export function replayRecord(
+  who: Submitter,
+  o: {
+    eventId: string;
+    at: number;
+    key: string;
+    tool: string;
+    version: number;
+    requestedBy: { kind: 'actor' | 'operator'; id: string };
+    reasonDigest: string;
+  },
+): DecisionRecord {
+  return {
+    ...decisionHead(who, o.eventId, o.at, o.key),
+    outcome: 'replayed',
+    tool: o.tool,
+    version: o.version,
+    requestedBy: o.requestedBy,
+    reasonDigest: o.reasonDigest,
+  };
+}
+
 /**
  * The record that a submission named its target through an alias (FM-10): its own key and digest,
  * and the canonical key and digest it is registered under.

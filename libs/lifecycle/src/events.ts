@@ -527,7 +527,25 @@ export const aliasRecordSchema = z.object({
   inputDigest: digest,
   canonicalInputDigest: digest,
 });
-export const decisionRecordSchema = z.discriminatedUnion('outcome', [rejectionRecordSchema, aliasRecordSchema]);
+/**
+ * A request for a compensation registered already (by another request, or an earlier one of the
+ * same requester), whose requester the compensating contract's policy allowed: it was answered with
+ * that compensation (the replay, FM-21). Recorded on the requester's decision subject of the
+ * compensation, so that every requester is on record with the digest of its reason, and knows
+ * that its own request was judged.
+ */
+export const replayRecordSchema = z.object({
+  ...decisionBase,
+  outcome: z.literal('replayed'),
+  requestedBy: requesterSchema,
+  reasonDigest: digest,
+});
+export const decisionRecordSchema = z.discriminatedUnion('outcome', [
+  rejectionRecordSchema,
+  aliasRecordSchema,
+  replayRecordSchema,
+]);
 export type DecisionRecord = z.infer<typeof decisionRecordSchema>;
+export type ReplayRecord = z.infer<typeof replayRecordSchema>;
 export type RejectionRecord = z.infer<typeof rejectionRecordSchema>;
 export type AliasRecord = z.infer<typeof aliasRecordSchema>;

@@ -98,6 +98,12 @@ export const statusAnswerSchema = z.object({
     .optional(),
   /** Set on a compensation operation: the key of the operation it compensates. */
   compensates: z.string().optional(),
+  /**
+   * On a compensation another request registered (`ownAttempt` false): true once the caller's own
+   * request of it (one of `submissionIds`) was judged and answered with it (the replay); absent
+   * while it is still to be judged. A refused one answers its refusal instead.
+   */
+  replayed: z.literal(true).optional(),
   /** Server time of the answer, ms since the epoch. */
   at: z.number().int(),
 });
@@ -354,7 +360,8 @@ export function statusStep(r: StatusReads): StatusStep {
         : { ...req, inputDigest: req.inputDigest === d.inputDigest ? d.canonicalInputDigest : req.inputDigest };
     return { kind: 'follow_alias', asked, alias: { submittedKey: req.operationKey, canonicalKey: d.canonicalKey } };
   }
-  if (d && (req.submissionIds === undefined || req.submissionIds.includes(d.submissionId)))
+  // A replay record answers nothing on its own: the compensation it names answers, when readable.
+  if (d?.outcome === 'rejected' && (req.submissionIds === undefined || req.submissionIds.includes(d.submissionId)))
     return { kind: 'answer', answer: decisionAnswer(req.operationKey, d, at) };
   return { kind: 'answer', answer: { operationKey: req.operationKey, state: 'not_seen', source: 'none', seq: 0, at } };
 }
@@ -418,8 +425,9 @@ function operationAnswer(
     if (st.compensates && !a.ownAttempt) {
       if (r.decision === undefined) return { kind: 'read_decision' };
       const d = r.decision;
-      if (d?.outcome === 'rejected' && d.actor === actor && req.submissionIds.includes(d.submissionId))
-        return { kind: 'answer', answer: decisionAnswer(req.operationKey, d, at) };
+      const mine = d && d.actor === actor && req.submissionIds.includes(d.submissionId) ? d : null;
+      if (mine?.outcome === 'rejected') return { kind: 'answer', answer: decisionAnswer(req.operationKey, mine, at) };
+      if (mine?.outcome === 'replayed') a.replayed = true;
     }
   }
   if (a.state === 'committed' && st.receipt) {

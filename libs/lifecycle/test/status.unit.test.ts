@@ -296,7 +296,24 @@ describe('status precedence: a readable operation answers from its own subject',
       submissionId: 'sub-2',
       at: AT,
     });
-    // Another submission of bob's, not refused: the compensation answers (the replay).
+    // Bob's request answered with the replay: the compensation answers, saying so.
+    const replayedBob = decisionRecordSchema.parse({
+      ...refusedBob,
+      eventId: id(),
+      submissionId: 'sub-3',
+      outcome: 'replayed',
+      error: undefined,
+      requestedBy: { kind: 'actor', id: 'bob' },
+      reasonDigest: D2,
+    });
+    expect(
+      answerOf(
+        { operationKey: KEY, submissionIds: ['sub-3'] },
+        { readable: { [KEY]: compensation }, decisions: { [KEY]: replayedBob }, results: { [KEY]: {} } },
+        'bob',
+      ).answer,
+    ).toMatchObject({ state: 'committed', source: 'operation', ownAttempt: false, replayed: true });
+    // Another submission of bob's, not judged yet: the compensation answers, not saying it was replayed.
     const replay = answerOf(
       { operationKey: KEY, submissionIds: ['sub-3'] },
       { readable: { [KEY]: compensation }, decisions: { [KEY]: refusedBob }, results: { [KEY]: {} } },
@@ -308,6 +325,7 @@ describe('status precedence: a readable operation answers from its own subject',
       ownAttempt: false,
       compensates: ALIAS_KEY,
     });
+    expect(replay.answer).not.toHaveProperty('replayed');
   });
 
   it('FM-14: given an unknown operation under takeover, then the takeover record; without one, none', () => {

@@ -92,18 +92,35 @@ export const auditedEventSchema = z.object({
 });
 export type AuditedEvent = z.infer<typeof auditedEventSchema>;
 
-/** The part of a decision record (a refusal at intake or an idempotency conflict) the audit reads. */
-export const auditedDecisionSchema = z.object({
-  type: z.literal('decision'),
-  at: epochMs,
-  operationKey: z.string().regex(OPERATION_KEY_PATTERN),
-  tenant: id,
-  actor: id,
-  tool: z.string().min(1).max(100).optional(),
-  version: z.number().int().optional(),
-  error: z.object({ class: token }),
-  authorization: authSeen.optional(),
-});
+/**
+ * The part of a decision record the audit reads: a refusal at intake or an idempotency conflict
+ * (`error`), or a compensation's replay to a later requester (`outcome: 'replayed'`).
+ */
+export const auditedDecisionSchema = z.union([
+  z.object({
+    type: z.literal('decision'),
+    outcome: z.literal('replayed'),
+    at: epochMs,
+    operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+    tenant: id,
+    actor: id,
+    tool: z.string().min(1).max(100).optional(),
+    version: z.number().int().optional(),
+    requestedBy: z.object({ kind: z.enum(['actor', 'operator']), id }),
+    reasonDigest: digest,
+  }),
+  z.object({
+    type: z.literal('decision'),
+    at: epochMs,
+    operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+    tenant: id,
+    actor: id,
+    tool: z.string().min(1).max(100).optional(),
+    version: z.number().int().optional(),
+    error: z.object({ class: token }),
+    authorization: authSeen.optional(),
+  }),
+]);
 export type AuditedDecision = z.infer<typeof auditedDecisionSchema>;
 
 /** Fields of a record that come from its head (replaced together when the head moves). */
@@ -191,7 +208,7 @@ function headOfDecision(d: AuditDecision): Head {
     status: 'refused',
     ...(d.contract ? { contract: d.contract, tool: d.contract.slice(0, d.contract.lastIndexOf('@')) } : {}),
     sideEffect: 'none',
-    errorClass: d.errorClass,
+    ...(d.errorClass ? { errorClass: d.errorClass } : {}),
   };
 }
 
@@ -280,15 +297,26 @@ export function applyDecisionToAudit(current: AuditRecord | null, d: AuditedDeci
       dropped + 1,
     );
   }
-  const entry: AuditDecision = {
-    seq: at,
-    at: d.at,
-    actor: d.actor,
-    ...(d.tool && d.version !== undefined ? { contract: `${d.tool}@${d.version}` } : {}),
-    errorClass: d.error.class,
-    conflict: d.error.class === 'idempotency_conflict',
-    ...(d.authorization?.decision === 'deny' ? { policyVersion: d.authorization.policyVersion } : {}),
-  };
+  const contract = d.tool && d.version !== undefined ? { contract: `${d.tool}@${d.version}` } : {};
+  const entry: AuditDecision =
+    'outcome' in d
+      ? {
+          seq: at,
+          at: d.at,
+          actor: d.actor,
+          ...contract,
+          replayed: { requestedBy: d.requestedBy, reasonDigest: d.reasonDigest },
+          conflict: false,
+        }
+      : {
+          seq: at,
+          at: d.at,
+          actor: d.actor,
+          ...contract,
+          errorClass: d.error.class,
+          conflict: d.error.class === 'idempotency_conflict',
+          ...(d.authorization?.decision === 'deny' ? { policyVersion: d.authorization.policyVersion } : {}),
+        };
   const all = [...(current?.decisions ?? []), entry].sort((a, b) => a.seq - b.seq);
   dropped += Math.max(0, all.length - MAX_AUDIT_DECISIONS);
   const decisions = all.slice(-MAX_AUDIT_DECISIONS);

@@ -14,6 +14,7 @@ import {
   applyDecisionToAudit,
   applyEventToAudit,
   auditRecordSchema,
+  auditedDecisionSchema,
   type AuditedDecision,
   type AuditedEvent,
   type AuditHmac,
@@ -411,5 +412,42 @@ describe('a key refused again and again (docs/tenancy.md)', () => {
     ).toEqual(inOrder);
     // A redelivery of a decision it keeps changes nothing.
     expect(applyDecisionToAudit(inOrder, decisionOf(o, n, 'invalid_input'), n)).toBeNull();
+  });
+});
+
+describe('every requester of a compensation on record', () => {
+  it('given a later request answered with the replay, when projected, then the record lists who asked and its reason digest, counted as no refusal, and a redelivery changes nothing', () => {
+    const o = committedOp;
+    const base = inOrder.get(`${o.tenant}.${o.opId}`)!;
+    const replay: AuditedDecision = {
+      type: 'decision',
+      outcome: 'replayed',
+      at: 1_760_000_000_009,
+      operationKey: o.operationKey,
+      tenant: o.tenant,
+      actor: '_op-olga',
+      tool: 'kb.write_note',
+      version: 2,
+      requestedBy: { kind: 'operator', id: 'olga' },
+      reasonDigest: `sha256:${'5'.repeat(64)}`,
+    };
+    const r = applyDecisionToAudit(base, replay, 9)!;
+    expect(r.decisions.at(-1)).toEqual({
+      seq: 9,
+      at: 1_760_000_000_009,
+      actor: '_op-olga',
+      contract: 'kb.write_note@2',
+      replayed: { requestedBy: { kind: 'operator', id: 'olga' }, reasonDigest: `sha256:${'5'.repeat(64)}` },
+      conflict: false,
+    });
+    // The head (status, actor, outcome) stays the operation's own.
+    expect({ ...r, decisions: base.decisions, decisionSeq: base.decisionSeq, lastAt: base.lastAt }).toEqual(base);
+    expect(decode(auditRecordSchema, encode(r))).toEqual(r);
+    expect(countsOf([r])).toEqual(countsOf([base]));
+    expect(applyDecisionToAudit(r, replay, 9)).toBeNull();
+    // As it is read from the decision stream: the replay record's own fields.
+    expect(
+      decode(auditedDecisionSchema, encode({ ...replay, schema: 1, eventId: 'evt-1', submissionId: 's' })),
+    ).toEqual(replay);
   });
 });

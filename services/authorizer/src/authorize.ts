@@ -27,6 +27,7 @@ import {
   policyVerdict,
   refusalRecord,
   refusedIntentDeletable,
+  replayRecord,
   registrationOf,
   StoreUnavailableError,
   type AcceptCommand,
@@ -301,6 +302,25 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       },
     );
     if (!call) return refuse(compensationKey, notAllowed, ids);
+    // Every requester on record: an allowed request of a registered compensation is answered with
+    // it, and recorded on the requester's decision subject with its reason's digest.
+    const replayed = async (): Promise<void> => {
+      await store.recordDecision(
+        replayRecord(
+          { ...who, submissionId },
+          {
+            eventId: newEventId(),
+            at: now(),
+            key: compensationKey,
+            ...ids,
+            requestedBy,
+            reasonDigest: reasonDigestOf(check.reason),
+          },
+        ),
+        compId,
+      );
+      l.info({ operationKey: compensationKey, compensates: check.original }, 'compensation asked again: replayed');
+    };
     const policyVersion = impl.policyVersion ?? 'none';
     // The permission the declaration names, granted or refused by the compensating contract's policy.
     const authCtxAt = (phase: 'intake' | 'execution') => ({
@@ -332,7 +352,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       });
       if (pv.kind === 'retry') throw failure!.err;
       if (pv.kind === 'refuse') return refuse(compensationKey, pv.error, ids, pv.authorization);
-      return;
+      return replayed();
     }
     const begun = deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null;
     let handed = false;
@@ -400,7 +420,12 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         }),
         { known: { state: { status: 'none' }, seq: 0 } },
       );
-      if (h.kind !== 'appended') return;
+      if (h.kind !== 'appended') {
+        // Registered meanwhile by another request: this one is answered with it, on record.
+        const st = h.kind === 'decided' ? h.decision.state : undefined;
+        if (st && st.status !== 'none' && st.intent.submissionId !== submissionId) await replayed();
+        return;
+      }
       l.info({ operationKey: compensationKey, compensates: check.original }, 'compensation accepted');
       answerOnItsWay();
       if (begun && h.event.state.status === 'running') {

@@ -169,11 +169,15 @@ export function startCompensateService(d: CompensateServiceDeps): Responder {
       const mine = await store.lastDecision(tenant, compId, actor);
       if (mine?.outcome === 'rejected' && mine.submissionId === submissionId)
         return rejected(operationKey, compensationKey, mine.error);
+      // Judged: this request registered the compensation, or was answered with it (the replay).
+      const { state: comp } = await store.load(tenant, compId);
+      const judged =
+        (mine?.outcome === 'replayed' && mine.submissionId === submissionId) ||
+        (comp.status !== 'none' && comp.intent.submissionId === submissionId);
       const { state: now } = await store.load(tenant, operationIdOf(operationKey));
       const c = now.status === 'none' ? undefined : now.compensation;
-      if (now.status !== 'none' && c?.operationKey === compensationKey) {
+      if (judged && now.status !== 'none' && c?.operationKey === compensationKey) {
         if (now.status === 'compensated') {
-          const { state: comp } = await store.load(tenant, compId);
           const receipt = comp.status === 'committed' ? comp.receipt : c.receipt;
           if (receipt) return { status: 'compensated', operationKey, compensationKey, receipt };
         }
