@@ -48,7 +48,7 @@ import {
   type ExecuteResult,
   type Tools,
 } from '@tooltx/client';
-import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
+import { deriveCompensationKey, downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/dev/faults';
 import { connectNats, decodeRaw, jetStreamOf, Subjects } from '@tooltx/nats';
 import { DEFAULT_KB_TIMING, researchContracts } from './contracts.js';
@@ -577,6 +577,26 @@ const fm16 = await runFm16({
   conflictOf: firstCommitted?.request,
   unknownResolved: everUnknown.find((w) => terminal(w.key))?.key,
 });
+// Compensation (docs/compensation.md), after the rows were counted: a few committed notes are
+// deleted by compensating their writes, and the KB's hop refuses the delete of the last one, as a
+// frozen knowledge base would: that compensation fails, and its task goes to a person (frozen).
+const toCompensate = writes.filter((w) => committedReceipts(w).some(Boolean)).slice(0, opts.quick ? 3 : 5);
+const failing = toCompensate.at(-1);
+if (failing && kbHop)
+  kbHop.inject(downstreamKeyOf(TENANT, deriveCompensationKey(failing.key, { tool: 'kb.delete_note', version: 1 })), {
+    kind: 'refuse',
+    status: 409,
+    body: { error: 'frozen' },
+  });
+const compensations: string[] = [];
+for (const w of toCompensate)
+  compensations.push((await tools.compensate({ operationKey: w.key, reason: 'the note is withdrawn' })).status);
+const compensation = {
+  planned: toCompensate.length,
+  plannedFailures: failing && kbHop ? 1 : 0,
+  compensated: compensations.filter((x) => x === 'compensated').length,
+  compensationFailed: compensations.filter((x) => x === 'compensation_failed').length,
+};
 const summary = {
   // The server of this run: its version, and what its acknowledgements promise (docs/durability.md);
   // `unknown` for a server given by NATS_URL, whose configuration is not ours to read.
@@ -617,6 +637,10 @@ const summary = {
   workers,
   canariesPlanted: fm16.canariesPlanted,
   leakedSecrets: fm16.leakedSecrets,
+  compensated: compensation.compensated,
+  compensationFailed: compensation.compensationFailed,
+  /** Held-back commits (mail drafts) discarded before they ran: none are run by this demo yet. */
+  rolledBack: 0,
 };
 const gates = {
   enoughPages: summary.pages >= Math.min(wantPages, 200),
@@ -638,6 +662,11 @@ const gates = {
     (t) => typeof quotas[t]?.limit === 'number' && quotas[t]!.limit! > quotas[t]!.used,
   ),
   noLeakedSecret: summary.canariesPlanted === 5 && summary.leakedSecrets === 0,
+  // Exactly the planned compensations: every one compensated but the one whose delete was refused,
+  // which failed and was handed to a person.
+  compensationsAsPlanned:
+    summary.compensated === compensation.planned - compensation.plannedFailures &&
+    summary.compensationFailed === compensation.plannedFailures,
 };
 const ok = Object.values(gates).every(Boolean);
 
@@ -666,6 +695,10 @@ const rows: [string, string | number][] = [
     `${summary.unknownAtFirst} / ${summary.unknownRecorded} / ${summary.unknownResolved} / ${summary.unknownUnresolved}`,
   ],
   ['takeovers', summary.takeovers],
+  [
+    'compensations: compensated / failed, handed to a person (planned)',
+    `${summary.compensated} / ${summary.compensationFailed} (${compensation.planned - compensation.plannedFailures} / ${compensation.plannedFailures})`,
+  ],
   ['KB rows', summary.kbRows],
   ['duplicate side effects (KB rows beyond one per key)', summary.duplicateSideEffects],
   ['forged attempts by another tenant / rejected', `${summary.forgedAttempts} / ${summary.forgedRejected}`],

@@ -189,6 +189,8 @@ export function permissionsFor(
                 // Each tenant's intents; an intent that registered nothing is deleted once its
                 // decision is recorded (docs/tenancy.md).
                 ...intentsStreams.flatMap((n) => [...pull(n, Durables.authorizer), `${api}.STREAM.MSG.DELETE.${n}`]),
+                // A compensation's input is built from the original's intent, read by its sequence.
+                ...intentsStreams.flatMap((n) => directSeq(n)),
                 ...directLast(events),
                 ...directSeq(events),
                 ...decisionsStreams.flatMap((n) => directLast(n)),

@@ -297,6 +297,9 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const registered = verdict.kind === 'replay' && (await store.load(who.tenant, compId)).state.status !== 'none';
     const call = await compensatingCall(store, subjects, original, originalImpl.contract, contract, check.reason).catch(
       (err: unknown) => {
+        // The store or the server away: retried (nak). Anything else is the declaration's builder or
+        // the compensating contract refusing what it built: not allowed.
+        if (retryable(err)) throw err;
         l.warn({ err, operationKey: check.original }, "the compensation's input cannot be built from the original");
         return null;
       },
