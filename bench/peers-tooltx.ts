@@ -98,7 +98,9 @@ export async function startPeersTooltx(o: PeersTooltxOptions): Promise<PeersTool
         error:
           a.status === 'rejected'
             ? `rejected: ${a.error.class}`
-            : `unknown: last state ${a.lastServerState}${a.error ? ` (${a.error.class})` : ''}`,
+            : a.status === 'awaiting_confirmation'
+              ? 'awaiting_confirmation'
+              : `unknown: last state ${a.lastServerState}${a.error ? ` (${a.error.class})` : ''}`,
       };
     },
     async status() {

@@ -142,7 +142,9 @@ export async function startTooltx(
         error:
           r.status === 'rejected'
             ? `rejected: ${r.error.class}`
-            : `unknown: last state ${r.lastServerState}${r.error ? ` (${r.error.class})` : ''}`,
+            : r.status === 'awaiting_confirmation'
+              ? 'awaiting_confirmation'
+              : `unknown: last state ${r.lastServerState}${r.error ? ` (${r.error.class})` : ''}`,
       };
     },
     async status(k) {

@@ -51,7 +51,20 @@ export const DEFAULT_MAIL_TIMING: KbTiming = {
   unknownDeadlineMs: 15 * 60_000,
 };
 
-export function mailContracts(opts: { mailDedup: boolean; timing?: KbTiming }) {
+/** How long a drafted `mail.send_draft` waits for its confirmation, ms: unconfirmed by then, it is rolled back. */
+export const DEFAULT_MAIL_CONFIRM_DEADLINE_MS = 15 * 60_000;
+
+/** What a confirmer of `mail.send_draft` is shown: the draft's id, recipients, subject, a body excerpt and its size. */
+export const draftPreviewSchema = z.object({
+  draftId: z.string(),
+  to: z.array(z.string()),
+  cc: z.array(z.string()),
+  subject: z.string(),
+  excerpt: z.string(),
+  bodyBytes: z.number().int(),
+});
+
+export function mailContracts(opts: { mailDedup: boolean; timing?: KbTiming; confirmDeadlineMs?: number }) {
   const timing = opts.timing ?? DEFAULT_MAIL_TIMING;
   const downstream = { honoursKey: opts.mailDedup, enforcesDeadline: true };
   const key = { scope: 'tenant' as const, retentionMs: 7 * 24 * 3600_000 };
@@ -73,12 +86,16 @@ export function mailContracts(opts: { mailDedup: boolean; timing?: KbTiming }) {
     key,
     timing,
     downstream,
-    // Held back until confirmed, once the contract model can say so: `confirm` with the permission
-    // a confirmer needs; its prepare step creates the draft under the operation's downstream key
-    // and answers the preview (recipients, subject, excerpt, size); confirming runs `execute`,
-    // which sends that draft; a discard (or the confirmation deadline) discards the draft, and the
-    // operation ends rolled back with nothing sent. The implementation's `prepare` and `discard`
-    // steps are in ./mail-tools.ts.
+    // Held back until confirmed: its prepare step creates the draft under the operation's
+    // downstream key and answers the preview (recipients, subject, excerpt, size); confirming, by an
+    // actor the policy grants `mail.confirm`, runs `execute`, which sends that draft; a discard, or
+    // no confirmation by the deadline, ends it rolled back with nothing sent, and its discard step
+    // discards the draft (./mail-tools.ts).
+    confirm: {
+      permission: 'mail.confirm',
+      deadlineMs: opts.confirmDeadlineMs ?? DEFAULT_MAIL_CONFIRM_DEADLINE_MS,
+      preview: draftPreviewSchema,
+    },
   });
 
   const send = defineContract({
@@ -141,4 +158,18 @@ export function mailDedupFromEnv(env: NodeJS.ProcessEnv = process.env): boolean 
   if (v !== 'on' && v !== 'off')
     throw new TypeError(`MAIL_DEDUP: expected "on" or "off" (or unset: on), got ${JSON.stringify(v)}`);
   return v === 'on';
+}
+
+/**
+ * How long a `mail.send_draft` waits for its confirmation, from `MAIL_CONFIRM_DEADLINE_MS` (ms,
+ * 1000 to 86400000; unset or empty: {@link DEFAULT_MAIL_CONFIRM_DEADLINE_MS}). Throws `TypeError`
+ * naming the variable otherwise.
+ */
+export function mailConfirmDeadlineFromEnv(env: NodeJS.ProcessEnv = process.env): number {
+  const v = env.MAIL_CONFIRM_DEADLINE_MS;
+  if (v === undefined || v === '') return DEFAULT_MAIL_CONFIRM_DEADLINE_MS;
+  const n = Number(v);
+  if (!/^\d{1,9}$/.test(v) || n < 1_000 || n > 86_400_000)
+    throw new TypeError(`MAIL_CONFIRM_DEADLINE_MS: expected ms from 1000 to 86400000, got ${JSON.stringify(v)}`);
+  return n;
 }

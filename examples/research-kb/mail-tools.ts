@@ -29,7 +29,7 @@ import {
 } from '@tooltx/contracts';
 import { readKeyFile, SecretFileError, StartupError } from '@tooltx/runtime';
 import { MailClient, MailError, type MailProbe } from './mail-client.js';
-import { mailContracts, mailDedupFromEnv, mailTimingFromEnv } from './mail-contracts.js';
+import { mailConfirmDeadlineFromEnv, mailContracts, mailDedupFromEnv, mailTimingFromEnv } from './mail-contracts.js';
 import type { DraftPreview } from './mail-store.js';
 
 /** A setting of this module the service cannot start with: named with its value. */
@@ -49,7 +49,19 @@ function setting<T>(name: string, read: () => T): T {
 const contracts = mailContracts({
   mailDedup: setting('MAIL_DEDUP', () => mailDedupFromEnv()),
   timing: setting('MAIL_TIMING_MS', () => mailTimingFromEnv()),
+  confirmDeadlineMs: setting('MAIL_CONFIRM_DEADLINE_MS', () => mailConfirmDeadlineFromEnv()),
 });
+
+/**
+ * Who may confirm or discard a held-back `mail.send_draft` besides the actor who drafted it:
+ * `MAIL_CONFIRMERS`, comma-separated actor ids of the same tenant (unset: the drafter only).
+ */
+const confirmers = new Set(
+  (process.env.MAIL_CONFIRMERS ?? '')
+    .split(',')
+    .map((a) => a.trim())
+    .filter(Boolean),
+);
 
 let serviceToken: string | undefined;
 if (process.env.MAIL_SERVICE_TOKEN_FILE !== undefined) {
@@ -70,6 +82,8 @@ const mail = new MailClient(
 export const mailSettingsHelp = `  MAIL_URL                 the mail outbox (default http://127.0.0.1:4281)
   MAIL_DEDUP               on|off: whether the outbox deduplicates by key (default on)
   MAIL_TIMING_MS           timeout,runningBound,unknownDeadline of the mail sends, ms
+  MAIL_CONFIRM_DEADLINE_MS how long a mail.send_draft waits for its confirmation, ms (default 900000)
+  MAIL_CONFIRMERS          actors who may confirm or discard another actor's draft (mail.confirm), comma-separated
   MAIL_SERVICE_TOKEN_FILE  the outbox's service token file (mode 0600; the outbox's own MAIL_SERVICE_TOKEN_FILE),
                            sent on every outbox request (unset = none sent)`;
 
@@ -183,6 +197,20 @@ export const sendDraftSteps = {
 export const mailImplementations = [
   defineImplementation({
     contract: contracts.sendDraft,
+    policyVersion: 'mail-confirm-1',
+    // The sample's grant of `mail.confirm`: the actor who drafted the mail, or one of MAIL_CONFIRMERS.
+    async authorize(_input, ctx) {
+      const c = ctx.confirms;
+      if (c && c.permission === 'mail.confirm' && ctx.actor !== c.owner && !confirmers.has(ctx.actor))
+        throw new TooltxError(ErrorClass.Forbidden, 'not allowed to confirm or discard this draft (mail.confirm)');
+    },
+    async prepare(input, ctx) {
+      const d = await sendDraftSteps.prepare(input, ctx as ExecutionContext);
+      return { preview: { draftId: d.draftId, ...d.preview } };
+    },
+    async discard(_input, ctx) {
+      await sendDraftSteps.discard(ctx as ExecutionContext);
+    },
     async execute(input, ctx) {
       try {
         // Sends the draft prepared under this operation's key. A deployment that runs no prepare

@@ -9,6 +9,7 @@ import {
   type UnknownEvidence,
 } from '@tooltx/lifecycle';
 import { compensate, type CompensateRequest, type CompensateResult } from './compensate.js';
+import { confirmOrDiscard, type ConfirmationRequest, type ConfirmResult, type DiscardResult } from './confirm.js';
 import { LRUCache } from 'lru-cache';
 import { awaitOutcome, statusRequester, type Track } from './await-outcome.js';
 import { openConnection } from './connection.js';
@@ -56,6 +57,19 @@ export type ExecuteResult<O = unknown> =
       evidence: UnknownEvidence;
       next: Next;
       error?: ErrorInfo;
+    }
+  | {
+      /**
+       * Held back (its contract declares `confirm`, docs/compensation.md "Held-back commits"):
+       * accepted and prepared, nothing external happened. `preview` is its prepare step's result;
+       * it waits until `deadlineAt` (ms since the epoch) for `tools.confirm` (it then runs once) or
+       * `tools.discard` (it ends `rolled_back`); unconfirmed by then, it ends `rolled_back`.
+       */
+      status: 'awaiting_confirmation';
+      operationKey: string;
+      preview?: unknown;
+      deadlineAt?: number;
+      next: typeof NextAction.ConfirmOrDiscard;
     };
 
 /** The SDK handle. */
@@ -78,6 +92,18 @@ export interface Tools {
    * throws; `budgetMs` as `execute`'s.
    */
   compensate(req: CompensateRequest, opts?: { budgetMs?: number }): Promise<CompensateResult>;
+  /**
+   * Confirms a held-back operation (`execute` answered `awaiting_confirmation`): this actor needs
+   * the permission its contract's `confirm` declares. It then runs once, however often it is
+   * confirmed; after a discard or its deadline it is `rejected` `operation_discarded`. Waits for
+   * its run's outcome within `budgetMs` (as `execute`'s). Never throws.
+   */
+  confirm(req: ConfirmationRequest, opts?: { budgetMs?: number }): Promise<ConfirmResult>;
+  /**
+   * Discards a held-back operation before it ran: `rolled_back`, nothing external happened. A
+   * confirmed one is never discarded. Never throws.
+   */
+  discard(req: ConfirmationRequest, opts?: { budgetMs?: number }): Promise<DiscardResult>;
   /** Drains the connection when the SDK owns it. */
   close(): Promise<void>;
 }
@@ -202,6 +228,20 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
             return byName.get(id.slice(0, at))?.find((c) => c.version === Number(id.slice(at + 1)));
           },
         },
+        req,
+        o?.budgetMs ?? opts.budgetMs ?? 30_000,
+      ),
+    confirm: (req, o) =>
+      confirmOrDiscard(
+        { conn, tenant: opts.tenant, actor: opts.actor, status, verify },
+        'confirm',
+        req,
+        o?.budgetMs ?? opts.budgetMs ?? 30_000,
+      ),
+    discard: (req, o) =>
+      confirmOrDiscard(
+        { conn, tenant: opts.tenant, actor: opts.actor, status, verify },
+        'discard',
         req,
         o?.budgetMs ?? opts.budgetMs ?? 30_000,
       ),

@@ -19,6 +19,7 @@ export {
   type UnknownEvidence,
 } from './client.js';
 export type { CompensateRequest, CompensateResult } from './compensate.js';
+export type { ConfirmationRequest, ConfirmResult, DiscardResult } from './confirm.js';
 export {
   runTask,
   type StepOutcome,

@@ -58,6 +58,11 @@ export type StepOutcome =
   | { status: 'committed'; operationKey: string; result: unknown; receipt: Receipt }
   | { status: 'rejected'; operationKey: string | null; error: ErrorInfo; next: Next }
   | { status: 'unknown'; operationKey: string; evidence: UnknownEvidence; next: Next }
+  /**
+   * Held back (its contract declares `confirm`): waiting for `tools.confirm` or `tools.discard`;
+   * the steps that depend on it are not started (`blocked`). Run the task again once it is confirmed.
+   */
+  | { status: 'awaiting_confirmation'; operationKey: string; preview?: unknown; deadlineAt?: number; next: Next }
   /** The SDK or the caller said committed, but the receipt does not verify: never done (FM-17). */
   | {
       status: 'unverified';
@@ -161,7 +166,12 @@ export async function runTask(
       if (!o) continue;
       if (o.status === 'unknown' || o.status === 'unverified' || o.status === 'frozen')
         return { kind: 'frozen', by: o.status === 'frozen' ? o.blockedBy : d };
-      if (o.status === 'rejected' || o.status === 'blocked' || o.status === 'not_started')
+      if (
+        o.status === 'rejected' ||
+        o.status === 'blocked' ||
+        o.status === 'not_started' ||
+        o.status === 'awaiting_confirmation'
+      )
         return { kind: 'blocked', by: o.status === 'blocked' ? o.blockedBy : d };
     }
     return null;
@@ -191,6 +201,8 @@ export async function runTask(
       committedOrder.push(s.id);
     } else if (r.status === 'rejected') {
       out[s.id] = { status: 'rejected', operationKey: r.operationKey, error: r.error, next: r.next };
+    } else if (r.status === 'awaiting_confirmation') {
+      out[s.id] = r;
     } else {
       out[s.id] = { status: 'unknown', operationKey: r.operationKey, evidence: r.evidence, next: r.next };
       handover ??= {

@@ -66,6 +66,8 @@ export const NextAction = {
   Observe: 'observe',
   HandOver: 'hand_over',
   RefreshContract: 'refresh_contract',
+  /** A held-back call waits: show its preview to whoever decides, then `tools.confirm` or `tools.discard` it. */
+  ConfirmOrDiscard: 'confirm_or_discard',
 } as const;
 export type NextAction = (typeof NextAction)[keyof typeof NextAction];
 

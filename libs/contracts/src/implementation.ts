@@ -82,6 +82,15 @@ export interface AuthorizationContext {
     permission: string;
     requestedBy?: { kind: 'actor' | 'operator'; id: string };
   };
+  /**
+   * Set when `actor` confirms or discards a held-back operation of this contract
+   * (docs/compensation.md "Held-back commits"): `input` is that operation's, `operationKey` its key,
+   * `owner` the actor who submitted it, and `permission` the one its contract's `confirm` declares.
+   * The policy grants that permission to `actor` or refuses (`forbidden`): nothing is confirmed or
+   * discarded then. The run a confirmation releases is checked again at its execution instant as
+   * any write, for its submitter (without this field).
+   */
+  confirms?: { operationKey: string; permission: string; owner: string; action: 'confirm' | 'discard' };
 }
 
 /** Who asks to read an operation, and whose operation it is. */
@@ -171,6 +180,13 @@ export interface Implementation<C extends Contract = Contract> {
    * refusal (a `TooltxError`) or as not prepared (anything else), never as a side effect.
    */
   prepare?(input: z.infer<C['input']>, ctx: PrepareContext): Promise<PrepareResult>;
+  /**
+   * For a contract that declares `confirm`: drops what `prepare` left downstream (the draft) once
+   * the operation ended `rolled_back` — discarded, or not confirmed by its deadline. Best effort and
+   * idempotent by `ctx.downstreamKey`: nothing external happened either way, and nothing ever runs
+   * the operation's `execute` after it is rolled back; a failure is logged and left.
+   */
+  discard?(input: z.infer<C['input']>, ctx: PrepareContext): Promise<void>;
   /**
    * The policy seam (authorisation is recomputed at the execution instant, FM-07, FM-08): called by
    * the authorizer at intake and again by the executor right before `running`, with the identity

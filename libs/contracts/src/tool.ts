@@ -142,6 +142,7 @@ const failuresSchema = z.record(z.string().regex(FAILURE_KEY), z.enum(failureOut
 const implementationSchema = z.strictObject({
   execute: fn('a function (input, ctx) => { resourceId, result }'),
   prepare: fn('a function (input, ctx) => { preview }').optional(),
+  discard: fn('a function (input, ctx) => void').optional(),
   probe: fn('a function').optional(),
   authorize: fn('a function').optional(),
   invariants: fn('a function').optional(),
@@ -224,10 +225,12 @@ function implementTool<C extends Contract>(
   const issues = specIssues(implementationSchema, impl);
   if (issues.length) throw new ContractSpecError(`implement ${contract.id}`, issues);
   // The preview the caller is promised needs a step that makes it; a prepare step needs a hold to report to.
-  if (impl.prepare && !contract.confirm) {
-    throw new ContractSpecError(`implement ${contract.id}`, [
-      { path: ['prepare'], code: 'no_confirm', message: 'a prepare step needs the contract to declare confirm' },
-    ]);
+  for (const step of ['prepare', 'discard'] as const) {
+    if (impl[step] && !contract.confirm) {
+      throw new ContractSpecError(`implement ${contract.id}`, [
+        { path: [step], code: 'no_confirm', message: `a ${step} step needs the contract to declare confirm` },
+      ]);
+    }
   }
   if (contract.confirm?.preview && !impl.prepare) {
     throw new ContractSpecError(`implement ${contract.id}`, [

@@ -209,6 +209,18 @@ function afterAnswer(s0: AwaitState, a: StatusAnswer, ctx: AwaitContext): AwaitD
   if (a.state === 'not_seen')
     return !s.intentStored || resubmitDue(s, ctx) ? resubmit(s, ctx, 0) : observe(s, ctx, false);
   s = { ...s, lastState: a.state, lastSeq: a.seq, attempt: a.attempt };
+  // Held back: the call's answer is its preview; a person decides what follows (tools.confirm or tools.discard).
+  if (a.confirmation?.status === 'awaiting_confirmation')
+    return answer(s, {
+      status: 'awaiting_confirmation',
+      operationKey: s.outcomeKey,
+      ...(a.confirmation.preview !== undefined ? { preview: a.confirmation.preview } : {}),
+      ...(a.confirmation.deadlineAt !== undefined ? { deadlineAt: a.confirmation.deadlineAt } : {}),
+      next: NextAction.ConfirmOrDiscard,
+    });
+  // Discarded, or not confirmed by its deadline: final, whichever submission held it.
+  if (a.confirmation?.status === 'rolled_back')
+    return answer(s, rejected(s, a.error ?? { class: ErrorClass.OperationDiscarded }));
   if (a.state === 'unknown' && a.takeover)
     return answer(s, unknown(s, ctx, { next: NextAction.HandOver, takeover: a.takeover }));
   if (a.state === 'committed' && a.receipt) {

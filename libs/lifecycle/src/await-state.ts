@@ -53,6 +53,18 @@ export type AwaitOutcome =
       evidence: UnknownEvidence;
       next: NextAction;
       error?: ErrorInfo;
+    }
+  | {
+      /**
+       * Held back (its contract declares `confirm`): accepted, prepared, and waiting for
+       * `tools.confirm` or `tools.discard` until `deadlineAt` (ms since the epoch); nothing external
+       * happened. `preview` is its prepare step's result, when it has one.
+       */
+      status: 'awaiting_confirmation';
+      operationKey: string;
+      preview?: unknown;
+      deadlineAt?: number;
+      next: typeof NextAction.ConfirmOrDiscard;
     };
 
 /** The call being awaited: its derived key and input digest, effect class, and budget (ms since the epoch). */

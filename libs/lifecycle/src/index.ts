@@ -61,6 +61,9 @@ export {
   intentEnvelopeSchema,
   compensationEnvelopeSchema,
   type CompensationEnvelope,
+  confirmEnvelopeSchema,
+  discardEnvelopeSchema,
+  type ConfirmationEnvelope,
 } from './intent.js';
 export {
   checkIntake,

@@ -14,6 +14,8 @@ import {
 } from '@tooltx/contracts';
 import {
   compensationEnvelopeSchema,
+  confirmEnvelopeSchema,
+  discardEnvelopeSchema,
   intentEnvelopeSchema,
   type CompensationEnvelope,
   type IntentEnvelope,
@@ -49,7 +51,16 @@ export type IntakeCheck =
       original: string;
       reason: string;
       compensationKey: string;
-    };
+    }
+  | {
+      /**
+       * A confirmation (`confirm`) or a discard (`discard`) of the held-back operation `operationKey`
+       * (docs/compensation.md "Held-back commits"); judged once the operation is loaded.
+       */
+      kind: 'confirm';
+      operationKey: string;
+    }
+  | { kind: 'discard'; operationKey: string };
 
 /**
  * The key a refusal is recorded under when the intent gave none and none can be derived (bytes that
@@ -118,6 +129,19 @@ export function checkIntake(
 
   // 2'. A compensation request names the operation it compensates instead of an input.
   if (rawObj.compensates !== undefined) return checkCompensation(raw, supplied, findContract, refuse);
+  // 2''. A confirmation or a discard names the held-back operation; its refusals are recorded under
+  // the submission's own key (keylessRefusalKey), never on the operation's.
+  if (rawObj.confirms !== undefined || rawObj.discards !== undefined) {
+    const confirms = rawObj.confirms !== undefined;
+    try {
+      const e = confirms ? parseStrict(confirmEnvelopeSchema, raw) : parseStrict(discardEnvelopeSchema, raw);
+      return 'confirms' in e
+        ? { kind: 'confirm', operationKey: e.confirms.operationKey }
+        : { kind: 'discard', operationKey: e.discards.operationKey };
+    } catch (err) {
+      return refuse(err, null);
+    }
+  }
 
   // 2. Envelope and contract.
   let envelope: IntentEnvelope;

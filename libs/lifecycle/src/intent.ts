@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { compensationRequestSchema, ID_PATTERN } from '@tooltx/contracts';
+import { compensationRequestSchema, confirmationRequestSchema, ID_PATTERN } from '@tooltx/contracts';
 
 /**
  * The intent envelope an agent publishes to `<prefix>.intent.<tenant>.<actor>`:
@@ -54,3 +54,20 @@ export const compensationEnvelopeSchema = z.strictObject({
   compensates: compensationRequestSchema,
 });
 export type CompensationEnvelope = z.infer<typeof compensationEnvelopeSchema>;
+
+/**
+ * The envelope of a confirmation or a discard of a held-back operation, published on the same
+ * intent subject: `{ confirms: { operationKey } }` or `{ discards: { operationKey } }`, with the
+ * caller's `actorId` optionally (checked against the subject like any intent's). Strict: one of the
+ * two, nothing else. Its refusals are recorded under the key `keylessRefusalKey` derives from the
+ * submission (the operation itself answers its own state), which is where the SDK reads them.
+ */
+export const confirmEnvelopeSchema = z.strictObject({
+  actorId: z.string().regex(ID_PATTERN).optional(),
+  confirms: confirmationRequestSchema,
+});
+export const discardEnvelopeSchema = z.strictObject({
+  actorId: z.string().regex(ID_PATTERN).optional(),
+  discards: confirmationRequestSchema,
+});
+export type ConfirmationEnvelope = z.infer<typeof confirmEnvelopeSchema> | z.infer<typeof discardEnvelopeSchema>;

@@ -123,11 +123,13 @@ export function nextProbeDelayMs(failures: number, random: () => number = Math.r
 
 /** What the reconciler's index says of a non-terminal operation (times are other processes' wall clocks, ms). */
 export interface WatchedOperation {
-  /** `accepted`, `running` or `unknown`; any other status is never due. */
+  /** `accepted`, `running`, `unknown` or `awaiting_confirmation`; any other status is never due. */
   status: string;
   updatedAt: number;
   runningAt?: number;
   deadlineAt?: number;
+  /** A held-back operation's confirmation deadline (`awaiting_confirmation`). */
+  confirmDeadlineAt?: number;
 }
 
 /**
@@ -140,7 +142,9 @@ export interface WatchedOperation {
  *   behind is caught by it.
  * `accepted` beyond `runningBoundMs` (never started: requeue); `running` beyond its attempt's time
  * plus {@link RUNNING_GRACE_MS} and its `runningBoundMs`, when a probe is due; `unknown` when a
- * probe is due. Pure.
+ * probe is due; `awaiting_confirmation` once its confirmation deadline has passed by `wallNow` (the
+ * deadline is the contract's promise to the caller, on the wall clock: the decider judges the
+ * expiry again on the command's own time, and refuses it `not_due` before). Pure.
  */
 export function lookDue(
   e: WatchedOperation,
@@ -159,6 +163,8 @@ export function lookDue(
       );
     case 'unknown':
       return o.probeDue;
+    case 'awaiting_confirmation':
+      return e.confirmDeadlineAt !== undefined && o.wallNow >= e.confirmDeadlineAt;
     default:
       return false;
   }
@@ -314,7 +320,9 @@ export type SweepAction =
   /** Accepted and never started within its bound: requeue it (`stale_accepted`). */
   | 'requeue_stale'
   /** Running past its time or unknown: verify it (probe, {@link planRecovery}). */
-  | 'verify';
+  | 'verify'
+  /** Held back past its confirmation deadline: end it `rolled_back` (`expire_confirmation`), nothing sent. */
+  | 'expire_confirmation';
 
 /**
  * The sweep's action for an index entry (`entry`: its status and the sequence it was written at)
@@ -325,6 +333,7 @@ export function sweepAction(entry: { status: string; seq: number }, state: Opera
   if (attemptEnded(state.status) && seq > entry.seq) return 'close_entry';
   if (state.status !== entry.status) return 'skip';
   if (state.status === 'accepted') return 'requeue_stale';
+  if (state.status === 'awaiting_confirmation') return 'expire_confirmation';
   if (state.takeover) return 'skip';
   return state.status === 'running' || state.status === 'unknown' ? 'verify' : 'skip';
 }

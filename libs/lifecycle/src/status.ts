@@ -104,6 +104,26 @@ export const statusAnswerSchema = z.object({
    * while it is still to be judged. A refused one answers its refusal instead.
    */
   replayed: z.literal(true).optional(),
+  /**
+   * Where a held-back operation stands (its contract declares `confirm`, docs/compensation.md),
+   * once it was held: `state` stays the nearest meaning for a caller that does not know holds
+   * (`accepted` while it waits, `rejected` with `operation_discarded` once rolled back, the run's own
+   * state once confirmed), and this tells them apart:
+   * - `awaiting_confirmation`: it waits until `deadlineAt` (ms since the epoch), with the prepare
+   *   step's `preview` when it has one (read from the result store, like a result, under the read
+   *   policy);
+   * - `confirmed`: released; `state` is its run's;
+   * - `rolled_back`: discarded (`reason: 'discarded'`) or not confirmed by its deadline
+   *   (`'expired'`) before it ran: nothing external happened.
+   */
+  confirmation: z
+    .object({
+      status: z.enum(['awaiting_confirmation', 'confirmed', 'rolled_back']),
+      deadlineAt: z.number().int().optional(),
+      preview: z.unknown().optional(),
+      reason: z.enum(['discarded', 'expired']).optional(),
+    })
+    .optional(),
   /** Server time of the answer, ms since the epoch. */
   at: z.number().int(),
 });
@@ -212,6 +232,9 @@ export function statusSettled(a: StatusAnswer, req: StatusRequest): boolean {
   const after = req.afterSeq ?? 0;
   if (req.untilFinal) {
     if (a.state === 'unknown' && a.takeover) return a.seq !== after;
+    // Held back: nothing more happens until someone confirms or discards it, or its deadline.
+    if (a.confirmation?.status === 'awaiting_confirmation' || a.confirmation?.status === 'rolled_back')
+      return a.seq !== after;
     if (a.state === 'rejected' && a.ownAttempt === false) return false;
     return (a.state === 'committed' || a.state === 'rejected') && a.seq !== after;
   }
@@ -410,6 +433,25 @@ function operationAnswer(
     };
   }
   if (st.compensates) a.compensates = st.compensates.operationKey;
+  const held = st.confirmation;
+  if (held && (held.heldAt !== undefined || held.confirmed || st.status === 'rolled_back')) {
+    if (st.status === 'awaiting_confirmation') {
+      a.confirmation = {
+        status: 'awaiting_confirmation',
+        ...(held.deadlineAt !== undefined ? { deadlineAt: held.deadlineAt } : {}),
+      };
+      // The preview is read like a result: the entry of this attempt whose digest the hold recorded
+      // (not for a caller whose input differs: it learns that the key is taken, not what it holds).
+      const mine = req.inputDigest === undefined || req.inputDigest === st.inputDigest;
+      if (held.previewDigest && mine) {
+        if (r.result === undefined)
+          return { kind: 'read_result', attempt: st.attempt, resultDigest: held.previewDigest };
+        if (r.result) a.confirmation.preview = r.result.result;
+      }
+    } else if (st.status === 'rolled_back') {
+      a.confirmation = { status: 'rolled_back', reason: held.discarded ? 'discarded' : 'expired' };
+    } else if (held.confirmed) a.confirmation = { status: 'confirmed' };
+  }
   if (req.inputDigest !== undefined) a.inputMatches = req.inputDigest === st.inputDigest;
   if (req.submissionIds !== undefined) {
     a.ownAttempt = req.submissionIds.includes(st.intent.submissionId);
@@ -445,11 +487,12 @@ function operationAnswer(
 }
 
 /**
- * The answer's state for an operation's status. The status answer does not tell the held-back and
- * compensation statuses apart yet (no service writes them yet), so each is answered as its nearest
- * meaning for a caller: a committed operation being compensated, or compensated, is `committed`
- * (its receipt stays valid and is returned); a held-back one waiting is `accepted` (registered,
- * not started); a rolled-back one is `rejected` with `operation_discarded` (nothing happened). Pure.
+ * The answer's state for an operation's status. The held-back and compensation statuses are
+ * answered as their nearest meaning for a caller, so one that knows neither still reads the answer
+ * right: a committed operation being compensated, or compensated, is `committed` (its receipt stays
+ * valid and is returned); a held-back one waiting is `accepted` (registered, not started); a
+ * rolled-back one is `rejected` with `operation_discarded` (nothing happened). The answer's
+ * `compensation` and `confirmation` fields tell them apart. Pure.
  */
 export function serverStateOf(status: OperationRecord['status']): Exclude<ServerState, 'not_seen'> {
   switch (status) {

@@ -74,3 +74,4 @@ export {
   type RebuildSource,
 } from './projection-rebuild.js';
 export { compensatingCall, compensationInputOf, intentInputOf, linkCompensation } from './compensation.js';
+export { discardPrepared } from './held-back.js';

@@ -19,6 +19,8 @@ import {
   boundedRefusal,
   compensationVerdict,
   ConcurrencyError,
+  confirmVerdict,
+  discardVerdict,
   decideIntakeFailure,
   frozenTaskRefusal,
   handleCommand,
@@ -40,7 +42,13 @@ import { committedResult, isTransient, newEventId, type Settlement, type Subject
 import type { FrozenTaskWatch } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
 import type { LocalExecutor } from '@tooltx/runtime/service';
-import { compensatingCall, type ImplementationRegistry, type Logger } from '@tooltx/runtime';
+import {
+  compensatingCall,
+  discardPrepared,
+  intentInputOf,
+  type ImplementationRegistry,
+  type Logger,
+} from '@tooltx/runtime';
 import { intakeOf, type IntakeOutcome } from './intake.js';
 
 /** Intents from this size on (bytes) have their intake checks' CPU time measured and charged (docs/tenancy.md). */
@@ -448,6 +456,119 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     }
   }
 
+  /**
+   * A confirmation or a discard of a held-back operation (docs/compensation.md "Held-back
+   * commits"), by the actor of the intent subject. The operation is loaded (this tenant's only: its
+   * subject is), judged (`confirmVerdict`, `discardVerdict`), and the contract's policy grants the
+   * permission its `confirm` declares (`AuthorizationContext.confirms`); then `confirm` releases it
+   * (the executor runs it from the event log, checked again at its execution instant for its
+   * submitter) or `discard` ends it `rolled_back`. Confirming twice, or discarding twice, appends
+   * nothing the second time. A confirmation is never started in this process: the check at the
+   * execution instant is the submitter's, not the confirmer's. Every refusal is recorded under the
+   * submission's own key (`keylessRefusalKey`), where the SDK reads it; the operation answers its
+   * state as usual.
+   */
+  async function confirmOrDiscard(
+    check: { kind: 'confirm' | 'discard'; operationKey: string },
+    who: { tenant: string; actor: string },
+    l: Logger,
+    refuse: (
+      key: string | null,
+      error: ErrorInfo,
+      ids: { tool?: string; version?: number },
+      a?: AuthDecision,
+    ) => Promise<Settlement | void>,
+  ): Promise<Settlement | void> {
+    const field = check.kind === 'confirm' ? 'confirms' : 'discards';
+    const opId = operationIdOf(check.operationKey);
+    const { state, seq } = await store.load(who.tenant, opId);
+    if (state.status === 'none') return refuse(null, { class: ErrorClass.NotFound }, {});
+    const ids = { tool: state.tool, version: state.version };
+    const impl = tools.get(state.tool, state.version);
+    const declared = impl?.contract.confirm;
+    const invalid = (code: string, message: string): ErrorInfo => ({
+      class: ErrorClass.InvalidInput,
+      issues: [{ path: [field, 'operationKey'], code, message }],
+    });
+    if (!impl || !declared || !state.confirmation)
+      return refuse(null, invalid('not_held_back', "the operation's contract holds nothing back"), ids);
+    const verdict = check.kind === 'confirm' ? confirmVerdict(state, now()) : discardVerdict(state);
+    switch (verdict.kind) {
+      case 'refuse':
+        return refuse(null, verdict.error, ids);
+      case 'replay':
+        // Confirmed (or rolled back) already: one run, one discard. The operation answers its state.
+        return;
+      case 'not_awaiting':
+        // Still preparing: asked again shortly, once it waits (its prepare step is bounded by the
+        // attempt's timeout).
+        if (state.status === 'accepted' && state.confirmation.heldAt === undefined && !state.confirmation.confirmed)
+          return { kind: 'nak', delayMs: 500 };
+        return refuse(null, invalid('already_confirmed', 'the operation was confirmed: it may have run'), ids);
+      case 'expire':
+      case 'confirm':
+      case 'discard':
+        break;
+    }
+    // The permission the contract declares, granted or refused by its policy, for this actor.
+    const input = await intentInputOf(store, subjects, state, impl.contract);
+    if (!input) {
+      l.error({ operationKey: check.operationKey }, 'intent missing or does not match the registered digest');
+      return refuse(null, { class: ErrorClass.Internal }, ids);
+    }
+    let failure: { err: unknown } | undefined;
+    let allowed: AuthorizationResult | void = undefined;
+    try {
+      allowed = await impl.authorize?.(input, {
+        tenant: who.tenant,
+        actor: who.actor,
+        operationKey: check.operationKey,
+        phase: 'intake',
+        now: now(),
+        confirms: {
+          operationKey: check.operationKey,
+          permission: declared.permission,
+          owner: state.actor,
+          action: check.kind,
+        },
+      });
+    } catch (err) {
+      failure = { err };
+    }
+    const pv = policyVerdict(failure && toErrorInfo(failure.err), {
+      policyVersion: impl.policyVersion ?? 'none',
+      at: now(),
+      ...(allowed?.resources ? { resources: allowed.resources } : {}),
+    });
+    if (pv.kind === 'retry') throw failure!.err;
+    if (pv.kind === 'refuse') return refuse(null, pv.error, ids, pv.authorization);
+    const by = { kind: 'actor' as const, id: who.actor };
+    const h = await handleCommand(
+      store,
+      who.tenant,
+      opId,
+      () =>
+        check.kind === 'confirm'
+          ? { type: 'confirm', eventId: newEventId(), at: now(), by, attempt: state.attempt }
+          : { type: 'discard', eventId: newEventId(), at: now(), by, attempt: state.attempt },
+      { known: { state, seq } },
+    );
+    const discarded = { class: ErrorClass.OperationDiscarded };
+    if (h.kind === 'appended') {
+      l.info({ operationKey: check.operationKey, event: h.event.type }, `held-back operation: ${h.event.type}`);
+      // Rolled back: what its prepare step left downstream goes too, once the intent is settled.
+      if (h.event.state.status === 'rolled_back') void discardPrepared(store, subjects, impl, h.event.state, l);
+      // Asked too late: the hold ended at its deadline instead of running.
+      if (h.event.type === 'confirmation_expired') return refuse(null, discarded, ids);
+      return;
+    }
+    if (h.kind === 'decided' && h.decision.kind === 'skip') {
+      if (h.decision.reason === 'discarded') return refuse(null, discarded, ids);
+      if (h.decision.reason === 'confirmed')
+        return refuse(null, invalid('already_confirmed', 'the operation was confirmed: it may have run'), ids);
+    }
+  }
+
   async function handle(
     msg: JsMsg,
     intake: IntakeOutcome,
@@ -476,14 +597,14 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     if (check.kind === 'compensate') return compensate(msg, check, who, submissionId, l, refuse, answerOnItsWay);
     // An operator's token carries compensation requests only: nothing else is ever run for one.
     if (operatorOfActor(who.actor) !== null)
-      return refuse(
-        check.prepared.operationKey,
-        { class: ErrorClass.Forbidden },
-        {
-          tool: check.contract.name,
-          version: check.contract.version,
-        },
-      );
+      return check.kind === 'proceed'
+        ? refuse(
+            check.prepared.operationKey,
+            { class: ErrorClass.Forbidden },
+            { tool: check.contract.name, version: check.contract.version },
+          )
+        : refuse(null, { class: ErrorClass.Forbidden }, {});
+    if (check.kind === 'confirm' || check.kind === 'discard') return confirmOrDiscard(check, who, l, refuse);
 
     const { contract, prepared, envelope } = check;
     const key = prepared.operationKey;
@@ -492,7 +613,10 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     // Run here at once when this process's executor has room: the policy check below is then the one
     // at the execution instant, and the start goes into the same append as the acceptance. A slot
     // not handed over is given back however this ends.
-    const begun = deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null;
+    // A held-back contract is accepted alone, never started with it: the executor runs its prepare
+    // step from the event log and holds it there until someone confirms it.
+    const heldBack = contract.confirm !== undefined;
+    const begun = heldBack ? null : (deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null);
     let handed = false;
     try {
       // Policy seam, then the business invariants: before anything about the key is looked up or revealed.
@@ -581,6 +705,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           ...(submitted ? { submitted } : {}),
           authorization,
           ...(begun ? { start: { executor: begun.executor, deadlineAt: begun.deadlineAt, authorization } } : {}),
+          ...(heldBack ? { awaitsConfirmation: true as const } : {}),
         }),
         { known: { state: { status: 'none' }, seq: 0 } },
       );

@@ -3,6 +3,7 @@ import type { KV } from '@nats-io/kv';
 import {
   DeadlinePassedError,
   digestOf,
+  TooltxError,
   downstreamKeyOf,
   EMPTY_RESULT_DIGEST,
   ErrorClass,
@@ -14,6 +15,7 @@ import {
   type Implementation,
 } from '@tooltx/contracts';
 import {
+  confirmationDeadlineOf,
   decideAfterRun,
   executorAction,
   frozenTaskRefusal,
@@ -64,8 +66,14 @@ export interface ExecutorDeps {
   clocks?: DownstreamClocks;
 }
 
-/** The event types the executor acts on; every other event of the log is acked unread. */
-const ACTS_ON = new Set(['accepted', 'requeued']);
+/**
+ * The event types the executor acts on; every other event of the log is acked unread. `confirmed`:
+ * a held-back attempt released by its confirmation, accepted again and free to start.
+ */
+const ACTS_ON = new Set(['accepted', 'requeued', 'confirmed']);
+
+/** Largest preview of a prepare step kept for the caller (its JSON, bytes): it is read with the status answer. */
+export const MAX_PREVIEW_BYTES = 16 * 1024;
 
 /**
  * The executor's handler for one event-log message. It acts only on an `accepted` event that is
@@ -304,6 +312,13 @@ export function executorHandlers(
       return;
     }
 
+    // Held back and not confirmed yet: prepare (no external effect) and wait for a confirmation
+    // instead of starting it.
+    if (state.confirmation && !state.confirmation.confirmed) {
+      if (state.confirmation.heldAt !== undefined) return;
+      return holdBack({ tenant, opId, state, seq, impl, input, l, rejectBeforeRun });
+    }
+
     const { timeoutMs } = impl.contract.timing;
     if (impl.clock && !clocks.knows(impl)) {
       // Nothing learned of this downstream's clock yet: ask it, so even the first deadline is on it.
@@ -344,6 +359,102 @@ export function executorHandlers(
       l,
     });
   };
+
+  /**
+   * A held-back attempt (its contract declares `confirm`): the implementation's prepare step, when
+   * it has one, runs under the operation's downstream key with the attempt's deadline (no external
+   * effect: a draft, a cost preview); its preview is checked against the contract's `confirm.preview`
+   * and kept in the result store under the operation's result key with its digest (read back by the
+   * status answer like a result, under the read policy); then `await_confirmation` holds the attempt
+   * until the contract's `confirm.deadlineMs` from now. A prepare step that refuses (a `TooltxError`)
+   * rejects the attempt — nothing was sent; any other failure leaves it accepted and the message is
+   * delivered again (the reconciler re-drives it too).
+   */
+  async function holdBack(a: {
+    tenant: string;
+    opId: string;
+    state: OperationRecord;
+    seq: number;
+    impl: Implementation;
+    input: Record<string, unknown>;
+    l: Logger;
+    rejectBeforeRun: (error: ErrorInfo) => Promise<unknown>;
+  }): Promise<Settlement | void> {
+    const { tenant, opId, state, impl, l } = a;
+    let previewDigest: string | undefined;
+    if (impl.prepare) {
+      const { timeoutMs } = impl.contract.timing;
+      const { deadlineAt } = attemptClock(impl, now());
+      // One controller per step, its listener on the long-lived shutdown signal removed afterwards.
+      const step = new AbortController();
+      const timer = setTimeout(() => step.abort(new DOMException('prepare step timed out', 'TimeoutError')), timeoutMs);
+      const onShutdown = () => step.abort(deps.shutdown.reason);
+      deps.shutdown.addEventListener('abort', onShutdown, { once: true });
+      const signal = step.signal;
+      let preview: unknown;
+      try {
+        const r = await impl.prepare(a.input, {
+          tenant,
+          actor: state.actor,
+          operationKey: state.operationKey,
+          downstreamKey: downstreamKeyOf(tenant, state.operationKey),
+          attempt: state.attempt,
+          inputDigest: state.inputDigest,
+          deadlineAt,
+          signal,
+        });
+        preview = impl.contract.confirm?.preview ? impl.contract.confirm.preview.parse(r.preview) : r.preview;
+      } catch (err) {
+        if (err instanceof TooltxError) {
+          await a.rejectBeforeRun(err.toInfo());
+          l.info({ class: err.class }, 'prepare step refused: rejected, nothing sent');
+          return;
+        }
+        l.warn({ err }, 'prepare step failed: delivered again');
+        return { kind: 'nak', delayMs: 1_000 };
+      } finally {
+        clearTimeout(timer);
+        deps.shutdown.removeEventListener('abort', onShutdown);
+      }
+      if (preview !== undefined) {
+        const bytes = Buffer.byteLength(JSON.stringify(preview) ?? '');
+        if (bytes > MAX_PREVIEW_BYTES) {
+          l.error({ bytes }, 'prepare step returned a preview larger than kept: rejected');
+          await a.rejectBeforeRun({ class: ErrorClass.Internal });
+          return;
+        }
+        previewDigest = digestOf(preview);
+        await results.put(
+          subjects.resultKey(tenant, opId),
+          encode({
+            operationKey: state.operationKey,
+            attempt: state.attempt,
+            resultDigest: previewDigest,
+            result: preview,
+          }),
+        );
+      }
+    }
+    const heldAt = now();
+    const deadlineAt = confirmationDeadlineOf(impl.contract, heldAt) ?? heldAt;
+    const d = await transition(
+      tenant,
+      opId,
+      () => ({
+        type: 'await_confirmation',
+        eventId: newEventId(),
+        at: heldAt,
+        attempt: state.attempt,
+        deadlineAt,
+        ...(previewDigest ? { previewDigest } : {}),
+      }),
+      { known: { state, seq: a.seq } },
+    );
+    if (d.kind === 'appended') {
+      pushPoll(tenant, state);
+      l.info({ confirmDeadlineAt: deadlineAt }, 'held back: awaiting confirmation');
+    }
+  }
 
   /** Runs an attempt whose start is stored: send (unless stored too late), then commit, reject, unknown or requeue. */
   async function runStarted(a: StartedAttempt): Promise<void> {

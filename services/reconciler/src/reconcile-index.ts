@@ -17,16 +17,17 @@ import { endedStatuses, type OperationEvent, type OperationRecord } from '@toolt
 const seq = z.number().int().positive();
 const epochMs = z.number().int().nonnegative();
 
-/** The non-terminal states the reconciler watches. */
-export const watchedStatuses = ['accepted', 'running', 'unknown'] as const;
+/**
+ * The non-terminal states the reconciler watches. `awaiting_confirmation`: a held-back operation
+ * stays indexed with its confirmation deadline, which the sweep ends it at (`rolled_back`).
+ */
+export const watchedStatuses = ['accepted', 'running', 'unknown', 'awaiting_confirmation'] as const;
 /**
  * The states that take an operation out of the index (as a tombstone): every status whose attempt
  * ended (`endedStatuses`: committed, rejected, rolled back, or a committed one being compensated —
- * the compensation is its own operation, indexed as any), and `awaiting_confirmation`. No sweep
- * watches a confirmation deadline yet, and as an entry it would be taken for an accepted operation
- * never started (requeued as stale); its `confirmed` event, newer, brings it back as `accepted`.
+ * the compensation is its own operation, indexed as any).
  */
-export const terminalStatuses = [...endedStatuses, 'awaiting_confirmation'] as const;
+export const terminalStatuses = endedStatuses;
 
 /** An operation the reconciler watches. Times in ms since the epoch. */
 export const indexEntrySchema = z.object({
@@ -49,6 +50,8 @@ export const indexEntrySchema = z.object({
   updatedAt: epochMs,
   /** Set once the operation is under takeover: a person's, no longer probed. */
   takeoverAt: epochMs.optional(),
+  /** A held-back operation's confirmation deadline (`awaiting_confirmation`). */
+  confirmDeadlineAt: epochMs.optional(),
 });
 export type IndexEntry = z.infer<typeof indexEntrySchema>;
 
@@ -92,11 +95,11 @@ export function applyStateToIndex(
     case 'compensation_requested':
     case 'compensated':
     case 'compensation_failed':
-    case 'awaiting_confirmation':
       return { seq, status: s.status, terminal: true };
     case 'accepted':
     case 'running':
     case 'unknown':
+    case 'awaiting_confirmation':
       return {
         seq,
         terminal: false,
@@ -110,6 +113,9 @@ export function applyStateToIndex(
         acceptedAt: s.acceptedAt,
         ...(s.running ? { runningAt: s.running.at, deadlineAt: s.running.deadlineAt } : {}),
         ...(s.takeover ? { takeoverAt: s.takeover.times.openedAt } : {}),
+        ...(s.status === 'awaiting_confirmation' && s.confirmation?.deadlineAt !== undefined
+          ? { confirmDeadlineAt: s.confirmation.deadlineAt }
+          : {}),
         updatedAt: s.updatedAt,
       };
     default:

@@ -10,7 +10,7 @@ import {
   type ReceiptSigner,
 } from '@tooltx/lifecycle';
 import { KvMirror, newEventId, type Subjects } from '@tooltx/nats';
-import { projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
+import { discardPrepared, projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recover-operation';
 import { applyStateToIndex, reconcileValueSchema, type IndexEntry } from './reconcile-index.js';
@@ -45,7 +45,9 @@ export interface SweepDeps {
  * - `unknown` → probed again with bounded exponential backoff and jitter; past the contract's
  *   `unknownDeadlineMs` → a takeover record, its task frozen (FM-14);
  * - a probe that finds another effect under our key → a takeover record at once;
- * - an operation under takeover is a person's: never probed again.
+ * - an operation under takeover is a person's: never probed again;
+ * - `awaiting_confirmation` past its confirmation deadline → `rolled_back` (`expire_confirmation`):
+ *   nothing was sent, and nothing is.
  * Whether an attempt may run again is the probe's verdict, on the downstream's clock — never a
  * comparison of this process's clock with a time another process wrote (their clocks may disagree
  * by any amount: docs/clocks.md). When to look is scheduled by the events' own times or, whichever
@@ -133,6 +135,23 @@ export function startSweeper(d: SweepDeps): {
       return;
     }
     const l = d.log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, status: state.status });
+    if (action === 'expire_confirmation') {
+      // No confirmation came by the deadline: rolled back, nothing sent (the decider refuses it
+      // `not_due` on this command's time if the deadline has not passed).
+      const h = await handleCommand(
+        d.store,
+        tenant,
+        opId,
+        () => ({ type: 'expire_confirmation', eventId: newEventId(), at: now(), attempt: state.attempt }),
+        { known: { state, seq }, retry: false },
+      );
+      if (h.kind === 'appended') {
+        l.info('held-back operation not confirmed by its deadline: rolled back');
+        if (h.event.state.status === 'rolled_back')
+          await discardPrepared(d.store, d.subjects, impl, h.event.state, l, impl.contract.timing.timeoutMs);
+      }
+      return;
+    }
     if (action === 'requeue_stale') {
       const h = await handleCommand(
         d.store,
