@@ -838,3 +838,47 @@ describe('a repeat of a call this caller saw committed: a read first', () => {
     expect(outcome(d)).toMatchObject({ status: 'unknown', evidence: { invalidReceipt: 'untrusted_key' } });
   });
 });
+
+describe('a held-back call (its contract declares confirm)', () => {
+  it('given it waits for its confirmation, then awaiting_confirmation with the preview and its deadline: confirm or discard', () => {
+    const d = last([
+      ...stored,
+      [
+        50,
+        answered({
+          state: 'accepted',
+          seq: 2,
+          confirmation: { status: 'awaiting_confirmation', deadlineAt: T0 + 60_000, preview: { draftId: 'd-1' } },
+        }),
+      ],
+    ]);
+    expect(outcome(d)).toEqual({
+      status: 'awaiting_confirmation',
+      operationKey: KEY,
+      preview: { draftId: 'd-1' },
+      deadlineAt: T0 + 60_000,
+      next: NextAction.ConfirmOrDiscard,
+    });
+  });
+
+  it('given it is still preparing, then it is observed on', () => {
+    expect(last([...stored, [50, answered({ state: 'accepted', seq: 1 })]]).step.kind).not.toBe('answer');
+  });
+
+  it("given it was rolled back, even under another submission's attempt, then rejected operation_discarded at once", () => {
+    const d = last([
+      ...stored,
+      [
+        50,
+        answered({
+          state: 'rejected',
+          seq: 3,
+          ownAttempt: false,
+          error: { class: ErrorClass.OperationDiscarded },
+          confirmation: { status: 'rolled_back', reason: 'discarded' },
+        }),
+      ],
+    ]);
+    expect(outcome(d)).toMatchObject({ status: 'rejected', error: { class: 'operation_discarded' }, next: 'replan' });
+  });
+});

@@ -232,3 +232,37 @@ describe('the key of a refusal with no key known', () => {
     ).toBe(3);
   });
 });
+
+describe('intake checks: a confirmation or a discard of a held-back operation', () => {
+  it('given { confirms } or { discards } with a well-formed key, then it names the operation', () => {
+    expect(checkIntake(who, { confirms: { operationKey: key } }, find)).toEqual({ kind: 'confirm', operationKey: key });
+    expect(checkIntake(who, { actorId: 'alice', discards: { operationKey: key } }, find)).toEqual({
+      kind: 'discard',
+      operationKey: key,
+    });
+  });
+
+  it('given a bad key, an unknown field or both requests at once, then invalid_input at its path, recorded under no key (the submission’s)', () => {
+    expect(checkIntake(who, { confirms: { operationKey: 'nope' } }, find)).toMatchObject({
+      kind: 'refuse',
+      error: { class: 'invalid_input', issues: [{ path: ['confirms', 'operationKey'] }] },
+      decisionKey: null,
+    });
+    expect(checkIntake(who, { discards: { operationKey: key, why: 'x' } }, find)).toMatchObject({
+      kind: 'refuse',
+      error: { class: 'invalid_input', issues: [{ path: ['discards', 'why'] }] },
+    });
+    expect(checkIntake(who, { confirms: { operationKey: key }, discards: { operationKey: key } }, find)).toMatchObject({
+      kind: 'refuse',
+      error: { class: 'invalid_input', issues: [{ path: ['discards'] }] },
+    });
+  });
+
+  it('given a forged actorId, then forbidden before anything else', () => {
+    expect(checkIntake(who, { actorId: 'mallory', confirms: { operationKey: key } }, find)).toMatchObject({
+      kind: 'refuse',
+      error: { class: 'forbidden' },
+      decisionKey: null,
+    });
+  });
+});

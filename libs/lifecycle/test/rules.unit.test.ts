@@ -610,6 +610,17 @@ describe("the reconciler's sweep action", () => {
     ).state;
     expect(sweepAction({ status: 'unknown', seq: 5 }, taken, 6)).toBe('skip');
   });
+  it('ends a held-back operation still awaiting its confirmation (the index entry is due past its deadline)', () => {
+    const held = appended(
+      { type: 'await_confirmation', eventId: 'evt-h-0000001', at: 2_000, attempt: 1, deadlineAt: 9_000 },
+      appended({ ...accept, awaitsConfirmation: true }, null).state,
+    ).state;
+    expect(sweepAction({ status: 'awaiting_confirmation', seq: 5 }, held, 5)).toBe('expire_confirmation');
+    const timing = { timeoutMs: 2_000, runningBoundMs: 10_000 };
+    const e = { status: 'awaiting_confirmation', updatedAt: 2_000, confirmDeadlineAt: 9_000 };
+    expect(lookDue(e, timing, { seenForMs: 99_999, wallNow: 8_999, probeDue: true })).toBe(false);
+    expect(lookDue(e, timing, { seenForMs: 0, wallNow: 9_000, probeDue: false })).toBe(true);
+  });
   it("probes again on the backoff, or sooner when the downstream's clock said when a late request can no longer land", () => {
     expect(nextProbeInMs(1, undefined, () => 0.5)).toBe(2_000);
     expect(nextProbeInMs(1, 300, () => 0.5)).toBe(300);

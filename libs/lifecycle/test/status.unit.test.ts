@@ -13,6 +13,7 @@ import {
   generateReceiptKey,
   receiptSigner,
   statusAnswerSchema,
+  statusSettled,
   statusStep,
   takeoverRecordOf,
   type AcceptCommand,
@@ -472,6 +473,67 @@ describe('status precedence: an alias answers from the canonical operation (FM-1
     expect(answerOf({ operationKey: ALIAS_KEY }, { decisions: { [ALIAS_KEY]: alias() } })).toEqual({
       answer: { operationKey: ALIAS_KEY, canonicalKey: KEY, state: 'not_seen', source: 'none', seq: 0, at: AT },
       reads: [`decision ${ALIAS_KEY}`, `alias ${KEY}`],
+    });
+  });
+});
+
+describe('status of a held-back operation: waiting, confirmed and rolled back told apart', () => {
+  const heldAccepted = () => after({ status: 'none' }, { ...accept, awaitsConfirmation: true });
+  const held = () =>
+    after(heldAccepted(), {
+      type: 'await_confirmation',
+      eventId: id(),
+      at: 2_000,
+      attempt: 1,
+      deadlineAt: 9_000,
+      previewDigest: D3,
+    });
+  const by = { kind: 'actor' as const, id: 'alice' };
+
+  it('given it waits, then accepted with confirmation awaiting_confirmation, its deadline and the preview read like a result', () => {
+    const { answer, reads } = answerOf(
+      { operationKey: KEY, inputDigest: D1 },
+      { readable: { [KEY]: held() }, results: { [KEY]: { draftId: 'd-1' } } },
+    );
+    expect(answer).toMatchObject({
+      state: 'accepted',
+      confirmation: { status: 'awaiting_confirmation', deadlineAt: 9_000, preview: { draftId: 'd-1' } },
+    });
+    expect(reads).toEqual([`result ${KEY}@1`]);
+    expect(statusSettled(answer, { operationKey: KEY, untilFinal: true, afterSeq: 1 })).toBe(true);
+  });
+
+  it('given another input under the key, then no preview is read', () => {
+    const { answer, reads } = answerOf(
+      { operationKey: KEY, inputDigest: D2 },
+      { readable: { [KEY]: held() }, results: { [KEY]: { draftId: 'd-1' } } },
+    );
+    expect(answer.confirmation).toEqual({ status: 'awaiting_confirmation', deadlineAt: 9_000 });
+    expect(reads).toEqual([]);
+  });
+
+  it('given it is still preparing, then accepted with no confirmation field', () => {
+    expect(answerOf({ operationKey: KEY }, { readable: { [KEY]: heldAccepted() } }).answer).not.toHaveProperty(
+      'confirmation',
+    );
+  });
+
+  it('given it was discarded or expired, then rejected operation_discarded with the reason; given it was confirmed, then confirmed', () => {
+    const discarded = after(held(), { type: 'discard', eventId: id(), at: 3_000, by });
+    expect(answerOf({ operationKey: KEY }, { readable: { [KEY]: discarded } }).answer).toMatchObject({
+      state: 'rejected',
+      error: { class: 'operation_discarded' },
+      confirmation: { status: 'rolled_back', reason: 'discarded' },
+    });
+    const expired = after(held(), { type: 'expire_confirmation', eventId: id(), at: 9_500, attempt: 1 });
+    expect(answerOf({ operationKey: KEY }, { readable: { [KEY]: expired } }).answer.confirmation).toEqual({
+      status: 'rolled_back',
+      reason: 'expired',
+    });
+    const confirmed = after(held(), { type: 'confirm', eventId: id(), at: 3_000, by });
+    expect(answerOf({ operationKey: KEY }, { readable: { [KEY]: confirmed } }).answer).toMatchObject({
+      state: 'accepted',
+      confirmation: { status: 'confirmed' },
     });
   });
 });

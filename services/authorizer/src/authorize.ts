@@ -504,7 +504,14 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
         // attempt's timeout).
         if (state.status === 'accepted' && state.confirmation.heldAt === undefined && !state.confirmation.confirmed)
           return { kind: 'nak', delayMs: 500 };
-        return refuse(null, invalid('already_confirmed', 'the operation was confirmed: it may have run'), ids);
+        if (state.confirmation.confirmed)
+          return refuse(null, invalid('already_confirmed', 'the operation was confirmed: it may have run'), ids);
+        // E.g. its prepare step refused it: it never waited, and nothing was sent.
+        return refuse(
+          null,
+          invalid('not_awaiting', `the operation does not wait for a confirmation (${state.status})`),
+          ids,
+        );
       case 'expire':
       case 'confirm':
       case 'discard':

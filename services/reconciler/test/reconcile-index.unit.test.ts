@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import type { OperationRecord } from '@tooltx/lifecycle';
 import { decode, encode } from '@tooltx/nats';
 import {
   fold,
@@ -85,5 +86,29 @@ describe('reconciler projection: the index of non-terminal operations', () => {
   it('stores values that survive msgpack and the schema unchanged', () => {
     for (const v of inOrder.values())
       expect(decode(reconcileValueSchema, encode(v))).toEqual(v satisfies ReconcileValue);
+  });
+});
+
+describe('reconciler projection: a held-back operation', () => {
+  it('stays indexed while it awaits its confirmation, with its deadline, and leaves a tombstone once rolled back', () => {
+    const first = sampleOperation('accepted', 0).events[0]!;
+    const state = first.state as OperationRecord;
+    const held = {
+      ...state,
+      status: 'awaiting_confirmation' as const,
+      confirmation: { heldAt: 2_000, deadlineAt: 9_000 },
+    };
+    expect(applyToIndex(null, { ...first, state: held }, 7)).toMatchObject({
+      terminal: false,
+      status: 'awaiting_confirmation',
+      confirmDeadlineAt: 9_000,
+      seq: 7,
+    });
+    const rolledBack = { ...held, status: 'rolled_back' as const };
+    expect(applyToIndex(null, { ...first, state: rolledBack }, 8)).toEqual({
+      seq: 8,
+      status: 'rolled_back',
+      terminal: true,
+    });
   });
 });
