@@ -6,7 +6,17 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { JsMsg } from '@nats-io/jetstream';
-import { defineImplementation, ErrorClass, operationIdOf, prepareCall, type Implementation } from '@tooltx/contracts';
+import { z } from 'zod';
+import {
+  defineContract,
+  defineImplementation,
+  ErrorClass,
+  operationIdOf,
+  prepareCall,
+  TooltxError,
+  type Implementation,
+} from '@tooltx/contracts';
+import { handleCommand, keylessRefusalKey } from '@tooltx/lifecycle';
 import { encode, Subjects } from '@tooltx/nats';
 import { ImplementationRegistry, createLogger } from '@tooltx/runtime';
 import { MemoryStore } from '@tooltx/store-memory';
@@ -131,5 +141,140 @@ describe('the authorizer on the in-memory store', () => {
     const msgs = Array.from({ length: 10 }, () => intent(store));
     await Promise.all(msgs.map((m) => authorizer(store)(m.msg)));
     expect(store.history('acme', operationIdOf(msgs[0]!.key)).map((e) => e.type)).toEqual(['accepted']);
+  });
+});
+
+describe('the authorizer and a held-back contract (docs/compensation.md "Held-back commits")', () => {
+  const heldSend = defineContract({
+    name: 'note.send',
+    version: 1,
+    description: 'Send a note, once confirmed.',
+    effect: 'send',
+    input: z.strictObject({ to: z.string().min(1), body: z.string() }),
+    output: z.object({}),
+    target: (i) => ({ to: i.to }),
+    intent: (i) => ({ body: i.body }),
+    key: { scope: 'tenant', retentionMs: 24 * 3600_000 },
+    timing: { timeoutMs: 1_000, runningBoundMs: 5_000, unknownDeadlineMs: 60_000 },
+    downstream: { honoursKey: false, enforcesDeadline: false },
+    confirm: { permission: 'note.confirm', deadlineMs: 60_000 },
+  });
+  const asked: unknown[] = [];
+  const heldImpl = defineImplementation({
+    contract: heldSend,
+    async execute() {
+      return { resourceId: 'unused', result: {} };
+    },
+    // Grants note.confirm to the drafter only.
+    async authorize(_input, ctx) {
+      if (ctx.confirms) asked.push(ctx.confirms);
+      if (ctx.confirms && ctx.actor !== ctx.confirms.owner) throw new TooltxError(ErrorClass.Forbidden, 'no');
+    },
+  }) as unknown as Implementation;
+  const input = { to: 'ops', body: 'Hello' };
+  const key = prepareCall(heldSend, 'task-h', input).operationKey;
+  const handler = (store: MemoryStore) =>
+    intentHandler({
+      subjects,
+      store,
+      tools: new ImplementationRegistry([impl, heldImpl]),
+      log,
+      frozen: { isFrozen: () => false },
+    });
+  const publish = (store: MemoryStore, body: Record<string, unknown>, actor = 'alice') => {
+    const subject = subjects.intent('acme', actor);
+    const data = encode(body);
+    const submissionId = `sub-${++sub}`;
+    const seq = store.addIntent('acme', subject, data, submissionId);
+    const msg = {
+      subject,
+      data,
+      seq,
+      info: { deliveryCount: 1 },
+      headers: { get: (k: string) => (k === 'Nats-Msg-Id' ? submissionId : '') },
+    } as unknown as JsMsg;
+    return { msg, submissionId };
+  };
+  const refusalOf = (store: MemoryStore, submissionId: string, actor = 'alice') =>
+    store.lastDecision('acme', operationIdOf(keylessRefusalKey('acme', submissionId)), actor);
+  const hold = async (store: MemoryStore) => {
+    const h = handler(store);
+    await h(publish(store, { tool: 'note.send', version: 1, taskId: 'task-h', input }).msg);
+    const opId = operationIdOf(key);
+    const { state, seq } = await store.load('acme', opId);
+    await handleCommand(
+      store,
+      'acme',
+      opId,
+      () => ({
+        type: 'await_confirmation',
+        eventId: 'evt-hold-0001',
+        at: Date.now(),
+        attempt: 1,
+        deadlineAt: Date.now() + 60_000,
+      }),
+      { known: { state, seq } },
+    );
+    return h;
+  };
+
+  it('accepts it alone, awaiting its confirmation; a confirmation while it still prepares is taken again later', async () => {
+    const store = new MemoryStore();
+    const h = handler(store);
+    await h(publish(store, { tool: 'note.send', version: 1, taskId: 'task-h', input }).msg);
+    expect(store.history('acme', operationIdOf(key)).map((e) => e.state)).toMatchObject([
+      { status: 'accepted', confirmation: {} },
+    ]);
+    expect(await h(publish(store, { confirms: { operationKey: key } }).msg)).toEqual({ kind: 'nak', delayMs: 500 });
+  });
+
+  it('confirms it once for an actor the policy grants the permission; another actor is refused forbidden under its request key', async () => {
+    const store = new MemoryStore();
+    const h = await hold(store);
+    const bob = publish(store, { confirms: { operationKey: key } }, 'bob');
+    await h(bob.msg);
+    expect(await refusalOf(store, bob.submissionId, 'bob')).toMatchObject({ error: { class: 'forbidden' } });
+    expect(asked.at(-1)).toEqual({ operationKey: key, permission: 'note.confirm', owner: 'alice', action: 'confirm' });
+    await h(publish(store, { confirms: { operationKey: key } }).msg);
+    await h(publish(store, { confirms: { operationKey: key } }).msg);
+    expect(store.history('acme', operationIdOf(key)).map((e) => e.type)).toEqual([
+      'accepted',
+      'awaiting_confirmation',
+      'confirmed',
+    ]);
+    const late = publish(store, { discards: { operationKey: key } });
+    await h(late.msg);
+    expect(await refusalOf(store, late.submissionId)).toMatchObject({
+      error: { class: 'invalid_input', issues: [{ path: ['discards', 'operationKey'], code: 'already_confirmed' }] },
+    });
+  });
+
+  it('discards it: rolled back; a confirmation afterwards is refused operation_discarded', async () => {
+    const store = new MemoryStore();
+    const h = await hold(store);
+    await h(publish(store, { discards: { operationKey: key } }).msg);
+    const c = publish(store, { confirms: { operationKey: key } });
+    await h(c.msg);
+    expect(await refusalOf(store, c.submissionId)).toMatchObject({ error: { class: 'operation_discarded' } });
+    expect(store.history('acme', operationIdOf(key)).map((e) => e.type)).toEqual([
+      'accepted',
+      'awaiting_confirmation',
+      'discarded',
+    ]);
+  });
+
+  it('refuses a confirmation of a contract that holds nothing back, and of an unknown key', async () => {
+    const store = new MemoryStore();
+    const h = handler(store);
+    const w = intent(store);
+    await h(w.msg);
+    const c = publish(store, { confirms: { operationKey: w.key } });
+    await h(c.msg);
+    expect(await refusalOf(store, c.submissionId)).toMatchObject({
+      error: { class: 'invalid_input', issues: [{ code: 'not_held_back' }] },
+    });
+    const nowhere = publish(store, { confirms: { operationKey: `opk_${'Z'.repeat(43)}` } });
+    await h(nowhere.msg);
+    expect(await refusalOf(store, nowhere.submissionId)).toMatchObject({ error: { class: 'not_found' } });
   });
 });
