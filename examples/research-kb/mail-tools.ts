@@ -205,7 +205,10 @@ export const mailImplementations = [
         throw new TooltxError(ErrorClass.Forbidden, 'not allowed to confirm or discard this draft (mail.confirm)');
     },
     async prepare(input, ctx) {
-      const d = await sendDraftSteps.prepare(input, ctx as ExecutionContext);
+      // Looked up read-only first: a prepare step run again (its answer lost) answers the draft it
+      // made, and an outbox without dedup never holds a second draft of one operation.
+      const found = await mail.probeDraft({ tenant: ctx.tenant, key: ctx.downstreamKey, signal: ctx.signal });
+      const d = found.found ? found : await sendDraftSteps.prepare(input, ctx as ExecutionContext);
       return { preview: { draftId: d.draftId, ...d.preview } };
     },
     async discard(_input, ctx) {
