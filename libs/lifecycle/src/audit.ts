@@ -50,6 +50,8 @@ export const auditStateSchema = z.object({
   errorClass: token.optional(),
   /** The operator who decided this outcome by hand. */
   resolvedBy: id.optional(),
+  /** Who confirmed or discarded a held-back operation (`confirmed`, `discarded`): an actor or an operator. */
+  by: z.object({ kind: z.enum(['actor', 'operator']), id }).optional(),
 });
 export type AuditState = z.infer<typeof auditStateSchema>;
 

@@ -60,6 +60,8 @@ export const auditedEventSchema = z.object({
   /** Set on an outcome a person decided, with their operator id. */
   manual: z.boolean().optional(),
   resolvedBy: id.optional(),
+  /** Who confirmed or discarded a held-back operation. */
+  by: z.object({ kind: z.enum(['actor', 'operator']), id }).optional(),
   state: z.object({
     status: token,
     operationKey: z.string().regex(OPERATION_KEY_PATTERN),
@@ -272,6 +274,7 @@ export function applyEventToAudit(
     actor: s.actor,
     ...(s.status === 'rejected' && s.error && (e.type === 'rejected' || e.manual) ? { errorClass: s.error.class } : {}),
     ...(resolvedBy ? { resolvedBy } : {}),
+    ...(e.by ? { by: e.by } : {}),
   };
   const states = [...(current?.states ?? []), state].sort((a, b) => a.seq - b.seq);
   const head = !current || current.seq < at ? headOfEvent(e, at, h) : pickHead(current);

@@ -451,3 +451,35 @@ describe('every requester of a compensation on record', () => {
     ).toEqual(replay);
   });
 });
+
+describe('audit of a held-back operation', () => {
+  it('records who confirmed it, beside the actor of its attempt', () => {
+    const first = sampleOperation('accepted', 7).events[0]!;
+    let state = { ...(first.state as OperationRecord), confirmation: {} } as OperationRecord;
+    const events: OperationEvent[] = [{ ...first, state }];
+    const step = (cmd: OperationCommand) => {
+      const d = decide(cmd, state);
+      if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
+      events.push(d.event);
+      state = d.event.state as OperationRecord;
+    };
+    step({
+      type: 'await_confirmation',
+      eventId: 'evt-held-0001',
+      at: first.at + 1,
+      attempt: 1,
+      deadlineAt: first.at + 9,
+    });
+    step({ type: 'confirm', eventId: 'evt-held-0002', at: first.at + 2, by: { kind: 'actor', id: 'bob' } });
+    let rec: AuditRecord | null = null;
+    events.forEach((e, i) => {
+      rec = applyEventToAudit(rec, e as unknown as AuditedEvent, i + 1, h) ?? rec;
+    });
+    expect(rec!.states.map((s) => [s.event, s.status, s.actor, s.by])).toEqual([
+      ['accepted', 'accepted', first.state.actor, undefined],
+      ['awaiting_confirmation', 'awaiting_confirmation', first.state.actor, undefined],
+      ['confirmed', 'accepted', first.state.actor, { kind: 'actor', id: 'bob' }],
+    ]);
+    expect(auditRecordSchema.parse(rec)).toEqual(rec);
+  });
+});
