@@ -189,7 +189,8 @@ export function permissionsFor(
                 // Each tenant's intents; an intent that registered nothing is deleted once its
                 // decision is recorded (docs/tenancy.md).
                 ...intentsStreams.flatMap((n) => [...pull(n, Durables.authorizer), `${api}.STREAM.MSG.DELETE.${n}`]),
-                // A compensation's input is built from the original's intent, read by its sequence.
+                // A registered operation's input read back from its intent: a confirmation's policy
+                // check and a compensation's input (docs/compensation.md).
                 ...intentsStreams.flatMap((n) => directSeq(n)),
                 ...directLast(events),
                 ...directSeq(events),
@@ -286,6 +287,9 @@ export function permissionsFor(
             role.service === 'reconciler'
               ? [
                   s.allOps,
+                  // A rolled-back held-back operation's input, read back from its intent for the
+                  // implementation's discard step (docs/compensation.md "Held-back commits").
+                  ...intentsStreams.flatMap((n) => directSeq(n)),
                   // The max-deliveries advisories of the event log's durables.
                   ...pull(topo.streams.advisories.name, Durables.reconcilerAdvisories),
                   ...kvRead(topo.results.bucket),
