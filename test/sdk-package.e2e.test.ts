@@ -104,6 +104,8 @@ export async function call(): Promise<string> {
   await runTask(tools, { taskId: 'task-2', steps: [] });
   if (r.status === 'committed') return r.result.id + r.receipt.operationKey;
   if (r.status === 'rejected') return r.error.class === ErrorClass.InvalidInput ? 'replan' : r.next;
+  // Held back by a contract that declares confirm: a person decides (tools.confirm / tools.discard).
+  if (r.status === 'awaiting_confirmation') return r.next;
   return r.evidence.submissionIds.join(',') + key;
 }
 
