@@ -3,13 +3,13 @@ import type { KV } from '@nats-io/kv';
 import {
   DeadlinePassedError,
   digestOf,
-  TooltxError,
   downstreamKeyOf,
   EMPTY_RESULT_DIGEST,
   ErrorClass,
   operatorOfActor,
   prepareCall,
   toErrorInfo,
+  TooltxError,
   type AuthorizationResult,
   type ErrorInfo,
   type Implementation,
@@ -403,7 +403,7 @@ export function executorHandlers(
           deadlineAt,
           signal,
         });
-        preview = impl.contract.confirm?.preview ? impl.contract.confirm.preview.parse(r.preview) : r.preview;
+        preview = r.preview;
       } catch (err) {
         if (err instanceof TooltxError) {
           await a.rejectBeforeRun(err.toInfo());
@@ -415,6 +415,21 @@ export function executorHandlers(
       } finally {
         clearTimeout(timer);
         deps.shutdown.removeEventListener('abort', onShutdown);
+      }
+      // A preview that is not what the contract promises the caller is the implementation's fault:
+      // rejected (nothing was sent), never shown.
+      const schema = impl.contract.confirm?.preview;
+      if (schema) {
+        const parsed = schema.safeParse(preview);
+        if (!parsed.success) {
+          l.error(
+            { issues: parsed.error.issues.length },
+            "prepare step's preview does not match confirm.preview: rejected",
+          );
+          await a.rejectBeforeRun({ class: ErrorClass.Internal });
+          return;
+        }
+        preview = parsed.data;
       }
       if (preview !== undefined) {
         const bytes = Buffer.byteLength(JSON.stringify(preview) ?? '');
