@@ -27,6 +27,7 @@ import {
   IDEMPOTENCY_CONFLICT,
   keylessRefusalKey,
   policyVerdict,
+  readAllowed,
   refusalRecord,
   refusedIntentDeletable,
   replayRecord,
@@ -485,6 +486,10 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     if (state.status === 'none') return refuse(null, { class: ErrorClass.NotFound }, {});
     const ids = { tool: state.tool, version: state.version };
     const impl = tools.get(state.tool, state.version);
+    // An operation the actor may not read is answered as one that does not exist: nothing about it
+    // is revealed (the status endpoint's rule).
+    if (!(await readAllowed(impl, who.tenant, who.actor, state, now())))
+      return refuse(null, { class: ErrorClass.NotFound }, {});
     const declared = impl?.contract.confirm;
     const invalid = (code: string, message: string): ErrorInfo => ({
       class: ErrorClass.InvalidInput,

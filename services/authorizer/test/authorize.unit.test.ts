@@ -165,6 +165,10 @@ describe('the authorizer and a held-back contract (docs/compensation.md "Held-ba
     async execute() {
       return { resourceId: 'unused', result: {} };
     },
+    // Eve may not read these operations.
+    async authorizeRead(ctx) {
+      if (ctx.actor === 'eve') throw new TooltxError(ErrorClass.Forbidden, 'no');
+    },
     // Grants note.confirm to the drafter only.
     async authorize(_input, ctx) {
       if (ctx.confirms) asked.push(ctx.confirms);
@@ -263,7 +267,7 @@ describe('the authorizer and a held-back contract (docs/compensation.md "Held-ba
     ]);
   });
 
-  it('refuses a confirmation of a contract that holds nothing back, and of an unknown key', async () => {
+  it('refuses a confirmation of a contract that holds nothing back, of an operation the actor may not read, and of an unknown key', async () => {
     const store = new MemoryStore();
     const h = handler(store);
     const w = intent(store);
@@ -273,6 +277,11 @@ describe('the authorizer and a held-back contract (docs/compensation.md "Held-ba
     expect(await refusalOf(store, c.submissionId)).toMatchObject({
       error: { class: 'invalid_input', issues: [{ code: 'not_held_back' }] },
     });
+    // One the actor may not read is answered as one that does not exist.
+    await hold(store);
+    const eve = publish(store, { discards: { operationKey: key } }, 'eve');
+    await h(eve.msg);
+    expect(await refusalOf(store, eve.submissionId, 'eve')).toMatchObject({ error: { class: 'not_found' } });
     const nowhere = publish(store, { confirms: { operationKey: `opk_${'Z'.repeat(43)}` } });
     await h(nowhere.msg);
     expect(await refusalOf(store, nowhere.submissionId)).toMatchObject({ error: { class: 'not_found' } });
