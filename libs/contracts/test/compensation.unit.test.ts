@@ -192,10 +192,14 @@ describe('contract declarations', () => {
     expect(preview.interfaceDigest).not.toBe(confirm.interfaceDigest);
   });
 
-  it('defineTool passes the declarations on to the contract, and a prepare step needs confirm (and a preview needs prepare)', () => {
+  it('defineTool passes the declarations on to the contract, and a prepare or discard step needs confirm (and a preview needs prepare)', () => {
     const execute = async () => ({ resourceId: 'n1', result: {} });
     const plain = defineTool({ name: 'kb.add', description: 'Add.', effect: 'create', input: noteInput });
     expect(() => plain.implement({ execute, prepare: async () => ({ preview: {} }) })).toThrow(ContractSpecError);
+    expect(specError(() => plain.implement({ execute, discard: async () => {} })).issues[0]).toMatchObject({
+      path: ['discard'],
+      code: 'no_confirm',
+    });
     const held = defineTool({
       name: 'mail.send_draft',
       description: 'Send a drafted mail.',
@@ -211,9 +215,13 @@ describe('contract declarations', () => {
       path: ['prepare'],
       code: 'required',
     });
-    expect(held.implement({ execute, prepare: async () => ({ preview: { subject: 's' } }) }).prepare).toBeTypeOf(
-      'function',
-    );
+    const both = held.implement({
+      execute,
+      prepare: async () => ({ preview: { subject: 's' } }),
+      discard: async () => {},
+    });
+    expect(both.prepare).toBeTypeOf('function');
+    expect(both.discard).toBeTypeOf('function');
   });
 
   it("the compensating input is built from the original's input and receipt, and the reason", () => {
