@@ -9,6 +9,8 @@
  *   tooltx ops pending     the operations the reconciler is watching (accepted, running, unknown)
  *   tooltx takeover …      list / show / resolve operations handed over to a person (as an operator)
  *   tooltx compensate …    compensate a committed operation (as an operator granted compensate)
+ *   tooltx confirm …       confirm a held-back operation: it runs once (as an operator granted confirm)
+ *   tooltx discard …       discard a held-back operation: rolled back, nothing sent (as an operator granted confirm)
  *   tooltx audit …         show / list / export / counts of audit records, through the audit service (as an auditor)
  *
  * Environment: NATS_URL, NATS_NKEY_FILE (the provisioner's seed for streams and ops), NATS_CREDS_FILE,
@@ -36,6 +38,7 @@ import { inboxPrefixOf } from '@tooltx/nats';
 import type { NatsConnection } from '@tooltx/nats';
 import { z } from 'zod';
 import { registerCompensate } from './commands/compensate.js';
+import { registerConfirm } from './commands/confirm.js';
 import { registerTakeover } from './commands/takeover.js';
 import { serve } from './serve.js';
 import { registerAuditCommands } from './commands/audit.js';
@@ -132,10 +135,10 @@ const program = usageErrorsExitTwo(new Command('tooltx'))
 Environment (each command's --help lists what it reads):
   NATS_URL          server URL(s) (default nats://127.0.0.1:4222)
   NATS_NKEY_FILE    the seed of the identity the command acts as: the provisioner (streams, ops),
-                    an operator (takeover, compensate), an auditor (audit); \`tooltx auth generate\` writes them
+                    an operator (takeover, compensate, confirm, discard), an auditor (audit); \`tooltx auth generate\` writes them
   NATS_CREDS_FILE   a .creds file instead of the seed
   TOOLTX_PREFIX     subject prefix of the deployment (default tooltx)
-  TOOLTX_OPERATOR   takeover, compensate: the operator's id
+  TOOLTX_OPERATOR   takeover, compensate, confirm, discard: the operator's id
   TOOLTX_TENANT, TOOLTX_AUDITOR  audit: defaults of --tenant and --auditor
   TOOLTX_TOOLS_MODULE  streams check: the trusted module, for the contracts' key retention (optional)
   TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS, TOOLTX_MAX_DELIVER  the topology
@@ -252,6 +255,7 @@ ops
 
 registerTakeover(program);
 registerCompensate(program);
+registerConfirm(program);
 registerAuditCommands(program);
 
 const auth = program.command('auth').description('identity the server enforces: users, nkeys, permissions');
@@ -260,7 +264,7 @@ auth
   .description('write <out>/nats-server.conf and <out>/nkeys/*.nk (mode 0600) from an identity list (JSON)')
   .requiredOption(
     '--identities <file>',
-    'JSON: { "tenants": [{ "id", "actors": [], "auditors": [], "limits": {} }], "operators": ["<id>" or { "id", "may": ["compensate"] }], "executorDurables": [], "limits": {} } (limits: docs/tenancy.md); also writes signing/<service>.pem (kept if present) and receipt-keys.json',
+    'JSON: { "tenants": [{ "id", "actors": [], "auditors": [], "limits": {} }], "operators": ["<id>" or { "id", "may": ["compensate", "confirm"] }], "executorDurables": [], "limits": {} } (limits: docs/tenancy.md); also writes signing/<service>.pem (kept if present) and receipt-keys.json',
   )
   .requiredOption('--out <dir>', 'output directory')
   .option('--listen <host:port>', 'client listen address', '127.0.0.1:4222')

@@ -24,6 +24,7 @@ import { DEFAULT_TENANT_LIMITS, resolveLimits, type Topology } from '@tooltx/str
 import {
   checkIdentityList,
   compensatingOperators,
+  confirmingOperators,
   identityListSchema,
   operatorsOf,
   type IdentityList,
@@ -149,6 +150,7 @@ export function generateAuth(
     ...operatorsOf(parsed).map((o) => ({ kind: 'operator' as const, operator: o.id })),
   ];
   const compensators = compensatingOperators(parsed);
+  const confirmers = confirmingOperators(parsed);
   const keyDir = join(o.outDir, 'nkeys');
   mkdirSync(keyDir, { recursive: true, mode: 0o700 });
   const users: GeneratedUser[] = roles.map((role) => {
@@ -179,6 +181,7 @@ export function generateAuth(
       parsed.executorDurables,
       parsed.tenants.map((t) => t.id),
       compensators,
+      confirmers,
     );
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
@@ -196,7 +199,7 @@ export function generateAuth(
     name: 'TOOLTX',
     extra: [
       '      jetstream: enabled',
-      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`, `${p}.ops.compensate.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
+      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`, `${p}.ops.compensate.>`, `${p}.ops.confirm.>`, `${p}.ops.discard.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
     ],
     users: users.filter((u) => u.role.kind === 'service' || u.role.kind === 'provisioner'),
   };
@@ -221,9 +224,9 @@ export function generateAuth(
     }));
   const operatorAccount = {
     name: 'OPERATORS',
-    // Every operator's account imports the compensation subject; only a granted operator's own
-    // permissions let it publish there (permissionsFor).
-    extra: [imports([`${p}.takeover.>`, `${p}.ops.compensate.>`])],
+    // Every operator's account imports the compensation, confirmation and discard subjects; only
+    // a granted operator's own permissions let it publish there (permissionsFor).
+    extra: [imports([`${p}.takeover.>`, `${p}.ops.compensate.>`, `${p}.ops.confirm.>`, `${p}.ops.discard.>`])],
     users: users.filter((u) => u.role.kind === 'operator'),
   };
   const accounts = [tooltxAccount, ...tenantAccounts, operatorAccount].filter(

@@ -14,8 +14,12 @@ import { partialTenantLimitsSchema, resolveLimits, type TenantSpec, type Topolog
 
 const id = z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$ (one subject token, no wildcard)');
 
-/** What an operator may do beyond takeovers. */
-export const OPERATOR_GRANTS = ['compensate'] as const;
+/**
+ * What an operator may do beyond takeovers: `compensate` (`tooltx compensate`), `confirm` (`tooltx
+ * confirm` and `tooltx discard`: one grant for both, since either is the decision a held-back
+ * operation waits for, as one permission of its contract covers both for an agent).
+ */
+export const OPERATOR_GRANTS = ['compensate', 'confirm'] as const;
 export type OperatorGrant = (typeof OPERATOR_GRANTS)[number];
 
 /** An operator of the list: a bare id (takeovers only), or an id with the grants it holds. */
@@ -51,6 +55,13 @@ export function compensatingOperators(list: IdentityList): string[] {
     .map((o) => o.id);
 }
 
+/** The ids of the operators who may confirm or discard held-back operations (`may: ['confirm']`). */
+export function confirmingOperators(list: IdentityList): string[] {
+  return operatorsOf(list)
+    .filter((o) => o.may.has('confirm'))
+    .map((o) => o.id);
+}
+
 export const identityListSchema = z.strictObject({
   tenants: z
     .array(
@@ -68,8 +79,9 @@ export const identityListSchema = z.strictObject({
   /**
    * Operators: people who resolve takeovers. They reach the takeover service, which records their
    * id (from the subject the server pinned them to) in the resolution event. An entry is an id, or
-   * `{ id, may: ['compensate'] }` for one who may also compensate operations with `tooltx
-   * compensate` (docs/compensation.md); a bare id may not.
+   * `{ id, may: ['compensate', 'confirm'] }` for one who may also compensate operations with `tooltx
+   * compensate`, or confirm and discard held-back ones with `tooltx confirm` / `tooltx discard`
+   * (docs/compensation.md); a bare id may do neither.
    */
   operators: z.array(operatorEntrySchema).default([]),
   /** Every tenant's limits unless its own entry says otherwise (docs/tenancy.md); unset ones take the defaults. */
@@ -152,17 +164,19 @@ export function checkIdentityList(list: IdentityList, topo?: Topology): void {
   operatorsOf(parsed).forEach(({ id: operator, may }, k) => {
     const path = typeof parsed.operators[k] === 'string' ? ['operators', k] : ['operators', k, 'id'];
     reserved(operator, path, 'operator');
-    // A compensating operator's requests enter a tenant's intake stream under `_op-<id>`, one
-    // subject token of at most 64 characters.
-    if (may.has('compensate') && operator.length > MAX_OPERATOR_ACTOR_ID)
+    // A compensating or confirming operator's requests enter a tenant's intake stream under
+    // `_op-<id>`, one subject token of at most 64 characters.
+    if (may.size > 0 && operator.length > MAX_OPERATOR_ACTOR_ID) {
+      const what = [...may].join(' and ');
       refuse(
         {
           path,
           code: 'too_long',
-          message: `an operator who may compensate has an id of at most ${MAX_OPERATOR_ACTOR_ID} characters`,
+          message: `an operator who may ${what} has an id of at most ${MAX_OPERATOR_ACTOR_ID} characters`,
         },
-        `${path.join('.')}: operator ${JSON.stringify(operator)} may compensate, so its id is at most ${MAX_OPERATOR_ACTOR_ID} characters (its requests are recorded under the actor _op-<id>, one subject token of 64)`,
+        `${path.join('.')}: operator ${JSON.stringify(operator)} may ${what}, so its id is at most ${MAX_OPERATOR_ACTOR_ID} characters (its requests are recorded under the actor _op-<id>, one subject token of 64)`,
       );
+    }
     entries.push({ role: { kind: 'operator', operator }, path });
   });
   // Equal prefixes, then a prefix that lies inside another (its token ancestors).

@@ -1,6 +1,7 @@
 export {
   checkIdentityList,
   compensatingOperators,
+  confirmingOperators,
   identityListSchema,
   OPERATOR_GRANTS,
   operatorsOf,

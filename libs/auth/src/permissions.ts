@@ -69,10 +69,12 @@ export function permissionsFor(
   tenants: string[] = topo.tenants?.map((t) => t.id) ?? [],
   /** The operators granted `compensate` in the identity list (`tooltx compensate`). */
   compensators: string[] = [],
+  /** The operators granted `confirm` in the identity list (`tooltx confirm`, `tooltx discard`). */
+  confirmers: string[] = [],
 ): Permissions {
   const api = '$JS.API';
   if (role.kind === 'service' && role.service === 'host')
-    return hostPermissions(s, topo, executorDurables, tenants, compensators);
+    return hostPermissions(s, topo, executorDurables, tenants, compensators, confirmers);
   const inbox = `${inboxPrefixOf(role)}.>`;
   // Where a request/reply service (status, audit, takeover) answers: agents, auditors and operators
   // live in their own accounts and reach these services through service imports, so every request
@@ -162,13 +164,15 @@ export function permissionsFor(
       // no stream, bucket or JetStream API subject — not intents, inputs, results, events or the KV.
       return { publish: { allow: [s.audit(role.tenant, role.actor)] }, subscribe: { allow: [inbox] } };
     case 'operator':
-      // The compensation request subject only for an operator granted `compensate`: one without
-      // the grant is refused by the server and reaches nothing that could tell it about an operation.
+      // The compensation request subject only for an operator granted `compensate`, the
+      // confirmation and discard subjects only for one granted `confirm`: one without the grant is
+      // refused by the server and reaches nothing that could tell it about an operation.
       return {
         publish: {
           allow: [
             s.takeover(role.operator),
             ...(compensators.includes(role.operator) ? [s.opsCompensate(role.operator)] : []),
+            ...(confirmers.includes(role.operator) ? [s.opsConfirm(role.operator), s.opsDiscard(role.operator)] : []),
           ],
         },
         subscribe: { allow: [inbox] },
@@ -205,10 +209,13 @@ export function permissionsFor(
                 // Status answers, and "poll now" pushed to a submission's agent.
                 answers,
                 s.allPush,
-                // An operator's compensation request, stored as an intent under `_op-<operator>` in
-                // each tenant's intake stream: exactly the granted operators' subjects, so that
-                // what arrives under such a token was put there by this service for that operator.
-                ...tenants.flatMap((t) => compensators.map((o) => s.intent(t, operatorActorOf(o)))),
+                // An operator's compensation, confirmation or discard request, stored as an intent
+                // under `_op-<operator>` in each tenant's intake stream: exactly the granted
+                // operators' subjects, so that what arrives under such a token was put there by
+                // this service for that operator.
+                ...tenants.flatMap((t) =>
+                  [...new Set([...compensators, ...confirmers])].map((o) => s.intent(t, operatorActorOf(o))),
+                ),
               ],
               deny: [
                 ...durableGuard,
@@ -217,9 +224,9 @@ export function permissionsFor(
                 ),
               ],
             },
-            // Status requests, and operators' compensation requests (queue groups): only a granted
-            // operator may publish the latter.
-            subscribe: { allow: [inbox, s.allStatus, s.allOpsCompensate] },
+            // Status requests, and operators' compensation, confirmation and discard requests
+            // (queue groups): only a granted operator may publish the latter.
+            subscribe: { allow: [inbox, s.allStatus, s.allOpsCompensate, s.allOpsConfirm, s.allOpsDiscard] },
           };
         }
         case 'executor':
@@ -341,9 +348,10 @@ function hostPermissions(
   executorDurables: string[],
   tenants: string[],
   compensators: string[],
+  confirmers: string[],
 ): Permissions {
   const parts = (['authorizer', 'executor', 'reconciler', 'audit-projector'] as const).map((service) =>
-    permissionsFor({ kind: 'service', service }, s, topo, executorDurables, tenants, compensators),
+    permissionsFor({ kind: 'service', service }, s, topo, executorDurables, tenants, compensators, confirmers),
   );
   const events = topo.streams.events.name;
   const own = [

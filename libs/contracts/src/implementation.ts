@@ -88,9 +88,18 @@ export interface AuthorizationContext {
    * `owner` the actor who submitted it, and `permission` the one its contract's `confirm` declares.
    * The policy grants that permission to `actor` or refuses (`forbidden`): nothing is confirmed or
    * discarded then. The run a confirmation releases is checked again at its execution instant as
-   * any write, for its submitter (without this field).
+   * any write, for its submitter (without this field). `requestedBy` says who asks: an agent
+   * (`actor`, who needs that permission), or an operator through `tooltx confirm` / `tooltx discard`
+   * (`actor` is then `_op-<operator>`): the operator's `confirm` grant in the identity list is the
+   * permission, so a policy does not ask it of an agent.
    */
-  confirms?: { operationKey: string; permission: string; owner: string; action: 'confirm' | 'discard' };
+  confirms?: {
+    operationKey: string;
+    permission: string;
+    owner: string;
+    action: 'confirm' | 'discard';
+    requestedBy?: { kind: 'actor' | 'operator'; id: string };
+  };
 }
 
 /** Who asks to read an operation, and whose operation it is. */

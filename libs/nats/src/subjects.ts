@@ -21,6 +21,7 @@ const SUBMISSION_TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
  * | KV `<p>_reconcile`, key `<tenant>.<opId>` | the reconciler's index of non-terminal operations (projection) |
  * | KV `<p>_audit`, key `<tenant>.<opId>` | one audit record per operation (projection) |
  * | `<p>.ops.compensate.<operator>` | operators' compensation requests to the authorizer (request/reply, no stream) |
+ * | `<p>.ops.confirm.<operator>`, `<p>.ops.discard.<operator>` | operators' confirmations and discards of held-back operations to the authorizer (request/reply, no stream) |
  * | `<p>.audit.<tenant>.<auditor>` | auditors' queries to the audit service (request/reply, no stream) |
  * | `<p>.auditlog.<tenant>.<auditor>` | the audit service's record of each query and export (stream `<P>_AUDITLOG`) |
  */
@@ -87,6 +88,32 @@ export class Subjects {
     if (t.length !== 4 || t[0] !== this.prefix || t[1] !== 'ops' || t[2] !== 'compensate') return null;
     const operator = t[3]!;
     return ID_PATTERN.test(operator) && !operator.startsWith('_') ? operator : null;
+  }
+  /**
+   * An operator's confirmations and discards of held-back operations (`tooltx confirm`, `tooltx
+   * discard`): `<prefix>.ops.confirm.<operator>` and `<prefix>.ops.discard.<operator>`, answered by
+   * the authorizer. The action is the subject's, as for a compensation, so the server's permission
+   * is the whole check of who may ask; only an operator granted `confirm` may publish on either.
+   */
+  opsConfirm(operator: string): string {
+    return `${this.prefix}.ops.confirm.${id(operator)}`;
+  }
+  opsDiscard(operator: string): string {
+    return `${this.prefix}.ops.discard.${id(operator)}`;
+  }
+  get allOpsConfirm(): string {
+    return `${this.prefix}.ops.confirm.*`;
+  }
+  get allOpsDiscard(): string {
+    return `${this.prefix}.ops.discard.*`;
+  }
+  /** The action and operator of a confirmation or discard request subject, or null when it is not exactly one. */
+  parseOpsConfirmSubject(subject: string): { action: 'confirm' | 'discard'; operator: string } | null {
+    const t = subject.split('.');
+    if (t.length !== 4 || t[0] !== this.prefix || t[1] !== 'ops' || (t[2] !== 'confirm' && t[2] !== 'discard'))
+      return null;
+    const operator = t[3]!;
+    return ID_PATTERN.test(operator) && !operator.startsWith('_') ? { action: t[2], operator } : null;
   }
 
   intent(tenant: string, actor: string): string {

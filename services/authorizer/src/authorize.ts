@@ -486,9 +486,16 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     if (state.status === 'none') return refuse(null, { class: ErrorClass.NotFound }, {});
     const ids = { tool: state.tool, version: state.version };
     const impl = tools.get(state.tool, state.version);
+    // An operator's request (`tooltx confirm`, `tooltx discard`) arrives under `_op-<operator>`,
+    // which only the operator request service may publish on, for an operator granted `confirm`:
+    // that grant is the permission, and the policy is told so instead of being asked it of an agent.
+    const operator = operatorOfActor(who.actor);
+    const by = operator ? { kind: 'operator' as const, id: operator } : { kind: 'actor' as const, id: who.actor };
     // An operation the actor may not read is answered as one that does not exist: nothing about it
-    // is revealed (the status endpoint's rule).
-    if (!(await readAllowed(impl, who.tenant, who.actor, state, now())))
+    // is revealed (the status endpoint's rule). A tenant's read policy knows its agents, not the
+    // deployment's operators: an operator's grant covers every tenant's held operations, as its
+    // compensate grant covers their committed ones.
+    if (!operator && !(await readAllowed(impl, who.tenant, who.actor, state, now())))
       return refuse(null, { class: ErrorClass.NotFound }, {});
     const declared = impl?.contract.confirm;
     const invalid = (code: string, message: string): ErrorInfo => ({
@@ -542,6 +549,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           permission: declared.permission,
           owner: state.actor,
           action: check.kind,
+          requestedBy: by,
         },
       });
     } catch (err) {
@@ -554,7 +562,6 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     });
     if (pv.kind === 'retry') throw failure!.err;
     if (pv.kind === 'refuse') return refuse(null, pv.error, ids, pv.authorization);
-    const by = { kind: 'actor' as const, id: who.actor };
     const h = await handleCommand(
       store,
       who.tenant,
@@ -607,16 +614,15 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     if (check.kind === 'refuse')
       return refuse(check.decisionKey, check.error, { tool: check.tool, version: check.version });
     if (check.kind === 'compensate') return compensate(msg, check, who, submissionId, l, refuse, answerOnItsWay);
-    // An operator's token carries compensation requests only: nothing else is ever run for one.
-    if (operatorOfActor(who.actor) !== null)
-      return check.kind === 'proceed'
-        ? refuse(
-            check.prepared.operationKey,
-            { class: ErrorClass.Forbidden },
-            { tool: check.contract.name, version: check.contract.version },
-          )
-        : refuse(null, { class: ErrorClass.Forbidden }, {});
     if (check.kind === 'confirm' || check.kind === 'discard') return confirmOrDiscard(check, who, l, refuse);
+    // An operator's token carries compensation, confirmation and discard requests only: nothing
+    // else is ever run for one.
+    if (operatorOfActor(who.actor) !== null)
+      return refuse(
+        check.prepared.operationKey,
+        { class: ErrorClass.Forbidden },
+        { tool: check.contract.name, version: check.contract.version },
+      );
 
     const { contract, prepared, envelope } = check;
     const key = prepared.operationKey;

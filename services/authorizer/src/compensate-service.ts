@@ -56,7 +56,8 @@ export interface CompensateServiceDeps {
   log: Logger;
 }
 
-const sleep = (ms: number, signal: AbortSignal) =>
+/** Waits `ms`, or less when `signal` aborts. */
+export const sleep = (ms: number, signal: AbortSignal) =>
   new Promise<void>((resolve) => {
     if (signal.aborted) return resolve();
     const t = setTimeout(done, Math.max(0, ms));
@@ -67,6 +68,35 @@ const sleep = (ms: number, signal: AbortSignal) =>
     }
     signal.addEventListener('abort', done, { once: true });
   });
+
+/**
+ * Publishes an operator request's intent until the server acknowledges it, refuses it (`forbidden`:
+ * this identity may not publish for that operator), or the budget ends (`no_ack`, or at once when
+ * `signal` aborts). Retransmitted under the same message id, so it is stored once.
+ */
+export async function publishOperatorIntent(
+  js: JetStreamClient,
+  subject: string,
+  data: Uint8Array,
+  submissionId: string,
+  deadlineAt: number,
+  signal: AbortSignal,
+): Promise<'acked' | 'forbidden' | 'no_ack'> {
+  for (let i = 0; Date.now() < deadlineAt && !signal.aborted; i++) {
+    try {
+      await js.publish(subject, data, {
+        msgID: submissionId,
+        timeout: Math.min(PUBACK_TIMEOUT_MS, Math.max(100, deadlineAt - Date.now())),
+      });
+      return 'acked';
+    } catch (err) {
+      if (permissionViolationOf(err)) return 'forbidden';
+      if (!isTransient(err)) throw err;
+      await sleep(Math.min(deadlineAt - Date.now(), 100 * 2 ** Math.min(i, 5)), signal);
+    }
+  }
+  return 'no_ack';
+}
 
 /**
  * The operator compensation service (`tooltx compensate`, docs/compensation.md), in every
@@ -97,29 +127,6 @@ export function startCompensateService(d: CompensateServiceDeps): Responder {
     error,
   });
 
-  /** Publishes the request's intent until the server acknowledges it, refuses it, or the budget ends. */
-  const publish = async (
-    subject: string,
-    data: Uint8Array,
-    submissionId: string,
-    deadlineAt: number,
-  ): Promise<'acked' | 'forbidden' | 'no_ack' | ErrorInfo> => {
-    for (let i = 0; Date.now() < deadlineAt && !stopping.signal.aborted; i++) {
-      try {
-        await d.js.publish(subject, data, {
-          msgID: submissionId,
-          timeout: Math.min(PUBACK_TIMEOUT_MS, Math.max(100, deadlineAt - Date.now())),
-        });
-        return 'acked';
-      } catch (err) {
-        if (permissionViolationOf(err)) return 'forbidden';
-        if (!isTransient(err)) throw err;
-        await sleep(Math.min(deadlineAt - Date.now(), 100 * 2 ** Math.min(i, 5)), stopping.signal);
-      }
-    }
-    return 'no_ack';
-  };
-
   const handle = async (req: OperatorCompensateRequest, operator: string): Promise<OperatorCompensateAnswer> => {
     const started = Date.now();
     const waitMs = req.waitMs ?? DEFAULT_COMPENSATE_WAIT_MS;
@@ -146,18 +153,19 @@ export function startCompensateService(d: CompensateServiceDeps): Responder {
     const submissionId = randomUUID();
     // The publish gets a few seconds of its own even with `waitMs: 0`: the request is registered
     // (or known not to be) before the answer goes.
-    const published = await publish(
+    const published = await publishOperatorIntent(
+      d.js,
       subjects.intent(tenant, actor),
       encode(envelope),
       submissionId,
       started + Math.max(waitMs, 5_000),
+      stopping.signal,
     );
     if (published === 'forbidden') {
       l.warn('compensation request of an operator this identity may not publish for: forbidden');
       throw new TooltxError(ErrorClass.Forbidden, 'not an operator who may compensate');
     }
     if (published === 'no_ack') return { status: 'compensation_requested', operationKey, compensationKey };
-    if (typeof published === 'object') return rejected(operationKey, compensationKey, published);
     l.info({ compensationKey }, 'compensation requested by an operator');
 
     // Its outcome: a refusal of this request (its decision record under the compensation's key, on

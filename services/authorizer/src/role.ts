@@ -10,6 +10,7 @@ import { TenantWatch } from '@tooltx/runtime/tenants';
 import { Durables } from '@tooltx/streams';
 import { intentHandler } from './authorize.js';
 import { startCompensateService } from './compensate-service.js';
+import { startConfirmService } from './confirm-service.js';
 import { TokenBucket } from './rate.js';
 
 /** The bytes of intent one intake token pays for (docs/tenancy.md). */
@@ -20,7 +21,7 @@ const MAX_INTAKE_CHARGE = 100;
 export const authorizerRole = defineRole({
   name: 'authorizer',
   summary:
-    "consumes intents, checks identity, contract, key and policy, registers operations, and answers status requests and operators' compensation requests",
+    "consumes intents, checks identity, contract, key and policy, registers operations, and answers status requests and operators' compensation, confirmation and discard requests",
   async start({ subjects, store, tools, log, js, nc, config, colocation }) {
     const results = await openBucket(nc, subjects.resultsBucket);
     const status = new StatusService({
@@ -105,11 +106,20 @@ export const authorizerRole = defineRole({
       tools,
       log: log.child({ component: 'operator-compensate' }),
     });
+    // Operators' confirmations and discards of held-back operations (`tooltx confirm`, `tooltx discard`).
+    const confirmations = startConfirmService({
+      nc,
+      js,
+      store,
+      subjects,
+      log: log.child({ component: 'operator-confirm' }),
+    });
     await tenants.start();
     // Started = serving every listed tenant (one whose streams are missing is tried again meanwhile).
     await Promise.race([tenants.ready(), new Promise((r) => setTimeout(r, 10_000).unref())]);
     return async () => {
       await compensations.stop();
+      await Promise.all(confirmations.map((c) => c.stop()));
       await tenants.stop();
       await status.stop();
       await frozen.stop();
