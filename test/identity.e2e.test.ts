@@ -16,6 +16,7 @@ import { allStreams, checkDurables, Durables, topology } from '@tooltx/streams';
 import {
   checkIdentityList,
   compensatingOperators,
+  confirmingOperators,
   generateAuth,
   identityListSchema,
   knownDurables,
@@ -785,6 +786,117 @@ describe('operator grants: who may ask for a compensation (tooltx compensate)', 
       expect(conf).toContain(`{ service: { account: "TOOLTX", subject: "tcheck.ops.compensate.>" } }`);
       expect(conf.split('\n').filter((l) => l.includes('"tcheck.ops.compensate.olga"'))).toHaveLength(1);
       expect(conf).not.toContain('"tcheck.ops.compensate.oscar"');
+    } finally {
+      rmSync(outDir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('operator grants: who may confirm or discard a held-back operation (tooltx confirm, tooltx discard)', () => {
+  const s = new Subjects('tcheck');
+  // olga may compensate, carl may confirm (and discard), cleo both, oscar neither.
+  const list: IdentityList = {
+    tenants: [
+      { id: 'acme', actors: ['alice'], auditors: ['audrey'] },
+      { id: 'globex', actors: ['gina'] },
+    ],
+    operators: [
+      'oscar',
+      { id: 'olga', may: ['compensate'] },
+      { id: 'carl', may: ['confirm'] },
+      { id: 'cleo', may: ['compensate', 'confirm'] },
+    ],
+  };
+  const topo = topology(s, { tenants: tenantsOf(list) });
+  const tenants = ['acme', 'globex'];
+  const perms = (role: Role) =>
+    permissionsFor(role, s, topo, [], tenants, compensatingOperators(list), confirmingOperators(list));
+  const may = (role: Role, op: 'publish' | 'subscribe', subject: string) => {
+    const p = perms(role)[op];
+    return p.allow.some((a) => subjectMatches(a, subject)) && !(p.deny ?? []).some((d) => subjectMatches(d, subject));
+  };
+  const operator = (id: string) => ({ kind: 'operator' as const, operator: id });
+  const asks = (id: string) => [s.opsConfirm(id), s.opsDiscard(id)];
+
+  it("only an operator granted confirm may publish its confirmations and discards, one grant for both, and only the authorizer may store them under that operator's reserved token", () => {
+    expect(confirmingOperators(list)).toEqual(['carl', 'cleo']);
+    expect(s.parseOpsConfirmSubject(s.opsConfirm('carl'))).toEqual({ action: 'confirm', operator: 'carl' });
+    expect(s.parseOpsConfirmSubject(s.opsDiscard('carl'))).toEqual({ action: 'discard', operator: 'carl' });
+    for (const bad of [
+      'tcheck.ops.compensate.carl',
+      'tcheck.ops.confirm._op',
+      'tcheck.ops.confirm.a.b',
+      'x.ops.confirm.carl',
+    ])
+      expect({ bad, parsed: s.parseOpsConfirmSubject(bad) }).toEqual({ bad, parsed: null });
+    for (const id of ['carl', 'cleo'])
+      for (const subject of asks(id))
+        expect({ id, subject, ok: may(operator(id), 'publish', subject) }).toMatchObject({ ok: true });
+    // Not another operator's subjects, and not without the grant.
+    for (const [id, subject] of [
+      ['carl', s.opsConfirm('cleo')],
+      ['carl', s.opsDiscard('cleo')],
+      ['olga', s.opsConfirm('olga')],
+      ['olga', s.opsDiscard('olga')],
+      ['oscar', s.opsConfirm('oscar')],
+      ['oscar', s.opsDiscard('oscar')],
+    ] as const)
+      expect({ id, subject, ok: may(operator(id), 'publish', subject) }).toMatchObject({ ok: false });
+    // The confirm grant is not the compensate grant, nor the other way round.
+    expect(may(operator('carl'), 'publish', s.opsCompensate('carl'))).toBe(false);
+    expect(may(operator('cleo'), 'publish', s.opsCompensate('cleo'))).toBe(true);
+    expect(may(operator('carl'), 'publish', s.intent('acme', '_op-carl'))).toBe(false);
+
+    for (const service of ['authorizer', 'host'] as const) {
+      const role = { kind: 'service' as const, service };
+      // Every granted operator's token in each tenant, whichever grant: no other operator's.
+      for (const tenant of tenants)
+        for (const id of ['olga', 'carl', 'cleo'])
+          expect({ service, tenant, id, ok: may(role, 'publish', s.intent(tenant, `_op-${id}`)) }).toMatchObject({
+            ok: true,
+          });
+      expect(may(role, 'publish', s.intent('acme', '_op-oscar'))).toBe(false);
+      for (const subject of asks('carl')) expect(may(role, 'subscribe', subject)).toBe(true);
+    }
+    // Nobody else may publish under the confirming operator's token.
+    const others: Role[] = [
+      agent('acme', 'alice'),
+      { kind: 'auditor', tenant: 'acme', actor: 'audrey' },
+      operator('carl'),
+      { kind: 'service', service: 'executor' },
+      { kind: 'service', service: 'reconciler' },
+      { kind: 'service', service: 'audit-projector' },
+    ];
+    for (const role of others)
+      expect({ role, ok: may(role, 'publish', s.intent('acme', '_op-carl')) }).toMatchObject({ ok: false });
+  });
+
+  it('the list: confirm is a known grant; a confirming operator whose _op- token would not be one subject token is refused at its path; the generated configuration', () => {
+    expect(() => checkIdentityList(list, topo)).not.toThrow();
+    const long = 'o'.repeat(61);
+    let err: unknown;
+    try {
+      checkIdentityList({ tenants: [{ id: 'acme' }], operators: [{ id: long, may: ['confirm'] }] });
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toMatchObject({ class: 'invalid_input', issues: [{ path: ['operators', 0, 'id'], code: 'too_long' }] });
+    expect(
+      identityListSchema.safeParse({
+        tenants: [{ id: 'acme' }],
+        operators: [{ id: 'carl', may: ['confirm', 'confirm'] }],
+      }).success,
+    ).toBe(false);
+    const outDir = mkdtempSync(join(tmpdir(), 'tooltx-grants-'));
+    try {
+      const g = generateAuth(list, { subjects: s, topology: topo, outDir, listen: '127.0.0.1:-1', storeDir: '/tmp/x' });
+      const conf = readFileSync(g.configFile, 'utf8');
+      for (const action of ['confirm', 'discard']) {
+        expect(conf).toContain(`{ service: { account: "TOOLTX", subject: "tcheck.ops.${action}.>" } }`);
+        expect(conf.split('\n').filter((l) => l.includes(`"tcheck.ops.${action}.carl"`))).toHaveLength(1);
+        expect(conf).not.toContain(`"tcheck.ops.${action}.olga"`);
+        expect(conf).not.toContain(`"tcheck.ops.${action}.oscar"`);
+      }
     } finally {
       rmSync(outDir, { recursive: true, force: true });
     }

@@ -1,5 +1,9 @@
 /**
- * `tooltx compensate` (docs/compensation.md "An operator asks"): an operator granted `compensate` in
+ * Operators' requests through the agents' path (docs/compensation.md): `tooltx compensate`, and
+ * `tooltx confirm` / `tooltx discard` of a held-back `mail.send_draft` in the real mail outbox
+ * (MAIL_DEDUP=off: a second send would show).
+ *
+ * `tooltx compensate` ("An operator asks"): an operator granted `compensate` in
  * the identity list compensates a committed `kb.write_note` through the authorizer's operator
  * compensation service, which registers it through the agents' path (a compensation intent under
  * the actor token `_op-<operator>`). One without the grant is refused `forbidden` by the server and
@@ -11,7 +15,7 @@ import { execFile } from 'node:child_process';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { deriveCompensationKey, downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
+import { deriveCompensationKey, downstreamKeyOf, operationIdOf, prepareCall, type Contract } from '@tooltx/contracts';
 import { createTools, type Tools } from '@tooltx/client';
 import { decode, encode, openBucket, permissionViolationOf } from '@tooltx/nats';
 import { auditRecordSchema, type AuditRecord } from '@tooltx/lifecycle';
@@ -21,15 +25,21 @@ import { startHost, type ServiceProcess } from './helpers/services.js';
 import { history, waitForDecision } from './helpers/ops.js';
 import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { note, RECOVERY_TIMING } from './helpers/kb-faults.js';
+import { sampleMail, startMail, type TestMail } from './helpers/mail.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
+import { mailContracts } from '../examples/research-kb/mail-contracts.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 const TIMING = RECOVERY_TIMING;
 const contracts = researchContracts({ kbDedup: false, timing: TIMING });
+const mailTools = mailContracts({ mailDedup: false });
 let t: TestNats;
 let kb: TestKb;
+let mail: TestMail;
 let host: ServiceProcess;
 let alice: Tools;
+/** alice with the mail contracts: she drafts the held-back mails. */
+let aliceMail: Tools;
 
 interface Run {
   code: number;
@@ -37,12 +47,12 @@ interface Run {
   stderr: string;
 }
 
-/** `tooltx compensate <args>` as `operator` (seed and id), with only these variables. */
-function compensateCli(operator: string, args: string[]): Promise<Run> {
+/** `tooltx <command> <args>` as `operator` (seed and id), with only these variables. */
+function operatorCli(operator: string, command: string, args: string[]): Promise<Run> {
   return new Promise((resolve) =>
     execFile(
       process.execPath,
-      ['--import', 'tsx', join(ROOT, 'bin', 'tooltx.ts'), 'compensate', ...args],
+      ['--import', 'tsx', join(ROOT, 'bin', 'tooltx.ts'), command, ...args],
       {
         cwd: ROOT,
         env: {
@@ -62,6 +72,7 @@ function compensateCli(operator: string, args: string[]): Promise<Run> {
     ),
   );
 }
+const compensateCli = (operator: string, args: string[]) => operatorCli(operator, 'compensate', args);
 
 /** Delete requests the KB stored under the compensation's key (KB_DEDUP=off: each one is a row). */
 const deletesUnder = async (compensationKey: string) => {
@@ -86,18 +97,39 @@ const FLAG_CASES: [string[], string][] = [
   [[UNKNOWN_KEY, '--tenant', 'acme', '--reason', 'x'.repeat(501), '--wait', '5'], '--reason'],
   [[UNKNOWN_KEY, '--tenant', 'acme', '--reason', 'why', '--wait', '61'], '--wait'],
 ];
+/** Bad flags of `tooltx confirm` and `tooltx discard`, and the flag (or argument) each message must name. */
+const CONFIRM_FLAG_CASES: [string, string[], string][] = [
+  ['confirm', [UNKNOWN_KEY], '--tenant'],
+  ['confirm', [UNKNOWN_KEY, '--tenant', 'Acme.Corp'], '--tenant'],
+  ['discard', [UNKNOWN_KEY, '--tenant', 'acme', '--wait', '61'], '--wait'],
+  ['discard', ['opk_short', '--tenant', 'acme'], '<operationKey>'],
+  ['confirm', [UNKNOWN_KEY, '--tenant', 'acme', '--reason', 'why'], '--reason'],
+];
 /** Started before the deployment (they need none): the CLI's start-up overlaps the servers'. */
 let flagRuns: Promise<Run[]> | undefined;
+let confirmFlagRuns: Promise<Run[]> | undefined;
 
 beforeAll(async () => {
   flagRuns = Promise.all([
     compensateCli('olga', ['--help']),
     ...FLAG_CASES.map(([args]) => compensateCli('olga', args)),
   ]);
-  // `oscar` resolves takeovers only (an entry of the older form); `olga` may also compensate.
+  confirmFlagRuns = flagRuns.then(() =>
+    Promise.all([
+      operatorCli('carl', 'confirm', ['--help']),
+      operatorCli('carl', 'discard', ['--help']),
+      ...CONFIRM_FLAG_CASES.map(([command, args]) => operatorCli('carl', command, args)),
+    ]),
+  );
+  // `oscar` resolves takeovers only (an entry of the older form); `olga` may also compensate, `carl`
+  // may also confirm and discard.
   t = await provisioned({}, undefined, {
-    identities: { ...TEST_IDENTITIES, operators: ['oscar', { id: 'olga', may: ['compensate'] }] },
+    identities: {
+      ...TEST_IDENTITIES,
+      operators: ['oscar', { id: 'olga', may: ['compensate'] }, { id: 'carl', may: ['confirm'] }],
+    },
   });
+  mail = await startMail({ MAIL_DEDUP: 'off' });
   kb = await startKb(
     {
       tenants: [{ id: 'acme', quota: 10_000 }],
@@ -116,17 +148,20 @@ beforeAll(async () => {
     KB_DEDUP: 'off',
     KB_TIMING_MS: `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`,
     TOOLTX_RECONCILE_INTERVAL_MS: '300',
+    MAIL_URL: mail.url,
+    MAIL_SERVICE_TOKEN_FILE: mail.serviceToken.file,
+    MAIL_DEDUP: 'off',
   });
-  alice = await agentTools('alice');
+  [alice, aliceMail] = await Promise.all([agentTools('alice'), agentTools('alice', mailTools.all)]);
 });
 
-const agentTools = (actor: string) =>
+const agentTools = (actor: string, list: Contract[] = contracts.all) =>
   createTools({
     servers: t.url,
     tenant: 'acme',
     actor,
     nkeyFile: t.agentSeed('acme', actor),
-    contracts: contracts.all,
+    contracts: list,
     prefix: t.subjects.prefix,
     receiptKeys: t.auth.receiptKeysFile,
     budgetMs: 30_000,
@@ -134,9 +169,11 @@ const agentTools = (actor: string) =>
 
 afterAll(async () => {
   await alice?.close();
+  await aliceMail?.close();
   const code = await host?.stop();
   if (code !== 0) console.log(code, host?.stderr);
   await kb?.stop();
+  await mail?.stop();
   await t?.close();
   expect(code).toBe(0);
 });
@@ -284,6 +321,130 @@ describe('tooltx compensate: an operator compensates a committed operation', () 
       const r = runs[i]!;
       expect({ args: args.slice(1), code: r.code, names: r.stderr.includes(flag) }).toEqual({
         args: args.slice(1),
+        code: 2,
+        names: true,
+      });
+    });
+  });
+});
+
+/** Send requests the outbox stored under the operation's key (MAIL_DEDUP=off: each one is a row). */
+const sendsUnder = async (operationKey: string) => {
+  const p = await mail.client.probeSent({ tenant: 'acme', key: downstreamKeyOf('acme', operationKey) });
+  return p.found ? p.count : 0;
+};
+
+/** A mail alice drafted, held back: its key and what execute answered. */
+const drafted = async (taskId: string, subject: string) => {
+  const r = await aliceMail.execute({ tool: 'mail.send_draft', taskId, input: sampleMail({ subject }) });
+  if (r.status !== 'awaiting_confirmation') throw new Error(`not held back: ${JSON.stringify(r)}`);
+  return r;
+};
+
+describe('tooltx confirm and tooltx discard: an operator decides a held-back operation', () => {
+  it('an operator granted confirm confirms a held draft: one send, the operator recorded as the confirmer; confirming again answers the same', async () => {
+    const r = await drafted('op-confirm-1', 'Digest, confirmed by an operator');
+    expect(await sendsUnder(r.operationKey)).toBe(0);
+    const c = await operatorCli('carl', 'confirm', [r.operationKey, '--tenant', 'acme', '--json']);
+    expect(c.code, c.stderr).toBe(0);
+    const answer = JSON.parse(c.stdout) as { status: string; receipt: unknown };
+    expect(answer).toMatchObject({ status: 'committed', operationKey: r.operationKey });
+    expect(await sendsUnder(r.operationKey)).toBe(1);
+    // The receipt is the operation's own, which the SDK verifies; the drafter reads it committed.
+    const s = await aliceMail.status({ operationKey: r.operationKey });
+    expect(s).toMatchObject({ state: 'committed', confirmation: { status: 'confirmed' } });
+    expect(s.receipt).toEqual(answer.receipt);
+    expect(aliceMail.verify({ operationKey: r.operationKey, receipt: s.receipt! }).valid).toBe(true);
+    const { state } = await t.store.load('acme', operationIdOf(r.operationKey));
+    expect(state).toMatchObject({
+      actor: 'alice',
+      confirmation: { confirmed: { by: { kind: 'operator', id: 'carl' } } },
+    });
+    // Again, in words: the same outcome, nothing sent again; the drafter's own confirmation too.
+    const [again, sdk] = await Promise.all([
+      operatorCli('carl', 'confirm', [r.operationKey, '--tenant', 'acme']),
+      aliceMail.confirm({ operationKey: r.operationKey }),
+    ]);
+    expect(again.code, again.stderr).toBe(0);
+    expect(again.stdout).toMatch(new RegExp(`^confirmed ${r.operationKey}: it ran once and committed \\(resource `));
+    expect(sdk).toMatchObject({ status: 'committed', receipt: s.receipt });
+    expect(await sendsUnder(r.operationKey)).toBe(1);
+    // A confirmed operation is never discarded, by an operator either.
+    const late = await operatorCli('carl', 'discard', [r.operationKey, '--tenant', 'acme', '--json']);
+    expect(late.code).toBe(1);
+    expect(JSON.parse(late.stdout)).toMatchObject({
+      status: 'rejected',
+      error: { class: 'invalid_input', issues: [{ code: 'already_confirmed' }] },
+    });
+    expect(late.stderr).toContain('confirmed already');
+  });
+
+  it('an operator discards a held draft: rolled_back, nothing sent, the draft discarded; a later confirmation is refused operation_discarded', async () => {
+    const r = await drafted('op-confirm-2', 'Digest, discarded by an operator');
+    const d = await operatorCli('carl', 'discard', [r.operationKey, '--tenant', 'acme', '--json']);
+    expect(d.code, d.stderr).toBe(0);
+    expect(JSON.parse(d.stdout)).toEqual({ status: 'rolled_back', operationKey: r.operationKey, reason: 'discarded' });
+    const [c, sdk] = await Promise.all([
+      operatorCli('carl', 'confirm', [r.operationKey, '--tenant', 'acme']),
+      aliceMail.confirm({ operationKey: r.operationKey }),
+    ]);
+    expect(c.code).toBe(1);
+    expect(c.stderr).toContain('operation_discarded');
+    expect(sdk).toMatchObject({ status: 'rejected', error: { class: 'operation_discarded' } });
+    expect(await aliceMail.status({ operationKey: r.operationKey })).toMatchObject({
+      state: 'rejected',
+      confirmation: { status: 'rolled_back', reason: 'discarded' },
+    });
+    const { state } = await t.store.load('acme', operationIdOf(r.operationKey));
+    expect(state).toMatchObject({ confirmation: { discarded: { by: { kind: 'operator', id: 'carl' } } } });
+    expect(await sendsUnder(r.operationKey)).toBe(0);
+    await expect
+      .poll(
+        async () =>
+          (await mail.client.probeDiscard({ tenant: 'acme', key: downstreamKeyOf('acme', r.operationKey) })).found,
+      )
+      .toBe(true);
+  });
+
+  it('an operator without the confirm grant is refused forbidden and learns nothing; the draft still waits', async () => {
+    const r = await drafted('op-confirm-3', 'Digest, not decided by olga or oscar');
+    // olga may compensate, not confirm; oscar may resolve takeovers only. An unknown key gets the
+    // very same answer.
+    const runs = await Promise.all([
+      operatorCli('olga', 'confirm', [r.operationKey, '--tenant', 'acme', '--json']),
+      operatorCli('oscar', 'discard', [r.operationKey, '--tenant', 'acme', '--json']),
+      operatorCli('olga', 'confirm', [UNKNOWN_KEY, '--tenant', 'acme', '--json']),
+    ]);
+    for (const run of runs) {
+      expect(run.code).toBe(1);
+      expect(JSON.parse(run.stdout)).toEqual({ status: 'rejected', error: { class: 'forbidden' } });
+      expect(run.stderr).toContain("may: ['confirm']");
+    }
+    expect(await sendsUnder(r.operationKey)).toBe(0);
+    expect(await aliceMail.status({ operationKey: r.operationKey })).toMatchObject({
+      state: 'accepted',
+      confirmation: { status: 'awaiting_confirmation' },
+    });
+    // An unknown key asked by a granted operator: not_found.
+    const nowhere = await operatorCli('carl', 'confirm', [UNKNOWN_KEY, '--tenant', 'acme', '--json']);
+    expect(nowhere.code).toBe(1);
+    expect(JSON.parse(nowhere.stdout)).toMatchObject({ status: 'rejected', error: { class: 'not_found' } });
+  });
+
+  it('--help, and bad flags exit 2 naming the flag before anything connects', async () => {
+    const [confirmHelp, discardHelp, ...runs] = await confirmFlagRuns!;
+    for (const help of [confirmHelp!, discardHelp!]) {
+      expect(help.code).toBe(0);
+      for (const s of ['--tenant', '--wait', '--json', 'TOOLTX_OPERATOR', 'forbidden', 'may: ["confirm"]'])
+        expect(help.stdout).toContain(s);
+    }
+    expect(confirmHelp!.stdout).toContain('operation_discarded');
+    expect(discardHelp!.stdout).toContain('rolled_back');
+    CONFIRM_FLAG_CASES.forEach(([command, args, flag], i) => {
+      const r = runs[i]!;
+      expect({ command, args, code: r.code, names: r.stderr.includes(flag) }).toEqual({
+        command,
+        args,
         code: 2,
         names: true,
       });

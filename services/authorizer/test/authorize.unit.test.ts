@@ -165,14 +165,16 @@ describe('the authorizer and a held-back contract (docs/compensation.md "Held-ba
     async execute() {
       return { resourceId: 'unused', result: {} };
     },
-    // Eve may not read these operations.
+    // Eve may not read these operations; nor may an actor the tenant does not list (an operator's
+    // token): such a read policy is not asked of an operator's request.
     async authorizeRead(ctx) {
-      if (ctx.actor === 'eve') throw new TooltxError(ErrorClass.Forbidden, 'no');
+      if (ctx.actor === 'eve' || ctx.actor.startsWith('_op-')) throw new TooltxError(ErrorClass.Forbidden, 'no');
     },
-    // Grants note.confirm to the drafter only.
+    // Grants note.confirm to the drafter only; an operator's request holds the grant instead.
     async authorize(_input, ctx) {
       if (ctx.confirms) asked.push(ctx.confirms);
-      if (ctx.confirms && ctx.actor !== ctx.confirms.owner) throw new TooltxError(ErrorClass.Forbidden, 'no');
+      if (ctx.confirms && ctx.confirms.requestedBy?.kind !== 'operator' && ctx.actor !== ctx.confirms.owner)
+        throw new TooltxError(ErrorClass.Forbidden, 'no');
     },
   }) as unknown as Implementation;
   const input = { to: 'ops', body: 'Hello' };
@@ -238,7 +240,13 @@ describe('the authorizer and a held-back contract (docs/compensation.md "Held-ba
     const bob = publish(store, { confirms: { operationKey: key } }, 'bob');
     await h(bob.msg);
     expect(await refusalOf(store, bob.submissionId, 'bob')).toMatchObject({ error: { class: 'forbidden' } });
-    expect(asked.at(-1)).toEqual({ operationKey: key, permission: 'note.confirm', owner: 'alice', action: 'confirm' });
+    expect(asked.at(-1)).toEqual({
+      operationKey: key,
+      permission: 'note.confirm',
+      owner: 'alice',
+      action: 'confirm',
+      requestedBy: { kind: 'actor', id: 'bob' },
+    });
     await h(publish(store, { confirms: { operationKey: key } }).msg);
     await h(publish(store, { confirms: { operationKey: key } }).msg);
     expect(store.history('acme', operationIdOf(key)).map((e) => e.type)).toEqual([
@@ -265,6 +273,38 @@ describe('the authorizer and a held-back contract (docs/compensation.md "Held-ba
       'awaiting_confirmation',
       'discarded',
     ]);
+  });
+
+  it("an operator's request (under _op-<operator>, stored by the operator service) is judged as any: the policy is told the operator asks, the event records the operator", async () => {
+    const store = new MemoryStore();
+    const h = await hold(store);
+    await h(publish(store, { confirms: { operationKey: key } }, '_op-carl').msg);
+    expect(asked.at(-1)).toEqual({
+      operationKey: key,
+      permission: 'note.confirm',
+      owner: 'alice',
+      action: 'confirm',
+      requestedBy: { kind: 'operator', id: 'carl' },
+    });
+    const { state } = await store.load('acme', operationIdOf(key));
+    expect(state).toMatchObject({
+      actor: 'alice',
+      confirmation: { confirmed: { by: { kind: 'operator', id: 'carl' } } },
+    });
+    // A discard by an operator of a confirmed one: refused as any, under the request's key.
+    const late = publish(store, { discards: { operationKey: key } }, '_op-carl');
+    await h(late.msg);
+    expect(await refusalOf(store, late.submissionId, '_op-carl')).toMatchObject({
+      error: { class: 'invalid_input', issues: [{ code: 'already_confirmed' }] },
+    });
+
+    const other = new MemoryStore();
+    const h2 = await hold(other);
+    await h2(publish(other, { discards: { operationKey: key } }, '_op-carl').msg);
+    expect((await other.load('acme', operationIdOf(key))).state).toMatchObject({
+      status: 'rolled_back',
+      confirmation: { discarded: { by: { kind: 'operator', id: 'carl' } } },
+    });
   });
 
   it('refuses a confirmation of a contract that holds nothing back, of an operation the actor may not read, and of an unknown key', async () => {
