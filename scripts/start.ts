@@ -356,8 +356,15 @@ if (stack.natsServer.durability === 'os') {
   );
 }
 announce.info(
-  { NATS_URL: shownUrl, TOOLTX_PREFIX: prefix, KB_URL: stack.kbUrl, agentSeeds, natsServer: stack.natsServer },
-  `tooltx is up — agents connect to ${shownUrl} (prefix ${prefix}) with their nkey seed from ${agentSeeds} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}; try \`${quickstartEnv} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
+  {
+    NATS_URL: shownUrl,
+    TOOLTX_PREFIX: prefix,
+    KB_URL: stack.kbUrl,
+    ...(stack.mail ? { MAIL_URL: stack.mail.url } : {}),
+    agentSeeds,
+    natsServer: stack.natsServer,
+  },
+  `tooltx is up — agents connect to ${shownUrl} (prefix ${prefix}) with their nkey seed from ${agentSeeds} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}${stack.mail ? `, the mail outbox on ${stack.mail.url}` : ''}; try \`${quickstartEnv} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
 );
 
 let stopping = false;

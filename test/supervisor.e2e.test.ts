@@ -73,7 +73,7 @@ describe('npm start supervisor', () => {
       const lock = JSON.parse(readFileSync(join(dir, 'stack.pid'), 'utf8')) as Lock;
       expect(lock.pid).toBe(first.child.pid);
       // The default layout: every role in one process (tooltx serve).
-      expect(lock.processes.map((p) => p.name).sort()).toEqual(['kb', 'nats-server', 'tooltx-1']);
+      expect(lock.processes.map((p) => p.name).sort()).toEqual(['kb', 'mail', 'nats-server', 'tooltx-1']);
       const pids = lock.processes.map((p) => p.pid);
       leftovers.push(...pids);
       expect(pids.every(alive)).toBe(true);
@@ -243,7 +243,7 @@ describe('npm start at LOG_LEVEL=error: readiness is not a log line', () => {
 
   it("the stack comes up with every process, says where to connect, writes nothing else below error, and an agent's call commits", async () => {
     // The default layout: every role in one process (tooltx serve).
-    expect(lock.processes.map((p) => p.name).sort()).toEqual(['kb', 'nats-server', 'tooltx-1']);
+    expect(lock.processes.map((p) => p.name).sort()).toEqual(['kb', 'mail', 'nats-server', 'tooltx-1']);
     const upLine = stack.lines.find((l) => typeof l.msg === 'string' && l.msg.startsWith('tooltx is up'));
     expect(upLine).toMatchObject({
       service: 'start',

@@ -63,6 +63,7 @@ export const STACK_ENTRIES = {
   /** Every role in one process (`tooltx serve`, the co-located layout). */
   serve: 'bin/serve.ts',
   'kb-server': 'examples/research-kb/kb-server.ts',
+  'mail-server': 'examples/research-kb/mail-server.ts',
   tools: 'examples/research-kb/tools.ts',
 } as const;
 export type StackEntry = keyof typeof STACK_ENTRIES;
@@ -71,8 +72,8 @@ export type StackEntry = keyof typeof STACK_ENTRIES;
 const SOURCE_DIRS = ['libs', 'streams', 'services', join('examples', 'research-kb')];
 /** Single files that shape the build. */
 const SOURCE_FILES = ['package.json', 'tsconfig.json', join('bin', 'serve.ts')];
-/** Bump when the build options below change (part of the hash). */
-const RECIPE = 'esm-splitting-node20-external-packages-keepnames-linked-maps/1';
+/** Bump when the build options below or {@link STACK_ENTRIES} change (part of the hash). */
+const RECIPE = 'esm-splitting-node20-external-packages-keepnames-linked-maps/2';
 /** Builds not used for this long are removed after a build, ms (7 days). */
 export const PRUNE_AFTER_MS = 7 * 24 * 3_600_000;
 

@@ -1,9 +1,10 @@
 /**
  * Starts the whole research-KB stack as real processes: nats-server (unless `natsUrl` is given)
  * with its JetStream store in `stateDir`, the streams applied (the provisioner step), the KB storage
- * service, and the four tooltx services. Used by `npm start`, `npm run demo` and `npm run bench`.
+ * service, the mail outbox (the sample's `mail.*` tools call it), and the four tooltx services.
+ * Used by `npm start`, `npm run demo` and `npm run bench`.
  *
- * The KB and the services run as compiled JavaScript by plain `node` (./compiled.ts: built on
+ * The KB, the outbox and the services run as compiled JavaScript by plain `node` (./compiled.ts: built on
  * demand, cached) with {@link SERVICE_NODE_FLAGS}; `TOOLTX_STACK_RUNTIME=tsx` runs their TypeScript
  * sources under tsx instead (development).
  */
@@ -151,6 +152,13 @@ export interface StackOptions {
   kbTenants?: string;
   /** The KB's operator token (default: random per run). */
   kbAdminToken?: string;
+  /**
+   * Whether to start the mail outbox (default true): without it the sample's `mail.*` tools answer
+   * `dependency_unavailable`.
+   */
+  mail?: boolean;
+  /** Whether the outbox deduplicates by key (`MAIL_DEDUP` of it and of the services); default {@link kbDedup}. */
+  mailDedup?: boolean;
   /** `pretty`: pino-pretty to the terminal; `inherit`: JSON lines to stdout; a path: log files in that directory. */
   logs: 'pretty' | 'inherit' | { dir: string };
   /** Extra environment for every process. */
@@ -237,6 +245,12 @@ export interface Stack {
   kbServiceToken: string;
   /** The KB's SQLite file (read-only checks of its rows, as the tests do). */
   kbDb: string;
+  /**
+   * The mail outbox's URL (`MAIL_URL` of the services) and its service token (`MAIL_SERVICE_TOKEN_FILE`
+   * of the outbox and of the services that load the tools module): what the demo's own MailClient
+   * sends to probe sends and drafts by key. Null when started with `mail: false`.
+   */
+  mail: { url: string; serviceToken: string } | null;
   /** The seed file of a role (agents: `{ kind: 'agent', tenant, actor }`). */
   seedFile(role: Role): string;
   /** The receipt keys agents trust (`receipt-keys.json` of the auth directory). */
@@ -314,6 +328,21 @@ export async function startStack(o: StackOptions): Promise<Stack> {
     } catch (err) {
       throw err instanceof SecretFileError
         ? new StartupError('KB_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err })
+        : err;
+    }
+  });
+  // The mail outbox's service token, the same way: the outbox and the services that call it.
+  const mailServiceTokenFile = await startupStep(
+    'TOOLTX_STATE_DIR',
+    o.stateDir,
+    () => process.env.MAIL_SERVICE_TOKEN_FILE ?? ensureKeyFile(join(o.stateDir, 'mail-service.token')),
+  );
+  const mailServiceToken = await startupStep('MAIL_SERVICE_TOKEN_FILE', mailServiceTokenFile, () => {
+    try {
+      return readKeyFile(mailServiceTokenFile).toString('utf8');
+    } catch (err) {
+      throw err instanceof SecretFileError
+        ? new StartupError('MAIL_SERVICE_TOKEN_FILE', err.file, err.problem, { cause: err })
         : err;
     }
   });
@@ -560,11 +589,13 @@ export async function startStack(o: StackOptions): Promise<Stack> {
             }),
       ),
     );
-  /** Services first (they finish in-flight work against the KB and nats), then the KB, then nats. */
+  /** The downstreams: not restarted, and stopped after the services. */
+  const DOWNSTREAMS = new Set(['kb', 'mail']);
+  /** Services first (they finish in-flight work against the KB, the outbox and nats), then those, then nats. */
   const stop = async () => {
     stopping = true;
-    await terminate(processes.filter((p) => p.name !== 'kb'));
-    await terminate(processes.filter((p) => p.name === 'kb'));
+    await terminate(processes.filter((p) => !DOWNSTREAMS.has(p.name)));
+    await terminate(processes.filter((p) => DOWNSTREAMS.has(p.name)));
     await stopServers();
   };
   /** Where a process's own words about a failure are (for a failure message). */
@@ -615,9 +646,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       reportPids();
       if (stopping) return;
       // A tooltx service is stateless: the supervisor starts it again (a crash mid-operation is
-      // exactly what recovery handles). The KB or nats-server going away stops everything.
+      // exactly what recovery handles). The KB, the outbox or nats-server going away stops everything.
       const restarts = (restartsOf.get(name) ?? []).filter((t) => Date.now() - t < 60_000);
-      if (name !== 'kb' && restarts.length < 5) {
+      if (!DOWNSTREAMS.has(name) && restarts.length < 5) {
         restartsOf.set(name, [...restarts, Date.now()]);
         o.onRestart?.(name, code, signal);
         setTimeout(() => {
@@ -649,7 +680,9 @@ export async function startStack(o: StackOptions): Promise<Stack> {
         reason:
           name === 'kb'
             ? `the KB exited (${how}); it is not restarted`
-            : `${name} exited (${how}) a 6th time within a minute; a service is restarted at most 5 times a minute`,
+            : name === 'mail'
+              ? `the mail outbox exited (${how}); it is not restarted`
+              : `${name} exited (${how}) a 6th time within a minute; a service is restarted at most 5 times a minute`,
       });
     });
     return child;
@@ -679,9 +712,26 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       KB_SEED_FILE: kbTenants,
       LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
     });
-    const kbPort = (await waitForReady(kbChild, 'kb', logsOf('kb'))).port;
+    // The mail outbox beside it, on a free port, its database in the state directory.
+    const mailDedup = (o.mailDedup ?? o.kbDedup) ? 'on' : 'off';
+    const mailChild =
+      o.mail === false
+        ? undefined
+        : launch('mail', 'mail-server', join(ROOT, 'examples', 'research-kb', 'mail-server.ts'), {
+            MAIL_PORT: '0',
+            MAIL_DB: join(o.stateDir, 'mail.sqlite'),
+            MAIL_DEDUP: mailDedup,
+            MAIL_SERVICE_TOKEN_FILE: mailServiceTokenFile,
+            LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
+          });
+    const [kbPort, mailPort] = await Promise.all([
+      waitForReady(kbChild, 'kb', logsOf('kb')).then((r) => r.port),
+      mailChild ? waitForReady(mailChild, 'mail', logsOf('mail')).then((r) => r.port) : null,
+    ]);
     if (kbPort === undefined) throw new StartupFailure('the KB said it was ready without its port');
+    if (mailPort === undefined) throw new StartupFailure('the mail outbox said it was ready without its port');
     const kbUrl = `http://127.0.0.1:${kbPort}`;
+    const mailUrl = mailPort === null ? null : `http://127.0.0.1:${mailPort}`;
 
     const common = {
       NATS_URL: url,
@@ -691,6 +741,8 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       TOOLTX_TOOLS_MODULE: build ? build.path('tools') : RESEARCH_TOOLS,
       KB_URL: o.kbHop ? await o.kbHop(kbUrl) : kbUrl,
       KB_DEDUP: o.kbDedup ? 'on' : 'off',
+      // The tools module builds the mail contracts from MAIL_DEDUP: the same as the outbox's.
+      ...(mailUrl ? { MAIL_URL: mailUrl, MAIL_DEDUP: mailDedup } : {}),
     };
     const layout = o.layout ?? layoutFromEnv();
     if (layout === 'colocated')
@@ -703,6 +755,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
             // Each role connects as its own identity and signs with its own key from the auth directory.
             TOOLTX_AUTH_DIR: authDir,
             KB_SERVICE_TOKEN_FILE: kbServiceTokenFile,
+            ...(mailUrl ? { MAIL_SERVICE_TOKEN_FILE: mailServiceTokenFile } : {}),
           });
           return waitForReady(child, name, logsOf(name));
         }),
@@ -718,8 +771,10 @@ export async function startStack(o: StackOptions): Promise<Stack> {
             ...(name === 'executor' || name === 'reconciler'
               ? { TOOLTX_SIGNING_KEY_FILE: join(authDir, 'signing', `${name}.pem`) }
               : {}),
-            // The services whose tools module calls the KB (resolve, write, probe) carry its service token.
+            // The services whose tools module calls the KB and the outbox (resolve, write, probe)
+            // carry their service tokens.
             ...(name !== 'audit-projector' ? { KB_SERVICE_TOKEN_FILE: kbServiceTokenFile } : {}),
+            ...(name !== 'audit-projector' && mailUrl ? { MAIL_SERVICE_TOKEN_FILE: mailServiceTokenFile } : {}),
           });
           return waitForReady(child, `${name}-${i + 1}`, logsOf(`${name}-${i + 1}`));
         }),
@@ -735,6 +790,7 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       kbAdminToken,
       kbServiceToken,
       kbDb: join(o.stateDir, 'kb.sqlite'),
+      mail: mailUrl ? { url: mailUrl, serviceToken: mailServiceToken } : null,
       seedFile,
       inboxPrefix: inboxPrefixOf,
       server: servers[0] ?? null,
