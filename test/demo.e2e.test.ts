@@ -9,7 +9,7 @@ import { serverVersionAtLeast } from '@tooltx/nats';
 import { describe, expect, it } from 'vitest';
 
 describe('npm run demo --quick', () => {
-  it('reads ~20 real pages under the fault mix, submits every write twice and ends with one KB row per page, every fault resolved by probing, no takeover, no duplicate side effect, every forgery refused by the server and no unauthorised row; then three notes compensated, one of them refused by the KB and handed to a person', {
+  it('reads ~20 real pages under the fault mix, submits every write twice and ends with one KB row per page, every fault resolved by probing, no takeover, no duplicate side effect, every forgery refused by the server and no unauthorised row; then three notes compensated, one of them refused by the KB and handed to a person, and two digest mails held back: one confirmed and sent once, one discarded and rolled back', {
     timeout: 360_000,
   }, async () => {
     const child = spawn(process.execPath, ['--import', 'tsx', 'examples/research-kb/demo.ts', '--quick', '--json'], {
@@ -100,10 +100,14 @@ describe('npm run demo --quick', () => {
       quotasFromTenantList: true,
       noLeakedSecret: true,
       compensationsAsPlanned: true,
+      heldBackMailsAsPlanned: true,
     });
     // Compensations: all but the one whose delete the KB's hop refused; that one went to a person.
     expect(s.compensated).toBe(2);
     expect(s.compensationFailed).toBe(1);
+    // Held-back digest mails: the confirmed one sent once, the discarded one rolled back, nothing sent.
+    expect(s.mailsSent).toBe(1);
+    expect(s.rolledBack).toBe(1);
     expect(s.ok).toBe(true);
   });
 });

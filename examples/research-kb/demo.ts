@@ -29,6 +29,12 @@
  * page's cookie and text, a downstream's error message, a note body); the demo prints the audit view
  * of a few operations through the audit service and scans everything the run produced for them.
  *
+ * Then the three outcomes of docs/compensation.md: a few notes are compensated (deleted), one
+ * compensation refused by the KB's hop and handed to a person; and two digest mails are drafted
+ * through `mail.send_draft`, held back with their preview: one is confirmed (one send in the mail
+ * outbox, which runs with MAIL_DEDUP=off, so a second send would show), the other discarded
+ * (rolled back, nothing sent).
+ *
  * Options: --json (one JSON object on the last line), --quick (about 20 pages), --pages N (default
  * 250), --workers N (default 8), --keep (keep the state directory and logs). A bad number exits 2
  * at once, before anything starts.
@@ -54,6 +60,8 @@ import { connectNats, decodeRaw, jetStreamOf, Subjects } from '@tooltx/nats';
 import { DEFAULT_KB_TIMING, researchContracts } from './contracts.js';
 import { DocsServer, nodeModulesRoots } from './docs-server.js';
 import { KbClient } from './kb-client.js';
+import { MailClient } from './mail-client.js';
+import { mailContracts } from './mail-contracts.js';
 import { readLiveRows } from './kb-store.js';
 import { startStack } from '@tooltx/dev/stack';
 import { CanaryWeb, newCanaries, runFm16 } from './demo-fm16.js';
@@ -161,6 +169,8 @@ const natsHop = await TcpFaultProxy.forUrl(stack.natsUrl).start();
 say(`demo: stack up (nats ${stack.natsUrl}, KB ${stack.kbUrl}, KB_DEDUP=off); logs in ${join(stateDir, 'logs')}`);
 
 const contracts = researchContracts({ kbDedup: false });
+// The stack's outbox runs with MAIL_DEDUP=off (it follows kbDedup), and the contracts agree.
+const mail = mailContracts({ mailDedup: false });
 // The demo reads the KB (probes, stats) as the trusted side does: with its service token.
 const kbClient = new KbClient(stack.kbUrl, { serviceToken: stack.kbServiceToken });
 const kbAdmin = kbClient.admin(stack.kbAdminToken);
@@ -170,7 +180,7 @@ const tools = await createTools({
   tenant: TENANT,
   actor: 'researcher',
   nkeyFile: stack.seedFile(researcher),
-  contracts: contracts.all,
+  contracts: [...contracts.all, ...mail.all],
   prefix,
   receiptKeys: stack.receiptKeysFile,
 });
@@ -597,6 +607,79 @@ const compensation = {
   compensated: compensations.filter((x) => x === 'compensated').length,
   compensationFailed: compensations.filter((x) => x === 'compensation_failed').length,
 };
+const heldStarted = Date.now();
+const held = await heldBackMails();
+say(
+  `demo: held-back digest mails: ${held.held} held with a preview, ${held.mailsSent} sent after confirmation, ${held.rolledBack} rolled back (${((Date.now() - heldStarted) / 1000).toFixed(1)} s)`,
+);
+
+/**
+ * Held-back commits (docs/compensation.md "Held-back commits"): two digest mails of the committed
+ * notes' titles, each drafted through `mail.send_draft` (its own task: the same recipients under
+ * one task would be one operation), both at once. Each answers `awaiting_confirmation` with the
+ * draft's preview and nothing sent; the researcher (the drafter, whom the sample's policy grants
+ * `mail.confirm`) confirms the first, which then sends once, and discards the second, which ends
+ * `rolled_back`. What the outbox itself holds under each key is the count: sends (MAIL_DEDUP=off:
+ * every send request that reached it is a row) and the discarded draft.
+ */
+async function heldBackMails(): Promise<{
+  planned: { sent: number; rolledBack: number };
+  held: number;
+  mailsSent: number;
+  rolledBack: number;
+  draftsDiscarded: number;
+}> {
+  const titles = writes
+    .filter((w) => committedReceipts(w).some(Boolean))
+    .slice(0, 5)
+    .map((w) => (w.request.input as { title: string }).title);
+  const body = `New notes in the research knowledge base:\n\n${titles.map((t) => `- ${t}`).join('\n')}`;
+  const digest = (decision: 'confirm' | 'discard') =>
+    (async () => {
+      const r = await tools.execute({
+        tool: 'mail.send_draft',
+        taskId: `digest-${runId}-${decision}`,
+        input: { to: ['research-team@example.org'], subject: `Research digest (${decision})`, body },
+      });
+      if (r.status !== 'awaiting_confirmation' || r.preview === undefined)
+        return { held: false, decided: false, key: r.operationKey };
+      const d =
+        decision === 'confirm'
+          ? (await tools.confirm({ operationKey: r.operationKey })).status === 'committed'
+          : (await tools.discard({ operationKey: r.operationKey })).status === 'rolled_back';
+      return { held: true, decided: d, key: r.operationKey };
+    })();
+  const [confirmed, discarded] = await Promise.all([digest('confirm'), digest('discard')]);
+  if (!stack.mail)
+    return { planned: { sent: 1, rolledBack: 1 }, held: 0, mailsSent: 0, rolledBack: 0, draftsDiscarded: 0 };
+  const outbox = new MailClient(stack.mail.url, { serviceToken: stack.mail.serviceToken });
+  try {
+    const sentUnder = async (key: string | null | undefined) => {
+      if (!key) return 0;
+      const p = await outbox.probeSent({ tenant: TENANT, key: downstreamKeyOf(TENANT, key) });
+      return p.found ? p.count : 0;
+    };
+    // The discard step drops the draft after the rollback is recorded: waited for, briefly.
+    let draftsDiscarded = 0;
+    for (const until = Date.now() + 5_000; discarded.key && Date.now() < until; ) {
+      const p = await outbox.probeDiscard({ tenant: TENANT, key: downstreamKeyOf(TENANT, discarded.key) });
+      if (p.found) {
+        draftsDiscarded = 1;
+        break;
+      }
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    return {
+      planned: { sent: 1, rolledBack: 1 },
+      held: [confirmed, discarded].filter((x) => x.held).length,
+      mailsSent: (await sentUnder(confirmed.key)) + (await sentUnder(discarded.key)),
+      rolledBack: discarded.decided ? 1 : 0,
+      draftsDiscarded,
+    };
+  } finally {
+    await outbox.close();
+  }
+}
 const summary = {
   // The server of this run: its version, and what its acknowledgements promise (docs/durability.md);
   // `unknown` for a server given by NATS_URL, whose configuration is not ours to read.
@@ -639,8 +722,10 @@ const summary = {
   leakedSecrets: fm16.leakedSecrets,
   compensated: compensation.compensated,
   compensationFailed: compensation.compensationFailed,
-  /** Held-back commits (mail drafts) discarded before they ran: none are run by this demo yet. */
-  rolledBack: 0,
+  /** Held-back commits (digest mails) discarded before they ran: nothing of them was sent. */
+  rolledBack: held.rolledBack,
+  /** Mails the outbox sent for the demo's digests: only the confirmed one's, once. */
+  mailsSent: held.mailsSent,
 };
 const gates = {
   enoughPages: summary.pages >= Math.min(wantPages, 200),
@@ -667,6 +752,13 @@ const gates = {
   compensationsAsPlanned:
     summary.compensated === compensation.planned - compensation.plannedFailures &&
     summary.compensationFailed === compensation.plannedFailures,
+  // Both digests held back with a preview; the confirmed one sent once, the discarded one rolled
+  // back with nothing sent and its draft discarded in the outbox.
+  heldBackMailsAsPlanned:
+    held.held === 2 &&
+    summary.mailsSent === held.planned.sent &&
+    summary.rolledBack === held.planned.rolledBack &&
+    held.draftsDiscarded === held.planned.rolledBack,
 };
 const ok = Object.values(gates).every(Boolean);
 
@@ -698,6 +790,10 @@ const rows: [string, string | number][] = [
   [
     'compensations: compensated / failed, handed to a person (planned)',
     `${summary.compensated} / ${summary.compensationFailed} (${compensation.planned - compensation.plannedFailures} / ${compensation.plannedFailures})`,
+  ],
+  [
+    'held-back digest mails: sent once confirmed / rolled back, none sent (planned)',
+    `${summary.mailsSent} / ${summary.rolledBack} (${held.planned.sent} / ${held.planned.rolledBack})`,
   ],
   ['KB rows', summary.kbRows],
   ['duplicate side effects (KB rows beyond one per key)', summary.duplicateSideEffects],
