@@ -159,6 +159,7 @@ describe('compensation: a new operation that undoes what can be undone', () => {
   });
 
   it("FM-20: the compensation's downstream refuses it: the original stays committed with its receipt and is compensation_failed, its task is frozen, and nothing is compensated in turn", async () => {
+    const sibling = await written('comp-20', 'Another step of the task');
     const w = await written('comp-20', 'The delete will be refused');
     const compensationKey = deriveCompensationKey(w.operationKey, { tool: 'kb.delete_note', version: 1 });
     // The KB's answer to a delete in a frozen knowledge base, given by the HTTP hop: nothing reaches the KB.
@@ -190,6 +191,9 @@ describe('compensation: a new operation that undoes what can be undone', () => {
     // The task's later steps are frozen.
     const later = await alice.execute({ tool: 'kb.write_note', taskId: 'comp-20', input: note('A later step') });
     expect(later).toMatchObject({ status: 'rejected', error: { class: 'task_frozen' } });
+    // A compensation is a side effect too: none of another step of the frozen task starts (FM-14).
+    const ofSibling = await alice.compensate({ operationKey: sibling.operationKey, reason: 'undo the other step' });
+    expect(ofSibling).toMatchObject({ status: 'rejected', error: { class: 'task_frozen' } });
     // Asked again: the same failed compensation, never a second one; and a compensation is never compensated.
     const again = await alice.compensate({ operationKey: w.operationKey, reason: 'try once more' });
     expect(again).toMatchObject({ status: 'compensation_failed', compensationKey });

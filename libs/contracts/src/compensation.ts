@@ -13,7 +13,8 @@ import { deriveCompensationKey } from './keys.js';
 export const compensationRequestSchema = z.strictObject({
   operationKey: operationKeySchema,
   /** Why, in the caller's words: kept for audit as a digest only, never part of the compensation's key. */
-  reason: z.string().trim().min(1).max(MAX_REASON_CHARS),
+  // Bounded as sent, before the trim: what is stored with the request stays bounded too.
+  reason: z.string().max(MAX_REASON_CHARS).trim().min(1),
 });
 export type CompensationRequest = z.infer<typeof compensationRequestSchema>;
 

@@ -293,6 +293,15 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const notAllowed = { class: ErrorClass.CompensationNotAllowed };
     const { state: original, seq: originalSeq } = await store.load(who.tenant, operationIdOf(check.original));
     const originalImpl = original.status === 'none' ? undefined : tools.get(original.tool, original.version);
+    // An operation the requester may not read is answered as one that does not exist, before
+    // anything about its state is judged (the status endpoint's rule; an operator's grant covers
+    // every tenant, as for confirmations).
+    if (
+      original.status !== 'none' &&
+      !operator &&
+      !(await readAllowed(originalImpl, who.tenant, who.actor, original, now()))
+    )
+      return refuse(compensationKey, { class: ErrorClass.NotFound }, ids);
     const declared = originalImpl && compensationOf(originalImpl.contract, check.original);
     // The compensating contract asked for must be the one the original's contract declares.
     if (declared && (declared.tool !== contract.name || declared.version !== contract.version))
@@ -300,6 +309,12 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const verdict = compensationVerdict(originalImpl?.contract, original, now());
     if (verdict.kind === 'refuse') return refuse(compensationKey, verdict.error, ids);
     if (original.status === 'none' || !originalImpl || !declared) return refuse(compensationKey, notAllowed, ids);
+    // A task with an operation a person has (a takeover, a failed compensation) takes no new side
+    // effect, a compensation included, until it is resolved (FM-14, FM-20). A replay still answers.
+    if (verdict.kind === 'request') {
+      const frozen = frozenTaskRefusal(contract.effect, deps.frozen?.isFrozen(who.tenant, original.taskId) ?? false);
+      if (frozen) return refuse(compensationKey, frozen, ids);
+    }
     const compId = operationIdOf(compensationKey);
     // The same compensation again: its operation answers (FM-21). Registered below only if the
     // request that asked for it first never got that far.
