@@ -75,3 +75,4 @@ export {
 } from './projection-rebuild.js';
 export { compensatingCall, compensationInputOf, intentInputOf, linkCompensation } from './compensation.js';
 export { discardPrepared } from './held-back.js';
+export { askPolicy, type PolicyAnswer } from './policy.js';

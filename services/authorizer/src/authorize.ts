@@ -9,8 +9,6 @@ import {
   operationIdOf,
   operatorOfActor,
   prepareCall,
-  toErrorInfo,
-  type AuthorizationResult,
   type ErrorInfo,
   type Implementation,
 } from '@tooltx/contracts';
@@ -26,7 +24,6 @@ import {
   handleCommand,
   IDEMPOTENCY_CONFLICT,
   keylessRefusalKey,
-  policyVerdict,
   readAllowed,
   refusalRecord,
   refusedIntentDeletable,
@@ -44,6 +41,7 @@ import type { FrozenTaskWatch } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
 import type { LocalExecutor } from '@tooltx/runtime/service';
 import {
+  askPolicy,
   compensatingCall,
   discardPrepared,
   intentInputOf,
@@ -348,7 +346,6 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       );
       l.info({ operationKey: compensationKey, compensates: check.original }, 'compensation asked again: replayed');
     };
-    const policyVersion = impl.policyVersion ?? 'none';
     // The permission the declaration names, granted or refused by the compensating contract's policy.
     const authCtxAt = (phase: 'intake' | 'execution') => ({
       tenant: who.tenant,
@@ -365,42 +362,16 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     if (registered) {
       // Each requester is authorised on its own: the replay goes only to one the policy allows now;
       // one it refuses gets that refusal under the compensation's key, and nothing of its state.
-      let failure: { err: unknown } | undefined;
-      let seen: AuthorizationResult | void = undefined;
-      try {
-        seen = await impl.authorize?.(call.input, authCtxAt('intake'));
-      } catch (err) {
-        failure = { err };
-      }
-      const pv = policyVerdict(failure && toErrorInfo(failure.err), {
-        policyVersion,
-        at: now(),
-        ...(seen?.resources ? { resources: seen.resources } : {}),
-      });
-      if (pv.kind === 'retry') throw failure!.err;
+      const pv = await askPolicy(impl, call.input, authCtxAt('intake'), { now, invariants: false });
       if (pv.kind === 'refuse') return refuse(compensationKey, pv.error, ids, pv.authorization);
       return replayed();
     }
     const begun = deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null;
     let handed = false;
     try {
-      let allowed: AuthorizationResult | void = undefined;
-      let failure: { err: unknown } | undefined;
-      try {
-        const authCtx = authCtxAt(begun ? 'execution' : 'intake');
-        allowed = await impl.authorize?.(call.input, authCtx);
-        await impl.invariants?.(call.input, authCtx);
-      } catch (err) {
-        failure = { err };
-      }
-      const pv = policyVerdict(failure && toErrorInfo(failure.err), {
-        policyVersion,
-        at: now(),
-        ...(allowed?.resources ? { resources: allowed.resources } : {}),
-      });
-      if (pv.kind === 'retry') throw failure!.err;
+      const pv = await askPolicy(impl, call.input, authCtxAt(begun ? 'execution' : 'intake'), { now });
       if (pv.kind === 'refuse') return refuse(compensationKey, pv.error, ids, pv.authorization);
-      const authorization = pv.authorization;
+      const { authorization, allowed } = pv;
       // One compensation at a time, on the original's own chain.
       const requested = await handleCommand(
         store,
@@ -550,10 +521,10 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       l.error({ operationKey: check.operationKey }, 'intent missing or does not match the registered digest');
       return refuse(null, { class: ErrorClass.Internal }, ids);
     }
-    let failure: { err: unknown } | undefined;
-    let allowed: AuthorizationResult | void = undefined;
-    try {
-      allowed = await impl.authorize?.(input, {
+    const pv = await askPolicy(
+      impl,
+      input,
+      {
         tenant: who.tenant,
         actor: who.actor,
         operationKey: check.operationKey,
@@ -566,16 +537,9 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           action: check.kind,
           requestedBy: by,
         },
-      });
-    } catch (err) {
-      failure = { err };
-    }
-    const pv = policyVerdict(failure && toErrorInfo(failure.err), {
-      policyVersion: impl.policyVersion ?? 'none',
-      at: now(),
-      ...(allowed?.resources ? { resources: allowed.resources } : {}),
-    });
-    if (pv.kind === 'retry') throw failure!.err;
+      },
+      { now, invariants: false },
+    );
     if (pv.kind === 'refuse') return refuse(null, pv.error, ids, pv.authorization);
     const h = await handleCommand(
       store,
@@ -653,27 +617,17 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     let handed = false;
     try {
       // Policy seam, then the business invariants: before anything about the key is looked up or revealed.
-      const policyVersion = impl.policyVersion ?? 'none';
-      let allowed: AuthorizationResult | void = undefined;
-      let failure: { err: unknown } | undefined;
-      try {
-        // Started here at once: this check is the one at the execution instant (FM-07, FM-08).
-        const phase = begun ? ('execution' as const) : ('intake' as const);
-        const authCtx = { tenant: who.tenant, actor: who.actor, operationKey: key, phase, now: now() };
-        allowed = await impl.authorize?.(prepared.input, authCtx);
-        await impl.invariants?.(prepared.input, authCtx);
-      } catch (err) {
-        failure = { err };
-      }
-      const verdict = policyVerdict(failure && toErrorInfo(failure.err), {
-        policyVersion,
-        at: now(),
-        ...(allowed?.resources ? { resources: allowed.resources } : {}),
-      });
-      // A dependency of the policy being down is not a refusal: the intent is retried later.
-      if (verdict.kind === 'retry') throw failure!.err;
+      // Started here at once: this check is the one at the execution instant (FM-07, FM-08). A
+      // dependency of the policy being down is not a refusal: the intent is retried later.
+      const phase = begun ? ('execution' as const) : ('intake' as const);
+      const verdict = await askPolicy(
+        impl,
+        prepared.input,
+        { tenant: who.tenant, actor: who.actor, operationKey: key, phase, now: now() },
+        { now },
+      );
       if (verdict.kind === 'refuse') return refuse(key, verdict.error, ids, verdict.authorization);
-      const authorization = verdict.authorization;
+      const { authorization, allowed } = verdict;
       const canonicalInput = allowed?.input;
 
       // A task with an operation under takeover takes no new side effect until a person resolves it

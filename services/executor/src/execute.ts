@@ -8,7 +8,6 @@ import {
   ErrorClass,
   operatorOfActor,
   prepareCall,
-  toErrorInfo,
   TooltxError,
   type AuthorizationResult,
   type ErrorInfo,
@@ -21,7 +20,6 @@ import {
   frozenTaskRefusal,
   handleCommand,
   operationEventSchema,
-  policyVerdict,
   redeliveredRunWaitMs,
   referenceMovedRefusal,
   runOutcomeOf,
@@ -40,7 +38,13 @@ import {
 import { decode, encode, eventStatusOf, eventTypeOf, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
 import type { FrozenTaskWatch } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
-import { compensationInputOf, intentInputOf, type ImplementationRegistry, type Logger } from '@tooltx/runtime';
+import {
+  askPolicy,
+  compensationInputOf,
+  intentInputOf,
+  type ImplementationRegistry,
+  type Logger,
+} from '@tooltx/runtime';
 import type { LocalExecutor } from '@tooltx/runtime/service';
 import { recoverOperation } from '@tooltx/runtime/recover-operation';
 import { DownstreamClocks } from './downstream-clock.js';
@@ -248,45 +252,33 @@ export function executorHandlers(
     // Authorisation recomputed at the execution instant, from the authenticated identity recorded
     // at intake (the subject's actor) — never from the authorizer's earlier answer (FM-07, FM-08).
     const policyVersion = impl.policyVersion ?? 'none';
-    let allowed: AuthorizationResult | void = undefined;
-    let failure: { err: unknown } | undefined;
-    try {
-      const authCtx = {
-        tenant,
-        actor: state.actor,
-        operationKey: state.operationKey,
-        phase: 'execution' as const,
-        now: now(),
-        // A compensation: the permission the original's contract declares for it (docs/compensation.md).
-        ...(state.compensates
-          ? {
-              compensates: {
-                operationKey: state.compensates.operationKey,
-                permission:
-                  tools.get(state.compensates.tool, state.compensates.version)?.contract.compensation?.permission ?? '',
-                requestedBy: operatorOfActor(state.actor)
-                  ? { kind: 'operator' as const, id: operatorOfActor(state.actor)! }
-                  : { kind: 'actor' as const, id: state.actor },
-              },
-            }
-          : {}),
-      };
-      allowed = await impl.authorize?.(input, authCtx);
-      await impl.invariants?.(input, authCtx);
-    } catch (err) {
-      failure = { err };
-    }
-    const verdict = policyVerdict(failure && toErrorInfo(failure.err), {
-      policyVersion,
-      at: now(),
-      ...(allowed?.resources ? { resources: allowed.resources } : {}),
-    });
-    if (verdict.kind === 'retry') throw failure!.err;
+    const authCtx = {
+      tenant,
+      actor: state.actor,
+      operationKey: state.operationKey,
+      phase: 'execution' as const,
+      now: now(),
+      // A compensation: the permission the original's contract declares for it (docs/compensation.md).
+      ...(state.compensates
+        ? {
+            compensates: {
+              operationKey: state.compensates.operationKey,
+              permission:
+                tools.get(state.compensates.tool, state.compensates.version)?.contract.compensation?.permission ?? '',
+              requestedBy: operatorOfActor(state.actor)
+                ? { kind: 'operator' as const, id: operatorOfActor(state.actor)! }
+                : { kind: 'actor' as const, id: state.actor },
+            },
+          }
+        : {}),
+    };
+    const verdict = await askPolicy(impl, input, authCtx, { now });
     if (verdict.kind === 'refuse') {
       await rejectBeforeRun(verdict.error, verdict.authorization);
       l.info({ class: verdict.error.class }, 'rejected at execution');
       return;
     }
+    const allowed = verdict.allowed;
     const authorization = verdict.authorization;
 
     // The references must still name what the operation was registered for: an alias moved to
