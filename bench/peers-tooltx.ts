@@ -25,6 +25,7 @@ import { applyTopology, topology } from '@tooltx/streams';
 import { countEffects, effectsKey } from './peers-effects.js';
 import { peersContracts } from './peers-contracts.js';
 import { startBenchServer, type BenchServer } from './server.js';
+import { CPU_PROFILE_PRELOAD } from './tooltx.js';
 import type { BenchProcess, BenchSystem, Outcome } from './workload.js';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
@@ -47,6 +48,8 @@ export interface PeersTooltxOptions {
   runId: string;
   /** The file the tool appends its lines to. */
   effectsFile: string;
+  /** Directory for CPU profiles of the main phase (bench/cpu-profile.cjs), of the roles and the client. */
+  cpuProfDir?: string;
 }
 
 /** A started tooltx: the workload's system, the server it runs on, and service exits seen while it ran. */
@@ -57,7 +60,17 @@ export async function startPeersTooltx(o: PeersTooltxOptions): Promise<PeersTool
   let roles: { processes: BenchProcess[]; exits(): number; stop(): Promise<void> } | undefined;
   let tools: Tools | undefined;
   try {
-    const env = { LOG_LEVEL: process.env.LOG_LEVEL ?? 'info', PEERS_EFFECTS_FILE: o.effectsFile };
+    const env = {
+      LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
+      PEERS_EFFECTS_FILE: o.effectsFile,
+      ...(o.cpuProfDir
+        ? {
+            NODE_OPTIONS: `--require ${CPU_PROFILE_PRELOAD}`,
+            BENCH_CPU_PROF_DIR: o.cpuProfDir,
+            BENCH_CPU_PROF_MODE: 'signal',
+          }
+        : {}),
+    };
     roles = await startRoles(o, server, env, o.layout);
     tools = await createTools({
       servers: server.url,
@@ -77,16 +90,25 @@ export async function startPeersTooltx(o: PeersTooltxOptions): Promise<PeersTool
   const r = roles;
   const t = tools;
   const taskId = `peers-${o.runId}`;
+  const processes: BenchProcess[] = [
+    { name: 'client', pid: process.pid, connections: [SDK_CONNECTION] },
+    { name: 'nats-server', pid: server.pid, connections: [] },
+    ...r.processes,
+  ];
   return {
     label: `tooltx-${o.layout}`,
     server,
-    processes: [
-      { name: 'client', pid: process.pid, connections: [SDK_CONNECTION] },
-      { name: 'nats-server', pid: server.pid, connections: [] },
-      ...r.processes,
-    ],
+    processes,
     monitorUrl: server.monitorUrl,
     restarts: () => r.exits(),
+    ...(o.cpuProfDir
+      ? {
+          toggleProfiles() {
+            // SIGUSR2 to every node process of the system and to this one (the SDK client).
+            for (const p of processes) if (p.name !== 'nats-server') process.kill(p.pid, 'SIGUSR2');
+          },
+        }
+      : {}),
     async call(k): Promise<Outcome> {
       const a = await t.execute(
         { tool: 'peers.append_line', taskId, input: { key: effectsKey(o.runId, k) } },
@@ -202,7 +224,7 @@ async function startRoles(o: PeersTooltxOptions, server: BenchServer, env: Recor
         ? children.map(({ child }) => ({
             name: 'tooltx',
             pid: child.pid!,
-            connections: SERVICES.map((s) => `${s}@tooltx-1`),
+            connections: [...SERVICES, 'host'].map((s) => `${s}@tooltx-1`),
           }))
         : children.map(({ name, child }) => ({
             name: name.replace(/-1$/, ''),

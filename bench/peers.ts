@@ -85,6 +85,8 @@ export interface PeersOptions {
   /** Scratch directory of this run (state, logs, effect files). */
   root: string;
   keep: boolean;
+  /** With `--cpu-prof`: the tooltx processes and the client write CPU profiles of the main phase here. */
+  cpuProfDir?: string;
 }
 
 const FULL: WorkloadSizes = {
@@ -145,6 +147,7 @@ export async function runPeers(
       prefix: PREFIX,
       runId,
       effectsFile,
+      ...(o.cpuProfDir ? { cpuProfDir: o.cpuProfDir } : {}),
     });
   };
 
@@ -154,6 +157,13 @@ export async function runPeers(
     const sys = await startLocal(name, dir, randomBytes(4).toString('hex'));
     try {
       const r = await runWorkload(sys, z, say);
+      say(
+        `  ${name} nats-server messages in + out per call (main): ${r.serverMsgsPerCall.main}; by connection (in/out): ${Object.entries(
+          r.processes,
+        )
+          .map(([n, p]) => `${n} ${p.phases.main?.natsInPerCall}/${p.phases.main?.natsOutPerCall}`)
+          .join(', ')}`,
+      );
       const restarts = sys.restarts?.() ?? 0;
       if (restarts) failures.push(`${name} run ${runs}: ${restarts} service exits while it ran`);
       if (r.errorSamples.length) say(`  ${name} errors (samples): ${r.errorSamples.join(' | ')}`);

@@ -608,6 +608,7 @@ async function peers() {
       sweepCalls: list(opts.sweepCalls),
       root,
       keep: Boolean(opts.keep),
+      ...(cpuProfDir ? { cpuProfDir } : {}),
     },
     say,
   );
