@@ -27,6 +27,30 @@ export function decode<S extends z.ZodType>(schema: S, bytes: Uint8Array): z.inf
 }
 
 /**
+ * {@link decode} of a delivered message's body, the msgpack read shared by every caller that
+ * decodes the same message object: in a process that reads the event log once for several roles
+ * (one delivery handed to each role's handler), the bytes are checked and read once, and each
+ * schema parses that one read (zod builds a new object per parse, so no caller sees another's).
+ * Throws {@link CodecError} as `decode` does, to each caller.
+ */
+export function decodeMsg<S extends z.ZodType>(schema: S, msg: { readonly data: Uint8Array }): z.infer<S> {
+  let raw = rawOfMsg.get(msg);
+  if (raw === undefined) {
+    try {
+      raw = { value: unpackChecked(msg.data) };
+    } catch (err) {
+      raw = { error: err };
+    }
+    rawOfMsg.set(msg, raw);
+  }
+  if ('error' in raw) throw raw.error;
+  const r = schema.safeParse(raw.value);
+  if (!r.success) throw new CodecError(`does not match schema: ${r.error.issues.length} issue(s)`, { cause: r.error });
+  return r.data;
+}
+const rawOfMsg = new WeakMap<object, { value: unknown } | { error: unknown }>();
+
+/**
  * Decodes msgpack without a schema (for envelopes whose parse errors must name field paths).
  * `maxItems`: at most this many values in all maps and lists, refused before any is read
  * ({@link checkMsgpack}); what an agent sends is bounded so (docs/tenancy.md).

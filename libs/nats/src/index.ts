@@ -2,6 +2,7 @@ export { Subjects } from './subjects.js';
 export {
   CodecError,
   decode,
+  decodeMsg,
   decodeRaw,
   encode,
 } from './codec.js';

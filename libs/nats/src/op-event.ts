@@ -2,7 +2,7 @@ import type { JsMsg } from '@nats-io/jetstream';
 import type { Logger } from 'pino';
 import { operationIdOf } from '@tooltx/contracts';
 import { operationEventSchema, type OperationEvent } from '@tooltx/lifecycle';
-import { decode } from './codec.js';
+import { decodeMsg } from './codec.js';
 import type { Settlement } from './consumer.js';
 import type { Subjects } from './subjects.js';
 
@@ -21,7 +21,7 @@ export function opEventOf(
   | Extract<Settlement, { kind: 'term' }> {
   const where = subjects.parseOpSubject('op', msg.subject);
   if (!where) return { kind: 'term', reason: 'not an operation subject' };
-  const event = decode(operationEventSchema, msg.data);
+  const event = decodeMsg(operationEventSchema, msg);
   if (event.state.tenant !== where.tenant || operationIdOf(event.state.operationKey) !== where.opId) {
     log.error({ seq: msg.seq, tenant: where.tenant }, 'event does not belong to its operation subject');
     return { kind: 'term', reason: 'event does not belong to its subject' };

@@ -1,7 +1,7 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { operationIdOf } from '@tooltx/contracts';
-import { CodecError, decode, type Settlement, type Subjects } from '@tooltx/nats';
+import { CodecError, decode, decodeMsg, type Settlement, type Subjects } from '@tooltx/nats';
 import { ProjectionApplier, ProjectionBatcher, type ProjectionGuard, type ProjectionRebuilder } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
 import { z } from 'zod';
@@ -66,7 +66,7 @@ export function auditHandlers(d: AuditApplyDeps): {
     const apply =
       kind === 'op'
         ? (() => {
-            const e = decode(auditedEventSchema, msg.data);
+            const e = decodeMsg(auditedEventSchema, msg);
             if (e.state.tenant !== where.tenant || operationIdOf(e.state.operationKey) !== where.opId) return null;
             return {
               type: e.type,

@@ -35,7 +35,15 @@ import {
   type ReceiptSigner,
   type RunOutcome,
 } from '@tooltx/lifecycle';
-import { decode, encode, eventStatusOf, eventTypeOf, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
+import {
+  decodeMsg,
+  encode,
+  eventStatusOf,
+  eventTypeOf,
+  newEventId,
+  type Settlement,
+  type Subjects,
+} from '@tooltx/nats';
 import type { FrozenTaskWatch } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
 import {
@@ -161,7 +169,7 @@ export function executorHandlers(
     // Accepted and started in one append: the process that appended it runs it; a later delivery
     // (its executor died mid-attempt) is decoded and recovered below.
     if (msg.info.deliveryCount === 1 && (eventStatusOf(msg) ?? 'accepted') !== 'accepted') return;
-    const event = decode(operationEventSchema, msg.data);
+    const event = decodeMsg(operationEventSchema, msg);
     if (!ACTS_ON.has(event.type)) return;
     const { tenant, opId } = where;
     // On a first delivery the event is, as a rule, still the operation's last one: act on the state
