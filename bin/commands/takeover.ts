@@ -1,7 +1,8 @@
 /**
- * `tooltx takeover list | show <key> | resolve <key> --committed <resourceId> | --not-applied`
- * (FM-14): an operator's view of the operations handed over to a person, through the
- * takeover service of the reconciler (request/reply on `<prefix>.takeover.<operator>`). The
+ * `tooltx takeover list | show <key> | resolve <key> --committed <resourceId> | --not-applied |
+ * --effect-kept | --undone-by-hand` (FM-14, FM-20): an operator's view of the operations handed
+ * over to a person — an unknown outcome, or a compensation that failed — through the takeover
+ * service of the reconciler (request/reply on `<prefix>.takeover.<operator>`). The
  * operator's id is the subject token the server pins their nkey to; it is recorded as
  * `resolvedBy` with `manual: true`. Output: JSON, one object per line.
  *
@@ -77,6 +78,8 @@ async function explain(answer: Answer, req: Record<string, unknown>, show: () =>
       const now = await show().catch(() => undefined);
       const status = now?.ok ? now.operation?.status : undefined;
       if (status === undefined) return 'the operation is not unknown, or it moved on meanwhile: show it again';
+      if (status === 'compensation_failed')
+        return 'its failed compensation was resolved with another outcome already (a resolution is recorded once)';
       if (status !== 'unknown')
         return `not under takeover: its state is ${status} (only an unknown operation can be resolved; a resolution that differs from the one recorded is refused)`;
       return 'the operation moved on while it was being resolved: show it again';
@@ -86,6 +89,8 @@ async function explain(answer: Answer, req: Record<string, unknown>, show: () =>
         ? `no operation with this key is watched: give --tenant (${issues})`
         : 'no operation with this key in that tenant';
     case 'invalid_input':
+      if (answer.error?.issues?.some((i) => i.code === 'outcome_mismatch'))
+        return `this outcome does not resolve this takeover: ${issues}`;
       return `the request is invalid: ${issues || 'see the issues'}`;
     default:
       break;
@@ -135,7 +140,7 @@ export function registerTakeover(program: Command): void {
   const t = program
     .command('takeover')
     .description(
-      'operations handed over to a person (unknown past their deadline, or another effect found under their key): list, show, resolve — as an operator (NATS_NKEY_FILE, TOOLTX_OPERATOR)',
+      'operations handed over to a person (unknown past their deadline, another effect found under their key, or a compensation that failed): list, show, resolve — as an operator (NATS_NKEY_FILE, TOOLTX_OPERATOR)',
     )
     .addHelpText(
       'after',
@@ -146,6 +151,13 @@ Environment:
   NATS_CREDS_FILE  a .creds file instead of the seed
   TOOLTX_OPERATOR  the operator's id (an operator of the identity list), recorded as resolvedBy
   TOOLTX_PREFIX    subject prefix of the deployment (default tooltx)
+Resolving:
+  an unknown operation       --committed <resourceId> (verified downstream) or --not-applied
+  a failed compensation      --effect-kept (the original's effect stays, accepted) or
+                             --undone-by-hand (undone outside tooltx); its status stays
+                             compensation_failed, its receipt valid; the task thaws
+  An outcome that does not fit the operation is refused (invalid_input at outcome.kind); a second,
+  different resolution is refused (idempotency_conflict); the same one again answers the state.
 Exit codes: 0 done, 1 refused (its meaning on stderr), 2 bad usage or configuration.`,
     );
   t.command('list')
@@ -158,19 +170,40 @@ Exit codes: 0 done, 1 refused (its meaning on stderr), 2 bad usage or configurat
       ask({ action: 'show', operationKey: checkedKey(operationKey), ...(o.tenant ? { tenant: o.tenant } : {}) }),
     );
   t.command('resolve <operationKey>')
-    .description('record what you verified downstream: --committed <resourceId> or --not-applied; unfreezes the task')
-    .option('--committed <resourceId>', 'the effect exists downstream under this resource id')
-    .option('--not-applied', 'the effect definitively did not happen (the identical input may be submitted again)')
+    .description(
+      'record what you verified: --committed <resourceId> or --not-applied (an unknown operation), --effect-kept or --undone-by-hand (a failed compensation); unfreezes the task',
+    )
+    .option('--committed <resourceId>', 'unknown: the effect exists downstream under this resource id')
+    .option(
+      '--not-applied',
+      'unknown: the effect definitively did not happen (the identical input may be submitted again)',
+    )
+    .option('--effect-kept', "failed compensation: the original's effect stays in the world, and you accept it")
+    .option('--undone-by-hand', "failed compensation: you undid the original's effect outside tooltx")
     .option('--tenant <id>', 'the tenant of the operation (needed once it is no longer watched)')
-    .action((operationKey: string, o: { committed?: string; notApplied?: boolean; tenant?: string }) => {
-      if (Boolean(o.committed) === Boolean(o.notApplied))
-        throw new UsageError('give exactly one of --committed <resourceId> or --not-applied');
-      const outcome = o.committed ? { kind: 'committed', resourceId: o.committed } : { kind: 'not_applied' };
-      return ask({
-        action: 'resolve',
-        operationKey: checkedKey(operationKey),
-        outcome,
-        ...(o.tenant ? { tenant: o.tenant } : {}),
-      });
-    });
+    .action(
+      (
+        operationKey: string,
+        o: { committed?: string; notApplied?: boolean; effectKept?: boolean; undoneByHand?: boolean; tenant?: string },
+      ) => {
+        const given = [o.committed, o.notApplied, o.effectKept, o.undoneByHand].filter(Boolean).length;
+        if (given !== 1)
+          throw new UsageError(
+            'give exactly one of --committed <resourceId>, --not-applied, --effect-kept or --undone-by-hand',
+          );
+        const outcome = o.committed
+          ? { kind: 'committed', resourceId: o.committed }
+          : o.notApplied
+            ? { kind: 'not_applied' }
+            : o.effectKept
+              ? { kind: 'effect_kept' }
+              : { kind: 'undone_by_hand' };
+        return ask({
+          action: 'resolve',
+          operationKey: checkedKey(operationKey),
+          outcome,
+          ...(o.tenant ? { tenant: o.tenant } : {}),
+        });
+      },
+    );
 }

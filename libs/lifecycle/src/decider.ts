@@ -12,6 +12,7 @@ import {
   type Requester,
   type TakeoverRecord,
 } from './events.js';
+import { compensationResolutionOf, compensationTakeoverRecordOf } from './recovery.js';
 import type { ReceiptSigner, UnsignedReceipt } from './signing.js';
 import { isAllowedTransition, TRANSITIONS, type Transition } from './transitions.js';
 
@@ -235,7 +236,9 @@ export interface CompleteCompensationCommand {
 }
 /**
  * The compensation failed: refused after it ran (`rejected`, with its error), or its unknown
- * outcome was handed to a person (`taken_over`, with its last evidence).
+ * outcome was handed to a person (`taken_over`, with its last evidence). The event carries the
+ * takeover record a person resolves (FM-20), built from the original's state and this failure, so
+ * nothing can come between the failure and its takeover.
  */
 export interface FailCompensationCommand {
   type: 'fail_compensation';
@@ -245,6 +248,19 @@ export interface FailCompensationCommand {
   kind: 'rejected' | 'taken_over';
   error?: ErrorInfo;
   evidence?: Evidence;
+}
+/**
+ * A person's resolution of a failed compensation (FM-20): `effect_kept` or `undone_by_hand`. Only
+ * from `compensation_failed`; the status stays, the receipt stays, the resolution is recorded with
+ * `manual: true` and `resolvedBy`. The same resolution again is a `replay`; another one after it is
+ * skipped `resolved`.
+ */
+export interface ResolveCompensationFailureCommand {
+  type: 'resolve_compensation_failure';
+  eventId: string;
+  at: number;
+  resolvedBy: string;
+  outcome: 'effect_kept' | 'undone_by_hand';
 }
 /** The compensation was refused before it ran: the original is `committed` again, the refusal recorded. */
 export interface RefuseCompensationCommand {
@@ -270,7 +286,8 @@ export type OperationCommand =
   | RequestCompensationCommand
   | CompleteCompensationCommand
   | FailCompensationCommand
-  | RefuseCompensationCommand;
+  | RefuseCompensationCommand
+  | ResolveCompensationFailureCommand;
 
 /** What the shell must do after a decision. */
 export type Decision =
@@ -312,7 +329,11 @@ export type SkipReason =
   /** Another compensation than the one registered (request), or an outcome of another one. */
   | 'compensation_differs'
   /** A compensation outcome while no compensation runs. */
-  | 'not_compensating';
+  | 'not_compensating'
+  /** A resolution of a failed compensation on an operation whose compensation did not fail. */
+  | 'not_compensation_failed'
+  /** Another resolution than the one a person already recorded. */
+  | 'resolved';
 
 export function initialState(): OperationState {
   return { status: 'none' };
@@ -537,21 +558,39 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
         });
       }
       if (cmd.type === 'fail_compensation') {
+        const failure = {
+          kind: cmd.kind,
+          ...(cmd.error ? { error: cmd.error } : {}),
+          ...(cmd.evidence ? { evidence: cmd.evidence } : {}),
+        };
         return append(state, {
           type: 'compensation_failed',
           ...head,
-          compensation: {
-            operationKey: key,
-            kind: cmd.kind,
-            ...(cmd.error ? { error: cmd.error } : {}),
-            ...(cmd.evidence ? { evidence: cmd.evidence } : {}),
-          },
+          compensation: { operationKey: key, ...failure },
+          takeover: compensationTakeoverRecordOf(state, failure, cmd.at),
         });
       }
       return append(state, {
         type: 'compensation_refused',
         ...head,
         compensation: { operationKey: key, error: cmd.error },
+      });
+    }
+    case 'resolve_compensation_failure': {
+      if (state.status === 'none') return { kind: 'skip', reason: 'not_registered', state };
+      if (state.status !== 'compensation_failed') return { kind: 'skip', reason: 'not_compensation_failed', state };
+      // An earlier resolution of the original's own unknown outcome (`committed`) is not this one.
+      const earlier = compensationResolutionOf(state);
+      if (earlier)
+        return earlier === cmd.outcome ? { kind: 'replay', state } : { kind: 'skip', reason: 'resolved', state };
+      return append(state, {
+        type: 'compensation_failure_resolved',
+        eventId: cmd.eventId,
+        at: cmd.at,
+        attempt: state.attempt,
+        outcome: cmd.outcome,
+        manual: true,
+        resolvedBy: cmd.resolvedBy,
       });
     }
   }
@@ -844,8 +883,13 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
         ...p,
         status: 'compensation_failed',
         compensation: { ...needLink(p), failure: { at: f.at, ...failure } },
+        ...(f.takeover ? { takeover: f.takeover } : {}),
         ...common,
       };
+    }
+    case 'compensation_failure_resolved': {
+      const r = e as Extract<OperationEvent, { type: 'compensation_failure_resolved' }>;
+      return { ...need(prev), resolution: { by: r.resolvedBy, at: r.at, outcome: r.outcome }, ...common };
     }
     case 'compensation_refused': {
       const r = e as Extract<OperationEvent, { type: 'compensation_refused' }>;

@@ -109,11 +109,27 @@ export type ReceiptV1 = z.infer<typeof receiptV1Schema>;
 export type ReceiptV2 = z.infer<typeof receiptV2Schema>;
 
 /**
- * A takeover record (FM-14): written when an
- * operation is still `unknown` past its contract's `unknownDeadlineMs`, or when a probe found
- * something else under our key. From then on the operation is a person's, and every side-effecting
- * intent of its task is refused with `task_frozen` until the takeover is resolved.
- * Times in ms since the epoch.
+ * What a person resolving a failed compensation needs of the original's receipt: which effect it
+ * proves (key, resource id, commit time, result digest) and the signature that makes it checkable
+ * against the receipt the status answer returns. No body, no result.
+ */
+export const receiptReferenceSchema = z.object({
+  operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+  resourceId: z.string().min(1),
+  committedAt: epochMs,
+  resultDigest: digest,
+  keyId: z.string().regex(/^ed25519:[A-Za-z0-9_-]{22}$/),
+  signature: z.string().regex(/^[A-Za-z0-9_-]{86}$/),
+});
+export type ReceiptReference = z.infer<typeof receiptReferenceSchema>;
+
+/**
+ * A takeover record (FM-14, FM-20): written when an operation is still `unknown` past its
+ * contract's `unknownDeadlineMs`, when a probe found something else under our key, or, on a
+ * committed original, when its compensation failed (`compensation_failed`: the original's receipt
+ * reference and the compensation's key, outcome and last evidence). From then on the operation is a
+ * person's, and every side-effecting intent of its task is refused with `task_frozen` until the
+ * takeover is resolved. Times in ms since the epoch.
  */
 export const takeoverRecordSchema = z.object({
   operationKey: z.string().regex(OPERATION_KEY_PATTERN),
@@ -124,7 +140,7 @@ export const takeoverRecordSchema = z.object({
   /** `sha256:` digest of the normalised target (never the target itself). */
   targetDigest: digest,
   inputDigest: digest,
-  reason: z.enum(['unknown_past_deadline', 'probe_mismatch']),
+  reason: z.enum(['unknown_past_deadline', 'probe_mismatch', 'compensation_failed']),
   /** The last evidence about the attempt (digests, codes, sizes, times only). */
   lastEvidence: evidenceSchema.optional(),
   /**
@@ -133,6 +149,23 @@ export const takeoverRecordSchema = z.object({
    * `inputDigest` above).
    */
   probed: z.object({ resourceId: z.string().max(200), inputDigest: digest.optional() }).optional(),
+  /** `compensation_failed`: the original's committed receipt, which stays valid beside the failure. */
+  receipt: receiptReferenceSchema.optional(),
+  /**
+   * `compensation_failed`: the compensation operation (its own status answers it in full), how it
+   * failed — refused after it ran, or its unknown outcome taken over — with its error class and
+   * its last evidence (also `lastEvidence` above).
+   */
+  compensation: z
+    .object({
+      operationKey: z.string().regex(OPERATION_KEY_PATTERN),
+      tool: z.string(),
+      version: z.number().int(),
+      kind: z.enum(['rejected', 'taken_over']),
+      error: errorInfoSchema.optional(),
+      evidence: evidenceSchema.optional(),
+    })
+    .optional(),
   attempts: z.object({
     attempt: z.number().int().min(1),
     requeues: z.number().int().min(0),
@@ -147,11 +180,22 @@ export const takeoverRecordSchema = z.object({
 });
 export type TakeoverRecord = z.infer<typeof takeoverRecordSchema>;
 
-/** A person's resolution of an operation under takeover: who, when, which outcome. */
+/**
+ * What a person decides about a failed compensation (FM-20): `effect_kept` — the original's effect
+ * stays in the world and a person accepts it; `undone_by_hand` — a person undid it outside tooltx.
+ * Either way the original's status stays `compensation_failed` and its receipt stays valid.
+ */
+export const compensationResolutionOutcomes = ['effect_kept', 'undone_by_hand'] as const;
+
+/**
+ * A person's resolution of an operation under takeover: who, when, which outcome — `committed` or
+ * `not_applied` for an unknown one (FM-14), one of {@link compensationResolutionOutcomes} for a
+ * failed compensation (FM-20).
+ */
 export const resolutionSchema = z.object({
   by: id,
   at: epochMs,
-  outcome: z.enum(['committed', 'not_applied']),
+  outcome: z.enum(['committed', 'not_applied', ...compensationResolutionOutcomes]),
 });
 
 /**
@@ -443,7 +487,9 @@ export const compensatedEventSchema = z.object({
 });
 /**
  * The compensation failed after it ran (its downstream refused it) or its unknown outcome was
- * handed to a person: the world still holds the original's effect. Final; the task is frozen (FM-20).
+ * handed to a person: the world still holds the original's effect. Final; the task is frozen, and
+ * the takeover record a person resolves comes in this same append (FM-20). Events written before
+ * the record existed have none.
  */
 export const compensationFailedEventSchema = z.object({
   ...base,
@@ -455,6 +501,19 @@ export const compensationFailedEventSchema = z.object({
     error: errorInfoSchema.optional(),
     evidence: evidenceSchema.optional(),
   }),
+  takeover: takeoverRecordSchema.optional(),
+});
+/**
+ * A person resolved the failed compensation (FM-20): the status stays `compensation_failed`, the
+ * original's receipt stays valid, the resolution is recorded and the task may thaw.
+ */
+export const compensationFailureResolvedEventSchema = z.object({
+  ...base,
+  type: z.literal('compensation_failure_resolved'),
+  attempt: z.number().int().min(1),
+  outcome: z.enum(compensationResolutionOutcomes),
+  manual: z.literal(true),
+  resolvedBy: id,
 });
 /** The compensation was refused before it ran (e.g. its permission was revoked): back to `committed`. */
 export const compensationRefusedEventSchema = z.object({
@@ -481,6 +540,7 @@ export const operationEventSchema = z.discriminatedUnion('type', [
   compensatedEventSchema,
   compensationFailedEventSchema,
   compensationRefusedEventSchema,
+  compensationFailureResolvedEventSchema,
 ]);
 export type OperationEvent = z.infer<typeof operationEventSchema>;
 export type OperationEventType = OperationEvent['type'];

@@ -1,4 +1,4 @@
-import type { DownstreamGuarantees } from '@tooltx/contracts';
+import type { DownstreamGuarantees, ErrorInfo } from '@tooltx/contracts';
 import type { Evidence, OperationRecord, OperationState, TakeoverRecord } from './events.js';
 import { attemptEnded } from './transitions.js';
 
@@ -210,6 +210,84 @@ export function takeoverRecordOf(
 }
 
 /**
+ * The takeover record of a committed original whose compensation failed (FM-20), written in the
+ * same append as `compensation_failed`: what a person needs to decide — the original's receipt
+ * reference (never its body), the compensation's key and contract, how it failed, its error class
+ * and its last evidence. Pure.
+ */
+export function compensationTakeoverRecordOf(
+  state: OperationRecord,
+  failure: { kind: 'rejected' | 'taken_over'; error?: ErrorInfo; evidence?: Evidence },
+  openedAt: number,
+): TakeoverRecord {
+  const r = state.receipt;
+  const link = state.compensation;
+  return {
+    operationKey: state.operationKey,
+    tenant: state.tenant,
+    taskId: state.taskId,
+    tool: state.tool,
+    version: state.version,
+    targetDigest: state.targetDigest,
+    inputDigest: state.inputDigest,
+    reason: 'compensation_failed',
+    ...(failure.evidence ? { lastEvidence: failure.evidence } : {}),
+    ...(r
+      ? {
+          receipt: {
+            operationKey: r.operationKey,
+            resourceId: r.resourceId,
+            committedAt: r.committedAt,
+            resultDigest: r.resultDigest,
+            keyId: r.keyId,
+            signature: r.signature,
+          },
+        }
+      : {}),
+    ...(link
+      ? {
+          compensation: {
+            operationKey: link.operationKey,
+            tool: link.tool,
+            version: link.version,
+            kind: failure.kind,
+            ...(failure.error ? { error: failure.error } : {}),
+            ...(failure.evidence ? { evidence: failure.evidence } : {}),
+          },
+        }
+      : {}),
+    attempts: { attempt: state.attempt, requeues: state.requeues ?? 0, probes: 0 },
+    times: {
+      acceptedAt: state.acceptedAt,
+      ...(state.running ? { runningAt: state.running.at } : {}),
+      openedAt,
+    },
+  };
+}
+
+/**
+ * A person's resolution of the failed compensation of `state` (FM-20), or undefined when none was
+ * recorded. A resolution of the original's own unknown outcome (`committed`) is not one. Pure.
+ */
+export function compensationResolutionOf(state: OperationState): CompensationResolutionOutcome | undefined {
+  if (state.status !== 'compensation_failed') return undefined;
+  const o = state.resolution?.outcome;
+  return o === 'effect_kept' || o === 'undone_by_hand' ? o : undefined;
+}
+
+/**
+ * Whether `state` holds a takeover a person has not resolved yet (FM-14, FM-20): `unknown` under
+ * takeover, or `compensation_failed` without a person's resolution. What the reconciler's index
+ * keeps for `tooltx takeover list` and what backs a freeze of the task. Pure.
+ */
+export function openTakeoverOf(state: OperationState): TakeoverRecord | undefined {
+  if (state.status === 'unknown') return state.takeover;
+  if (state.status === 'compensation_failed' && !compensationResolutionOf(state))
+    return state.takeover?.reason === 'compensation_failed' ? state.takeover : undefined;
+  return undefined;
+}
+
+/**
  * Whether a takeover can be opened on `state` (FM-14): `open` when it is `unknown` with none open,
  * `already` when one is open, `not_unknown` otherwise (only an unknown outcome goes to a person). The
  * task is frozen before the takeover is appended, so this is asked before anything is written. Pure.
@@ -219,31 +297,58 @@ export function takeoverOpenable(state: OperationState): 'open' | 'already' | 'n
   return state.takeover ? 'already' : 'open';
 }
 
-/** Whether an open takeover backs a freeze of the operation's task: it is `unknown` and handed to a person (FM-14). Pure. */
+/**
+ * Whether an open takeover backs a freeze of the operation's task: it is `unknown` and handed to a
+ * person (FM-14), or its compensation failed and no person resolved that yet (FM-20; also when the
+ * failure predates its takeover record). Pure.
+ */
 export function freezeBacked(state: OperationState): boolean {
-  // A failed compensation is a person's too: its task stays frozen (FM-20).
-  return (state.status === 'unknown' && state.takeover !== undefined) || state.status === 'compensation_failed';
+  return (
+    (state.status === 'unknown' && state.takeover !== undefined) ||
+    (state.status === 'compensation_failed' && !compensationResolutionOf(state))
+  );
 }
 
-/** A person's resolution of a takeover: what the operator asked (FM-14). */
-export type ResolutionOutcome = { kind: 'committed'; resourceId: string } | { kind: 'not_applied' };
+/** What a person may decide about a failed compensation (FM-20). */
+export type CompensationResolutionOutcome = 'effect_kept' | 'undone_by_hand';
 
 /**
- * What a person's resolution does to `state` (FM-14): `already` when the same resolution was
- * recorded (a repeat answers the state), `resolve` when the operation is `unknown`, else
- * `not_unknown` (nothing to resolve: refused as an idempotency conflict). Pure.
+ * A person's resolution of a takeover: what the operator asked — `committed` or `not_applied` for an
+ * unknown operation (FM-14), `effect_kept` or `undone_by_hand` for a failed compensation (FM-20).
+ */
+export type ResolutionOutcome =
+  | { kind: 'committed'; resourceId: string }
+  | { kind: 'not_applied' }
+  | { kind: CompensationResolutionOutcome };
+
+/**
+ * What a person's resolution does to `state` (FM-14, FM-20):
+ * - `already`: the same resolution was recorded (a repeat answers the state);
+ * - `resolve`: an `unknown` operation resolved `committed` or `not_applied`;
+ * - `resolve_compensation`: a `compensation_failed` one, not resolved yet, resolved `effect_kept`
+ *   or `undone_by_hand`;
+ * - `outcome_mismatch`: an outcome that does not fit the takeover (an unknown outcome's on a failed
+ *   compensation, or the other way round): refused as invalid input at `outcome.kind`;
+ * - `not_unknown`: nothing (else) to resolve — refused as an idempotency conflict. Pure.
  */
 export function resolutionVerdict(
   state: OperationState,
   outcome: ResolutionOutcome,
-): 'already' | 'resolve' | 'not_unknown' {
+): 'already' | 'resolve' | 'resolve_compensation' | 'outcome_mismatch' | 'not_unknown' {
+  if (state.status === 'compensation_failed') {
+    if (outcome.kind !== 'effect_kept' && outcome.kind !== 'undone_by_hand') return 'outcome_mismatch';
+    const recorded = compensationResolutionOf(state);
+    if (recorded) return recorded === outcome.kind ? 'already' : 'not_unknown';
+    return 'resolve_compensation';
+  }
   if (
     state.status !== 'none' &&
     state.resolution?.outcome === outcome.kind &&
     (outcome.kind !== 'committed' || state.receipt?.resourceId === outcome.resourceId)
   )
     return 'already';
-  return state.status === 'unknown' ? 'resolve' : 'not_unknown';
+  if (state.status !== 'unknown') return 'not_unknown';
+  return outcome.kind === 'committed' || outcome.kind === 'not_applied' ? 'resolve' : 'outcome_mismatch';
 }
 
 /** What a recovery may learn of the downstream: a probe's outcome, or that the contract has no probe. */

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { ErrorClass, OPERATION_KEY_PATTERN, type Implementation } from '@tooltx/contracts';
 import {
+  compensationResolutionOutcomes,
   errorInfoSchema,
   eventCountOf,
   receiptSchema,
@@ -9,6 +10,7 @@ import {
   type OperationRecord,
   type Receipt,
 } from './events.js';
+import { compensationResolutionOf } from './recovery.js';
 
 /** Longest long-poll a status request may ask for, ms. */
 export const MAX_STATUS_WAIT_MS = 30_000;
@@ -77,7 +79,11 @@ export const statusAnswerSchema = z.object({
   /** The business result the caller may read (committed only). */
   result: z.unknown().optional(),
   error: errorInfoSchema.optional(),
-  /** The takeover record when the operation was handed over to a person (FM-14). */
+  /**
+   * The takeover record when the operation was handed over to a person: an `unknown` one (FM-14),
+   * or a committed one whose compensation failed (FM-20; kept after a person resolved it, beside
+   * `compensation.resolution`).
+   */
   takeover: takeoverRecordSchema.optional(),
   /** Which of the caller's submissions a `decision` answer is about. */
   submissionId: z.string().optional(),
@@ -94,6 +100,13 @@ export const statusAnswerSchema = z.object({
       status: z.enum(['compensation_requested', 'compensated', 'compensation_failed', 'refused']),
       operationKey: z.string(),
       error: errorInfoSchema.optional(),
+      /**
+       * `compensation_failed` only, once a person resolved it (FM-20): who, when and what they
+       * decided. The status stays `compensation_failed` and the receipt stays valid.
+       */
+      resolution: z
+        .object({ by: z.string(), at: z.number().int(), outcome: z.enum(compensationResolutionOutcomes) })
+        .optional(),
     })
     .optional(),
   /** Set on a compensation operation: the key of the operation it compensates. */
@@ -330,7 +343,8 @@ export type StatusStep =
  *      instead when there is one (`ownRefusalSupersedes`; needs the decision record);
  *    - `committed`: the receipt, and the result only when the input is not known to differ (FM-03:
  *      a conflicting caller learns that the key is taken, not what it returned; needs the result);
- *    - `rejected`: its error; `unknown` under takeover: the takeover record (FM-14).
+ *    - `rejected`: its error; `unknown` under takeover: the takeover record (FM-14);
+ *    - `compensation_failed`: its takeover record, and a person's resolution once there is one (FM-20).
  * 2. Otherwise (never registered, or not readable by this caller — the same answer), from the
  *    caller's last decision record on the key (needs it):
  *    - an alias (FM-10): the answer of the canonical operation, under the asked key with
@@ -431,6 +445,9 @@ function operationAnswer(
       operationKey: c.operationKey,
       ...(refused && c.refusal ? { error: c.refusal.error } : c.failure?.error ? { error: c.failure.error } : {}),
     };
+    const resolved = compensationResolutionOf(st);
+    if (resolved && st.resolution)
+      a.compensation.resolution = { by: st.resolution.by, at: st.resolution.at, outcome: resolved };
   }
   if (st.compensates) a.compensates = st.compensates.operationKey;
   const held = st.confirmation;
@@ -483,6 +500,7 @@ function operationAnswer(
   if (st.status === 'rejected' && st.error) a.error = st.error;
   if (st.status === 'rolled_back') a.error = { class: ErrorClass.OperationDiscarded };
   if (st.status === 'unknown' && st.takeover) a.takeover = st.takeover;
+  if (st.status === 'compensation_failed' && st.takeover?.reason === 'compensation_failed') a.takeover = st.takeover;
   return { kind: 'answer', answer: a };
 }
 

@@ -135,7 +135,13 @@ export const TRANSITIONS: readonly Transition[] = [
     from: 'compensation_requested',
     event: 'compensation_failed',
     to: 'compensation_failed',
-    when: 'fail_compensation: the compensation was refused after it ran, or taken over (final; the task is frozen, FM-20)',
+    when: 'fail_compensation: the compensation was refused after it ran, or taken over (final; the task is frozen and the takeover record written in the same append, FM-20)',
+  },
+  {
+    from: 'compensation_failed',
+    event: 'compensation_failure_resolved',
+    to: 'compensation_failed',
+    when: 'resolve_compensation_failure by a person (effect_kept or undone_by_hand): the status and the receipt stay, the resolution is recorded and the task thaws (FM-20)',
   },
   {
     from: 'compensation_requested',
@@ -192,12 +198,19 @@ export function attemptEnded(status: LifecycleStatus | string): status is (typeo
  * Whether no event can follow `status` (`table`'s rows: none leaves it), so a state in it may be
  * cached as the answer to every later read. `committed` is final only for an operation whose
  * contract declares no compensation (`compensable` false): its one way out is a compensation
- * request. Pure.
+ * request. `compensation_failed` is final only once a person resolved it (`resolved`): its one row
+ * records that resolution. Pure.
  */
 export function isFinalStatus(
   status: LifecycleStatus,
-  o: { compensable: boolean },
+  o: { compensable: boolean; resolved?: boolean },
   table: readonly Transition[] = TRANSITIONS,
 ): boolean {
-  return table.filter((t) => t.from === status).every((t) => t.event === 'compensation_requested' && !o.compensable);
+  return table
+    .filter((t) => t.from === status)
+    .every(
+      (t) =>
+        (t.event === 'compensation_requested' && !o.compensable) ||
+        (t.event === 'compensation_failure_resolved' && o.resolved === true),
+    );
 }

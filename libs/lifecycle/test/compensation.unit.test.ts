@@ -9,17 +9,21 @@ import { z } from 'zod';
 import { defineContract, deriveCompensationKey, type ContractSpec } from '@tooltx/contracts';
 import {
   compensationOutcomeOf,
+  compensationResolutionOf,
   compensationVerdict,
   confirmationDeadlineOf,
   confirmationExpired,
   confirmVerdict,
   decide,
   discardVerdict,
+  freezeBacked,
   generateReceiptKey,
   initialState,
   isFinalStatus,
+  openTakeoverOf,
   receiptSigner,
   replay,
+  resolutionVerdict,
   serverStateOf,
   sideEffectOf,
   verifyReceipt,
@@ -125,6 +129,27 @@ function compReceipt(operationKey = COMP_KEY): Receipt {
 }
 const complete = (operationKey = COMP_KEY, receipt = compReceipt(operationKey)) =>
   ({ type: 'complete_compensation', eventId: id(), at: 12_000, compensationKey: operationKey, receipt }) as const;
+/** The events of an original whose compensation was refused after it ran (its downstream refused the delete). */
+const failedHistory = (before?: OperationEvent) => {
+  const a = appended(given().when(accept()));
+  const r = appended(given(a).when(start()));
+  const c = before ?? appended(given(r).when(commit()));
+  const q = appended(given(c).when(request()));
+  const f = appended(
+    given(q).when({
+      type: 'fail_compensation',
+      eventId: id(),
+      at: 12_000,
+      compensationKey: COMP_KEY,
+      kind: 'rejected',
+      error: { class: 'forbidden' },
+    }),
+  );
+  return [a, r, c, q, f];
+};
+const failed = (before?: OperationEvent) => failedHistory(before).at(-1)!;
+const resolveFailure = (outcome: 'effect_kept' | 'undone_by_hand') =>
+  ({ type: 'resolve_compensation_failure', eventId: id(), at: 20_000, resolvedBy: 'oscar', outcome }) as const;
 
 describe('a held-back commit (the contract declares confirm)', () => {
   it('given its acceptance, nothing starts it: start and an accept with start are skipped not_confirmed', () => {
@@ -301,7 +326,7 @@ describe('the compensation of a committed operation, on its own record', () => {
     expect(given(done).when(complete())).toMatchObject({ kind: 'skip', reason: 'final' });
   });
 
-  it('FM-20: given it requested, when the compensation is taken over, then compensation_failed is final, keeps the receipt and the last evidence, and is never compensated in turn', () => {
+  it('FM-20: given it requested, when the compensation is taken over, then compensation_failed keeps the receipt and the last evidence, is never compensated in turn, and holds its takeover record in the same event', () => {
     const r = requested();
     const evidence = { kind: 'timeout' as const, at: 11_000, elapsedMs: 5_000 };
     const f = appended(
@@ -319,9 +344,138 @@ describe('the compensation of a committed operation, on its own record', () => {
       receipt: r.state.receipt,
       compensation: { operationKey: COMP_KEY, failure: { at: 12_000, kind: 'taken_over', evidence } },
     });
+    const receipt = r.state.receipt!;
+    const takeover = {
+      operationKey: KEY,
+      tenant: 'acme',
+      taskId: 'task-1',
+      tool: 'kb.write_note',
+      version: 1,
+      reason: 'compensation_failed',
+      lastEvidence: evidence,
+      receipt: {
+        operationKey: KEY,
+        resourceId: 'note-1',
+        committedAt: receipt.committedAt,
+        resultDigest: receipt.resultDigest,
+        keyId: receipt.keyId,
+        signature: receipt.signature,
+      },
+      compensation: { operationKey: COMP_KEY, tool: 'kb.delete_note', version: 1, kind: 'taken_over', evidence },
+      times: { openedAt: 12_000 },
+    };
+    expect(f).toMatchObject({ type: 'compensation_failed', takeover, state: { takeover } });
+    expect(openTakeoverOf(f.state)).toEqual(f.state.takeover);
+    expect(freezeBacked(f.state)).toBe(true);
     expect(given(f).when(complete())).toMatchObject({ kind: 'skip', reason: 'final' });
     expect(given(f).when(request()).kind).toBe('replay');
-    expect(isFinalStatus('compensation_failed', { compensable: true })).toBe(true);
+    // Not final until a person resolved it: its one row records that resolution.
+    expect(isFinalStatus('compensation_failed', { compensable: true })).toBe(false);
+    expect(isFinalStatus('compensation_failed', { compensable: true, resolved: true })).toBe(true);
+  });
+
+  it('FM-20: given the compensation refused after it ran, the takeover record holds its error class and no body', () => {
+    const f = failed();
+    expect(f.state.takeover).toMatchObject({
+      reason: 'compensation_failed',
+      compensation: { operationKey: COMP_KEY, kind: 'rejected', error: { class: 'forbidden' } },
+    });
+    expect(f.state.takeover?.lastEvidence).toBeUndefined();
+    expect(Object.keys(f.state.takeover?.receipt ?? {}).sort()).toEqual(
+      ['committedAt', 'keyId', 'operationKey', 'resourceId', 'resultDigest', 'signature'].sort(),
+    );
+  });
+
+  it('FM-20: given it compensation_failed, when a person resolves it effect_kept, then the status and the receipt stay, the resolution is recorded, and the takeover no longer backs a freeze', () => {
+    const events = failedHistory();
+    const f = events.at(-1)!;
+    const d = given(f).when(resolveFailure('effect_kept'));
+    const e = appended(d);
+    expect(e).toMatchObject({
+      type: 'compensation_failure_resolved',
+      outcome: 'effect_kept',
+      manual: true,
+      resolvedBy: 'oscar',
+      state: {
+        status: 'compensation_failed',
+        receipt: f.state.receipt,
+        takeover: f.state.takeover,
+        resolution: { by: 'oscar', at: 20_000, outcome: 'effect_kept' },
+      },
+    });
+    expect(compensationResolutionOf(e.state)).toBe('effect_kept');
+    expect(openTakeoverOf(e.state)).toBeUndefined();
+    expect(freezeBacked(e.state)).toBe(false);
+    // The same resolution again is a replay; another one is skipped; nothing is compensated in turn.
+    expect(given(e).when(resolveFailure('effect_kept')).kind).toBe('replay');
+    expect(given(e).when(resolveFailure('undone_by_hand'))).toMatchObject({ kind: 'skip', reason: 'resolved' });
+    expect(given(e).when(request()).kind).toBe('replay');
+    expect(replay([...events, e])).toEqual(e.state);
+  });
+
+  it('FM-20: a resolution of a failed compensation is skipped on any other status', () => {
+    expect(given().when(resolveFailure('undone_by_hand'))).toMatchObject({ kind: 'skip', reason: 'not_registered' });
+    const c = committed();
+    for (const e of [c, requested(c), appended(given(requested()).when(complete()))])
+      expect(given(e).when(resolveFailure('undone_by_hand')), e.state.status).toMatchObject({
+        kind: 'skip',
+        reason: 'not_compensation_failed',
+      });
+  });
+
+  it("FM-20: the takeover service's verdict fits the outcome to the takeover: an unknown one's outcomes are refused on a failed compensation, and the other way round", () => {
+    const f = failed();
+    expect(resolutionVerdict(f.state, { kind: 'effect_kept' })).toBe('resolve_compensation');
+    expect(resolutionVerdict(f.state, { kind: 'undone_by_hand' })).toBe('resolve_compensation');
+    expect(resolutionVerdict(f.state, { kind: 'committed', resourceId: 'note-1' })).toBe('outcome_mismatch');
+    expect(resolutionVerdict(f.state, { kind: 'not_applied' })).toBe('outcome_mismatch');
+    const kept = appended(given(f).when(resolveFailure('effect_kept'))).state;
+    expect(resolutionVerdict(kept, { kind: 'effect_kept' })).toBe('already');
+    expect(resolutionVerdict(kept, { kind: 'undone_by_hand' })).toBe('not_unknown');
+    const a = appended(given().when(accept()));
+    const r = appended(given(a).when(start()));
+    const u = appended(
+      given(r).when({
+        type: 'mark_unknown',
+        eventId: id(),
+        at: 4_000,
+        attempt: 1,
+        evidence: { kind: 'timeout', at: 4_000 },
+      }),
+    );
+    expect(resolutionVerdict(u.state, { kind: 'effect_kept' })).toBe('outcome_mismatch');
+    expect(resolutionVerdict(u.state, { kind: 'not_applied' })).toBe('resolve');
+    expect(resolutionVerdict(committed().state, { kind: 'undone_by_hand' })).toBe('not_unknown');
+  });
+
+  it("FM-20: an original a person resolved committed earlier, whose compensation then failed, still waits for the failure's own resolution", () => {
+    const a = appended(given().when(accept()));
+    const r = appended(given(a).when(start()));
+    const u = appended(
+      given(r).when({
+        type: 'mark_unknown',
+        eventId: id(),
+        at: 4_000,
+        attempt: 1,
+        evidence: { kind: 'timeout', at: 4_000 },
+      }),
+    );
+    const c = appended(
+      given(u).when({
+        type: 'resolve',
+        eventId: id(),
+        at: 5_000,
+        attempt: 1,
+        resolvedBy: 'oscar',
+        outcome: { kind: 'committed', resourceId: 'note-1', resultDigest: D2 },
+      }),
+    );
+    const f = failed(c);
+    expect(f.state.resolution?.outcome).toBe('committed');
+    expect(compensationResolutionOf(f.state)).toBeUndefined();
+    expect(freezeBacked(f.state)).toBe(true);
+    expect(openTakeoverOf(f.state)?.reason).toBe('compensation_failed');
+    expect(appended(given(f).when(resolveFailure('undone_by_hand'))).state.resolution?.outcome).toBe('undone_by_hand');
   });
 
   it('given it requested, when the compensation is refused before it ran, then the original is committed again with the refusal recorded, and may be asked again', () => {
@@ -601,11 +755,13 @@ describe('what a confirmation or a discard gets (confirmVerdict, discardVerdict)
 });
 
 describe('how the other readers see the new statuses', () => {
-  it('committed is final only when its contract declares no compensation; the three outcomes are final', () => {
+  it('committed is final only when its contract declares no compensation; the three outcomes are final, compensation_failed once a person resolved it', () => {
     expect(isFinalStatus('committed', { compensable: false })).toBe(true);
     expect(isFinalStatus('committed', { compensable: true })).toBe(false);
-    for (const s of ['compensated', 'compensation_failed', 'rolled_back'] as const)
+    for (const s of ['compensated', 'rolled_back'] as const)
       expect(isFinalStatus(s, { compensable: true }), s).toBe(true);
+    expect(isFinalStatus('compensation_failed', { compensable: true })).toBe(false);
+    expect(isFinalStatus('compensation_failed', { compensable: true, resolved: true })).toBe(true);
     for (const s of ['rejected', 'compensation_requested', 'awaiting_confirmation', 'unknown'] as const)
       expect(isFinalStatus(s, { compensable: false }), s).toBe(false);
   });

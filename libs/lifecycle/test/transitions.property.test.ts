@@ -59,6 +59,7 @@ const stepArb = fc.record({
     'complete_compensation',
     'fail_compensation',
     'refuse_compensation',
+    'resolve_compensation_failure',
   ),
   /** An accept of a held-back contract (declares confirm); of a compensation operation. */
   held: fc.constantFrom(false, false, true),
@@ -69,6 +70,8 @@ const stepArb = fc.record({
   /** Which compensation a request or an outcome names. */
   compensation: fc.constantFrom('same', 'same', 'same', 'other'),
   failKind: fc.constantFrom('rejected', 'taken_over'),
+  /** What a person decides about a failed compensation. */
+  kept: fc.constantFrom('effect_kept', 'undone_by_hand'),
   /** Mostly the current attempt; sometimes a stale or a future one. */
   attemptOffset: fc.constantFrom(0, 0, 0, 0, 0, -1, 1),
   /** Mostly the current run; sometimes none or another run's id. */
@@ -99,6 +102,7 @@ const step = (type: Step['type'], over: Partial<Step> = {}): Step => ({
   lateMs: 0,
   compensation: 'same',
   failKind: 'rejected',
+  kept: 'effect_kept',
   ...over,
 });
 /**
@@ -159,6 +163,9 @@ const EXAMPLES: Step[][] = [
     step('request_compensation'),
     step('fail_compensation', { failKind: 'taken_over' }),
     step('request_compensation'),
+    step('resolve_compensation_failure'),
+    step('resolve_compensation_failure', { kept: 'undone_by_hand' }),
+    step('resolve_compensation_failure'),
   ],
   [step('accept', { held: true }), step('await_confirmation'), step('discard'), step('confirm'), step('discard')],
   [
@@ -306,6 +313,8 @@ function commandOf(step: Step, state: OperationState, nextId: () => string, at: 
           };
     case 'refuse_compensation':
       return { type: 'refuse_compensation', eventId, at, compensationKey, error: { class: 'forbidden' } };
+    case 'resolve_compensation_failure':
+      return { type: 'resolve_compensation_failure', eventId, at, resolvedBy: 'oscar', outcome: step.kept };
     default:
       throw new Error(`no command ${step.type satisfies never}`);
   }

@@ -90,8 +90,17 @@ describe('the lifecycle transition table', () => {
       'compensation_requested|compensation_requested',
     ]);
     expect(isAllowedTransition('committed', 'accepted', 'accepted')).toBe(false);
-    // The three outcomes, and a held-back commit's rollback, are final: no row leaves them.
+    // The three outcomes, and a held-back commit's rollback, are final: no row leaves them, but for
+    // a person's resolution of a failed compensation, which records it and keeps the status (FM-20).
     for (const final of ['compensated', 'compensation_failed', 'rolled_back'])
+      expect(
+        TRANSITIONS.filter((t) => t.from === final && t.to !== final),
+        final,
+      ).toEqual([]);
+    expect(TRANSITIONS.filter((t) => t.from === 'compensation_failed').map((t) => `${t.event}|${t.to}`)).toEqual([
+      'compensation_failure_resolved|compensation_failed',
+    ]);
+    for (const final of ['compensated', 'rolled_back'])
       expect(
         TRANSITIONS.filter((t) => t.from === final),
         final,

@@ -4,6 +4,7 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import { LRUCache } from 'lru-cache';
 import { ErrorClass, operationIdOf } from '@tooltx/contracts';
 import {
+  compensationResolutionOf,
   isFinalStatus,
   ownCallInFlight,
   readAllowed,
@@ -403,7 +404,7 @@ export class StatusService {
    */
   #isFinal(state: OperationRecord): boolean {
     const compensable = this.#d.tools.get(state.tool, state.version)?.contract.compensation !== undefined;
-    return isFinalStatus(state.status, { compensable });
+    return isFinalStatus(state.status, { compensable, resolved: compensationResolutionOf(state) !== undefined });
   }
 
   async #mayRead(tenant: string, actor: string, state: OperationRecord, req: StatusRequest): Promise<boolean> {

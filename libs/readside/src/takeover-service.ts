@@ -13,6 +13,7 @@ import {
 } from '@tooltx/contracts';
 import {
   handleCommand,
+  openTakeoverOf,
   receiptOnlyResult,
   resolutionVerdict,
   type OperationRecord,
@@ -35,6 +36,10 @@ export const takeoverRequestSchema = z.discriminatedUnion('action', [
     outcome: z.discriminatedUnion('kind', [
       z.strictObject({ kind: z.literal('committed'), resourceId: z.string().min(1).max(200) }),
       z.strictObject({ kind: z.literal('not_applied') }),
+      // A failed compensation (FM-20): the original's effect stays, accepted by a person, or a
+      // person undid it outside tooltx.
+      z.strictObject({ kind: z.literal('effect_kept') }),
+      z.strictObject({ kind: z.literal('undone_by_hand') }),
     ]),
   }),
 ]);
@@ -75,13 +80,17 @@ export interface TakeoverServiceDeps {
 }
 
 /**
- * The takeover service (FM-14): lists open takeovers, shows one operation, and records a person's
- * resolution. The operator's id comes from the subject the server pinned them to (never from the
+ * The takeover service (FM-14, FM-20): lists open takeovers, shows one operation, and records a
+ * person's resolution — `committed` or `not_applied` of an `unknown` operation, `effect_kept` or
+ * `undone_by_hand` of a failed compensation (whose status stays `compensation_failed`, its receipt
+ * valid). The operator's id comes from the subject the server pinned them to (never from the
  * payload); it becomes `resolvedBy` of the `manual: true` event. Runs in every reconciler instance
  * (queue group `tooltx-takeover`). JSON on the wire (the CLI speaks it): a {@link TakeoverAnswer};
  * a refused request answers `{ ok: false, error }` — `invalid_input` (`not_json` for bytes that are
- * not JSON, field issues otherwise), `not_found`, `idempotency_conflict` (not `unknown`, or moved on
- * meanwhile), `internal`. Answers go only into the operator's own inbox (FM-31, FM-32).
+ * not JSON, field issues otherwise; `outcome_mismatch` at `outcome.kind` for an outcome that does
+ * not fit the takeover), `not_found`, `idempotency_conflict` (nothing to resolve, resolved otherwise
+ * already, or moved on meanwhile), `internal`. Answers go only into the operator's own inbox
+ * (FM-31, FM-32).
  *
  * A resolution is appended first and the task thawed after (the reconciler repairs a thaw lost to
  * a crash); a repeated identical resolution answers the operation's state and thaws again.
@@ -104,7 +113,8 @@ export function startTakeoverService(d: TakeoverServiceDeps): Responder {
       for (const e of d.watched.values()) {
         if (e.takeoverAt === undefined) continue;
         const { state } = await d.store.load(e.tenant, operationIdOf(e.operationKey));
-        if (state.status !== 'none' && state.takeover) takeovers.push({ ...state.takeover, status: state.status });
+        const open = openTakeoverOf(state);
+        if (open && state.status !== 'none') takeovers.push({ ...open, status: state.status });
       }
       return { ok: true, takeovers: takeovers.sort((a, b) => a.times.openedAt - b.times.openedAt) };
     }
@@ -114,15 +124,54 @@ export function startTakeoverService(d: TakeoverServiceDeps): Responder {
       throw new TooltxError(ErrorClass.NotFound, 'no such operation');
     if (req.action === 'show') return { ok: true, operation: state };
 
-    // resolve: only an `unknown` operation; a repeat of the same resolution answers the state.
+    // resolve: an `unknown` operation or a failed compensation; a repeat of the same resolution
+    // answers the state.
     const o = req.outcome;
     const verdict = resolutionVerdict(state, o);
     if (verdict === 'not_unknown')
       throw new TooltxError(
         ErrorClass.IdempotencyConflict,
-        `the operation is ${state.status}, not unknown: nothing to resolve`,
+        state.status === 'compensation_failed'
+          ? 'the failed compensation was resolved otherwise already'
+          : `the operation is ${state.status}, not unknown: nothing to resolve`,
       );
-    if (verdict === 'resolve') {
+    if (verdict === 'outcome_mismatch') {
+      const failed = state.status === 'compensation_failed';
+      const fits = failed ? 'effect_kept or undone_by_hand' : 'committed or not_applied';
+      throw new TooltxError(ErrorClass.InvalidInput, `${o.kind} does not resolve a ${state.status} operation`, {
+        issues: [
+          {
+            path: ['outcome', 'kind'],
+            code: 'outcome_mismatch',
+            message: `the operation is ${state.status}: resolve it ${fits}`,
+          },
+        ],
+      });
+    }
+    if (verdict === 'resolve_compensation' && (o.kind === 'effect_kept' || o.kind === 'undone_by_hand')) {
+      // The original's receipt is not touched: the effect it proves happened, whatever a person
+      // decides about it now.
+      const h = await handleCommand(
+        d.store,
+        tenant,
+        opId,
+        () => ({
+          type: 'resolve_compensation_failure',
+          eventId: newEventId(),
+          at: now(),
+          resolvedBy: operator,
+          outcome: o.kind,
+        }),
+        { retry: false },
+      );
+      if (h.kind !== 'appended')
+        throw new TooltxError(ErrorClass.IdempotencyConflict, 'the operation moved on meanwhile; show it again');
+      d.log.warn(
+        { tenant, operationKey: state.operationKey, resolvedBy: operator, outcome: o.kind },
+        'failed compensation resolved by a person',
+      );
+    }
+    if (verdict === 'resolve' && (o.kind === 'committed' || o.kind === 'not_applied')) {
       const impl = d.tools.get(state.tool, state.version);
       let resultDigest = digestOf({});
       const receiptOnly = o.kind === 'committed' && impl ? receiptOnlyResult(impl.contract) : null;

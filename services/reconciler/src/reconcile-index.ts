@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { effectClasses, idSchema, operationKeySchema } from '@tooltx/contracts';
-import { endedStatuses, type OperationEvent, type OperationRecord } from '@tooltx/lifecycle';
+import { endedStatuses, openTakeoverOf, type OperationEvent, type OperationRecord } from '@tooltx/lifecycle';
 
 /**
  * The reconciler's projection: an index of the operations that are NOT yet terminal, in
@@ -18,10 +18,18 @@ const seq = z.number().int().positive();
 const epochMs = z.number().int().nonnegative();
 
 /**
- * The non-terminal states the reconciler watches. `awaiting_confirmation`: a held-back operation
- * stays indexed with its confirmation deadline, which the sweep ends it at (`rolled_back`).
+ * The states the reconciler watches. `awaiting_confirmation`: a held-back operation stays indexed
+ * with its confirmation deadline, which the sweep ends it at (`rolled_back`). `compensation_failed`:
+ * only while its takeover is open (FM-20) — never swept, but listed by the takeover service until a
+ * person resolves it.
  */
-export const watchedStatuses = ['accepted', 'running', 'unknown', 'awaiting_confirmation'] as const;
+export const watchedStatuses = [
+  'accepted',
+  'running',
+  'unknown',
+  'awaiting_confirmation',
+  'compensation_failed',
+] as const;
 /**
  * The states that take an operation out of the index (as a tombstone): every status whose attempt
  * ended (`endedStatuses`: committed, rejected, rolled back, or a committed one being compensated —
@@ -88,13 +96,29 @@ export function applyStateToIndex(
   seq: number,
 ): ReconcileValue | null {
   if (current && current.seq >= seq) return null;
+  const takeover = openTakeoverOf(s);
   switch (s.status) {
+    case 'compensation_failed':
+      if (!takeover) return { seq, status: s.status, terminal: true };
+      return {
+        seq,
+        terminal: false,
+        operationKey: s.operationKey,
+        tenant: s.tenant,
+        status: s.status,
+        attempt: s.attempt,
+        tool: s.tool,
+        version: s.version,
+        effect: s.effect,
+        acceptedAt: s.acceptedAt,
+        takeoverAt: takeover.times.openedAt,
+        updatedAt: s.updatedAt,
+      };
     case 'committed':
     case 'rejected':
     case 'rolled_back':
     case 'compensation_requested':
     case 'compensated':
-    case 'compensation_failed':
       return { seq, status: s.status, terminal: true };
     case 'accepted':
     case 'running':

@@ -112,3 +112,39 @@ describe('reconciler projection: a held-back operation', () => {
     });
   });
 });
+
+describe('reconciler projection: a failed compensation (FM-20)', () => {
+  it('stays indexed under its takeover until a person resolves it, then leaves a tombstone, so the takeover service lists it while it is open', () => {
+    const first = sampleOperation('accepted', 0).events[0]!;
+    const state = first.state as OperationRecord;
+    const takeover = {
+      operationKey: state.operationKey,
+      tenant: state.tenant,
+      taskId: state.taskId,
+      tool: state.tool,
+      version: state.version,
+      targetDigest: state.targetDigest,
+      inputDigest: state.inputDigest,
+      reason: 'compensation_failed' as const,
+      attempts: { attempt: 1, requeues: 0, probes: 0 },
+      times: { acceptedAt: state.acceptedAt, openedAt: 12_000 },
+    };
+    const failed = { ...state, status: 'compensation_failed' as const, takeover };
+    const open = applyToIndex(null, { ...first, state: failed }, 7);
+    expect(open).toMatchObject({ terminal: false, status: 'compensation_failed', takeoverAt: 12_000, seq: 7 });
+    expect(decode(reconcileValueSchema, encode(open))).toEqual(open);
+    const resolved = { ...failed, resolution: { by: 'oscar', at: 13_000, outcome: 'effect_kept' as const } };
+    expect(applyToIndex(open, { ...first, state: resolved }, 8)).toEqual({
+      seq: 8,
+      status: 'compensation_failed',
+      terminal: true,
+    });
+    // Written before the record existed: nothing to list, a tombstone as before.
+    const { takeover: _none, ...legacy } = failed;
+    expect(applyToIndex(null, { ...first, state: legacy }, 9)).toEqual({
+      seq: 9,
+      status: 'compensation_failed',
+      terminal: true,
+    });
+  });
+});
