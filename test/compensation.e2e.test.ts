@@ -6,12 +6,12 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, deriveCompensationKey, operationIdOf } from '@tooltx/contracts';
-import { auditRecordSchema, type AuditRecord } from '@tooltx/lifecycle';
+import { auditRecordSchema, countsOf, type AuditRecord } from '@tooltx/lifecycle';
 import { decode, openBucket } from '@tooltx/nats';
 import { createTools, runTask, type Tools } from '@tooltx/client';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startHost, type ServiceProcess } from './helpers/services.js';
-import { history } from './helpers/ops.js';
+import { history, takeoverCli } from './helpers/ops.js';
 import { RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js';
 import { DelayProxy } from './helpers/delay-proxy.js';
 import { isNotesPost, note, RECOVERY_TIMING } from './helpers/kb-faults.js';
@@ -158,7 +158,7 @@ describe('compensation: a new operation that undoes what can be undone', () => {
     }
   });
 
-  it("FM-20: the compensation's downstream refuses it: the original stays committed with its receipt and is compensation_failed, its task is frozen, and nothing is compensated in turn", async () => {
+  it("FM-20: the compensation's downstream refuses it: the original stays committed with its receipt and is compensation_failed, its task is frozen, the takeover record is complete, nothing is compensated in turn, and a person's resolution thaws the task", async () => {
     const sibling = await written('comp-20', 'Another step of the task');
     const w = await written('comp-20', 'The delete will be refused');
     const compensationKey = deriveCompensationKey(w.operationKey, { tool: 'kb.delete_note', version: 1 });
@@ -199,6 +199,109 @@ describe('compensation: a new operation that undoes what can be undone', () => {
     expect(again).toMatchObject({ status: 'compensation_failed', compensationKey });
     const ofIt = await alice.compensate({ operationKey: compensationKey, reason: 'undo the failed undo' });
     expect(ofIt).toMatchObject({ status: 'rejected', error: { class: 'compensation_not_allowed' } });
+    expect(await deletesUnder(compensationKey)).toBe(0);
+
+    // The takeover record, written with the failure: the original's receipt reference (no body) and
+    // the compensation's key, outcome and error — in the status answer, the SDK's answer, the
+    // takeover service's list and the audit record's takeover count.
+    const record = {
+      operationKey: w.operationKey,
+      taskId: 'comp-20',
+      reason: 'compensation_failed',
+      receipt: {
+        operationKey: w.operationKey,
+        resourceId: w.receipt.resourceId,
+        committedAt: w.receipt.committedAt,
+        resultDigest: w.receipt.resultDigest,
+        signature: w.receipt.signature,
+      },
+      compensation: {
+        operationKey: compensationKey,
+        tool: 'kb.delete_note',
+        kind: 'rejected',
+        error: { class: 'forbidden' },
+      },
+    };
+    expect(c).toMatchObject({ takeover: record });
+    expect(s.takeover).toMatchObject(record);
+    // The takeover service, as operator oscar (the CLI is run once below, for the resolution).
+    const oscar = await t.connectAs({ kind: 'operator', operator: 'oscar' });
+    const takeover = async (req: Record<string, unknown>) =>
+      JSON.parse(
+        (await oscar.request(t.subjects.takeover('oscar'), JSON.stringify(req), { timeout: 10_000 })).string(),
+      ) as {
+        ok: boolean;
+        takeovers?: Record<string, unknown>[];
+        operation?: Record<string, unknown>;
+        error?: unknown;
+      };
+    const listed = async () =>
+      (await takeover({ action: 'list' })).takeovers?.find((x) => x.operationKey === w.operationKey);
+    try {
+      let open = await listed();
+      for (let i = 0; !open && i < 40; i++) {
+        await new Promise((res) => setTimeout(res, 100));
+        open = await listed();
+      }
+      expect(open).toMatchObject({ ...record, status: 'compensation_failed' });
+      expect(JSON.stringify(open)).not.toContain('The delete will be refused');
+      // An unknown outcome's resolution does not fit a failed compensation: refused at its field.
+      expect(
+        await takeover({ action: 'resolve', operationKey: w.operationKey, outcome: { kind: 'not_applied' } }),
+      ).toMatchObject({
+        ok: false,
+        error: { class: 'invalid_input', issues: [{ path: ['outcome', 'kind'], code: 'outcome_mismatch' }] },
+      });
+      // A person keeps the effect: the status stays compensation_failed with the original's
+      // receipt, the resolution is recorded, and the task thaws. The audit record counts the
+      // takeover (it keeps it after the resolution, so it is read meanwhile).
+      const [audited, [resolved]] = await Promise.all([
+        auditOf(w.operationKey, (r) => r.takeover !== undefined),
+        takeoverCli(t, 'resolve', w.operationKey, '--effect-kept'),
+      ]);
+      expect(audited?.takeover).toEqual({ reason: 'compensation_failed' });
+      expect(countsOf([audited!])[0]).toMatchObject({ contract: 'kb.write_note@1', takeovers: 1 });
+      expect(resolved).toMatchObject({
+        status: 'compensation_failed',
+        receipt: w.receipt,
+        resolution: { by: 'oscar', outcome: 'effect_kept' },
+        takeover: record,
+      });
+      expect((await history(t, 'acme', w.operationKey)).at(-1)).toMatchObject({
+        type: 'compensation_failure_resolved',
+        outcome: 'effect_kept',
+        manual: true,
+        resolvedBy: 'oscar',
+      });
+      const [second, after] = await Promise.all([
+        takeover({
+          action: 'resolve',
+          operationKey: w.operationKey,
+          tenant: 'acme',
+          outcome: { kind: 'undone_by_hand' },
+        }),
+        alice.execute({ tool: 'kb.write_note', taskId: 'comp-20', input: note('A later step') }),
+      ]);
+      expect(second).toMatchObject({ ok: false, error: { class: 'idempotency_conflict' } });
+      expect(after.status).toBe('committed');
+      // Read at once: its status, the list without it, and the same compensation asked again (still
+      // never compensated in turn, nor again).
+      const [now, listedAfter, compensatedAgain] = await Promise.all([
+        alice.status({ operationKey: w.operationKey }),
+        listed(),
+        alice.compensate({ operationKey: w.operationKey, reason: 'once more' }),
+      ]);
+      expect(now).toMatchObject({
+        state: 'committed',
+        receipt: w.receipt,
+        compensation: { status: 'compensation_failed', resolution: { by: 'oscar', outcome: 'effect_kept' } },
+      });
+      expect(alice.verify({ operationKey: w.operationKey, receipt: now.receipt! }).valid).toBe(true);
+      expect(listedAfter).toBeUndefined();
+      expect(compensatedAgain).toMatchObject({ status: 'compensation_failed', compensationKey });
+    } finally {
+      await oscar.close();
+    }
     expect(await deletesUnder(compensationKey)).toBe(0);
   });
 

@@ -9,7 +9,14 @@ import {
   type Contract,
   type ErrorInfo,
 } from '@tooltx/contracts';
-import type { CompensationEnvelope, IntentEnvelope, Receipt, ReceiptCheck, StatusAnswer } from '@tooltx/lifecycle';
+import type {
+  CompensationEnvelope,
+  IntentEnvelope,
+  Receipt,
+  ReceiptCheck,
+  StatusAnswer,
+  TakeoverRecord,
+} from '@tooltx/lifecycle';
 import { encode } from '@tooltx/nats';
 import type { Connection } from './connection.js';
 import { publishOne, sleep } from './submit.js';
@@ -26,7 +33,8 @@ export interface CompensateRequest {
  * status answers it).
  * - `compensated`: the compensation committed; `receipt` is its own, checked like `execute`'s.
  * - `compensation_failed`: it was refused after it ran, or its outcome went to a person: the world
- *   still holds the original's effect (next: `hand_over`).
+ *   still holds the original's effect (next: `hand_over`). `takeover` is the record a person
+ *   resolves (`tooltx takeover resolve`, FM-20), when the server wrote one.
  * - `compensation_requested`: registered, not ended within the budget (next: `observe`).
  * - `rejected`: refused before anything was sent (`compensation_not_allowed`, `compensation_expired`,
  *   `forbidden`, `not_found`, `invalid_input` …), with the class's `next`.
@@ -38,6 +46,7 @@ export type CompensateResult =
       operationKey: string;
       compensationKey: string;
       error?: ErrorInfo;
+      takeover?: TakeoverRecord;
       next: NextAction;
     }
   | { status: 'compensation_requested'; operationKey: string; compensationKey: string; next: NextAction }
@@ -156,6 +165,7 @@ export async function compensate(
             operationKey,
             compensationKey,
             ...(c.error ? { error: c.error } : {}),
+            ...(now.takeover ? { takeover: now.takeover } : {}),
             next: NextAction.HandOver,
           };
         if (c.status === 'refused' && c.error) return rejected(operationKey, compensationKey, c.error);
