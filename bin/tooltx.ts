@@ -6,7 +6,8 @@
  *   tooltx streams apply   create or update the streams, consumers and result bucket (provisioner)
  *   tooltx streams check   list every setting that breaks a guarantee; exit 1 when any
  *   tooltx auth generate   nats-server config + one nkey seed per user from an identity list
- *   tooltx ops pending     the operations the reconciler is watching (accepted, running, unknown)
+ *   tooltx ops pending     the operations the reconciler is watching (accepted, running, unknown,
+ *                          held back, or a failed compensation a person has not resolved yet)
  *   tooltx takeover …      list / show / resolve operations handed over to a person (as an operator)
  *   tooltx compensate …    compensate a committed operation (as an operator granted compensate)
  *   tooltx confirm …       confirm a held-back operation: it runs once (as an operator granted confirm)

@@ -156,10 +156,16 @@ describe('takeover: refusals and identities in words', () => {
     expect(r.stderr).not.toContain('RequestError');
   });
 
-  it('resolve without --committed or --not-applied is a usage error (exit 2)', async () => {
-    const r = await tooltx(['takeover', 'resolve', 'opk_x'], asOperator());
-    expect(r.code).toBe(2);
-    expect(r.stderr).toContain('give exactly one of --committed <resourceId> or --not-applied');
+  it('resolve without an outcome, or with two, is a usage error (exit 2)', async () => {
+    const said = 'give exactly one of --committed <resourceId>, --not-applied, --effect-kept or --undone-by-hand';
+    const [none, two] = await Promise.all([
+      tooltx(['takeover', 'resolve', 'opk_x'], asOperator()),
+      tooltx(['takeover', 'resolve', 'opk_x', '--effect-kept', '--not-applied'], asOperator()),
+    ]);
+    for (const r of [none, two]) {
+      expect(r.code).toBe(2);
+      expect(r.stderr).toContain(said);
+    }
   });
 });
 

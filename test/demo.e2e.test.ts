@@ -9,7 +9,7 @@ import { serverVersionAtLeast } from '@tooltx/nats';
 import { describe, expect, it } from 'vitest';
 
 describe('npm run demo --quick', () => {
-  it('reads ~20 real pages under the fault mix, submits every write twice and ends with one KB row per page, every fault resolved by probing, no takeover, no duplicate side effect, every forgery refused by the server and no unauthorised row; then three notes compensated, one of them refused by the KB and handed to a person, and two digest mails held back: one confirmed and sent once, one discarded and rolled back', {
+  it('reads ~20 real pages under the fault mix, submits every write twice and ends with one KB row per page, every fault resolved by probing, no duplicate side effect, every forgery refused by the server and no unauthorised row; then three notes compensated, one of them refused by the KB and ended in a takeover (the only one of the run), and two digest mails held back: one confirmed and sent once, one discarded and rolled back', {
     timeout: 360_000,
   }, async () => {
     const child = spawn(process.execPath, ['--import', 'tsx', 'examples/research-kb/demo.ts', '--quick', '--json'], {
@@ -60,7 +60,8 @@ describe('npm run demo --quick', () => {
     expect(s.unknownAtFirst).toBeGreaterThanOrEqual(s.faultsByKind.heldPastBudget);
     expect(s.unknownResolved).toBeGreaterThanOrEqual(s.faultsByKind.heldPastBudget);
     expect(s.unknownUnresolved).toBe(0);
-    expect(s.takeovers).toBe(0);
+    // The one takeover of the run is the planned failed compensation's (FM-20).
+    expect(s.takeovers).toBe(1);
     // FM-16: the five canary kinds were planted in this run; none is anywhere it must not be.
     expect(s.canariesPlanted).toBe(5);
     expect(s.leakedSecrets).toBe(0);
@@ -91,7 +92,7 @@ describe('npm run demo --quick', () => {
       oneCommittedNotePerPage: true,
       noHonestRejection: true,
       noUnresolvedUnknown: true,
-      noTakeover: true,
+      onlyPlannedCompensationFailuresTakenOver: true,
       everyFaultInjected: true,
       everyFaultResolvedByProbe: true,
       noDuplicateSideEffect: true,
@@ -102,7 +103,7 @@ describe('npm run demo --quick', () => {
       compensationsAsPlanned: true,
       heldBackMailsAsPlanned: true,
     });
-    // Compensations: all but the one whose delete the KB's hop refused; that one went to a person.
+    // Compensations: all but the one whose delete the KB's hop refused; that one was taken over.
     expect(s.compensated).toBe(2);
     expect(s.compensationFailed).toBe(1);
     // Held-back digest mails: the confirmed one sent once, the discarded one rolled back, nothing sent.

@@ -30,7 +30,8 @@
  * of a few operations through the audit service and scans everything the run produced for them.
  *
  * Then the three outcomes of docs/compensation.md: a few notes are compensated (deleted), one
- * compensation refused by the KB's hop and handed to a person; and two digest mails are drafted
+ * compensation refused by the KB's hop, which ends in a takeover (the run's only one: FM-20); and
+ * two digest mails are drafted
  * through `mail.send_draft`, held back with their preview: one is confirmed (one send in the mail
  * outbox, which runs with MAIL_DEDUP=off, so a second send would show), the other discarded
  * (rolled back, nothing sent).
@@ -436,7 +437,12 @@ let firstKey: string | undefined;
  * ordered read of the event log as the provisioner (agents cannot read it). Event types are read
  * without their schema, so a type this demo does not know is still counted.
  */
-async function histories(): Promise<Map<string, string[]>> {
+/**
+ * The tenant's event log, read as the operator: each operation's event types by subject, and the
+ * subjects of operations handed to a person — a `takeover` event (an unknown outcome, FM-14) or a
+ * `compensation_failed` event with its takeover record (FM-20).
+ */
+async function histories(): Promise<{ types: Map<string, string[]>; takenOver: Set<string> }> {
   const nc = await connectNats({
     servers: stack.natsUrl,
     name: 'demo-operator',
@@ -449,17 +455,19 @@ async function histories(): Promise<Map<string, string[]>> {
     const subjects = new Subjects(prefix);
     const consumer = await js.consumers.get(subjects.eventsStream, { filter_subjects: `${prefix}.op.${TENANT}.>` });
     const out = new Map<string, string[]>();
+    const takenOver = new Set<string>();
     for (let more = true; more; ) {
       more = false;
       for await (const m of await consumer.fetch({ max_messages: 1_000, expires: 3_000 })) {
-        const type = (decodeRaw(m.data) as { type?: unknown }).type;
+        const e = decodeRaw(m.data) as { type?: unknown; takeover?: unknown };
         const list = out.get(m.subject) ?? [];
-        list.push(typeof type === 'string' ? type : '?');
+        list.push(typeof e.type === 'string' ? e.type : '?');
         out.set(m.subject, list);
+        if (e.type === 'takeover' || (e.type === 'compensation_failed' && e.takeover)) takenOver.add(m.subject);
         more = m.info.pending > 0;
       }
     }
-    return out;
+    return { types: out, takenOver };
   } finally {
     await nc.close();
   }
@@ -522,9 +530,10 @@ await Promise.all(
   }),
 );
 
-// The event log, read as the operator: which operations went through `unknown` and which ended in
-// a takeover (none may here — every injected fault is resolvable by probing).
-const log = await histories();
+// The event log, read as the operator: which operations went through `unknown` (every injected
+// fault is resolvable by probing, so none may end in a takeover; read again after the
+// compensations below, where the planned failure must).
+const { types: log } = await histories();
 const typesOf = (key: string) => log.get(new Subjects(prefix).op(TENANT, operationIdOf(key))) ?? [];
 const terminal = (key: string) => ['committed', 'rejected'].includes(typesOf(key).at(-1) ?? '');
 const everUnknown = writes.filter(
@@ -589,7 +598,8 @@ const fm16 = await runFm16({
 });
 // Compensation (docs/compensation.md), after the rows were counted: a few committed notes are
 // deleted by compensating their writes, and the KB's hop refuses the delete of the last one, as a
-// frozen knowledge base would: that compensation fails, and its task goes to a person (frozen).
+// frozen knowledge base would: that compensation fails and ends in a takeover (its task frozen,
+// the takeover record written with the failure, FM-20).
 const toCompensate = writes.filter((w) => committedReceipts(w).some(Boolean)).slice(0, opts.quick ? 3 : 5);
 const failing = toCompensate.at(-1);
 if (failing && kbHop)
@@ -607,6 +617,10 @@ const compensation = {
   compensated: compensations.filter((x) => x === 'compensated').length,
   compensationFailed: compensations.filter((x) => x === 'compensation_failed').length,
 };
+// Every takeover of the run, read from the event log once the compensations ended: only the
+// planned compensation failure may be one.
+const { takenOver } = await histories();
+const plannedTakeovers = new Set(failing && kbHop ? [new Subjects(prefix).op(TENANT, operationIdOf(failing.key))] : []);
 const heldStarted = Date.now();
 const held = await heldBackMails();
 say(
@@ -705,7 +719,8 @@ const summary = {
   unknownResolved: everUnknown.filter((w) => terminal(w.key) && w.copies.every((r) => r.status !== 'unknown')).length,
   unknownUnresolved: everUnknown.filter((w) => !(terminal(w.key) && w.copies.every((r) => r.status !== 'unknown')))
     .length,
-  takeovers: [...log.values()].filter((types) => types.includes('takeover')).length,
+  /** Operations handed to a person: the planned failed compensation, and nothing else may be. */
+  takeovers: takenOver.size,
   kbRows: stats.rows,
   duplicateSideEffects: stats.duplicateRows,
   forgedAttempts: adversary.attempts,
@@ -736,7 +751,10 @@ const gates = {
     summary.kbRows === summary.pages,
   noHonestRejection: summary.honestWritesRejected === 0,
   noUnresolvedUnknown: summary.unknownUnresolved === 0,
-  noTakeover: summary.takeovers === 0,
+  // Exactly the planned compensation failures taken over, and no other takeover (every injected
+  // fault of the writes is resolved by probing).
+  onlyPlannedCompensationFailuresTakenOver:
+    takenOver.size === plannedTakeovers.size && [...plannedTakeovers].every((s) => takenOver.has(s)),
   everyFaultInjected: summary.faultsInjected === summary.faultsPlanned,
   everyFaultResolvedByProbe:
     summary.faultsResolvedByProbe === summary.faultsByKind.cutAfterCommit + summary.faultsByKind.heldPastBudget,
@@ -786,7 +804,7 @@ const rows: [string, string | number][] = [
     'unknown (SDK / recorded) / resolved / unresolved',
     `${summary.unknownAtFirst} / ${summary.unknownRecorded} / ${summary.unknownResolved} / ${summary.unknownUnresolved}`,
   ],
-  ['takeovers', summary.takeovers],
+  ['takeovers (planned: the failed compensations)', `${summary.takeovers} (${plannedTakeovers.size})`],
   [
     'compensations: compensated / failed, handed to a person (planned)',
     `${summary.compensated} / ${summary.compensationFailed} (${compensation.planned - compensation.plannedFailures} / ${compensation.plannedFailures})`,

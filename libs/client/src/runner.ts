@@ -255,7 +255,12 @@ export async function runTask(
       const outcome = await tools.compensate({ operationKey: o.operationKey, reason: spec.compensateOnReject.reason });
       compensations.push({ step: id, outcome });
       if (outcome.status !== 'compensated') {
-        handover = { step: id, operationKey: o.operationKey, reason: 'compensation_failed' };
+        handover = {
+          step: id,
+          operationKey: o.operationKey,
+          reason: 'compensation_failed',
+          ...(outcome.status === 'compensation_failed' && outcome.takeover ? { takeover: outcome.takeover } : {}),
+        };
         break;
       }
     }
