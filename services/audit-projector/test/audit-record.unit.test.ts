@@ -351,6 +351,62 @@ describe('audit projection: one record per operation', () => {
     });
   });
 
+  it("FM-20: a failed compensation's takeover and a person's resolution of it, decided by the real decider, are counted as a takeover and a manual outcome, with no receipt signature", () => {
+    const o = sampleOperation('committed', 94);
+    let state = o.events.at(-1)!.state as OperationRecord;
+    const events: OperationEvent[] = [...o.events];
+    const next = (cmd: OperationCommand) => {
+      const d = decide(cmd, state);
+      if (d.kind !== 'append') throw new Error(`expected append, got ${d.kind}`);
+      events.push(d.event);
+      state = d.event.state;
+    };
+    const at = state.updatedAt;
+    const compensationKey = `opk_${'C'.repeat(43)}`;
+    next({
+      type: 'request_compensation',
+      eventId: 'evt-94-request',
+      at: at + 100,
+      compensation: { operationKey: compensationKey, tool: 'kb.delete_note', version: 1 },
+      requestedBy: { kind: 'actor', id: 'alice' },
+      reasonDigest: `sha256:${'d'.repeat(64)}`,
+    });
+    next({
+      type: 'fail_compensation',
+      eventId: 'evt-94-failed',
+      at: at + 200,
+      compensationKey,
+      kind: 'rejected',
+      error: { class: 'forbidden' },
+    });
+    next({
+      type: 'resolve_compensation_failure',
+      eventId: 'evt-94-resolved',
+      at: at + 300,
+      resolvedBy: 'oscar',
+      outcome: 'undone_by_hand',
+    });
+    let r: AuditRecord | null = null;
+    events.forEach((e, i) => {
+      r = applyEventToAudit(r, e, i + 1, h) ?? r;
+    });
+    const rec = r as unknown as AuditRecord;
+    expect(rec.states.slice(-3).map((s) => [s.event, s.status, s.resolvedBy ?? null])).toEqual([
+      ['compensation_requested', 'compensation_requested', null],
+      ['compensation_failed', 'compensation_failed', null],
+      ['compensation_failure_resolved', 'compensation_failed', 'oscar'],
+    ]);
+    expect(rec).toMatchObject({
+      status: 'compensation_failed',
+      resolvedBy: 'oscar',
+      sideEffect: 'applied',
+      takeover: { reason: 'compensation_failed' },
+      compensation: { operationKey: compensationKey, errorClass: 'forbidden' },
+    });
+    expect(JSON.stringify(rec)).not.toContain(state.receipt!.signature);
+    expect(countsOf([rec])[0]).toMatchObject({ takeovers: 1, manual: 1 });
+  });
+
   it('counts per contract version: accepted attempts, committed, rejected by class, refusals, conflicts, unknowns', () => {
     const counts = countsOf(inOrder.values());
     expect(counts).toEqual([
