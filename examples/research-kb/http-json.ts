@@ -295,7 +295,12 @@ export async function serveJson(opts: JsonServerOptions): Promise<AddressInfo> {
     opts.route(req, url).then(
       ({ route: r, reply }) => {
         send(res, reply);
-        log.debug({ route: r, status: reply.status, ms: Math.round(performance.now() - started) }, 'request');
+        // A traced request (W3C `traceparent`, docs/tracing.md) names its trace: the log line is
+        // where this server's part of a call's trace is found.
+        const traceId = traceIdOf(req.headers.traceparent);
+        if (traceId)
+          log.info({ route: r, status: reply.status, traceId, ms: Math.round(performance.now() - started) }, 'request');
+        else log.debug({ route: r, status: reply.status, ms: Math.round(performance.now() - started) }, 'request');
       },
       (err: unknown) => {
         if (err instanceof BodyTooLarge) {
@@ -370,4 +375,11 @@ export async function serveJson(opts: JsonServerOptions): Promise<AddressInfo> {
 export function announceListening(log: Logger, address: AddressInfo, fields: Record<string, unknown> = {}): void {
   log.info({ host: address.address, port: address.port, ...fields }, 'listening');
   announceReady({ port: address.port });
+}
+
+/** The trace id of a well-formed W3C `traceparent` header (version 00 layout), else undefined. */
+export function traceIdOf(header: string | string[] | undefined): string | undefined {
+  if (typeof header !== 'string') return undefined;
+  const m = /^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$/.exec(header.trim());
+  return m && !/^0+$/.test(m[1]!) ? m[1] : undefined;
 }

@@ -207,6 +207,14 @@ interface Digest {
   inputDigest?: string | undefined;
 }
 
+/**
+ * The W3C `traceparent` of the attempt that sends the request (`ExecutionContext.traceparent`),
+ * sent as its `traceparent` header so the KB's work joins the caller's trace (docs/tracing.md).
+ */
+interface Traced {
+  traceparent?: string | undefined;
+}
+
 /** The identity and version condition of a write. */
 interface Authz {
   /**
@@ -280,7 +288,9 @@ export class KbClient {
    * `inputDigest` is stored with the note (see {@link Digest}).
    */
   async writeNote(
-    args: { tenant: string; key: string; deadlineAt: number; note: KbNote; signal?: AbortSignal } & Authz & Digest,
+    args: { tenant: string; key: string; deadlineAt: number; note: KbNote; signal?: AbortSignal } & Authz &
+      Digest &
+      Traced,
   ): Promise<KbWriteReceipt> {
     const res = await this.#call('POST', '/v1/notes', {
       headers: {
@@ -289,6 +299,7 @@ export class KbClient {
         'x-deadline': String(Math.floor(args.deadlineAt)),
         ...authzHeaders(args.actor, args.ifMatch),
         ...digestHeader(args.inputDigest),
+        ...traceHeader(args.traceparent),
       },
       body: args.note,
       signal: args.signal,
@@ -313,7 +324,8 @@ export class KbClient {
       ifMatch: Readonly<Record<string, number>>;
       items: KbNote[];
       signal?: AbortSignal;
-    } & Digest,
+    } & Digest &
+      Traced,
   ): Promise<KbBatchReceipt> {
     const res = await this.#call('POST', '/v1/notes:batch', {
       headers: {
@@ -325,6 +337,7 @@ export class KbClient {
           .map(([id, v]) => `${id}=${v}`)
           .join(', '),
         ...digestHeader(args.inputDigest),
+        ...traceHeader(args.traceparent),
       },
       body: { items: args.items },
       signal: args.signal,
@@ -403,7 +416,7 @@ export class KbClient {
    * `invalid_input`, 500 `internal`.
    */
   async deleteNote(
-    args: { tenant: string; key: string; id: string; signal?: AbortSignal } & Authz & Digest,
+    args: { tenant: string; key: string; id: string; signal?: AbortSignal } & Authz & Digest & Traced,
   ): Promise<{ id: string; deleted: true }> {
     const res = await this.#call('DELETE', `/v1/notes/${encodeURIComponent(args.id)}`, {
       headers: {
@@ -411,6 +424,7 @@ export class KbClient {
         'idempotency-key': args.key,
         ...authzHeaders(args.actor, args.ifMatch),
         ...digestHeader(args.inputDigest),
+        ...traceHeader(args.traceparent),
       },
       signal: args.signal,
     });
@@ -616,6 +630,10 @@ function authzHeaders(actor: string | undefined, ifMatch: number | undefined): R
 }
 
 /** `x-tooltx-input-digest` when given (never defaulted). */
+function traceHeader(traceparent: string | undefined): Record<string, string> {
+  return traceparent === undefined ? {} : { traceparent };
+}
+
 function digestHeader(inputDigest: string | undefined): Record<string, string> {
   return inputDigest === undefined ? {} : { 'x-tooltx-input-digest': inputDigest };
 }

@@ -352,6 +352,7 @@ export const implementations = [
           deadlineAt: ctx.deadlineAt,
           ifMatch: version,
           inputDigest: ctx.inputDigest,
+          traceparent: ctx.traceparent,
           note: { ...input, kb: kbId },
           signal: ctx.signal,
         });
@@ -404,6 +405,7 @@ export const implementations = [
           deadlineAt: ctx.deadlineAt,
           ifMatch: versions,
           inputDigest: ctx.inputDigest,
+          traceparent: ctx.traceparent,
           items: input.items.map((item, i) => ({ ...item, kb: ids[i]! })),
           signal: ctx.signal,
         });
@@ -431,6 +433,7 @@ export const implementations = [
           id: input.noteId,
           ifMatch: version,
           inputDigest: ctx.inputDigest,
+          traceparent: ctx.traceparent,
           signal: ctx.signal,
         });
         return { resourceId: r.id, result: {} };

@@ -11,6 +11,7 @@ import {
 import { compensate, type CompensateRequest, type CompensateResult } from './compensate.js';
 import { confirmOrDiscard, type ConfirmationRequest, type ConfirmResult, type DiscardResult } from './confirm.js';
 import { LRUCache } from 'lru-cache';
+import { endSpan, SpanKind, startSpan, toolSpanAttributes, withSpan } from '@tooltx/nats';
 import { awaitOutcome, statusRequester, type Track } from './await-outcome.js';
 import { openConnection } from './connection.js';
 import {
@@ -178,7 +179,23 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       deadlineAt: started + budgetMs,
       knownCommitted: committedKeys.get(call.operationKey) === call.inputDigest,
     };
-    const outcome = (await awaitOutcome(io, awaited, prepared.intent, track)) as ExecuteResult<O>;
+    // The agent's side of the call, in its trace when the application traces (docs/tracing.md).
+    const span = startSpan(
+      `execute_tool ${contract.name}`,
+      SpanKind.CLIENT,
+      toolSpanAttributes({
+        tool: contract.name,
+        version: contract.version,
+        effect: contract.effect,
+        operationKey: call.operationKey,
+      }),
+    );
+    let outcome: ExecuteResult<O> | undefined;
+    try {
+      outcome = (await withSpan(span, () => awaitOutcome(io, awaited, prepared.intent, track))) as ExecuteResult<O>;
+    } finally {
+      endSpan(span, outcome?.status ?? 'unknown', outcome && 'error' in outcome ? outcome.error?.class : undefined);
+    }
     if (outcome.status === 'committed') committedKeys.set(call.operationKey, call.inputDigest);
     return outcome;
   };

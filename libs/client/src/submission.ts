@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { JetStreamClient, PubAck } from '@nats-io/jetstream';
 import type { IntentEnvelope } from '@tooltx/lifecycle';
-import { encode, type Subjects } from '@tooltx/nats';
+import { encode, traceHeadersOf, type Subjects } from '@tooltx/nats';
 
 /** One submission of an intent: its random id is reused only for retransmissions of it. */
 export interface Submission {
@@ -29,8 +29,11 @@ export function newSubmission(
 /**
  * Publishes (or retransmits) a submission and returns the PubAck — the evidence the server stored
  * the intent. Throws the client's error when no PubAck arrives within `timeoutMs` (default 5 000);
- * a failed publish does not mean "not stored": retransmit the same submission.
+ * a failed publish does not mean "not stored": retransmit the same submission. The active trace
+ * context, when the application traces (docs/tracing.md), rides in the `traceparent` and
+ * `tracestate` headers.
  */
 export function publishSubmission(js: JetStreamClient, s: Submission, timeoutMs = 5_000): Promise<PubAck> {
-  return js.publish(s.subject, s.data, { msgID: s.submissionId, timeout: timeoutMs });
+  const headers = traceHeadersOf();
+  return js.publish(s.subject, s.data, { msgID: s.submissionId, timeout: timeoutMs, ...(headers ? { headers } : {}) });
 }

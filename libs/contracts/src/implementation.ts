@@ -30,6 +30,12 @@ export interface ExecutionContext {
   /** Aborted when the attempt's `timeoutMs` elapses or the service shuts down. */
   signal: AbortSignal;
   /**
+   * W3C `traceparent` of this attempt's span, when tracing is on (docs/tracing.md): send it
+   * downstream as the `traceparent` request header, so the downstream's work joins the caller's
+   * trace. Absent when tracing is off.
+   */
+  traceparent?: string;
+  /**
    * What the policy seam allowed at the execution instant, just before `running`: the canonical
    * resources and their authorisation versions, to be sent downstream as a version condition
    * (If-Match) so a change after the check stops the commit (FM-07, FM-08).

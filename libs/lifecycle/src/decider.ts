@@ -75,6 +75,11 @@ export interface AcceptCommand {
   awaitsConfirmation?: true;
   /** The operation is a compensation of this original (it is then never compensated in turn). */
   compensates?: { operationKey: string; tool: string; version: number };
+  /**
+   * W3C `traceparent` of the span that accepted this attempt (docs/tracing.md), when tracing is on:
+   * the executor's span of the attempt is its child wherever and whenever it runs.
+   */
+  traceparent?: string;
 }
 export interface StartCommand {
   type: 'start';
@@ -637,6 +642,7 @@ function signedReceipt(
 function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
   const held = cmd.awaitsConfirmation ? { awaitsConfirmation: true as const } : {};
   const compensates = cmd.compensates ? { compensates: cmd.compensates } : {};
+  const traced = cmd.traceparent ? { traceparent: cmd.traceparent } : {};
   if (state.status === 'none') {
     if (cmd.start && cmd.awaitsConfirmation) return { kind: 'skip', reason: 'not_confirmed', state };
     return append(
@@ -654,6 +660,7 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
         ...(cmd.start ? { started: cmd.start } : {}),
         ...held,
         ...compensates,
+        ...traced,
       },
       cmd,
     );
@@ -680,6 +687,7 @@ function decideAccept(cmd: AcceptCommand, state: OperationState): Decision {
       ...(cmd.start ? { started: cmd.start } : {}),
       ...held,
       ...compensates,
+      ...traced,
     },
     cmd,
   );
@@ -753,7 +761,12 @@ function fold(prev: OperationRecord | null, e: Omit<OperationEvent, 'state'>, ac
         status: started ? 'running' : 'accepted',
         actor: a.actor,
         attempt: a.attempt,
-        intent: { seq: a.intentSeq, submissionId: a.submissionId, ...(a.submitted ? { submitted: a.submitted } : {}) },
+        intent: {
+          seq: a.intentSeq,
+          submissionId: a.submissionId,
+          ...(a.submitted ? { submitted: a.submitted } : {}),
+          ...(a.traceparent ? { traceparent: a.traceparent } : {}),
+        },
         acceptedAt: a.at,
         ...(started
           ? { running: { eventId: a.eventId, executor: started.executor, at: a.at, deadlineAt: started.deadlineAt } }

@@ -10,6 +10,11 @@ import { effectClasses, errorClasses, ID_PATTERN, OPERATION_KEY_PATTERN } from '
 export const EVENT_SCHEMA_VERSION = 1;
 
 const id = z.string().regex(ID_PATTERN);
+/**
+ * A W3C Trace Context `traceparent` (version-traceid-parentid-flags, lowercase hex): where an
+ * operation's attempt sits in its caller's trace (docs/tracing.md). Never an input or a result.
+ */
+export const traceparentSchema = z.string().regex(/^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/);
 const digest = z.string().regex(/^sha256:[0-9a-f]{64}$/);
 const epochMs = z.number().int().nonnegative();
 const eventId = z.string().min(8).max(64);
@@ -305,6 +310,8 @@ export const operationRecordSchema = z.object({
     seq: z.number().int().positive(),
     submissionId: z.string(),
     submitted: submittedSchema.optional(),
+    /** The trace context of the span that accepted this attempt, when tracing is on (docs/tracing.md). */
+    traceparent: traceparentSchema.optional(),
   }),
   acceptedAt: epochMs,
   running: z.object({ eventId, executor: z.string(), at: epochMs, deadlineAt: epochMs }).optional(),
@@ -375,6 +382,8 @@ export const acceptedEventSchema = z.object({
   awaitsConfirmation: z.literal(true).optional(),
   /** Set when the operation is a compensation: the original it compensates. */
   compensates: compensatesSchema.optional(),
+  /** The trace context of the span that accepted this attempt, when tracing is on (docs/tracing.md). */
+  traceparent: traceparentSchema.optional(),
 });
 export const runningEventSchema = z.object({
   ...base,

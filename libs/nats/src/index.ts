@@ -65,3 +65,17 @@ export {
   SERVICE_NAMES,
   type ServiceName,
 } from './inboxes.js';
+export {
+  contextOfHeaders,
+  contextOfTraceparent,
+  endSpan,
+  SpanKind,
+  startSpan,
+  toolSpanAttributes,
+  traceFieldsOf,
+  traceHeadersOf,
+  traceparentOf,
+  withSpan,
+  type Context as TraceContext,
+  type Span,
+} from './trace-context.js';

@@ -76,3 +76,4 @@ export {
 export { compensatingCall, compensationInputOf, intentInputOf, linkCompensation } from './compensation.js';
 export { discardPrepared } from './held-back.js';
 export { askPolicy, type PolicyAnswer } from './policy.js';
+export { startTracing, tracingWanted, type Tracing } from './tracing.js';

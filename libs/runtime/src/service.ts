@@ -24,6 +24,7 @@ import { ConfigError, envInt, loadConfig, serviceConfigSchema } from './config.j
 import { createLogger, installProcessHandlers, type Logger } from './logger.js';
 import { SecretFileError } from './secrets.js';
 import { exitWithParent, onShutdown } from './shutdown.js';
+import { startTracing, type Tracing } from './tracing.js';
 import {
   announceReady,
   describeConnectError,
@@ -278,6 +279,17 @@ export async function runRoles(specs: RoleSpec[], host: HostOptions): Promise<vo
   }
   who.log = hostLog;
   exitWithParent(hostLog, config.TOOLTX_EXIT_WITH_PARENT);
+  // Spans go out only when the OpenTelemetry variables ask for it (docs/tracing.md).
+  let tracing: Tracing;
+  try {
+    tracing = await startTracing({
+      serviceName: many ? 'tooltx-serve' : `tooltx-${specs[0]!.name}`,
+      instanceId: config.TOOLTX_INSTANCE_ID,
+    });
+  } catch (err) {
+    failStartup(who, err);
+  }
+  if (tracing.enabled) hostLog.info('tracing on: spans are exported over OTLP/HTTP');
   const authDir = config.TOOLTX_AUTH_DIR;
   const signers = new Map<RoleSpec, ReceiptSigner>();
   for (const spec of specs.filter((s) => s.signsReceipts)) {
@@ -384,6 +396,7 @@ export async function runRoles(specs: RoleSpec[], host: HostOptions): Promise<vo
       for (const { stop } of [...stops].reverse()) await stop();
       closing = true;
       await Promise.all(conns.map((c) => c.drain()));
+      await tracing.shutdown();
     });
     for (const spec of specs)
       logs.get(spec)!.info({ prefix: subjects.prefix, contracts: tools.contracts.all().map((c) => c.id) }, 'started');

@@ -36,7 +36,20 @@ import {
   type OperationStore,
   type Receipt,
 } from '@tooltx/lifecycle';
-import { committedResult, isTransient, newEventId, type Settlement, type Subjects } from '@tooltx/nats';
+import {
+  committedResult,
+  contextOfHeaders,
+  endSpan,
+  isTransient,
+  newEventId,
+  SpanKind,
+  startSpan,
+  toolSpanAttributes,
+  traceparentOf,
+  type Settlement,
+  type Span,
+  type Subjects,
+} from '@tooltx/nats';
 import type { FrozenTaskWatch } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
 import type { LocalExecutor } from '@tooltx/runtime/service';
@@ -607,150 +620,182 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const key = prepared.operationKey;
     const ids = { tool: contract.name, version: contract.version };
     const impl = tools.get(contract.name, contract.version)!;
-    // Run here at once when this process's executor has room: the policy check below is then the one
-    // at the execution instant, and the start goes into the same append as the acceptance. A slot
-    // not handed over is given back however this ends.
-    // A held-back contract is accepted alone, never started with it: the executor runs its prepare
-    // step from the event log and holds it there until someone confirms it.
-    const heldBack = contract.confirm !== undefined;
-    const begun = heldBack ? null : (deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null);
-    let handed = false;
+    // The authorizer's part of the caller's trace (the intent's headers carry its context), when
+    // tracing is on: the accepted event stores this span's context for the executor's span.
+    const span = startSpan(
+      `tooltx.authorize ${contract.name}`,
+      SpanKind.CONSUMER,
+      toolSpanAttributes({
+        tool: contract.name,
+        version: contract.version,
+        effect: contract.effect,
+        operationKey: key,
+      }),
+      contextOfHeaders(msg.headers),
+    );
+    let spanState = 'unknown';
+    let spanError: string | undefined;
+    const refuseTraced: typeof refuse = (k, error, i, authorization) => {
+      spanState = 'rejected';
+      spanError = error.class;
+      return refuse(k, error, i, authorization);
+    };
     try {
-      // Policy seam, then the business invariants: before anything about the key is looked up or revealed.
-      // Started here at once: this check is the one at the execution instant (FM-07, FM-08). A
-      // dependency of the policy being down is not a refusal: the intent is retried later.
-      const phase = begun ? ('execution' as const) : ('intake' as const);
-      const verdict = await askPolicy(
-        impl,
-        prepared.input,
-        { tenant: who.tenant, actor: who.actor, operationKey: key, phase, now: now() },
-        { now },
-      );
-      if (verdict.kind === 'refuse') return refuse(key, verdict.error, ids, verdict.authorization);
-      const { authorization, allowed } = verdict;
-      const canonicalInput = allowed?.input;
+      return await accept(refuseTraced, span);
+    } finally {
+      endSpan(span, spanState, spanError);
+    }
 
-      // A task with an operation under takeover takes no new side effect until a person resolves it
-      // (FM-14). Before the lookup, so nothing about the key is revealed or registered.
-      const frozen = frozenTaskRefusal(contract.effect, deps.frozen?.isFrozen(who.tenant, envelope.taskId) ?? false);
-      if (frozen) return refuse(key, frozen, ids);
-
-      // Two references to one resource are one operation (FM-10): a submission that named its target
-      // through an alias is registered under the canonical input's key, and its own key is recorded
-      // as an alias of that one (before the registration, so status can always follow it).
-      let canonical: ReturnType<typeof prepareCall> | null = null;
-      if (canonicalInput) {
-        try {
-          canonical = prepareCall(contract, envelope.taskId, canonicalInput);
-        } catch (err) {
-          l.error({ err }, 'the policy seam returned a canonical input the contract refuses');
-          throw err;
-        }
-      }
-      const { registered, submitted } = registrationOf(prepared, canonical);
-      if (submitted && canonical) {
-        await store.recordDecision(
-          aliasRecord(
-            { ...who, submissionId },
-            {
-              eventId: newEventId(),
-              at: now(),
-              key,
-              inputDigest: prepared.inputDigest,
-              canonicalKey: canonical.operationKey,
-              canonicalInputDigest: canonical.inputDigest,
-              ...ids,
-            },
-          ),
-          operationIdOf(key),
+    async function accept(refuse: typeof refuseTraced, span: Span): Promise<Settlement | void> {
+      // Run here at once when this process's executor has room: the policy check below is then the one
+      // at the execution instant, and the start goes into the same append as the acceptance. A slot
+      // not handed over is given back however this ends.
+      // A held-back contract is accepted alone, never started with it: the executor runs its prepare
+      // step from the event log and holds it there until someone confirms it.
+      const heldBack = contract.confirm !== undefined;
+      const begun = heldBack ? null : (deps.localExecutor?.()?.begin(contract.name, contract.version) ?? null);
+      let handed = false;
+      try {
+        // Policy seam, then the business invariants: before anything about the key is looked up or revealed.
+        // Started here at once: this check is the one at the execution instant (FM-07, FM-08). A
+        // dependency of the policy being down is not a refusal: the intent is retried later.
+        const phase = begun ? ('execution' as const) : ('intake' as const);
+        const verdict = await askPolicy(
+          impl,
+          prepared.input,
+          { tenant: who.tenant, actor: who.actor, operationKey: key, phase, now: now() },
+          { now },
         );
-      }
+        if (verdict.kind === 'refuse') return refuse(key, verdict.error, ids, verdict.authorization);
+        const { authorization, allowed } = verdict;
+        const canonicalInput = allowed?.input;
 
-      const opId = operationIdOf(registered.operationKey);
-      // Most keys are new: registered optimistically at sequence 0 (a known key refuses the append,
-      // and the handler reads it and replays or reports the conflict as usual).
-      const h = await handleCommand(
-        store,
-        who.tenant,
-        opId,
-        (): AcceptCommand => ({
-          type: 'accept',
-          eventId: newEventId(),
-          at: now(),
-          operationKey: registered.operationKey,
-          tenant: who.tenant,
-          actor: who.actor,
-          taskId: envelope.taskId,
-          tool: contract.name,
-          version: contract.version,
-          contractDigest: contract.digest,
-          effect: contract.effect,
-          inputDigest: registered.inputDigest,
-          targetDigest: registered.targetDigest,
-          intentSeq: msg.seq,
-          submissionId,
-          ...(submitted ? { submitted } : {}),
-          authorization,
-          ...(begun ? { start: { executor: begun.executor, deadlineAt: begun.deadlineAt, authorization } } : {}),
-          ...(heldBack ? { awaitsConfirmation: true as const } : {}),
-        }),
-        { known: { state: { status: 'none' }, seq: 0 } },
-      );
-      if (h.kind === 'appended') {
-        // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
-        l.debug(
-          {
+        // A task with an operation under takeover takes no new side effect until a person resolves it
+        // (FM-14). Before the lookup, so nothing about the key is revealed or registered.
+        const frozen = frozenTaskRefusal(contract.effect, deps.frozen?.isFrozen(who.tenant, envelope.taskId) ?? false);
+        if (frozen) return refuse(key, frozen, ids);
+
+        // Two references to one resource are one operation (FM-10): a submission that named its target
+        // through an alias is registered under the canonical input's key, and its own key is recorded
+        // as an alias of that one (before the registration, so status can always follow it).
+        let canonical: ReturnType<typeof prepareCall> | null = null;
+        if (canonicalInput) {
+          try {
+            canonical = prepareCall(contract, envelope.taskId, canonicalInput);
+          } catch (err) {
+            l.error({ err }, 'the policy seam returned a canonical input the contract refuses');
+            throw err;
+          }
+        }
+        const { registered, submitted } = registrationOf(prepared, canonical);
+        if (submitted && canonical) {
+          await store.recordDecision(
+            aliasRecord(
+              { ...who, submissionId },
+              {
+                eventId: newEventId(),
+                at: now(),
+                key,
+                inputDigest: prepared.inputDigest,
+                canonicalKey: canonical.operationKey,
+                canonicalInputDigest: canonical.inputDigest,
+                ...ids,
+              },
+            ),
+            operationIdOf(key),
+          );
+        }
+
+        const opId = operationIdOf(registered.operationKey);
+        const traceparent = traceparentOf(span);
+        // Most keys are new: registered optimistically at sequence 0 (a known key refuses the append,
+        // and the handler reads it and replays or reports the conflict as usual).
+        const h = await handleCommand(
+          store,
+          who.tenant,
+          opId,
+          (): AcceptCommand => ({
+            type: 'accept',
+            eventId: newEventId(),
+            at: now(),
             operationKey: registered.operationKey,
-            ...(submitted ? { submittedKey: key } : {}),
-            attempt: h.event.attempt,
-            tool: contract.id,
-          },
-          'accepted',
-        );
-        answerOnItsWay();
-        if (begun && h.event.state.status === 'running') {
-          // Handed over: the executor of this process runs it now; the intent is acked meanwhile (the
-          // log holds the start: a crash from here on is the reconciler's to verify, FM-27).
-          void begun.run({
             tenant: who.tenant,
-            opId,
-            state: h.event.state,
-            seq: h.seq,
-            input: prepared.input,
-            allowed: allowed ?? undefined,
-          });
-          handed = true;
-        }
-        return;
-      }
-      if (h.kind === 'moved_on') return;
-      const d = h.decision;
-      switch (d.kind) {
-        case 'conflict':
-          return refuse(key, IDEMPOTENCY_CONFLICT, ids);
-        case 'replay':
-        case 'applied':
-          l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
-          // A committed key's answer is final: pushed as the status endpoint would give it, after
-          // the ack (the read policy and a result read may take round trips); "poll now" otherwise.
-          if (d.state.status === 'committed' && d.state.receipt && deps.pusher) {
-            answerOnItsWay();
-            void pushCommitted(
-              deps.pusher,
-              who,
-              submissionId,
-              impl,
-              key,
-              { ...d.state, receipt: d.state.receipt },
-              h.seq,
-            );
+            actor: who.actor,
+            taskId: envelope.taskId,
+            tool: contract.name,
+            version: contract.version,
+            contractDigest: contract.digest,
+            effect: contract.effect,
+            inputDigest: registered.inputDigest,
+            targetDigest: registered.targetDigest,
+            intentSeq: msg.seq,
+            submissionId,
+            ...(submitted ? { submitted } : {}),
+            authorization,
+            ...(begun ? { start: { executor: begun.executor, deadlineAt: begun.deadlineAt, authorization } } : {}),
+            ...(heldBack ? { awaitsConfirmation: true as const } : {}),
+            ...(traceparent ? { traceparent } : {}),
+          }),
+          { known: { state: { status: 'none' }, seq: 0 } },
+        );
+        spanState =
+          h.kind === 'appended' ? h.event.state.status : h.kind === 'decided' ? h.decision.state.status : spanState;
+        if (h.kind === 'appended') {
+          // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
+          l.debug(
+            {
+              operationKey: registered.operationKey,
+              ...(submitted ? { submittedKey: key } : {}),
+              attempt: h.event.attempt,
+              tool: contract.id,
+            },
+            'accepted',
+          );
+          answerOnItsWay();
+          if (begun && h.event.state.status === 'running') {
+            // Handed over: the executor of this process runs it now; the intent is acked meanwhile (the
+            // log holds the start: a crash from here on is the reconciler's to verify, FM-27).
+            void begun.run({
+              tenant: who.tenant,
+              opId,
+              state: h.event.state,
+              seq: h.seq,
+              input: prepared.input,
+              allowed: allowed ?? undefined,
+            });
+            handed = true;
           }
           return;
-        case 'skip':
-          return;
+        }
+        if (h.kind === 'moved_on') return;
+        const d = h.decision;
+        switch (d.kind) {
+          case 'conflict':
+            return refuse(key, IDEMPOTENCY_CONFLICT, ids);
+          case 'replay':
+          case 'applied':
+            l.debug({ operationKey: key, state: d.state.status }, 'known key: nothing new');
+            // A committed key's answer is final: pushed as the status endpoint would give it, after
+            // the ack (the read policy and a result read may take round trips); "poll now" otherwise.
+            if (d.state.status === 'committed' && d.state.receipt && deps.pusher) {
+              answerOnItsWay();
+              void pushCommitted(
+                deps.pusher,
+                who,
+                submissionId,
+                impl,
+                key,
+                { ...d.state, receipt: d.state.receipt },
+                h.seq,
+              );
+            }
+            return;
+          case 'skip':
+            return;
+        }
+      } finally {
+        if (!handed) begun?.cancel();
       }
-    } finally {
-      if (!handed) begun?.cancel();
     }
   }
 }

@@ -36,12 +36,20 @@ import {
   type RunOutcome,
 } from '@tooltx/lifecycle';
 import {
+  contextOfTraceparent,
   decodeMsg,
   encode,
+  endSpan,
   eventStatusOf,
   eventTypeOf,
   newEventId,
+  SpanKind,
+  startSpan,
+  toolSpanAttributes,
+  traceparentOf,
+  withSpan,
   type Settlement,
+  type Span,
   type Subjects,
 } from '@tooltx/nats';
 import type { FrozenTaskWatch } from '@tooltx/runtime';
@@ -471,8 +479,38 @@ export function executorHandlers(
     }
   }
 
-  /** Runs an attempt whose start is stored: send (unless stored too late), then commit, reject, unknown or requeue. */
+  /**
+   * Runs an attempt whose start is stored, in a span of the caller's trace when tracing is on: its
+   * parent is the span that accepted the attempt (the state's `intent.traceparent`), wherever and
+   * whenever the attempt runs (in-process, from the log, after a crash).
+   */
   async function runStarted(a: StartedAttempt): Promise<void> {
+    const { state, impl } = a;
+    const span = startSpan(
+      `tooltx.run ${state.tool}`,
+      SpanKind.INTERNAL,
+      toolSpanAttributes({
+        tool: state.tool,
+        version: state.version,
+        effect: impl.contract.effect,
+        operationKey: state.operationKey,
+      }),
+      contextOfTraceparent(state.intent.traceparent),
+    );
+    let ended: { state: string; errorClass?: string } = { state: 'running' };
+    try {
+      await runAttempt(a, span, (st, errorClass) => (ended = { state: st, ...(errorClass ? { errorClass } : {}) }));
+    } finally {
+      endSpan(span, ended.state, ended.errorClass);
+    }
+  }
+
+  /** Runs an attempt whose start is stored: send (unless stored too late), then commit, reject, unknown or requeue. */
+  async function runAttempt(
+    a: StartedAttempt,
+    span: Span,
+    ended: (state: string, errorClass?: string) => void,
+  ): Promise<void> {
     const { tenant, opId, state, impl, input, allowed, deadlineAt, elapsed, l } = a;
     const runningId = state.running!.eventId;
     const { timeoutMs } = impl.contract.timing;
@@ -537,18 +575,22 @@ export function executorHandlers(
     let err: unknown;
     let outcome: RunOutcome;
     const sentAt = now();
+    const traceparent = traceparentOf(span);
     try {
-      const r = await impl.execute(input, {
-        tenant,
-        actor: state.actor,
-        operationKey: state.operationKey,
-        downstreamKey: downstreamKeyOf(tenant, state.operationKey),
-        attempt: state.attempt,
-        inputDigest: state.inputDigest,
-        deadlineAt,
-        signal,
-        ...(allowed ? { authorization: allowed } : {}),
-      });
+      const r = await withSpan(span, () =>
+        impl.execute(input, {
+          tenant,
+          actor: state.actor,
+          operationKey: state.operationKey,
+          downstreamKey: downstreamKeyOf(tenant, state.operationKey),
+          attempt: state.attempt,
+          inputDigest: state.inputDigest,
+          deadlineAt,
+          signal,
+          ...(allowed ? { authorization: allowed } : {}),
+          ...(traceparent ? { traceparent } : {}),
+        }),
+      );
       clocks.observe(impl, r.downstreamAt, sentAt, now());
       done = { resourceId: r.resourceId, result: r.result };
       outcome = { kind: 'ok' };
@@ -602,11 +644,13 @@ export function executorHandlers(
             result: resultDigest === EMPTY_RESULT_DIGEST ? {} : result,
           });
         }
+        ended(st?.status ?? 'committed');
         // Debug: one line per call is a synchronous write per call at info; the audit record holds it.
         l.debug({ resourceId, outcome: d.kind, elapsedMs: elapsed() }, 'committed');
         return;
       }
       case 'requeue':
+        ended('requeued');
         // Refused as late by the downstream's own clock: not applied. The next run's deadline is on
         // the clock just learned.
         await runAgain('refused_late', {
@@ -624,6 +668,7 @@ export function executorHandlers(
           return;
         }
         // Not applied by THIS run (a later run is not ours to judge).
+        ended('rejected', next.error.class);
         await reject(next.error, undefined, runningId);
         if (next.reason === 'read_failed')
           l.warn(
@@ -636,6 +681,7 @@ export function executorHandlers(
         // The request may have left: never `rejected`, never a blind retry. `unknown` with evidence;
         // the reconciler probes it.
         const evidence: Evidence = { kind: next.evidence, at: now(), elapsedMs: elapsed() };
+        ended('unknown', evidence.kind);
         const d = await transition(tenant, opId, () => ({
           type: 'mark_unknown',
           eventId: newEventId(),
