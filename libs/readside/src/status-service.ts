@@ -47,8 +47,14 @@ function sameAnswer(a: StatusAnswer, b: StatusAnswer): boolean {
   return JSON.stringify(x) === JSON.stringify(y);
 }
 
-/** How long the event-log watch outlives the last waiting request, ms (a burst of long-polls shares one watch). */
-const EVENTS_WATCH_IDLE_MS = 30_000;
+/**
+ * How long the event-log watch outlives the last waiting request, ms: a burst of long-polls shares
+ * one watch. Short, because a running watch delivers every event of every tenant to this process (two
+ * messages per event at the server) while starting one costs a consumer create: a few long-polls at
+ * an agent's start (before its first push) kept it running through the next 30 s of calls, ~2 of a
+ * call's ~18 NATS messages (docs/performance.md).
+ */
+const EVENTS_WATCH_IDLE_MS = 2_000;
 
 class Wake {
   readonly latest = new Map<string, LoadedOperation>();
