@@ -13,6 +13,7 @@
  *   tooltx confirm …       confirm a held-back operation: it runs once (as an operator granted confirm)
  *   tooltx discard …       discard a held-back operation: rolled back, nothing sent (as an operator granted confirm)
  *   tooltx audit …         show / list / export / counts of audit records, through the audit service (as an auditor)
+ *   tooltx mcp             serve the deployment's contracts as MCP tools, as one agent (stdio or Streamable HTTP)
  *
  * Environment: NATS_URL, NATS_NKEY_FILE (the provisioner's seed for streams and ops), NATS_CREDS_FILE,
  * TOOLTX_PREFIX, TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS, TOOLTX_MAX_DELIVER;
@@ -40,6 +41,7 @@ import type { NatsConnection } from '@tooltx/nats';
 import { z } from 'zod';
 import { registerCompensate } from './commands/compensate.js';
 import { registerConfirm } from './commands/confirm.js';
+import { registerMcp } from './commands/mcp.js';
 import { registerTakeover } from './commands/takeover.js';
 import { serve } from './serve.js';
 import { registerAuditCommands } from './commands/audit.js';
@@ -258,6 +260,7 @@ registerTakeover(program);
 registerCompensate(program);
 registerConfirm(program);
 registerAuditCommands(program);
+registerMcp(program);
 
 const auth = program.command('auth').description('identity the server enforces: users, nkeys, permissions');
 auth
