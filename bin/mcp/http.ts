@@ -114,21 +114,35 @@ async function handle(
   await transport.handleRequest(req, res, parsed);
 }
 
-/** The body, or `too_large` once it passes `max` bytes (the rest is not read). */
-async function readBody(req: IncomingMessage, max: number): Promise<Buffer | 'too_large'> {
-  const declared = Number(req.headers['content-length']);
-  if (Number.isFinite(declared) && declared > max) return 'too_large';
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > max) return 'too_large';
-    chunks.push(chunk);
-  }
-  return Buffer.concat(chunks);
+/**
+ * The body, or `too_large` as soon as it passes `max` bytes; the rest is read and dropped, so that
+ * the answer reaches a client still sending.
+ */
+function readBody(req: IncomingMessage, max: number): Promise<Buffer | 'too_large'> {
+  return new Promise((resolve, reject) => {
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared) && declared > max) {
+      req.resume();
+      resolve('too_large');
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (chunk: Buffer) => {
+      if (size > max) return;
+      size += chunk.length;
+      if (size <= max) chunks.push(chunk);
+      else {
+        chunks.length = 0;
+        resolve('too_large');
+      }
+    });
+    req.on('end', () => resolve(Buffer.concat(chunks)));
+    req.on('error', reject);
+  });
 }
 
 function jsonRpcError(res: ServerResponse, status: number, code: number, message: string, data?: unknown): void {
-  res.writeHead(status, { 'content-type': 'application/json', connection: 'close' });
+  res.writeHead(status, { 'content-type': 'application/json' });
   res.end(JSON.stringify({ jsonrpc: '2.0', error: { code, message, ...(data ? { data } : {}) }, id: null }));
 }
