@@ -138,11 +138,12 @@ const program = usageErrorsExitTwo(new Command('tooltx'))
 Environment (each command's --help lists what it reads):
   NATS_URL          server URL(s) (default nats://127.0.0.1:4222)
   NATS_NKEY_FILE    the seed of the identity the command acts as: the provisioner (streams, ops),
-                    an operator (takeover, compensate, confirm, discard), an auditor (audit); \`tooltx auth generate\` writes them
+                    an operator (takeover, compensate, confirm, discard), an auditor (audit), an agent (mcp); \`tooltx auth generate\` writes them
   NATS_CREDS_FILE   a .creds file instead of the seed
   TOOLTX_PREFIX     subject prefix of the deployment (default tooltx)
   TOOLTX_OPERATOR   takeover, compensate, confirm, discard: the operator's id
   TOOLTX_TENANT, TOOLTX_AUDITOR  audit: defaults of --tenant and --auditor
+  TOOLTX_ACTOR, TOOLTX_CONTRACTS_MODULE, TOOLTX_MCP_*  mcp: the actor it acts as (of TOOLTX_TENANT), the contracts it serves, its transport
   TOOLTX_TOOLS_MODULE  streams check: the trusted module, for the contracts' key retention (optional)
   TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS, TOOLTX_MAX_DELIVER  the topology
 Exit codes: 0 done, 1 failed or refused, 2 bad usage or configuration.`,

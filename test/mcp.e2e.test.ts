@@ -8,7 +8,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
@@ -374,11 +374,35 @@ describe('MCP over Streamable HTTP', () => {
 
 describe('MCP over stdio', () => {
   it('MCP stdio: the configured seed and task id; list, a read and a write, repeated as one operation', async () => {
+    // As the README starts it: the identity from the auth directory, the rest as flags.
+    const {
+      NATS_NKEY_FILE: _s,
+      TOOLTX_RECEIPT_KEYS_FILE: _k,
+      TOOLTX_TENANT: _t,
+      TOOLTX_ACTOR: _a,
+      TOOLTX_CONTRACTS_MODULE: _c,
+      ...env
+    } = mcpEnv();
     const transport = new StdioClientTransport({
       command: process.execPath,
-      args: ['--import', 'tsx', join(ROOT, 'bin', 'tooltx.ts'), 'mcp'],
+      args: [
+        '--import',
+        'tsx',
+        join(ROOT, 'bin', 'tooltx.ts'),
+        'mcp',
+        '--auth-dir',
+        dirname(t.auth.receiptKeysFile),
+        '--tenant',
+        'acme',
+        '--actor',
+        'alice',
+        '--contracts',
+        'examples/research-kb/agent-contracts.ts',
+        '--task-id',
+        'mcp-stdio-task',
+      ],
       cwd: ROOT,
-      env: mcpEnv({ TOOLTX_MCP_TASK_ID: 'mcp-stdio-task' }),
+      env,
       stderr: 'pipe',
     });
     let stderr = '';

@@ -40,7 +40,8 @@ const mcpConfig = baseConfigSchema.extend({
   TOOLTX_CONTRACTS_MODULE: z.string({
     error: 'required: the module exporting the deployment’s `contracts` (the half shared with agents)',
   }),
-  TOOLTX_RECEIPT_KEYS_FILE: z.string({ error: 'required: the receipt keys agents trust (receipt-keys.json)' }),
+  TOOLTX_AUTH_DIR: z.string().min(1).optional(),
+  TOOLTX_RECEIPT_KEYS_FILE: z.string().min(1).optional(),
   TOOLTX_MCP_TASK_ID: z.string().min(1).max(256).optional(),
   TOOLTX_MCP_BUDGET_MS: envInt(100, 300_000).default(30_000),
   TOOLTX_MCP_HOST: z.string().min(1).default('127.0.0.1'),
@@ -61,16 +62,19 @@ const FLAGS = {
   host: 'TOOLTX_MCP_HOST',
   port: 'TOOLTX_MCP_PORT',
   tokenFile: 'TOOLTX_MCP_TOKEN_FILE',
+  authDir: 'TOOLTX_AUTH_DIR',
 } as const;
 
 const HELP = `
 Environment (a flag wins over its variable):
   NATS_URL                  server URL(s) (default nats://127.0.0.1:4222)
   NATS_NKEY_FILE            the actor's seed (<out>/nkeys/agent.<tenant>.<actor>.nk); NATS_CREDS_FILE instead
+  TOOLTX_AUTH_DIR           the directory \`tooltx auth generate\` wrote (<out>): the defaults of NATS_NKEY_FILE
+                            (its nkeys/agent.<tenant>.<actor>.nk) and TOOLTX_RECEIPT_KEYS_FILE (its receipt-keys.json)
   TOOLTX_PREFIX             subject prefix of the deployment (default tooltx)
   TOOLTX_TENANT, TOOLTX_ACTOR  who this server acts as: the seed's tenant and actor
   TOOLTX_CONTRACTS_MODULE   the module exporting \`contracts\` (e.g. examples/research-kb/agent-contracts.ts)
-  TOOLTX_RECEIPT_KEYS_FILE  the receipt keys to trust (<out>/receipt-keys.json)
+  TOOLTX_RECEIPT_KEYS_FILE  the receipt keys to trust (<out>/receipt-keys.json; required without TOOLTX_AUTH_DIR)
   TOOLTX_MCP_TRANSPORT      stdio (default) or http
   TOOLTX_MCP_TASK_ID        stdio: the task id of calls whose _meta carries none
   TOOLTX_MCP_BUDGET_MS      how long a call waits before answering unknown (default 30000)
@@ -122,6 +126,15 @@ function bearerToken(config: McpConfig): Buffer {
 }
 
 async function connect(config: McpConfig, contracts: Contract[]): Promise<Tools> {
+  const auth = config.TOOLTX_AUTH_DIR;
+  const nkeyFile =
+    config.NATS_NKEY_FILE ??
+    (auth && !config.NATS_CREDS_FILE
+      ? join(auth, 'nkeys', `agent.${config.TOOLTX_TENANT}.${config.TOOLTX_ACTOR}.nk`)
+      : undefined);
+  const receiptKeys = config.TOOLTX_RECEIPT_KEYS_FILE ?? (auth ? join(auth, 'receipt-keys.json') : undefined);
+  if (!receiptKeys)
+    throw new UsageError('TOOLTX_RECEIPT_KEYS_FILE: required (or TOOLTX_AUTH_DIR): the receipt keys agents trust');
   try {
     return await createTools({
       servers: config.NATS_URL,
@@ -129,9 +142,9 @@ async function connect(config: McpConfig, contracts: Contract[]): Promise<Tools>
       actor: config.TOOLTX_ACTOR,
       contracts,
       prefix: config.TOOLTX_PREFIX,
-      receiptKeys: config.TOOLTX_RECEIPT_KEYS_FILE,
+      receiptKeys,
       budgetMs: config.TOOLTX_MCP_BUDGET_MS,
-      ...(config.NATS_NKEY_FILE ? { nkeyFile: config.NATS_NKEY_FILE } : {}),
+      ...(nkeyFile ? { nkeyFile } : {}),
       ...(config.NATS_CREDS_FILE ? { credsFile: config.NATS_CREDS_FILE } : {}),
     });
   } catch (err) {
@@ -224,6 +237,7 @@ export function registerMcp(program: Command): void {
     .option('--host <host>', 'http: the address to listen on (env TOOLTX_MCP_HOST)')
     .option('--port <port>', 'http: the port, 0 = any free one (env TOOLTX_MCP_PORT)')
     .option('--token-file <file>', 'http: the bearer token file (env TOOLTX_MCP_TOKEN_FILE)')
+    .option('--auth-dir <dir>', 'the directory `tooltx auth generate` wrote (env TOOLTX_AUTH_DIR)')
     .addHelpText('after', HELP)
     .action((o: Partial<Record<keyof typeof FLAGS, string>>) => mcp(o));
 }
