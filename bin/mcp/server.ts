@@ -50,6 +50,20 @@ const metaSchema = z.looseObject({
   [BUDGET_META]: z.number().int().min(100).max(300_000).optional(),
 });
 
+/**
+ * A JSON-RPC error answer (the SDK sends a thrown error's `code`, `message` and `data`); unlike the
+ * SDK's `McpError`, its message is sent as it is, without a prefix the client adds again.
+ */
+class ProtocolError extends Error {
+  readonly code: number;
+  readonly data: unknown;
+  constructor(code: number, message: string, data: unknown) {
+    super(message);
+    this.code = code;
+    this.data = data;
+  }
+}
+
 /** Calls in flight in this process, so that a drain waits for their answers. */
 const inFlight = new Set<Promise<unknown>>();
 
@@ -102,7 +116,7 @@ async function call(deps: McpDeps, conn: McpConnection, params: CallParams): Pro
   if (params.name === COMPENSATE_TOOL) return compensate(deps, args, budgetMs);
   const contract = deps.catalogue.contractOf.get(params.name);
   if (!contract)
-    throw new McpError(
+    throw new ProtocolError(
       ErrorCode.InvalidParams,
       `unknown tool ${JSON.stringify(params.name.slice(0, 100))}: tools/list names the tools`,
       {

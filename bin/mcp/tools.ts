@@ -14,7 +14,7 @@ import {
   type ErrorInfo,
   type FieldIssue,
 } from '@tooltx/contracts';
-import { errorInfoSchema, MAX_STATUS_WAIT_MS, receiptSchema, type StatusAnswer } from '@tooltx/lifecycle';
+import { errorInfoSchema, MAX_STATUS_WAIT_MS, type StatusAnswer } from '@tooltx/lifecycle';
 import type { CompensateResult, ExecuteResult, ReceiptCheck } from '@tooltx/client';
 
 /** The `_meta` key a host puts its task id under (its run or conversation id) on each `tools/call`. */
@@ -59,11 +59,19 @@ export function annotationsOf(effect: Contract['effect']): ToolAnnotations {
 }
 
 /** `structuredContent` of a contract tool's answer: the business `result` apart from the `receipt`. */
+/**
+ * A receipt as the schemas show it: an object, its fields in docs/lifecycle.md. Its full schema (two
+ * formats) would make every tool's entry in the list several times longer; the SDK checks it.
+ */
+const receiptShown = z
+  .looseObject({})
+  .describe('the signed receipt (docs/lifecycle.md): operationKey, resourceId, committedAt, keyId, signature, …');
+
 const callEnvelope = z.object({
   status: z.enum(['committed', 'rejected', 'unknown', 'awaiting_confirmation']),
   operationKey: z.string().nullable().optional(),
   result: z.unknown().optional(),
-  receipt: receiptSchema.optional(),
+  receipt: receiptShown.optional(),
   error: errorInfoSchema.optional(),
   next: z.string(),
   /** Of a held-back call: its prepare step's result and until when it waits (ms since the epoch). */
@@ -79,7 +87,7 @@ const statusEnvelope = z.object({
   operationKey: z.string(),
   contract: z.string().optional(),
   result: z.unknown().optional(),
-  receipt: receiptSchema.optional(),
+  receipt: receiptShown.optional(),
   error: errorInfoSchema.optional(),
   next: z.string(),
   compensation: z.object({ status: z.string(), operationKey: z.string() }).optional(),
@@ -91,7 +99,7 @@ const compensateEnvelope = z.object({
   status: z.enum(['compensated', 'compensation_failed', 'compensation_requested', 'rejected']),
   operationKey: z.string(),
   compensationKey: z.string().nullable().optional(),
-  receipt: receiptSchema.optional(),
+  receipt: receiptShown.optional(),
   error: errorInfoSchema.optional(),
   next: z.string(),
 });
