@@ -7,7 +7,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
-import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 import { ErrorClass, fieldIssues, hasSideEffect, TooltxError, type FieldIssue } from '@tooltx/contracts';
 import type { Tools } from '@tooltx/client';
