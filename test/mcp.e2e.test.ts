@@ -24,6 +24,7 @@ import { kbRowsFor, RESEARCH_TOOLS, startKb, type TestKb } from './helpers/kb.js
 import { DelayProxy } from './helpers/delay-proxy.js';
 import { TcpProxy } from './helpers/tcp-proxy.js';
 import { isNotesPost, note } from './helpers/kb-faults.js';
+import { waitForOperation } from './helpers/ops.js';
 
 const TIMING = { timeoutMs: 8_000, runningBoundMs: 15_000, unknownDeadlineMs: 60_000 };
 const KB_TIMING_MS = `${TIMING.timeoutMs},${TIMING.runningBoundMs},${TIMING.unknownDeadlineMs}`;
@@ -99,16 +100,6 @@ const writeCall = (title: string, taskId: string) => ({
 });
 const keyOf = (title: string, taskId: string) => prepareCall(research.writeNote, taskId, note(title)).operationKey;
 const rows = (title: string, taskId: string) => kbRowsFor(kb, 'acme', keyOf(title, taskId));
-
-/** Polls `until` every 100 ms for at most `ms`. */
-async function eventually<T>(read: () => Promise<T>, until: (v: T) => boolean, ms = 20_000): Promise<T> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await read();
-    if (until(v) || Date.now() > deadline) return v;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 beforeAll(async () => {
   const dir = mkdtempSync(join(tmpdir(), 'tooltx-mcp-'));
@@ -322,10 +313,11 @@ describe('MCP over Streamable HTTP', () => {
       expect(s).toMatchObject({ status: 'unknown', operationKey: keyOf('MCP unknown', 'mcp-task-unknown') });
       expect(s.next).not.toBe('replan');
       expect((r.content as { text: string }[])[0]!.text).toContain('tooltx_status');
-      const final = await eventually(
-        () => c.callTool({ name: 'tooltx_status', arguments: { operationKey: s.operationKey, waitMs: 5_000 } }),
-        (a) => structured(a).status === 'committed',
-      );
+      // Each status call waits up to 5 s for a final answer: a few calls at most.
+      const statusOf = () =>
+        c.callTool({ name: 'tooltx_status', arguments: { operationKey: s.operationKey, waitMs: 5_000 } });
+      let final = await statusOf();
+      for (let i = 0; i < 5 && structured(final).status !== 'committed'; i++) final = await statusOf();
       expect(structured(final)).toMatchObject({ status: 'committed', next: 'continue' });
       expect(structured(final).receipt).toMatchObject({ operationKey: s.operationKey });
       expect(await rows('MCP unknown', 'mcp-task-unknown')).toBe(1);
@@ -357,10 +349,8 @@ describe('MCP over Streamable HTTP', () => {
       () => 'lost',
     );
     const key = keyOf('MCP killed', 'mcp-task-kill');
-    const committed = await eventually(
-      () => alice.status({ operationKey: key }),
-      (a) => a.state === 'committed',
-    );
+    await waitForOperation(t, 'acme', key, (o) => o.status === 'committed');
+    const committed = await alice.status({ operationKey: key });
     expect(committed.state).toBe('committed');
     await mcp.kill();
     expect(await pending).toBe('lost');

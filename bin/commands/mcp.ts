@@ -107,6 +107,18 @@ async function loadContracts(path: string): Promise<Contract[]> {
   return list as Contract[];
 }
 
+/** The setting each option of createTools comes from, to name it in a refusal. */
+const SETTING_OF: Record<string, string> = {
+  servers: 'NATS_URL',
+  nkeyFile: 'NATS_NKEY_FILE (or TOOLTX_AUTH_DIR)',
+  credsFile: 'NATS_CREDS_FILE',
+  receiptKeys: 'TOOLTX_RECEIPT_KEYS_FILE (or TOOLTX_AUTH_DIR)',
+  tenant: 'TOOLTX_TENANT',
+  actor: 'TOOLTX_ACTOR',
+  prefix: 'TOOLTX_PREFIX',
+  contracts: 'TOOLTX_CONTRACTS_MODULE',
+};
+
 /** The bearer token of the HTTP transport: the file's (checked like every key file) or the variable's. */
 function bearerToken(config: McpConfig): Buffer {
   if (config.TOOLTX_MCP_TOKEN_FILE) {
@@ -148,7 +160,10 @@ async function connect(config: McpConfig, contracts: Contract[]): Promise<Tools>
       ...(config.NATS_CREDS_FILE ? { credsFile: config.NATS_CREDS_FILE } : {}),
     });
   } catch (err) {
-    if (err instanceof ToolsOptionError) throw new UsageError(err.message);
+    if (err instanceof ToolsOptionError)
+      throw new UsageError(
+        err.issues.map((i) => `${SETTING_OF[String(i.path[0])] ?? String(i.path[0])}: ${i.message}`).join('; '),
+      );
     if (err instanceof TooltxError)
       throw new CliRefusal(`cannot act as ${config.TOOLTX_TENANT}/${config.TOOLTX_ACTOR}: ${err.message}`);
     throw err;
