@@ -212,6 +212,12 @@ describe('MCP over Streamable HTTP', () => {
     const again = await c.callTool(writeCall('MCP write', 'mcp-task-write'));
     expect(structured(again).receipt).toEqual(s.receipt);
     expect(await rows('MCP write', 'mcp-task-write')).toBe(1);
+    // A connection's task id (the tooltx-task-id header) serves calls without one; _meta's wins.
+    const viaHeader = await httpClient(mcpUrl, { taskId: 'mcp-task-header' });
+    const byHeader = await viaHeader.callTool({ name: 'kb.write_note', arguments: note('MCP header') });
+    expect(structured(byHeader).operationKey).toBe(keyOf('MCP header', 'mcp-task-header'));
+    const byMeta = await viaHeader.callTool(writeCall('MCP header', 'mcp-task-meta'));
+    expect(structured(byMeta).operationKey).toBe(keyOf('MCP header', 'mcp-task-meta'));
   });
 
   it('MCP a write without a task id, a forged tenant, wrong arguments and an unknown tool get typed answers; the server keeps serving', async () => {
@@ -303,7 +309,7 @@ describe('MCP over Streamable HTTP', () => {
   });
 
   it('MCP unknown is answered honestly with its operation key, and tooltx_status reads it until committed', async () => {
-    kbHop.holdResponse = (req) => (isNotesPost(req) ? 3_000 : 0);
+    kbHop.holdResponse = (req) => (isNotesPost(req) ? 2_000 : 0);
     try {
       const c = await httpClient(mcpUrl);
       const call = writeCall('MCP unknown', 'mcp-task-unknown');
