@@ -129,6 +129,7 @@ function bearerToken(config: McpConfig): Buffer {
       throw err;
     }
   }
+  // Read outside the zod schema: a configuration error quotes the value of the variable it names.
   const token = process.env.TOOLTX_MCP_TOKEN?.trim();
   if (!token)
     throw new UsageError('http needs a bearer token: set TOOLTX_MCP_TOKEN_FILE (or TOOLTX_MCP_TOKEN), never a flag');
@@ -203,6 +204,8 @@ async function mcp(flags: Partial<Record<keyof typeof FLAGS, string>>): Promise<
     onShutdown(log, async () => {
       const closed = http.close();
       await callsSettled();
+      // A keep-alive connection that answered its last call since is idle now: it would hold the close.
+      setImmediate(() => http.server.closeIdleConnections());
       await closed;
       await tools.close();
     });

@@ -88,7 +88,7 @@ export function createMcpServer(deps: McpDeps, conn: McpConnection): Server {
       const s = r.structuredContent;
       deps.log.info(
         {
-          tool: request.params.name,
+          tool: request.params.name.slice(0, 100),
           status: s.status,
           operationKey: s.operationKey,
           errorClass: (s.error as { class?: string } | undefined)?.class,
