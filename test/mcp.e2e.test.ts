@@ -111,14 +111,16 @@ beforeAll(async () => {
   });
   await new Promise<void>((r) => page.listen(0, '127.0.0.1', r));
   pageUrl = `http://127.0.0.1:${(page.address() as AddressInfo).port}/tides`;
-  t = await provisioned();
-  kb = await startKb(
-    {
-      tenants: [{ id: 'acme', quota: 10_000 }],
-      knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }],
-    },
-    { KB_DEDUP: 'off' },
-  );
+  [t, kb] = await Promise.all([
+    provisioned(),
+    startKb(
+      {
+        tenants: [{ id: 'acme', quota: 10_000 }],
+        knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }],
+      },
+      { KB_DEDUP: 'off' },
+    ),
+  ]);
   kbHop = await new DelayProxy(kb.url).start();
   natsHop = await TcpProxy.forUrl(t.url).start();
   [host, { proc: mcp, url: mcpUrl }] = await Promise.all([
@@ -149,8 +151,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await Promise.allSettled(clients.map((c) => c.close()));
   await alice?.close();
-  const mcpCode = await mcp?.stop();
-  const code = await host?.stop();
+  const [mcpCode, code] = await Promise.all([mcp?.stop(), host?.stop()]);
   if (code !== 0) console.log(code, host?.stderr);
   await natsHop?.stop();
   await kbHop?.stop();
