@@ -367,6 +367,23 @@ describe('MCP over Streamable HTTP', () => {
     expect(structured(again).receipt).toEqual(committed.receipt);
     expect(await rows('MCP killed', 'mcp-task-kill')).toBe(1);
   });
+  it('MCP SIGTERM drains: a call in flight is answered, committed, before the server exits 0', async () => {
+    const c = await httpClient(mcpUrl);
+    let answered!: () => void;
+    const kbAnswered = new Promise<void>((r) => (answered = r));
+    kbHop.holdResponse = (req) => (isNotesPost(req) ? 1_000 : 0);
+    kbHop.onAnswered = () => answered();
+    try {
+      const call = c.callTool(writeCall('MCP drained', 'mcp-task-drain'));
+      await kbAnswered;
+      mcp.child.kill('SIGTERM');
+      expect(structured(await call)).toMatchObject({ status: 'committed' });
+      expect(await mcp.exited).toBe(0);
+    } finally {
+      kbHop.holdResponse = () => 0;
+      kbHop.onAnswered = () => undefined;
+    }
+  });
 });
 
 describe('MCP over stdio', () => {
