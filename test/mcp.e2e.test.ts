@@ -44,6 +44,8 @@ let pageUrl: string;
 let alice: Tools;
 let tokenFile: string;
 const clients: Client[] = [];
+/** The stdio server, started beside the stack (it needs NATS only). */
+let stdio: Promise<{ client: Client; stderr: () => string }>;
 
 /** The environment of `tooltx mcp` acting as acme/alice against this stack. */
 const mcpEnv = (extra: Record<string, string> = {}): Record<string, string> => ({
@@ -76,6 +78,48 @@ async function startMcpHttp(natsUrl: string): Promise<{ proc: ServiceProcess; ur
   const proc = new ServiceProcess('mcp', child);
   const line = await proc.waitForLog('listening', 30_000);
   return { proc, url: String(line.url) };
+}
+
+/**
+ * `tooltx mcp` over stdio, spawned by the SDK's client transport as the README starts it: the
+ * identity from the auth directory, the rest as flags.
+ */
+async function startStdio(): Promise<{ client: Client; stderr: () => string }> {
+  const {
+    NATS_NKEY_FILE: _s,
+    TOOLTX_RECEIPT_KEYS_FILE: _k,
+    TOOLTX_TENANT: _t,
+    TOOLTX_ACTOR: _a,
+    TOOLTX_CONTRACTS_MODULE: _c,
+    ...env
+  } = mcpEnv();
+  const transport = new StdioClientTransport({
+    command: process.execPath,
+    args: [
+      '--import',
+      'tsx',
+      join(ROOT, 'bin', 'tooltx.ts'),
+      'mcp',
+      '--auth-dir',
+      dirname(t.auth.receiptKeysFile),
+      '--tenant',
+      'acme',
+      '--actor',
+      'alice',
+      '--contracts',
+      'examples/research-kb/agent-contracts.ts',
+      '--task-id',
+      'mcp-stdio-task',
+    ],
+    cwd: ROOT,
+    env,
+    stderr: 'pipe',
+  });
+  let stderr = '';
+  transport.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
+  const client = new Client({ name: 'tooltx-mcp-test', version: '1.0.0' });
+  await client.connect(transport);
+  return { client, stderr: () => stderr };
 }
 
 async function httpClient(url: string, o: { token?: string; fetch?: typeof fetch; taskId?: string } = {}) {
@@ -123,6 +167,9 @@ beforeAll(async () => {
   ]);
   kbHop = await new DelayProxy(kb.url).start();
   natsHop = await TcpProxy.forUrl(t.url).start();
+  stdio = startStdio();
+  // Awaited by its test; a failure to start is that test's.
+  stdio.catch(() => undefined);
   [host, { proc: mcp, url: mcpUrl }] = await Promise.all([
     startHost({
       ...t.env,
@@ -149,7 +196,7 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  await Promise.allSettled(clients.map((c) => c.close()));
+  await Promise.allSettled([...clients.map((c) => c.close()), stdio?.then((s) => s.client.close())]);
   await alice?.close();
   const [mcpCode, code] = await Promise.all([mcp?.stop(), host?.stop()]);
   if (code !== 0) console.log(code, host?.stderr);
@@ -388,41 +435,7 @@ describe('MCP over Streamable HTTP', () => {
 
 describe('MCP over stdio', () => {
   it('MCP stdio: the configured seed and task id; list, a read and a write, repeated as one operation', async () => {
-    // As the README starts it: the identity from the auth directory, the rest as flags.
-    const {
-      NATS_NKEY_FILE: _s,
-      TOOLTX_RECEIPT_KEYS_FILE: _k,
-      TOOLTX_TENANT: _t,
-      TOOLTX_ACTOR: _a,
-      TOOLTX_CONTRACTS_MODULE: _c,
-      ...env
-    } = mcpEnv();
-    const transport = new StdioClientTransport({
-      command: process.execPath,
-      args: [
-        '--import',
-        'tsx',
-        join(ROOT, 'bin', 'tooltx.ts'),
-        'mcp',
-        '--auth-dir',
-        dirname(t.auth.receiptKeysFile),
-        '--tenant',
-        'acme',
-        '--actor',
-        'alice',
-        '--contracts',
-        'examples/research-kb/agent-contracts.ts',
-        '--task-id',
-        'mcp-stdio-task',
-      ],
-      cwd: ROOT,
-      env,
-      stderr: 'pipe',
-    });
-    let stderr = '';
-    transport.stderr?.on('data', (d: Buffer) => (stderr += d.toString()));
-    const c = new Client({ name: 'tooltx-mcp-test', version: '1.0.0' });
-    await c.connect(transport);
+    const { client: c, stderr } = await stdio;
     try {
       const { tools } = await c.listTools();
       expect(tools.find((x) => x.name === 'kb.write_note')?.annotations).toMatchObject({ destructiveHint: false });
@@ -446,6 +459,6 @@ describe('MCP over stdio', () => {
     } finally {
       await c.close();
     }
-    expect(stderr).toContain('"msg":"started"');
+    expect(stderr()).toContain('"msg":"started"');
   });
 });
