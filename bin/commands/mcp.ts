@@ -21,6 +21,7 @@ import {
   readKeyFile,
   SecretFileError,
   stdoutDestination,
+  startTracing,
 } from '@tooltx/runtime';
 import { startHttp, MCP_PATH, TASK_ID_HEADER } from '../mcp/http.js';
 import { callsSettled, createMcpServer, type McpDeps } from '../mcp/server.js';
@@ -189,6 +190,9 @@ async function mcp(flags: Partial<Record<keyof typeof FLAGS, string>>): Promise<
     hmacKeyFile: config.TOOLTX_LOG_HMAC_KEY_FILE,
     destination: stdoutDestination(stdio ? 2 : 1),
   });
+  // Spans go out only when the OpenTelemetry variables ask for it (docs/tracing.md); a host's
+  // `_meta.traceparent` makes each call a child of the host's span.
+  const tracing = await startTracing({ serviceName: 'tooltx-mcp', instanceId: config.TOOLTX_INSTANCE_ID });
   const tools = await connect(config, contracts);
   const version = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
   const deps: McpDeps = { tools, catalogue: catalogue(contracts), log, budgetMs: config.TOOLTX_MCP_BUDGET_MS, version };
@@ -208,6 +212,7 @@ async function mcp(flags: Partial<Record<keyof typeof FLAGS, string>>): Promise<
       setImmediate(() => http.server.closeIdleConnections());
       await closed;
       await tools.close();
+      await tracing.shutdown();
     });
     const port = (http.server.address() as { port: number }).port;
     log.info({ ...who, url: http.url, port }, 'listening');
@@ -231,6 +236,7 @@ async function mcp(flags: Partial<Record<keyof typeof FLAGS, string>>): Promise<
     await callsSettled();
     await server.close();
     await tools.close();
+    await tracing.shutdown();
   };
   onShutdown(log, stop);
   // The host closing stdin ends the session: drain as on SIGTERM.

@@ -12,6 +12,7 @@ import { z } from 'zod';
 import { ErrorClass, fieldIssues, hasSideEffect, TooltxError, type FieldIssue } from '@tooltx/contracts';
 import type { Tools } from '@tooltx/client';
 import type { Logger } from '@tooltx/runtime';
+import { contextOfFields, inContext } from '@tooltx/nats';
 import {
   BUDGET_META,
   callResult,
@@ -48,6 +49,9 @@ const taskIdSchema = z.string().min(1).max(256);
 const metaSchema = z.looseObject({
   [TASK_ID_META]: taskIdSchema.optional(),
   [BUDGET_META]: z.number().int().min(100).max(300_000).optional(),
+  // W3C Trace Context of the host's own span (docs/tracing.md): the call joins the host's trace.
+  traceparent: z.string().max(256).optional(),
+  tracestate: z.string().max(512).optional(),
 });
 
 /**
@@ -153,9 +157,9 @@ async function call(deps: McpDeps, conn: McpConnection, params: CallParams): Pro
       issues: [{ path: [conn.taskIdSource ?? 'taskId'], code: 'invalid_task_id', message: '1 to 256 characters' }],
     });
   }
-  const r = await deps.tools.execute(
-    { tool: contract.name, version: contract.version, taskId, input: args },
-    { budgetMs },
+  const traced = contextOfFields({ traceparent: meta.data.traceparent, tracestate: meta.data.tracestate });
+  const r = await inContext(traced, () =>
+    deps.tools.execute({ tool: contract.name, version: contract.version, taskId, input: args }, { budgetMs }),
   );
   return callResult(params.name, r);
 }

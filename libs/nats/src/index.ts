@@ -66,7 +66,9 @@ export {
   type ServiceName,
 } from './inboxes.js';
 export {
+  contextOfFields,
   contextOfHeaders,
+  inContext,
   contextOfTraceparent,
   endSpan,
   SpanKind,

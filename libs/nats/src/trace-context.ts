@@ -63,6 +63,25 @@ export function contextOfTraceparent(traceparent: string | undefined): Context {
   return propagation.extract(context.active(), { traceparent }, recordGetter);
 }
 
+/**
+ * The context of W3C fields a caller sent in a message body (an MCP host's `params._meta`
+ * `traceparent` / `tracestate`), or the active one when there are none.
+ */
+export function contextOfFields(fields: {
+  traceparent?: string | undefined;
+  tracestate?: string | undefined;
+}): Context {
+  if (!fields.traceparent) return context.active();
+  const carrier: Record<string, string> = { traceparent: fields.traceparent };
+  if (fields.tracestate) carrier.tracestate = fields.tracestate;
+  return propagation.extract(context.active(), carrier, recordGetter);
+}
+
+/** Runs `fn` in `ctx` (a caller's trace context): spans made under it are its children. */
+export function inContext<T>(ctx: Context, fn: () => T): T {
+  return context.with(ctx, fn);
+}
+
 /** The `traceparent` of `span`, when it is recorded and valid (tracing on), else undefined. */
 export function traceparentOf(span: Span): string | undefined {
   if (!span.isRecording()) return undefined;
