@@ -14,7 +14,7 @@ import { z } from 'zod';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { McpError } from '@modelcontextprotocol/sdk/types.js';
+import { EmptyResultSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
 import { prepareCall } from '@tooltx/contracts';
 import { createTools, type Tools } from '@tooltx/client';
 import { researchContracts } from '../examples/research-kb/contracts.js';
@@ -296,6 +296,14 @@ describe('MCP over Streamable HTTP', () => {
     expect(unknown).toBeInstanceOf(McpError);
     expect(unknown).toMatchObject({ code: -32602, data: { class: 'invalid_input', issues: [{ path: ['name'] }] } });
     expect(await rows('Forged', 'mcp-task-forged')).toBe(0);
+    // A task id that is blank or not well-formed Unicode: refused at its path.
+    for (const taskId of [' ', '\ud800', 'a\nb']) {
+      const bad = await c.callTool({ ...writeCall('Bad task', taskId) });
+      expect(structured(bad)).toMatchObject({
+        status: 'rejected',
+        error: { class: 'invalid_input', issues: [{ path: ['_meta', 'tooltx/taskId'] }] },
+      });
+    }
 
     const post = (body: string, token = TOKEN) =>
       fetch(mcpUrl, {
@@ -307,6 +315,16 @@ describe('MCP over Streamable HTTP', () => {
         },
         body,
       });
+    // Arguments that are not an object: the MCP SDK's own check, a JSON-RPC invalid-params error.
+    const listArgs = await post(
+      JSON.stringify({
+        jsonrpc: '2.0',
+        id: 3,
+        method: 'tools/call',
+        params: { name: 'kb.write_note', arguments: [1] },
+      }),
+    );
+    expect(await listArgs.json()).toMatchObject({ error: { code: -32602 } });
     const malformed = await post('{"jsonrpc": "2.0", "id": 1, "method": ');
     expect(malformed.status).toBe(400);
     expect(await malformed.json()).toMatchObject({ error: { code: -32700 } });
@@ -456,6 +474,19 @@ describe('MCP over stdio', () => {
       expect(structured(forged)).toMatchObject({
         error: { class: 'invalid_input', issues: [{ path: ['arguments', 'actor'] }] },
       });
+      // A line over the stdio transport's limit (10 MiB) ends the session, and the process with it:
+      // the transport stops reading, so it must not linger holding its NATS connection.
+      const closed = new Promise<void>((r) => {
+        c.onclose = () => r();
+      });
+      await c
+        .request({ method: 'ping', params: { _meta: { filler: 'x'.repeat(11 * 1024 * 1024) } } }, EmptyResultSchema, {
+          timeout: 20_000,
+        })
+        .catch(() => undefined);
+      await closed;
+      expect(stderr()).toContain('"reason":"line_too_long"');
+      expect(stderr()).toContain('"msg":"stopped cleanly"');
     } finally {
       await c.close();
     }

@@ -29,6 +29,8 @@ import { catalogue } from '../mcp/tools.js';
 import { CliRefusal, UsageError } from './cli-support.js';
 
 const ROOT = join(import.meta.dirname, '..', '..');
+/** The stdio transport's limit on one line (one JSON-RPC message), bytes: the MCP SDK's default. */
+const STDIO_MAX_LINE_BYTES = 10 * 1024 * 1024;
 
 const mcpConfig = baseConfigSchema.extend({
   TOOLTX_MCP_TRANSPORT: z.enum(['stdio', 'http']).default('stdio'),
@@ -222,6 +224,15 @@ async function mcp(flags: Partial<Record<keyof typeof FLAGS, string>>): Promise<
   const transport = new StdioServerTransport();
   // A line that is not JSON-RPC is answered, not only dropped: the host sees why.
   transport.onerror = (err) => {
+    // A line longer than the transport's buffer (10 MiB) closes the transport: said plainly here,
+    // as the error's own message is kept out of the logs like any error message.
+    if (err instanceof Error && /^ReadBuffer exceeded maximum size/.test(err.message)) {
+      log.warn(
+        { reason: 'line_too_long', maxBytes: STDIO_MAX_LINE_BYTES },
+        'a line over the stdio limit: session ends',
+      );
+      return;
+    }
     const parse = err instanceof SyntaxError;
     log.warn({ err }, parse ? 'not JSON' : 'not a JSON-RPC message');
     void transport
@@ -232,15 +243,23 @@ async function mcp(flags: Partial<Record<keyof typeof FLAGS, string>>): Promise<
       } as never)
       .catch(() => undefined);
   };
+  let ending = false;
+  const endSession = () => {
+    if (!ending) process.kill(process.pid, 'SIGTERM');
+  };
   const stop = async () => {
+    ending = true;
     await callsSettled();
     await server.close();
     await tools.close();
     await tracing.shutdown();
   };
   onShutdown(log, stop);
-  // The host closing stdin ends the session: drain as on SIGTERM.
-  process.stdin.once('end', () => process.kill(process.pid, 'SIGTERM'));
+  // The host closing stdin ends the session: drain as on SIGTERM. So does the transport closing on
+  // its own (a line over its limit: it stops reading, and stdin never ends), or the process would
+  // keep its NATS connection with no one left to answer.
+  process.stdin.once('end', endSession);
+  transport.onclose = endSession;
   await server.connect(transport);
   log.info(who, 'started');
 }

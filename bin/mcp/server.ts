@@ -7,7 +7,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
-import { CallToolRequestSchema, ErrorCode, ListToolsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
+import { ErrorCode, ListToolsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 import { ErrorClass, fieldIssues, hasSideEffect, TooltxError, type FieldIssue } from '@tooltx/contracts';
 import type { Tools } from '@tooltx/client';
@@ -45,7 +45,18 @@ export interface McpConnection {
   taskIdSource?: string;
 }
 
-const taskIdSchema = z.string().min(1).max(256);
+/**
+ * A host's task id: 1 to 256 characters of well-formed Unicode with at least one that is not
+ * blank, and no control characters (a blank or broken id is a host bug, never a task).
+ */
+const taskIdSchema = z
+  .string()
+  .min(1)
+  .max(256)
+  .refine((s) => !/[\uD800-\uDFFF]/u.test(s), 'not well-formed Unicode (a lone surrogate)')
+  .refine((s) => s.trim().length > 0, 'blank')
+  // biome-ignore lint/suspicious/noControlCharactersInRegex: refusing control characters is the point
+  .refine((s) => !/[\u0000-\u001f\u007f]/.test(s), 'a control character');
 const metaSchema = z.looseObject({
   [TASK_ID_META]: taskIdSchema.optional(),
   [BUDGET_META]: z.number().int().min(100).max(300_000).optional(),
@@ -86,7 +97,7 @@ export function createMcpServer(deps: McpDeps, conn: McpConnection): Server {
     },
   );
   server.setRequestHandler(ListToolsRequestSchema, () => ({ tools: deps.catalogue.tools }));
-  server.setRequestHandler(CallToolRequestSchema, (request) => {
+  server.setRequestHandler(callToolRequest, (request) => {
     const started = Date.now();
     const p = call(deps, conn, request.params).then((r) => {
       const s = r.structuredContent;
@@ -109,13 +120,28 @@ export function createMcpServer(deps: McpDeps, conn: McpConnection): Server {
   return server;
 }
 
-type CallParams = z.infer<typeof CallToolRequestSchema>['params'];
+/**
+ * `tools/call` as registered here: only its envelope. The SDK's server checks the full request
+ * schema itself and answers a malformed one (`arguments` not an object, say) with a JSON-RPC
+ * invalid-params error; registered under the full schema, the same request was first refused by
+ * the handler's own parse as an internal error (-32603) carrying a schema dump.
+ */
+const callToolRequest = z.object({
+  method: z.literal('tools/call'),
+  params: z.looseObject({
+    name: z.string(),
+    arguments: z.unknown().optional(),
+    _meta: z.unknown().optional(),
+  }),
+});
+type CallParams = z.infer<typeof callToolRequest>['params'];
 
 async function call(deps: McpDeps, conn: McpConnection, params: CallParams): Promise<CallResult> {
   const meta = metaSchema.safeParse(params._meta ?? {});
   if (!meta.success) return refusal({ class: ErrorClass.InvalidInput, issues: fieldIssues(meta.error, ['_meta']) });
   const budgetMs = meta.data[BUDGET_META] ?? deps.budgetMs;
-  const args = params.arguments ?? {};
+  // An object by now: the SDK's server checked the request's full schema before this handler.
+  const args = (params.arguments ?? {}) as Record<string, unknown>;
   if (params.name === STATUS_TOOL) return status(deps, args);
   if (params.name === COMPENSATE_TOOL) return compensate(deps, args, budgetMs);
   const contract = deps.catalogue.contractOf.get(params.name);
@@ -154,7 +180,13 @@ async function call(deps: McpDeps, conn: McpConnection, params: CallParams): Pro
   } else if (!taskIdSchema.safeParse(taskId).success) {
     return refusal({
       class: ErrorClass.InvalidInput,
-      issues: [{ path: [conn.taskIdSource ?? 'taskId'], code: 'invalid_task_id', message: '1 to 256 characters' }],
+      issues: [
+        {
+          path: (conn.taskIdSource ?? 'taskId').split('.'),
+          code: 'invalid_task_id',
+          message: '1 to 256 characters of well-formed Unicode, not blank, no control characters',
+        },
+      ],
     });
   }
   const traced = contextOfFields({ traceparent: meta.data.traceparent, tracestate: meta.data.tracestate });
