@@ -97,24 +97,35 @@ afterAll(async () => {
 });
 
 describe('compensation: a new operation that undoes what can be undone', () => {
-  it('FM-21: the same compensation sent by two clients at once, then again after it completed: one delete reaches the KB, every caller gets the same receipt, and the original keeps its own', async () => {
+  it('FM-21: the same compensation sent by three clients of one actor at once, then again after it completed: one delete reaches the KB, every caller gets the same receipt at once, and the original keeps its own', async () => {
     const w = await written('comp-21', 'Compensated once');
-    const bob = await client();
+    const [bob, carol] = await Promise.all([client(), client()]);
     try {
-      const [a, b] = await Promise.all([
-        alice.compensate({ operationKey: w.operationKey, reason: 'wrong source' }),
-        bob.compensate({ operationKey: w.operationKey, reason: 'duplicate of another note' }),
+      // A budget well under the SDK's default: a caller left without its answer would end
+      // `compensation_requested` instead of `compensated`.
+      const budget = { budgetMs: 8_000 };
+      const [a, b, c] = await Promise.all([
+        alice.compensate({ operationKey: w.operationKey, reason: 'wrong source' }, budget),
+        bob.compensate({ operationKey: w.operationKey, reason: 'duplicate of another note' }, budget),
+        carol.compensate({ operationKey: w.operationKey, reason: 'stale note' }, budget),
       ]);
-      expect(a.status).toBe('compensated');
-      expect(b.status).toBe('compensated');
-      if (a.status !== 'compensated' || b.status !== 'compensated') return;
+      expect([a.status, b.status, c.status]).toEqual(['compensated', 'compensated', 'compensated']);
+      if (a.status !== 'compensated' || b.status !== 'compensated' || c.status !== 'compensated') return;
       expect(b.receipt).toEqual(a.receipt);
+      expect(c.receipt).toEqual(a.receipt);
+      // One request registered it; the others found it registered and were answered with it.
+      expect([a, b, c].map((r) => r.replayed).sort()).toEqual([false, true, true]);
       // The key is the original's and the compensating contract's, never the requester's or the reason's.
       expect(a.compensationKey).toBe(deriveCompensationKey(w.operationKey, { tool: 'kb.delete_note', version: 1 }));
       expect(a.receipt.operationKey).toBe(a.compensationKey);
       expect(await deletesUnder(a.compensationKey)).toBe(1);
       const again = await alice.compensate({ operationKey: w.operationKey, reason: 'asked again' });
-      expect(again).toMatchObject({ status: 'compensated', compensationKey: a.compensationKey, receipt: a.receipt });
+      expect(again).toMatchObject({
+        status: 'compensated',
+        compensationKey: a.compensationKey,
+        receipt: a.receipt,
+        replayed: true,
+      });
       expect(await deletesUnder(a.compensationKey)).toBe(1);
       // Each requester is authorised on its own, the replay too: allowed, answered with the
       // compensation and on record with its reason's digest.
@@ -154,7 +165,7 @@ describe('compensation: a new operation that undoes what can be undone', () => {
       const re = await alice.execute({ tool: 'kb.write_note', taskId: 'comp-21', input: note('Compensated once') });
       expect(re).toMatchObject({ status: 'committed', receipt: w.receipt });
     } finally {
-      await bob.close();
+      await Promise.all([bob.close(), carol.close()]);
     }
   });
 

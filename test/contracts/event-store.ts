@@ -309,6 +309,28 @@ export function eventStoreContract(name: string, setup: () => StoreUnderTest): v
       expect(await store.lastDecision('acme', nextOpId(), 'alice')).toBeNull();
     });
 
+    it("answers the newest decision about one of an actor's submissions, behind later records of its other submissions; another actor's or another submission's never stands in for it", async () => {
+      const { store } = setup();
+      const opId = nextOpId();
+      const first = refusal('acme', 'alice');
+      const firstAgain = { ...refusal('acme', 'alice'), submissionId: first.submissionId };
+      const second = refusal('acme', 'alice');
+      const third = refusal('acme', 'alice');
+      await store.recordDecision(first, opId);
+      await store.recordDecision(refusal('acme', 'bob'), opId);
+      await store.recordDecision(firstAgain, opId);
+      await store.recordDecision(second, opId);
+      await store.recordDecision({ ...refusal('acme', 'bob'), submissionId: second.submissionId }, opId);
+      await store.recordDecision(third, opId);
+      expect(await store.decisionOf('acme', opId, 'alice', [first.submissionId])).toEqual(firstAgain);
+      expect(await store.decisionOf('acme', opId, 'alice', [second.submissionId])).toEqual(second);
+      expect(await store.decisionOf('acme', opId, 'alice', [third.submissionId])).toEqual(third);
+      expect(await store.decisionOf('acme', opId, 'alice', [first.submissionId, second.submissionId])).toEqual(second);
+      expect(await store.decisionOf('acme', opId, 'alice', ['sub-none'])).toBeNull();
+      expect(await store.decisionOf('acme', opId, 'carol', [first.submissionId])).toBeNull();
+      expect(await store.decisionOf('acme', nextOpId(), 'alice', [first.submissionId])).toBeNull();
+    });
+
     it('hands out a copy of a decision: changing what one read returned does not change the next', async () => {
       const { store } = setup();
       const opId = nextOpId();

@@ -198,7 +198,9 @@ export function permissionsFor(
                 ...intentsStreams.flatMap((n) => directSeq(n)),
                 ...directLast(events),
                 ...directSeq(events),
-                ...decisionsStreams.flatMap((n) => directLast(n)),
+                // A caller's decision by its submission, behind later ones of the same actor on one
+                // key: read by `next_by_subj`, which goes to the stream's own API subject (FM-21).
+                ...decisionsStreams.flatMap((n) => [...directLast(n), `${api}.DIRECT.GET.${n}`]),
                 ...kvRead(topo.results.bucket),
                 ...ordered(events, s.allOps),
                 ...tenants.flatMap((t) => ordered(s.decisionsStream(t), s.decisionsOf(t))),

@@ -38,9 +38,13 @@ export interface CompensateRequest {
  * - `compensation_requested`: registered, not ended within the budget (next: `observe`).
  * - `rejected`: refused before anything was sent (`compensation_not_allowed`, `compensation_expired`,
  *   `forbidden`, `not_found`, `invalid_input` …), with the class's `next`.
+ * `replayed` (all but `rejected`): true when this request found the compensation already registered
+ * by an earlier request (another client's, or this one's before) and was answered with it (FM-21);
+ * false when this request registered it. On `compensation_requested` it is false until this
+ * request was judged.
  */
 export type CompensateResult =
-  | { status: 'compensated'; operationKey: string; compensationKey: string; receipt: Receipt }
+  | { status: 'compensated'; operationKey: string; compensationKey: string; receipt: Receipt; replayed: boolean }
   | {
       status: 'compensation_failed';
       operationKey: string;
@@ -48,8 +52,15 @@ export type CompensateResult =
       error?: ErrorInfo;
       takeover?: TakeoverRecord;
       next: NextAction;
+      replayed: boolean;
     }
-  | { status: 'compensation_requested'; operationKey: string; compensationKey: string; next: NextAction }
+  | {
+      status: 'compensation_requested';
+      operationKey: string;
+      compensationKey: string;
+      next: NextAction;
+      replayed: boolean;
+    }
   | { status: 'rejected'; operationKey: string; compensationKey: string | null; error: ErrorInfo; next: NextAction };
 
 interface CompensateIo {
@@ -136,6 +147,7 @@ export async function compensate(
     return rejected(operationKey, compensationKey, r.error);
   // Read until it ends: a refusal of this request (under the compensation's key), or the original's
   // compensation status, with the compensation's receipt once it committed.
+  let replayed = false;
   for (let i = 0; Date.now() < deadlineAt; i++) {
     try {
       const mine = await io.status({ operationKey: compensationKey, submissionIds: [submissionId] });
@@ -144,6 +156,7 @@ export async function compensate(
       // Registered by another request: this one is answered only once it was judged itself (each
       // requester is authorised on its own), with the replay or with its own refusal.
       const judged = mine.source !== 'operation' || mine.ownAttempt !== false || mine.replayed === true;
+      replayed = mine.source === 'operation' && mine.replayed === true;
       const now = await io.status({ operationKey });
       const c = now.compensation;
       if (judged && c && c.operationKey === compensationKey) {
@@ -156,8 +169,9 @@ export async function compensate(
               compensationKey,
               error: { class: ErrorClass.Internal },
               next: NextAction.HandOver,
+              replayed,
             };
-          return { status: 'compensated', operationKey, compensationKey, receipt: mine.receipt };
+          return { status: 'compensated', operationKey, compensationKey, receipt: mine.receipt, replayed };
         }
         if (c.status === 'compensation_failed')
           return {
@@ -167,6 +181,7 @@ export async function compensate(
             ...(c.error ? { error: c.error } : {}),
             ...(now.takeover ? { takeover: now.takeover } : {}),
             next: NextAction.HandOver,
+            replayed,
           };
         if (c.status === 'refused' && c.error) return rejected(operationKey, compensationKey, c.error);
       }
@@ -175,5 +190,5 @@ export async function compensate(
     }
     await sleep(Math.min(Math.max(0, deadlineAt - Date.now()), Math.min(500, 25 * 2 ** Math.min(i, 5))));
   }
-  return { status: 'compensation_requested', operationKey, compensationKey, next: NextAction.Observe };
+  return { status: 'compensation_requested', operationKey, compensationKey, next: NextAction.Observe, replayed };
 }

@@ -293,8 +293,9 @@ export function ownRefusalSupersedes(
  *   `readAllowed`, both asked by the caller of this function); null when never registered or not
  *   readable: the same answer for both, so an unreadable operation is not told apart from none
  *   (FM-10, FM-31).
- * - `decision`: the caller's last decision record on that operation's decision subject; undefined =
- *   not read yet, null = none.
+ * - `decision`: the caller's decision record on that operation's decision subject that the step
+ *   asked for (its newest about the step's `submissionIds` when it names them, else its last);
+ *   undefined = not read yet, null = none.
  * - `result`: the committed result the caller may read (as `committedResult` reads it); undefined
  *   = not read yet, null = none readable.
  * - `alias`: set once an alias was followed: the key the caller asked about and the canonical key
@@ -314,8 +315,9 @@ export interface StatusReads {
 /**
  * The next step of a status answer ({@link statusStep}):
  * - `answer`: the answer, to be sent as is.
- * - `read_decision`: read the caller's last decision record on `operationKey`'s decision subject
- *   (null when none), then ask again with it as `decision`.
+ * - `read_decision`: read the caller's last decision record on `operationKey`'s decision subject —
+ *   with `submissionIds`, its newest about one of those submissions, however many of its other
+ *   requests were recorded since (FM-21) — (null when none), then ask again with it as `decision`.
  * - `read_result`: read the committed result of `operationKey` for this receipt's `attempt` and
  *   `resultDigest` (null when none is readable), then ask again with it as `result`.
  * - `follow_alias`: the asked key is an alias (FM-10): load the operation of `alias.canonicalKey`,
@@ -325,7 +327,7 @@ export interface StatusReads {
  */
 export type StatusStep =
   | { kind: 'answer'; answer: StatusAnswer }
-  | { kind: 'read_decision'; operationKey: string }
+  | { kind: 'read_decision'; operationKey: string; submissionIds?: readonly string[] }
   | { kind: 'read_result'; operationKey: string; attempt: number; resultDigest: string }
   | { kind: 'follow_alias'; asked: StatusRequest; alias: { submittedKey: string; canonicalKey: string } };
 
@@ -364,7 +366,11 @@ export function statusStep(r: StatusReads): StatusStep {
     const fromOperation = operationAnswer(r, st);
     if (fromOperation.kind !== 'answer')
       return fromOperation.kind === 'read_decision'
-        ? { kind: 'read_decision', operationKey: key }
+        ? {
+            kind: 'read_decision',
+            operationKey: key,
+            ...(req.submissionIds ? { submissionIds: req.submissionIds } : {}),
+          }
         : { ...fromOperation, operationKey: key };
     return {
       kind: 'answer',

@@ -54,6 +54,17 @@ export interface OperationStore extends EventStore {
    */
   lastDecision(tenant: string, opId: string, actor: string): Promise<DecisionRecord | null>;
   /**
+   * The newest decision recorded for the operation about one of `actor`'s own submissions
+   * `submissionIds`, or null: later records of the same actor's other submissions never hide it
+   * (several requests of one actor on one key, each judged on its own: FM-21). The caller's own copy.
+   */
+  decisionOf(
+    tenant: string,
+    opId: string,
+    actor: string,
+    submissionIds: readonly string[],
+  ): Promise<DecisionRecord | null>;
+  /**
    * A stored intent by its sequence in the tenant's intake, or null (never stored, or deleted).
    * The caller's own copy: changing its bytes changes nothing stored.
    */

@@ -118,14 +118,14 @@ const alias = (over: { actor?: string } = {}): DecisionRecord =>
   });
 
 /**
- * The world the endpoint reads: operations the caller may read by key, the caller's last decision by
- * key, the results by key. Returns the answer and the reads it took.
+ * The world the endpoint reads: operations the caller may read by key, the caller's decisions by
+ * key (one, or several oldest first), the results by key. Returns the answer and the reads it took.
  */
 function answerOf(
   req: StatusRequest,
   world: {
     readable?: Record<string, OperationRecord>;
-    decisions?: Record<string, DecisionRecord>;
+    decisions?: Record<string, DecisionRecord | DecisionRecord[]>;
     results?: Record<string, unknown>;
   },
   actor = 'alice',
@@ -136,8 +136,13 @@ function answerOf(
     const step = statusStep(reads);
     if (step.kind === 'answer') return { answer: step.answer, reads: done };
     if (step.kind === 'read_decision') {
-      done.push(`decision ${step.operationKey}`);
-      reads = { ...reads, decision: world.decisions?.[step.operationKey] ?? null };
+      done.push(`decision ${step.operationKey}${step.submissionIds ? ` of ${step.submissionIds.join(',')}` : ''}`);
+      const all = [world.decisions?.[step.operationKey] ?? []].flat();
+      const ids = step.submissionIds;
+      reads = {
+        ...reads,
+        decision: (ids ? all.findLast((d) => ids.includes(d.submissionId)) : all.at(-1)) ?? null,
+      };
     } else if (step.kind === 'read_result') {
       done.push(`result ${step.operationKey}@${step.attempt}`);
       reads = {
@@ -247,7 +252,7 @@ describe('status precedence: a readable operation answers from its own subject',
       submissionId: 'sub-2',
       at: AT,
     });
-    expect(reads).toEqual([`decision ${KEY}`]);
+    expect(reads).toEqual([`decision ${KEY} of sub-2`]);
   });
 
   it("given an operation rejected in an earlier attempt and no later refusal of the caller's, then the old refusal with ownAttempt false", () => {
@@ -327,6 +332,27 @@ describe('status precedence: a readable operation answers from its own subject',
       compensates: ALIAS_KEY,
     });
     expect(replay.answer).not.toHaveProperty('replayed');
+    // Three requests of bob's at once: each is answered by its own record, however many of its
+    // other requests were recorded after it (FM-21).
+    const sub4 = { ...replayedBob, eventId: id(), submissionId: 'sub-4' };
+    const sub5 = { ...refusedBob, eventId: id(), submissionId: 'sub-5' };
+    const world = {
+      readable: { [KEY]: compensation },
+      decisions: { [KEY]: [replayedBob, sub4, sub5] },
+      results: { [KEY]: {} },
+    };
+    const third = answerOf({ operationKey: KEY, submissionIds: ['sub-3'] }, world, 'bob');
+    expect(third.answer).toMatchObject({ state: 'committed', ownAttempt: false, replayed: true });
+    expect(third.reads).toContain(`decision ${KEY} of sub-3`);
+    expect(answerOf({ operationKey: KEY, submissionIds: ['sub-4'] }, world, 'bob').answer).toMatchObject({
+      state: 'committed',
+      replayed: true,
+    });
+    expect(answerOf({ operationKey: KEY, submissionIds: ['sub-5'] }, world, 'bob').answer).toMatchObject({
+      state: 'rejected',
+      source: 'decision',
+      submissionId: 'sub-5',
+    });
   });
 
   it('FM-14: given an unknown operation under takeover, then the takeover record; without one, none', () => {
@@ -466,7 +492,7 @@ describe('status precedence: an alias answers from the canonical operation (FM-1
       at: AT,
       canonicalKey: KEY,
     });
-    expect(reads).toEqual([`decision ${ALIAS_KEY}`, `alias ${KEY}`, `decision ${KEY}`]);
+    expect(reads).toEqual([`decision ${ALIAS_KEY}`, `alias ${KEY}`, `decision ${KEY} of sub-2`]);
   });
 
   it('given an alias whose canonical operation the caller may not read (or is not registered), then not_seen with canonicalKey', () => {

@@ -16,6 +16,8 @@ import { decode, encode } from './codec.js';
 import type { Subjects } from './subjects.js';
 
 const PUBLISH_ATTEMPTS = 4;
+/** Most records of one actor on one key {@link JetStreamStore.decisionOf} reads past the last one. */
+const DECISIONS_SCANNED = 64;
 
 /**
  * The JetStream store of operations ({@link OperationStore}): one subject per operation, appends
@@ -126,6 +128,36 @@ export class JetStreamStore implements OperationStore {
     return m ? decode(decisionRecordSchema, m.data) : null;
   }
 
+  /**
+   * The newest decision about one of `actor`'s submissions `submissionIds`, or null. The subject's
+   * last record first (the usual case: it is one of them); else its records from the oldest on,
+   * one direct get each (an actor's requests of one key are few), at most
+   * {@link DECISIONS_SCANNED} of them.
+   */
+  async decisionOf(
+    tenant: string,
+    opId: string,
+    actor: string,
+    submissionIds: readonly string[],
+  ): Promise<DecisionRecord | null> {
+    const stream = this.#subjects.decisionsStream(tenant);
+    const subject = this.#subjects.decision(tenant, opId, actor);
+    const last = await this.#direct(stream, { last_by_subj: subject });
+    if (!last) return null;
+    const lastRecord = decode(decisionRecordSchema, last.data);
+    if (submissionIds.includes(lastRecord.submissionId)) return lastRecord;
+    let found: DecisionRecord | null = null;
+    let seq = 0;
+    for (let i = 0; i < DECISIONS_SCANNED; i++) {
+      const m = await this.#direct(stream, { seq: seq + 1, next_by_subj: subject });
+      if (!m || m.seq >= last.seq) break;
+      const r = decode(decisionRecordSchema, m.data);
+      if (submissionIds.includes(r.submissionId)) found = r;
+      seq = m.seq;
+    }
+    return found;
+  }
+
   /** Reads a stored intent by its sequence in the tenant's intake stream (the `accepted` event names it), or null. */
   async readIntent(tenant: string, seq: number): Promise<StoredIntent | null> {
     const m = await this.#direct(this.#subjects.intentsStream(tenant), { seq });
@@ -190,10 +222,10 @@ export class JetStreamStore implements OperationStore {
    * message may be stale the same way; every append states its expected sequence, so a stale read
    * costs a refused append and a reload, never a wrong event.
    */
-  async #direct(stream: string, query: { last_by_subj: string } | { seq: number }) {
+  async #direct(stream: string, query: { last_by_subj: string } | { seq: number; next_by_subj?: string }) {
     try {
       const m = await this.#jsm.direct.getMessage(stream, query);
-      if (m || !('seq' in query)) return m;
+      if (m || !('seq' in query) || query.next_by_subj !== undefined) return m;
       return await this.#jsm.streams.getMessage(stream, query);
     } catch (err) {
       if (isTransient(err)) throw new StoreUnavailableError(`direct get on ${stream} failed`, { cause: err });

@@ -378,7 +378,10 @@ export class StatusService {
         case 'read_decision':
           reads = {
             ...reads,
-            decision: (await store.lastDecision(tenant, operationIdOf(step.operationKey), actor)) ?? null,
+            decision:
+              (step.submissionIds
+                ? await store.decisionOf(tenant, operationIdOf(step.operationKey), actor, step.submissionIds)
+                : await store.lastDecision(tenant, operationIdOf(step.operationKey), actor)) ?? null,
           };
           break;
         case 'read_result':

@@ -244,6 +244,20 @@ export class MemoryStore implements OperationStore {
     return m ? structuredClone(m.body) : null;
   }
 
+  async decisionOf(
+    tenant: string,
+    opId: string,
+    actor: string,
+    submissionIds: readonly string[],
+  ): Promise<DecisionRecord | null> {
+    const stream = this.#decisions.get(tenant);
+    stream?.tidy(this.#now());
+    const m = stream
+      ?.messagesOf(decisionSubjectOf(tenant, opId, actor))
+      .findLast((x) => submissionIds.includes(x.body.submissionId));
+    return m ? structuredClone(m.body) : null;
+  }
+
   async readIntent(tenant: string, seq: number): Promise<StoredIntent | null> {
     const stream = this.#intents.get(tenant);
     stream?.tidy(this.#now());

@@ -174,7 +174,8 @@ export function startCompensateService(d: CompensateServiceDeps): Responder {
     const compId = operationIdOf(compensationKey);
     const deadlineAt = started + waitMs;
     for (let i = 0; ; i++) {
-      const mine = await store.lastDecision(tenant, compId, actor);
+      // This request's own record: an operator asking twice at once has two on one subject.
+      const mine = await store.decisionOf(tenant, compId, actor, [submissionId]);
       if (mine?.outcome === 'rejected' && mine.submissionId === submissionId)
         return rejected(operationKey, compensationKey, mine.error);
       // Judged: this request registered the compensation, or was answered with it (the replay).
