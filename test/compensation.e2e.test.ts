@@ -5,7 +5,7 @@
  * processes, SDK clients.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { downstreamKeyOf, deriveCompensationKey, operationIdOf } from '@tooltx/contracts';
+import { downstreamKeyOf, deriveCompensationKey, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { auditRecordSchema, countsOf, type AuditRecord } from '@tooltx/lifecycle';
 import { decode, openBucket } from '@tooltx/nats';
 import { createTools, runTask, type Tools } from '@tooltx/client';
@@ -69,7 +69,7 @@ beforeAll(async () => {
   kb = await startKb(
     {
       tenants: [{ id: 'acme', quota: 10_000 }],
-      knowledgeBases: [{ tenant: 'acme', name: 'research', defaultRole: 'writer' }],
+      knowledgeBases: [{ tenant: 'acme', name: 'research', aliases: ['Research-Notes'], defaultRole: 'writer' }],
     },
     { KB_DEDUP: 'off' },
   );
@@ -328,6 +328,49 @@ describe('compensation: a new operation that undoes what can be undone', () => {
     const types = (await history(t, 'acme', compensationKey)).map((e) => e.type);
     expect(types).toContain('unknown');
     expect(types.at(-1)).toBe('committed');
+  });
+
+  it("FM-10: a note written through an alias of its knowledge base is compensated, by the alias's key or the canonical one, also when the compensation runs from the event log: one compensation, one delete", async () => {
+    const input = { ...note('Written through an alias'), kb: 'Research-Notes' };
+    const w = await alice.execute({ tool: 'kb.write_note', taskId: 'comp-alias', input });
+    if (w.status !== 'committed') throw new Error(`the write did not commit: ${JSON.stringify(w)}`);
+    // Registered under the canonical input's key; the submission's own key is an alias of it.
+    const aliasKey = prepareCall(contracts.writeNote, 'comp-alias', input).operationKey;
+    expect(aliasKey).not.toBe(w.operationKey);
+    const compensationKey = deriveCompensationKey(w.operationKey, { tool: 'kb.delete_note', version: 1 });
+    // Every in-process slot of the host taken by writes held at the KB's door, so the compensation
+    // is accepted alone and its executor takes it from the event log, re-checking its references
+    // at the execution instant.
+    let held = 0;
+    proxy.hold = (req) => {
+      if (!isNotesPost(req)) return 0;
+      held++;
+      return 1_000;
+    };
+    const busy = Array.from({ length: 16 }, (_, i) =>
+      alice.execute({ tool: 'kb.write_note', taskId: 'comp-alias-busy', input: note(`Busy ${i}`) }),
+    );
+    try {
+      for (let i = 0; held < 16 && i < 100; i++) await new Promise((res) => setTimeout(res, 20));
+      const [byAlias, byCanonical] = await Promise.all([
+        alice.compensate({ operationKey: aliasKey, reason: 'written to the wrong place' }),
+        alice.compensate({ operationKey: w.operationKey, reason: 'written to the wrong place' }),
+      ]);
+      expect(byCanonical).toMatchObject({ status: 'compensated', operationKey: w.operationKey, compensationKey });
+      expect(byAlias).toMatchObject({ status: 'compensated', operationKey: w.operationKey, compensationKey });
+      if (byCanonical.status === 'compensated') expect(byAlias).toMatchObject({ receipt: byCanonical.receipt });
+    } finally {
+      proxy.hold = () => 0;
+      await Promise.all(busy);
+    }
+    expect(await deletesUnder(compensationKey)).toBe(1);
+    // Accepted alone, then started by the executor from the event log.
+    expect((await history(t, 'acme', compensationKey)).map((e) => e.type).slice(0, 2)).toEqual(['accepted', 'running']);
+    expect(await alice.status({ operationKey: w.operationKey })).toMatchObject({
+      state: 'committed',
+      receipt: w.receipt,
+      compensation: { status: 'compensated', operationKey: compensationKey },
+    });
   });
 
   it('the runner compensates a task whose later step is rejected: its committed steps, the last committed first, one delete each', async () => {

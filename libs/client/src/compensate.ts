@@ -107,15 +107,18 @@ export async function compensate(
         message: i.message,
       })),
     });
-  const { operationKey, reason } = parsed.data;
+  const { reason } = parsed.data;
   let original: StatusAnswer;
   try {
-    original = await io.status({ operationKey });
+    original = await io.status({ operationKey: parsed.data.operationKey });
   } catch (err) {
-    return rejected(operationKey, null, toErrorInfo(err));
+    return rejected(parsed.data.operationKey, null, toErrorInfo(err));
   }
   if (original.source !== 'operation' || !original.contract)
-    return rejected(operationKey, null, { class: ErrorClass.NotFound });
+    return rejected(parsed.data.operationKey, null, { class: ErrorClass.NotFound });
+  // A key of a call that named its target through an alias answers for the operation registered
+  // under the canonical key (FM-10): that operation is the one compensated.
+  const operationKey = original.canonicalKey ?? parsed.data.operationKey;
   const contract = io.contract(original.contract);
   const declared = contract && compensationOf(contract, operationKey);
   if (!declared) return rejected(operationKey, null, { class: ErrorClass.CompensationNotAllowed });

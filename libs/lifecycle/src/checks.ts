@@ -281,17 +281,25 @@ export function registrationOf(
 }
 
 /**
- * At the execution instant the canonical input must still key the operation being run: a reference
- * (an alias) that names another resource since intake would write where the key does not bind
- * (FM-10). `canonicalKey`: the key derived from the policy seam's canonical input now (null when it
- * no longer parses). Returns the refusal — `version_conflict`, recorded as a denial — or null. Pure.
+ * At the execution instant the canonical input must still name what the operation was registered
+ * for: a reference (an alias) that names another resource since intake would write where the key
+ * does not bind (FM-10). `canonical`: the key and input digest derived from the policy seam's
+ * canonical input now (null when it no longer parses). An operation's canonical key must be its
+ * own; a compensation's key comes from its original's key, never from its input, so there its
+ * canonical input's digest must be the one registered. Returns the refusal — `version_conflict`,
+ * recorded as a denial — or null. Pure.
  */
 export function referenceMovedRefusal(
-  operationKey: string,
-  canonicalKey: string | null,
+  registered: { operationKey: string; inputDigest: string; compensation: boolean },
+  canonical: { operationKey: string; inputDigest: string } | null,
   o: { policyVersion: string; at: number },
 ): { error: ErrorInfo; authorization: AuthDecision } | null {
-  if (canonicalKey === operationKey) return null;
+  const same =
+    canonical !== null &&
+    (registered.compensation
+      ? canonical.inputDigest === registered.inputDigest
+      : canonical.operationKey === registered.operationKey);
+  if (same) return null;
   return {
     error: { class: ErrorClass.VersionConflict },
     authorization: { decision: 'deny', policyVersion: o.policyVersion, reason: ErrorClass.VersionConflict, at: o.at },

@@ -417,12 +417,23 @@ describe('FM-10: references', () => {
     expect(registrationOf(own, { ...own })).toEqual({ registered: own });
   });
   it('at the execution instant, a reference that now names another resource (or no longer parses) is refused version_conflict with a denial', () => {
-    expect(referenceMovedRefusal('opk_a', 'opk_a', { policyVersion: 'p', at: 1 })).toBeNull();
-    expect(referenceMovedRefusal('opk_a', 'opk_b', { policyVersion: 'p', at: 1 })).toEqual({
+    const op = { operationKey: 'opk_a', inputDigest: D1, compensation: false };
+    const o = { policyVersion: 'p', at: 1 };
+    expect(referenceMovedRefusal(op, { operationKey: 'opk_a', inputDigest: D2 }, o)).toBeNull();
+    expect(referenceMovedRefusal(op, { operationKey: 'opk_b', inputDigest: D1 }, o)).toEqual({
       error: { class: 'version_conflict' },
       authorization: { decision: 'deny', policyVersion: 'p', reason: 'version_conflict', at: 1 },
     });
-    expect(referenceMovedRefusal('opk_a', null, { policyVersion: 'p', at: 1 })?.error.class).toBe('version_conflict');
+    expect(referenceMovedRefusal(op, null, o)?.error.class).toBe('version_conflict');
+  });
+  it("given a compensation (its key derived from its original's, never from its input), then its canonical input's digest must be the registered one, whatever key that input would derive", () => {
+    const comp = { operationKey: 'opk_c', inputDigest: D1, compensation: true };
+    const o = { policyVersion: 'p', at: 1 };
+    expect(referenceMovedRefusal(comp, { operationKey: 'opk_other', inputDigest: D1 }, o)).toBeNull();
+    expect(referenceMovedRefusal(comp, { operationKey: 'opk_c', inputDigest: D2 }, o)?.error.class).toBe(
+      'version_conflict',
+    );
+    expect(referenceMovedRefusal(comp, null, o)?.error.class).toBe('version_conflict');
   });
 });
 

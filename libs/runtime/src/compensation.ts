@@ -91,8 +91,9 @@ export async function compensatingCall(
 
 /**
  * The input of the compensation operation in `state` (`state.compensates` set), built again from
- * its request's reason (read from its intent) and the original, and checked against its registered
- * input digest. Null when anything of that is gone or differs.
+ * its request's reason (read from its intent) and the original, and checked against the digest it
+ * was built with at intake (`intent.submitted` when it was registered under the compensating
+ * policy's canonical input, else its registered one). Null when anything of that is gone or differs.
  */
 export async function compensationInputOf(
   store: OperationStore,
@@ -121,7 +122,10 @@ export async function compensationInputOf(
       impl.contract,
       request.compensates.reason,
     );
-    return call && call.inputDigest === state.inputDigest ? call.input : null;
+    // Registered under the compensating policy's canonical input when it named one (an alias of
+    // the original's reference, FM-10): the input built here is then the submitted one.
+    const built = state.intent.submitted?.inputDigest ?? state.inputDigest;
+    return call && call.inputDigest === built ? call.input : null;
   } catch {
     return null;
   }

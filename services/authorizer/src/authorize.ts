@@ -385,6 +385,19 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       const pv = await askPolicy(impl, call.input, authCtxAt(begun ? 'execution' : 'intake'), { now });
       if (pv.kind === 'refuse') return refuse(compensationKey, pv.error, ids, pv.authorization);
       const { authorization, allowed } = pv;
+      // The original was written through an alias (FM-10), so the input built from it names the
+      // alias: registered under the compensating policy's canonical input, as any aliased write is,
+      // with the built one as what was submitted. The executor's check at the execution instant then
+      // compares like with like, and the input it builds again matches what was submitted.
+      const canonical = allowed?.input ? prepareCall(contract, original.taskId, allowed.input) : null;
+      const registered =
+        canonical && canonical.inputDigest !== call.inputDigest
+          ? {
+              inputDigest: canonical.inputDigest,
+              targetDigest: canonical.targetDigest,
+              submitted: { operationKey: compensationKey, inputDigest: call.inputDigest },
+            }
+          : { inputDigest: call.inputDigest, targetDigest: call.targetDigest };
       // One compensation at a time, on the original's own chain.
       const requested = await handleCommand(
         store,
@@ -421,8 +434,7 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           version: contract.version,
           contractDigest: contract.digest,
           effect: contract.effect,
-          inputDigest: call.inputDigest,
-          targetDigest: call.targetDigest,
+          ...registered,
           intentSeq: msg.seq,
           submissionId,
           authorization,

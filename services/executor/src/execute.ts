@@ -300,10 +300,11 @@ export function executorHandlers(
     // The references must still name what the operation was registered for: an alias moved to
     // another resource since intake would write somewhere the key does not bind (FM-10).
     const moved = allowed?.input
-      ? referenceMovedRefusal(state.operationKey, canonicalKeyOf(impl, state.taskId, allowed.input), {
-          policyVersion,
-          at: now(),
-        })
+      ? referenceMovedRefusal(
+          { operationKey: state.operationKey, inputDigest: state.inputDigest, compensation: !!state.compensates },
+          canonicalOf(impl, state.taskId, allowed.input),
+          { policyVersion, at: now() },
+        )
       : null;
     if (moved) {
       await rejectBeforeRun(moved.error, moved.authorization);
@@ -753,10 +754,15 @@ export function executorHandlers(
   return { events, local, idle: async () => void (await Promise.all([...inFlight])) };
 }
 
-/** The key the policy seam's canonical input derives at the execution instant, or null when the contract refuses it. */
-function canonicalKeyOf(impl: Implementation, taskId: string, canonicalInput: Record<string, unknown>): string | null {
+/** The key and input digest the policy seam's canonical input derives at the execution instant, or null when the contract refuses it. */
+function canonicalOf(
+  impl: Implementation,
+  taskId: string,
+  canonicalInput: Record<string, unknown>,
+): { operationKey: string; inputDigest: string } | null {
   try {
-    return prepareCall(impl.contract, taskId, canonicalInput).operationKey;
+    const { operationKey, inputDigest } = prepareCall(impl.contract, taskId, canonicalInput);
+    return { operationKey, inputDigest };
   } catch {
     return null;
   }
