@@ -5,8 +5,9 @@
  * processes, SDK clients.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { downstreamKeyOf, deriveCompensationKey, operationIdOf, prepareCall } from '@tooltx/contracts';
-import { auditRecordSchema, countsOf, type AuditRecord } from '@tooltx/lifecycle';
+import { downstreamKeyOf, deriveCompensationKey, operationIdOf, prepareCall, reasonDigestOf } from '@tooltx/contracts';
+import { randomUUID } from 'node:crypto';
+import { auditRecordSchema, countsOf, handleCommand, type AuditRecord, type OperationCommand } from '@tooltx/lifecycle';
 import { decode, openBucket } from '@tooltx/nats';
 import { createTools, runTask, type Tools } from '@tooltx/client';
 import { provisioned, type TestNats } from './helpers/nats.js';
@@ -371,6 +372,106 @@ describe('compensation: a new operation that undoes what can be undone', () => {
       receipt: w.receipt,
       compensation: { status: 'compensated', operationKey: compensationKey },
     });
+  });
+
+  it('a compensation left half-done converges: its request recorded without its accept (the authorizer died between the two appends), even after an earlier attempt refused before it ran, is completed by a repeat; an outcome never linked is linked by the sweep', async () => {
+    /** Appends a command through the store, as a process would have before it died. */
+    const append = async (key: string, cmd: OperationCommand) => {
+      const h = await handleCommand(t.store, 'acme', operationIdOf(key), () => cmd);
+      if (h.kind !== 'appended') throw new Error(`not appended: ${JSON.stringify(h)}`);
+      return h.seq;
+    };
+    /** Until the host has taken every event up to `seq` from the log (its reconciler's link included). */
+    const taken = async (seq: number) => {
+      for (let i = 0; i < 100; i++) {
+        const c = await t.jsm.consumers.info(t.subjects.eventsStream, 'host');
+        if (c.ack_floor.stream_seq >= seq) return;
+        await new Promise((res) => setTimeout(res, 100));
+      }
+      throw new Error(`the host has not taken the log up to ${seq}`);
+    };
+    /** The original's record of the request of the compensation's `attempt`, as the authorizer appends it. */
+    const requestOf = (key: string, attempt: number): OperationCommand => ({
+      type: 'request_compensation',
+      eventId: randomUUID(),
+      at: Date.now(),
+      compensation: { operationKey: key, tool: 'kb.delete_note', version: 1, attempt },
+      requestedBy: { kind: 'actor', id: 'alice' },
+      reasonDigest: reasonDigestOf('the first request'),
+    });
+    const compensationKey = (w: { operationKey: string }) =>
+      deriveCompensationKey(w.operationKey, { tool: 'kb.delete_note', version: 1 });
+    /** The compensation's attempt 1 as registered and refused at its execution instant, nothing sent. */
+    const refusedAttempt = async (w: Awaited<ReturnType<typeof written>>, taskId: string) => {
+      const input = { kb: 'research', noteId: w.receipt.resourceId };
+      const call = prepareCall(contracts.deleteNote, taskId, input);
+      await append(compensationKey(w), {
+        type: 'accept',
+        eventId: randomUUID(),
+        at: Date.now(),
+        operationKey: compensationKey(w),
+        tenant: 'acme',
+        actor: 'alice',
+        taskId,
+        tool: 'kb.delete_note',
+        version: 1,
+        contractDigest: contracts.deleteNote.digest,
+        effect: 'delete',
+        inputDigest: call.inputDigest,
+        targetDigest: call.targetDigest,
+        intentSeq: 1,
+        submissionId: randomUUID(),
+        compensates: { operationKey: w.operationKey, tool: 'kb.write_note', version: 1 },
+      });
+      return append(compensationKey(w), {
+        type: 'reject',
+        eventId: randomUUID(),
+        at: Date.now(),
+        attempt: 1,
+        error: { class: 'forbidden' },
+      });
+    };
+
+    // 1. Only the original's request is there: the same compensation asked again registers it.
+    const w1 = await written('comp-half-1', 'Requested, never registered');
+    await append(w1.operationKey, requestOf(compensationKey(w1), 1));
+    const first = await alice.compensate({ operationKey: w1.operationKey, reason: 'asked again' });
+    expect(first).toMatchObject({ status: 'compensated', compensationKey: compensationKey(w1), replayed: false });
+    expect(await deletesUnder(compensationKey(w1))).toBe(1);
+
+    // 2. Attempt 1 refused before it ran and the original committed again; the request of attempt 2
+    // recorded, its accept never appended. A repeat registers attempt 2 instead of answering attempt
+    // 1's refusal, which is not this request's outcome.
+    const w2 = await written('comp-half-2', 'Refused once, requested again');
+    await taken(await refusedAttempt(w2, 'comp-half-2'));
+    const k2 = compensationKey(w2);
+    // The request of attempt 1, recorded once the host's link saw its compensation's events (as a
+    // link that read the compensation before the request would have missed it): only the sweep
+    // links its refusal.
+    await append(w2.operationKey, requestOf(k2, 1));
+    let s2 = await alice.status({ operationKey: w2.operationKey });
+    for (let i = 0; s2.compensation?.status !== 'refused' && i < 100; i++) {
+      await new Promise((res) => setTimeout(res, 100));
+      s2 = await alice.status({ operationKey: w2.operationKey });
+    }
+    // Linked by the sweep: the compensation's events came before the request, so only it could.
+    expect(s2.compensation).toMatchObject({ status: 'refused', error: { class: 'forbidden' } });
+    await append(w2.operationKey, requestOf(k2, 2));
+    const second = await alice.compensate({ operationKey: w2.operationKey, reason: 'asked again' });
+    expect(second).toMatchObject({ status: 'compensated', compensationKey: k2, replayed: false });
+    expect(await deletesUnder(k2)).toBe(1);
+    expect((await history(t, 'acme', k2)).map((e) => [e.type, e.attempt])).toEqual([
+      ['accepted', 1],
+      ['rejected', 1],
+      ['accepted', 2],
+      ['committed', 2],
+    ]);
+    expect((await history(t, 'acme', w2.operationKey)).map((e) => e.type).slice(-4)).toEqual([
+      'compensation_requested',
+      'compensation_refused',
+      'compensation_requested',
+      'compensated',
+    ]);
   });
 
   it('the runner compensates a task whose later step is rejected: its committed steps, the last committed first, one delete each', async () => {

@@ -97,6 +97,44 @@ export function compensationOutcomeOf(comp: OperationState): CompensationOutcome
   return { kind: 'pending' };
 }
 
+/**
+ * The attempt of the compensation a new request registers, from the compensation operation's
+ * state (`comp`): its first when it has none; the next after one refused before it ran (the
+ * original went back to `committed`, and the same key starts its next attempt); the one there is
+ * otherwise (its accept is then a replay of that attempt). Pure.
+ */
+export function compensationAttemptFor(comp: OperationState): number {
+  if (comp.status === 'none') return 1;
+  return comp.status === 'rejected' ? comp.attempt + 1 : comp.attempt;
+}
+
+/**
+ * What an original being compensated needs, from its state and its compensation's (`comp`, the
+ * compensation operation's own), so that it never stays `compensation_requested` for good:
+ * - `register`: the request was recorded on the original but the compensation's attempt it names
+ *   was never accepted (the process died between the two appends): a repeat of the same request
+ *   (same key) completes that accept instead of answering a half-done state;
+ * - `link`: that attempt has an outcome the original does not show yet (its link was lost, or read
+ *   a stale state): append it (`linkCompensation`, tied to that attempt);
+ * - `wait`: it has no outcome yet; it is an operation of its own, recovered as any;
+ * - `none`: the original is not being compensated (or `comp` is not its compensation).
+ * A request recorded before attempts were (no `attempt` in its link) takes whichever attempt there
+ * is. Pure.
+ */
+export type CompensationSettlement = { kind: 'register' } | { kind: 'link' } | { kind: 'wait' } | { kind: 'none' };
+
+export function compensationSettlement(original: OperationState, comp: OperationState): CompensationSettlement {
+  if (original.status !== 'compensation_requested' || !original.compensation) return { kind: 'none' };
+  const link = original.compensation;
+  if (comp.status === 'none') return { kind: 'register' };
+  if (comp.operationKey !== link.operationKey || comp.compensates?.operationKey !== original.operationKey)
+    return { kind: 'none' };
+  const attempt = link.attempt ?? comp.attempt;
+  if (comp.attempt < attempt) return { kind: 'register' };
+  if (comp.attempt > attempt) return { kind: 'wait' };
+  return compensationOutcomeOf(comp).kind === 'pending' ? { kind: 'wait' } : { kind: 'link' };
+}
+
 /** What a confirmation of a held-back operation gets. */
 export type ConfirmVerdict =
   /** Release it (the `confirm` command). */

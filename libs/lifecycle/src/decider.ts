@@ -221,13 +221,14 @@ export interface ExpireConfirmationCommand {
  * Record on the committed original that its compensation is registered. A repeat naming the same
  * compensation while it runs or after it ended is a `replay`; another compensation is skipped
  * `compensation_differs`. The pure refusal rules that come first (declaration, allowed states,
- * deadline) are {@link compensationVerdict}'s.
+ * deadline) are {@link compensationVerdict}'s. `compensation.attempt`: the compensation's attempt
+ * this request registers (`compensationAttemptFor`).
  */
 export interface RequestCompensationCommand {
   type: 'request_compensation';
   eventId: string;
   at: number;
-  compensation: { operationKey: string; tool: string; version: number };
+  compensation: { operationKey: string; tool: string; version: number; attempt?: number };
   requestedBy: Requester;
   reasonDigest: string;
 }
@@ -237,6 +238,8 @@ export interface CompleteCompensationCommand {
   eventId: string;
   at: number;
   compensationKey: string;
+  /** The compensation's attempt this outcome is of: another attempt's than the request registered is skipped. */
+  compensationAttempt?: number;
   receipt: Receipt;
 }
 /**
@@ -250,6 +253,7 @@ export interface FailCompensationCommand {
   eventId: string;
   at: number;
   compensationKey: string;
+  compensationAttempt?: number;
   kind: 'rejected' | 'taken_over';
   error?: ErrorInfo;
   evidence?: Evidence;
@@ -273,6 +277,7 @@ export interface RefuseCompensationCommand {
   eventId: string;
   at: number;
   compensationKey: string;
+  compensationAttempt?: number;
   error: ErrorInfo;
 }
 export type OperationCommand =
@@ -553,6 +558,11 @@ function decideCommand(cmd: OperationCommand, state: OperationState, ctx: Decide
       if (state.status !== 'compensation_requested') return { kind: 'skip', reason: 'not_compensating', state };
       const key = state.compensation?.operationKey;
       if (key !== cmd.compensationKey) return { kind: 'skip', reason: 'compensation_differs', state };
+      // Only the attempt this request registered moves the original: a late outcome of an earlier
+      // attempt (refused before it ran, the original committed again and asked anew) is not its own.
+      const linked = state.compensation?.attempt;
+      if (linked !== undefined && cmd.compensationAttempt !== undefined && cmd.compensationAttempt !== linked)
+        return { kind: 'skip', reason: 'attempt_mismatch', state };
       const head = { eventId: cmd.eventId, at: cmd.at, attempt: state.attempt };
       if (cmd.type === 'complete_compensation') {
         if (cmd.receipt.operationKey !== key) return { kind: 'skip', reason: 'compensation_differs', state };

@@ -242,12 +242,15 @@ export const compensatesSchema = z.object({
  * and the digest of why (never the text), and how it ended — `receipt` (its own signed receipt)
  * once it committed, `failure` (its refusal after it ran, or its takeover, with its last evidence)
  * once it failed, `refusal` when it was refused before it ran and the original went back to
- * `committed`. The original's own receipt is never touched.
+ * `committed`. The original's own receipt is never touched. `attempt`: the compensation's attempt
+ * this request registered (its first, or the next after one refused before it ran): only that
+ * attempt's outcome moves the original. Absent on requests recorded before it was: any attempt's.
  */
 export const compensationLinkSchema = z.object({
   operationKey: z.string().regex(OPERATION_KEY_PATTERN),
   tool: z.string(),
   version: z.number().int(),
+  attempt: z.number().int().min(1).optional(),
   requestedBy: requesterSchema,
   reasonDigest: digest,
   requestedAt: epochMs,
@@ -483,6 +486,7 @@ export const compensationRequestedEventSchema = z.object({
     operationKey: true,
     tool: true,
     version: true,
+    attempt: true,
     requestedBy: true,
     reasonDigest: true,
   }),

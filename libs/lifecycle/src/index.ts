@@ -265,8 +265,11 @@ export {
   verifyReceipt,
 } from './signing.js';
 export {
+  compensationAttemptFor,
   type CompensationOutcome,
   compensationOutcomeOf,
+  type CompensationSettlement,
+  compensationSettlement,
   type CompensationVerdict,
   compensationVerdict,
   confirmationDeadlineOf,

@@ -123,7 +123,7 @@ export function nextProbeDelayMs(failures: number, random: () => number = Math.r
 
 /** What the reconciler's index says of a non-terminal operation (times are other processes' wall clocks, ms). */
 export interface WatchedOperation {
-  /** `accepted`, `running`, `unknown` or `awaiting_confirmation`; any other status is never due. */
+  /** `accepted`, `running`, `unknown`, `awaiting_confirmation` or `compensation_requested`; any other status is never due. */
   status: string;
   updatedAt: number;
   runningAt?: number;
@@ -144,7 +144,8 @@ export interface WatchedOperation {
  * plus {@link RUNNING_GRACE_MS} and its `runningBoundMs`, when a probe is due; `unknown` when a
  * probe is due; `awaiting_confirmation` once its confirmation deadline has passed by `wallNow` (the
  * deadline is the contract's promise to the caller, on the wall clock: the decider judges the
- * expiry again on the command's own time, and refuses it `not_due` before). Pure.
+ * expiry again on the command's own time, and refuses it `not_due` before); `compensation_requested`
+ * beyond `runningBoundMs` (its compensation may have ended unlinked). Pure.
  */
 export function lookDue(
   e: WatchedOperation,
@@ -165,6 +166,9 @@ export function lookDue(
       return o.probeDue;
     case 'awaiting_confirmation':
       return e.confirmDeadlineAt !== undefined && o.wallNow >= e.confirmDeadlineAt;
+    case 'compensation_requested':
+      // Its compensation registers and ends on its own path; looked at once that had time to.
+      return o.seenForMs > runningBoundMs || o.wallNow - e.updatedAt > runningBoundMs;
     default:
       return false;
   }
@@ -427,7 +431,9 @@ export type SweepAction =
   /** Running past its time or unknown: verify it (probe, {@link planRecovery}). */
   | 'verify'
   /** Held back past its confirmation deadline: end it `rolled_back` (`expire_confirmation`), nothing sent. */
-  | 'expire_confirmation';
+  | 'expire_confirmation'
+  /** Being compensated: read its compensation and settle it (`compensationSettlement`). */
+  | 'settle_compensation';
 
 /**
  * The sweep's action for an index entry (`entry`: its status and the sequence it was written at)
@@ -439,6 +445,7 @@ export function sweepAction(entry: { status: string; seq: number }, state: Opera
   if (state.status !== entry.status) return 'skip';
   if (state.status === 'accepted') return 'requeue_stale';
   if (state.status === 'awaiting_confirmation') return 'expire_confirmation';
+  if (state.status === 'compensation_requested') return 'settle_compensation';
   if (state.takeover) return 'skip';
   return state.status === 'running' || state.status === 'unknown' ? 'verify' : 'skip';
 }

@@ -8,7 +8,11 @@ import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { defineContract, deriveCompensationKey, type ContractSpec } from '@tooltx/contracts';
 import {
+  compensationAttemptFor,
   compensationOutcomeOf,
+  compensationSettlement,
+  lookDue,
+  sweepAction,
   compensationResolutionOf,
   compensationVerdict,
   confirmationDeadlineOf,
@@ -709,6 +713,124 @@ describe("what the original takes from its compensation's state (compensationOut
       given(comp()).when({ type: 'reject', eventId: id(), at: 2_000, attempt: 1, error: { class: 'forbidden' } }),
     );
     expect(compensationOutcomeOf(refused.state)).toEqual({ kind: 'refuse', error: { class: 'forbidden' } });
+  });
+});
+
+describe('a compensation tied to its attempt: the original never stays compensation_requested for good (compensationAttemptFor, compensationSettlement)', () => {
+  const compensates = { operationKey: KEY, tool: 'kb.write_note', version: 1 };
+  /** The compensation's accept: its first request's, or a later request's (another intent) after a refusal. */
+  const compAccepted = (before?: OperationEvent) =>
+    appended(
+      given(...(before ? [before] : [])).when(
+        accept({
+          operationKey: COMP_KEY,
+          tool: 'kb.delete_note',
+          compensates,
+          submissionId: before ? 'sub-c2' : 'sub-c1',
+          intentSeq: before ? 20 : 19,
+        }),
+      ),
+    );
+  const refusedBeforeRun = (a: OperationEvent) =>
+    appended(
+      given(a).when({
+        type: 'reject',
+        eventId: id(),
+        at: 11_000,
+        attempt: a.attempt,
+        error: { class: 'forbidden' },
+      }),
+    );
+  const ask = (c: OperationEvent, attempt: number) =>
+    appended(
+      given(c).when(request({ compensation: { operationKey: COMP_KEY, tool: 'kb.delete_note', version: 1, attempt } })),
+    );
+  const none: OperationState = { status: 'none' };
+
+  it('given no compensation yet, then a request registers its attempt 1; given one refused before it ran, the next; given one there, that one', () => {
+    expect(compensationAttemptFor(none)).toBe(1);
+    const a = compAccepted();
+    expect(compensationAttemptFor(a.state)).toBe(1);
+    const refused = refusedBeforeRun(a);
+    expect(compensationAttemptFor(refused.state)).toBe(2);
+    const again = compAccepted(refused);
+    expect(again.state).toMatchObject({ status: 'accepted', attempt: 2 });
+    expect(compensationAttemptFor(again.state)).toBe(2);
+  });
+
+  it('given the request recorded on the original and no accept of its compensation (the process died between the two appends), then register: a repeat completes the accept; its request_compensation is a replay', () => {
+    const q = ask(committed(), 1);
+    expect(q.state).toMatchObject({ status: 'compensation_requested', compensation: { attempt: 1 } });
+    expect(compensationSettlement(q.state, none)).toEqual({ kind: 'register' });
+    expect(given(q).when(request()).kind).toBe('replay');
+    const a = compAccepted();
+    expect(compensationSettlement(q.state, a.state)).toEqual({ kind: 'wait' });
+    const r = appended(given(a).when(start()));
+    const c = appended(given(r).when(commit()));
+    expect(compensationSettlement(q.state, c.state)).toEqual({ kind: 'link' });
+    // Ended: nothing more to settle.
+    const done = appended(given(q).when({ ...complete(COMP_KEY, c.state.receipt!), compensationAttempt: 1 }));
+    expect(done.state.status).toBe('compensated');
+    expect(compensationSettlement(done.state, c.state)).toEqual({ kind: 'none' });
+  });
+
+  it('given a compensation refused before it ran and asked again (attempt 2), when the late refusal of attempt 1 is linked, then it is skipped and the original waits for attempt 2, whose accept a repeat completes and whose commit is linked', () => {
+    const a1 = compAccepted();
+    const refused1 = refusedBeforeRun(a1);
+    const q1 = ask(committed(), 1);
+    const back = appended(
+      given(q1).when({
+        type: 'refuse_compensation',
+        eventId: id(),
+        at: 11_500,
+        compensationKey: COMP_KEY,
+        compensationAttempt: 1,
+        error: { class: 'forbidden' },
+      }),
+    );
+    expect(back.state.status).toBe('committed');
+    const q2 = ask(back, compensationAttemptFor(refused1.state));
+    expect(q2.state).toMatchObject({ status: 'compensation_requested', compensation: { attempt: 2 } });
+    // The late refusal of attempt 1 is not attempt 2's outcome.
+    const late = {
+      type: 'refuse_compensation',
+      eventId: id(),
+      at: 12_000,
+      compensationKey: COMP_KEY,
+      compensationAttempt: 1,
+      error: { class: 'forbidden' },
+    } as const;
+    expect(given(q2).when(late)).toMatchObject({ kind: 'skip', reason: 'attempt_mismatch' });
+    // Only attempt 1 is there: the accept of attempt 2 is missing, not a refusal to answer.
+    expect(compensationSettlement(q2.state, refused1.state)).toEqual({ kind: 'register' });
+    const a2 = compAccepted(refused1);
+    expect(compensationSettlement(q2.state, a2.state)).toEqual({ kind: 'wait' });
+    const r2 = appended(given(a2).when({ ...start(), attempt: 2 }));
+    const c2 = appended(given(r2).when({ ...commit(), attempt: 2 }));
+    expect(compensationSettlement(q2.state, c2.state)).toEqual({ kind: 'link' });
+    const done = appended(given(q2).when({ ...complete(COMP_KEY, c2.state.receipt!), compensationAttempt: 2 }));
+    expect(done.state.status).toBe('compensated');
+  });
+
+  it('given a request recorded before attempts were, then whichever attempt is there answers; given another operation, or an original not being compensated, then none', () => {
+    const q = appended(given(committed()).when(request()));
+    expect(q.state.status === 'compensation_requested' && q.state.compensation?.attempt).toBeUndefined();
+    const refused = refusedBeforeRun(compAccepted());
+    expect(compensationSettlement(q.state, refused.state)).toEqual({ kind: 'link' });
+    expect(given(q).when({ ...complete(), compensationAttempt: 3 }).kind).toBe('append');
+    const other = appended(given().when(accept({ operationKey: OTHER_COMP_KEY, compensates })));
+    expect(compensationSettlement(q.state, other.state)).toEqual({ kind: 'none' });
+    expect(compensationSettlement(committed().state, refused.state)).toEqual({ kind: 'none' });
+  });
+
+  it("given an original waiting for its compensation in the reconciler's index, then the sweep looks at it once its contract's running bound passed and settles it", () => {
+    const q = ask(committed(), 1);
+    const timing = { timeoutMs: 1_000, runningBoundMs: 5_000 };
+    const entry = { status: 'compensation_requested', updatedAt: 10_000 };
+    expect(lookDue(entry, timing, { seenForMs: 100, wallNow: 10_100, probeDue: true })).toBe(false);
+    expect(lookDue(entry, timing, { seenForMs: 5_001, wallNow: 10_100, probeDue: false })).toBe(true);
+    expect(lookDue(entry, timing, { seenForMs: 0, wallNow: 15_001, probeDue: false })).toBe(true);
+    expect(sweepAction({ status: 'compensation_requested', seq: 4 }, q.state, 4)).toBe('settle_compensation');
   });
 });
 

@@ -9,6 +9,7 @@ import {
 import {
   compensationEnvelopeSchema,
   compensationOutcomeOf,
+  compensationSettlement,
   handleCommand,
   intentEnvelopeSchema,
   type OperationCommand,
@@ -134,9 +135,12 @@ export async function compensationInputOf(
 /**
  * Moves the original of the compensation operation in `state` once that compensation has an
  * outcome (`compensationOutcomeOf`): `compensated` with the compensation's receipt, or
- * `compensation_failed`, or back to `committed` when it was refused before it ran. Idempotent (a
- * second call is a replay or a skip of the decider), so every consumer of the log may call it on
- * every event of a compensation. Returns what it appended, or null.
+ * `compensation_failed`, or back to `committed` when it was refused before it ran — only when the
+ * original waits for this attempt of it (`compensationSettlement`: `link`; the command names the
+ * attempt, and the decider skips it on an original that asked for another). Idempotent (a second
+ * call is a replay or a skip of the decider), so every consumer of the log may call it on every
+ * event of a compensation, and the reconciler's sweep on an original left waiting. Returns what it
+ * appended, or null.
  */
 export async function linkCompensation(
   store: OperationStore,
@@ -156,9 +160,15 @@ export async function linkCompensation(
   if (outcome.kind === 'pending') return null;
   const now = o.now ?? Date.now;
   const compensationKey = state.operationKey;
+  const originalId = operationIdOf(state.compensates.operationKey);
+  // Only an original waiting for this very attempt is moved (a late event of an earlier attempt is
+  // not its outcome), and its task is frozen only then.
+  const original = await store.load(state.tenant, originalId);
+  if (compensationSettlement(original.state, state).kind !== 'link') return null;
   if (outcome.kind === 'fail') await o.freeze?.(state.tenant, state.taskId, state.compensates.operationKey, now());
   const make = (): OperationCommand => {
-    const base = { eventId: newEventId(), at: now(), compensationKey };
+    // Tied to this state's attempt: the decider skips it on an original that asked for another.
+    const base = { eventId: newEventId(), at: now(), compensationKey, compensationAttempt: state.attempt };
     switch (outcome.kind) {
       case 'complete':
         return { type: 'complete_compensation', ...base, receipt: outcome.receipt };
@@ -174,6 +184,6 @@ export async function linkCompensation(
         return { type: 'refuse_compensation', ...base, error: outcome.error };
     }
   };
-  const h = await handleCommand(store, state.tenant, operationIdOf(state.compensates.operationKey), make);
+  const h = await handleCommand(store, state.tenant, originalId, make, { known: original });
   return h.kind === 'appended' ? make().type : null;
 }

@@ -15,6 +15,8 @@ import {
 import {
   aliasRecord,
   boundedRefusal,
+  compensationAttemptFor,
+  compensationSettlement,
   compensationVerdict,
   ConcurrencyError,
   confirmVerdict,
@@ -327,9 +329,13 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       if (frozen) return refuse(compensationKey, frozen, ids);
     }
     const compId = operationIdOf(compensationKey);
-    // The same compensation again: its operation answers (FM-21). Registered below only if the
-    // request that asked for it first never got that far.
-    const registered = verdict.kind === 'replay' && (await store.load(who.tenant, compId)).state.status !== 'none';
+    const { state: comp } = await store.load(who.tenant, compId);
+    // The same compensation again: its operation answers (FM-21) — once it is registered. A request
+    // recorded on the original whose accept never followed (the process died between the two
+    // appends, or only an earlier, refused attempt is there) is completed below instead of
+    // answering that half-done state.
+    const registered =
+      verdict.kind === 'replay' && comp.status !== 'none' && compensationSettlement(original, comp).kind !== 'register';
     const call = await compensatingCall(store, subjects, original, originalImpl.contract, contract, check.reason).catch(
       (err: unknown) => {
         // The store or the server away: retried (nak). Anything else is the declaration's builder or
@@ -407,7 +413,12 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
           type: 'request_compensation',
           eventId: newEventId(),
           at: now(),
-          compensation: { operationKey: compensationKey, tool: contract.name, version: contract.version },
+          compensation: {
+            operationKey: compensationKey,
+            tool: contract.name,
+            version: contract.version,
+            attempt: compensationAttemptFor(comp),
+          },
           requestedBy,
           reasonDigest: reasonDigestOf(check.reason),
         }),

@@ -48,6 +48,8 @@ export interface IndexWriterOptions {
  */
 export function mayHaveBeenIndexed(s: OperationRecord, delayMs: number): boolean {
   if (s.attempt > 1 || (s.requeues ?? 0) > 0 || s.evidence !== undefined || s.takeover !== undefined) return true;
+  // An original once being compensated was indexed at `compensation_requested`.
+  if (s.compensation !== undefined) return true;
   return s.updatedAt - s.acceptedAt >= delayMs / 2;
 }
 

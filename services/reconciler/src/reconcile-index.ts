@@ -21,7 +21,8 @@ const epochMs = z.number().int().nonnegative();
  * The states the reconciler watches. `awaiting_confirmation`: a held-back operation stays indexed
  * with its confirmation deadline, which the sweep ends it at (`rolled_back`). `compensation_failed`:
  * only while its takeover is open (FM-20) — never swept, but listed by the takeover service until a
- * person resolves it.
+ * person resolves it. `compensation_requested`: an original waiting for its compensation, which the
+ * sweep settles should its link be lost (docs/compensation.md).
  */
 export const watchedStatuses = [
   'accepted',
@@ -29,6 +30,7 @@ export const watchedStatuses = [
   'unknown',
   'awaiting_confirmation',
   'compensation_failed',
+  'compensation_requested',
 ] as const;
 /**
  * The states that take an operation out of the index (as a tombstone): every status whose attempt
@@ -117,9 +119,24 @@ export function applyStateToIndex(
     case 'committed':
     case 'rejected':
     case 'rolled_back':
-    case 'compensation_requested':
     case 'compensated':
       return { seq, status: s.status, terminal: true };
+    case 'compensation_requested':
+      // Waiting for its compensation: its own attempt ended long ago (an earlier takeover of it, if
+      // any, is resolved), so nothing of that attempt is indexed.
+      return {
+        seq,
+        terminal: false,
+        operationKey: s.operationKey,
+        tenant: s.tenant,
+        status: s.status,
+        attempt: s.attempt,
+        tool: s.tool,
+        version: s.version,
+        effect: s.effect,
+        acceptedAt: s.acceptedAt,
+        updatedAt: s.updatedAt,
+      };
     case 'accepted':
     case 'running':
     case 'unknown':

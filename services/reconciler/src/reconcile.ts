@@ -1,5 +1,6 @@
 import type { KV } from '@nats-io/kv';
 import {
+  compensationSettlement,
   handleCommand,
   lookDue,
   nextProbeInMs,
@@ -9,8 +10,9 @@ import {
   type OperationStore,
   type ReceiptSigner,
 } from '@tooltx/lifecycle';
+import { operationIdOf } from '@tooltx/contracts';
 import { KvMirror, newEventId, type Subjects } from '@tooltx/nats';
-import { discardPrepared, projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
+import { discardPrepared, linkCompensation, projectEntry, type FrozenTaskWatch } from '@tooltx/runtime';
 import type { ImplementationRegistry, Logger } from '@tooltx/runtime';
 import { recoverOperation } from '@tooltx/runtime/recover-operation';
 import { applyStateToIndex, reconcileValueSchema, type IndexEntry } from './reconcile-index.js';
@@ -28,6 +30,8 @@ export interface SweepDeps {
   log: Logger;
   /** Signs the receipts of commits found by probing. */
   signer: ReceiptSigner;
+  /** Freezes a task before its original is linked `compensation_failed` (FM-20), as the link does. */
+  freeze?: (tenant: string, taskId: string, operationKey: string, at: number) => Promise<void>;
   /** Pause between two sweeps of the index, ms. */
   intervalMs: number;
   /** Wall clock (ms since the epoch): the times of the events it appends, and with the events' own times a schedule of looks; never a verdict. */
@@ -135,6 +139,27 @@ export function startSweeper(d: SweepDeps): {
       return;
     }
     const l = d.log.child({ tenant, operationKey: state.operationKey, attempt: state.attempt, status: state.status });
+    if (action === 'settle_compensation') {
+      // Its compensation ended but the original does not show it (its link was lost, or read a
+      // stale attempt): linked now, tied to the attempt this request registered. One still running
+      // is its own operation's; one never registered is completed by a repeat of the request.
+      const key = state.compensation?.operationKey;
+      if (!key) return;
+      const { state: comp } = await d.store.load(tenant, operationIdOf(key));
+      const settlement = compensationSettlement(state, comp);
+      if (settlement.kind === 'link' && comp.status !== 'none') {
+        const linked = await linkCompensation(d.store, comp, {
+          now,
+          ...(d.freeze ? { freeze: d.freeze } : {}),
+        });
+        if (linked) l.info({ compensationKey: key, event: linked }, 'compensation outcome linked by the sweep');
+      } else if (settlement.kind === 'register' && age > impl.contract.timing.runningBoundMs)
+        l.warn(
+          { compensationKey: key },
+          'compensation requested but never registered: a repeat of the request registers it',
+        );
+      return;
+    }
     if (action === 'expire_confirmation') {
       // No confirmation came by the deadline: rolled back, nothing sent (the decider refuses it
       // `not_due` on this command's time if the deadline has not passed).

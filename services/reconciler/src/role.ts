@@ -94,6 +94,7 @@ export const reconcilerRole = defineRole({
             subjects,
             tools,
             signer: signer!,
+            freeze: (tenant, taskId, operationKey, at) => freezeTask(tasks, tenant, taskId, operationKey, at),
             log: log.child({ component: 'sweep' }),
             intervalMs: env.TOOLTX_RECONCILE_INTERVAL_MS,
           });

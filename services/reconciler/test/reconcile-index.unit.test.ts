@@ -148,3 +148,43 @@ describe('reconciler projection: a failed compensation (FM-20)', () => {
     });
   });
 });
+
+describe('reconciler projection: an original waiting for its compensation', () => {
+  it('is indexed while compensation_requested (the sweep settles it should its link be lost), never as a takeover, and leaves a tombstone once linked', () => {
+    const first = sampleOperation('accepted', 0).events[0]!;
+    const state = first.state as OperationRecord;
+    const link = {
+      operationKey: state.operationKey,
+      tool: 'kb.delete_note',
+      version: 1,
+      attempt: 1,
+      requestedBy: { kind: 'actor' as const, id: 'alice' },
+      reasonDigest: state.inputDigest,
+      requestedAt: 11_000,
+    };
+    // An earlier takeover of its own attempt (resolved committed) is not listed again.
+    const takeover = {
+      operationKey: state.operationKey,
+      tenant: state.tenant,
+      taskId: state.taskId,
+      tool: state.tool,
+      version: state.version,
+      targetDigest: state.targetDigest,
+      inputDigest: state.inputDigest,
+      reason: 'unknown_past_deadline' as const,
+      attempts: { attempt: 1, requeues: 0, probes: 3 },
+      times: { acceptedAt: state.acceptedAt, openedAt: 5_000 },
+    };
+    const waiting = { ...state, status: 'compensation_requested' as const, compensation: link, takeover };
+    const open = applyToIndex(null, { ...first, state: waiting }, 7);
+    expect(open).toMatchObject({ terminal: false, status: 'compensation_requested', seq: 7 });
+    expect(open).not.toHaveProperty('takeoverAt');
+    expect(decode(reconcileValueSchema, encode(open))).toEqual(open);
+    const compensated = { ...waiting, status: 'compensated' as const };
+    expect(applyToIndex(open, { ...first, state: compensated }, 8)).toEqual({
+      seq: 8,
+      status: 'compensated',
+      terminal: true,
+    });
+  });
+});
