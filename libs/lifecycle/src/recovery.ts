@@ -145,7 +145,7 @@ export interface WatchedOperation {
  * probe is due; `awaiting_confirmation` once its confirmation deadline has passed by `wallNow` (the
  * deadline is the contract's promise to the caller, on the wall clock: the decider judges the
  * expiry again on the command's own time, and refuses it `not_due` before); `compensation_requested`
- * beyond `runningBoundMs` (its compensation may have ended unlinked). Pure.
+ * beyond `runningBoundMs` (its compensation may have ended unlinked), when a look is due. Pure.
  */
 export function lookDue(
   e: WatchedOperation,
@@ -167,8 +167,9 @@ export function lookDue(
     case 'awaiting_confirmation':
       return e.confirmDeadlineAt !== undefined && o.wallNow >= e.confirmDeadlineAt;
     case 'compensation_requested':
-      // Its compensation registers and ends on its own path; looked at once that had time to.
-      return o.seenForMs > runningBoundMs || o.wallNow - e.updatedAt > runningBoundMs;
+      // Its compensation registers and ends on its own path; looked at once that had time to, then
+      // on the sweep's backoff.
+      return o.probeDue && (o.seenForMs > runningBoundMs || o.wallNow - e.updatedAt > runningBoundMs);
     default:
       return false;
   }

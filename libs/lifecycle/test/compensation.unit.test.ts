@@ -828,8 +828,10 @@ describe('a compensation tied to its attempt: the original never stays compensat
     const timing = { timeoutMs: 1_000, runningBoundMs: 5_000 };
     const entry = { status: 'compensation_requested', updatedAt: 10_000 };
     expect(lookDue(entry, timing, { seenForMs: 100, wallNow: 10_100, probeDue: true })).toBe(false);
-    expect(lookDue(entry, timing, { seenForMs: 5_001, wallNow: 10_100, probeDue: false })).toBe(true);
-    expect(lookDue(entry, timing, { seenForMs: 0, wallNow: 15_001, probeDue: false })).toBe(true);
+    expect(lookDue(entry, timing, { seenForMs: 5_001, wallNow: 10_100, probeDue: true })).toBe(true);
+    expect(lookDue(entry, timing, { seenForMs: 0, wallNow: 15_001, probeDue: true })).toBe(true);
+    // Looked at and found nothing to link: not again before its backoff.
+    expect(lookDue(entry, timing, { seenForMs: 5_001, wallNow: 15_001, probeDue: false })).toBe(false);
     expect(sweepAction({ status: 'compensation_requested', seq: 4 }, q.state, 4)).toBe('settle_compensation');
   });
 });

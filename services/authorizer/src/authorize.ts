@@ -395,7 +395,15 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
       // alias: registered under the compensating policy's canonical input, as any aliased write is,
       // with the built one as what was submitted. The executor's check at the execution instant then
       // compares like with like, and the input it builds again matches what was submitted.
-      const canonical = allowed?.input ? prepareCall(contract, original.taskId, allowed.input) : null;
+      let canonical: ReturnType<typeof prepareCall> | null = null;
+      if (allowed?.input) {
+        try {
+          canonical = prepareCall(contract, original.taskId, allowed.input);
+        } catch (err) {
+          l.error({ err }, 'the policy seam returned a canonical input the compensating contract refuses');
+          throw err;
+        }
+      }
       const registered =
         canonical && canonical.inputDigest !== call.inputDigest
           ? {

@@ -143,19 +143,28 @@ export function startSweeper(d: SweepDeps): {
       // Its compensation ended but the original does not show it (its link was lost, or read a
       // stale attempt): linked now, tied to the attempt this request registered. One still running
       // is its own operation's; one never registered is completed by a repeat of the request.
-      const key = state.compensation?.operationKey;
-      if (!key) return;
-      const { state: comp } = await d.store.load(tenant, operationIdOf(key));
+      const compKey = state.compensation?.operationKey;
+      if (!compKey) return;
+      const { state: comp } = await d.store.load(tenant, operationIdOf(compKey));
       const settlement = compensationSettlement(state, comp);
       if (settlement.kind === 'link' && comp.status !== 'none') {
         const linked = await linkCompensation(d.store, comp, {
           now,
           ...(d.freeze ? { freeze: d.freeze } : {}),
         });
-        if (linked) l.info({ compensationKey: key, event: linked }, 'compensation outcome linked by the sweep');
-      } else if (settlement.kind === 'register' && age > impl.contract.timing.runningBoundMs)
+        if (linked) l.info({ compensationKey: compKey, event: linked }, 'compensation outcome linked by the sweep');
+        backoff.delete(key);
+        return;
+      }
+      // Nothing to link yet: looked at again later, less and less often (a compensation may run,
+      // or wait for a person, for long).
+      const b = backoff.get(key) ?? { failures: 0, nextAt: 0 };
+      b.failures++;
+      b.nextAt = elapsed() + nextProbeInMs(b.failures, undefined);
+      backoff.set(key, b);
+      if (settlement.kind === 'register' && b.failures === 1)
         l.warn(
-          { compensationKey: key },
+          { compensationKey: compKey },
           'compensation requested but never registered: a repeat of the request registers it',
         );
       return;
