@@ -402,7 +402,7 @@ describe('compensation: a new operation that undoes what can be undone', () => {
     const compensationKey = (w: { operationKey: string }) =>
       deriveCompensationKey(w.operationKey, { tool: 'kb.delete_note', version: 1 });
     /** The compensation's attempt 1 as registered and refused at its execution instant, nothing sent. */
-    const refusedAttempt = async (w: Awaited<ReturnType<typeof written>>, taskId: string) => {
+    const refusedAttempt = async (w: Awaited<ReturnType<typeof written>>, taskId: string, contractDigest: string) => {
       const input = { kb: 'research', noteId: w.receipt.resourceId };
       const call = prepareCall(contracts.deleteNote, taskId, input);
       await append(compensationKey(w), {
@@ -415,7 +415,7 @@ describe('compensation: a new operation that undoes what can be undone', () => {
         taskId,
         tool: 'kb.delete_note',
         version: 1,
-        contractDigest: contracts.deleteNote.digest,
+        contractDigest,
         effect: 'delete',
         inputDigest: call.inputDigest,
         targetDigest: call.targetDigest,
@@ -443,7 +443,10 @@ describe('compensation: a new operation that undoes what can be undone', () => {
     // recorded, its accept never appended. A repeat registers attempt 2 instead of answering attempt
     // 1's refusal, which is not this request's outcome.
     const w2 = await written('comp-half-2', 'Refused once, requested again');
-    await taken(await refusedAttempt(w2, 'comp-half-2'));
+    // The compensating contract as the host loaded it.
+    const { state: loaded } = await t.store.load('acme', operationIdOf(compensationKey(w1)));
+    if (loaded.status === 'none') throw new Error('the first compensation was not registered');
+    await taken(await refusedAttempt(w2, 'comp-half-2', loaded.contractDigest));
     const k2 = compensationKey(w2);
     // The request of attempt 1, recorded once the host's link saw its compensation's events (as a
     // link that read the compensation before the request would have missed it): only the sweep
