@@ -406,8 +406,20 @@ describe('MCP over Streamable HTTP', () => {
       name: 'tooltx_compensate',
       arguments: { operationKey: w.operationKey, reason: 'wrong source' },
     });
-    expect(structured(r)).toMatchObject({ status: 'compensated', operationKey: w.operationKey, next: 'continue' });
+    expect(structured(r)).toMatchObject({
+      status: 'compensated',
+      operationKey: w.operationKey,
+      next: 'continue',
+      replayed: false,
+    });
     expect(structured(r).receipt).toMatchObject({ operationKey: structured(r).compensationKey });
+    // Asked again: the same compensation, replayed with the same receipt.
+    const again = await c.callTool({
+      name: 'tooltx_compensate',
+      arguments: { operationKey: w.operationKey, reason: 'asked twice' },
+    });
+    expect(structured(again)).toMatchObject({ status: 'compensated', replayed: true });
+    expect(structured(again).receipt).toEqual(structured(r).receipt);
   });
 
   it('MCP kill -9 of the MCP server after the commit, before the answer: started again, the same call (same task id) gets the same receipt, and the KB holds one row', async () => {

@@ -101,6 +101,10 @@ const compensateEnvelope = z.object({
   compensationKey: z.string().nullable().optional(),
   receipt: receiptShown.optional(),
   error: errorInfoSchema.optional(),
+  /** True when this request found the compensation already registered by an earlier one. */
+  replayed: z.boolean().optional(),
+  /** A failed compensation's takeover record (docs/compensation.md): what a person has in front of them. */
+  takeover: z.record(z.string(), z.unknown()).optional(),
   next: z.string(),
 });
 
@@ -324,6 +328,8 @@ export function compensateResult(r: CompensateResult): CallResult {
     compensationKey: r.compensationKey,
     ...('receipt' in r ? { receipt: r.receipt } : {}),
     ...('error' in r && r.error ? { error: r.error } : {}),
+    ...('replayed' in r ? { replayed: r.replayed } : {}),
+    ...('takeover' in r && r.takeover ? { takeover: r.takeover } : {}),
     next,
   };
   const text =
