@@ -6,6 +6,8 @@
  *   tooltx streams apply   create or update the streams, consumers and result bucket (provisioner)
  *   tooltx streams check   list every setting that breaks a guarantee; exit 1 when any
  *   tooltx auth generate   nats-server config + one nkey seed per user from an identity list
+ *   tooltx ops list|show   operations by state across tenants, through the operations query service
+ *                          (as an operator granted query)
  *   tooltx ops pending     the operations the reconciler is watching (accepted, running, unknown,
  *                          held back, or a failed compensation a person has not resolved yet)
  *   tooltx takeover …      list / show / resolve operations handed over to a person (as an operator)
@@ -40,6 +42,7 @@ import { inboxPrefixOf } from '@tooltx/nats';
 import type { NatsConnection } from '@tooltx/nats';
 import { z } from 'zod';
 import { registerCompensate } from './commands/compensate.js';
+import { registerOpsQuery } from './commands/ops.js';
 import { registerConfirm } from './commands/confirm.js';
 import { registerMcp } from './commands/mcp.js';
 import { registerTakeover } from './commands/takeover.js';
@@ -229,7 +232,12 @@ streams
     }),
   );
 
-const ops = program.command('ops').description('operations as the reconciler sees them');
+const ops = program
+  .command('ops')
+  .description(
+    'operations: by state across tenants (list, show: as an operator granted query), or as the reconciler sees them (pending: as the provisioner)',
+  );
+registerOpsQuery(ops);
 ops
   .command('pending')
   .description("list the non-terminal operations of the reconciler's index, one JSON object per line (no bodies)")

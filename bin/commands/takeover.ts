@@ -28,7 +28,7 @@ import {
   type CliIdentity,
 } from './cli-support.js';
 
-const operatorConfig = baseConfigSchema.extend({
+export const operatorConfig = baseConfigSchema.extend({
   TOOLTX_OPERATOR: z
     .string({ error: "required: the operator's id (an operator of the identity list), recorded as resolvedBy" })
     .regex(ID_PATTERN, 'an operator id of the identity list (^[a-z0-9_-]{1,64}$)'),
@@ -41,26 +41,76 @@ type Answer = {
   operation?: { status?: string; takeover?: unknown };
 };
 
-/** One request/reply with the takeover service; errors say what went wrong in the operator's terms. */
-async function request(
+/**
+ * One JSON request/reply with an operators' service (`service` names it in messages: `takeover`,
+ * `operations query`); errors say what went wrong in the operator's terms.
+ */
+export async function operatorRequest<A>(
   nc: NatsConnection,
   subject: string,
   body: Record<string, unknown>,
   who: CliIdentity,
   seedFile: string | undefined,
   timeoutMs: number,
-): Promise<Answer> {
+  service: { name: string; servedBy: string; grant?: string } = {
+    name: 'takeover service',
+    servedBy: 'every reconciler instance answers takeover requests',
+  },
+): Promise<A> {
   try {
     const reply = await nc.request(subject, JSON.stringify(body), { timeout: timeoutMs });
-    return JSON.parse(reply.string()) as Answer;
+    return JSON.parse(reply.string()) as A;
   } catch (err) {
     const denied = permissionViolationOf(err);
-    if (denied) throw new CliRefusal(`${notThatIdentity(denied, who, seedFile)}; TOOLTX_OPERATOR names the operator`);
+    if (denied)
+      throw new CliRefusal(
+        `${notThatIdentity(denied, who, seedFile)}${service.grant ? `, or that operator is not granted ${service.grant} in the identity list` : ''}; TOOLTX_OPERATOR names the operator`,
+      );
     if (isNatsError(err, errors.NoRespondersError))
-      throw new CliRefusal('no takeover service is running (every reconciler instance answers takeover requests)');
+      throw new CliRefusal(`no ${service.name} is running (${service.servedBy})`);
     if (isNatsError(err, errors.TimeoutError))
-      throw new CliRefusal(`no answer from the takeover service within ${timeoutMs / 1_000} s`);
+      throw new CliRefusal(`no answer from the ${service.name} within ${timeoutMs / 1_000} s`);
     throw err;
+  }
+}
+
+/**
+ * Connects as the operator TOOLTX_OPERATOR names (its seed in NATS_NKEY_FILE), runs `fn`, drains.
+ * Usage errors (exit 2) for a missing or bad setting or a seed the server does not know.
+ */
+export async function withOperator<T>(
+  fn: (o: {
+    nc: NatsConnection;
+    subjects: Subjects;
+    operator: string;
+    who: CliIdentity;
+    seedFile?: string;
+  }) => Promise<T>,
+): Promise<T> {
+  const config = loadConfig(operatorConfig);
+  const who: CliIdentity = {
+    describe: `operator ${config.TOOLTX_OPERATOR}`,
+    seedName: `operator.${config.TOOLTX_OPERATOR}.nk`,
+  };
+  const nc = await connectCli({
+    servers: config.NATS_URL,
+    name: `tooltx-cli:operator/${config.TOOLTX_OPERATOR}`,
+    credsFile: config.NATS_CREDS_FILE,
+    nkeyFile: config.NATS_NKEY_FILE,
+    inboxPrefix: inboxPrefixOf({ kind: 'operator', operator: config.TOOLTX_OPERATOR }),
+    reconnectForever: false,
+    as: who,
+  });
+  try {
+    return await fn({
+      nc,
+      subjects: new Subjects(config.TOOLTX_PREFIX),
+      operator: config.TOOLTX_OPERATOR,
+      who,
+      ...(config.NATS_NKEY_FILE ? { seedFile: config.NATS_NKEY_FILE } : {}),
+    });
+  } finally {
+    await nc.drain();
   }
 }
 
@@ -100,23 +150,10 @@ async function explain(answer: Answer, req: Record<string, unknown>, show: () =>
 
 /** Sends one request to the takeover service; prints the answer; exit 1 with its class and meaning when refused. */
 async function ask(req: Record<string, unknown>, timeoutMs = 10_000): Promise<void> {
-  const config = loadConfig(operatorConfig);
-  const who: CliIdentity = {
-    describe: `operator ${config.TOOLTX_OPERATOR}`,
-    seedName: `operator.${config.TOOLTX_OPERATOR}.nk`,
-  };
-  const nc = await connectCli({
-    servers: config.NATS_URL,
-    name: `tooltx-cli:operator/${config.TOOLTX_OPERATOR}`,
-    credsFile: config.NATS_CREDS_FILE,
-    nkeyFile: config.NATS_NKEY_FILE,
-    inboxPrefix: inboxPrefixOf({ kind: 'operator', operator: config.TOOLTX_OPERATOR }),
-    reconnectForever: false,
-    as: who,
-  });
-  try {
-    const subject = new Subjects(config.TOOLTX_PREFIX).takeover(config.TOOLTX_OPERATOR);
-    const send = (body: Record<string, unknown>) => request(nc, subject, body, who, config.NATS_NKEY_FILE, timeoutMs);
+  await withOperator(async ({ nc, subjects, operator, who, seedFile }) => {
+    const subject = subjects.takeover(operator);
+    const send = (body: Record<string, unknown>) =>
+      operatorRequest<Answer>(nc, subject, body, who, seedFile, timeoutMs);
     const answer = await send(req);
     if (!answer.ok) {
       const meaning = await explain(answer, req, () =>
@@ -130,9 +167,7 @@ async function ask(req: Record<string, unknown>, timeoutMs = 10_000): Promise<vo
       for (const t of answer.takeovers) process.stdout.write(`${JSON.stringify(t)}\n`);
       process.stderr.write(`${answer.takeovers.length} open takeover(s)\n`);
     } else process.stdout.write(`${JSON.stringify(answer.operation)}\n`);
-  } finally {
-    await nc.drain();
-  }
+  });
 }
 
 /** Registers `takeover` on the CLI. */

@@ -1,13 +1,4 @@
-import {
-  chmodSync,
-  existsSync,
-  mkdirSync,
-  readdirSync,
-  readFileSync,
-  renameSync,
-  rmSync,
-  writeFileSync,
-} from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { createUser, fromSeed, type KeyPair } from '@nats-io/nkeys';
@@ -25,11 +16,14 @@ import {
   checkIdentityList,
   compensatingOperators,
   confirmingOperators,
+  queryingOperators,
   identityListSchema,
   operatorsOf,
   type IdentityList,
 } from './identities.js';
+import { writeConsoleLogins } from './console-logins.js';
 import { permissionsFor } from './permissions.js';
+import { writePrivate } from './private-file.js';
 
 /** One generated user: its role, public nkey, and where its seed file was written. */
 export interface GeneratedUser {
@@ -71,20 +65,10 @@ export interface GeneratedAuth {
   /** The private receipt key of a signing service (TOOLTX_SIGNING_KEY_FILE, mode 0600). */
   signingKeyFile(service: (typeof RECEIPT_SIGNERS)[number]): string;
   users: GeneratedUser[];
+  /** The console's logins (`console/logins.json`: scrypt hashes); each password is in `console/passwords/<user>.password`. */
+  consoleLoginsFile: string;
   /** Seed file of a role (throws `Error` when the list has no such user). */
   seedFile(role: Role): string;
-}
-
-/**
- * Writes `text` to `file` with mode 0600 whatever the file's mode was (`writeFileSync`'s mode applies
- * only to a file it creates), through a temporary file renamed into place: a crash never leaves it
- * half written.
- */
-function writePrivate(file: string, text: string): void {
-  const tmp = `${file}.${process.pid}.tmp`;
-  writeFileSync(tmp, text, { mode: 0o600 });
-  chmodSync(tmp, 0o600);
-  renameSync(tmp, file);
 }
 
 /** Stable file name of a role's seed. */
@@ -151,6 +135,7 @@ export function generateAuth(
   ];
   const compensators = compensatingOperators(parsed);
   const confirmers = confirmingOperators(parsed);
+  const queriers = queryingOperators(parsed);
   const keyDir = join(o.outDir, 'nkeys');
   mkdirSync(keyDir, { recursive: true, mode: 0o700 });
   const users: GeneratedUser[] = roles.map((role) => {
@@ -182,6 +167,7 @@ export function generateAuth(
       parsed.tenants.map((t) => t.id),
       compensators,
       confirmers,
+      queriers,
     );
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
@@ -199,7 +185,7 @@ export function generateAuth(
     name: 'TOOLTX',
     extra: [
       '      jetstream: enabled',
-      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`, `${p}.ops.compensate.>`, `${p}.ops.confirm.>`, `${p}.ops.discard.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
+      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`, `${p}.ops.compensate.>`, `${p}.ops.confirm.>`, `${p}.ops.discard.>`, `${p}.ops.query.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
     ],
     users: users.filter((u) => u.role.kind === 'service' || u.role.kind === 'provisioner'),
   };
@@ -224,9 +210,17 @@ export function generateAuth(
     }));
   const operatorAccount = {
     name: 'OPERATORS',
-    // Every operator's account imports the compensation, confirmation and discard subjects; only
-    // a granted operator's own permissions let it publish there (permissionsFor).
-    extra: [imports([`${p}.takeover.>`, `${p}.ops.compensate.>`, `${p}.ops.confirm.>`, `${p}.ops.discard.>`])],
+    // Every operator's account imports the compensation, confirmation, discard and query subjects;
+    // only a granted operator's own permissions let it publish there (permissionsFor).
+    extra: [
+      imports([
+        `${p}.takeover.>`,
+        `${p}.ops.compensate.>`,
+        `${p}.ops.confirm.>`,
+        `${p}.ops.discard.>`,
+        `${p}.ops.query.>`,
+      ]),
+    ],
     users: users.filter((u) => u.role.kind === 'operator'),
   };
   const accounts = [tooltxAccount, ...tenantAccounts, operatorAccount].filter(
@@ -308,10 +302,18 @@ export function generateAuth(
   }
   const receiptKeysFile = join(o.outDir, 'receipt-keys.json');
   writeFileSync(receiptKeysFile, `${JSON.stringify(trusted, null, 2)}\n`, { mode: 0o644 });
+  // Console logins of the people: every operator and auditor (docs/console.md).
+  const consoleLoginsFile = writeConsoleLogins(
+    o.outDir,
+    users.flatMap((u) =>
+      u.role.kind === 'operator' || u.role.kind === 'auditor' ? [{ role: u.role, userName: userName(u.role) }] : [],
+    ),
+  );
   return {
     configFile: configFiles[0]!,
     configFiles,
     receiptKeysFile,
+    consoleLoginsFile,
     signingKeyFile: (service) => join(signingDir, `${service}.pem`),
     users,
     seedFile(role) {

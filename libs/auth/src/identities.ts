@@ -17,9 +17,10 @@ const id = z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$ (one subj
 /**
  * What an operator may do beyond takeovers: `compensate` (`tooltx compensate`), `confirm` (`tooltx
  * confirm` and `tooltx discard`: one grant for both, since either is the decision a held-back
- * operation waits for, as one permission of its contract covers both for an agent).
+ * operation waits for, as one permission of its contract covers both for an agent), `query` (`tooltx
+ * ops list | show` and the console's operations pages: every tenant's audit records, no bodies).
  */
-export const OPERATOR_GRANTS = ['compensate', 'confirm'] as const;
+export const OPERATOR_GRANTS = ['compensate', 'confirm', 'query'] as const;
 export type OperatorGrant = (typeof OPERATOR_GRANTS)[number];
 
 /** An operator of the list: a bare id (takeovers only), or an id with the grants it holds. */
@@ -52,6 +53,13 @@ export function operatorsOf(list: IdentityList): Operator[] {
 export function compensatingOperators(list: IdentityList): string[] {
   return operatorsOf(list)
     .filter((o) => o.may.has('compensate'))
+    .map((o) => o.id);
+}
+
+/** The ids of the operators who may query operations across tenants (`may: ['query']`). */
+export function queryingOperators(list: IdentityList): string[] {
+  return operatorsOf(list)
+    .filter((o) => o.may.has('query'))
     .map((o) => o.id);
 }
 
@@ -165,9 +173,10 @@ export function checkIdentityList(list: IdentityList, topo?: Topology): void {
     const path = typeof parsed.operators[k] === 'string' ? ['operators', k] : ['operators', k, 'id'];
     reserved(operator, path, 'operator');
     // A compensating or confirming operator's requests enter a tenant's intake stream under
-    // `_op-<id>`, one subject token of at most 64 characters.
-    if (may.size > 0 && operator.length > MAX_OPERATOR_ACTOR_ID) {
-      const what = [...may].join(' and ');
+    // `_op-<id>`, one subject token of at most 64 characters; a query is not an intent.
+    const intents = [...may].filter((g) => g !== 'query');
+    if (intents.length > 0 && operator.length > MAX_OPERATOR_ACTOR_ID) {
+      const what = intents.join(' and ');
       refuse(
         {
           path,

@@ -5,6 +5,7 @@ export {
   identityListSchema,
   OPERATOR_GRANTS,
   operatorsOf,
+  queryingOperators,
   tenantsOf,
   type IdentityList,
   type Operator,
@@ -19,3 +20,13 @@ export {
   type GeneratedAuth,
   type GeneratedUser,
 } from './generate.js';
+export {
+  consoleLoginName,
+  consoleLoginSchema,
+  consoleLoginsSchema,
+  verifyConsoleLogin,
+  writeConsoleLogins,
+  type ConsoleLogin,
+  type ConsoleLogins,
+  type ConsoleRole,
+} from './console-logins.js';

@@ -71,10 +71,12 @@ export function permissionsFor(
   compensators: string[] = [],
   /** The operators granted `confirm` in the identity list (`tooltx confirm`, `tooltx discard`). */
   confirmers: string[] = [],
+  /** The operators granted `query` in the identity list (`tooltx ops list`, the console). */
+  queriers: string[] = [],
 ): Permissions {
   const api = '$JS.API';
   if (role.kind === 'service' && role.service === 'host')
-    return hostPermissions(s, topo, executorDurables, tenants, compensators, confirmers);
+    return hostPermissions(s, topo, executorDurables, tenants, compensators, confirmers, queriers);
   const inbox = `${inboxPrefixOf(role)}.>`;
   // Where a request/reply service (status, audit, takeover) answers: agents, auditors and operators
   // live in their own accounts and reach these services through service imports, so every request
@@ -173,6 +175,7 @@ export function permissionsFor(
             s.takeover(role.operator),
             ...(compensators.includes(role.operator) ? [s.opsCompensate(role.operator)] : []),
             ...(confirmers.includes(role.operator) ? [s.opsConfirm(role.operator), s.opsDiscard(role.operator)] : []),
+            ...(queriers.includes(role.operator) ? [s.opsQuery(role.operator)] : []),
           ],
         },
         subscribe: { allow: [inbox] },
@@ -280,7 +283,9 @@ export function permissionsFor(
                 ...decisionsStreams.flatMap((n) => othersDurables(n, [Durables.auditDecisions])),
               ],
             },
-            subscribe: { allow: [inbox, s.allAudit] },
+            // Auditors' queries, and operators' queries of operations across tenants (queue groups):
+            // only an operator granted `query` may publish the latter.
+            subscribe: { allow: [inbox, s.allAudit, s.allOpsQuery] },
           };
         }
         case 'host':
@@ -351,9 +356,19 @@ function hostPermissions(
   tenants: string[],
   compensators: string[],
   confirmers: string[],
+  queriers: string[],
 ): Permissions {
   const parts = (['authorizer', 'executor', 'reconciler', 'audit-projector'] as const).map((service) =>
-    permissionsFor({ kind: 'service', service }, s, topo, executorDurables, tenants, compensators, confirmers),
+    permissionsFor(
+      { kind: 'service', service },
+      s,
+      topo,
+      executorDurables,
+      tenants,
+      compensators,
+      confirmers,
+      queriers,
+    ),
   );
   const events = topo.streams.events.name;
   const own = [

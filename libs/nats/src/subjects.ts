@@ -22,6 +22,7 @@ const SUBMISSION_TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
  * | KV `<p>_audit`, key `<tenant>.<opId>` | one audit record per operation (projection) |
  * | `<p>.ops.compensate.<operator>` | operators' compensation requests to the authorizer (request/reply, no stream) |
  * | `<p>.ops.confirm.<operator>`, `<p>.ops.discard.<operator>` | operators' confirmations and discards of held-back operations to the authorizer (request/reply, no stream) |
+ * | `<p>.ops.query.<operator>` | operators' queries of operations across tenants to the operations query service (request/reply, no stream) |
  * | `<p>.audit.<tenant>.<auditor>` | auditors' queries to the audit service (request/reply, no stream) |
  * | `<p>.auditlog.<tenant>.<auditor>` | the audit service's record of each query and export (stream `<P>_AUDITLOG`) |
  */
@@ -114,6 +115,25 @@ export class Subjects {
       return null;
     const operator = t[3]!;
     return ID_PATTERN.test(operator) && !operator.startsWith('_') ? { action: t[2], operator } : null;
+  }
+
+  /**
+   * An operator's queries of operations by state across tenants (`tooltx ops list`, the console):
+   * `<prefix>.ops.query.<operator>`, answered by the audit-projector's operations query service.
+   * Only an operator granted `query` may publish there.
+   */
+  opsQuery(operator: string): string {
+    return `${this.prefix}.ops.query.${id(operator)}`;
+  }
+  get allOpsQuery(): string {
+    return `${this.prefix}.ops.query.*`;
+  }
+  /** The operator of an operations query subject, or null when it is not exactly one. */
+  parseOpsQuerySubject(subject: string): string | null {
+    const t = subject.split('.');
+    if (t.length !== 4 || t[0] !== this.prefix || t[1] !== 'ops' || t[2] !== 'query') return null;
+    const operator = t[3]!;
+    return ID_PATTERN.test(operator) && !operator.startsWith('_') ? operator : null;
   }
 
   intent(tenant: string, actor: string): string {

@@ -224,29 +224,14 @@ export class AuditService {
         record: record && record.operationKey === req.operationKey ? auditRecordForAuditor(record) : null,
       };
     }
-    const inRange = (r: AuditRecord) =>
-      (req.since === undefined || r.lastAt >= req.since) && (req.until === undefined || r.firstAt < req.until);
-    const all = (await this.#tenantRecords(who.tenant)).filter(inRange);
+    const all = (await auditRecordsOf(this.#d.kv, `${who.tenant}.>`, this.#d.log)).filter((r) => inRange(r, req));
     if (req.kind === 'counts')
       return { kind: 'counts', queryId, records: all.length, counts: countsOf(all) satisfies ContractCounts[] };
-    const selected = all
-      .filter(
-        (r) =>
-          req.kind !== 'list' ||
-          ((!req.state || r.status === req.state) && (!req.contract || r.contract === req.contract)),
-      )
-      .filter((r) => !req.after || afterCursor(r, req.after))
-      .sort(order);
-    const limit = req.kind === 'list' ? (req.limit ?? 100) : MAX_AUDIT_PAGE;
-    const page: AuditRecord[] = [];
-    let bytes = 0;
-    for (const r of selected) {
-      const size = encode(r).byteLength;
-      if (page.length >= limit || (page.length > 0 && bytes + size > PAGE_BYTES)) break;
-      page.push(r);
-      bytes += size;
-    }
-    const next = page.length < selected.length && page.length > 0 ? cursorOf(page.at(-1)!) : undefined;
+    const { page, next } = pageOf(
+      all,
+      req.kind === 'list' ? { state: req.state, contract: req.contract, after: req.after } : { after: req.after },
+      req.kind === 'list' ? (req.limit ?? 100) : MAX_AUDIT_PAGE,
+    );
     const answered = page.map(auditRecordForAuditor);
     if (req.kind === 'list') return { kind: 'list', queryId, records: answered, ...(next ? { next } : {}) };
     return {
@@ -257,27 +242,65 @@ export class AuditService {
       ...(next ? { next } : {}),
     };
   }
+}
 
-  /**
-   * Every audit record of `tenant`: one ordered pass over the bucket's stream, filtered to the
-   * tenant's keys (the bucket keeps one value per key). O(records of the tenant) per query.
-   */
-  async #tenantRecords(tenant: string): Promise<AuditRecord[]> {
-    const latest = new Map<string, { revision: number; value: Uint8Array }>();
-    for await (const e of await this.#d.kv.history({ key: `${tenant}.>` })) {
-      const cur = latest.get(e.key);
-      if (cur && cur.revision > e.revision) continue;
-      if (e.operation !== 'PUT') latest.delete(e.key);
-      else latest.set(e.key, { revision: e.revision, value: e.value });
-    }
-    const out: AuditRecord[] = [];
-    for (const [key, { value }] of latest) {
-      try {
-        out.push(decode(auditRecordSchema, value));
-      } catch (err) {
-        this.#d.log.error({ err, key }, 'audit record does not match its schema: skipped');
-      }
-    }
-    return out;
+/**
+ * The newest record under every key of the audit bucket that `filter` matches (`<tenant>.>` for
+ * one tenant, `>` for all): one ordered pass over the bucket's stream (the bucket keeps one value
+ * per key). O(records matched) per query. A record that does not parse is logged and skipped.
+ */
+export async function auditRecordsOf(kv: KV, filter: string, log: Logger): Promise<AuditRecord[]> {
+  const latest = new Map<string, { revision: number; value: Uint8Array }>();
+  for await (const e of await kv.history({ key: filter })) {
+    const cur = latest.get(e.key);
+    if (cur && cur.revision > e.revision) continue;
+    if (e.operation !== 'PUT') latest.delete(e.key);
+    else latest.set(e.key, { revision: e.revision, value: e.value });
   }
+  const out: AuditRecord[] = [];
+  for (const [key, { value }] of latest) {
+    if (key.startsWith('_')) continue;
+    try {
+      out.push(decode(auditRecordSchema, value));
+    } catch (err) {
+      log.error({ err, key }, 'audit record does not match its schema: skipped');
+    }
+  }
+  return out;
+}
+
+/**
+ * Whether an operation is in `[since, until)`: any of its states or decisions falls in it
+ * (`lastAt >= since` and `firstAt < until`), times in ms since the epoch.
+ */
+export function inRange(r: AuditRecord, range: { since?: number | undefined; until?: number | undefined }): boolean {
+  return (
+    (range.since === undefined || r.lastAt >= range.since) && (range.until === undefined || r.firstAt < range.until)
+  );
+}
+
+/**
+ * One page of `records` (oldest first): those of `state` and `contract` when given, after the
+ * cursor `after`, at most `limit` and under {@link PAGE_BYTES} encoded; `next` is the cursor of the
+ * page's last record when more follow.
+ */
+export function pageOf(
+  records: readonly AuditRecord[],
+  f: { state?: string | undefined; contract?: string | undefined; after?: string | undefined },
+  limit: number,
+): { page: AuditRecord[]; next?: string } {
+  const selected = records
+    .filter((r) => (!f.state || r.status === f.state) && (!f.contract || r.contract === f.contract))
+    .filter((r) => !f.after || afterCursor(r, f.after))
+    .sort(order);
+  const page: AuditRecord[] = [];
+  let bytes = 0;
+  for (const r of selected) {
+    const size = encode(r).byteLength;
+    if (page.length >= limit || (page.length > 0 && bytes + size > PAGE_BYTES)) break;
+    page.push(r);
+    bytes += size;
+  }
+  const next = page.length < selected.length && page.length > 0 ? cursorOf(page.at(-1)!) : undefined;
+  return next ? { page, next } : { page };
 }

@@ -1,7 +1,24 @@
 export { AnswerPusher } from './answer-pusher.js';
 export { type Codec, type Endpoint, jsonCodec, msgpackCodec, type Responder, startResponder } from './responder.js';
 export { STATUS_QUEUE, type StatusDeps, StatusService } from './status-service.js';
-export { AUDIT_QUEUE, AuditService, type AuditServiceDeps, PAGE_BYTES, REBUILDING_RETRY_MS } from './audit-queries.js';
+export {
+  AUDIT_QUEUE,
+  auditRecordsOf,
+  AuditService,
+  type AuditServiceDeps,
+  inRange,
+  PAGE_BYTES,
+  pageOf,
+  REBUILDING_RETRY_MS,
+} from './audit-queries.js';
+export {
+  type OpsQueryAnswer,
+  opsQueryAnswerSchema,
+  type OpsQueryRequest,
+  opsQueryRequestSchema,
+  type OpsQueryServiceDeps,
+  startOpsQueryService,
+} from './ops-query-service.js';
 export {
   startTakeoverService,
   type TakeoverAnswer,

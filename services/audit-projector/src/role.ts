@@ -7,7 +7,7 @@ import { heldLimit, openBucket, startConsumerLoop } from '@tooltx/nats';
 import { envInt, keyedDigest, ProjectionGuard, readKeyFile, SecretFileError } from '@tooltx/runtime';
 import { defineRole } from '@tooltx/runtime/service';
 import { TenantWatch } from '@tooltx/runtime/tenants';
-import { AuditService } from '@tooltx/readside';
+import { AuditService, startOpsQueryService } from '@tooltx/readside';
 import { Durables } from '@tooltx/streams';
 import { auditHandlers, auditRebuilder } from './apply.js';
 import type { AuditHmac } from './audit-record.js';
@@ -40,7 +40,7 @@ const auditConfigSchema = z.object({
 export const auditProjectorRole = defineRole({
   name: 'audit-projector',
   summary:
-    "projects the event log and the decision stream into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>) — no bodies — and answers auditors' queries on <prefix>.audit.<tenant>.<auditor>, recording each before answering",
+    "projects the event log and the decision stream into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>) — no bodies — and answers auditors' queries on <prefix>.audit.<tenant>.<auditor>, recording each before answering, and operators' queries of operations across tenants on <prefix>.ops.query.<operator>",
   env: auditConfigSchema,
   envHelp: `  TOOLTX_AUDIT_HMAC_KEY_FILE key file (>= 32 characters, mode 0600) of the keyed HMACs in audit records (required)
   TOOLTX_AUDIT_BATCH_MS    how long an in-flight operation's events wait to be written with its next
@@ -111,8 +111,16 @@ export const auditProjectorRole = defineRole({
       rebuilding: () => guard.rebuilding,
     });
     service.start();
+    // Operators' queries of operations across tenants (granted `query`): the same records.
+    const opsQuery = startOpsQueryService({
+      nc,
+      kv,
+      subjects,
+      log: log.child({ component: 'ops-query' }),
+      rebuilding: () => guard.rebuilding,
+    });
     return async () => {
-      await service.stop();
+      await Promise.all([service.stop(), opsQuery.stop()]);
       guard.stop();
       await handlers.flush();
       await Promise.all([events.stop(), decisions.stop()]);
