@@ -3,6 +3,7 @@
  * `tooltx` — the operator CLI.
  *
  *   tooltx serve          run the roles (default all) in this process: tooltx serve --help
+ *   tooltx console        serve the web console for operators and auditors: tooltx console --help
  *   tooltx streams apply   create or update the streams, consumers and result bucket (provisioner)
  *   tooltx streams check   list every setting that breaks a guarantee; exit 1 when any
  *   tooltx auth generate   nats-server config + one nkey seed per user from an identity list
@@ -47,6 +48,7 @@ import { registerConfirm } from './commands/confirm.js';
 import { registerMcp } from './commands/mcp.js';
 import { registerTakeover } from './commands/takeover.js';
 import { serve } from './serve.js';
+import { runConsole } from '../services/console/src/console.js';
 import { registerAuditCommands } from './commands/audit.js';
 import {
   CliRefusal,
@@ -163,6 +165,19 @@ program
     // `tooltx serve` owns its arguments (--roles, --help): the host reads them as its own command line.
     const at = process.argv.indexOf('serve');
     await serve([process.argv[0]!, 'tooltx serve', ...process.argv.slice(at + 1)]);
+  });
+program
+  .command('console')
+  .description(
+    'serve the console: web pages for operators and auditors (operations by state, timelines, takeovers): tooltx console --help',
+  )
+  .helpOption(false)
+  .allowUnknownOption()
+  .allowExcessArguments()
+  .action(async () => {
+    // `tooltx console` owns its arguments (--help) and its environment (TOOLTX_AUTH_DIR, …).
+    const at = process.argv.indexOf('console');
+    await runConsole([process.argv[0]!, 'tooltx console', ...process.argv.slice(at + 1)]);
   });
 const streams = program
   .command('streams')

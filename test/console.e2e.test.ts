@@ -1,0 +1,379 @@
+/**
+ * The console (docs/console.md) in a real browser: Chromium (Debian's, driven by playwright-core)
+ * against the console process on a real stack (nats-server with generated auth, the KB behind a
+ * fault-injecting hop, the mail outbox, the roles). One stack and one browser for the file.
+ * Logins (a wrong password refused, the session cookie HttpOnly and SameSite=Strict, a form without
+ * its CSRF token refused), an `unknown` becoming `committed` on a live page, a failed compensation's
+ * takeover resolved `effect_kept`, the compensation outcomes as distinct labels, an auditor of
+ * another tenant who sees nothing of acme, and no canary (FM-16) in any page. Screenshots go to
+ * test-output/console/ (git-ignored); their paths are printed.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { IdentityList } from '@tooltx/auth';
+import { createTools, type Tools } from '@tooltx/client';
+import { deriveCompensationKey, downstreamKeyOf, prepareCall } from '@tooltx/contracts';
+import { HttpFaultProxy } from '@tooltx/dev/faults';
+import { startStack, type Stack } from '@tooltx/dev/stack';
+import { CANARY_KINDS, CanaryWeb, newCanaries, type Canaries } from '../examples/research-kb/canaries.js';
+import { researchContracts } from '../examples/research-kb/contracts.js';
+import { mailContracts } from '../examples/research-kb/mail-contracts.js';
+import { ROOT } from './helpers/services.js';
+
+const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
+const SHOTS = join(ROOT, 'test-output', 'console');
+const IDENTITIES: IdentityList = {
+  tenants: [
+    { id: 'acme', actors: ['alice'], auditors: ['audrey'] },
+    { id: 'globex', actors: ['gina'], auditors: ['gus'] },
+  ],
+  operators: [{ id: 'oscar', may: ['compensate', 'confirm', 'query'] }],
+};
+
+let dir: string;
+let stack: Stack;
+let hop: HttpFaultProxy;
+let web: CanaryWeb;
+let consoleProc: ChildProcess;
+let consoleUrl: string;
+let browser: Browser;
+let operator: BrowserContext;
+let alice: Tools;
+let gina: Tools;
+let canaries: Canaries;
+/** Probe paths the hop cuts (an outcome kept unknown until the test lets it through). */
+const blocked = new Set<string>();
+const contracts = researchContracts({ kbDedup: true });
+const mail = mailContracts({ mailDedup: true });
+
+const password = (user: string) =>
+  readFileSync(join(dir, 'auth', 'console', 'passwords', `${user}.password`), 'utf8').trim();
+const note = (title: string, body = `Notes on ${title}.`) => ({
+  kb: 'research',
+  title,
+  body,
+  sourceUrl: 'https://example.org/src',
+  fetchedAt: '2026-12-01T06:00:00Z',
+});
+const keyOf = (taskId: string, title: string) => prepareCall(contracts.writeNote, taskId, note(title)).operationKey;
+const deleteKeyOf = (key: string) => deriveCompensationKey(key, { tool: 'kb.delete_note', version: 1 });
+
+async function shot(page: Page, name: string): Promise<void> {
+  const file = join(SHOTS, `${name}.png`);
+  await page.screenshot({ path: file, fullPage: true });
+  process.stdout.write(`console screenshot: ${file}\n`);
+}
+
+async function logIn(context: BrowserContext, login: string, pw: string): Promise<Page> {
+  const page = await context.newPage();
+  await page.goto(`${consoleUrl}/login`);
+  await page.fill('input[name=login]', login);
+  await page.fill('input[name=password]', pw);
+  await page.click('button[type=submit]');
+  return page;
+}
+
+/** Every canary found in `html`. */
+const leaks = (html: string) => CANARY_KINDS.filter((k) => html.includes(canaries[k]));
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'tooltx-console-'));
+  mkdirSync(SHOTS, { recursive: true });
+  canaries = newCanaries();
+  web = await new CanaryWeb(canaries).start();
+  stack = await startStack({
+    stateDir: dir,
+    identities: IDENTITIES,
+    natsPort: -1,
+    prefix: 'tconsole',
+    kbPort: 0,
+    kbDedup: true,
+    kbSeed: 'acme:research,globex:research',
+    kbAdminToken: canaries.token,
+    layout: 'colocated',
+    logs: { dir: join(dir, 'logs') },
+    kbHop: async (kbUrl) => {
+      hop = await new HttpFaultProxy(kbUrl).start();
+      hop.drop = (req) => req.method === 'GET' && blocked.has(req.url ?? '');
+      return hop.url;
+    },
+    env: { KB_KEEPALIVE: 'off', TOOLTX_RECONCILE_INTERVAL_MS: '300', WEB_ALLOWED_ORIGINS: web.url },
+  });
+  const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'services', 'console', 'src', 'main.ts')], {
+    cwd: ROOT,
+    env: {
+      ...process.env,
+      NATS_URL: stack.natsUrl,
+      TOOLTX_PREFIX: stack.prefix,
+      TOOLTX_AUTH_DIR: join(dir, 'auth'),
+      TOOLTX_CONSOLE_PORT: '0',
+      TOOLTX_CONSOLE_REFRESH_MS: '500',
+      LOG_LEVEL: 'info',
+    },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  consoleProc = proc;
+  const consoleLog: string[] = [];
+  consoleUrl = await new Promise<string>((resolve, reject) => {
+    proc.once('exit', (code) => reject(new Error(`the console exited (${code}) before listening`)));
+    createInterface({ input: proc.stdout! }).on('line', (line) => {
+      consoleLog.push(line);
+      const m = /"url":"(http:[^"]+)".*"msg":"listening"/.exec(line);
+      if (m) resolve(m[1]!);
+    });
+  });
+  const agent = (tenant: string, actor: string) =>
+    createTools({
+      servers: stack.natsUrl,
+      tenant,
+      actor,
+      nkeyFile: stack.seedFile({ kind: 'agent', tenant, actor }),
+      contracts: [...contracts.all, ...mail.all],
+      prefix: stack.prefix,
+      receiptKeys: stack.receiptKeysFile,
+      budgetMs: 4_000,
+    });
+  [alice, gina] = await Promise.all([agent('acme', 'alice'), agent('globex', 'gina')]);
+  // playwright-core gives the browser a fresh --user-data-dir of its own (a temporary profile).
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: [
+      '--headless',
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+    ],
+  });
+  operator = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+}, 120_000);
+
+afterAll(async () => {
+  blocked.clear();
+  await browser?.close();
+  await Promise.all([alice?.close(), gina?.close()]);
+  if (consoleProc && consoleProc.exitCode === null) {
+    const exited = new Promise<number | null>((r) => consoleProc.once('exit', (code) => r(code)));
+    consoleProc.kill('SIGTERM');
+    expect(await exited).toBe(0);
+  }
+  await stack?.stop();
+  await hop?.stop();
+  await web?.stop();
+  if (dir && existsSync(dir)) rmSync(dir, { recursive: true, force: true });
+}, 60_000);
+
+describe('console', () => {
+  it('console: a wrong password is refused; an operator logs in with an HttpOnly, SameSite=Strict session; a form without its CSRF token is refused', async () => {
+    const anon = await browser.newContext();
+    const page = await anon.newPage();
+    // No anonymous access: every page sends to the login.
+    await page.goto(`${consoleUrl}/operations`);
+    expect(new URL(page.url()).pathname).toBe('/login');
+    await page.fill('input[name=login]', 'oscar');
+    await page.fill('input[name=password]', `${password('operator.oscar')}x`);
+    const [refused] = await Promise.all([
+      page.waitForResponse((r) => r.url().endsWith('/login') && r.request().method() === 'POST'),
+      page.click('button[type=submit]'),
+    ]);
+    expect(refused.status()).toBe(401);
+    await expect(page.locator('#login-error').textContent()).resolves.toContain('Wrong login or password');
+    await shot(page, 'login-refused');
+    await anon.close();
+
+    const op = await logIn(operator, 'oscar', password('operator.oscar'));
+    expect(new URL(op.url()).pathname).toBe('/operations');
+    await expect(op.locator('.who').getAttribute('data-who')).resolves.toBe('oscar');
+    const cookie = (await operator.cookies()).find((c) => c.name === 'tooltx_console');
+    expect(cookie).toMatchObject({ httpOnly: true, sameSite: 'Strict' });
+    // A write without the form's token, with the session cookie: refused, nothing done.
+    const forged = await op.request.post(`${consoleUrl}/takeovers/resolve`, {
+      form: { tenant: 'acme', operationKey: `opk_${'A'.repeat(43)}`, outcome: 'not_applied' },
+      maxRedirects: 0,
+    });
+    expect(forged.status()).toBe(403);
+    await op.close();
+  });
+
+  it('console: an unknown operation becomes committed on the live timeline, its receipt signature checked', async () => {
+    const title = 'Cut after the commit';
+    const key = keyOf('console-unknown', title);
+    const dk = downstreamKeyOf('acme', key);
+    // The KB commits, the executor's connection is cut before the answer (unknown), and every probe
+    // by key is cut until the page has shown it unknown.
+    blocked.add(`/v1/notes/by-key/${encodeURIComponent(dk)}`);
+    hop.inject(dk, { kind: 'cut_response' });
+    void alice.execute({ tool: 'kb.write_note', taskId: 'console-unknown', input: note(title) }).catch(() => undefined);
+    const page = await operator.newPage();
+    await page.goto(`${consoleUrl}/operations?state=unknown`);
+    await page.locator(`#operations tr[data-key="${key}"] [data-status=unknown]`).waitFor({ timeout: 20_000 });
+    await shot(page, 'operations-unknown');
+    await page.goto(`${consoleUrl}/operations/acme/${key}`);
+    await page.locator('#state [data-status=unknown]').waitFor();
+    await shot(page, 'timeline-unknown');
+    // The probe gets through: the reconciler finds the note under the key and commits it; the page,
+    // left open, shows it.
+    blocked.clear();
+    await page.locator('#state [data-status=committed]').waitFor({ timeout: 30_000 });
+    await page.locator('#receipt-check[data-valid=true]').waitFor({ timeout: 10_000 });
+    await expect(page.locator('#events').textContent()).resolves.toMatch(/unknown[\s\S]*committed/);
+    await shot(page, 'timeline-committed');
+    await page.close();
+  });
+
+  it('console: a failed compensation is taken over and resolved effect_kept from the takeover queue', async () => {
+    const title = 'Refused delete';
+    const w = await alice.execute({ tool: 'kb.write_note', taskId: 'console-failed', input: note(title) });
+    expect(w.status).toBe('committed');
+    hop.inject(downstreamKeyOf('acme', deleteKeyOf(w.operationKey!)), {
+      kind: 'refuse',
+      status: 409,
+      body: { error: 'frozen' },
+    });
+    const c = await alice.compensate({ operationKey: w.operationKey!, reason: 'withdrawn' });
+    expect(c.status).toBe('compensation_failed');
+    const page = await operator.newPage();
+    await page.goto(`${consoleUrl}/takeovers`);
+    const row = page.locator(`#takeovers tr[data-key="${w.operationKey!}"]`);
+    await row.waitFor({ timeout: 20_000 });
+    // A failed compensation offers its two outcomes only (an unknown's are committed / not applied).
+    await expect(row.locator('button[value=effect_kept]').count()).resolves.toBe(1);
+    await expect(row.locator('button[value=undone_by_hand]').count()).resolves.toBe(1);
+    await expect(row.locator('button[value=committed]').count()).resolves.toBe(0);
+    await shot(page, 'takeovers');
+    await Promise.all([page.waitForURL(/resolved=1/), row.locator('button[value=effect_kept]').click()]);
+    await expect(page.locator('#notice').textContent()).resolves.toContain('Resolution recorded');
+    await page.locator('#state [data-status=compensation_failed]').waitFor();
+    await expect(page.locator('dl.compensation').textContent()).resolves.toContain('effect_kept by oscar');
+    await shot(page, 'takeover-resolved');
+    await page.goto(`${consoleUrl}/takeovers`);
+    await expect(page.locator(`#takeovers tr[data-key="${w.operationKey!}"]`).count()).resolves.toBe(0);
+    await page.close();
+  });
+
+  it('console: rolled back, compensation requested, compensated and compensation failed are distinct labels', async () => {
+    // Rolled back: a held-back mail discarded before it ran.
+    const held = await alice.execute({
+      tool: 'mail.send_draft',
+      taskId: 'console-digest',
+      input: { to: ['team@example.org'], subject: 'Digest', body: 'Two notes.' },
+    });
+    expect(held.status).toBe('awaiting_confirmation');
+    expect((await alice.discard({ operationKey: held.operationKey! })).status).toBe('rolled_back');
+    // Compensated.
+    const done = await alice.execute({ tool: 'kb.write_note', taskId: 'console-comp', input: note('To delete') });
+    expect((await alice.compensate({ operationKey: done.operationKey!, reason: 'withdrawn' })).status).toBe(
+      'compensated',
+    );
+    // Compensation requested: its delete never reaches the KB, nor any probe of it, while we look.
+    const pending = await alice.execute({ tool: 'kb.write_note', taskId: 'console-req', input: note('Slow delete') });
+    const dk = downstreamKeyOf('acme', deleteKeyOf(pending.operationKey!));
+    blocked.add(`/v1/deletes/by-key/${encodeURIComponent(dk)}`);
+    const dropped = hop.inject(dk, { kind: 'drop' }, { times: Number.POSITIVE_INFINITY });
+    void alice.compensate({ operationKey: pending.operationKey!, reason: 'withdrawn' }).catch(() => undefined);
+    const page = await operator.newPage();
+    await page.goto(`${consoleUrl}/operations?tenant=acme`);
+    const label = (key: string, status: string) =>
+      page.locator(`#operations tr[data-key="${key}"] [data-status=${status}]`);
+    await label(pending.operationKey!, 'compensation_requested').waitFor({ timeout: 20_000 });
+    await label(held.operationKey!, 'rolled_back').waitFor({ timeout: 10_000 });
+    await label(done.operationKey!, 'compensated').waitFor({ timeout: 10_000 });
+    await page.locator('#operations [data-status=compensation_failed]').first().waitFor({ timeout: 10_000 });
+    const texts = new Map<string, string>();
+    for (const s of ['rolled_back', 'compensation_requested', 'compensated', 'compensation_failed'])
+      texts.set(s, ((await page.locator(`#operations [data-status=${s}]`).first().textContent()) ?? '').trim());
+    expect(Object.fromEntries(texts)).toEqual({
+      rolled_back: 'rolled back',
+      compensation_requested: 'compensation requested',
+      compensated: 'compensated',
+      compensation_failed: 'compensation failed',
+    });
+    await shot(page, 'compensation-outcomes');
+    dropped.cancel();
+    blocked.clear();
+    await page.close();
+  });
+
+  it('console: an auditor of another tenant sees nothing of acme, and an auditor cannot act', async () => {
+    const g = await gina.execute({ tool: 'kb.write_note', taskId: 'console-globex', input: note('Globex note') });
+    expect(g.status).toBe('committed');
+    const acmeKey = keyOf('console-unknown', 'Cut after the commit');
+    const context = await browser.newContext();
+    const page = await logIn(context, 'globex/gus', password('auditor.globex.gus'));
+    await page.locator(`#operations tr[data-key="${g.operationKey!}"]`).waitFor({ timeout: 20_000 });
+    const tenants = await page
+      .locator('#operations tr[data-tenant]')
+      .evaluateAll((rows) => rows.map((r) => r.getAttribute('data-tenant')));
+    expect(new Set(tenants)).toEqual(new Set(['globex']));
+    expect(await page.content()).not.toContain(acmeKey);
+    await shot(page, 'auditor-globex');
+    // Asking for acme by hand: nothing.
+    await page.goto(`${consoleUrl}/operations?tenant=acme`);
+    await expect(page.locator('#operations tr[data-tenant=acme]').count()).resolves.toBe(0);
+    const timeline = await page.goto(`${consoleUrl}/operations/acme/${acmeKey}`);
+    expect(timeline?.status()).toBe(404);
+    expect(await page.content()).not.toContain('Cut after the commit');
+    // No takeover queue, no resolution: an auditor reads only.
+    expect((await page.goto(`${consoleUrl}/takeovers`))?.status()).toBe(403);
+    const csrf = await page.locator('input[name=_csrf]').first().getAttribute('value');
+    const act = await page.request.post(`${consoleUrl}/takeovers/resolve`, {
+      form: { _csrf: csrf ?? '', tenant: 'globex', operationKey: g.operationKey!, outcome: 'not_applied' },
+      maxRedirects: 0,
+    });
+    expect(act.status()).toBe(403);
+    await context.close();
+  });
+
+  it('console: no canary appears in any page an operator or an auditor sees', async () => {
+    // FM-16's canaries: the KB's operator token (the stack's), a note body, a page's text and its
+    // cookie, a downstream's error message.
+    const secret = await alice.execute({
+      tool: 'kb.write_note',
+      taskId: 'console-canary',
+      input: note('Private', `Private observation: ${canaries.noteBody}.`),
+    });
+    expect(secret.status).toBe('committed');
+    const fetched = await alice.execute({
+      tool: 'web.fetch_page',
+      taskId: 'console-canary',
+      input: { url: web.pageUrl },
+    });
+    expect(fetched.status).toBe('committed');
+    const failed = await alice.execute({
+      tool: 'web.fetch_page',
+      taskId: 'console-canary',
+      input: { url: web.flakyUrl },
+    });
+    expect(failed.status).not.toBe('committed');
+    const keys = [secret.operationKey!, fetched.operationKey!, failed.operationKey!];
+    const audrey = await browser.newContext();
+    const seen: { who: string; path: string; found: string[] }[] = [];
+    for (const [context, who] of [
+      [operator, 'oscar'],
+      [audrey, 'acme/audrey'],
+    ] as const) {
+      const page =
+        who === 'oscar' ? await context.newPage() : await logIn(context, who, password('auditor.acme.audrey'));
+      const paths = ['/operations', '/operations?tenant=acme', ...keys.map((k) => `/operations/acme/${k}`)];
+      if (who === 'oscar') paths.push('/takeovers');
+      for (const path of paths) {
+        await page.goto(`${consoleUrl}${path}`);
+        if (path === '/operations')
+          await page.locator(`#operations tr[data-key="${failed.operationKey!}"]`).waitFor({ timeout: 20_000 });
+        seen.push({ who, path, found: leaks(await page.content()) });
+      }
+      await shot(page, `canary-scan-${who.replace('/', '-')}`);
+    }
+    expect(seen.filter((s) => s.found.length > 0)).toEqual([]);
+    expect(seen.length).toBeGreaterThan(8);
+    await audrey.close();
+  });
+});
