@@ -48,7 +48,7 @@ import { registerConfirm } from './commands/confirm.js';
 import { registerMcp } from './commands/mcp.js';
 import { registerTakeover } from './commands/takeover.js';
 import { serve } from './serve.js';
-import { runConsole } from '../services/console/src/console.js';
+import { registerConsole } from './commands/console.js';
 import { registerAuditCommands } from './commands/audit.js';
 import {
   CliRefusal,
@@ -166,19 +166,7 @@ program
     const at = process.argv.indexOf('serve');
     await serve([process.argv[0]!, 'tooltx serve', ...process.argv.slice(at + 1)]);
   });
-program
-  .command('console')
-  .description(
-    'serve the console: web pages for operators and auditors (operations by state, timelines, takeovers): tooltx console --help',
-  )
-  .helpOption(false)
-  .allowUnknownOption()
-  .allowExcessArguments()
-  .action(async () => {
-    // `tooltx console` owns its arguments (--help) and its environment (TOOLTX_AUTH_DIR, …).
-    const at = process.argv.indexOf('console');
-    await runConsole([process.argv[0]!, 'tooltx console', ...process.argv.slice(at + 1)]);
-  });
+registerConsole(program);
 const streams = program
   .command('streams')
   .description('the JetStream streams, consumers and buckets of one prefix')

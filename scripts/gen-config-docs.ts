@@ -29,6 +29,7 @@ import { authorizerRole } from '../services/authorizer/src/role.js';
 import { executorRole } from '../services/executor/src/role.js';
 import { reconcilerRole } from '../services/reconciler/src/role.js';
 import { auditProjectorRole } from '../services/audit-projector/src/role.js';
+import { consoleConfigSchema } from '../services/console/src/console.js';
 
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 export const OPERATING_MD = join(ROOT, 'docs', 'operating.md');
@@ -233,12 +234,13 @@ const key = (e: HelpEntry) => `${e.names.join(',')}\u0000${e.text}`;
 /** The Markdown between the markers. */
 export async function renderConfigDocs(): Promise<string> {
   const toolsEnv = { TOOLTX_TOOLS_MODULE: TOOLS_MODULE };
-  const [serviceHelps, startHelp, kbHelp, mailHelp, cliHelp] = await Promise.all([
+  const [serviceHelps, startHelp, kbHelp, mailHelp, cliHelp, consoleHelp] = await Promise.all([
     Promise.all(ROLES.map((r) => helpOf(`services/${r.name}/src/main.ts`, ['--help'], toolsEnv))),
     helpOf('scripts/start.ts'),
     helpOf('examples/research-kb/kb-server.ts'),
     helpOf('examples/research-kb/mail-server.ts'),
     helpOf('bin/tooltx.ts'),
+    helpOf('services/console/src/main.ts'),
   ]);
   // The stream settings are headed by a note in --help ("Expected stream settings (…):"), which
   // the role's own settings, printed right after them, are not.
@@ -304,6 +306,21 @@ export async function renderConfigDocs(): Promise<string> {
     'The sample mail outbox',
     '`examples/research-kb/mail-server.ts --help`: the mail outbox the `mail.*` tools send through.',
     helpTable(parseEnvBlock(mailHelp, /^Environment:$/)),
+  );
+  const consoleEntries = parseEnvBlock(consoleHelp, /^Environment:$/);
+  // Every variable the console's schema reads is described by its --help, and nothing else.
+  const described = new Set(consoleEntries.flatMap((e) => e.names));
+  const read = Object.keys(consoleConfigSchema.shape);
+  const undescribed = read.filter((k) => !described.has(k));
+  const unread = [...described].filter((k) => !read.includes(k));
+  if (undescribed.length || unread.length)
+    throw new Error(
+      `services/console/src/main.ts --help: not described: ${undescribed.join(', ') || '—'}; described but not read: ${unread.join(', ') || '—'}`,
+    );
+  section(
+    'The console',
+    '`services/console/src/main.ts --help` (also `tooltx console --help`): the web console for operators and auditors ([console.md](console.md)).',
+    helpTable(consoleEntries),
   );
   section(
     'The tooltx CLI',

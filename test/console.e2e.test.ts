@@ -8,7 +8,7 @@
  * another tenant who sees nothing of acme, and no canary (FM-16) in any page. Screenshots go to
  * test-output/console/ (git-ignored); their paths are printed.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -32,7 +32,7 @@ const IDENTITIES: IdentityList = {
     { id: 'acme', actors: ['alice'], auditors: ['audrey'] },
     { id: 'globex', actors: ['gina'], auditors: ['gus'] },
   ],
-  operators: [{ id: 'oscar', may: ['compensate', 'confirm', 'query'] }],
+  operators: [{ id: 'oscar', may: ['compensate', 'confirm', 'query'] }, 'olga'],
 };
 
 let dir: string;
@@ -78,6 +78,32 @@ async function logIn(context: BrowserContext, login: string, pw: string): Promis
   return page;
 }
 
+/** `tooltx ops …` as an operator: exit code, stdout lines, stderr. */
+function opsCli(operator: string, ...args: string[]): Promise<{ code: number; lines: string[]; stderr: string }> {
+  return new Promise((resolve) =>
+    execFile(
+      process.execPath,
+      ['--import', 'tsx', 'bin/tooltx.ts', 'ops', ...args],
+      {
+        cwd: ROOT,
+        env: {
+          PATH: process.env.PATH ?? '',
+          NATS_URL: stack.natsUrl,
+          TOOLTX_PREFIX: stack.prefix,
+          NATS_NKEY_FILE: stack.seedFile({ kind: 'operator', operator }),
+          TOOLTX_OPERATOR: operator,
+        },
+      },
+      (err, out, stderr) =>
+        resolve({
+          code: err ? ((err as { code?: number }).code ?? 1) : 0,
+          lines: out.split('\n').filter(Boolean),
+          stderr,
+        }),
+    ),
+  );
+}
+
 /** Every canary found in `html`. */
 const leaks = (html: string) => CANARY_KINDS.filter((k) => html.includes(canaries[k]));
 
@@ -102,7 +128,13 @@ beforeAll(async () => {
       hop.drop = (req) => req.method === 'GET' && blocked.has(req.url ?? '');
       return hop.url;
     },
-    env: { KB_KEEPALIVE: 'off', TOOLTX_RECONCILE_INTERVAL_MS: '300', WEB_ALLOWED_ORIGINS: web.url },
+    env: {
+      KB_KEEPALIVE: 'off',
+      TOOLTX_RECONCILE_INTERVAL_MS: '300',
+      // Records at once: the pages show an operation as soon as its event is in the log.
+      TOOLTX_AUDIT_BATCH_MS: '0',
+      WEB_ALLOWED_ORIGINS: web.url,
+    },
   });
   const proc = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'services', 'console', 'src', 'main.ts')], {
     cwd: ROOT,
@@ -332,6 +364,24 @@ describe('console', () => {
     await context.close();
   });
 
+  it('console: tooltx ops list and show read the same operations query, which only an operator granted query may use', async () => {
+    const key = keyOf('console-unknown', 'Cut after the commit');
+    const [list, shown, olga] = await Promise.all([
+      opsCli('oscar', 'list', '--tenant', 'acme', '--state', 'committed', '--contract', 'kb.write_note@1'),
+      opsCli('oscar', 'show', key, '--tenant', 'acme'),
+      opsCli('olga', 'list'),
+    ]);
+    expect(list.code).toBe(0);
+    const records = list.lines.map((l) => JSON.parse(l) as { operationKey: string; tenant: string; status: string });
+    expect(records.map((r) => r.operationKey)).toContain(key);
+    expect(records.every((r) => r.tenant === 'acme' && r.status === 'committed')).toBe(true);
+    expect(shown.code).toBe(0);
+    expect(JSON.parse(shown.lines.join('\n'))).toMatchObject({ operationKey: key, status: 'committed' });
+    // An operator without the grant: the server refuses the subject.
+    expect(olga.code).toBe(1);
+    expect(olga.stderr).toContain('not granted query');
+  });
+
   it('console: no canary appears in any page an operator or an auditor sees', async () => {
     // FM-16's canaries: the KB's operator token (the stack's), a note body, a page's text and its
     // cookie, a downstream's error message.
@@ -347,11 +397,10 @@ describe('console', () => {
       input: { url: web.pageUrl },
     });
     expect(fetched.status).toBe('committed');
-    const failed = await alice.execute({
-      tool: 'web.fetch_page',
-      taskId: 'console-canary',
-      input: { url: web.flakyUrl },
-    });
+    const failed = await alice.execute(
+      { tool: 'web.fetch_page', taskId: 'console-canary', input: { url: web.flakyUrl } },
+      { budgetMs: 1_000 },
+    );
     expect(failed.status).not.toBe('committed');
     const keys = [secret.operationKey!, fetched.operationKey!, failed.operationKey!];
     const audrey = await browser.newContext();

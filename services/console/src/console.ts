@@ -106,6 +106,7 @@ Environment:
                     it behind a TLS proxy)
   TOOLTX_CONSOLE_REFRESH_MS  how often a live page reads its data again, ms: 500..60000 (default 2000)
   TOOLTX_CONSOLE_LOGINS_PER_MINUTE  login attempts per client address and minute (default 20)
+  TOOLTX_INSTANCE_ID  name of this instance in logs (default host-pid)
   LOG_LEVEL         fatal|error|warn|info|debug|trace|silent (default info)
   TOOLTX_LOG_HMAC_KEY_FILE  key file for the HMAC of error messages in logs (optional)
   TOOLTX_EXIT_WITH_PARENT   pid of the supervisor that started this process (optional)
