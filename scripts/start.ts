@@ -105,6 +105,12 @@ const program = usageErrorsExitTwo(new Command('tooltx-start'))
   .addOption(new Option('--port <port>', 'port of the embedded nats-server').env('NATS_PORT').default('4222'))
   .addOption(new Option('--kb-port <port>', 'port of the knowledge-base service').env('KB_PORT').default('4280'))
   .addOption(
+    new Option(
+      '--console-port <port>',
+      'start the console for operators and auditors on this port (docs/console.md); unset = no console',
+    ).env('TOOLTX_CONSOLE_PORT'),
+  )
+  .addOption(
     new Option('--state-dir <dir>', 'state directory (JetStream store, KB database, keys, lock)')
       .env('TOOLTX_STATE_DIR')
       .default('.state'),
@@ -141,6 +147,7 @@ const program = usageErrorsExitTwo(new Command('tooltx-start'))
 const opts = program.opts<{
   port: string;
   kbPort: string;
+  consolePort?: string;
   stateDir: string;
   kbDedup: string;
   kbTenants: string;
@@ -153,6 +160,7 @@ const opts = program.opts<{
 const FLAGS = {
   port: ['--port', 'NATS_PORT'],
   kbPort: ['--kb-port', 'KB_PORT'],
+  consolePort: ['--console-port', 'TOOLTX_CONSOLE_PORT'],
   stateDir: ['--state-dir', 'TOOLTX_STATE_DIR'],
   kbDedup: ['--kb-dedup', 'KB_DEDUP'],
   kbTenants: ['--kb-tenants', 'KB_SEED_FILE'],
@@ -203,6 +211,7 @@ const settings = z
   .object({
     port,
     kbPort: port,
+    consolePort: port.optional(),
     stateDir: path,
     kbTenants: path,
     kbDedup: z.enum(['on', 'off']),
@@ -295,6 +304,13 @@ await refuseTakenPort(
   settings.data.kbPort,
   (e, host, p) => `cannot listen on ${host}:${p}: ${describeError(e)}`,
 );
+if (settings.data.consolePort !== undefined)
+  await refuseTakenPort(
+    'consolePort',
+    '127.0.0.1',
+    settings.data.consolePort,
+    (e, host, p) => `cannot listen on ${host}:${p}: ${describeError(e)}`,
+  );
 /** What this run created in the state directory (removed again when the stack does not start). */
 let createdDir: string | undefined;
 let entriesBefore: Set<string>;
@@ -321,6 +337,7 @@ try {
     layout: settings.data.layout,
     kbSeed: process.env.KB_SEED ?? 'acme:research,acme:archive,globex:research',
     kbTenants: settings.data.kbTenants,
+    ...(settings.data.consolePort !== undefined ? { console: { port: settings.data.consolePort } } : {}),
     logs: process.stdout.isTTY ? 'pretty' : 'inherit',
     onRestart: (name, code, signal) =>
       log.warn({ process: name, code, signal }, 'a service exited on its own: starting it again'),
@@ -361,10 +378,11 @@ announce.info(
     TOOLTX_PREFIX: prefix,
     KB_URL: stack.kbUrl,
     ...(stack.mail ? { MAIL_URL: stack.mail.url } : {}),
+    ...(stack.console ? { CONSOLE_URL: stack.console.url } : {}),
     agentSeeds,
     natsServer: stack.natsServer,
   },
-  `tooltx is up — agents connect to ${shownUrl} (prefix ${prefix}) with their nkey seed from ${agentSeeds} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}${stack.mail ? `, the mail outbox on ${stack.mail.url}` : ''}; try \`${quickstartEnv} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
+  `tooltx is up — agents connect to ${shownUrl} (prefix ${prefix}) with their nkey seed from ${agentSeeds} and trust the receipt keys in ${stack.receiptKeysFile}; the KB listens on ${stack.kbUrl}${stack.mail ? `, the mail outbox on ${stack.mail.url}` : ''}${stack.console ? `; the console on ${stack.console.url} (each operator's and auditor's password in ${stack.console.passwordsDir})` : ''}; try \`${quickstartEnv} TOOLTX_PREFIX=${prefix} npm run quickstart\`; Ctrl-C stops`,
 );
 
 let stopping = false;
@@ -417,7 +435,7 @@ function shellWord(word: string): string {
  * one) and other errors are left to the process that listens there, which names them itself.
  */
 async function refuseTakenPort(
-  key: 'port' | 'kbPort',
+  key: 'port' | 'kbPort' | 'consolePort',
   host: string,
   p: number,
   problem: (err: unknown, host: string, port: number) => string,
@@ -461,6 +479,7 @@ function asOption(err: unknown): unknown {
   const keyOf: Record<string, Flag> = {
     NATS_PORT: 'port',
     KB_PORT: 'kbPort',
+    TOOLTX_CONSOLE_PORT: 'consolePort',
     TOOLTX_STATE_DIR: 'stateDir',
     KB_DB: 'stateDir',
     KB_SEED_FILE: 'kbTenants',

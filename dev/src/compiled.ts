@@ -64,6 +64,8 @@ export const STACK_ENTRIES = {
   serve: 'bin/serve.ts',
   'kb-server': 'examples/research-kb/kb-server.ts',
   'mail-server': 'examples/research-kb/mail-server.ts',
+  /** The web console for operators and auditors (docs/console.md). */
+  console: 'services/console/src/main.ts',
   tools: 'examples/research-kb/tools.ts',
 } as const;
 export type StackEntry = keyof typeof STACK_ENTRIES;
@@ -73,7 +75,7 @@ const SOURCE_DIRS = ['libs', 'streams', 'services', join('examples', 'research-k
 /** Single files that shape the build. */
 const SOURCE_FILES = ['package.json', 'tsconfig.json', join('bin', 'serve.ts')];
 /** Bump when the build options below or {@link STACK_ENTRIES} change (part of the hash). */
-const RECIPE = 'esm-splitting-node20-external-packages-keepnames-linked-maps/2';
+const RECIPE = 'esm-splitting-node20-external-packages-keepnames-linked-maps/3';
 /** Builds not used for this long are removed after a build, ms (7 days). */
 export const PRUNE_AFTER_MS = 7 * 24 * 3_600_000;
 

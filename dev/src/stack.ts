@@ -159,6 +159,11 @@ export interface StackOptions {
   mail?: boolean;
   /** Whether the outbox deduplicates by key (`MAIL_DEDUP` of it and of the services); default {@link kbDedup}. */
   mailDedup?: boolean;
+  /**
+   * Whether to start the console (docs/console.md), and on which port (0 = a free one); default
+   * none. It acts as each logged-in operator or auditor with the seeds of the auth directory.
+   */
+  console?: { port: number };
   /** `pretty`: pino-pretty to the terminal; `inherit`: JSON lines to stdout; a path: log files in that directory. */
   logs: 'pretty' | 'inherit' | { dir: string };
   /** Extra environment for every process. */
@@ -251,6 +256,8 @@ export interface Stack {
    * sends to probe sends and drafts by key. Null when started with `mail: false`.
    */
   mail: { url: string; serviceToken: string } | null;
+  /** The console's URL, and where each login's password is (`<auth dir>/console/passwords/`); null without `console`. */
+  console: { url: string; passwordsDir: string } | null;
   /** The seed file of a role (agents: `{ kind: 'agent', tenant, actor }`). */
   seedFile(role: Role): string;
   /** The receipt keys agents trust (`receipt-keys.json` of the auth directory). */
@@ -781,8 +788,24 @@ export async function startStack(o: StackOptions): Promise<Stack> {
       ),
     );
 
+    // The console last: it serves pages over the services above, as the logged-in identity.
+    let consoleUrl: string | null = null;
+    if (o.console) {
+      const child = launch('console', 'console', join(ROOT, 'services', 'console', 'src', 'main.ts'), {
+        NATS_URL: url,
+        TOOLTX_PREFIX: o.prefix,
+        TOOLTX_AUTH_DIR: authDir,
+        TOOLTX_CONSOLE_PORT: String(o.console.port),
+        TOOLTX_INSTANCE_ID: 'console-1',
+      });
+      const port = (await waitForReady(child, 'console', logsOf('console'))).port;
+      if (port === undefined) throw new StartupFailure('the console said it was ready without its port');
+      consoleUrl = `http://127.0.0.1:${port}`;
+    }
+
     return {
       natsUrl: url,
+      console: consoleUrl ? { url: consoleUrl, passwordsDir: join(authDir, 'console', 'passwords') } : null,
       natsServer: { version: serverVersion, durability: o.natsUrl ? 'unknown' : durability, nodes },
       prefix: o.prefix,
       receiptKeysFile: join(authDir, 'receipt-keys.json'),
