@@ -201,6 +201,11 @@ describe('console', () => {
     await expect(op.locator('.who').getAttribute('data-who')).resolves.toBe('oscar');
     const cookie = (await operator.cookies()).find((c) => c.name === 'tooltx_console');
     expect(cookie).toMatchObject({ httpOnly: true, sameSite: 'Strict' });
+    // A filter that is not one: refused with the field's path.
+    const bad = await op.goto(`${consoleUrl}/operations?since=yesterday`);
+    expect(bad?.status()).toBe(400);
+    await expect(op.locator('#error').getAttribute('data-class')).resolves.toBe('invalid_input');
+    await expect(op.locator('#issues li[data-path=since]').count()).resolves.toBe(1);
     // A write without the form's token, with the session cookie: refused, nothing done.
     const forged = await op.request.post(`${consoleUrl}/takeovers/resolve`, {
       form: { tenant: 'acme', operationKey: `opk_${'A'.repeat(43)}`, outcome: 'not_applied' },

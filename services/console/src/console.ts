@@ -21,7 +21,8 @@ import fastifyFormbody from '@fastify/formbody';
 import fastifyRateLimit from '@fastify/rate-limit';
 import fastifySession from '@fastify/session';
 import { Command } from 'commander';
-import Fastify, { type FastifyReply, type FastifyRequest } from 'fastify';
+import Fastify, { type FastifyReply, type FastifyRequest, type Session } from 'fastify';
+import { LRUCache } from 'lru-cache';
 import { z } from 'zod';
 import {
   consoleLoginName,
@@ -297,8 +298,13 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
   const views = new ConsoleViews();
   const app = Fastify({ logger: false, bodyLimit: 16 * 1024, trustProxy: false });
   await app.register(fastifyCookie);
+  const SESSION_MS = 8 * 3_600_000;
   await app.register(fastifySession, {
     secret: sessionKey,
+    // In memory, bounded, and forgotten once expired: the plugin's own store keeps every session.
+    store: new fastifySession.MemoryStore(
+      new LRUCache<string, object>({ max: 10_000, ttl: SESSION_MS }) as unknown as Map<string, Session>,
+    ),
     cookieName: 'tooltx_console',
     // Only a login is kept, and its CSRF secret: a visitor's session is stored once it has a form.
     saveUninitialized: false,
@@ -307,7 +313,7 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
       sameSite: 'strict',
       secure: config.TOOLTX_CONSOLE_SECURE_COOKIE === 'on',
       path: '/',
-      maxAge: 8 * 3_600_000,
+      maxAge: SESSION_MS,
     },
   });
   await app.register(fastifyCsrf, { sessionPlugin: '@fastify/session' });
@@ -392,7 +398,8 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
       const body = parsed(loginSchema, req.body);
       const login = await verifyConsoleLogin(logins, body.login, body.password);
       if (!login) {
-        log.warn({ login: body.login.slice(0, 130) }, 'console login refused');
+        // Not the name typed: a password typed into the wrong field would land in the log.
+        log.warn({ knownLogin: Object.hasOwn(logins, body.login) }, 'console login refused');
         reply.code(401);
         return page(reply, 'login', { title: 'Log in', failed: true, csrf: reply.generateCsrf() });
       }

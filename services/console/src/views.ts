@@ -87,7 +87,7 @@ const OPS = `<% layout('@layout') %>
   <label>Tenant <% if (it.who.kind === 'auditor') { %><input name="tenant" value="<%= it.who.tenant %>" readonly><% } else { %><input name="tenant" value="<%= it.filter.tenant ?? '' %>" placeholder="all"><% } %></label>
   <label>Contract <input name="contract" value="<%= it.filter.contract ?? '' %>" placeholder="kb.write_note@1"></label>
   <label>State <select name="state"><option value="">all</option><% for (const s of it.states) { %><option value="<%= s %>"<% if (it.filter.state === s) { %> selected<% } %>><%= it.labels[s] ?? s %></option><% } %></select></label>
-  <label>Since <input name="since" value="<%= it.filter.since ?? '' %>" placeholder="24h or 2026-12-01T00:00Z"></label>
+  <label>Since <input name="since" value="<%= it.filter.since ?? '' %>" placeholder="24h or 2026-12-01T00:00:00Z"></label>
   <label>Until <input name="until" value="<%= it.filter.until ?? '' %>" placeholder="now"></label>
   <button type="submit">Filter</button>
 </form>
