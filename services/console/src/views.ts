@@ -226,12 +226,14 @@ pre{background:#fff;border:1px solid #e3e6eb;padding:.7em;overflow:auto;max-heig
 
 export const CONSOLE_JS = `'use strict';
 // Live pages: the section marked #live is read again every few seconds (the same page, its section
-// alone), unless a field in it is being edited.
+// alone), unless a field in it is being edited or the tab is hidden (an auditor's every read is a
+// recorded audit query).
 (() => {
   const live = document.getElementById('live');
   if (!live) return;
   const every = Number(live.dataset.refreshMs) || 2000;
   const tick = async () => {
+    if (document.hidden) return;
     const a = document.activeElement;
     if (a && live.contains(a) && a.tagName === 'INPUT' && a.value) return;
     try {
