@@ -20,7 +20,7 @@ import {
   type AuditRequest,
 } from '@tooltx/lifecycle';
 import { decode, encode, Subjects } from '@tooltx/nats';
-import { baseConfigSchema, envInt, loadConfig } from '@tooltx/runtime';
+import { baseConfigSchema, DURATION_AGO, envInt, loadConfig, timeSpecOf } from '@tooltx/runtime';
 import { inboxPrefixOf } from '@tooltx/nats';
 import { checkedKey, connectCli, permissionViolationOf, shown, UsageError } from './cli-support.js';
 
@@ -33,26 +33,18 @@ export class AuditCliError extends Error {
 }
 
 const idSchema = z.string().regex(/^[a-z0-9_-]{1,64}$/, 'must match ^[a-z0-9_-]{1,64}$');
-const DURATION = /^(\d+)(ms|s|m|h|d)$/;
-const UNIT = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
-
 /**
  * A point in time from the command line: ISO-8601 with an offset (`2026-11-30T06:00:00Z`), or a
  * duration ago (`30m`, `24h`, `7d`). Returns ms since the epoch; throws {@link UsageError} naming
  * the flag (also for a duration reaching before 1970-01-01).
  */
 export function parseTime(v: string, flag: string, now = Date.now()): number {
-  const d = DURATION.exec(v);
-  if (d) {
-    const at = now - Number(d[1]) * UNIT[d[2] as keyof typeof UNIT];
-    if (!Number.isSafeInteger(at) || at < 0)
-      throw new UsageError(
-        `${flag}: ${v} ago is before 1970-01-01T00:00:00Z; give a shorter duration or an ISO-8601 time`,
-      );
-    return at;
-  }
-  const parsed = z.iso.datetime({ offset: true }).safeParse(v);
-  if (parsed.success && Date.parse(v) >= 0) return Date.parse(v);
+  const at = timeSpecOf(v, now);
+  if (at !== null) return at;
+  if (DURATION_AGO.test(v))
+    throw new UsageError(
+      `${flag}: ${v} ago is before 1970-01-01T00:00:00Z; give a shorter duration or an ISO-8601 time`,
+    );
   throw new UsageError(
     `${flag}: expected an ISO-8601 time with an offset (from 1970 on) or a duration like 30m, 24h, 7d; got ${shown(v)}`,
   );

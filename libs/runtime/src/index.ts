@@ -49,6 +49,7 @@ export {
   startupStep,
 } from './startup.js';
 export { usageErrorsExitTwo } from './cli.js';
+export { DURATION_AGO, timeSpecOf } from './time-spec.js';
 export {
   freezeTask,
   type FrozenTask,

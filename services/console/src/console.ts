@@ -55,6 +55,7 @@ import {
   SecretFileError,
   serviceConfigSchema,
   StartupError,
+  timeSpecOf,
   usageErrorsExitTwo,
   type Logger,
   type StartupReporter,
@@ -118,20 +119,13 @@ flight, closes the NATS connections, exit 0.`;
 
 /** A value of a form or query field: empty means absent. */
 const field = <T extends z.ZodType>(s: T) => z.preprocess((v) => (v === '' ? undefined : v), s.optional());
-const DURATION = /^(\d{1,9})(m|h|d)$/;
-const UNIT = { m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
 /** A time: a duration ago (`30m`, `24h`, `7d`) or ISO-8601, with an offset or in UTC without one. */
 const timeSchema = z
   .string()
   .max(40)
-  .refine((v) => DURATION.test(v) || z.iso.datetime({ local: true, offset: true }).safeParse(v).success, {
-    message: 'a duration ago (30m, 24h, 7d) or an ISO-8601 time',
+  .refine((v) => timeSpecOf(v, Date.now(), { local: 'utc' }) !== null, {
+    message: 'a duration ago (30m, 24h, 7d) or an ISO-8601 time (UTC without an offset), from 1970 on',
   });
-const timeOf = (v: string, now: number): number => {
-  const d = DURATION.exec(v);
-  if (d) return now - Number(d[1]) * UNIT[d[2] as keyof typeof UNIT];
-  return Date.parse(/(?:Z|[+-]\d\d:?\d\d)$/.test(v) ? v : `${v}Z`);
-};
 const CONTRACT = /^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*@[1-9]\d{0,8}$/;
 const STATES = [...operationStatuses, 'refused'] as const;
 
@@ -441,8 +435,8 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
       tenant: login.role.kind === 'auditor' ? login.role.tenant : q.tenant,
       contract: q.contract,
       state: q.state,
-      since: q.since === undefined ? undefined : timeOf(q.since, now),
-      until: q.until === undefined ? undefined : timeOf(q.until, now),
+      since: q.since === undefined ? undefined : (timeSpecOf(q.since, now, { local: 'utc' }) ?? undefined),
+      until: q.until === undefined ? undefined : (timeSpecOf(q.until, now, { local: 'utc' }) ?? undefined),
     };
     // Newest first: the records come oldest first.
     const rows = (await backend.operations(login, filter)).map(rowOf).reverse();
