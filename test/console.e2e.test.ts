@@ -61,9 +61,9 @@ const note = (title: string, body = `Notes on ${title}.`) => ({
 const keyOf = (taskId: string, title: string) => prepareCall(contracts.writeNote, taskId, note(title)).operationKey;
 const deleteKeyOf = (key: string) => deriveCompensationKey(key, { tool: 'kb.delete_note', version: 1 });
 
-async function shot(page: Page, name: string): Promise<void> {
+async function shot(page: Page, name: string, fullPage = false): Promise<void> {
   const file = join(SHOTS, `${name}.png`);
-  await page.screenshot({ path: file });
+  await page.screenshot({ path: file, fullPage });
   process.stdout.write(`console screenshot: ${file}\n`);
 }
 
@@ -235,7 +235,7 @@ describe('console', () => {
     await page.locator('#state [data-status=committed]').waitFor({ timeout: 30_000 });
     await page.locator('#receipt-check[data-valid=true]').waitFor({ timeout: 10_000 });
     await expect(page.locator('#events').textContent()).resolves.toMatch(/unknown[\s\S]*committed/);
-    await shot(page, 'timeline-committed');
+    await shot(page, 'timeline-committed', true);
     await page.close();
   });
 
@@ -259,11 +259,20 @@ describe('console', () => {
     await expect(row.locator('button[value=undone_by_hand]').count()).resolves.toBe(1);
     await expect(row.locator('button[value=committed]').count()).resolves.toBe(0);
     await shot(page, 'takeovers');
+    // The takeover service's rules hold through the console: an unknown's outcome does not resolve
+    // a failed compensation (400, outcome.kind).
+    const csrf = (await row.locator('input[name=_csrf]').first().getAttribute('value')) ?? '';
+    const mismatch = await page.request.post(`${consoleUrl}/takeovers/resolve`, {
+      form: { _csrf: csrf, tenant: 'acme', operationKey: w.operationKey!, outcome: 'not_applied' },
+      maxRedirects: 0,
+    });
+    expect(mismatch.status()).toBe(400);
+    expect(await mismatch.text()).toMatch(/data-path="outcome\.kind"[^>]*>.*outcome_mismatch/s);
     await Promise.all([page.waitForURL(/resolved=1/), row.locator('button[value=effect_kept]').click()]);
     await expect(page.locator('#notice').textContent()).resolves.toContain('Resolution recorded');
     await page.locator('#state [data-status=compensation_failed]').waitFor();
     await expect(page.locator('dl.compensation').textContent()).resolves.toContain('effect_kept by oscar');
-    await shot(page, 'takeover-resolved');
+    await shot(page, 'takeover-resolved', true);
     await page.goto(`${consoleUrl}/takeovers`);
     await expect(page.locator(`#takeovers tr[data-key="${w.operationKey!}"]`).count()).resolves.toBe(0);
     await page.close();
