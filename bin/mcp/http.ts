@@ -12,8 +12,9 @@ import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/
 import { createMcpServer, type McpDeps } from './server.js';
 
 /** The header a remote host sends its task id in, for every call of the request that carries it. */
-export const TASK_ID_HEADER = 'tooltx-task-id';
-export const MCP_PATH = '/mcp';
+import { MCP_PATH, TASK_ID_HEADER } from './names.js';
+
+export { MCP_PATH, TASK_ID_HEADER };
 
 export interface HttpOptions {
   host: string;
