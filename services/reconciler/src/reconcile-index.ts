@@ -102,20 +102,7 @@ export function applyStateToIndex(
   switch (s.status) {
     case 'compensation_failed':
       if (!takeover) return { seq, status: s.status, terminal: true };
-      return {
-        seq,
-        terminal: false,
-        operationKey: s.operationKey,
-        tenant: s.tenant,
-        status: s.status,
-        attempt: s.attempt,
-        tool: s.tool,
-        version: s.version,
-        effect: s.effect,
-        acceptedAt: s.acceptedAt,
-        takeoverAt: takeover.times.openedAt,
-        updatedAt: s.updatedAt,
-      };
+      return openEntry(s, s.status, seq, { takeoverAt: takeover.times.openedAt });
     case 'committed':
     case 'rejected':
     case 'rolled_back':
@@ -124,44 +111,45 @@ export function applyStateToIndex(
     case 'compensation_requested':
       // Waiting for its compensation: its own attempt ended long ago (an earlier takeover of it, if
       // any, is resolved), so nothing of that attempt is indexed.
-      return {
-        seq,
-        terminal: false,
-        operationKey: s.operationKey,
-        tenant: s.tenant,
-        status: s.status,
-        attempt: s.attempt,
-        tool: s.tool,
-        version: s.version,
-        effect: s.effect,
-        acceptedAt: s.acceptedAt,
-        updatedAt: s.updatedAt,
-      };
+      return openEntry(s, s.status, seq, {});
     case 'accepted':
     case 'running':
     case 'unknown':
     case 'awaiting_confirmation':
-      return {
-        seq,
-        terminal: false,
-        operationKey: s.operationKey,
-        tenant: s.tenant,
-        status: s.status,
-        attempt: s.attempt,
-        tool: s.tool,
-        version: s.version,
-        effect: s.effect,
-        acceptedAt: s.acceptedAt,
+      return openEntry(s, s.status, seq, {
         ...(s.running ? { runningAt: s.running.at, deadlineAt: s.running.deadlineAt } : {}),
         ...(s.takeover ? { takeoverAt: s.takeover.times.openedAt } : {}),
         ...(s.status === 'awaiting_confirmation' && s.confirmation?.deadlineAt !== undefined
           ? { confirmDeadlineAt: s.confirmation.deadlineAt }
           : {}),
-        updatedAt: s.updatedAt,
-      };
+      });
     default:
       return assertNever(s.status);
   }
+}
+
+/** The index entry of an operation the sweep watches (`status`, narrowed by the caller): where it is, what it is, and the times its status has. */
+type OpenEntry = Extract<ReconcileValue, { terminal: false }>;
+function openEntry(
+  s: OperationRecord,
+  status: OpenEntry['status'],
+  seq: number,
+  times: Partial<Pick<OpenEntry, 'runningAt' | 'deadlineAt' | 'takeoverAt' | 'confirmDeadlineAt'>>,
+): OpenEntry {
+  return {
+    seq,
+    terminal: false,
+    operationKey: s.operationKey,
+    tenant: s.tenant,
+    status,
+    attempt: s.attempt,
+    tool: s.tool,
+    version: s.version,
+    effect: s.effect,
+    acceptedAt: s.acceptedAt,
+    ...times,
+    updatedAt: s.updatedAt,
+  };
 }
 
 function assertNever(x: never): never {
