@@ -184,6 +184,19 @@ export function takeoverDue(status: OperationRecord['status'], seenForMs: number
   return status === 'unknown' && seenForMs > unknownDeadlineMs;
 }
 
+/** What every takeover record names of its operation: where it lives and digests of what it was asked. */
+function takeoverIdentityOf(state: OperationRecord) {
+  return {
+    operationKey: state.operationKey,
+    tenant: state.tenant,
+    taskId: state.taskId,
+    tool: state.tool,
+    version: state.version,
+    targetDigest: state.targetDigest,
+    inputDigest: state.inputDigest,
+  };
+}
+
 /**
  * The takeover record of an `unknown` operation handed to a person (FM-14): what is known of it —
  * its target, its last evidence, what a probe found under our key, its attempts and times. Pure.
@@ -194,13 +207,7 @@ export function takeoverRecordOf(
   openedAt: number,
 ): TakeoverRecord {
   return {
-    operationKey: state.operationKey,
-    tenant: state.tenant,
-    taskId: state.taskId,
-    tool: state.tool,
-    version: state.version,
-    targetDigest: state.targetDigest,
-    inputDigest: state.inputDigest,
+    ...takeoverIdentityOf(state),
     reason: why.reason,
     ...(state.evidence ? { lastEvidence: state.evidence } : {}),
     ...(why.probed ? { probed: why.probed } : {}),
@@ -228,13 +235,7 @@ export function compensationTakeoverRecordOf(
   const r = state.receipt;
   const link = state.compensation;
   return {
-    operationKey: state.operationKey,
-    tenant: state.tenant,
-    taskId: state.taskId,
-    tool: state.tool,
-    version: state.version,
-    targetDigest: state.targetDigest,
-    inputDigest: state.inputDigest,
+    ...takeoverIdentityOf(state),
     reason: 'compensation_failed',
     ...(failure.evidence ? { lastEvidence: failure.evidence } : {}),
     ...(r
