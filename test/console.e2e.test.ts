@@ -213,6 +213,15 @@ describe('console', () => {
     });
     expect(forged.status()).toBe(403);
     await op.close();
+    // Bodies refused before any handler, by anyone: the caller's error, never a 500.
+    const tooBig = await fetch(`${consoleUrl}/takeovers/resolve`, { method: 'POST', body: 'a'.repeat(100_000) });
+    expect(tooBig.status).toBe(413);
+    const notJson = await fetch(`${consoleUrl}/logout`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{bad',
+    });
+    expect(notJson.status).toBe(400);
   });
 
   it('console: an unknown operation becomes committed on the live timeline, its receipt signature checked', async () => {

@@ -349,6 +349,11 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
   app.setErrorHandler(async (err, req, reply) => {
     const csrfFailed = (err as { code?: string }).code?.startsWith('FST_CSRF');
     const limited = (err as { statusCode?: number }).statusCode === 429;
+    const code = (err as { statusCode?: number }).statusCode;
+    const clientError =
+      !limited && (err as { code?: string }).code?.startsWith('FST_ERR_CTP') && code && code >= 400 && code < 500
+        ? code
+        : undefined;
     const info: ErrorInfo = csrfFailed
       ? {
           class: ErrorClass.Forbidden,
@@ -358,10 +363,12 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
         ? { class: ErrorClass.QuotaExceeded, retryAfterMs: 60_000 }
         : err instanceof TooltxError
           ? toErrorInfo(err)
-          : (err as { validation?: unknown }).validation || (err as { statusCode?: number }).statusCode === 415
+          : (err as { validation?: unknown }).validation || clientError !== undefined
             ? { class: ErrorClass.InvalidInput }
             : toErrorInfo(err);
-    const status = csrfFailed ? 403 : limited ? 429 : (HTTP_STATUS[info.class] ?? 500);
+    // A request fastify refused before any handler (a body over the limit: 413, one that does not
+    // parse: 400, a media type it does not take: 415) is the caller's, answered with that status.
+    const status = csrfFailed ? 403 : limited ? 429 : (clientError ?? HTTP_STATUS[info.class] ?? 500);
     if (status >= 500) log.error({ err, method: req.method, route: req.routeOptions.url }, 'console request failed');
     else log.info({ class: info.class, method: req.method, route: req.routeOptions.url }, 'console request refused');
     const login = loginOf(req);
