@@ -25,6 +25,10 @@ import { mailContracts } from '../examples/research-kb/mail-contracts.js';
 import { ROOT } from './helpers/services.js';
 
 const CHROMIUM = process.env.CHROMIUM_PATH || '/usr/bin/chromium';
+/** The console's session bound here: small, so that a store anonymous visitors could fill would show. */
+const MAX_SESSIONS = 8;
+/** The console's default login limit, per client address and minute. */
+const LOGINS_PER_MINUTE = 20;
 const SHOTS = join(ROOT, 'test-output', 'console');
 const IDENTITIES: IdentityList = {
   tenants: [
@@ -133,6 +137,9 @@ beforeAll(async () => {
       // Records at once: the pages show an operation as soon as its event is in the log.
       TOOLTX_AUDIT_BATCH_MS: '0',
       TOOLTX_CONSOLE_REFRESH_MS: '500',
+      TOOLTX_CONSOLE_MAX_SESSIONS: String(MAX_SESSIONS),
+      // The test's requests come from 127.0.0.1: it plays the TLS proxy in front of the console.
+      TOOLTX_CONSOLE_TRUST_PROXY: '127.0.0.1',
       WEB_ALLOWED_ORIGINS: web.url,
     },
   });
@@ -222,6 +229,64 @@ describe('console', () => {
       body: '{bad',
     });
     expect(notJson.status).toBe(400);
+  });
+
+  it('console: no anonymous request evicts a logged-in session; the login limit counts the client a trusted proxy forwards; logout clears the cookie', async () => {
+    // Login forms, unknown paths and refused logins, three times the session store's bound, by
+    // visitors who never log in: none of them is given a session.
+    for (let i = 0; i < 3 * MAX_SESSIONS; i++) {
+      for (const [path, status] of [
+        ['/login', 200],
+        [`/no-such-page-${i}`, 404],
+      ] as const) {
+        const r = await fetch(`${consoleUrl}${path}`, { redirect: 'manual' });
+        expect(r.status).toBe(status);
+        expect(r.headers.getSetCookie().filter((c) => c.startsWith('tooltx_console='))).toEqual([]);
+        const html = await r.text();
+        // An unknown path gets the console's page, which offers a login, not the operations.
+        if (status === 404) expect(html).toMatch(/href="\/login"[\s\S]*$/);
+      }
+    }
+    // The operator logged in before them still is.
+    const op = await operator.newPage();
+    await op.goto(`${consoleUrl}/operations`);
+    expect(new URL(op.url()).pathname).toBe('/operations');
+    await op.close();
+
+    // Behind the proxy, each client's attempts are its own: one client guessing is limited, the
+    // next is not. (These carry no CSRF token: refused 403, and counted all the same.)
+    const attempt = (client: string) =>
+      fetch(`${consoleUrl}/login`, {
+        method: 'POST',
+        headers: { 'x-forwarded-for': client, 'content-type': 'application/x-www-form-urlencoded' },
+        body: 'login=oscar&password=guess&_csrf=none',
+        redirect: 'manual',
+      }).then(async (r) => {
+        await r.text();
+        return r.status;
+      });
+    const codes: number[] = [];
+    for (let i = 0; i <= LOGINS_PER_MINUTE; i++) codes.push(await attempt('203.0.113.7'));
+    expect(codes).toEqual([...Array<number>(LOGINS_PER_MINUTE).fill(403), 429]);
+    expect(await attempt('203.0.113.8')).toBe(403);
+    // The refusal's log line names the client.
+    const logFile = join(dir, 'logs', 'console.log');
+    await expect
+      .poll(() =>
+        readFileSync(logFile, 'utf8')
+          .split('\n')
+          .some((l) => l.includes('"class":"quota_exceeded"') && l.includes('"client":"203.0.113.7"')),
+      )
+      .toBe(true);
+
+    // Logging out ends the session on the server and removes the cookie from the browser.
+    const leaving = await browser.newContext();
+    const page = await logIn(leaving, 'oscar', password('operator.oscar'));
+    expect((await leaving.cookies()).map((c) => c.name)).toContain('tooltx_console');
+    await page.click('form[action="/logout"] button[type=submit]');
+    expect(new URL(page.url()).pathname).toBe('/login');
+    expect((await leaving.cookies()).map((c) => c.name)).not.toContain('tooltx_console');
+    await leaving.close();
   });
 
   it('console: an unknown operation becomes committed on the live timeline, its receipt signature checked', async () => {

@@ -8,12 +8,14 @@
  * as that identity with its nkey seed, so the server's permissions bound every page.
  *
  * HTTP: fastify, sessions in server memory behind an HttpOnly SameSite=Strict cookie
- * (@fastify/session over @fastify/cookie), a CSRF token in every form (@fastify/csrf-protection, its
- * secret in the session), logins limited per address (@fastify/rate-limit); pages from escaping
- * templates (./views.ts) with a Content-Security-Policy that allows only the console's own script.
+ * (@fastify/session over @fastify/cookie), stored only once someone has logged in; a CSRF token in
+ * every form (@fastify/csrf-protection: the login form's secret in a signed cookie, every other
+ * form's in the session), logins limited per client address (@fastify/rate-limit; the address a
+ * trusted proxy forwards, when one is configured); pages from escaping templates (./views.ts) with
+ * a Content-Security-Policy that allows only the console's own script.
  */
 import { readFileSync } from 'node:fs';
-import type { AddressInfo } from 'node:net';
+import { isIP, type AddressInfo } from 'node:net';
 import { join, resolve } from 'node:path';
 import fastifyCookie from '@fastify/cookie';
 import fastifyCsrf from '@fastify/csrf-protection';
@@ -21,7 +23,7 @@ import fastifyFormbody from '@fastify/formbody';
 import fastifyRateLimit from '@fastify/rate-limit';
 import fastifySession from '@fastify/session';
 import { Command } from 'commander';
-import Fastify, { type FastifyReply, type FastifyRequest, type Session } from 'fastify';
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest, type Session } from 'fastify';
 import { LRUCache } from 'lru-cache';
 import { z } from 'zod';
 import {
@@ -90,7 +92,31 @@ export const consoleConfigSchema = z.object({
   TOOLTX_CONSOLE_SECURE_COOKIE: z.enum(['on', 'off']).default('off'),
   TOOLTX_CONSOLE_REFRESH_MS: envInt(500, 60_000).default(2_000),
   TOOLTX_CONSOLE_LOGINS_PER_MINUTE: envInt(1, 10_000).default(20),
+  TOOLTX_CONSOLE_MAX_SESSIONS: envInt(1, 1_000_000).default(10_000),
+  TOOLTX_CONSOLE_TRUST_PROXY: z
+    .string()
+    .default('off')
+    .transform((v, ctx) => {
+      if (v.trim() === 'off') return false as const;
+      const entries = v.split(',').map((e) => e.trim());
+      const bad = entries.find((e) => !isAddressOrCidr(e));
+      if (bad === undefined) return entries;
+      ctx.addIssue({
+        code: 'custom',
+        message: `"${bad.slice(0, 60)}" is not an IP address or CIDR: give off, or the proxies' addresses, comma-separated (127.0.0.1,10.0.0.0/8)`,
+      });
+      return z.NEVER;
+    }),
 });
+
+/** An IPv4/IPv6 address, or one with a prefix length (`10.0.0.0/8`, `fd00::/8`). */
+function isAddressOrCidr(v: string): boolean {
+  const [addr, len, ...rest] = v.split('/');
+  const family = isIP(addr ?? '');
+  if (family === 0 || rest.length > 0) return false;
+  if (len === undefined) return true;
+  return /^\d{1,3}$/.test(len) && Number(len) <= (family === 4 ? 32 : 128);
+}
 export type ConsoleConfig = z.infer<typeof consoleConfigSchema>;
 
 export const CONSOLE_ENV_HELP = `
@@ -108,6 +134,11 @@ Environment:
                     it behind a TLS proxy)
   TOOLTX_CONSOLE_REFRESH_MS  how often a live page reads its data again, ms: 500..60000 (default 2000)
   TOOLTX_CONSOLE_LOGINS_PER_MINUTE  login attempts per client address and minute (default 20)
+  TOOLTX_CONSOLE_MAX_SESSIONS  logged-in sessions kept at most; past it the least recently used
+                    is logged out (default 10000; only a login makes a session)
+  TOOLTX_CONSOLE_TRUST_PROXY  off, or the proxies' addresses or CIDRs, comma-separated: a
+                    request from one of them counts as the client address it forwards
+                    (X-Forwarded-For), for the login limit and in logs (default off)
   TOOLTX_INSTANCE_ID  name of this instance in logs (default host-pid)
   LOG_LEVEL         fatal|error|warn|info|debug|trace|silent (default info)
   TOOLTX_LOG_HMAC_KEY_FILE  key file for the HMAC of error messages in logs (optional)
@@ -166,6 +197,11 @@ function parsed<S extends z.ZodType>(schema: S, value: unknown): z.infer<S> {
     });
   return r.data;
 }
+
+/** The session cookie's name. */
+const SESSION_COOKIE = 'tooltx_console';
+/** The login form's CSRF secret, signed, sent only to `/login`. */
+const LOGIN_CSRF_COOKIE = 'tooltx_login_csrf';
 
 const HTTP_STATUS: Partial<Record<string, number>> = {
   invalid_input: 400,
@@ -290,27 +326,26 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
     });
   }
   const views = new ConsoleViews();
-  const app = Fastify({ logger: false, bodyLimit: 16 * 1024, trustProxy: false });
-  await app.register(fastifyCookie);
+  const app = Fastify({ logger: false, bodyLimit: 16 * 1024, trustProxy: config.TOOLTX_CONSOLE_TRUST_PROXY });
+  const secure = config.TOOLTX_CONSOLE_SECURE_COOKIE === 'on';
+  // Its secret signs the login form's CSRF cookie.
+  await app.register(fastifyCookie, { secret: sessionKey });
   const SESSION_MS = 8 * 3_600_000;
   await app.register(fastifySession, {
     secret: sessionKey,
     // In memory, bounded, and forgotten once expired: the plugin's own store keeps every session.
     store: new fastifySession.MemoryStore(
-      new LRUCache<string, object>({ max: 10_000, ttl: SESSION_MS }) as unknown as Map<string, Session>,
+      new LRUCache<string, object>({ max: config.TOOLTX_CONSOLE_MAX_SESSIONS, ttl: SESSION_MS }) as unknown as Map<
+        string,
+        Session
+      >,
     ),
-    cookieName: 'tooltx_console',
-    // Only a login is kept, and its CSRF secret: a visitor's session is stored once it has a form.
+    cookieName: SESSION_COOKIE,
+    // Stored only once someone has logged in: the login form's CSRF secret lives in a cookie, so
+    // nobody without a password can fill the bounded store and log everyone else out.
     saveUninitialized: false,
-    cookie: {
-      httpOnly: true,
-      sameSite: 'strict',
-      secure: config.TOOLTX_CONSOLE_SECURE_COOKIE === 'on',
-      path: '/',
-      maxAge: SESSION_MS,
-    },
+    cookie: { httpOnly: true, sameSite: 'strict', secure, path: '/', maxAge: SESSION_MS },
   });
-  await app.register(fastifyCsrf, { sessionPlugin: '@fastify/session' });
   await app.register(fastifyFormbody);
   await app.register(fastifyRateLimit, { global: false });
 
@@ -369,147 +404,179 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
     // A request fastify refused before any handler (a body over the limit: 413, one that does not
     // parse: 400, a media type it does not take: 415) is the caller's, answered with that status.
     const status = csrfFailed ? 403 : limited ? 429 : (clientError ?? HTTP_STATUS[info.class] ?? 500);
-    if (status >= 500) log.error({ err, method: req.method, route: req.routeOptions.url }, 'console request failed');
-    else log.info({ class: info.class, method: req.method, route: req.routeOptions.url }, 'console request refused');
-    const login = loginOf(req);
+    const where = { method: req.method, route: req.routeOptions.url, client: req.ip };
+    if (status >= 500) log.error({ err, ...where }, 'console request failed');
+    else log.info({ class: info.class, ...where }, 'console request refused');
     reply.code(status);
     const shown = info.class === ErrorClass.Internal ? { class: ErrorClass.Internal } : info;
-    return page(reply, 'error', {
-      title: 'Refused',
-      error: shown,
-      ...(login ? { who: whoOf(login), csrf: reply.generateCsrf() } : {}),
-    });
+    return page(reply, 'error', { title: 'Refused', error: shown, ...loggedInOf(req, reply) });
+  });
+  /** The logged-in person and a logout form's token for a page outside the pages' own scope, or nothing. */
+  const loggedInOf = (req: FastifyRequest, reply: FastifyReply) => {
+    const login = loginOf(req);
+    // The login form's scope signs its CSRF tokens with another secret than the session's: a logout
+    // form there would be refused.
+    if (!login || req.routeOptions.url === '/login' || typeof reply.generateCsrf !== 'function') return {};
+    return { who: whoOf(login), csrf: reply.generateCsrf() };
+  };
+  // An unknown path: the same page as any refusal, not fastify's JSON.
+  app.setNotFoundHandler(async (req, reply) => {
+    reply.code(404);
+    const error: ErrorInfo = {
+      class: ErrorClass.NotFound,
+      issues: [{ path: [], code: 'not_found', message: 'no such page' }],
+    };
+    return page(reply, 'error', { title: 'Not found', error, ...loggedInOf(req, reply) });
   });
 
   app.get('/healthz', async () => ({ ok: true }));
   app.get('/static/console.css', async (_req, reply) => reply.type('text/css; charset=utf-8').send(CONSOLE_CSS));
   app.get('/static/console.js', async (_req, reply) => reply.type('text/javascript; charset=utf-8').send(CONSOLE_JS));
 
-  app.get('/login', async (req, reply) => {
-    if (loginOf(req)) return reply.redirect('/operations', 303);
-    return page(reply, 'login', { title: 'Log in', csrf: reply.generateCsrf() });
+  // The login form: its CSRF secret in a signed cookie of its own (double submit), so a visitor
+  // holds no stored session before logging in (OWASP CSRF cheat sheet, "signed double-submit").
+  await app.register(async (scope) => {
+    await scope.register(fastifyCsrf, {
+      sessionPlugin: '@fastify/cookie',
+      cookieKey: LOGIN_CSRF_COOKIE,
+      cookieOpts: { httpOnly: true, sameSite: 'strict', secure, path: '/login', signed: true },
+    });
+    scope.get('/login', async (req, reply) => {
+      if (loginOf(req)) return reply.redirect('/operations', 303);
+      return page(reply, 'login', { title: 'Log in', csrf: reply.generateCsrf() });
+    });
+    scope.post(
+      '/login',
+      {
+        config: { rateLimit: { max: config.TOOLTX_CONSOLE_LOGINS_PER_MINUTE, timeWindow: 60_000 } },
+        preHandler: scope.csrfProtection,
+      },
+      async (req, reply) => {
+        const body = parsed(loginSchema, req.body);
+        const login = await verifyConsoleLogin(logins, body.login, body.password);
+        if (!login) {
+          // Not the name typed: a password typed into the wrong field would land in the log.
+          log.warn({ knownLogin: Object.hasOwn(logins, body.login), client: req.ip }, 'console login refused');
+          reply.code(401);
+          return page(reply, 'login', { title: 'Log in', failed: true, csrf: reply.generateCsrf() });
+        }
+        // A new session id at login: one known before it (fixation) is worthless after.
+        await req.session.regenerate();
+        req.session.login = body.login;
+        log.info({ login: body.login, kind: login.role.kind, client: req.ip }, 'console login');
+        reply.clearCookie(LOGIN_CSRF_COOKIE, { path: '/login' });
+        return reply.redirect('/operations', 303);
+      },
+    );
   });
-  app.post(
-    '/login',
-    {
-      config: { rateLimit: { max: config.TOOLTX_CONSOLE_LOGINS_PER_MINUTE, timeWindow: 60_000 } },
-      preHandler: app.csrfProtection,
-    },
-    async (req, reply) => {
-      const body = parsed(loginSchema, req.body);
-      const login = await verifyConsoleLogin(logins, body.login, body.password);
-      if (!login) {
-        // Not the name typed: a password typed into the wrong field would land in the log.
-        log.warn({ knownLogin: Object.hasOwn(logins, body.login) }, 'console login refused');
-        reply.code(401);
-        return page(reply, 'login', { title: 'Log in', failed: true, csrf: reply.generateCsrf() });
+
+  /** The pages behind a login, on `app`: a scope whose forms' CSRF secret is in the session. */
+  const pages = (app: FastifyInstance) => {
+    const required = async (req: FastifyRequest, reply: FastifyReply) => {
+      if (!loginOf(req)) {
+        if (live(req)) return reply.code(401).send('');
+        return reply.redirect('/login', 303);
       }
-      // A new session id at login: one known before it (fixation) is worthless after.
-      await req.session.regenerate();
-      req.session.login = body.login;
-      log.info({ login: body.login, kind: login.role.kind }, 'console login');
-      return reply.redirect('/operations', 303);
-    },
-  );
+    };
+    const operatorOnly = (login: ConsoleLogin) => {
+      if (login.role.kind !== 'operator')
+        throw new TooltxError(ErrorClass.Forbidden, 'operators only', {
+          issues: [{ path: [], code: 'operators_only', message: 'auditors read; only an operator may act' }],
+        });
+    };
 
-  // Everything below needs a login.
-  const required = async (req: FastifyRequest, reply: FastifyReply) => {
-    if (!loginOf(req)) {
-      if (live(req)) return reply.code(401).send('');
+    app.post('/logout', { preHandler: [required, app.csrfProtection] }, async (req, reply) => {
+      parsed(logoutSchema, req.body);
+      await req.session.destroy();
+      reply.clearCookie(SESSION_COOKIE, { path: '/' });
       return reply.redirect('/login', 303);
-    }
+    });
+
+    app.get('/', { preHandler: required }, async (_req, reply) => reply.redirect('/operations', 303));
+
+    app.get('/operations', { preHandler: required }, async (req, reply) => {
+      const login = loginOf(req)!;
+      const q = parsed(opsQuerySchema, req.query);
+      const now = Date.now();
+      const filter: OpsFilter = {
+        tenant: login.role.kind === 'auditor' ? login.role.tenant : q.tenant,
+        contract: q.contract,
+        state: q.state,
+        since: q.since === undefined ? undefined : (timeSpecOf(q.since, now, { local: 'utc' }) ?? undefined),
+        until: q.until === undefined ? undefined : (timeSpecOf(q.until, now, { local: 'utc' }) ?? undefined),
+      };
+      // Newest first: the records come oldest first.
+      const rows = (await backend.operations(login, filter)).map(rowOf).reverse();
+      const values = {
+        ...base(req, reply, login, 'Operations'),
+        filter: q,
+        states: STATES,
+        rows,
+        maxRows: MAX_ROWS,
+      };
+      return page(reply, live(req) ? 'ops-live' : 'operations', values);
+    });
+
+    app.get('/operations/:tenant/:operationKey', { preHandler: required }, async (req, reply) => {
+      const login = loginOf(req)!;
+      const p = parsed(opParamsSchema, req.params);
+      const notice = parsed(z.object({ resolved: field(z.enum(['1'])) }).loose(), req.query).resolved
+        ? 'Resolution recorded.'
+        : undefined;
+      const [record, op] = await Promise.all([
+        backend.record(login, p.tenant, p.operationKey),
+        backend.operation(login, p.tenant, p.operationKey),
+      ]);
+      if (!record && !op)
+        throw new TooltxError(ErrorClass.NotFound, 'no such operation', {
+          issues: [
+            { path: ['operationKey'], code: 'not_found', message: 'no operation with this key that you may see' },
+          ],
+        });
+      const values = {
+        ...base(req, reply, login, 'Operation'),
+        tenant: p.tenant,
+        operationKey: p.operationKey,
+        notice,
+        record: record
+          ? {
+              ...record,
+              states: record.states.map((s) => ({ ...s, at: iso(s.at) })),
+              decisions: record.decisions.map((d) => ({ ...d, at: iso(d.at) })),
+            }
+          : null,
+        recordJson: record ? JSON.stringify(record, null, 2) : '',
+        op: op ? operationView(op.state, op.receipt) : undefined,
+      };
+      return page(reply, live(req) ? 'op-live' : 'operation', values);
+    });
+
+    app.get('/takeovers', { preHandler: required }, async (req, reply) => {
+      const login = loginOf(req)!;
+      operatorOnly(login);
+      const rows = (await backend.takeovers(login)).map((t) => ({
+        operationKey: t.operationKey,
+        tenant: t.tenant,
+        contract: `${t.tool}@${t.version}`,
+        status: t.status,
+        reason: t.reason,
+        openedAt: iso(t.times.openedAt),
+      }));
+      const values = { ...base(req, reply, login, 'Takeovers'), rows };
+      return page(reply, live(req) ? 'takeovers-live' : 'takeovers', values);
+    });
+
+    app.post('/takeovers/resolve', { preHandler: [required, app.csrfProtection] }, async (req, reply) => {
+      const login = loginOf(req)!;
+      operatorOnly(login);
+      const r = parsed(resolveSchema, req.body);
+      await backend.resolve(login, r);
+      return reply.redirect(`/operations/${r.tenant}/${r.operationKey}?resolved=1`, 303);
+    });
   };
-  const operatorOnly = (login: ConsoleLogin) => {
-    if (login.role.kind !== 'operator')
-      throw new TooltxError(ErrorClass.Forbidden, 'operators only', {
-        issues: [{ path: [], code: 'operators_only', message: 'auditors read; only an operator may act' }],
-      });
-  };
-
-  app.post('/logout', { preHandler: [required, app.csrfProtection] }, async (req, reply) => {
-    parsed(logoutSchema, req.body);
-    await req.session.destroy();
-    return reply.redirect('/login', 303);
-  });
-
-  app.get('/', { preHandler: required }, async (_req, reply) => reply.redirect('/operations', 303));
-
-  app.get('/operations', { preHandler: required }, async (req, reply) => {
-    const login = loginOf(req)!;
-    const q = parsed(opsQuerySchema, req.query);
-    const now = Date.now();
-    const filter: OpsFilter = {
-      tenant: login.role.kind === 'auditor' ? login.role.tenant : q.tenant,
-      contract: q.contract,
-      state: q.state,
-      since: q.since === undefined ? undefined : (timeSpecOf(q.since, now, { local: 'utc' }) ?? undefined),
-      until: q.until === undefined ? undefined : (timeSpecOf(q.until, now, { local: 'utc' }) ?? undefined),
-    };
-    // Newest first: the records come oldest first.
-    const rows = (await backend.operations(login, filter)).map(rowOf).reverse();
-    const values = {
-      ...base(req, reply, login, 'Operations'),
-      filter: q,
-      states: STATES,
-      rows,
-      maxRows: MAX_ROWS,
-    };
-    return page(reply, live(req) ? 'ops-live' : 'operations', values);
-  });
-
-  app.get('/operations/:tenant/:operationKey', { preHandler: required }, async (req, reply) => {
-    const login = loginOf(req)!;
-    const p = parsed(opParamsSchema, req.params);
-    const notice = parsed(z.object({ resolved: field(z.enum(['1'])) }).loose(), req.query).resolved
-      ? 'Resolution recorded.'
-      : undefined;
-    const [record, op] = await Promise.all([
-      backend.record(login, p.tenant, p.operationKey),
-      backend.operation(login, p.tenant, p.operationKey),
-    ]);
-    if (!record && !op)
-      throw new TooltxError(ErrorClass.NotFound, 'no such operation', {
-        issues: [{ path: ['operationKey'], code: 'not_found', message: 'no operation with this key that you may see' }],
-      });
-    const values = {
-      ...base(req, reply, login, 'Operation'),
-      tenant: p.tenant,
-      operationKey: p.operationKey,
-      notice,
-      record: record
-        ? {
-            ...record,
-            states: record.states.map((s) => ({ ...s, at: iso(s.at) })),
-            decisions: record.decisions.map((d) => ({ ...d, at: iso(d.at) })),
-          }
-        : null,
-      recordJson: record ? JSON.stringify(record, null, 2) : '',
-      op: op ? operationView(op.state, op.receipt) : undefined,
-    };
-    return page(reply, live(req) ? 'op-live' : 'operation', values);
-  });
-
-  app.get('/takeovers', { preHandler: required }, async (req, reply) => {
-    const login = loginOf(req)!;
-    operatorOnly(login);
-    const rows = (await backend.takeovers(login)).map((t) => ({
-      operationKey: t.operationKey,
-      tenant: t.tenant,
-      contract: `${t.tool}@${t.version}`,
-      status: t.status,
-      reason: t.reason,
-      openedAt: iso(t.times.openedAt),
-    }));
-    const values = { ...base(req, reply, login, 'Takeovers'), rows };
-    return page(reply, live(req) ? 'takeovers-live' : 'takeovers', values);
-  });
-
-  app.post('/takeovers/resolve', { preHandler: [required, app.csrfProtection] }, async (req, reply) => {
-    const login = loginOf(req)!;
-    operatorOnly(login);
-    const r = parsed(resolveSchema, req.body);
-    await backend.resolve(login, r);
-    return reply.redirect(`/operations/${r.tenant}/${r.operationKey}?resolved=1`, 303);
+  await app.register(async (scope) => {
+    await scope.register(fastifyCsrf, { sessionPlugin: '@fastify/session' });
+    pages(scope);
   });
 
   await app.listen({ port: config.TOOLTX_CONSOLE_PORT, host: config.TOOLTX_CONSOLE_HOST }).catch((err: unknown) => {
