@@ -3,16 +3,17 @@
  * own, each under its own identity and permissions): the authorizer reads the held operation's
  * intent back for the confirm permission's check, and the reconciler for the discard step of an
  * operation it rolled back. Real nats-server, real processes, the mail outbox with MAIL_DEDUP=off.
- * The co-located layout and the rest of the rules: test/held-back.e2e.test.ts.
+ * A grid of `npm run matrix` (a stack of its own for one scenario: kept out of `npm test`'s time).
+ * The co-located layout and the rest of the rules, in `npm test`: test/held-back.e2e.test.ts.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf } from '@tooltx/contracts';
 import { createTools, type Tools } from '@tooltx/client';
-import { provisioned, type TestNats } from './helpers/nats.js';
-import { startAll } from './helpers/services.js';
-import { RESEARCH_TOOLS } from './helpers/kb.js';
-import { sampleMail, startMail, type TestMail } from './helpers/mail.js';
-import { mailContracts } from '../examples/research-kb/mail-contracts.js';
+import { provisioned, type TestNats } from '../helpers/nats.js';
+import { startAll } from '../helpers/services.js';
+import { RESEARCH_TOOLS } from '../helpers/kb.js';
+import { sampleMail, startMail, type TestMail } from '../helpers/mail.js';
+import { mailContracts } from '../../examples/research-kb/mail-contracts.js';
 
 const CONFIRM_MS = 2_000;
 const contracts = mailContracts({ mailDedup: false, confirmDeadlineMs: CONFIRM_MS });
