@@ -3,14 +3,17 @@
  * against the console process on a real stack (nats-server with generated auth, the KB behind a
  * fault-injecting hop, the mail outbox, the roles). One stack and one browser for the file.
  * Logins (a wrong password refused, the session cookie HttpOnly and SameSite=Strict, a form without
- * its CSRF token refused), an `unknown` becoming `committed` on a live page, a failed compensation's
- * takeover resolved `effect_kept`, the compensation outcomes as distinct labels, an auditor of
+ * its CSRF token refused, no session for visitors who never log in, the login limit per forwarded
+ * client, cross-origin writes refused, logout), an `unknown` becoming `committed` on a live page, a
+ * failed compensation's takeover resolved `effect_kept`, an unknown past its deadline resolved
+ * `not_applied`, the compensation outcomes as distinct labels, an auditor of
  * another tenant who sees nothing of acme, and no canary (FM-16) in any page. Screenshots go to
  * test-output/console/ (git-ignored); their paths are printed.
  */
 import { execFile } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { connect } from 'node:net';
 import { join } from 'node:path';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -63,6 +66,10 @@ const note = (title: string, body = `Notes on ${title}.`) => ({
   fetchedAt: '2026-12-01T06:00:00Z',
 });
 const keyOf = (taskId: string, title: string) => prepareCall(contracts.writeNote, taskId, note(title)).operationKey;
+/** The KB's probe by key, which the hop cuts while the path is in `blocked`. */
+const probePath = (downstreamKey: string) => `/v1/notes/by-key/${encodeURIComponent(downstreamKey)}`;
+const STUCK_TITLE = 'Never arrived';
+const STUCK_KEY = keyOf('console-stuck', STUCK_TITLE);
 const deleteKeyOf = (key: string) => deriveCompensationKey(key, { tool: 'kb.delete_note', version: 1 });
 
 async function shot(page: Page, name: string, fullPage = false): Promise<void> {
@@ -138,6 +145,9 @@ beforeAll(async () => {
       TOOLTX_AUDIT_BATCH_MS: '0',
       TOOLTX_CONSOLE_REFRESH_MS: '500',
       TOOLTX_CONSOLE_MAX_SESSIONS: String(MAX_SESSIONS),
+      // kb.write_note's unknown deadline cut to 20 s (timeout and running bound as by default): an
+      // unknown started in beforeAll is taken over while the other tests run (its test is the last).
+      KB_TIMING_MS: '5000,15000,20000',
       // The test's requests come from 127.0.0.1: it plays the TLS proxy in front of the console.
       TOOLTX_CONSOLE_TRUST_PROXY: '127.0.0.1',
       WEB_ALLOWED_ORIGINS: web.url,
@@ -156,6 +166,14 @@ beforeAll(async () => {
       budgetMs: 4_000,
     });
   [alice, gina] = await Promise.all([agent('acme', 'alice'), agent('globex', 'gina')]);
+  // An operation for the takeover queue: every attempt's request is cut before it reaches the KB and
+  // every probe by its key is cut, so it stays unknown until its deadline opens a takeover.
+  const stuck = downstreamKeyOf('acme', STUCK_KEY);
+  blocked.add(probePath(stuck));
+  hop.inject(stuck, { kind: 'drop' }, { times: Number.POSITIVE_INFINITY });
+  void alice
+    .execute({ tool: 'kb.write_note', taskId: 'console-stuck', input: note(STUCK_TITLE) }, { budgetMs: 1_000 })
+    .catch(() => undefined);
   // playwright-core gives the browser a fresh --user-data-dir of its own (a temporary profile).
   browser = await chromium.launch({
     executablePath: CHROMIUM,
@@ -279,6 +297,70 @@ describe('console', () => {
       )
       .toBe(true);
 
+    // A write a browser marks as from another origin (a sibling port or subdomain that planted the
+    // login form's cookie) is refused, even with a valid token; the same from the console's page
+    // logs in.
+    const form = await fetch(`${consoleUrl}/login`);
+    const loginCookie = form.headers
+      .getSetCookie()
+      .map((c) => c.split(';')[0])
+      .join('; ');
+    const token = /name="_csrf" value="([^"]+)"/.exec(await form.text())?.[1] ?? '';
+    const login = (site: string) =>
+      fetch(`${consoleUrl}/login`, {
+        method: 'POST',
+        headers: { cookie: loginCookie, 'sec-fetch-site': site, 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams({ _csrf: token, login: 'oscar', password: password('operator.oscar') }).toString(),
+        redirect: 'manual',
+      });
+    const tossed = await login('same-site');
+    expect(tossed.status).toBe(403);
+    expect(await tossed.text()).toContain('cross_origin');
+    const ours = await login('same-origin');
+    expect(ours.status).toBe(303);
+    expect(ours.headers.getSetCookie().some((c) => c.startsWith('tooltx_console='))).toBe(true);
+
+    // Requests fastify would answer on its own get the console's page and headers; an absolute-form
+    // request line is refused; a body its client abandons is the client's error, never logged as
+    // the console's.
+    const badUrl = await fetch(`${consoleUrl}/operations/%E0%A4%A`);
+    expect(badUrl.status).toBe(400);
+    expect(badUrl.headers.get('content-type')).toMatch(/^text\/html/);
+    expect(badUrl.headers.get('content-security-policy')).toContain("default-src 'none'");
+    const port = Number(new URL(consoleUrl).port);
+    const raw = (bytes: string, abandon = false) =>
+      new Promise<string>((resolve) => {
+        let got = '';
+        const sock = connect(port, '127.0.0.1', () => {
+          sock.write(bytes);
+          if (abandon) setTimeout(() => sock.destroy(), 200);
+        });
+        sock.on('data', (d) => {
+          got += d.toString();
+        });
+        sock.on('close', () => resolve(got));
+        sock.on('error', () => undefined);
+      });
+    const absolute = await raw(
+      `POST ${consoleUrl}/login HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`,
+    );
+    expect(absolute).toMatch(/^HTTP\/1\.1 400/);
+    const logoutLines = () =>
+      readFileSync(logFile, 'utf8')
+        .split('\n')
+        .filter((l) => l.includes('"route":"/logout"'));
+    const before = logoutLines().length;
+    await raw(
+      'POST /logout HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\n_csrf=x',
+      true,
+    );
+    await expect.poll(() => logoutLines().length).toBeGreaterThan(before);
+    expect(
+      readFileSync(logFile, 'utf8')
+        .split('\n')
+        .filter((l) => l.includes('"level":50')),
+    ).toEqual([]);
+
     // Logging out ends the session on the server and removes the cookie from the browser.
     const leaving = await browser.newContext();
     const page = await logIn(leaving, 'oscar', password('operator.oscar'));
@@ -295,7 +377,7 @@ describe('console', () => {
     const dk = downstreamKeyOf('acme', key);
     // The KB commits, the executor's connection is cut before the answer (unknown), and every probe
     // by key is cut until the page has shown it unknown.
-    blocked.add(`/v1/notes/by-key/${encodeURIComponent(dk)}`);
+    blocked.add(probePath(dk));
     hop.inject(dk, { kind: 'cut_response' });
     void alice.execute({ tool: 'kb.write_note', taskId: 'console-unknown', input: note(title) }).catch(() => undefined);
     const page = await operator.newPage();
@@ -305,7 +387,7 @@ describe('console', () => {
     await page.locator('#state [data-status=unknown]').waitFor();
     // The probe gets through: the reconciler finds the note under the key and commits it; the page,
     // left open, shows it.
-    blocked.clear();
+    blocked.delete(probePath(dk));
     await page.locator('#state [data-status=committed]').waitFor({ timeout: 30_000 });
     await page.locator('#receipt-check[data-valid=true]').waitFor({ timeout: 10_000 });
     await expect(page.locator('#events').textContent()).resolves.toMatch(/unknown[\s\S]*committed/);
@@ -485,5 +567,56 @@ describe('console', () => {
     expect(seen.filter((s) => s.found.length > 0)).toEqual([]);
     expect(seen.length).toBe(9);
     await audrey.close();
+  });
+  it('console: an unknown operation past its deadline is taken over and resolved not_applied from the takeover queue; committed without the resource id found downstream is refused', async () => {
+    const page = await operator.newPage();
+    await page.goto(`${consoleUrl}/takeovers`);
+    const row = page.locator(`#takeovers tr[data-key="${STUCK_KEY}"]`);
+    try {
+      await row.waitFor({ timeout: 50_000 });
+    } catch (err) {
+      // What the operation and the queue showed, for whoever reads the failure.
+      const p2 = await operator.newPage();
+      await p2.goto(`${consoleUrl}/operations/acme/${STUCK_KEY}`);
+      process.stdout.write(
+        `${JSON.stringify({
+          state: await p2
+            .locator('#state')
+            .textContent()
+            .catch(() => null),
+          events: await p2
+            .locator('#events')
+            .textContent()
+            .catch(() => null),
+          takeovers: await page
+            .locator('#takeovers')
+            .textContent()
+            .catch(() => null),
+          hop: hop.injected.slice(-20),
+        })}\n`,
+      );
+      throw err;
+    }
+    // An unknown's two outcomes only.
+    await expect(row.locator('button[value=committed]').count()).resolves.toBe(1);
+    await expect(row.locator('button[value=not_applied]').count()).resolves.toBe(1);
+    await expect(row.locator('button[value=effect_kept]').count()).resolves.toBe(0);
+    const [refused] = await Promise.all([
+      page.waitForResponse((r) => r.url().endsWith('/takeovers/resolve')),
+      row.locator('button[value=committed]').click(),
+    ]);
+    expect(refused.status()).toBe(400);
+    await expect(page.locator('#issues li[data-path=resourceId]').count()).resolves.toBe(1);
+    // The request never reached the KB: not applied.
+    await page.goto(`${consoleUrl}/takeovers`);
+    await Promise.all([page.waitForURL(/resolved=1/), row.locator('button[value=not_applied]').click()]);
+    await page.locator('#state [data-status=rejected]').waitFor();
+    await expect(page.locator('#events').textContent()).resolves.toMatch(
+      /unknown[\s\S]*not_applied[\s\S]*operator oscar/,
+    );
+    await shot(page, 'takeover-unknown-resolved', true);
+    await page.goto(`${consoleUrl}/takeovers`);
+    await expect(page.locator(`#takeovers tr[data-key="${STUCK_KEY}"]`).count()).resolves.toBe(0);
+    await page.close();
   });
 });

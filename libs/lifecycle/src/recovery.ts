@@ -455,13 +455,18 @@ export function sweepAction(entry: { status: string; seq: number }, state: Opera
 /**
  * The next probe of an operation a verification left unresolved, ms from now: the exponential
  * backoff ({@link nextProbeDelayMs}) after `failures` unresolved probes — or sooner, when the
- * downstream's clock said when the attempt's request can no longer land (`retryInMs`). Pure but for
- * the jitter's `random`.
+ * downstream's clock said when the attempt's request can no longer land (`retryInMs`), or when the
+ * operation's unknown deadline falls before it (`untilDeadlineMs`, the time left until then): the
+ * last probe comes just past the deadline, and the takeover it calls for (FM-14) opens then rather
+ * than at whatever later probe the backoff would have picked (up to a minute late). Pure but for the
+ * jitter's `random`.
  */
 export function nextProbeInMs(
   failures: number,
-  retryInMs: number | undefined,
+  bounds: { retryInMs?: number; untilDeadlineMs?: number } = {},
   random: () => number = Math.random,
 ): number {
-  return Math.min(retryInMs ?? Infinity, nextProbeDelayMs(failures, random));
+  const { retryInMs, untilDeadlineMs } = bounds;
+  const deadline = untilDeadlineMs === undefined || untilDeadlineMs < 0 ? Infinity : untilDeadlineMs + 1;
+  return Math.min(retryInMs ?? Infinity, deadline, nextProbeDelayMs(failures, random));
 }

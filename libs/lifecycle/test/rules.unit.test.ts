@@ -633,9 +633,18 @@ describe("the reconciler's sweep action", () => {
     expect(lookDue(e, timing, { seenForMs: 0, wallNow: 9_000, probeDue: false })).toBe(true);
   });
   it("probes again on the backoff, or sooner when the downstream's clock said when a late request can no longer land", () => {
-    expect(nextProbeInMs(1, undefined, () => 0.5)).toBe(2_000);
-    expect(nextProbeInMs(1, 300, () => 0.5)).toBe(300);
-    expect(nextProbeInMs(1, 9_000, () => 0.5)).toBe(2_000);
+    expect(nextProbeInMs(1, {}, () => 0.5)).toBe(2_000);
+    expect(nextProbeInMs(1, { retryInMs: 300 }, () => 0.5)).toBe(300);
+    expect(nextProbeInMs(1, { retryInMs: 9_000 }, () => 0.5)).toBe(2_000);
+  });
+  it('FM-14: probes again just past the unknown deadline when the backoff would come later, so the takeover opens at the deadline', () => {
+    // Given six unresolved probes (a backoff of 64 s capped at 60 s) and 5 s left before the deadline,
+    expect(nextProbeInMs(6, { untilDeadlineMs: 5_000 }, () => 0.5)).toBe(5_001);
+    // when the backoff comes first, it is kept;
+    expect(nextProbeInMs(1, { untilDeadlineMs: 5_000 }, () => 0.5)).toBe(2_000);
+    // and once the deadline has passed (the takeover is due at this probe), the backoff alone counts.
+    expect(nextProbeInMs(6, { untilDeadlineMs: -1 }, () => 0.5)).toBe(60_000);
+    expect(nextProbeInMs(6, { retryInMs: 700, untilDeadlineMs: 5_000 }, () => 0.5)).toBe(700);
   });
 });
 

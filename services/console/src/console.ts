@@ -73,41 +73,52 @@ declare module 'fastify' {
 }
 
 /** Settings (validated at start; a bad one is named and the process exits 2). */
-export const consoleConfigSchema = z.object({
-  NATS_URL: baseConfigSchema.shape.NATS_URL,
-  TOOLTX_PREFIX: baseConfigSchema.shape.TOOLTX_PREFIX,
-  LOG_LEVEL: baseConfigSchema.shape.LOG_LEVEL,
-  TOOLTX_INSTANCE_ID: baseConfigSchema.shape.TOOLTX_INSTANCE_ID,
-  TOOLTX_LOG_HMAC_KEY_FILE: baseConfigSchema.shape.TOOLTX_LOG_HMAC_KEY_FILE,
-  TOOLTX_EXIT_WITH_PARENT: serviceConfigSchema.shape.TOOLTX_EXIT_WITH_PARENT,
-  TOOLTX_AUTH_DIR: z
-    .string({
-      error:
-        'required: the directory `tooltx auth generate` wrote (console/logins.json, nkeys/*.nk, receipt-keys.json)',
-    })
-    .min(1),
-  TOOLTX_CONSOLE_PORT: envInt(0, 65_535).default(4290),
-  TOOLTX_CONSOLE_HOST: z.string().min(1).default('127.0.0.1'),
-  TOOLTX_CONSOLE_SESSION_KEY_FILE: z.string().min(1).optional(),
-  TOOLTX_CONSOLE_SECURE_COOKIE: z.enum(['on', 'off']).default('off'),
-  TOOLTX_CONSOLE_REFRESH_MS: envInt(500, 60_000).default(2_000),
-  TOOLTX_CONSOLE_LOGINS_PER_MINUTE: envInt(1, 10_000).default(20),
-  TOOLTX_CONSOLE_MAX_SESSIONS: envInt(1, 1_000_000).default(10_000),
-  TOOLTX_CONSOLE_TRUST_PROXY: z
-    .string()
-    .default('off')
-    .transform((v, ctx) => {
-      if (v.trim() === 'off') return false as const;
-      const entries = v.split(',').map((e) => e.trim());
-      const bad = entries.find((e) => !isAddressOrCidr(e));
-      if (bad === undefined) return entries;
+export const consoleConfigSchema = z
+  .object({
+    NATS_URL: baseConfigSchema.shape.NATS_URL,
+    TOOLTX_PREFIX: baseConfigSchema.shape.TOOLTX_PREFIX,
+    LOG_LEVEL: baseConfigSchema.shape.LOG_LEVEL,
+    TOOLTX_INSTANCE_ID: baseConfigSchema.shape.TOOLTX_INSTANCE_ID,
+    TOOLTX_LOG_HMAC_KEY_FILE: baseConfigSchema.shape.TOOLTX_LOG_HMAC_KEY_FILE,
+    TOOLTX_EXIT_WITH_PARENT: serviceConfigSchema.shape.TOOLTX_EXIT_WITH_PARENT,
+    TOOLTX_AUTH_DIR: z
+      .string({
+        error:
+          'required: the directory `tooltx auth generate` wrote (console/logins.json, nkeys/*.nk, receipt-keys.json)',
+      })
+      .min(1),
+    TOOLTX_CONSOLE_PORT: envInt(0, 65_535).default(4290),
+    TOOLTX_CONSOLE_HOST: z.string().min(1).default('127.0.0.1'),
+    TOOLTX_CONSOLE_SESSION_KEY_FILE: z.string().min(1).optional(),
+    TOOLTX_CONSOLE_SECURE_COOKIE: z.enum(['on', 'off']).default('off'),
+    TOOLTX_CONSOLE_REFRESH_MS: envInt(500, 60_000).default(2_000),
+    TOOLTX_CONSOLE_LOGINS_PER_MINUTE: envInt(1, 10_000).default(20),
+    TOOLTX_CONSOLE_MAX_SESSIONS: envInt(1, 1_000_000).default(10_000),
+    TOOLTX_CONSOLE_TRUST_PROXY: z
+      .string()
+      .default('off')
+      .transform((v, ctx) => {
+        if (v.trim() === 'off') return false as const;
+        const entries = v.split(',').map((e) => e.trim());
+        const bad = entries.find((e) => !isAddressOrCidr(e));
+        if (bad === undefined) return entries;
+        ctx.addIssue({
+          code: 'custom',
+          message: `"${bad.slice(0, 60)}" is not an IP address or CIDR: give off, or the proxies' addresses, comma-separated (127.0.0.1,10.0.0.0/8)`,
+        });
+        return z.NEVER;
+      }),
+  })
+  .superRefine((c, ctx) => {
+    // The console serves HTTP; it learns that a request came over HTTPS only from a proxy it trusts.
+    if (c.TOOLTX_CONSOLE_SECURE_COOKIE === 'on' && c.TOOLTX_CONSOLE_TRUST_PROXY === false)
       ctx.addIssue({
         code: 'custom',
-        message: `"${bad.slice(0, 60)}" is not an IP address or CIDR: give off, or the proxies' addresses, comma-separated (127.0.0.1,10.0.0.0/8)`,
+        path: ['TOOLTX_CONSOLE_SECURE_COOKIE'],
+        message:
+          'on needs TOOLTX_CONSOLE_TRUST_PROXY: the TLS proxy in front must be trusted for its X-Forwarded-Proto, or no login would ever get its cookie',
       });
-      return z.NEVER;
-    }),
-});
+  });
 
 /** An IPv4/IPv6 address, or one with a prefix length (`10.0.0.0/8`, `fd00::/8`). */
 function isAddressOrCidr(v: string): boolean {
@@ -131,7 +142,7 @@ Environment:
   TOOLTX_CONSOLE_SESSION_KEY_FILE  key file (>= 32 characters, mode 0600) signing the session
                     cookie (optional; default a random key per process: a restart logs everyone out)
   TOOLTX_CONSOLE_SECURE_COOKIE  on|off (default off): on = the cookie is sent over HTTPS only (set
-                    it behind a TLS proxy)
+                    it behind a TLS proxy, named in TOOLTX_CONSOLE_TRUST_PROXY)
   TOOLTX_CONSOLE_REFRESH_MS  how often a live page reads its data again, ms: 500..60000 (default 2000)
   TOOLTX_CONSOLE_LOGINS_PER_MINUTE  login attempts per client address and minute (default 20)
   TOOLTX_CONSOLE_MAX_SESSIONS  logged-in sessions kept at most; past it the least recently used
@@ -196,6 +207,34 @@ function parsed<S extends z.ZodType>(schema: S, value: unknown): z.infer<S> {
       issues: fieldIssues(r.error).map((i) => (i.path[0] === 'password' ? { ...i, message: 'invalid' } : i)),
     });
   return r.data;
+}
+
+/** How long a request's headers and body may take to arrive, ms. */
+const REQUEST_TIMEOUT_MS = 30_000;
+
+/** Headers on every answer: only the console's own script and style, nothing cached or framed. */
+function securityHeaders(reply: FastifyReply): void {
+  reply.header(
+    'content-security-policy',
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+  );
+  reply.header('x-content-type-options', 'nosniff');
+  reply.header('referrer-policy', 'no-referrer');
+  reply.header('cache-control', 'no-store');
+}
+
+/**
+ * The client's address, as the login limit counts it and the logs name it: the address a trusted
+ * proxy forwards when it is one (a port some proxies append is dropped), else the peer's. A
+ * forwarded value that is no address counts as the proxy itself: a trusted sender cannot mint a
+ * fresh limit per request with junk.
+ */
+function clientOf(req: FastifyRequest): string {
+  const peer = req.socket?.remoteAddress ?? 'unknown';
+  const ip = req.ip ?? peer;
+  if (isIP(ip)) return ip;
+  const withPort = /^\[?([0-9a-fA-F:.]+?)\]?:\d{1,5}$/.exec(ip)?.[1];
+  return withPort && isIP(withPort) ? withPort : peer;
 }
 
 /** The session cookie's name. */
@@ -326,7 +365,42 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
     });
   }
   const views = new ConsoleViews();
-  const app = Fastify({ logger: false, bodyLimit: 16 * 1024, trustProxy: config.TOOLTX_CONSOLE_TRUST_PROXY });
+  const app = Fastify({
+    logger: false,
+    bodyLimit: 16 * 1024,
+    trustProxy: config.TOOLTX_CONSOLE_TRUST_PROXY,
+    // A request (headers and body) must arrive within this: a body trickled in byte by byte would
+    // otherwise hold its socket for good (fastify's default is no limit).
+    requestTimeout: REQUEST_TIMEOUT_MS,
+    // A URL fastify's router refuses (bad percent-encoding, a parameter over its length) gets the
+    // console's page and headers like any refusal, not fastify's JSON.
+    frameworkErrors: (err, req, res) => {
+      const reply = res as FastifyReply;
+      const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 400;
+      log.info({ class: ErrorClass.InvalidInput, code: err.code, client: clientOf(req) }, 'console request refused');
+      securityHeaders(reply);
+      reply.code(status);
+      void page(reply, 'error', { title: 'Refused', error: { class: ErrorClass.InvalidInput } });
+    },
+  });
+  // An absolute-form request line (`POST http://host/login`) is for proxies; the session plugin does
+  // not recognise its path and would leave the request without a session.
+  app.addHook('onRequest', async (req) => {
+    if (!req.raw.url?.startsWith('/'))
+      throw new TooltxError(ErrorClass.InvalidInput, 'request target not in origin form', {
+        issues: [{ path: [], code: 'request_target', message: 'the request target must be a path (origin form)' }],
+      });
+  });
+  // A browser says where a request comes from (Fetch Metadata): a write from any other origin — a
+  // sibling subdomain or port that could plant cookies included — is refused before its token is
+  // looked at. Clients that send no such header rely on the token alone.
+  app.addHook('onRequest', async (req) => {
+    const site = req.headers['sec-fetch-site'];
+    if (req.method !== 'GET' && req.method !== 'HEAD' && site !== undefined && site !== 'same-origin')
+      throw new TooltxError(ErrorClass.Forbidden, 'cross-origin write', {
+        issues: [{ path: [], code: 'cross_origin', message: 'a write must come from a console page' }],
+      });
+  });
   const secure = config.TOOLTX_CONSOLE_SECURE_COOKIE === 'on';
   // Its secret signs the login form's CSRF cookie.
   await app.register(fastifyCookie, { secret: sessionKey });
@@ -347,16 +421,10 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
     cookie: { httpOnly: true, sameSite: 'strict', secure, path: '/', maxAge: SESSION_MS },
   });
   await app.register(fastifyFormbody);
-  await app.register(fastifyRateLimit, { global: false });
+  await app.register(fastifyRateLimit, { global: false, keyGenerator: clientOf });
 
   app.addHook('onSend', async (_req, reply) => {
-    reply.header(
-      'content-security-policy',
-      "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-    );
-    reply.header('x-content-type-options', 'nosniff');
-    reply.header('referrer-policy', 'no-referrer');
-    reply.header('cache-control', 'no-store');
+    securityHeaders(reply);
   });
 
   const whoOf = (login: ConsoleLogin) =>
@@ -365,7 +433,7 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
       : { kind: 'auditor', login: consoleLoginName(login.role), tenant: login.role.tenant };
   /** The logged-in person, or null (a session of a login no longer listed counts as none). */
   const loginOf = (req: FastifyRequest): ConsoleLogin | null => {
-    const name = req.session.login;
+    const name = (req.session as Session | undefined)?.login;
     return name && Object.hasOwn(logins, name) ? logins[name]! : null;
   };
   const page = (reply: FastifyReply, template: Template, values: Record<string, unknown>) =>
@@ -385,10 +453,11 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
     const csrfFailed = (err as { code?: string }).code?.startsWith('FST_CSRF');
     const limited = (err as { statusCode?: number }).statusCode === 429;
     const code = (err as { statusCode?: number }).statusCode;
+    // A request fastify refused before any handler (a body over the limit: 413, one that does not
+    // parse: 400, a media type it does not take: 415), or one its client abandoned mid-body
+    // (ECONNRESET, 400): the caller's, answered with that status.
     const clientError =
-      !limited && (err as { code?: string }).code?.startsWith('FST_ERR_CTP') && code && code >= 400 && code < 500
-        ? code
-        : undefined;
+      !limited && !(err instanceof TooltxError) && code !== undefined && code >= 400 && code < 500 ? code : undefined;
     const info: ErrorInfo = csrfFailed
       ? {
           class: ErrorClass.Forbidden,
@@ -401,10 +470,8 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
           : (err as { validation?: unknown }).validation || clientError !== undefined
             ? { class: ErrorClass.InvalidInput }
             : toErrorInfo(err);
-    // A request fastify refused before any handler (a body over the limit: 413, one that does not
-    // parse: 400, a media type it does not take: 415) is the caller's, answered with that status.
     const status = csrfFailed ? 403 : limited ? 429 : (clientError ?? HTTP_STATUS[info.class] ?? 500);
-    const where = { method: req.method, route: req.routeOptions.url, client: req.ip };
+    const where = { method: req.method, route: req.routeOptions.url, client: clientOf(req) };
     if (status >= 500) log.error({ err, ...where }, 'console request failed');
     else log.info({ class: info.class, ...where }, 'console request refused');
     reply.code(status);
@@ -414,9 +481,10 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
   /** The logged-in person and a logout form's token for a page outside the pages' own scope, or nothing. */
   const loggedInOf = (req: FastifyRequest, reply: FastifyReply) => {
     const login = loginOf(req);
-    // The login form's scope signs its CSRF tokens with another secret than the session's: a logout
-    // form there would be refused.
-    if (!login || req.routeOptions.url === '/login' || typeof reply.generateCsrf !== 'function') return {};
+    if (!login) return {};
+    // Outside the pages' scope (the login form's signs its tokens with another secret; an unknown
+    // path has none) no logout form could carry a token the logout would take: none is shown.
+    if (req.routeOptions.url === '/login' || typeof reply.generateCsrf !== 'function') return { who: whoOf(login) };
     return { who: whoOf(login), csrf: reply.generateCsrf() };
   };
   // An unknown path: the same page as any refusal, not fastify's JSON.
@@ -456,14 +524,27 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
         const login = await verifyConsoleLogin(logins, body.login, body.password);
         if (!login) {
           // Not the name typed: a password typed into the wrong field would land in the log.
-          log.warn({ knownLogin: Object.hasOwn(logins, body.login), client: req.ip }, 'console login refused');
+          log.warn({ knownLogin: Object.hasOwn(logins, body.login), client: clientOf(req) }, 'console login refused');
           reply.code(401);
           return page(reply, 'login', { title: 'Log in', failed: true, csrf: reply.generateCsrf() });
         }
+        // A Secure cookie is never set on a request that did not come over HTTPS (@fastify/session):
+        // the login would look done and hold nothing. Say so instead.
+        if (secure && req.protocol !== 'https')
+          throw new TooltxError(ErrorClass.InvalidInput, 'login over http with secure cookies', {
+            issues: [
+              {
+                path: [],
+                code: 'https_required',
+                message:
+                  'this console sends its cookie over HTTPS only: log in through the TLS proxy (it must send X-Forwarded-Proto: https)',
+              },
+            ],
+          });
         // A new session id at login: one known before it (fixation) is worthless after.
         await req.session.regenerate();
         req.session.login = body.login;
-        log.info({ login: body.login, kind: login.role.kind, client: req.ip }, 'console login');
+        log.info({ login: body.login, kind: login.role.kind, client: clientOf(req) }, 'console login');
         reply.clearCookie(LOGIN_CSRF_COOKIE, { path: '/login' });
         return reply.redirect('/operations', 303);
       },

@@ -42,10 +42,10 @@ const LAYOUT = `<!doctype html>
     <% if (it.who.kind === 'operator') { %><a href="/takeovers">Takeovers</a><% } %>
   </nav>
   <span class="who" data-who="<%= it.who.login %>"><%= it.who.kind %> <%= it.who.login %></span>
-  <form method="post" action="/logout" class="inline">
+  <% if (it.csrf) { %><form method="post" action="/logout" class="inline">
     <input type="hidden" name="_csrf" value="<%= it.csrf %>">
     <button type="submit">Log out</button>
-  </form>
+  </form><% } %>
   <% } %>
 </header>
 <main>

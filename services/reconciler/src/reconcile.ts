@@ -160,7 +160,7 @@ export function startSweeper(d: SweepDeps): {
       // or wait for a person, for long).
       const b = backoff.get(key) ?? { failures: 0, nextAt: 0 };
       b.failures++;
-      b.nextAt = elapsed() + nextProbeInMs(b.failures, undefined);
+      b.nextAt = elapsed() + nextProbeInMs(b.failures);
       backoff.set(key, b);
       if (settlement.kind === 'register' && b.failures === 1)
         l.warn(
@@ -219,7 +219,12 @@ export function startSweeper(d: SweepDeps): {
     });
     if (outcome.result === 'kept' || outcome.result === 'marked_unknown' || outcome.result === 'no_probe') {
       b.failures++;
-      b.nextAt = elapsed() + nextProbeInMs(b.failures, outcome.retryInMs);
+      b.nextAt =
+        elapsed() +
+        nextProbeInMs(b.failures, {
+          ...(outcome.retryInMs === undefined ? {} : { retryInMs: outcome.retryInMs }),
+          ...(state.status === 'unknown' ? { untilDeadlineMs: unknownDeadlineMs - (elapsed() - since.at) } : {}),
+        });
       backoff.set(key, b);
       if (takeoverDue(state.status, elapsed() - since.at, unknownDeadlineMs)) {
         if (await openTakeover(takeoverDeps, tenant, opId, { reason: 'unknown_past_deadline', probes: b.failures }))
