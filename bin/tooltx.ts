@@ -17,6 +17,7 @@
  *   tooltx discard …       discard a held-back operation: rolled back, nothing sent (as an operator granted confirm)
  *   tooltx audit …         show / list / export / counts of audit records, through the audit service (as an auditor)
  *   tooltx mcp             serve the deployment's contracts as MCP tools, as one agent (stdio or Streamable HTTP)
+ *   tooltx debug …         debug samples of a contract, scrubbed and expiring (as an operator granted debug)
  *
  * Environment: NATS_URL, NATS_NKEY_FILE (the provisioner's seed for streams and ops), NATS_CREDS_FILE,
  * TOOLTX_PREFIX, TOOLTX_*_MAX_AGE_MS, TOOLTX_DUPLICATE_WINDOW_MS, TOOLTX_REPLICAS, TOOLTX_MAX_DELIVER;
@@ -44,6 +45,7 @@ import type { NatsConnection } from '@tooltx/nats';
 import { z } from 'zod';
 import { registerCompensate } from './commands/compensate.js';
 import { registerOpsQuery } from './commands/ops.js';
+import { registerDebug } from './commands/debug.js';
 import { registerConfirm } from './commands/confirm.js';
 import { registerMcp } from './commands/mcp.js';
 import { registerTakeover } from './commands/takeover.js';
@@ -273,6 +275,7 @@ registerCompensate(program);
 registerConfirm(program);
 registerAuditCommands(program);
 registerMcp(program);
+registerDebug(program);
 
 const auth = program.command('auth').description('identity the server enforces: users, nkeys, permissions');
 auth

@@ -3,6 +3,7 @@ export {
   type ConsumerDef,
   Durables,
   MAX_DELIVER,
+  SAMPLES_MAX_AGE_MS,
   type TenantTopology,
   topology,
   type Topology,
@@ -17,6 +18,7 @@ export {
   checkDurables,
   checkTopology,
   createBucket,
+  debugBuckets,
   projectionBuckets,
   StreamConfigError,
 } from './provision.js';

@@ -133,6 +133,12 @@ async function applyOnce(nc: NatsConnection, jsm: JetStreamManager, t: Topology)
     await createBucket(nc, b);
     (existed ? report.unchanged : report.created).push(`bucket ${b.bucket}`);
   }
+  // The debug-sampling buckets: short-lived by design, so outside the event-log age rule below.
+  for (const b of debugBuckets(t)) {
+    const existed = await streamInfo(jsm, `KV_${b.bucket}`);
+    await createBucket(nc, b);
+    (existed ? report.unchanged : report.created).push(`bucket ${b.bucket}`);
+  }
   if (t.tenants) {
     // The tenants bucket is the list the services serve: every listed tenant's limits, written after
     // its streams exist; a tenant no longer listed is taken out (its streams and data are kept).
@@ -272,6 +278,14 @@ export async function checkTopology(
         `bucket ${b.bucket} max_age is ${age(kv.config)} ms, must be unlimited (${b === t.tasks ? 'a frozen task must never thaw by itself' : 'a tenant must never be forgotten by itself'})`,
       );
   }
+  for (const b of debugBuckets(t)) {
+    const kv = await streamInfo(jsm, `KV_${b.bucket}`);
+    if (!kv) v.push(`bucket ${b.bucket} does not exist`);
+    else if (!(age(kv.config) <= b.ttlMs))
+      v.push(
+        `bucket ${b.bucket} max_age is ${age(kv.config)} ms, must be at most ${b.ttlMs} ms (debug samples expire: docs/debug-samples.md)`,
+      );
+  }
   for (const x of t.tenants ?? []) {
     const intents = infos[`intents:${x.id}`]?.config;
     if (intents && opts.longestOperationMs !== undefined && age(intents) < opts.longestOperationMs) {
@@ -341,6 +355,11 @@ export async function checkDurables(
 export async function assertTopology(...args: Parameters<typeof checkTopology>): Promise<void> {
   const v = await checkTopology(...args);
   if (v.length) throw new StreamConfigError(v);
+}
+
+/** The debug-sampling buckets of a topology: the switches and the samples (docs/debug-samples.md). */
+export function debugBuckets(t: Topology): BucketDef[] {
+  return t.debug ? [t.debug.sampling, t.debug.samples] : [];
 }
 
 /** Every KV bucket of a topology: the result store, the projections, the frozen tasks, the tenants. */

@@ -111,7 +111,16 @@ export interface Topology {
    * until a person resolves it.
    */
   tasks: BucketDef;
+  /**
+   * Debug sampling (docs/debug-samples.md): the switches, and the samples the executor keeps while
+   * one is on. File storage, max age {@link SAMPLES_MAX_AGE_MS} (the longest sampling window): a
+   * sample is purged at its window's end and gone from storage within that bound whatever happens.
+   */
+  debug: { sampling: BucketDef; samples: BucketDef };
 }
+
+/** Max age of the debug-sampling buckets, ms: the longest sampling window (4 h, docs/debug-samples.md). */
+export const SAMPLES_MAX_AGE_MS = 4 * 60 * MINUTE;
 
 /** Durable consumer names (one per service: limits retention gives every durable every message). */
 export const Durables = {
@@ -278,5 +287,9 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       audit: { bucket: subjects.auditBucket, ttlMs: projectionsMaxAgeMs, replicas, storage: 'memory' },
     },
     tasks: { bucket: subjects.tasksBucket, ttlMs: 0, replicas, storage: 'file' },
+    debug: {
+      sampling: { bucket: subjects.samplingBucket, ttlMs: SAMPLES_MAX_AGE_MS, replicas, storage: 'file' },
+      samples: { bucket: subjects.samplesBucket, ttlMs: SAMPLES_MAX_AGE_MS, replicas, storage: 'file' },
+    },
   };
 }

@@ -17,6 +17,7 @@ import {
   compensatingOperators,
   confirmingOperators,
   queryingOperators,
+  debuggingOperators,
   identityListSchema,
   operatorsOf,
   type IdentityList,
@@ -136,6 +137,7 @@ export function generateAuth(
   const compensators = compensatingOperators(parsed);
   const confirmers = confirmingOperators(parsed);
   const queriers = queryingOperators(parsed);
+  const debuggers = debuggingOperators(parsed);
   const keyDir = join(o.outDir, 'nkeys');
   mkdirSync(keyDir, { recursive: true, mode: 0o700 });
   const users: GeneratedUser[] = roles.map((role) => {
@@ -168,6 +170,7 @@ export function generateAuth(
       compensators,
       confirmers,
       queriers,
+      debuggers,
     );
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
@@ -185,7 +188,7 @@ export function generateAuth(
     name: 'TOOLTX',
     extra: [
       '      jetstream: enabled',
-      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`, `${p}.ops.compensate.>`, `${p}.ops.confirm.>`, `${p}.ops.discard.>`, `${p}.ops.query.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
+      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`, `${p}.ops.compensate.>`, `${p}.ops.confirm.>`, `${p}.ops.discard.>`, `${p}.ops.query.>`, `${p}.ops.debug.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
     ],
     users: users.filter((u) => u.role.kind === 'service' || u.role.kind === 'provisioner'),
   };
@@ -210,7 +213,7 @@ export function generateAuth(
     }));
   const operatorAccount = {
     name: 'OPERATORS',
-    // Every operator's account imports the compensation, confirmation, discard and query subjects;
+    // Every operator's account imports the compensation, confirmation, discard, query and debug subjects;
     // only a granted operator's own permissions let it publish there (permissionsFor).
     extra: [
       imports([
@@ -219,6 +222,7 @@ export function generateAuth(
         `${p}.ops.confirm.>`,
         `${p}.ops.discard.>`,
         `${p}.ops.query.>`,
+        `${p}.ops.debug.>`,
       ]),
     ],
     users: users.filter((u) => u.role.kind === 'operator'),

@@ -6,6 +6,7 @@ export {
   OPERATOR_GRANTS,
   operatorsOf,
   queryingOperators,
+  debuggingOperators,
   tenantsOf,
   type IdentityList,
   type Operator,

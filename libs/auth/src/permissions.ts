@@ -73,10 +73,12 @@ export function permissionsFor(
   confirmers: string[] = [],
   /** The operators granted `query` in the identity list (`tooltx ops list`, the console). */
   queriers: string[] = [],
+  /** The operators granted `debug` in the identity list (`tooltx debug`, docs/debug-samples.md). */
+  debuggers: string[] = [],
 ): Permissions {
   const api = '$JS.API';
   if (role.kind === 'service' && role.service === 'host')
-    return hostPermissions(s, topo, executorDurables, tenants, compensators, confirmers, queriers);
+    return hostPermissions(s, topo, executorDurables, tenants, compensators, confirmers, queriers, debuggers);
   const inbox = `${inboxPrefixOf(role)}.>`;
   // Where a request/reply service (status, audit, takeover) answers: agents, auditors and operators
   // live in their own accounts and reach these services through service imports, so every request
@@ -92,6 +94,7 @@ export function permissionsFor(
     topo.projections.audit.bucket,
     topo.tasks.bucket,
     topo.tenantsBucket.bucket,
+    ...(topo.debug ? [topo.debug.sampling.bucket, topo.debug.samples.bucket] : []),
   ];
   const intentsStreams = tenants.map((t) => s.intentsStream(t));
   const decisionsStreams = tenants.map((t) => s.decisionsStream(t));
@@ -176,6 +179,7 @@ export function permissionsFor(
             ...(compensators.includes(role.operator) ? [s.opsCompensate(role.operator)] : []),
             ...(confirmers.includes(role.operator) ? [s.opsConfirm(role.operator), s.opsDiscard(role.operator)] : []),
             ...(queriers.includes(role.operator) ? [s.opsQuery(role.operator)] : []),
+            ...(debuggers.includes(role.operator) ? [s.opsDebug(role.operator)] : []),
           ],
         },
         subscribe: { allow: [inbox] },
@@ -250,10 +254,28 @@ export function permissionsFor(
                 s.allOps,
                 // The answer pushed to the agent of each submission it ends.
                 s.allPush,
+                // Debug sampling (docs/debug-samples.md): the switches, watched in memory and
+                // written by its debug service; the samples it keeps, lists and reads back, and
+                // purges at a window's end (the purge of that one bucket's stream, nothing else);
+                // the record of each switch and read in the audit log, and the answers.
+                ...(topo.debug
+                  ? [
+                      ...kvRead(topo.debug.sampling.bucket),
+                      ...kvWrite(topo.debug.sampling.bucket),
+                      ...kvWatch(topo.debug.sampling.bucket),
+                      ...kvRead(topo.debug.samples.bucket),
+                      ...kvWrite(topo.debug.samples.bucket),
+                      ...kvWatch(topo.debug.samples.bucket),
+                      `${api}.STREAM.PURGE.${kvStream(topo.debug.samples.bucket)}`,
+                      s.allDebugAuditLog,
+                      answers,
+                    ]
+                  : []),
               ],
               deny: durableGuard,
             },
-            subscribe: { allow: [inbox] },
+            // Operators' debug requests (queue group): only an operator granted `debug` may publish them.
+            subscribe: { allow: [inbox, s.allOpsDebug] },
           };
         case 'audit-projector': {
           return {
@@ -357,6 +379,7 @@ function hostPermissions(
   compensators: string[],
   confirmers: string[],
   queriers: string[],
+  debuggers: string[],
 ): Permissions {
   const parts = (['authorizer', 'executor', 'reconciler', 'audit-projector'] as const).map((service) =>
     permissionsFor(
@@ -368,6 +391,7 @@ function hostPermissions(
       compensators,
       confirmers,
       queriers,
+      debuggers,
     ),
   );
   const events = topo.streams.events.name;

@@ -279,3 +279,22 @@ export {
   type DiscardVerdict,
   discardVerdict,
 } from './compensation.js';
+export {
+  contractTokenOf,
+  DEFAULT_MIN_SAMPLING_WINDOW_MS,
+  DEFAULT_SAMPLES_PER_WINDOW,
+  type DebugRequest,
+  debugRequestSchema,
+  decideSample,
+  decideSamplingStart,
+  MAX_SAMPLES_PER_WINDOW,
+  MAX_SAMPLING_WINDOW_MS,
+  type Sample,
+  type SampleAccessRecord,
+  sampleAccessRecordSchema,
+  sampleReadable,
+  sampleSchema,
+  samplingOn,
+  type SamplingSwitch,
+  samplingSwitchSchema,
+} from './sampling.js';

@@ -25,6 +25,10 @@ const SUBMISSION_TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
  * | `<p>.ops.query.<operator>` | operators' queries of operations across tenants to the operations query service (request/reply, no stream) |
  * | `<p>.audit.<tenant>.<auditor>` | auditors' queries to the audit service (request/reply, no stream) |
  * | `<p>.auditlog.<tenant>.<auditor>` | the audit service's record of each query and export (stream `<P>_AUDITLOG`) |
+ * | `<p>.ops.debug.<operator>` | operators' debug-sampling requests to the executor's debug service (request/reply, no stream) |
+ * | `<p>.auditlog._debug.<operator>` | the debug service's record of each sampling switch and sample read (stream `<P>_AUDITLOG`) |
+ * | KV `<p>_sampling`, key `<contract token>` | debug-sampling switches (docs/debug-samples.md) |
+ * | KV `<p>_samples`, key `<contract token>.<tenant>.<opId>` | debug samples, scrubbed, expiring (docs/debug-samples.md) |
  */
 export class Subjects {
   readonly prefix: string;
@@ -134,6 +138,48 @@ export class Subjects {
     if (t.length !== 4 || t[0] !== this.prefix || t[1] !== 'ops' || t[2] !== 'query') return null;
     const operator = t[3]!;
     return ID_PATTERN.test(operator) && !operator.startsWith('_') ? operator : null;
+  }
+
+  /**
+   * An operator's debug-sampling requests (`tooltx debug`): `<prefix>.ops.debug.<operator>`,
+   * answered by the executor's debug service. Only an operator granted `debug` may publish there.
+   */
+  opsDebug(operator: string): string {
+    return `${this.prefix}.ops.debug.${id(operator)}`;
+  }
+  get allOpsDebug(): string {
+    return `${this.prefix}.ops.debug.*`;
+  }
+  /** The operator of a debug request subject, or null when it is not exactly one. */
+  parseOpsDebugSubject(subject: string): string | null {
+    const t = subject.split('.');
+    if (t.length !== 4 || t[0] !== this.prefix || t[1] !== 'ops' || t[2] !== 'debug') return null;
+    const operator = t[3]!;
+    return ID_PATTERN.test(operator) && !operator.startsWith('_') ? operator : null;
+  }
+  /**
+   * Where the debug service records a sampling switch or a read of samples by `operator`, in the
+   * audit log stream: `_debug` is no tenant (ids starting with `_` are reserved).
+   */
+  debugAuditLog(operator: string): string {
+    return `${this.prefix}.auditlog._debug.${id(operator)}`;
+  }
+  get allDebugAuditLog(): string {
+    return `${this.prefix}.auditlog._debug.*`;
+  }
+  /** KV bucket of the debug-sampling switches, key: a contract's token (docs/debug-samples.md). */
+  get samplingBucket(): string {
+    return `${this.prefix}_sampling`;
+  }
+  /** KV bucket of the debug samples (docs/debug-samples.md). */
+  get samplesBucket(): string {
+    return `${this.prefix}_samples`;
+  }
+  /** A sample's key: `<contract token>.<tenant>.<opId>`. */
+  sampleKey(contractToken: string, tenant: string, opId: string): string {
+    if (!/^[a-z0-9_=-]{1,130}$/.test(contractToken))
+      throw new TypeError(`invalid contract token ${JSON.stringify(contractToken)}`);
+    return `${contractToken}.${id(tenant)}.${opid(opId)}`;
   }
 
   intent(tenant: string, actor: string): string {

@@ -27,3 +27,9 @@ export {
   type TakeoverServiceDeps,
   type WatchedTakeover,
 } from './takeover-service.js';
+export {
+  type DebugAnswer,
+  type DebugServiceDeps,
+  type SampleSummary,
+  startDebugService,
+} from './debug-service.js';

@@ -49,7 +49,7 @@ export {
   startupStep,
 } from './startup.js';
 export { usageErrorsExitTwo } from './cli.js';
-export { DURATION_AGO, timeSpecOf } from './time-spec.js';
+export { DURATION_AGO, durationMsOf, timeSpecOf } from './time-spec.js';
 export {
   freezeTask,
   type FrozenTask,
@@ -78,3 +78,4 @@ export { compensatingCall, compensationInputOf, intentInputOf, linkCompensation 
 export { discardPrepared } from './held-back.js';
 export { askPolicy, type PolicyAnswer } from './policy.js';
 export { startTracing, tracingWanted, type Tracing } from './tracing.js';
+export { MAX_SAMPLE_FIELD_BYTES, type SampleOffer, Sampler, type SamplerDeps } from './sampler.js';

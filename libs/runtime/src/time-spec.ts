@@ -4,6 +4,14 @@ import { z } from 'zod';
 export const DURATION_AGO = /^(\d+)(ms|s|m|h|d)$/;
 const UNIT = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
 
+/** A duration as {@link DURATION_AGO} writes it (`30s`, `30m`, `4h`), in ms; null when it is not one. */
+export function durationMsOf(v: string): number | null {
+  const d = DURATION_AGO.exec(v);
+  if (!d) return null;
+  const ms = Number(d[1]) * UNIT[d[2] as keyof typeof UNIT];
+  return Number.isSafeInteger(ms) ? ms : null;
+}
+
 /**
  * A point in time given as a duration ago ({@link DURATION_AGO}) or ISO-8601 with an offset
  * (`2026-11-30T06:00:00Z`; with `local: 'utc'`, also without one, read as UTC), in ms since the

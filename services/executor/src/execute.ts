@@ -52,7 +52,7 @@ import {
   type Span,
   type Subjects,
 } from '@tooltx/nats';
-import type { FrozenTaskWatch } from '@tooltx/runtime';
+import type { FrozenTaskWatch, Sampler } from '@tooltx/runtime';
 import type { AnswerPusher } from '@tooltx/readside';
 import {
   askPolicy,
@@ -84,6 +84,8 @@ export interface ExecutorDeps {
   now?: () => number;
   /** What it has learned of each downstream's clock (a fresh one per handler by default). */
   clocks?: DownstreamClocks;
+  /** Debug sampling (docs/debug-samples.md); absent = none. */
+  sampler?: Pick<Sampler, 'any' | 'offer'>;
 }
 
 /**
@@ -91,6 +93,14 @@ export interface ExecutorDeps {
  * a held-back attempt released by its confirmation, accepted again and free to start.
  */
 const ACTS_ON = new Set(['accepted', 'requeued', 'confirmed']);
+
+/** How a sampled attempt ended, by the lifecycle's decision after its run. */
+const SAMPLED_OUTCOME = {
+  commit: 'committed',
+  reject: 'rejected',
+  mark_unknown: 'unknown',
+  requeue: 'requeued',
+} as const;
 
 /** Largest preview of a prepare step kept for the caller (its JSON, bytes): it is read with the status answer. */
 export const MAX_PREVIEW_BYTES = 16 * 1024;
@@ -606,6 +616,21 @@ export function executorHandlers(
 
     // The effect-class failure mapping is the lifecycle's (decideAfterRun).
     const next = decideAfterRun(impl.contract.effect, outcome, state.requeues ?? 0);
+    // Debug sampling: with no window open anywhere, this in-memory check is all it costs.
+    if (deps.sampler?.any)
+      void deps.sampler.offer({
+        contract: `${state.tool}@${state.version}`,
+        tenant,
+        opId,
+        operationKey: state.operationKey,
+        outcome: SAMPLED_OUTCOME[next.kind],
+        errorClass: next.kind === 'reject' ? next.error.class : undefined,
+        input,
+        result: () => {
+          const r = impl.contract.output.safeParse(done?.result);
+          return r.success ? r.data : undefined;
+        },
+      });
     switch (next.kind) {
       case 'commit': {
         const { resourceId } = done!;

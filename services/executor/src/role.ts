@@ -2,11 +2,13 @@
  * The executor role ({@link RoleSpec}): what it consumes, what it starts and how it stops. Run as a process
  * of its own by main.ts.
  */
+import { randomBytes } from 'node:crypto';
 import { setMaxListeners } from 'node:events';
 import { z } from 'zod';
+import { DEFAULT_MIN_SAMPLING_WINDOW_MS, MAX_SAMPLING_WINDOW_MS } from '@tooltx/lifecycle';
 import { startConsumerLoop, openBucket } from '@tooltx/nats';
-import { FrozenTaskWatch } from '@tooltx/runtime';
-import { AnswerPusher } from '@tooltx/readside';
+import { FrozenTaskWatch, readKeyFile, Sampler, scrubber } from '@tooltx/runtime';
+import { AnswerPusher, startDebugService } from '@tooltx/readside';
 import { defineRole } from '@tooltx/runtime/service';
 import { describeConnectError, startupStep } from '@tooltx/runtime';
 import { Durables } from '@tooltx/streams';
@@ -23,6 +25,16 @@ const executorEnvSchema = z.object({
     .string()
     .regex(/^[A-Za-z0-9_-]{1,64}$/, 'a durable name: ^[A-Za-z0-9_-]{1,64}$')
     .default(Durables.executor),
+  /**
+   * Shortest debug-sampling window accepted, ms (docs/debug-samples.md): 1 min by default; tests
+   * lower it to seconds so a window's end can be waited for. Never above the 4 h bound.
+   */
+  TOOLTX_DEBUG_MIN_WINDOW_MS: z.coerce
+    .number()
+    .int()
+    .min(1_000)
+    .max(MAX_SAMPLING_WINDOW_MS)
+    .default(DEFAULT_MIN_SAMPLING_WINDOW_MS),
 });
 
 export const executorRole = defineRole({
@@ -31,8 +43,10 @@ export const executorRole = defineRole({
   signsReceipts: true,
   env: executorEnvSchema,
   envHelp: `  TOOLTX_EXECUTOR_DURABLE  the durable consumer to pull from (default ${Durables.executor}); another one (provisioned
-                           from the identity list's executorDurables) makes a competing executor group`,
-  async start({ subjects, store, tools, log, js, nc, config, env, signer, colocation }) {
+                           from the identity list's executorDurables) makes a competing executor group
+  TOOLTX_DEBUG_MIN_WINDOW_MS shortest debug-sampling window accepted, ms (default ${DEFAULT_MIN_SAMPLING_WINDOW_MS},
+                           1000-${MAX_SAMPLING_WINDOW_MS}; the longest is always ${MAX_SAMPLING_WINDOW_MS}: docs/debug-samples.md)`,
+  async start({ subjects, store, tools, log, js, jsm, nc, config, env, signer, colocation }) {
     const results = await openBucket(nc, subjects.resultsBucket);
     const shutdown = new AbortController();
     // Each attempt in flight listens on it (and stops listening when it ends): up to
@@ -43,6 +57,33 @@ export const executorRole = defineRole({
       log.child({ component: 'frozen-tasks' }),
     );
     await frozen.start();
+    // Debug sampling (docs/debug-samples.md): the switches in memory, the samples scrubbed as the
+    // logs are, purged at each window's end; the operators' debug service beside it.
+    const samplesBucket = await openBucket(nc, subjects.samplesBucket);
+    const switches = await openBucket(nc, subjects.samplingBucket);
+    const purge = async (token: string) => {
+      await jsm.streams.purge(`KV_${subjects.samplesBucket}`, { filter: `$KV.${subjects.samplesBucket}.${token}.>` });
+    };
+    const sampler = new Sampler({
+      switches,
+      samples: samplesBucket,
+      subjects,
+      log: log.child({ component: 'sampler' }),
+      scrub: scrubber(config.TOOLTX_LOG_HMAC_KEY_FILE ? readKeyFile(config.TOOLTX_LOG_HMAC_KEY_FILE) : randomBytes(32)),
+      purge,
+    });
+    await sampler.start();
+    const debug = startDebugService({
+      nc,
+      js,
+      switches,
+      samples: samplesBucket,
+      subjects,
+      log: log.child({ component: 'debug' }),
+      instance: config.TOOLTX_INSTANCE_ID,
+      minWindowMs: env.TOOLTX_DEBUG_MIN_WINDOW_MS,
+      purge,
+    });
     const handlers = executorHandlers(
       {
         subjects,
@@ -55,6 +96,7 @@ export const executorRole = defineRole({
         frozen,
         signer: signer!,
         pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }),
+        sampler,
       },
       config.TOOLTX_CONCURRENCY,
     );
@@ -81,8 +123,10 @@ export const executorRole = defineRole({
     colocation.executor = handlers.local;
     return async () => {
       if (colocation.executor === handlers.local) delete colocation.executor;
+      await debug.stop();
       await loop.stop();
       await handlers.idle();
+      await sampler.stop();
       await frozen.stop();
     };
   },

@@ -1,0 +1,191 @@
+import type { KV } from '@nats-io/kv';
+import {
+  contractTokenOf,
+  decideSample,
+  type Sample,
+  type SamplingSwitch,
+  samplingSwitchSchema,
+} from '@tooltx/lifecycle';
+import { decode, encode, KvMirror, type Subjects } from '@tooltx/nats';
+import type { Logger } from './logger.js';
+
+/** Largest encoded input or result a sample keeps, bytes; a larger one is kept as `[elided: N bytes]`. */
+export const MAX_SAMPLE_FIELD_BYTES = 32 * 1024;
+/** Compare-and-set rounds of a sample's claim on its window's count before it is skipped. */
+const CLAIM_ROUNDS = 4;
+
+/** What the executor offers of one ended attempt (docs/debug-samples.md). */
+export interface SampleOffer {
+  /** `name@version`. */
+  contract: string;
+  tenant: string;
+  opId: string;
+  operationKey: string;
+  outcome: string;
+  errorClass?: string | undefined;
+  input: unknown;
+  /** The result, computed only when the attempt is sampled (undefined: none). */
+  result: () => unknown;
+}
+
+export interface SamplerDeps {
+  /** KV `<p>_sampling`: the switches. */
+  switches: KV;
+  /** KV `<p>_samples`: the samples. */
+  samples: KV;
+  subjects: Subjects;
+  log: Logger;
+  /** The logger's scrubber ({@link scrubber}): a sample holds what a log line would, never more. */
+  scrub: (v: unknown) => unknown;
+  /** Removes every sample of a contract token from the samples bucket (the window ended or was stopped). */
+  purge: (contractToken: string) => Promise<void>;
+  now?: () => number;
+  random?: () => number;
+}
+
+/**
+ * Debug sampling on the executor's side (docs/debug-samples.md). The switches are held in memory
+ * by one watch of their bucket ({@link KvMirror}): with no window open, {@link any} is false and the
+ * executor's per-call cost is that one check, no read. With a window open for a contract, each
+ * ended attempt of it is offered: {@link decideSample} says whether it is sampled; a sampled one
+ * claims one of the window's `max` under compare-and-set on the switch, then its input and result,
+ * scrubbed by the logger's rules, are put under `<contract token>.<tenant>.<opId>` with the
+ * window's end as `expiresAt`. At a window's end (a timer per switch) or when its switch is gone,
+ * the contract's samples are purged and an ended switch removed. Failures are logged, never thrown:
+ * sampling never changes an operation's course.
+ */
+export class Sampler {
+  readonly #d: SamplerDeps;
+  readonly #now: () => number;
+  readonly #random: () => number;
+  readonly #mirror: KvMirror<SamplingSwitch>;
+  readonly #byContract = new Map<string, SamplingSwitch>();
+  readonly #timers = new Map<string, NodeJS.Timeout>();
+  readonly #pending = new Set<Promise<void>>();
+
+  constructor(d: SamplerDeps) {
+    this.#d = d;
+    this.#now = d.now ?? Date.now;
+    this.#random = d.random ?? Math.random;
+    this.#mirror = new KvMirror(d.switches, samplingSwitchSchema, {
+      log: d.log,
+      what: 'sampling-switch',
+      onChange: (token, sw) => this.#changed(token, sw),
+    });
+  }
+
+  /** Starts watching the switches; resolves once the current ones are loaded. */
+  start(): Promise<void> {
+    return this.#mirror.start();
+  }
+
+  /** True while any switch is known: the executor offers nothing otherwise (the hot-path check). */
+  get any(): boolean {
+    return this.#byContract.size > 0;
+  }
+
+  /** The switches known to this watch (open or ended and not yet removed). */
+  switches(): SamplingSwitch[] {
+    return [...this.#byContract.values()];
+  }
+
+  /** Offers one ended attempt; resolves when it is stored or skipped (never rejects). */
+  offer(o: SampleOffer): Promise<void> {
+    const sw = this.#byContract.get(o.contract);
+    if (decideSample(sw, o, this.#now(), this.#random()) === 'skip') return Promise.resolve();
+    const p = this.#store(sw!, o).catch((err: unknown) =>
+      this.#d.log.warn({ err, contract: o.contract, tenant: o.tenant }, 'debug sample not stored'),
+    );
+    this.#pending.add(p);
+    void p.finally(() => this.#pending.delete(p));
+    return p;
+  }
+
+  async stop(): Promise<void> {
+    for (const t of this.#timers.values()) clearTimeout(t);
+    this.#timers.clear();
+    await this.#mirror.stop();
+    await Promise.all([...this.#pending]);
+  }
+
+  async #store(sw: SamplingSwitch, o: SampleOffer): Promise<void> {
+    const token = contractTokenOf(o.contract);
+    if (!(await this.#claim(token, sw.windowId, o.tenant))) return;
+    const sample: Sample = {
+      schema: 1,
+      windowId: sw.windowId,
+      contract: o.contract,
+      tenant: o.tenant,
+      operationKey: o.operationKey,
+      outcome: o.outcome,
+      ...(o.errorClass ? { errorClass: o.errorClass } : {}),
+      input: this.#bounded(o.input),
+      ...(o.outcome === 'committed' ? { result: this.#bounded(o.result()) } : {}),
+      at: this.#now(),
+      expiresAt: sw.until,
+    };
+    await this.#d.samples.put(this.#d.subjects.sampleKey(token, o.tenant, o.opId), encode(sample));
+  }
+
+  /** Counts one sample against the window's `max` (compare-and-set on the switch); false: not this one. */
+  async #claim(token: string, windowId: string, tenant: string): Promise<boolean> {
+    for (let round = 0; round < CLAIM_ROUNDS; round++) {
+      const e = await this.#d.switches.get(token);
+      if (e?.operation !== 'PUT' || e.length === 0) return false;
+      const cur = decode(samplingSwitchSchema, e.value);
+      // Another window, or this one full or ended meanwhile: the draw already passed, so 0 here.
+      if (cur.windowId !== windowId || decideSample(cur, { tenant }, this.#now(), 0) === 'skip') return false;
+      try {
+        await this.#d.switches.update(token, encode({ ...cur, taken: cur.taken + 1 }), e.revision);
+        return true;
+      } catch {
+        // Another executor counted a sample meanwhile: read again.
+      }
+    }
+    return false;
+  }
+
+  /** The logger's scrubbing of `v`, kept when its encoding is at most {@link MAX_SAMPLE_FIELD_BYTES}. */
+  #bounded(v: unknown): unknown {
+    const scrubbed = this.#d.scrub(v);
+    if (scrubbed === undefined) return undefined;
+    const bytes = encode(scrubbed).byteLength;
+    return bytes > MAX_SAMPLE_FIELD_BYTES ? `[elided: ${bytes} bytes]` : scrubbed;
+  }
+
+  #changed(token: string, sw: SamplingSwitch | null): void {
+    const old = this.#timers.get(token);
+    if (old) clearTimeout(old);
+    this.#timers.delete(token);
+    for (const contract of [...this.#byContract.keys()])
+      if (contractTokenOf(contract) === token) this.#byContract.delete(contract);
+    if (!sw) {
+      // Stopped (or removed at its end): nothing of it stays readable.
+      this.#purgeLater(token);
+      return;
+    }
+    this.#byContract.set(sw.contract, sw);
+    const wait = Math.max(0, sw.until - this.#now());
+    const timer = setTimeout(() => {
+      this.#timers.delete(token);
+      this.#byContract.delete(sw.contract);
+      this.#purgeLater(token, sw.windowId);
+    }, wait);
+    timer.unref();
+    this.#timers.set(token, timer);
+  }
+
+  /** Purges the token's samples; with `windowId`, also removes that ended switch. */
+  #purgeLater(token: string, windowId?: string): void {
+    const p = (async () => {
+      await this.#d.purge(token);
+      if (windowId === undefined) return;
+      const e = await this.#d.switches.get(token);
+      if (e?.operation !== 'PUT' || e.length === 0) return;
+      if (decode(samplingSwitchSchema, e.value).windowId !== windowId) return;
+      await this.#d.switches.delete(token, { previousSeq: e.revision });
+    })().catch((err: unknown) => this.#d.log.warn({ err, token }, 'debug samples not purged at the window end'));
+    this.#pending.add(p);
+    void p.finally(() => this.#pending.delete(p));
+  }
+}
