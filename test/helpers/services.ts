@@ -18,6 +18,9 @@ const TEST_TOOLS_ENTRIES: Readonly<Record<string, string>> = {
   'sink-tools-v2': 'test/fixtures/sink-tools-v2.ts',
   'research-plus-leaky-tools': 'test/fixtures/research-plus-leaky-tools.ts',
   'ledger-tools': 'examples/ledger/tools.ts',
+  'debug-tools': 'test/fixtures/debug-tools.ts',
+  /** The CLI, compiled: a `tooltx` process starts in a fraction of its time under tsx. */
+  'tooltx-cli': 'bin/tooltx.ts',
 };
 let testBuild: Promise<StackBuild> | undefined;
 /** The tests' compiled build, built once per worker (cached on disk across runs by its inputs' hash). */
