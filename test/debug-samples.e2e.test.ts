@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { prepareCall } from '@tooltx/contracts';
 import { createTools, type ExecuteResult, type Tools } from '@tooltx/client';
-import { type IdentityList } from '@tooltx/auth';
+import type { IdentityList } from '@tooltx/auth';
 import { contractTokenOf, sampleAccessRecordSchema } from '@tooltx/lifecycle';
 import { decode } from '@tooltx/nats';
 import { LeakScanner, newCanaries, type Canaries } from '../examples/research-kb/canaries.js';
