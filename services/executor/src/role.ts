@@ -44,8 +44,8 @@ export const executorRole = defineRole({
   env: executorEnvSchema,
   envHelp: `  TOOLTX_EXECUTOR_DURABLE  the durable consumer to pull from (default ${Durables.executor}); another one (provisioned
                            from the identity list's executorDurables) makes a competing executor group
-  TOOLTX_DEBUG_MIN_WINDOW_MS shortest debug-sampling window accepted, ms (default ${DEFAULT_MIN_SAMPLING_WINDOW_MS},
-                           1000-${MAX_SAMPLING_WINDOW_MS}; the longest is always ${MAX_SAMPLING_WINDOW_MS}: docs/debug-samples.md)`,
+  TOOLTX_DEBUG_MIN_WINDOW_MS shortest debug-sampling window accepted, ms (1000-${MAX_SAMPLING_WINDOW_MS}; default
+                           ${DEFAULT_MIN_SAMPLING_WINDOW_MS}); the longest is always 4 h (docs/debug-samples.md)`,
   async start({ subjects, store, tools, log, js, jsm, nc, config, env, signer, colocation }) {
     const results = await openBucket(nc, subjects.resultsBucket);
     const shutdown = new AbortController();
