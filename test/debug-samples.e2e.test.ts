@@ -19,7 +19,7 @@ import { LeakScanner, newCanaries, type Canaries } from '../examples/research-kb
 import { debugNote } from './fixtures/debug-tools.js';
 import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
 import { permissionError } from './helpers/permissions.js';
-import { compiledTestBuild, ROOT, startService, type ServiceProcess } from './helpers/services.js';
+import { compiledCli, ROOT, startService, type ServiceProcess } from './helpers/services.js';
 import { readStream } from './helpers/streams.js';
 
 const DEBUG_TOOLS = join(ROOT, 'test', 'fixtures', 'debug-tools.ts');
@@ -58,7 +58,7 @@ const ask = async (req: Record<string, unknown>): Promise<Answer> => {
 
 /** `tooltx debug <args>` as a process (the compiled CLI), as `operator` with its own seed. */
 async function debugCli(operator: string, args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  const cli = (await compiledTestBuild()).path('tooltx-cli');
+  const cli = await compiledCli();
   return new Promise((resolve) =>
     execFile(
       process.execPath,
@@ -102,6 +102,7 @@ async function until(probe: () => Promise<boolean>, ms = 15_000): Promise<void> 
 
 beforeAll(async () => {
   canaries = newCanaries();
+  const cli = compiledCli();
   t = await provisioned({}, undefined, { identities: IDENTITIES });
   t.server.process?.stderr?.on('data', (c: Buffer) => (natsLog += c.toString()));
   const env = { ...t.env, TOOLTX_TOOLS_MODULE: DEBUG_TOOLS, TOOLTX_DEBUG_MIN_WINDOW_MS: '1000' };
@@ -125,6 +126,7 @@ beforeAll(async () => {
       budgetMs: 15_000,
     });
   oscar = await t.connectAs({ kind: 'operator', operator: 'oscar' });
+  await cli;
 }, 120_000);
 
 afterAll(async () => {
