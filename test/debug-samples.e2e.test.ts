@@ -139,10 +139,14 @@ afterAll(async () => {
 describe('debug samples', () => {
   it('only an operator granted debug reaches the debug service: another operator is refused, an auditor or an agent cannot reach the samples; a window beyond 4 h or under the minimum is refused at forMs', async () => {
     // The granted operator switches sampling on through the CLI while the ungranted one is refused.
-    const [started, olga] = await Promise.all([
+    const [started, olga, tooLong] = await Promise.all([
       debugCli('oscar', ['sample', 'start', 'dbg.note@1', '--for', WINDOW, '--tenant', 'acme']),
       debugCli('olga', ['samples', 'list']),
+      debugCli('oscar', ['sample', 'start', 'dbg.note@1', '--for', '5h']),
     ]);
+    // Refused before anything is sent: a usage error naming the flag.
+    expect(tooLong.code).toBe(2);
+    expect(tooLong.stderr).toContain('--for: a sampling window is at most 4h');
     expect(started.code, started.stderr).toBe(0);
     expect(JSON.parse(started.stdout)).toMatchObject({
       ok: true,
@@ -269,7 +273,7 @@ describe('debug samples', () => {
     expect(JSON.stringify(records)).not.toContain('visible-title');
   });
 
-  it('after the window the samples are gone: purged from their bucket, and none is answered', async () => {
+  it('after the window the samples are gone: purged from their bucket, and none is answered; a stop is recorded too', async () => {
     const samples = `KV_${t.subjects.samplesBucket}`;
     await until(async () => (await t.jsm.streams.info(samples)).state.messages === 0);
     const token = contractTokenOf('dbg.note@1');
@@ -280,6 +284,13 @@ describe('debug samples', () => {
       const l = await ask({ action: 'list' });
       return (l.switches as unknown[]).length === 0 && (l.samples as unknown[]).length === 0;
     });
+    // Stopping an ended window: nothing was on any more; the stop is recorded all the same.
+    expect(await ask({ action: 'stop', contract: 'dbg.note@1' })).toEqual({ ok: true, stopped: false });
+    const stops = (await readStream(t, t.subjects.auditLogStream))
+      .filter((m) => m.subject === t.subjects.debugAuditLog('oscar'))
+      .map((m) => decode(sampleAccessRecordSchema, m.data))
+      .filter((r) => r.kind === 'sampling_stop');
+    expect(stops).toEqual([expect.objectContaining({ operator: 'oscar', contract: 'dbg.note@1', count: 0 })]);
     // Nothing of the contract's samples is left under its token (nor its switch).
     expect(
       (await t.jsm.streams.info(samples, { subjects_filter: `$KV.${t.subjects.samplesBucket}.${token}.>` })).state
