@@ -18,7 +18,7 @@ import {
   type OperationEvent,
 } from '@tooltx/lifecycle';
 import { encode, EVENT_TYPE_HEADER, Subjects } from '@tooltx/nats';
-import { ImplementationRegistry, createLogger } from '@tooltx/runtime';
+import { ImplementationRegistry, createLogger, type SampleOffer } from '@tooltx/runtime';
 import { MemoryStore } from '@tooltx/store-memory';
 import { authorizeNote, noteWrite } from '../../../test/fixtures/note-contract.js';
 import { eventHandler } from '../src/execute.js';
@@ -100,8 +100,14 @@ async function accepted(
   return { opId, msg, event: h.event };
 }
 
-function executor(store: MemoryStore, impl: Implementation, frozen = false) {
+function executor(
+  store: MemoryStore,
+  impl: Implementation,
+  frozen = false,
+  sampler?: { readonly any: boolean; offer: (o: SampleOffer) => Promise<void> },
+) {
   return eventHandler({
+    ...(sampler ? { sampler } : {}),
     subjects,
     store,
     results: results(),
@@ -185,5 +191,28 @@ describe('the executor on the in-memory store', () => {
     await both;
     expect(d.requests).toHaveLength(1);
     expect(store.history('acme', opId).filter((e) => e.type === 'running')).toHaveLength(1);
+  });
+
+  it('debug sampling: with no window open, an attempt offers nothing (an in-memory check); with one, its ended attempt is offered with its input and outcome', async () => {
+    const store = new MemoryStore();
+    const d = downstream(async (n) => ({ resourceId: `note-${n}` }));
+    const offered: SampleOffer[] = [];
+    const off = { any: false, offer: async (o: SampleOffer) => void offered.push(o) };
+    await executor(store, d.impl, false, off)((await accepted(store)).msg);
+    expect(offered).toEqual([]);
+    const on = { any: true, offer: async (o: SampleOffer) => void offered.push(o) };
+    const other = new MemoryStore();
+    const { opId, msg } = await accepted(other);
+    await executor(other, d.impl, false, on)(msg);
+    expect(offered).toEqual([
+      expect.objectContaining({
+        contract: 'note.write@1',
+        tenant: 'acme',
+        opId,
+        outcome: 'committed',
+        input: { title: 'A note', body: 'Its body.' },
+      }),
+    ]);
+    expect(offered[0]!.result()).toEqual({});
   });
 });
