@@ -62,6 +62,8 @@ export class Sampler {
   readonly #byContract = new Map<string, SamplingSwitch>();
   readonly #timers = new Map<string, NodeJS.Timeout>();
   readonly #pending = new Set<Promise<void>>();
+  /** Samples being stored: a purge waits for them, so none is written after it. */
+  readonly #storing = new Set<Promise<void>>();
 
   constructor(d: SamplerDeps) {
     this.#d = d;
@@ -96,8 +98,8 @@ export class Sampler {
     const p = this.#store(sw!, o).catch((err: unknown) =>
       this.#d.log.warn({ err, contract: o.contract, tenant: o.tenant }, 'debug sample not stored'),
     );
-    this.#pending.add(p);
-    void p.finally(() => this.#pending.delete(p));
+    this.#storing.add(p);
+    void p.finally(() => this.#storing.delete(p));
     return p;
   }
 
@@ -105,7 +107,7 @@ export class Sampler {
     for (const t of this.#timers.values()) clearTimeout(t);
     this.#timers.clear();
     await this.#mirror.stop();
-    await Promise.all([...this.#pending]);
+    await Promise.all([...this.#storing, ...this.#pending]);
   }
 
   async #store(sw: SamplingSwitch, o: SampleOffer): Promise<void> {
@@ -178,6 +180,9 @@ export class Sampler {
   /** Purges the token's samples; with `windowId`, also removes that ended switch. */
   #purgeLater(token: string, windowId?: string): void {
     const p = (async () => {
+      // A sample claimed before the window ended is written first, then purged with the rest: none
+      // is left behind (one claimed after is refused by the claim's own check of the window).
+      await Promise.all([...this.#storing]);
       await this.#d.purge(token);
       if (windowId === undefined) return;
       const e = await this.#d.switches.get(token);
