@@ -59,6 +59,11 @@ export function projectionBuckets(t: Topology): BucketDef[] {
   return [t.projections.reconcile, t.projections.audit];
 }
 
+/** The debug-sampling buckets of a topology: the switches and the samples (docs/debug-samples.md). */
+export function debugBuckets(t: Topology): BucketDef[] {
+  return t.debug ? [t.debug.sampling, t.debug.samples] : [];
+}
+
 /**
  * The provisioner: creates or updates the streams, durable consumers and KV buckets (result store,
  * projections) of a topology. Only the provisioner may do this (nobody else gets the API
@@ -355,11 +360,6 @@ export async function checkDurables(
 export async function assertTopology(...args: Parameters<typeof checkTopology>): Promise<void> {
   const v = await checkTopology(...args);
   if (v.length) throw new StreamConfigError(v);
-}
-
-/** The debug-sampling buckets of a topology: the switches and the samples (docs/debug-samples.md). */
-export function debugBuckets(t: Topology): BucketDef[] {
-  return t.debug ? [t.debug.sampling, t.debug.samples] : [];
 }
 
 /** Every KV bucket of a topology: the result store, the projections, the frozen tasks, the tenants. */

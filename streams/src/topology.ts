@@ -15,6 +15,8 @@ const MINUTE = 60_000;
 /** Deliveries of one message before the server gives up on it and raises an advisory. */
 export const MAX_DELIVER = 50;
 const DAY = 24 * 60 * MINUTE;
+/** Max age of the debug-sampling buckets, ms: the longest sampling window (4 h, docs/debug-samples.md). */
+export const SAMPLES_MAX_AGE_MS = 4 * 60 * MINUTE;
 
 /** Retention and dedup settings of a deployment, all in milliseconds. */
 export interface TopologyOptions {
@@ -99,6 +101,12 @@ export interface Topology {
   tenantsBucket: BucketDef;
   results: BucketDef;
   /**
+   * Debug sampling (docs/debug-samples.md): the switches, and the samples the executor keeps while
+   * one is on. File storage, max age {@link SAMPLES_MAX_AGE_MS} (the longest sampling window): a
+   * sample is purged at its window's end and gone from storage within that bound whatever happens.
+   */
+  debug: { sampling: BucketDef; samples: BucketDef };
+  /**
    * KV projections of the event log, one entry per operation under `<tenant>.<opId>`:
    * `reconcile` = the reconciler's index of non-terminal operations, `audit` = one audit record per
    * operation. Written only by their service, with compare-and-set on the entry's revision. Memory
@@ -111,16 +119,7 @@ export interface Topology {
    * until a person resolves it.
    */
   tasks: BucketDef;
-  /**
-   * Debug sampling (docs/debug-samples.md): the switches, and the samples the executor keeps while
-   * one is on. File storage, max age {@link SAMPLES_MAX_AGE_MS} (the longest sampling window): a
-   * sample is purged at its window's end and gone from storage within that bound whatever happens.
-   */
-  debug: { sampling: BucketDef; samples: BucketDef };
 }
-
-/** Max age of the debug-sampling buckets, ms: the longest sampling window (4 h, docs/debug-samples.md). */
-export const SAMPLES_MAX_AGE_MS = 4 * 60 * MINUTE;
 
 /** Durable consumer names (one per service: limits retention gives every durable every message). */
 export const Durables = {
@@ -282,14 +281,14 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       },
     ],
     results: { bucket: subjects.resultsBucket, ttlMs: opts.resultsMaxAgeMs ?? 31 * DAY, replicas, storage: 'file' },
+    debug: {
+      sampling: { bucket: subjects.samplingBucket, ttlMs: SAMPLES_MAX_AGE_MS, replicas, storage: 'file' },
+      samples: { bucket: subjects.samplesBucket, ttlMs: SAMPLES_MAX_AGE_MS, replicas, storage: 'file' },
+    },
     projections: {
       reconcile: { bucket: subjects.reconcileBucket, ttlMs: projectionsMaxAgeMs, replicas, storage: 'memory' },
       audit: { bucket: subjects.auditBucket, ttlMs: projectionsMaxAgeMs, replicas, storage: 'memory' },
     },
     tasks: { bucket: subjects.tasksBucket, ttlMs: 0, replicas, storage: 'file' },
-    debug: {
-      sampling: { bucket: subjects.samplingBucket, ttlMs: SAMPLES_MAX_AGE_MS, replicas, storage: 'file' },
-      samples: { bucket: subjects.samplesBucket, ttlMs: SAMPLES_MAX_AGE_MS, replicas, storage: 'file' },
-    },
   };
 }

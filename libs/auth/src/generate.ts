@@ -15,9 +15,9 @@ import { DEFAULT_TENANT_LIMITS, resolveLimits, type Topology } from '@tooltx/str
 import {
   checkIdentityList,
   compensatingOperators,
+  debuggingOperators,
   confirmingOperators,
   queryingOperators,
-  debuggingOperators,
   identityListSchema,
   operatorsOf,
   type IdentityList,
@@ -134,10 +134,10 @@ export function generateAuth(
     ]),
     ...operatorsOf(parsed).map((o) => ({ kind: 'operator' as const, operator: o.id })),
   ];
+  const debuggers = debuggingOperators(parsed);
   const compensators = compensatingOperators(parsed);
   const confirmers = confirmingOperators(parsed);
   const queriers = queryingOperators(parsed);
-  const debuggers = debuggingOperators(parsed);
   const keyDir = join(o.outDir, 'nkeys');
   mkdirSync(keyDir, { recursive: true, mode: 0o700 });
   const users: GeneratedUser[] = roles.map((role) => {
@@ -213,16 +213,16 @@ export function generateAuth(
     }));
   const operatorAccount = {
     name: 'OPERATORS',
-    // Every operator's account imports the compensation, confirmation, discard, query and debug subjects;
+    // Every operator's account imports the compensation, confirmation, discard and query subjects;
     // only a granted operator's own permissions let it publish there (permissionsFor).
     extra: [
       imports([
+        `${p}.ops.debug.>`,
         `${p}.takeover.>`,
         `${p}.ops.compensate.>`,
         `${p}.ops.confirm.>`,
         `${p}.ops.discard.>`,
         `${p}.ops.query.>`,
-        `${p}.ops.debug.>`,
       ]),
     ],
     users: users.filter((u) => u.role.kind === 'operator'),

@@ -18,9 +18,7 @@ const id = z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$ (one subj
  * What an operator may do beyond takeovers: `compensate` (`tooltx compensate`), `confirm` (`tooltx
  * confirm` and `tooltx discard`: one grant for both, since either is the decision a held-back
  * operation waits for, as one permission of its contract covers both for an agent), `query` (`tooltx
- * ops list | show` and the console's operations pages: every tenant's audit records, no bodies),
- * `debug` (`tooltx debug`: switch on debug sampling of a contract and read its scrubbed samples,
- * every switch and read audited: docs/debug-samples.md).
+ * ops list | show` and the console's operations pages: every tenant's audit records, no bodies).
  */
 export const OPERATOR_GRANTS = ['compensate', 'confirm', 'query', 'debug'] as const;
 export type OperatorGrant = (typeof OPERATOR_GRANTS)[number];
@@ -65,17 +63,21 @@ export function queryingOperators(list: IdentityList): string[] {
     .map((o) => o.id);
 }
 
-/** The ids of the operators who may switch on debug sampling and read samples (`may: ['debug']`). */
-export function debuggingOperators(list: IdentityList): string[] {
-  return operatorsOf(list)
-    .filter((o) => o.may.has('debug'))
-    .map((o) => o.id);
-}
-
 /** The ids of the operators who may confirm or discard held-back operations (`may: ['confirm']`). */
 export function confirmingOperators(list: IdentityList): string[] {
   return operatorsOf(list)
     .filter((o) => o.may.has('confirm'))
+    .map((o) => o.id);
+}
+
+/**
+ * The ids of the operators granted `debug` (`may: ['debug']`): `tooltx debug` switches debug
+ * sampling of a contract on and reads its scrubbed samples, every switch and read audited
+ * (docs/debug-samples.md).
+ */
+export function debuggingOperators(list: IdentityList): string[] {
+  return operatorsOf(list)
+    .filter((o) => o.may.has('debug'))
     .map((o) => o.id);
 }
 

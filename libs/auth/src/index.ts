@@ -1,12 +1,12 @@
 export {
   checkIdentityList,
   compensatingOperators,
+  debuggingOperators,
   confirmingOperators,
   identityListSchema,
   OPERATOR_GRANTS,
   operatorsOf,
   queryingOperators,
-  debuggingOperators,
   tenantsOf,
   type IdentityList,
   type Operator,

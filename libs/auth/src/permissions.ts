@@ -90,11 +90,11 @@ export function permissionsFor(
   const kvStream = (bucket: string) => `KV_${bucket}`;
   const buckets = [
     topo.results.bucket,
+    ...(topo.debug ? [topo.debug.sampling.bucket, topo.debug.samples.bucket] : []),
     topo.projections.reconcile.bucket,
     topo.projections.audit.bucket,
     topo.tasks.bucket,
     topo.tenantsBucket.bucket,
-    ...(topo.debug ? [topo.debug.sampling.bucket, topo.debug.samples.bucket] : []),
   ];
   const intentsStreams = tenants.map((t) => s.intentsStream(t));
   const decisionsStreams = tenants.map((t) => s.decisionsStream(t));
@@ -178,8 +178,8 @@ export function permissionsFor(
             s.takeover(role.operator),
             ...(compensators.includes(role.operator) ? [s.opsCompensate(role.operator)] : []),
             ...(confirmers.includes(role.operator) ? [s.opsConfirm(role.operator), s.opsDiscard(role.operator)] : []),
-            ...(queriers.includes(role.operator) ? [s.opsQuery(role.operator)] : []),
             ...(debuggers.includes(role.operator) ? [s.opsDebug(role.operator)] : []),
+            ...(queriers.includes(role.operator) ? [s.opsQuery(role.operator)] : []),
           ],
         },
         subscribe: { allow: [inbox] },

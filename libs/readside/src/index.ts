@@ -1,3 +1,9 @@
+export {
+  type DebugAnswer,
+  type DebugServiceDeps,
+  type SampleSummary,
+  startDebugService,
+} from './debug-service.js';
 export { AnswerPusher } from './answer-pusher.js';
 export { type Codec, type Endpoint, jsonCodec, msgpackCodec, type Responder, startResponder } from './responder.js';
 export { STATUS_QUEUE, type StatusDeps, StatusService } from './status-service.js';
@@ -27,9 +33,3 @@ export {
   type TakeoverServiceDeps,
   type WatchedTakeover,
 } from './takeover-service.js';
-export {
-  type DebugAnswer,
-  type DebugServiceDeps,
-  type SampleSummary,
-  startDebugService,
-} from './debug-service.js';

@@ -1,3 +1,4 @@
+export { MAX_SAMPLE_FIELD_BYTES, type SampleOffer, Sampler, type SamplerDeps } from './sampler.js';
 export {
   baseConfigSchema,
   ConfigError,
@@ -78,4 +79,3 @@ export { compensatingCall, compensationInputOf, intentInputOf, linkCompensation 
 export { discardPrepared } from './held-back.js';
 export { askPolicy, type PolicyAnswer } from './policy.js';
 export { startTracing, tracingWanted, type Tracing } from './tracing.js';
-export { MAX_SAMPLE_FIELD_BYTES, type SampleOffer, Sampler, type SamplerDeps } from './sampler.js';
