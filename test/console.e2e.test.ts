@@ -144,6 +144,8 @@ beforeAll(async () => {
       // Records at once: the pages show an operation as soon as its event is in the log.
       TOOLTX_AUDIT_BATCH_MS: '0',
       TOOLTX_CONSOLE_REFRESH_MS: '500',
+      // An auditor's every read is recorded in the audit log: their pages poll less often.
+      TOOLTX_CONSOLE_AUDITOR_REFRESH_MS: '1000',
       TOOLTX_CONSOLE_MAX_SESSIONS: String(MAX_SESSIONS),
       // kb.write_note's unknown deadline cut to 20 s (timeout and running bound as by default): an
       // unknown started in beforeAll is taken over while the other tests run (its test is the last).
@@ -224,6 +226,7 @@ describe('console', () => {
     const op = await logIn(operator, 'oscar', password('operator.oscar'));
     expect(new URL(op.url()).pathname).toBe('/operations');
     await expect(op.locator('.who').getAttribute('data-who')).resolves.toBe('oscar');
+    await expect(op.locator('#live').getAttribute('data-refresh-ms')).resolves.toBe('500');
     const cookie = (await operator.cookies()).find((c) => c.name === 'tooltx_console');
     expect(cookie).toMatchObject({ httpOnly: true, sameSite: 'Strict' });
     // A filter that is not one: refused with the field's path.
@@ -489,6 +492,7 @@ describe('console', () => {
       .evaluateAll((rows) => rows.map((r) => r.getAttribute('data-tenant')));
     expect(new Set(tenants)).toEqual(new Set(['globex']));
     expect(await page.content()).not.toContain(acmeKey);
+    await expect(page.locator('#live').getAttribute('data-refresh-ms')).resolves.toBe('1000');
     await shot(page, 'auditor-globex');
     // Asking for acme by hand: nothing.
     await page.goto(`${consoleUrl}/operations?tenant=acme`);

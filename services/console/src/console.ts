@@ -92,6 +92,7 @@ export const consoleConfigSchema = z
     TOOLTX_CONSOLE_SESSION_KEY_FILE: z.string().min(1).optional(),
     TOOLTX_CONSOLE_SECURE_COOKIE: z.enum(['on', 'off']).default('off'),
     TOOLTX_CONSOLE_REFRESH_MS: envInt(500, 60_000).default(2_000),
+    TOOLTX_CONSOLE_AUDITOR_REFRESH_MS: envInt(500, 3_600_000).default(30_000),
     TOOLTX_CONSOLE_LOGINS_PER_MINUTE: envInt(1, 10_000).default(20),
     TOOLTX_CONSOLE_MAX_SESSIONS: envInt(1, 1_000_000).default(10_000),
     TOOLTX_CONSOLE_TRUST_PROXY: z
@@ -144,6 +145,8 @@ Environment:
   TOOLTX_CONSOLE_SECURE_COOKIE  on|off (default off): on = the cookie is sent over HTTPS only (set
                     it behind a TLS proxy, named in TOOLTX_CONSOLE_TRUST_PROXY)
   TOOLTX_CONSOLE_REFRESH_MS  how often a live page reads its data again, ms: 500..60000 (default 2000)
+  TOOLTX_CONSOLE_AUDITOR_REFRESH_MS  the same for an auditor's pages, never more often than the
+                    above: each read is a query the audit log records (default 30000)
   TOOLTX_CONSOLE_LOGINS_PER_MINUTE  login attempts per client address and minute (default 20)
   TOOLTX_CONSOLE_MAX_SESSIONS  logged-in sessions kept at most; past it the least recently used
                     is logged out (default 10000; only a login makes a session)
@@ -445,7 +448,12 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
     who: whoOf(login),
     csrf: reply.generateCsrf(),
     now: new Date().toISOString(),
-    refreshMs: config.TOOLTX_CONSOLE_REFRESH_MS,
+    // An auditor's every read is recorded in the audit log before it is answered: an open tab
+    // polling every 2 s would write ~1,800 records an hour.
+    refreshMs:
+      login.role.kind === 'auditor'
+        ? Math.max(config.TOOLTX_CONSOLE_REFRESH_MS, config.TOOLTX_CONSOLE_AUDITOR_REFRESH_MS)
+        : config.TOOLTX_CONSOLE_REFRESH_MS,
     live: live(req),
   });
 
