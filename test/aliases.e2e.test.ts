@@ -9,7 +9,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { operationIdOf, prepareCall } from '@tooltx/contracts';
-import { createTools, type ExecuteResult, type Tools } from '@tooltx/client';
+import { type ExecuteResult, type Tools } from '@tooltx/client';
 import type { OperationRecord } from '@tooltx/lifecycle';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
@@ -50,14 +50,7 @@ beforeAll(async () => {
   for (const k of await kb.admin.list()) ids[k.name] = k.kbId;
   env = { ...t.env, TOOLTX_TOOLS_MODULE: RESEARCH_TOOLS, KB_URL: kb.url, KB_DEDUP: 'off' };
   [authorizer, executor] = await Promise.all([startService('authorizer', env), startService('executor', env)]);
-  alice = await createTools({
-    servers: t.url,
-    tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
-    contracts: contracts.all,
-    prefix: t.subjects.prefix,
-    receiptKeys: t.auth.receiptKeysFile,
+  alice = await t.agentTools('acme', 'alice', contracts.all, {
     budgetMs: 20_000,
   });
 });

@@ -8,7 +8,7 @@
 import { afterAll, beforeAll, describe, expect, it, type TaskMeta } from 'vitest';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { Kvm } from '@nats-io/kv';
-import { createTools, type Tools } from '@tooltx/client';
+import { type Tools } from '@tooltx/client';
 import type { OperationRecord } from '@tooltx/lifecycle';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startHost, type ServiceProcess } from './helpers/services.js';
@@ -68,14 +68,7 @@ beforeAll(async () => {
     TOOLTX_RECONCILE_INDEX_DELAY_MS: '0',
   };
   host = await startHost(env);
-  alice = await createTools({
-    servers: t.url,
-    tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
-    contracts: contracts.all,
-    prefix: t.subjects.prefix,
-    receiptKeys: t.auth.receiptKeysFile,
+  alice = await t.agentTools('acme', 'alice', contracts.all, {
     budgetMs: 30_000,
   });
 });
@@ -122,14 +115,7 @@ describe('co-located layout: every role in one process', () => {
   it('FM-01: the same call submitted twice at the same moment, by two clients: one KB row, both get the same receipt', async ({
     task,
   }) => {
-    const bob = await createTools({
-      servers: t.url,
-      tenant: 'acme',
-      actor: 'alice',
-      nkeyFile: t.agentSeed('acme', 'alice'),
-      contracts: contracts.all,
-      prefix: t.subjects.prefix,
-      receiptKeys: t.auth.receiptKeysFile,
+    const bob = await t.agentTools('acme', 'alice', contracts.all, {
       budgetMs: 30_000,
     });
     try {

@@ -9,7 +9,7 @@ import { downstreamKeyOf, deriveCompensationKey, operationIdOf, prepareCall, rea
 import { randomUUID } from 'node:crypto';
 import { auditRecordSchema, countsOf, handleCommand, type AuditRecord, type OperationCommand } from '@tooltx/lifecycle';
 import { decode, openBucket } from '@tooltx/nats';
-import { createTools, runTask, type Tools } from '@tooltx/client';
+import { runTask, type Tools } from '@tooltx/client';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startHost, type ServiceProcess } from './helpers/services.js';
 import { history, takeoverCli } from './helpers/ops.js';
@@ -27,14 +27,7 @@ let host: ServiceProcess;
 let alice: Tools;
 
 const client = () =>
-  createTools({
-    servers: t.url,
-    tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
-    contracts: contracts.all,
-    prefix: t.subjects.prefix,
-    receiptKeys: t.auth.receiptKeysFile,
+  t.agentTools('acme', 'alice', contracts.all, {
     budgetMs: 30_000,
   });
 

@@ -14,7 +14,7 @@ import type { AddressInfo } from 'node:net';
 import { hostname } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { fetch } from 'undici';
-import { createTools, type Tools } from '@tooltx/client';
+import { type Tools } from '@tooltx/client';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { RESEARCH_TOOLS } from './helpers/kb.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
@@ -80,14 +80,7 @@ beforeAll(async () => {
     WEB_ALLOWED_ORIGINS: loopName ? `http://${loopName}:${allowedPort}` : '',
   };
   procs = await Promise.all([startService('authorizer', env), startService('executor', env)]);
-  alice = await createTools({
-    servers: t.url,
-    tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
-    contracts: contracts.all,
-    prefix: t.subjects.prefix,
-    receiptKeys: t.auth.receiptKeysFile,
+  alice = await t.agentTools('acme', 'alice', contracts.all, {
     budgetMs: 15_000,
   });
 });

@@ -8,7 +8,7 @@
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, prepareCall } from '@tooltx/contracts';
-import { createTools, type Tools } from '@tooltx/client';
+import { type Tools } from '@tooltx/client';
 import { HttpFaultProxy } from '@tooltx/dev/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { ROOT, runScript, startService, type ServiceProcess } from './helpers/services.js';
@@ -44,14 +44,7 @@ beforeAll(async () => {
     startService('executor', env),
     startService('reconciler', env),
   ]);
-  alice = await createTools({
-    servers: t.url,
-    tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
-    contracts: ledgerContracts,
-    prefix: t.subjects.prefix,
-    receiptKeys: t.auth.receiptKeysFile,
+  alice = await t.agentTools('acme', 'alice', ledgerContracts, {
     budgetMs: 30_000,
   });
 });

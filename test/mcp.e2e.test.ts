@@ -16,7 +16,7 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { EmptyResultSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
 import { prepareCall } from '@tooltx/contracts';
-import { createTools, type Tools } from '@tooltx/client';
+import { type Tools } from '@tooltx/client';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { ROOT, ServiceProcess, startHost } from './helpers/services.js';
@@ -184,15 +184,7 @@ beforeAll(async () => {
     // The MCP server's NATS connection goes through a hop the kill test can stall.
     startMcpHttp(natsHop.url),
   ]);
-  alice = await createTools({
-    servers: t.url,
-    tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
-    contracts: research.all,
-    prefix: t.subjects.prefix,
-    receiptKeys: t.auth.receiptKeysFile,
-  });
+  alice = await t.agentTools('acme', 'alice', research.all);
 });
 
 afterAll(async () => {

@@ -22,7 +22,7 @@ import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { digestOf, downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
-import { createTools, type Tools } from '@tooltx/client';
+import { type Tools } from '@tooltx/client';
 import type { OperationRecord, TakeoverRecord } from '@tooltx/lifecycle';
 import { HttpFaultProxy } from '@tooltx/dev/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
@@ -95,14 +95,7 @@ beforeAll(async () => {
   authorizer = await startService('authorizer', env);
   executor = await startService('executor', env);
   reconciler = await startService('reconciler', env);
-  alice = await createTools({
-    servers: t.url,
-    tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
-    contracts: contracts.all,
-    prefix: t.subjects.prefix,
-    receiptKeys: t.auth.receiptKeysFile,
+  alice = await t.agentTools('acme', 'alice', contracts.all, {
     budgetMs: 45_000,
   });
 }, 120_000);

@@ -9,7 +9,7 @@
 import { execFile } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
-import { createTools, newSubmission, publishSubmission, type Tools } from '@tooltx/client';
+import { newSubmission, publishSubmission, type Tools } from '@tooltx/client';
 import type { OperationRecord } from '@tooltx/lifecycle';
 import { jetStreamOf } from '@tooltx/nats';
 import { provisioned, type TestNats } from './helpers/nats.js';
@@ -60,14 +60,7 @@ for (const dedup of [false, true]) {
       };
       procs = await Promise.all([startService('authorizer', env), startService('reconciler', env)]);
       executor = await startService('executor', env);
-      alice = await createTools({
-        servers: t.url,
-        tenant: 'acme',
-        actor: 'alice',
-        nkeyFile: t.agentSeed('acme', 'alice'),
-        contracts: contracts.all,
-        prefix: t.subjects.prefix,
-        receiptKeys: t.auth.receiptKeysFile,
+      alice = await t.agentTools('acme', 'alice', contracts.all, {
         budgetMs: 30_000,
       });
     });

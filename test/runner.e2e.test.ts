@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, prepareCall } from '@tooltx/contracts';
-import { createTools, runTask, type Tools } from '@tooltx/client';
+import { runTask, type Tools } from '@tooltx/client';
 import {
   generateReceiptKey,
   loadReceiptSigner,
@@ -62,14 +62,7 @@ beforeAll(async () => {
     startService('executor', env),
     startService('reconciler', env),
   ]);
-  alice = await createTools({
-    servers: t.url,
-    tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
-    contracts: contracts.all,
-    prefix: t.subjects.prefix,
-    receiptKeys: t.auth.receiptKeysFile,
+  alice = await t.agentTools('acme', 'alice', contracts.all, {
     budgetMs: 30_000,
   });
 });

@@ -119,15 +119,7 @@ describe('tools.execute', () => {
       description: 'Read a value from the test sink (an older wording).',
     });
     expect(staleWrite.interfaceDigest).not.toBe(sinkWrite.interfaceDigest);
-    const stale = await createTools({
-      servers: t.url,
-      tenant: TENANT,
-      actor: 'alice',
-      nkeyFile: t.agentSeed(TENANT, 'alice'),
-      contracts: [staleWrite, staleLookup],
-      prefix: t.subjects.prefix,
-      receiptKeys: t.auth.receiptKeysFile,
-    });
+    const stale = await t.agentTools(TENANT, 'alice', [staleWrite, staleLookup]);
     try {
       const input = note('Stale contract');
       const key = prepareCall(sinkWrite, 'fm25-write', input).operationKey;

@@ -81,14 +81,7 @@ beforeAll(async () => {
     startService('executor', env),
     startService('reconciler', env),
   ]);
-  alice = await createTools({
-    servers: t.url,
-    tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
-    contracts: contracts.all,
-    prefix: t.subjects.prefix,
-    receiptKeys: t.auth.receiptKeysFile,
+  alice = await t.agentTools('acme', 'alice', contracts.all, {
     budgetMs: 30_000,
   });
 });
@@ -330,15 +323,7 @@ describe('FM-15: each failure class leads to its next action', () => {
     expect(forbidden).toMatchObject({ status: 'rejected', error: { class: 'forbidden' }, next: 'reauthorise' });
     expect(await rowsFor(keyOf('fm15', 'Not my board', 'board'))).toBe(0);
 
-    const gina = await createTools({
-      servers: t.url,
-      tenant: 'globex',
-      actor: 'gina',
-      nkeyFile: t.agentSeed('globex', 'gina'),
-      contracts: contracts.all,
-      prefix: t.subjects.prefix,
-      receiptKeys: t.auth.receiptKeysFile,
-    });
+    const gina = await t.agentTools('globex', 'gina', contracts.all);
     try {
       expect(
         (await gina.execute({ tool: 'kb.write_note', taskId: 'fm15', input: note('First of the day', 'gkb') })).status,

@@ -9,7 +9,7 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createTools, type Tools } from '@tooltx/client';
+import { type Tools } from '@tooltx/client';
 import { startTracing, type Tracing } from '@tooltx/runtime';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startHost, type ServiceProcess } from './helpers/services.js';
@@ -101,14 +101,7 @@ beforeAll(async () => {
     process.env[k] = v;
   }
   tracing = await startTracing({ serviceName: 'agent' });
-  tools = await createTools({
-    servers: t.url,
-    tenant: 'acme',
-    actor: 'alice',
-    nkeyFile: t.agentSeed('acme', 'alice'),
-    contracts: contracts.all,
-    prefix: t.subjects.prefix,
-    receiptKeys: t.auth.receiptKeysFile,
+  tools = await t.agentTools('acme', 'alice', contracts.all, {
     budgetMs: 30_000,
   });
 }, 120_000);

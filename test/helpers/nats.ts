@@ -22,6 +22,8 @@ import { ensureKeyFile } from '@tooltx/runtime';
 import { applyTopology, topology, type Topology, type TopologyOptions } from '@tooltx/streams';
 import { generateAuth, tenantsOf, type GeneratedAuth, type IdentityList } from '@tooltx/auth';
 import { inboxPrefixOf, type Role } from '@tooltx/nats';
+import { createTools, type CreateToolsOptions, type Tools } from '@tooltx/client';
+import type { Contract } from '@tooltx/contracts';
 
 /** A unique subject prefix per test, so tests never see each other's streams. */
 export function uniquePrefix(): string {
@@ -70,6 +72,16 @@ export interface TestNats {
   env: Record<string, string>;
   /** The seed file of an agent. */
   agentSeed(tenant: string, actor: string): string;
+  /**
+   * An agent's SDK on this server as `tenant`/`actor` with its own seed, the deployment's prefix
+   * and receipt keys, holding `contracts`; `options` adds or overrides the rest (budgetMs, …).
+   */
+  agentTools(
+    tenant: string,
+    actor: string,
+    contracts: readonly Contract[],
+    options?: Partial<CreateToolsOptions>,
+  ): Promise<Tools>;
   /** Connects as `role` with its seed and inbox prefix. */
   connectAs(role: Role): Promise<NatsConnection>;
   close(): Promise<void>;
@@ -193,6 +205,17 @@ export async function provisioned(
     },
     store: new JetStreamStore(js, jsm, subjects),
     agentSeed: (tenant, actor) => auth.seedFile({ kind: 'agent', tenant, actor }),
+    agentTools: (tenant, actor, contracts, options = {}) =>
+      createTools({
+        servers: url,
+        tenant,
+        actor,
+        nkeyFile: auth.seedFile({ kind: 'agent', tenant, actor }),
+        contracts: [...contracts],
+        prefix,
+        receiptKeys: auth.receiptKeysFile,
+        ...options,
+      }),
     connectAs,
     async close() {
       await nc.drain().catch(() => undefined);
