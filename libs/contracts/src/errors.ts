@@ -51,6 +51,17 @@ export const ErrorClass = {
    * side effect ran (`rolled_back`): it can no longer be confirmed, and nothing external happened.
    */
   OperationDiscarded: 'operation_discarded',
+  /**
+   * The contract version was retired (`tooltx contracts retire`, or its deprecation's sunset has
+   * passed): a new intent on it is refused and nothing is registered; the issue names the versions
+   * to use (docs/contracts.md). Keys registered before still answer their outcome.
+   */
+  ContractRetired: 'contract_retired',
+  /**
+   * The contract version was reverted with `--stop-running`: a task running on it takes no further
+   * step on it; re-plan on the version the issue names (docs/contracts.md). Nothing was registered.
+   */
+  ContractWithdrawn: 'contract_withdrawn',
   /** Something on the trusted side failed in a way that carries no caller-fixable meaning. */
   Internal: 'internal',
 } as const;
@@ -85,6 +96,8 @@ export const nextActionFor: Readonly<Record<ErrorClass, NextAction>> = {
   compensation_not_allowed: NextAction.Replan,
   compensation_expired: NextAction.HandOver,
   operation_discarded: NextAction.Replan,
+  contract_retired: NextAction.RefreshContract,
+  contract_withdrawn: NextAction.Replan,
   internal: NextAction.Backoff,
 };
 

@@ -1,0 +1,290 @@
+import { z } from 'zod';
+import { CONTRACT_ID_PATTERN, ErrorClass, type ErrorInfo } from '@tooltx/contracts';
+
+/**
+ * The contract registry's rules (docs/contracts.md): what a service publishes for each contract it
+ * holds, which version of a name is current, deprecation, retirement and revert, and whether a new
+ * intent on a version is admitted. The entries live in the KV bucket `<prefix>_contracts` (file
+ * storage: they hold decisions that exist nowhere else); every rule here is pure.
+ *
+ * Keys: `version.<name>.<version>` → {@link VersionEntry}; `current.<name>` → {@link CurrentEntry}.
+ */
+
+const epochMs = z.number().int().nonnegative();
+const name = z
+  .string()
+  .regex(/^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/)
+  .max(100);
+/** Who or what made a change: `operator:<id>`, `service:<role>@<instance>` or `auto:<rule>`. */
+export const changedBySchema = z.string().regex(/^(operator|service|auto):[A-Za-z0-9_.@:-]{1,120}$/);
+export type ChangedBy = z.infer<typeof changedBySchema>;
+
+/** Most switches a name's entry keeps (the newest). */
+export const MAX_SWITCHES = 20;
+
+/** One contract version as the services that hold it published it. */
+export const versionEntrySchema = z.object({
+  name,
+  version: z.number().int().min(1),
+  /** The contract's `interfaceDigest` (never the full `digest`: that one holds function source text). */
+  interfaceDigest: z.string().regex(/^sha256:[0-9a-f]{64}$/),
+  /** JSON Schema of the input and of the output. */
+  input: z.record(z.string(), z.unknown()),
+  output: z.record(z.string(), z.unknown()),
+  effect: z.string().max(20),
+  compensation: z.object({ tool: z.string(), deadlineMs: z.number(), permission: z.string() }).optional(),
+  policyVersion: z.string().max(100).optional(),
+  firstSeenAt: epochMs,
+  lastSeenAt: epochMs,
+  /** Who published it first. */
+  registeredBy: changedBySchema,
+  /** Announced end: new intents on it are refused `contract_retired` from `sunsetAt` on. */
+  deprecated: z.object({ sunsetAt: epochMs, by: changedBySchema, at: epochMs }).optional(),
+  /** Retired at once (`tooltx contracts retire`). */
+  retired: z.object({ by: changedBySchema, at: epochMs }).optional(),
+  /** Reverted with `--stop-running`: running tasks take no further step on it (`contract_withdrawn`). */
+  withdrawn: z.object({ by: changedBySchema, at: epochMs }).optional(),
+});
+export type VersionEntry = z.infer<typeof versionEntrySchema>;
+
+/** One change of a name's current version. */
+export const switchSchema = z.object({
+  from: z.number().int().min(1).optional(),
+  to: z.number().int().min(1),
+  by: changedBySchema,
+  at: epochMs,
+  /** `registered` (a newer version appeared), `revert` (by an operator or a threshold rule). */
+  reason: z.enum(['registered', 'revert']),
+});
+export type Switch = z.infer<typeof switchSchema>;
+
+/** A contract name's current version and how it came to be (newest switches last). */
+export const currentEntrySchema = z.object({
+  name,
+  current: z.number().int().min(1),
+  switches: z.array(switchSchema).max(MAX_SWITCHES),
+});
+export type CurrentEntry = z.infer<typeof currentEntrySchema>;
+
+/** The registry key of a version entry. */
+export const versionKeyOf = (contractName: string, version: number) => `version.${contractName}.${version}`;
+/** The registry key of a name's current entry. */
+export const currentKeyOf = (contractName: string) => `current.${contractName}`;
+/** `{ name, version }` of a `name@version` string, or null. Pure. */
+export function parseContractId(id: string): { name: string; version: number } | null {
+  if (!CONTRACT_ID_PATTERN.test(id)) return null;
+  const at = id.lastIndexOf('@');
+  return { name: id.slice(0, at), version: Number(id.slice(at + 1)) };
+}
+
+/** What a service publishes for one contract it holds. */
+export type Published = Pick<
+  VersionEntry,
+  'name' | 'version' | 'interfaceDigest' | 'input' | 'output' | 'effect' | 'compensation' | 'policyVersion'
+>;
+
+/**
+ * The registration rule for one version a starting service holds (`existing`: the entry under its
+ * `name@version`, or null): a new entry; the same interface digest refreshes `lastSeenAt` (at most
+ * once a minute, so that a fleet's restarts do not rewrite it each time); another interface digest
+ * is a conflict — the service must not start (FM-25: a host and the server agree on the interface
+ * digest only). Pure.
+ */
+export function registerVersion(
+  existing: VersionEntry | null,
+  published: Published,
+  by: string,
+  now: number,
+):
+  | { kind: 'put'; entry: VersionEntry; created: boolean }
+  | { kind: 'unchanged' }
+  | { kind: 'conflict'; registered: string; ours: string } {
+  if (!existing)
+    return {
+      kind: 'put',
+      created: true,
+      entry: { ...stripUndefined(published), firstSeenAt: now, lastSeenAt: now, registeredBy: by },
+    };
+  if (existing.interfaceDigest !== published.interfaceDigest)
+    return { kind: 'conflict', registered: existing.interfaceDigest, ours: published.interfaceDigest };
+  if (now - existing.lastSeenAt < 60_000) return { kind: 'unchanged' };
+  return { kind: 'put', created: false, entry: { ...existing, lastSeenAt: now } };
+}
+
+/**
+ * The current-version rule when `version` was just registered (`created`: it did not exist
+ * before): a name with no current entry gets it; a NEWLY registered version higher than the current
+ * one becomes current, recorded as a switch by `by`. A version seen again (a service restarting
+ * with it) never takes the current place back: after a revert, the reverted version stays
+ * reverted until an operator says otherwise. Null: nothing changes. Pure.
+ */
+export function currentAfterRegistration(
+  cur: CurrentEntry | null,
+  contractName: string,
+  version: number,
+  created: boolean,
+  by: string,
+  now: number,
+): CurrentEntry | null {
+  if (!cur) return { name: contractName, current: version, switches: [{ to: version, by, at: now, reason: 'registered' }] };
+  if (!created || version <= cur.current) return null;
+  return withSwitch(cur, { from: cur.current, to: version, by, at: now, reason: 'registered' });
+}
+
+function withSwitch(cur: CurrentEntry, s: Switch): CurrentEntry {
+  return { ...cur, current: s.to, switches: [...cur.switches, s].slice(-MAX_SWITCHES) };
+}
+
+/** True when new intents on `v` are refused: retired, or its deprecation's sunset has passed. Pure. */
+export function isRetired(v: VersionEntry, now: number): boolean {
+  return v.retired !== undefined || (v.deprecated !== undefined && now >= v.deprecated.sunsetAt);
+}
+
+/** An operator's command on the registry (`tooltx contracts …`), refused with a field path when it cannot apply. */
+export type RegistryCommand =
+  | { kind: 'deprecate'; version: number; sunsetAt: number }
+  | { kind: 'retire'; version: number }
+  | { kind: 'revert'; stopRunning: boolean };
+
+/** What a {@link RegistryCommand} writes: the entries to put (compare-and-set on their revisions). */
+export type RegistryOutcome =
+  | { kind: 'write'; versions: VersionEntry[]; current: CurrentEntry | null }
+  | { kind: 'refuse'; error: ErrorInfo };
+
+const refuse = (path: string, code: string, message: string): RegistryOutcome => ({
+  kind: 'refuse',
+  error: { class: ErrorClass.InvalidInput, issues: [{ path: [path], code, message }] },
+});
+
+/**
+ * The rule of one command on a name's entries (`versions`: every registered version of the name;
+ * `cur`: its current entry):
+ * - deprecate `@V`: sets its sunset (again: a new date replaces the old one); not the current
+ *   version — revert or register another first;
+ * - retire `@V`: retired now; not the current version;
+ * - revert: the previous current version (the `from` of the switch to the current one, else the
+ *   highest lower one) becomes current again, as one unit (description, schemas, authorisation and
+ *   audit parser are that version's); one that is retired cannot; `stopRunning` withdraws the
+ *   reverted version (running tasks are refused `contract_withdrawn` on it).
+ * Pure.
+ */
+export function decideRegistryCommand(
+  contractName: string,
+  versions: readonly VersionEntry[],
+  cur: CurrentEntry | null,
+  cmd: RegistryCommand,
+  by: string,
+  now: number,
+): RegistryOutcome {
+  if (!versions.length || !cur) return refuse('name', 'unknown_contract', `no contract named ${contractName} is registered`);
+  if (cmd.kind === 'revert') {
+    const from = cur.current;
+    const last = [...cur.switches].reverse().find((s) => s.to === from);
+    const candidates = versions.filter((v) => v.version !== from && !isRetired(v, now));
+    const previous =
+      (last?.from !== undefined ? candidates.find((v) => v.version === last.from) : undefined) ??
+      candidates.filter((v) => v.version < from).sort((a, b) => b.version - a.version)[0];
+    if (!previous)
+      return refuse('name', 'no_previous_version', `${contractName}@${from} has no earlier version that is not retired`);
+    const reverted = versions.find((v) => v.version === from);
+    return {
+      kind: 'write',
+      current: withSwitch(cur, { from, to: previous.version, by, at: now, reason: 'revert' }),
+      versions: cmd.stopRunning && reverted ? [{ ...reverted, withdrawn: { by, at: now } }] : [],
+    };
+  }
+  const v = versions.find((x) => x.version === cmd.version);
+  if (!v) return refuse('contract', 'unknown_contract', `${contractName}@${cmd.version} is not registered`);
+  if (cmd.version === cur.current)
+    return refuse('contract', 'current_version', `${contractName}@${cmd.version} is the current version: revert first`);
+  if (cmd.kind === 'retire') return { kind: 'write', current: null, versions: [{ ...v, retired: { by, at: now } }] };
+  if (cmd.sunsetAt <= now && !v.deprecated)
+    return refuse('sunset', 'in_the_past', 'the sunset must be in the future (`retire` ends a version now)');
+  return { kind: 'write', current: null, versions: [{ ...v, deprecated: { sunsetAt: cmd.sunsetAt, by, at: now } }] };
+}
+
+/** The registry as the authorizer holds it in memory (a watched copy): entries by key. */
+export interface RegistryView {
+  version(contractName: string, version: number): VersionEntry | undefined;
+  current(contractName: string): CurrentEntry | undefined;
+  versionsOf(contractName: string): VersionEntry[];
+}
+
+/**
+ * Whether a NEW intent on `name@version` is admitted (docs/contracts.md): refused
+ * `contract_withdrawn` (next: replan) when the version was reverted with `--stop-running`, refused
+ * `contract_retired` (next: refresh_contract) when it is retired or past its sunset; each refusal
+ * names the versions to use (the current one first). A version the registry does not hold is
+ * admitted (the intake's own contract check decides). Only for a key not registered yet: a
+ * registered key still answers its outcome. Pure; an in-memory lookup only.
+ */
+export function contractAdmission(
+  view: RegistryView,
+  contractName: string,
+  version: number,
+  now: number,
+): { kind: 'admit' } | { kind: 'refuse'; error: ErrorInfo } {
+  const v = view.version(contractName, version);
+  if (!v) return { kind: 'admit' };
+  const withdrawn = v.withdrawn !== undefined;
+  if (!withdrawn && !isRetired(v, now)) return { kind: 'admit' };
+  const cur = view.current(contractName)?.current;
+  const usable = view
+    .versionsOf(contractName)
+    .filter((x) => x.version !== version && !isRetired(x, now) && !x.withdrawn)
+    .map((x) => x.version)
+    .sort((a, b) => (a === cur ? -1 : b === cur ? 1 : b - a));
+  const use = usable.map((n) => `${contractName}@${n}`).join(', ') || 'none registered';
+  return {
+    kind: 'refuse',
+    error: {
+      class: withdrawn ? ErrorClass.ContractWithdrawn : ErrorClass.ContractRetired,
+      issues: [
+        {
+          path: ['version'],
+          code: withdrawn ? 'contract_withdrawn' : 'contract_retired',
+          message: `${contractName}@${version} is ${withdrawn ? 'withdrawn' : 'retired'}; use ${use}`,
+        },
+      ],
+    },
+  };
+}
+
+/** A threshold rule for automatic reverts (docs/contracts.md "Automatic revert"). */
+export interface RevertThreshold {
+  /** Ratio of conflicts + rejections + unknowns over operations, 0..1. */
+  ratio: number;
+  /** Fewest operations of the version in the window before the ratio counts. */
+  minCount: number;
+  /** The window, ms. */
+  windowMs: number;
+}
+
+/** Per-version counts from the audit records of a window. */
+export interface VersionHealth {
+  operations: number;
+  conflicts: number;
+  rejected: number;
+  unknown: number;
+}
+
+/** The bad ratio of a version: (conflicts + rejections + unknowns) / operations, 0 when none. Pure. */
+export function badRatioOf(h: VersionHealth): number {
+  return h.operations === 0 ? 0 : (h.conflicts + h.rejected + h.unknown) / h.operations;
+}
+
+/**
+ * Whether the threshold reverts a name now: its current version has at least `minCount` operations
+ * in the window, a bad ratio at or above `ratio`, it became current by a registration (a revert is
+ * never undone by a rule), and a previous version exists. Pure.
+ */
+export function shouldAutoRevert(cur: CurrentEntry, health: VersionHealth | undefined, t: RevertThreshold): boolean {
+  if (!health || health.operations < t.minCount) return false;
+  const last = cur.switches.at(-1);
+  if (!last || last.to !== cur.current || last.reason !== 'registered' || last.from === undefined) return false;
+  return badRatioOf(health) >= t.ratio;
+}
+
+function stripUndefined<T extends object>(o: T): T {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as T;
+}

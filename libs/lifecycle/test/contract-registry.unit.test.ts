@@ -1,0 +1,188 @@
+/**
+ * The contract registry's rules (docs/contracts.md) as given/when/then: registration and the
+ * interface-digest conflict, the current version, deprecate / retire / revert, admission of a new
+ * intent, and the automatic revert threshold.
+ */
+import { describe, expect, it } from 'vitest';
+import {
+  contractAdmission,
+  currentAfterRegistration,
+  decideRegistryCommand,
+  registerVersion,
+  shouldAutoRevert,
+  type CurrentEntry,
+  type Published,
+  type RegistryView,
+  type VersionEntry,
+} from '@tooltx/lifecycle';
+
+const D1 = `sha256:${'1'.repeat(64)}`;
+const D2 = `sha256:${'2'.repeat(64)}`;
+const published = (version: number, interfaceDigest = D1): Published => ({
+  name: 'sink.write',
+  version,
+  interfaceDigest,
+  input: { type: 'object' },
+  output: { type: 'object' },
+  effect: 'create',
+});
+const entry = (version: number, extra: Partial<VersionEntry> = {}): VersionEntry => ({
+  ...published(version),
+  firstSeenAt: 0,
+  lastSeenAt: 0,
+  registeredBy: 'service:authorizer@a',
+  ...extra,
+});
+const by = 'operator:ops1';
+const current = (cur: number, from?: number, reason: 'registered' | 'revert' = 'registered'): CurrentEntry => ({
+  name: 'sink.write',
+  current: cur,
+  switches: [
+    ...(from !== undefined ? [{ to: from, by: 'service:a@x', at: 0, reason: 'registered' as const }] : []),
+    { ...(from !== undefined ? { from } : {}), to: cur, by: 'service:a@x', at: 1, reason },
+  ],
+});
+const viewOf = (versions: VersionEntry[], cur: CurrentEntry): RegistryView => ({
+  version: (_n, v) => versions.find((x) => x.version === v),
+  current: () => cur,
+  versionsOf: () => versions,
+});
+
+describe('registration', () => {
+  it('given nothing under name@version, when a service publishes it, then it is put with first and last seen', () => {
+    expect(registerVersion(null, published(1), 'service:authorizer@a', 5)).toMatchObject({
+      kind: 'put',
+      created: true,
+      entry: { version: 1, interfaceDigest: D1, firstSeenAt: 5, lastSeenAt: 5, registeredBy: 'service:authorizer@a' },
+    });
+  });
+
+  it('given the same interface digest registered, when published again within a minute, then nothing is written; after it, last seen moves', () => {
+    expect(registerVersion(entry(1), published(1), 'service:b', 30_000)).toEqual({ kind: 'unchanged' });
+    expect(registerVersion(entry(1), published(1), 'service:b', 90_000)).toMatchObject({
+      kind: 'put',
+      created: false,
+      entry: { firstSeenAt: 0, lastSeenAt: 90_000, registeredBy: 'service:authorizer@a' },
+    });
+  });
+
+  it('given another interface digest registered under name@version, when published, then it is a conflict naming both digests', () => {
+    expect(registerVersion(entry(1), published(1, D2), 'service:b', 5)).toEqual({
+      kind: 'conflict',
+      registered: D1,
+      ours: D2,
+    });
+  });
+
+  it('given no current entry, when a version is registered, then it is current, recorded as a switch by the service', () => {
+    expect(currentAfterRegistration(null, 'sink.write', 1, true, 'service:a', 7)).toEqual({
+      name: 'sink.write',
+      current: 1,
+      switches: [{ to: 1, by: 'service:a', at: 7, reason: 'registered' }],
+    });
+  });
+
+  it('given @1 current, when @2 is newly registered, then @2 is current; when @2 is only seen again after a revert, then nothing changes', () => {
+    expect(currentAfterRegistration(current(1), 'sink.write', 2, true, 'service:a', 9)).toMatchObject({
+      current: 2,
+      switches: [{ to: 1 }, { from: 1, to: 2, by: 'service:a', reason: 'registered' }],
+    });
+    expect(currentAfterRegistration(current(1, 2, 'revert'), 'sink.write', 2, false, 'service:a', 9)).toBeNull();
+    expect(currentAfterRegistration(current(2, 1), 'sink.write', 1, true, 'service:a', 9)).toBeNull();
+  });
+});
+
+describe('operator commands', () => {
+  const versions = [entry(1), entry(2)];
+
+  it('given @2 current after @1, when reverted, then @1 is current again, recorded with who did it, and @2 is not withdrawn', () => {
+    expect(decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'revert', stopRunning: false }, by, 50)).toEqual({
+      kind: 'write',
+      current: expect.objectContaining({ current: 1, switches: expect.arrayContaining([{ from: 2, to: 1, by, at: 50, reason: 'revert' }]) }),
+      versions: [],
+    });
+  });
+
+  it('given @2 current, when reverted with stop-running, then @2 is withdrawn too', () => {
+    const r = decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'revert', stopRunning: true }, by, 50);
+    expect(r).toMatchObject({ kind: 'write', versions: [{ version: 2, withdrawn: { by, at: 50 } }] });
+  });
+
+  it('given the only earlier version retired, when reverted, then it is refused at name', () => {
+    const r = decideRegistryCommand(
+      'sink.write',
+      [entry(1, { retired: { by, at: 1 } }), entry(2)],
+      current(2, 1),
+      { kind: 'revert', stopRunning: false },
+      by,
+      50,
+    );
+    expect(r).toMatchObject({ kind: 'refuse', error: { class: 'invalid_input', issues: [{ path: ['name'], code: 'no_previous_version' }] } });
+  });
+
+  it('given @1 not current, when deprecated with a future sunset, then the sunset is recorded; a past one is refused at sunset', () => {
+    expect(decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'deprecate', version: 1, sunsetAt: 99 }, by, 50)).toMatchObject({
+      kind: 'write',
+      current: null,
+      versions: [{ version: 1, deprecated: { sunsetAt: 99, by, at: 50 } }],
+    });
+    expect(decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'deprecate', version: 1, sunsetAt: 10 }, by, 50)).toMatchObject({
+      kind: 'refuse',
+      error: { issues: [{ path: ['sunset'] }] },
+    });
+  });
+
+  it('given @2 current, when it is retired or deprecated, then it is refused at contract; an unknown version or name too', () => {
+    for (const cmd of [{ kind: 'retire' as const, version: 2 }, { kind: 'deprecate' as const, version: 2, sunsetAt: 99 }])
+      expect(decideRegistryCommand('sink.write', versions, current(2, 1), cmd, by, 50)).toMatchObject({
+        kind: 'refuse',
+        error: { issues: [{ path: ['contract'], code: 'current_version' }] },
+      });
+    expect(decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'retire', version: 7 }, by, 50)).toMatchObject({
+      error: { issues: [{ path: ['contract'], code: 'unknown_contract' }] },
+    });
+    expect(decideRegistryCommand('nope', [], null, { kind: 'retire', version: 1 }, by, 50)).toMatchObject({
+      error: { issues: [{ path: ['name'], code: 'unknown_contract' }] },
+    });
+  });
+});
+
+describe('admission of a new intent', () => {
+  it('given @1 deprecated with a sunset, when an intent comes before it, then it is admitted; at or after it, refused contract_retired naming the current version', () => {
+    const view = viewOf([entry(1, { deprecated: { sunsetAt: 100, by, at: 0 } }), entry(2)], current(2, 1));
+    expect(contractAdmission(view, 'sink.write', 1, 99)).toEqual({ kind: 'admit' });
+    expect(contractAdmission(view, 'sink.write', 1, 100)).toEqual({
+      kind: 'refuse',
+      error: {
+        class: 'contract_retired',
+        issues: [{ path: ['version'], code: 'contract_retired', message: 'sink.write@1 is retired; use sink.write@2' }],
+      },
+    });
+  });
+
+  it('given @2 withdrawn by a revert with stop-running, when an intent on @2 comes, then it is refused contract_withdrawn naming @1', () => {
+    const view = viewOf([entry(1), entry(2, { withdrawn: { by, at: 0 } })], current(1, 2, 'revert'));
+    expect(contractAdmission(view, 'sink.write', 2, 5)).toMatchObject({
+      kind: 'refuse',
+      error: { class: 'contract_withdrawn', issues: [{ message: 'sink.write@2 is withdrawn; use sink.write@1' }] },
+    });
+    expect(contractAdmission(view, 'sink.write', 1, 5)).toEqual({ kind: 'admit' });
+  });
+
+  it('given a version the registry does not hold, then it is admitted (the contract check decides)', () => {
+    expect(contractAdmission(viewOf([], current(1)), 'sink.write', 3, 5)).toEqual({ kind: 'admit' });
+  });
+});
+
+describe('automatic revert threshold', () => {
+  const t = { ratio: 0.5, minCount: 4, windowMs: 60_000 };
+  it('given the current version registered after another, when half or more of at least minCount operations went wrong, then it reverts', () => {
+    expect(shouldAutoRevert(current(2, 1), { operations: 4, conflicts: 1, rejected: 0, unknown: 1 }, t)).toBe(true);
+  });
+  it('given too few operations, a lower ratio, a version current by a revert, or no previous one, then it does not', () => {
+    expect(shouldAutoRevert(current(2, 1), { operations: 3, conflicts: 3, rejected: 0, unknown: 0 }, t)).toBe(false);
+    expect(shouldAutoRevert(current(2, 1), { operations: 10, conflicts: 1, rejected: 1, unknown: 1 }, t)).toBe(false);
+    expect(shouldAutoRevert(current(1, 2, 'revert'), { operations: 4, conflicts: 4, rejected: 0, unknown: 0 }, t)).toBe(false);
+    expect(shouldAutoRevert(current(1), { operations: 4, conflicts: 4, rejected: 0, unknown: 0 }, t)).toBe(false);
+  });
+});
