@@ -11,6 +11,7 @@
  *                          (as an operator granted query)
  *   tooltx ops pending     the operations the reconciler is watching (accepted, running, unknown,
  *                          held back, or a failed compensation a person has not resolved yet)
+ *   tooltx contracts …     the contract registry: list / usage / deprecate / retire / revert (as an operator granted contracts)
  *   tooltx takeover …      list / show / resolve operations handed over to a person (as an operator)
  *   tooltx compensate …    compensate a committed operation (as an operator granted compensate)
  *   tooltx confirm …       confirm a held-back operation: it runs once (as an operator granted confirm)
@@ -44,6 +45,7 @@ import { inboxPrefixOf } from '@tooltx/nats';
 import type { NatsConnection } from '@tooltx/nats';
 import { z } from 'zod';
 import { registerCompensate } from './commands/compensate.js';
+import { registerContracts } from './commands/contracts.js';
 import { registerOpsQuery } from './commands/ops.js';
 import { registerDebug } from './commands/debug.js';
 import { registerConfirm } from './commands/confirm.js';
@@ -243,6 +245,7 @@ const ops = program
     'operations: by state across tenants (list, show: as an operator granted query), or as the reconciler sees them (pending: as the provisioner)',
   );
 registerOpsQuery(ops);
+registerContracts(program);
 ops
   .command('pending')
   .description("list the non-terminal operations of the reconciler's index, one JSON object per line (no bodies)")

@@ -278,9 +278,9 @@ export async function checkTopology(
       v.push(`bucket ${b.bucket} allow_direct is false, must be true (services read it by direct get)`);
     else if (events && age(kv.config) < age(events))
       v.push(`bucket ${b.bucket} max_age ${age(kv.config)} ms is shorter than the event log's ${age(events)} ms`);
-    else if ((b === t.tasks || b === t.tenantsBucket) && age(kv.config) !== Infinity)
+    else if ((b === t.tasks || b === t.tenantsBucket || b === t.contracts) && age(kv.config) !== Infinity)
       v.push(
-        `bucket ${b.bucket} max_age is ${age(kv.config)} ms, must be unlimited (${b === t.tasks ? 'a frozen task must never thaw by itself' : 'a tenant must never be forgotten by itself'})`,
+        `bucket ${b.bucket} max_age is ${age(kv.config)} ms, must be unlimited (${b === t.tasks ? 'a frozen task must never thaw by itself' : b === t.contracts ? 'a contract version must never be forgotten by itself' : 'a tenant must never be forgotten by itself'})`,
       );
   }
   for (const b of debugBuckets(t)) {
@@ -362,9 +362,9 @@ export async function assertTopology(...args: Parameters<typeof checkTopology>):
   if (v.length) throw new StreamConfigError(v);
 }
 
-/** Every KV bucket of a topology: the result store, the projections, the frozen tasks, the tenants. */
+/** Every KV bucket of a topology: the result store, the projections, the frozen tasks, the tenants, the contract registry. */
 function buckets(t: Topology): BucketDef[] {
-  return [t.results, t.projections.reconcile, t.projections.audit, t.tasks, t.tenantsBucket];
+  return [t.results, t.projections.reconcile, t.projections.audit, t.tasks, t.tenantsBucket, t.contracts];
 }
 
 async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamInfo | null> {

@@ -119,6 +119,12 @@ export interface Topology {
    * until a person resolves it.
    */
   tasks: BucketDef;
+  /**
+   * The contract registry (docs/contracts.md): every contract version the services hold and which
+   * one of each name is current, deprecations, retirements and reverts, with who made each change.
+   * Not a projection: decisions that exist nowhere else, so file storage and no max age.
+   */
+  contracts: BucketDef;
 }
 
 /** Durable consumer names (one per service: limits retention gives every durable every message). */
@@ -290,5 +296,6 @@ export function topology(subjects: Subjects, opts: TopologyOptions = {}): Topolo
       audit: { bucket: subjects.auditBucket, ttlMs: projectionsMaxAgeMs, replicas, storage: 'memory' },
     },
     tasks: { bucket: subjects.tasksBucket, ttlMs: 0, replicas, storage: 'file' },
+    contracts: { bucket: subjects.contractsBucket, ttlMs: 0, replicas, storage: 'file' },
   };
 }

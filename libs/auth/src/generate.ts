@@ -18,6 +18,7 @@ import {
   debuggingOperators,
   confirmingOperators,
   queryingOperators,
+  contractOperators,
   identityListSchema,
   operatorsOf,
   type IdentityList,
@@ -138,6 +139,7 @@ export function generateAuth(
   const compensators = compensatingOperators(parsed);
   const confirmers = confirmingOperators(parsed);
   const queriers = queryingOperators(parsed);
+  const contractors = contractOperators(parsed);
   const keyDir = join(o.outDir, 'nkeys');
   mkdirSync(keyDir, { recursive: true, mode: 0o700 });
   const users: GeneratedUser[] = roles.map((role) => {
@@ -171,6 +173,7 @@ export function generateAuth(
       confirmers,
       queriers,
       debuggers,
+      contractors,
     );
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
@@ -184,11 +187,14 @@ export function generateAuth(
   // account, operators in another, and reach tooltx's account only through service imports of their
   // own subjects: a reply subject they name stays in their account.
   const p = o.subjects.prefix;
+  // An agent reads the current version of a contract name by direct get of its registry key only
+  // (docs/contracts.md): a service import of exactly those direct-get subjects.
+  const currentContracts = `$JS.API.DIRECT.GET.KV_${o.topology.contracts.bucket}.$KV.${o.topology.contracts.bucket}.current.>`;
   const tooltxAccount = {
     name: 'TOOLTX',
     extra: [
       '      jetstream: enabled',
-      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`, `${p}.ops.compensate.>`, `${p}.ops.confirm.>`, `${p}.ops.discard.>`, `${p}.ops.query.>`, `${p}.ops.debug.>`].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
+      `      exports: [${[`${p}.intent.>`, `${p}.status.>`, `${p}.audit.>`, `${p}.takeover.>`, `${p}.ops.compensate.>`, `${p}.ops.confirm.>`, `${p}.ops.discard.>`, `${p}.ops.query.>`, `${p}.ops.debug.>`, `${p}.ops.contracts.>`, currentContracts].map((x) => `{ service: ${q(x)} }`).join(', ')}, { stream: ${q(o.subjects.allPush)} }]`,
     ],
     users: users.filter((u) => u.role.kind === 'service' || u.role.kind === 'provisioner'),
   };
@@ -205,7 +211,7 @@ export function generateAuth(
       extra: [
         `      limits: { max_payload: ${t.limits.maxIntentBytes}, max_connections: ${t.limits.connections ?? DEFAULT_TENANT_LIMITS.connections}, max_subscriptions: ${t.limits.subscriptions ?? DEFAULT_TENANT_LIMITS.subscriptions} }`,
         imports(
-          [`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`],
+          [`${p}.intent.${t.id}.>`, `${p}.status.${t.id}.>`, `${p}.audit.${t.id}.>`, currentContracts],
           [o.subjects.pushesOfTenant(t.id)],
         ),
       ],
@@ -223,6 +229,7 @@ export function generateAuth(
         `${p}.ops.confirm.>`,
         `${p}.ops.discard.>`,
         `${p}.ops.query.>`,
+        `${p}.ops.contracts.>`,
       ]),
     ],
     users: users.filter((u) => u.role.kind === 'operator'),

@@ -18,9 +18,11 @@ const id = z.string().regex(ID_PATTERN, 'must match ^[a-z0-9_-]{1,64}$ (one subj
  * What an operator may do beyond takeovers: `compensate` (`tooltx compensate`), `confirm` (`tooltx
  * confirm` and `tooltx discard`: one grant for both, since either is the decision a held-back
  * operation waits for, as one permission of its contract covers both for an agent), `query` (`tooltx
- * ops list | show` and the console's operations pages: every tenant's audit records, no bodies).
+ * ops list | show` and the console's operations pages: every tenant's audit records, no bodies),
+ * `contracts` (`tooltx contracts list | usage | deprecate | retire | revert`: the contract registry,
+ * docs/contracts.md).
  */
-export const OPERATOR_GRANTS = ['compensate', 'confirm', 'query', 'debug'] as const;
+export const OPERATOR_GRANTS = ['compensate', 'confirm', 'query', 'debug', 'contracts'] as const;
 export type OperatorGrant = (typeof OPERATOR_GRANTS)[number];
 
 /** An operator of the list: a bare id (takeovers only), or an id with the grants it holds. */
@@ -60,6 +62,13 @@ export function compensatingOperators(list: IdentityList): string[] {
 export function queryingOperators(list: IdentityList): string[] {
   return operatorsOf(list)
     .filter((o) => o.may.has('query'))
+    .map((o) => o.id);
+}
+
+/** The ids of the operators who may read and change the contract registry (`may: ['contracts']`). */
+export function contractOperators(list: IdentityList): string[] {
+  return operatorsOf(list)
+    .filter((o) => o.may.has('contracts'))
     .map((o) => o.id);
 }
 
@@ -184,8 +193,9 @@ export function checkIdentityList(list: IdentityList, topo?: Topology): void {
     const path = typeof parsed.operators[k] === 'string' ? ['operators', k] : ['operators', k, 'id'];
     reserved(operator, path, 'operator');
     // A compensating or confirming operator's requests enter a tenant's intake stream under
-    // `_op-<id>`, one subject token of at most 64 characters; a query or a debug request is not an intent.
-    const intents = [...may].filter((g) => g !== 'query' && g !== 'debug');
+    // `_op-<id>`, one subject token of at most 64 characters; a query, a debug request or a
+    // contracts request is not an intent.
+    const intents = [...may].filter((g) => g !== 'query' && g !== 'debug' && g !== 'contracts');
     if (intents.length > 0 && operator.length > MAX_OPERATOR_ACTOR_ID) {
       const what = intents.join(' and ');
       refuse(

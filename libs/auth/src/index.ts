@@ -7,6 +7,7 @@ export {
   OPERATOR_GRANTS,
   operatorsOf,
   queryingOperators,
+  contractOperators,
   tenantsOf,
   type IdentityList,
   type Operator,

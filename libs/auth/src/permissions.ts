@@ -75,10 +75,22 @@ export function permissionsFor(
   queriers: string[] = [],
   /** The operators granted `debug` in the identity list (`tooltx debug`, docs/debug-samples.md). */
   debuggers: string[] = [],
+  /** The operators granted `contracts` in the identity list (`tooltx contracts`). */
+  contractors: string[] = [],
 ): Permissions {
   const api = '$JS.API';
   if (role.kind === 'service' && role.service === 'host')
-    return hostPermissions(s, topo, executorDurables, tenants, compensators, confirmers, queriers, debuggers);
+    return hostPermissions(
+      s,
+      topo,
+      executorDurables,
+      tenants,
+      compensators,
+      confirmers,
+      queriers,
+      debuggers,
+      contractors,
+    );
   const inbox = `${inboxPrefixOf(role)}.>`;
   // Where a request/reply service (status, audit, takeover) answers: agents, auditors and operators
   // live in their own accounts and reach these services through service imports, so every request
@@ -95,6 +107,7 @@ export function permissionsFor(
     topo.projections.audit.bucket,
     topo.tasks.bucket,
     topo.tenantsBucket.bucket,
+    topo.contracts.bucket,
   ];
   const intentsStreams = tenants.map((t) => s.intentsStream(t));
   const decisionsStreams = tenants.map((t) => s.decisionsStream(t));
@@ -156,12 +169,27 @@ export function permissionsFor(
   // provisioner updates, purges or deletes one) and rebuild it from the streams it projects.
   const recreate = (bucket: string) => [`${api}.STREAM.CREATE.${kvStream(bucket)}`];
   // The tenants and their limits: the authorizer and the audit-projector serve each listed one.
+  // The contract registry (docs/contracts.md): the services holding contracts publish theirs and
+  // watch it; the audit-projector's contracts service writes operators' commands.
+  const contractsRW = [
+    ...kvRead(topo.contracts.bucket),
+    ...kvWrite(topo.contracts.bucket),
+    ...kvWatch(topo.contracts.bucket),
+  ];
   const tenantsRead = [...kvRead(topo.tenantsBucket.bucket), ...kvWatch(topo.tenantsBucket.bucket)];
 
   switch (role.kind) {
     case 'agent':
       return {
-        publish: { allow: [s.intent(role.tenant, role.actor), s.status(role.tenant, role.actor)] },
+        publish: {
+          allow: [
+            s.intent(role.tenant, role.actor),
+            s.status(role.tenant, role.actor),
+            // The current version of each contract name, by direct get of its `current.<name>` key
+            // only: no other registry entry, no watch, no stream info (docs/contracts.md).
+            `${api}.DIRECT.GET.${kvStream(topo.contracts.bucket)}.$KV.${topo.contracts.bucket}.current.>`,
+          ],
+        },
         subscribe: { allow: [inbox, s.pushesOf(role.tenant, role.actor)] },
       };
     case 'auditor':
@@ -180,6 +208,7 @@ export function permissionsFor(
             ...(confirmers.includes(role.operator) ? [s.opsConfirm(role.operator), s.opsDiscard(role.operator)] : []),
             ...(debuggers.includes(role.operator) ? [s.opsDebug(role.operator)] : []),
             ...(queriers.includes(role.operator) ? [s.opsQuery(role.operator)] : []),
+            ...(contractors.includes(role.operator) ? [s.opsContracts(role.operator)] : []),
           ],
         },
         subscribe: { allow: [inbox] },
@@ -213,6 +242,7 @@ export function permissionsFor(
                 ...tenants.flatMap((t) => ordered(s.decisionsStream(t), s.decisionsOf(t))),
                 ...kvRead(tasks),
                 ...kvWatch(tasks),
+                ...contractsRW,
                 s.allOps,
                 s.allDecisions,
                 // Status answers, and "poll now" pushed to a submission's agent.
@@ -307,7 +337,7 @@ export function permissionsFor(
             },
             // Auditors' queries, and operators' queries of operations across tenants (queue groups):
             // only an operator granted `query` may publish the latter.
-            subscribe: { allow: [inbox, s.allAudit, s.allOpsQuery] },
+            subscribe: { allow: [inbox, s.allAudit, s.allOpsQuery, s.allOpsContracts] },
           };
         }
         case 'host':
@@ -380,6 +410,7 @@ function hostPermissions(
   confirmers: string[],
   queriers: string[],
   debuggers: string[],
+  contractors: string[],
 ): Permissions {
   const parts = (['authorizer', 'executor', 'reconciler', 'audit-projector'] as const).map((service) =>
     permissionsFor(
@@ -392,6 +423,7 @@ function hostPermissions(
       confirmers,
       queriers,
       debuggers,
+      contractors,
     ),
   );
   const events = topo.streams.events.name;

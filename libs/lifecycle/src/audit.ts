@@ -115,6 +115,11 @@ export const auditRecordSchema = z.object({
   decisionSeq: z.number().int().nonnegative(),
   /** Internal actor id of the current attempt (or of the newest refused request). */
   actor: id,
+  /**
+   * The task the operation belongs to (the agent's own task id), once it was accepted: what
+   * `tooltx contracts usage` counts tasks by (docs/contracts.md).
+   */
+  taskId: z.string().min(1).max(200).optional(),
   /** Current status; `refused` when the operation was only ever refused before acceptance. */
   status: token,
   tool: z.string().optional(),

@@ -16,7 +16,7 @@ const name = z
   .regex(/^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/)
   .max(100);
 /** Who or what made a change: `operator:<id>`, `service:<role>@<instance>` or `auto:<rule>`. */
-export const changedBySchema = z.string().regex(/^(operator|service|auto):[A-Za-z0-9_.@:-]{1,120}$/);
+export const changedBySchema = z.string().regex(/^(operator|service|auto):[\x21-\x7e]{1,160}$/);
 export type ChangedBy = z.infer<typeof changedBySchema>;
 
 /** Most switches a name's entry keeps (the newest). */
@@ -126,7 +126,8 @@ export function currentAfterRegistration(
   by: string,
   now: number,
 ): CurrentEntry | null {
-  if (!cur) return { name: contractName, current: version, switches: [{ to: version, by, at: now, reason: 'registered' }] };
+  if (!cur)
+    return { name: contractName, current: version, switches: [{ to: version, by, at: now, reason: 'registered' }] };
   if (!created || version <= cur.current) return null;
   return withSwitch(cur, { from: cur.current, to: version, by, at: now, reason: 'registered' });
 }
@@ -176,7 +177,8 @@ export function decideRegistryCommand(
   by: string,
   now: number,
 ): RegistryOutcome {
-  if (!versions.length || !cur) return refuse('name', 'unknown_contract', `no contract named ${contractName} is registered`);
+  if (!versions.length || !cur)
+    return refuse('name', 'unknown_contract', `no contract named ${contractName} is registered`);
   if (cmd.kind === 'revert') {
     const from = cur.current;
     const last = [...cur.switches].reverse().find((s) => s.to === from);
@@ -185,7 +187,11 @@ export function decideRegistryCommand(
       (last?.from !== undefined ? candidates.find((v) => v.version === last.from) : undefined) ??
       candidates.filter((v) => v.version < from).sort((a, b) => b.version - a.version)[0];
     if (!previous)
-      return refuse('name', 'no_previous_version', `${contractName}@${from} has no earlier version that is not retired`);
+      return refuse(
+        'name',
+        'no_previous_version',
+        `${contractName}@${from} has no earlier version that is not retired`,
+      );
     const reverted = versions.find((v) => v.version === from);
     return {
       kind: 'write',

@@ -96,15 +96,27 @@ describe('operator commands', () => {
   const versions = [entry(1), entry(2)];
 
   it('given @2 current after @1, when reverted, then @1 is current again, recorded with who did it, and @2 is not withdrawn', () => {
-    expect(decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'revert', stopRunning: false }, by, 50)).toEqual({
+    expect(
+      decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'revert', stopRunning: false }, by, 50),
+    ).toEqual({
       kind: 'write',
-      current: expect.objectContaining({ current: 1, switches: expect.arrayContaining([{ from: 2, to: 1, by, at: 50, reason: 'revert' }]) }),
+      current: expect.objectContaining({
+        current: 1,
+        switches: expect.arrayContaining([{ from: 2, to: 1, by, at: 50, reason: 'revert' }]),
+      }),
       versions: [],
     });
   });
 
   it('given @2 current, when reverted with stop-running, then @2 is withdrawn too', () => {
-    const r = decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'revert', stopRunning: true }, by, 50);
+    const r = decideRegistryCommand(
+      'sink.write',
+      versions,
+      current(2, 1),
+      { kind: 'revert', stopRunning: true },
+      by,
+      50,
+    );
     expect(r).toMatchObject({ kind: 'write', versions: [{ version: 2, withdrawn: { by, at: 50 } }] });
   });
 
@@ -117,28 +129,54 @@ describe('operator commands', () => {
       by,
       50,
     );
-    expect(r).toMatchObject({ kind: 'refuse', error: { class: 'invalid_input', issues: [{ path: ['name'], code: 'no_previous_version' }] } });
+    expect(r).toMatchObject({
+      kind: 'refuse',
+      error: { class: 'invalid_input', issues: [{ path: ['name'], code: 'no_previous_version' }] },
+    });
   });
 
   it('given @1 not current, when deprecated with a future sunset, then the sunset is recorded; a past one is refused at sunset', () => {
-    expect(decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'deprecate', version: 1, sunsetAt: 99 }, by, 50)).toMatchObject({
+    expect(
+      decideRegistryCommand(
+        'sink.write',
+        versions,
+        current(2, 1),
+        { kind: 'deprecate', version: 1, sunsetAt: 99 },
+        by,
+        50,
+      ),
+    ).toMatchObject({
       kind: 'write',
       current: null,
       versions: [{ version: 1, deprecated: { sunsetAt: 99, by, at: 50 } }],
     });
-    expect(decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'deprecate', version: 1, sunsetAt: 10 }, by, 50)).toMatchObject({
+    expect(
+      decideRegistryCommand(
+        'sink.write',
+        versions,
+        current(2, 1),
+        { kind: 'deprecate', version: 1, sunsetAt: 10 },
+        by,
+        50,
+      ),
+    ).toMatchObject({
       kind: 'refuse',
       error: { issues: [{ path: ['sunset'] }] },
     });
   });
 
   it('given @2 current, when it is retired or deprecated, then it is refused at contract; an unknown version or name too', () => {
-    for (const cmd of [{ kind: 'retire' as const, version: 2 }, { kind: 'deprecate' as const, version: 2, sunsetAt: 99 }])
+    for (const cmd of [
+      { kind: 'retire' as const, version: 2 },
+      { kind: 'deprecate' as const, version: 2, sunsetAt: 99 },
+    ])
       expect(decideRegistryCommand('sink.write', versions, current(2, 1), cmd, by, 50)).toMatchObject({
         kind: 'refuse',
         error: { issues: [{ path: ['contract'], code: 'current_version' }] },
       });
-    expect(decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'retire', version: 7 }, by, 50)).toMatchObject({
+    expect(
+      decideRegistryCommand('sink.write', versions, current(2, 1), { kind: 'retire', version: 7 }, by, 50),
+    ).toMatchObject({
       error: { issues: [{ path: ['contract'], code: 'unknown_contract' }] },
     });
     expect(decideRegistryCommand('nope', [], null, { kind: 'retire', version: 1 }, by, 50)).toMatchObject({
@@ -182,7 +220,9 @@ describe('automatic revert threshold', () => {
   it('given too few operations, a lower ratio, a version current by a revert, or no previous one, then it does not', () => {
     expect(shouldAutoRevert(current(2, 1), { operations: 3, conflicts: 3, rejected: 0, unknown: 0 }, t)).toBe(false);
     expect(shouldAutoRevert(current(2, 1), { operations: 10, conflicts: 1, rejected: 1, unknown: 1 }, t)).toBe(false);
-    expect(shouldAutoRevert(current(1, 2, 'revert'), { operations: 4, conflicts: 4, rejected: 0, unknown: 0 }, t)).toBe(false);
+    expect(shouldAutoRevert(current(1, 2, 'revert'), { operations: 4, conflicts: 4, rejected: 0, unknown: 0 }, t)).toBe(
+      false,
+    );
     expect(shouldAutoRevert(current(1), { operations: 4, conflicts: 4, rejected: 0, unknown: 0 }, t)).toBe(false);
   });
 });

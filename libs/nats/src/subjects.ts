@@ -22,6 +22,8 @@ const SUBMISSION_TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
  * | KV `<p>_audit`, key `<tenant>.<opId>` | one audit record per operation (projection) |
  * | `<p>.ops.compensate.<operator>` | operators' compensation requests to the authorizer (request/reply, no stream) |
  * | `<p>.ops.confirm.<operator>`, `<p>.ops.discard.<operator>` | operators' confirmations and discards of held-back operations to the authorizer (request/reply, no stream) |
+ * | KV `<p>_contracts`, keys `version.<name>.<version>`, `current.<name>` | the contract registry (docs/contracts.md) |
+ * | `<p>.ops.contracts.<operator>` | operators' contract registry commands and usage queries to the audit-projector (request/reply, no stream) |
  * | `<p>.ops.query.<operator>` | operators' queries of operations across tenants to the operations query service (request/reply, no stream) |
  * | `<p>.audit.<tenant>.<auditor>` | auditors' queries to the audit service (request/reply, no stream) |
  * | `<p>.auditlog.<tenant>.<auditor>` | the audit service's record of each query and export (stream `<P>_AUDITLOG`) |
@@ -69,6 +71,28 @@ export class Subjects {
   /** KV bucket of frozen tasks: `<tenant>.<taskToken>` → the operations under takeover. */
   get tasksBucket(): string {
     return `${this.prefix}_tasks`;
+  }
+  /** KV bucket of the contract registry (docs/contracts.md): file storage, written by the services and the contracts service. */
+  get contractsBucket(): string {
+    return `${this.prefix}_contracts`;
+  }
+  /**
+   * An operator's contract registry commands and usage queries (`tooltx contracts`):
+   * `<prefix>.ops.contracts.<operator>`, answered by the audit-projector. Only an operator granted
+   * `contracts` may publish there.
+   */
+  opsContracts(operator: string): string {
+    return `${this.prefix}.ops.contracts.${id(operator)}`;
+  }
+  get allOpsContracts(): string {
+    return `${this.prefix}.ops.contracts.*`;
+  }
+  /** The operator of a contracts request subject, or null when it is not exactly one. */
+  parseOpsContractsSubject(subject: string): string | null {
+    const t = subject.split('.');
+    if (t.length !== 4 || t[0] !== this.prefix || t[1] !== 'ops' || t[2] !== 'contracts') return null;
+    const operator = t[3]!;
+    return ID_PATTERN.test(operator) && !operator.startsWith('_') ? operator : null;
   }
   /** Requests of operators to the takeover service: `<prefix>.takeover.<operator>`. */
   takeover(operator: string): string {

@@ -33,3 +33,16 @@ export {
   type TakeoverServiceDeps,
   type WatchedTakeover,
 } from './takeover-service.js';
+export {
+  applyRegistryCommand,
+  type ContractsAnswer,
+  type ContractsRequest,
+  contractsRequestSchema,
+  type ContractsServiceDeps,
+  DEFAULT_USAGE_WINDOW_MS,
+  startAutoRevert,
+  startContractsService,
+  usageOf,
+  type VersionRow,
+  type VersionUsage,
+} from './contracts-service.js';

@@ -79,3 +79,10 @@ export { compensatingCall, compensationInputOf, intentInputOf, linkCompensation 
 export { discardPrepared } from './held-back.js';
 export { askPolicy, type PolicyAnswer } from './policy.js';
 export { startTracing, tracingWanted, type Tracing } from './tracing.js';
+export {
+  casUpdate,
+  ContractDigestConflictError,
+  publishContracts,
+  publishedOf,
+  RegistryMirror,
+} from './contract-registry.js';

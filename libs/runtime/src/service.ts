@@ -12,6 +12,7 @@ import {
   connectProblemOf,
   jetStreamOf,
   JetStreamStore,
+  openBucket,
   UnsupportedServerError,
   permissionViolationOf,
   Subjects,
@@ -37,6 +38,7 @@ import {
   type StartupReporter,
 } from './startup.js';
 import { loadImplementations, ToolsModuleError, type ImplementationRegistry } from './implementations.js';
+import { publishContracts } from './contract-registry.js';
 import { EventLogFanout } from './event-log-fanout.js';
 import { Durables } from '@tooltx/streams';
 
@@ -355,6 +357,14 @@ export async function runRoles(specs: RoleSpec[], host: HostOptions): Promise<vo
         if (!checked) {
           await checkTopology(jsm, topo, tools, config, identity, name);
           checked = true;
+          // The services that hold contracts publish theirs in the registry, and refuse to start
+          // when another interface digest holds one of their name@versions (docs/contracts.md).
+          if (specs.some((s) => s.name === 'authorizer' || s.name === 'executor'))
+            await publishContracts(await openBucket(nc, subjects.contractsBucket), tools, {
+              by: `service:${name}@${config.TOOLTX_INSTANCE_ID}`,
+              modulePath,
+              log: hostLog.child({ component: 'contract-registry' }),
+            });
         }
         shared = { nc, js, jsm, store: new JetStreamStore(js, jsm, subjects) };
       }

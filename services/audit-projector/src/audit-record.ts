@@ -67,6 +67,7 @@ export const auditedEventSchema = z.object({
     operationKey: z.string().regex(OPERATION_KEY_PATTERN),
     tenant: id,
     actor: id,
+    taskId: z.string().min(1).max(200).optional(),
     tool: z.string().min(1).max(100),
     version: z.number().int(),
     contractDigest: digest,
@@ -133,6 +134,7 @@ type Head = Omit<
 const HEAD_KEYS = [
   'seq',
   'actor',
+  'taskId',
   'status',
   'tool',
   'contract',
@@ -171,6 +173,7 @@ function headOfEvent(e: AuditedEvent, at: number, h: AuditHmac): Head {
   return {
     seq: at,
     actor: s.actor,
+    ...(s.taskId !== undefined ? { taskId: s.taskId } : {}),
     status: s.status,
     tool: s.tool,
     contract: `${s.tool}@${s.version}`,

@@ -4,10 +4,10 @@
  */
 import { z } from 'zod';
 import { heldLimit, openBucket, startConsumerLoop } from '@tooltx/nats';
-import { envInt, keyedDigest, ProjectionGuard, readKeyFile, SecretFileError } from '@tooltx/runtime';
+import { envInt, keyedDigest, ProjectionGuard, readKeyFile, RegistryMirror, SecretFileError } from '@tooltx/runtime';
 import { defineRole } from '@tooltx/runtime/service';
 import { TenantWatch } from '@tooltx/runtime/tenants';
-import { AuditService, startOpsQueryService } from '@tooltx/readside';
+import { AuditService, startAutoRevert, startContractsService, startOpsQueryService } from '@tooltx/readside';
 import { Durables } from '@tooltx/streams';
 import { auditHandlers, auditRebuilder } from './apply.js';
 import type { AuditHmac } from './audit-record.js';
@@ -35,16 +35,30 @@ const auditConfigSchema = z.object({
    * (default 1000; 0 = every event at once). A record shows an in-flight state up to this late.
    */
   TOOLTX_AUDIT_BATCH_MS: envInt(0, 60_000).default(1_000),
+  /**
+   * The automatic revert (docs/contracts.md): a contract name whose current version's ratio of
+   * conflicts, rejections and unknowns reaches this (0..1) over at least TOOLTX_REVERT_MIN_COUNT
+   * operations in TOOLTX_REVERT_WINDOW_MS is reverted to its previous version. Unset: off.
+   */
+  TOOLTX_REVERT_THRESHOLD: z.coerce.number().min(0).max(1).optional(),
+  TOOLTX_REVERT_MIN_COUNT: envInt(1, 1_000_000).default(20),
+  TOOLTX_REVERT_WINDOW_MS: envInt(1_000, 7 * 24 * 3_600_000).default(600_000),
+  TOOLTX_REVERT_CHECK_MS: envInt(100, 3_600_000).default(10_000),
 });
 
 export const auditProjectorRole = defineRole({
   name: 'audit-projector',
   summary:
-    "projects the event log and the decision stream into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>) — no bodies — and answers auditors' queries on <prefix>.audit.<tenant>.<auditor>, recording each before answering, and operators' queries of operations across tenants on <prefix>.ops.query.<operator>",
+    "projects the event log and the decision stream into one audit record per operation (KV <prefix>_audit, key <tenant>.<opId>) — no bodies — and answers auditors' queries on <prefix>.audit.<tenant>.<auditor>, recording each before answering, and operators' queries of operations across tenants on <prefix>.ops.query.<operator>, and operators' contract registry commands on <prefix>.ops.contracts.<operator>",
   env: auditConfigSchema,
   envHelp: `  TOOLTX_AUDIT_HMAC_KEY_FILE key file (>= 32 characters, mode 0600) of the keyed HMACs in audit records (required)
   TOOLTX_AUDIT_BATCH_MS    how long an in-flight operation's events wait to be written with its next
-                           ones as one record write, ms: an integer 0..60000 (default 1000; 0 = at once)`,
+                           ones as one record write, ms: an integer 0..60000 (default 1000; 0 = at once)
+  TOOLTX_REVERT_THRESHOLD  revert a contract name automatically when its current version's ratio of
+                           conflicts + rejections + unknowns reaches this, 0..1 (default: off)
+  TOOLTX_REVERT_MIN_COUNT  fewest operations of that version in the window before the ratio counts (default 20)
+  TOOLTX_REVERT_WINDOW_MS  the window of that ratio, ms (default 600000)
+  TOOLTX_REVERT_CHECK_MS   how often the ratio is checked, ms (default 10000)`,
   async start({ subjects, log, js, jsm, nc, config, env, topology, colocation }) {
     const key = env.TOOLTX_AUDIT_HMAC_KEY_FILE;
     const hmac: AuditHmac = (purpose, value) => keyedDigest(key, `audit-${purpose}`, value);
@@ -119,8 +133,37 @@ export const auditProjectorRole = defineRole({
       log: log.child({ component: 'ops-query' }),
       rebuilding: () => guard.rebuilding,
     });
+    // Operators' contract registry commands and usage (granted `contracts`, docs/contracts.md), and
+    // the automatic revert when a threshold is set: both read these audit records.
+    const registryKv = await openBucket(nc, subjects.contractsBucket);
+    const registry = new RegistryMirror(registryKv, log.child({ component: 'contract-registry' }));
+    await registry.start();
+    const contractsDeps = {
+      nc,
+      registryKv,
+      registry,
+      auditKv: kv,
+      subjects,
+      log: log.child({ component: 'contracts' }),
+      rebuilding: () => guard.rebuilding,
+    };
+    const contracts = startContractsService(contractsDeps);
+    const stopAutoRevert =
+      env.TOOLTX_REVERT_THRESHOLD === undefined
+        ? async () => undefined
+        : startAutoRevert(
+            contractsDeps,
+            {
+              ratio: env.TOOLTX_REVERT_THRESHOLD,
+              minCount: env.TOOLTX_REVERT_MIN_COUNT,
+              windowMs: env.TOOLTX_REVERT_WINDOW_MS,
+            },
+            env.TOOLTX_REVERT_CHECK_MS,
+          );
     return async () => {
-      await Promise.all([service.stop(), opsQuery.stop()]);
+      await stopAutoRevert();
+      await Promise.all([service.stop(), opsQuery.stop(), contracts.stop()]);
+      await registry.stop();
       guard.stop();
       await handlers.flush();
       await Promise.all([events.stop(), decisions.stop()]);

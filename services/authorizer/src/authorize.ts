@@ -19,6 +19,7 @@ import {
   compensationSettlement,
   compensationVerdict,
   ConcurrencyError,
+  contractAdmission,
   confirmVerdict,
   discardVerdict,
   decideIntakeFailure,
@@ -37,6 +38,7 @@ import {
   type OperationRecord,
   type OperationStore,
   type Receipt,
+  type RegistryView,
 } from '@tooltx/lifecycle';
 import {
   committedResult,
@@ -78,6 +80,11 @@ export interface AuthorizerDeps {
   store: OperationStore;
   tools: ImplementationRegistry;
   log: Logger;
+  /**
+   * The contract registry in memory (a watched copy): a new intent on a retired or withdrawn
+   * version is refused from it (docs/contracts.md); absent = every version is admitted (unit use).
+   */
+  registry?: RegistryView;
   /** The frozen tasks; absent = none is ever frozen (unit use only). */
   frozen?: Pick<FrozenTaskWatch, 'isFrozen'>;
   /**
@@ -651,6 +658,16 @@ export function intentHandler(deps: AuthorizerDeps): (msg: JsMsg) => Promise<Set
     const key = prepared.operationKey;
     const ids = { tool: contract.name, version: contract.version };
     const impl = tools.get(contract.name, contract.version)!;
+    // A retired or withdrawn version takes no new operation (docs/contracts.md), decided from the
+    // registry in memory; only then is the key looked up, so that a registered key still answers
+    // its original outcome (its resubmission goes on as any other).
+    if (deps.registry) {
+      const admission = contractAdmission(deps.registry, contract.name, contract.version, now());
+      if (admission.kind === 'refuse') {
+        const { state } = await store.load(who.tenant, operationIdOf(key));
+        if (state.status === 'none') return refuse(key, admission.error, ids);
+      }
+    }
     // The authorizer's part of the caller's trace (the intent's headers carry its context), when
     // tracing is on: the accepted event stores this span's context for the executor's span.
     const span = startSpan(

@@ -3,7 +3,7 @@
  * of its own by main.ts.
  */
 import { startConsumerLoop, openBucket } from '@tooltx/nats';
-import { FrozenTaskWatch } from '@tooltx/runtime';
+import { FrozenTaskWatch, RegistryMirror } from '@tooltx/runtime';
 import { AnswerPusher, StatusService } from '@tooltx/readside';
 import { defineRole } from '@tooltx/runtime/service';
 import { TenantWatch } from '@tooltx/runtime/tenants';
@@ -39,6 +39,13 @@ export const authorizerRole = defineRole({
       log.child({ component: 'frozen-tasks' }),
     );
     await frozen.start();
+    // The contract registry, watched (docs/contracts.md): intake refuses new intents on a retired
+    // or withdrawn version from this in-memory copy, never with a registry read per intent.
+    const registry = new RegistryMirror(
+      await openBucket(nc, subjects.contractsBucket),
+      log.child({ component: 'contract-registry' }),
+    );
+    await registry.start();
     // Each tenant's pace (docs/tenancy.md): one token per intent, one more per millisecond its intake
     // checks took beyond the first and per 16 KiB beyond the first, so that an intent built to be
     // costly (thousands of fields, a megabyte of junk) is paced by its cost: the flood waits in the
@@ -52,6 +59,7 @@ export const authorizerRole = defineRole({
       localExecutor: () => colocation.executor,
       log,
       frozen,
+      registry,
       results,
       pusher: new AnswerPusher({ subjects, log, publish: (subject, data) => nc.publish(subject, data) }),
       onIntakeCost: (tenant, ms, bytes) =>
@@ -123,6 +131,7 @@ export const authorizerRole = defineRole({
       await tenants.stop();
       await status.stop();
       await frozen.stop();
+      await registry.stop();
     };
   },
 });
