@@ -16,6 +16,7 @@ export const SINK_TOOLS = join(ROOT, 'test', 'fixtures', 'sink-tools.ts');
 const TEST_TOOLS_ENTRIES: Readonly<Record<string, string>> = {
   'sink-tools': 'test/fixtures/sink-tools.ts',
   'sink-tools-v2': 'test/fixtures/sink-tools-v2.ts',
+  'sink-tools-v3': 'test/fixtures/sink-tools-v3.ts',
   'research-plus-leaky-tools': 'test/fixtures/research-plus-leaky-tools.ts',
   'ledger-tools': 'examples/ledger/tools.ts',
   'debug-tools': 'test/fixtures/debug-tools.ts',

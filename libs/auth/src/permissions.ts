@@ -281,6 +281,7 @@ export function permissionsFor(
                 ...kvWrite(topo.results.bucket),
                 ...kvRead(tasks),
                 ...kvWatch(tasks),
+                ...contractsRW,
                 s.allOps,
                 // The answer pushed to the agent of each submission it ends.
                 s.allPush,
@@ -325,6 +326,8 @@ export function permissionsFor(
                 ...recreate(topo.projections.audit.bucket),
                 ...ordered(events, s.allOps),
                 ...tenants.flatMap((t) => ordered(s.decisionsStream(t), s.decisionsOf(t))),
+                // The contract registry: operators' commands and the automatic revert (docs/contracts.md).
+                ...contractsRW,
                 s.allAuditLog,
                 // Query answers.
                 answers,
@@ -335,8 +338,9 @@ export function permissionsFor(
                 ...decisionsStreams.flatMap((n) => othersDurables(n, [Durables.auditDecisions])),
               ],
             },
-            // Auditors' queries, and operators' queries of operations across tenants (queue groups):
-            // only an operator granted `query` may publish the latter.
+            // Auditors' queries, operators' queries of operations across tenants and their contract
+            // registry requests (queue groups): only an operator granted `query` (`contracts`) may
+            // publish the second (the third).
             subscribe: { allow: [inbox, s.allAudit, s.allOpsQuery, s.allOpsContracts] },
           };
         }

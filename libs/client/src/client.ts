@@ -22,6 +22,7 @@ import {
   type ExecuteRequest,
 } from './options.js';
 import { prepareIntent } from './submit.js';
+import { readCurrentVersions } from './current-versions.js';
 
 export { type CreateToolsOptions, type ExecuteOptions, type ExecuteRequest, ToolsOptionError } from './options.js';
 export { classifyPublishRefusal, PublishRefusalCode, QUOTA_RETRY_AFTER_MS } from './submit.js';
@@ -143,6 +144,17 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   const status = statusRequester(conn, conn.subjects.status(opts.tenant, opts.actor));
   const byName = new Map<string, Contract[]>();
   for (const c of opts.contracts) byName.set(c.name, [...(byName.get(c.name) ?? []), c]);
+  // The current version of each name this host holds several versions of, from the contract
+  // registry (docs/contracts.md): read now, and again when a call is told `refresh_contract`.
+  const severalVersions = [...byName].filter(([, cs]) => cs.length > 1).map(([n]) => n);
+  let current = await readCurrentVersions(conn.nc, conn.subjects, severalVersions);
+  /**
+   * The version of each task's first call per tool (FM-23: a running task keeps the version it
+   * started with, whatever becomes current meanwhile). Bounded: 10,000 tasks × tools.
+   */
+  const taskVersions = new LRUCache<string, number>({ max: 10_000 });
+  const taskToolKey = (taskId: string, tool: string) => `${taskId}\0${tool}`;
+  const versionFor = (tool: string, taskId: string) => taskVersions.get(taskToolKey(taskId, tool)) ?? current.get(tool);
   const io = {
     conn,
     tenant: opts.tenant,
@@ -162,9 +174,11 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   /** One call: local checks, then the submissions and observation the lifecycle's rules decide. */
   const execute = async <O>(req: ExecuteRequest, budgetMs: number, track: Track): Promise<ExecuteResult<O>> => {
     const started = Date.now();
-    const prepared = prepareIntent(byName, req, conn.nc.info?.max_payload);
+    const prepared = prepareIntent(byName, req, conn.nc.info?.max_payload, versionFor);
     if ('refusal' in prepared) return refused(prepared.refusal.operationKey, prepared.refusal.error);
     const { contract, call } = prepared.intent;
+    const pin = taskToolKey(req.taskId, contract.name);
+    if (!taskVersions.has(pin)) taskVersions.set(pin, contract.version);
     track.key = call.operationKey;
     // Nothing of this call was sent: refused, definitely not stored.
     const refusedCredentials = conn.credentialsRefusal();
@@ -197,6 +211,13 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
       endSpan(span, outcome?.status ?? 'unknown', outcome && 'error' in outcome ? outcome.error?.class : undefined);
     }
     if (outcome.status === 'committed') committedKeys.set(call.operationKey, call.inputDigest);
+    const cls = 'error' in outcome ? outcome.error?.class : undefined;
+    if (cls === ErrorClass.ContractRetired || cls === ErrorClass.ContractWithdrawn) {
+      // The task's version takes no new step: its next unpinned call uses the current one.
+      taskVersions.delete(pin);
+    }
+    if (outcome.next === NextAction.RefreshContract || cls === ErrorClass.ContractWithdrawn)
+      current = await readCurrentVersions(conn.nc, conn.subjects, severalVersions);
     return outcome;
   };
 

@@ -116,14 +116,19 @@ export function prepareIntent(
   byName: ReadonlyMap<string, Contract[]>,
   req: ExecuteRequest,
   maxPayload: number | undefined,
+  /**
+   * The version of an unpinned call of a name with several contracts: the one the task started
+   * with, else the registry's current one (docs/contracts.md); undefined = none known.
+   */
+  versionFor: (tool: string, taskId: string) => number | undefined = () => undefined,
 ): { intent: PreparedIntent } | { refusal: { operationKey: string | null; error: ErrorInfo } } {
   const candidates = byName.get(req.tool) ?? [];
-  const contract =
-    req.version === undefined
-      ? candidates.length === 1
-        ? candidates[0]
-        : undefined
-      : candidates.find((c) => c.version === req.version);
+  const unpinned = () => {
+    if (candidates.length === 1) return candidates[0];
+    const v = versionFor(req.tool, req.taskId);
+    return v === undefined ? undefined : candidates.find((c) => c.version === v);
+  };
+  const contract = req.version === undefined ? unpinned() : candidates.find((c) => c.version === req.version);
   if (!contract) {
     const path = candidates.length ? 'version' : 'tool';
     return {
