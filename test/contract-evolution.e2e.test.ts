@@ -1,6 +1,7 @@
 /**
  * Contract evolution: a new version registered while a task runs
- * on the old one (FM-23), recorded histories replayed across it (FM-26), and a new version that
+ * on the old one (FM-23), recorded histories replayed across it (FM-26) — also the committed
+ * lifecycles of each version recorded on another deployment (test/fixtures/lifecycles) — and a new version that
  * adds a required authorisation field (FM-24). Real
  * nats-server, the authorizer and the executor as processes, first loading only `sink.write@1`
  * (test/fixtures/sink-tools.ts), then restarted with `sink.write@2` registered beside it
@@ -17,6 +18,8 @@ import { Sink } from './helpers/sink.js';
 import { contracts as v1Contracts, sinkWrite } from './fixtures/sink-tools.js';
 import { contracts as v2Contracts, sinkWriteV2 } from './fixtures/sink-tools-v2.js';
 import { dirname, join } from 'node:path';
+import { readFileSync } from 'node:fs';
+import { loadLifecycles, replayLifecycles } from './helpers/lifecycles.js';
 
 const V2_TOOLS = join(dirname(SINK_TOOLS), 'sink-tools-v2.ts');
 const TENANT = 'acme';
@@ -162,6 +165,57 @@ describe('contract evolution', () => {
     ).toMatchObject({ status: 'unknown', lastServerState: 'unknown' });
     expect(sink.requests.length).toBe(requestsBefore);
   }, 90_000);
+
+  it("FM-26: each version's recorded lifecycles (test/fixtures/lifecycles: committed, rejected, unknown then resolved), replayed into this deployment's event log — every key answers its recorded status, a committed key's resubmission returns its recorded receipt, and nothing runs", async () => {
+    const fixtures = ['sink.write@1', 'sink.write@2'].map(loadLifecycles);
+    const replayer = await createTools({
+      servers: t.url,
+      tenant: TENANT,
+      actor: 'alice',
+      nkeyFile: t.agentSeed(TENANT, 'alice'),
+      contracts: v2Contracts,
+      prefix: t.subjects.prefix,
+      // The recording deployment's receipt keys are trusted too: its receipts are the recorded ones.
+      receiptKeys: {
+        ...(JSON.parse(readFileSync(t.auth.receiptKeysFile, 'utf8')) as Record<string, string>),
+        ...Object.assign({}, ...fixtures.map((f) => f.receiptKeys)),
+      },
+    });
+    // Replayed records are history, not work: no executor takes the replayed `accepted` events
+    // meanwhile (one started afterwards finds each operation already ended).
+    expect(await executor!.stop()).toBe(0);
+    executor = undefined;
+    try {
+      const requestsBefore = sink.requests.length;
+      for (const f of fixtures) {
+        // The contract the fixture was recorded with is the one this deployment holds.
+        expect(v2Contracts.find((c) => c.id === f.contract)?.interfaceDigest, f.contract).toBe(f.interfaceDigest);
+        await replayLifecycles(t, f);
+        for (const l of f.lifecycles) {
+          const { at: _now, ...answer } = await replayer.status({ operationKey: l.operationKey });
+          expect(answer, `${f.contract} ${l.kind}`).toEqual(l.status);
+          if (l.kind !== 'committed') continue;
+          const again = await replayer.execute({
+            tool: 'sink.write',
+            version: Number(f.contract.split('@')[1]),
+            taskId: l.taskId,
+            input: l.input,
+          });
+          expect(again).toMatchObject({ status: 'committed', operationKey: l.operationKey, receipt: l.status.receipt });
+        }
+      }
+      expect(sink.requests.length).toBe(requestsBefore);
+      executor = await startService('executor', { ...env, TOOLTX_TOOLS_MODULE: V2_TOOLS });
+      const keys = fixtures.flatMap((f) => f.lifecycles.map((l) => l.operationKey));
+      for (const k of keys)
+        expect((await replayer.status({ operationKey: k })).state).toBe(
+          fixtures.flatMap((f) => f.lifecycles).find((l) => l.operationKey === k)!.status.state,
+        );
+      expect(sink.requests.length).toBe(requestsBefore);
+    } finally {
+      await replayer.close();
+    }
+  }, 60_000);
 
   it("FM-24: v2's required authorisation field never gets a permissive default — a v2 intent without it is refused at its path and nothing runs; the field is checked, not assumed", async () => {
     agentV2 ??= await connect(v2Contracts);
