@@ -343,17 +343,23 @@ describe('usage errors of commander itself exit 2 like every other bad usage', (
     });
     const subOption = await tooltx(['streams', 'check', '--bogus'], {});
     expect(subOption.code).toBe(2);
+    // A request the contracts service would refuse is refused before connecting, naming the field.
+    expect(await tooltx(['contracts', 'deprecate', 'sink.write', '--sunset', '2027-01-31'], {})).toMatchObject({
+      code: 2,
+      stderr: expect.stringContaining('<name@version> (contract): must be name@version'),
+    });
     expect((await tooltx(['auth', 'generate', '--help'], {})).code).toBe(0);
   });
 });
 
 describe('--help lists the environment each command reads', () => {
-  it('tooltx, streams apply, streams check, ops pending', async () => {
+  it('tooltx, streams apply, streams check, ops pending, contracts deprecate', async () => {
     for (const args of [
       ['--help'],
       ['streams', 'apply', '--help'],
       ['streams', 'check', '--help'],
       ['ops', 'pending', '--help'],
+      ['contracts', 'deprecate', '--help'],
     ]) {
       const r = await tooltx(args, {});
       expect(r.code, args.join(' ')).toBe(0);

@@ -6,7 +6,8 @@
  * threshold, a manual revert (running tasks keep their version, FM-23) and a revert with
  * `--stop-running` (`contract_withdrawn`). Real nats-server, the authorizer, executor and
  * audit-projector as processes loading `sink.write@1…3` (test/fixtures/sink-tools-v3.ts), a real
- * HTTP sink, the `tooltx contracts` CLI as a process.
+ * HTTP sink, the `tooltx contracts` CLI as a process (the other commands through the same request
+ * subject, as the operator's own connection).
  */
 import { execFile } from 'node:child_process';
 import { dirname, join } from 'node:path';
@@ -123,7 +124,7 @@ describe('contract registry', () => {
     const other = await startService(
       'authorizer',
       { ...t.env, SINK_URL: sink.url, TOOLTX_TOOLS_MODULE: CONFLICT_TOOLS },
-      { wait: false, runtime: 'tsx' },
+      { wait: false },
     );
     expect(await other.exited, other.stderr).toBe(2);
     const line = other.lines.find((l) => l.msg === 'failed to start');
@@ -159,8 +160,10 @@ describe('contract registry', () => {
   it('deprecate announces a sunset (intents still admitted); retire refuses new intents contract_retired naming the versions to use, while old keys answer and a resubmission gets its original receipt', async () => {
     const alice = agents[0]!;
     const sunset = new Date(Date.now() + 3_600_000).toISOString();
-    const run = await cli(['deprecate', 'sink.write@1', '--sunset', sunset]);
-    expect(run.code, run.stderr).toBe(0);
+    expect(await ask({ action: 'deprecate', contract: 'sink.write@1', sunsetAt: Date.parse(sunset) })).toMatchObject({
+      ok: true,
+      changed: [{ version: 1, deprecated: { sunsetAt: Date.parse(sunset), by: `operator:${OPERATOR}` } }],
+    });
     expect(row(await rows(), 1)).toMatchObject({ state: 'deprecated', sunsetAt: Date.parse(sunset) });
     const before = await alice.execute({ tool: 'sink.write', version: 1, taskId: 'd1', input: note('d1') });
     expect(before).toMatchObject({ status: 'committed', receipt: { version: 1 } });
@@ -252,9 +255,7 @@ describe('contract registry', () => {
     // A task on @3 now, then a revert with --stop-running (CLI): @2 current, @3 withdrawn.
     const s1 = await fresh.execute({ tool: 'sink.write', taskId: 'stop-1', input: note('stop-1 a', 'bob') });
     expect(s1).toMatchObject({ status: 'committed', receipt: { version: 3 } });
-    const run = await cli(['revert', 'sink.write', '--stop-running']);
-    expect(run.code, run.stderr).toBe(0);
-    expect(JSON.parse(run.stdout)).toMatchObject({
+    expect(await ask({ action: 'revert', name: 'sink.write', stopRunning: true })).toMatchObject({
       ok: true,
       current: { current: 2 },
       changed: [{ version: 3, withdrawn: { by: `operator:${OPERATOR}` } }],

@@ -17,6 +17,7 @@ const TEST_TOOLS_ENTRIES: Readonly<Record<string, string>> = {
   'sink-tools': 'test/fixtures/sink-tools.ts',
   'sink-tools-v2': 'test/fixtures/sink-tools-v2.ts',
   'sink-tools-v3': 'test/fixtures/sink-tools-v3.ts',
+  'sink-tools-conflict': 'test/fixtures/sink-tools-conflict.ts',
   'research-plus-leaky-tools': 'test/fixtures/research-plus-leaky-tools.ts',
   'ledger-tools': 'examples/ledger/tools.ts',
   'debug-tools': 'test/fixtures/debug-tools.ts',
