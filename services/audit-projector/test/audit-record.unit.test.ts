@@ -88,7 +88,7 @@ const recordOf = (kind: string) => {
 };
 
 describe('audit projection: one record per operation', () => {
-  it('records who, which contract, a keyed HMAC of the target, the decisions, every state with its time, the outcome and an HMAC of its result', () => {
+  it('records who, which task, which contract, a keyed HMAC of the target, the decisions, every state with its time, the outcome and an HMAC of its result', () => {
     const o = committedOp;
     const r = recordOf('committed');
     const seqs = log.filter((e) => e.kind === 'event' && e.key === `${o.tenant}.${o.opId}`).map((e) => e.seq);
@@ -99,6 +99,7 @@ describe('audit projection: one record per operation', () => {
       seq: seqs[2],
       decisionSeq: 3,
       actor: 'alice',
+      taskId: s.taskId,
       status: 'committed',
       tool: 'kb.write_note',
       contract: 'kb.write_note@2',
