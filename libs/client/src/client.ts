@@ -113,7 +113,11 @@ export interface Tools {
 /**
  * Creates the agent-side SDK. It needs only: publish on its own intent subject,
  * request on its own status subject, and subscribe to its own inbox prefix and its own push subject
- * (`<prefix>.push.<tenant>.<actor>.*`; without that permission it polls) — nothing else.
+ * (`<prefix>.push.<tenant>.<actor>.*`; without that permission it polls) — nothing else; and, when
+ * `contracts` holds several versions of one name, the direct get of that name's `current.<name>`
+ * key of the contract registry: an unpinned call gets the current version, read here and again
+ * after an outcome that says `refresh_contract`, while a task keeps the version of its first call
+ * per tool (FM-23, docs/contracts.md).
  *
  * Before it returns it checks, with one status request (read-only), that the server lets this
  * connection act as `tenant`/`actor` under `prefix`: publish on its status subject and subscribe to
