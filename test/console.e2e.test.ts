@@ -38,7 +38,7 @@ const IDENTITIES: IdentityList = {
     { id: 'acme', actors: ['alice'], auditors: ['audrey'] },
     { id: 'globex', actors: ['gina'], auditors: ['gus'] },
   ],
-  operators: [{ id: 'oscar', may: ['compensate', 'confirm', 'query'] }, 'olga'],
+  operators: [{ id: 'oscar', may: ['compensate', 'confirm', 'query', 'contracts'] }, 'olga'],
 };
 
 let dir: string;
@@ -529,6 +529,30 @@ describe('console', () => {
     expect(olga.stderr).toContain('not granted query');
   });
 
+  it('console: the Contracts page lists every registered version with its current marker, state and usage; an auditor may not open it', async () => {
+    const page = await operator.newPage();
+    await page.goto(`${consoleUrl}/contracts`);
+    const write = page.locator('#contracts tr[data-contract="kb.write_note@1"]');
+    await expect(write.getAttribute('data-current')).resolves.toBe('1');
+    await expect(write.getAttribute('data-state')).resolves.toBe('active');
+    // The writes of this file are counted: operations, tasks and actors on that version.
+    const cells = await write.locator('td').allTextContents();
+    expect(Number(cells[4])).toBeGreaterThan(0);
+    expect(Number(cells[6])).toBeGreaterThan(0);
+    // One current version per name.
+    const contracts = await page
+      .locator('#contracts tr[data-contract]')
+      .evaluateAll((rows) => rows.map((r) => [r.getAttribute('data-contract'), r.getAttribute('data-current')]));
+    const names = new Set(contracts.map(([c]) => c!.slice(0, c!.lastIndexOf('@'))));
+    expect(contracts.filter(([, cur]) => cur === '1').length).toBe(names.size);
+    await shot(page, 'contracts');
+    await page.close();
+    const audrey = await browser.newContext();
+    const auditor = await logIn(audrey, 'acme/audrey', password('auditor.acme.audrey'));
+    expect((await auditor.goto(`${consoleUrl}/contracts`))?.status()).toBe(403);
+    await audrey.close();
+  });
+
   it('console: no canary appears in any page an operator or an auditor sees', async () => {
     // FM-16's canaries: the KB's operator token (the stack's), a note body, a page's text and its
     // cookie, a downstream's error message.
@@ -559,7 +583,7 @@ describe('console', () => {
       const page =
         who === 'oscar' ? await context.newPage() : await logIn(context, who, password('auditor.acme.audrey'));
       const paths = ['/operations', ...keys.map((k) => `/operations/acme/${k}`)];
-      if (who === 'oscar') paths.push('/takeovers');
+      if (who === 'oscar') paths.push('/takeovers', '/contracts');
       for (const path of paths) {
         await page.goto(`${consoleUrl}${path}`);
         if (path === '/operations')
@@ -569,7 +593,7 @@ describe('console', () => {
       if (who === 'acme/audrey') await shot(page, 'auditor-acme-timeline');
     }
     expect(seen.filter((s) => s.found.length > 0)).toEqual([]);
-    expect(seen.length).toBe(9);
+    expect(seen.length).toBe(10);
     await audrey.close();
   });
   it('console: an unknown operation past its deadline is taken over and resolved not_applied from the takeover queue; committed without the resource id found downstream is refused', async () => {

@@ -71,6 +71,48 @@ export interface VersionRow {
   usage: VersionUsage;
 }
 
+/** A `list` or `usage` answer as a reader checks it (the console): the rows, or the refusal. */
+export const contractsListAnswerSchema = z.union([
+  z.object({
+    ok: z.literal(true),
+    since: epochMs,
+    versions: z.array(
+      z.object({
+        contract: z.string(),
+        name: z.string(),
+        version: z.number().int(),
+        interfaceDigest: z.string(),
+        effect: z.string(),
+        policyVersion: z.string().optional(),
+        firstSeenAt: epochMs,
+        lastSeenAt: epochMs,
+        current: z.boolean(),
+        state: z.enum(['active', 'deprecated', 'retired', 'withdrawn']),
+        sunsetAt: epochMs.optional(),
+        usage: z.object({
+          operations: z.number().int(),
+          conflicts: z.number().int(),
+          rejected: z.number().int(),
+          unknown: z.number().int(),
+          tasks: z.number().int(),
+          actors: z.number().int(),
+          ratio: z.number(),
+        }),
+      }),
+    ),
+  }),
+  z.object({
+    ok: z.literal(false),
+    error: z.object({
+      class: z.string(),
+      issues: z
+        .array(z.object({ path: z.array(z.union([z.string(), z.number()])), code: z.string(), message: z.string() }))
+        .optional(),
+      retryAfterMs: z.number().int().optional(),
+    }),
+  }),
+]);
+
 export type ContractsAnswer =
   | { ok: true; since: number; versions: VersionRow[]; switches?: CurrentEntry['switches'] }
   | { ok: true; current: CurrentEntry | null; changed: VersionEntry[] }

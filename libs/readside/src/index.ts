@@ -37,6 +37,7 @@ export {
   applyRegistryCommand,
   type ContractsAnswer,
   type ContractsRequest,
+  contractsListAnswerSchema,
   contractsRequestSchema,
   type ContractsServiceDeps,
   DEFAULT_USAGE_WINDOW_MS,

@@ -23,7 +23,7 @@ import {
   type TakeoverRecord,
 } from '@tooltx/lifecycle';
 import { connectNats, decode, encode, inboxPrefixOf, permissionViolationOf, type Subjects } from '@tooltx/nats';
-import { opsQueryAnswerSchema } from '@tooltx/readside';
+import { contractsListAnswerSchema, opsQueryAnswerSchema, type VersionRow } from '@tooltx/readside';
 import type { Logger } from '@tooltx/runtime';
 import { z } from 'zod';
 
@@ -216,6 +216,22 @@ export class Backend {
     );
     if (!a.ok) this.#refused(a.error);
     return 'takeovers' in a ? a.takeovers : [];
+  }
+
+  /**
+   * Every registered contract version with its usage over the last 24 hours, through the contracts
+   * service (docs/contracts.md); operators granted `contracts` only (the server refuses others).
+   */
+  async contracts(login: ConsoleLogin): Promise<VersionRow[]> {
+    if (login.role.kind !== 'operator') throw new TooltxError(ErrorClass.Forbidden, 'operators only');
+    const a = await this.#json(
+      login,
+      this.o.subjects.opsContracts(login.role.operator),
+      { action: 'list' },
+      contractsListAnswerSchema,
+    );
+    if (!a.ok) this.#refused(a.error);
+    return a.versions;
   }
 
   /** Records a person's resolution through the takeover service (the same rules as `tooltx takeover resolve`). */

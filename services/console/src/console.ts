@@ -655,6 +655,19 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
       return page(reply, live(req) ? 'takeovers-live' : 'takeovers', values);
     });
 
+    app.get('/contracts', { preHandler: required }, async (req, reply) => {
+      const login = loginOf(req)!;
+      operatorOnly(login);
+      const rows = (await backend.contracts(login)).map((v) => ({
+        ...v,
+        sunset: v.sunsetAt === undefined ? '' : iso(v.sunsetAt),
+        lastSeen: iso(v.lastSeenAt),
+        ratio: `${Math.round(v.usage.ratio * 100)} %`,
+      }));
+      const values = { ...base(req, reply, login, 'Contracts'), rows };
+      return page(reply, live(req) ? 'contracts-live' : 'contracts', values);
+    });
+
     app.post('/takeovers/resolve', { preHandler: [required, app.csrfProtection] }, async (req, reply) => {
       const login = loginOf(req)!;
       operatorOnly(login);

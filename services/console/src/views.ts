@@ -39,7 +39,7 @@ const LAYOUT = `<!doctype html>
   <% if (it.who) { %>
   <nav>
     <a href="/operations">Operations</a>
-    <% if (it.who.kind === 'operator') { %><a href="/takeovers">Takeovers</a><% } %>
+    <% if (it.who.kind === 'operator') { %><a href="/takeovers">Takeovers</a><a href="/contracts">Contracts</a><% } %>
   </nav>
   <span class="who" data-who="<%= it.who.login %>"><%= it.who.kind %> <%= it.who.login %></span>
   <% if (it.csrf) { %><form method="post" action="/logout" class="inline">
@@ -166,6 +166,22 @@ const TAKEOVERS = `<% layout('@layout') %>
 <p class="meta">An unknown operation is resolved committed (with the resource id you verified downstream) or not applied; a failed compensation, effect kept or undone by hand (docs/operating.md "Recovery and takeover").</p>
 <section id="live" data-refresh-ms="<%= it.refreshMs %>"><%~ include('@takeovers-live', it) %></section>`;
 
+const CONTRACTS_LIVE = `<p class="meta">Updated <time><%= it.now %></time> · usage over the last 24 hours · <%= it.rows.length %> versions</p>
+<table id="contracts"><thead><tr><th>contract</th><th>current</th><th>state</th><th>sunset</th><th>operations</th><th>tasks</th><th>actors</th><th>conflicts</th><th>rejected</th><th>unknown</th><th>ratio</th><th>last seen</th></tr></thead><tbody>
+<% for (const v of it.rows) { %>
+<tr data-contract="<%= v.contract %>" data-state="<%= v.state %>"<% if (v.current) { %> data-current="1"<% } %>>
+<td><code><%= v.contract %></code></td><td><% if (v.current) { %><span class="label st-committed">current</span><% } %></td>
+<td><span class="label st-<%= v.state %>"><%= v.state %></span></td><td><%= v.sunset %></td>
+<td><%= v.usage.operations %></td><td><%= v.usage.tasks %></td><td><%= v.usage.actors %></td>
+<td><%= v.usage.conflicts %></td><td><%= v.usage.rejected %></td><td><%= v.usage.unknown %></td><td class="ratio"><%= v.ratio %></td><td><%= v.lastSeen %></td>
+</tr>
+<% } %>
+</tbody></table>`;
+
+const CONTRACTS = `<% layout('@layout') %>
+<p class="meta">Every registered contract version: the current one of each name, deprecations and retirements, and who still calls each (docs/contracts.md; change them with <code>tooltx contracts</code>).</p>
+<section id="live" data-refresh-ms="<%= it.refreshMs %>"><%~ include('@contracts-live', it) %></section>`;
+
 const ERROR = `<% layout('@layout') %>
 <p class="error" id="error" data-class="<%= it.error.class %>">Refused: <code><%= it.error.class %></code></p>
 <% if (it.error.issues && it.error.issues.length) { %><ul id="issues"><% for (const i of it.error.issues) { %><li data-path="<%= i.path.join('.') %>"><code><%= i.path.join('.') || '(request)' %></code>: <%= i.code %> — <%= i.message %></li><% } %></ul><% } %>
@@ -180,6 +196,8 @@ export type Template =
   | 'op-live'
   | 'takeovers'
   | 'takeovers-live'
+  | 'contracts'
+  | 'contracts-live'
   | 'error';
 
 /** The compiled templates and the scrubber every page's values go through. */
@@ -198,6 +216,8 @@ export class ConsoleViews {
       'op-live': OP_LIVE,
       takeovers: TAKEOVERS,
       'takeovers-live': TAKEOVERS_LIVE,
+      contracts: CONTRACTS,
+      'contracts-live': CONTRACTS_LIVE,
       error: ERROR,
     };
     for (const [name, text] of Object.entries(templates)) this.#eta.loadTemplate(`@${name}`, text);
@@ -221,6 +241,7 @@ form.inline{display:inline-flex;gap:.3em;margin:0 .3em .2em 0}form.login{display
 .st-committed{background:#d5f2dc}.st-unknown{background:#ffe9b3}.st-rejected,.st-refused{background:#f6d3d3}
 .st-rolled_back{background:#dde3ff}.st-compensation_requested{background:#fff0c9}.st-compensated{background:#cdeef0}
 .st-compensation_failed{background:#f4b8b8;font-weight:600}.st-awaiting_confirmation{background:#efe0ff}
+.st-deprecated{background:#fff0c9}.st-retired,.st-withdrawn{background:#f6d3d3}
 .error{color:#a00}.ok{color:#075}dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dt{color:#556}dd{margin:0}
 pre{background:#fff;border:1px solid #e3e6eb;padding:.7em;overflow:auto;max-height:30em}`;
 
