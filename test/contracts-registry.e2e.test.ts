@@ -19,7 +19,9 @@ import { ROOT, SINK_TOOLS, startService, type ServiceProcess } from './helpers/s
 import { Sink } from './helpers/sink.js';
 import { contracts as v3Contracts, sinkWriteV3 } from './fixtures/sink-tools-v3.js';
 import { sinkWrite } from './fixtures/sink-tools.js';
+import { jetstreamManager } from '@nats-io/jetstream';
 import type { NatsConnection } from '@nats-io/transport-node';
+import { permissionViolationOf } from '@tooltx/nats';
 
 const V3_TOOLS = join(dirname(SINK_TOOLS), 'sink-tools-v3.ts');
 const CONFLICT_TOOLS = join(dirname(SINK_TOOLS), 'sink-tools-conflict.ts');
@@ -114,7 +116,7 @@ afterAll(async () => {
 });
 
 describe('contract registry', () => {
-  it('the services published every version, the newest registered is current, and a service whose sink.write@1 has another interface digest refuses to start naming both digests', async () => {
+  it("the services published every version, the newest registered is current, and a service whose sink.write@1 has another interface digest refuses to start naming both digests; an agent reads only a name's current version", async () => {
     const rs = await rows();
     expect(rs.map((r) => [r.version, r.current, r.state, r.interfaceDigest])).toEqual([
       [1, false, 'active', sinkWrite.interfaceDigest],
@@ -133,6 +135,22 @@ describe('contract registry', () => {
     expect(String(line!.problem)).toMatch(/this module's is sha256:[0-9a-f]{64}/);
     // The registry still holds the first one.
     expect(row(await rows(), 1).interfaceDigest).toBe(sinkWrite.interfaceDigest);
+
+    // An agent may read a name's current version, and nothing else of the registry.
+    const nc = await t.connectAs({ kind: 'agent', tenant: TENANT, actor: 'alice' });
+    try {
+      const jsm = await jetstreamManager(nc, { checkAPI: false });
+      const bucket = t.subjects.contractsBucket;
+      const get = (key: string) => jsm.direct.getMessage(`KV_${bucket}`, { last_by_subj: `$KV.${bucket}.${key}` });
+      expect((await get('current.sink.write'))?.data.length).toBeGreaterThan(0);
+      const denied = await get('version.sink.write.1').then(
+        () => null,
+        (err: unknown) => err,
+      );
+      expect(permissionViolationOf(denied)).not.toBeNull();
+    } finally {
+      await nc.close();
+    }
   });
 
   it('FM-23: an unpinned call gets the current version; usage counts the tasks and actors on each version (CLI)', async () => {
