@@ -43,7 +43,7 @@ const auditConfigSchema = z.object({
   TOOLTX_REVERT_THRESHOLD: z.coerce.number().min(0).max(1).optional(),
   TOOLTX_REVERT_MIN_COUNT: envInt(1, 1_000_000).default(20),
   TOOLTX_REVERT_WINDOW_MS: envInt(1_000, 7 * 24 * 3_600_000).default(600_000),
-  TOOLTX_REVERT_CHECK_MS: envInt(100, 3_600_000).default(10_000),
+  TOOLTX_REVERT_CHECK_MS: envInt(100, 3_600_000).default(60_000),
 });
 
 export const auditProjectorRole = defineRole({
@@ -58,7 +58,8 @@ export const auditProjectorRole = defineRole({
                            conflicts + rejections + unknowns reaches this, 0..1 (default: off)
   TOOLTX_REVERT_MIN_COUNT  fewest operations of that version in the window before the ratio counts (default 20)
   TOOLTX_REVERT_WINDOW_MS  the window of that ratio, ms (default 600000)
-  TOOLTX_REVERT_CHECK_MS   how often the ratio is checked, ms (default 10000)`,
+  TOOLTX_REVERT_CHECK_MS   how often the ratio is checked, ms (default 60000; each check reads the
+                           audit records of the window)`,
   async start({ subjects, log, js, jsm, nc, config, env, topology, colocation }) {
     const key = env.TOOLTX_AUDIT_HMAC_KEY_FILE;
     const hmac: AuditHmac = (purpose, value) => keyedDigest(key, `audit-${purpose}`, value);

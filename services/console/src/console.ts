@@ -665,7 +665,7 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
         ratio: `${Math.round(v.usage.ratio * 100)} %`,
       }));
       const values = { ...base(req, reply, login, 'Contracts'), rows };
-      return page(reply, live(req) ? 'contracts-live' : 'contracts', values);
+      return page(reply, 'contracts', values);
     });
 
     app.post('/takeovers/resolve', { preHandler: [required, app.csrfProtection] }, async (req, reply) => {

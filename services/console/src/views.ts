@@ -166,7 +166,7 @@ const TAKEOVERS = `<% layout('@layout') %>
 <p class="meta">An unknown operation is resolved committed (with the resource id you verified downstream) or not applied; a failed compensation, effect kept or undone by hand (docs/operating.md "Recovery and takeover").</p>
 <section id="live" data-refresh-ms="<%= it.refreshMs %>"><%~ include('@takeovers-live', it) %></section>`;
 
-const CONTRACTS_LIVE = `<p class="meta">Updated <time><%= it.now %></time> · usage over the last 24 hours · <%= it.rows.length %> versions</p>
+const CONTRACTS_TABLE = `<p class="meta">Updated <time><%= it.now %></time> · usage over the last 24 hours · <%= it.rows.length %> versions</p>
 <table id="contracts"><thead><tr><th>contract</th><th>current</th><th>state</th><th>sunset</th><th>operations</th><th>tasks</th><th>actors</th><th>conflicts</th><th>rejected</th><th>unknown</th><th>ratio</th><th>last seen</th></tr></thead><tbody>
 <% for (const v of it.rows) { %>
 <tr data-contract="<%= v.contract %>" data-state="<%= v.state %>"<% if (v.current) { %> data-current="1"<% } %>>
@@ -179,8 +179,8 @@ const CONTRACTS_LIVE = `<p class="meta">Updated <time><%= it.now %></time> · us
 </tbody></table>`;
 
 const CONTRACTS = `<% layout('@layout') %>
-<p class="meta">Every registered contract version: the current one of each name, deprecations and retirements, and who still calls each (docs/contracts.md; change them with <code>tooltx contracts</code>).</p>
-<section id="live" data-refresh-ms="<%= it.refreshMs %>"><%~ include('@contracts-live', it) %></section>`;
+<p class="meta">Every registered contract version: the current one of each name, deprecations and retirements, and who still calls each (docs/contracts.md; change them with <code>tooltx contracts</code>). Not refreshed by itself: usage reads every audit record of the window; reload to count again.</p>
+<section id="contracts-usage"><%~ include('@contracts-table', it) %></section>`;
 
 const ERROR = `<% layout('@layout') %>
 <p class="error" id="error" data-class="<%= it.error.class %>">Refused: <code><%= it.error.class %></code></p>
@@ -197,7 +197,7 @@ export type Template =
   | 'takeovers'
   | 'takeovers-live'
   | 'contracts'
-  | 'contracts-live'
+  | 'contracts-table'
   | 'error';
 
 /** The compiled templates and the scrubber every page's values go through. */
@@ -217,7 +217,7 @@ export class ConsoleViews {
       takeovers: TAKEOVERS,
       'takeovers-live': TAKEOVERS_LIVE,
       contracts: CONTRACTS,
-      'contracts-live': CONTRACTS_LIVE,
+      'contracts-table': CONTRACTS_TABLE,
       error: ERROR,
     };
     for (const [name, text] of Object.entries(templates)) this.#eta.loadTemplate(`@${name}`, text);
