@@ -216,7 +216,10 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     }
     if (outcome.status === 'committed') committedKeys.set(call.operationKey, call.inputDigest);
     const cls = 'error' in outcome ? outcome.error?.class : undefined;
-    if (cls === ErrorClass.ContractRetired || cls === ErrorClass.ContractWithdrawn) {
+    if (
+      (cls === ErrorClass.ContractRetired || cls === ErrorClass.ContractWithdrawn) &&
+      taskVersions.get(pin) === contract.version
+    ) {
       // The task's version takes no new step: its next unpinned call uses the current one.
       taskVersions.delete(pin);
     }
