@@ -102,7 +102,8 @@ export function registerDebug(program: Command): void {
       const rate = o.rate === undefined ? undefined : Number(o.rate);
       if (rate !== undefined && !(rate > 0 && rate <= 1))
         throw new UsageError(`--rate: expected a share in (0, 1], e.g. 0.1, got ${shown(o.rate ?? '')}`);
-      const max = o.max === undefined ? undefined : Number(o.max);
+      // Decimal digits only: Number() would also read 0x10 and 1e2.
+      const max = o.max === undefined ? undefined : /^\d{1,4}$/.test(o.max) ? Number(o.max) : Number.NaN;
       if (max !== undefined && !(Number.isInteger(max) && max >= 1 && max <= MAX_SAMPLES_PER_WINDOW))
         throw new UsageError(`--max: expected an integer 1-${MAX_SAMPLES_PER_WINDOW}, got ${shown(o.max ?? '')}`);
       return ask({

@@ -6,6 +6,7 @@ export {
   debugRequestSchema,
   decideSample,
   decideSamplingStart,
+  MAX_OPEN_WINDOWS,
   MAX_SAMPLES_PER_WINDOW,
   MAX_SAMPLING_WINDOW_MS,
   type Sample,

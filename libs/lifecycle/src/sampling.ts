@@ -16,6 +16,8 @@ export const DEFAULT_MIN_SAMPLING_WINDOW_MS = 60_000;
 /** Most samples one window keeps (`max`), and the default. */
 export const MAX_SAMPLES_PER_WINDOW = 1_000;
 export const DEFAULT_SAMPLES_PER_WINDOW = 100;
+/** Windows open at once, across contracts: each is kept in every executor's memory and listed whole. */
+export const MAX_OPEN_WINDOWS = 50;
 
 const epochMs = z.number().int().nonnegative();
 const tenantId = z.string().regex(ID_PATTERN, 'must be a tenant id (^[a-z0-9_-]{1,64}$)');
@@ -83,13 +85,41 @@ export const debugRequestSchema = z.discriminatedUnion('action', [
 export type DebugRequest = z.infer<typeof debugRequestSchema>;
 
 /**
- * A window that may be opened, or why not: `forMs` within [`minWindowMs`, {@link MAX_SAMPLING_WINDOW_MS}]
- * (refused at `forMs`, code `too_small` / `too_big`). The switch starts now with nothing taken.
+ * A window that may be opened, or why not: a contract the deployment holds (refused at `contract`,
+ * `not_found`: a typo would otherwise replace, and purge, nothing but itself), `forMs` within
+ * [`minWindowMs`, {@link MAX_SAMPLING_WINDOW_MS}] (at `forMs`, `too_small` / `too_big`), and at most
+ * {@link MAX_OPEN_WINDOWS} open at once counting this one unless it replaces an open window of the
+ * same contract (at `contract`, `too_many_windows`). The switch starts now with nothing taken.
  */
 export function decideSamplingStart(
   req: Extract<DebugRequest, { action: 'start' }>,
-  ctx: { now: number; operator: string; windowId: string; minWindowMs: number },
+  ctx: {
+    now: number;
+    operator: string;
+    windowId: string;
+    minWindowMs: number;
+    /** Whether the deployment holds the contract `name@version`. */
+    holds: (contract: string) => boolean;
+    /** The contracts with a window open now. */
+    open: readonly string[];
+  },
 ): { kind: 'start'; sw: SamplingSwitch } | { kind: 'refuse'; issues: FieldIssue[] } {
+  if (!ctx.holds(req.contract))
+    return {
+      kind: 'refuse',
+      issues: [{ path: ['contract'], code: 'not_found', message: 'no contract of this name@version is deployed' }],
+    };
+  if (!ctx.open.includes(req.contract) && ctx.open.length >= MAX_OPEN_WINDOWS)
+    return {
+      kind: 'refuse',
+      issues: [
+        {
+          path: ['contract'],
+          code: 'too_many_windows',
+          message: `at most ${MAX_OPEN_WINDOWS} sampling windows are open at once: stop one first`,
+        },
+      ],
+    };
   if (req.forMs > MAX_SAMPLING_WINDOW_MS)
     return {
       kind: 'refuse',

@@ -8,13 +8,21 @@ import {
   debugRequestSchema,
   decideSample,
   decideSamplingStart,
+  MAX_OPEN_WINDOWS,
   MAX_SAMPLING_WINDOW_MS,
   sampleReadable,
   type SamplingSwitch,
 } from '../src/sampling.js';
 
 const windowId = '0b7e3b43-6f1e-4a39-9a57-2f9cd5f5f0a1';
-const ctx = { now: 1_000_000, operator: 'oscar', windowId, minWindowMs: 60_000 };
+const ctx = {
+  now: 1_000_000,
+  operator: 'oscar',
+  windowId,
+  minWindowMs: 60_000,
+  holds: (c: string) => c === 'kb.write_note@1' || c === 'web.fetch_page@1',
+  open: [] as string[],
+};
 const start = (over: Record<string, unknown> = {}) =>
   debugRequestSchema.parse({ action: 'start', contract: 'kb.write_note@1', forMs: 30 * 60_000, ...over }) as Extract<
     ReturnType<typeof debugRequestSchema.parse>,
@@ -47,6 +55,24 @@ describe('opening a sampling window', () => {
   it('given a tenant, a rate and a max, then the switch carries them', () => {
     const d = decideSamplingStart(start({ tenant: 'acme', rate: 0.1, max: 5 }), ctx);
     expect(d).toMatchObject({ kind: 'start', sw: { tenant: 'acme', rate: 0.1, max: 5 } });
+  });
+
+  it('given a contract the deployment does not hold, then it is refused at contract (not_found), and no open window is replaced', () => {
+    expect(decideSamplingStart(start({ contract: 'kb.write_notee@1' }), ctx)).toEqual({
+      kind: 'refuse',
+      issues: [expect.objectContaining({ path: ['contract'], code: 'not_found' })],
+    });
+  });
+
+  it('given as many windows open as allowed, then a new contract is refused (too_many_windows) and one already open may be replaced', () => {
+    const open = Array.from({ length: MAX_OPEN_WINDOWS - 1 }, (_, i) => `other.tool_${i}@1`);
+    const full = { ...ctx, open: [...open, 'kb.write_note@1'] };
+    expect(decideSamplingStart(start({ contract: 'web.fetch_page@1' }), full)).toEqual({
+      kind: 'refuse',
+      issues: [expect.objectContaining({ path: ['contract'], code: 'too_many_windows' })],
+    });
+    expect(decideSamplingStart(start(), full).kind).toBe('start');
+    expect(decideSamplingStart(start({ contract: 'web.fetch_page@1' }), { ...ctx, open }).kind).toBe('start');
   });
 
   it('given a window beyond 4 hours, then it is refused at forMs (too_big); exactly 4 hours opens', () => {

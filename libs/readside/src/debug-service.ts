@@ -44,6 +44,10 @@ export interface DebugServiceDeps {
   instance: string;
   /** Shortest window accepted, ms (`TOOLTX_DEBUG_MIN_WINDOW_MS`). */
   minWindowMs: number;
+  /** Whether this deployment holds the contract `name@version`. */
+  holds: (contract: string) => boolean;
+  /** The contracts with a window open now (the sampler's copy of the switches). */
+  open: () => readonly string[];
   /** Removes every sample of a contract token. */
   purge: (contractToken: string) => Promise<void>;
   now?: () => number;
@@ -125,6 +129,8 @@ export function startDebugService(d: DebugServiceDeps): Responder {
           operator,
           windowId: randomUUID(),
           minWindowMs: d.minWindowMs,
+          holds: d.holds,
+          open: d.open(),
         });
         if (decided.kind === 'refuse') {
           await recorded(operator, { kind: 'invalid', contract: req.contract, samples: [], count: 0 });

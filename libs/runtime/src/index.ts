@@ -15,7 +15,8 @@ export {
   type LoggerSetup,
   safeError,
   scrubber,
-  SENSITIVE_KEY,
+  isSensitiveKey,
+  scrubString,
   stdoutDestination,
 } from './logger.js';
 export {

@@ -12,8 +12,8 @@ export type { Logger } from 'pino';
  *
  * What never reaches a log line:
  * - a value under a key named like a credential, cookie, authorisation header, body, page text,
- *   input or result ({@link SENSITIVE_KEY}), at any depth, in the line and in child bindings;
- * - a string that looks like a bearer credential or an nkey seed, wherever it is;
+ *   input or result ({@link isSensitiveKey}), at any depth, in the line and in child bindings;
+ * - a part of a string that looks like a credential ({@link scrubString}), wherever it is;
  * - an error's message: every `Error`, at any depth, is reduced by {@link safeError} to its class
  *   name, tooltx class, code, HTTP status and an HMAC of its message (so equal messages can be
  *   matched across lines and processes sharing the key, and one can be confirmed by someone who
@@ -22,12 +22,100 @@ export type { Logger } from 'pino';
  *   the line's `msg` (pino does that for `log.error(err)` and `log.error({ err })`).
  */
 
-/** Keys whose values are removed (replaced by `[redacted]`), compared case-insensitively. */
-export const SENSITIVE_KEY =
-  /^(?:password|passwd|pwd|passphrase|token|tokens|access_?token|refresh_?token|id_?token|bearer|api_?key|x-api-key|secret|secrets|client_?secret|cookie|cookies|set-cookie|authorization|proxy-authorization|creds|credentials|seed|nkey|jwt|private_?key|body|text|page|pages|html|markdown|content|input|inputs|result|results|headers|rawheaders|excerpt|note|notes|data|payload)$/i;
+/** Key names (lower case, letters and digits only) whose values are removed whole. */
+const SENSITIVE_NAMES = new Set([
+  // Credentials.
+  'pwd',
+  'pin',
+  'otp',
+  'ssn',
+  'cvv',
+  'cvc',
+  'auth',
+  'creds',
+  'seed',
+  'nkey',
+  'jwt',
+  'session',
+  'sessionid',
+  // Content: bodies, pages, inputs and results.
+  'body',
+  'text',
+  'page',
+  'pages',
+  'html',
+  'markdown',
+  'content',
+  'input',
+  'inputs',
+  'result',
+  'results',
+  'headers',
+  'rawheaders',
+  'excerpt',
+  'note',
+  'notes',
+  'data',
+  'payload',
+]);
+/** Parts of a key name (lower case, letters and digits only) that make it a credential's wherever they occur. */
+const SENSITIVE_PARTS = [
+  'password',
+  'passwd',
+  'passphrase',
+  'token',
+  'secret',
+  'apikey',
+  'privatekey',
+  'credential',
+  'cookie',
+  'authorization',
+  'bearer',
+  'cardnumber',
+  'accesskey',
+];
 
-/** Strings that are credentials whatever key they sit under: bearer/basic credentials, nkey seeds. */
-const SECRET_VALUE = /\b(?:Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{8,}|\bS[UANOCPX][A-Z2-7]{56}\b/g;
+/**
+ * Whether the value under key `k` is removed whole (replaced by `[redacted]`): its name, in lower
+ * case with everything but letters and digits dropped (`X-Auth-Token`, `api_key`, `Set-Cookie `
+ * and `token` with a zero-width space alike), is one of the content or short credential names, or
+ * contains a credential's (`authToken`, `aws_secret_access_key`, `private-key`).
+ */
+export function isSensitiveKey(k: string): boolean {
+  const n = k.toLowerCase().replace(/[^a-z0-9]/g, '');
+  return SENSITIVE_NAMES.has(n) || SENSITIVE_PARTS.some((p) => n.includes(p));
+}
+
+/**
+ * Parts of any string that are credentials, whatever key they sit under ({@link scrubString}): an
+ * authorisation scheme and its credential (`Bearer …`, `basic …`, `Token …`, any case), a
+ * `name=value` or `name: value` whose name is a credential's (`password=…`, `access_token=…` in a
+ * URL), and JSON Web Tokens — in any case; nkey seeds (also run into other characters) and the key
+ * formats of common providers (AWS access key ids, GitHub, Slack, `sk-…`) — as they are written.
+ */
+const SECRET_ANY_CASE = new RegExp(
+  [
+    String.raw`\b(?:bearer|basic|token|digest)\s+[A-Za-z0-9._~+/=-]{8,}`,
+    String.raw`\b(?:pass(?:word|wd|phrase)?|pwd|secret|client_?secret|token|access_?token|refresh_?token|id_?token|api[_-]?key|private[_-]?key|auth)\s*[=:]\s*[^\s&"',;]+`,
+    String.raw`\beyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}`,
+  ].join('|'),
+  'gi',
+);
+const SECRET_AS_WRITTEN = new RegExp(
+  [
+    String.raw`(?<![A-Z2-7])S[UANOCPX][A-Z2-7]{56}(?![A-Z2-7])`,
+    String.raw`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b`,
+    String.raw`\bgh[oprsu]_[A-Za-z0-9]{20,}`,
+    String.raw`\bxox[abpors]-[A-Za-z0-9-]{10,}`,
+    String.raw`\b(?:sk|pk|rk)-[A-Za-z0-9_-]{16,}`,
+  ].join('|'),
+  'g',
+);
+
+/** `s` with every part that looks like a credential replaced by `[redacted]`. */
+export function scrubString(s: string): string {
+  return s.replace(SECRET_ANY_CASE, CENSOR).replace(SECRET_AS_WRITTEN, CENSOR);
+}
 
 export const CENSOR = '[redacted]';
 const MAX_DEPTH = 8;
@@ -67,11 +155,10 @@ export function createLogger(opts: LoggerSetup): Logger {
         // An Error as the first argument: pino would log its message as `msg`.
         if (first instanceof Error)
           return method.apply(this, [{ err: first }, typeof second === 'string' ? second : 'error']);
-        if (typeof first === 'string') return method.apply(this, [first.replace(SECRET_VALUE, CENSOR)]);
+        if (typeof first === 'string') return method.apply(this, [scrubString(first)]);
         if (first && typeof first === 'object') {
           // `log.error({ err })` without a message: pino would take the error's message.
-          const msg =
-            typeof second === 'string' ? second.replace(SECRET_VALUE, CENSOR) : 'err' in first ? 'error' : undefined;
+          const msg = typeof second === 'string' ? scrubString(second) : 'err' in first ? 'error' : undefined;
           return method.apply(this, (msg === undefined ? [first] : [first, msg]) as never);
         }
         return method.apply(this, args.slice(0, 1) as never);
@@ -139,7 +226,7 @@ export function stdoutDestination(fd = 1): pino.DestinationStream {
  */
 export function scrubber(key: Buffer): (value: unknown) => unknown {
   const walk = (v: unknown, depth: number, seen: WeakSet<object>): unknown => {
-    if (typeof v === 'string') return v.replace(SECRET_VALUE, CENSOR);
+    if (typeof v === 'string') return scrubString(v);
     if (v === null || typeof v !== 'object') return v;
     if (v instanceof Error) return safeError(v, key);
     if (seen.has(v) || depth > MAX_DEPTH) return '[elided]';
@@ -149,7 +236,7 @@ export function scrubber(key: Buffer): (value: unknown) => unknown {
     if (v instanceof Date) return v.toISOString();
     if (v instanceof Map || v instanceof Set) return `[${v.constructor.name} of ${v.size}]`;
     const out: Record<string, unknown> = {};
-    for (const [k, x] of Object.entries(v)) out[k] = SENSITIVE_KEY.test(k) ? CENSOR : walk(x, depth + 1, seen);
+    for (const [k, x] of Object.entries(v)) out[k] = isSensitiveKey(k) ? CENSOR : walk(x, depth + 1, seen);
     return out;
   };
   return (v) => walk(v, 0, new WeakSet());

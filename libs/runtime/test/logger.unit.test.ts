@@ -69,6 +69,64 @@ describe('FM-16: the logger of every process', () => {
     });
   });
 
+  it('censors credentials under key names of any spelling, and credentials run into free text, in any case', () => {
+    const { log, lines } = capture();
+    const seed = 'SUAIBDPBAUTWCWBKIO6XHQNINK5FWJW4OHLXC3HQ2KFE4PEJUA44CNHTC4';
+    const keys = [
+      'api-key',
+      'authToken',
+      'sessionToken',
+      'X-Auth-Token',
+      'aws_secret_access_key',
+      'secretKey',
+      'private-key',
+      'passwd_hash',
+      'bearerToken',
+      'cardNumber',
+      'cvv',
+      'ssn',
+      'otp',
+      'pin',
+      'Set-Cookie ',
+      'token\u200b',
+    ];
+    const texts = [
+      `bearer ${CANARY}x1`,
+      `Authorization: Token ${CANARY}x2`,
+      `x${seed}y`,
+      `${seed}0`,
+      `password=${CANARY}x3`,
+      `https://example.org/p?access_token=${CANARY}x4&api_key=${CANARY}x5`,
+      `eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.${CANARY}x6`,
+      `key AKIAIOSFODNN7EXAMPLE and sk-${CANARY}x7abcdefgh`,
+    ];
+    log.info({ nested: [{ deep: Object.fromEntries(keys.map((k) => [k, `${CANARY}-${k}`])) }], texts, tenant: 'acme' });
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).not.toContain(CANARY);
+    expect(lines[0]).not.toContain(seed);
+    expect(lines[0]).not.toContain('AKIAIOSFODNN7EXAMPLE');
+    // What is not a credential stays readable: the tenant, the URL's host and path.
+    expect(lines[0]).toContain('"tenant":"acme"');
+    expect(lines[0]).toContain('https://example.org/p?');
+  });
+
+  it('keeps the fields the services log under ordinary names', () => {
+    const { log, lines } = capture();
+    const fields = {
+      operationKey: 'opk_x',
+      taskId: 't-1',
+      keyId: 'k1',
+      author: 'ann',
+      resourceId: 'r1',
+      tokensUsed: 3,
+    };
+    log.info(fields);
+    const line = JSON.parse(lines[0]!) as Record<string, unknown>;
+    expect(line).toMatchObject({ operationKey: 'opk_x', taskId: 't-1', keyId: 'k1', author: 'ann', resourceId: 'r1' });
+    // A count named after tokens is censored too: the rule errs on the side of the secret.
+    expect(line.tokensUsed).toBe('[redacted]');
+  });
+
   it('logs a downstream error as its class, code, status and an HMAC of its message — never the message, at any depth', () => {
     const keyFile = ensureKeyFile(join(dir, 'log.key'));
     const { log, parsed, lines } = capture(keyFile);

@@ -82,6 +82,11 @@ export const executorRole = defineRole({
       log: log.child({ component: 'debug' }),
       instance: config.TOOLTX_INSTANCE_ID,
       minWindowMs: env.TOOLTX_DEBUG_MIN_WINDOW_MS,
+      holds: (contract) => {
+        const at = contract.lastIndexOf('@');
+        return tools.get(contract.slice(0, at), Number(contract.slice(at + 1))) !== undefined;
+      },
+      open: () => sampler.switches().map((sw) => sw.contract),
       purge,
     });
     const handlers = executorHandlers(
