@@ -9,7 +9,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { operationIdOf, prepareCall } from '@tooltx/contracts';
-import { type ExecuteResult, type Tools } from '@tooltx/client';
+import type { ExecuteResult, Tools } from '@tooltx/client';
 import type { OperationRecord } from '@tooltx/lifecycle';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';

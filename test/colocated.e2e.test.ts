@@ -8,7 +8,7 @@
 import { afterAll, beforeAll, describe, expect, it, type TaskMeta } from 'vitest';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { Kvm } from '@nats-io/kv';
-import { type Tools } from '@tooltx/client';
+import type { Tools } from '@tooltx/client';
 import type { OperationRecord } from '@tooltx/lifecycle';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startHost, type ServiceProcess } from './helpers/services.js';

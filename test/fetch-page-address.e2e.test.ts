@@ -14,7 +14,7 @@ import type { AddressInfo } from 'node:net';
 import { hostname } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { fetch } from 'undici';
-import { type Tools } from '@tooltx/client';
+import type { Tools } from '@tooltx/client';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { RESEARCH_TOOLS } from './helpers/kb.js';
 import { startService, type ServiceProcess } from './helpers/services.js';

@@ -8,7 +8,7 @@
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, prepareCall } from '@tooltx/contracts';
-import { type Tools } from '@tooltx/client';
+import type { Tools } from '@tooltx/client';
 import { HttpFaultProxy } from '@tooltx/dev/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { ROOT, runScript, startService, type ServiceProcess } from './helpers/services.js';

@@ -16,7 +16,7 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { EmptyResultSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
 import { prepareCall } from '@tooltx/contracts';
-import { type Tools } from '@tooltx/client';
+import type { Tools } from '@tooltx/client';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { ROOT, ServiceProcess, startHost } from './helpers/services.js';

@@ -22,7 +22,7 @@ import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { digestOf, downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
-import { type Tools } from '@tooltx/client';
+import type { Tools } from '@tooltx/client';
 import type { OperationRecord, TakeoverRecord } from '@tooltx/lifecycle';
 import { HttpFaultProxy } from '@tooltx/dev/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';

@@ -103,7 +103,7 @@ const SECRET_ANY_CASE = new RegExp(
 );
 const SECRET_AS_WRITTEN = new RegExp(
   [
-    String.raw`(?<![A-Z2-7])S[UANOCPX][A-Z2-7]{56}(?![A-Z2-7])`,
+    '(?<![A-Z2-7])S[UANOCPX][A-Z2-7]{56}(?![A-Z2-7])',
     String.raw`\b(?:AKIA|ASIA)[0-9A-Z]{16}\b`,
     String.raw`\bgh[oprsu]_[A-Za-z0-9]{20,}`,
     String.raw`\bxox[abpors]-[A-Za-z0-9-]{10,}`,
