@@ -165,8 +165,9 @@ const refuse = (path: string, code: string, message: string): RegistryOutcome =>
  * - retire `@V`: retired now; not the current version;
  * - revert: the previous current version (the `from` of the switch to the current one, else the
  *   highest lower one) becomes current again, as one unit (description, schemas, authorisation and
- *   audit parser are that version's); one that is retired cannot; `stopRunning` withdraws the
- *   reverted version (running tasks are refused `contract_withdrawn` on it).
+ *   audit parser are that version's); one that is retired, withdrawn or deprecated cannot (it would
+ *   refuse every new task, at once or at its sunset); `stopRunning` withdraws the reverted version
+ *   (running tasks are refused `contract_withdrawn` on it).
  * Pure.
  */
 export function decideRegistryCommand(
@@ -182,7 +183,9 @@ export function decideRegistryCommand(
   if (cmd.kind === 'revert') {
     const from = cur.current;
     const last = [...cur.switches].reverse().find((s) => s.to === from);
-    const candidates = versions.filter((v) => v.version !== from && !isRetired(v, now));
+    const candidates = versions.filter(
+      (v) => v.version !== from && !isRetired(v, now) && v.withdrawn === undefined && v.deprecated === undefined,
+    );
     const previous =
       (last?.from !== undefined ? candidates.find((v) => v.version === last.from) : undefined) ??
       candidates.filter((v) => v.version < from).sort((a, b) => b.version - a.version)[0];
@@ -190,7 +193,7 @@ export function decideRegistryCommand(
       return refuse(
         'name',
         'no_previous_version',
-        `${contractName}@${from} has no earlier version that is not retired`,
+        `${contractName}@${from} has no earlier version that is not retired, withdrawn or deprecated`,
       );
     const reverted = versions.find((v) => v.version === from);
     return {
@@ -204,7 +207,7 @@ export function decideRegistryCommand(
   if (cmd.version === cur.current)
     return refuse('contract', 'current_version', `${contractName}@${cmd.version} is the current version: revert first`);
   if (cmd.kind === 'retire') return { kind: 'write', current: null, versions: [{ ...v, retired: { by, at: now } }] };
-  if (cmd.sunsetAt <= now && !v.deprecated)
+  if (cmd.sunsetAt <= now)
     return refuse('sunset', 'in_the_past', 'the sunset must be in the future (`retire` ends a version now)');
   return { kind: 'write', current: null, versions: [{ ...v, deprecated: { sunsetAt: cmd.sunsetAt, by, at: now } }] };
 }

@@ -135,6 +135,37 @@ describe('operator commands', () => {
     });
   });
 
+  it('given the earlier version withdrawn or deprecated, when reverted, then it is refused at name: a revert never makes current a version that refuses new tasks', () => {
+    for (const earlier of [
+      entry(1, { withdrawn: { by, at: 1 } }),
+      entry(1, { deprecated: { sunsetAt: 99, by, at: 1 } }),
+    ]) {
+      expect(
+        decideRegistryCommand(
+          'sink.write',
+          [earlier, entry(2)],
+          current(2, 1),
+          { kind: 'revert', stopRunning: false },
+          by,
+          50,
+        ),
+      ).toMatchObject({ kind: 'refuse', error: { issues: [{ path: ['name'], code: 'no_previous_version' }] } });
+    }
+  });
+
+  it('given @1 already deprecated, when deprecated again with a past sunset, then it is refused at sunset (retire ends a version now)', () => {
+    expect(
+      decideRegistryCommand(
+        'sink.write',
+        [entry(1, { deprecated: { sunsetAt: 99, by, at: 1 } }), entry(2)],
+        current(2, 1),
+        { kind: 'deprecate', version: 1, sunsetAt: 10 },
+        by,
+        50,
+      ),
+    ).toMatchObject({ kind: 'refuse', error: { issues: [{ path: ['sunset'], code: 'in_the_past' }] } });
+  });
+
   it('given @1 not current, when deprecated with a future sunset, then the sunset is recorded; a past one is refused at sunset', () => {
     expect(
       decideRegistryCommand(

@@ -25,6 +25,8 @@ import { auditRecordsOf, inRange, REBUILDING_RETRY_MS } from './audit-queries.js
 import { jsonCodec, startResponder, type Responder } from './responder.js';
 
 const epochMs = z.number().int().nonnegative();
+/** The last millisecond of year 9999: a later date has no ISO-8601 form for the pages to show. */
+const MAX_DATE_MS = 253_402_300_799_999;
 const contractName = z
   .string()
   .regex(/^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$/, 'must be a contract name such as kb.write_note')
@@ -38,7 +40,7 @@ const contractId = z.string().regex(CONTRACT_ID_PATTERN, 'must be name@version, 
 export const contractsRequestSchema = z.discriminatedUnion('action', [
   z.strictObject({ action: z.literal('list'), since: epochMs.optional() }),
   z.strictObject({ action: z.literal('usage'), name: contractName, since: epochMs.optional() }),
-  z.strictObject({ action: z.literal('deprecate'), contract: contractId, sunsetAt: epochMs }),
+  z.strictObject({ action: z.literal('deprecate'), contract: contractId, sunsetAt: epochMs.max(MAX_DATE_MS) }),
   z.strictObject({ action: z.literal('retire'), contract: contractId }),
   z.strictObject({ action: z.literal('revert'), name: contractName, stopRunning: z.boolean().optional() }),
 ]);

@@ -253,7 +253,9 @@ const HTTP_STATUS: Partial<Record<string, number>> = {
   dependency_unavailable: 503,
 };
 
-const iso = (ms: number | undefined) => (ms === undefined ? '' : new Date(ms).toISOString());
+/** ISO-8601 of a time in ms; one no date can show (beyond year 275760) as its number. */
+const iso = (ms: number | undefined) =>
+  ms === undefined ? '' : Number.isFinite(new Date(ms).getTime()) ? new Date(ms).toISOString() : String(ms);
 
 /** One row of the operations table. */
 function rowOf(r: AuditRecord) {
