@@ -89,14 +89,15 @@ export function isSensitiveKey(k: string): boolean {
 /**
  * Parts of any string that are credentials, whatever key they sit under ({@link scrubString}): an
  * authorisation scheme and its credential (`Bearer …`, `basic …`, `Token …`, any case), a
- * `name=value` or `name: value` whose name is a credential's (`password=…`, `access_token=…` in a
- * URL), and JSON Web Tokens — in any case; nkey seeds (also run into other characters) and the key
+ * `name=value`, or a `name: value` of 8 characters or more, whose name is a credential's
+ * (`password=…`, `access_token=…` in a URL; not the prose of "no token: any caller"), and JSON
+ * Web Tokens — in any case; nkey seeds (also run into other characters) and the key
  * formats of common providers (AWS access key ids, GitHub, Slack, `sk-…`) — as they are written.
  */
 const SECRET_ANY_CASE = new RegExp(
   [
     String.raw`\b(?:bearer|basic|token|digest)\s+[A-Za-z0-9._~+/=-]{8,}`,
-    String.raw`\b(?:pass(?:word|wd|phrase)?|pwd|secret|client_?secret|token|access_?token|refresh_?token|id_?token|api[_-]?key|private[_-]?key|auth)\s*[=:]\s*[^\s&"',;]+`,
+    String.raw`\b(?:pass(?:word|wd|phrase)?|pwd|secret|client_?secret|token|access_?token|refresh_?token|id_?token|api[_-]?key|private[_-]?key|auth)(?:\s*=\s*[^\s&"',;]+|\s*:\s*[^\s&"',;]{8,})`,
     String.raw`\beyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}`,
   ].join('|'),
   'gi',

@@ -105,7 +105,9 @@ describe('FM-16: the logger of every process', () => {
     expect(lines[0]).not.toContain(CANARY);
     expect(lines[0]).not.toContain(seed);
     expect(lines[0]).not.toContain('AKIAIOSFODNN7EXAMPLE');
-    // What is not a credential stays readable: the tenant, the URL's host and path.
+    // What is not a credential stays readable: the tenant, the URL's host and path, prose.
+    log.warn('no service token: any caller is trusted');
+    expect(lines[1]).toContain('no service token: any caller is trusted');
     expect(lines[0]).toContain('"tenant":"acme"');
     expect(lines[0]).toContain('https://example.org/p?');
   });
