@@ -5,9 +5,21 @@
  */
 import { readFileSync } from 'node:fs';
 import { errors, type NatsConnection } from '@nats-io/transport-node';
-import { OPERATION_KEY_PATTERN } from '@tooltx/contracts';
+import { OPERATION_KEY_PATTERN, type ErrorInfo } from '@tooltx/contracts';
 import { connectNats, connectProblemOf, displayUrl, type ConnectOptions, type PermissionViolation } from '@tooltx/nats';
 import { describeConnectError } from '@tooltx/runtime';
+
+/**
+ * Prints a service's refusal as `tooltx <command>: refused: <class>: <path>: <message>; … (retry
+ * after N ms)` on stderr and sets exit code 1.
+ */
+export function writeRefusal(command: string, error: ErrorInfo): void {
+  const issues = (error.issues ?? []).map((i) => `${i.path.join('.') || '(request)'}: ${i.message}`);
+  process.stderr.write(
+    `tooltx ${command}: refused: ${error.class}${issues.length ? `: ${issues.join('; ')}` : ''}${error.retryAfterMs ? ` (retry after ${error.retryAfterMs} ms)` : ''}\n`,
+  );
+  process.exitCode = 1;
+}
 
 /** A bad flag, environment variable or file the user named. The CLI prints its message and exits 2. */
 export class UsageError extends Error {

@@ -12,7 +12,7 @@ import { z } from 'zod';
 import { fieldIssues } from '@tooltx/contracts';
 import { type ContractsAnswer, contractsRequestSchema } from '@tooltx/readside';
 import { parseTime } from './audit.js';
-import { UsageError } from './cli-support.js';
+import { UsageError, writeRefusal } from './cli-support.js';
 import { operatorRequest, withOperator } from './takeover.js';
 
 const SERVICE = {
@@ -54,11 +54,7 @@ async function send(req: Record<string, unknown>): Promise<void> {
       SERVICE,
     );
     if (!answer.ok) {
-      const issues = (answer.error.issues ?? []).map((i) => `${i.path.join('.') || '(request)'}: ${i.message}`);
-      process.stderr.write(
-        `tooltx contracts: refused: ${answer.error.class}${issues.length ? `: ${issues.join('; ')}` : ''}${answer.error.retryAfterMs ? ` (retry after ${answer.error.retryAfterMs} ms)` : ''}\n`,
-      );
-      process.exitCode = 1;
+      writeRefusal('contracts', answer.error);
       return;
     }
     if ('versions' in answer) for (const v of answer.versions) process.stdout.write(`${JSON.stringify(v)}\n`);

@@ -14,7 +14,7 @@ import { CONTRACT_ID_PATTERN, ID_PATTERN } from '@tooltx/contracts';
 import { MAX_SAMPLES_PER_WINDOW, MAX_SAMPLING_WINDOW_MS } from '@tooltx/lifecycle';
 import type { DebugAnswer } from '@tooltx/readside';
 import { durationMsOf } from '@tooltx/runtime';
-import { checkedKey, shown, UsageError } from './cli-support.js';
+import { checkedKey, shown, UsageError, writeRefusal } from './cli-support.js';
 import { operatorRequest, withOperator } from './takeover.js';
 
 const SERVICE = {
@@ -56,11 +56,7 @@ async function ask(req: Record<string, unknown>): Promise<void> {
       SERVICE,
     );
     if (!answer.ok) {
-      const issues = (answer.error.issues ?? []).map((i) => `${i.path.join('.') || '(request)'}: ${i.message}`);
-      process.stderr.write(
-        `tooltx debug: refused: ${answer.error.class}${issues.length ? `: ${issues.join('; ')}` : ''}\n`,
-      );
-      process.exitCode = 1;
+      writeRefusal('debug', answer.error);
       return;
     }
     if ('sample' in answer && !answer.sample) {

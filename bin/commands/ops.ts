@@ -13,7 +13,7 @@ import { ID_PATTERN } from '@tooltx/contracts';
 import { MAX_AUDIT_PAGE } from '@tooltx/lifecycle';
 import type { OpsQueryAnswer } from '@tooltx/readside';
 import { AUDIT_STATES, parseTime } from './audit.js';
-import { checkedKey, shown, UsageError } from './cli-support.js';
+import { checkedKey, shown, UsageError, writeRefusal } from './cli-support.js';
 import { operatorRequest, withOperator } from './takeover.js';
 
 const SERVICE = {
@@ -37,11 +37,7 @@ async function query(req: Record<string, unknown>, all = false): Promise<void> {
     let n = 0;
     for (;;) {
       if (!answer.ok) {
-        const issues = (answer.error.issues ?? []).map((i) => `${i.path.join('.') || '(request)'}: ${i.message}`);
-        process.stderr.write(
-          `tooltx ops: refused: ${answer.error.class}${issues.length ? `: ${issues.join('; ')}` : ''}${answer.error.retryAfterMs ? ` (retry after ${answer.error.retryAfterMs} ms)` : ''}\n`,
-        );
-        process.exitCode = 1;
+        writeRefusal('ops', answer.error);
         return;
       }
       if ('record' in answer) {

@@ -22,7 +22,7 @@ import {
 import type { Subjects } from '@tooltx/nats';
 import { casUpdate, type Logger, type RegistryMirror } from '@tooltx/runtime';
 import { auditRecordsOf, inRange, REBUILDING_RETRY_MS } from './audit-queries.js';
-import { jsonCodec, startResponder, type Responder } from './responder.js';
+import { operatorEndpoint, startResponder, type Responder } from './responder.js';
 
 const epochMs = z.number().int().nonnegative();
 /** The last millisecond of year 9999: a later date has no ISO-8601 form for the pages to show. */
@@ -315,26 +315,19 @@ export function startContractsService(d: ContractsServiceDeps): Responder {
     }
   };
 
-  return startResponder(d.nc, d.log, {
-    name: 'contracts',
-    subject: d.subjects.allOpsContracts,
-    queue: 'tooltx-contracts',
-    identify: (subject) => {
-      const operator = d.subjects.parseOpsContractsSubject(subject);
-      return operator ? { who: operator, role: { kind: 'operator', operator } } : null;
-    },
-    unidentified: {
-      class: ErrorClass.InvalidInput,
-      issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not a contracts request subject' }],
-    },
-    codec: jsonCodec,
-    schema: contractsRequestSchema,
-    handle,
-    errorBody: (info): ContractsAnswer => ({
-      ok: false,
-      error: info.class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : info,
+  return startResponder(
+    d.nc,
+    d.log,
+    operatorEndpoint({
+      name: 'contracts',
+      subject: d.subjects.allOpsContracts,
+      queue: 'tooltx-contracts',
+      parse: (subject) => d.subjects.parseOpsContractsSubject(subject),
+      what: 'a contracts request',
+      schema: contractsRequestSchema,
+      handle,
     }),
-  });
+  );
 }
 
 /**

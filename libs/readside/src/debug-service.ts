@@ -19,7 +19,7 @@ import {
 } from '@tooltx/lifecycle';
 import { decode, encode, isTransient, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
-import { jsonCodec, startResponder, type Responder } from './responder.js';
+import { operatorEndpoint, startResponder, type Responder } from './responder.js';
 
 /** A sample as `list` names it: where and when, never its input or result. */
 export type SampleSummary = Omit<Sample, 'input' | 'result' | 'schema'>;
@@ -209,26 +209,18 @@ export function startDebugService(d: DebugServiceDeps): Responder {
     }
   };
 
-  return startResponder(d.nc, d.log, {
-    name: 'debug',
-    subject: d.subjects.allOpsDebug,
-    queue: 'tooltx-debug',
-    identify: (subject) => {
-      const operator = d.subjects.parseOpsDebugSubject(subject);
-      return operator ? { who: operator, role: { kind: 'operator', operator } } : null;
-    },
-    unidentified: {
-      class: ErrorClass.InvalidInput,
-      issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not a debug request subject' }],
-    },
-    codec: jsonCodec,
-    schema: debugRequestSchema,
-    handle,
-    beforeInvalidAnswer: (operator) => recorded(operator, { kind: 'invalid', samples: [], count: 0 }),
-    // An unforeseen throw is the dependency's, never `internal` (the responder logs it).
-    errorBody: (info): DebugAnswer => ({
-      ok: false,
-      error: info.class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : info,
+  return startResponder(
+    d.nc,
+    d.log,
+    operatorEndpoint({
+      name: 'debug',
+      subject: d.subjects.allOpsDebug,
+      queue: 'tooltx-debug',
+      parse: (subject) => d.subjects.parseOpsDebugSubject(subject),
+      what: 'a debug request',
+      schema: debugRequestSchema,
+      handle,
+      beforeInvalidAnswer: (operator) => recorded(operator, { kind: 'invalid', samples: [], count: 0 }),
     }),
-  });
+  );
 }

@@ -19,7 +19,7 @@ import {
 import { decode, type Subjects } from '@tooltx/nats';
 import type { Logger } from '@tooltx/runtime';
 import { auditRecordsOf, inRange, pageOf, REBUILDING_RETRY_MS } from './audit-queries.js';
-import { jsonCodec, startResponder, type Responder } from './responder.js';
+import { operatorEndpoint, startResponder, type Responder } from './responder.js';
 
 const epochMs = z.number().int().nonnegative();
 /** A status as audit records carry it (an operation's, or `refused`). */
@@ -118,25 +118,17 @@ export function startOpsQueryService(d: OpsQueryServiceDeps): Responder {
     return answer;
   };
 
-  return startResponder(d.nc, d.log, {
-    name: 'ops-query',
-    subject: d.subjects.allOpsQuery,
-    queue: 'tooltx-ops-query',
-    identify: (subject) => {
-      const operator = d.subjects.parseOpsQuerySubject(subject);
-      return operator ? { who: operator, role: { kind: 'operator', operator } } : null;
-    },
-    unidentified: {
-      class: ErrorClass.InvalidInput,
-      issues: [{ path: ['subject'], code: 'invalid_subject', message: 'not an operations query subject' }],
-    },
-    codec: jsonCodec,
-    schema: opsQueryRequestSchema,
-    handle,
-    // An unforeseen throw is the dependency's, never `internal` (the responder logs it).
-    errorBody: (info): OpsQueryAnswer => ({
-      ok: false,
-      error: info.class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : info,
+  return startResponder(
+    d.nc,
+    d.log,
+    operatorEndpoint({
+      name: 'ops-query',
+      subject: d.subjects.allOpsQuery,
+      queue: 'tooltx-ops-query',
+      parse: (subject) => d.subjects.parseOpsQuerySubject(subject),
+      what: 'an operations query',
+      schema: opsQueryRequestSchema,
+      handle,
     }),
-  });
+  );
 }

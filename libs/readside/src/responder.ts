@@ -72,6 +72,46 @@ export interface Endpoint<Who, Req> {
   onDrained?(): void;
 }
 
+/**
+ * An operator's request/reply endpoint (`<prefix>.ops.<kind>.<operator>`): the operator is named by
+ * the subject (`parse`; another subject is answered `invalid_input` at `subject`, "not a `what`
+ * subject"), the wire format is JSON, and an unforeseen throw is answered `dependency_unavailable`,
+ * never `internal` (the responder logs it).
+ */
+export function operatorEndpoint<Req>(o: {
+  name: string;
+  subject: string;
+  queue: string;
+  parse(subject: string): string | null;
+  /** What a request subject is called in the refusal of another one, e.g. `a debug request`. */
+  what: string;
+  schema: z.ZodType<Req>;
+  handle(req: Req, operator: string): Promise<unknown>;
+  beforeInvalidAnswer?(operator: string, cause: 'encoding' | 'schema'): Promise<void>;
+}): Endpoint<string, Req> {
+  return {
+    name: o.name,
+    subject: o.subject,
+    queue: o.queue,
+    identify: (subject) => {
+      const operator = o.parse(subject);
+      return operator ? { who: operator, role: { kind: 'operator', operator } } : null;
+    },
+    unidentified: {
+      class: ErrorClass.InvalidInput,
+      issues: [{ path: ['subject'], code: 'invalid_subject', message: `not ${o.what} subject` }],
+    },
+    codec: jsonCodec,
+    schema: o.schema,
+    handle: o.handle,
+    ...(o.beforeInvalidAnswer ? { beforeInvalidAnswer: o.beforeInvalidAnswer } : {}),
+    errorBody: (info) => ({
+      ok: false,
+      error: info.class === ErrorClass.Internal ? { class: ErrorClass.DependencyUnavailable } : info,
+    }),
+  };
+}
+
 /** A running endpoint. */
 export interface Responder {
   /** Drains the subscription (no new requests), then waits until every answer in flight went out. */
