@@ -20,6 +20,8 @@ import { beyondOne, convergence, figure } from './helpers/figures.js';
 import { researchContracts } from '../examples/research-kb/contracts.js';
 
 const TIMING = RECOVERY_TIMING;
+/** A killed call's budget, ms: a redelivery after the reconciler durable's ack_wait (30 s), and the probe after it. */
+const KILLED_BUDGET_MS = 75_000;
 const contracts = researchContracts({ kbDedup: false, timing: TIMING });
 let t: TestNats;
 let kb: TestKb;
@@ -169,7 +171,7 @@ describe('co-located layout: every role in one process', () => {
     expect((await t.jsm.streams.info(`KV_${t.subjects.auditBucket}`)).config.storage).toBe('memory');
   });
 
-  describe('FM-27: the whole process killed mid-operation (kill -9)', () => {
+  describe('FM-27: the whole process killed mid-operation (kill -9)', { timeout: 240_000 }, () => {
     it("killed after the KB committed, before `committed` was appended: the restarted process probes and commits with the KB's row id, one row", async ({
       task,
     }) => {
@@ -184,7 +186,10 @@ describe('co-located layout: every role in one process', () => {
           await restart();
           return f;
         });
-        const r = await alice.execute({ tool: 'kb.write_note', taskId: 'colo-27c', input: note(title) });
+        const r = await alice.execute(
+          { tool: 'kb.write_note', taskId: 'colo-27c', input: note(title) },
+          { budgetMs: KILLED_BUDGET_MS },
+        );
         const answered = await killed;
         const probe = await kb.client.probe({ tenant: 'acme', key: downstreamKeyOf('acme', key) });
         const types = (await history(t, 'acme', key)).map((e) => e.type);
@@ -195,7 +200,7 @@ describe('co-located layout: every role in one process', () => {
           duplicates: beyondOne(probe.found ? probe.count : 0),
           ...convergence(types),
         });
-        expect(r.status).toBe('committed');
+        expect(r.status, JSON.stringify({ r, events: types })).toBe('committed');
         expect(probe).toMatchObject({ found: true, count: 1 });
         if (answered.status !== 201) continue;
         committedByKb = true;
@@ -218,7 +223,13 @@ describe('co-located layout: every role in one process', () => {
       proxy.drop = (req) => isNotesPost(req) && cut++ === 0;
       proxy.onHeld = () => void restart();
       try {
-        const r = await alice.execute({ tool: 'kb.write_note', taskId: 'colo-27b', input: note('Host never arrived') });
+        // A process killed before its index write of the operation leaves the restarted instance to
+        // learn of it when the event comes back, after the reconciler durable's ack_wait (30 s):
+        // the budget covers that path too.
+        const r = await alice.execute(
+          { tool: 'kb.write_note', taskId: 'colo-27b', input: note('Host never arrived') },
+          { budgetMs: KILLED_BUDGET_MS },
+        );
         const events = await history(t, 'acme', key);
         const rows = await kbRowsFor(kb, 'acme', key);
         figure(task, { name: 'final state', value: r.status });
@@ -228,7 +239,7 @@ describe('co-located layout: every role in one process', () => {
           duplicates: beyondOne(rows),
           ...convergence(events.map((e) => e.type)),
         });
-        expect(r.status).toBe('committed');
+        expect(r.status, JSON.stringify({ r, events: events.map((e) => e.type) })).toBe('committed');
         expect(rows).toBe(1);
         expect(events.map((e) => e.type)).toContain('requeued');
         const s = (await t.store.load('acme', operationIdOf(key))).state as OperationRecord;
