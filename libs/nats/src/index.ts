@@ -3,6 +3,7 @@ export {
   CodecError,
   decode,
   decodeMsg,
+  encodeOwn,
   decodeRaw,
   encode,
 } from './codec.js';
