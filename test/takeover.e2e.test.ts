@@ -8,7 +8,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { downstreamKeyOf, operationIdOf, prepareCall } from '@tooltx/contracts';
 import { createTools, type Tools } from '@tooltx/client';
-import type { OperationRecord, TakeoverRecord } from '@tooltx/lifecycle';
+import { MAX_LATE_START_REQUEUES, type OperationRecord, type TakeoverRecord } from '@tooltx/lifecycle';
 import { HttpFaultProxy, TcpFaultProxy } from '@tooltx/dev/faults';
 import { provisioned, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
@@ -203,6 +203,30 @@ describe('FM-14: unknown past the deadline', () => {
       figure(task, { name: 'kb rows per key after the thaw', value: rows, duplicates: beyondOne(rows) });
       expect(rows).toBe(1);
     }
+  });
+
+  it('FM-14: a downstream path that swallows every request while the probe finds nothing: the attempt is sent again at most MAX_LATE_START_REQUEUES times, then stays unknown and is handed to a person; no row', async () => {
+    const key = keyOf('fm14-swallowed', 'Swallowed');
+    const dropped = proxy.inject(downstreamKeyOf('acme', key), { kind: 'drop' }, { times: Number.POSITIVE_INFINITY });
+    try {
+      const r = await alice.execute({ tool: 'kb.write_note', taskId: 'fm14-swallowed', input: note('Swallowed') });
+      expect(r.status).not.toBe('committed');
+      await waitForOperation(t, 'acme', key, (s) => s.status === 'unknown' && s.takeover !== undefined, 60_000);
+    } finally {
+      dropped.cancel();
+    }
+    const types = (await history(t, 'acme', key)).map((e) => e.type);
+    expect(types.filter((x) => x === 'requeued')).toHaveLength(MAX_LATE_START_REQUEUES);
+    expect(types.slice(-2)).toEqual(['unknown', 'takeover']);
+    const state = (await t.store.load('acme', operationIdOf(key))).state as OperationRecord;
+    expect(state.takeover).toMatchObject({
+      reason: 'unknown_past_deadline',
+      attempts: { attempt: 1, requeues: MAX_LATE_START_REQUEUES },
+    });
+    expect(await rowsFor(key)).toBe(0);
+    // Nothing arrived: the person resolves it not applied, and the task thaws.
+    const [resolved] = await takeoverCli('resolve', key, '--not-applied');
+    expect(resolved).toMatchObject({ status: 'rejected', error: { class: 'not_applied' } });
   });
 
   it('a person who verified the effect resolves it committed: the caller gets a manual receipt with the resource id', async ({

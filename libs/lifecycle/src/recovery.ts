@@ -79,7 +79,11 @@ export function decideRecovery(
 /** What the executor does with an attempt whose `running` event is stored: see {@link decideSend}. */
 export type SendStep = { kind: 'send' } | { kind: 'requeue' } | { kind: 'reject' };
 
-/** Requeues of an operation after which a late start (or a late refusal) is rejected instead (not applied; the caller backs off, FM-15). */
+/**
+ * Requeues of an operation after which a late start (or a late refusal) is rejected instead (not
+ * applied; the caller backs off, FM-15), and after which a probe that finds nothing leaves the
+ * operation `unknown` for a person instead of sending it again (FM-14).
+ */
 export const MAX_LATE_START_REQUEUES = 5;
 
 /**
@@ -371,14 +375,16 @@ export type RecoveryInput = ProbeOutcome | { kind: 'no_probe' };
  *   `unresolved` (the probe proved nothing yet; `retryInMs` as in {@link decideRecovery}),
  *   `no_probe` (the contract has none: a person decides), `result_not_recoverable` (the effect is
  *   there but its result cannot be rebuilt: a person decides), `mismatch` (another effect under
- *   our key: a person takes over at once, `probed` names it).
+ *   our key: a person takes over at once, `probed` names it), `requeue_limit` (the probe found
+ *   nothing again, but the attempt was requeued {@link MAX_LATE_START_REQUEUES} times already: it
+ *   stays `unknown` and goes to a person past its `unknownDeadlineMs`, FM-14).
  */
 export type RecoveryPlan =
   | { kind: 'commit'; resourceId: string }
   | { kind: 'requeue' }
   | {
       kind: 'unknown';
-      reason: 'unresolved' | 'no_probe' | 'result_not_recoverable' | 'mismatch';
+      reason: 'unresolved' | 'no_probe' | 'result_not_recoverable' | 'mismatch' | 'requeue_limit';
       markEvidence?: Evidence['kind'];
       retryInMs?: number;
       probed?: { resourceId: string; inputDigest: string };
@@ -410,7 +416,11 @@ export function planRecovery(
         ? { kind: 'commit', resourceId: step.resourceId }
         : { kind: 'unknown', reason: 'result_not_recoverable', ...mark('probe') };
     case 'requeue':
-      return { kind: 'requeue' };
+      // A downstream that takes requests and never applies them (a black hole before it) would
+      // otherwise be sent the same attempt forever: after the bound, a person decides (FM-14).
+      return decideRunAgain(state.requeues ?? 0).kind === 'requeue'
+        ? { kind: 'requeue' }
+        : { kind: 'unknown', reason: 'requeue_limit', ...mark('probe') };
     case 'mark_unknown':
     case 'keep':
       return {

@@ -584,6 +584,26 @@ describe('FM-12, FM-13, FM-19, FM-27: the recovery verdict', () => {
       ),
     ).toEqual({ kind: 'unknown', reason: 'unresolved', markEvidence: 'probe' });
   });
+  it('FM-14: given an attempt requeued the most times allowed, when the probe finds nothing again, then it stays unknown for a person instead of being sent forever', () => {
+    const requeued = (n: number) => ({ ...(unknownState() as OperationRecord), requeues: n });
+    expect(
+      planRecovery(
+        requeued(MAX_LATE_START_REQUEUES - 1),
+        { kind: 'not_found' },
+        { downstream: keyed, receiptOnly: true },
+      ),
+    ).toEqual({ kind: 'requeue' });
+    expect(
+      planRecovery(requeued(MAX_LATE_START_REQUEUES), { kind: 'not_found' }, { downstream: keyed, receiptOnly: true }),
+    ).toEqual({ kind: 'unknown', reason: 'requeue_limit' });
+    expect(
+      planRecovery(
+        { ...(runningState() as OperationRecord), requeues: MAX_LATE_START_REQUEUES },
+        { kind: 'not_found' },
+        { downstream: keyed, receiptOnly: true },
+      ),
+    ).toEqual({ kind: 'unknown', reason: 'requeue_limit', markEvidence: 'probe' });
+  });
   it('a contract with no probe: a running attempt whose executor is gone is unknown for a person', () => {
     expect(
       planRecovery(runningState() as OperationRecord, { kind: 'no_probe' }, { downstream: keyed, receiptOnly: true }),

@@ -145,6 +145,13 @@ export async function recoverOperation(deps: {
         case 'result_not_recoverable':
           l.warn('probe found the effect but cannot recover its result: left for a person');
           return { result: 'marked_unknown' };
+        case 'requeue_limit':
+          if (d === undefined) return { result: 'kept' };
+          l.warn(
+            { outcome: d, requeues: state.requeues },
+            'probe found nothing again after the last requeue allowed: left to a person past its deadline',
+          );
+          return d === 'appended' ? { result: 'marked_unknown' } : { result: 'moved_on' };
         case 'unresolved':
           if (d === undefined) return { result: 'kept', ...retry(plan) };
           l.warn({ outcome: d, ...retry(plan) }, 'outcome unknown: left to the reconciler');
