@@ -454,7 +454,8 @@ describe('console', () => {
     // Compensation requested: its delete never reaches the KB, nor any probe of it, while we look.
     const pending = await alice.execute({ tool: 'kb.write_note', taskId: 'console-req', input: note('Slow delete') });
     const dk = downstreamKeyOf('acme', deleteKeyOf(pending.operationKey!));
-    blocked.add(`/v1/deletes/by-key/${encodeURIComponent(dk)}`);
+    const deleteProbe = `/v1/deletes/by-key/${encodeURIComponent(dk)}`;
+    blocked.add(deleteProbe);
     const dropped = hop.inject(dk, { kind: 'drop' }, { times: Number.POSITIVE_INFINITY });
     void alice.compensate({ operationKey: pending.operationKey!, reason: 'withdrawn' }).catch(() => undefined);
     const page = await operator.newPage();
@@ -476,7 +477,8 @@ describe('console', () => {
     });
     await shot(page, 'compensation-outcomes');
     dropped.cancel();
-    blocked.clear();
+    // Only this test's probe: the stuck write's stays cut until its takeover is resolved.
+    blocked.delete(deleteProbe);
     await page.close();
   });
 
@@ -530,7 +532,7 @@ describe('console', () => {
     expect(olga.stderr).toContain('not granted query');
   });
 
-  it('console: the Contracts page lists every registered version with its current marker, state and usage', async () => {
+  it('console: the Contracts page lists every registered version with its current marker, whether a running executor holds it, state and usage', async () => {
     const page = await operator.newPage();
     await page.goto(`${consoleUrl}/contracts`);
     const write = page.locator('#contracts tr[data-contract="kb.write_note@1"]');
@@ -538,8 +540,10 @@ describe('console', () => {
     await expect(write.getAttribute('data-state')).resolves.toBe('active');
     // The writes of this file are counted: operations, tasks and actors on that version.
     const cells = await write.locator('td').allTextContents();
-    expect(Number(cells[4])).toBeGreaterThan(0);
-    expect(Number(cells[6])).toBeGreaterThan(0);
+    expect(Number(cells[5])).toBeGreaterThan(0);
+    expect(Number(cells[7])).toBeGreaterThan(0);
+    // The running executor holds it: a revert could make it current.
+    await expect(write.locator('td.held').textContent()).resolves.toBe('yes');
     // One current version per name.
     const contracts = await page
       .locator('#contracts tr[data-contract]')

@@ -21,7 +21,7 @@ import { contracts as v3Contracts, sinkWriteV3 } from './fixtures/sink-tools-v3.
 import { sinkWrite } from './fixtures/sink-tools.js';
 import { jetstreamManager } from '@nats-io/jetstream';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { permissionViolationOf } from '@tooltx/nats';
+import { openBucket, permissionViolationOf } from '@tooltx/nats';
 
 const V3_TOOLS = join(dirname(SINK_TOOLS), 'sink-tools-v3.ts');
 const CONFLICT_TOOLS = join(dirname(SINK_TOOLS), 'sink-tools-conflict.ts');
@@ -93,12 +93,14 @@ beforeAll(async () => {
   const env = { ...t.env, SINK_URL: sink.url, TOOLTX_TOOLS_MODULE: V3_TOOLS };
   services = await Promise.all([
     startService('authorizer', env),
-    startService('executor', env),
+    // Held marks renewed hourly: a mark the test deletes stays deleted.
+    startService('executor', { ...env, TOOLTX_HELD_MARK_MS: '3600000' }),
     startService('audit-projector', {
       ...env,
       TOOLTX_AUDIT_BATCH_MS: '0',
       TOOLTX_REVERT_THRESHOLD: '0.5',
       TOOLTX_REVERT_MIN_COUNT: '3',
+      TOOLTX_REVERT_MIN_TENANTS: '2',
       TOOLTX_REVERT_WINDOW_MS: '60000',
       TOOLTX_REVERT_CHECK_MS: '200',
     }),
@@ -118,10 +120,11 @@ afterAll(async () => {
 describe('contract registry', () => {
   it("the services published every version, the newest registered is current, and a service whose sink.write@1 has another interface digest refuses to start naming both digests; an agent reads only a name's current version", async () => {
     const rs = await rows();
-    expect(rs.map((r) => [r.version, r.current, r.state, r.interfaceDigest])).toEqual([
-      [1, false, 'active', sinkWrite.interfaceDigest],
-      [2, false, 'active', expect.stringMatching(/^sha256:/)],
-      [3, true, 'active', sinkWriteV3.interfaceDigest],
+    // Held: the running executor holds all three.
+    expect(rs.map((r) => [r.version, r.current, r.held, r.state, r.interfaceDigest])).toEqual([
+      [1, false, true, 'active', sinkWrite.interfaceDigest],
+      [2, false, true, 'active', expect.stringMatching(/^sha256:/)],
+      [3, true, true, 'active', sinkWriteV3.interfaceDigest],
     ]);
     const other = await startService(
       'authorizer',
@@ -213,20 +216,32 @@ describe('contract registry', () => {
     expect(row(await rows(), 1).state).toBe('retired');
   });
 
-  it('a threshold of conflicts, rejections and unknowns on the current version reverts it automatically to the previous one, recorded as auto:threshold', async () => {
+  it('a threshold of calls gone wrong on the current version reverts it automatically to the previous one, recorded as auto:threshold, once two tenants are over it: one tenant alone never reverts a name for all', async () => {
     const bob = agents[1]!;
-    sink.refuseWritesWith = 403;
-    try {
-      const bad = await Promise.all(
-        ['a1', 'a2', 'a3'].map((task) =>
-          bob.execute({ tool: 'sink.write', taskId: task, input: note(`bad ${task}`, 'alice') }),
+    const gina = await t.agentTools('globex', 'gina', v3Contracts);
+    agents.push(gina);
+    const bad = (tools: Tools, tag: string) =>
+      Promise.all(
+        ['1', '2', '3'].map((n) =>
+          tools.execute({ tool: 'sink.write', taskId: `${tag}${n}`, input: note(`bad ${tag}${n}`, 'alice') }),
         ),
       );
-      expect(bad.map((b) => [b.status, b.status === 'rejected' && b.error?.class])).toEqual([
+    sink.refuseWritesWith = 403;
+    try {
+      // acme alone: every call rejected, and the name stays on @3.
+      const acme = await bad(bob, 'a');
+      expect(acme.map((b) => [b.status, b.status === 'rejected' && b.error?.class])).toEqual([
         ['rejected', 'forbidden'],
         ['rejected', 'forbidden'],
         ['rejected', 'forbidden'],
       ]);
+      await expect.poll(async () => row(await rows(), 3).usage.failed, { timeout: 10_000 }).toBe(3);
+      // Several checks of the rule (every 200 ms) see acme's three failed calls.
+      await new Promise((r) => setTimeout(r, 1_500));
+      expect((await rows()).find((r) => r.current)?.version).toBe(3);
+      // globex too: two tenants over the threshold.
+      const globex = await bad(gina, 'g');
+      expect(globex.map((b) => b.status)).toEqual(['rejected', 'rejected', 'rejected']);
     } finally {
       sink.refuseWritesWith = 0;
     }
@@ -238,7 +253,7 @@ describe('contract registry', () => {
       by: 'auto:threshold',
       reason: 'revert',
     });
-    expect(row((a as { versions: VersionRow[] }).versions, 3).usage.ratio).toBeGreaterThanOrEqual(0.5);
+    expect(row((a as { versions: VersionRow[] }).versions, 3).usage).toMatchObject({ failed: 6, ratio: 6 / 7 });
   });
 
   it('FM-23: a manual revert makes the previous version current for new tasks while a running task keeps its own; with --stop-running its next step is refused contract_withdrawn naming the version to use', async () => {
@@ -247,8 +262,18 @@ describe('contract registry', () => {
     const r1 = await carol.execute({ tool: 'sink.write', taskId: 'run-1', input: note('run-1 a', 'bob') });
     expect(r1).toMatchObject({ status: 'committed', receipt: { version: 2 } });
 
+    // No running executor holds @3 any more (its held marks gone): a revert to it is refused
+    // version_not_held; the operator may insist with --unheld.
+    const kv = await openBucket(t.nc, t.subjects.contractsBucket);
+    for await (const key of await kv.keys('held.sink.write.3.>')) await kv.delete(key);
+    await expect.poll(async () => row(await rows(), 3).held, { timeout: 5_000 }).toBe(false);
+    const refused = await cli(['revert', 'sink.write']);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain('name: no running executor holds sink.write@3');
+    expect((await rows()).find((r) => r.current)?.version).toBe(2);
+
     // Manual revert: @3 (the version before @2) is current again, recorded with the operator.
-    expect(await ask({ action: 'revert', name: 'sink.write' })).toMatchObject({
+    expect(await ask({ action: 'revert', name: 'sink.write', unheld: true })).toMatchObject({
       ok: true,
       current: {
         current: 3,
@@ -299,5 +324,11 @@ describe('contract registry', () => {
       status: 'committed',
       receipt: { version: 2 },
     });
+  });
+
+  it('an executor stopped cleanly removes its held marks: no version is held any more', async () => {
+    const executor = services.find((p) => p.name === 'executor')!;
+    expect(await executor.stop()).toBe(0);
+    await expect.poll(async () => (await rows()).map((r) => r.held), { timeout: 5_000 }).toEqual([false, false, false]);
   });
 });

@@ -27,6 +27,7 @@ const FLAG_OF: Record<string, string> = {
   contract: '<name@version>',
   sunsetAt: '--sunset',
   since: '--since',
+  from: '--from',
 };
 
 /** Checks the request as the service will (zod); a bad one is a usage error naming each field. */
@@ -138,8 +139,23 @@ export function registerContracts(program: Command): void {
       '--stop-running',
       'also refuse further intents of running tasks on the reverted version (contract_withdrawn)',
     )
+    .option(
+      '--from <version>',
+      'revert only while this version is current (default: the one current when the request arrives); refused current_changed otherwise',
+    )
+    .option('--unheld', 'revert even to a version no running executor holds (held marks, docs/contracts.md)')
     .addHelpText('after', ENV)
-    .action((name: string, o: { stopRunning?: boolean }) =>
-      send({ action: 'revert', name, ...(o.stopRunning ? { stopRunning: true } : {}) }),
-    );
+    .action((name: string, o: { stopRunning?: boolean; from?: string; unheld?: boolean }) => {
+      if (o.from !== undefined && !/^[1-9][0-9]{0,8}$/.test(o.from))
+        throw new UsageError(
+          `--from (from): expected a version number such as 3, got ${JSON.stringify(o.from.slice(0, 40))}`,
+        );
+      return send({
+        action: 'revert',
+        name,
+        ...(o.stopRunning ? { stopRunning: true } : {}),
+        ...(o.from !== undefined ? { from: Number(o.from) } : {}),
+        ...(o.unheld ? { unheld: true } : {}),
+      });
+    });
 }

@@ -7,7 +7,15 @@ import { CONTRACT_ID_PATTERN, ErrorClass, type ErrorInfo } from '@tooltx/contrac
  * intent on a version is admitted. The entries live in the KV bucket `<prefix>_contracts` (file
  * storage: they hold decisions that exist nowhere else); every rule here is pure.
  *
- * Keys: `version.<name>.<version>` → {@link VersionEntry}; `current.<name>` → {@link CurrentEntry}.
+ * Keys: `version.<name>.<version>` → {@link VersionEntry} (what services published);
+ * `current.<name>` → {@link CurrentEntry} (the current version and what operators decided on each
+ * version of the name); `held.<name>.<version>.<instance>` → {@link HeldMark} (a running service
+ * holds that version).
+ *
+ * Every operator command on a name (deprecate, retire, revert) changes only that name's current
+ * entry, under compare-and-set on its revision: two commands on one name at once are serialised by
+ * the bucket, the second one decided again on what the first wrote. A retirement is never undone by
+ * a concurrent deprecate, and a revert never makes current a version retired at the same moment.
  */
 
 const epochMs = z.number().int().nonnegative();
@@ -47,6 +55,18 @@ export const versionEntrySchema = z.object({
 });
 export type VersionEntry = z.infer<typeof versionEntrySchema>;
 
+/**
+ * What operators decided on one version (kept on its name's current entry, keyed by version): a
+ * sunset, a retirement, a withdrawal. Older registries kept these on the version entry; both are
+ * read, the current entry's winning.
+ */
+export const versionStateSchema = z.object({
+  deprecated: z.object({ sunsetAt: epochMs, by: changedBySchema, at: epochMs }).optional(),
+  retired: z.object({ by: changedBySchema, at: epochMs }).optional(),
+  withdrawn: z.object({ by: changedBySchema, at: epochMs }).optional(),
+});
+export type VersionState = z.infer<typeof versionStateSchema>;
+
 /** One change of a name's current version. */
 export const switchSchema = z.object({
   from: z.number().int().min(1).optional(),
@@ -63,6 +83,8 @@ export const currentEntrySchema = z.object({
   name,
   current: z.number().int().min(1),
   switches: z.array(switchSchema).max(MAX_SWITCHES),
+  /** Operators' decisions per version (`"2"` → its state). */
+  states: z.record(z.string().regex(/^[1-9][0-9]{0,8}$/), versionStateSchema).optional(),
 });
 export type CurrentEntry = z.infer<typeof currentEntrySchema>;
 
@@ -75,6 +97,38 @@ export function parseContractId(id: string): { name: string; version: number } |
   if (!CONTRACT_ID_PATTERN.test(id)) return null;
   const at = id.lastIndexOf('@');
   return { name: id.slice(0, at), version: Number(id.slice(at + 1)) };
+}
+
+/**
+ * A running executor holds `name@version` until `until` (epoch ms): renewed every interval, removed
+ * at a clean shutdown, ignored once past (a crashed service's mark). A revert makes current only a
+ * version some service holds, unless the operator says otherwise (docs/contracts.md "Revert").
+ */
+export const heldMarkSchema = z.object({
+  name,
+  version: z.number().int().min(1),
+  instance: z.string().min(1).max(100),
+  at: epochMs,
+  until: epochMs,
+});
+export type HeldMark = z.infer<typeof heldMarkSchema>;
+
+/**
+ * The registry key of a held mark: the instance id with every character a KV key may not hold
+ * (anything but letters, digits, `-` and `_`) as `_`.
+ */
+export const heldKeyOf = (contractName: string, version: number, instance: string) =>
+  `held.${contractName}.${version}.${instance.replace(/[^A-Za-z0-9_-]/g, '_')}`;
+
+/** A version entry as operators' decisions left it: `cur`'s state of that version over the entry's own. Pure. */
+export function withState(v: VersionEntry, cur: CurrentEntry | null | undefined): VersionEntry {
+  const st = cur?.states?.[String(v.version)];
+  return st ? { ...v, ...stripUndefined(st) } : v;
+}
+
+function withVersionState(cur: CurrentEntry, version: number, st: VersionState): CurrentEntry {
+  const key = String(version);
+  return { ...cur, states: { ...cur.states, [key]: { ...cur.states?.[key], ...st } } };
 }
 
 /** What a service publishes for one contract it holds. */
@@ -132,6 +186,13 @@ export function currentAfterRegistration(
   return withSwitch(cur, { from: cur.current, to: version, by, at: now, reason: 'registered' });
 }
 
+function describeSwitch(cur: CurrentEntry): string {
+  const s = [...cur.switches].reverse().find((x) => x.to === cur.current);
+  return s
+    ? `${s.reason === 'revert' ? 'reverted' : 'registered'} by ${s.by} at ${new Date(s.at).toISOString()}`
+    : 'no switch recorded';
+}
+
 function withSwitch(cur: CurrentEntry, s: Switch): CurrentEntry {
   return { ...cur, current: s.to, switches: [...cur.switches, s].slice(-MAX_SWITCHES) };
 }
@@ -145,11 +206,19 @@ export function isRetired(v: VersionEntry, now: number): boolean {
 export type RegistryCommand =
   | { kind: 'deprecate'; version: number; sunsetAt: number }
   | { kind: 'retire'; version: number }
-  | { kind: 'revert'; stopRunning: boolean };
+  /**
+   * `from`: the version the requester saw current; when another is current by now (another
+   * operator's revert came first), nothing is reverted. `unheld`: revert even to a version no
+   * running service holds (a deliberate operator choice).
+   */
+  | { kind: 'revert'; stopRunning: boolean; from?: number; unheld?: boolean };
 
-/** What a {@link RegistryCommand} writes: the entries to put (compare-and-set on their revisions). */
+/**
+ * What a {@link RegistryCommand} writes: the name's current entry (compare-and-set on the revision
+ * it was decided on), and the versions it changed as they read after it.
+ */
 export type RegistryOutcome =
-  | { kind: 'write'; versions: VersionEntry[]; current: CurrentEntry | null }
+  | { kind: 'write'; current: CurrentEntry; changed: VersionEntry[] }
   | { kind: 'refuse'; error: ErrorInfo };
 
 const refuse = (path: string, code: string, message: string): RegistryOutcome => ({
@@ -159,29 +228,43 @@ const refuse = (path: string, code: string, message: string): RegistryOutcome =>
 
 /**
  * The rule of one command on a name's entries (`versions`: every registered version of the name;
- * `cur`: its current entry):
+ * `cur`: its current entry, read under compare-and-set; `held`: whether a running service holds a
+ * version, {@link HeldMark}):
  * - deprecate `@V`: sets its sunset (again: a new date replaces the old one); not the current
- *   version — revert or register another first;
+ *   version — revert or register another first; not a retired one (retirement is final);
  * - retire `@V`: retired now; not the current version;
  * - revert: the previous current version (the `from` of the switch to the current one, else the
  *   highest lower one) becomes current again, as one unit (description, schemas, authorisation and
  *   audit parser are that version's); one that is retired, withdrawn or deprecated cannot (it would
- *   refuse every new task, at once or at its sunset); `stopRunning` withdraws the reverted version
+ *   refuse every new task, at once or at its sunset); nor one no running service holds, unless
+ *   `unheld` (its intents would find no executor); `stopRunning` withdraws the reverted version
  *   (running tasks are refused `contract_withdrawn` on it).
- * Pure.
+ * - a revert that names the version it reverts (`from`) is refused `current_changed` when another
+ *   is current by now: two operators reverting at once revert once, never back and forth.
+ * Refusals carry the field path: `name` (`unknown_contract`, `no_previous_version`,
+ * `version_not_held`), `from` (`current_changed`), `contract` (`unknown_contract`, `current_version`, `retired`), `sunset`
+ * (`in_the_past`). Pure.
  */
 export function decideRegistryCommand(
   contractName: string,
-  versions: readonly VersionEntry[],
+  registered: readonly VersionEntry[],
   cur: CurrentEntry | null,
   cmd: RegistryCommand,
   by: string,
   now: number,
+  held: (version: number) => boolean = () => true,
 ): RegistryOutcome {
-  if (!versions.length || !cur)
+  if (!registered.length || !cur)
     return refuse('name', 'unknown_contract', `no contract named ${contractName} is registered`);
+  const versions = registered.map((v) => withState(v, cur));
   if (cmd.kind === 'revert') {
     const from = cur.current;
+    if (cmd.from !== undefined && cmd.from !== from)
+      return refuse(
+        'from',
+        'current_changed',
+        `${contractName}@${from} is current now, not @${cmd.from}: nothing reverted (${describeSwitch(cur)})`,
+      );
     const last = [...cur.switches].reverse().find((s) => s.to === from);
     const candidates = versions.filter(
       (v) => v.version !== from && !isRetired(v, now) && v.withdrawn === undefined && v.deprecated === undefined,
@@ -195,21 +278,35 @@ export function decideRegistryCommand(
         'no_previous_version',
         `${contractName}@${from} has no earlier version that is not retired, withdrawn or deprecated`,
       );
+    if (!cmd.unheld && !held(previous.version))
+      return refuse(
+        'name',
+        'version_not_held',
+        `no running executor holds ${contractName}@${previous.version}: start one that does, or revert with --unheld`,
+      );
+    let next = withSwitch(cur, { from, to: previous.version, by, at: now, reason: 'revert' });
     const reverted = versions.find((v) => v.version === from);
+    if (cmd.stopRunning && reverted) next = withVersionState(next, from, { withdrawn: { by, at: now } });
     return {
       kind: 'write',
-      current: withSwitch(cur, { from, to: previous.version, by, at: now, reason: 'revert' }),
-      versions: cmd.stopRunning && reverted ? [{ ...reverted, withdrawn: { by, at: now } }] : [],
+      current: next,
+      changed: cmd.stopRunning && reverted ? [withState(reverted, next)] : [],
     };
   }
   const v = versions.find((x) => x.version === cmd.version);
   if (!v) return refuse('contract', 'unknown_contract', `${contractName}@${cmd.version} is not registered`);
   if (cmd.version === cur.current)
     return refuse('contract', 'current_version', `${contractName}@${cmd.version} is the current version: revert first`);
-  if (cmd.kind === 'retire') return { kind: 'write', current: null, versions: [{ ...v, retired: { by, at: now } }] };
-  if (cmd.sunsetAt <= now)
-    return refuse('sunset', 'in_the_past', 'the sunset must be in the future (`retire` ends a version now)');
-  return { kind: 'write', current: null, versions: [{ ...v, deprecated: { sunsetAt: cmd.sunsetAt, by, at: now } }] };
+  const state: VersionState =
+    cmd.kind === 'retire' ? { retired: { by, at: now } } : { deprecated: { sunsetAt: cmd.sunsetAt, by, at: now } };
+  if (cmd.kind === 'deprecate') {
+    if (cmd.sunsetAt <= now)
+      return refuse('sunset', 'in_the_past', 'the sunset must be in the future (`retire` ends a version now)');
+    if (v.retired)
+      return refuse('contract', 'retired', `${contractName}@${cmd.version} is retired: a retirement is final`);
+  }
+  const next = withVersionState(cur, cmd.version, state);
+  return { kind: 'write', current: next, changed: [withState(v, next)] };
 }
 
 /** The registry as the authorizer holds it in memory (a watched copy): entries by key. */
@@ -261,37 +358,55 @@ export function contractAdmission(
 
 /** A threshold rule for automatic reverts (docs/contracts.md "Automatic revert"). */
 export interface RevertThreshold {
-  /** Ratio of conflicts + rejections + unknowns over operations, 0..1. */
+  /** Ratio of calls that went wrong over calls, 0..1 ({@link badRatioOf}). */
   ratio: number;
-  /** Fewest operations of the version in the window before the ratio counts. */
+  /** Fewest calls of the version by one tenant in the window before that tenant's ratio counts. */
   minCount: number;
+  /** Fewest tenants over the ratio before a name is reverted: one tenant's traffic alone never reverts a name every tenant uses. */
+  minTenants: number;
   /** The window, ms. */
   windowMs: number;
 }
 
 /** Per-version counts from the audit records of a window. */
 export interface VersionHealth {
+  /** Operations registered on the version. */
   operations: number;
+  /** Requests refused `idempotency_conflict` on the version: calls that registered no operation. */
   conflicts: number;
   rejected: number;
   unknown: number;
-}
-
-/** The bad ratio of a version: (conflicts + rejections + unknowns) / operations, 0 when none. Pure. */
-export function badRatioOf(h: VersionHealth): number {
-  return h.operations === 0 ? 0 : (h.conflicts + h.rejected + h.unknown) / h.operations;
+  /** Operations rejected or ever unknown, each counted once. */
+  failed: number;
 }
 
 /**
- * Whether the threshold reverts a name now: its current version has at least `minCount` operations
- * in the window, a bad ratio at or above `ratio`, it became current by a registration (a revert is
- * never undone by a rule), and a previous version exists. Pure.
+ * The bad ratio of a version: calls that went wrong over calls, where the calls are its operations
+ * and its conflicting requests, and the wrong ones its failed operations and those conflicts. 0..1;
+ * 0 when none. Pure.
  */
-export function shouldAutoRevert(cur: CurrentEntry, health: VersionHealth | undefined, t: RevertThreshold): boolean {
-  if (!health || health.operations < t.minCount) return false;
+export function badRatioOf(h: VersionHealth): number {
+  const calls = h.operations + h.conflicts;
+  return calls === 0 ? 0 : (h.failed + h.conflicts) / calls;
+}
+
+/**
+ * Whether the threshold reverts a name now (`byTenant`: its current version's health per tenant
+ * over the window): at least `minTenants` tenants each made at least `minCount` calls on it with a
+ * bad ratio at or above `ratio`, it became current by a registration (a revert is never undone by
+ * a rule), and a previous version exists. Pure.
+ */
+export function shouldAutoRevert(
+  cur: CurrentEntry,
+  byTenant: ReadonlyMap<string, VersionHealth> | undefined,
+  t: RevertThreshold,
+): boolean {
+  if (!byTenant) return false;
   const last = cur.switches.at(-1);
   if (!last || last.to !== cur.current || last.reason !== 'registered' || last.from === undefined) return false;
-  return badRatioOf(health) >= t.ratio;
+  let over = 0;
+  for (const h of byTenant.values()) if (h.operations + h.conflicts >= t.minCount && badRatioOf(h) >= t.ratio) over++;
+  return over >= t.minTenants;
 }
 
 function stripUndefined<T extends object>(o: T): T {

@@ -309,6 +309,9 @@ export {
   currentEntrySchema,
   currentKeyOf,
   decideRegistryCommand,
+  type HeldMark,
+  heldKeyOf,
+  heldMarkSchema,
   isRetired,
   MAX_SWITCHES,
   parseContractId,
@@ -325,4 +328,7 @@ export {
   versionEntrySchema,
   type VersionHealth,
   versionKeyOf,
+  type VersionState,
+  versionStateSchema,
+  withState,
 } from './contract-registry.js';

@@ -5,6 +5,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import {
+  badRatioOf,
   contractAdmission,
   currentAfterRegistration,
   decideRegistryCommand,
@@ -104,7 +105,7 @@ describe('operator commands', () => {
         current: 1,
         switches: expect.arrayContaining([{ from: 2, to: 1, by, at: 50, reason: 'revert' }]),
       }),
-      versions: [],
+      changed: [],
     });
   });
 
@@ -117,7 +118,11 @@ describe('operator commands', () => {
       by,
       50,
     );
-    expect(r).toMatchObject({ kind: 'write', versions: [{ version: 2, withdrawn: { by, at: 50 } }] });
+    expect(r).toMatchObject({
+      kind: 'write',
+      current: { current: 1, states: { '2': { withdrawn: { by, at: 50 } } } },
+      changed: [{ version: 2, withdrawn: { by, at: 50 } }],
+    });
   });
 
   it('given the only earlier version retired, when reverted, then it is refused at name', () => {
@@ -178,8 +183,8 @@ describe('operator commands', () => {
       ),
     ).toMatchObject({
       kind: 'write',
-      current: null,
-      versions: [{ version: 1, deprecated: { sunsetAt: 99, by, at: 50 } }],
+      current: { current: 2, states: { '1': { deprecated: { sunsetAt: 99, by, at: 50 } } } },
+      changed: [{ version: 1, deprecated: { sunsetAt: 99, by, at: 50 } }],
     });
     expect(
       decideRegistryCommand(
@@ -216,6 +221,103 @@ describe('operator commands', () => {
   });
 });
 
+describe('operator commands on one name, one entry', () => {
+  const versions = [entry(1), entry(2), entry(3)];
+  const retired = { retired: { by, at: 5 } };
+
+  it('given @2 retired by a command (kept on the current entry), when reverted, then @2 is never made current', () => {
+    const cur = { ...current(3, 2), states: { '2': retired } };
+    expect(
+      decideRegistryCommand('sink.write', versions, cur, { kind: 'revert', stopRunning: false }, by, 50),
+    ).toMatchObject({ kind: 'write', current: { current: 1 } });
+  });
+
+  it('given @1 retired, when deprecated (a command decided on an older read), then it is refused at contract: a retirement is final', () => {
+    const cur = { ...current(3, 2), states: { '1': retired } };
+    expect(
+      decideRegistryCommand('sink.write', versions, cur, { kind: 'deprecate', version: 1, sunsetAt: 99 }, by, 50),
+    ).toMatchObject({ kind: 'refuse', error: { issues: [{ path: ['contract'], code: 'retired' }] } });
+  });
+
+  it('given a retirement kept on an older version entry, when the current entry has no state for it, then it still counts', () => {
+    const r = decideRegistryCommand(
+      'sink.write',
+      [entry(1), entry(2, retired), entry(3)],
+      current(3, 2),
+      { kind: 'revert', stopRunning: false },
+      by,
+      50,
+    );
+    expect(r).toMatchObject({ kind: 'write', current: { current: 1 } });
+  });
+
+  it('given retire then deprecate of other versions, when both apply in turn, then the entry holds both decisions', () => {
+    const a = decideRegistryCommand('sink.write', versions, current(3, 2), { kind: 'retire', version: 1 }, by, 50);
+    if (a.kind !== 'write') throw new Error('expected a write');
+    const b = decideRegistryCommand(
+      'sink.write',
+      versions,
+      a.current,
+      { kind: 'deprecate', version: 2, sunsetAt: 99 },
+      by,
+      51,
+    );
+    expect(b).toMatchObject({
+      kind: 'write',
+      current: { current: 3, states: { '1': { retired: { by, at: 50 } }, '2': { deprecated: { sunsetAt: 99 } } } },
+    });
+  });
+
+  it('given @3 reverted to @2 by one operator, when a second revert that saw @3 current is decided, then it is refused current_changed at from: two reverts at once revert once', () => {
+    const first = decideRegistryCommand(
+      'sink.write',
+      versions,
+      current(3, 2),
+      { kind: 'revert', stopRunning: false, from: 3 },
+      by,
+      50,
+    );
+    if (first.kind !== 'write') throw new Error('expected a write');
+    expect(first.current.current).toBe(2);
+    expect(
+      decideRegistryCommand(
+        'sink.write',
+        versions,
+        first.current,
+        { kind: 'revert', stopRunning: false, from: 3 },
+        'operator:ops2',
+        51,
+      ),
+    ).toMatchObject({ kind: 'refuse', error: { issues: [{ path: ['from'], code: 'current_changed' }] } });
+  });
+
+  it('given the previous version held by no running service, when reverted, then it is refused version_not_held at name; with unheld it reverts', () => {
+    const held = (v: number) => v !== 2;
+    expect(
+      decideRegistryCommand(
+        'sink.write',
+        versions,
+        current(3, 2),
+        { kind: 'revert', stopRunning: false },
+        by,
+        50,
+        held,
+      ),
+    ).toMatchObject({ kind: 'refuse', error: { issues: [{ path: ['name'], code: 'version_not_held' }] } });
+    expect(
+      decideRegistryCommand(
+        'sink.write',
+        versions,
+        current(3, 2),
+        { kind: 'revert', stopRunning: false, unheld: true },
+        by,
+        50,
+        held,
+      ),
+    ).toMatchObject({ kind: 'write', current: { current: 2 } });
+  });
+});
+
 describe('admission of a new intent', () => {
   it('given @1 deprecated with a sunset, when an intent comes before it, then it is admitted; at or after it, refused contract_retired naming the current version', () => {
     const view = viewOf([entry(1, { deprecated: { sunsetAt: 100, by, at: 0 } }), entry(2)], current(2, 1));
@@ -244,16 +346,32 @@ describe('admission of a new intent', () => {
 });
 
 describe('automatic revert threshold', () => {
-  const t = { ratio: 0.5, minCount: 4, windowMs: 60_000 };
-  it('given the current version registered after another, when half or more of at least minCount operations went wrong, then it reverts', () => {
-    expect(shouldAutoRevert(current(2, 1), { operations: 4, conflicts: 1, rejected: 0, unknown: 1 }, t)).toBe(true);
+  const t = { ratio: 0.5, minCount: 4, minTenants: 2, windowMs: 60_000 };
+  const h = (operations: number, failed: number, conflicts = 0) => ({
+    operations,
+    conflicts,
+    rejected: failed,
+    unknown: 0,
+    failed,
   });
-  it('given too few operations, a lower ratio, a version current by a revert, or no previous one, then it does not', () => {
-    expect(shouldAutoRevert(current(2, 1), { operations: 3, conflicts: 3, rejected: 0, unknown: 0 }, t)).toBe(false);
-    expect(shouldAutoRevert(current(2, 1), { operations: 10, conflicts: 1, rejected: 1, unknown: 1 }, t)).toBe(false);
-    expect(shouldAutoRevert(current(1, 2, 'revert'), { operations: 4, conflicts: 4, rejected: 0, unknown: 0 }, t)).toBe(
-      false,
-    );
-    expect(shouldAutoRevert(current(1), { operations: 4, conflicts: 4, rejected: 0, unknown: 0 }, t)).toBe(false);
+  const tenants = (...hs: ReturnType<typeof h>[]) => new Map(hs.map((x, i) => [`t${i}`, x]));
+
+  it('given the current version registered after another, when two tenants each had half or more of at least minCount calls go wrong, then it reverts', () => {
+    expect(shouldAutoRevert(current(2, 1), tenants(h(4, 2, 1), h(2, 0, 2)), t)).toBe(true);
+  });
+  it('given one tenant far over the ratio and another fine, then it does not: one tenant never reverts a name for every tenant', () => {
+    expect(shouldAutoRevert(current(2, 1), tenants(h(100, 100, 50), h(10, 0)), t)).toBe(false);
+    expect(shouldAutoRevert(current(2, 1), tenants(h(100, 100, 50), h(10, 0)), { ...t, minTenants: 1 })).toBe(true);
+  });
+  it('given too few calls, a lower ratio, a version current by a revert, or no previous one, then it does not', () => {
+    expect(shouldAutoRevert(current(2, 1), tenants(h(3, 3), h(3, 3)), t)).toBe(false);
+    expect(shouldAutoRevert(current(2, 1), tenants(h(10, 3), h(10, 4)), t)).toBe(false);
+    expect(shouldAutoRevert(current(1, 2, 'revert'), tenants(h(4, 4), h(4, 4)), t)).toBe(false);
+    expect(shouldAutoRevert(current(1), tenants(h(4, 4), h(4, 4)), t)).toBe(false);
+  });
+  it('the bad ratio counts calls, never above 1: conflicts are calls that registered nothing, a failed operation counts once', () => {
+    expect(badRatioOf({ operations: 1, conflicts: 9, rejected: 1, unknown: 1, failed: 1 })).toBe(1);
+    expect(badRatioOf({ operations: 4, conflicts: 0, rejected: 1, unknown: 1, failed: 1 })).toBe(0.25);
+    expect(badRatioOf({ operations: 0, conflicts: 0, rejected: 0, unknown: 0, failed: 0 })).toBe(0);
   });
 });

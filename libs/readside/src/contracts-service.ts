@@ -10,11 +10,10 @@ import {
   isRetired,
   parseContractId,
   shouldAutoRevert,
-  versionEntrySchema,
-  versionKeyOf,
   type AuditRecord,
   type CurrentEntry,
   type RegistryCommand,
+  type RegistryOutcome,
   type RevertThreshold,
   type VersionEntry,
   type VersionHealth,
@@ -42,7 +41,14 @@ export const contractsRequestSchema = z.discriminatedUnion('action', [
   z.strictObject({ action: z.literal('usage'), name: contractName, since: epochMs.optional() }),
   z.strictObject({ action: z.literal('deprecate'), contract: contractId, sunsetAt: epochMs.max(MAX_DATE_MS) }),
   z.strictObject({ action: z.literal('retire'), contract: contractId }),
-  z.strictObject({ action: z.literal('revert'), name: contractName, stopRunning: z.boolean().optional() }),
+  z.strictObject({
+    action: z.literal('revert'),
+    name: contractName,
+    stopRunning: z.boolean().optional(),
+    /** The version the operator saw current (default: the one current when the request arrives). */
+    from: z.number().int().min(1).max(999_999_999).optional(),
+    unheld: z.boolean().optional(),
+  }),
 ]);
 export type ContractsRequest = z.infer<typeof contractsRequestSchema>;
 
@@ -67,6 +73,8 @@ export interface VersionRow {
   firstSeenAt: number;
   lastSeenAt: number;
   current: boolean;
+  /** Whether a running executor holds it now (a held mark): a revert makes current only such a version. */
+  held: boolean;
   /** `active`, `deprecated` (sunset ahead), `retired` (retired or past its sunset), `withdrawn`. */
   state: 'active' | 'deprecated' | 'retired' | 'withdrawn';
   sunsetAt?: number;
@@ -89,11 +97,13 @@ export const contractsListAnswerSchema = z.union([
         firstSeenAt: epochMs,
         lastSeenAt: epochMs,
         current: z.boolean(),
+        held: z.boolean(),
         state: z.enum(['active', 'deprecated', 'retired', 'withdrawn']),
         sunsetAt: epochMs.optional(),
         usage: z.object({
           operations: z.number().int(),
           conflicts: z.number().int(),
+          failed: z.number().int(),
           rejected: z.number().int(),
           unknown: z.number().int(),
           tasks: z.number().int(),
@@ -123,44 +133,69 @@ export type ContractsAnswer =
 /** How far back `list` and `usage` look when no `since` is given: 24 hours, ms. */
 export const DEFAULT_USAGE_WINDOW_MS = 24 * 60 * 60 * 1000;
 
-/** Per-version usage of the audit records in `records` (already in the window). Pure. */
-export function usageOf(records: Iterable<AuditRecord>): Map<string, VersionUsage> {
+/**
+ * Per-version usage of the audit records in `records` (already in the window), and the same health
+ * per tenant (`byTenant`: contract → tenant → health, what the automatic revert weighs). Pure.
+ */
+export function usageOf(records: Iterable<AuditRecord>): Map<string, VersionUsage> & {
+  byTenant: Map<string, Map<string, VersionHealth>>;
+} {
   const acc = new Map<string, VersionHealth & { taskSet: Set<string>; actorSet: Set<string> }>();
+  const byTenant = new Map<string, Map<string, VersionHealth>>();
   const get = (contract: string) => {
     let a = acc.get(contract);
-    if (!a)
-      acc.set(
-        contract,
-        (a = { operations: 0, conflicts: 0, rejected: 0, unknown: 0, taskSet: new Set(), actorSet: new Set() }),
-      );
+    if (!a) {
+      a = { ...noHealth(), taskSet: new Set<string>(), actorSet: new Set<string>() };
+      acc.set(contract, a);
+    }
     return a;
+  };
+  const tenantOf = (contract: string, tenant: string) => {
+    let m = byTenant.get(contract);
+    if (!m) byTenant.set(contract, (m = new Map()));
+    let h = m.get(tenant);
+    if (!h) m.set(tenant, (h = noHealth()));
+    return h;
   };
   for (const r of records) {
     if (!r.contract) continue;
     const a = get(r.contract);
+    const ta = tenantOf(r.contract, r.tenant);
     a.operations++;
+    ta.operations++;
     if (r.taskId) a.taskSet.add(`${r.tenant}\0${r.taskId}`);
     a.actorSet.add(`${r.tenant}\0${r.actor}`);
     for (const d of r.decisions) {
-      const c = d.contract ? get(d.contract) : a;
+      const contract = d.contract ?? r.contract;
+      const c = get(contract);
       c.actorSet.add(`${r.tenant}\0${d.actor}`);
-      if (d.conflict) c.conflicts++;
+      if (d.conflict) {
+        c.conflicts++;
+        tenantOf(contract, r.tenant).conflicts++;
+      }
     }
-    if (r.status === 'rejected' || r.status === 'refused') a.rejected++;
-    if (r.states.some((s) => s.status === 'unknown')) a.unknown++;
+    const rejected = r.status === 'rejected' || r.status === 'refused';
+    const unknown = r.states.some((s) => s.status === 'unknown');
+    for (const h of [a, ta]) {
+      if (rejected) h.rejected++;
+      if (unknown) h.unknown++;
+      if (rejected || unknown) h.failed++;
+    }
   }
   const out = new Map<string, VersionUsage>();
   for (const [k, { taskSet, actorSet, ...h }] of acc)
     out.set(k, { ...h, tasks: taskSet.size, actors: actorSet.size, ratio: badRatioOf(h) });
-  return out;
+  return Object.assign(out, { byTenant });
 }
 
-const noUsage: VersionUsage = { operations: 0, conflicts: 0, rejected: 0, unknown: 0, tasks: 0, actors: 0, ratio: 0 };
+const noHealth = (): VersionHealth => ({ operations: 0, conflicts: 0, rejected: 0, unknown: 0, failed: 0 });
+const noUsage: VersionUsage = { ...noHealth(), tasks: 0, actors: 0, ratio: 0 };
 
 function rowOf(
   v: VersionEntry,
   cur: CurrentEntry | undefined,
   usage: VersionUsage | undefined,
+  held: boolean,
   now: number,
 ): VersionRow {
   const state = v.withdrawn
@@ -180,6 +215,7 @@ function rowOf(
     firstSeenAt: v.firstSeenAt,
     lastSeenAt: v.lastSeenAt,
     current: cur?.current === v.version,
+    held,
     state,
     ...(v.deprecated ? { sunsetAt: v.deprecated.sunsetAt } : {}),
     usage: usage ?? noUsage,
@@ -201,11 +237,14 @@ export interface ContractsServiceDeps {
 }
 
 /**
- * Applies an operator's (or a threshold rule's) command to a contract name in the registry:
- * the current entry under compare-and-set, then the versions it changes (docs/contracts.md).
- * `check`, when given, is asked again on the entry read under compare-and-set (a rule that no
- * longer holds writes nothing). Throws `TooltxError(invalid_input)` with the field path of a
- * command that cannot apply.
+ * Applies an operator's (or a threshold rule's) command to a contract name in the registry: decided
+ * on the name's current entry as read, and written there under compare-and-set on that revision;
+ * when another command or a registration wrote it first, read and decided again (bounded rounds).
+ * Every command on a name changes that one entry, so commands on a name are serialised
+ * (docs/contracts.md). `check`, when given, is asked again on the entry read (a rule that no longer
+ * holds writes nothing: null). Throws `TooltxError(invalid_input)` with the field path of a command
+ * that cannot apply, and `TooltxError(dependency_unavailable)` with `retryAfterMs` when the entry
+ * kept changing under it.
  */
 export async function applyRegistryCommand(
   d: Pick<ContractsServiceDeps, 'registryKv' | 'registry'>,
@@ -214,28 +253,29 @@ export async function applyRegistryCommand(
   by: string,
   now: number,
   check?: (cur: CurrentEntry) => boolean,
-): Promise<{ current: CurrentEntry | null; changed: VersionEntry[] } | null> {
-  let outcome: ReturnType<typeof decideRegistryCommand> | null = null;
-  let skipped = false;
-  const versions = d.registry.versionsOf(name);
-  await casUpdate(d.registryKv, currentKeyOf(name), currentEntrySchema, (cur) => {
-    if (cur && check && !check(cur)) {
-      skipped = true;
-      return null;
-    }
-    outcome = decideRegistryCommand(name, versions, cur, cmd, by, now);
-    if (outcome.kind === 'refuse')
-      throw new TooltxError(outcome.error.class, 'registry command refused', { issues: outcome.error.issues ?? [] });
-    return outcome.current;
-  });
-  if (skipped || !outcome) return null;
-  const done = outcome as Extract<ReturnType<typeof decideRegistryCommand>, { kind: 'write' }>;
-  for (const v of done.versions) {
-    await casUpdate(d.registryKv, versionKeyOf(v.name, v.version), versionEntrySchema, (cur) =>
-      cur ? { ...cur, deprecated: v.deprecated, retired: v.retired, withdrawn: v.withdrawn } : null,
-    );
+): Promise<{ current: CurrentEntry; changed: VersionEntry[] } | null> {
+  let outcome: Extract<RegistryOutcome, { kind: 'write' }> | null = null;
+  try {
+    await casUpdate(d.registryKv, currentKeyOf(name), currentEntrySchema, (cur) => {
+      outcome = null;
+      if (cur && check && !check(cur)) return null;
+      const o = decideRegistryCommand(name, d.registry.versionsOf(name), cur, cmd, by, now, (v) =>
+        d.registry.isHeld(name, v, now),
+      );
+      if (o.kind === 'refuse')
+        throw new TooltxError(o.error.class, 'registry command refused', { issues: o.error.issues ?? [] });
+      outcome = o;
+      return o.current;
+    });
+  } catch (err) {
+    if (err instanceof TooltxError) throw err;
+    throw new TooltxError(ErrorClass.DependencyUnavailable, `the registry entry of ${name} kept changing`, {
+      retryAfterMs: 1_000,
+      cause: err,
+    });
   }
-  return { current: done.current, changed: done.versions };
+  const done = outcome as Extract<RegistryOutcome, { kind: 'write' }> | null;
+  return done ? { current: done.current, changed: done.changed } : null;
 }
 
 /**
@@ -272,7 +312,15 @@ export function startContractsService(d: ContractsServiceDeps): Responder {
               { path: ['name'], code: 'unknown_contract', message: `no contract named ${req.name} is registered` },
             ],
           });
-        const rows = versions.map((v) => rowOf(v, d.registry.current(v.name), usage.get(`${v.name}@${v.version}`), t));
+        const rows = versions.map((v) =>
+          rowOf(
+            v,
+            d.registry.current(v.name),
+            usage.get(`${v.name}@${v.version}`),
+            d.registry.isHeld(v.name, v.version, t),
+            t,
+          ),
+        );
         d.log.info({ operator, action: req.action, count: rows.length }, 'contracts query answered');
         return {
           ok: true,
@@ -296,7 +344,17 @@ export function startContractsService(d: ContractsServiceDeps): Responder {
         const r = await applyRegistryCommand(
           d,
           req.name,
-          { kind: 'revert', stopRunning: req.stopRunning === true },
+          {
+            kind: 'revert',
+            stopRunning: req.stopRunning === true,
+            unheld: req.unheld === true,
+            // What is current as this request arrives: a revert decided after another one's write
+            // is refused, not reverted back.
+            ...(() => {
+              const from = req.from ?? d.registry.current(req.name)?.current;
+              return from === undefined ? {} : { from };
+            })(),
+          },
           by,
           t,
         );
@@ -307,6 +365,7 @@ export function startContractsService(d: ContractsServiceDeps): Responder {
             name: req.name,
             current: r?.current?.current,
             stopRunning: req.stopRunning === true,
+            unheld: req.unheld === true,
           },
           'contract reverted',
         );
@@ -354,22 +413,32 @@ export function startAutoRevert(
     );
     const usage = usageOf(records);
     for (const cur of names) {
+      const byTenant = usage.byTenant.get(`${cur.name}@${cur.current}`);
       const health = usage.get(`${cur.name}@${cur.current}`);
-      if (!shouldAutoRevert(cur, health, threshold)) continue;
+      if (!shouldAutoRevert(cur, byTenant, threshold)) continue;
       const r = await applyRegistryCommand(
         d,
         cur.name,
-        { kind: 'revert', stopRunning: false },
+        { kind: 'revert', stopRunning: false, from: cur.current },
         'auto:threshold',
         t,
-        (fresh) => fresh.current === cur.current && shouldAutoRevert(fresh, health, threshold),
+        (fresh) => fresh.current === cur.current && shouldAutoRevert(fresh, byTenant, threshold),
       ).catch((err: unknown) => {
         d.log.warn({ err, name: cur.name }, 'automatic revert not applied');
         return null;
       });
       if (r?.current)
         d.log.warn(
-          { name: cur.name, from: cur.current, to: r.current.current, ...health, ratio: health && badRatioOf(health) },
+          {
+            name: cur.name,
+            from: cur.current,
+            to: r.current.current,
+            ...health,
+            ratio: health && badRatioOf(health),
+            tenantsOver: [...(byTenant ?? new Map<string, VersionHealth>())]
+              .filter(([, h]) => h.operations + h.conflicts >= threshold.minCount && badRatioOf(h) >= threshold.ratio)
+              .map(([tenant]) => tenant),
+          },
           'contract reverted automatically: over the revert threshold',
         );
     }

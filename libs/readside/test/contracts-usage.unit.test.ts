@@ -39,11 +39,18 @@ describe('usage per version', () => {
       conflicts: 0,
       rejected: 0,
       unknown: 0,
+      failed: 0,
       ratio: 0,
     });
+    expect(u.byTenant.get('sink.write@1')).toEqual(
+      new Map([
+        ['acme', { operations: 3, conflicts: 0, rejected: 0, unknown: 0, failed: 0 }],
+        ['globex', { operations: 1, conflicts: 0, rejected: 0, unknown: 0, failed: 0 }],
+      ]),
+    );
   });
 
-  it('given a rejection, a refusal at intake by another actor, a conflict and an unknown, then each is counted and the ratio is their share', () => {
+  it('given a rejection, a refusal at intake by another actor, a conflict and an unknown, then each is counted and the ratio is the share of calls that went wrong (never above 1)', () => {
     const u = usageOf([
       record({ taskId: 't1', status: 'rejected' }),
       record({ status: 'refused', actor: 'mallory', states: [] }),
@@ -66,7 +73,9 @@ describe('usage per version', () => {
       conflicts: 1,
       rejected: 2,
       unknown: 1,
-      ratio: 1,
+      failed: 3,
+      // 4 operations and 1 conflicting request are 5 calls; 3 failed operations and the conflict went wrong.
+      ratio: 0.8,
     });
   });
 });

@@ -62,6 +62,12 @@ export const serviceConfigSchema = baseConfigSchema.extend({
    * its parent is no longer that pid (shutdown.ts `exitWithParent`).
    */
   TOOLTX_EXIT_WITH_PARENT: envInt(1).optional(),
+  /**
+   * How often a service renews its held marks of the contract versions it holds, ms (default 60000);
+   * a mark lapses after three intervals, so a revert learns of a crashed service within them
+   * (docs/contracts.md "Revert").
+   */
+  TOOLTX_HELD_MARK_MS: envInt(1_000, 3_600_000).default(60_000),
 });
 
 /**

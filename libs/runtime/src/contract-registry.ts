@@ -5,10 +5,14 @@ import {
   currentAfterRegistration,
   currentEntrySchema,
   currentKeyOf,
+  heldKeyOf,
+  heldMarkSchema,
   registerVersion,
   versionEntrySchema,
   versionKeyOf,
+  withState,
   type CurrentEntry,
+  type HeldMark,
   type Published,
   type RegistryView,
   type VersionEntry,
@@ -130,13 +134,59 @@ export async function publishContracts(
   }
 }
 
-const entrySchema = z.union([versionEntrySchema, currentEntrySchema]);
+/**
+ * Keeps this service's held marks of every contract version it holds (docs/contracts.md "Revert"):
+ * one `held.<name>.<version>.<instance>` entry each, put now and again every `intervalMs`, each
+ * valid for three intervals (a crashed service's marks lapse on their own). The returned stop
+ * function ends the renewal and deletes the marks (a clean shutdown: the versions are no longer
+ * held here). A failed renewal is logged and retried at the next interval.
+ */
+export async function startHeldMarks(
+  kv: KV,
+  tools: ImplementationRegistry,
+  opts: { instance: string; intervalMs: number; log: Logger; now?: () => number },
+): Promise<() => Promise<void>> {
+  const now = opts.now ?? Date.now;
+  const contracts = tools.contracts.all();
+  const put = async () => {
+    const at = now();
+    for (const c of contracts) {
+      const mark: HeldMark = {
+        name: c.name,
+        version: c.version,
+        instance: opts.instance,
+        at,
+        until: at + 3 * opts.intervalMs,
+      };
+      await kv.put(heldKeyOf(c.name, c.version, opts.instance), encode(mark));
+    }
+  };
+  await put();
+  let renewing: Promise<void> = Promise.resolve();
+  const timer = setInterval(() => {
+    renewing = renewing
+      .then(put)
+      .catch((err: unknown) => opts.log.warn({ err }, 'held marks not renewed; retried at the next interval'));
+  }, opts.intervalMs);
+  timer.unref();
+  return async () => {
+    clearInterval(timer);
+    await renewing;
+    for (const c of contracts)
+      await kv.delete(heldKeyOf(c.name, c.version, opts.instance)).catch((err: unknown) => {
+        opts.log.warn({ err, contract: c.id }, 'held mark not removed; it lapses on its own');
+      });
+  };
+}
+
+const entrySchema = z.union([versionEntrySchema, currentEntrySchema, heldMarkSchema]);
 type Entry = z.infer<typeof entrySchema>;
 
 /**
  * The registry held in memory and kept current by one KV watch ({@link KvMirror}): what the
  * authorizer's intake reads per intent (an in-memory lookup, never a registry read), and what the
- * contracts service reads.
+ * contracts service reads. Version entries are read with the operators' decisions of their name's
+ * current entry ({@link withState}).
  */
 export class RegistryMirror implements RegistryView {
   readonly #mirror: KvMirror<Entry>;
@@ -151,7 +201,7 @@ export class RegistryMirror implements RegistryView {
   }
   version(name: string, version: number): VersionEntry | undefined {
     const e = this.#mirror.map.get(versionKeyOf(name, version));
-    return e && 'interfaceDigest' in e ? e : undefined;
+    return e && 'interfaceDigest' in e ? withState(e, this.current(name)) : undefined;
   }
   current(name: string): CurrentEntry | undefined {
     const e = this.#mirror.map.get(currentKeyOf(name));
@@ -163,9 +213,16 @@ export class RegistryMirror implements RegistryView {
   allVersions(): VersionEntry[] {
     return [...this.#mirror.map.values()]
       .filter((e): e is VersionEntry => 'interfaceDigest' in e)
+      .map((v) => withState(v, this.current(v.name)))
       .sort((a, b) => a.name.localeCompare(b.name) || a.version - b.version);
   }
   allCurrent(): CurrentEntry[] {
     return [...this.#mirror.map.values()].filter((e): e is CurrentEntry => 'current' in e);
+  }
+  /** Whether a running service holds `name@version` at `now` (a held mark not past its `until`). */
+  isHeld(name: string, version: number, now: number): boolean {
+    for (const e of this.#mirror.map.values())
+      if ('until' in e && e.name === name && e.version === version && e.until >= now) return true;
+    return false;
   }
 }

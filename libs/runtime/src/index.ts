@@ -86,4 +86,5 @@ export {
   publishContracts,
   publishedOf,
   RegistryMirror,
+  startHeldMarks,
 } from './contract-registry.js';

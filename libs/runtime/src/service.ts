@@ -38,7 +38,7 @@ import {
   type StartupReporter,
 } from './startup.js';
 import { loadImplementations, ToolsModuleError, type ImplementationRegistry } from './implementations.js';
-import { publishContracts } from './contract-registry.js';
+import { publishContracts, startHeldMarks } from './contract-registry.js';
 import { EventLogFanout } from './event-log-fanout.js';
 import { Durables } from '@tooltx/streams';
 
@@ -335,6 +335,7 @@ export async function runRoles(specs: RoleSpec[], host: HostOptions): Promise<vo
     const hosted = hostIdentityOf(config, specs, authDir, hostLog);
     if (hosted) colocation.eventLog = new EventLogFanout(Durables.host);
     let checked = false;
+    let stopHeldMarks: (() => Promise<void>) | undefined;
     let shared: { nc: NatsConnection; js: JetStreamClient; jsm: JetStreamManager; store: JetStreamStore } | undefined;
     for (const spec of specs) {
       const identity = hosted ?? identityOf(config, spec.name, authDir);
@@ -359,12 +360,22 @@ export async function runRoles(specs: RoleSpec[], host: HostOptions): Promise<vo
           checked = true;
           // The services that hold contracts publish theirs in the registry, and refuse to start
           // when another interface digest holds one of their name@versions (docs/contracts.md).
-          if (specs.some((s) => s.name === 'authorizer' || s.name === 'executor'))
-            await publishContracts(await openBucket(nc, subjects.contractsBucket), tools, {
+          if (specs.some((s) => s.name === 'authorizer' || s.name === 'executor')) {
+            const registryKv = await openBucket(nc, subjects.contractsBucket);
+            const log = hostLog.child({ component: 'contract-registry' });
+            await publishContracts(registryKv, tools, {
               by: `service:${name}@${config.TOOLTX_INSTANCE_ID}`,
               modulePath,
-              log: hostLog.child({ component: 'contract-registry' }),
+              log,
             });
+            // What this process can run, for a revert to know (docs/contracts.md "Revert").
+            if (specs.some((s) => s.name === 'executor'))
+              stopHeldMarks = await startHeldMarks(registryKv, tools, {
+                instance: `${name}@${config.TOOLTX_INSTANCE_ID}`,
+                intervalMs: config.TOOLTX_HELD_MARK_MS,
+                log,
+              });
+          }
         }
         shared = { nc, js, jsm, store: new JetStreamStore(js, jsm, subjects) };
       }
@@ -404,6 +415,7 @@ export async function runRoles(specs: RoleSpec[], host: HostOptions): Promise<vo
     onShutdown(hostLog, async () => {
       // The last started first: the authorizer stops handing work to the executor before it stops.
       for (const { stop } of [...stops].reverse()) await stop();
+      await stopHeldMarks?.();
       closing = true;
       await Promise.all(conns.map((c) => c.drain()));
       await tracing.shutdown();
@@ -554,6 +566,8 @@ Environment:
   TOOLTX_PREFIX            subject prefix (default tooltx)
   TOOLTX_TOOLS_MODULE      path of the trusted module exporting \`implementations\` (required)
   TOOLTX_CONCURRENCY       operations handled at once (default 16)
+  TOOLTX_HELD_MARK_MS      how often an executor renews its held marks of the contract versions it
+                           holds, ms; each lasts three intervals (default 60000; docs/contracts.md)
   TOOLTX_INSTANCE_ID       name of this instance in logs and events (default host-pid)
   LOG_LEVEL                fatal|error|warn|info|debug|trace|silent (default info)
   TOOLTX_LOG_HMAC_KEY_FILE key file for the HMAC of error messages in logs (optional; mode 0600)

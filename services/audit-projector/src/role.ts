@@ -37,11 +37,13 @@ const auditConfigSchema = z.object({
   TOOLTX_AUDIT_BATCH_MS: envInt(0, 60_000).default(1_000),
   /**
    * The automatic revert (docs/contracts.md): a contract name whose current version's ratio of
-   * conflicts, rejections and unknowns reaches this (0..1) over at least TOOLTX_REVERT_MIN_COUNT
-   * operations in TOOLTX_REVERT_WINDOW_MS is reverted to its previous version. Unset: off.
+   * calls that went wrong (conflicts, rejections, unknowns) reaches this (0..1) for at least
+   * TOOLTX_REVERT_MIN_TENANTS tenants, each with at least TOOLTX_REVERT_MIN_COUNT calls on it in
+   * TOOLTX_REVERT_WINDOW_MS, is reverted to its previous version. Unset: off.
    */
   TOOLTX_REVERT_THRESHOLD: z.coerce.number().min(0).max(1).optional(),
   TOOLTX_REVERT_MIN_COUNT: envInt(1, 1_000_000).default(20),
+  TOOLTX_REVERT_MIN_TENANTS: envInt(1, 100_000).default(2),
   TOOLTX_REVERT_WINDOW_MS: envInt(1_000, 7 * 24 * 3_600_000).default(600_000),
   TOOLTX_REVERT_CHECK_MS: envInt(100, 3_600_000).default(60_000),
 });
@@ -55,8 +57,12 @@ export const auditProjectorRole = defineRole({
   TOOLTX_AUDIT_BATCH_MS    how long an in-flight operation's events wait to be written with its next
                            ones as one record write, ms: an integer 0..60000 (default 1000; 0 = at once)
   TOOLTX_REVERT_THRESHOLD  revert a contract name automatically when its current version's ratio of
-                           conflicts + rejections + unknowns reaches this, 0..1 (default: off)
-  TOOLTX_REVERT_MIN_COUNT  fewest operations of that version in the window before the ratio counts (default 20)
+                           calls that went wrong (conflicts, rejections, unknowns) reaches this, 0..1,
+                           for enough tenants (default: off)
+  TOOLTX_REVERT_MIN_COUNT  fewest calls of that version by one tenant in the window before its ratio
+                           counts (default 20)
+  TOOLTX_REVERT_MIN_TENANTS fewest tenants over the ratio before a name is reverted (default 2; 1 for
+                           a deployment with one tenant)
   TOOLTX_REVERT_WINDOW_MS  the window of that ratio, ms (default 600000)
   TOOLTX_REVERT_CHECK_MS   how often the ratio is checked, ms (default 60000; each check reads the
                            audit records of the window)`,
@@ -157,6 +163,7 @@ export const auditProjectorRole = defineRole({
             {
               ratio: env.TOOLTX_REVERT_THRESHOLD,
               minCount: env.TOOLTX_REVERT_MIN_COUNT,
+              minTenants: env.TOOLTX_REVERT_MIN_TENANTS,
               windowMs: env.TOOLTX_REVERT_WINDOW_MS,
             },
             env.TOOLTX_REVERT_CHECK_MS,

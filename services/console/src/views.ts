@@ -167,11 +167,11 @@ const TAKEOVERS = `<% layout('@layout') %>
 <section id="live" data-refresh-ms="<%= it.refreshMs %>"><%~ include('@takeovers-live', it) %></section>`;
 
 const CONTRACTS_TABLE = `<p class="meta">Updated <time><%= it.now %></time> · usage over the last 24 hours · <%= it.rows.length %> versions</p>
-<table id="contracts"><thead><tr><th>contract</th><th>current</th><th>state</th><th>sunset</th><th>operations</th><th>tasks</th><th>actors</th><th>conflicts</th><th>rejected</th><th>unknown</th><th>ratio</th><th>last seen</th></tr></thead><tbody>
+<table id="contracts"><thead><tr><th>contract</th><th>current</th><th>held</th><th>state</th><th>sunset</th><th>operations</th><th>tasks</th><th>actors</th><th>conflicts</th><th>rejected</th><th>unknown</th><th>ratio</th><th>last seen</th></tr></thead><tbody>
 <% for (const v of it.rows) { %>
 <tr data-contract="<%= v.contract %>" data-state="<%= v.state %>"<% if (v.current) { %> data-current="1"<% } %>>
 <td><code><%= v.contract %></code></td><td><% if (v.current) { %><span class="label st-committed">current</span><% } %></td>
-<td><span class="label st-<%= v.state %>"><%= v.state %></span></td><td><%= v.sunset %></td>
+<td class="held"><%= v.held ? 'yes' : 'no' %></td><td><span class="label st-<%= v.state %>"><%= v.state %></span></td><td><%= v.sunset %></td>
 <td><%= v.usage.operations %></td><td><%= v.usage.tasks %></td><td><%= v.usage.actors %></td>
 <td><%= v.usage.conflicts %></td><td><%= v.usage.rejected %></td><td><%= v.usage.unknown %></td><td class="ratio"><%= v.ratio %></td><td><%= v.lastSeen %></td>
 </tr>
