@@ -30,7 +30,9 @@ import {
 
 export const operatorConfig = baseConfigSchema.extend({
   TOOLTX_OPERATOR: z
-    .string({ error: "required: the operator's id (an operator of the identity list), recorded as resolvedBy" })
+    .string({
+      error: "required: the operator's id (an operator of the identity list; its seed may publish only under that id)",
+    })
     .regex(ID_PATTERN, 'an operator id of the identity list (^[a-z0-9_-]{1,64}$)'),
 });
 
