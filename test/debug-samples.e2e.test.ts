@@ -223,6 +223,11 @@ describe('debug samples', () => {
       ok: false,
       error: { class: 'invalid_input', issues: [{ path: ['forMs'], code: 'too_small' }] },
     });
+    // A tenant the identity list does not hold: refused at tenant, not a window that samples nothing.
+    expect(await ask({ action: 'start', contract: 'dbg.note@1', forMs: 60_000, tenant: 'acmee' })).toMatchObject({
+      ok: false,
+      error: { class: 'invalid_input', issues: [{ path: ['tenant'], code: 'unknown_tenant' }] },
+    });
 
     const api = '$JS.API';
     const samples = `KV_${t.subjects.samplesBucket}`;
@@ -258,7 +263,7 @@ describe('debug samples', () => {
     expect(records.filter((r) => r.kind === 'sampling_start')).toEqual([
       expect.objectContaining({ contract: 'dbg.note@1', tenant: 'acme' }),
     ]);
-    expect(records.filter((r) => r.kind === 'invalid')).toHaveLength(2);
+    expect(records.filter((r) => r.kind === 'invalid')).toHaveLength(3);
     const lists = records.filter((r) => r.kind === 'samples_list');
     expect(lists.length).toBeGreaterThanOrEqual(1);
     expect(
@@ -272,6 +277,33 @@ describe('debug samples', () => {
       ['globex', []],
     ]);
     expect(JSON.stringify(records)).not.toContain('visible-title');
+  });
+
+  it('a window of max 100 over 60 calls at once: every call is sampled, once; none is dropped', async () => {
+    // Replaces acme's window (its samples go with it): globex's calls only.
+    const started = await ask({ action: 'start', contract: 'dbg.note@1', forMs: 8_000, tenant: 'globex', max: 100 });
+    expect(started).toMatchObject({ ok: true, started: { tenant: 'globex', max: 100 } });
+    await until(
+      async () => ((await ask({ action: 'list' })).switches as { tenant?: string }[])[0]?.tenant === 'globex',
+    );
+    const rs = await Promise.all(
+      Array.from({ length: 60 }, (_, i) =>
+        agents.gina!.execute({
+          tool: 'dbg.note',
+          taskId: 'dbg-burst',
+          input: { title: `burst ${i}`, body: 'a burst note', apiKey: 'its own key' },
+        }),
+      ),
+    );
+    expect(rs.every((r) => r.status === 'committed')).toBe(true);
+    const sampled = async () =>
+      (
+        (await ask({ action: 'list', contract: 'dbg.note@1', tenant: 'globex' })).samples as { operationKey: string }[]
+      ).map((x) => x.operationKey);
+    await until(async () => (await sampled()).length >= 60);
+    const keysSampled = await sampled();
+    expect(new Set(keysSampled).size).toBe(60);
+    expect(keysSampled.sort()).toEqual(rs.map((r) => r.operationKey!).sort());
   });
 
   it('after the window the samples are gone: purged from their bucket, and none is answered; a stop is recorded too', async () => {

@@ -14,7 +14,7 @@ import { operationIdOf, prepareCall } from '@tooltx/contracts';
 import { decode, encode } from '@tooltx/nats';
 import { newSubmission, publishSubmission } from '@tooltx/client';
 import { z } from 'zod';
-import { provisioned, type TestNats } from './helpers/nats.js';
+import { provisioned, TEST_IDENTITIES, type TestNats } from './helpers/nats.js';
 import { startService, type ServiceProcess } from './helpers/services.js';
 import { Sink } from './helpers/sink.js';
 import { history, waitForOperation } from './helpers/ops.js';
@@ -35,7 +35,9 @@ const key = prepareCall(sinkWrite, 'fm32-replies', {
 }).operationKey;
 
 beforeAll(async () => {
-  t = await provisioned();
+  t = await provisioned({}, undefined, {
+    identities: { ...TEST_IDENTITIES, operators: ['oscar', { id: 'olga', may: ['compensate'] }] },
+  });
   sink = await new Sink().start();
   authorizer = await startService('authorizer', { ...t.env, SINK_URL: sink.url });
   mallory = await t.connectAs({ kind: 'agent', tenant: 'globex', actor: 'mallory' });
@@ -75,7 +77,8 @@ describe("FM-32: services answer only into their requesters' inboxes", () => {
     expect(accountOf('agent.globex.mallory')).toBe('TENANT_globex');
     expect(accountOf('agent.acme.alice')).toBe('TENANT_acme');
     expect(accountOf('auditor.acme.audrey')).toBe('TENANT_acme');
-    expect(accountOf('operator.oscar')).toBe('OPERATORS');
+    expect(accountOf('operator.oscar')).toBe('OPERATOR_oscar');
+    expect(accountOf('operator.olga')).toBe('OPERATOR_olga');
   });
 
   it("a status request is answered in the requester's inbox, and a reply subject in another service's inbox gets nothing", async () => {
@@ -94,6 +97,29 @@ describe("FM-32: services answer only into their requesters' inboxes", () => {
     await executorUser.flush();
     expect(spied).toEqual([]);
     spy.unsubscribe();
+  });
+
+  it("an operator's request whose reply subject is another operator's inbox: the answer never reaches that operator, and the requester still gets its own", async () => {
+    const olga = await t.connectAs({ kind: 'operator', operator: 'olga' });
+    const oscar = await t.connectAs({ kind: 'operator', operator: 'oscar' });
+    try {
+      const spied: string[] = [];
+      const spy = oscar.subscribe('_INBOX._op.oscar.>', {
+        callback: (err, m) => void (err ? undefined : spied.push(m.subject)),
+      });
+      await oscar.flush();
+      const subject = t.subjects.opsCompensate('olga');
+      for (let i = 0; i < 3; i++) olga.publish(subject, JSON.stringify({}), { reply: '_INBOX._op.oscar.spy' });
+      // Sent after the forged ones, on the same connection: answered in olga's own inbox.
+      const m = await olga.request(subject, JSON.stringify({}), { timeout: 10_000 });
+      expect(JSON.parse(m.string())).toMatchObject({ status: 'rejected', error: { class: 'invalid_input' } });
+      await new Promise((r) => setTimeout(r, 1_000));
+      await oscar.flush();
+      expect(spied).toEqual([]);
+      spy.unsubscribe();
+    } finally {
+      await Promise.all([olga.close(), oscar.close()]);
+    }
   });
 
   it("FM-31: a status request whose reply subject is another tenant's operation subject writes nothing into that tenant's event log", async () => {

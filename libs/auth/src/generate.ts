@@ -162,8 +162,8 @@ export function generateAuth(
     if (f.endsWith('.nk') && !listed.has(join(keyDir, f))) rmSync(join(keyDir, f), { force: true });
   const q = (v: string) => JSON.stringify(v);
   const list2 = (xs: string[]) => `[${xs.map(q).join(', ')}]`;
-  const userBlock = (u: GeneratedUser) => {
-    const p = permissionsFor(
+  const permissionsOf = (u: GeneratedUser) =>
+    permissionsFor(
       u.role,
       o.subjects,
       o.topology,
@@ -175,6 +175,8 @@ export function generateAuth(
       debuggers,
       contractors,
     );
+  const userBlock = (u: GeneratedUser) => {
+    const p = permissionsOf(u);
     const pub = `publish: { allow: ${list2(p.publish.allow)}${p.publish.deny?.length ? `, deny: ${list2(p.publish.deny)}` : ''} }`;
     const sub = `subscribe: { allow: ${list2(p.subscribe.allow)} }`;
     const resp = p.allow_responses ? ', allow_responses: true' : '';
@@ -217,24 +219,19 @@ export function generateAuth(
       ],
       users: users.filter((u) => (u.role.kind === 'agent' || u.role.kind === 'auditor') && u.role.tenant === t.id),
     }));
-  const operatorAccount = {
-    name: 'OPERATORS',
-    // Every operator's account imports the compensation, confirmation, discard and query subjects;
-    // only a granted operator's own permissions let it publish there (permissionsFor).
-    extra: [
-      imports([
-        `${p}.ops.debug.>`,
-        `${p}.takeover.>`,
-        `${p}.ops.compensate.>`,
-        `${p}.ops.confirm.>`,
-        `${p}.ops.discard.>`,
-        `${p}.ops.query.>`,
-        `${p}.ops.contracts.>`,
-      ]),
-    ],
-    users: users.filter((u) => u.role.kind === 'operator'),
-  };
-  const accounts = [tooltxAccount, ...tenantAccounts, operatorAccount].filter(
+  // One account per operator (FM-32): nats-server checks no permission on a reply subject, and
+  // a service's answer goes back through the requester's import into the requester's account. In one
+  // shared account, operator A could name operator B's inbox as the reply of its own request and B
+  // would receive what only A may read (a debug sample, an operation across tenants). Each operator's
+  // account imports only the subjects that operator may publish (permissionsFor).
+  const operatorAccounts = users
+    .filter((u) => u.role.kind === 'operator')
+    .map((u) => ({
+      name: `OPERATOR_${(u.role as Extract<Role, { kind: 'operator' }>).operator}`,
+      extra: [imports(permissionsOf(u).publish.allow)],
+      users: [u],
+    }));
+  const accounts = [tooltxAccount, ...tenantAccounts, ...operatorAccounts].filter(
     (a) => a === tooltxAccount || a.users.length > 0,
   );
   const accountsBlock = [

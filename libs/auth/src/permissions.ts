@@ -282,6 +282,8 @@ export function permissionsFor(
                 ...kvRead(tasks),
                 ...kvWatch(tasks),
                 ...contractsRW,
+                // A debug window's tenant is checked against the tenants bucket (read only).
+                ...kvRead(topo.tenantsBucket.bucket),
                 s.allOps,
                 // The answer pushed to the agent of each submission it ends.
                 s.allPush,

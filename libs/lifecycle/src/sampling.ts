@@ -89,7 +89,9 @@ export type DebugRequest = z.infer<typeof debugRequestSchema>;
  * `not_found`: a typo would otherwise replace, and purge, nothing but itself), `forMs` within
  * [`minWindowMs`, {@link MAX_SAMPLING_WINDOW_MS}] (at `forMs`, `too_small` / `too_big`), and at most
  * {@link MAX_OPEN_WINDOWS} open at once counting this one unless it replaces an open window of the
- * same contract (at `contract`, `too_many_windows`). The switch starts now with nothing taken.
+ * same contract (at `contract`, `too_many_windows`), and a `tenant`, when named, that is a tenant of
+ * the identity list (at `tenant`, `unknown_tenant`: a window names one tenant or, without it, every
+ * tenant). The switch starts now with nothing taken.
  */
 export function decideSamplingStart(
   req: Extract<DebugRequest, { action: 'start' }>,
@@ -102,12 +104,19 @@ export function decideSamplingStart(
     holds: (contract: string) => boolean;
     /** The contracts with a window open now. */
     open: readonly string[];
+    /** Whether `req.tenant` is a tenant of the identity list (true when the request names none). */
+    tenantListed: boolean;
   },
 ): { kind: 'start'; sw: SamplingSwitch } | { kind: 'refuse'; issues: FieldIssue[] } {
   if (!ctx.holds(req.contract))
     return {
       kind: 'refuse',
       issues: [{ path: ['contract'], code: 'not_found', message: 'no contract of this name@version is deployed' }],
+    };
+  if (req.tenant !== undefined && !ctx.tenantListed)
+    return {
+      kind: 'refuse',
+      issues: [{ path: ['tenant'], code: 'unknown_tenant', message: 'no tenant of this id is in the identity list' }],
     };
   if (!ctx.open.includes(req.contract) && ctx.open.length >= MAX_OPEN_WINDOWS)
     return {

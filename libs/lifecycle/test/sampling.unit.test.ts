@@ -22,6 +22,7 @@ const ctx = {
   minWindowMs: 60_000,
   holds: (c: string) => c === 'kb.write_note@1' || c === 'web.fetch_page@1',
   open: [] as string[],
+  tenantListed: true,
 };
 const start = (over: Record<string, unknown> = {}) =>
   debugRequestSchema.parse({ action: 'start', contract: 'kb.write_note@1', forMs: 30 * 60_000, ...over }) as Extract<
@@ -55,6 +56,13 @@ describe('opening a sampling window', () => {
   it('given a tenant, a rate and a max, then the switch carries them', () => {
     const d = decideSamplingStart(start({ tenant: 'acme', rate: 0.1, max: 5 }), ctx);
     expect(d).toMatchObject({ kind: 'start', sw: { tenant: 'acme', rate: 0.1, max: 5 } });
+  });
+
+  it('given a tenant the identity list does not hold, then it is refused at tenant (unknown_tenant)', () => {
+    expect(decideSamplingStart(start({ tenant: 'acmee' }), { ...ctx, tenantListed: false })).toEqual({
+      kind: 'refuse',
+      issues: [expect.objectContaining({ path: ['tenant'], code: 'unknown_tenant' })],
+    });
   });
 
   it('given a contract the deployment does not hold, then it is refused at contract (not_found), and no open window is replaced', () => {

@@ -48,6 +48,8 @@ export interface DebugServiceDeps {
   holds: (contract: string) => boolean;
   /** The contracts with a window open now (the sampler's copy of the switches). */
   open: () => readonly string[];
+  /** Whether `tenant` is a tenant of the identity list (the tenants bucket the provisioner writes). */
+  tenantListed: (tenant: string) => Promise<boolean>;
   /** Removes every sample of a contract token. */
   purge: (contractToken: string) => Promise<void>;
   now?: () => number;
@@ -131,6 +133,7 @@ export function startDebugService(d: DebugServiceDeps): Responder {
           minWindowMs: d.minWindowMs,
           holds: d.holds,
           open: d.open(),
+          tenantListed: req.tenant === undefined ? true : await d.tenantListed(req.tenant),
         });
         if (decided.kind === 'refuse') {
           await recorded(operator, { kind: 'invalid', contract: req.contract, samples: [], count: 0 });

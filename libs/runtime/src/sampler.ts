@@ -11,8 +11,11 @@ import type { Logger } from './logger.js';
 
 /** Largest encoded input or result a sample keeps, bytes; a larger one is kept as `[elided: N bytes]`. */
 export const MAX_SAMPLE_FIELD_BYTES = 32 * 1024;
-/** Compare-and-set rounds of a sample's claim on its window's count before it is skipped. */
-const CLAIM_ROUNDS = 4;
+/**
+ * Compare-and-set rounds of a sample's claim on its window's count before it is dropped. Claims of
+ * one process are made one after another, so only other executors' claims can take a round.
+ */
+const CLAIM_ROUNDS = 20;
 
 /** What the executor offers of one ended attempt (docs/debug-samples.md). */
 export interface SampleOffer {
@@ -64,6 +67,10 @@ export class Sampler {
   readonly #pending = new Set<Promise<void>>();
   /** Samples being stored: a purge waits for them, so none is written after it. */
   readonly #storing = new Set<Promise<void>>();
+  /** The last claim queued per contract token: this process's claims on one window go one at a time. */
+  readonly #claims = new Map<string, Promise<unknown>>();
+  /** Samples dropped per window because its count kept changing under other executors' claims. */
+  readonly #dropped = new Map<string, number>();
 
   constructor(d: SamplerDeps) {
     this.#d = d;
@@ -112,7 +119,25 @@ export class Sampler {
 
   async #store(sw: SamplingSwitch, o: SampleOffer): Promise<void> {
     const token = contractTokenOf(o.contract);
-    if (!(await this.#claim(token, sw.windowId, o.tenant))) return;
+    const prev = this.#claims.get(token) ?? Promise.resolve();
+    const claim = prev.then(() => this.#claim(token, sw.windowId, o.tenant));
+    const tail = claim.catch(() => undefined);
+    this.#claims.set(token, tail);
+    void tail.finally(() => {
+      if (this.#claims.get(token) === tail) this.#claims.delete(token);
+    });
+    const claimed = await claim;
+    if (claimed === 'contended') {
+      const n = (this.#dropped.get(sw.windowId) ?? 0) + 1;
+      this.#dropped.set(sw.windowId, n);
+      // Once per window here, and the total at its end: a dropped sample is never silent.
+      if (n === 1)
+        this.#d.log.warn(
+          { contract: o.contract, windowId: sw.windowId, rounds: CLAIM_ROUNDS },
+          "debug sample dropped: the window's count kept changing under other executors' claims",
+        );
+    }
+    if (claimed !== 'claimed') return;
     const sample: Sample = {
       schema: 1,
       windowId: sw.windowId,
@@ -129,22 +154,26 @@ export class Sampler {
     await this.#d.samples.put(this.#d.subjects.sampleKey(token, o.tenant, o.opId), encode(sample));
   }
 
-  /** Counts one sample against the window's `max` (compare-and-set on the switch); false: not this one. */
-  async #claim(token: string, windowId: string, tenant: string): Promise<boolean> {
+  /**
+   * Counts one sample against the window's `max` (compare-and-set on the switch): `claimed`; `skip`
+   * when the window is gone, full or ended; `contended` when other executors' claims took every round.
+   */
+  async #claim(token: string, windowId: string, tenant: string): Promise<'claimed' | 'skip' | 'contended'> {
     for (let round = 0; round < CLAIM_ROUNDS; round++) {
       const e = await this.#d.switches.get(token);
-      if (e?.operation !== 'PUT' || e.length === 0) return false;
+      if (e?.operation !== 'PUT' || e.length === 0) return 'skip';
       const cur = decode(samplingSwitchSchema, e.value);
       // Another window, or this one full or ended meanwhile: the draw already passed, so 0 here.
-      if (cur.windowId !== windowId || decideSample(cur, { tenant }, this.#now(), 0) === 'skip') return false;
+      if (cur.windowId !== windowId || decideSample(cur, { tenant }, this.#now(), 0) === 'skip') return 'skip';
       try {
         await this.#d.switches.update(token, encode({ ...cur, taken: cur.taken + 1 }), e.revision);
-        return true;
+        return 'claimed';
       } catch {
-        // Another executor counted a sample meanwhile: read again.
+        // Another executor counted a sample meanwhile: read again after a short, random pause.
+        await new Promise((r) => setTimeout(r, 2 + this.#random() * 10));
       }
     }
-    return false;
+    return 'contended';
   }
 
   /** The logger's scrubbing of `v`, kept when its encoding is at most {@link MAX_SAMPLE_FIELD_BYTES}. */
@@ -185,6 +214,10 @@ export class Sampler {
       await Promise.all([...this.#storing]);
       await this.#d.purge(token);
       if (windowId === undefined) return;
+      const dropped = this.#dropped.get(windowId);
+      this.#dropped.delete(windowId);
+      if (dropped)
+        this.#d.log.warn({ token, windowId, dropped }, 'debug samples dropped in this window (claims contended)');
       const e = await this.#d.switches.get(token);
       if (e?.operation !== 'PUT' || e.length === 0) return;
       if (decode(samplingSwitchSchema, e.value).windowId !== windowId) return;

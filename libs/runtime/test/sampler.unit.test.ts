@@ -154,6 +154,15 @@ describe('the sampler', () => {
     await s.stop();
   });
 
+  it('given a window with a max of 100, when 100 attempts end at once, then every one is sampled exactly once and counted: none dropped', async () => {
+    const { s, stored, switches } = await sampler(windowOf({ max: 100 }));
+    await Promise.all(Array.from({ length: 100 }, (_, i) => s.offer(offer('acme', i))));
+    expect(new Set(stored().map((x) => x.operationKey)).size).toBe(100);
+    const e = await switches.get(TOKEN);
+    expect(decode(samplingSwitchSchema, e!.value).taken).toBe(100);
+    await s.stop();
+  });
+
   it("given a window that ends, when its end comes, then the contract's samples are purged and the ended switch removed", async () => {
     const { s, stored, purged, switches } = await sampler(windowOf({ until: Date.now() + 150 }));
     await s.offer(offer('acme', 1));

@@ -61,6 +61,8 @@ export const executorRole = defineRole({
     // logs are, purged at each window's end; the operators' debug service beside it.
     const samplesBucket = await openBucket(nc, subjects.samplesBucket);
     const switches = await openBucket(nc, subjects.samplingBucket);
+    // A window's tenant must be listed: read from the tenants bucket the provisioner writes.
+    const tenantsKv = await openBucket(nc, subjects.tenantsBucket);
     const purge = async (token: string) => {
       await jsm.streams.purge(`KV_${subjects.samplesBucket}`, { filter: `$KV.${subjects.samplesBucket}.${token}.>` });
     };
@@ -87,6 +89,10 @@ export const executorRole = defineRole({
         return tools.get(contract.slice(0, at), Number(contract.slice(at + 1))) !== undefined;
       },
       open: () => sampler.switches().map((sw) => sw.contract),
+      tenantListed: async (tenant) => {
+        const e = await tenantsKv.get(tenant);
+        return !!e && e.operation === 'PUT' && e.length > 0;
+      },
       purge,
     });
     const handlers = executorHandlers(
