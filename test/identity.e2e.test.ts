@@ -778,13 +778,15 @@ describe('operator grants: who may ask for a compensation (tooltx compensate)', 
     expect(() => checkIdentityList({ tenants: [{ id: 'acme' }], operators: [{ id: '_op', may: [] }] })).toThrow(
       /operators\.0\.id/,
     );
-    // The generated configuration: the operators' account imports the subject, only olga may publish it.
+    // The generated configuration: only olga's own account imports her subject, and only she may publish it.
     const outDir = mkdtempSync(join(tmpdir(), 'tooltx-grants-'));
     try {
       const g = generateAuth(list, { subjects: s, topology: topo, outDir, listen: '127.0.0.1:-1', storeDir: '/tmp/x' });
       const conf = readFileSync(g.configFile, 'utf8');
-      expect(conf).toContain(`{ service: { account: "TOOLTX", subject: "tcheck.ops.compensate.>" } }`);
-      expect(conf.split('\n').filter((l) => l.includes('"tcheck.ops.compensate.olga"'))).toHaveLength(1);
+      expect(conf).toContain(`{ service: { account: "TOOLTX", subject: "tcheck.ops.compensate.olga" } }`);
+      expect(conf).not.toContain('"tcheck.ops.compensate.>" } }');
+      // Her account's import, and her user's permission.
+      expect(conf.split('\n').filter((l) => l.includes('"tcheck.ops.compensate.olga"'))).toHaveLength(2);
       expect(conf).not.toContain('"tcheck.ops.compensate.oscar"');
     } finally {
       rmSync(outDir, { recursive: true, force: true });
@@ -892,8 +894,8 @@ describe('operator grants: who may confirm or discard a held-back operation (too
       const g = generateAuth(list, { subjects: s, topology: topo, outDir, listen: '127.0.0.1:-1', storeDir: '/tmp/x' });
       const conf = readFileSync(g.configFile, 'utf8');
       for (const action of ['confirm', 'discard']) {
-        expect(conf).toContain(`{ service: { account: "TOOLTX", subject: "tcheck.ops.${action}.>" } }`);
-        expect(conf.split('\n').filter((l) => l.includes(`"tcheck.ops.${action}.carl"`))).toHaveLength(1);
+        expect(conf).toContain(`{ service: { account: "TOOLTX", subject: "tcheck.ops.${action}.carl" } }`);
+        expect(conf.split('\n').filter((l) => l.includes(`"tcheck.ops.${action}.carl"`))).toHaveLength(2);
         expect(conf).not.toContain(`"tcheck.ops.${action}.olga"`);
         expect(conf).not.toContain(`"tcheck.ops.${action}.oscar"`);
       }
