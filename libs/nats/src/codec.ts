@@ -33,19 +33,7 @@ export function decode<S extends z.ZodType>(schema: S, bytes: Uint8Array): z.inf
  * schema parses that one read (zod builds a new object per parse, so no caller sees another's).
  * Throws {@link CodecError} as `decode` does, to each caller.
  */
-export function decodeMsg<S extends z.ZodType>(
-  schema: S,
-  msg: { readonly data: Uint8Array; readonly subject?: string; readonly seq?: number },
-  opts: { shared?: boolean } = {},
-): z.infer<S> {
-  const own = msg.seq !== undefined && msg.subject !== undefined ? ownAppendOf(msg.subject, msg.seq, msg.data) : null;
-  if (own) {
-    if (opts.shared && own.schema === schema) return own.value as z.infer<S>;
-    const r = schema.safeParse(own.value);
-    if (!r.success)
-      throw new CodecError(`does not match schema: ${r.error.issues.length} issue(s)`, { cause: r.error });
-    return r.data;
-  }
+export function decodeMsg<S extends z.ZodType>(schema: S, msg: { readonly data: Uint8Array }): z.infer<S> {
   let raw = rawOfMsg.get(msg);
   if (raw === undefined) {
     try {
@@ -61,66 +49,6 @@ export function decodeMsg<S extends z.ZodType>(
   return r.data;
 }
 const rawOfMsg = new WeakMap<object, { value: unknown } | { error: unknown }>();
-
-/**
- * What this process appended lately, by `<seq> <subject>`: the bytes it sent and the value they
- * decode to, already checked by `schema`. A process that reads back its own appends (the event log,
- * read by the roles of the process that wrote it: docs/performance.md) skips their msgpack read,
- * and a `shared` reader their parse too. Believed only when the delivered bytes are the bytes sent.
- * Bounded: the newest {@link OWN_APPENDS_KEPT}; a delivery that comes later is read as any other.
- */
-const ownAppends = new Map<string, { bytes: Uint8Array; schema: z.ZodType; value: unknown }>();
-/** ~1.5 s of appends at 600 events/s; an entry is ~2 KB. */
-const OWN_APPENDS_KEPT = 1_024;
-
-/**
- * Encodes `value`, the output of `schema`'s parse, for an append. Returns the bytes to send and
- * `remember`, to call with the subject and the stream sequence the append was stored at: a
- * delivery of that message to this process is then read without msgpack (see `ownAppends`).
- */
-export function encodeOwn<S extends z.ZodType>(
-  schema: S,
-  value: z.infer<S>,
-): { bytes: Uint8Array; remember: (subject: string, seq: number) => void } {
-  const plain = frozenPlain(value);
-  const bytes = packr.pack(dropUndefined(plain));
-  return {
-    bytes,
-    remember: (subject, seq) => {
-      ownAppends.set(`${seq} ${subject}`, { bytes, schema, value: plain });
-      if (ownAppends.size > OWN_APPENDS_KEPT) ownAppends.delete(ownAppends.keys().next().value as string);
-    },
-  };
-}
-
-function ownAppendOf(subject: string, seq: number, data: Uint8Array): { schema: z.ZodType; value: unknown } | null {
-  const own = ownAppends.get(`${seq} ${subject}`);
-  return own && Buffer.from(own.bytes.buffer, own.bytes.byteOffset, own.bytes.byteLength).equals(data) ? own : null;
-}
-
-/**
- * A deep copy of plain data without its undefined fields (what msgpack would give back), frozen:
- * readers that share it cannot change it for each other (a write throws in ES modules' strict mode).
- */
-function frozenPlain(v: unknown): unknown {
-  if (Array.isArray(v)) return Object.freeze(v.map(frozenPlain));
-  if (v && typeof v === 'object') {
-    const proto = Object.getPrototypeOf(v) as unknown;
-    if (proto === Object.prototype || proto === null) {
-      const out: Record<string, unknown> = {};
-      for (const [k, x] of Object.entries(v))
-        if (x !== undefined)
-          Object.defineProperty(out, k, {
-            value: frozenPlain(x),
-            enumerable: true,
-            writable: true,
-            configurable: true,
-          });
-      return Object.freeze(out);
-    }
-  }
-  return v;
-}
 
 /**
  * Decodes msgpack without a schema (for envelopes whose parse errors must name field paths).

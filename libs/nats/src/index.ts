@@ -3,7 +3,6 @@ export {
   CodecError,
   decode,
   decodeMsg,
-  encodeOwn,
   decodeRaw,
   encode,
 } from './codec.js';

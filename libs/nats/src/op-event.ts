@@ -11,8 +11,6 @@ import type { Subjects } from './subjects.js';
  * `CodecError`, which the consumer loop `term`s), its subject's tenant and operation, and the
  * projection key `<tenant>.<opId>` — or a `term` settlement when the message is not on an operation
  * subject or the state it carries belongs to another tenant or operation (logged as an error).
- * An event this process appended itself is the value it sent, shared by every reader and frozen
- * (`decodeMsg`'s `shared`): read it, never change it.
  */
 export function opEventOf(
   subjects: Subjects,
@@ -23,7 +21,7 @@ export function opEventOf(
   | Extract<Settlement, { kind: 'term' }> {
   const where = subjects.parseOpSubject('op', msg.subject);
   if (!where) return { kind: 'term', reason: 'not an operation subject' };
-  const event = decodeMsg(operationEventSchema, msg, { shared: true });
+  const event = decodeMsg(operationEventSchema, msg);
   if (event.state.tenant !== where.tenant || operationIdOf(event.state.operationKey) !== where.opId) {
     log.error({ seq: msg.seq, tenant: where.tenant }, 'event does not belong to its operation subject');
     return { kind: 'term', reason: 'event does not belong to its subject' };

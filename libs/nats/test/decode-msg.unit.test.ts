@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { CodecError, decodeMsg, encode, encodeOwn } from '@tooltx/nats';
+import { CodecError, decodeMsg, encode } from '@tooltx/nats';
 
 const strict = z.object({ type: z.string(), state: z.object({ tenant: z.string(), attempt: z.number() }) });
 const lenient = z.object({ type: z.string() });
@@ -33,37 +33,6 @@ describe('decodeMsg: one msgpack read per delivered message, one parse per calle
     const data = encode({ type: 'running', state: { tenant: 'acme', attempt: 1 } });
     expect(decodeMsg(strict, { data }).type).toBe('running');
     expect(decodeMsg(strict, { data: encode({ type: 'committed', state: { tenant: 'acme', attempt: 2 } }) }).type).toBe(
-      'committed',
-    );
-  });
-});
-
-describe('decodeMsg of a message this process appended (encodeOwn)', () => {
-  const schema = z.object({ type: z.string(), state: z.object({ tenant: z.string(), note: z.string().optional() }) });
-  const value = schema.parse({ type: 'accepted', state: { tenant: 'acme', note: undefined } });
-
-  it('given its own append delivered back, when decoded shared by the same schema, then it is the value sent, frozen, without undefined fields', () => {
-    const { bytes, remember } = encodeOwn(schema, value);
-    remember('t.events.acme.op1', 41);
-    const msg = { data: bytes, subject: 't.events.acme.op1', seq: 41 };
-    const shared = decodeMsg(schema, msg, { shared: true });
-    expect(shared).toEqual({ type: 'accepted', state: { tenant: 'acme' } });
-    expect(Object.hasOwn(shared.state, 'note')).toBe(false);
-    expect(decodeMsg(schema, msg, { shared: true })).toBe(shared);
-    expect(() => {
-      (shared.state as { tenant: string }).tenant = 'globex';
-    }).toThrow(TypeError);
-    // A reader that did not ask to share gets its own parse, equal to what msgpack would give.
-    const own = decodeMsg(schema, msg);
-    expect(own).not.toBe(shared);
-    expect(own).toEqual(decodeMsg(schema, { data: bytes }));
-  });
-
-  it('given other bytes at that subject and sequence (a stream recreated since), when decoded, then the delivered bytes are read', () => {
-    const { remember } = encodeOwn(schema, value);
-    remember('t.events.acme.op2', 7);
-    const other = encode({ type: 'committed', state: { tenant: 'acme' } });
-    expect(decodeMsg(schema, { data: other, subject: 't.events.acme.op2', seq: 7 }, { shared: true }).type).toBe(
       'committed',
     );
   });
