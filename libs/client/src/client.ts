@@ -151,6 +151,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   // The current version of each name this host holds several versions of, from the contract
   // registry (docs/contracts.md): read now, and again when a call is told `refresh_contract`.
   const severalVersions = [...byName].filter(([, cs]) => cs.length > 1).map(([n]) => n);
+  const several = new Set(severalVersions);
   let current = await readCurrentVersions(conn.nc, conn.subjects, severalVersions);
   /**
    * The version of each task's first call per tool (FM-23: a running task keeps the version it
@@ -181,8 +182,9 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     const prepared = prepareIntent(byName, req, conn.nc.info?.max_payload, versionFor);
     if ('refusal' in prepared) return refused(prepared.refusal.operationKey, prepared.refusal.error);
     const { contract, call } = prepared.intent;
-    const pin = taskToolKey(req.taskId, contract.name);
-    if (!taskVersions.has(pin)) taskVersions.set(pin, contract.version);
+    // Only a name held in several versions has a version to keep; one version needs no entry.
+    const pin = several.has(contract.name) ? taskToolKey(req.taskId, contract.name) : undefined;
+    if (pin !== undefined && !taskVersions.has(pin)) taskVersions.set(pin, contract.version);
     track.key = call.operationKey;
     // Nothing of this call was sent: refused, definitely not stored.
     const refusedCredentials = conn.credentialsRefusal();
@@ -217,6 +219,7 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
     if (outcome.status === 'committed') committedKeys.set(call.operationKey, call.inputDigest);
     const cls = 'error' in outcome ? outcome.error?.class : undefined;
     if (
+      pin !== undefined &&
       (cls === ErrorClass.ContractRetired || cls === ErrorClass.ContractWithdrawn) &&
       taskVersions.get(pin) === contract.version
     ) {
