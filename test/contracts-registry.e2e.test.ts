@@ -267,13 +267,18 @@ describe('contract registry', () => {
     const kv = await openBucket(t.nc, t.subjects.contractsBucket);
     for await (const key of await kv.keys('held.sink.write.3.>')) await kv.delete(key);
     await expect.poll(async () => row(await rows(), 3).held, { timeout: 5_000 }).toBe(false);
-    const refused = await cli(['revert', 'sink.write']);
+    // @2 is current by the automatic revert: a revert must name it to undo that one.
+    const unnamed = await cli(['revert', 'sink.write']);
+    expect(unnamed.code).toBe(1);
+    expect(unnamed.stderr).toContain('[already_reverted]');
+    const refused = await cli(['revert', 'sink.write', '--from', '2']);
     expect(refused.code).toBe(1);
     expect(refused.stderr).toContain('name: no running executor holds sink.write@3');
+    expect(refused.stderr).toContain('[version_not_held]');
     expect((await rows()).find((r) => r.current)?.version).toBe(2);
 
     // Manual revert: @3 (the version before @2) is current again, recorded with the operator.
-    expect(await ask({ action: 'revert', name: 'sink.write', unheld: true })).toMatchObject({
+    expect(await ask({ action: 'revert', name: 'sink.write', from: 2, unheld: true })).toMatchObject({
       ok: true,
       current: {
         current: 3,
@@ -298,7 +303,7 @@ describe('contract registry', () => {
     // A task on @3 now, then a revert with --stop-running (CLI): @2 current, @3 withdrawn.
     const s1 = await fresh.execute({ tool: 'sink.write', taskId: 'stop-1', input: note('stop-1 a', 'bob') });
     expect(s1).toMatchObject({ status: 'committed', receipt: { version: 3 } });
-    expect(await ask({ action: 'revert', name: 'sink.write', stopRunning: true })).toMatchObject({
+    expect(await ask({ action: 'revert', name: 'sink.write', stopRunning: true, from: 3 })).toMatchObject({
       ok: true,
       current: { current: 2 },
       changed: [{ version: 3, withdrawn: { by: `operator:${OPERATOR}` } }],

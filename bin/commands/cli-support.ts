@@ -14,7 +14,9 @@ import { describeConnectError } from '@tooltx/runtime';
  * after N ms)` on stderr and sets exit code 1.
  */
 export function writeRefusal(command: string, error: ErrorInfo): void {
-  const issues = (error.issues ?? []).map((i) => `${i.path.join('.') || '(request)'}: ${i.message}`);
+  const issues = (error.issues ?? []).map(
+    (i) => `${i.path.join('.') || '(request)'}: ${i.message}${i.code ? ` [${i.code}]` : ''}`,
+  );
   process.stderr.write(
     `tooltx ${command}: refused: ${error.class}${issues.length ? `: ${issues.join('; ')}` : ''}${error.retryAfterMs ? ` (retry after ${error.retryAfterMs} ms)` : ''}\n`,
   );

@@ -141,7 +141,7 @@ export function registerContracts(program: Command): void {
     )
     .option(
       '--from <version>',
-      'revert only while this version is current (default: the one current when the request arrives); refused current_changed otherwise',
+      'revert only while this version is current (refused current_changed otherwise); needed to revert a version that is current by a revert',
     )
     .option('--unheld', 'revert even to a version no running executor holds (held marks, docs/contracts.md)')
     .addHelpText('after', ENV)

@@ -168,9 +168,10 @@ export function registerVersion(
 /**
  * The current-version rule when `version` was just registered (`created`: it did not exist
  * before): a name with no current entry gets it; a NEWLY registered version higher than the current
- * one becomes current, recorded as a switch by `by`. A version seen again (a service restarting
- * with it) never takes the current place back: after a revert, the reverted version stays
- * reverted until an operator says otherwise. Null: nothing changes. Pure.
+ * one becomes current, recorded as a switch by `by`, unless an operator already decided on it
+ * (retired, deprecated, withdrawn). A version seen again (a service restarting with it) never
+ * takes the current place back: after a revert, the reverted version stays reverted until an
+ * operator says otherwise. Null: nothing changes. Pure.
  */
 export function currentAfterRegistration(
   cur: CurrentEntry | null,
@@ -183,11 +184,18 @@ export function currentAfterRegistration(
   if (!cur)
     return { name: contractName, current: version, switches: [{ to: version, by, at: now, reason: 'registered' }] };
   if (!created || version <= cur.current) return null;
+  // Retired, deprecated or withdrawn between its version entry's write and this one (an operator's
+  // command on the name can land in between): never made current.
+  if (cur.states?.[String(version)] !== undefined) return null;
   return withSwitch(cur, { from: cur.current, to: version, by, at: now, reason: 'registered' });
 }
 
+function currentSwitch(cur: CurrentEntry): Switch | undefined {
+  return [...cur.switches].reverse().find((x) => x.to === cur.current);
+}
+
 function describeSwitch(cur: CurrentEntry): string {
-  const s = [...cur.switches].reverse().find((x) => x.to === cur.current);
+  const s = currentSwitch(cur);
   return s
     ? `${s.reason === 'revert' ? 'reverted' : 'registered'} by ${s.by} at ${new Date(s.at).toISOString()}`
     : 'no switch recorded';
@@ -240,9 +248,12 @@ const refuse = (path: string, code: string, message: string): RegistryOutcome =>
  *   `unheld` (its intents would find no executor); `stopRunning` withdraws the reverted version
  *   (running tasks are refused `contract_withdrawn` on it).
  * - a revert that names the version it reverts (`from`) is refused `current_changed` when another
- *   is current by now: two operators reverting at once revert once, never back and forth.
+ *   is current by now; one that names none is refused `already_reverted` when the current version
+ *   is itself current by a revert: two operators (or an operator and the threshold) reverting at
+ *   once revert once, never back and forth; undoing a revert takes `from`;
+ * - retiring a retired version changes nothing (its first retirement stays recorded).
  * Refusals carry the field path: `name` (`unknown_contract`, `no_previous_version`,
- * `version_not_held`), `from` (`current_changed`), `contract` (`unknown_contract`, `current_version`, `retired`), `sunset`
+ * `version_not_held`), `from` (`current_changed`, `already_reverted`), `contract` (`unknown_contract`, `current_version`, `retired`), `sunsetAt`
  * (`in_the_past`). Pure.
  */
 export function decideRegistryCommand(
@@ -255,7 +266,11 @@ export function decideRegistryCommand(
   held: (version: number) => boolean = () => true,
 ): RegistryOutcome {
   if (!registered.length || !cur)
-    return refuse('name', 'unknown_contract', `no contract named ${contractName} is registered`);
+    return refuse(
+      cmd.kind === 'revert' ? 'name' : 'contract',
+      'unknown_contract',
+      `no contract named ${contractName} is registered`,
+    );
   const versions = registered.map((v) => withState(v, cur));
   if (cmd.kind === 'revert') {
     const from = cur.current;
@@ -264,6 +279,12 @@ export function decideRegistryCommand(
         'from',
         'current_changed',
         `${contractName}@${from} is current now, not @${cmd.from}: nothing reverted (${describeSwitch(cur)})`,
+      );
+    if (cmd.from === undefined && currentSwitch(cur)?.reason === 'revert')
+      return refuse(
+        'from',
+        'already_reverted',
+        `${contractName}@${from} is current by a revert (${describeSwitch(cur)}): to revert it too, name it with --from ${from}`,
       );
     const last = [...cur.switches].reverse().find((s) => s.to === from);
     const candidates = versions.filter(
@@ -295,13 +316,14 @@ export function decideRegistryCommand(
   }
   const v = versions.find((x) => x.version === cmd.version);
   if (!v) return refuse('contract', 'unknown_contract', `${contractName}@${cmd.version} is not registered`);
+  if (cmd.kind === 'retire' && v.retired) return { kind: 'write', current: cur, changed: [v] };
   if (cmd.version === cur.current)
     return refuse('contract', 'current_version', `${contractName}@${cmd.version} is the current version: revert first`);
   const state: VersionState =
     cmd.kind === 'retire' ? { retired: { by, at: now } } : { deprecated: { sunsetAt: cmd.sunsetAt, by, at: now } };
   if (cmd.kind === 'deprecate') {
     if (cmd.sunsetAt <= now)
-      return refuse('sunset', 'in_the_past', 'the sunset must be in the future (`retire` ends a version now)');
+      return refuse('sunsetAt', 'in_the_past', 'the sunset must be in the future (`retire` ends a version now)');
     if (v.retired)
       return refuse('contract', 'retired', `${contractName}@${cmd.version} is retired: a retirement is final`);
   }

@@ -158,7 +158,7 @@ describe('operator commands', () => {
     }
   });
 
-  it('given @1 already deprecated, when deprecated again with a past sunset, then it is refused at sunset (retire ends a version now)', () => {
+  it('given @1 already deprecated, when deprecated again with a past sunset, then it is refused at sunsetAt (retire ends a version now)', () => {
     expect(
       decideRegistryCommand(
         'sink.write',
@@ -168,10 +168,10 @@ describe('operator commands', () => {
         by,
         50,
       ),
-    ).toMatchObject({ kind: 'refuse', error: { issues: [{ path: ['sunset'], code: 'in_the_past' }] } });
+    ).toMatchObject({ kind: 'refuse', error: { issues: [{ path: ['sunsetAt'], code: 'in_the_past' }] } });
   });
 
-  it('given @1 not current, when deprecated with a future sunset, then the sunset is recorded; a past one is refused at sunset', () => {
+  it('given @1 not current, when deprecated with a future sunset, then the sunset is recorded; a past one is refused at sunsetAt', () => {
     expect(
       decideRegistryCommand(
         'sink.write',
@@ -197,7 +197,7 @@ describe('operator commands', () => {
       ),
     ).toMatchObject({
       kind: 'refuse',
-      error: { issues: [{ path: ['sunset'] }] },
+      error: { issues: [{ path: ['sunsetAt'] }] },
     });
   });
 
@@ -216,6 +216,9 @@ describe('operator commands', () => {
       error: { issues: [{ path: ['contract'], code: 'unknown_contract' }] },
     });
     expect(decideRegistryCommand('nope', [], null, { kind: 'retire', version: 1 }, by, 50)).toMatchObject({
+      error: { issues: [{ path: ['contract'], code: 'unknown_contract' }] },
+    });
+    expect(decideRegistryCommand('nope', [], null, { kind: 'revert', stopRunning: false }, by, 50)).toMatchObject({
       error: { issues: [{ path: ['name'], code: 'unknown_contract' }] },
     });
   });
@@ -289,6 +292,31 @@ describe('operator commands on one name, one entry', () => {
         51,
       ),
     ).toMatchObject({ kind: 'refuse', error: { issues: [{ path: ['from'], code: 'current_changed' }] } });
+  });
+
+  it('given @2 current by a revert, when reverted without naming it, then it is refused already_reverted at from; named with from, it is reverted', () => {
+    const reverted = current(2, 3, 'revert');
+    const three = [entry(1), entry(2), entry(3)];
+    expect(
+      decideRegistryCommand('sink.write', three, reverted, { kind: 'revert', stopRunning: false }, by, 50),
+    ).toMatchObject({ kind: 'refuse', error: { issues: [{ path: ['from'], code: 'already_reverted' }] } });
+    expect(
+      decideRegistryCommand('sink.write', three, reverted, { kind: 'revert', stopRunning: false, from: 2 }, by, 50),
+    ).toMatchObject({ kind: 'write', current: { current: 3 } });
+  });
+
+  it('given @1 retired, when retired again, then its first retirement stays recorded', () => {
+    const cur = { ...current(3, 2), states: { '1': retired } };
+    const r = decideRegistryCommand('sink.write', versions, cur, { kind: 'retire', version: 1 }, 'operator:ops2', 60);
+    expect(r).toMatchObject({ kind: 'write', current: { states: { '1': retired } }, changed: [retired] });
+  });
+
+  it('given @4 retired while its version entry was written, when its registration switches, then it is not made current', () => {
+    const cur = { ...current(3, 2), states: { '4': retired } };
+    expect(currentAfterRegistration(cur, 'sink.write', 4, true, 'service:executor@x', 70)).toBeNull();
+    expect(currentAfterRegistration(current(3, 2), 'sink.write', 4, true, 'service:executor@x', 70)).toMatchObject({
+      current: 4,
+    });
   });
 
   it('given the previous version held by no running service, when reverted, then it is refused version_not_held at name; with unheld it reverts', () => {

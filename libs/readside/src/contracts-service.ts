@@ -45,7 +45,7 @@ export const contractsRequestSchema = z.discriminatedUnion('action', [
     action: z.literal('revert'),
     name: contractName,
     stopRunning: z.boolean().optional(),
-    /** The version the operator saw current (default: the one current when the request arrives). */
+    /** The version the operator reverts; needed to revert a version that is itself current by a revert. */
     from: z.number().int().min(1).max(999_999_999).optional(),
     unheld: z.boolean().optional(),
   }),
@@ -348,12 +348,7 @@ export function startContractsService(d: ContractsServiceDeps): Responder {
             kind: 'revert',
             stopRunning: req.stopRunning === true,
             unheld: req.unheld === true,
-            // What is current as this request arrives: a revert decided after another one's write
-            // is refused, not reverted back.
-            ...(() => {
-              const from = req.from ?? d.registry.current(req.name)?.current;
-              return from === undefined ? {} : { from };
-            })(),
+            ...(req.from === undefined ? {} : { from: req.from }),
           },
           by,
           t,

@@ -8,6 +8,7 @@
 import type { KV } from '@nats-io/kv';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
+  currentAfterRegistration,
   currentEntrySchema,
   currentKeyOf,
   heldKeyOf,
@@ -20,7 +21,7 @@ import {
   type VersionEntry,
 } from '@tooltx/lifecycle';
 import { decode, encode, openBucket, type NatsConnection } from '@tooltx/nats';
-import { createLogger, RegistryMirror } from '@tooltx/runtime';
+import { casUpdate, createLogger, RegistryMirror } from '@tooltx/runtime';
 import { applyRegistryCommand } from '../src/contracts-service.js';
 import { provisioned, type TestNats } from '../../../test/helpers/nats.js';
 
@@ -171,7 +172,41 @@ describe('registry commands on one name at once', () => {
     }
   });
 
-  it('two reverts of the same current version: one reverts, the other is refused current_changed', async () => {
+  it("a version retired between its registration's version write and its switch is never made current", async () => {
+    const name = 'race.register_retire';
+    await seed(name);
+    // A service registers @4: its version entry first...
+    const v4: VersionEntry = {
+      name,
+      version: 4,
+      interfaceDigest: `sha256:${'4'.repeat(64)}`,
+      input: { type: 'object' },
+      output: { type: 'object' },
+      effect: 'create',
+      firstSeenAt: 4,
+      lastSeenAt: 4,
+      registeredBy: 'service:executor@new',
+    };
+    await kvA.put(versionKeyOf(name, 4), encode(v4));
+    await expect.poll(() => b.version(name, 4) !== undefined).toBe(true);
+    // ...an operator retires it (not current yet)...
+    await applyRegistryCommand(
+      { registryKv: kvB, registry: b },
+      name,
+      { kind: 'retire', version: 4 },
+      'operator:bo',
+      Date.now(),
+    );
+    // ...then the registration's switch, as publishContracts makes it.
+    await casUpdate(kvA, currentKeyOf(name), currentEntrySchema, (cur) =>
+      currentAfterRegistration(cur, name, 4, true, 'service:executor@new', Date.now()),
+    );
+    const { cur } = await stored(name);
+    expect(cur.current).toBe(3);
+    expect(cur.states?.['4']?.retired).toMatchObject({ by: 'operator:bo' });
+  });
+
+  it('two reverts of the same current version, named or not: one reverts, the other is refused (current_changed or already_reverted)', async () => {
     for (let i = 0; i < ROUNDS; i++) {
       const name = `race.revert_revert_${i}`;
       await seed(name);
@@ -185,7 +220,8 @@ describe('registry commands on one name at once', () => {
             applyRegistryCommand(
               { registryKv: kv, registry: m },
               name,
-              { kind: 'revert', stopRunning: false, from: 3 },
+              // Odd rounds: as the CLI sends it without --from.
+              { kind: 'revert', stopRunning: false, ...(i % 2 === 0 ? { from: 3 } : {}) },
               by,
               now,
             ),
@@ -194,7 +230,7 @@ describe('registry commands on one name at once', () => {
       );
       expect(results.filter((r) => r.ok)).toHaveLength(1);
       expect(results.find((r) => !r.ok)).toMatchObject({
-        err: { issues: [{ path: ['from'], code: 'current_changed' }] },
+        err: { issues: [{ path: ['from'], code: i % 2 === 0 ? 'current_changed' : 'already_reverted' }] },
       });
       const { cur } = await stored(name);
       expect(cur.current).toBe(2);
