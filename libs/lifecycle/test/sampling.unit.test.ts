@@ -129,6 +129,13 @@ describe('whether an ended attempt is sampled', () => {
     expect(decideSample(sw, { tenant: 'globex' }, ctx.now, 0)).toBe('skip');
   });
 
+  it("given a switch naming no tenant, then every tenant's operation is sampled (docs/debug-samples.md)", () => {
+    const sw = on();
+    expect(sw.tenant).toBeUndefined();
+    expect(decideSample(sw, { tenant: 'acme' }, ctx.now, 0)).toBe('sample');
+    expect(decideSample(sw, { tenant: 'globex' }, ctx.now, 0)).toBe('sample');
+  });
+
   it('given the window ended (or not begun), then nothing is sampled', () => {
     const sw = on();
     expect(decideSample(sw, { tenant: 'acme' }, sw.until, 0)).toBe('skip');
