@@ -279,6 +279,33 @@ describe('debug samples', () => {
     expect(JSON.stringify(records)).not.toContain('visible-title');
   });
 
+  it("FM-32: a debug request whose reply subject is another operator's inbox: the sample never reaches that operator (not granted debug), and the requester still gets its own", async () => {
+    const olga = await t.connectAs({ kind: 'operator', operator: 'olga' });
+    try {
+      const spied: string[] = [];
+      const spy = olga.subscribe('_INBOX._op.olga.>', {
+        callback: (err, m) => void (err ? undefined : spied.push(m.string())),
+      });
+      await olga.flush();
+      const show = JSON.stringify({ action: 'show', contract: 'dbg.note@1', tenant: 'acme', operationKey: keys.one });
+      for (let i = 0; i < 3; i++) oscar.publish(t.subjects.opsDebug('oscar'), show, { reply: '_INBOX._op.olga.spy' });
+      // Sent after the forged ones on the same connection: answered in oscar's own inbox, with the sample.
+      const own = JSON.parse(
+        (await oscar.request(t.subjects.opsDebug('oscar'), show, { timeout: 5_000 })).string(),
+      ) as Answer;
+      expect(own).toMatchObject({
+        ok: true,
+        sample: { operationKey: keys.one, input: { title: 'visible-title-one' } },
+      });
+      await new Promise((r) => setTimeout(r, 1_000));
+      await olga.flush();
+      expect(spied).toEqual([]);
+      spy.unsubscribe();
+    } finally {
+      await olga.close();
+    }
+  });
+
   it('a window of max 100 over 60 calls at once: every call is sampled, once; none is dropped', async () => {
     // Replaces acme's window (its samples go with it): globex's calls only.
     const started = await ask({ action: 'start', contract: 'dbg.note@1', forMs: 8_000, tenant: 'globex', max: 100 });
