@@ -4,7 +4,7 @@
  * only), and the purge at the window's end. The same on real processes: test/debug-samples.e2e.test.ts.
  */
 import { randomBytes } from 'node:crypto';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import type { KV } from '@nats-io/kv';
 import {
   contractTokenOf,
@@ -160,6 +160,37 @@ describe('the sampler', () => {
     expect(new Set(stored().map((x) => x.operationKey)).size).toBe(100);
     const e = await switches.get(TOKEN);
     expect(decode(samplingSwitchSchema, e!.value).taken).toBe(100);
+    await s.stop();
+  });
+
+  it("given other executors' claims taking every compare-and-set round, when attempts end, then none is stored, and the drop is logged once, then totalled at the window's end, without content", async () => {
+    const switches = memoryKv();
+    const samples = memoryKv();
+    await switches.put(TOKEN, encode(windowOf({ until: Date.now() + 1_500 })));
+    // Another executor counts a sample between every read and update of this one.
+    switches.update = async () => {
+      throw new Error('wrong last sequence');
+    };
+    const warns: { obj: Record<string, unknown>; msg: string }[] = [];
+    const spyLog = Object.create(log) as typeof log;
+    spyLog.warn = ((obj: Record<string, unknown>, msg: string) => void warns.push({ obj, msg })) as typeof log.warn;
+    const s = new Sampler({
+      switches,
+      samples,
+      subjects,
+      log: spyLog,
+      scrub: scrubber(randomBytes(32)),
+      purge: async () => undefined,
+      random: () => 0,
+    });
+    await s.start();
+    await Promise.all([0, 1, 2].map((i) => s.offer(offer('acme', i))));
+    expect([...samples.entries.values()].filter((e) => e.operation === 'PUT')).toEqual([]);
+    expect(warns).toEqual([expect.objectContaining({ msg: expect.stringContaining('debug sample dropped') })]);
+    await vi.waitFor(() => expect(warns).toHaveLength(2), { timeout: 5_000, interval: 20 });
+    expect(warns[1]!.obj).toMatchObject({ token: TOKEN, dropped: 3 });
+    expect(JSON.stringify(warns)).not.toContain('private body');
+    expect(JSON.stringify(warns)).not.toContain('note 1');
     await s.stop();
   });
 
