@@ -18,6 +18,7 @@ import {
   withState,
   type CurrentEntry,
   type HeldMark,
+  type RegistryCommand,
   type VersionEntry,
 } from '@tooltx/lifecycle';
 import { decode, encode, openBucket, type NatsConnection } from '@tooltx/nats';
@@ -86,6 +87,12 @@ const settle = <T>(p: Promise<T>) =>
     (err: unknown) => ({ ok: false as const, err }),
   );
 
+/** `cmd` on `name` by operator ann through service A, or by operator bo through service B, at `now`. */
+const byAnn = (name: string, cmd: RegistryCommand, now: number) =>
+  settle(applyRegistryCommand({ registryKv: kvA, registry: a }, name, cmd, 'operator:ann', now));
+const byBo = (name: string, cmd: RegistryCommand, now: number) =>
+  settle(applyRegistryCommand({ registryKv: kvB, registry: b }, name, cmd, 'operator:bo', now));
+
 beforeAll(async () => {
   t = await provisioned();
   nc2 = await t.connectAs({ kind: 'provisioner' });
@@ -109,24 +116,8 @@ describe('registry commands on one name at once', () => {
       await seed(name);
       const now = Date.now();
       const [revert, retire] = await Promise.all([
-        settle(
-          applyRegistryCommand(
-            { registryKv: kvA, registry: a },
-            name,
-            { kind: 'revert', stopRunning: false, from: 3 },
-            'operator:ann',
-            now,
-          ),
-        ),
-        settle(
-          applyRegistryCommand(
-            { registryKv: kvB, registry: b },
-            name,
-            { kind: 'retire', version: 2 },
-            'operator:bo',
-            now,
-          ),
-        ),
+        byAnn(name, { kind: 'revert', stopRunning: false, from: 3 }, now),
+        byBo(name, { kind: 'retire', version: 2 }, now),
       ]);
       const { cur, versions } = await stored(name);
       const current = versions.find((v) => v.version === cur.current)!;
@@ -145,24 +136,8 @@ describe('registry commands on one name at once', () => {
       await seed(name);
       const now = Date.now();
       const [deprecate, retire] = await Promise.all([
-        settle(
-          applyRegistryCommand(
-            { registryKv: kvA, registry: a },
-            name,
-            { kind: 'deprecate', version: 1, sunsetAt: now + 86_400_000 },
-            'operator:ann',
-            now,
-          ),
-        ),
-        settle(
-          applyRegistryCommand(
-            { registryKv: kvB, registry: b },
-            name,
-            { kind: 'retire', version: 1 },
-            'operator:bo',
-            now,
-          ),
-        ),
+        byAnn(name, { kind: 'deprecate', version: 1, sunsetAt: now + 86_400_000 }, now),
+        byBo(name, { kind: 'retire', version: 1 }, now),
       ]);
       expect(retire.ok).toBe(true);
       const { versions } = await stored(name);
