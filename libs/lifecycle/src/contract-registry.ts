@@ -426,9 +426,17 @@ export function shouldAutoRevert(
   if (!byTenant) return false;
   const last = cur.switches.at(-1);
   if (!last || last.to !== cur.current || last.reason !== 'registered' || last.from === undefined) return false;
-  let over = 0;
-  for (const h of byTenant.values()) if (h.operations + h.conflicts >= t.minCount && badRatioOf(h) >= t.ratio) over++;
-  return over >= t.minTenants;
+  return tenantsOverThreshold(byTenant, t).length >= t.minTenants;
+}
+
+/** The tenants that made at least `minCount` calls with a bad ratio at or above `ratio`. Pure. */
+export function tenantsOverThreshold(
+  byTenant: ReadonlyMap<string, VersionHealth>,
+  t: Pick<RevertThreshold, 'minCount' | 'ratio'>,
+): string[] {
+  return [...byTenant]
+    .filter(([, h]) => h.operations + h.conflicts >= t.minCount && badRatioOf(h) >= t.ratio)
+    .map(([tenant]) => tenant);
 }
 
 function stripUndefined<T extends object>(o: T): T {

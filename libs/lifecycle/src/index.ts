@@ -322,6 +322,7 @@ export {
   registerVersion,
   type RevertThreshold,
   shouldAutoRevert,
+  tenantsOverThreshold,
   type Switch,
   switchSchema,
   type VersionEntry,

@@ -10,6 +10,7 @@ import {
   isRetired,
   parseContractId,
   shouldAutoRevert,
+  tenantsOverThreshold,
   type AuditRecord,
   type CurrentEntry,
   type RegistryCommand,
@@ -19,7 +20,7 @@ import {
   type VersionHealth,
 } from '@tooltx/lifecycle';
 import type { Subjects } from '@tooltx/nats';
-import { casUpdate, type Logger, type RegistryMirror } from '@tooltx/runtime';
+import { CasContendedError, casUpdate, type Logger, type RegistryMirror } from '@tooltx/runtime';
 import { auditRecordsOf, inRange, REBUILDING_RETRY_MS } from './audit-queries.js';
 import { operatorEndpoint, startResponder, type Responder } from './responder.js';
 
@@ -268,7 +269,7 @@ export async function applyRegistryCommand(
       return o.current;
     });
   } catch (err) {
-    if (err instanceof TooltxError) throw err;
+    if (!(err instanceof CasContendedError)) throw err;
     throw new TooltxError(ErrorClass.DependencyUnavailable, `the registry entry of ${name} kept changing`, {
       retryAfterMs: 1_000,
       cause: err,
@@ -430,9 +431,7 @@ export function startAutoRevert(
             to: r.current.current,
             ...health,
             ratio: health && badRatioOf(health),
-            tenantsOver: [...(byTenant ?? new Map<string, VersionHealth>())]
-              .filter(([, h]) => h.operations + h.conflicts >= threshold.minCount && badRatioOf(h) >= threshold.ratio)
-              .map(([tenant]) => tenant),
+            tenantsOver: byTenant ? tenantsOverThreshold(byTenant, threshold) : [],
           },
           'contract reverted automatically: over the revert threshold',
         );

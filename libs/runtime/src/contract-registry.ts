@@ -17,7 +17,8 @@ import {
   type RegistryView,
   type VersionEntry,
 } from '@tooltx/lifecycle';
-import { decode, encode, KvMirror } from '@tooltx/nats';
+import { encode, KvMirror } from '@tooltx/nats';
+import { casUpdate } from './kv-cas.js';
 import type { Logger } from './logger.js';
 import type { ImplementationRegistry } from './implementations.js';
 import { StartupError } from './startup.js';
@@ -66,40 +67,6 @@ export function publishedOf(c: Contract, policyVersion?: string): Published {
       : {}),
     ...(policyVersion ? { policyVersion } : {}),
   };
-}
-
-/** Most compare-and-set rounds on one key before giving up (several instances starting at once). */
-const CAS_ROUNDS = 20;
-
-/**
- * Reads `key`, decides, writes with compare-and-set on the revision read (create when absent), and
- * reads again when another writer got there first. `decide` returns the value to write, or null:
- * nothing to write. Returns what was written (or null). Throws the last write error after
- * {@link CAS_ROUNDS} rounds, and whatever `decide` throws.
- */
-export async function casUpdate<T>(
-  kv: KV,
-  key: string,
-  schema: z.ZodType<T>,
-  decide: (cur: T | null) => T | null,
-): Promise<T | null> {
-  let last: unknown;
-  for (let round = 0; round < CAS_ROUNDS; round++) {
-    const e = await kv.get(key);
-    const live = e && e.operation === 'PUT' && e.length > 0;
-    const next = decide(live ? decode(schema, e.value) : null);
-    if (next === null) return null;
-    try {
-      // A deleted key keeps a revision: the update is still conditional on it.
-      if (e) await kv.update(key, encode(next), e.revision);
-      else await kv.create(key, encode(next));
-      return next;
-    } catch (err) {
-      last = err;
-      await new Promise((r) => setTimeout(r, 5 + Math.random() * 20));
-    }
-  }
-  throw last;
 }
 
 /**

@@ -80,8 +80,8 @@ export { compensatingCall, compensationInputOf, intentInputOf, linkCompensation 
 export { discardPrepared } from './held-back.js';
 export { askPolicy, type PolicyAnswer } from './policy.js';
 export { startTracing, tracingWanted, type Tracing } from './tracing.js';
+export { CAS_ROUNDS, CasContendedError, casUpdate } from './kv-cas.js';
 export {
-  casUpdate,
   ContractDigestConflictError,
   publishContracts,
   publishedOf,

@@ -7,15 +7,11 @@ import {
   samplingSwitchSchema,
 } from '@tooltx/lifecycle';
 import { decode, encode, KvMirror, type Subjects } from '@tooltx/nats';
+import { CAS_ROUNDS, CasContendedError, casUpdate } from './kv-cas.js';
 import type { Logger } from './logger.js';
 
 /** Largest encoded input or result a sample keeps, bytes; a larger one is kept as `[elided: N bytes]`. */
 export const MAX_SAMPLE_FIELD_BYTES = 32 * 1024;
-/**
- * Compare-and-set rounds of a sample's claim on its window's count before it is dropped. Claims of
- * one process are made one after another, so only other executors' claims can take a round.
- */
-const CLAIM_ROUNDS = 20;
 
 /** What the executor offers of one ended attempt (docs/debug-samples.md). */
 export interface SampleOffer {
@@ -133,7 +129,7 @@ export class Sampler {
       // Once per window here, and the total at its end: a dropped sample is never silent.
       if (n === 1)
         this.#d.log.warn(
-          { contract: o.contract, windowId: sw.windowId, rounds: CLAIM_ROUNDS },
+          { contract: o.contract, windowId: sw.windowId, rounds: CAS_ROUNDS },
           "debug sample dropped: the window's count kept changing under other executors' claims",
         );
     }
@@ -155,25 +151,24 @@ export class Sampler {
   }
 
   /**
-   * Counts one sample against the window's `max` (compare-and-set on the switch): `claimed`; `skip`
-   * when the window is gone, full or ended; `contended` when other executors' claims took every round.
+   * Counts one sample against the window's `max` (compare-and-set on the switch, {@link casUpdate}):
+   * `claimed`; `skip` when the window is gone, full or ended; `contended` when other executors'
+   * claims took every round. This process's claims on a window are made one after another
+   * ({@link #store}), so only other executors' claims can take a round.
    */
   async #claim(token: string, windowId: string, tenant: string): Promise<'claimed' | 'skip' | 'contended'> {
-    for (let round = 0; round < CLAIM_ROUNDS; round++) {
-      const e = await this.#d.switches.get(token);
-      if (e?.operation !== 'PUT' || e.length === 0) return 'skip';
-      const cur = decode(samplingSwitchSchema, e.value);
-      // Another window, or this one full or ended meanwhile: the draw already passed, so 0 here.
-      if (cur.windowId !== windowId || decideSample(cur, { tenant }, this.#now(), 0) === 'skip') return 'skip';
-      try {
-        await this.#d.switches.update(token, encode({ ...cur, taken: cur.taken + 1 }), e.revision);
-        return 'claimed';
-      } catch {
-        // Another executor counted a sample meanwhile: read again after a short, random pause.
-        await new Promise((r) => setTimeout(r, 2 + this.#random() * 10));
-      }
+    try {
+      const taken = await casUpdate(this.#d.switches, token, samplingSwitchSchema, (cur) =>
+        // Gone, another window, or this one full or ended meanwhile: the draw already passed, so 0 here.
+        !cur || cur.windowId !== windowId || decideSample(cur, { tenant }, this.#now(), 0) === 'skip'
+          ? null
+          : { ...cur, taken: cur.taken + 1 },
+      );
+      return taken ? 'claimed' : 'skip';
+    } catch (err) {
+      if (err instanceof CasContendedError) return 'contended';
+      throw err;
     }
-    return 'contended';
   }
 
   /** The logger's scrubbing of `v`, kept when its encoding is at most {@link MAX_SAMPLE_FIELD_BYTES}. */
