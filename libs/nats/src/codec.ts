@@ -27,28 +27,91 @@ export function decode<S extends z.ZodType>(schema: S, bytes: Uint8Array): z.inf
 }
 
 /**
- * {@link decode} of a delivered message's body, the msgpack read shared by every caller that
- * decodes the same message object: in a process that reads the event log once for several roles
- * (one delivery handed to each role's handler), the bytes are checked and read once, and each
- * schema parses that one read (zod builds a new object per parse, so no caller sees another's).
+ * {@link decode} of a delivered message's body, the read shared by every caller that decodes the
+ * same message object: in a process that reads the event log once for several roles (one delivery
+ * handed to each role's handler), the bytes are checked and read once, and each schema parses that
+ * one read (zod builds a new object per parse, so no caller sees another's).
+ *
+ * A message this process appended itself ({@link rememberOwnAppend}: same subject, stream sequence
+ * and bytes) is not read again: a caller asking for the schema it was validated with at the append
+ * gets that validated value, deeply frozen and shared by every such caller of that delivery; any
+ * other schema parses that value. The bytes are compared in full, so a message that is not exactly
+ * what this process validated is read like any other.
  * Throws {@link CodecError} as `decode` does, to each caller.
  */
-export function decodeMsg<S extends z.ZodType>(schema: S, msg: { readonly data: Uint8Array }): z.infer<S> {
+export function decodeMsg<S extends z.ZodType>(
+  schema: S,
+  msg: { readonly data: Uint8Array; readonly seq?: number; readonly subject?: string },
+): z.infer<S> {
   let raw = rawOfMsg.get(msg);
   if (raw === undefined) {
-    try {
-      raw = { value: unpackChecked(msg.data) };
-    } catch (err) {
-      raw = { error: err };
-    }
+    const own = takeOwnAppend(msg);
+    if (own) raw = own;
+    else
+      try {
+        raw = { value: unpackChecked(msg.data) };
+      } catch (err) {
+        raw = { error: err };
+      }
     rawOfMsg.set(msg, raw);
   }
   if ('error' in raw) throw raw.error;
+  if ('schema' in raw && raw.schema === schema) return raw.value as z.infer<S>;
   const r = schema.safeParse(raw.value);
   if (!r.success) throw new CodecError(`does not match schema: ${r.error.issues.length} issue(s)`, { cause: r.error });
   return r.data;
 }
-const rawOfMsg = new WeakMap<object, { value: unknown } | { error: unknown }>();
+const rawOfMsg = new WeakMap<object, { value: unknown; schema?: z.ZodType } | { error: unknown }>();
+
+/**
+ * The events this process appended and has not seen delivered yet, by `<seq> <subject>`: what
+ * {@link decodeMsg} hands out instead of decoding and validating them again (about a sixth of a
+ * co-located process's CPU on the peers workload, docs/performance.md). An entry leaves at its
+ * first delivery, or once {@link OWN_APPENDS_KEPT} newer appends came after it (a delivery that
+ * late is read as any other).
+ */
+const ownAppends = new Map<string, { bytes: Uint8Array; schema: z.ZodType; value: unknown }>();
+/** About 1.7 s of appends at 600 events a second. */
+const OWN_APPENDS_KEPT = 1_024;
+
+/**
+ * Records that this process appended `bytes` (the {@link encode} of `value`, which is the output of
+ * `schema`'s parse and referenced by nothing else) on `subject` at stream sequence `seq`. `value`
+ * is frozen here: readers of the delivery share it.
+ */
+export function rememberOwnAppend(
+  schema: z.ZodType,
+  value: unknown,
+  bytes: Uint8Array,
+  subject: string,
+  seq: number,
+): void {
+  ownAppends.set(`${seq} ${subject}`, { bytes, schema, value: deepFreeze(value) });
+  if (ownAppends.size > OWN_APPENDS_KEPT) ownAppends.delete(ownAppends.keys().next().value as string);
+}
+
+function takeOwnAppend(msg: {
+  readonly data: Uint8Array;
+  readonly seq?: number;
+  readonly subject?: string;
+}): { value: unknown; schema: z.ZodType } | undefined {
+  if (ownAppends.size === 0 || msg.seq === undefined || msg.subject === undefined) return undefined;
+  const k = `${msg.seq} ${msg.subject}`;
+  const own = ownAppends.get(k);
+  if (!own) return undefined;
+  ownAppends.delete(k);
+  const b = own.bytes;
+  if (!Buffer.from(b.buffer, b.byteOffset, b.byteLength).equals(msg.data)) return undefined;
+  return { value: own.value, schema: own.schema };
+}
+
+function deepFreeze<T>(v: T): T {
+  if (v && typeof v === 'object' && !Object.isFrozen(v)) {
+    Object.freeze(v);
+    for (const x of Object.values(v)) deepFreeze(x);
+  }
+  return v;
+}
 
 /**
  * Decodes msgpack without a schema (for envelopes whose parse errors must name field paths).

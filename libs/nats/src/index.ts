@@ -3,6 +3,7 @@ export {
   CodecError,
   decode,
   decodeMsg,
+  rememberOwnAppend,
   decodeRaw,
   encode,
 } from './codec.js';

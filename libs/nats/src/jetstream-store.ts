@@ -12,7 +12,7 @@ import {
   type OperationStore,
   type StoredIntent,
 } from '@tooltx/lifecycle';
-import { decode, encode } from './codec.js';
+import { decode, encode, rememberOwnAppend } from './codec.js';
 import type { Subjects } from './subjects.js';
 
 const PUBLISH_ATTEMPTS = 4;
@@ -58,7 +58,8 @@ export class JetStreamStore implements OperationStore {
    */
   async append(tenant: string, opId: string, event: OperationEvent, expectedSeq: number): Promise<number> {
     const subject = this.#subjects.op(tenant, opId);
-    const data = encode(operationEventSchema.parse(event));
+    const validated = operationEventSchema.parse(event);
+    const data = encode(validated);
     const h = natsHeaders();
     h.set(EVENT_TYPE_HEADER, event.type);
     h.set(EVENT_STATUS_HEADER, event.state.status);
@@ -71,7 +72,11 @@ export class JetStreamStore implements OperationStore {
           expect: { lastSubjectSequence: expectedSeq },
           timeout: this.#timeoutMs,
         });
-        if (!ack.duplicate) return ack.seq;
+        if (!ack.duplicate) {
+          // Its delivery to this process (the `host` durable's roles) is then not decoded again.
+          rememberOwnAppend(operationEventSchema, validated, data, subject, ack.seq);
+          return ack.seq;
+        }
         if (ack.seq === 0) {
           // On a cluster, a retransmission whose first copy is still being replicated is answered
           // `duplicate` with sequence 0: nothing to read back yet. Ask again (FM-29).
