@@ -1,6 +1,7 @@
 import { ErrorClass, NextAction, nextActionFor, TooltxError, type Contract, type ErrorInfo } from '@tooltx/contracts';
 import {
   checkReceipt,
+  ReceiptVerifier,
   type Receipt,
   type ReceiptCheck,
   type ServerState,
@@ -143,8 +144,9 @@ export async function createTools(opts: CreateToolsOptions): Promise<Tools> {
   // Before connecting: a bad configuration must not leave a connection open.
   const { trusted } = checkedOptions(opts);
   const conn = await openConnection(opts);
+  const verifier = new ReceiptVerifier(trusted);
   const verify = (o: { operationKey: string; receipt: Receipt; result?: unknown }): ReceiptCheck =>
-    checkReceipt(o, trusted, opts.tenant);
+    checkReceipt(o, verifier, opts.tenant);
   const status = statusRequester(conn, conn.subjects.status(opts.tenant, opts.actor));
   const byName = new Map<string, Contract[]>();
   for (const c of opts.contracts) byName.set(c.name, [...(byName.get(c.name) ?? []), c]);

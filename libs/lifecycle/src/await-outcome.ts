@@ -11,7 +11,7 @@ import type {
 } from './await-state.js';
 import { IDEMPOTENCY_CONFLICT } from './checks.js';
 import { receiptSchema, type Receipt, type TakeoverRecord } from './events.js';
-import { verifyReceipt } from './signing.js';
+import { ReceiptVerifier } from './signing.js';
 import { MAX_STATUS_WAIT_MS, type StatusAnswer, type StatusRequest } from './status.js';
 
 /**
@@ -48,16 +48,18 @@ const BACKOFF_MS = 200;
 
 /**
  * Checks a committed outcome (FM-17): a receipt signed under a key id of `trusted`, for `tenant` and
- * the outcome's operation key, whose result digest matches `result` (when given). Pure.
+ * the outcome's operation key, whose result digest matches `result` (when given). Pure, but for
+ * what a {@link ReceiptVerifier} remembers of the receipts it verified (which changes no answer).
  */
 export function checkReceipt(
   o: { operationKey: string; receipt: Receipt; result?: unknown },
-  trusted: ReadonlyMap<string, KeyObject>,
+  trusted: ReadonlyMap<string, KeyObject> | ReceiptVerifier,
   tenant: string,
 ): ReceiptCheck {
+  const verifier = trusted instanceof ReceiptVerifier ? trusted : new ReceiptVerifier(trusted, 0);
   const r = receiptSchema.safeParse(o.receipt);
-  if (!r.success || !trusted.has(r.data.keyId)) return { valid: false, reason: 'untrusted_key' };
-  if (!verifyReceipt(r.data, trusted)) return { valid: false, reason: 'bad_signature' };
+  if (!r.success || !verifier.trusts(r.data.keyId)) return { valid: false, reason: 'untrusted_key' };
+  if (!verifier.verifyParsed(r.data)) return { valid: false, reason: 'bad_signature' };
   if (r.data.tenant !== tenant || r.data.operationKey !== o.operationKey)
     return { valid: false, reason: 'other_operation' };
   if (o.result !== undefined && digestOf(o.result) !== r.data.resultDigest)

@@ -283,6 +283,7 @@ export {
   trustedReceiptKeys,
   type UnsignedReceipt,
   verifyReceipt,
+  ReceiptVerifier,
 } from './signing.js';
 export {
   compensationAttemptFor,

@@ -15,6 +15,7 @@ import {
   replay,
   trustedReceiptKeys,
   verifyReceipt,
+  ReceiptVerifier,
   type AcceptCommand,
   type Decision,
   type OperationEvent,
@@ -740,6 +741,47 @@ describe('signed receipts (FM-17)', () => {
     expect(() =>
       decide({ type: 'commit', eventId: id(), at: 1, attempt: 1, resourceId: 'x', resultDigest: D2 }, running().state),
     ).toThrow(/signer/);
+  });
+});
+
+describe('a verifier that remembers the receipts it verified (FM-17)', () => {
+  const trusted = trustedReceiptKeys({ [KEYPAIR.keyId]: KEYPAIR.publicPem });
+  const receiptOf = (resourceId: string): Receipt => {
+    const c = committed();
+    if (c.type !== 'committed') throw new Error('expected committed');
+    const { signature: _s, ...unsigned } = { ...c.receipt, resourceId };
+    return { ...unsigned, signature: signer.sign(unsigned) } as Receipt;
+  };
+
+  it('given a receipt it verified, when an equal copy comes again, then it is valid; a copy changed in any field under the same signature is not', () => {
+    const v = new ReceiptVerifier(trusted);
+    const r = receiptOf('note-1');
+    expect(v.verifyParsed(receiptSchema.parse(r))).toBe(true);
+    expect(v.verifyParsed(receiptSchema.parse(structuredClone(r)))).toBe(true);
+    for (const forged of [
+      { ...r, resourceId: 'note-2' },
+      { ...r, tenant: 'globex' },
+      { ...r, prevEventCount: 3 },
+      { ...r, manual: true as const },
+    ])
+      expect(v.verifyParsed(forged as Receipt)).toBe(false);
+    // What it remembered is the valid receipt, not the forgeries it was shown after it.
+    expect(v.verifyParsed(receiptSchema.parse(r))).toBe(true);
+  });
+
+  it('given a receipt it verified, when its key is not among the trusted ones, then it is not valid', () => {
+    const other = generateReceiptKey();
+    const v = new ReceiptVerifier(trustedReceiptKeys({ [other.keyId]: other.publicPem }));
+    expect(v.trusts(KEYPAIR.keyId)).toBe(false);
+    expect(v.verifyParsed(receiptOf('note-1'))).toBe(false);
+  });
+
+  it('given more receipts than it keeps, when the oldest comes again, then it is verified again and still valid; a forgery of it still is not', () => {
+    const v = new ReceiptVerifier(trusted, 2);
+    const rs = ['a', 'b', 'c'].map(receiptOf);
+    for (const r of rs) expect(v.verifyParsed(r)).toBe(true);
+    expect(v.verifyParsed(rs[0] as Receipt)).toBe(true);
+    expect(v.verifyParsed({ ...(rs[0] as Receipt), resourceId: 'z' })).toBe(false);
   });
 });
 
