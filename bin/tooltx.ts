@@ -40,7 +40,7 @@ import {
   topology,
   type TenantSpec,
 } from '@tooltx/streams';
-import { generateAuth, identityListSchema, tenantsOf, type IdentityList } from '@tooltx/auth';
+import { generateAuth, identityListSchema, OPERATOR_GRANTS, tenantsOf, type IdentityList } from '@tooltx/auth';
 import { inboxPrefixOf } from '@tooltx/nats';
 import type { NatsConnection } from '@tooltx/nats';
 import { z } from 'zod';
@@ -286,7 +286,7 @@ auth
   .description('write <out>/nats-server.conf and <out>/nkeys/*.nk (mode 0600) from an identity list (JSON)')
   .requiredOption(
     '--identities <file>',
-    'JSON: { "tenants": [{ "id", "actors": [], "auditors": [], "limits": {} }], "operators": ["<id>" or { "id", "may": ["compensate", "confirm"] }], "executorDurables": [], "limits": {} } (limits: docs/tenancy.md); also writes signing/<service>.pem (kept if present) and receipt-keys.json',
+    `JSON: { "tenants": [{ "id", "actors": [], "auditors": [], "limits": {} }], "operators": ["<id>" or { "id", "may": [grants] }], "executorDurables": [], "limits": {} } (grants: ${OPERATOR_GRANTS.map((g) => `"${g}"`).join(', ')}: docs/security.md; limits: docs/tenancy.md); also writes signing/<service>.pem (kept if present) and receipt-keys.json`,
   )
   .requiredOption('--out <dir>', 'output directory')
   .option('--listen <host:port>', 'client listen address', '127.0.0.1:4222')

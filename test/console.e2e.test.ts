@@ -530,6 +530,19 @@ describe('console', () => {
     // An operator without the grant: the server refuses the subject.
     expect(olga.code).toBe(1);
     expect(olga.stderr).toContain('not granted query');
+    // In the console, the same operator is told which grant is missing, with no link back to the
+    // page that was refused (it looped), and can log out.
+    const context = await browser.newContext();
+    const page = await logIn(context, 'olga', password('operator.olga'));
+    await page.waitForURL(/\/operations/);
+    expect((await page.goto(`${consoleUrl}/operations`))?.status()).toBe(403);
+    await expect(page.locator('#error').getAttribute('data-class')).resolves.toBe('forbidden');
+    const issue = await page.locator('#issues li').first().textContent();
+    expect(issue).toContain('not_granted');
+    expect(issue).toContain('olga is not granted "query"');
+    await expect(page.locator('main a[href="/operations"]').count()).resolves.toBe(0);
+    await expect(page.locator('form[action="/logout"] button').count()).resolves.toBe(1);
+    await context.close();
   });
 
   it('console: the Contracts page lists every registered version with its current marker, whether a running executor holds it, state and usage', async () => {

@@ -3,6 +3,7 @@
  * file the user named: exit 2), connecting as a named identity with a hint when the server wants
  * another one, and the server's permissions violations read from the client's errors.
  */
+import { dirname, join } from 'node:path';
 import { readFileSync } from 'node:fs';
 import { errors, type NatsConnection } from '@nats-io/transport-node';
 import { OPERATION_KEY_PATTERN, type ErrorInfo } from '@tooltx/contracts';
@@ -54,9 +55,19 @@ export interface CliIdentity {
   seedName: string;
 }
 
+/**
+ * Where the seed of `who` is: `tooltx auth generate --out <dir>` writes every seed to `<dir>/nkeys/`,
+ * so next to a seed the user gave when there is one.
+ */
+function seedHint(who: CliIdentity, seedFile: string | undefined): string {
+  return seedFile
+    ? `${join(dirname(seedFile), who.seedName)}, next to the one given, as \`tooltx auth generate\` writes them`
+    : `nkeys/${who.seedName} in the --out directory of \`tooltx auth generate\``;
+}
+
 /** The sentence that says a server refusal means "this seed is not who the command needs". */
 export function notThatIdentity(v: PermissionViolation, who: CliIdentity, seedFile: string | undefined): string {
-  return `the server refused ${v.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${v.subject}: the identity in NATS_NKEY_FILE${seedFile ? ` (${seedFile})` : ''} is not ${who.describe} (whose seed is <out>/nkeys/${who.seedName}, written by \`tooltx auth generate\`)`;
+  return `the server refused ${v.operation === 'publish' ? 'publishing to' : 'subscribing to'} ${v.subject}: the identity in NATS_NKEY_FILE${seedFile ? ` (${seedFile})` : ''} is not ${who.describe} (whose seed is ${seedHint(who, seedFile)})`;
 }
 
 /**
@@ -99,7 +110,7 @@ export async function connectCli(
         throw new UsageError(`NATS_URL=${servers}: cannot connect: ${describeConnectError(err)}`);
       throw err;
     }
-    const need = `${as.describe} (<out>/nkeys/${as.seedName}, written by \`tooltx auth generate\`)`;
+    const need = `${as.describe} (${seedHint(as, nkeyFile)})`;
     if (!given)
       throw new UsageError(
         `the server at ${servers} requires authentication: set NATS_NKEY_FILE to the seed of ${need}`,

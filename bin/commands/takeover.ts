@@ -147,7 +147,7 @@ async function explain(answer: Answer, req: Record<string, unknown>, show: () =>
     default:
       break;
   }
-  return issues ? `${cls}: ${issues}` : `${cls}`;
+  return issues || 'no reason given';
 }
 
 /** Sends one request to the takeover service; prints the answer; exit 1 with its class and meaning when refused. */
@@ -161,7 +161,11 @@ async function ask(req: Record<string, unknown>, timeoutMs = 10_000): Promise<vo
       const meaning = await explain(answer, req, () =>
         send({ action: 'show', operationKey: req.operationKey, ...(req.tenant ? { tenant: req.tenant } : {}) }),
       );
-      process.stderr.write(`tooltx takeover: refused: ${meaning}\n  ${JSON.stringify(answer.error)}\n`);
+      // Once: the machine-readable class, what it means here, then the issues' codes (what a script matches on).
+      const codes = [...new Set((answer.error?.issues ?? []).map((i) => i.code).filter(Boolean))];
+      process.stderr.write(
+        `tooltx takeover: refused: ${answer.error?.class ?? 'internal'}: ${meaning}${codes.length ? ` [${codes.join(', ')}]` : ''}\n`,
+      );
       process.exitCode = 1;
       return;
     }

@@ -95,14 +95,29 @@ export class Backend {
     return c;
   }
 
-  async #request(login: ConsoleLogin, subject: string, body: Uint8Array): Promise<Uint8Array> {
+  /**
+   * One request of `login`'s identity. `grant`: the operator grant the subject needs (docs/security.md
+   * "Operators"), named in the refusal when the server does not let this identity publish there.
+   */
+  async #request(login: ConsoleLogin, subject: string, body: Uint8Array, grant?: string): Promise<Uint8Array> {
     if (this.#closed) throw new TooltxError(ErrorClass.DependencyUnavailable, 'the console is stopping');
     try {
       const nc = await this.#conn(login);
       return (await nc.request(subject, body, { timeout: REQUEST_MS })).data;
     } catch (err) {
       if (permissionViolationOf(err))
-        throw new TooltxError(ErrorClass.Forbidden, 'the server does not let this identity ask that');
+        throw new TooltxError(ErrorClass.Forbidden, 'the server does not let this identity ask that', {
+          issues: [
+            {
+              path: [],
+              code: 'not_granted',
+              message:
+                grant && login.role.kind === 'operator'
+                  ? `operator ${login.role.operator} is not granted "${grant}": whoever keeps the identity list adds "${grant}" to its "may" list and runs tooltx auth generate again (docs/security.md)`
+                  : "this login's identity may not ask that of the server (docs/security.md)",
+            },
+          ],
+        });
       if (
         err instanceof errors.NoRespondersError ||
         (err instanceof Error && err.cause instanceof errors.NoRespondersError)
@@ -115,8 +130,14 @@ export class Backend {
     }
   }
 
-  async #json<S extends z.ZodType>(login: ConsoleLogin, subject: string, req: object, schema: S): Promise<z.infer<S>> {
-    const bytes = await this.#request(login, subject, new TextEncoder().encode(JSON.stringify(req)));
+  async #json<S extends z.ZodType>(
+    login: ConsoleLogin,
+    subject: string,
+    req: object,
+    schema: S,
+    grant?: string,
+  ): Promise<z.infer<S>> {
+    const bytes = await this.#request(login, subject, new TextEncoder().encode(JSON.stringify(req)), grant);
     return schema.parse(JSON.parse(new TextDecoder().decode(bytes)));
   }
 
@@ -146,6 +167,7 @@ export class Backend {
         this.o.subjects.opsQuery(login.role.operator),
         { action: 'list', ...(f.tenant ? { tenant: f.tenant } : {}), ...filters },
         opsQueryAnswerSchema,
+        'query',
       );
       if (!a.ok) this.#refused(a.error);
       return 'operations' in a ? a.operations : [];
@@ -164,6 +186,7 @@ export class Backend {
         this.o.subjects.opsQuery(login.role.operator),
         { action: 'show', operationKey, tenant },
         opsQueryAnswerSchema,
+        'query',
       );
       if (!a.ok) this.#refused(a.error);
       return 'record' in a ? a.record : null;
@@ -229,6 +252,7 @@ export class Backend {
       this.o.subjects.opsContracts(login.role.operator),
       { action: 'list' },
       contractsListAnswerSchema,
+      'contracts',
     );
     if (!a.ok) this.#refused(a.error);
     return a.versions;

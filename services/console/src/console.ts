@@ -486,7 +486,9 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
     else log.info({ class: info.class, ...where }, 'console request refused');
     reply.code(status);
     const shown = info.class === ErrorClass.Internal ? { class: ErrorClass.Internal } : info;
-    return page(reply, 'error', { title: 'Refused', error: shown, ...loggedInOf(req, reply) });
+    // No way back to the page that was itself refused (an operator without the grant `query`).
+    const back = req.routeOptions.url !== '/operations';
+    return page(reply, 'error', { title: 'Refused', error: shown, back, ...loggedInOf(req, reply) });
   });
   /** The logged-in person and a logout form's token for a page outside the pages' own scope, or nothing. */
   const loggedInOf = (req: FastifyRequest, reply: FastifyReply) => {
@@ -504,7 +506,7 @@ export async function startConsole(config: ConsoleConfig, log: Logger): Promise<
       class: ErrorClass.NotFound,
       issues: [{ path: [], code: 'not_found', message: 'no such page' }],
     };
-    return page(reply, 'error', { title: 'Not found', error, ...loggedInOf(req, reply) });
+    return page(reply, 'error', { title: 'Not found', error, back: true, ...loggedInOf(req, reply) });
   });
 
   app.get('/healthz', async () => ({ ok: true }));

@@ -186,7 +186,7 @@ const ERROR = `<% layout('@layout') %>
 <p class="error" id="error" data-class="<%= it.error.class %>">Refused: <code><%= it.error.class %></code></p>
 <% if (it.error.issues && it.error.issues.length) { %><ul id="issues"><% for (const i of it.error.issues) { %><li data-path="<%= i.path.join('.') %>"><code><%= i.path.join('.') || '(request)' %></code>: <%= i.code %> — <%= i.message %></li><% } %></ul><% } %>
 <% if (it.error.retryAfterMs) { %><p>Try again in <%= Math.ceil(it.error.retryAfterMs / 1000) %> s.</p><% } %>
-<p><% if (it.who) { %><a href="/operations">Back to the operations</a><% } else { %><a href="/login">Log in</a><% } %></p>`;
+<p><% if (!it.who) { %><a href="/login">Log in</a><% } else if (it.back) { %><a href="/operations">Back to the operations</a><% } %></p>`;
 
 export type Template =
   | 'login'
