@@ -35,13 +35,15 @@ export function decode<S extends z.ZodType>(schema: S, bytes: Uint8Array): z.inf
  * A message this process appended itself ({@link rememberOwnAppend}: same subject, stream sequence
  * and bytes) is not read again: a caller asking for the schema it was validated with at the append
  * gets that validated value, deeply frozen and shared by every such caller of that delivery; any
- * other schema parses that value. The bytes are compared in full, so a message that is not exactly
+ * other schema parses that value, unless the caller names that schema as `impliedBy` (every value
+ * it accepts is one `schema` accepts, with more fields: a lenient reader that picks its fields). The bytes are compared in full, so a message that is not exactly
  * what this process validated is read like any other.
  * Throws {@link CodecError} as `decode` does, to each caller.
  */
 export function decodeMsg<S extends z.ZodType>(
   schema: S,
   msg: { readonly data: Uint8Array; readonly seq?: number; readonly subject?: string },
+  o: { impliedBy?: z.ZodType } = {},
 ): z.infer<S> {
   let raw = rawOfMsg.get(msg);
   if (raw === undefined) {
@@ -56,7 +58,7 @@ export function decodeMsg<S extends z.ZodType>(
     rawOfMsg.set(msg, raw);
   }
   if ('error' in raw) throw raw.error;
-  if ('schema' in raw && raw.schema === schema) return raw.value as z.infer<S>;
+  if ('schema' in raw && (raw.schema === schema || raw.schema === o.impliedBy)) return raw.value as z.infer<S>;
   const r = schema.safeParse(raw.value);
   if (!r.success) throw new CodecError(`does not match schema: ${r.error.issues.length} issue(s)`, { cause: r.error });
   return r.data;

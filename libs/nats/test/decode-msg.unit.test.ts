@@ -64,6 +64,8 @@ describe('decodeMsg of an event this process appended itself', () => {
     const c = decodeMsg(lenient, msg);
     expect(c).toEqual({ type: 'committed' });
     expect(Object.isFrozen(c)).toBe(false);
+    // A lenient reader that names the schema the append used gets the validated value itself.
+    expect(decodeMsg(lenient, msg, { impliedBy: strict })).toBe(value);
   });
 
   it('reads a message like any other when its bytes, sequence or subject differ from the append, and after its first delivery', () => {

@@ -1,6 +1,7 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import type { KV } from '@nats-io/kv';
 import { operationIdOf } from '@tooltx/contracts';
+import { operationEventSchema } from '@tooltx/lifecycle';
 import { CodecError, decode, decodeMsg, type Settlement, type Subjects } from '@tooltx/nats';
 import { ProjectionApplier, ProjectionBatcher, type ProjectionGuard, type ProjectionRebuilder } from '@tooltx/runtime';
 import type { Logger } from '@tooltx/runtime';
@@ -66,7 +67,9 @@ export function auditHandlers(d: AuditApplyDeps): {
     const apply =
       kind === 'op'
         ? (() => {
-            const e = decodeMsg(auditedEventSchema, msg);
+            // An event this process appended was validated with the strict schema, which implies the
+            // lenient one (audit-record.unit.test.ts); the rules below pick their fields.
+            const e = decodeMsg(auditedEventSchema, msg, { impliedBy: operationEventSchema });
             if (e.state.tenant !== where.tenant || operationIdOf(e.state.operationKey) !== where.opId) return null;
             return {
               type: e.type,

@@ -1,5 +1,12 @@
 import { describe, expect, it } from 'vitest';
-import { countsOf, decide, type OperationCommand, type OperationEvent, type OperationRecord } from '@tooltx/lifecycle';
+import {
+  countsOf,
+  decide,
+  operationEventSchema,
+  type OperationCommand,
+  type OperationEvent,
+  type OperationRecord,
+} from '@tooltx/lifecycle';
 import { keyedDigest } from '@tooltx/runtime';
 import { decode, encode } from '@tooltx/nats';
 import {
@@ -15,6 +22,7 @@ import {
   applyEventToAudit,
   auditRecordSchema,
   auditedDecisionSchema,
+  auditedEventSchema,
   type AuditedDecision,
   type AuditedEvent,
   type AuditHmac,
@@ -441,6 +449,27 @@ describe('audit projection: one record per operation', () => {
 
   it('stores records that survive msgpack and the schema unchanged', () => {
     for (const r of inOrder.values()) expect(decode(auditRecordSchema, encode(r))).toEqual(r);
+  });
+});
+
+describe('an event this process appended, read as validated (decodeMsg impliedBy)', () => {
+  it('given every kind of history the decider writes, then the strict event schema implies the lenient one, and the rule gives the same record from either reading', () => {
+    let n = 0;
+    for (const o of sampleOperations(2)) {
+      let fromStrict: AuditRecord | null = null;
+      let fromLenient: AuditRecord | null = null;
+      o.events.forEach((event, i) => {
+        const strict = operationEventSchema.parse(event);
+        const lenient = auditedEventSchema.safeParse(strict);
+        expect(lenient.success, `${o.operationKey} ${event.type}`).toBe(true);
+        if (!lenient.success) return;
+        fromStrict = applyEventToAudit(fromStrict, strict as unknown as AuditedEvent, i + 1, h) ?? fromStrict;
+        fromLenient = applyEventToAudit(fromLenient, lenient.data, i + 1, h) ?? fromLenient;
+        n++;
+      });
+      expect(fromStrict, o.operationKey).toEqual(fromLenient);
+    }
+    expect(n).toBeGreaterThan(20);
   });
 });
 

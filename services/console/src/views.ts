@@ -167,7 +167,7 @@ const TAKEOVERS = `<% layout('@layout') %>
 <section id="live" data-refresh-ms="<%= it.refreshMs %>"><%~ include('@takeovers-live', it) %></section>`;
 
 const CONTRACTS_TABLE = `<p class="meta">Updated <time><%= it.now %></time> · usage over the last 24 hours · <%= it.rows.length %> versions</p>
-<table id="contracts"><thead><tr><th>contract</th><th>current</th><th>held</th><th>state</th><th>sunset</th><th>operations</th><th>tasks</th><th>actors</th><th>conflicts</th><th>rejected</th><th>unknown</th><th>ratio</th><th>last seen</th></tr></thead><tbody>
+<table id="contracts"><thead><tr><th>contract</th><th>current</th><th>held</th><th>state</th><th>sunset</th><th>operations</th><th>tasks</th><th>actors</th><th>conflicts</th><th>rejected</th><th>unknown</th><th>ratio</th><th title="when a service holding it last published it (at its start, at most once a minute): not a call">last published</th></tr></thead><tbody>
 <% for (const v of it.rows) { %>
 <tr data-contract="<%= v.contract %>" data-state="<%= v.state %>"<% if (v.current) { %> data-current="1"<% } %>>
 <td><code><%= v.contract %></code></td><td><% if (v.current) { %><span class="label st-committed">current</span><% } %></td>
