@@ -81,6 +81,8 @@ export interface PeersOptions {
   peersDir?: string;
   /** Calls of the untimed strace pass per system; 0 = none. */
   fsyncProbeCalls?: number;
+  /** Calls in flight in the main, dup and race phases and the fsync probe, every system alike (default 16). */
+  inFlight?: number;
   sweepCalls: number[];
   /** Scratch directory of this run (state, logs, effect files). */
   root: string;
@@ -186,7 +188,7 @@ export async function runPeers(
 
   if (o.sweep) return sweep(o, systems, localRound, say, failures, load);
 
-  const sizes = o.quick ? QUICK : FULL;
+  const sizes = { ...(o.quick ? QUICK : FULL), ...(o.inFlight !== undefined ? { inFlight: o.inFlight } : {}) };
   const rounds = o.quick ? 1 : Math.max(1, o.rounds ?? 3);
   const results = new Map<PeersSystem, RoundFigures[]>(systems.map((s) => [s, []]));
   for (let r = 1; r <= rounds; r++) {

@@ -55,6 +55,10 @@ const program = usageErrorsExitTwo(new Command('tooltx-bench'))
     '--fsync-probe <n>',
     'peers workload: calls of the untimed strace pass per system (0 = none; default 1000, --quick 0)',
   )
+  .option(
+    '--in-flight <n>',
+    'peers workload: calls in flight for every system (default 16, as the peers bench; more or fewer show where throughput stops growing)',
+  )
   .option('--json', 'print one JSON object with the figures on the last line')
   .option('--quick', 'small sizes and one round (CI: proves the bench works; figures mean little)')
   .option('--sweep', 'main phase only, at 1, 4, 16 and 64 in flight and at 2,000 and 20,000 calls (one round each)')
@@ -74,6 +78,7 @@ const opts = program.opts<{
   systems?: string;
   peers?: string;
   fsyncProbe?: string;
+  inFlight?: string;
   json?: boolean;
   quick?: boolean;
   sweep?: boolean;
@@ -103,6 +108,16 @@ const peersSystems = (opts.systems ?? PEERS_SYSTEMS.join(','))
 for (const s of peersSystems)
   if (!(PEERS_SYSTEMS as readonly string[]).includes(s))
     usage(`--systems: expected some of ${PEERS_SYSTEMS.join(', ')}, got ${JSON.stringify(s)}`);
+if (
+  opts.inFlight !== undefined &&
+  (opts.workload !== 'peers' ||
+    !/^\d+$/.test(opts.inFlight) ||
+    Number(opts.inFlight) < 1 ||
+    Number(opts.inFlight) > 1024)
+)
+  usage(
+    `--in-flight: expected a number of calls from 1 to 1024, with --workload peers; got ${JSON.stringify(opts.inFlight)}`,
+  );
 if (opts.fsyncProbe !== undefined && !/^\d+$/.test(opts.fsyncProbe))
   usage(`--fsync-probe: expected a number of calls, got ${JSON.stringify(opts.fsyncProbe)}`);
 if (opts.peers !== undefined && !existsSync(join(opts.peers, 'run.sh')))
@@ -605,6 +620,7 @@ async function peers() {
       systems: [...new Set(peersSystems)] as PeersSystem[],
       ...(opts.peers !== undefined ? { peersDir: resolve(opts.peers) } : {}),
       ...(opts.fsyncProbe !== undefined ? { fsyncProbeCalls: Number(opts.fsyncProbe) } : {}),
+      ...(opts.inFlight !== undefined ? { inFlight: Number(opts.inFlight) } : {}),
       sweepCalls: list(opts.sweepCalls),
       root,
       keep: Boolean(opts.keep),
