@@ -307,9 +307,19 @@ describe('debug samples', () => {
   });
 
   it('a window of max 100 over 60 calls at once: every call is sampled, once; none is dropped', async () => {
-    // Replaces acme's window (its samples go with it): globex's calls only.
+    // Replaces acme's window (its samples go with it): globex's calls only. A start over a window
+    // still open says which one it replaced.
+    const first = await ask({ action: 'start', contract: 'dbg.note@1', forMs: 8_000, tenant: 'globex', max: 100 });
     const started = await ask({ action: 'start', contract: 'dbg.note@1', forMs: 8_000, tenant: 'globex', max: 100 });
-    expect(started).toMatchObject({ ok: true, started: { tenant: 'globex', max: 100 } });
+    expect(started).toMatchObject({
+      ok: true,
+      started: { tenant: 'globex', max: 100 },
+      replaced: {
+        windowId: (first.started as { windowId: string }).windowId,
+        tenant: 'globex',
+        startedBy: 'oscar',
+      },
+    });
     await until(
       async () => ((await ask({ action: 'list' })).switches as { tenant?: string }[])[0]?.tenant === 'globex',
     );

@@ -26,7 +26,12 @@ export type SampleSummary = Omit<Sample, 'input' | 'result' | 'schema'>;
 
 /** The answers (JSON): `{ ok: true, … }` or `{ ok: false, error }` with a machine class and field issues. */
 export type DebugAnswer =
-  | { ok: true; started: SamplingSwitch }
+  | {
+      ok: true;
+      started: SamplingSwitch;
+      /** The window this start replaced, still open until then: its samples were purged with it. */
+      replaced?: Pick<SamplingSwitch, 'windowId' | 'contract' | 'tenant' | 'until' | 'startedBy'>;
+    }
   | { ok: true; stopped: boolean }
   | { ok: true; switches: SamplingSwitch[]; samples: SampleSummary[] }
   | { ok: true; sample: Sample | null }
@@ -150,11 +155,33 @@ export function startDebugService(d: DebugServiceDeps): Responder {
           count: 0,
         });
         const token = contractTokenOf(sw.contract);
-        // A window replacing an open one: the earlier window's samples go with it.
+        // A window replacing an open one: the earlier window's samples go with it, and the answer says so.
+        const prior = await d.switches.get(token);
+        const was =
+          prior?.operation === 'PUT' && prior.length > 0 ? decode(samplingSwitchSchema, prior.value) : undefined;
+        const replaced =
+          was && samplingOn(was, now())
+            ? {
+                windowId: was.windowId,
+                contract: was.contract,
+                ...(was.tenant ? { tenant: was.tenant } : {}),
+                until: was.until,
+                startedBy: was.startedBy,
+              }
+            : undefined;
         await d.purge(token);
         await d.switches.put(token, encode(sw));
-        l.info({ contract: sw.contract, tenant: sw.tenant, until: sw.until, windowId: sw.windowId }, 'sampling on');
-        return { ok: true, started: sw };
+        l.info(
+          {
+            contract: sw.contract,
+            tenant: sw.tenant,
+            until: sw.until,
+            windowId: sw.windowId,
+            ...(replaced ? { replacedWindowId: replaced.windowId } : {}),
+          },
+          replaced ? 'sampling on; the open window it replaces and its samples purged' : 'sampling on',
+        );
+        return { ok: true, started: sw, ...(replaced ? { replaced } : {}) };
       }
       case 'stop': {
         await recorded(operator, { kind: 'sampling_stop', contract: req.contract, samples: [], count: 0 });
