@@ -36,8 +36,9 @@ export function decode<S extends z.ZodType>(schema: S, bytes: Uint8Array): z.inf
  * and bytes) is not read again: a caller asking for the schema it was validated with at the append
  * gets that validated value, deeply frozen and shared by every such caller of that delivery; any
  * other schema parses that value, unless the caller names that schema as `impliedBy` (every value
- * it accepts is one `schema` accepts, with more fields: a lenient reader that picks its fields). The bytes are compared in full, so a message that is not exactly
- * what this process validated is read like any other.
+ * it accepts is one `schema` accepts, with more fields: a lenient reader that picks its fields).
+ * The bytes are compared in full, so a message that is not exactly what this process validated is
+ * read like any other.
  * Throws {@link CodecError} as `decode` does, to each caller.
  */
 export function decodeMsg<S extends z.ZodType>(
@@ -67,7 +68,7 @@ const rawOfMsg = new WeakMap<object, { value: unknown; schema?: z.ZodType } | { 
 
 /**
  * The events this process appended and has not seen delivered yet, by `<seq> <subject>`: what
- * {@link decodeMsg} hands out instead of decoding and validating them again (about a sixth of a
+ * {@link decodeMsg} hands out instead of decoding and validating them again (about a tenth of a
  * co-located process's CPU on the peers workload, docs/performance.md). An entry leaves at its
  * first delivery, or once {@link OWN_APPENDS_KEPT} newer appends came after it (a delivery that
  * late is read as any other).
