@@ -97,7 +97,7 @@ export class Backend {
 
   /**
    * One request of `login`'s identity. `grant`: the operator grant the subject needs (docs/security.md
-   * "Operators"), named in the refusal when the server does not let this identity publish there.
+   * "Identity"), named in the refusal when the server does not let this identity publish there.
    */
   async #request(login: ConsoleLogin, subject: string, body: Uint8Array, grant?: string): Promise<Uint8Array> {
     if (this.#closed) throw new TooltxError(ErrorClass.DependencyUnavailable, 'the console is stopping');
