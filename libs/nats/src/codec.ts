@@ -76,6 +76,18 @@ const rawOfMsg = new WeakMap<object, { value: unknown; schema?: z.ZodType } | { 
 const ownAppends = new Map<string, { bytes: Uint8Array; schema: z.ZodType; value: unknown }>();
 /** About 1.7 s of appends at 600 events a second. */
 const OWN_APPENDS_KEPT = 1_024;
+/** Off until this process reads the event log ({@link keepOwnAppendsForDelivery}). */
+let keepOwnAppends = false;
+
+/**
+ * Turns {@link rememberOwnAppend} on in a process that reads back the events it appends (one reader
+ * of the event log for several roles: `tooltx serve`). Elsewhere nothing would take the entries, and
+ * the newest 1,024 events would stay in memory for nothing (an authorizer on its own appends and
+ * never reads the log).
+ */
+export function keepOwnAppendsForDelivery(): void {
+  keepOwnAppends = true;
+}
 
 /**
  * Records that this process appended `bytes` (the {@link encode} of `value`, which is the output of
@@ -89,6 +101,7 @@ export function rememberOwnAppend(
   subject: string,
   seq: number,
 ): void {
+  if (!keepOwnAppends) return;
   ownAppends.set(`${seq} ${subject}`, { bytes, schema, value: deepFreeze(value) });
   if (ownAppends.size > OWN_APPENDS_KEPT) ownAppends.delete(ownAppends.keys().next().value as string);
 }

@@ -3,6 +3,7 @@ export {
   CodecError,
   decode,
   decodeMsg,
+  keepOwnAppendsForDelivery,
   rememberOwnAppend,
   decodeRaw,
   encode,

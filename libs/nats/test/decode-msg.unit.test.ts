@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { CodecError, decodeMsg, encode, rememberOwnAppend } from '@tooltx/nats';
+import { CodecError, decodeMsg, encode, keepOwnAppendsForDelivery, rememberOwnAppend } from '@tooltx/nats';
 import { operationEventSchema } from '@tooltx/lifecycle';
 
 const strict = z.object({ type: z.string(), state: z.object({ tenant: z.string(), attempt: z.number() }) });
@@ -40,12 +40,23 @@ describe('decodeMsg: one msgpack read per delivered message, one parse per calle
 });
 
 describe('decodeMsg of an event this process appended itself', () => {
+  it('remembers nothing in a process that does not read the event log back', () => {
+    const value = strict.parse({ type: 'committed', state: { tenant: 'acme', attempt: 1 } });
+    const data = encode(value);
+    rememberOwnAppend(strict, value, data, 'p.op.acme.o0', 6);
+    const read = decodeMsg(strict, { data, seq: 6, subject: 'p.op.acme.o0' });
+    expect(read).toEqual(value);
+    expect(read).not.toBe(value);
+    expect(Object.isFrozen(value)).toBe(false);
+  });
+
   const event = {
     type: 'committed',
     state: { tenant: 'acme', attempt: 1 },
   };
   const own = (subject: string, seq: number, value = strict.parse(event)) => {
     const data = encode(value);
+    keepOwnAppendsForDelivery();
     rememberOwnAppend(strict, value, data, subject, seq);
     return { value, data };
   };
@@ -149,6 +160,7 @@ describe('decodeMsg of an event this process appended itself', () => {
       },
     };
     const validated = operationEventSchema.parse(built);
+    keepOwnAppendsForDelivery();
     rememberOwnAppend(operationEventSchema, validated, encode(validated), 'p.op.acme.o5', 11);
     expect(Object.isFrozen(validated.state)).toBe(true);
     const walk = (v: unknown): void => {

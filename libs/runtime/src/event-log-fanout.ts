@@ -1,5 +1,12 @@
 import type { JetStreamClient, JetStreamManager, JsMsg } from '@nats-io/jetstream';
-import { heldLimit, startConsumerLoop, type ConsumerLoop, type Deferred, type Settlement } from '@tooltx/nats';
+import {
+  heldLimit,
+  keepOwnAppendsForDelivery,
+  startConsumerLoop,
+  type ConsumerLoop,
+  type Deferred,
+  type Settlement,
+} from '@tooltx/nats';
 import type { Logger } from './logger.js';
 
 type Handler = (msg: JsMsg) => Promise<Settlement | void>;
@@ -65,6 +72,8 @@ export class EventLogFanout {
   /** Starts the one reader on `stream`'s `durable`; every role has registered by now. */
   async start(o: { js: JetStreamClient; stream: string; concurrency: number; log: Logger }): Promise<void> {
     if (this.#loop || this.#stopping) return;
+    // The events this process appends come back here: read them as validated at the append.
+    keepOwnAppendsForDelivery();
     const quick = this.#handlers.filter((h) => !h.long).map((h) => h.handle);
     const long = this.#handlers.filter((h) => h.long).map((h) => h.handle);
     const concurrency = o.concurrency;
