@@ -34,7 +34,14 @@ export const peersSystemSchema = z.object({
   rounds: count,
 });
 
-export const PEERS_SYSTEMS = ['tooltx-colocated', 'tooltx-services', 'floor-fsync', 'restate', 'dbos'] as const;
+export const PEERS_SYSTEMS = [
+  'tooltx-colocated',
+  'tooltx-services',
+  'floor-fsync',
+  'floor-shape',
+  'restate',
+  'dbos',
+] as const;
 export type PeersSystem = (typeof PEERS_SYSTEMS)[number];
 
 /** tooltx ÷ the better of Restate and DBOS on that figure; null when neither (or that tooltx) ran. */

@@ -237,7 +237,7 @@ async function startRoles(o: PeersTooltxOptions, server: BenchServer, env: Recor
 }
 
 /** Resolves on the process's `{ tooltx: 'ready' }` IPC message (libs/runtime announceReady); rejects if it exits first. */
-function ready(child: ChildProcess, name: string, log: string): Promise<void> {
+export function ready(child: ChildProcess, name: string, log: string): Promise<void> {
   return new Promise((res, rej) => {
     const timer = setTimeout(() => {
       cleanup();
@@ -263,7 +263,7 @@ function ready(child: ChildProcess, name: string, log: string): Promise<void> {
 }
 
 /** SIGTERM, then SIGKILL after {@link HARD_STOP_MS}; resolves when the process is gone. */
-function terminate(child: ChildProcess): Promise<void> {
+export function terminate(child: ChildProcess): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
   return new Promise((res) => {
     const hard = setTimeout(() => child.kill('SIGKILL'), HARD_STOP_MS);

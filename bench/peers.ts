@@ -16,6 +16,9 @@
  * - `floor-fsync`: ./floor.ts's floor (a) on the same nats-server settings: three sequential
  *   publishes per call with msg id and expected last subject sequence, the line appended between
  *   the second and the third;
+ * - `floor-shape`: ./floor-shape.ts: the co-located layout's call shape (intent stream, a worker
+ *   process appending `accepted` and `committed` to the event log, the log read back into a
+ *   memory-stored projection) with none of tooltx's own work, on the same server settings;
  * - `restate`, `dbos`: run by the peers bench in `--peers DIR` (./peers-external.ts).
  * Rounds (`--rounds`, default 3) run every system once each, the order rotated per round; medians
  * are reported. After the timed rounds, an untimed pass per system counts fsync-family calls of its
@@ -32,6 +35,7 @@ import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { startFloor } from './floor.js';
+import { startFloorShape } from './floor-shape.js';
 import { EXTERNAL_PEERS, externalFsyncsPerCall, runExternalRound, type ExternalPeer } from './peers-external.js';
 import {
   PEERS_SYSTEMS,
@@ -143,6 +147,7 @@ export async function runPeers(
         effectsFile,
         label: 'floor-fsync',
       });
+    if (name === 'floor-shape') return startFloorShape({ dir, prefix: PREFIX, runId, effectsFile });
     return startPeersTooltx({
       dir,
       layout: name === 'tooltx-colocated' ? 'colocated' : 'services',
@@ -357,13 +362,15 @@ async function localFsyncs(name: PeersSystem, calls: number, inFlight: number): 
   const sys =
     name === 'floor-fsync'
       ? await startFloor({ dir: root, prefix: PREFIX, sqlite: false, payloadBytes: PAYLOAD_BYTES, runId, effectsFile })
-      : await startPeersTooltx({
-          dir: root,
-          layout: name === 'tooltx-colocated' ? 'colocated' : 'services',
-          prefix: PREFIX,
-          runId,
-          effectsFile,
-        });
+      : name === 'floor-shape'
+        ? await startFloorShape({ dir: root, prefix: PREFIX, runId, effectsFile })
+        : await startPeersTooltx({
+            dir: root,
+            layout: name === 'tooltx-colocated' ? 'colocated' : 'services',
+            prefix: PREFIX,
+            runId,
+            effectsFile,
+          });
   try {
     const drive = async (from: number, n: number) =>
       pool(
