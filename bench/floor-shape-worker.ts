@@ -18,15 +18,14 @@
  * event is acked. Up to {@link CONCURRENCY} intents are handled at once.
  *
  * Environment: SHAPE_NATS_URL, SHAPE_AUTHORIZER_SEED, SHAPE_EXECUTOR_SEED, SHAPE_HOST_SEED (nkey
- * seed files), SHAPE_INTENTS_STREAM, SHAPE_EVENTS_STREAM, SHAPE_PROJECTION_SUBJECT (the audit
- * bucket's key subject prefix, `.<opId>` appended), SHAPE_OP_PREFIX
- * (the event log's per-operation subject prefix, `.<opId>` appended), SHAPE_EFFECTS_FILE,
- * SHAPE_EVENT_BYTES (each event's payload size, bytes), SHAPE_RECORD_BYTES (the projection record's).
+ * seed files), SHAPE_PREFIX and SHAPE_TENANT (the streams, subjects and bucket follow from them,
+ * libs/nats Subjects), SHAPE_EFFECTS_FILE, SHAPE_EVENT_BYTES (each event's payload size, bytes),
+ * SHAPE_RECORD_BYTES (the projection record's).
  */
-import { connectNats, inboxPrefixOf, isWrongLastSequence, jetStreamOf } from '@tooltx/nats';
+import { connectNats, inboxPrefixOf, isWrongLastSequence, jetStreamOf, Subjects } from '@tooltx/nats';
 import { effectsAppender } from './peers-effects.js';
 
-/** Intents handled at once (the co-located host's default handler concurrency is of this order). */
+/** Intents handled at once: above the workload's 16 in flight, so never what limits the floor. */
 const CONCURRENCY = 64;
 
 interface Intent {
@@ -67,25 +66,29 @@ async function main(): Promise<void> {
   const { js: executorJs } = await jetStreamOf(executorNc);
   const { js: hostJs } = await jetStreamOf(hostNc);
   const nc = executorNc;
-  const eventsStream = env('SHAPE_EVENTS_STREAM');
-  const opPrefix = env('SHAPE_OP_PREFIX');
-  const projection = env('SHAPE_PROJECTION_SUBJECT');
+  const subjects = new Subjects(env('SHAPE_PREFIX'));
+  const tenant = env('SHAPE_TENANT');
+  const eventsStream = subjects.eventsStream;
+  const opSubject = (opId: string) => subjects.op(tenant, opId);
+  const recordSubject = (opId: string) => `$KV.${subjects.auditBucket}.${tenant}.${opId}`;
   const eventPad = 'x'.repeat(Math.max(0, Number(env('SHAPE_EVENT_BYTES')) - 120));
   const recordPad = 'r'.repeat(Math.max(0, Number(env('SHAPE_RECORD_BYTES')) - 80));
   const effects = effectsAppender(env('SHAPE_EFFECTS_FILE'));
-  const enc = (e: ShapeEvent) => new TextEncoder().encode(JSON.stringify(e));
+  const encoder = new TextEncoder();
+  const decoder = new TextDecoder();
+  const enc = (e: ShapeEvent) => encoder.encode(JSON.stringify(e));
   const answer = (it: Intent, resourceId: string) => nc.publish(it.reply, JSON.stringify({ k: it.k, resourceId }));
 
   /** A known key: the last event's answer again when it is committed. */
   const known = async (it: Intent) => {
-    const m = await jsm.direct.getMessage(eventsStream, { last_by_subj: `${opPrefix}.${it.opId}` });
+    const m = await jsm.direct.getMessage(eventsStream, { last_by_subj: opSubject(it.opId) });
     const last = m ? (m.json() as ShapeEvent) : undefined;
     if (last?.state === 'committed' && last.resourceId) answer(it, last.resourceId);
   };
 
   const handleIntent = async (data: Uint8Array) => {
-    const it = JSON.parse(new TextDecoder().decode(data)) as Intent;
-    const subject = `${opPrefix}.${it.opId}`;
+    const it = JSON.parse(decoder.decode(data)) as Intent;
+    const subject = opSubject(it.opId);
     let seq: number;
     try {
       const a = await js.publish(subject, enc({ state: 'accepted', opId: it.opId, pad: eventPad }), {
@@ -106,7 +109,7 @@ async function main(): Promise<void> {
     answer(it, resourceId);
   };
 
-  const intake = await (await js.consumers.get(env('SHAPE_INTENTS_STREAM'), 'authorizer')).consume({
+  const intake = await (await js.consumers.get(subjects.intentsStream(tenant), 'authorizer')).consume({
     max_messages: CONCURRENCY,
   });
   const host = await (await hostJs.consumers.get(eventsStream, 'host')).consume({ max_messages: 256 });
@@ -139,7 +142,7 @@ async function main(): Promise<void> {
         continue;
       }
       void hostJs
-        .publish(`${projection}.${e.opId}`, JSON.stringify({ opId: e.opId, resourceId: e.resourceId, pad: recordPad }))
+        .publish(recordSubject(e.opId), JSON.stringify({ opId: e.opId, resourceId: e.resourceId, pad: recordPad }))
         .then(
           () => m.ack(),
           () => m.nak(1_000),

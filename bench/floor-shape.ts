@@ -8,18 +8,18 @@
  *   the tenant's intent stream (configured as tooltx's, `topology()`), msg id = the key, and waits
  *   for the answer pushed on its push subject (core NATS, one subscription per client);
  * - a separate worker process (./floor-shape-worker.ts), one connection per role as that role's
- *   identity, pulls it on the `authorizer` durable, appends `accepted` (expected last subject sequence 0) to the event log
- *   (configured as tooltx's), appends the line, appends `committed`, answers, acks;
+ *   identity, pulls it on the `authorizer` durable, appends `accepted` (expected last subject
+ *   sequence 0) to the event log (configured as tooltx's), appends the line, appends `committed`,
+ *   answers, acks;
  * - the same worker reads the event log back on the `host` durable and writes one record per
  *   operation to the audit projection's bucket (memory storage), acking each event.
  * Three fsynced writes per call on two streams, each with one reader: what tooltx's co-located call
  * makes, without the durables it provisions for the other layout (executor, reconciler,
- * audit-projector), which stay idle in a co-located run. Same nats-server settings as tooltx (./server.ts, `fsync`). A
- * repeated key finds its intent deduplicated (or `accepted` refused, 10071) and reads the
- * operation's last event (one direct get).
+ * audit-projector), which stay idle in a co-located run. Same nats-server settings as tooltx
+ * (./server.ts, `fsync`). A repeated key finds its intent deduplicated (or `accepted` refused,
+ * 10071) and reads the operation's last event (one direct get).
  */
 import { spawn } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import { closeSync, openSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -27,6 +27,7 @@ import { tenantsOf } from '@tooltx/auth';
 import { DEFAULT_IDENTITIES } from '@tooltx/dev/stack';
 import { connectNats, inboxPrefixOf, jetStreamOf, Subjects, type NatsConnection } from '@tooltx/nats';
 import { createBucket, Durables, topology } from '@tooltx/streams';
+import { floorOpId } from './floor.js';
 import { countEffects, effectsKey } from './peers-effects.js';
 import { ready, terminate } from './peers-tooltx.js';
 import { startBenchServer, type BenchServer } from './server.js';
@@ -92,10 +93,8 @@ export async function startFloorShape(o: FloorShapeOptions): Promise<BenchSystem
         SHAPE_AUTHORIZER_SEED: server.seedFile({ kind: 'service', service: 'authorizer' }),
         SHAPE_EXECUTOR_SEED: server.seedFile({ kind: 'service', service: 'executor' }),
         SHAPE_HOST_SEED: server.seedFile({ kind: 'service', service: 'host' }),
-        SHAPE_INTENTS_STREAM: tenant.intents.name,
-        SHAPE_EVENTS_STREAM: topo.streams.events.name,
-        SHAPE_PROJECTION_SUBJECT: `$KV.${topo.projections.audit.bucket}.${TENANT}`,
-        SHAPE_OP_PREFIX: `${o.prefix}.op.${TENANT}`,
+        SHAPE_PREFIX: o.prefix,
+        SHAPE_TENANT: TENANT,
         SHAPE_EFFECTS_FILE: o.effectsFile,
         SHAPE_EVENT_BYTES: String(EVENT_BYTES),
         SHAPE_RECORD_BYTES: String(RECORD_BYTES),
@@ -128,7 +127,7 @@ export async function startFloorShape(o: FloorShapeOptions): Promise<BenchSystem
       },
     });
     await conn.flush();
-    const opIdOf = (k: number) => createHash('sha256').update(`${o.runId}:${k}`).digest('hex').slice(0, 32);
+    const opIdOf = (k: number) => floorOpId(o.runId, k);
     const intentPad = 'i'.repeat(INTENT_BYTES - 100);
     const intentSubject = subjects.intent(TENANT, ACTOR);
 

@@ -33,6 +33,11 @@ import { startBenchServer, type BenchServer } from './server.js';
 import type { BenchSystem, Outcome } from './workload.js';
 
 export const FLOOR_CONNECTION = 'bench-floor';
+
+/** The operation id of call `k` of run `runId` in the floors: 32 hex digits, as tooltx's are. */
+export function floorOpId(runId: string, k: number): string {
+  return createHash('sha256').update(`${runId}:${k}`).digest('hex').slice(0, 32);
+}
 const TENANT = 'acme';
 const ACTOR = 'researcher';
 
@@ -82,8 +87,7 @@ export async function startFloor(o: FloorOptions): Promise<BenchSystem> {
       authVersion = r.authVersion;
     }
     const payload = randomBytes(o.payloadBytes);
-    const subjectOf = (k: number) =>
-      subjects.op(TENANT, createHash('sha256').update(`${o.runId}:${k}`).digest('hex').slice(0, 32));
+    const subjectOf = (k: number) => subjects.op(TENANT, floorOpId(o.runId, k));
     const conn = nc;
     const kb = store;
     const effects = o.effectsFile ? effectsAppender(o.effectsFile) : undefined;
